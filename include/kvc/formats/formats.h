@@ -1,0 +1,311 @@
+/*! \file kvc/formats/formats.h
+ *  \brief Encode and decode of every kvc storage format, shared by the CPU reference and the CUDA
+ *  kernels so that both produce bit-identical payloads. docs/formats.md gives every byte.
+ *
+ *  All encoders take one vector (one token of one head, or one indexer key) as float values.
+ *  Arithmetic is IEEE single precision with explicit rounding (fdiv_rn, fmul_rn, round_even), so
+ *  the host and the device agree bit for bit.
+ *
+ *  Non-finite input: when any element of a vector is NaN or ±inf, the vector's scale is stored
+ *  as NaN (q8, fp16k_q4v's V, fp8_e4m3) or 0xFF (mxfp4, per 32-element group), its payload
+ *  bytes are zero, and every decoded element is NaN. The failure is loud, never silent garbage.
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvc/core/macros.h"
+#include "kvc/core/numeric.h"
+#include "kvc/core/types.h"
+
+namespace kvc {
+namespace formats {
+
+// --- shared helpers -----------------------------------------------------------------------------
+
+/// Canonical quiet NaN used for the scale of a non-finite vector.
+KVC_HD float quiet_nan() { return bits_float(0x7fc00000u); }
+
+/// max |x_i| over `n` values; returns NaN when any value is non-finite.
+KVC_HD float abs_max(const float* x, int n) {
+  float m = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    if (is_nonfinite(x[i])) return quiet_nan();
+    const float a = x[i] < 0.0f ? -x[i] : x[i];
+    m = a > m ? a : m;
+  }
+  return m;
+}
+
+// --- q8: int8 symmetric, one fp32 scale per vector ---------------------------------------------
+
+/// Largest int8 code of q8.
+constexpr int kQ8Max = 127;
+
+/// Encodes `n` values as int8 codes `q[i] = clamp(rne(x[i] / scale), -127, 127)` with
+/// `scale = amax / 127`; returns the scale (0 for an all-zero vector, NaN for a non-finite one).
+KVC_HD float q8_encode(const float* x, int n, std::int8_t* q) {
+  const float amax = abs_max(x, n);
+  if (is_nan(amax) || amax == 0.0f) {
+    for (int i = 0; i < n; ++i) q[i] = 0;
+    return amax;  // NaN or 0
+  }
+  const float scale = fdiv_rn(amax, static_cast<float>(kQ8Max));
+  for (int i = 0; i < n; ++i) {
+    float r = round_even(fdiv_rn(x[i], scale));
+    r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
+    q[i] = static_cast<std::int8_t>(r);
+  }
+  return scale;
+}
+
+/// Decodes one q8 code.
+KVC_HD float q8_decode(std::int8_t q, float scale) { return fmul_rn(static_cast<float>(q), scale); }
+
+// --- int4 (the V half of fp16k_q4v): packed signed nibbles, one fp32 scale per vector -----------
+
+/// Largest int4 code of fp16k_q4v's V.
+constexpr int kQ4Max = 7;
+
+/// Encodes `n` (even) values as signed int4 codes in [-7, 7], two per byte, the even element in
+/// the low nibble (two's complement); `scale = amax / 7`; returns the scale.
+KVC_HD float q4_encode(const float* x, int n, std::uint8_t* packed) {
+  const float amax = abs_max(x, n);
+  if (is_nan(amax) || amax == 0.0f) {
+    for (int i = 0; i < n / 2; ++i) packed[i] = 0;
+    return amax;
+  }
+  const float scale = fdiv_rn(amax, static_cast<float>(kQ4Max));
+  for (int i = 0; i < n; i += 2) {
+    float r0 = round_even(fdiv_rn(x[i], scale));
+    float r1 = round_even(fdiv_rn(x[i + 1], scale));
+    r0 = r0 > 7.0f ? 7.0f : (r0 < -7.0f ? -7.0f : r0);
+    r1 = r1 > 7.0f ? 7.0f : (r1 < -7.0f ? -7.0f : r1);
+    const unsigned lo = static_cast<unsigned>(static_cast<int>(r0)) & 0xfu;
+    const unsigned hi = static_cast<unsigned>(static_cast<int>(r1)) & 0xfu;
+    packed[i / 2] = static_cast<std::uint8_t>(lo | (hi << 4));
+  }
+  return scale;
+}
+
+/// Sign-extends a 4-bit two's complement code.
+KVC_HD int q4_code(unsigned nibble) { return static_cast<int>((nibble & 0xfu) ^ 0x8u) - 8; }
+
+/// Decodes element `i` of a packed int4 vector.
+KVC_HD float q4_decode(const std::uint8_t* packed, int i, float scale) {
+  const unsigned byte = packed[i >> 1];
+  const unsigned nib = (i & 1) ? (byte >> 4) : (byte & 0xfu);
+  return fmul_rn(static_cast<float>(q4_code(nib)), scale);
+}
+
+// --- mxfp4: e2m1 values, one ue8m0 scale per 32 elements ----------------------------------------
+
+/// Elements that share one mxfp4 scale.
+constexpr int kMxfp4Group = 32;
+/// Largest magnitude of e2m1.
+constexpr float kE2m1Max = 6.0f;
+
+/// The 8 magnitudes of e2m1 by code (sign is bit 3).
+KVC_HD float e2m1_magnitude(unsigned code) {
+  switch (code & 7u) {
+    case 0: return 0.0f;
+    case 1: return 0.5f;
+    case 2: return 1.0f;
+    case 3: return 1.5f;
+    case 4: return 2.0f;
+    case 5: return 3.0f;
+    case 6: return 4.0f;
+    default: return 6.0f;
+  }
+}
+
+/// Nearest e2m1 code of `v` (already divided by the scale), ties to the even code, saturating at
+/// ±6; -0 encodes as +0.
+KVC_HD unsigned e2m1_encode(float v) {
+  const unsigned sign = v < 0.0f ? 8u : 0u;
+  const float a = v < 0.0f ? -v : v;
+  unsigned c;
+  // Midpoints between consecutive magnitudes; at a tie the even code wins.
+  if (a <= 0.25f) c = 0;
+  else if (a < 0.75f) c = 1;
+  else if (a <= 1.25f) c = 2;
+  else if (a < 1.75f) c = 3;
+  else if (a <= 2.5f) c = 4;
+  else if (a < 3.5f) c = 5;
+  else if (a <= 5.0f) c = 6;
+  else c = 7;
+  return c == 0 ? 0u : (sign | c);
+}
+
+/// The ue8m0 exponent byte of the smallest power of two ≥ amax/6 (the scale of one group):
+/// byte = e + 127 for scale 2^e, clamped to [0, 254]; 0 for an all-zero group; 0xFF for NaN.
+KVC_HD std::uint8_t mxfp4_scale_byte(float amax) {
+  if (is_nan(amax)) return 0xffu;
+  if (amax == 0.0f) return 0u;
+  const float r = fdiv_rn(amax, kE2m1Max);
+  const std::uint32_t b = float_bits(r);
+  int e = static_cast<int>((b >> 23) & 0xffu);
+  std::uint32_t m = b & 0x7fffffu;
+  int exp2;
+  if (e == 0) {  // subnormal r: r = m * 2^-149
+    int top = 31;
+    while (top >= 0 && !((m >> top) & 1u)) --top;
+    exp2 = top - 149 + ((m & ((1u << top) - 1u)) != 0u ? 1 : 0);
+  } else {
+    exp2 = e - 127 + (m != 0u ? 1 : 0);
+  }
+  int byte = exp2 + 127;
+  byte = byte < 0 ? 0 : (byte > 254 ? 254 : byte);
+  return static_cast<std::uint8_t>(byte);
+}
+
+/// 2^(byte-127) as a float (byte 0 gives 2^-127, a subnormal; 0xFF gives NaN).
+KVC_HD float ue8m0_to_float(std::uint8_t byte) {
+  if (byte == 0xffu) return quiet_nan();
+  if (byte == 0u) return bits_float(0x00400000u);  // 2^-127
+  return bits_float(static_cast<std::uint32_t>(byte) << 23);
+}
+
+/// Encodes `n` values (n a multiple of 32) as `n/2` bytes of packed e2m1 (even element in the low
+/// nibble) and `n/32` ue8m0 scale bytes.
+KVC_HD void mxfp4_encode(const float* x, int n, std::uint8_t* packed, std::uint8_t* scales) {
+  for (int g = 0; g < n / kMxfp4Group; ++g) {
+    const float* xg = x + g * kMxfp4Group;
+    const float amax = abs_max(xg, kMxfp4Group);
+    const std::uint8_t sb = mxfp4_scale_byte(amax);
+    scales[g] = sb;
+    std::uint8_t* pg = packed + g * (kMxfp4Group / 2);
+    if (sb == 0xffu || amax == 0.0f) {
+      for (int i = 0; i < kMxfp4Group / 2; ++i) pg[i] = 0;
+      continue;
+    }
+    const float inv = ue8m0_to_float(static_cast<std::uint8_t>(254 - sb));  // 2^-e exactly
+    for (int i = 0; i < kMxfp4Group; i += 2) {
+      // Scaling by an exact power of two; a result in the subnormal range rounds, identically on
+      // both sides.
+      const unsigned lo = e2m1_encode(fmul_rn(xg[i], inv));
+      const unsigned hi = e2m1_encode(fmul_rn(xg[i + 1], inv));
+      pg[i / 2] = static_cast<std::uint8_t>(lo | (hi << 4));
+    }
+  }
+}
+
+/// Decodes element `i` of an mxfp4 vector.
+KVC_HD float mxfp4_decode(const std::uint8_t* packed, const std::uint8_t* scales, int i) {
+  const unsigned byte = packed[i >> 1];
+  const unsigned nib = (i & 1) ? (byte >> 4) : (byte & 0xfu);
+  const float mag = e2m1_magnitude(nib);
+  const float v = (nib & 8u) ? -mag : mag;
+  return fmul_rn(v, ue8m0_to_float(scales[i / kMxfp4Group]));
+}
+
+// --- fp8 e4m3 (OCP "e4m3fn": no infinities, max 448), one fp32 scale per vector --------------------
+
+/// Largest magnitude of e4m3.
+constexpr float kE4m3Max = 448.0f;
+
+/// float → e4m3 bits, round to nearest even, saturating to ±448. NaN input gives 0x7f.
+KVC_HD std::uint8_t float_to_e4m3(float f) {
+  const std::uint32_t x = float_bits(f);
+  const std::uint32_t sign = (x >> 24) & 0x80u;
+  const std::uint32_t absx = x & 0x7fffffffu;
+  if (absx > 0x7f800000u) return 0x7fu;
+  if (absx >= 0x43e00000u) return static_cast<std::uint8_t>(sign | 0x7eu);  // ≥ 448 → 448
+  if (absx < 0x3c800000u) {  // below 2^-6: e4m3 subnormal (units of 2^-9) or zero
+    // value / 2^-9, rounded to nearest even; 0..8 (8 = smallest normal 2^-6).
+    const float v = fmul_rn(bits_float(absx), 512.0f);
+    const std::uint32_t r = static_cast<std::uint32_t>(round_even(v));
+    return static_cast<std::uint8_t>(sign | r);
+  }
+  // normal: exponent bias 7, 3 mantissa bits.
+  std::uint32_t r = (absx - 0x3c000000u) >> 20;  // rebias 127 → 7 (120 << 23 = 0x3c000000)
+  const std::uint32_t rem = absx & 0xfffffu;
+  if (rem > 0x80000u || (rem == 0x80000u && (r & 1u))) ++r;
+  if (r > 0x7eu) r = 0x7eu;  // 480 would round to 512 (NaN code); saturate
+  return static_cast<std::uint8_t>(sign | r);
+}
+
+/// e4m3 bits → float (exact); 0x7f / 0xff decode as NaN.
+KVC_HD float e4m3_to_float(std::uint8_t b) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(b & 0x80u) << 24;
+  const std::uint32_t e = (b >> 3) & 0xfu;
+  const std::uint32_t m = b & 7u;
+  if (e == 15u && m == 7u) return quiet_nan();
+  if (e == 0u) {
+    const float v = static_cast<float>(m) * 0.001953125f;  // m * 2^-9, exact
+    return bits_float(float_bits(v) | sign);
+  }
+  return bits_float(sign | ((e + 120u) << 23) | (m << 20));
+}
+
+/// Encodes `n` values as e4m3 bytes of x/scale with `scale = amax / 448`; returns the scale.
+KVC_HD float fp8_e4m3_encode(const float* x, int n, std::uint8_t* q) {
+  const float amax = abs_max(x, n);
+  if (is_nan(amax) || amax == 0.0f) {
+    for (int i = 0; i < n; ++i) q[i] = 0;
+    return amax;
+  }
+  const float scale = fdiv_rn(amax, kE4m3Max);
+  for (int i = 0; i < n; ++i) q[i] = float_to_e4m3(fdiv_rn(x[i], scale));
+  return scale;
+}
+
+/// Decodes one e4m3 byte with its vector's scale.
+KVC_HD float fp8_e4m3_decode(std::uint8_t b, float scale) {
+  return fmul_rn(e4m3_to_float(b), scale);
+}
+
+// --- sizes --------------------------------------------------------------------------------------
+
+/// Bytes of one K vector of `head_dim` elements in old-block format `f` (payload only).
+constexpr std::size_t k_payload_bytes(Format f, int head_dim) {
+  switch (f) {
+    case Format::kF16:
+    case Format::kBF16:
+    case Format::kFp16kQ4v:
+      return 2u * static_cast<std::size_t>(head_dim);
+    case Format::kQ8:
+    case Format::kFp8E4m3:
+      return static_cast<std::size_t>(head_dim);
+    case Format::kMxfp4:
+      return static_cast<std::size_t>(head_dim) / 2u;
+  }
+  return 0;
+}
+
+/// Bytes of one V vector of `head_dim` elements in old-block format `f` (payload only).
+constexpr std::size_t v_payload_bytes(Format f, int head_dim) {
+  switch (f) {
+    case Format::kF16:
+    case Format::kBF16:
+      return 2u * static_cast<std::size_t>(head_dim);
+    case Format::kQ8:
+      return static_cast<std::size_t>(head_dim);
+    case Format::kFp16kQ4v:
+      return static_cast<std::size_t>(head_dim) / 2u;
+    case Format::kMxfp4:
+    case Format::kFp8E4m3:
+      return 0;  // key-only formats
+  }
+  return 0;
+}
+
+/// True when format `f` stores one fp32 scale per K vector.
+constexpr bool has_k_scale(Format f) { return f == Format::kQ8 || f == Format::kFp8E4m3; }
+/// True when format `f` stores one fp32 scale per V vector.
+constexpr bool has_v_scale(Format f) { return f == Format::kQ8 || f == Format::kFp16kQ4v; }
+/// True when `f` can hold old K/V blocks (the indexer-key formats cannot).
+constexpr bool is_kv_format(Format f) {
+  return f == Format::kF16 || f == Format::kBF16 || f == Format::kQ8 || f == Format::kFp16kQ4v;
+}
+
+/// Bytes of one indexer key of `dim` elements: mxfp4 dim/2 + dim/32, fp8_e4m3 dim + 4.
+constexpr std::size_t indexer_key_bytes(Format f, int dim) {
+  return f == Format::kMxfp4 ? static_cast<std::size_t>(dim) / 2u + static_cast<std::size_t>(dim) / 32u
+       : f == Format::kFp8E4m3 ? static_cast<std::size_t>(dim) + 4u
+       : 0u;
+}
+
+}  // namespace formats
+}  // namespace kvc

@@ -1,0 +1,72 @@
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "kvc/core/error.h"
+#include "kvc/core/numeric.h"
+#include "kvc/core/tensor.h"
+
+namespace kvc {
+namespace {
+
+TEST(Core_Error, MessageNamesArgumentValueAndBound) {
+  try {
+    const int slot = 7;
+    KVC_CHECK(slot < 4, "slot = ", slot, " must be < max_slots = ", 4);
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("slot = 7"), std::string::npos) << m;
+    EXPECT_NE(m.find("max_slots = 4"), std::string::npos) << m;
+  }
+}
+
+TEST(Core_TensorView, ContiguousStridesAndChecks) {
+  alignas(16) float buf[24];
+  auto v = TensorView::contiguous(buf, DType::kF32, {2, 3, 4});
+  EXPECT_EQ(v.numel(), 24);
+  EXPECT_EQ(v.stride[0], 12);
+  EXPECT_EQ(v.stride[2], 1);
+  EXPECT_TRUE(v.is_contiguous());
+  EXPECT_NO_THROW(check_view(v, "k", DType::kF32, {2, -1, 4}, Device::cpu()));
+  EXPECT_THROW(check_view(v, "k", DType::kF16, {2, 3, 4}, Device::cpu()), Error);
+  EXPECT_THROW(check_view(v, "k", DType::kF32, {2, 3, 5}, Device::cpu()), Error);
+  EXPECT_THROW(check_view(v, "k", DType::kF32, {2, 3, 4}, Device::cuda(0)), Error);
+  auto mis = TensorView::contiguous(reinterpret_cast<char*>(buf) + 4, DType::kF32, {2, 3, 4});
+  try {
+    check_view(mis, "k", DType::kF32, {2, 3, 4}, Device::cpu());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("aligned to 16"), std::string::npos);
+  }
+}
+
+// Exhaustive: every half and every bf16 bit pattern round-trips through float, and float → half
+// agrees with the compiler's _Float16 conversion (round to nearest even) on a dense sweep.
+TEST(Core_Numeric, HalfConversionsExact) {
+  for (std::uint32_t h = 0; h < 0x10000u; ++h) {
+    const float f = half_bits_to_float(static_cast<std::uint16_t>(h));
+    const bool nan = ((h & 0x7c00u) == 0x7c00u) && (h & 0x3ffu);
+    if (nan) {
+      EXPECT_TRUE(is_nan(f));
+      EXPECT_EQ(float_to_half_bits(f), 0x7e00u);
+    } else {
+      ASSERT_EQ(float_to_half_bits(f), h) << std::hex << h;
+    }
+    const float b = bf16_bits_to_float(static_cast<std::uint16_t>(h));
+    if (!is_nan(b)) ASSERT_EQ(float_to_bf16_bits(b), h) << std::hex << h;
+  }
+  for (std::uint32_t u = 0; u < 0xffffffffu - 4099u; u += 4099u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    if (is_nan(f)) continue;
+    const _Float16 ref = static_cast<_Float16>(f);
+    std::uint16_t rb;
+    std::memcpy(&rb, &ref, 2);
+    ASSERT_EQ(float_to_half_bits(f), rb) << std::hex << u;
+  }
+}
+
+}  // namespace
+}  // namespace kvc
