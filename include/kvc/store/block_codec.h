@@ -1,0 +1,139 @@
+/*! \file kvc/store/block_codec.h
+ *  \brief Reading and writing one token of one kv head in a store's old-block format, and the
+ *  block summaries. One definition for the CPU reference and the CUDA kernels.
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvc/core/macros.h"
+#include "kvc/core/numeric.h"
+#include "kvc/formats/formats.h"
+#include "kvc/store/kv_store.h"
+
+namespace kvc {
+namespace store {
+
+/// Offset (in rows of B·Hkv·...) helpers: index of (pool block, head, row) in per-row arrays.
+KVC_HD std::size_t old_row_index(const StoreView& s, int pool_block, int head, int row) {
+  return (static_cast<std::size_t>(pool_block) * s.num_kv_heads + head) * s.block_size + row;
+}
+
+/// Index of (pool block, head) in per-(block, head) arrays such as the summaries (times d).
+KVC_HD std::size_t block_head_index(const StoreView& s, int pool_block, int head) {
+  return static_cast<std::size_t>(pool_block) * s.num_kv_heads + head;
+}
+
+/// Index of (slot, head, ring row) in the ring arrays (times d).
+KVC_HD std::size_t ring_row_index(const StoreView& s, int slot, int head, int ring_row) {
+  return (static_cast<std::size_t>(slot) * s.num_kv_heads + head) * s.recent_window + ring_row;
+}
+
+/// Bytes of one old K row (one token, one head) in the store's format.
+KVC_HD std::size_t k_row_bytes(const StoreView& s) {
+  return formats::k_payload_bytes(s.old_format, s.head_dim);
+}
+
+/// Bytes of one old V row in the store's format.
+KVC_HD std::size_t v_row_bytes(const StoreView& s) {
+  return formats::v_payload_bytes(s.old_format, s.head_dim);
+}
+
+/// True when the store's 16-bit dtype is bf16.
+KVC_HD bool is_bf16(const StoreView& s) { return s.dtype == DType::kBF16; }
+
+/// Element i of old K at (pool block, head, row), dequantised.
+KVC_HD float old_k_at(const StoreView& s, int pool_block, int head, int row, int i) {
+  const std::size_t r = old_row_index(s, pool_block, head, row);
+  const std::uint8_t* p = s.old_k + r * k_row_bytes(s);
+  if (s.old_format == Format::kQ8) {
+    return formats::q8_decode(reinterpret_cast<const std::int8_t*>(p)[i], s.old_k_scale[r]);
+  }
+  // f16, bf16 and fp16k_q4v keep K in the 16-bit dtype of the store.
+  return bits16_to_float(reinterpret_cast<const std::uint16_t*>(p)[i], is_bf16(s));
+}
+
+/// Element i of old V at (pool block, head, row), dequantised.
+KVC_HD float old_v_at(const StoreView& s, int pool_block, int head, int row, int i) {
+  const std::size_t r = old_row_index(s, pool_block, head, row);
+  const std::uint8_t* p = s.old_v + r * v_row_bytes(s);
+  switch (s.old_format) {
+    case Format::kQ8:
+      return formats::q8_decode(reinterpret_cast<const std::int8_t*>(p)[i], s.old_v_scale[r]);
+    case Format::kFp16kQ4v:
+      return formats::q4_decode(p, i, s.old_v_scale[r]);
+    default:
+      return bits16_to_float(reinterpret_cast<const std::uint16_t*>(p)[i], is_bf16(s));
+  }
+}
+
+/// Element i of ring K at (slot, head, ring row) as float.
+KVC_HD float ring_k_at(const StoreView& s, int slot, int head, int ring_row, int i) {
+  const auto* p = static_cast<const std::uint16_t*>(s.ring_k);
+  return bits16_to_float(p[ring_row_index(s, slot, head, ring_row) * s.head_dim + i], is_bf16(s));
+}
+
+/// Element i of ring V at (slot, head, ring row) as float.
+KVC_HD float ring_v_at(const StoreView& s, int slot, int head, int ring_row, int i) {
+  const auto* p = static_cast<const std::uint16_t*>(s.ring_v);
+  return bits16_to_float(p[ring_row_index(s, slot, head, ring_row) * s.head_dim + i], is_bf16(s));
+}
+
+/// Encodes one token of one head (`k`, `v`: head_dim 16-bit values in the store's dtype) into
+/// row `row` of (pool block, head). `scratch` holds head_dim floats.
+inline void encode_old_row(const StoreView& s, int pool_block, int head, int row,
+                           const std::uint16_t* k, const std::uint16_t* v, float* scratch) {
+  const std::size_t r = old_row_index(s, pool_block, head, row);
+  const int d = s.head_dim;
+  const bool bf = is_bf16(s);
+  std::uint8_t* kp = s.old_k + r * k_row_bytes(s);
+  std::uint8_t* vp = s.old_v + r * v_row_bytes(s);
+  if (s.old_format == Format::kQ8) {
+    for (int i = 0; i < d; ++i) scratch[i] = bits16_to_float(k[i], bf);
+    s.old_k_scale[r] = formats::q8_encode(scratch, d, reinterpret_cast<std::int8_t*>(kp));
+  } else {
+    auto* kd = reinterpret_cast<std::uint16_t*>(kp);
+    for (int i = 0; i < d; ++i) kd[i] = k[i];
+  }
+  switch (s.old_format) {
+    case Format::kQ8:
+      for (int i = 0; i < d; ++i) scratch[i] = bits16_to_float(v[i], bf);
+      s.old_v_scale[r] = formats::q8_encode(scratch, d, reinterpret_cast<std::int8_t*>(vp));
+      break;
+    case Format::kFp16kQ4v:
+      for (int i = 0; i < d; ++i) scratch[i] = bits16_to_float(v[i], bf);
+      s.old_v_scale[r] = formats::q4_encode(scratch, d, vp);
+      break;
+    default: {
+      auto* vd = reinterpret_cast<std::uint16_t*>(vp);
+      for (int i = 0; i < d; ++i) vd[i] = v[i];
+    }
+  }
+}
+
+/// Computes the summaries of a full block (pool block, head) for element i: mean K (and mean V,
+/// min/max K when kept) over its B rows in row order, sums with fadd_rn, mean = sum / B.
+KVC_HD void summarise_element(const StoreView& s, int pool_block, int head, int i) {
+  const std::size_t o = block_head_index(s, pool_block, head) * s.head_dim + i;
+  float sum_k = 0.0f, sum_v = 0.0f;
+  float mn = 0.0f, mx = 0.0f;
+  for (int t = 0; t < s.block_size; ++t) {
+    const float kv = old_k_at(s, pool_block, head, t, i);
+    sum_k = fadd_rn(sum_k, kv);
+    // A NaN anywhere in the block makes min and max NaN (never hidden).
+    if (t == 0 || is_nan(kv) || (!is_nan(mn) && kv < mn)) mn = kv;
+    if (t == 0 || is_nan(kv) || (!is_nan(mx) && kv > mx)) mx = kv;
+    if (s.summaries & kSummaryMeanV) sum_v = fadd_rn(sum_v, old_v_at(s, pool_block, head, t, i));
+  }
+  const float b = static_cast<float>(s.block_size);
+  s.mean_k[o] = fdiv_rn(sum_k, b);
+  if (s.summaries & kSummaryMeanV) s.mean_v[o] = fdiv_rn(sum_v, b);
+  if (s.summaries & kSummaryMinMaxK) {
+    s.min_k[o] = mn;
+    s.max_k[o] = mx;
+  }
+}
+
+}  // namespace store
+}  // namespace kvc

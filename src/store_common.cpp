@@ -1,0 +1,190 @@
+// Device-independent parts of KvStore: config validation, footprint, snapshots.
+#include <cstring>
+#include <vector>
+
+#include "kvc/core/error.h"
+#include "kvc/formats/formats.h"
+#include "kvc/store/block_codec.h"
+#include "kvc/store/kv_store.h"
+
+namespace kvc {
+
+int KvStoreConfig::max_blocks_per_slot() const {
+  const long long old_tokens = static_cast<long long>(max_context) - recent_window;
+  if (old_tokens <= 0 || block_size <= 0) return 0;
+  return static_cast<int>((old_tokens + block_size - 1) / block_size);
+}
+
+int KvStoreConfig::pool_blocks() const {
+  if (num_pool_blocks > 0) return num_pool_blocks;
+  return static_cast<int>(static_cast<long long>(max_slots) * max_blocks_per_slot());
+}
+
+void KvStoreConfig::validate() const {
+  KVC_CHECK(num_kv_heads >= 1 && num_kv_heads <= 256, "num_kv_heads = ", num_kv_heads,
+            " must be in [1, 256]");
+  KVC_CHECK(head_dim == 64 || head_dim == 128 || head_dim == 256 || head_dim == 512,
+            "head_dim = ", head_dim, " must be 64, 128, 256 or 512");
+  KVC_CHECK(max_slots >= 1 && max_slots <= 65536, "max_slots = ", max_slots,
+            " must be in [1, 65536]");
+  KVC_CHECK(max_context >= 1, "max_context = ", max_context, " must be >= 1");
+  KVC_CHECK(recent_window >= 1 && recent_window <= max_context, "recent_window = ", recent_window,
+            " must be in [1, max_context = ", max_context, "]");
+  KVC_CHECK(block_size >= 1 && block_size <= 1024, "block_size = ", block_size,
+            " must be in [1, 1024]");
+  KVC_CHECK(dtype == DType::kF16 || dtype == DType::kBF16, "dtype = ", to_string(dtype),
+            " must be f16 or bf16");
+  KVC_CHECK(formats::is_kv_format(old_format), "old_format = ", to_string(old_format),
+            " must be f16, bf16, q8 or fp16k_q4v");
+  KVC_CHECK(old_format != Format::kF16 || dtype == DType::kF16,
+            "old_format = f16 needs dtype = f16 (dtype = ", to_string(dtype), ")");
+  KVC_CHECK(old_format != Format::kBF16 || dtype == DType::kBF16,
+            "old_format = bf16 needs dtype = bf16 (dtype = ", to_string(dtype), ")");
+  KVC_CHECK(num_pool_blocks >= 0, "num_pool_blocks = ", num_pool_blocks, " must be >= 0");
+  KVC_CHECK((summaries & kSummaryMeanK) != 0, "summaries = ", summaries,
+            " must include kSummaryMeanK");
+  KVC_CHECK((summaries & ~7u) == 0, "summaries = ", summaries, " has unknown bits (valid: 0..7)");
+  const long long pool = num_pool_blocks > 0
+                             ? num_pool_blocks
+                             : static_cast<long long>(max_slots) * max_blocks_per_slot();
+  KVC_CHECK(pool <= (1ll << 30), "num_pool_blocks = ", pool, " must be <= 2^30");
+  const long long rows = pool * num_kv_heads * block_size;
+  KVC_CHECK(rows <= (1ll << 40), "pool rows = ", rows, " (blocks x heads x block_size) too large");
+}
+
+namespace {
+
+struct Sizes {
+  std::size_t ring_row, k_row, v_row, scales_row, summaries_block_head, per_block;
+};
+
+Sizes sizes_of(const KvStoreConfig& c) {
+  Sizes z{};
+  const std::size_t d = static_cast<std::size_t>(c.head_dim);
+  z.ring_row = 2 * 2 * d;  // K and V, 16-bit
+  z.k_row = formats::k_payload_bytes(c.old_format, c.head_dim);
+  z.v_row = formats::v_payload_bytes(c.old_format, c.head_dim);
+  z.scales_row = 4 * ((formats::has_k_scale(c.old_format) ? 1 : 0) +
+                      (formats::has_v_scale(c.old_format) ? 1 : 0));
+  int n = 1 + ((c.summaries & kSummaryMeanV) ? 1 : 0) + ((c.summaries & kSummaryMinMaxK) ? 2 : 0);
+  z.summaries_block_head = 4 * d * n;
+  z.per_block = static_cast<std::size_t>(c.num_kv_heads) *
+                (static_cast<std::size_t>(c.block_size) * (z.k_row + z.v_row + z.scales_row) +
+                 z.summaries_block_head);
+  return z;
+}
+
+}  // namespace
+
+Footprint compute_footprint(const KvStoreConfig& c, const std::vector<int>& lengths) {
+  c.validate();
+  KVC_CHECK(lengths.size() <= static_cast<std::size_t>(c.max_slots), "lengths.size() = ",
+            lengths.size(), " must be <= max_slots = ", c.max_slots);
+  const Sizes z = sizes_of(c);
+  const std::size_t pool = static_cast<std::size_t>(c.pool_blocks());
+  const std::size_t hkv = static_cast<std::size_t>(c.num_kv_heads);
+  const std::size_t rows = pool * hkv * static_cast<std::size_t>(c.block_size);
+  Footprint f;
+  f.ring = static_cast<std::size_t>(c.max_slots) * hkv * c.recent_window * z.ring_row;
+  f.old_k = rows * z.k_row;
+  f.old_v = rows * z.v_row;
+  f.scales = rows * z.scales_row;
+  f.summaries = pool * hkv * z.summaries_block_head;
+  f.tables = 4 * (static_cast<std::size_t>(c.max_slots) +
+                  static_cast<std::size_t>(c.max_slots) * c.max_blocks_per_slot() + pool + 1);
+  const std::size_t dense_token = hkv * static_cast<std::size_t>(c.head_dim) * 2 * 2;
+  f.dense_equivalent_capacity =
+      static_cast<std::size_t>(c.max_slots) * static_cast<std::size_t>(c.max_context) * dense_token;
+  std::size_t in_use = f.tables;
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    const int L = lengths[i];
+    KVC_CHECK(L >= 0 && L <= c.max_context, "lengths[", i, "] = ", L, " must be in [0, ",
+              c.max_context, "]");
+    f.tokens += L;
+    const int ring_rows = L < c.recent_window ? L : c.recent_window;
+    in_use += static_cast<std::size_t>(ring_rows) * hkv * z.ring_row;
+    const int old = L - c.recent_window > 0 ? L - c.recent_window : 0;
+    in_use += static_cast<std::size_t>((old + c.block_size - 1) / c.block_size) * z.per_block;
+  }
+  f.dense_equivalent_bytes = static_cast<std::size_t>(f.tokens) * dense_token;
+  f.in_use = in_use;
+  return f;
+}
+
+int KvStore::num_closed_blocks(int slot) const {
+  const int old = length(slot) - config().recent_window;
+  return old > 0 ? old / config().block_size : 0;
+}
+
+int KvStore::open_block_tokens(int slot) const {
+  const int old = length(slot) - config().recent_window;
+  return old > 0 ? old % config().block_size : 0;
+}
+
+namespace {
+
+template <class T>
+void append_bytes(std::vector<T>& dst, const void* src, std::size_t n_elems) {
+  const std::size_t at = dst.size();
+  dst.resize(at + n_elems);
+  if (n_elems) std::memcpy(dst.data() + at, src, n_elems * sizeof(T));
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+}
+
+}  // namespace
+
+bool SlotState::operator==(const SlotState& o) const {
+  return open == o.open && length == o.length && ring_k == o.ring_k && ring_v == o.ring_v &&
+         old_k == o.old_k && old_v == o.old_v && same_bits(old_k_scale, o.old_k_scale) &&
+         same_bits(old_v_scale, o.old_v_scale) && same_bits(summaries, o.summaries);
+}
+
+std::vector<SlotState> KvStore::snapshot() const {
+  std::vector<std::uint8_t> buffer;
+  const StoreView s = host_view(buffer);
+  const KvStoreConfig& c = config();
+  const std::size_t d = static_cast<std::size_t>(c.head_dim);
+  const std::size_t kb = store::k_row_bytes(s), vb = store::v_row_bytes(s);
+  std::vector<SlotState> out(static_cast<std::size_t>(c.max_slots));
+  for (int slot = 0; slot < c.max_slots; ++slot) {
+    SlotState& st = out[static_cast<std::size_t>(slot)];
+    st.open = is_open(slot);
+    if (!st.open) continue;
+    const int L = s.lengths[slot];
+    st.length = L;
+    const int first = L > c.recent_window ? L - c.recent_window : 0;
+    for (int h = 0; h < c.num_kv_heads; ++h) {
+      for (int p = first; p < L; ++p) {
+        const std::size_t r = store::ring_row_index(s, slot, h, p % c.recent_window);
+        append_bytes(st.ring_k, static_cast<const std::uint8_t*>(s.ring_k) + r * d * 2, d * 2);
+        append_bytes(st.ring_v, static_cast<const std::uint8_t*>(s.ring_v) + r * d * 2, d * 2);
+      }
+    }
+    const int old = first;
+    const int blocks = (old + c.block_size - 1) / c.block_size;
+    for (int b = 0; b < blocks; ++b) {
+      const int pb = s.block_table[static_cast<std::size_t>(slot) * s.max_blocks_per_slot + b];
+      const int rows = (b + 1) * c.block_size <= old ? c.block_size : old - b * c.block_size;
+      const bool closed = rows == c.block_size;
+      for (int h = 0; h < c.num_kv_heads; ++h) {
+        const std::size_t r0 = store::old_row_index(s, pb, h, 0);
+        append_bytes(st.old_k, s.old_k + r0 * kb, rows * kb);
+        append_bytes(st.old_v, s.old_v + r0 * vb, rows * vb);
+        if (s.old_k_scale) append_bytes(st.old_k_scale, s.old_k_scale + r0, rows);
+        if (s.old_v_scale) append_bytes(st.old_v_scale, s.old_v_scale + r0, rows);
+        if (!closed) continue;
+        const std::size_t o = store::block_head_index(s, pb, h) * d;
+        append_bytes(st.summaries, s.mean_k + o, d);
+        if (s.mean_v) append_bytes(st.summaries, s.mean_v + o, d);
+        if (s.min_k) append_bytes(st.summaries, s.min_k + o, d);
+        if (s.max_k) append_bytes(st.summaries, s.max_k + o, d);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace kvc
