@@ -1,0 +1,71 @@
+// BlockIndex: configuration and argument validation shared by the CPU and CUDA versions.
+#include <cmath>
+#include <vector>
+
+#include "kvc/config.h"
+#include "kvc/core/error.h"
+#include "kvc/index/block_index.h"
+
+namespace kvc {
+
+void BlockIndexConfig::validate() const {
+  KVC_CHECK(num_kv_heads >= 1 && num_kv_heads <= 256, "num_kv_heads = ", num_kv_heads,
+            " must be in [1, 256]");
+  KVC_CHECK(num_q_heads >= num_kv_heads && num_q_heads % num_kv_heads == 0, "num_q_heads = ",
+            num_q_heads, " must be a multiple of num_kv_heads = ", num_kv_heads);
+  KVC_CHECK(num_q_heads / num_kv_heads <= 128, "group size num_q_heads / num_kv_heads = ",
+            num_q_heads / num_kv_heads, " must be <= 128");
+  KVC_CHECK(head_dim == 64 || head_dim == 128 || head_dim == 256 || head_dim == 512,
+            "head_dim = ", head_dim, " must be 64, 128, 256 or 512");
+  KVC_CHECK(dtype == DType::kF16 || dtype == DType::kBF16, "dtype = ", to_string(dtype),
+            " must be f16 or bf16");
+  KVC_CHECK(std::isfinite(softmax_scale) && softmax_scale >= 0.0f, "softmax_scale = ",
+            softmax_scale, " must be finite and >= 0 (0: 1/sqrt(head_dim))");
+  KVC_CHECK(max_query_tokens >= 1 && max_query_tokens <= 64, "max_query_tokens = ",
+            max_query_tokens, " must be in [1, 64]");
+  KVC_CHECK(max_batch >= 1 && max_batch <= 65536, "max_batch = ", max_batch,
+            " must be in [1, 65536]");
+}
+
+float BlockIndexConfig::scale() const {
+  return softmax_scale > 0.0f ? softmax_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
+namespace detail {
+
+int validate_score_args(const BlockIndexConfig& c, const KvStore& store,
+                        const std::vector<int>& slots, const TensorView& q, const ScoresView& out,
+                        Device device) {
+  const KvStoreConfig& sc = store.config();
+  KVC_CHECK(store.device() == device, "store.device() = ", to_string(store.device()),
+            " must be the index's device ", to_string(device));
+  KVC_CHECK(sc.num_kv_heads == c.num_kv_heads, "store num_kv_heads = ", sc.num_kv_heads,
+            " must equal the index's num_kv_heads = ", c.num_kv_heads);
+  KVC_CHECK(sc.head_dim == c.head_dim, "store head_dim = ", sc.head_dim,
+            " must equal the index's head_dim = ", c.head_dim);
+  KVC_CHECK(c.score != SummaryScore::kQuestMinMax || (sc.summaries & kSummaryMinMaxK),
+            "score = kQuestMinMax needs a store with kSummaryMinMaxK (summaries = ", sc.summaries,
+            ")");
+  const int batch = static_cast<int>(slots.size());
+  KVC_CHECK(batch >= 1 && batch <= c.max_batch, "slots.size() = ", batch, " must be in [1, ",
+            c.max_batch, "]");
+  KVC_CHECK(q.ndim == 4, "q.ndim = ", q.ndim, " must be 4 ([batch, T, Hq, d])");
+  const int T = static_cast<int>(q.shape[1]);
+  KVC_CHECK(T >= 1 && T <= c.max_query_tokens, "q.shape[1] = ", T,
+            " (query tokens) must be in [1, max_query_tokens = ", c.max_query_tokens, "]");
+  check_view(q, "q", c.dtype, {batch, T, c.num_q_heads, c.head_dim}, device);
+  for (int b = 0; b < batch; ++b) {
+    const int s = slots[static_cast<std::size_t>(b)];
+    KVC_CHECK(store.is_open(s), "slots[", b, "] = ", s, " is not an open slot of the store");
+  }
+  KVC_CHECK(out.scores != nullptr && out.num_valid != nullptr,
+            "out.scores and out.num_valid must be non-null");
+  KVC_CHECK(out.rows == c.rows(batch, T), "out.rows = ", out.rows, " must be ",
+            c.rows(batch, T), " (batch x T", c.shared_across_heads ? "" : " x num_kv_heads", ")");
+  KVC_CHECK(out.max_blocks >= sc.max_blocks_per_slot(), "out.max_blocks = ", out.max_blocks,
+            " must be >= the store's max_blocks_per_slot = ", sc.max_blocks_per_slot());
+  return T;
+}
+
+}  // namespace detail
+}  // namespace kvc
