@@ -9,6 +9,17 @@
  *  Non-finite input: when any element of a vector is NaN or ±inf, the vector's scale is stored
  *  as NaN (q8, fp16k_q4v's V, fp8_e4m3) or 0xFF (mxfp4, per 32-element group), its payload
  *  bytes are zero, and every decoded element is NaN. The failure is loud, never silent garbage.
+ *  (The bits of a decoded NaN are not specified; host and device may differ there.)
+ *
+ *  Extreme input: the fp32 scale of q8 / int4 / fp8_e4m3 is rn(amax / qmax) except at the two
+ *  ends of the float range (symmetric_scale): a quotient that rounds into the subnormal range
+ *  (or to zero) is raised by one ulp if amax / scale would otherwise fall beyond the code range,
+ *  and one whose top code would decode to inf is lowered by one ulp. So every finite vector keeps
+ *  |error| <= scale / 2 (int codes), decodes to finite values, and a non-zero vector never has a
+ *  zero scale.
+ *
+ *  Device code must not be compiled with flush-to-zero (-ftz=true, --use_fast_math): scales and
+ *  decoded values can be subnormal.
  */
 #pragma once
 
@@ -24,10 +35,12 @@ namespace formats {
 
 // --- shared helpers -----------------------------------------------------------------------------
 
-/// Canonical quiet NaN used for the scale of a non-finite vector.
+/// Canonical quiet NaN (bits 0x7fc00000) used for the scale of a non-finite vector.
 KVC_HD float quiet_nan() { return bits_float(0x7fc00000u); }
 
-/// max |x_i| over `n` values; returns NaN when any value is non-finite.
+/// max |x_i| over `n` values (+0 for an empty or all-±0 vector); NaN when any value is NaN or ±inf.
+/// @param[in] x  the values
+/// @param[in] n  number of values
 KVC_HD float abs_max(const float* x, int n) {
   float m = 0.0f;
   for (int i = 0; i < n; ++i) {
@@ -38,29 +51,67 @@ KVC_HD float abs_max(const float* x, int n) {
   return m;
 }
 
+/// The fp32 scale of a symmetric format with largest code `qmax`: `rn(amax / qmax)`, with two
+/// one-ulp corrections that leave every other vector alone:
+/// - raised by one ulp when `rn(amax / scale) > limit`: only possible when the quotient is
+///   subnormal or zero (amax < qmax * 2^-126); one ulp always suffices;
+/// - lowered by one ulp when `rn(qmax * scale)` overflows (amax within an ulp or so of FLT_MAX),
+///   so that no finite vector decodes to ±inf.
+/// @param[in] amax   max |x| of the vector, finite and > 0
+/// @param[in] qmax   largest code magnitude (127, 7 or 448)
+/// @param[in] limit  largest amax / scale that still encodes within half a step of the top code
+KVC_HD float symmetric_scale(float amax, float qmax, float limit) {
+  float scale = fdiv_rn(amax, qmax);
+  if (fdiv_rn(amax, scale) > limit) {
+    scale = bits_float(float_bits(scale) + 1u);
+  } else if (is_nonfinite(fmul_rn(qmax, scale))) {
+    scale = bits_float(float_bits(scale) - 1u);
+  }
+  return scale;
+}
+
 // --- q8: int8 symmetric, one fp32 scale per vector ---------------------------------------------
 
 /// Largest int8 code of q8.
 constexpr int kQ8Max = 127;
 
+/// The q8 scale of a vector: `symmetric_scale(amax, 127, 127.5)`. Element-level pieces such as
+/// this one let a kernel encode a vector in parallel with the same arithmetic as q8_encode
+/// (which also handles the all-zero and non-finite vectors before calling them).
+/// @param[in] amax  max |x| of the vector, finite and > 0
+KVC_HD float q8_scale(float amax) {
+  return symmetric_scale(amax, static_cast<float>(kQ8Max), 127.5f);
+}
+
+/// The q8 code of one value: clamp(rne(x / scale), -127, 127).
+/// @param[in] x      the value, finite
+/// @param[in] scale  the vector's scale from q8_scale
+KVC_HD std::int8_t q8_code(float x, float scale) {
+  float r = round_even(fdiv_rn(x, scale));
+  r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
+  return static_cast<std::int8_t>(r);
+}
+
 /// Encodes `n` values as int8 codes `q[i] = clamp(rne(x[i] / scale), -127, 127)` with
-/// `scale = amax / 127`; returns the scale (0 for an all-zero vector, NaN for a non-finite one).
+/// `scale = symmetric_scale(amax, 127, 127.5)`, i.e. rn(amax / 127) for all but subnormal scales.
+/// @param[in]  x  `n` values
+/// @param[in]  n  number of values
+/// @param[out] q  `n` int8 codes (all 0 for an all-zero or non-finite vector)
+/// @return the scale: +0 for an all-zero vector, NaN for a non-finite one
 KVC_HD float q8_encode(const float* x, int n, std::int8_t* q) {
   const float amax = abs_max(x, n);
   if (is_nan(amax) || amax == 0.0f) {
     for (int i = 0; i < n; ++i) q[i] = 0;
     return amax;  // NaN or 0
   }
-  const float scale = fdiv_rn(amax, static_cast<float>(kQ8Max));
-  for (int i = 0; i < n; ++i) {
-    float r = round_even(fdiv_rn(x[i], scale));
-    r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
-    q[i] = static_cast<std::int8_t>(r);
-  }
+  const float scale = q8_scale(amax);
+  for (int i = 0; i < n; ++i) q[i] = q8_code(x[i], scale);
   return scale;
 }
 
-/// Decodes one q8 code.
+/// Decodes one q8 code: `rn(q * scale)`.
+/// @param[in] q      the int8 code
+/// @param[in] scale  the vector's scale
 KVC_HD float q8_decode(std::int8_t q, float scale) { return fmul_rn(static_cast<float>(q), scale); }
 
 // --- int4 (the V half of fp16k_q4v): packed signed nibbles, one fp32 scale per vector -----------
@@ -68,31 +119,51 @@ KVC_HD float q8_decode(std::int8_t q, float scale) { return fmul_rn(static_cast<
 /// Largest int4 code of fp16k_q4v's V.
 constexpr int kQ4Max = 7;
 
-/// Encodes `n` (even) values as signed int4 codes in [-7, 7], two per byte, the even element in
-/// the low nibble (two's complement); `scale = amax / 7`; returns the scale.
+/// The int4 scale of a vector: `symmetric_scale(amax, 7, 7.5)` (element-level piece of
+/// q4_encode, like q8_scale).
+/// @param[in] amax  max |x| of the vector, finite and > 0
+KVC_HD float q4_scale(float amax) {
+  return symmetric_scale(amax, static_cast<float>(kQ4Max), 7.5f);
+}
+
+/// The 4-bit two's complement code of one value: clamp(rne(x / scale), -7, 7) & 0xF.
+/// @param[in] x      the value, finite
+/// @param[in] scale  the vector's scale from q4_scale
+KVC_HD unsigned q4_nibble(float x, float scale) {
+  float r = round_even(fdiv_rn(x, scale));
+  r = r > 7.0f ? 7.0f : (r < -7.0f ? -7.0f : r);
+  return static_cast<unsigned>(static_cast<int>(r)) & 0xfu;
+}
+
+/// Encodes `n` (even) values as signed int4 codes `clamp(rne(x[i] / scale), -7, 7)`, two per byte,
+/// the even element in the low nibble (two's complement);
+/// `scale = symmetric_scale(amax, 7, 7.5)`, i.e. rn(amax / 7) for all but subnormal scales.
+/// @param[in]  x       `n` values
+/// @param[in]  n       number of values, even
+/// @param[out] packed  `n / 2` bytes (all 0 for an all-zero or non-finite vector)
+/// @return the scale: +0 for an all-zero vector, NaN for a non-finite one
 KVC_HD float q4_encode(const float* x, int n, std::uint8_t* packed) {
   const float amax = abs_max(x, n);
   if (is_nan(amax) || amax == 0.0f) {
     for (int i = 0; i < n / 2; ++i) packed[i] = 0;
     return amax;
   }
-  const float scale = fdiv_rn(amax, static_cast<float>(kQ4Max));
+  const float scale = q4_scale(amax);
   for (int i = 0; i < n; i += 2) {
-    float r0 = round_even(fdiv_rn(x[i], scale));
-    float r1 = round_even(fdiv_rn(x[i + 1], scale));
-    r0 = r0 > 7.0f ? 7.0f : (r0 < -7.0f ? -7.0f : r0);
-    r1 = r1 > 7.0f ? 7.0f : (r1 < -7.0f ? -7.0f : r1);
-    const unsigned lo = static_cast<unsigned>(static_cast<int>(r0)) & 0xfu;
-    const unsigned hi = static_cast<unsigned>(static_cast<int>(r1)) & 0xfu;
-    packed[i / 2] = static_cast<std::uint8_t>(lo | (hi << 4));
+    packed[i / 2] =
+        static_cast<std::uint8_t>(q4_nibble(x[i], scale) | (q4_nibble(x[i + 1], scale) << 4));
   }
   return scale;
 }
 
 /// Sign-extends a 4-bit two's complement code.
+/// @param[in] nibble  the code in the low 4 bits
 KVC_HD int q4_code(unsigned nibble) { return static_cast<int>((nibble & 0xfu) ^ 0x8u) - 8; }
 
-/// Decodes element `i` of a packed int4 vector.
+/// Decodes element `i` of a packed int4 vector: `rn(code * scale)`.
+/// @param[in] packed  the vector's `n / 2` bytes
+/// @param[in] i       element index
+/// @param[in] scale   the vector's scale
 KVC_HD float q4_decode(const std::uint8_t* packed, int i, float scale) {
   const unsigned byte = packed[i >> 1];
   const unsigned nib = (i & 1) ? (byte >> 4) : (byte & 0xfu);
@@ -107,60 +178,75 @@ constexpr int kMxfp4Group = 32;
 constexpr float kE2m1Max = 6.0f;
 
 /// The 8 magnitudes of e2m1 by code (sign is bit 3).
+/// @param[in] code  e2m1 code; only bits 0..2 are read
 KVC_HD float e2m1_magnitude(unsigned code) {
   switch (code & 7u) {
-    case 0: return 0.0f;
-    case 1: return 0.5f;
-    case 2: return 1.0f;
-    case 3: return 1.5f;
-    case 4: return 2.0f;
-    case 5: return 3.0f;
-    case 6: return 4.0f;
-    default: return 6.0f;
+    case 0:
+      return 0.0f;
+    case 1:
+      return 0.5f;
+    case 2:
+      return 1.0f;
+    case 3:
+      return 1.5f;
+    case 4:
+      return 2.0f;
+    case 5:
+      return 3.0f;
+    case 6:
+      return 4.0f;
+    default:
+      return 6.0f;
   }
 }
 
 /// Nearest e2m1 code of `v` (already divided by the scale), ties to the even code, saturating at
-/// ±6; -0 encodes as +0.
+/// ±6; anything that rounds to zero (including -0 and small negatives) encodes as +0 (code 0).
+/// @param[in] v  a finite value
 KVC_HD unsigned e2m1_encode(float v) {
   const unsigned sign = v < 0.0f ? 8u : 0u;
   const float a = v < 0.0f ? -v : v;
   unsigned c;
   // Midpoints between consecutive magnitudes; at a tie the even code wins.
-  if (a <= 0.25f) c = 0;
-  else if (a < 0.75f) c = 1;
-  else if (a <= 1.25f) c = 2;
-  else if (a < 1.75f) c = 3;
-  else if (a <= 2.5f) c = 4;
-  else if (a < 3.5f) c = 5;
-  else if (a <= 5.0f) c = 6;
-  else c = 7;
+  if (a <= 0.25f)
+    c = 0;
+  else if (a < 0.75f)
+    c = 1;
+  else if (a <= 1.25f)
+    c = 2;
+  else if (a < 1.75f)
+    c = 3;
+  else if (a <= 2.5f)
+    c = 4;
+  else if (a < 3.5f)
+    c = 5;
+  else if (a <= 5.0f)
+    c = 6;
+  else
+    c = 7;
   return c == 0 ? 0u : (sign | c);
 }
 
-/// The ue8m0 exponent byte of the smallest power of two ≥ amax/6 (the scale of one group):
-/// byte = e + 127 for scale 2^e, clamped to [0, 254]; 0 for an all-zero group; 0xFF for NaN.
+/// The ue8m0 exponent byte of one mxfp4 group: the smallest power of two 2^e ≥ r = rn(amax / 6),
+/// byte = e + 127 clamped to [0, 254] (byte 0 = 2^-127 also serves every r < 2^-127); 0 for an
+/// all-zero group; 0xFF for NaN. For normal r, e = exponent(r) + (mantissa(r) != 0), as
+/// DeepSeek-V4's indexer computes it.
+/// @param[in] amax  max |x| of the group (NaN for a non-finite group)
 KVC_HD std::uint8_t mxfp4_scale_byte(float amax) {
   if (is_nan(amax)) return 0xffu;
   if (amax == 0.0f) return 0u;
-  const float r = fdiv_rn(amax, kE2m1Max);
-  const std::uint32_t b = float_bits(r);
-  int e = static_cast<int>((b >> 23) & 0xffu);
-  std::uint32_t m = b & 0x7fffffu;
-  int exp2;
-  if (e == 0) {  // subnormal r: r = m * 2^-149
-    int top = 31;
-    while (top >= 0 && !((m >> top) & 1u)) --top;
-    exp2 = top - 149 + ((m & ((1u << top) - 1u)) != 0u ? 1 : 0);
-  } else {
-    exp2 = e - 127 + (m != 0u ? 1 : 0);
-  }
-  int byte = exp2 + 127;
-  byte = byte < 0 ? 0 : (byte > 254 ? 254 : byte);
-  return static_cast<std::uint8_t>(byte);
+  const std::uint32_t b = float_bits(fdiv_rn(amax, kE2m1Max));
+  const int e = static_cast<int>((b >> 23) & 0xffu);
+  const std::uint32_t m = b & 0x7fffffu;
+  // Subnormal (or zero) r = m * 2^-149 < 2^-126: above 2^-127 it needs 2^-126 (byte 1), at or
+  // below 2^-127 the byte clamps to 0.
+  if (e == 0) return m > 0x400000u ? 1u : 0u;
+  const int byte = e + (m != 0u ? 1 : 0);  // (e - 127 + round-up) + 127
+  return static_cast<std::uint8_t>(byte > 254 ? 254 : byte);
 }
 
 /// 2^(byte-127) as a float (byte 0 gives 2^-127, a subnormal; 0xFF gives NaN).
+/// @param[in] byte  the ue8m0 scale byte
 KVC_HD float ue8m0_to_float(std::uint8_t byte) {
   if (byte == 0xffu) return quiet_nan();
   if (byte == 0u) return bits_float(0x00400000u);  // 2^-127
@@ -168,7 +254,12 @@ KVC_HD float ue8m0_to_float(std::uint8_t byte) {
 }
 
 /// Encodes `n` values (n a multiple of 32) as `n/2` bytes of packed e2m1 (even element in the low
-/// nibble) and `n/32` ue8m0 scale bytes.
+/// nibble) and `n/32` ue8m0 scale bytes: element x of group g gets `e2m1_encode(x * 2^-e_g)`
+/// (an exact power-of-two scaling unless the product is subnormal, where it rounds to nearest).
+/// @param[in]  x       `n` values
+/// @param[in]  n       number of values, a multiple of 32
+/// @param[out] packed  `n / 2` bytes (a group's 16 bytes are 0 when it is all-zero or non-finite)
+/// @param[out] scales  `n / 32` scale bytes (mxfp4_scale_byte of each group's amax)
 KVC_HD void mxfp4_encode(const float* x, int n, std::uint8_t* packed, std::uint8_t* scales) {
   for (int g = 0; g < n / kMxfp4Group; ++g) {
     const float* xg = x + g * kMxfp4Group;
@@ -191,7 +282,10 @@ KVC_HD void mxfp4_encode(const float* x, int n, std::uint8_t* packed, std::uint8
   }
 }
 
-/// Decodes element `i` of an mxfp4 vector.
+/// Decodes element `i` of an mxfp4 vector: `rn(±magnitude * 2^(byte-127))` (exact).
+/// @param[in] packed  the vector's `n / 2` bytes
+/// @param[in] scales  the vector's `n / 32` scale bytes
+/// @param[in] i       element index
 KVC_HD float mxfp4_decode(const std::uint8_t* packed, const std::uint8_t* scales, int i) {
   const unsigned byte = packed[i >> 1];
   const unsigned nib = (i & 1) ? (byte >> 4) : (byte & 0xfu);
@@ -200,12 +294,14 @@ KVC_HD float mxfp4_decode(const std::uint8_t* packed, const std::uint8_t* scales
   return fmul_rn(v, ue8m0_to_float(scales[i / kMxfp4Group]));
 }
 
-// --- fp8 e4m3 (OCP "e4m3fn": no infinities, max 448), one fp32 scale per vector --------------------
+// --- fp8 e4m3 (OCP "e4m3fn": no infinities, max 448), one fp32 scale per vector ---------------
 
 /// Largest magnitude of e4m3.
 constexpr float kE4m3Max = 448.0f;
 
-/// float → e4m3 bits, round to nearest even, saturating to ±448. NaN input gives 0x7f.
+/// float → e4m3 bits, round to nearest even, saturating to ±448 (±inf too); the sign of zero is
+/// kept (-0 and negatives that round to zero give 0x80). NaN input gives 0x7f.
+/// @param[in] f  the value
 KVC_HD std::uint8_t float_to_e4m3(float f) {
   const std::uint32_t x = float_bits(f);
   const std::uint32_t sign = (x >> 24) & 0x80u;
@@ -227,6 +323,7 @@ KVC_HD std::uint8_t float_to_e4m3(float f) {
 }
 
 /// e4m3 bits → float (exact); 0x7f / 0xff decode as NaN.
+/// @param[in] b  the e4m3 byte
 KVC_HD float e4m3_to_float(std::uint8_t b) {
   const std::uint32_t sign = static_cast<std::uint32_t>(b & 0x80u) << 24;
   const std::uint32_t e = (b >> 3) & 0xfu;
@@ -239,19 +336,32 @@ KVC_HD float e4m3_to_float(std::uint8_t b) {
   return bits_float(sign | ((e + 120u) << 23) | (m << 20));
 }
 
-/// Encodes `n` values as e4m3 bytes of x/scale with `scale = amax / 448`; returns the scale.
+/// The fp8_e4m3 scale of a vector: `symmetric_scale(amax, 448, 464)` (element-level piece of
+/// fp8_e4m3_encode; a code is then `float_to_e4m3(fdiv_rn(x, scale))`). 464 is where e4m3's
+/// round to nearest would leave 448 for 512.
+/// @param[in] amax  max |x| of the vector, finite and > 0
+KVC_HD float fp8_e4m3_scale(float amax) { return symmetric_scale(amax, kE4m3Max, 464.0f); }
+
+/// Encodes `n` values as e4m3 bytes `float_to_e4m3(rn(x[i] / scale))` with
+/// `scale = symmetric_scale(amax, 448, 464)`, i.e. rn(amax / 448) for all but subnormal scales.
+/// @param[in]  x  `n` values
+/// @param[in]  n  number of values
+/// @param[out] q  `n` e4m3 bytes (all 0 for an all-zero or non-finite vector)
+/// @return the scale: +0 for an all-zero vector, NaN for a non-finite one
 KVC_HD float fp8_e4m3_encode(const float* x, int n, std::uint8_t* q) {
   const float amax = abs_max(x, n);
   if (is_nan(amax) || amax == 0.0f) {
     for (int i = 0; i < n; ++i) q[i] = 0;
     return amax;
   }
-  const float scale = fdiv_rn(amax, kE4m3Max);
+  const float scale = fp8_e4m3_scale(amax);
   for (int i = 0; i < n; ++i) q[i] = float_to_e4m3(fdiv_rn(x[i], scale));
   return scale;
 }
 
-/// Decodes one e4m3 byte with its vector's scale.
+/// Decodes one e4m3 byte with its vector's scale: `rn(e4m3_to_float(b) * scale)`.
+/// @param[in] b      the e4m3 byte
+/// @param[in] scale  the vector's scale
 KVC_HD float fp8_e4m3_decode(std::uint8_t b, float scale) {
   return fmul_rn(e4m3_to_float(b), scale);
 }
@@ -259,6 +369,8 @@ KVC_HD float fp8_e4m3_decode(std::uint8_t b, float scale) {
 // --- sizes --------------------------------------------------------------------------------------
 
 /// Bytes of one K vector of `head_dim` elements in old-block format `f` (payload only).
+/// @param[in] f         the format
+/// @param[in] head_dim  elements per vector
 constexpr std::size_t k_payload_bytes(Format f, int head_dim) {
   switch (f) {
     case Format::kF16:
@@ -275,6 +387,8 @@ constexpr std::size_t k_payload_bytes(Format f, int head_dim) {
 }
 
 /// Bytes of one V vector of `head_dim` elements in old-block format `f` (payload only).
+/// @param[in] f         the format
+/// @param[in] head_dim  elements per vector
 constexpr std::size_t v_payload_bytes(Format f, int head_dim) {
   switch (f) {
     case Format::kF16:
@@ -292,19 +406,26 @@ constexpr std::size_t v_payload_bytes(Format f, int head_dim) {
 }
 
 /// True when format `f` stores one fp32 scale per K vector.
+/// @param[in] f  the format
 constexpr bool has_k_scale(Format f) { return f == Format::kQ8 || f == Format::kFp8E4m3; }
 /// True when format `f` stores one fp32 scale per V vector.
+/// @param[in] f  the format
 constexpr bool has_v_scale(Format f) { return f == Format::kQ8 || f == Format::kFp16kQ4v; }
 /// True when `f` can hold old K/V blocks (the indexer-key formats cannot).
+/// @param[in] f  the format
 constexpr bool is_kv_format(Format f) {
   return f == Format::kF16 || f == Format::kBF16 || f == Format::kQ8 || f == Format::kFp16kQ4v;
 }
 
-/// Bytes of one indexer key of `dim` elements: mxfp4 dim/2 + dim/32, fp8_e4m3 dim + 4.
+/// Bytes of one indexer key of `dim` elements: mxfp4 dim/2 + dim/32, fp8_e4m3 dim + 4, 0 for the
+/// other formats.
+/// @param[in] f    the format
+/// @param[in] dim  elements per key
 constexpr std::size_t indexer_key_bytes(Format f, int dim) {
-  return f == Format::kMxfp4 ? static_cast<std::size_t>(dim) / 2u + static_cast<std::size_t>(dim) / 32u
-       : f == Format::kFp8E4m3 ? static_cast<std::size_t>(dim) + 4u
-       : 0u;
+  return f == Format::kMxfp4
+             ? static_cast<std::size_t>(dim) / 2u + static_cast<std::size_t>(dim) / 32u
+         : f == Format::kFp8E4m3 ? static_cast<std::size_t>(dim) + 4u
+                                 : 0u;
 }
 
 }  // namespace formats
