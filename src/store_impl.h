@@ -3,6 +3,7 @@
 
 #include <memory>
 
+#include "kvc/config.h"
 #include "kvc/store/kv_store.h"
 
 namespace kvc {

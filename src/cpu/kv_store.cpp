@@ -71,6 +71,8 @@ class CpuKvStore final : public KvStore {
   }
   int free_pool_blocks() const override { return state_.free_count; }
   void set_stream(void*) override {}
+  void* stream() const override { return nullptr; }
+  void refresh_host_state() override {}
 
   Footprint footprint() const override {
     std::vector<int> lens;
@@ -215,7 +217,7 @@ std::unique_ptr<KvStore> make_cpu_kv_store(const KvStoreConfig& config) {
 std::unique_ptr<KvStore> KvStore::create(const KvStoreConfig& config, Device device) {
   config.validate();
   if (device.is_cpu()) return detail::make_cpu_kv_store(config);
-#if KVC_CUDA_ENABLED && defined(KVC_CUDA_STORE_READY)
+#if KVC_CUDA_ENABLED
   const int n = cuda_device_count();
   KVC_CHECK(device.index >= 0 && device.index < n, "device = ", to_string(device),
             " is not present (CUDA devices: ", n, ")");

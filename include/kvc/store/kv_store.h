@@ -63,6 +63,7 @@ struct Footprint {
   std::size_t scales = 0;         ///< per-token fp32 scales of old K and V
   std::size_t summaries = 0;      ///< block summaries (mean K, mean V, min/max K)
   std::size_t tables = 0;         ///< lengths, block tables and the pool's free list
+  /// Sum of all components (capacity bytes).
   std::size_t total() const { return ring + old_k + old_v + scales + summaries + tables; }
   /// Tokens currently held over all slots.
   std::int64_t tokens = 0;
@@ -94,6 +95,9 @@ struct StoreView {
   std::int32_t* block_table = nullptr;  ///< [max_slots, max_blocks_per_slot] pool id or -1
   std::int32_t* free_blocks = nullptr;  ///< [num_pool_blocks] stack of free pool ids
   std::int32_t* free_count = nullptr;   ///< [1] entries of free_blocks in use (top of stack)
+  /// [max_slots] scratch of the CUDA update kernels (each entry's length before the update);
+  /// null on the CPU.
+  std::int32_t* update_scratch = nullptr;
   void* ring_k = nullptr;               ///< [max_slots, Hkv, W, d] dtype
   void* ring_v = nullptr;               ///< [max_slots, Hkv, W, d] dtype
   std::uint8_t* old_k = nullptr;        ///< [pool, Hkv, B, k_payload_bytes(old_format, d)]
@@ -174,6 +178,12 @@ class KvStore {
   virtual StoreView host_view(std::vector<std::uint8_t>& buffer) const = 0;
   /// The CUDA stream (a cudaStream_t) the store's work is ordered on; ignored on the CPU.
   virtual void set_stream(void* stream) = 0;
+  /// The stream set by set_stream (null: the default stream; always null on the CPU).
+  virtual void* stream() const = 0;
+  /// Reloads the host mirror (lengths, block tables, free stack) from the device, after kernel-
+  /// layer launches or CUDA-graph replays advanced the device state behind the object's back.
+  /// Synchronises the stream. No-op on the CPU.
+  virtual void refresh_host_state() = 0;
   /// Every byte of every open slot's state in logical order (see SlotState); equal snapshots
   /// mean equal contents, whatever pool blocks hold them. Synchronises a CUDA store.
   std::vector<SlotState> snapshot() const;

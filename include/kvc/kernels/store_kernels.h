@@ -1,0 +1,47 @@
+/*! \file kvc/kernels/store_kernels.h
+ *  \brief Kernel layer of the KvStore: stream-ordered launches over a StoreView whose memory the
+ *  caller owns. They read lengths, block tables and the pool's free stack on the device, so a
+ *  sequence of them can be captured in a CUDA graph and replayed as lengths grow. They never
+ *  allocate, never synchronise, and return the launch's cudaError_t.
+ *
+ *  The launches do not validate their data (that would need a host synchronisation): the
+ *  KvStore object checks slots, lengths and pool space on its host mirror before it launches.
+ *  An engine calling them directly keeps those invariants itself: distinct open slots, lengths
+ *  within max_context, enough free pool blocks.
+ */
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kvc/store/kv_store.h"
+
+namespace kvc {
+namespace kernels {
+
+/// Appends `count` tokens to each of `entries` distinct slots: token j of entry e is
+/// k[(e * count + j) * Hkv * d ...] (16-bit, the store's dtype). Appending one token to a batch
+/// is count = 1; ingesting a prefill chunk is entries = 1. Pops pool blocks for blocks that start
+/// (entry order, then block order: the same pops as the host mirror), quantises tokens that leave
+/// the ring, summarises blocks that close, writes the ring and advances the lengths.
+/// @param[in] s        the store (device pointers)
+/// @param[in] d_slots  [entries] slot ids on the device
+/// @param[in] entries  number of slots, 1..max_slots
+/// @param[in] count    tokens per slot, >= 1
+/// @param[in] d_k      [entries, count, Hkv, d] keys
+/// @param[in] d_v      [entries, count, Hkv, d] values
+/// @param[in] stream   stream the work is ordered on
+cudaError_t store_update(const StoreView& s, const std::int32_t* d_slots, int entries, int count,
+                         const void* d_k, const void* d_v, cudaStream_t stream);
+
+/// Returns the blocks of `n` slots to the pool (logical order) and sets their lengths to 0.
+/// @param[in] s        the store (device pointers)
+/// @param[in] d_slots  [n] slot ids on the device
+/// @param[in] n        number of slots
+/// @param[in] stream   stream the work is ordered on
+cudaError_t store_reset(const StoreView& s, const std::int32_t* d_slots, int n,
+                        cudaStream_t stream);
+
+}  // namespace kernels
+}  // namespace kvc
