@@ -86,7 +86,7 @@ class CpuBlockIndex final : public BlockIndex {
 std::unique_ptr<BlockIndex> BlockIndex::create(const BlockIndexConfig& config, Device device) {
   config.validate();
   if (device.is_cpu()) return std::make_unique<detail::CpuBlockIndex>(config);
-#if KVC_CUDA_ENABLED && defined(KVC_CUDA_STORE_READY)
+#if KVC_CUDA_ENABLED
   const int n = cuda_device_count();
   KVC_CHECK(device.index >= 0 && device.index < n, "device = ", to_string(device),
             " is not present (CUDA devices: ", n, ")");

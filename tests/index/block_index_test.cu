@@ -1,0 +1,100 @@
+// BlockIndex on CUDA against the CPU reference on the same store contents.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <tuple>
+#include <vector>
+
+#include "common/cuda_test_util.h"
+#include "common/random.h"
+#include "kvc/index/block_index.h"
+#include "kvc/store/kv_store.h"
+
+namespace kvc {
+namespace {
+
+using testing::DeviceArray;
+using testing::random_bits16;
+
+class Cuda_BlockIndex_MatchesCpu
+    : public ::testing::TestWithParam<std::tuple<int, int, int, SummaryScore, GqaAggregate, bool, int>> {};
+
+TEST_P(Cuda_BlockIndex_MatchesCpu, Scores) {
+  KVC_REQUIRE_GPU();
+  const auto [hkv, group, d, score, agg, shared, T] = GetParam();
+  KvStoreConfig sc;
+  sc.num_kv_heads = hkv;
+  sc.head_dim = d;
+  sc.max_slots = 3;
+  sc.max_context = 3000;
+  sc.recent_window = 64;
+  sc.block_size = 16;
+  sc.old_format = Format::kFp16kQ4v;
+  sc.summaries = kSummaryMeanK | kSummaryMinMaxK;
+  auto cpu = KvStore::create(sc, Device::cpu());
+  auto gpu = KvStore::create(sc, Device::cuda(0));
+  const std::vector<int> lens{2900, 64, 1001};
+  const std::size_t token = static_cast<std::size_t>(hkv) * d;
+  for (int s = 0; s < 3; ++s) {
+    cpu->open_slot();
+    gpu->open_slot();
+    auto k = random_bits16(lens[s] * token, sc.dtype, 10 + s, 1.5f);
+    auto v = random_bits16(lens[s] * token, sc.dtype, 20 + s);
+    DeviceArray<std::uint16_t> dk(k), dv(v);
+    cpu->ingest(s, TensorView::contiguous(k.data(), sc.dtype, {lens[s], hkv, d}),
+                TensorView::contiguous(v.data(), sc.dtype, {lens[s], hkv, d}));
+    gpu->ingest(s, TensorView::contiguous(dk.get(), sc.dtype, {lens[s], hkv, d}, Device::cuda(0)),
+                TensorView::contiguous(dv.get(), sc.dtype, {lens[s], hkv, d}, Device::cuda(0)));
+  }
+  BlockIndexConfig c;
+  c.num_kv_heads = hkv;
+  c.num_q_heads = hkv * group;
+  c.head_dim = d;
+  c.score = score;
+  c.aggregate = agg;
+  c.shared_across_heads = shared;
+  c.max_query_tokens = T;
+  c.max_batch = 4;
+  const std::vector<int> slots{2, 0, 1, 0};
+  const int batch = 4;
+  auto q = random_bits16(static_cast<std::size_t>(batch) * T * c.num_q_heads * d, DType::kF16, 99);
+  DeviceArray<std::uint16_t> dq(q);
+  const int rows = c.rows(batch, T), maxb = sc.max_blocks_per_slot();
+  std::vector<float> cs(static_cast<std::size_t>(rows) * maxb, 0.0f);
+  std::vector<std::int32_t> cv(rows);
+  BlockIndex::create(c, Device::cpu())
+      ->score(*cpu, slots, TensorView::contiguous(q.data(), DType::kF16, {batch, T, c.num_q_heads, d}),
+              ScoresView{cs.data(), cv.data(), rows, maxb});
+  DeviceArray<float> gs(static_cast<std::size_t>(rows) * maxb);
+  DeviceArray<std::int32_t> gv(rows);
+  gv.fill_bytes(0xff);
+  auto gi = BlockIndex::create(c, Device::cuda(0));
+  gi->score(*gpu, slots, TensorView::contiguous(dq.get(), DType::kF16, {batch, T, c.num_q_heads, d}, Device::cuda(0)),
+            ScoresView{gs.get(), gv.get(), rows, maxb});
+  KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+  const auto hs = gs.download();
+  const auto hv = gv.download();
+  double max_rel = 0;
+  for (int r = 0; r < rows; ++r) {
+    ASSERT_EQ(hv[r], cv[r]) << "row " << r;
+    for (int j = 0; j < cv[r]; ++j) {
+      const double a = hs[static_cast<std::size_t>(r) * maxb + j], b = cs[static_cast<std::size_t>(r) * maxb + j];
+      ASSERT_FALSE(std::isnan(a));
+      max_rel = std::max(max_rel, std::abs(a - b) / (1.0 + std::abs(b)));
+    }
+  }
+  EXPECT_LT(max_rel, 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Cuda_BlockIndex_MatchesCpu,
+    ::testing::Values(std::make_tuple(8, 4, 128, SummaryScore::kMeanK, GqaAggregate::kSum, false, 1),
+                      std::make_tuple(2, 1, 64, SummaryScore::kMeanK, GqaAggregate::kMax, false, 2),
+                      std::make_tuple(1, 128, 512, SummaryScore::kMeanK, GqaAggregate::kSum, false, 1),
+                      std::make_tuple(4, 8, 256, SummaryScore::kQuestMinMax, GqaAggregate::kMax, false, 1),
+                      std::make_tuple(3, 3, 64, SummaryScore::kQuestMinMax, GqaAggregate::kSum, true, 3),
+                      std::make_tuple(8, 4, 128, SummaryScore::kMeanK, GqaAggregate::kSum, true, 1)));
+
+}  // namespace
+}  // namespace kvc
