@@ -1,0 +1,142 @@
+// Command-line parsing of mini_decoder.
+#include "cli.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+namespace kvc {
+namespace mini_decoder {
+namespace {
+
+long long parse_integer(const std::string& flag, const std::string& s, long long lo, long long hi) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || errno == ERANGE || v < lo || v > hi) {
+    throw UsageError(flag + " = '" + s + "' must be an integer in [" + std::to_string(lo) + ", " +
+                     std::to_string(hi) + "]");
+  }
+  return v;
+}
+
+float parse_real(const std::string& flag, const std::string& s) {
+  errno = 0;
+  char* end = nullptr;
+  const float v = std::strtof(s.c_str(), &end);
+  if (s.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v)) {
+    throw UsageError(flag + " = '" + s + "' must be a finite number");
+  }
+  return v;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UsageError("--prompt-file: cannot read '" + path + "'");
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+}  // namespace
+
+std::string usage() {
+  return "usage: mini_decoder --model PATH (--prompt TEXT | --prompt-file PATH) [options]\n"
+         "\n"
+         "  --model PATH          SmolLM2 (llama) GGUF file; scripts/fetch-model prints its path\n"
+         "  --prompt TEXT         prompt text\n"
+         "  --prompt-file PATH    read the prompt from a file\n"
+         "  --chat                wrap the prompt in the ChatML chat template\n"
+         "  --system TEXT         system message for --chat (default: the model's)\n"
+         "  --max-tokens N        tokens to generate (default 128)\n"
+         "  --ignore-eos          keep generating past end-of-turn tokens\n"
+         "  --temperature T       0 = greedy (default); > 0 samples\n"
+         "  --top-p P             nucleus mass in (0, 1] (default 1)\n"
+         "  --seed S              sampling seed (default 0)\n"
+         "  --threads N           threads (default: all hardware threads)\n"
+         "  --chunk N             prompt tokens per batched prefill step (default 256)\n"
+         "  --context N           cap on the KV capacity (default: the model's context length)\n"
+         "  --kv-mode M           dense | dense_recent_only | block_select_exact (default dense)\n"
+         "  --kv-format F         f32 | f16 | q8 | fp16k_q4v (default f32 for dense)\n"
+         "  --top-blocks N        selected old blocks per query (default 8)\n"
+         "  --recent-window N     exact recent tokens, a multiple of the block size (default "
+         "1024)\n"
+         "  --block-size N        16 | 32 | 64 | 128 (default 32)\n"
+         "  --help                this text\n"
+         "\n"
+         "Only --kv-mode dense with f32 is wired; the kvc modes are validated and refused until\n"
+         "kvc's KvStore and AttentionBackend are plugged in.\n";
+}
+
+CliOptions parse_cli(const std::vector<std::string>& args) {
+  CliOptions o;
+  bool have_prompt = false;
+  const long long kIntMax = std::numeric_limits<int>::max();
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> const std::string& {
+      if (i + 1 >= args.size()) throw UsageError(a + " needs a value");
+      return args[++i];
+    };
+    auto set_prompt = [&](std::string text) {
+      if (have_prompt) throw UsageError("give one of --prompt and --prompt-file, once");
+      o.prompt = std::move(text);
+      have_prompt = true;
+    };
+    if (a == "--help" || a == "-h") {
+      o.help = true;
+    } else if (a == "--model") {
+      o.model = value();
+    } else if (a == "--prompt") {
+      set_prompt(value());
+    } else if (a == "--prompt-file") {
+      set_prompt(read_file(value()));
+    } else if (a == "--chat") {
+      o.chat = true;
+    } else if (a == "--system") {
+      o.system = value();
+    } else if (a == "--max-tokens") {
+      o.max_tokens = static_cast<int>(parse_integer(a, value(), 0, kIntMax));
+    } else if (a == "--ignore-eos") {
+      o.ignore_eos = true;
+    } else if (a == "--temperature") {
+      o.sampling.temperature = parse_real(a, value());
+    } else if (a == "--top-p") {
+      o.sampling.top_p = parse_real(a, value());
+    } else if (a == "--seed") {
+      o.sampling.seed = static_cast<std::uint64_t>(
+          parse_integer(a, value(), 0, std::numeric_limits<long long>::max()));
+    } else if (a == "--threads") {
+      o.threads = static_cast<int>(parse_integer(a, value(), 1, 1024));
+    } else if (a == "--chunk") {
+      o.chunk = static_cast<int>(parse_integer(a, value(), 1, 1 << 16));
+    } else if (a == "--context") {
+      o.context = static_cast<int>(parse_integer(a, value(), 1, 1 << 24));
+    } else if (a == "--kv-mode") {
+      o.kv.mode = value();
+    } else if (a == "--kv-format") {
+      o.kv.format = value();
+    } else if (a == "--top-blocks") {
+      o.kv.top_blocks = static_cast<int>(parse_integer(a, value(), -kIntMax, kIntMax));
+    } else if (a == "--recent-window") {
+      o.kv.recent_window = static_cast<int>(parse_integer(a, value(), -kIntMax, kIntMax));
+    } else if (a == "--block-size") {
+      o.kv.block_size = static_cast<int>(parse_integer(a, value(), -kIntMax, kIntMax));
+    } else {
+      throw UsageError("unknown argument '" + a + "' (see --help)");
+    }
+  }
+  if (o.help) return o;
+  if (o.model.empty()) throw UsageError("--model PATH is required (see scripts/fetch-model)");
+  if (!have_prompt) throw UsageError("--prompt TEXT or --prompt-file PATH is required");
+  if (!o.system.empty() && !o.chat) throw UsageError("--system needs --chat");
+  o.sampling.validate();
+  o.kv.validate();
+  return o;
+}
+
+}  // namespace mini_decoder
+}  // namespace kvc

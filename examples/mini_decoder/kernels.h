@@ -1,0 +1,81 @@
+/*! \file examples/mini_decoder/kernels.h
+ *  \brief CPU compute kernels of the mini-decoder: a panel-packed f32 GEMM (AVX2+FMA chosen at
+ *  run time, portable C++ otherwise), exp/softmax/SiLU and RMSNorm, RoPE.
+ *
+ *  The GEMM computes C[m][n] (+)= sum_p A[m][p] * B[p][n] with a 6x16 register tile: each step
+ *  broadcasts one element of each of the 6 rows of A and multiplies it with 16 consecutive
+ *  elements of row p of B. B is either a weight matrix packed into 16-column panels (contiguous
+ *  K x 16 slabs, zero-padded) or a strided matrix whose rows are readable 16 columns at a time.
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace kvc {
+namespace mini_decoder {
+
+class ThreadPool;
+
+/// Columns of one packed panel (the GEMM tile width).
+constexpr int kPanel = 16;
+/// Rows of A per register tile.
+constexpr int kTileRows = 6;
+
+/// True when the AVX2+FMA kernels run (the CPU has them and they are not disabled).
+bool simd_enabled();
+/// Chooses the portable kernels (false) or AVX2+FMA where the CPU has it (true); for tests.
+void set_simd_enabled(bool on);
+
+/// A weight matrix W [n][k] (y = W x) packed for the GEMM as B = W^T in 16-column panels:
+/// panel j holds W[16j + c][p] at (j * k + p) * 16 + c, zero for rows >= n.
+struct PackedMatrix {
+  int n = 0;                ///< output features (rows of W)
+  int k = 0;                ///< input features (columns of W)
+  std::vector<float> data;  ///< panels(n) * k * 16 floats
+  /// Number of panels.
+  int panels() const { return (n + kPanel - 1) / kPanel; }
+  /// Bytes held.
+  std::size_t bytes() const { return data.size() * sizeof(float); }
+};
+
+/// Packs W [n][k] given row by row: get_row(r, dst) writes row r (k floats) into dst.
+PackedMatrix pack_rows(int n, int k, const std::function<void(int row, float* dst)>& get_row);
+
+/// Y[m][0:n] (+)= X[m][0:k] . W^T over the threads of `pool` (split over column panels).
+/// @param[in] x          [m][ldx] row-major activations
+/// @param[in] m, ldx     rows of X and their stride (>= k)
+/// @param[in] w          packed weights (n outputs, k inputs)
+/// @param[out] y         [m][ldy]; only columns [0, n) are written
+/// @param[in] ldy        stride of Y (>= n)
+/// @param[in] accumulate when true Y += X W^T, else Y = X W^T
+/// @param[in] pool       threads
+void matmul(const float* x, int m, int ldx, const PackedMatrix& w, float* y, int ldy,
+            bool accumulate, ThreadPool& pool);
+
+/// Single-threaded C[m][0:n] = A[m][0:k] . B[0:k][0:n] with B rows of stride ldb; every row of B
+/// must be readable up to column round_up(n, 16) (the extra columns are computed and dropped).
+void gemm_nn(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
+             int ldc);
+
+/// Softmax numerator of one row: s[i] = exp(scale * s[i] - max) for i < n_valid, 0 for
+/// n_valid <= i < n_total; returns the sum of the first n_valid values (>= 1).
+float softmax_row(float* s, int n_valid, int n_total, float scale);
+
+/// h[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u, for i < n.
+void silu_mul(const float* g, const float* u, float* h, int n);
+
+/// y = x / sqrt(mean(x^2) + eps) * w over n elements.
+void rms_norm(const float* x, const float* w, float* y, int n, float eps);
+
+/// exp(x) in float, |relative error| < 2e-7 for x in [-87, 88]; 0 below, +inf above.
+float fast_exp(float x);
+
+/// Rotates consecutive pairs (x[2i], x[2i+1]) of each of `heads` vectors of `head_dim` floats by
+/// the angles of `cs` ([rope_dim/2] cos then [rope_dim/2] sin); dims >= rope_dim are untouched.
+void rope_pairs(float* x, int heads, int head_dim, int rope_dim, const float* cs);
+
+}  // namespace mini_decoder
+}  // namespace kvc

@@ -1,0 +1,186 @@
+// KV cache options and the dense f32 cache.
+#include "kv_cache.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "kernels.h"
+#include "kvc/core/error.h"
+#include "thread_pool.h"
+
+namespace kvc {
+namespace mini_decoder {
+namespace {
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+// Query tokens per attention task (a multiple of the GEMM tile rows).
+constexpr int kQueryBlock = 4 * kTileRows;
+
+}  // namespace
+
+const std::vector<std::string>& KvOptions::modes() {
+  static const std::vector<std::string> m = {"dense", "dense_recent_only", "block_select_exact"};
+  return m;
+}
+
+const std::vector<std::string>& KvOptions::formats() {
+  static const std::vector<std::string> f = {"f32", "f16", "q8", "fp16k_q4v"};
+  return f;
+}
+
+void KvOptions::validate() const {
+  KVC_CHECK(contains(modes(), mode), "--kv-mode = '", mode, "' is not one of: ", join(modes()));
+  KVC_CHECK(format.empty() || contains(formats(), format), "--kv-format = '", format,
+            "' is not one of: ", join(formats()));
+  KVC_CHECK(block_size == 16 || block_size == 32 || block_size == 64 || block_size == 128,
+            "--block-size = ", block_size, " must be 16, 32, 64 or 128");
+  KVC_CHECK(top_blocks >= 1 && top_blocks <= 4096, "--top-blocks = ", top_blocks,
+            " must be in [1, 4096]");
+  KVC_CHECK(
+      recent_window >= block_size && recent_window <= (1 << 20) && recent_window % block_size == 0,
+      "--recent-window = ", recent_window, " must be a multiple of --block-size = ", block_size,
+      " in [", block_size, ", 1048576]");
+  KVC_CHECK(!(mode != "dense" && format == "f32"),
+            "--kv-format = f32 is only for --kv-mode = "
+            "dense; the kvc modes store f16, q8 or fp16k_q4v");
+}
+
+std::string KvOptions::effective_format() const {
+  if (!format.empty()) return format;
+  return mode == "dense" ? "f32" : "fp16k_q4v";
+}
+
+std::unique_ptr<KvCache> make_kv_cache(const KvOptions& options, const KvShape& shape) {
+  options.validate();
+  const std::string fmt = options.effective_format();
+  KVC_CHECK(options.mode == "dense" && fmt == "f32", "--kv-mode = ", options.mode,
+            " with --kv-format = ", fmt,
+            " is not wired yet: the mini-decoder runs only the dense f32 cache until kvc's "
+            "KvStore and AttentionBackend are plugged in");
+  return std::make_unique<DenseKvCache>(shape);
+}
+
+DenseKvCache::DenseKvCache(const KvShape& shape) : shape_(shape) {
+  KVC_CHECK(shape.num_layers >= 1 && shape.num_kv_heads >= 1 && shape.head_dim >= 1 &&
+                shape.num_q_heads >= shape.num_kv_heads &&
+                shape.num_q_heads % shape.num_kv_heads == 0,
+            "kv cache: layers = ", shape.num_layers, ", q heads = ", shape.num_q_heads,
+            ", kv heads = ", shape.num_kv_heads, ", head_dim = ", shape.head_dim,
+            " (q heads must be a multiple of kv heads)");
+  KVC_CHECK(shape.capacity >= 1 && shape.capacity <= (1 << 24),
+            "kv cache: capacity = ", shape.capacity, " must be in [1, 2^24]");
+  cap_pad_ = (shape.capacity + kPanel - 1) / kPanel * kPanel;
+  v_stride_ = (shape.head_dim + kPanel - 1) / kPanel * kPanel;
+  const std::size_t heads = static_cast<std::size_t>(shape.num_layers) * shape.num_kv_heads;
+  // Zero so that the padding the GEMM reads (key columns past the length, value columns past
+  // head_dim) is finite.
+  k_.assign(heads * shape.head_dim * cap_pad_, 0.0f);
+  v_.assign(heads * v_stride_ * cap_pad_, 0.0f);
+}
+
+float* DenseKvCache::k_t(int layer, int head) {
+  return k_.data() + (static_cast<std::size_t>(layer) * shape_.num_kv_heads + head) *
+                         shape_.head_dim * cap_pad_;
+}
+
+float* DenseKvCache::v(int layer, int head) {
+  return v_.data() +
+         (static_cast<std::size_t>(layer) * shape_.num_kv_heads + head) * v_stride_ * cap_pad_;
+}
+
+void DenseKvCache::check_range(int layer, int pos0, int count) const {
+  KVC_CHECK(layer >= 0 && layer < shape_.num_layers, "kv cache: layer = ", layer,
+            " must be in [0, ", shape_.num_layers, ")");
+  KVC_CHECK(pos0 == length_, "kv cache: pos0 = ", pos0, " must equal length = ", length_);
+  KVC_CHECK(count >= 1 && count <= shape_.capacity - pos0, "kv cache: count = ", count,
+            " must be in [1, capacity - pos0 = ", shape_.capacity - pos0, "]");
+}
+
+void DenseKvCache::append(int layer, int pos0, int count, const float* k, const float* v_in) {
+  check_range(layer, pos0, count);
+  const int hd = shape_.head_dim;
+  for (int h = 0; h < shape_.num_kv_heads; ++h) {
+    float* kt = k_t(layer, h);
+    float* vv = v(layer, h);
+    for (int t = 0; t < count; ++t) {
+      const std::size_t src = (static_cast<std::size_t>(t) * shape_.num_kv_heads + h) * hd;
+      const int pos = pos0 + t;
+      for (int d = 0; d < hd; ++d) kt[static_cast<std::size_t>(d) * cap_pad_ + pos] = k[src + d];
+      std::copy(v_in + src, v_in + src + hd, vv + static_cast<std::size_t>(pos) * v_stride_);
+    }
+  }
+}
+
+void DenseKvCache::attend(int layer, int pos0, int count, const float* q, float* out,
+                          ThreadPool& pool) {
+  check_range(layer, pos0, count);
+  const int hq = shape_.num_q_heads;
+  const int hd = shape_.head_dim;
+  const int group = hq / shape_.num_kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int blocks = (count + kQueryBlock - 1) / kQueryBlock;
+  if (static_cast<int>(scratch_.size()) < pool.size()) scratch_.resize(pool.size());
+  const int ld = hq * hd;  // stride between tokens in q and out
+  pool.parallel_for(hq * blocks, [&](int task, int thread) {
+    const int head = task % hq;
+    const int blk = task / hq;
+    const int t0 = blk * kQueryBlock;
+    const int rows = std::min(kQueryBlock, count - t0);
+    const int kend = pos0 + t0 + rows;  // keys [0, kend) cover every query of the block
+    const int kend_pad = (kend + kPanel - 1) / kPanel * kPanel;
+    std::vector<float>& s = scratch_[static_cast<std::size_t>(thread)];
+    if (s.size() < static_cast<std::size_t>(rows) * kend_pad) {
+      s.resize(static_cast<std::size_t>(kQueryBlock) * cap_pad_);
+    }
+    const float* qb = q + static_cast<std::size_t>(t0) * ld + head * hd;
+    float* ob = out + static_cast<std::size_t>(t0) * ld + head * hd;
+    const int kvh = head / group;
+    // Scores [rows][kend_pad] = Q . K^T.
+    gemm_nn(rows, kend_pad, hd, qb, ld, k_t(layer, kvh), cap_pad_, s.data(), kend_pad);
+    float inv_sum[kQueryBlock];
+    for (int r = 0; r < rows; ++r) {
+      const int valid = pos0 + t0 + r + 1;
+      inv_sum[r] =
+          1.0f / softmax_row(s.data() + static_cast<std::size_t>(r) * kend_pad, valid, kend, scale);
+    }
+    // Out [rows][hd] = P . V, then normalise.
+    gemm_nn(rows, hd, kend, s.data(), kend_pad, v(layer, kvh), v_stride_, ob, ld);
+    for (int r = 0; r < rows; ++r) {
+      float* o = ob + static_cast<std::size_t>(r) * ld;
+      for (int d = 0; d < hd; ++d) o[d] *= inv_sum[r];
+    }
+  });
+}
+
+void DenseKvCache::advance(int count) {
+  KVC_CHECK(count >= 0 && count <= shape_.capacity - length_, "kv cache: advance(", count,
+            ") past capacity ", shape_.capacity, " from length ", length_);
+  length_ += count;
+}
+
+std::size_t DenseKvCache::footprint_bytes() const {
+  return static_cast<std::size_t>(length_) * shape_.num_layers * shape_.num_kv_heads *
+         shape_.head_dim * 2 * sizeof(float);
+}
+
+std::size_t DenseKvCache::reserved_bytes() const { return (k_.size() + v_.size()) * sizeof(float); }
+
+std::string DenseKvCache::describe() const {
+  std::ostringstream os;
+  os << "dense f32 (" << shape_.num_layers << " layers x " << shape_.num_kv_heads << " kv heads x "
+     << shape_.head_dim << " dims, capacity " << shape_.capacity << ")";
+  return os.str();
+}
+
+}  // namespace mini_decoder
+}  // namespace kvc

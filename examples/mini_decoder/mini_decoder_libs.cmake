@@ -1,0 +1,29 @@
+# Libraries of the mini-decoder example, shared by the program (examples/mini_decoder) and its
+# tests (tests/mini_decoder): whichever directory comes first defines them, once.
+include_guard(GLOBAL)
+
+set(KVC_MINI_DECODER_DIR ${CMAKE_CURRENT_LIST_DIR})
+
+# GGUF reader and dequantisation.
+add_library(kvc_gguf STATIC ${KVC_MINI_DECODER_DIR}/gguf.cpp)
+target_include_directories(kvc_gguf PUBLIC ${KVC_MINI_DECODER_DIR})
+target_link_libraries(kvc_gguf PUBLIC kvc::kvc)
+target_compile_options(kvc_gguf PRIVATE -Wall -Wextra)
+
+# Byte-level BPE tokenizer and the ChatML prompt builder.
+add_library(kvc_bpe STATIC ${KVC_MINI_DECODER_DIR}/tokenizer.cpp)
+target_link_libraries(kvc_bpe PUBLIC kvc_gguf)
+target_compile_options(kvc_bpe PRIVATE -Wall -Wextra)
+
+# Kernels, KV cache, model, sampler and command line.
+add_library(kvc_llama STATIC
+  ${KVC_MINI_DECODER_DIR}/kernels.cpp
+  ${KVC_MINI_DECODER_DIR}/thread_pool.cpp
+  ${KVC_MINI_DECODER_DIR}/kv_cache.cpp
+  ${KVC_MINI_DECODER_DIR}/model.cpp
+  ${KVC_MINI_DECODER_DIR}/sampler.cpp
+  ${KVC_MINI_DECODER_DIR}/cli.cpp)
+target_link_libraries(kvc_llama PUBLIC kvc_gguf kvc_bpe)
+target_compile_options(kvc_llama PRIVATE -Wall -Wextra)
+# The kernels are optimised even in Debug builds: an unoptimised GEMM makes the tests crawl.
+set_source_files_properties(${KVC_MINI_DECODER_DIR}/kernels.cpp PROPERTIES COMPILE_OPTIONS -O3)

@@ -1,0 +1,107 @@
+/*! \file examples/mini_decoder/model.h
+ *  \brief A Llama-architecture decoder on the CPU (f32 weights dequantised at load): token
+ *  embedding, blocks of RMSNorm -> fused QKV projection -> RoPE -> attention through a KvCache
+ *  -> output projection -> residual, RMSNorm -> fused gate/up -> SwiGLU -> down -> residual,
+ *  final RMSNorm and the LM head (tied to the embedding when output.weight is absent).
+ *
+ *  RoPE follows GGUF's llama convention: the converter permutes the q/k weights so that the
+ *  rotation acts on consecutive pairs (x[2i], x[2i+1]) with angle pos * base^(-2i/rope_dim)
+ *  (ggml's "normal" mode, not NeoX halves).
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gguf.h"
+#include "kernels.h"
+#include "kv_cache.h"
+
+namespace kvc {
+namespace mini_decoder {
+
+class ThreadPool;
+
+/// Hyper-parameters of a Llama model, read from GGUF metadata.
+struct LlamaConfig {
+  int num_layers = 0;          ///< {arch}.block_count
+  int d_model = 0;             ///< {arch}.embedding_length
+  int num_heads = 0;           ///< {arch}.attention.head_count
+  int num_kv_heads = 0;        ///< {arch}.attention.head_count_kv (default num_heads)
+  int head_dim = 0;            ///< d_model / num_heads
+  int d_ff = 0;                ///< {arch}.feed_forward_length
+  int vocab_size = 0;          ///< rows of token_embd.weight
+  int context_length = 0;      ///< {arch}.context_length
+  int rope_dim = 0;            ///< {arch}.rope.dimension_count (default head_dim)
+  float rope_base = 10000.0f;  ///< {arch}.rope.freq_base
+  float rms_eps = 1e-5f;       ///< {arch}.attention.layer_norm_rms_epsilon
+
+  /// Reads the config; throws kvc::Error for a non-llama architecture, missing keys,
+  /// unsupported rope scaling or inconsistent values.
+  static LlamaConfig from_gguf(const gguf::File& file);
+  /// Throws kvc::Error naming the first inconsistent field.
+  void validate() const;
+};
+
+/// Options of LlamaModel::forward.
+struct ForwardOptions {
+  int chunk = 256;          ///< prompt tokens per batched step (activations scale with it)
+  bool all_logits = false;  ///< logits of every token instead of the last one only
+};
+
+/// The model: weights packed for the GEMM and per-step scratch. Not thread-safe.
+class LlamaModel {
+ public:
+  /// Loads and packs the weights of `file` (which may be closed afterwards).
+  /// @param[in] file a llama GGUF
+  /// @param[in] pool threads for dequantising and packing
+  LlamaModel(const gguf::File& file, ThreadPool& pool);
+
+  /// The hyper-parameters.
+  const LlamaConfig& config() const { return config_; }
+  /// Bytes of the packed weights.
+  std::size_t weight_bytes() const;
+  /// KV geometry for a cache of `capacity` tokens.
+  KvShape kv_shape(int capacity) const;
+
+  /// Runs `count` tokens at positions [cache.length(), cache.length() + count) through the
+  /// model, appending their K/V to `cache`, in batched steps of at most options.chunk tokens.
+  /// @param[in] tokens  ids, each < vocab_size
+  /// @param[in] count   >= 1, cache.length() + count <= cache.capacity()
+  /// @param[in,out] cache the sequence's cache
+  /// @param[out] logits vocab_size floats (the last token), or count * vocab_size (all_logits)
+  /// @param[in] pool    threads
+  void forward(const int* tokens, int count, KvCache& cache, float* logits, ThreadPool& pool,
+               const ForwardOptions& options = ForwardOptions());
+
+ private:
+  struct Layer {
+    std::vector<float> attn_norm;  // [d_model]
+    std::vector<float> ffn_norm;   // [d_model]
+    PackedMatrix qkv;              // [q_dim + 2 kv_dim] x d_model
+    PackedMatrix wo;               // d_model x q_dim
+    PackedMatrix gate_up;          // [2 d_ff] x d_model (gate rows, then up rows)
+    PackedMatrix down;             // d_model x d_ff
+  };
+
+  void step(const int* tokens, int count, KvCache& cache, float* logits, bool all_logits,
+            ThreadPool& pool);
+  void embed(int token, float* dst) const;
+
+  LlamaConfig config_;
+  std::vector<Layer> layers_;
+  std::vector<float> output_norm_;
+  PackedMatrix lm_head_;
+  std::vector<std::uint8_t> embd_raw_;  // token_embd.weight as stored
+  gguf::TensorType embd_type_ = gguf::TensorType::kF32;
+  std::uint64_t embd_row_bytes_ = 0;
+  std::vector<double> inv_freq_;  // [rope_dim / 2]
+
+  // Scratch for one step of T tokens.
+  std::vector<float> x_, xn_, qkv_, q_, k_, v_, att_, gu_, h_, cs_;
+};
+
+}  // namespace mini_decoder
+}  // namespace kvc

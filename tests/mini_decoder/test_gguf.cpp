@@ -1,0 +1,424 @@
+// GGUF reader: valid files of every value and tensor type, and broken files that must throw.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gguf.h"
+#include "gguf_writer.h"
+#include "kvc/core/error.h"
+#include "kvc/core/numeric.h"
+
+namespace kvc {
+namespace {
+
+using testing::Bytes;
+using testing::GgufWriter;
+using testing::TempFile;
+
+// Opening `bytes` must throw kvc::Error whose message contains `needle`.
+void expect_open_error(const std::vector<std::uint8_t>& bytes, const std::string& needle) {
+  TempFile f(bytes);
+  try {
+    gguf::File g(f.path());
+    ADD_FAILURE() << "no error; expected one containing '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << "message: " << e.what() << "\nexpected to contain: " << needle;
+  }
+}
+
+std::vector<std::uint8_t> u16_bytes(const std::vector<std::uint16_t>& v) {
+  std::vector<std::uint8_t> b(v.size() * 2);
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+// A small valid file: a few metadata keys and one f32 tensor that ends the file.
+GgufWriter small_writer() {
+  GgufWriter w;
+  w.kv_string("general.architecture", "llama");
+  w.kv_u32("llama.block_count", 2);
+  w.kv_strings("tokenizer.ggml.tokens", {"a", "b", "c"});
+  w.tensor_f32("t", {4, 2}, {1, 2, 3, 4, 5, 6, 7, 8});
+  return w;
+}
+
+TEST(MiniDecoder_Gguf, EveryMetadataValueType) {
+  GgufWriter w;
+  w.kv<std::uint8_t>("u8", 0, 200);
+  w.kv<std::int8_t>("i8", 1, -100);
+  w.kv<std::uint16_t>("u16", 2, 60000);
+  w.kv<std::int16_t>("i16", 3, -30000);
+  w.kv<std::uint32_t>("u32", 4, 4000000000u);
+  w.kv<std::int32_t>("i32", 5, -2000000000);
+  w.kv<float>("f32", 6, 0.25f);
+  w.kv<std::uint8_t>("bool", 7, 1);
+  w.kv_string("string", "h\xC3\xA9llo");
+  w.kv<std::uint64_t>("u64", 10, 0xFFFFFFFFFFFFFFFFull);
+  w.kv<std::int64_t>("i64", 11, std::numeric_limits<std::int64_t>::min());
+  w.kv<double>("f64", 12, -1.5e300);
+  w.kv_i32s("arr_i32", {3, -4, 5});
+  w.kv_strings("arr_str", {"x", "", "yz"});
+  Bytes nested;  // array of 2 arrays of u16
+  nested.put<std::uint32_t>(9);
+  nested.put<std::uint64_t>(2);
+  nested.put<std::uint32_t>(2);
+  nested.put<std::uint64_t>(1);
+  nested.put<std::uint16_t>(7);
+  nested.put<std::uint32_t>(2);
+  nested.put<std::uint64_t>(0);
+  w.kv_raw("arr_nested", 9, nested);
+  TempFile f(w.build());
+  const gguf::File g(f.path());
+  EXPECT_EQ(g.version(), 3u);
+  EXPECT_EQ(g.metadata().size(), 15u);
+  EXPECT_EQ(g.get("u8").u, 200u);
+  EXPECT_EQ(g.get("i8").i, -100);
+  EXPECT_EQ(g.get("u16").u, 60000u);
+  EXPECT_EQ(g.get("i16").i, -30000);
+  EXPECT_EQ(g.get_int("u32", 0), 4000000000ll);
+  EXPECT_EQ(g.get_int("i32", 0), -2000000000);
+  EXPECT_EQ(g.get_float("f32", 0), 0.25);
+  EXPECT_EQ(g.get("bool").type, gguf::ValueType::kBool);
+  EXPECT_EQ(g.get("bool").u, 1u);
+  EXPECT_EQ(g.get_string("string", ""), "h\xC3\xA9llo");
+  EXPECT_EQ(g.get("u64").u, 0xFFFFFFFFFFFFFFFFull);
+  EXPECT_THROW(g.get("u64").as_int(), Error);  // above INT64_MAX
+  EXPECT_EQ(g.get_int("i64", 0), std::numeric_limits<std::int64_t>::min());
+  EXPECT_EQ(g.get_float("f64", 0), -1.5e300);
+  const gguf::Value& a = g.get("arr_i32");
+  ASSERT_EQ(a.array.size(), 3u);
+  EXPECT_EQ(a.array_type, gguf::ValueType::kI32);
+  EXPECT_EQ(a.array[1].i, -4);
+  const gguf::Value& s = g.get("arr_str");
+  ASSERT_EQ(s.array.size(), 3u);
+  EXPECT_EQ(s.array[1].s, "");
+  EXPECT_EQ(s.array[2].s, "yz");
+  const gguf::Value& n = g.get("arr_nested");
+  ASSERT_EQ(n.array.size(), 2u);
+  ASSERT_EQ(n.array[0].array.size(), 1u);
+  EXPECT_EQ(n.array[0].array[0].u, 7u);
+  EXPECT_TRUE(n.array[1].array.empty());
+  // Accessors: fallbacks and kind checks.
+  EXPECT_EQ(g.get_int("missing", 42), 42);
+  EXPECT_EQ(g.get_string("missing", "fb"), "fb");
+  EXPECT_THROW(g.get("missing"), Error);
+  EXPECT_THROW(g.get_int("string", 0), Error);
+  EXPECT_THROW(g.get_string("u8", ""), Error);
+  EXPECT_TRUE(g.tensors().empty());
+}
+
+TEST(MiniDecoder_Gguf, VersionTwoAndCustomAlignment) {
+  for (std::uint32_t version : {2u, 3u}) {
+    for (std::size_t alignment : {8u, 32u, 64u}) {
+      GgufWriter w;
+      w.kv_u32("general.alignment", static_cast<std::uint32_t>(alignment));
+      w.tensor_f32("a", {3}, {1, 2, 3});  // 12 bytes: the next tensor needs padding
+      w.tensor_f32("b", {2, 2}, {-1, -2, -3, -4});
+      std::uint64_t data_offset = 0;
+      TempFile f(w.build(version, alignment, &data_offset));
+      const gguf::File g(f.path());
+      EXPECT_EQ(g.version(), version);
+      EXPECT_EQ(g.alignment(), alignment);
+      EXPECT_EQ(g.data_offset(), data_offset);
+      EXPECT_EQ(g.data_offset() % alignment, 0u);
+      const gguf::TensorInfo& b = g.tensor("b");
+      EXPECT_EQ(b.offset, (12 + alignment - 1) / alignment * alignment);
+      EXPECT_EQ(b.num_rows(), 2u);
+      EXPECT_EQ(g.dequantize_tensor(b), (std::vector<float>{-1, -2, -3, -4}));
+      float row[2];
+      g.dequantize_row(b, 1, row);
+      EXPECT_EQ(row[0], -3.0f);
+      EXPECT_EQ(row[1], -4.0f);
+      EXPECT_THROW(g.dequantize_row(b, 2, row), Error);
+    }
+  }
+}
+
+TEST(MiniDecoder_Gguf, F16AndBf16KnownValues) {
+  GgufWriter w;
+  // 1, -2, 65504 (max), 2^-24 (smallest subnormal), -0, +inf
+  w.tensor("h", {6}, 1, u16_bytes({0x3C00, 0xC000, 0x7BFF, 0x0001, 0x8000, 0x7C00}));
+  w.tensor("b", {3}, 30, u16_bytes({0x3F80, 0xC040, 0x0000}));  // 1, -3, 0
+  TempFile f(w.build());
+  const gguf::File g(f.path());
+  const std::vector<float> h = g.dequantize_tensor(g.tensor("h"));
+  EXPECT_EQ(h[0], 1.0f);
+  EXPECT_EQ(h[1], -2.0f);
+  EXPECT_EQ(h[2], 65504.0f);
+  EXPECT_EQ(h[3], std::ldexp(1.0f, -24));
+  EXPECT_TRUE(h[4] == 0.0f && std::signbit(h[4]));
+  EXPECT_TRUE(std::isinf(h[5]) && h[5] > 0);
+  EXPECT_EQ(g.dequantize_tensor(g.tensor("b")), (std::vector<float>{1.0f, -3.0f, 0.0f}));
+}
+
+// Q8_0: f16 d, 32 x int8; Q4_0: f16 d, 16 bytes (low nibbles = elements 0..15, high = 16..31),
+// x = (q - 8) d; Q4_1: f16 d, f16 m, 16 bytes, x = q d + m.
+TEST(MiniDecoder_Gguf, QuantisedBlocksKnownValues) {
+  std::vector<std::uint8_t> q8 = {0x00, 0x34};  // d = 0.25
+  for (int j = 0; j < 32; ++j)
+    q8.push_back(static_cast<std::uint8_t>(static_cast<std::int8_t>(j * 8 - 128)));
+  std::vector<std::uint8_t> q40 = {0x00, 0x40};              // d = 2
+  std::vector<std::uint8_t> q41 = {0x00, 0x38, 0x00, 0xBC};  // d = 0.5, m = -1
+  for (int j = 0; j < 16; ++j) {
+    q40.push_back(static_cast<std::uint8_t>(j | ((15 - j) << 4)));
+    q41.push_back(static_cast<std::uint8_t>(((j * 7) & 15) | (j << 4)));
+  }
+  GgufWriter w;
+  w.tensor("q8", {32}, 8, q8);
+  w.tensor("q40", {32}, 2, q40);
+  w.tensor("q41", {32}, 3, q41);
+  TempFile f(w.build());
+  const gguf::File g(f.path());
+  EXPECT_EQ(g.tensor("q8").num_bytes, 34u);
+  EXPECT_EQ(g.tensor("q40").num_bytes, 18u);
+  EXPECT_EQ(g.tensor("q41").num_bytes, 20u);
+  const std::vector<float> a = g.dequantize_tensor(g.tensor("q8"));
+  const std::vector<float> b = g.dequantize_tensor(g.tensor("q40"));
+  const std::vector<float> c = g.dequantize_tensor(g.tensor("q41"));
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(a[j], (j * 8 - 128) * 0.25f) << j;
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(b[j], (j - 8) * 2.0f) << j;
+    EXPECT_EQ(b[j + 16], (15 - j - 8) * 2.0f) << j;
+    EXPECT_EQ(c[j], ((j * 7) & 15) * 0.5f - 1.0f) << j;
+    EXPECT_EQ(c[j + 16], j * 0.5f - 1.0f) << j;
+  }
+}
+
+// Random blocks over several rows against a direct formula; odd row counts.
+TEST(MiniDecoder_Gguf, QuantisedRandomRows) {
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(-3.0f, 3.0f);
+  const int rows = 3, cols = 96;  // 3 blocks per row
+  struct Case {
+    std::uint32_t type;
+    int block_bytes;
+  };
+  for (const Case cs : {Case{2, 18}, Case{3, 20}, Case{8, 34}}) {
+    std::vector<std::uint8_t> raw;
+    const int blocks = rows * cols / 32;
+    for (int b = 0; b < blocks; ++b) {
+      const std::uint16_t d = float_to_half_bits(scale(rng));
+      const std::uint16_t m = float_to_half_bits(scale(rng));
+      raw.push_back(d & 0xff);
+      raw.push_back(d >> 8);
+      if (cs.type == 3) {
+        raw.push_back(m & 0xff);
+        raw.push_back(m >> 8);
+      }
+      const int payload = cs.block_bytes - (cs.type == 3 ? 4 : 2);
+      for (int k = 0; k < payload; ++k) raw.push_back(static_cast<std::uint8_t>(byte(rng)));
+    }
+    GgufWriter w;
+    w.tensor("w", {static_cast<std::uint64_t>(cols), static_cast<std::uint64_t>(rows)}, cs.type,
+             raw);
+    TempFile f(w.build());
+    const gguf::File g(f.path());
+    const gguf::TensorInfo& t = g.tensor("w");
+    std::vector<float> row(cols, std::nanf(""));
+    for (int r = rows - 1; r >= 0; --r) {
+      g.dequantize_row(t, static_cast<std::uint64_t>(r), row.data());
+      for (int i = 0; i < cols; ++i) {
+        const int blk = (r * cols + i) / 32, j = i % 32;
+        const std::uint8_t* p = raw.data() + blk * cs.block_bytes;
+        const float d = half_bits_to_float(static_cast<std::uint16_t>(p[0] | p[1] << 8));
+        float want;
+        if (cs.type == 8) {
+          want = static_cast<float>(static_cast<std::int8_t>(p[2 + j])) * d;
+        } else {
+          const std::uint8_t* qs = p + (cs.type == 3 ? 4 : 2);
+          const int q = j < 16 ? (qs[j] & 15) : (qs[j - 16] >> 4);
+          if (cs.type == 2) {
+            want = static_cast<float>(q - 8) * d;
+          } else {
+            const float m = half_bits_to_float(static_cast<std::uint16_t>(p[2] | p[3] << 8));
+            want = static_cast<float>(q) * d + m;
+          }
+        }
+        ASSERT_EQ(row[i], want) << "type " << cs.type << " row " << r << " col " << i;
+      }
+    }
+  }
+}
+
+TEST(MiniDecoder_Gguf, UnsupportedTypeParsesButDoesNotDequantise) {
+  GgufWriter w;
+  w.tensor("k", {256}, 14, std::vector<std::uint8_t>(210, 0));  // one Q6_K block
+  TempFile f(w.build());
+  const gguf::File g(f.path());
+  EXPECT_EQ(g.tensor("k").num_bytes, 210u);
+  try {
+    g.dequantize_tensor(g.tensor("k"));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("q6_k is not supported"), std::string::npos) << e.what();
+  }
+}
+
+TEST(MiniDecoder_Gguf, MissingFileAndDirectory) {
+  EXPECT_THROW(gguf::File("/nonexistent/dir/model.gguf"), Error);
+  try {
+    gguf::File g("/nonexistent/model.gguf");
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot open"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(gguf::File("/tmp"), Error);
+}
+
+TEST(MiniDecoder_Gguf, BadHeaders) {
+  expect_open_error({}, "too short");
+  expect_open_error({'G', 'G'}, "too short");
+  expect_open_error({'G', 'G', 'U', 'G', 3, 0, 0, 0}, "not a GGUF file");
+  std::vector<std::uint8_t> v = small_writer().build();
+  v[4] = 1;  // version 1
+  expect_open_error(v, "version = 1");
+  v[4] = 0;
+  v[7] = 3;  // 0x03000000: a big-endian file
+  expect_open_error(v, "big-endian");
+  const std::vector<std::uint8_t> ok = small_writer().build();
+  expect_open_error(std::vector<std::uint8_t>(ok.begin(), ok.begin() + 10), "truncated");
+  std::vector<std::uint8_t> big = small_writer().build();
+  const std::uint64_t huge = 0x4000000000000000ull;
+  std::memcpy(big.data() + 8, &huge, 8);  // tensor_count
+  expect_open_error(big, "tensor_count");
+  big = small_writer().build();
+  std::memcpy(big.data() + 16, &huge, 8);  // metadata_kv_count
+  expect_open_error(big, "metadata_kv_count");
+}
+
+TEST(MiniDecoder_Gguf, BadMetadata) {
+  {  // unknown value type
+    GgufWriter w;
+    w.kv<std::uint32_t>("k", 13, 0);
+    expect_open_error(w.build(), "value type = 13");
+  }
+  {  // string length beyond the file
+    GgufWriter w;
+    Bytes b;
+    b.put<std::uint64_t>(1000);
+    b.put<std::uint8_t>('x');
+    w.kv_raw("s", 8, b);
+    expect_open_error(w.build(), "truncated");
+  }
+  {  // string length absurd
+    GgufWriter w;
+    Bytes b;
+    b.put<std::uint64_t>(0xFFFFFFFFFFFFFFF0ull);
+    w.kv_raw("s", 8, b);
+    expect_open_error(w.build(), "string length");
+  }
+  {  // array count absurd
+    GgufWriter w;
+    Bytes b;
+    b.put<std::uint32_t>(4);
+    b.put<std::uint64_t>(0x2000000000000000ull);
+    w.kv_raw("a", 9, b);
+    expect_open_error(w.build(), "array count");
+  }
+  {  // unknown array element type
+    GgufWriter w;
+    Bytes b;
+    b.put<std::uint32_t>(77);
+    b.put<std::uint64_t>(0);
+    w.kv_raw("a", 9, b);
+    expect_open_error(w.build(), "element type = 77");
+  }
+  {  // bool byte 2
+    GgufWriter w;
+    w.kv<std::uint8_t>("b", 7, 2);
+    expect_open_error(w.build(), "bool byte");
+  }
+  {  // duplicate key
+    GgufWriter w;
+    w.kv_u32("k", 1);
+    w.kv_u32("k", 2);
+    expect_open_error(w.build(), "appears twice");
+  }
+  {  // alignment not a power of two, and of the wrong type
+    GgufWriter w;
+    w.kv_u32("general.alignment", 24);
+    expect_open_error(w.build(), "power of two");
+    GgufWriter w2;
+    w2.kv_string("general.alignment", "32");
+    expect_open_error(w2.build(), "general.alignment");
+  }
+}
+
+TEST(MiniDecoder_Gguf, BadTensorInfos) {
+  auto with_tensor = [](const std::vector<std::uint64_t>& dims, std::uint32_t type,
+                        std::size_t bytes) {
+    GgufWriter w;
+    w.tensor("t", dims, type, std::vector<std::uint8_t>(bytes, 0));
+    return w;
+  };
+  expect_open_error(with_tensor({4}, 99, 16).build(), "unknown tensor type id 99");
+  expect_open_error(with_tensor({4}, 4, 16).build(), "unknown tensor type id 4");
+  expect_open_error(with_tensor({}, 0, 16).build(), "n_dims = 0");
+  expect_open_error(with_tensor({1, 1, 1, 1, 1}, 0, 4).build(), "n_dims = 5");
+  expect_open_error(with_tensor({4, 0}, 0, 0).build(), "dims[1] = 0");
+  expect_open_error(with_tensor({1ull << 40, 1ull << 40}, 0, 4).build(), "overflows");
+  expect_open_error(with_tensor({48}, 3, 40).build(), "block size");
+  GgufWriter mis = with_tensor({4}, 0, 16);
+  mis.force_offset(4);
+  expect_open_error(mis.build(), "alignment");
+  GgufWriter far = with_tensor({4}, 0, 16);
+  far.force_offset(1ull << 62);
+  expect_open_error(far.build(), "outside");
+  GgufWriter dup;
+  dup.tensor_f32("t", {1}, {1});
+  dup.tensor_f32("t", {1}, {2});
+  expect_open_error(dup.build(), "appears twice");
+  // Data cut short: the tensor claims more bytes than the file holds.
+  std::vector<std::uint8_t> v = small_writer().build();
+  v.resize(v.size() - 1);
+  expect_open_error(v, "truncated file: tensor 't'");
+}
+
+// Every proper prefix of a valid file (whose last tensor ends the file) fails cleanly.
+TEST(MiniDecoder_Gguf, EveryTruncationThrows) {
+  const std::vector<std::uint8_t> full = small_writer().build();
+  {
+    TempFile ok(full);
+    EXPECT_NO_THROW(gguf::File g(ok.path()));
+  }
+  TempFile f(full);
+  for (std::size_t n = 0; n < full.size(); ++n) {
+    f.write(std::vector<std::uint8_t>(full.begin(), full.begin() + static_cast<long>(n)));
+    EXPECT_THROW(gguf::File g(f.path()), Error) << "prefix of " << n << " bytes";
+  }
+}
+
+// Random byte flips: the reader either parses or throws kvc::Error, never crashes.
+TEST(MiniDecoder_Gguf, RandomCorruptionNeverCrashes) {
+  const std::vector<std::uint8_t> full = small_writer().build();
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<std::size_t> pos(0, full.size() - 1);
+  std::uniform_int_distribution<int> byte(0, 255);
+  TempFile f(full);
+  int threw = 0;
+  for (int it = 0; it < 400; ++it) {
+    std::vector<std::uint8_t> v = full;
+    const int flips = 1 + it % 4;
+    for (int k = 0; k < flips; ++k) v[pos(rng)] = static_cast<std::uint8_t>(byte(rng));
+    f.write(v);
+    try {
+      gguf::File g(f.path());
+      for (const gguf::TensorInfo& t : g.tensors()) {
+        const gguf::TypeTraits* tr = gguf::type_traits(static_cast<std::uint32_t>(t.type));
+        if (tr->dequantizable && t.num_elements < (1u << 20)) g.dequantize_tensor(t);
+      }
+    } catch (const Error&) {
+      ++threw;
+    }
+  }
+  EXPECT_GT(threw, 0);
+}
+
+}  // namespace
+}  // namespace kvc

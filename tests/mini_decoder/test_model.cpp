@@ -1,0 +1,519 @@
+// Kernels, thread pool, KV cache options and the Llama forward pass on a tiny random model
+// written as GGUF (mixed f32 / q8_0 / q4_1 tensors) against a naive double-precision reference.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli.h"
+#include "gguf.h"
+#include "gguf_writer.h"
+#include "kernels.h"
+#include "kv_cache.h"
+#include "kvc/core/error.h"
+#include "kvc/core/numeric.h"
+#include "model.h"
+#include "thread_pool.h"
+
+namespace kvc {
+namespace mini_decoder {
+namespace {
+
+std::mt19937& rng() {
+  static std::mt19937 r(std::random_device{}());
+  return r;
+}
+
+std::vector<float> random_vec(std::size_t n, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng());
+  return v;
+}
+
+// Runs `body` with the AVX2 kernels (when the CPU has them) and with the portable ones.
+template <class F>
+void for_each_kernel_set(F body) {
+  const bool saved = simd_enabled();
+  for (bool simd : {true, false}) {
+    set_simd_enabled(simd);
+    if (simd && !simd_enabled()) continue;
+    SCOPED_TRACE(simd ? "avx2" : "portable");
+    body();
+  }
+  set_simd_enabled(saved);
+}
+
+TEST(MiniDecoder_Kernels, MatmulMatchesNaiveOddSizes) {
+  ThreadPool pool(3);
+  for_each_kernel_set([&] {
+    for (int m : {1, 5, 6, 7, 13}) {
+      for (int n : {1, 15, 16, 17, 40}) {
+        for (int k : {1, 3, 37}) {
+          const std::vector<float> w = random_vec(static_cast<std::size_t>(n) * k);
+          const PackedMatrix pw = pack_rows(n, k, [&](int r, float* dst) {
+            std::memcpy(dst, w.data() + static_cast<std::size_t>(r) * k, sizeof(float) * k);
+          });
+          const int ldx = k + 2, ldy = n + 3;
+          const std::vector<float> x = random_vec(static_cast<std::size_t>(m) * ldx);
+          for (bool acc : {false, true}) {
+            std::vector<float> y = random_vec(static_cast<std::size_t>(m) * ldy);
+            const std::vector<float> y0 = y;
+            matmul(x.data(), m, ldx, pw, y.data(), ldy, acc, pool);
+            for (int i = 0; i < m; ++i) {
+              for (int j = 0; j < ldy; ++j) {
+                const float got = y[static_cast<std::size_t>(i) * ldy + j];
+                const float old = y0[static_cast<std::size_t>(i) * ldy + j];
+                if (j >= n) {
+                  ASSERT_EQ(got, old) << "column past n written";
+                  continue;
+                }
+                double want = acc ? old : 0.0;
+                for (int p = 0; p < k; ++p) {
+                  want += static_cast<double>(x[static_cast<std::size_t>(i) * ldx + p]) *
+                          w[static_cast<std::size_t>(j) * k + p];
+                }
+                ASSERT_NEAR(got, want, 1e-5 * (k + 1)) << m << "x" << n << "x" << k;
+              }
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST(MiniDecoder_Kernels, GemmNnStrided) {
+  for_each_kernel_set([&] {
+    const int m = 8, n = 21, k = 9, lda = 11, ldb = 32, ldc = 25;  // B readable to column 32
+    const std::vector<float> a = random_vec(static_cast<std::size_t>(m) * lda);
+    const std::vector<float> b = random_vec(static_cast<std::size_t>(k) * ldb);
+    std::vector<float> c(static_cast<std::size_t>(m) * ldc, -7.0f);
+    gemm_nn(m, n, k, a.data(), lda, b.data(), ldb, c.data(), ldc);
+    for (int i = 0; i < m; ++i) {
+      for (int j = 0; j < ldc; ++j) {
+        if (j >= n) {
+          ASSERT_EQ(c[static_cast<std::size_t>(i) * ldc + j], -7.0f);
+          continue;
+        }
+        double want = 0;
+        for (int p = 0; p < k; ++p) want += double{a[i * lda + p]} * b[p * ldb + j];
+        ASSERT_NEAR(c[static_cast<std::size_t>(i) * ldc + j], want, 1e-5);
+      }
+    }
+  });
+}
+
+TEST(MiniDecoder_Kernels, ExpSoftmaxSilu) {
+  for (float x = -87.0f; x < 88.0f; x += 0.0137f) {
+    const double want = std::exp(static_cast<double>(x));
+    ASSERT_NEAR(fast_exp(x) / want, 1.0, 5e-7) << x;
+  }
+  EXPECT_EQ(fast_exp(-100.0f), 0.0f);
+  EXPECT_EQ(fast_exp(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_TRUE(std::isfinite(fast_exp(200.0f)));
+  for_each_kernel_set([&] {
+    for (int n_valid : {1, 7, 8, 33}) {
+      const int n_total = n_valid + 5;
+      std::vector<float> s = random_vec(static_cast<std::size_t>(n_total), -20.0f, 20.0f);
+      const std::vector<float> s0 = s;
+      const float scale = 0.125f;
+      const float sum = softmax_row(s.data(), n_valid, n_total, scale);
+      double mx = -1e30, want_sum = 0;
+      for (int i = 0; i < n_valid; ++i) mx = std::max(mx, double{s0[i]} * scale);
+      for (int i = 0; i < n_valid; ++i) {
+        const double e = std::exp(double{s0[i]} * scale - mx);
+        want_sum += e;
+        ASSERT_NEAR(s[i], e, 1e-6);
+      }
+      for (int i = n_valid; i < n_total; ++i) ASSERT_EQ(s[i], 0.0f);
+      EXPECT_NEAR(sum, want_sum, 1e-5 * want_sum);
+    }
+    const int n = 19;
+    const std::vector<float> g = random_vec(n, -30.0f, 30.0f), u = random_vec(n);
+    std::vector<float> h(n, std::nanf(""));
+    silu_mul(g.data(), u.data(), h.data(), n);
+    for (int i = 0; i < n; ++i) {
+      const double want = g[i] / (1.0 + std::exp(-double{g[i]})) * u[i];
+      ASSERT_NEAR(h[i], want, 1e-5 * (1 + std::fabs(want)));
+    }
+  });
+}
+
+TEST(MiniDecoder_Kernels, RmsNormAndRopePairs) {
+  const std::vector<float> x = random_vec(10), w = random_vec(10);
+  std::vector<float> y(10);
+  rms_norm(x.data(), w.data(), y.data(), 10, 1e-5f);
+  double ss = 0;
+  for (float v : x) ss += double{v} * v;
+  const double inv = 1.0 / std::sqrt(ss / 10 + 1e-5);
+  for (int i = 0; i < 10; ++i) EXPECT_NEAR(y[i], x[i] * inv * w[i], 1e-6);
+  // Two heads of 6 dims, rope over the first 4: pairs (0,1), (2,3) rotate; 4, 5 stay.
+  std::vector<float> v = random_vec(12);
+  const std::vector<float> v0 = v;
+  const float a0 = 0.3f, a1 = -1.1f;
+  const float cs[4] = {std::cos(a0), std::cos(a1), std::sin(a0), std::sin(a1)};
+  rope_pairs(v.data(), 2, 6, 4, cs);
+  for (int h = 0; h < 2; ++h) {
+    const float* o = v0.data() + h * 6;
+    const float* r = v.data() + h * 6;
+    EXPECT_NEAR(r[0], o[0] * std::cos(a0) - o[1] * std::sin(a0), 1e-6);
+    EXPECT_NEAR(r[1], o[0] * std::sin(a0) + o[1] * std::cos(a0), 1e-6);
+    EXPECT_NEAR(r[2], o[2] * std::cos(a1) - o[3] * std::sin(a1), 1e-6);
+    EXPECT_NEAR(r[3], o[2] * std::sin(a1) + o[3] * std::cos(a1), 1e-6);
+    EXPECT_EQ(r[4], o[4]);
+    EXPECT_EQ(r[5], o[5]);
+  }
+}
+
+TEST(MiniDecoder_ThreadPool, EveryTaskOnceAndErrorsPropagate) {
+  for (int threads : {1, 2, 5}) {
+    ThreadPool pool(threads);
+    for (int n : {0, 1, 3, 100}) {
+      std::vector<std::atomic<int>> hits(static_cast<std::size_t>(n));
+      pool.parallel_for(n, [&](int t, int thread) {
+        EXPECT_GE(thread, 0);
+        EXPECT_LT(thread, threads);
+        hits[static_cast<std::size_t>(t)]++;
+      });
+      for (auto& h : hits) ASSERT_EQ(h.load(), 1);
+    }
+    EXPECT_THROW(pool.parallel_for(10,
+                                   [](int t, int) {
+                                     if (t == 7) throw std::runtime_error("task 7");
+                                   }),
+                 std::runtime_error);
+    std::atomic<int> after{0};
+    pool.parallel_for(4, [&](int, int) { after++; });  // still usable
+    EXPECT_EQ(after.load(), 4);
+  }
+  EXPECT_THROW(ThreadPool(0), Error);
+}
+
+TEST(MiniDecoder_KvOptions, ValidateAndWiring) {
+  KvOptions o;
+  EXPECT_NO_THROW(o.validate());
+  EXPECT_EQ(o.effective_format(), "f32");
+  KvShape shape{2, 4, 2, 8, 16};
+  EXPECT_NE(make_kv_cache(o, shape), nullptr);
+  auto expect_error = [&](const KvOptions& bad, const std::string& needle) {
+    try {
+      make_kv_cache(bad, shape);
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  KvOptions b = o;
+  b.mode = "sparse";
+  expect_error(b, "--kv-mode = 'sparse'");
+  b = o;
+  b.format = "int3";
+  expect_error(b, "--kv-format = 'int3'");
+  b = o;
+  b.block_size = 24;
+  expect_error(b, "--block-size = 24");
+  b = o;
+  b.top_blocks = 0;
+  expect_error(b, "--top-blocks = 0");
+  b = o;
+  b.recent_window = 100;
+  expect_error(b, "--recent-window = 100");
+  b = o;
+  b.mode = "block_select_exact";
+  b.format = "f32";
+  expect_error(b, "only for --kv-mode = dense");
+  // Valid but not wired yet.
+  for (const std::string& mode : {"dense_recent_only", "block_select_exact"}) {
+    b = o;
+    b.mode = mode;
+    EXPECT_NO_THROW(b.validate());
+    EXPECT_EQ(b.effective_format(), "fp16k_q4v");
+    expect_error(b, "not wired yet");
+  }
+  b = o;
+  b.format = "q8";
+  expect_error(b, "not wired yet");
+}
+
+TEST(MiniDecoder_Cli, ParsesAndRejects) {
+  const CliOptions o =
+      parse_cli({"--model", "m.gguf",          "--prompt", "hi",           "--chat", "--max-tokens",
+                 "5",       "--temperature",   "0.7",      "--top-p",      "0.9",    "--seed",
+                 "11",      "--threads",       "2",        "--kv-mode",    "dense",  "--block-size",
+                 "64",      "--recent-window", "256",      "--top-blocks", "4"});
+  EXPECT_EQ(o.model, "m.gguf");
+  EXPECT_EQ(o.prompt, "hi");
+  EXPECT_TRUE(o.chat);
+  EXPECT_EQ(o.max_tokens, 5);
+  EXPECT_FLOAT_EQ(o.sampling.temperature, 0.7f);
+  EXPECT_FLOAT_EQ(o.sampling.top_p, 0.9f);
+  EXPECT_EQ(o.sampling.seed, 11u);
+  EXPECT_EQ(o.threads, 2);
+  EXPECT_EQ(o.kv.block_size, 64);
+  EXPECT_EQ(o.kv.recent_window, 256);
+  EXPECT_EQ(o.kv.top_blocks, 4);
+  EXPECT_TRUE(parse_cli({"--help"}).help);
+  using V = std::vector<std::string>;
+  EXPECT_THROW(parse_cli(V{"--prompt", "x"}), UsageError);
+  EXPECT_THROW(parse_cli(V{"--model", "m"}), UsageError);
+  EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt", "x", "--bogus"}), UsageError);
+  EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt"}), UsageError);
+  EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt", "x", "--max-tokens", "12a"}), UsageError);
+  EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt", "x", "--threads", "0"}), UsageError);
+  EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt", "x", "--prompt", "y"}), UsageError);
+  EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt", "x", "--system", "s"}), UsageError);
+  EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt-file", "/nonexistent/p.txt"}), UsageError);
+  EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt", "x", "--top-p", "0"}), Error);
+  EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt", "x", "--temperature", "-1"}), Error);
+  EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt", "x", "--kv-mode", "nope"}), Error);
+}
+
+// ---- the tiny model -----------------------------------------------------------------------
+
+struct Tiny {
+  int layers = 2, d = 32, heads = 4, kv_heads = 2, hd = 8, ff = 64, vocab = 40, ctx = 64;
+  float eps = 1e-5f, base = 10000.0f;
+};
+
+std::vector<std::uint8_t> q8_0_bytes(const std::vector<float>& v) {
+  std::vector<std::uint8_t> out;
+  for (std::size_t b = 0; b < v.size(); b += 32) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[b + j]));
+    const std::uint16_t d = float_to_half_bits(amax / 127.0f);
+    const float df = half_bits_to_float(d);
+    out.push_back(d & 0xff);
+    out.push_back(d >> 8);
+    for (int j = 0; j < 32; ++j) {
+      const int q = df > 0 ? static_cast<int>(std::lround(v[b + j] / df)) : 0;
+      out.push_back(
+          static_cast<std::uint8_t>(static_cast<std::int8_t>(std::max(-127, std::min(127, q)))));
+    }
+  }
+  return out;
+}
+
+std::vector<std::uint8_t> q4_1_bytes(const std::vector<float>& v) {
+  std::vector<std::uint8_t> out;
+  for (std::size_t b = 0; b < v.size(); b += 32) {
+    float lo = v[b], hi = v[b];
+    for (int j = 0; j < 32; ++j) lo = std::min(lo, v[b + j]), hi = std::max(hi, v[b + j]);
+    const std::uint16_t d = float_to_half_bits((hi - lo) / 15.0f);
+    const std::uint16_t m = float_to_half_bits(lo);
+    const float df = half_bits_to_float(d), mf = half_bits_to_float(m);
+    out.push_back(d & 0xff);
+    out.push_back(d >> 8);
+    out.push_back(m & 0xff);
+    out.push_back(m >> 8);
+    for (int j = 0; j < 16; ++j) {
+      auto q = [&](float x) {
+        return std::max(0, std::min(15, df > 0 ? static_cast<int>(std::lround((x - mf) / df)) : 0));
+      };
+      out.push_back(static_cast<std::uint8_t>(q(v[b + j]) | (q(v[b + 16 + j]) << 4)));
+    }
+  }
+  return out;
+}
+
+std::vector<std::uint8_t> tiny_model(const Tiny& t) {
+  testing::GgufWriter w;
+  w.kv_string("general.architecture", "llama");
+  w.kv_u32("llama.block_count", t.layers);
+  w.kv_u32("llama.context_length", t.ctx);
+  w.kv_u32("llama.embedding_length", t.d);
+  w.kv_u32("llama.feed_forward_length", t.ff);
+  w.kv_u32("llama.attention.head_count", t.heads);
+  w.kv_u32("llama.attention.head_count_kv", t.kv_heads);
+  w.kv_f32("llama.rope.freq_base", t.base);
+  w.kv_f32("llama.attention.layer_norm_rms_epsilon", t.eps);
+  auto u = [](int v) { return static_cast<std::uint64_t>(v); };
+  // Embedding in q8_0 (also the tied LM head); some projections in q4_1, the rest f32.
+  w.tensor("token_embd.weight", {u(t.d), u(t.vocab)}, 8,
+           q8_0_bytes(random_vec(static_cast<std::size_t>(t.d) * t.vocab)));
+  const float s = 0.4f;
+  for (int l = 0; l < t.layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    w.tensor_f32(b + "attn_norm.weight", {u(t.d)}, random_vec(t.d, 0.5f, 1.5f));
+    w.tensor_f32(b + "ffn_norm.weight", {u(t.d)}, random_vec(t.d, 0.5f, 1.5f));
+    const int qd = t.heads * t.hd, kvd = t.kv_heads * t.hd;
+    w.tensor(b + "attn_q.weight", {u(t.d), u(qd)}, 3, q4_1_bytes(random_vec(t.d * qd, -s, s)));
+    w.tensor_f32(b + "attn_k.weight", {u(t.d), u(kvd)}, random_vec(t.d * kvd, -s, s));
+    w.tensor_f32(b + "attn_v.weight", {u(t.d), u(kvd)}, random_vec(t.d * kvd, -s, s));
+    w.tensor_f32(b + "attn_output.weight", {u(qd), u(t.d)}, random_vec(qd * t.d, -s, s));
+    w.tensor(b + "ffn_gate.weight", {u(t.d), u(t.ff)}, 3,
+             q4_1_bytes(random_vec(t.d * t.ff, -s, s)));
+    w.tensor_f32(b + "ffn_up.weight", {u(t.d), u(t.ff)}, random_vec(t.d * t.ff, -s, s));
+    w.tensor(b + "ffn_down.weight", {u(t.ff), u(t.d)}, 8,
+             q8_0_bytes(random_vec(t.ff * t.d, -s, s)));
+  }
+  w.tensor_f32("output_norm.weight", {u(t.d)}, random_vec(t.d, 0.5f, 1.5f));
+  return w.build();
+}
+
+// Naive double-precision forward of the whole sequence: logits of every position.
+std::vector<double> reference_logits(const gguf::File& f, const Tiny& t,
+                                     const std::vector<int>& ids) {
+  auto W = [&](const std::string& name) { return f.dequantize_tensor(f.tensor(name)); };
+  const int T = static_cast<int>(ids.size()), D = t.d, hd = t.hd;
+  const int qd = t.heads * hd, kvd = t.kv_heads * hd;
+  const std::vector<float> embd = W("token_embd.weight");
+  std::vector<double> x(static_cast<std::size_t>(T) * D);
+  for (int i = 0; i < T; ++i) {
+    for (int c = 0; c < D; ++c) x[i * D + c] = embd[static_cast<std::size_t>(ids[i]) * D + c];
+  }
+  auto norm = [&](const std::vector<double>& in, const std::vector<float>& w) {
+    std::vector<double> out(in.size());
+    for (int i = 0; i < T; ++i) {
+      double ss = 0;
+      for (int c = 0; c < D; ++c) ss += in[i * D + c] * in[i * D + c];
+      const double inv = 1.0 / std::sqrt(ss / D + t.eps);
+      for (int c = 0; c < D; ++c) out[i * D + c] = in[i * D + c] * inv * w[c];
+    }
+    return out;
+  };
+  // y[T][n] = in[T][k] . W^T with W stored [n][k].
+  auto lin = [&](const std::vector<double>& in, int k, const std::vector<float>& w, int n) {
+    std::vector<double> y(static_cast<std::size_t>(T) * n, 0.0);
+    for (int i = 0; i < T; ++i)
+      for (int o = 0; o < n; ++o)
+        for (int p = 0; p < k; ++p)
+          y[i * n + o] += in[i * k + p] * w[static_cast<std::size_t>(o) * k + p];
+    return y;
+  };
+  auto rope = [&](std::vector<double>& v, int heads) {
+    for (int i = 0; i < T; ++i)
+      for (int h = 0; h < heads; ++h)
+        for (int j = 0; j < hd / 2; ++j) {
+          const double a = i * std::pow(double{t.base}, -2.0 * j / hd);
+          double& x0 = v[(i * heads + h) * hd + 2 * j];
+          double& x1 = v[(i * heads + h) * hd + 2 * j + 1];
+          const double r0 = x0 * std::cos(a) - x1 * std::sin(a);
+          const double r1 = x0 * std::sin(a) + x1 * std::cos(a);
+          x0 = r0, x1 = r1;
+        }
+  };
+  for (int l = 0; l < t.layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    std::vector<double> xn = norm(x, W(b + "attn_norm.weight"));
+    std::vector<double> q = lin(xn, D, W(b + "attn_q.weight"), qd);
+    std::vector<double> k = lin(xn, D, W(b + "attn_k.weight"), kvd);
+    const std::vector<double> v = lin(xn, D, W(b + "attn_v.weight"), kvd);
+    rope(q, t.heads);
+    rope(k, t.kv_heads);
+    std::vector<double> att(static_cast<std::size_t>(T) * qd, 0.0);
+    for (int i = 0; i < T; ++i)
+      for (int h = 0; h < t.heads; ++h) {
+        const int g = h / (t.heads / t.kv_heads);
+        std::vector<double> s(static_cast<std::size_t>(i) + 1);
+        double mx = -1e300, sum = 0;
+        for (int j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (int c = 0; c < hd; ++c)
+            dot += q[(i * t.heads + h) * hd + c] * k[(j * t.kv_heads + g) * hd + c];
+          s[j] = dot / std::sqrt(double(hd));
+          mx = std::max(mx, s[j]);
+        }
+        for (double& e : s) sum += (e = std::exp(e - mx));
+        for (int j = 0; j <= i; ++j)
+          for (int c = 0; c < hd; ++c)
+            att[(i * t.heads + h) * hd + c] += s[j] / sum * v[(j * t.kv_heads + g) * hd + c];
+      }
+    const std::vector<double> o = lin(att, qd, W(b + "attn_output.weight"), D);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] += o[i];
+    xn = norm(x, W(b + "ffn_norm.weight"));
+    const std::vector<double> gt = lin(xn, D, W(b + "ffn_gate.weight"), t.ff);
+    const std::vector<double> up = lin(xn, D, W(b + "ffn_up.weight"), t.ff);
+    std::vector<double> hmid(gt.size());
+    for (std::size_t i = 0; i < gt.size(); ++i) hmid[i] = gt[i] / (1 + std::exp(-gt[i])) * up[i];
+    const std::vector<double> dn = lin(hmid, t.ff, W(b + "ffn_down.weight"), D);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] += dn[i];
+  }
+  return lin(norm(x, W("output_norm.weight")), D, embd, t.vocab);
+}
+
+TEST(MiniDecoder_Model, TinyModelMatchesReferenceInEveryChunking) {
+  const Tiny t;
+  testing::TempFile file(tiny_model(t));
+  const gguf::File f(file.path());
+  std::uniform_int_distribution<int> tok(0, t.vocab - 1);
+  const int T = 37;  // more than one attention query block (24)
+  std::vector<int> ids(T);
+  for (int& id : ids) id = tok(rng());
+  const std::vector<double> want = reference_logits(f, t, ids);
+  double scale = 0;
+  for (double v : want) scale = std::max(scale, std::fabs(v));
+  ThreadPool pool(2);
+  const LlamaModel model(f, pool);
+  EXPECT_EQ(model.config().head_dim, t.hd);
+  EXPECT_EQ(model.config().vocab_size, t.vocab);
+  for_each_kernel_set([&] {
+    for (int chunk : {1, 7, 64}) {
+      SCOPED_TRACE("chunk " + std::to_string(chunk));
+      LlamaModel m(f, pool);
+      const std::unique_ptr<KvCache> cache = make_kv_cache(KvOptions{}, m.kv_shape(T));
+      std::vector<float> got(static_cast<std::size_t>(T) * t.vocab, std::nanf(""));
+      ForwardOptions fo;
+      fo.chunk = chunk;
+      fo.all_logits = true;
+      // First 30 tokens as a prompt, then the rest one by one, as decoding does.
+      m.forward(ids.data(), 30, *cache, got.data(), pool, fo);
+      for (int i = 30; i < T; ++i) {
+        m.forward(ids.data() + i, 1, *cache, got.data() + static_cast<std::size_t>(i) * t.vocab,
+                  pool, fo);
+      }
+      EXPECT_EQ(cache->length(), T);
+      EXPECT_EQ(cache->footprint_bytes(),
+                static_cast<std::size_t>(T) * t.layers * t.kv_heads * t.hd * 2 * sizeof(float));
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        ASSERT_NEAR(got[i], want[i], 2e-4 * scale) << "position " << i / t.vocab;
+      }
+      // Past the capacity: a clear error, nothing appended.
+      EXPECT_THROW(m.forward(ids.data(), 1, *cache, got.data(), pool, fo), Error);
+      EXPECT_EQ(cache->length(), T);
+    }
+  });
+}
+
+TEST(MiniDecoder_Model, RejectsBadModels) {
+  Tiny t;
+  ThreadPool pool(1);
+  {  // a token id out of range
+    testing::TempFile file(tiny_model(t));
+    const gguf::File f(file.path());
+    LlamaModel m(f, pool);
+    const std::unique_ptr<KvCache> cache = make_kv_cache(KvOptions{}, m.kv_shape(4));
+    const int bad = t.vocab;
+    std::vector<float> logits(t.vocab);
+    EXPECT_THROW(m.forward(&bad, 1, *cache, logits.data(), pool), Error);
+  }
+  {  // heads do not divide the embedding
+    t.heads = 5;
+    t.kv_heads = 5;
+    testing::GgufWriter w;
+    w.kv_string("general.architecture", "llama");
+    for (const char* k : {"llama.block_count", "llama.context_length", "llama.feed_forward_length"})
+      w.kv_u32(k, 4);
+    w.kv_u32("llama.embedding_length", 32);
+    w.kv_u32("llama.attention.head_count", 5);
+    w.tensor_f32("token_embd.weight", {32, 2}, random_vec(64));
+    testing::TempFile file(w.build());
+    const gguf::File f(file.path());
+    EXPECT_THROW(LlamaModel(f, pool), Error);
+  }
+  {  // another architecture
+    testing::GgufWriter w;
+    w.kv_string("general.architecture", "gpt2");
+    testing::TempFile file(w.build());
+    const gguf::File f(file.path());
+    EXPECT_THROW(LlamaModel(f, pool), Error);
+  }
+}
+
+}  // namespace
+}  // namespace mini_decoder
+}  // namespace kvc
