@@ -1,0 +1,364 @@
+// Format codecs of kvc/formats/formats.h on the device: every encoder and decoder runs in a kernel
+// over fresh random vectors and the edge cases of formats/format_cases.h, and its payload bytes,
+// scales and decoded values must be bit-identical to the host's (a decoded NaN only has to be a
+// NaN). The scalar conversions are also checked against CUDA's own conversions (cuda_fp8.h,
+// cuda_fp16.h, cuda_bf16.h, cuda_fp4.h) on the device and on the host.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp4.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "formats/format_cases.h"
+#include "kvc/core/numeric.h"
+#include "kvc/core/types.h"
+#include "kvc/formats/formats.h"
+
+namespace kvc {
+namespace {
+
+using test::Bits;
+using test::EdgeVectors;
+using test::FromBits;
+using test::RandomVector;
+using test::Rng;
+
+#define KVC_FORMATS_REQUIRE_GPU()                                                           \
+  do {                                                                                      \
+    if (::kvc::cuda_device_count() == 0) {                                                  \
+      GTEST_SKIP() << "no CUDA device: the host codecs are covered by kvc_tests Formats_*"; \
+    }                                                                                       \
+  } while (0)
+
+#define KVC_FORMATS_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+// A device array of n elements, freed on destruction.
+template <class T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(std::size_t n) : n_(n) {
+    if (cudaMalloc(&ptr_, n * sizeof(T) + 16) != cudaSuccess) ptr_ = nullptr;
+  }
+  ~DeviceArray() { cudaFree(ptr_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  T* get() const { return ptr_; }
+  cudaError_t Upload(const std::vector<T>& h) {
+    return cudaMemcpy(ptr_, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
+  }
+  std::vector<T> Download() const {
+    std::vector<T> h(n_);
+    cudaMemcpy(h.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost);
+    return h;
+  }
+  cudaError_t Poison() { return cudaMemset(ptr_, 0xa5, n_ * sizeof(T)); }
+
+ private:
+  T* ptr_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+// Same bits, or both NaN (the bits of a decoded NaN are not specified).
+bool SameFloat(float a, float b) { return Bits(a) == Bits(b) || (std::isnan(a) && std::isnan(b)); }
+
+// A float and its bits, for failure messages.
+std::string Describe(float f) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "x=%.9g (bits 0x%08x)", f, Bits(f));
+  return buf;
+}
+
+int Blocks(std::size_t n, int threads) { return static_cast<int>((n + threads - 1) / threads); }
+
+// --- kernels
+// --------------------------------------------------------------------------------------
+
+// One thread encodes one row of d values in every vector format.
+__global__ void EncodeRows(const float* x, int rows, int d, std::int8_t* q8, float* q8_scale,
+                           std::uint8_t* q4, float* q4_scale, std::uint8_t* mx,
+                           std::uint8_t* mx_scales, std::uint8_t* fp8, float* fp8_scale) {
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const float* xr = x + static_cast<std::size_t>(r) * d;
+  q8_scale[r] = formats::q8_encode(xr, d, q8 + static_cast<std::size_t>(r) * d);
+  q4_scale[r] = formats::q4_encode(xr, d, q4 + static_cast<std::size_t>(r) * d / 2);
+  formats::mxfp4_encode(xr, d, mx + static_cast<std::size_t>(r) * d / 2,
+                        mx_scales + static_cast<std::size_t>(r) * d / 32);
+  fp8_scale[r] = formats::fp8_e4m3_encode(xr, d, fp8 + static_cast<std::size_t>(r) * d);
+}
+
+// One thread decodes one element of one row in every vector format.
+__global__ void DecodeElements(int rows, int d, const std::int8_t* q8, const float* q8_scale,
+                               const std::uint8_t* q4, const float* q4_scale,
+                               const std::uint8_t* mx, const std::uint8_t* mx_scales,
+                               const std::uint8_t* fp8, const float* fp8_scale, float* q8_out,
+                               float* q4_out, float* mx_out, float* fp8_out) {
+  const std::size_t t = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= static_cast<std::size_t>(rows) * d) return;
+  const int r = static_cast<int>(t / d), i = static_cast<int>(t % d);
+  q8_out[t] = formats::q8_decode(q8[t], q8_scale[r]);
+  q4_out[t] = formats::q4_decode(q4 + static_cast<std::size_t>(r) * d / 2, i, q4_scale[r]);
+  mx_out[t] = formats::mxfp4_decode(mx + static_cast<std::size_t>(r) * d / 2,
+                                    mx_scales + static_cast<std::size_t>(r) * d / 32, i);
+  fp8_out[t] = formats::fp8_e4m3_decode(fp8[t], fp8_scale[r]);
+}
+
+// One thread converts one float with every scalar encoder, and with CUDA's own conversions.
+__global__ void ConvertScalars(const float* x, int n, std::uint8_t* e4m3, std::uint8_t* e2m1,
+                               std::uint16_t* f16, std::uint16_t* bf16, std::uint8_t* scale_byte,
+                               std::uint8_t* cuda_e4m3, std::uint16_t* cuda_f16,
+                               std::uint16_t* cuda_bf16, std::uint8_t* cuda_e2m1) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= n) return;
+  const float f = x[t];
+  e4m3[t] = formats::float_to_e4m3(f);
+  e2m1[t] = static_cast<std::uint8_t>(formats::e2m1_encode(f));
+  f16[t] = float_to_half_bits(f);
+  bf16[t] = float_to_bf16_bits(f);
+  scale_byte[t] = formats::mxfp4_scale_byte(f < 0.0f ? -f : f);
+  cuda_e4m3[t] = __nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
+  cuda_f16[t] = __half_as_ushort(__float2half_rn(f));
+  cuda_bf16[t] = __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  cuda_e2m1[t] = __nv_cvt_float_to_fp4(f, __NV_E2M1, cudaRoundNearest);
+}
+
+// Decodes every code of every scalar format: 65536 f16 and bf16, 256 e4m3 and ue8m0, 16 e2m1.
+__global__ void DecodeCodes(float* f16, float* bf16, float* e4m3, float* ue8m0, float* e2m1) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= 65536) return;
+  f16[t] = half_bits_to_float(static_cast<std::uint16_t>(t));
+  bf16[t] = bf16_bits_to_float(static_cast<std::uint16_t>(t));
+  if (t < 256) {
+    e4m3[t] = formats::e4m3_to_float(static_cast<std::uint8_t>(t));
+    ue8m0[t] = formats::ue8m0_to_float(static_cast<std::uint8_t>(t));
+  }
+  if (t < 16) e2m1[t] = (t & 8 ? -1.0f : 1.0f) * formats::e2m1_magnitude(static_cast<unsigned>(t));
+}
+
+// --- host references
+// ------------------------------------------------------------------------------
+
+// CUDA's e2m1 keeps the sign of a result that rounds to zero (0x8); kvc stores +0 (code 0).
+std::uint8_t CudaE2m1AsKvc(std::uint8_t c) { return c == 0x8 ? 0 : c; }
+
+// Inputs for the scalar conversions: a sweep of every float bit pattern with a stride, a dense
+// sweep of the e4m3 / e2m1 / f16 ranges, random values, and the specials; both signs.
+std::vector<float> ScalarInputs(Rng& rng) {
+  std::vector<float> v;
+  for (std::uint32_t u = 0; u < 0x7f800000u; u += 40009) v.push_back(FromBits(u));
+  for (std::uint32_t u = 0x30000000u; u < 0x48000000u; u += 1031) v.push_back(FromBits(u));
+  for (int i = 0; i < 100000; ++i)
+    v.push_back(std::ldexp(rng.Uniform(1.0f, 2.0f), rng.Int(-40, 40)));
+  for (int c = 0; c < 0x7e; ++c) {  // e4m3 midpoints ± 1 ulp
+    const int e = c >> 3, m = c & 7;
+    const float lo =
+        e == 0 ? std::ldexp(static_cast<float>(m), -9) : std::ldexp(1.0f + m / 8.0f, e - 7);
+    const float step = e == 0 ? std::ldexp(1.0f, -9) : std::ldexp(1.0f, e - 10);
+    const float mid = lo + 0.5f * step;
+    v.insert(v.end(), {std::nextafter(mid, 0.0f), mid, std::nextafter(mid, 1e9f)});
+  }
+  for (float mid : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f}) {
+    v.insert(v.end(), {std::nextafter(mid, 0.0f), mid, std::nextafter(mid, 9.0f)});
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  v.insert(v.end(), {0.0f, 448.0f, 464.0f, 65504.0f, 65520.0f, test::kFltMax, inf, FromBits(1),
+                     FromBits(0x7fffff), FromBits(0x00400000u), std::ldexp(6.0f, -127),
+                     std::ldexp(7.0f, -127), std::numeric_limits<float>::quiet_NaN()});
+  const std::size_t n = v.size();
+  for (std::size_t i = 0; i < n; ++i) v.push_back(-v[i]);
+  return v;
+}
+
+// --- tests
+// ----------------------------------------------------------------------------------------
+
+TEST(Cuda_Formats, VectorEncodeDecodeBitIdenticalToHost) {
+  KVC_FORMATS_REQUIRE_GPU();
+  Rng rng;
+  SCOPED_TRACE(rng.Trace());
+  for (int d : {64, 128, 256, 512}) {
+    SCOPED_TRACE("d=" + std::to_string(d));
+    std::vector<std::string> names;
+    std::vector<float> x;
+    for (const auto& c : EdgeVectors(d, rng)) {
+      names.push_back(c.first);
+      x.insert(x.end(), c.second.begin(), c.second.end());
+    }
+    for (int v = 0; v < 300; ++v) {
+      names.push_back("random " + std::to_string(v));
+      const std::vector<float> r = RandomVector(d, rng);
+      x.insert(x.end(), r.begin(), r.end());
+    }
+    const int rows = static_cast<int>(names.size());
+    const std::size_t n = x.size();
+
+    // Host encodings.
+    std::vector<std::int8_t> q8(n);
+    std::vector<std::uint8_t> q4(n / 2), mx(n / 2), mxs(n / 32), fp8(n);
+    std::vector<float> q8s(rows), q4s(rows), fp8s(rows);
+    for (int r = 0; r < rows; ++r) {
+      const std::size_t o = static_cast<std::size_t>(r) * d;
+      q8s[r] = formats::q8_encode(&x[o], d, &q8[o]);
+      q4s[r] = formats::q4_encode(&x[o], d, &q4[o / 2]);
+      formats::mxfp4_encode(&x[o], d, &mx[o / 2], &mxs[o / 32]);
+      fp8s[r] = formats::fp8_e4m3_encode(&x[o], d, &fp8[o]);
+    }
+
+    // Device encodings into poisoned buffers.
+    DeviceArray<float> dx(n), dq8s(rows), dq4s(rows), dfp8s(rows);
+    DeviceArray<std::int8_t> dq8(n);
+    DeviceArray<std::uint8_t> dq4(n / 2), dmx(n / 2), dmxs(n / 32), dfp8(n);
+    KVC_FORMATS_CUDA(dx.Upload(x));
+    for (auto* p : {&dq8s, &dq4s, &dfp8s}) KVC_FORMATS_CUDA(p->Poison());
+    for (auto* p : {&dq4, &dmx, &dmxs, &dfp8}) KVC_FORMATS_CUDA(p->Poison());
+    KVC_FORMATS_CUDA(dq8.Poison());
+    EncodeRows<<<Blocks(rows, 64), 64>>>(dx.get(), rows, d, dq8.get(), dq8s.get(), dq4.get(),
+                                         dq4s.get(), dmx.get(), dmxs.get(), dfp8.get(),
+                                         dfp8s.get());
+    KVC_FORMATS_CUDA(cudaGetLastError());
+    KVC_FORMATS_CUDA(cudaDeviceSynchronize());
+    const auto g_q8 = dq8.Download();
+    const auto g_q4 = dq4.Download(), g_mx = dmx.Download(), g_mxs = dmxs.Download(),
+               g_fp8 = dfp8.Download();
+    const auto g_q8s = dq8s.Download(), g_q4s = dq4s.Download(), g_fp8s = dfp8s.Download();
+    for (int r = 0; r < rows; ++r) {
+      SCOPED_TRACE(names[r]);
+      ASSERT_EQ(Bits(g_q8s[r]), Bits(q8s[r]));
+      ASSERT_EQ(Bits(g_q4s[r]), Bits(q4s[r]));
+      ASSERT_EQ(Bits(g_fp8s[r]), Bits(fp8s[r]));
+      for (int i = 0; i < d; ++i) {
+        const std::size_t o = static_cast<std::size_t>(r) * d + i;
+        ASSERT_EQ(g_q8[o], q8[o]) << "q8 element " << i;
+        ASSERT_EQ(g_fp8[o], fp8[o]) << "fp8 element " << i;
+      }
+      for (int i = 0; i < d / 2; ++i) {
+        const std::size_t o = static_cast<std::size_t>(r) * d / 2 + i;
+        ASSERT_EQ(g_q4[o], q4[o]) << "int4 byte " << i;
+        ASSERT_EQ(g_mx[o], mx[o]) << "mxfp4 byte " << i;
+      }
+      for (int g = 0; g < d / 32; ++g) {
+        ASSERT_EQ(g_mxs[r * (d / 32) + g], mxs[r * (d / 32) + g]) << "mxfp4 scale " << g;
+      }
+    }
+
+    // Device decodes of the host payloads, against host decodes.
+    KVC_FORMATS_CUDA(dq8.Upload(q8));
+    KVC_FORMATS_CUDA(dq4.Upload(q4));
+    KVC_FORMATS_CUDA(dmx.Upload(mx));
+    KVC_FORMATS_CUDA(dmxs.Upload(mxs));
+    KVC_FORMATS_CUDA(dfp8.Upload(fp8));
+    KVC_FORMATS_CUDA(dq8s.Upload(q8s));
+    KVC_FORMATS_CUDA(dq4s.Upload(q4s));
+    KVC_FORMATS_CUDA(dfp8s.Upload(fp8s));
+    DeviceArray<float> o_q8(n), o_q4(n), o_mx(n), o_fp8(n);
+    for (auto* p : {&o_q8, &o_q4, &o_mx, &o_fp8}) KVC_FORMATS_CUDA(p->Poison());
+    DecodeElements<<<Blocks(n, 256), 256>>>(rows, d, dq8.get(), dq8s.get(), dq4.get(), dq4s.get(),
+                                            dmx.get(), dmxs.get(), dfp8.get(), dfp8s.get(),
+                                            o_q8.get(), o_q4.get(), o_mx.get(), o_fp8.get());
+    KVC_FORMATS_CUDA(cudaGetLastError());
+    KVC_FORMATS_CUDA(cudaDeviceSynchronize());
+    const auto d_q8 = o_q8.Download(), d_q4 = o_q4.Download(), d_mx = o_mx.Download(),
+               d_fp8 = o_fp8.Download();
+    for (int r = 0; r < rows; ++r) {
+      SCOPED_TRACE(names[r]);
+      const std::size_t o = static_cast<std::size_t>(r) * d;
+      for (int i = 0; i < d; ++i) {
+        ASSERT_TRUE(SameFloat(d_q8[o + i], formats::q8_decode(q8[o + i], q8s[r]))) << i;
+        ASSERT_TRUE(SameFloat(d_q4[o + i], formats::q4_decode(&q4[o / 2], i, q4s[r]))) << i;
+        ASSERT_TRUE(SameFloat(d_mx[o + i], formats::mxfp4_decode(&mx[o / 2], &mxs[o / 32], i)))
+            << i;
+        ASSERT_TRUE(SameFloat(d_fp8[o + i], formats::fp8_e4m3_decode(fp8[o + i], fp8s[r]))) << i;
+      }
+    }
+  }
+}
+
+TEST(Cuda_Formats, ScalarConversionsBitIdenticalToHostAndToCuda) {
+  KVC_FORMATS_REQUIRE_GPU();
+  Rng rng;
+  SCOPED_TRACE(rng.Trace());
+  const std::vector<float> x = ScalarInputs(rng);
+  const int n = static_cast<int>(x.size());
+  DeviceArray<float> dx(n);
+  DeviceArray<std::uint8_t> e4m3(n), e2m1(n), sb(n), ce4m3(n), ce2m1(n);
+  DeviceArray<std::uint16_t> f16(n), bf16(n), cf16(n), cbf16(n);
+  KVC_FORMATS_CUDA(dx.Upload(x));
+  for (auto* p : {&e4m3, &e2m1, &sb, &ce4m3, &ce2m1}) KVC_FORMATS_CUDA(p->Poison());
+  for (auto* p : {&f16, &bf16, &cf16, &cbf16}) KVC_FORMATS_CUDA(p->Poison());
+  ConvertScalars<<<Blocks(n, 256), 256>>>(dx.get(), n, e4m3.get(), e2m1.get(), f16.get(),
+                                          bf16.get(), sb.get(), ce4m3.get(), cf16.get(),
+                                          cbf16.get(), ce2m1.get());
+  KVC_FORMATS_CUDA(cudaGetLastError());
+  KVC_FORMATS_CUDA(cudaDeviceSynchronize());
+  const auto g_e4m3 = e4m3.Download(), g_e2m1 = e2m1.Download(), g_sb = sb.Download(),
+             c_e4m3 = ce4m3.Download(), c_e2m1 = ce2m1.Download();
+  const auto g_f16 = f16.Download(), g_bf16 = bf16.Download(), c_f16 = cf16.Download(),
+             c_bf16 = cbf16.Download();
+  for (int i = 0; i < n; ++i) {
+    const float f = x[i];
+    // Bit-identical to the host.
+    ASSERT_EQ(g_e4m3[i], formats::float_to_e4m3(f)) << Describe(f);
+    ASSERT_EQ(g_f16[i], float_to_half_bits(f)) << Describe(f);
+    ASSERT_EQ(g_bf16[i], float_to_bf16_bits(f)) << Describe(f);
+    ASSERT_EQ(g_sb[i], formats::mxfp4_scale_byte(std::fabs(f))) << Describe(f);
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(g_e2m1[i], formats::e2m1_encode(f)) << Describe(f);
+    // The same as CUDA's own round-to-nearest-even conversions (NaN payloads aside).
+    ASSERT_EQ(g_e4m3[i], c_e4m3[i]) << "cvt.rn.satfinite.e4m3x2.f32 " << Describe(f);
+    ASSERT_EQ(g_f16[i], c_f16[i]) << "__float2half_rn " << Describe(f);
+    ASSERT_EQ(g_bf16[i], c_bf16[i]) << "__float2bfloat16_rn " << Describe(f);
+    ASSERT_EQ(g_e2m1[i], CudaE2m1AsKvc(c_e2m1[i])) << "__nv_cvt_float_to_fp4 " << Describe(f);
+  }
+}
+
+TEST(Cuda_Formats, CodeDecodersBitIdenticalToHost) {
+  KVC_FORMATS_REQUIRE_GPU();
+  DeviceArray<float> f16(65536), bf16(65536), e4m3(256), ue8m0(256), e2m1(16);
+  for (auto* p : {&f16, &bf16, &e4m3, &ue8m0, &e2m1}) KVC_FORMATS_CUDA(p->Poison());
+  DecodeCodes<<<256, 256>>>(f16.get(), bf16.get(), e4m3.get(), ue8m0.get(), e2m1.get());
+  KVC_FORMATS_CUDA(cudaGetLastError());
+  KVC_FORMATS_CUDA(cudaDeviceSynchronize());
+  const auto g_f16 = f16.Download(), g_bf16 = bf16.Download(), g_e4m3 = e4m3.Download(),
+             g_ue8m0 = ue8m0.Download(), g_e2m1 = e2m1.Download();
+  for (int c = 0; c < 65536; ++c) {
+    ASSERT_TRUE(SameFloat(g_f16[c], half_bits_to_float(static_cast<std::uint16_t>(c)))) << c;
+    ASSERT_TRUE(SameFloat(g_bf16[c], bf16_bits_to_float(static_cast<std::uint16_t>(c)))) << c;
+  }
+  for (int c = 0; c < 256; ++c) {
+    ASSERT_TRUE(SameFloat(g_e4m3[c], formats::e4m3_to_float(static_cast<std::uint8_t>(c)))) << c;
+    ASSERT_TRUE(SameFloat(g_ue8m0[c], formats::ue8m0_to_float(static_cast<std::uint8_t>(c)))) << c;
+  }
+  for (int c = 0; c < 16; ++c) {
+    const float mag = formats::e2m1_magnitude(static_cast<unsigned>(c));
+    ASSERT_EQ(Bits(g_e2m1[c]), Bits(c & 8 ? -mag : mag)) << c;
+  }
+}
+
+// Host-side (no device needed): kvc's scalar encoders against the host implementations in CUDA's
+// headers, an independent reference written by NVIDIA.
+TEST(Formats_CudaHeaders, ScalarEncodersAgreeWithCudaHostConversions) {
+  Rng rng;
+  SCOPED_TRACE(rng.Trace());
+  for (float f : ScalarInputs(rng)) {
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(formats::float_to_e4m3(f), __nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3))
+        << Describe(f);
+    ASSERT_EQ(formats::e2m1_encode(f),
+              CudaE2m1AsKvc(__nv_cvt_float_to_fp4(f, __NV_E2M1, cudaRoundNearest)))
+        << Describe(f);
+    ASSERT_EQ(float_to_half_bits(f), __half_as_ushort(__float2half_rn(f))) << Describe(f);
+    ASSERT_EQ(float_to_bf16_bits(f), __bfloat16_as_ushort(__float2bfloat16_rn(f))) << Describe(f);
+  }
+}
+
+}  // namespace
+}  // namespace kvc
