@@ -1,0 +1,89 @@
+// Benchmark helpers: CUDA-event timing for Google Benchmark's manual time, device properties,
+// rotation counts past L2, random device data.
+#pragma once
+
+#include <benchmark/benchmark.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "kvc/core/numeric.h"
+
+namespace kvc {
+namespace bench {
+
+#define KVC_BENCH_CUDA(expr)                                                              \
+  do {                                                                                    \
+    const cudaError_t e_ = (expr);                                                        \
+    if (e_ != cudaSuccess) {                                                              \
+      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #expr, cudaGetErrorString(e_), __FILE__, \
+                   __LINE__);                                                             \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+/// Times one iteration of GPU work on `stream` with CUDA events (RAII, as cudf's timer).
+class EventTimer {
+ public:
+  EventTimer(benchmark::State& state, cudaStream_t stream) : state_(state), stream_(stream) {
+    KVC_BENCH_CUDA(cudaEventCreate(&start_));
+    KVC_BENCH_CUDA(cudaEventCreate(&stop_));
+    KVC_BENCH_CUDA(cudaEventRecord(start_, stream_));
+  }
+  ~EventTimer() {
+    cudaEventRecord(stop_, stream_);
+    cudaEventSynchronize(stop_);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start_, stop_);
+    state_.SetIterationTime(ms / 1e3);
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+
+ private:
+  benchmark::State& state_;
+  cudaStream_t stream_;
+  cudaEvent_t start_{}, stop_{};
+};
+
+/// L2 size of the current device.
+inline std::size_t l2_bytes() {
+  int dev = 0, l2 = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev);
+  return static_cast<std::size_t>(l2);
+}
+
+/// Copies of a working set needed so the rotation spans at least twice the L2.
+inline int rotation(std::size_t bytes_per_set) {
+  const std::size_t want = 2 * l2_bytes();
+  const std::size_t n = (want + bytes_per_set - 1) / (bytes_per_set ? bytes_per_set : 1);
+  return static_cast<int>(n < 2 ? 2 : n);
+}
+
+/// Device buffer of `n` random 16-bit floats (normal, times `scale`), never zeros.
+inline std::uint16_t* random_device_bits16(std::size_t n, bool bf16, std::uint32_t seed,
+                                           float scale = 1.0f) {
+  std::vector<std::uint16_t> h(n);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  for (auto& x : h) x = float_to_bits16(dist(rng), bf16);
+  std::uint16_t* d = nullptr;
+  KVC_BENCH_CUDA(cudaMalloc(&d, n * 2));
+  KVC_BENCH_CUDA(cudaMemcpy(d, h.data(), n * 2, cudaMemcpyHostToDevice));
+  return d;
+}
+
+/// HBM read bandwidth ceiling the reports compare against (measured copy on this H200 class:
+/// ~4.3 TB/s read+write; DESIGN quotes 4.6 TB/s read). Override with KVC_BENCH_PEAK_TBPS.
+inline double peak_tbps() {
+  const char* e = std::getenv("KVC_BENCH_PEAK_TBPS");
+  return e ? std::atof(e) : 4.6;
+}
+
+}  // namespace bench
+}  // namespace kvc
