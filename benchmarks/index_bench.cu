@@ -58,7 +58,7 @@ void BM_BlockScores(benchmark::State& state) {
   int i = 0;
   for (auto _ : state) {
     const int set = i++ % sets;
-    EventTimer timer(state, stream);
+    bench::EventTimer timer(state, stream);
     KVC_BENCH_CUDA(kernels::block_scores(view, ic, d_slots + set * batch, batch, 1, q, out, stream));
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(summary_bytes) * state.iterations());
