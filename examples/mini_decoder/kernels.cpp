@@ -95,33 +95,45 @@ void silu_mul_generic(const float* g, const float* u, float* h, int n) {
 template <int MR>
 KVC_MINI_AVX2 void gemm_tile_avx2(int k, const float* a, int lda, const float* b, int ldb, float* c,
                                   int ldc, int ncols, bool accumulate) {
+  // Every loop over r is unrolled so that the 2*MR accumulators live in registers; a loop left
+  // rolled makes the compiler mirror them to the stack on every step.
   __m256 acc0[MR], acc1[MR];
+#pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
   for (int p = 0; p < k; ++p) {
     const float* bp = b + static_cast<std::ptrdiff_t>(p) * ldb;
     const __m256 b0 = _mm256_loadu_ps(bp);
     const __m256 b1 = _mm256_loadu_ps(bp + 8);
+#pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
       const __m256 av = _mm256_broadcast_ss(a + static_cast<std::ptrdiff_t>(r) * lda + p);
       acc0[r] = _mm256_fmadd_ps(av, b0, acc0[r]);
       acc1[r] = _mm256_fmadd_ps(av, b1, acc1[r]);
     }
   }
+  if (ncols == kPanel) {
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      float* cr = c + static_cast<std::ptrdiff_t>(r) * ldc;
+      __m256 v0 = acc0[r], v1 = acc1[r];
+      if (accumulate) {
+        v0 = _mm256_add_ps(v0, _mm256_loadu_ps(cr));
+        v1 = _mm256_add_ps(v1, _mm256_loadu_ps(cr + 8));
+      }
+      _mm256_storeu_ps(cr, v0);
+      _mm256_storeu_ps(cr + 8, v1);
+    }
+    return;
+  }
+  alignas(32) float tmp[MR][kPanel];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    _mm256_store_ps(tmp[r], acc0[r]);
+    _mm256_store_ps(tmp[r] + 8, acc1[r]);
+  }
   for (int r = 0; r < MR; ++r) {
     float* cr = c + static_cast<std::ptrdiff_t>(r) * ldc;
-    if (ncols == kPanel) {
-      if (accumulate) {
-        acc0[r] = _mm256_add_ps(acc0[r], _mm256_loadu_ps(cr));
-        acc1[r] = _mm256_add_ps(acc1[r], _mm256_loadu_ps(cr + 8));
-      }
-      _mm256_storeu_ps(cr, acc0[r]);
-      _mm256_storeu_ps(cr + 8, acc1[r]);
-    } else {
-      alignas(32) float tmp[kPanel];
-      _mm256_store_ps(tmp, acc0[r]);
-      _mm256_store_ps(tmp + 8, acc1[r]);
-      for (int j = 0; j < ncols; ++j) cr[j] = accumulate ? cr[j] + tmp[j] : tmp[j];
-    }
+    for (int j = 0; j < ncols; ++j) cr[j] = accumulate ? cr[j] + tmp[r][j] : tmp[r][j];
   }
 }
 
@@ -285,11 +297,26 @@ void matmul(const float* x, int m, int ldx, const PackedMatrix& w, float* y, int
   });
 }
 
-void gemm_nn(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
-             int ldc) {
+void gemm_nn(int m, int n, int k, const float* a, int lda, const float* b, int ldb,
+             std::ptrdiff_t panel_stride, float* c, int ldc) {
   if (m <= 0 || n <= 0) return;
+  const GemmKernel* kern = kernels();
   const int panels = (n + kPanel - 1) / kPanel;
-  gemm_panels(m, n, k, a, lda, b, kPanel, ldb, 0, panels, c, ldc, false);
+  // B is the larger operand here (keys or values of a whole sequence): walk it once, in slabs
+  // of kSlab rows x 16 columns that stay in L1 while every row group of A passes over them.
+  constexpr int kSlab = 256;
+  for (int p0 = 0; p0 < std::max(k, 1); p0 += kSlab) {
+    const int kc = std::min(kSlab, k - p0);
+    for (int j = 0; j < panels; ++j) {
+      const int ncols = std::min(kPanel, n - j * kPanel);
+      const float* bj = b + static_cast<std::ptrdiff_t>(p0) * ldb + j * panel_stride;
+      for (int i = 0; i < m; i += kTileRows) {
+        const int mr = std::min(kTileRows, m - i);
+        kern[mr](kc, a + static_cast<std::ptrdiff_t>(i) * lda + p0, lda, bj, ldb,
+                 c + static_cast<std::ptrdiff_t>(i) * ldc + j * kPanel, ldc, ncols, p0 > 0);
+      }
+    }
+  }
 }
 
 float softmax_row(float* s, int n_valid, int n_total, float scale) {

@@ -55,10 +55,13 @@ PackedMatrix pack_rows(int n, int k, const std::function<void(int row, float* ds
 void matmul(const float* x, int m, int ldx, const PackedMatrix& w, float* y, int ldy,
             bool accumulate, ThreadPool& pool);
 
-/// Single-threaded C[m][0:n] = A[m][0:k] . B[0:k][0:n] with B rows of stride ldb; every row of B
-/// must be readable up to column round_up(n, 16) (the extra columns are computed and dropped).
-void gemm_nn(int m, int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
-             int ldc);
+/// Single-threaded C[m][0:n] = A[m][0:k] . B[0:k][0:n], with B in 16-column panels: column
+/// panel j (columns 16j..16j+15) starts at b + j * panel_stride and its rows are ldb apart. A
+/// plain row-major B has panel_stride = 16 and ldb = its row stride; a packed B (PackedMatrix
+/// layout) has panel_stride = k * 16 and ldb = 16. Every panel row must be readable for all 16
+/// columns (the columns past n are computed and dropped).
+void gemm_nn(int m, int n, int k, const float* a, int lda, const float* b, int ldb,
+             std::ptrdiff_t panel_stride, float* c, int ldc);
 
 /// Softmax numerator of one row: s[i] = exp(scale * s[i] - max) for i < n_valid, 0 for
 /// n_valid <= i < n_total; returns the sum of the first n_valid values (>= 1).

@@ -23,8 +23,8 @@ bool contains(const std::vector<std::string>& v, const std::string& x) {
   return std::find(v.begin(), v.end(), x) != v.end();
 }
 
-// Query tokens per attention task (a multiple of the GEMM tile rows).
-constexpr int kQueryBlock = 4 * kTileRows;
+// Query rows (token x head of a GQA group) per attention task: four GEMM row tiles.
+constexpr int kQueryRows = 4 * kTileRows;
 
 }  // namespace
 
@@ -115,7 +115,9 @@ void DenseKvCache::append(int layer, int pos0, int count, const float* k, const 
     for (int t = 0; t < count; ++t) {
       const std::size_t src = (static_cast<std::size_t>(t) * shape_.num_kv_heads + h) * hd;
       const int pos = pos0 + t;
-      for (int d = 0; d < hd; ++d) kt[static_cast<std::size_t>(d) * cap_pad_ + pos] = k[src + d];
+      // Keys in panels of 16 positions: [pos / 16][dim][pos % 16].
+      float* panel = kt + static_cast<std::size_t>(pos / kPanel) * hd * kPanel + pos % kPanel;
+      for (int d = 0; d < hd; ++d) panel[static_cast<std::size_t>(d) * kPanel] = k[src + d];
       std::copy(v_in + src, v_in + src + hd, vv + static_cast<std::size_t>(pos) * v_stride_);
     }
   }
@@ -128,36 +130,48 @@ void DenseKvCache::attend(int layer, int pos0, int count, const float* q, float*
   const int hd = shape_.head_dim;
   const int group = hq / shape_.num_kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int blocks = (count + kQueryBlock - 1) / kQueryBlock;
+  // One task: one kv head and a block of query tokens; its rows are (token, head of the group),
+  // so the group's query heads share every read of K and V.
+  const int tokens_per_task = std::max(1, kQueryRows / group);
+  const int rows_max = tokens_per_task * group;
+  const int blocks = (count + tokens_per_task - 1) / tokens_per_task;
   if (static_cast<int>(scratch_.size()) < pool.size()) scratch_.resize(pool.size());
   const int ld = hq * hd;  // stride between tokens in q and out
-  pool.parallel_for(hq * blocks, [&](int task, int thread) {
-    const int head = task % hq;
-    const int blk = task / hq;
-    const int t0 = blk * kQueryBlock;
-    const int rows = std::min(kQueryBlock, count - t0);
-    const int kend = pos0 + t0 + rows;  // keys [0, kend) cover every query of the block
+  pool.parallel_for(shape_.num_kv_heads * blocks, [&](int task, int thread) {
+    const int kvh = task % shape_.num_kv_heads;
+    const int t0 = task / shape_.num_kv_heads * tokens_per_task;
+    const int tokens = std::min(tokens_per_task, count - t0);
+    const int rows = tokens * group;
+    const int kend = pos0 + t0 + tokens;  // keys [0, kend) cover every query of the task
     const int kend_pad = (kend + kPanel - 1) / kPanel * kPanel;
-    std::vector<float>& s = scratch_[static_cast<std::size_t>(thread)];
-    if (s.size() < static_cast<std::size_t>(rows) * kend_pad) {
-      s.resize(static_cast<std::size_t>(kQueryBlock) * cap_pad_);
-    }
-    const float* qb = q + static_cast<std::size_t>(t0) * ld + head * hd;
-    float* ob = out + static_cast<std::size_t>(t0) * ld + head * hd;
-    const int kvh = head / group;
-    // Scores [rows][kend_pad] = Q . K^T.
-    gemm_nn(rows, kend_pad, hd, qb, ld, k_t(layer, kvh), cap_pad_, s.data(), kend_pad);
-    float inv_sum[kQueryBlock];
+    std::vector<float>& buf = scratch_[static_cast<std::size_t>(thread)];
+    const std::size_t need = static_cast<std::size_t>(rows_max) * (cap_pad_ + 2 * hd);
+    if (buf.size() < need) buf.resize(need);
+    float* qs = buf.data();                                    // [rows][hd]
+    float* os = qs + static_cast<std::size_t>(rows_max) * hd;  // [rows][hd]
+    float* s = os + static_cast<std::size_t>(rows_max) * hd;   // [rows][kend_pad]
     for (int r = 0; r < rows; ++r) {
-      const int valid = pos0 + t0 + r + 1;
+      const int t = t0 + r / group, h = kvh * group + r % group;
+      std::copy(q + static_cast<std::size_t>(t) * ld + h * hd,
+                q + static_cast<std::size_t>(t) * ld + (h + 1) * hd,
+                qs + static_cast<std::size_t>(r) * hd);
+    }
+    // Scores [rows][kend_pad] = Q . K^T, softmax over each row's causal prefix.
+    gemm_nn(rows, kend_pad, hd, qs, hd, k_t(layer, kvh), kPanel,
+            static_cast<std::ptrdiff_t>(hd) * kPanel, s, kend_pad);
+    float inv_sum[kQueryRows];
+    for (int r = 0; r < rows; ++r) {
+      const int valid = pos0 + t0 + r / group + 1;
       inv_sum[r] =
-          1.0f / softmax_row(s.data() + static_cast<std::size_t>(r) * kend_pad, valid, kend, scale);
+          1.0f / softmax_row(s + static_cast<std::size_t>(r) * kend_pad, valid, kend, scale);
     }
-    // Out [rows][hd] = P . V, then normalise.
-    gemm_nn(rows, hd, kend, s.data(), kend_pad, v(layer, kvh), v_stride_, ob, ld);
+    // Out = P . V, normalised, back to [token][head][dim].
+    gemm_nn(rows, hd, kend, s, kend_pad, v(layer, kvh), v_stride_, kPanel, os, hd);
     for (int r = 0; r < rows; ++r) {
-      float* o = ob + static_cast<std::size_t>(r) * ld;
-      for (int d = 0; d < hd; ++d) o[d] *= inv_sum[r];
+      const int t = t0 + r / group, h = kvh * group + r % group;
+      const float* o = os + static_cast<std::size_t>(r) * hd;
+      float* dst = out + static_cast<std::size_t>(t) * ld + h * hd;
+      for (int d = 0; d < hd; ++d) dst[d] = o[d] * inv_sum[r];
     }
   });
 }

@@ -87,9 +87,9 @@ struct KvOptions {
 /// for valid ones that are not wired yet (every mode but dense f32, until kvc lands).
 std::unique_ptr<KvCache> make_kv_cache(const KvOptions& options, const KvShape& shape);
 
-/// Exact dense attention over f32 K and V: K kept transposed per (layer, kv head) as
-/// [head_dim][capacity] and V as [capacity][head_dim padded to 16], so that both products run
-/// on the GEMM tile.
+/// Exact dense attention over f32 K and V. Per (layer, kv head), K is kept in panels of 16
+/// positions, [capacity / 16][head_dim][16] (each panel one contiguous read for Q.K^T), and V as
+/// [capacity][head_dim padded to 16], so that both products run on the GEMM tile.
 class DenseKvCache final : public KvCache {
  public:
   /// @param[in] shape geometry; capacity >= 1
@@ -106,7 +106,7 @@ class DenseKvCache final : public KvCache {
   std::string describe() const override;
 
  private:
-  float* k_t(int layer, int head);  // [head_dim][cap_pad_]
+  float* k_t(int layer, int head);  // [cap_pad_ / 16][head_dim][16]
   float* v(int layer, int head);    // [cap_pad_][v_stride_]
   void check_range(int layer, int pos0, int count) const;
 

@@ -87,22 +87,37 @@ TEST(MiniDecoder_Kernels, MatmulMatchesNaiveOddSizes) {
   });
 }
 
-TEST(MiniDecoder_Kernels, GemmNnStrided) {
+TEST(MiniDecoder_Kernels, GemmNnStridedAndPanelled) {
   for_each_kernel_set([&] {
-    const int m = 8, n = 21, k = 9, lda = 11, ldb = 32, ldc = 25;  // B readable to column 32
-    const std::vector<float> a = random_vec(static_cast<std::size_t>(m) * lda);
-    const std::vector<float> b = random_vec(static_cast<std::size_t>(k) * ldb);
-    std::vector<float> c(static_cast<std::size_t>(m) * ldc, -7.0f);
-    gemm_nn(m, n, k, a.data(), lda, b.data(), ldb, c.data(), ldc);
-    for (int i = 0; i < m; ++i) {
-      for (int j = 0; j < ldc; ++j) {
-        if (j >= n) {
-          ASSERT_EQ(c[static_cast<std::size_t>(i) * ldc + j], -7.0f);
-          continue;
+    for (int k : {9, 300}) {                                     // 300 crosses the 256-row slab
+      const int m = 8, n = 21, lda = k + 2, ldb = 32, ldc = 25;  // B readable to column 32
+      const std::vector<float> a = random_vec(static_cast<std::size_t>(m) * lda);
+      const std::vector<float> b = random_vec(static_cast<std::size_t>(k) * ldb);
+      // The same B in 16-column panels: [panel][k][16].
+      std::vector<float> bp(static_cast<std::size_t>(2) * k * kPanel);
+      for (int p = 0; p < k; ++p)
+        for (int j = 0; j < 2 * kPanel; ++j)
+          bp[(static_cast<std::size_t>(j / kPanel) * k + p) * kPanel + j % kPanel] = b[p * ldb + j];
+      for (bool panelled : {false, true}) {
+        std::vector<float> c(static_cast<std::size_t>(m) * ldc, -7.0f);
+        if (panelled) {
+          gemm_nn(m, n, k, a.data(), lda, bp.data(), kPanel,
+                  static_cast<std::ptrdiff_t>(k) * kPanel, c.data(), ldc);
+        } else {
+          gemm_nn(m, n, k, a.data(), lda, b.data(), ldb, kPanel, c.data(), ldc);
         }
-        double want = 0;
-        for (int p = 0; p < k; ++p) want += double{a[i * lda + p]} * b[p * ldb + j];
-        ASSERT_NEAR(c[static_cast<std::size_t>(i) * ldc + j], want, 1e-5);
+        for (int i = 0; i < m; ++i) {
+          for (int j = 0; j < ldc; ++j) {
+            if (j >= n) {
+              ASSERT_EQ(c[static_cast<std::size_t>(i) * ldc + j], -7.0f);
+              continue;
+            }
+            double want = 0;
+            for (int p = 0; p < k; ++p) want += double{a[i * lda + p]} * b[p * ldb + j];
+            ASSERT_NEAR(c[static_cast<std::size_t>(i) * ldc + j], want, 1e-5 * k)
+                << "k " << k << " panelled " << panelled;
+          }
+        }
       }
     }
   });
