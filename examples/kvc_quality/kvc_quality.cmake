@@ -16,3 +16,6 @@ target_compile_options(kvc_quality_lib PRIVATE -Wall -Wextra)
 add_executable(kvc_quality ${KVC_QUALITY_DIR}/main.cpp)
 target_link_libraries(kvc_quality PRIVATE kvc_quality_lib)
 target_compile_options(kvc_quality PRIVATE -Wall -Wextra)
+# One place for the program, whichever folder defined it: build/examples/kvc_quality/kvc_quality.
+set_target_properties(kvc_quality PROPERTIES
+                      RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/examples/kvc_quality)

@@ -67,6 +67,7 @@ const char* const kUsage =
     "  --pass-fraction X each needle's coefficient must reach X / needles (default 0.5)\n"
     "  --kv-heads N, --group N, --head-dim N, --recent-window N, --block-size N\n"
     "                    layer shape (default 2, 4, 128, 1024, 32)\n"
+    "  --note TEXT       a line for the summary's header (e.g. the script that ran it)\n"
     "  --quiet           no progress on stderr\n";
 
 std::vector<std::string> split(const std::string& s) {
@@ -175,6 +176,7 @@ int run(int argc, char** argv) {
   bool threads_set = false;
   std::string device_request = "auto", jsonl_path, summary_path;
   bool quiet = false;
+  std::string note_text;
   std::string command = "kvc_quality";
   for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
 
@@ -242,6 +244,8 @@ int run(int argc, char** argv) {
       o.geo.recent_window = parse_int(value(), "--recent-window");
     } else if (a == "--block-size") {
       o.geo.block_size = parse_int(value(), "--block-size");
+    } else if (a == "--note") {
+      note_text = value();
     } else if (a == "--quiet") {
       quiet = true;
     } else {
@@ -322,6 +326,7 @@ int run(int argc, char** argv) {
   info.command = command;
   info.device = kvc::to_string(dev) + note;
   info.seconds = seconds;
+  info.note = note_text;
   if (!summary_path.empty()) {
     std::ofstream f(summary_path);
     if (!f) throw kvc::Error("cannot write --summary " + summary_path);

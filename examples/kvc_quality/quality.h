@@ -155,6 +155,7 @@ struct RunInfo {
   std::string command;   ///< the command line
   std::string device;    ///< device the suite ran on
   double seconds = 0.0;  ///< wall time of the run
+  std::string note;      ///< a free line (who ran it), or empty
 };
 
 /// A problem the run found: a claim that failed.

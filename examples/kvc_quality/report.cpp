@@ -103,9 +103,7 @@ std::string to_json(const Row& r, const Geometry& g) {
   os << "],\"needle_positions\":" << list(r.needle_positions)
      << ",\"needle_blocks\":" << list(r.needle_blocks)
      << ",\"distractor_blocks\":" << list(r.distractor_blocks)
-     << ",\"num_kv_heads\":" << g.num_kv_heads << ",\"num_q_heads\":" << g.num_q_heads()
-     << ",\"head_dim\":" << g.head_dim << ",\"recent_window\":" << g.recent_window
-     << ",\"block_size\":" << g.block_size << "}";
+     << ",\"recent_window\":" << g.recent_window << ",\"block_size\":" << g.block_size << "}";
   return os.str();
 }
 
@@ -159,6 +157,7 @@ std::string summary_markdown(const std::vector<Row>& rows, const SuiteOptions& o
   md << "# kvc-quality: synthetic retrieval results\n\n";
   md << "- date: " << info.date << "\n- machine: " << info.machine << "\n- device: " << info.device
      << "\n- command: `" << info.command << "`\n";
+  if (!info.note.empty()) md << "- run by: `" << info.note << "`\n";
   char secs[32];
   std::snprintf(secs, sizeof secs, "%.0f", info.seconds);
   md << "- wall time: " << secs << " s; " << rows.size()
