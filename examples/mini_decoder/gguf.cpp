@@ -341,6 +341,35 @@ void dequantize(TensorType type, const void* src, std::uint64_t n, float* dst) {
   KVC_CHECK(false, "gguf: tensor type ", t->name, " has no dequantiser");
 }
 
+bool has_int8_blocks(TensorType type) {
+  return type == TensorType::kQ4_0 || type == TensorType::kQ4_1 || type == TensorType::kQ8_0;
+}
+
+bool unpack_int8_blocks(TensorType type, const void* src, std::uint64_t n, std::int8_t* q, float* d,
+                        float* m) {
+  if (!has_int8_blocks(type)) return false;
+  KVC_CHECK(n % 32 == 0, "gguf: ", n, " elements is not a multiple of the block size 32");
+  const auto* p = static_cast<const std::uint8_t*>(src);
+  for (std::uint64_t b = 0; b < n / 32; ++b, q += 32) {
+    d[b] = half_bits_to_float(load_u16(p));
+    m[b] = 0.0f;
+    if (type == TensorType::kQ8_0) {
+      for (int j = 0; j < 32; ++j) q[j] = static_cast<std::int8_t>(p[2 + j]);
+      p += 34;
+      continue;
+    }
+    const int bias = type == TensorType::kQ4_0 ? 8 : 0;
+    const std::uint8_t* qs = p + (type == TensorType::kQ4_1 ? 4 : 2);
+    if (type == TensorType::kQ4_1) m[b] = half_bits_to_float(load_u16(p + 2));
+    for (int j = 0; j < 16; ++j) {
+      q[j] = static_cast<std::int8_t>((qs[j] & 0x0f) - bias);
+      q[j + 16] = static_cast<std::int8_t>((qs[j] >> 4) - bias);
+    }
+    p += type == TensorType::kQ4_1 ? 20 : 18;
+  }
+  return true;
+}
+
 File::File(const std::string& path) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   KVC_CHECK(fd >= 0, "gguf: cannot open '", path, "': ", std::strerror(errno));

@@ -108,6 +108,22 @@ std::uint64_t row_bytes(TensorType type, std::uint64_t n);
 /// @param[out] dst n floats
 void dequantize(TensorType type, const void* src, std::uint64_t n, float* dst);
 
+/// Writes `n` elements (a multiple of 32) of a Q4_0, Q4_1 or Q8_0 tensor exactly as int8 codes
+/// with one scale and one offset per 32 elements: element i = q[i] * d[i/32] + m[i/32] (Q4_0:
+/// q = nibble - 8, m = 0; Q4_1: q = nibble; Q8_0: m = 0). Returns false, writing nothing, for
+/// the other types.
+/// @param[in] type element type of `src`
+/// @param[in] src  row_bytes(type, n) bytes
+/// @param[in] n    element count
+/// @param[out] q   n codes
+/// @param[out] d   n / 32 scales
+/// @param[out] m   n / 32 offsets
+bool unpack_int8_blocks(TensorType type, const void* src, std::uint64_t n, std::int8_t* q, float* d,
+                        float* m);
+
+/// True for the types unpack_int8_blocks handles (Q4_0, Q4_1, Q8_0).
+bool has_int8_blocks(TensorType type);
+
 /// Where one tensor lives and what it holds.
 struct TensorInfo {
   std::string name;                    ///< e.g. "blk.0.attn_q.weight"

@@ -137,6 +137,47 @@ KVC_MINI_AVX2 void gemm_tile_avx2(int k, const float* a, int lda, const float* b
   }
 }
 
+// MR rows x 16 columns from an int8 panel: each step widens 16 codes to floats, applies the
+// block's scales and offsets (one FMA per half), then runs the same 2*MR FMAs as the f32 tile.
+template <int MR>
+KVC_MINI_AVX2 void gemm_tile_int8_avx2(int k, const float* a, int lda, const std::uint8_t* panel,
+                                       float* c, int ldc, int ncols, bool accumulate) {
+  __m256 acc0[MR], acc1[MR];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
+  constexpr std::size_t kBlockBytes = 2 * kPanel * sizeof(float) + kInt8Block * kPanel;
+  for (int kb = 0; kb < k / kInt8Block; ++kb) {
+    const std::uint8_t* blk = panel + kb * kBlockBytes;
+    const float* dm = reinterpret_cast<const float*>(blk);
+    const __m256 d0 = _mm256_loadu_ps(dm), d1 = _mm256_loadu_ps(dm + 8);
+    const __m256 m0 = _mm256_loadu_ps(dm + 16), m1 = _mm256_loadu_ps(dm + 24);
+    const std::uint8_t* q = blk + 2 * kPanel * sizeof(float);
+    const float* ak = a + kb * kInt8Block;
+    for (int p = 0; p < kInt8Block; ++p) {
+      const __m128i qv = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + p * kPanel));
+      const __m256 b0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(qv)), d0, m0);
+      const __m256 b1 =
+          _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(qv, 8))), d1, m1);
+#pragma GCC unroll 8
+      for (int r = 0; r < MR; ++r) {
+        const __m256 av = _mm256_broadcast_ss(ak + static_cast<std::ptrdiff_t>(r) * lda + p);
+        acc0[r] = _mm256_fmadd_ps(av, b0, acc0[r]);
+        acc1[r] = _mm256_fmadd_ps(av, b1, acc1[r]);
+      }
+    }
+  }
+  alignas(32) float tmp[MR][kPanel];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    _mm256_store_ps(tmp[r], acc0[r]);
+    _mm256_store_ps(tmp[r] + 8, acc1[r]);
+  }
+  for (int r = 0; r < MR; ++r) {
+    float* cr = c + static_cast<std::ptrdiff_t>(r) * ldc;
+    for (int j = 0; j < ncols; ++j) cr[j] = accumulate ? cr[j] + tmp[r][j] : tmp[r][j];
+  }
+}
+
 KVC_MINI_AVX2 inline __m256 exp_avx2(__m256 x) {
   const __m256 below = _mm256_cmp_ps(x, _mm256_set1_ps(kExpLo), _CMP_LT_OQ);
   x = _mm256_min_ps(x, _mm256_set1_ps(kExpHi));
@@ -225,6 +266,14 @@ const GemmKernel kAvx2[kTileRows + 1] = {nullptr,           gemm_tile_avx2<1>, g
                                          gemm_tile_avx2<6>};
 #endif
 
+#if KVC_MINI_X86
+using Int8Kernel = void (*)(int k, const float* a, int lda, const std::uint8_t* panel, float* c,
+                            int ldc, int ncols, bool accumulate);
+const Int8Kernel kInt8Avx2[kInt8MaxRows + 1] = {nullptr, gemm_tile_int8_avx2<1>,
+                                                gemm_tile_int8_avx2<2>, gemm_tile_int8_avx2<3>,
+                                                gemm_tile_int8_avx2<4>};
+#endif
+
 std::atomic<bool>& simd_flag() {
   static std::atomic<bool> flag{cpu_has_avx2()};
   return flag;
@@ -277,12 +326,55 @@ PackedMatrix pack_rows(int n, int k, const std::function<void(int, float*)>& get
   return w;
 }
 
+void add_int8_panels(PackedMatrix& w,
+                     const std::function<void(int, std::int8_t*, float*, float*)>& get_row) {
+  KVC_CHECK(w.k % kInt8Block == 0, "add_int8_panels: k = ", w.k, " must be a multiple of ",
+            kInt8Block);
+  const int blocks = w.k / kInt8Block;
+  const std::size_t block_bytes = 2 * kPanel * sizeof(float) + kInt8Block * kPanel;
+  w.int8.assign(static_cast<std::size_t>(w.panels()) * w.int8_panel_bytes(), 0);
+  std::vector<std::int8_t> q(static_cast<std::size_t>(w.k));
+  std::vector<float> d(static_cast<std::size_t>(blocks)), m(static_cast<std::size_t>(blocks));
+  for (int r = 0; r < w.n; ++r) {
+    get_row(r, q.data(), d.data(), m.data());
+    std::uint8_t* panel =
+        w.int8.data() + static_cast<std::size_t>(r / kPanel) * w.int8_panel_bytes();
+    const int col = r % kPanel;
+    for (int b = 0; b < blocks; ++b) {
+      std::uint8_t* blk = panel + b * block_bytes;
+      std::memcpy(blk + col * sizeof(float), &d[static_cast<std::size_t>(b)], sizeof(float));
+      std::memcpy(blk + (kPanel + col) * sizeof(float), &m[static_cast<std::size_t>(b)],
+                  sizeof(float));
+      for (int p = 0; p < kInt8Block; ++p) {
+        blk[2 * kPanel * sizeof(float) + p * kPanel + col] =
+            static_cast<std::uint8_t>(q[static_cast<std::size_t>(b * kInt8Block + p)]);
+      }
+    }
+  }
+}
+
 void matmul(const float* x, int m, int ldx, const PackedMatrix& w, float* y, int ldy,
             bool accumulate, ThreadPool& pool) {
   KVC_CHECK(m >= 0 && ldx >= w.k && ldy >= w.n, "matmul: m = ", m, ", ldx = ", ldx, " (k = ", w.k,
             "), ldy = ", ldy, " (n = ", w.n, ")");
   if (m == 0) return;
   const int panels = w.panels();
+#if KVC_MINI_X86
+  if (m <= kInt8MaxRows && !w.int8.empty() && simd_flag().load(std::memory_order_relaxed)) {
+    // Few rows: memory-bound, so read the int8 panels (a quarter of the bytes).
+    const int chunk = std::max(1, panels / (pool.size() * 8));
+    const int tasks = (panels + chunk - 1) / chunk;
+    const Int8Kernel kern = kInt8Avx2[m];
+    pool.parallel_for(tasks, [&](int t, int) {
+      const int j1 = std::min(panels, (t + 1) * chunk);
+      for (int j = t * chunk; j < j1; ++j) {
+        kern(w.k, x, ldx, w.int8.data() + static_cast<std::size_t>(j) * w.int8_panel_bytes(),
+             y + j * kPanel, ldy, std::min(kPanel, w.n - j * kPanel), accumulate);
+      }
+    });
+    return;
+  }
+#endif
   // Panels per task: what stays in a 512 KiB L2 next to the activations, and enough tasks to
   // balance the threads.
   const std::size_t panel_bytes = static_cast<std::size_t>(w.k) * kPanel * sizeof(float);

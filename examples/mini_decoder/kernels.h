@@ -29,22 +29,45 @@ bool simd_enabled();
 /// Chooses the portable kernels (false) or AVX2+FMA where the CPU has it (true); for tests.
 void set_simd_enabled(bool on);
 
+/// Elements of K per scale/offset of the int8 panels (the GGUF block).
+constexpr int kInt8Block = 32;
+
 /// A weight matrix W [n][k] (y = W x) packed for the GEMM as B = W^T in 16-column panels:
 /// panel j holds W[16j + c][p] at (j * k + p) * 16 + c, zero for rows >= n.
+///
+/// Optionally also as exact int8 panels for the few-row (decode) products, which read a
+/// quarter of the bytes: per panel and per block of 32 K positions, 16 f32 scales d, 16 f32
+/// offsets m, then 32 x 16 int8 codes q (K-major), with W[16j + c][p] = q * d[c] + m[c].
 struct PackedMatrix {
-  int n = 0;                ///< output features (rows of W)
-  int k = 0;                ///< input features (columns of W)
-  std::vector<float> data;  ///< panels(n) * k * 16 floats
+  int n = 0;                       ///< output features (rows of W)
+  int k = 0;                       ///< input features (columns of W)
+  std::vector<float> data;         ///< panels(n) * k * 16 floats
+  std::vector<std::uint8_t> int8;  ///< int8 panels, empty when absent
   /// Number of panels.
   int panels() const { return (n + kPanel - 1) / kPanel; }
+  /// Bytes of one int8 panel.
+  std::size_t int8_panel_bytes() const {
+    return static_cast<std::size_t>(k / kInt8Block) * (2 * kPanel * 4 + kInt8Block * kPanel);
+  }
   /// Bytes held.
-  std::size_t bytes() const { return data.size() * sizeof(float); }
+  std::size_t bytes() const { return data.size() * sizeof(float) + int8.size(); }
 };
 
 /// Packs W [n][k] given row by row: get_row(r, dst) writes row r (k floats) into dst.
 PackedMatrix pack_rows(int n, int k, const std::function<void(int row, float* dst)>& get_row);
 
-/// Y[m][0:n] (+)= X[m][0:k] . W^T over the threads of `pool` (split over column panels).
+/// Adds the int8 panels to `w` (k must be a multiple of 32): get_row(r, q, d, m) writes row r
+/// as k codes, k/32 scales and k/32 offsets, exactly the values pack_rows was given.
+void add_int8_panels(
+    PackedMatrix& w,
+    const std::function<void(int row, std::int8_t* q, float* d, float* m)>& get_row);
+
+/// Rows of X up to which matmul reads the int8 panels (when present and AVX2 runs).
+constexpr int kInt8MaxRows = 4;
+
+/// Y[m][0:n] (+)= X[m][0:k] . W^T over the threads of `pool` (split over column panels). With
+/// m <= kInt8MaxRows and int8 panels present, the int8 form is read (same values, W = q d + m
+/// rounded once by an FMA).
 /// @param[in] x          [m][ldx] row-major activations
 /// @param[in] m, ldx     rows of X and their stride (>= k)
 /// @param[in] w          packed weights (n outputs, k inputs)

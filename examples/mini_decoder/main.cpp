@@ -52,12 +52,13 @@ int run(const kvc::mini_decoder::CliOptions& o) {
   const LlamaConfig& c = model->config();
   KVC_CHECK(tok->size() == c.vocab_size, "model: the tokenizer has ", tok->size(),
             " tokens but the embedding has ", c.vocab_size, " rows");
-  std::fprintf(stderr,
-               "[mini_decoder] loaded %s in %.2f s: %d layers, d_model %d, heads %d/%d x %d, "
-               "ff %d, vocab %d, context %d, weights %.0f MiB f32, %d threads, %s kernels\n",
-               o.model.c_str(), seconds_since(t_load), c.num_layers, c.d_model, c.num_heads,
-               c.num_kv_heads, c.head_dim, c.d_ff, c.vocab_size, c.context_length,
-               mib(model->weight_bytes()), threads, simd_enabled() ? "avx2+fma" : "portable");
+  std::fprintf(
+      stderr,
+      "[mini_decoder] loaded %s in %.2f s: %d layers, d_model %d, heads %d/%d x %d, "
+      "ff %d, vocab %d, context %d, weights %.0f MiB (f32 + int8 panels), %d threads, %s kernels\n",
+      o.model.c_str(), seconds_since(t_load), c.num_layers, c.d_model, c.num_heads, c.num_kv_heads,
+      c.head_dim, c.d_ff, c.vocab_size, c.context_length, mib(model->weight_bytes()), threads,
+      simd_enabled() ? "avx2+fma" : "portable");
 
   std::string text = o.prompt;
   if (o.chat) {

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "kvc/core/error.h"
 #include "thread_pool.h"
@@ -46,13 +47,29 @@ PackedMatrix pack_stacked(const gguf::File& f, const std::vector<const gguf::Ten
   int n = 0;
   const int k = static_cast<int>(parts.front()->row_length());
   for (const gguf::TensorInfo* p : parts) n += static_cast<int>(p->num_rows());
-  return pack_rows(n, k, [&](int row, float* dst) {
+  // Row `row` of the stack: the part that holds it and the row within that part.
+  auto locate = [&](int row) {
     for (const gguf::TensorInfo* p : parts) {
       const int rows = static_cast<int>(p->num_rows());
-      if (row < rows) return f.dequantize_row(*p, static_cast<std::uint64_t>(row), dst);
+      if (row < rows) return std::make_pair(p, static_cast<std::uint64_t>(row));
       row -= rows;
     }
+    return std::make_pair(parts.back(), std::uint64_t{0});  // not reached: row < n
+  };
+  PackedMatrix w = pack_rows(n, k, [&](int row, float* dst) {
+    const auto [p, r] = locate(row);
+    f.dequantize_row(*p, r, dst);
   });
+  // Block-quantised weights also keep their exact int8 form for the decode products.
+  for (const gguf::TensorInfo* p : parts) {
+    if (!gguf::has_int8_blocks(p->type)) return w;
+  }
+  add_int8_panels(w, [&](int row, std::int8_t* q, float* d, float* m) {
+    const auto [p, r] = locate(row);
+    const std::uint64_t bytes = gguf::row_bytes(p->type, p->row_length());
+    gguf::unpack_int8_blocks(p->type, f.tensor_data(*p) + r * bytes, p->row_length(), q, d, m);
+  });
+  return w;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gguf.h"
@@ -245,6 +246,43 @@ TEST(MiniDecoder_Gguf, QuantisedRandomRows) {
       }
     }
   }
+}
+
+// The exact int8 form of the block types gives the dequantised values back.
+TEST(MiniDecoder_Gguf, Int8BlocksReproduceDequantisedValues) {
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> scale(-2.0f, 2.0f);
+  for (const auto& [type, block_bytes] :
+       {std::pair<gguf::TensorType, int>{gguf::TensorType::kQ4_0, 18},
+        {gguf::TensorType::kQ4_1, 20},
+        {gguf::TensorType::kQ8_0, 34}}) {
+    const int n = 96;
+    std::vector<std::uint8_t> raw;
+    for (int b = 0; b < n / 32; ++b) {
+      for (int h = 0; h < (type == gguf::TensorType::kQ4_1 ? 2 : 1); ++h) {
+        const std::uint16_t v = float_to_half_bits(scale(rng));
+        raw.push_back(v & 0xff);
+        raw.push_back(v >> 8);
+      }
+      while (raw.size() % block_bytes != 0) raw.push_back(static_cast<std::uint8_t>(byte(rng)));
+    }
+    std::vector<float> want(n);
+    gguf::dequantize(type, raw.data(), n, want.data());
+    std::vector<std::int8_t> q(n);
+    std::vector<float> d(n / 32), m(n / 32);
+    ASSERT_TRUE(gguf::has_int8_blocks(type));
+    ASSERT_TRUE(gguf::unpack_int8_blocks(type, raw.data(), n, q.data(), d.data(), m.data()));
+    for (int i = 0; i < n; ++i) {
+      // Dequantisation rounds q*d and then +m; the int8 form is exact up to that rounding.
+      const float got = fadd_rn(fmul_rn(static_cast<float>(q[i]), d[i / 32]), m[i / 32]);
+      ASSERT_EQ(got, want[i]) << "type " << static_cast<int>(type) << " element " << i;
+    }
+  }
+  EXPECT_FALSE(gguf::has_int8_blocks(gguf::TensorType::kF16));
+  float f = 0;
+  std::int8_t q8 = 0;
+  EXPECT_FALSE(gguf::unpack_int8_blocks(gguf::TensorType::kF32, &f, 1, &q8, &f, &f));
 }
 
 TEST(MiniDecoder_Gguf, UnsupportedTypeParsesButDoesNotDequantise) {

@@ -2,6 +2,7 @@
 // written as GGUF (mixed f32 / q8_0 / q4_1 tensors) against a naive double-precision reference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -85,6 +86,58 @@ TEST(MiniDecoder_Kernels, MatmulMatchesNaiveOddSizes) {
       }
     }
   });
+}
+
+TEST(MiniDecoder_Kernels, Int8PanelsMatchTheirValues) {
+  ThreadPool pool(2);
+  std::uniform_int_distribution<int> code(-128, 127);
+  for_each_kernel_set([&] {
+    for (int n : {16, 17, 40}) {
+      const int k = 96, blocks = k / kInt8Block;
+      std::vector<std::int8_t> q(static_cast<std::size_t>(n) * k);
+      for (auto& v : q) v = static_cast<std::int8_t>(code(rng()));
+      const std::vector<float> d = random_vec(static_cast<std::size_t>(n) * blocks, 0.0f, 0.1f);
+      const std::vector<float> mo = random_vec(static_cast<std::size_t>(n) * blocks);
+      auto value = [&](int r, int p) {
+        const std::size_t b = static_cast<std::size_t>(r) * blocks + p / kInt8Block;
+        return std::fma(static_cast<float>(q[static_cast<std::size_t>(r) * k + p]), d[b], mo[b]);
+      };
+      PackedMatrix w = pack_rows(n, k, [&](int r, float* dst) {
+        for (int p = 0; p < k; ++p) dst[p] = value(r, p);
+      });
+      add_int8_panels(w, [&](int r, std::int8_t* qr, float* dr, float* mr) {
+        std::memcpy(qr, q.data() + static_cast<std::size_t>(r) * k, static_cast<std::size_t>(k));
+        std::memcpy(dr, d.data() + static_cast<std::size_t>(r) * blocks, sizeof(float) * blocks);
+        std::memcpy(mr, mo.data() + static_cast<std::size_t>(r) * blocks, sizeof(float) * blocks);
+      });
+      ASSERT_EQ(w.int8.size(), static_cast<std::size_t>(w.panels()) * w.int8_panel_bytes());
+      for (int m = 1; m <= kInt8MaxRows + 1; ++m) {  // the last one takes the f32 path
+        const int ldx = k + 1, ldy = n + 2;
+        const std::vector<float> x = random_vec(static_cast<std::size_t>(m) * ldx);
+        for (bool acc : {false, true}) {
+          std::vector<float> y = random_vec(static_cast<std::size_t>(m) * ldy);
+          const std::vector<float> y0 = y;
+          matmul(x.data(), m, ldx, w, y.data(), ldy, acc, pool);
+          for (int i = 0; i < m; ++i) {
+            for (int j = 0; j < ldy; ++j) {
+              const std::size_t at = static_cast<std::size_t>(i) * ldy + j;
+              if (j >= n) {
+                ASSERT_EQ(y[at], y0[at]);
+                continue;
+              }
+              double want = acc ? y0[at] : 0.0;
+              for (int p = 0; p < k; ++p) {
+                want += static_cast<double>(x[static_cast<std::size_t>(i) * ldx + p]) * value(j, p);
+              }
+              ASSERT_NEAR(y[at], want, 1e-4) << "n " << n << " m " << m;
+            }
+          }
+        }
+      }
+    }
+  });
+  PackedMatrix odd = pack_rows(2, 48, [](int, float* dst) { std::fill(dst, dst + 48, 1.0f); });
+  EXPECT_THROW(add_int8_panels(odd, [](int, std::int8_t*, float*, float*) {}), Error);
 }
 
 TEST(MiniDecoder_Kernels, GemmNnStridedAndPanelled) {
@@ -335,6 +388,25 @@ std::vector<std::uint8_t> q4_1_bytes(const std::vector<float>& v) {
   return out;
 }
 
+std::vector<std::uint8_t> q4_0_bytes(const std::vector<float>& v) {
+  std::vector<std::uint8_t> out;
+  for (std::size_t b = 0; b < v.size(); b += 32) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[b + j]));
+    const std::uint16_t d = float_to_half_bits(amax / 7.0f);
+    const float df = half_bits_to_float(d);
+    out.push_back(d & 0xff);
+    out.push_back(d >> 8);
+    auto q = [&](float x) {
+      return std::max(0, std::min(15, (df > 0 ? static_cast<int>(std::lround(x / df)) : 0) + 8));
+    };
+    for (int j = 0; j < 16; ++j) {
+      out.push_back(static_cast<std::uint8_t>(q(v[b + j]) | (q(v[b + 16 + j]) << 4)));
+    }
+  }
+  return out;
+}
+
 std::vector<std::uint8_t> tiny_model(const Tiny& t) {
   testing::GgufWriter w;
   w.kv_string("general.architecture", "llama");
@@ -347,7 +419,8 @@ std::vector<std::uint8_t> tiny_model(const Tiny& t) {
   w.kv_f32("llama.rope.freq_base", t.base);
   w.kv_f32("llama.attention.layer_norm_rms_epsilon", t.eps);
   auto u = [](int v) { return static_cast<std::uint64_t>(v); };
-  // Embedding in q8_0 (also the tied LM head); some projections in q4_1, the rest f32.
+  // Embedding in q8_0 (also the tied LM head); projections in q4_0, q4_1, q8_0 and f32, so that
+  // some stacked matrices get int8 panels and some do not.
   w.tensor("token_embd.weight", {u(t.d), u(t.vocab)}, 8,
            q8_0_bytes(random_vec(static_cast<std::size_t>(t.d) * t.vocab)));
   const float s = 0.4f;
@@ -357,12 +430,17 @@ std::vector<std::uint8_t> tiny_model(const Tiny& t) {
     w.tensor_f32(b + "ffn_norm.weight", {u(t.d)}, random_vec(t.d, 0.5f, 1.5f));
     const int qd = t.heads * t.hd, kvd = t.kv_heads * t.hd;
     w.tensor(b + "attn_q.weight", {u(t.d), u(qd)}, 3, q4_1_bytes(random_vec(t.d * qd, -s, s)));
-    w.tensor_f32(b + "attn_k.weight", {u(t.d), u(kvd)}, random_vec(t.d * kvd, -s, s));
-    w.tensor_f32(b + "attn_v.weight", {u(t.d), u(kvd)}, random_vec(t.d * kvd, -s, s));
+    w.tensor(b + "attn_k.weight", {u(t.d), u(kvd)}, 8, q8_0_bytes(random_vec(t.d * kvd, -s, s)));
+    w.tensor(b + "attn_v.weight", {u(t.d), u(kvd)}, 2, q4_0_bytes(random_vec(t.d * kvd, -s, s)));
     w.tensor_f32(b + "attn_output.weight", {u(qd), u(t.d)}, random_vec(qd * t.d, -s, s));
     w.tensor(b + "ffn_gate.weight", {u(t.d), u(t.ff)}, 3,
              q4_1_bytes(random_vec(t.d * t.ff, -s, s)));
-    w.tensor_f32(b + "ffn_up.weight", {u(t.d), u(t.ff)}, random_vec(t.d * t.ff, -s, s));
+    if (l == 0) {  // layer 0: a stack with an f32 part (no int8 panels); layer 1: all int8
+      w.tensor_f32(b + "ffn_up.weight", {u(t.d), u(t.ff)}, random_vec(t.d * t.ff, -s, s));
+    } else {
+      w.tensor(b + "ffn_up.weight", {u(t.d), u(t.ff)}, 3,
+               q4_1_bytes(random_vec(t.d * t.ff, -s, s)));
+    }
     w.tensor(b + "ffn_down.weight", {u(t.ff), u(t.d)}, 8,
              q8_0_bytes(random_vec(t.ff * t.d, -s, s)));
   }
