@@ -1,6 +1,6 @@
 /*! \file kvc/kvc.h
  *  \brief Umbrella header: everything an engine needs from kvc (host API). The kernel layer
- *  (kvc/kernels/*.h) needs the CUDA runtime headers and is included separately.
+ *  (the headers in kvc/kernels) needs the CUDA runtime headers and is included separately.
  */
 #pragma once
 
