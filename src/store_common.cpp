@@ -15,9 +15,19 @@ int KvStoreConfig::max_blocks_per_slot() const {
   return static_cast<int>((old_tokens + block_size - 1) / block_size);
 }
 
+bool KvStoreConfig::owns_block(int block) const {
+  return num_shards <= 1 || block % num_shards == shard_index;
+}
+
+int KvStoreConfig::owned_blocks(int num_blocks) const {
+  return num_shards <= 1 ? num_blocks : store::owned_count(num_blocks, num_shards, shard_index);
+}
+
+int KvStoreConfig::owned_blocks_per_slot() const { return owned_blocks(max_blocks_per_slot()); }
+
 int KvStoreConfig::pool_blocks() const {
   if (num_pool_blocks > 0) return num_pool_blocks;
-  return static_cast<int>(static_cast<long long>(max_slots) * max_blocks_per_slot());
+  return static_cast<int>(static_cast<long long>(max_slots) * owned_blocks_per_slot());
 }
 
 void KvStoreConfig::validate() const {
@@ -44,9 +54,13 @@ void KvStoreConfig::validate() const {
   KVC_CHECK((summaries & kSummaryMeanK) != 0, "summaries = ", summaries,
             " must include kSummaryMeanK");
   KVC_CHECK((summaries & ~7u) == 0, "summaries = ", summaries, " has unknown bits (valid: 0..7)");
+  KVC_CHECK(num_shards >= 1 && num_shards <= 65536, "num_shards = ", num_shards,
+            " must be in [1, 65536]");
+  KVC_CHECK(shard_index >= 0 && shard_index < num_shards, "shard_index = ", shard_index,
+            " must be in [0, num_shards = ", num_shards, ")");
   const long long pool = num_pool_blocks > 0
                              ? num_pool_blocks
-                             : static_cast<long long>(max_slots) * max_blocks_per_slot();
+                             : static_cast<long long>(max_slots) * owned_blocks_per_slot();
   KVC_CHECK(pool <= (1ll << 30), "num_pool_blocks = ", pool, " must be <= 2^30");
   const long long rows = pool * num_kv_heads * block_size;
   KVC_CHECK(rows <= (1ll << 40), "pool rows = ", rows, " (blocks x heads x block_size) too large");
@@ -104,7 +118,8 @@ Footprint compute_footprint(const KvStoreConfig& c, const std::vector<int>& leng
     const int ring_rows = L < c.recent_window ? L : c.recent_window;
     in_use += static_cast<std::size_t>(ring_rows) * hkv * z.ring_row;
     const int old = L - c.recent_window > 0 ? L - c.recent_window : 0;
-    in_use += static_cast<std::size_t>((old + c.block_size - 1) / c.block_size) * z.per_block;
+    in_use += static_cast<std::size_t>(c.owned_blocks((old + c.block_size - 1) / c.block_size)) *
+              z.per_block;
   }
   f.dense_equivalent_bytes = static_cast<std::size_t>(f.tokens) * dense_token;
   f.in_use = in_use;
@@ -166,6 +181,7 @@ std::vector<SlotState> KvStore::snapshot() const {
     const int old = first;
     const int blocks = (old + c.block_size - 1) / c.block_size;
     for (int b = 0; b < blocks; ++b) {
+      if (!c.owns_block(b)) continue;
       const int pb = s.block_table[static_cast<std::size_t>(slot) * s.max_blocks_per_slot + b];
       const int rows = (b + 1) * c.block_size <= old ? c.block_size : old - b * c.block_size;
       const bool closed = rows == c.block_size;

@@ -25,7 +25,8 @@ int blocks_starting(const KvStoreConfig& c, const UpdateSpan& u) {
   // Multiples of B in [old_begin, old_end).
   const int first = (u.old_begin + B - 1) / B;
   const int last = (u.old_end + B - 1) / B;
-  return std::max(0, last - first);
+  // A shard pools only the blocks it owns.
+  return std::max(0, c.owned_blocks(last) - c.owned_blocks(first));
 }
 
 HostStoreState::HostStoreState(const KvStoreConfig& config) : config_(config) {
@@ -95,6 +96,7 @@ void HostStoreState::allocate_blocks(const std::vector<int>& slots,
     const int s = slots[i];
     const UpdateSpan u = update_span(config_, lengths[static_cast<std::size_t>(s)], counts[i]);
     for (int b = (u.old_begin + B - 1) / B; b < (u.old_end + B - 1) / B; ++b) {
+      if (!config_.owns_block(b)) continue;
       block_table[static_cast<std::size_t>(s) * max_blocks_ + b] =
           free_blocks[static_cast<std::size_t>(--free_count)];
     }
@@ -110,6 +112,7 @@ void HostStoreState::reset(int slot) {
   const UpdateSpan u = update_span(config_, lengths[static_cast<std::size_t>(slot)], 0);
   const int in_use = (u.old_begin + config_.block_size - 1) / config_.block_size;
   for (int b = 0; b < in_use; ++b) {
+    if (!config_.owns_block(b)) continue;
     std::int32_t& e = block_table[static_cast<std::size_t>(slot) * max_blocks_ + b];
     free_blocks[static_cast<std::size_t>(free_count++)] = e;
     e = -1;

@@ -26,7 +26,8 @@ struct UpdateSpan {
 /// The span of an update of `count` tokens to a slot of `length` tokens.
 UpdateSpan update_span(const KvStoreConfig& c, int length, int count);
 
-/// Logical blocks that start (get their first row) in [old_begin, old_end).
+/// Logical blocks that start (get their first row) in [old_begin, old_end) and that the store
+/// owns (all of them unless it is a shard): the pool blocks the update pops.
 int blocks_starting(const KvStoreConfig& c, const UpdateSpan& u);
 
 class HostStoreState {

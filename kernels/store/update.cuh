@@ -24,7 +24,8 @@ __device__ __forceinline__ int old_tokens(const StoreView& s, int length) {
 }
 
 // One CTA. Records each entry's length in update_scratch, pops pool blocks for the blocks that
-// start (entry order, then block order — the order of the host mirror's pops), advances lengths.
+// start and the store owns (entry order, then block order — the order of the host mirror's
+// pops), advances lengths.
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(StoreView s, const std::int32_t* slots,
                                                             int entries, int count) {
   using Scan = cub::BlockScan<int, kPlanThreads>;
@@ -33,7 +34,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(StoreView s, const s
   const int top = *s.free_count;
   if (threadIdx.x == 0) consumed = 0;
   __syncthreads();
-  const int B = s.block_size;
+  const int B = s.block_size, N = s.num_shards, me = s.shard_index;
   for (int base = 0; base < entries; base += kPlanThreads) {
     const int e = base + static_cast<int>(threadIdx.x);
     int slot = 0, L = 0, first = 0, need = 0;
@@ -41,14 +42,16 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(StoreView s, const s
       slot = slots[e];
       L = s.lengths[slot];
       const int o0 = old_tokens(s, L), o1 = old_tokens(s, L + count);
-      first = (o0 + B - 1) / B;
-      need = (o1 + B - 1) / B - first;
+      const int begin = (o0 + B - 1) / B, end = (o1 + B - 1) / B;
+      // Owned blocks in [begin, end): first, first + N, ... (every block when unsharded).
+      need = store::owned_count(end, N, me) - store::owned_count(begin, N, me);
+      first = begin + ((me - begin % N) % N + N) % N;
     }
     int rank = 0, total = 0;
     Scan(scan_storage).ExclusiveSum(need, rank, total);
     rank += consumed;
     for (int k = 0; k < need; ++k) {
-      s.block_table[static_cast<std::size_t>(slot) * s.max_blocks_per_slot + first + k] =
+      s.block_table[static_cast<std::size_t>(slot) * s.max_blocks_per_slot + first + k * N] =
           s.free_blocks[top - 1 - (rank + k)];
     }
     if (e < entries) {
@@ -109,6 +112,7 @@ __global__ void __launch_bounds__(kRowThreads) quantise_kernel(StoreView s, cons
   const int L = s.update_scratch[e];
   const int p = old_tokens(s, L) + j;
   if (p >= old_tokens(s, L + count)) return;
+  if (!store::owns_block(s, p / s.block_size)) return;  // another shard's block
   const int d = s.head_dim, W = s.recent_window, B = s.block_size;
   const bool bf = store::is_bf16(s);
   const std::uint16_t *ks, *vs;
@@ -171,6 +175,7 @@ __global__ void __launch_bounds__(kRowThreads) summarise_kernel(StoreView s, con
   const int L = s.update_scratch[e];
   const int b = old_tokens(s, L) / s.block_size + c;
   if (b >= old_tokens(s, L + count) / s.block_size) return;
+  if (!store::owns_block(s, b)) return;  // another shard's block
   const int pb = s.block_table[static_cast<std::size_t>(slot) * s.max_blocks_per_slot + b];
   for (int i = threadIdx.x; i < s.head_dim; i += blockDim.x) store::summarise_element(s, pb, h, i);
 }
@@ -208,6 +213,7 @@ __global__ void reset_kernel(StoreView s, const std::int32_t* slots, int n) {
     const int blocks = (old_tokens(s, s.lengths[slot]) + s.block_size - 1) / s.block_size;
     std::int32_t* row = s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot;
     for (int b = 0; b < blocks; ++b) {
+      if (!store::owns_block(s, b)) continue;
       s.free_blocks[top++] = row[b];
       row[b] = -1;
     }

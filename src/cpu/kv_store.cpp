@@ -95,6 +95,8 @@ class CpuKvStore final : public KvStore {
     v.dtype = config_.dtype;
     v.old_format = config_.old_format;
     v.summaries = config_.summaries;
+    v.num_shards = config_.num_shards;
+    v.shard_index = config_.shard_index;
     auto& st = const_cast<HostStoreState&>(state_);
     v.lengths = st.lengths.data();
     v.block_table = st.block_table.data();
@@ -155,7 +157,8 @@ class CpuKvStore final : public KvStore {
 
   // Adds `count` tokens (k, v: [count, Hkv, d] 16-bit) to `slot`, whose blocks are allocated.
   // Order: quantise the tokens that leave the ring (reading the ring before it is overwritten),
-  // summarise the blocks that close, then write the new ring rows.
+  // summarise the blocks that close, then write the new ring rows. A shard quantises and
+  // summarises only the blocks it owns.
   void update_slot(int slot, int count, const std::uint16_t* k, const std::uint16_t* v) {
     const StoreView s = view();
     const int W = config_.recent_window, B = config_.block_size, H = config_.num_kv_heads;
@@ -166,6 +169,7 @@ class CpuKvStore final : public KvStore {
     const auto* rv = static_cast<const std::uint16_t*>(s.ring_v);
     const std::int32_t* table = s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot;
     for (int p = u.old_begin; p < u.old_end; ++p) {
+      if (!config_.owns_block(p / B)) continue;
       const int pb = table[p / B];
       for (int h = 0; h < H; ++h) {
         const std::uint16_t *ks, *vs;
@@ -182,6 +186,7 @@ class CpuKvStore final : public KvStore {
       }
     }
     for (int b = u.closed_begin; b < u.closed_end; ++b) {
+      if (!config_.owns_block(b)) continue;
       for (int h = 0; h < H; ++h) {
         for (int i = 0; i < config_.head_dim; ++i) store::summarise_element(s, table[b], h, i);
       }

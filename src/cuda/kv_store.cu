@@ -191,6 +191,8 @@ class CudaKvStore final : public KvStore {
     v.dtype = config_.dtype;
     v.old_format = config_.old_format;
     v.summaries = config_.summaries;
+    v.num_shards = config_.num_shards;
+    v.shard_index = config_.shard_index;
     return v;
   }
 

@@ -24,7 +24,8 @@ namespace kernels {
 /// k[(e * count + j) * Hkv * d ...] (16-bit, the store's dtype). Appending one token to a batch
 /// is count = 1; ingesting a prefill chunk is entries = 1. Pops pool blocks for blocks that start
 /// (entry order, then block order: the same pops as the host mirror), quantises tokens that leave
-/// the ring, summarises blocks that close, writes the ring and advances the lengths.
+/// the ring, summarises blocks that close, writes the ring and advances the lengths. A shard
+/// (s.num_shards > 1) pops, quantises and summarises only the blocks it owns.
 /// @param[in] s        the store (device pointers)
 /// @param[in] d_slots  [entries] slot ids on the device
 /// @param[in] entries  number of slots, 1..max_slots

@@ -15,6 +15,25 @@
 namespace kvc {
 namespace store {
 
+/// Blocks among logical blocks [0, num_blocks) that shard `shard_index` of `num_shards` owns
+/// (those with b % num_shards == shard_index).
+KVC_HD int owned_count(int num_blocks, int num_shards, int shard_index) {
+  return num_blocks > shard_index ? (num_blocks - shard_index + num_shards - 1) / num_shards : 0;
+}
+
+/// True when the store holds logical old block `block` (context parallelism; always true for an
+/// unsharded store).
+KVC_HD bool owns_block(const StoreView& s, int block) {
+  return s.num_shards <= 1 || block % s.num_shards == s.shard_index;
+}
+
+/// Logical id of the store's j-th owned block (j-th in ascending order).
+KVC_HD int owned_block_id(const StoreView& s, int j) { return j * s.num_shards + s.shard_index; }
+
+/// True when attention over this store includes the ring and the sink: they are replicated on
+/// every shard and counted on shard 0 only, so that shards' partial results merge exactly.
+KVC_HD bool owns_ring(const StoreView& s) { return s.shard_index == 0; }
+
 /// Offset (in rows of B·Hkv·...) helpers: index of (pool block, head, row) in per-row arrays.
 KVC_HD std::size_t old_row_index(const StoreView& s, int pool_block, int head, int row) {
   return (static_cast<std::size_t>(pool_block) * s.num_kv_heads + head) * s.block_size + row;

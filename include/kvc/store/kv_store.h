@@ -12,6 +12,12 @@
  *  A token is quantised into its old block at the moment it leaves the ring, and a block's
  *  summaries are computed from its stored (dequantised) values when it closes, so appending
  *  token by token and ingesting a chunk give bit-identical state.
+ *
+ *  A *shard* (num_shards > 1, context parallelism) has the same lengths, ring and logical block
+ *  numbering, but stores logical block b only when b % num_shards == shard_index: the tokens of
+ *  other shards' blocks leave its ring without being stored, and its pool, footprint and
+ *  snapshot hold only its own blocks. Each owned block is bit-identical to the same block of an
+ *  unsharded store fed the same tokens.
  */
 #pragma once
 
@@ -42,13 +48,27 @@ struct KvStoreConfig {
   int block_size = 32;           ///< B: tokens per old block, 1..1024
   DType dtype = DType::kF16;     ///< dtype of incoming K/V and of the ring: f16 or bf16
   Format old_format = Format::kFp16kQ4v;  ///< format of old blocks: f16, bf16, q8 or fp16k_q4v
-  /// Pool blocks shared by all slots; 0 means max_slots * max_blocks_per_slot() (never runs out).
+  /// Pool blocks shared by all slots; 0 means max_slots * owned_blocks_per_slot() (never runs
+  /// out; max_slots * max_blocks_per_slot() for an unsharded store).
   int num_pool_blocks = 0;
   std::uint32_t summaries = kSummaryMeanK;  ///< SummaryBits to keep (kSummaryMeanK is required)
+  /// Context parallelism (kvc/parallel/context_parallel.h): this store is shard `shard_index` of
+  /// `num_shards` stores that together hold the same sequences. Every shard appends every token
+  /// and keeps the whole ring; logical old block b is quantised, summarised and pooled only on
+  /// shard b % num_shards (its *owner*). 1 (the default): the store holds everything.
+  int num_shards = 1;   ///< shards of the context, 1..65536
+  int shard_index = 0;  ///< this store's shard, 0..num_shards-1
 
-  /// Old blocks one slot can need: ceil(max(0, max_context - recent_window) / block_size).
+  /// Old blocks one slot can need: ceil(max(0, max_context - recent_window) / block_size). This
+  /// is the width of a block-table row (indexed by logical block) whatever the sharding.
   int max_blocks_per_slot() const;
-  /// Pool size after defaulting num_pool_blocks.
+  /// True when this shard owns logical old block `block` (block % num_shards == shard_index).
+  bool owns_block(int block) const;
+  /// Blocks this shard owns among logical blocks [0, num_blocks).
+  int owned_blocks(int num_blocks) const;
+  /// Old blocks of one slot this shard can hold: owned_blocks(max_blocks_per_slot()).
+  int owned_blocks_per_slot() const;
+  /// Pool size after defaulting num_pool_blocks (0: max_slots * owned_blocks_per_slot()).
   int pool_blocks() const;
   /// Throws kvc::Error naming the first field out of range.
   void validate() const;
@@ -90,9 +110,13 @@ struct StoreView {
   DType dtype = DType::kF16;    ///< ring dtype (and fp16k_q4v's K dtype)
   Format old_format = Format::kFp16kQ4v;  ///< old-block format
   std::uint32_t summaries = kSummaryMeanK;  ///< SummaryBits kept
+  int num_shards = 1;           ///< shards of the context (see KvStoreConfig::num_shards)
+  int shard_index = 0;          ///< this store's shard; it owns logical blocks b % num_shards == it
 
   std::int32_t* lengths = nullptr;      ///< [max_slots] tokens held per slot
-  std::int32_t* block_table = nullptr;  ///< [max_slots, max_blocks_per_slot] pool id or -1
+  /// [max_slots, max_blocks_per_slot] pool id or -1, indexed by logical block (-1 for the
+  /// blocks of other shards)
+  std::int32_t* block_table = nullptr;
   std::int32_t* free_blocks = nullptr;  ///< [num_pool_blocks] stack of free pool ids
   std::int32_t* free_count = nullptr;   ///< [1] entries of free_blocks in use (top of stack)
   /// [max_slots] scratch of the CUDA update kernels (each entry's length before the update);
@@ -112,7 +136,8 @@ struct StoreView {
 
 /// The logical content of one slot, independent of which pool blocks hold it. Ring rows are in
 /// position order [head][position][bytes]; old data in [logical block][head][row][...] order,
-/// rows limited to those in use (the open block's filled rows).
+/// rows limited to those in use (the open block's filled rows), blocks limited to those the
+/// store owns (all of them unless the store is a shard).
 struct SlotState {
   bool open = false;                     ///< slot is open
   int length = 0;                        ///< tokens held
