@@ -62,8 +62,14 @@ int validate_score_args(const BlockIndexConfig& c, const KvStore& store,
             "out.scores and out.num_valid must be non-null");
   KVC_CHECK(out.rows == c.rows(batch, T), "out.rows = ", out.rows, " must be ",
             c.rows(batch, T), " (batch x T", c.shared_across_heads ? "" : " x num_kv_heads", ")");
-  KVC_CHECK(out.max_blocks >= sc.max_blocks_per_slot(), "out.max_blocks = ", out.max_blocks,
-            " must be >= the store's max_blocks_per_slot = ", sc.max_blocks_per_slot());
+  if (sc.num_shards > 1) {  // a shard's rows hold its own blocks only
+    KVC_CHECK(out.max_blocks >= sc.owned_blocks_per_slot(), "out.max_blocks = ", out.max_blocks,
+              " must be >= the store's owned_blocks_per_slot = ", sc.owned_blocks_per_slot(),
+              " (blocks this shard can own)");
+  } else {
+    KVC_CHECK(out.max_blocks >= sc.max_blocks_per_slot(), "out.max_blocks = ", out.max_blocks,
+              " must be >= the store's max_blocks_per_slot = ", sc.max_blocks_per_slot());
+  }
   return T;
 }
 

@@ -7,6 +7,7 @@
 #include "kvc/core/numeric.h"
 #include "kvc/index/block_index.h"
 #include "kvc/select/selection.h"
+#include "kvc/store/block_codec.h"
 #include "kvc/store/kv_store.h"
 
 namespace kvc {
@@ -62,7 +63,9 @@ __global__ void __launch_bounds__(kWarps * 32) score_kernel(const ScoreParams p)
   const int b = bt / p.tokens;
   const int slot = p.slots[b];
   const int L = s.lengths[slot];
-  const int closed = L > s.recent_window ? (L - s.recent_window) / s.block_size : 0;
+  // A shard scores only its own closed blocks: entry j is logical block owned_block_id(j).
+  const int closed = store::owned_count(
+      L > s.recent_window ? (L - s.recent_window) / s.block_size : 0, s.num_shards, s.shard_index);
   if (blockIdx.x == 0 && threadIdx.x == 0) p.out.num_valid[row] = closed;
   const int j0 = blockIdx.x * kBlocksPerCta;
   if (j0 >= closed) return;
@@ -89,7 +92,7 @@ __global__ void __launch_bounds__(kWarps * 32) score_kernel(const ScoreParams p)
     for (int i = 0; i < kBlocksPerCta / kWarps; ++i) {
       const int j = j0 + i * kWarps + warp;
       if (j >= closed) break;
-      const int pb = table[j];
+      const int pb = table[store::owned_block_id(s, j)];
       float a = acc[i];
       int h_loaded = -1;
       float m[kPer], mx[kPer];

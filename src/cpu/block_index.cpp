@@ -36,7 +36,8 @@ class CpuBlockIndex final : public BlockIndex {
     std::vector<float> qf(static_cast<std::size_t>(Hq) * d);
     for (std::size_t b = 0; b < slots.size(); ++b) {
       const int slot = slots[b];
-      const int closed = store.num_closed_blocks(slot);
+      // A shard scores its own closed blocks only: entry j is logical block owned_block_id(j).
+      const int closed = store.config().owned_blocks(store.num_closed_blocks(slot));
       const std::int32_t* table = s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot;
       for (int t = 0; t < T; ++t) {
         const std::uint16_t* qt = qb + (b * T + t) * static_cast<std::size_t>(Hq) * d;
@@ -51,7 +52,8 @@ class CpuBlockIndex final : public BlockIndex {
             const int h_end = config_.shared_across_heads ? Hq : (r + 1) * G;
             float acc = 0.0f;
             for (int g = h_begin; g < h_end; ++g) {
-              const float v = scale * head_score(s, table[j], g / G, qf.data() + g * d);
+              const int pb = table[store::owned_block_id(s, j)];
+              const float v = scale * head_score(s, pb, g / G, qf.data() + g * d);
               acc = g == h_begin ? v
                     : config_.aggregate == GqaAggregate::kSum ? acc + v
                                                                : std::max(acc, v);

@@ -34,7 +34,8 @@ cudaError_t block_scores(const StoreView& s, const BlockIndexConfig& c,
   p.aggregate_max = c.aggregate == GqaAggregate::kMax;
   p.shared = c.shared_across_heads;
   p.q_bf16 = c.dtype == DType::kBF16;
-  const int ctas_x = s.max_blocks_per_slot > 0 ? (s.max_blocks_per_slot + kBlocksPerCta - 1) / kBlocksPerCta : 1;
+  const int owned = store::owned_count(s.max_blocks_per_slot, s.num_shards, s.shard_index);
+  const int ctas_x = owned > 0 ? (owned + kBlocksPerCta - 1) / kBlocksPerCta : 1;
   const dim3 grid(ctas_x, c.rows(batch, tokens));
   const std::size_t smem = static_cast<std::size_t>(p.heads_per_chunk) * c.head_dim * 4;
   switch (c.head_dim) {

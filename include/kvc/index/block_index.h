@@ -9,6 +9,11 @@
  *  A row's score aggregates its query heads with kSum or kMax: per kv head the G heads of its
  *  group (rows (b, t, h)); with shared_across_heads, all Hq heads (rows (b, t), one selection for
  *  every kv head).
+ *
+ *  A shard store (KvStoreConfig::num_shards > 1) is scored over the closed blocks it owns only:
+ *  entry j of a row is logical block j * num_shards + shard_index, and num_valid is the number
+ *  of owned closed blocks. Ids a Selector picks from such a row are these local entries; the
+ *  context-parallel layer (kvc/parallel/context_parallel.h) turns them into logical ids.
  */
 #pragma once
 
@@ -70,7 +75,8 @@ class BlockIndex {
   /// @param[in] slots   batch of open slots (host)
   /// @param[in] q       [batch, T, Hq, d] queries in the config's dtype on the device
   /// @param[out] out    scores with rows = config().rows(batch, T) and max_blocks ≥ the store's
-  ///                    max_blocks_per_slot; num_valid[row] = the slot's closed blocks
+  ///                    owned_blocks_per_slot (max_blocks_per_slot unless it is a shard);
+  ///                    num_valid[row] = the slot's closed blocks (that the store owns)
   virtual void score(const KvStore& store, const std::vector<int>& slots, const TensorView& q,
                      const ScoresView& out) = 0;
   /// The CUDA stream (cudaStream_t) work is ordered on; ignored on the CPU.
