@@ -55,6 +55,8 @@ const char* const kUsage =
     "  --budgets LIST    top-k of block_select_exact (default 4,8,16)\n"
     "  --lossy-budget N  top-k of block_select_lossy (default 8)\n"
     "  --representatives N  exact representatives per block in the lossy modes (default 0)\n"
+    "  --scoring S       block score: mean_k (default) or quest (min/max K upper bound)\n"
+    "  --aggregate A     GQA aggregation of the block score: sum (default) or max\n"
     "  --seeds N         random cases per (case, length) (default 1)\n"
     "  --threads N       cases run in parallel (default: hardware threads; 1 on CUDA)\n"
     "  --device D        auto (default: CUDA when every part runs there, else CPU), cpu, cuda\n"
@@ -213,6 +215,15 @@ int run(int argc, char** argv) {
       o.lossy_budget = parse_int(value(), "--lossy-budget");
     } else if (a == "--representatives") {
       o.lossy_representatives = parse_int(value(), "--representatives");
+    } else if (a == "--scoring") {
+      const std::string v = value();
+      if (v != "mean_k" && v != "quest")
+        throw kvc::Error("--scoring = '" + v + "' is not mean_k or quest");
+      o.score = v == "quest" ? kvc::SummaryScore::kQuestMinMax : kvc::SummaryScore::kMeanK;
+    } else if (a == "--aggregate") {
+      const std::string v = value();
+      if (v != "sum" && v != "max") throw kvc::Error("--aggregate = '" + v + "' is not sum or max");
+      o.aggregate = v == "max" ? kvc::GqaAggregate::kMax : kvc::GqaAggregate::kSum;
     } else if (a == "--seeds") {
       seeds = parse_int(value(), "--seeds");
     } else if (a == "--threads") {

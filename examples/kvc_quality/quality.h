@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kvc/core/types.h"
+#include "kvc/index/block_index.h"
 
 namespace kvc_quality {
 
@@ -109,9 +110,11 @@ struct SuiteOptions {
   /// block_select_exact.
   std::vector<std::string> modes = {"dense",         "dense_recent_only",  "recent_only",
                                     "block_summary", "block_select_lossy", "block_select_exact"};
-  std::vector<int> budgets = {4, 8, 16};  ///< top-k of block_select_exact
-  int lossy_budget = 8;                   ///< top-k of block_select_lossy
-  int lossy_representatives = 0;          ///< exact representatives per lossy block
+  std::vector<int> budgets = {4, 8, 16};                  ///< top-k of block_select_exact
+  int lossy_budget = 8;                                   ///< top-k of block_select_lossy
+  int lossy_representatives = 0;                          ///< exact representatives per lossy block
+  kvc::SummaryScore score = kvc::SummaryScore::kMeanK;    ///< block score (Quest adds min/max K)
+  kvc::GqaAggregate aggregate = kvc::GqaAggregate::kSum;  ///< how a group's heads combine
 };
 
 /// One measured (case, format, mode, budget).
@@ -122,6 +125,7 @@ struct Row {
   std::string format;                ///< old-block format ("f16" also for the plain cache)
   std::string mode;                  ///< attention mode
   int budget = -1;                   ///< selected blocks per kv head (select modes), else -1
+  std::string scoring;               ///< block score and GQA aggregation, e.g. "mean_k/sum"
   bool pass = false;                 ///< the output recovers every needle (evaluate())
   bool dense_pass = false;           ///< mode dense over the same format passes this case
   double needle_coef_min = 0.0;      ///< Recovery::needle_coef_min

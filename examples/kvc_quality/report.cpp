@@ -164,7 +164,9 @@ std::string summary_markdown(const std::vector<Row>& rows, const SuiteOptions& o
      << " rows; seeds per (case, length): " << seed_set.size() << "\n";
   md << "- layer: Hkv " << g.num_kv_heads << ", Hq " << g.num_q_heads() << " (GQA " << g.group
      << "), d " << g.head_dim << ", ring W " << g.recent_window << ", blocks B " << g.block_size
-     << "; scoring mean K, GQA sum; selection plain top-k\n";
+     << "; block score "
+     << (o.score == kvc::SummaryScore::kQuestMinMax ? "Quest min/max K" : "mean K") << ", GQA "
+     << (o.aggregate == kvc::GqaAggregate::kMax ? "max" : "sum") << "; selection plain top-k\n";
   md << "- needles: logit = background log-sum-exp of the head + " << np.margin
      << "; distractor case: " << np.distractors << " distractors at needle logit - "
      << np.distractor_gap << "; multi case: " << np.multi_needles
@@ -293,6 +295,41 @@ std::string summary_markdown(const std::vector<Row>& rows, const SuiteOptions& o
       }
     }
     md << "\n";
+  }
+
+  // --- how deep the needle blocks rank --------------------------------------------------------
+  // One count per (case, seed): the worst rank of a needle block over the kv heads, in the
+  // first format's scores (every block_select_exact row carries it; the first budget's is read).
+  if (!budgets.empty()) {
+    const std::string f0 = formats.empty() ? std::string() : formats[0];
+    const int edges[] = {0, 1, 4, 8, 16};
+    const char* names[] = {"0", "1-3", "4-7", "8-15", ">= 16"};
+    bool any = false;
+    std::ostringstream t;
+    t << "## Worst rank of a needle block in its row's block scores\n\n"
+         "Per (case, seed), old blocks in "
+      << f0
+      << "; rank 0 is the best-scoring block, so top k finds every needle block when the worst "
+         "rank is below k.\n\n| N |";
+    for (const char* n : names) t << " rank " << n << " |";
+    t << "\n|---|---|---|---|---|---|\n";
+    for (int L : length_set) {
+      int count[5] = {0, 0, 0, 0, 0};
+      for (const Row& r : rows) {
+        if (r.format != f0 || r.length != L || r.mode != "block_select_exact" ||
+            r.budget != budgets.front() || r.needle_rank_max < 0)
+          continue;
+        any = true;
+        int bucket = 0;
+        for (int i = 0; i < 5; ++i)
+          if (r.needle_rank_max >= edges[i]) bucket = i;
+        ++count[bucket];
+      }
+      t << "| " << L << " |";
+      for (int c : count) t << " " << c << " |";
+      t << "\n";
+    }
+    if (any) md << t.str() << "\n";
   }
 
   // --- bytes ------------------------------------------------------------------------------------

@@ -70,6 +70,8 @@ std::vector<Row> run_case(const NeedleCase& c, const SuiteOptions& o, kvc::Devic
   base.case_name = to_string(c.kind);
   base.length = N;
   base.seed = c.seed;
+  base.scoring = std::string(o.score == kvc::SummaryScore::kQuestMinMax ? "quest" : "mean_k") +
+                 (o.aggregate == kvc::GqaAggregate::kMax ? "/max" : "/sum");
   base.needle_positions = c.needle_positions;
   base.needle_blocks = c.needle_blocks();
   base.distractor_blocks = c.distractor_blocks();
@@ -146,7 +148,10 @@ std::vector<Row> run_case(const NeedleCase& c, const SuiteOptions& o, kvc::Devic
     sc.block_size = g.block_size;
     sc.dtype = DType::kF16;
     sc.old_format = format;
-    sc.summaries = kvc::kSummaryMeanK | (any_summary_mode ? kvc::kSummaryMeanV : 0u);
+    const std::uint32_t score_bits =
+        kvc::kSummaryMeanK |
+        (o.score == kvc::SummaryScore::kQuestMinMax ? kvc::kSummaryMinMaxK : 0u);
+    sc.summaries = score_bits | (any_summary_mode ? kvc::kSummaryMeanV : 0u);
     auto store = kvc::KvStore::create(sc, dev);
     const int slot = store->open_slot();
     store->ingest(slot, TensorView::contiguous(kbuf.data(), DType::kF16, {N, hkv, d}, dev),
@@ -154,8 +159,8 @@ std::vector<Row> run_case(const NeedleCase& c, const SuiteOptions& o, kvc::Devic
     const std::vector<int> slots = {slot};
     // Footprints of the store each mode needs: mean V only for the summary modes.
     kvc::KvStoreConfig sc_k = sc, sc_kv = sc;
-    sc_k.summaries = kvc::kSummaryMeanK;
-    sc_kv.summaries = kvc::kSummaryMeanK | kvc::kSummaryMeanV;
+    sc_k.summaries = score_bits;
+    sc_kv.summaries = score_bits | kvc::kSummaryMeanV;
     const kvc::Footprint fp_k = kvc::compute_footprint(sc_k, {N});
     const kvc::Footprint fp_kv = kvc::compute_footprint(sc_kv, {N});
 
@@ -165,6 +170,8 @@ std::vector<Row> run_case(const NeedleCase& c, const SuiteOptions& o, kvc::Devic
     ic.num_kv_heads = hkv;
     ic.head_dim = d;
     ic.dtype = DType::kF16;
+    ic.score = o.score;
+    ic.aggregate = o.aggregate;
     auto index = kvc::BlockIndex::create(ic, dev);
     const int score_rows = ic.rows(1, 1);
     const int max_blocks = sc.max_blocks_per_slot();
