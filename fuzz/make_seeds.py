@@ -194,9 +194,9 @@ def gguf():
         data += blob + b"\x00" * ((-len(blob)) % 32)
     head = b"GGUF" + u32(3) + u64(len(tensors)) + u64(len(meta)) + b"".join(meta) + infos
     head += b"\x00" * ((-len(head)) % 32)
-    write("gguf", "small_v3.gguf", head + data)
-    write("gguf", "header_only.gguf", b"GGUF" + u32(2) + u64(0) + u64(0))
-    write("gguf", "metadata_only.gguf", b"GGUF" + u32(3) + u64(0) + u64(len(meta)) +
+    write("gguf", "small_v3", head + data)
+    write("gguf", "header_only", b"GGUF" + u32(2) + u64(0) + u64(0))
+    write("gguf", "metadata_only", b"GGUF" + u32(3) + u64(0) + u64(len(meta)) +
           b"".join(meta))
 
 
