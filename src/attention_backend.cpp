@@ -1,5 +1,6 @@
 // AttentionBackend: configuration, names, the factory, and the argument checks and telemetry
 // shared by the CPU and CUDA backends. Every check runs before any work.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -289,39 +290,55 @@ void fill_telemetry(const AttentionConfig& c, const KvStore& store, const Decode
   tm->total_tokens = AttendedTokens{};
   tm->dense_equivalent_bytes = 0;
   const std::uint64_t dense_token = 2ull * c.head_dim * 2ull;
+  // A shard store counts what it attends: its own blocks, and the ring on shard 0 (attention.h);
+  // the counts of all shards add up to those of one unsharded store.
+  const bool own_ring = sc.num_shards <= 1 || sc.shard_index == 0;
+  auto owned_positions = [&](int begin, int end) -> std::int64_t {  // old positions [begin, end)
+    if (begin >= end) return 0;
+    if (sc.num_shards <= 1) return end - begin;
+    std::int64_t n = 0;
+    for (int blk = begin / B; blk * B < end; ++blk) {
+      if (sc.owns_block(blk)) n += std::min(end, (blk + 1) * B) - std::max(begin, blk * B);
+    }
+    return n;
+  };
   for (int b = 0; b < batch; ++b) {
     const int L = store.length(args.slots[b]);
     for (int t = 0; t < T; ++t) {
       const RowRange rr = row_range(L, T, t, sc.recent_window, B);
+      const int closed = sc.owned_blocks(rr.num_closed);
+      const int open = sc.owns_block(rr.num_closed) ? rr.open_tokens : 0;
       for (int h = 0; h < Hkv; ++h) {
         const int row = (b * T + t) * Hkv + h;
         AttendedTokens& a = tm->tokens[row];
-        a.recent = rr.position - rr.old_tokens + 1;
+        a.recent = own_ring ? rr.position - rr.old_tokens + 1 : 0;
         int selected = 0;
         if (uses_selection(c.mode)) {
-          selected = sel.counts[sel.shared_across_heads ? b * T + t : row];
+          const int sel_row = sel.shared_across_heads ? b * T + t : row;
+          const std::int32_t* ids = sel.ids + static_cast<std::size_t>(sel_row) * sel.max_selected;
+          for (int i = 0; i < sel.counts[sel_row]; ++i) selected += sc.owns_block(ids[i]) ? 1 : 0;
         }
         switch (c.mode) {
           case AttentionMode::kDense:
-            a.old_exact = rr.old_tokens;
+            a.old_exact = static_cast<std::int64_t>(closed) * B + open;
             break;
           case AttentionMode::kDenseRecentOnly:
-            a.old_exact = rr.old_tokens > rr.window_begin ? rr.old_tokens - rr.window_begin : 0;
+            a.old_exact = owned_positions(rr.window_begin, rr.old_tokens);
             break;
           case AttentionMode::kRecentOnly:
             break;
           case AttentionMode::kBlockSummary:
-            a.old_exact = rr.open_tokens;
-            a.summaries = rr.num_closed;
-            a.representatives = static_cast<std::int64_t>(rr.num_closed) * R;
+            a.old_exact = open;
+            a.summaries = closed;
+            a.representatives = static_cast<std::int64_t>(closed) * R;
             break;
           case AttentionMode::kBlockSelectLossy:
-            a.old_exact = rr.open_tokens;
+            a.old_exact = open;
             a.summaries = selected;
             a.representatives = static_cast<std::int64_t>(selected) * R;
             break;
           case AttentionMode::kBlockSelectExact:
-            a.old_exact = rr.open_tokens + static_cast<std::int64_t>(selected) * B;
+            a.old_exact = open + static_cast<std::int64_t>(selected) * B;
             break;
         }
         tm->total_tokens.recent += a.recent;

@@ -108,11 +108,16 @@ void decode_row(const AttentionParams& p, int b, int t, int hq) {
     for (int i = 0; i < d; ++i) v[i] = store::old_v_at(s, pb, h, r, i);
     st.add(scale * dot<Acc>(q, k, d), v);
   };
+  // A shard store attends only what it owns (kvc/store/block_codec.h): its own old blocks, and
+  // the ring and the sink on shard 0. Unsharded stores own everything.
+  const bool own_ring = store::owns_ring(s);
   auto add_old_rows = [&](int block, int begin, int end) {  // rows [begin, end) of a block
+    if (!store::owns_block(s, block)) return;
     const int pb = pool_block(s, slot, block);
     for (int r = begin; r < end; ++r) add_old_token(pb, r);
   };
   auto add_summary = [&](int block) {  // the summary entry, then its representatives
+    if (!store::owns_block(s, block)) return;
     const int pb = pool_block(s, slot, block);
     const float* mk = s.mean_k + summary_offset(s, pb, h);
     const float* mv = s.mean_v + summary_offset(s, pb, h);
@@ -158,14 +163,14 @@ void decode_row(const AttentionParams& p, int b, int t, int hq) {
       break;
   }
   // Ring: positions [O, pos]; the later ones are other verify queries' tokens (causal mask).
-  for (int pos = rr.old_tokens; pos <= rr.position; ++pos) {
+  for (int pos = rr.old_tokens; own_ring && pos <= rr.position; ++pos) {
     const int ring_row = pos % s.recent_window;
     for (int i = 0; i < d; ++i) k[i] = store::ring_k_at(s, slot, h, ring_row, i);
     for (int i = 0; i < d; ++i) v[i] = store::ring_v_at(s, slot, h, ring_row, i);
     st.add(scale * dot<Acc>(q, k, d), v);
   }
   Acc res[kMaxHeadDim];
-  const Acc lse = st.finish(p.sink != nullptr ? p.sink + hq : nullptr, res);
+  const Acc lse = st.finish(p.sink != nullptr && own_ring ? p.sink + hq : nullptr, res);
   write_row(p.out, p.out_dtype, row * d, res, p.lse, row, lse, d);
 }
 

@@ -11,6 +11,13 @@
  *  Logits are scale * q.k; the result is out = sum_j softmax_j * v_j over the attended entries
  *  and lse = ln(sum_j exp(scale * q.k_j) [+ exp(sink)]). Accumulation is float32 (float64 on
  *  request for oracles).
+ *
+ *  A shard store (KvStoreConfig::num_shards > 1, context parallelism) attends only what it owns,
+ *  in every mode: the old blocks b with b % num_shards == shard_index (closed, open, selected or
+ *  summarised; selected ids of other shards are skipped, so every shard takes the same global
+ *  selection), and the ring and the sink on shard 0 only (store::owns_block / owns_ring in
+ *  kvc/store/block_codec.h). The shards' (out, lse) merge (kvc/attention/merge.h) into the
+ *  result of one unsharded store; a shard that owns nothing of a row returns out = 0, lse = -inf.
  */
 #pragma once
 
@@ -107,7 +114,8 @@ struct DecodeArgs {
   /// Selected closed blocks (selection.h): rows = batch*T*Hkv, or batch*T when
   /// shared_across_heads. Required by kBlockSelectLossy / kBlockSelectExact, ignored otherwise.
   SelectionView selection;
-  /// [Hq] per-head sink logit, or null: adds exp(sink) to the softmax denominator only.
+  /// [Hq] per-head sink logit, or null: adds exp(sink) to the softmax denominator only (on a
+  /// shard store, only on shard 0).
   const float* sink = nullptr;
   TensorView out;  ///< [batch, T, Hq, d], config dtype or f32; every element is written
   TensorView lse;  ///< [batch, T, Hq] f32, or data = null when not wanted
