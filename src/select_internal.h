@@ -20,8 +20,16 @@ std::vector<std::int32_t> sorted_distinct(const std::vector<std::int32_t>& ids, 
 void check_select_args(const ScoresView& scores, const SelectPolicy& policy,
                        const SelectionView& out, const SelectionReport* report);
 
+/// The largest scores.max_blocks (row pitch) the CUDA selector takes: 2^20 blocks.
+constexpr int kMaxBlocksCuda = 1 << 20;
+
 /// The CPU reference selector.
 std::unique_ptr<Selector> make_cpu_selector();
+
+/// The CUDA selector on `device` (present); with `limits` its workspace is allocated now for
+/// every call within them, without it on the first call (growing when needed). Defined in
+/// src/cuda/selector.cu (CUDA builds only).
+std::unique_ptr<Selector> make_cuda_selector(Device device, const SelectorLimits* limits);
 
 }  // namespace select_internal
 }  // namespace kvc

@@ -348,11 +348,38 @@ void check_select_args(const ScoresView& scores, const SelectPolicy& policy,
 
 }  // namespace select_internal
 
-std::unique_ptr<Selector> Selector::create(Device device) {
+namespace {
+
+std::unique_ptr<Selector> create_selector(Device device, const SelectorLimits* limits) {
+  if (limits != nullptr) {
+    KVC_CHECK(limits->max_rows >= 0, "SelectorLimits: max_rows = ", limits->max_rows,
+              " must be >= 0");
+    KVC_CHECK(limits->max_blocks >= 0 && limits->max_blocks <= select_internal::kMaxBlocksCuda,
+              "SelectorLimits: max_blocks = ", limits->max_blocks, " must be in [0, ",
+              select_internal::kMaxBlocksCuda, "]");
+    KVC_CHECK(limits->max_selected >= 0, "SelectorLimits: max_selected = ",
+              limits->max_selected, " must be >= 0");
+  }
   if (device.is_cpu()) return select_internal::make_cpu_selector();
-  KVC_CHECK(false, "device = ", to_string(device),
-            ": the CUDA Selector is not implemented yet (use Device::cpu())");
+#if KVC_CUDA_ENABLED
+  const int n = cuda_device_count();
+  KVC_CHECK(device.index >= 0 && device.index < n, "device = ", to_string(device),
+            " is not present (CUDA devices: ", n, ")");
+  return select_internal::make_cuda_selector(device, limits);
+#else
+  KVC_CHECK(false, "device = ", to_string(device), " needs kvc built with CUDA (KVC_WITH_CUDA)");
   return nullptr;
+#endif
+}
+
+}  // namespace
+
+std::unique_ptr<Selector> Selector::create(Device device) {
+  return create_selector(device, nullptr);
+}
+
+std::unique_ptr<Selector> Selector::create(Device device, const SelectorLimits& limits) {
+  return create_selector(device, &limits);
 }
 
 }  // namespace kvc

@@ -22,6 +22,14 @@ KVC_HD std::uint32_t score_key(float s) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+/// The score a score_key() came from, up to what the key forgets: NaN for key 0 (any NaN) and
+/// +0.0 for -0.0. Every rule here (within, score_gap, softmax_weight) gives the same result on
+/// the decoded score as on the original, so an implementation may keep keys instead of scores.
+KVC_HD float score_of_key(std::uint32_t key) {
+  if (key == 0u) return bits_float(0x7fc00000u);
+  return bits_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
 /// A 64-bit key that orders (score desc, id asc) as unsigned descending: distinct for distinct
 /// ids, so the rank order is total. Requires 0 <= id < 2^31.
 KVC_HD std::uint64_t rank_key(float s, std::int32_t id) {

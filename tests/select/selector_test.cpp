@@ -238,6 +238,27 @@ TEST(Cpu_Selector_Rules, RankKeyMatchesFloatOrder) {
   }
 }
 
+TEST(Cpu_Selector_Rules, ScoreOfKeyInvertsScoreKey) {
+  // Every finite value and ±inf comes back bit for bit; -0 comes back as +0, any NaN as a NaN.
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<std::uint32_t> bits;
+  for (int i = 0; i < 100000; ++i) {
+    const float v = bits_float(bits(rng));
+    const float back = select_rules::score_of_key(select_rules::score_key(v));
+    if (std::isnan(v)) {
+      EXPECT_TRUE(std::isnan(back));
+    } else if (v == 0.0f) {
+      EXPECT_EQ(float_bits(back), 0u);
+    } else {
+      EXPECT_EQ(float_bits(back), float_bits(v)) << v;
+    }
+  }
+  for (float v : {kInf, -kInf, -0.0f, 0.0f, kNaN, 1.0f, -1.0f}) {
+    EXPECT_EQ(select_rules::score_key(select_rules::score_of_key(select_rules::score_key(v))),
+              select_rules::score_key(v));
+  }
+}
+
 TEST(Cpu_Selector_Rules, PortableExpIsAccurate) {
   std::mt19937 rng(std::random_device{}());
   std::uniform_real_distribution<float> x(-22.0f, 0.0f);
@@ -986,8 +1007,16 @@ TEST(Cpu_Selector_Batched, BadArgumentsThrowBeforeWriting) {
                       "num_valid = -2");
 }
 
-TEST(Cpu_Selector_Factory, CudaNotYetAvailable) {
-  EXPECT_THROW(Selector::create(Device::cuda(0)), Error);
+TEST(Cpu_Selector_Factory, CudaNeedsADeviceAndValidLimits) {
+  // A CUDA selector exists where a device does (tests/select/selector_test.cu covers it).
+  if (cuda_device_count() == 0) EXPECT_THROW(Selector::create(Device::cuda(0)), Error);
+  EXPECT_THROW(Selector::create(Device::cuda(cuda_device_count())), Error);
+  SelectorLimits bad;
+  bad.max_rows = -1;
+  expect_error_naming([&] { Selector::create(Device::cpu(), bad); }, "max_rows = -1");
+  bad = SelectorLimits{1, (1 << 20) + 1, 1};
+  expect_error_naming([&] { Selector::create(Device::cpu(), bad); }, "max_blocks = 1048577");
+  EXPECT_TRUE(Selector::create(Device::cpu(), SelectorLimits{4, 100, 8})->device().is_cpu());
 }
 
 }  // namespace

@@ -242,14 +242,35 @@ struct RowReport {
 int select_row(const float* scores, int num_valid, const SelectPolicy& policy, std::int32_t* out,
                int max_out, RowReport* report = nullptr);
 
-/// Batched selection over the rows of a ScoresView, with a CPU reference implementation and
-/// (later) a CUDA one behind one interface. A Selector keeps scratch memory between calls, so one
-/// object must not be used by two threads at once.
+/// Capacities a CUDA Selector allocates its workspace for at construction, so that select()
+/// allocates nothing. A call beyond them throws kvc::Error naming the argument. The CPU selector
+/// ignores them.
+struct SelectorLimits {
+  int max_rows = 0;      ///< most rows (ScoresView::rows) of one call, >= 0
+  int max_blocks = 0;    ///< largest ScoresView::max_blocks (row pitch), in [0, 2^20]
+  /// Most ids a policy may select from a row of max_blocks blocks
+  /// (policy.max_output(scores.max_blocks) <= max_selected), >= 0.
+  int max_selected = 0;
+};
+
+/// Batched selection over the rows of a ScoresView, with a CPU reference implementation and a
+/// CUDA one behind one interface (kvc/kernels/select_kernels.h is the CUDA kernel layer). A
+/// Selector keeps scratch memory between calls, so one object must not be used by two threads at
+/// once.
 class Selector {
  public:
   /// Creates a selector on `device`. Throws kvc::Error for a device without an implementation.
+  /// A CUDA selector made this way sizes its workspace on the first call and grows it when a
+  /// later call needs more (an allocation, and so not inside a CUDA graph capture); use the
+  /// overload with SelectorLimits for a selector that never allocates after construction.
   /// @param[in] device where the scores and outputs live and the work runs
   static std::unique_ptr<Selector> create(Device device);
+  /// Creates a selector on `device` whose workspace covers every call within `limits`,
+  /// allocated here (CUDA; the CPU selector ignores the limits). Throws kvc::Error for a device
+  /// without an implementation or limits out of range.
+  /// @param[in] device where the scores and outputs live and the work runs
+  /// @param[in] limits capacities of the calls to come
+  static std::unique_ptr<Selector> create(Device device, const SelectorLimits& limits);
   virtual ~Selector() = default;
 
   /// Where the selector works.
@@ -263,8 +284,11 @@ class Selector {
   /// Throws kvc::Error, before writing anything, for: an invalid policy; out.rows !=
   /// scores.rows; negative sizes; null pointers; out.max_selected <
   /// policy.max_output(scores.max_blocks) (the selection is never truncated); a report with
-  /// rows != scores.rows or a pitch too small; and (CPU) num_valid[r] outside
-  /// [0, scores.max_blocks].
+  /// rows != scores.rows or a pitch too small; (CPU) num_valid[r] outside
+  /// [0, scores.max_blocks]; (CUDA) a call beyond the SelectorLimits, scores.max_blocks > 2^20,
+  /// or more than kernels::kSelectMaxPolicyIds distinct anchor/include/exclude ids below
+  /// scores.max_blocks. The CUDA selector reads num_valid on the device and clamps it to
+  /// [0, scores.max_blocks] instead of throwing (checking it would need a host synchronisation).
   /// @param[in] scores scores and valid-block counts per row
   /// @param[in] policy the policy, the same for every row
   /// @param[in,out] out selected ids and counts per row (memory the caller owns)

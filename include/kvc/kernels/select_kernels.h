@@ -1,0 +1,77 @@
+/*! \file kvc/kernels/select_kernels.h
+ *  \brief Kernel layer of the Selector: batched block selection on the GPU, every policy and
+ *  order, ids and report identical to the CPU reference (select_row), stream-ordered and
+ *  graph-capturable.
+ *
+ *  Two stages per call. Stage A ranks each row: on the *fast path* one thread-block cluster per
+ *  row (up to 8 CTAs) reads the row's scores once and radix-selects its top m keys
+ *  ((score, id) in rank order, m = k + 1 for the top-k policies, max_blocks + 1 for the others,
+ *  at most kSelectMaxRanks); on the *sort path* every row is sorted in full
+ *  (cub::DeviceSegmentedRadixSort) — taken when m would exceed kSelectMaxRanks, when
+ *  scores.max_blocks > kSelectMaxClusterBlocks, or when a set policy (neighbors, anchor*,
+ *  explicit) can select more than kSelectMaxExtras blocks. Give threshold, score_cluster*,
+ *  and top_p a max_blocks to stay on the fast path. Stage B applies the policy, one CTA per
+ *  row. Launch shapes depend only on scores.rows, scores.max_blocks and the policy; num_valid is
+ *  read on the device, and values outside [0, scores.max_blocks] are clamped into it (the CPU
+ *  selector throws for them instead: checking would need a host synchronisation).
+ *
+ *  Scratch memory comes from the caller through a two-phase query: call with d_temp = null to
+ *  get temp_bytes (nothing is launched), then again with a buffer of at least that size. The
+ *  policy's anchor/include/exclude ids travel inside the kernel parameters, so a captured graph
+ *  replays with the policy it was captured with.
+ */
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "kvc/select/selection.h"
+#include "kvc/select/selector.h"
+
+namespace kvc {
+namespace kernels {
+
+/// Largest scores.max_blocks (row pitch) select() takes.
+constexpr int kSelectMaxBlocks = 1 << 20;
+/// Most distinct ids below scores.max_blocks in a policy's anchors, include and exclude together.
+constexpr int kSelectMaxPolicyIds = 1024;
+/// Most ranks per row stage A selects on the fast path (beyond: the sort path).
+constexpr int kSelectMaxRanks = 4096;
+/// Longest row (scores.max_blocks) of the fast path.
+constexpr int kSelectMaxClusterBlocks = 262144;
+/// Most blocks a set policy may select (max_output) on the fast path.
+constexpr int kSelectMaxExtras = 8192;
+
+/// Workspace bytes that cover every select() call with scores.rows <= max_rows,
+/// scores.max_blocks <= max_blocks and policy.max_output(scores.max_blocks) <= max_selected
+/// (what a Selector with SelectorLimits allocates). Launches nothing.
+/// @param[out] temp_bytes the bound
+/// @param[in] max_rows most rows, >= 0
+/// @param[in] max_blocks largest row pitch, in [0, kSelectMaxBlocks]
+/// @param[in] max_selected most ids a policy may select per row, >= 0
+/// @return cudaErrorInvalidValue for limits out of range
+cudaError_t select_workspace_bound(std::size_t& temp_bytes, int max_rows, int max_blocks,
+                                   int max_selected);
+
+/// Selects, for every row r, exactly the ids of
+/// select_row(scores.scores + r * max_blocks, clamp(num_valid[r]), policy): out.ids (-1 padded
+/// to out.max_selected), out.counts and, when `report` is not null, its non-null fields.
+/// With d_temp == nullptr it only sets temp_bytes and returns. Returns cudaErrorInvalidValue,
+/// before launching, for arguments Selector::select would reject (see kvc/select/selector.h),
+/// scores.max_blocks > kSelectMaxBlocks, more than kSelectMaxPolicyIds policy ids, a sort-path
+/// call with rows * max_blocks >= 2^31, or temp_bytes too small. Never allocates or
+/// synchronises. Every pointer is device memory (scores, num_valid, out, report).
+/// @param[in] d_temp workspace (device, 256-byte aligned), or null to query its size
+/// @param[in,out] temp_bytes in: the workspace size; out (query): the size needed
+/// @param[in] scores scores and valid-block counts per row
+/// @param[in] policy the policy (validated by the caller: Selector::select does)
+/// @param[in,out] out selected ids and counts per row
+/// @param[in,out] report per-row telemetry, or null
+/// @param[in] stream stream the work is ordered on
+cudaError_t select(void* d_temp, std::size_t& temp_bytes, const ScoresView& scores,
+                   const SelectPolicy& policy, const SelectionView& out,
+                   const SelectionReport* report, cudaStream_t stream);
+
+}  // namespace kernels
+}  // namespace kvc

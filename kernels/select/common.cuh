@@ -1,0 +1,263 @@
+// Pieces shared by the Selector kernels: the compact rank key, block-wide reductions and scans
+// with a broadcast result, order-preserving compaction (of an index range, of a bitmap), the
+// radix digit pick, and a shared-memory bitonic sort.
+#pragma once
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include <cstdint>
+
+#include "select_rules.h"
+
+namespace kvc {
+namespace kernels {
+namespace select_detail {
+
+/// Threads of every Selector CTA.
+constexpr int kThreads = 512;
+
+/// The row's rank order as one unsigned key per block: (score_key << id_bits) | (id_mask - id).
+/// It orders exactly like select_rules::rank_key (score descending, then id ascending, NaN last)
+/// but keeps only the id bits a row of `max_blocks` blocks can use, so a key has
+/// bits = 32 + id_bits significant bits (<= 52 for max_blocks <= 2^20) and the radix select
+/// spends no passes on constant bits.
+struct KeyCodec {
+  int id_bits = 0;             ///< bits of the largest id, max_blocks - 1
+  std::uint32_t id_mask = 0;   ///< (1 << id_bits) - 1
+  int bits = 32;               ///< significant bits of a key: 32 + id_bits
+
+  __host__ __device__ __forceinline__ std::uint64_t encode(std::uint32_t score_key,
+                                                           int id) const {
+    return (static_cast<std::uint64_t>(score_key) << id_bits) |
+           static_cast<std::uint64_t>(id_mask - static_cast<std::uint32_t>(id));
+  }
+  __host__ __device__ __forceinline__ int id(std::uint64_t key) const {
+    return static_cast<int>(id_mask - (static_cast<std::uint32_t>(key) & id_mask));
+  }
+  __host__ __device__ __forceinline__ std::uint32_t score_key(std::uint64_t key) const {
+    return static_cast<std::uint32_t>(key >> id_bits);
+  }
+  /// The block's score, as select_rules::score_of_key decodes it (exact up to -0 and NaN
+  /// payloads, which no rule distinguishes).
+  __host__ __device__ __forceinline__ float score(std::uint64_t key) const {
+    return select_rules::score_of_key(score_key(key));
+  }
+};
+
+/// The codec of rows of `max_blocks` blocks.
+inline KeyCodec make_key_codec(int max_blocks) {
+  KeyCodec c;
+  int b = 0;
+  while (b < 31 && (static_cast<std::int64_t>(1) << b) < max_blocks) ++b;
+  c.id_bits = b;
+  c.id_mask = static_cast<std::uint32_t>((static_cast<std::uint64_t>(1) << b) - 1);
+  c.bits = 32 + b;
+  return c;
+}
+
+using BlockScanInt = cub::BlockScan<int, kThreads>;
+using BlockScanU64 = cub::BlockScan<unsigned long long, kThreads>;
+using BlockReduceInt = cub::BlockReduce<int, kThreads>;
+using BlockReduceU64 = cub::BlockReduce<unsigned long long, kThreads>;
+
+/// Where a radix pass cuts: the digit holding the need-th largest key, the keys above it and
+/// the keys in it.
+struct DigitPick {
+  int digit;
+  int before;  // keys with a larger digit
+  int count;   // keys with this digit
+};
+
+/// Shared scratch of the block-wide helpers below.
+struct BlockTemp {
+  union {
+    BlockScanInt::TempStorage scan_int;
+    BlockScanU64::TempStorage scan_u64;
+    BlockReduceInt::TempStorage reduce_int;
+    BlockReduceU64::TempStorage reduce_u64;
+  };
+  int bcast_int;
+  unsigned long long bcast_u64;
+  DigitPick pick;
+};
+
+/// Reduction operators (CCCL 3 dropped cub::Min / cub::Max).
+struct MinOp {
+  template <class T>
+  __device__ __forceinline__ T operator()(const T& a, const T& b) const {
+    return b < a ? b : a;
+  }
+};
+struct MaxOp {
+  template <class T>
+  __device__ __forceinline__ T operator()(const T& a, const T& b) const {
+    return a < b ? b : a;
+  }
+};
+
+/// Sum over the block, returned to every thread.
+__device__ __forceinline__ int block_sum(int v, BlockTemp& t) {
+  const int s = BlockReduceInt(t.reduce_int).Sum(v);
+  if (threadIdx.x == 0) t.bcast_int = s;
+  __syncthreads();
+  const int r = t.bcast_int;
+  __syncthreads();
+  return r;
+}
+
+__device__ __forceinline__ unsigned long long block_sum_u64(unsigned long long v, BlockTemp& t) {
+  const unsigned long long s = BlockReduceU64(t.reduce_u64).Sum(v);
+  if (threadIdx.x == 0) t.bcast_u64 = s;
+  __syncthreads();
+  const unsigned long long r = t.bcast_u64;
+  __syncthreads();
+  return r;
+}
+
+/// Minimum / maximum over the block, returned to every thread.
+__device__ __forceinline__ int block_min(int v, BlockTemp& t) {
+  const int s = BlockReduceInt(t.reduce_int).Reduce(v, MinOp());
+  if (threadIdx.x == 0) t.bcast_int = s;
+  __syncthreads();
+  const int r = t.bcast_int;
+  __syncthreads();
+  return r;
+}
+
+__device__ __forceinline__ int block_max(int v, BlockTemp& t) {
+  const int s = BlockReduceInt(t.reduce_int).Reduce(v, MaxOp());
+  if (threadIdx.x == 0) t.bcast_int = s;
+  __syncthreads();
+  const int r = t.bcast_int;
+  __syncthreads();
+  return r;
+}
+
+__device__ __forceinline__ unsigned long long block_min_u64(unsigned long long v, BlockTemp& t) {
+  const unsigned long long s = BlockReduceU64(t.reduce_u64).Reduce(v, MinOp());
+  if (threadIdx.x == 0) t.bcast_u64 = s;
+  __syncthreads();
+  const unsigned long long r = t.bcast_u64;
+  __syncthreads();
+  return r;
+}
+
+/// The digit of a radix pass holding the need-th largest key, from the histogram `bins`
+/// ([nb], indexed by digit, nb <= 8 * kThreads): the unique digit d with
+/// sum(bins[d' > d]) < need <= sum(bins[d' >= d]). Requires 1 <= need <= sum(bins). Every
+/// thread gets the answer.
+__device__ __forceinline__ DigitPick find_digit(const unsigned* bins, int nb, int need,
+                                                BlockTemp& t) {
+  constexpr int kMaxPer = 8;
+  const int per = (nb + kThreads - 1) / kThreads;
+  const int first = threadIdx.x * per;  // positions in descending digit order
+  int local = 0;
+#pragma unroll
+  for (int j = 0; j < kMaxPer; ++j) {
+    const int pos = first + j;
+    if (j < per && pos < nb) local += static_cast<int>(bins[nb - 1 - pos]);
+  }
+  int run = 0;
+  BlockScanInt(t.scan_int).ExclusiveSum(local, run);
+#pragma unroll
+  for (int j = 0; j < kMaxPer; ++j) {
+    const int pos = first + j;
+    if (j < per && pos < nb) {
+      const int c = static_cast<int>(bins[nb - 1 - pos]);
+      if (run < need && need <= run + c) t.pick = DigitPick{nb - 1 - pos, run, c};
+      run += c;
+    }
+  }
+  __syncthreads();
+  const DigitPick r = t.pick;
+  __syncthreads();
+  return r;
+}
+
+/// Order-preserving compaction of the indices [0, len): emit(pos, i) for every i with pred(i),
+/// pos counting from 0 in increasing i. Returns the number emitted (to every thread).
+template <class Pred, class Emit>
+__device__ __forceinline__ int compact_range(int len, Pred pred, Emit emit, BlockTemp& t) {
+  int carry = 0;
+  for (int base = 0; base < len; base += kThreads) {
+    const int i = base + static_cast<int>(threadIdx.x);
+    const int f = (i < len && pred(i)) ? 1 : 0;
+    int pos = 0, total = 0;
+    BlockScanInt(t.scan_int).ExclusiveSum(f, pos, total);
+    if (f) emit(carry + pos, i);
+    carry += total;
+    __syncthreads();
+  }
+  return carry;
+}
+
+/// Order-preserving compaction of a bitmap: for every set bit b of word(w), w in [0, nwords),
+/// in increasing 32 * w + b, emit(pos, 32 * w + b). Returns the number emitted (to every thread).
+template <class Word, class Emit>
+__device__ __forceinline__ int compact_bits(int nwords, Word word, Emit emit, BlockTemp& t) {
+  constexpr int kPer = 4;
+  int carry = 0;
+  for (int base = 0; base < nwords; base += kThreads * kPer) {
+    const int first = base + static_cast<int>(threadIdx.x) * kPer;
+    std::uint32_t w[kPer];
+    int c = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      w[j] = first + j < nwords ? word(first + j) : 0u;
+      c += __popc(w[j]);
+    }
+    int pos = 0, total = 0;
+    BlockScanInt(t.scan_int).ExclusiveSum(c, pos, total);
+    pos += carry;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      std::uint32_t bits = w[j];
+      while (bits != 0u) {
+        const int b = __ffs(static_cast<int>(bits)) - 1;
+        emit(pos++, 32 * (first + j) + b);
+        bits &= bits - 1u;
+      }
+    }
+    carry += total;
+    __syncthreads();
+  }
+  return carry;
+}
+
+/// Sorts a[0, n2) descending in shared memory; n2 is 0 or a power of two. Every thread of the
+/// block calls it after a barrier that made a[] visible; it ends with one.
+__device__ __forceinline__ void bitonic_sort_desc(std::uint64_t* a, int n2) {
+  for (int k = 2; k <= n2; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int t = threadIdx.x; t < (n2 >> 1); t += kThreads) {
+        const int i = ((t & ~(j - 1)) << 1) | (t & (j - 1));  // bit j of i is 0
+        const int l = i | j;
+        const std::uint64_t x = a[i], y = a[l];
+        const bool descending = (i & k) == 0;
+        if (descending ? x < y : x > y) {
+          a[i] = y;
+          a[l] = x;
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+/// Smallest power of two >= v (0 for v <= 0).
+__host__ __device__ __forceinline__ int pow2_ceil(int v) {
+  if (v <= 0) return 0;
+  int p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+/// clamp(num_valid, 0, max_blocks): the CUDA path clamps what the CPU would reject.
+__device__ __forceinline__ int clamp_valid(std::int32_t v, int max_blocks) {
+  return v < 0 ? 0 : (v > max_blocks ? max_blocks : static_cast<int>(v));
+}
+
+}  // namespace select_detail
+}  // namespace kernels
+}  // namespace kvc

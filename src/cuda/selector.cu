@@ -1,0 +1,426 @@
+// Selector on CUDA: the kernel-layer launcher (call shape, workspace, stage A, stage B) and the
+// object. kernels/select/topm.cuh and policy.cuh describe the two stages.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cub/device/device_segmented_radix_sort.cuh>
+#include <memory>
+#include <type_traits>
+#include <vector>
+
+#include "device_buffer.h"
+#include "kvc/core/cuda_check.h"
+#include "kvc/core/error.h"
+#include "kvc/kernels/select_kernels.h"
+#include "kvc/select/selector.h"
+#include "select/common.cuh"
+#include "select/policy.cuh"
+#include "select/topm.cuh"
+#include "select_internal.h"
+
+namespace kvc {
+namespace kernels {
+namespace {
+
+using namespace select_detail;
+using Kind = SelectPolicy::Kind;
+
+static_assert(kSelectMaxPolicyIds == kMaxPolicyIds, "one limit, two names");
+static_assert(kSelectMaxRanks == kMaxTopM, "one limit, two names");
+static_assert(kSelectMaxClusterBlocks == kMaxClusterBlocks, "one limit, two names");
+static_assert(kSelectMaxExtras == kExtrasCap, "one limit, two names");
+static_assert(kSelectMaxBlocks == select_internal::kMaxBlocksCuda, "one limit, two names");
+
+bool is_set_kind(Kind k) {
+  return k == Kind::kNeighbors || k == Kind::kAnchor || k == Kind::kAnchorNeighbors ||
+         k == Kind::kExplicit;
+}
+
+bool uses_k(Kind k) { return is_set_kind(k) || k == Kind::kTopK || k == Kind::kScoreCluster; }
+
+/// How one call runs, and so which scratch it needs.
+struct Shape {
+  int rows = 0;
+  int max_blocks = 0;           // N
+  bool sort_path = false;       // stage A sorts whole rows
+  int m = 0;                    // fast path: ranks kept per row
+  int words = 0;                // bitmap words per row
+  int hits_pitch = 0;           // sorted-hits scratch per row
+  std::size_t sort_bytes = 0;   // cub's temporary storage (sort path)
+};
+
+/// The workspace of a call, carved from the caller's buffer.
+struct Workspace {
+  unsigned long long* mass = nullptr;  // [rows]
+  std::uint32_t* sel = nullptr;        // [rows, words]
+  std::uint32_t* hit = nullptr;        // [rows, words]
+  std::int32_t* hits = nullptr;        // [rows, hits_pitch]
+  std::uint64_t* topm = nullptr;       // fast: [rows, m]
+  std::uint64_t* keys_a = nullptr;     // sort: [rows, N]
+  std::uint64_t* keys_b = nullptr;     // sort: [rows, N]
+  int* seg_begin = nullptr;            // sort: [rows]
+  int* seg_end = nullptr;              // sort: [rows]
+  unsigned char* sort_temp = nullptr;  // sort: [sort_bytes]
+};
+
+/// Sizes (base == null) or carves (base != null) the workspace of `s`, returning its bytes: one
+/// function for both, so the query and the run cannot disagree.
+std::size_t carve(void* base, const Shape& s, Workspace& ws) {
+  std::size_t off = 0;
+  unsigned char* b = static_cast<unsigned char*>(base);
+  auto take = [&](auto*& ptr, std::size_t count) {
+    using T = std::remove_reference_t<decltype(*ptr)>;
+    off = (off + 255) / 256 * 256;
+    ptr = b != nullptr ? reinterpret_cast<T*>(b + off) : nullptr;
+    off += count * sizeof(T);
+  };
+  const std::size_t rows = static_cast<std::size_t>(s.rows);
+  const std::size_t n = static_cast<std::size_t>(s.max_blocks);
+  take(ws.mass, rows);
+  take(ws.sel, rows * static_cast<std::size_t>(s.words));
+  take(ws.hit, rows * static_cast<std::size_t>(s.words));
+  take(ws.hits, rows * static_cast<std::size_t>(s.hits_pitch));
+  if (!s.sort_path) {
+    take(ws.topm, rows * static_cast<std::size_t>(s.m));
+  } else {
+    take(ws.keys_a, rows * n);
+    take(ws.keys_b, rows * n);
+    take(ws.seg_begin, rows);
+    take(ws.seg_end, rows);
+    take(ws.sort_temp, s.sort_bytes);
+  }
+  return (off + 255) / 256 * 256;
+}
+
+/// cub's temporary bytes for sorting `rows` rows of N keys (no launch).
+cudaError_t sort_temp_bytes(int rows, int N, std::size_t& bytes) {
+  bytes = 0;
+  if (rows <= 0 || N <= 0) return cudaSuccess;
+  cub::DoubleBuffer<std::uint64_t> keys(nullptr, nullptr);
+  return cub::DeviceSegmentedRadixSort::SortKeysDescending(
+      nullptr, bytes, keys, rows * N, rows, static_cast<const int*>(nullptr),
+      static_cast<const int*>(nullptr), 0, make_key_codec(N).bits, cudaStream_t{});
+}
+
+/// Ranks stage A must keep for `policy` in rows of N blocks (see the header comment).
+long long ranks_needed(const SelectPolicy& policy, int N) {
+  const long long want = uses_k(policy.kind) ? static_cast<long long>(policy.k) + 1
+                                             : static_cast<long long>(policy.max_blocks) + 1;
+  return std::min<long long>(want, N);
+}
+
+/// Anchors, include and exclude, each sorted, distinct and < N, into the parameters. False when
+/// they do not fit.
+bool pack_policy_ids(const SelectPolicy& policy, int N, PolicyParams& pp) {
+  pp.num_anchors = pp.num_include = pp.num_exclude = 0;
+  int used = 0;
+  auto pack = [&](const std::vector<std::int32_t>& list, int& count) {
+    const std::vector<std::int32_t> v = select_internal::sorted_distinct(list, N);
+    if (used + static_cast<int>(v.size()) > kMaxPolicyIds) return false;
+    for (std::int32_t id : v) {
+      if (id < 0) return false;  // validation rejects these
+      pp.ids[used++] = id;
+    }
+    count = static_cast<int>(v.size());
+    return true;
+  };
+  if (policy.kind == Kind::kAnchor || policy.kind == Kind::kAnchorNeighbors) {
+    if (!pack(policy.anchors, pp.num_anchors)) return false;
+  }
+  if (policy.kind == Kind::kExplicit) {
+    if (!pack(policy.include, pp.num_include)) return false;
+    if (!pack(policy.exclude, pp.num_exclude)) return false;
+  }
+  return true;
+}
+
+/// The shape of a call, or cudaErrorInvalidValue for arguments select() rejects.
+cudaError_t make_shape(const ScoresView& scores, const SelectPolicy& policy,
+                       const SelectionView& out, const SelectionReport* report, Shape& s) {
+  const int N = scores.max_blocks;
+  if (scores.rows < 0 || N < 0 || N > kSelectMaxBlocks) return cudaErrorInvalidValue;
+  if (out.rows != scores.rows || out.max_selected < 0) return cudaErrorInvalidValue;
+  const int bound = policy.max_output(N);
+  if (out.max_selected < bound) return cudaErrorInvalidValue;
+  if (scores.rows > 0) {
+    if (scores.num_valid == nullptr || (scores.scores == nullptr && N > 0) ||
+        out.counts == nullptr || (out.ids == nullptr && out.max_selected > 0)) {
+      return cudaErrorInvalidValue;
+    }
+  }
+  if (report != nullptr) {
+    if (report->rows != scores.rows) return cudaErrorInvalidValue;
+    if ((report->base_ids != nullptr || report->added_ids != nullptr) && report->pitch < bound) {
+      return cudaErrorInvalidValue;
+    }
+  }
+  s = Shape{};
+  s.rows = scores.rows;
+  s.max_blocks = N;
+  const long long m = ranks_needed(policy, N);
+  s.sort_path = N > kMaxClusterBlocks || m > kMaxTopM ||
+                (is_set_kind(policy.kind) && bound > kExtrasCap);
+  s.m = s.sort_path ? 0 : static_cast<int>(m);
+  s.words = (N + 31) / 32;
+  s.hits_pitch = s.sort_path ? N : s.m;
+  if (s.sort_path && s.rows > 0 && N > 0) {
+    if (static_cast<long long>(s.rows) * N > INT_MAX) return cudaErrorInvalidValue;
+    KVC_CUDA_CALL(sort_temp_bytes(s.rows, N, s.sort_bytes));
+  }
+  return cudaSuccess;
+}
+
+template <int kItems>
+cudaError_t launch_topm(const TopmParams& tp, int rows, cudaStream_t stream) {
+  constexpr int kChunk = kThreads * kItems;
+  const int ctas = (tp.max_blocks + kChunk - 1) / kChunk;  // 1..kMaxCluster
+  auto kernel = topm_kernel<kItems>;
+  const int smem = static_cast<int>(sizeof(TopmShared));
+  KVC_CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(ctas) * static_cast<unsigned>(rows), 1, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(ctas);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, tp);
+}
+
+}  // namespace
+
+cudaError_t select_workspace_bound(std::size_t& temp_bytes, int max_rows, int max_blocks,
+                                   int max_selected) {
+  if (max_rows < 0 || max_blocks < 0 || max_blocks > kSelectMaxBlocks || max_selected < 0) {
+    return cudaErrorInvalidValue;
+  }
+  Workspace ws;
+  Shape fast;
+  fast.rows = max_rows;
+  fast.max_blocks = max_blocks;
+  fast.words = (max_blocks + 31) / 32;
+  fast.m = static_cast<int>(std::min<long long>(
+      {static_cast<long long>(max_selected) + 1, max_blocks, kMaxTopM}));
+  fast.hits_pitch = fast.m;
+  temp_bytes = carve(nullptr, fast, ws);
+  // A call takes the sort path only when its policy keeps > kMaxTopM ranks or selects
+  // > kExtrasCap blocks (both bounded by max_selected + 1), or for long rows.
+  const long long ranks = std::min<long long>(static_cast<long long>(max_selected) + 1, max_blocks);
+  const bool may_sort = max_blocks > kMaxClusterBlocks || ranks > kMaxTopM ||
+                        std::min(max_selected, max_blocks) > kExtrasCap;
+  if (may_sort && max_rows > 0 && max_blocks > 0) {
+    Shape sort = fast;
+    sort.rows = static_cast<int>(std::min<long long>(max_rows, INT_MAX / max_blocks));
+    sort.sort_path = true;
+    sort.m = 0;
+    sort.hits_pitch = max_blocks;
+    KVC_CUDA_CALL(sort_temp_bytes(sort.rows, max_blocks, sort.sort_bytes));
+    temp_bytes = std::max(temp_bytes, carve(nullptr, sort, ws));
+  }
+  return cudaSuccess;
+}
+
+cudaError_t select(void* d_temp, std::size_t& temp_bytes, const ScoresView& scores,
+                   const SelectPolicy& policy, const SelectionView& out,
+                   const SelectionReport* report, cudaStream_t stream) {
+  Shape s;
+  KVC_CUDA_CALL(make_shape(scores, policy, out, report, s));
+  PolicyParams pp{};
+  if (!pack_policy_ids(policy, scores.max_blocks, pp)) return cudaErrorInvalidValue;
+  Workspace ws;
+  const std::size_t need = carve(nullptr, s, ws);
+  if (d_temp == nullptr) {
+    temp_bytes = need;
+    return cudaSuccess;
+  }
+  if (temp_bytes < need) return cudaErrorInvalidValue;
+  carve(d_temp, s, ws);
+  if (s.rows == 0) return cudaSuccess;
+
+  const int N = s.max_blocks;
+  const KeyCodec codec = make_key_codec(N);
+  const std::uint64_t* ranked = nullptr;
+  int ranked_pitch = 0;
+  // --- stage A: rank each row ---------------------------------------------------------------
+  if (N > 0 && !s.sort_path) {
+    TopmParams tp;
+    tp.scores = scores.scores;
+    tp.num_valid = scores.num_valid;
+    tp.max_blocks = N;
+    tp.m = s.m;
+    tp.codec = codec;
+    tp.vector_loads =
+        N % 4 == 0 && reinterpret_cast<std::uintptr_t>(scores.scores) % 16 == 0;
+    tp.need_mass = policy.kind == Kind::kTopP;
+    tp.softmax_scale = policy.softmax_scale;
+    tp.topm = ws.topm;
+    tp.mass = ws.mass;
+    tp.direct_topk =
+        policy.kind == Kind::kTopK && policy.order == SelectPolicy::Order::kScore;
+    tp.k = policy.k;
+    tp.out_ids = out.ids;
+    tp.out_counts = out.counts;
+    tp.max_selected = out.max_selected;
+    if (report != nullptr) tp.report = *report;
+    if (N <= kMaxCluster * kThreads * 8) {
+      KVC_CUDA_CALL(launch_topm<8>(tp, s.rows, stream));
+    } else if (N <= kMaxCluster * kThreads * 32) {
+      KVC_CUDA_CALL(launch_topm<32>(tp, s.rows, stream));
+    } else {
+      KVC_CUDA_CALL(launch_topm<64>(tp, s.rows, stream));
+    }
+    if (tp.direct_topk) return cudaSuccess;  // stage B ran in the leader CTAs
+    ranked = ws.topm;
+    ranked_pitch = s.m;
+  } else if (N > 0) {
+    KeysParams kp;
+    kp.scores = scores.scores;
+    kp.num_valid = scores.num_valid;
+    kp.rows = s.rows;
+    kp.max_blocks = N;
+    kp.codec = codec;
+    kp.keys = ws.keys_a;
+    kp.seg_begin = ws.seg_begin;
+    kp.seg_end = ws.seg_end;
+    const dim3 grid(static_cast<unsigned>(std::min((N + kThreads - 1) / kThreads, 64)),
+                    static_cast<unsigned>(std::min(s.rows, 65535)));
+    keys_kernel<<<grid, kThreads, 0, stream>>>(kp);
+    KVC_CUDA_CALL(cudaGetLastError());
+    cub::DoubleBuffer<std::uint64_t> keys(ws.keys_a, ws.keys_b);
+    std::size_t sort_bytes = s.sort_bytes;
+    KVC_CUDA_CALL(cub::DeviceSegmentedRadixSort::SortKeysDescending(
+        ws.sort_temp, sort_bytes, keys, s.rows * N, s.rows,
+        static_cast<const int*>(ws.seg_begin), static_cast<const int*>(ws.seg_end), 0, codec.bits,
+        stream));
+    ranked = keys.Current();
+    ranked_pitch = N;
+  }
+
+  // --- stage B: the policy, the outputs, the report ------------------------------------------
+  pp.scores = scores.scores;
+  pp.num_valid = scores.num_valid;
+  pp.max_blocks = N;
+  pp.codec = codec;
+  pp.ranked = ranked;
+  pp.ranked_pitch = ranked_pitch;
+  pp.m = s.m;
+  pp.complete = s.sort_path;
+  pp.mass = (!s.sort_path && policy.kind == Kind::kTopP) ? ws.mass : nullptr;
+  pp.kind = policy.kind;
+  pp.order = policy.order;
+  pp.k = policy.k;
+  pp.radius = policy.radius;
+  pp.delta = policy.delta;
+  pp.min_blocks = policy.min_blocks;
+  pp.max_count = policy.max_blocks;
+  pp.top_p = policy.p;
+  pp.softmax_scale = policy.softmax_scale;
+  pp.out_ids = out.ids;
+  pp.out_counts = out.counts;
+  pp.max_selected = out.max_selected;
+  if (report != nullptr) pp.report = *report;
+  pp.sel_bits = ws.sel;
+  pp.hit_bits = ws.hit;
+  pp.words = s.words;
+  pp.hits = ws.hits;
+  pp.hits_pitch = s.hits_pitch;
+  const bool sort_extras = is_set_kind(policy.kind) && !s.sort_path;
+  const int smem = sort_extras ? kExtrasCap * static_cast<int>(sizeof(std::uint64_t)) : 0;
+  KVC_CUDA_CALL(
+      cudaFuncSetAttribute(policy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  policy_kernel<<<static_cast<unsigned>(s.rows), kThreads, static_cast<std::size_t>(smem),
+                  stream>>>(pp);
+  return cudaGetLastError();
+}
+
+}  // namespace kernels
+
+namespace select_internal {
+namespace {
+
+class CudaSelector final : public Selector {
+ public:
+  CudaSelector(Device device, const SelectorLimits* limits) : device_(device) {
+    if (limits != nullptr) {
+      fixed_ = true;
+      limits_ = *limits;
+      detail::DeviceGuard guard(device_.index);
+      std::size_t bytes = 0;
+      KVC_CUDA_THROW(kernels::select_workspace_bound(bytes, limits_.max_rows, limits_.max_blocks,
+                                                     limits_.max_selected));
+      workspace_ = detail::DeviceBuffer(bytes);
+    }
+  }
+
+  Device device() const override { return device_; }
+  void set_stream(void* stream) override { stream_ = static_cast<cudaStream_t>(stream); }
+
+  void select(const ScoresView& scores, const SelectPolicy& policy, SelectionView& out,
+              SelectionReport* report) override {
+    check_select_args(scores, policy, out, report);
+    const int N = scores.max_blocks;
+    KVC_CHECK(N <= kernels::kSelectMaxBlocks, "scores.max_blocks = ", N,
+              " exceeds the CUDA selector's ", kernels::kSelectMaxBlocks);
+    if (fixed_) {
+      KVC_CHECK(scores.rows <= limits_.max_rows, "scores.rows = ", scores.rows,
+                " exceeds SelectorLimits::max_rows = ", limits_.max_rows);
+      KVC_CHECK(N <= limits_.max_blocks, "scores.max_blocks = ", N,
+                " exceeds SelectorLimits::max_blocks = ", limits_.max_blocks);
+      const int bound = policy.max_output(N);
+      KVC_CHECK(bound <= limits_.max_selected, "policy ", to_string(policy.kind),
+                " can select ", bound, " blocks from scores.max_blocks = ", N,
+                ", more than SelectorLimits::max_selected = ", limits_.max_selected);
+    }
+    if (policy.kind == SelectPolicy::Kind::kAnchor ||
+        policy.kind == SelectPolicy::Kind::kAnchorNeighbors ||
+        policy.kind == SelectPolicy::Kind::kExplicit) {
+      const std::size_t ids =
+          policy.kind == SelectPolicy::Kind::kExplicit
+              ? sorted_distinct(policy.include, N).size() + sorted_distinct(policy.exclude, N).size()
+              : sorted_distinct(policy.anchors, N).size();
+      KVC_CHECK(ids <= static_cast<std::size_t>(kernels::kSelectMaxPolicyIds), "policy ",
+                to_string(policy.kind), ": ", ids,
+                " distinct anchor/include/exclude ids below scores.max_blocks, the CUDA "
+                "selector takes at most ",
+                kernels::kSelectMaxPolicyIds);
+    }
+    detail::DeviceGuard guard(device_.index);
+    std::size_t need = 0;
+    const cudaError_t q = kernels::select(nullptr, need, scores, policy, out, report, stream_);
+    KVC_CHECK(q == cudaSuccess, "the CUDA select rejected the call (", cudaGetErrorName(q),
+              "): scores.rows * scores.max_blocks = ", static_cast<long long>(scores.rows) * N,
+              " must be < 2^31 for a policy that sorts whole rows (", to_string(policy.kind),
+              " keeping more than ", kernels::kSelectMaxRanks, " ranks)");
+    if (need > workspace_.bytes()) {
+      KVC_CHECK(!fixed_, "internal: the call needs ", need, " workspace bytes, the limits gave ",
+                workspace_.bytes());
+      workspace_ = detail::DeviceBuffer(need);
+    }
+    std::size_t bytes = workspace_.bytes();
+    KVC_CUDA_THROW(kernels::select(workspace_.as<void>(), bytes, scores, policy, out, report,
+                                   stream_));
+  }
+
+ private:
+  Device device_;
+  cudaStream_t stream_ = nullptr;
+  bool fixed_ = false;
+  SelectorLimits limits_;
+  detail::DeviceBuffer workspace_;
+};
+
+}  // namespace
+
+std::unique_ptr<Selector> make_cuda_selector(Device device, const SelectorLimits* limits) {
+  return std::make_unique<CudaSelector>(device, limits);
+}
+
+}  // namespace select_internal
+}  // namespace kvc
