@@ -1,0 +1,595 @@
+// Selector on CUDA against the CPU reference on the same scores: every policy and order, rows of
+// different num_valid in one batch (ties, NaN, ±inf, -0, heavy ties, large offsets), row lengths
+// from 1 to 262144 on both stage-A paths, ids / counts / -1 padding over poisoned outputs and
+// every report field; num_valid clamping; graph capture replayed with new scores; limits and
+// workspace query; no allocation per call.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/cuda_test_util.h"
+#include "kvc/core/error.h"
+#include "kvc/core/numeric.h"
+#include "kvc/kernels/select_kernels.h"
+#include "kvc/select/selector.h"
+
+namespace kvc {
+namespace {
+
+using testing::DeviceArray;
+using Ids = std::vector<std::int32_t>;
+using Kind = SelectPolicy::Kind;
+using Order = SelectPolicy::Order;
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr int kNoLimit = SelectPolicy::kNoLimit;
+constexpr int kPoisonByte = 0x5a;  // ids 0x5a5a5a5a, floats 1.5e16
+
+const Kind kAllKinds[] = {Kind::kTopK,         Kind::kNeighbors,           Kind::kThreshold,
+                          Kind::kAnchor,       Kind::kAnchorNeighbors,     Kind::kExplicit,
+                          Kind::kScoreCluster, Kind::kScoreClusterAdaptive, Kind::kTopP};
+const Order kAllOrders[] = {Order::kScore, Order::kChronological, Order::kDescending};
+
+// --- inputs --------------------------------------------------------------------------------------
+
+enum class Style { kFewValues, kNormal, kWide, kOffset, kAllEqual, kBf16, kCount };
+
+class Gen {
+ public:
+  Gen() : seed_(std::random_device{}()), rng_(seed_) {}
+  unsigned seed() const { return seed_; }
+  int uniform(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
+  Style style() { return static_cast<Style>(uniform(0, static_cast<int>(Style::kCount) - 1)); }
+
+  // NaN, ±inf and -0 sprinkled over a body of the given style.
+  float value(Style st) {
+    const int c = uniform(0, 99);
+    if (st != Style::kAllEqual) {
+      if (c < 3) return kNaN;
+      if (c < 5) return kInf;
+      if (c < 7) return -kInf;
+      if (c < 9) return -0.0f;
+    }
+    switch (st) {
+      case Style::kFewValues:
+        return 0.25f * static_cast<float>(uniform(-8, 8));
+      case Style::kNormal:
+        return std::normal_distribution<float>(0.0f, 1.0f)(rng_);
+      case Style::kWide:
+        return std::normal_distribution<float>(0.0f, 1000.0f)(rng_);
+      case Style::kOffset:  // one bucket of the first 12-bit digit holds almost everything
+        return std::normal_distribution<float>(1000.0f, 0.5f)(rng_);
+      case Style::kAllEqual:
+        return 1.5f;
+      case Style::kBf16: {
+        const float v = std::normal_distribution<float>(4.0f, 1.0f)(rng_);
+        return bits_float(float_bits(v) & 0xffff0000u);
+      }
+      default:
+        return 0.0f;
+    }
+  }
+
+  Ids some_ids(int n, int count) {
+    Ids v(static_cast<std::size_t>(count));
+    for (auto& x : v) x = uniform(0, n + 2);
+    return v;
+  }
+
+  float delta() {
+    const float d[] = {0.0f, 0.25f, 0.5f, 1.0f, 3.0f, kInf};
+    return d[uniform(0, 5)];
+  }
+
+  // A k that exercises the boundaries: tiny, typical, the 2048 of the targets, the fast-path
+  // edge, >= n.
+  int k_for(int n) {
+    const int c[] = {0, 1, 2, 8, 64, 2047, 2048, 4095, n, n + 2, uniform(0, n + 2)};
+    return c[uniform(0, 10)];
+  }
+
+  SelectPolicy policy(Kind kind, int n) {
+    const int k = k_for(n);
+    const int mn = uniform(0, 3) == 0 ? uniform(0, n + 1) : uniform(0, std::min(n + 1, 64));
+    const int span = uniform(0, 3) == 0 ? n + 1 : std::min(n + 1, 3000);
+    const int mx = uniform(0, 4) == 0 ? kNoLimit : mn + uniform(0, span);
+    SelectPolicy p;
+    switch (kind) {
+      case Kind::kTopK:
+        p = SelectPolicy::topk(k);
+        break;
+      case Kind::kNeighbors:
+        p = SelectPolicy::neighbors(k, uniform(0, 3) == 0 ? uniform(0, n) : uniform(0, 3));
+        break;
+      case Kind::kThreshold:
+        p = SelectPolicy::threshold(delta(), mn, std::max(mx, 1));
+        break;
+      case Kind::kAnchor:
+        p = SelectPolicy::anchor(k, some_ids(n, uniform(0, 6)));
+        break;
+      case Kind::kAnchorNeighbors:
+        p = SelectPolicy::anchor_neighbors(k, uniform(0, 3), some_ids(n, uniform(0, 6)));
+        break;
+      case Kind::kExplicit:
+        p = SelectPolicy::explicit_set(k, some_ids(n, uniform(0, 6)), some_ids(n, uniform(0, 4)));
+        break;
+      case Kind::kScoreCluster: {
+        const int kk = std::max(k, 1);
+        p = SelectPolicy::score_cluster(kk, delta(),
+                                        uniform(0, 3) == 0 ? kNoLimit : kk + uniform(0, span));
+        break;
+      }
+      case Kind::kScoreClusterAdaptive:
+        p = SelectPolicy::score_cluster_adaptive(std::max(mn, 1), std::max(mx, std::max(mn, 1)),
+                                                 delta());
+        break;
+      case Kind::kTopP: {
+        const float ps[] = {0.1f, 0.5f, 0.9f, 0.99f, 1.0f};
+        p = SelectPolicy::top_p(ps[uniform(0, 4)], mn, std::max(mx, 1),
+                                uniform(0, 1) ? 1.0f : 0.125f);
+        break;
+      }
+    }
+    return p;
+  }
+
+ private:
+  unsigned seed_;
+  std::mt19937 rng_;
+};
+
+std::string describe(const SelectPolicy& p) {
+  auto ids = [](const Ids& v) {
+    std::string o = "[";
+    for (std::size_t i = 0; i < v.size(); ++i) o += (i ? "," : "") + std::to_string(v[i]);
+    return o + "]";
+  };
+  return std::string(to_string(p.kind)) + " k=" + std::to_string(p.k) +
+         " r=" + std::to_string(p.radius) + " delta=" + std::to_string(p.delta) +
+         " min=" + std::to_string(p.min_blocks) + " max=" + std::to_string(p.max_blocks) +
+         " p=" + std::to_string(p.p) + " scale=" + std::to_string(p.softmax_scale) +
+         " anchors=" + ids(p.anchors) + " inc=" + ids(p.include) + " exc=" + ids(p.exclude) +
+         " order=" + to_string(p.order);
+}
+
+// One batch of rows on the host: scores past num_valid are +inf (they would win if read).
+struct Batch {
+  int rows = 0, max_blocks = 0;
+  std::vector<float> scores;
+  std::vector<std::int32_t> num_valid;
+};
+
+Batch make_batch(Gen& gen, int rows, int max_blocks, Style style) {
+  Batch b;
+  b.rows = rows;
+  b.max_blocks = max_blocks;
+  b.scores.assign(static_cast<std::size_t>(rows) * max_blocks, kInf);
+  b.num_valid.resize(static_cast<std::size_t>(rows));
+  for (int r = 0; r < rows; ++r) {
+    const int nv = r == 0 ? max_blocks : r == 1 ? 0 : r == 2 ? gen.uniform(0, max_blocks)
+                                                 : max_blocks - gen.uniform(0, 3);
+    b.num_valid[r] = std::max(nv, 0);
+    const Style st = r == 3 ? gen.style() : style;  // one row of another style per batch
+    for (int j = 0; j < b.num_valid[r]; ++j) {
+      b.scores[static_cast<std::size_t>(r) * max_blocks + j] = gen.value(st);
+    }
+  }
+  return b;
+}
+
+// Everything a select writes, on the host.
+struct Result {
+  Ids ids, counts;
+  HostSelectionReport rep;
+};
+
+Result run_cpu(const Batch& b, const SelectPolicy& p, int max_selected, int pitch,
+               const std::vector<std::int32_t>* num_valid_cpu = nullptr) {
+  Result r;
+  r.ids.assign(static_cast<std::size_t>(b.rows) * max_selected, 0x5a5a5a5a);
+  r.counts.assign(static_cast<std::size_t>(b.rows), 0x5a5a5a5a);
+  r.rep.resize(b.rows, pitch);
+  std::vector<float> s = b.scores;
+  std::vector<std::int32_t> nv = num_valid_cpu != nullptr ? *num_valid_cpu : b.num_valid;
+  ScoresView in{s.data(), nv.data(), b.rows, b.max_blocks};
+  SelectionView out{r.ids.data(), r.counts.data(), b.rows, max_selected};
+  SelectionReport rv = r.rep.view();
+  Selector::create(Device::cpu())->select(in, p, out, &rv);
+  return r;
+}
+
+// The GPU's buffers for one batch, outputs poisoned before every call.
+struct DeviceBatch {
+  DeviceBatch(const Batch& b, int max_selected, int pitch)
+      : rows(b.rows),
+        max_blocks(b.max_blocks),
+        max_selected(max_selected),
+        pitch(pitch),
+        scores(b.scores),
+        num_valid(b.num_valid),
+        ids(static_cast<std::size_t>(b.rows) * max_selected),
+        counts(b.rows),
+        base_ids(static_cast<std::size_t>(b.rows) * pitch),
+        added_ids(static_cast<std::size_t>(b.rows) * pitch),
+        base_counts(b.rows),
+        added_counts(b.rows),
+        final_counts(b.rows),
+        margin(b.rows),
+        spread(b.rows) {}
+
+  void poison() {
+    ids.fill_bytes(kPoisonByte);
+    counts.fill_bytes(kPoisonByte);
+    base_ids.fill_bytes(kPoisonByte);
+    added_ids.fill_bytes(kPoisonByte);
+    base_counts.fill_bytes(kPoisonByte);
+    added_counts.fill_bytes(kPoisonByte);
+    final_counts.fill_bytes(kPoisonByte);
+    margin.fill_bytes(kPoisonByte);
+    spread.fill_bytes(kPoisonByte);
+  }
+  ScoresView in() { return ScoresView{scores.get(), num_valid.get(), rows, max_blocks}; }
+  SelectionView out() { return SelectionView{ids.get(), counts.get(), rows, max_selected}; }
+  SelectionReport report() {
+    SelectionReport r;
+    r.base_ids = base_ids.get();
+    r.base_counts = base_counts.get();
+    r.added_ids = added_ids.get();
+    r.added_counts = added_counts.get();
+    r.cutoff_margin = margin.get();
+    r.score_spread = spread.get();
+    r.final_counts = final_counts.get();
+    r.rows = rows;
+    r.pitch = pitch;
+    return r;
+  }
+  Result download() {
+    Result r;
+    r.ids = ids.download();
+    r.counts = counts.download();
+    r.rep.rows = rows;
+    r.rep.pitch = pitch;
+    r.rep.base_ids = base_ids.download();
+    r.rep.added_ids = added_ids.download();
+    r.rep.base_counts = base_counts.download();
+    r.rep.added_counts = added_counts.download();
+    r.rep.final_counts = final_counts.download();
+    r.rep.cutoff_margin = margin.download();
+    r.rep.score_spread = spread.download();
+    return r;
+  }
+
+  int rows, max_blocks, max_selected, pitch;
+  DeviceArray<float> scores;
+  DeviceArray<std::int32_t> num_valid, ids, counts, base_ids, added_ids, base_counts,
+      added_counts, final_counts;
+  DeviceArray<float> margin, spread;
+};
+
+Result run_gpu(Selector& sel, DeviceBatch& d, const SelectPolicy& p) {
+  d.poison();
+  ScoresView in = d.in();
+  SelectionView out = d.out();
+  SelectionReport rep = d.report();
+  sel.select(in, p, out, &rep);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return d.download();
+}
+
+bool same_float(float a, float b) {
+  return (std::isnan(a) && std::isnan(b)) || float_bits(a) == float_bits(b);
+}
+
+// Row by row: ids (with the -1 padding), counts and every report field.
+void expect_same(const Result& cpu, const Result& gpu, int rows, int max_selected, int pitch) {
+  for (int r = 0; r < rows; ++r) {
+    SCOPED_TRACE("row " + std::to_string(r));
+    ASSERT_EQ(gpu.counts[r], cpu.counts[r]);
+    const auto row_ids = [&](const Ids& v, int w) {
+      return Ids(v.begin() + static_cast<std::ptrdiff_t>(r) * w,
+                 v.begin() + static_cast<std::ptrdiff_t>(r + 1) * w);
+    };
+    ASSERT_EQ(row_ids(gpu.ids, max_selected), row_ids(cpu.ids, max_selected));
+    EXPECT_EQ(row_ids(gpu.rep.base_ids, pitch), row_ids(cpu.rep.base_ids, pitch));
+    EXPECT_EQ(row_ids(gpu.rep.added_ids, pitch), row_ids(cpu.rep.added_ids, pitch));
+    EXPECT_EQ(gpu.rep.base_counts[r], cpu.rep.base_counts[r]);
+    EXPECT_EQ(gpu.rep.added_counts[r], cpu.rep.added_counts[r]);
+    EXPECT_EQ(gpu.rep.final_counts[r], cpu.rep.final_counts[r]);
+    EXPECT_TRUE(same_float(gpu.rep.cutoff_margin[r], cpu.rep.cutoff_margin[r]))
+        << gpu.rep.cutoff_margin[r] << " vs " << cpu.rep.cutoff_margin[r];
+    EXPECT_TRUE(same_float(gpu.rep.score_spread[r], cpu.rep.score_spread[r]))
+        << gpu.rep.score_spread[r] << " vs " << cpu.rep.score_spread[r];
+  }
+}
+
+// One batch, one policy, every order: GPU == CPU.
+void check_policy(Gen& gen, Selector& sel, const Batch& b, SelectPolicy p) {
+  const int bound = p.max_output(b.max_blocks);
+  const int max_selected = bound + gen.uniform(0, 2);
+  const int pitch = bound + gen.uniform(0, 2);
+  DeviceBatch d(b, max_selected, pitch);
+  for (Order o : kAllOrders) {
+    p.order = o;
+    SCOPED_TRACE(describe(p) + " max_blocks=" + std::to_string(b.max_blocks));
+    const Result cpu = run_cpu(b, p, max_selected, pitch);
+    const Result gpu = run_gpu(sel, d, p);
+    expect_same(cpu, gpu, b.rows, max_selected, pitch);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+// --- every policy, every order, random rows --------------------------------------------------
+
+TEST(Cuda_Selector_Random, EveryPolicyEveryOrderMatchesCpu) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  auto sel = Selector::create(Device::cuda(0));
+  for (int max_blocks : {1, 2, 7, 33, 100, 1000, 4097}) {
+    const int trials = max_blocks >= 1000 ? 3 : 6;
+    for (Kind kind : kAllKinds) {
+      for (int t = 0; t < trials; ++t) {
+        const Batch b = make_batch(gen, gen.uniform(4, 9), max_blocks, gen.style());
+        check_policy(gen, *sel, b, gen.policy(kind, max_blocks));
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+// Long rows: both stage-A paths (cluster radix select and full sort), several cluster sizes,
+// odd pitches (scalar loads), heavy ties and offsets that need more than one radix pass.
+TEST(Cuda_Selector_Random, LongRowsMatchCpu) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  auto sel = Selector::create(Device::cuda(0));
+  for (int max_blocks : {8191, 16384, 32771, 131072, 262144}) {
+    for (Kind kind : kAllKinds) {
+      const Batch b = make_batch(gen, 4, max_blocks, gen.style());
+      check_policy(gen, *sel, b, gen.policy(kind, max_blocks));
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST(Cuda_Selector_TopK, EveryStyleAndSizeMatchesCpu) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  auto sel = Selector::create(Device::cuda(0));
+  for (int max_blocks : {1, 5, 4096, 8192, 32768, 65536 + 4, 131072, 262144}) {
+    for (int s = 0; s < static_cast<int>(Style::kCount); ++s) {
+      const Batch b = make_batch(gen, 5, max_blocks, static_cast<Style>(s));
+      for (int k : {1, 8, 2048}) {
+        SCOPED_TRACE("style " + std::to_string(s));
+        check_policy(gen, *sel, b, SelectPolicy::topk(k));
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+// The prefix policies with caps on long rows stay on the fast path; without caps they sort.
+TEST(Cuda_Selector_Prefix, CappedAndUncappedOnLongRowsMatchCpu) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  auto sel = Selector::create(Device::cuda(0));
+  const Batch b = make_batch(gen, 4, 131072, Style::kNormal);
+  for (const SelectPolicy& p :
+       {SelectPolicy::threshold(0.5f, 8, 2048), SelectPolicy::threshold(kInf, 0, 4095),
+        SelectPolicy::score_cluster(64, 0.05f, 4095), SelectPolicy::score_cluster(2048, 0.0f, 2048),
+        SelectPolicy::score_cluster_adaptive(8, 4095, 0.01f),
+        SelectPolicy::score_cluster_adaptive(1, 2048, 3.0f),
+        SelectPolicy::top_p(0.9f, 1, 4095, 0.5f), SelectPolicy::top_p(0.5f, 16, 64, 8.0f),
+        // uncapped or over kSelectMaxRanks: the sort path
+        SelectPolicy::threshold(0.5f), SelectPolicy::score_cluster_adaptive(8, kNoLimit, 0.01f),
+        SelectPolicy::top_p(0.99f, 1, kNoLimit, 0.25f), SelectPolicy::topk(5000)}) {
+    check_policy(gen, *sel, b, p);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// The set policies with large k: extras sorted in shared memory, or the sort path beyond.
+TEST(Cuda_Selector_Sets, LargeSetsMatchCpu) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  auto sel = Selector::create(Device::cuda(0));
+  const Batch b = make_batch(gen, 4, 131072, Style::kFewValues);
+  Ids many(1000);
+  for (auto& x : many) x = gen.uniform(0, 140000);
+  for (const SelectPolicy& p :
+       {SelectPolicy::neighbors(2048, 1), SelectPolicy::neighbors(1000, 3), SelectPolicy::anchor(2048, many),
+        SelectPolicy::anchor_neighbors(1024, 2, many),
+        SelectPolicy::explicit_set(2048, many, Ids(many.begin(), many.begin() + 20)),
+        SelectPolicy::explicit_set(0, many),
+        // max_output > kSelectMaxExtras or more than kSelectMaxRanks ranks: the sort path
+        SelectPolicy::neighbors(3000, 2), SelectPolicy::neighbors(8, 70000),
+        SelectPolicy::anchor(8000, many)}) {
+    check_policy(gen, *sel, b, p);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// num_valid outside [0, max_blocks] is clamped on the device (the CPU throws for it).
+TEST(Cuda_Selector_Batched, NumValidIsClampedOnTheDevice) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  auto sel = Selector::create(Device::cuda(0));
+  Batch b = make_batch(gen, 4, 300, Style::kNormal);
+  for (int r = 0; r < 4; ++r) {
+    for (int j = 0; j < 300; ++j) b.scores[r * 300 + j] = gen.value(Style::kNormal);
+  }
+  b.num_valid = {-5, 301, 1 << 30, 17};
+  const std::vector<std::int32_t> clamped = {0, 300, 300, 17};
+  const SelectPolicy p = SelectPolicy::topk(20);
+  DeviceBatch d(b, 20, 20);
+  expect_same(run_cpu(b, p, 20, 20, &clamped), run_gpu(*sel, d, p), 4, 20, 20);
+}
+
+// --- graph capture -------------------------------------------------------------------------------
+
+TEST(Cuda_Selector_Graph, ReplayWithNewScoresMatchesUncaptured) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  const int rows = 8, max_blocks = 131072;
+  for (const SelectPolicy& p :
+       {SelectPolicy::topk(2048), SelectPolicy::topk(8).in_order(Order::kChronological),
+        SelectPolicy::anchor_neighbors(8, 1, {0, 5}), SelectPolicy::top_p(0.9f, 1, 256)}) {
+    SCOPED_TRACE(describe(p));
+    const int bound = p.max_output(max_blocks);
+    auto sel = Selector::create(Device::cuda(0), SelectorLimits{rows, max_blocks, bound});
+    cudaStream_t stream;
+    KVC_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    sel->set_stream(stream);
+    Batch b = make_batch(gen, rows, max_blocks, Style::kNormal);
+    DeviceBatch d(b, bound, bound);
+    ScoresView in = d.in();
+    SelectionView out = d.out();
+    SelectionReport rep = d.report();
+    sel->select(in, p, out, &rep);  // warm-up outside the capture (module loading)
+    KVC_ASSERT_CUDA(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    KVC_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    sel->select(in, p, out, &rep);
+    KVC_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec;
+    KVC_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int step = 0; step < 3; ++step) {
+      b = make_batch(gen, rows, max_blocks, gen.style());
+      d.scores.upload(b.scores);
+      d.num_valid.upload(b.num_valid);
+      d.poison();
+      KVC_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+      KVC_ASSERT_CUDA(cudaStreamSynchronize(stream));
+      const Result replay = d.download();
+      d.poison();
+      sel->select(in, p, out, &rep);
+      KVC_ASSERT_CUDA(cudaStreamSynchronize(stream));
+      const Result direct = d.download();
+      expect_same(direct, replay, rows, bound, bound);
+      expect_same(run_cpu(b, p, bound, bound), direct, rows, bound, bound);
+      if (HasFatalFailure()) break;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
+
+// --- object: limits, no allocation per call ------------------------------------------------------
+
+void expect_error_naming(const std::function<void()>& f, const std::string& what) {
+  try {
+    f();
+    ADD_FAILURE() << "no kvc::Error (expected one naming \"" << what << "\")";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+}
+
+TEST(Cuda_Selector_Limits, CallsBeyondTheLimitsThrowNamingTheArgument) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  const Batch b = make_batch(gen, 4, 1000, Style::kNormal);
+  DeviceBatch d(b, 64, 64);
+  ScoresView in = d.in();
+  SelectionView out = d.out();
+  auto sel = Selector::create(Device::cuda(0), SelectorLimits{3, 1000, 64});
+  expect_error_naming([&] { sel->select(in, SelectPolicy::topk(8), out); }, "max_rows = 3");
+  sel = Selector::create(Device::cuda(0), SelectorLimits{4, 999, 64});
+  expect_error_naming([&] { sel->select(in, SelectPolicy::topk(8), out); }, "max_blocks = 999");
+  sel = Selector::create(Device::cuda(0), SelectorLimits{4, 1000, 16});
+  expect_error_naming([&] { sel->select(in, SelectPolicy::topk(32), out); }, "max_selected = 16");
+  sel = Selector::create(Device::cuda(0), SelectorLimits{4, 1000, 1000});
+  Ids many(1100);
+  for (int i = 0; i < 1100; ++i) many[i] = i % 1000;  // 1000 distinct ids: they fit
+  DeviceBatch wide(b, 1000, 1000);
+  SelectionView wide_out = wide.out();
+  sel->select(in, SelectPolicy::anchor(8, many), wide_out);
+  Ids too_many(1025);
+  DeviceBatch big(make_batch(gen, 4, 2000, Style::kNormal), 2000, 2000);
+  for (int i = 0; i < 1025; ++i) too_many[i] = i;
+  auto sel2 = Selector::create(Device::cuda(0));
+  ScoresView big_in = big.in();
+  SelectionView big_out = big.out();
+  expect_error_naming([&] { sel2->select(big_in, SelectPolicy::anchor(8, too_many), big_out); },
+                      "at most 1024");
+  expect_error_naming([&] { Selector::create(Device::cuda(0), SelectorLimits{1, 1 << 21, 1}); },
+                      "max_blocks = 2097152");
+}
+
+TEST(Cuda_Selector_Memory, DecodeStepsAllocateNothing) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  const int rows = 64, max_blocks = 4096;
+  const Batch b = make_batch(gen, rows, max_blocks, Style::kNormal);
+  DeviceBatch d(b, 64, 64);
+  auto sel = Selector::create(Device::cuda(0), SelectorLimits{rows, max_blocks, 64});
+  ScoresView in = d.in();
+  SelectionView out = d.out();
+  SelectionReport rep = d.report();
+  sel->select(in, SelectPolicy::topk(8), out, &rep);
+  KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+  std::size_t free_before = 0, total = 0, free_after = 0;
+  KVC_ASSERT_CUDA(cudaMemGetInfo(&free_before, &total));
+  for (int step = 0; step < 2000; ++step) {
+    const SelectPolicy p = step % 3 == 0   ? SelectPolicy::topk(8)
+                           : step % 3 == 1 ? SelectPolicy::anchor_neighbors(8, 1)
+                                           : SelectPolicy::top_p(0.9f, 1, 64);
+    sel->select(in, p, out, &rep);
+  }
+  KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+  KVC_ASSERT_CUDA(cudaMemGetInfo(&free_after, &total));
+  EXPECT_EQ(free_before, free_after);
+}
+
+// --- kernel layer: the two-phase workspace query -------------------------------------------------
+
+TEST(Cuda_Selector_Kernels, WorkspaceQueryLaunchesNothingAndIsChecked) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  const Batch b = make_batch(gen, 3, 5000, Style::kNormal);
+  DeviceBatch d(b, 16, 16);
+  d.poison();
+  const SelectPolicy p = SelectPolicy::topk(16);
+  std::size_t bytes = 0;
+  ASSERT_EQ(kernels::select(nullptr, bytes, d.in(), p, d.out(), nullptr, nullptr), cudaSuccess);
+  EXPECT_GT(bytes, 0u);
+  std::size_t bound = 0;
+  ASSERT_EQ(kernels::select_workspace_bound(bound, 3, 5000, 16), cudaSuccess);
+  EXPECT_GE(bound, bytes);
+  DeviceArray<unsigned char> ws(bytes);
+  std::size_t small = bytes - 1;
+  EXPECT_EQ(kernels::select(ws.get(), small, d.in(), p, d.out(), nullptr, nullptr),
+            cudaErrorInvalidValue);
+  SelectionView narrow = d.out();
+  narrow.max_selected = 15;
+  EXPECT_EQ(kernels::select(ws.get(), bytes, d.in(), p, narrow, nullptr, nullptr),
+            cudaErrorInvalidValue);
+  KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+  for (auto v : d.ids.download()) ASSERT_EQ(v, 0x5a5a5a5a) << "written by a rejected call";
+  ASSERT_EQ(kernels::select(ws.get(), bytes, d.in(), p, d.out(), nullptr, nullptr), cudaSuccess);
+  KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+  const Result gpu = d.download();
+  const Result cpu = run_cpu(b, p, 16, 16);
+  EXPECT_EQ(gpu.ids, cpu.ids);
+  EXPECT_EQ(gpu.counts, cpu.counts);
+}
+
+}  // namespace
+}  // namespace kvc
