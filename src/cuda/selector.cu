@@ -179,6 +179,9 @@ cudaError_t launch_topm(const TopmParams& tp, int rows, cudaStream_t stream) {
   auto kernel = topm_kernel<kItems>;
   const int smem = static_cast<int>(sizeof(TopmShared));
   KVC_CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  // All of the unified L1/shared memory as shared: two ~99 KB CTAs per SM for kItems <= 32.
+  KVC_CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     cudaSharedmemCarveoutMaxShared));
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(ctas) * static_cast<unsigned>(rows), 1, 1);
   cfg.blockDim = dim3(kThreads, 1, 1);
