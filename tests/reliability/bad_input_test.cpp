@@ -345,10 +345,7 @@ TEST_F(Cpu_Reliability_BadInput, KvStoreConfigAndCreate) {
          c.block_size = 1;
          c.validate();
        },
-       {},
-       "KvStoreConfig::validate bounds the pool but not the ring (max_slots*Hkv*W*d*4) nor the "
-       "dense-equivalent capacity; their size_t products wrap (src/store_common.cpp:44, "
-       "compute_footprint :85/:93)"},
+       {"store size", "2^48"}},
   };
   run(rows);
 }
@@ -430,7 +427,7 @@ TEST_F(Cpu_Reliability_BadInput, KvStoreSlotsAppendIngest) {
        },
        {"k.shape[0] = -1"},
        "a negative extent is rejected only later, as 'token count = -1' (check_view lets a -1 "
-       "wildcard match a negative extent; src/core.cpp:115, src/cpu/kv_store.cpp:129)"},
+       "wildcard match a negative extent; src/core.cpp:117/:122, src/cpu/kv_store.cpp:138)"},
   };
   run(rows);
 }
@@ -922,7 +919,8 @@ TEST_F(Cpu_Reliability_BadInput, DenseDecode) {
        }),
        {"k.shape"},
        "check_view lets a -1 wildcard match a negative extent, so k.shape[2] = -4 is reported "
-       "as a bad lengths[0] instead (src/core.cpp:115; with an empty batch it is accepted)"},
+       "as a bad lengths[0] instead (src/core.cpp:117, src/attention_backend.cpp:225; with an "
+       "empty batch it is accepted)"},
   };
   run(rows);
 }
