@@ -98,8 +98,8 @@ void BM_TopK(benchmark::State& state) {
   cudaFree(temp);
   cudaStreamDestroy(stream);
 }
+// Names BM_TopK/<rows>/<n>/<k> (scripts/perf-pairs.json pairs them with torch.topk).
 BENCHMARK(BM_TopK)
-    ->ArgNames({"rows", "n", "k"})
     ->Args({64, 131072, 2048})  // DESIGN §7: <= 25 us (torch.topk ~190 us)
     ->Args({1, 131072, 2048})   // DESIGN §7: <= 20 us (torch.topk ~93 us)
     ->Args({8, 4096, 8})        // decode-size rows
