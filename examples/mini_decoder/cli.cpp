@@ -59,16 +59,29 @@ std::string usage() {
          "  --threads N           threads (default: all hardware threads)\n"
          "  --chunk N             prompt tokens per batched prefill step (default 256)\n"
          "  --context N           cap on the KV capacity (default: the model's context length)\n"
-         "  --kv-mode M           dense | dense_recent_only | block_select_exact (default dense)\n"
-         "  --kv-format F         f32 | f16 | q8 | fp16k_q4v (default f32 for dense)\n"
-         "  --top-blocks N        selected old blocks per query (default 8)\n"
+         "  --kv-mode M           dense | dense_recent_only | recent_only | block_summary |\n"
+         "                        block_select_lossy | block_select_exact (default dense)\n"
+         "  --kv-format F         f32 | f16 | q8 | fp16k_q4v: format of old blocks (default f32\n"
+         "                        for dense = the f32 reference cache, fp16k_q4v otherwise)\n"
+         "  --top-blocks N        selected old blocks per query and kv head (default 8)\n"
          "  --recent-window N     exact recent tokens, a multiple of the block size (default "
          "1024)\n"
          "  --block-size N        16 | 32 | 64 | 128 (default 32)\n"
-         "  --help                this text\n"
-         "\n"
-         "Only --kv-mode dense with f32 is wired; the kvc modes are validated and refused until\n"
-         "kvc's KvStore and AttentionBackend are plugged in.\n";
+         "  --kv-policy P         topk | neighbors | threshold | anchor | anchor_neighbors |\n"
+         "                        score_cluster | score_cluster_adaptive | top_p (default topk)\n"
+         "  --kv-delta D          score window of threshold / score_cluster* (default 1)\n"
+         "  --kv-max-blocks N     cap of threshold / score_cluster* / top_p (default 2 x top)\n"
+         "  --kv-p P              softmax mass of top_p (default 0.9)\n"
+         "  --kv-representatives N  exact rows per summarised block (lossy modes; default 0)\n"
+         "  --prefill P           dense (default): the prompt but its last token is attended\n"
+         "                        densely, then ingested into kvc; compressed: every prompt\n"
+         "                        token attends through the kvc mode (chunks of <= 64)\n"
+         "  --kv-device D         auto (default) | cpu | cuda: where kvc's parts run (the model\n"
+         "                        always runs on the CPU)\n"
+         "  --verbose             per decode step: selected blocks and attended bytes\n"
+         "  --dump-logits FILE    write the prompt's logits as raw f32 [tokens][vocab]\n"
+         "  --dump-tokens FILE    write the prompt's token ids (one line) and exit\n"
+         "  --help                this text\n";
 }
 
 CliOptions parse_cli(const std::vector<std::string>& args) {
@@ -125,6 +138,26 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
       o.kv.recent_window = static_cast<int>(parse_integer(a, value(), -kIntMax, kIntMax));
     } else if (a == "--block-size") {
       o.kv.block_size = static_cast<int>(parse_integer(a, value(), -kIntMax, kIntMax));
+    } else if (a == "--kv-policy") {
+      o.kv.policy = value();
+    } else if (a == "--kv-delta") {
+      o.kv.delta = parse_real(a, value());
+    } else if (a == "--kv-max-blocks") {
+      o.kv.max_blocks = static_cast<int>(parse_integer(a, value(), -kIntMax, kIntMax));
+    } else if (a == "--kv-p") {
+      o.kv.p = parse_real(a, value());
+    } else if (a == "--kv-representatives") {
+      o.kv.representatives = static_cast<int>(parse_integer(a, value(), -kIntMax, kIntMax));
+    } else if (a == "--prefill") {
+      o.kv.prefill = value();
+    } else if (a == "--kv-device") {
+      o.kv.device = value();
+    } else if (a == "--verbose") {
+      o.verbose = true;
+    } else if (a == "--dump-logits") {
+      o.dump_logits = value();
+    } else if (a == "--dump-tokens") {
+      o.dump_tokens = value();
     } else {
       throw UsageError("unknown argument '" + a + "' (see --help)");
     }

@@ -32,7 +32,10 @@ struct CliOptions {
   int context = 0;           ///< --context N: cache capacity cap, 0 = the model's context
   SamplingOptions sampling;  ///< --temperature, --top-p, --seed
   KvOptions kv;              ///< --kv-mode, --kv-format, --top-blocks, --recent-window,
-                             ///< --block-size
+                             ///< --block-size, --kv-policy, ..., --prefill, --kv-device
+  bool verbose = false;      ///< --verbose: per-step selection telemetry on stderr
+  std::string dump_logits;   ///< --dump-logits FILE: the prompt's logits, raw f32 [tokens][vocab]
+  std::string dump_tokens;   ///< --dump-tokens FILE: the prompt's ids (text), then exit
   bool help = false;         ///< --help
 };
 

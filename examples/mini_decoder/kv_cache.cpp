@@ -7,6 +7,7 @@
 
 #include "kernels.h"
 #include "kvc/core/error.h"
+#include "kvc_cache.h"
 #include "thread_pool.h"
 
 namespace kvc {
@@ -29,13 +30,23 @@ constexpr int kQueryRows = 4 * kTileRows;
 }  // namespace
 
 const std::vector<std::string>& KvOptions::modes() {
-  static const std::vector<std::string> m = {"dense", "dense_recent_only", "block_select_exact"};
+  static const std::vector<std::string> m = {"dense",         "dense_recent_only",
+                                             "recent_only",   "block_summary",
+                                             "block_select_lossy", "block_select_exact"};
   return m;
 }
 
 const std::vector<std::string>& KvOptions::formats() {
   static const std::vector<std::string> f = {"f32", "f16", "q8", "fp16k_q4v"};
   return f;
+}
+
+const std::vector<std::string>& KvOptions::policies() {
+  static const std::vector<std::string> p = {
+      "topk",      "neighbors",     "threshold",
+      "anchor",    "anchor_neighbors", "score_cluster",
+      "score_cluster_adaptive", "top_p"};
+  return p;
 }
 
 void KvOptions::validate() const {
@@ -53,6 +64,19 @@ void KvOptions::validate() const {
   KVC_CHECK(!(mode != "dense" && format == "f32"),
             "--kv-format = f32 is only for --kv-mode = "
             "dense; the kvc modes store f16, q8 or fp16k_q4v");
+  KVC_CHECK(contains(policies(), policy), "--kv-policy = '", policy,
+            "' is not one of: ", join(policies()));
+  KVC_CHECK(delta >= 0.0f, "--kv-delta = ", delta, " must be >= 0");
+  KVC_CHECK(max_blocks == 0 || (max_blocks >= top_blocks && max_blocks <= 1 << 20),
+            "--kv-max-blocks = ", max_blocks, " must be 0 (2 x --top-blocks) or in [--top-blocks = ",
+            top_blocks, ", 1048576]");
+  KVC_CHECK(p > 0.0f && p <= 1.0f, "--kv-p = ", p, " must be in (0, 1]");
+  KVC_CHECK(representatives >= 0 && representatives <= block_size, "--kv-representatives = ",
+            representatives, " must be in [0, --block-size = ", block_size, "]");
+  KVC_CHECK(prefill == "dense" || prefill == "compressed", "--prefill = '", prefill,
+            "' is not one of: dense, compressed");
+  KVC_CHECK(device == "auto" || device == "cpu" || device == "cuda", "--kv-device = '", device,
+            "' is not one of: auto, cpu, cuda");
 }
 
 std::string KvOptions::effective_format() const {
@@ -62,12 +86,26 @@ std::string KvOptions::effective_format() const {
 
 std::unique_ptr<KvCache> make_kv_cache(const KvOptions& options, const KvShape& shape) {
   options.validate();
-  const std::string fmt = options.effective_format();
-  KVC_CHECK(options.mode == "dense" && fmt == "f32", "--kv-mode = ", options.mode,
-            " with --kv-format = ", fmt,
-            " is not wired yet: the mini-decoder runs only the dense f32 cache until kvc's "
-            "KvStore and AttentionBackend are plugged in");
-  return std::make_unique<DenseKvCache>(shape);
+  if (options.is_reference()) return std::make_unique<DenseKvCache>(shape);
+  return std::make_unique<KvcKvCache>(options, shape, pick_kv_device(options));
+}
+
+void copy_prefix(const DenseKvCache& src, int count, KvCache& dst) {
+  KVC_CHECK(count >= 0 && count <= src.length(), "copy_prefix: count = ", count,
+            " must be in [0, source length = ", src.length(), "]");
+  KVC_CHECK(dst.length() == 0, "copy_prefix: the destination holds ", dst.length(),
+            " tokens; it must be empty");
+  if (count == 0) return;
+  std::vector<float> k, v;
+  // Layers one at a time: the staging holds count tokens of one layer.
+  const std::size_t n = static_cast<std::size_t>(count) * src.token_floats();
+  k.resize(n);
+  v.resize(n);
+  for (int layer = 0; layer < src.num_layers(); ++layer) {
+    src.read(layer, 0, count, k.data(), v.data());
+    dst.append(layer, 0, count, k.data(), v.data());
+  }
+  dst.advance(count);
 }
 
 DenseKvCache::DenseKvCache(const KvShape& shape) : shape_(shape) {
@@ -93,9 +131,38 @@ float* DenseKvCache::k_t(int layer, int head) {
                          shape_.head_dim * cap_pad_;
 }
 
+const float* DenseKvCache::k_t(int layer, int head) const {
+  return const_cast<DenseKvCache*>(this)->k_t(layer, head);
+}
+
 float* DenseKvCache::v(int layer, int head) {
   return v_.data() +
          (static_cast<std::size_t>(layer) * shape_.num_kv_heads + head) * v_stride_ * cap_pad_;
+}
+
+const float* DenseKvCache::v(int layer, int head) const {
+  return const_cast<DenseKvCache*>(this)->v(layer, head);
+}
+
+void DenseKvCache::read(int layer, int pos0, int count, float* k, float* v_out) const {
+  KVC_CHECK(layer >= 0 && layer < shape_.num_layers, "kv cache: layer = ", layer,
+            " must be in [0, ", shape_.num_layers, ")");
+  KVC_CHECK(pos0 >= 0 && count >= 0 && count <= length_ - pos0, "kv cache: read [", pos0, ", ",
+            pos0 + count, ") past the ", length_, " committed tokens");
+  const int hd = shape_.head_dim;
+  for (int h = 0; h < shape_.num_kv_heads; ++h) {
+    const float* kt = k_t(layer, h);
+    const float* vv = v(layer, h);
+    for (int t = 0; t < count; ++t) {
+      const int pos = pos0 + t;
+      const std::size_t dst = (static_cast<std::size_t>(t) * shape_.num_kv_heads + h) * hd;
+      const float* panel =
+          kt + static_cast<std::size_t>(pos / kPanel) * hd * kPanel + pos % kPanel;
+      for (int d = 0; d < hd; ++d) k[dst + d] = panel[static_cast<std::size_t>(d) * kPanel];
+      const float* row = vv + static_cast<std::size_t>(pos) * v_stride_;
+      std::copy(row, row + hd, v_out + dst);
+    }
+  }
 }
 
 void DenseKvCache::check_range(int layer, int pos0, int count) const {

@@ -4,9 +4,9 @@
  *  KvStore + AttentionBackend) can replace the dense one without touching the model.
  *
  *  KvOptions carries the kvc flags (--kv-mode, --kv-format, --top-blocks, --recent-window,
- *  --block-size) and validates them; make_kv_cache() builds the cache they describe. Only the
- *  dense f32 cache is wired so far; the kvc modes are accepted, validated and refused with a
- *  message until kvc's store and attention backend land.
+ *  --block-size, --kv-policy, ...) and validates them; make_kv_cache() builds the cache they
+ *  describe: the dense f32 cache here (the reference, `--kv-mode dense --kv-format f32`) or the
+ *  kvc-backed cache of kvc_cache.h (every other combination).
  */
 #pragma once
 
@@ -57,6 +57,8 @@ class KvCache {
                       ThreadPool& pool) = 0;
   /// Commits `count` appended tokens (all layers done).
   virtual void advance(int count) = 0;
+  /// Most query tokens one attend() call accepts (the model's prefill chunk must not exceed it).
+  virtual int max_query_tokens() const { return capacity(); }
   /// Bytes that hold the committed tokens' K and V.
   virtual std::size_t footprint_bytes() const = 0;
   /// Bytes allocated.
@@ -67,24 +69,37 @@ class KvCache {
 
 /// The kvc cache flags of the CLI.
 struct KvOptions {
-  std::string mode = "dense";  ///< --kv-mode: dense, dense_recent_only, block_select_exact
-  std::string format = "";     ///< --kv-format: f32 (dense), f16, q8, fp16k_q4v; "" = default
+  std::string mode = "dense";  ///< --kv-mode: one of modes()
+  std::string format = "";     ///< --kv-format: f32 (dense only), f16, q8, fp16k_q4v; "" = default
   int top_blocks = 8;          ///< --top-blocks: selected old blocks per query, >= 1
   int recent_window = 1024;    ///< --recent-window: exact recent tokens, a multiple of block size
   int block_size = 32;         ///< --block-size: 16, 32, 64 or 128
+  std::string policy = "topk";  ///< --kv-policy: one of policies()
+  float delta = 1.0f;           ///< --kv-delta: score window (threshold, score_cluster*), >= 0
+  int max_blocks = 0;           ///< --kv-max-blocks: cap (threshold, score_cluster*, top_p); 0 = 2x
+  float p = 0.9f;               ///< --kv-p: softmax mass of top_p, in (0, 1]
+  int representatives = 0;      ///< --kv-representatives: exact rows per summary (lossy modes)
+  std::string prefill = "dense";  ///< --prefill: dense (then ingest) or compressed
+  std::string device = "auto";    ///< --kv-device: auto, cpu or cuda (where kvc's parts run)
 
-  /// Modes the CLI accepts.
+  /// Modes the CLI accepts (kvc's attention modes).
   static const std::vector<std::string>& modes();
   /// Formats the CLI accepts.
   static const std::vector<std::string>& formats();
+  /// Selection policies the CLI accepts.
+  static const std::vector<std::string>& policies();
   /// Throws kvc::Error naming the first bad flag, its value and what is allowed.
   void validate() const;
   /// The format in effect: `format`, or f32 for dense and fp16k_q4v otherwise when empty.
   std::string effective_format() const;
+  /// True for the reference: the dense f32 cache of this file (no kvc).
+  bool is_reference() const { return mode == "dense" && effective_format() == "f32"; }
+  /// The cap of the capped policies: max_blocks, or 2 x top_blocks when it is 0.
+  int effective_max_blocks() const { return max_blocks > 0 ? max_blocks : 2 * top_blocks; }
 };
 
-/// Builds the cache `options` describe for `shape`. Throws kvc::Error for invalid options, and
-/// for valid ones that are not wired yet (every mode but dense f32, until kvc lands).
+/// Builds the cache `options` describe for `shape`: DenseKvCache for the reference (dense f32),
+/// the kvc-backed cache (kvc_cache.h) otherwise. Throws kvc::Error for invalid options.
 std::unique_ptr<KvCache> make_kv_cache(const KvOptions& options, const KvShape& shape);
 
 /// Exact dense attention over f32 K and V. Per (layer, kv head), K is kept in panels of 16
@@ -104,9 +119,20 @@ class DenseKvCache final : public KvCache {
   std::size_t footprint_bytes() const override;
   std::size_t reserved_bytes() const override;
   std::string describe() const override;
+  /// Copies K and V of positions [pos0, pos0 + count) of `layer` (committed tokens) out as
+  /// [count][num_kv_heads][head_dim] f32, the layout append() takes.
+  void read(int layer, int pos0, int count, float* k, float* v) const;
+  /// Layers of the cache.
+  int num_layers() const { return shape_.num_layers; }
+  /// Floats of one token of one layer in append()'s layout: num_kv_heads * head_dim.
+  std::size_t token_floats() const {
+    return static_cast<std::size_t>(shape_.num_kv_heads) * shape_.head_dim;
+  }
 
  private:
-  float* k_t(int layer, int head);  // [cap_pad_ / 16][head_dim][16]
+  float* k_t(int layer, int head);
+  const float* k_t(int layer, int head) const;
+  const float* v(int layer, int head) const;  // [cap_pad_ / 16][head_dim][16]
   float* v(int layer, int head);    // [cap_pad_][v_stride_]
   void check_range(int layer, int pos0, int count) const;
 
@@ -118,6 +144,11 @@ class DenseKvCache final : public KvCache {
   std::vector<float> v_;                     // [layer][kv head][cap_pad_][v_stride_]
   std::vector<std::vector<float>> scratch_;  // per thread: scores
 };
+
+/// Appends the first `count` committed tokens of `src` to `dst` (every layer, then advance):
+/// "dense prefill, compressed decode" — the prompt is attended densely once in `src`, and its
+/// K/V then fill `dst` (a kvc cache ingests them into its stores). dst.length() must be 0.
+void copy_prefix(const DenseKvCache& src, int count, KvCache& dst);
 
 }  // namespace mini_decoder
 }  // namespace kvc

@@ -15,11 +15,13 @@ add_library(kvc_bpe STATIC ${KVC_MINI_DECODER_DIR}/tokenizer.cpp)
 target_link_libraries(kvc_bpe PUBLIC kvc_gguf)
 target_compile_options(kvc_bpe PRIVATE -Wall -Wextra)
 
-# Kernels, KV cache, model, sampler and command line.
+# Kernels, KV caches (dense f32 and kvc), model, sampler and command line.
 add_library(kvc_llama STATIC
   ${KVC_MINI_DECODER_DIR}/kernels.cpp
   ${KVC_MINI_DECODER_DIR}/thread_pool.cpp
   ${KVC_MINI_DECODER_DIR}/kv_cache.cpp
+  ${KVC_MINI_DECODER_DIR}/kvc_cache.cpp
+  ${KVC_MINI_DECODER_DIR}/retrieval_prompts.cpp
   ${KVC_MINI_DECODER_DIR}/model.cpp
   ${KVC_MINI_DECODER_DIR}/sampler.cpp
   ${KVC_MINI_DECODER_DIR}/cli.cpp)

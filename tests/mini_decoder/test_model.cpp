@@ -15,6 +15,7 @@
 #include "gguf_writer.h"
 #include "kernels.h"
 #include "kv_cache.h"
+#include "kvc_cache.h"
 #include "kvc/core/error.h"
 #include "kvc/core/numeric.h"
 #include "model.h"
@@ -295,17 +296,45 @@ TEST(MiniDecoder_KvOptions, ValidateAndWiring) {
   b.mode = "block_select_exact";
   b.format = "f32";
   expect_error(b, "only for --kv-mode = dense");
-  // Valid but not wired yet.
-  for (const std::string& mode : {"dense_recent_only", "block_select_exact"}) {
+  for (const char* flag : {"policy", "delta", "max_blocks", "p", "representatives", "prefill",
+                           "device"}) {
     b = o;
-    b.mode = mode;
-    EXPECT_NO_THROW(b.validate());
-    EXPECT_EQ(b.effective_format(), "fp16k_q4v");
-    expect_error(b, "not wired yet");
+    b.mode = "block_select_exact";
+    const std::string f = flag;
+    if (f == "policy") b.policy = "random";
+    if (f == "delta") b.delta = -1.0f;
+    if (f == "max_blocks") b.max_blocks = 3;  // below --top-blocks = 8
+    if (f == "p") b.p = 0.0f;
+    if (f == "representatives") b.representatives = 33;  // above --block-size = 32
+    if (f == "prefill") b.prefill = "sparse";
+    if (f == "device") b.device = "tpu";
+    std::string name = f;
+    std::replace(name.begin(), name.end(), '_', '-');
+    expect_error(b, f == "prefill" ? std::string("--prefill = ") : "--kv-" + name + " = ");
+  }
+  // Every kvc mode and format builds a kvc cache (head_dim 64: kvc's smallest).
+  KvShape kshape{2, 6, 2, 64, 96};
+  for (const std::string& mode : KvOptions::modes()) {
+    for (const std::string& format : {"", "f16", "q8", "fp16k_q4v"}) {
+      b = o;
+      b.mode = mode;
+      b.format = format;
+      b.recent_window = 32;
+      b.block_size = 16;
+      b.device = "cpu";
+      if (b.is_reference()) continue;
+      SCOPED_TRACE(mode + " " + format);
+      const std::unique_ptr<KvCache> c = make_kv_cache(b, kshape);
+      ASSERT_NE(dynamic_cast<KvcKvCache*>(c.get()), nullptr);
+      EXPECT_NE(c->describe().find("kvc " + mode), std::string::npos) << c->describe();
+      EXPECT_EQ(c->max_query_tokens(), 32);
+      EXPECT_EQ(c->length(), 0);
+    }
   }
   b = o;
-  b.format = "q8";
-  expect_error(b, "not wired yet");
+  b.mode = "block_select_exact";
+  EXPECT_EQ(b.effective_format(), "fp16k_q4v");
+  expect_error(b, "head_dim");  // 8 is not a kvc head_dim
 }
 
 TEST(MiniDecoder_Cli, ParsesAndRejects) {
@@ -339,6 +368,25 @@ TEST(MiniDecoder_Cli, ParsesAndRejects) {
   EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt", "x", "--top-p", "0"}), Error);
   EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt", "x", "--temperature", "-1"}), Error);
   EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt", "x", "--kv-mode", "nope"}), Error);
+  const CliOptions k = parse_cli(
+      {"--model", "m", "--prompt", "x", "--kv-mode", "block_select_lossy", "--kv-format", "q8",
+       "--kv-policy", "score_cluster_adaptive", "--kv-delta", "0.5", "--kv-max-blocks", "12",
+       "--kv-p", "0.8", "--kv-representatives", "2", "--prefill", "compressed", "--kv-device",
+       "cpu", "--verbose", "--dump-logits", "l.f32", "--dump-tokens", "t.txt"});
+  EXPECT_EQ(k.kv.mode, "block_select_lossy");
+  EXPECT_EQ(k.kv.effective_format(), "q8");
+  EXPECT_EQ(k.kv.policy, "score_cluster_adaptive");
+  EXPECT_FLOAT_EQ(k.kv.delta, 0.5f);
+  EXPECT_EQ(k.kv.effective_max_blocks(), 12);
+  EXPECT_FLOAT_EQ(k.kv.p, 0.8f);
+  EXPECT_EQ(k.kv.representatives, 2);
+  EXPECT_EQ(k.kv.prefill, "compressed");
+  EXPECT_EQ(k.kv.device, "cpu");
+  EXPECT_TRUE(k.verbose);
+  EXPECT_EQ(k.dump_logits, "l.f32");
+  EXPECT_EQ(k.dump_tokens, "t.txt");
+  EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt", "x", "--kv-policy", "best"}), Error);
+  EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt", "x", "--dump-logits"}), UsageError);
 }
 
 // ---- the tiny model -----------------------------------------------------------------------
@@ -604,6 +652,247 @@ TEST(MiniDecoder_Model, RejectsBadModels) {
     testing::TempFile file(w.build());
     const gguf::File f(file.path());
     EXPECT_THROW(LlamaModel(f, pool), Error);
+  }
+}
+
+// ---- the kvc cache on a tiny model with head_dim 64 ------------------------------------------
+
+Tiny tiny64() {
+  Tiny t;
+  t.heads = 6;
+  t.kv_heads = 2;  // GQA group 3, as SmolLM2
+  t.hd = 64;
+  t.d = t.heads * t.hd;
+  t.ff = 128;
+  t.ctx = 256;
+  return t;
+}
+
+KvOptions kvc_options(const std::string& mode, const std::string& format, int top_blocks) {
+  KvOptions o;
+  o.mode = mode;
+  o.format = format;
+  o.top_blocks = top_blocks;
+  o.recent_window = 32;
+  o.block_size = 16;
+  o.device = "cpu";
+  return o;
+}
+
+// Logits of every position: ids[0, prompt) as a prompt (chunks of `chunk`), then one by one.
+std::vector<float> run_logits(LlamaModel& m, KvCache& cache, const std::vector<int>& ids,
+                              int prompt, int chunk, ThreadPool& pool) {
+  const std::size_t vocab = static_cast<std::size_t>(m.config().vocab_size);
+  std::vector<float> got(ids.size() * vocab, std::nanf(""));
+  ForwardOptions fo;
+  fo.chunk = chunk;
+  fo.all_logits = true;
+  m.forward(ids.data(), prompt, cache, got.data(), pool, fo);
+  for (std::size_t i = static_cast<std::size_t>(prompt); i < ids.size(); ++i) {
+    m.forward(ids.data() + i, 1, cache, got.data() + i * vocab, pool, fo);
+  }
+  return got;
+}
+
+double max_abs(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s = std::max(s, std::fabs(x));
+  return s;
+}
+
+TEST(MiniDecoder_KvcCache, ExactModesMatchTheReferenceForward) {
+  const Tiny t = tiny64();
+  testing::TempFile file(tiny_model(t));
+  const gguf::File f(file.path());
+  std::uniform_int_distribution<int> tok(0, t.vocab - 1);
+  const int T = 120;  // ring 32 + 5 closed blocks of 16 + an open block at the end
+  std::vector<int> ids(T);
+  for (int& id : ids) id = tok(rng());
+  const std::vector<double> want = reference_logits(f, t, ids);
+  const double scale = max_abs(want);
+  ThreadPool pool(2);
+  LlamaModel m(f, pool);
+  // The prompt attended through kvc in chunks (verify mode), then decode token by token.
+  std::vector<float> dense16;
+  for (const char* mode : {"dense", "block_select_exact"}) {
+    SCOPED_TRACE(mode);
+    // block_select_exact with a budget above the block count selects every closed block.
+    KvcKvCache cache(kvc_options(mode, "f16", 64), m.kv_shape(T), Device::cpu());
+    const std::vector<float> got = run_logits(m, cache, ids, 90, 32, pool);
+    EXPECT_EQ(cache.length(), T);
+    // f16 K/V/q: close to the double-precision reference, not equal.
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], 5e-2 * scale) << "position " << i / t.vocab;
+    }
+    if (dense16.empty()) {
+      dense16 = got;
+    } else {  // selecting everything is dense up to the order of the sums
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        ASSERT_NEAR(got[i], dense16[i], 1e-3 * scale) << "position " << i / t.vocab;
+      }
+    }
+  }
+  // recent_only with a ring that holds everything is dense too.
+  KvOptions all = kvc_options("recent_only", "f16", 8);
+  all.recent_window = 128;
+  KvcKvCache ring(all, m.kv_shape(T), Device::cpu());
+  const std::vector<float> got = run_logits(m, ring, ids, 90, 32, pool);
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], dense16[i], 1e-4 * scale) << "position " << i / t.vocab;
+  }
+}
+
+TEST(MiniDecoder_KvcCache, DensePrefillThenIngestThenCompressedDecode) {
+  const Tiny t = tiny64();
+  testing::TempFile file(tiny_model(t));
+  const gguf::File f(file.path());
+  std::uniform_int_distribution<int> tok(0, t.vocab - 1);
+  const int T = 110, P = 100;
+  std::vector<int> ids(T);
+  for (int& id : ids) id = tok(rng());
+  const std::vector<double> want = reference_logits(f, t, ids);
+  const double scale = max_abs(want);
+  const std::size_t vocab = static_cast<std::size_t>(t.vocab);
+  ThreadPool pool(2);
+  LlamaModel m(f, pool);
+  // Dense prefill of ids[0, P - 1), as the program and the suite do.
+  DenseKvCache prefill(m.kv_shape(P - 1));
+  m.forward(ids.data(), P - 1, prefill, nullptr, pool);
+  ASSERT_EQ(prefill.length(), P - 1);
+  // Copied into a dense cache, the rest is the reference forward exactly.
+  DenseKvCache dense(m.kv_shape(T));
+  copy_prefix(prefill, P - 1, dense);
+  std::vector<float> logits(vocab);
+  for (int i = P - 1; i < T; ++i) {
+    m.forward(&ids[static_cast<std::size_t>(i)], 1, dense, logits.data(), pool);
+    for (std::size_t v = 0; v < vocab; ++v) {
+      ASSERT_NEAR(logits[v], want[static_cast<std::size_t>(i) * vocab + v], 2e-4 * scale);
+    }
+  }
+  // Ingested into kvc stores in every format: `dense` over the store is close to the reference
+  // (f16: every value; q8 / int4 V: on average, as their rounding allows), and
+  // block_select_exact selecting every closed block equals `dense` over the same store.
+  for (const char* format : {"f16", "q8", "fp16k_q4v"}) {
+    std::vector<float> dense_mode;
+    for (const char* mode : {"dense", "block_select_exact"}) {
+      SCOPED_TRACE(std::string(mode) + " " + format);
+      KvcKvCache cache(kvc_options(mode, format, 64), m.kv_shape(T), Device::cpu());
+      copy_prefix(prefill, P - 1, cache);
+      EXPECT_EQ(cache.length(), P - 1);
+      std::vector<float> got;
+      double err = 0;
+      for (int i = P - 1; i < T; ++i) {
+        m.forward(&ids[static_cast<std::size_t>(i)], 1, cache, logits.data(), pool);
+        for (std::size_t v = 0; v < vocab; ++v) {
+          err += std::fabs(logits[v] - want[static_cast<std::size_t>(i) * vocab + v]);
+          if (std::string(format) == "f16") {
+            ASSERT_NEAR(logits[v], want[static_cast<std::size_t>(i) * vocab + v], 5e-2 * scale)
+                << "position " << i;
+          }
+        }
+        got.insert(got.end(), logits.begin(), logits.end());
+      }
+      err /= static_cast<double>(got.size());
+      EXPECT_LT(err, (std::string(format) == "fp16k_q4v" ? 1e-1 : 3e-2) * scale);
+      if (dense_mode.empty()) {
+        dense_mode = got;
+      } else {
+        for (std::size_t i = 0; i < got.size(); ++i) {
+          ASSERT_NEAR(got[i], dense_mode[i], 1e-3 * scale) << "position " << P - 1 + i / vocab;
+        }
+      }
+    }
+  }
+  // A destination that is not empty, or a count past the source, is refused.
+  KvcKvCache cache(kvc_options("dense", "f16", 8), m.kv_shape(T), Device::cpu());
+  EXPECT_THROW(copy_prefix(prefill, P, cache), Error);
+  copy_prefix(prefill, 10, cache);
+  EXPECT_THROW(copy_prefix(prefill, 10, cache), Error);
+}
+
+TEST(MiniDecoder_KvcCache, SelectionStatsFootprintAndErrors) {
+  const Tiny t = tiny64();
+  testing::TempFile file(tiny_model(t));
+  const gguf::File f(file.path());
+  std::uniform_int_distribution<int> tok(0, t.vocab - 1);
+  const int T = 120;
+  std::vector<int> ids(T);
+  for (int& id : ids) id = tok(rng());
+  ThreadPool pool(2);
+  LlamaModel m(f, pool);
+  for (const char* mode : {"block_select_exact", "block_select_lossy", "block_summary",
+                           "recent_only", "dense_recent_only"}) {
+    SCOPED_TRACE(mode);
+    KvOptions o = kvc_options(mode, "fp16k_q4v", 2);
+    o.representatives = std::string(mode) == "block_select_lossy" ? 2 : 0;
+    KvcKvCache cache(o, m.kv_shape(T), Device::cpu());
+    cache.enable_stats(true);
+    const std::vector<float> got = run_logits(m, cache, ids, 100, 16, pool);
+    for (float x : got) ASSERT_TRUE(std::isfinite(x));
+    const KvcStepStats& st = cache.last_step();
+    EXPECT_EQ(st.position, T - 1);
+    EXPECT_EQ(st.layers, t.layers);
+    const int old = T - 32, closed = old / 16;
+    EXPECT_EQ(st.closed_blocks, closed);
+    const int rows = t.layers * t.kv_heads;
+    ASSERT_EQ(st.selected.size(), static_cast<std::size_t>(rows));
+    const bool select = std::string(mode).find("select") != std::string::npos;
+    for (const std::vector<std::int32_t>& ids_row : st.selected) {
+      if (!select) {
+        EXPECT_TRUE(ids_row.empty());
+        continue;
+      }
+      ASSERT_EQ(ids_row.size(), 2u);
+      EXPECT_NE(ids_row[0], ids_row[1]);
+      for (std::int32_t b : ids_row) EXPECT_TRUE(b >= 0 && b < closed) << b;
+    }
+    if (std::string(mode) == "block_select_exact") {
+      EXPECT_EQ(st.tokens.recent, static_cast<std::int64_t>(rows) * 32);
+      EXPECT_EQ(st.tokens.old_exact, static_cast<std::int64_t>(rows) * (2 * 16 + old % 16));
+      for (float margin : st.cutoff_margin) EXPECT_FALSE(std::isnan(margin));
+    }
+    EXPECT_GT(st.dense_equivalent_bytes, 0u);
+    // Footprint: every layer's store, the same as kvc::compute_footprint says.
+    KvStoreConfig sc;
+    sc.num_kv_heads = t.kv_heads;
+    sc.head_dim = t.hd;
+    sc.max_context = T;
+    sc.recent_window = 32;
+    sc.block_size = 16;
+    sc.old_format = Format::kFp16kQ4v;
+    sc.summaries = std::string(mode).find("sum") != std::string::npos ||
+                           std::string(mode) == "block_select_lossy"
+                       ? (kSummaryMeanK | kSummaryMeanV)
+                       : kSummaryMeanK;
+    const Footprint one = compute_footprint(sc, {T});
+    const Footprint all = cache.footprint();
+    EXPECT_EQ(all.in_use, one.in_use * t.layers);
+    EXPECT_EQ(all.total(), one.total() * t.layers);
+    EXPECT_EQ(cache.footprint_bytes(), all.in_use);
+    EXPECT_EQ(cache.reserved_bytes(), all.total());
+    EXPECT_EQ(all.dense_equivalent_bytes,
+              static_cast<std::size_t>(T) * t.layers * t.kv_heads * t.hd * 2 * 2);
+  }
+  // More query tokens than the cache attends at once: an error naming the limit.
+  KvcKvCache cache(kvc_options("block_select_exact", "q8", 4), m.kv_shape(T), Device::cpu());
+  std::vector<float> logits(static_cast<std::size_t>(t.vocab) * 40);
+  ForwardOptions fo;
+  fo.chunk = 40;
+  try {
+    m.forward(ids.data(), 40, cache, logits.data(), pool, fo);
+    ADD_FAILURE() << "no error for 40 query tokens";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("at most 32"), std::string::npos) << e.what();
+  }
+  // --kv-device cuda without a CUDA device: a clear error.
+  if (cuda_device_count() == 0) {
+    KvOptions o = kvc_options("block_select_exact", "q8", 4);
+    o.device = "cuda";
+    EXPECT_THROW(pick_kv_device(o), Error);
+    o.device = "auto";
+    std::string note;
+    EXPECT_TRUE(pick_kv_device(o, &note).is_cpu());
+    EXPECT_FALSE(note.empty());
   }
 }
 

@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""Independent check of the mini-decoder against Hugging Face transformers on the same GGUF.
+
+Loads SmolLM2-135M-Instruct.Q4_1.gguf through transformers (its GGUF loader dequantises every
+tensor to float, the same values the mini-decoder computes at load), then compares:
+  1. tokenizer ids on a fixed set of test strings (plain text and one ChatML prompt): the
+     mini-decoder's `--dump-tokens` against the HF tokenizer built from the GGUF; they must be
+     identical;
+  2. the prompt logits of a fixed chat prompt: the mini-decoder's dense f32 path
+     (`--dump-logits`, raw f32 [tokens][vocab]) against the HF model's, fed the same ids:
+     top-1 agreement on every position and the max / mean absolute logit difference.
+Prints a short table, writes JSON (--json), exits 0 when the ids are identical and the top-1
+token agrees on every position, 1 otherwise, 2 on a usage error.
+
+Runs on the CPU or a GPU (--device). Needs torch, transformers (with GGUF support) and the
+`gguf` package; on a machine without network access install gguf from a wheel downloaded
+elsewhere (docs/mini_decoder.md gives the exact pip commands).
+
+usage: scripts/hf-compare.py [--gguf PATH] [--mini-decoder BIN] [--device cpu|cuda]
+                             [--json OUT] [--prompt TEXT] [--workdir DIR] [--tokenizer-only]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+# Plain strings (no special-token text: the mini-decoder parses specials only in chat mode).
+TEST_STRINGS = [
+    "Hello, world!",
+    "The quick brown fox jumps over the lazy dog.",
+    "What is the capital of France?",
+    "  leading spaces and trailing  ",
+    "tabs\tand\nnewlines\n\n\nand    runs of spaces",
+    "Numbers: 0 1 12 123 1234 3.14159 -42 1e-5 2024-11-29",
+    "I'm sure they'll say it's what we'd've done; you're right, isn't it?",
+    "def add(a, b):\n    return a + b  # sum\n",
+    "for (int i = 0; i < n; ++i) { x[i] = y[i] * 2; }",
+    "KVC_BATCH_LIMIT=37\n# KVC_BATCH_LIMIT=73",
+    "naïve café résumé Ångström",
+    "日本語のテキストと中文字符",
+    "Emoji: 🙂🚀👍🏽 and symbols ©®™ ± ∑ √",
+    "Arabic digits ١٢٣ and Devanagari ४५६",
+    "UPPER lower MiXeD CamelCaseWord snake_case_word",
+    "https://example.com/path?query=1&x=y#frag",
+    "email: someone@example.org, phone +1 (555) 010-9999",
+    "The pass key is 58231. Remember it. 58231 is the pass key.",
+    "",
+    "a",
+]
+
+# Chat prompts (the ChatML template with the default system message; specials are parsed).
+CHAT_STRINGS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+]
+
+# The prompt whose logits are compared (chat mode): a few hundred tokens.
+DEFAULT_PROMPT = (
+    "Here is a short note. The lighthouse keeper's cat is named Biscuit, and the harvest "
+    "festival of Eldmoor is always held in Copperfield Barn. The chief engineer of the river "
+    "ferry is Marguerite Okafor. In the configuration file, the archived value of "
+    "KVC_BATCH_LIMIT was 73 and the active value is 37. The old miller walked slowly along the "
+    "narrow bridge over the stream before breakfast, while the village baker painted a picture "
+    "of the yellow fields behind the mill. Question: what is the name of the lighthouse "
+    "keeper's cat, and who is the chief engineer of the river ferry?")
+
+
+def chatml(user):
+    return ("<|im_start|>system\n" + DEFAULT_SYSTEM + "<|im_end|>\n<|im_start|>user\n" + user +
+            "<|im_end|>\n<|im_start|>assistant\n")
+
+
+def find_binary(arg):
+    if arg:
+        return arg
+    for d in ["build", "build-mini", "build-cpu"] + sorted(
+            x for x in os.listdir(ROOT) if x.startswith("build")):
+        p = os.path.join(ROOT, d, "examples", "mini_decoder", "mini_decoder")
+        if os.access(p, os.X_OK):
+            return p
+    sys.exit("hf-compare: no mini_decoder binary found; build it (cmake --build build --target "
+             "mini_decoder) or pass --mini-decoder")
+
+
+def find_gguf(arg):
+    if arg:
+        return arg
+    out = subprocess.run([os.path.join(ROOT, "scripts", "fetch-model"), "--quiet"],
+                         check=True, capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def tokenizers_from_gguf(path):
+    """The HF `tokenizers` BPE built straight from the GGUF's vocabulary and merges with the
+    smollm pre-tokenizer (digits split, then GPT-2 byte-level): the reference when transformers'
+    GGUF loader is unavailable (it needs torch)."""
+    import gguf as gguf_pkg
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    r = gguf_pkg.GGUFReader(path)
+
+    def field(name):
+        f = r.fields[name]
+        return [bytes(f.parts[i]).decode("utf-8") if f.types[-1] == gguf_pkg.GGUFValueType.STRING
+                else int(f.parts[i][0]) for i in f.data]
+
+    tokens = field("tokenizer.ggml.tokens")
+    merges = [tuple(m.split(" ", 1)) for m in field("tokenizer.ggml.merges")]
+    types = field("tokenizer.ggml.token_type")
+    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tok.decoder = decoders.ByteLevel()
+    # Control (3) and user-defined (4) tokens are matched as whole special tokens.
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, ty in zip(tokens, types) if ty in (3, 4)])
+    return lambda text: tok.encode(text, add_special_tokens=False).ids
+
+
+def mini_tokens(binary, gguf, text, chat, workdir):
+    prompt = os.path.join(workdir, "prompt.txt")
+    out = os.path.join(workdir, "tokens.txt")
+    with open(prompt, "wb") as f:
+        f.write(text.encode("utf-8"))
+    cmd = [binary, "--model", gguf, "--prompt-file", prompt, "--dump-tokens", out]
+    if chat:
+        cmd.append("--chat")
+    subprocess.run(cmd, check=True, capture_output=True)
+    with open(out) as f:
+        return [int(x) for x in f.read().split()]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gguf", help="model file (default: scripts/fetch-model)")
+    ap.add_argument("--mini-decoder", help="mini_decoder binary (default: build*/examples/...)")
+    ap.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda")
+    ap.add_argument("--json", default="hf-compare.json", help="JSON report (default %(default)s)")
+    ap.add_argument("--prompt", default=DEFAULT_PROMPT, help="user message of the logits prompt")
+    ap.add_argument("--workdir", help="folder for the dumps (default: a temporary one)")
+    ap.add_argument("--tokenizer-only", action="store_true",
+                    help="compare the tokenizer ids only (no torch needed)")
+    args = ap.parse_args()
+
+    import numpy as np
+    import transformers
+    from transformers import AutoTokenizer
+    if not args.tokenizer_only:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+    binary = find_binary(args.mini_decoder)
+    gguf = find_gguf(args.gguf)
+    gdir, gname = os.path.dirname(os.path.abspath(gguf)), os.path.basename(gguf)
+    work = args.workdir or tempfile.mkdtemp(prefix="hf-compare.")
+    os.makedirs(work, exist_ok=True)
+    torch_version = "-" if args.tokenizer_only else torch.__version__
+    report = {
+        "gguf": gguf, "mini_decoder": binary, "device": args.device,
+        "torch": torch_version, "transformers": transformers.__version__,
+    }
+    print(f"hf-compare: {gguf}\n  mini_decoder {binary}\n  torch {torch_version}, "
+          f"transformers {transformers.__version__}, device {args.device}")
+
+    # --- 1. tokenizer ------------------------------------------------------------------------
+    t0 = time.time()
+    try:
+        auto = AutoTokenizer.from_pretrained(gdir, gguf_file=gname)
+        encode = lambda text: auto(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+        reference = f"transformers {transformers.__version__} AutoTokenizer (GGUF loader)"
+    except Exception as e:  # transformers' GGUF loader needs torch
+        if not args.tokenizer_only:
+            raise
+        encode = tokenizers_from_gguf(gguf)
+        import tokenizers
+        reference = (f"tokenizers {tokenizers.__version__} BPE from the GGUF vocabulary and "
+                     f"merges (transformers' GGUF loader unavailable: {type(e).__name__})")
+    print(f"  tokenizer reference: {reference}")
+    report["tokenizer_reference"] = reference
+    rows = []
+    cases = [(s, False) for s in TEST_STRINGS] + [(s, True) for s in CHAT_STRINGS]
+    for text, chat in cases:
+        mine = mini_tokens(binary, gguf, text, chat, work)
+        full = chatml(text) if chat else text
+        theirs = encode(full)
+        rows.append({"text": full, "chat": chat, "identical": mine == theirs,
+                     "mini_decoder": mine, "hf": theirs})
+    same = sum(r["identical"] for r in rows)
+    report["tokenizer"] = {"strings": len(rows), "identical": same, "cases": rows,
+                           "seconds": round(time.time() - t0, 2)}
+
+    if args.tokenizer_only:
+        report["ok"] = same == len(rows)
+        print(f"\n| tokenizer ids identical | {same} / {len(rows)} strings |")
+        for r in rows:
+            if not r["identical"]:
+                print(f"tokenizer differs on {r['text']!r}:\n  mini {r['mini_decoder']}\n"
+                      f"  hf   {r['hf']}")
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+        print(f"\n{'OK' if report['ok'] else 'MISMATCH'}; wrote {args.json}")
+        return 0 if report["ok"] else 1
+
+    # --- 2. prompt logits --------------------------------------------------------------------
+    t0 = time.time()
+    logits_file = os.path.join(work, "logits.f32")
+    prompt_file = os.path.join(work, "logits_prompt.txt")
+    with open(prompt_file, "wb") as f:
+        f.write(args.prompt.encode("utf-8"))
+    ids = mini_tokens(binary, gguf, args.prompt, True, work)
+    subprocess.run([binary, "--model", gguf, "--prompt-file", prompt_file, "--chat",
+                    "--max-tokens", "0", "--dump-logits", logits_file],
+                   check=True, capture_output=True)
+    mine = np.fromfile(logits_file, dtype=np.float32)
+    vocab = mine.size // len(ids)
+    mine = mine.reshape(len(ids), vocab)
+    mini_s = time.time() - t0
+
+    t0 = time.time()
+    model = AutoModelForCausalLM.from_pretrained(gdir, gguf_file=gname, torch_dtype=torch.float32)
+    tied_fixed = False
+    emb = model.get_input_embeddings().weight
+    head = model.get_output_embeddings().weight
+    if emb.data_ptr() != head.data_ptr() and not torch.equal(emb, head):
+        # The GGUF has no output.weight (the LM head is the embedding); tie them when the loader
+        # left the head untied.
+        import gguf as gguf_pkg
+        names = {t.name for t in gguf_pkg.GGUFReader(gguf).tensors}
+        if "output.weight" not in names:
+            model.get_output_embeddings().weight = model.get_input_embeddings().weight
+            tied_fixed = True
+    model = model.to(args.device).eval()
+    with torch.no_grad():
+        theirs = model(torch.tensor([ids], device=args.device)).logits[0].float().cpu().numpy()
+    hf_s = time.time() - t0
+    if theirs.shape[1] != vocab:
+        sys.exit(f"hf-compare: vocab {theirs.shape[1]} (hf) != {vocab} (mini_decoder)")
+    diff = np.abs(mine - theirs)
+    top_mine, top_theirs = mine.argmax(1), theirs.argmax(1)
+    agree = top_mine == top_theirs
+    srt = np.sort(theirs, axis=1)
+    margin = srt[:, -1] - srt[:, -2]  # hf's top-1 margin: small margins explain disagreement
+    disagreements = [{"position": int(p), "mini_decoder": int(top_mine[p]),
+                      "hf": int(top_theirs[p]), "hf_top2_margin": float(margin[p])}
+                     for p in np.nonzero(~agree)[0]]
+    report["logits"] = {
+        "prompt_tokens": len(ids), "vocab": vocab, "top1_agree": int(agree.sum()),
+        "top1_agree_fraction": float(agree.mean()), "max_abs_diff": float(diff.max()),
+        "mean_abs_diff": float(diff.mean()),
+        "max_abs_diff_last_position": float(diff[-1].max()),
+        "logit_range": [float(theirs.min()), float(theirs.max())],
+        "disagreements": disagreements, "lm_head_tied_by_script": tied_fixed,
+        "mini_decoder_seconds": round(mini_s, 2), "hf_seconds": round(hf_s, 2),
+    }
+    ok = same == len(rows) and bool(agree.all())
+    report["ok"] = ok
+
+    # --- table -------------------------------------------------------------------------------
+    lg = report["logits"]
+    print()
+    print("| check | result |")
+    print("|---|---|")
+    print(f"| tokenizer ids identical | {same} / {len(rows)} strings |")
+    print(f"| prompt logits: top-1 agreement | {lg['top1_agree']} / {len(ids)} positions |")
+    print(f"| max abs logit difference | {lg['max_abs_diff']:.4g} (logits in "
+          f"[{lg['logit_range'][0]:.1f}, {lg['logit_range'][1]:.1f}]) |")
+    print(f"| mean abs logit difference | {lg['mean_abs_diff']:.4g} |")
+    if tied_fixed:
+        print("| note | transformers left lm_head untied; the script tied it to the embedding |")
+    for r in rows:
+        if not r["identical"]:
+            print(f"tokenizer differs on {r['text']!r}:\n  mini {r['mini_decoder']}\n"
+                  f"  hf   {r['hf']}")
+    for d in disagreements[:10]:
+        print(f"top-1 differs at position {d['position']}: mini {d['mini_decoder']}, "
+              f"hf {d['hf']} (hf top-2 margin {d['hf_top2_margin']:.3g})")
+    with open(args.json, "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"\n{'OK' if ok else 'MISMATCH'}; wrote {args.json}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
