@@ -1,7 +1,7 @@
 // The real SmolLM2-135M-Instruct file, when scripts/fetch-model has put it in the cache
 // ($KVC_MODEL_DIR or ~/.cache/kvc); skipped otherwise. Pins what docs/mini_decoder.md states:
 // the tensor types, the chat prompt's token ids (equal to HF tokenizers' on this vocabulary)
-// and the greedy answer.
+// and the greedy answer, with the dense f32 cache and with a kvc cache.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -12,6 +12,7 @@
 
 #include "gguf.h"
 #include "kv_cache.h"
+#include "kvc_cache.h"
 #include "model.h"
 #include "sampler.h"
 #include "thread_pool.h"
@@ -83,6 +84,34 @@ TEST(MiniDecoder_RealModel, TensorTypesPromptIdsAndGreedyAnswer) {
     model.forward(&next, 1, *cache, logits.data(), pool);
   }
   EXPECT_EQ(tok.decode(out), "The capital of France is Paris.");
+
+  // The same answer through kvc: dense prefill of all but the last prompt token, ingested into
+  // stores with a 16-token ring and blocks of 16 (K f16, V int4), then block_select_exact top 1.
+  KvOptions o;
+  o.mode = "block_select_exact";
+  o.format = "fp16k_q4v";
+  o.recent_window = 16;
+  o.block_size = 16;
+  o.top_blocks = 1;
+  o.device = "cpu";
+  const int n = static_cast<int>(ids.size());
+  DenseKvCache prefill(model.kv_shape(n - 1));
+  model.forward(ids.data(), n - 1, prefill, nullptr, pool);
+  KvcKvCache kvc_cache(o, model.kv_shape(n + max_new), Device::cpu());
+  kvc_cache.enable_stats(true);
+  copy_prefix(prefill, n - 1, kvc_cache);
+  model.forward(&ids[static_cast<std::size_t>(n - 1)], 1, kvc_cache, logits.data(), pool);
+  EXPECT_EQ(kvc_cache.last_step().closed_blocks, (n - 16) / 16);
+  for (const auto& sel : kvc_cache.last_step().selected) EXPECT_EQ(sel.size(), 1u);
+  out.clear();
+  for (int i = 0; i < max_new; ++i) {
+    const int next = greedy.sample(logits.data(), c.vocab_size);
+    if (tok.is_control(next)) break;
+    out.push_back(next);
+    model.forward(&next, 1, kvc_cache, logits.data(), pool);
+  }
+  EXPECT_EQ(tok.decode(out), "The capital of France is Paris.");
+  EXPECT_LT(kvc_cache.footprint().in_use, kvc_cache.footprint().dense_equivalent_bytes);
 }
 
 }  // namespace
