@@ -58,7 +58,7 @@ const char* const kUsage =
     "  --scoring S       block score: mean_k (default) or quest (min/max K upper bound)\n"
     "  --aggregate A     GQA aggregation of the block score: sum (default) or max\n"
     "  --seeds N         random cases per (case, length) (default 1)\n"
-    "  --threads N       cases run in parallel (default: hardware threads; 1 on CUDA)\n"
+    "  --threads N       cases run in parallel (default: hardware threads up to 8; 1 on CUDA)\n"
     "  --device D        auto (default: CUDA when every part runs there, else CPU), cpu, cuda\n"
     "  --jsonl PATH      write the rows (default: none)\n"
     "  --summary PATH    write the markdown summary (default: none)\n"
@@ -174,13 +174,17 @@ int run(int argc, char** argv) {
   std::vector<int> lengths = {2048, 4096, 8192, 16384, 32768};
   std::vector<kq::CaseKind> cases = kq::all_cases();
   int seeds = 1;
-  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // A 128K case holds about 0.4 GB while it runs: at most 8 by default.
+  int threads = static_cast<int>(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
   bool threads_set = false;
   std::string device_request = "auto", jsonl_path, summary_path;
   bool quiet = false;
   std::string note_text;
   std::string command = "kvc_quality";
-  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    command += a.find(' ') == std::string::npos ? " " + a : " '" + a + "'";
+  }
 
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
