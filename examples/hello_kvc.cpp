@@ -288,14 +288,17 @@ int run() {
 
     const double diff = relative_l2(out.download(), out_dense.download());
     worst = std::max(worst, diff);
-    const kvc::AttendedTokens& t0 = tm.tokens[0];
+    // The selection straight from the selector's output (device memory on a GPU).
+    const std::vector<std::int32_t> selected = ids.download();
+    const std::vector<std::int32_t> selected_count = counts.download();
+    const kvc::AttendedTokens t0 = tm.tokens.empty() ? kvc::AttendedTokens{} : tm.tokens[0];
     char bytes[64];
     std::snprintf(bytes, sizeof bytes, "%s (1/%.1f)",
                   kvc::planner::format_bytes(tm.attended_bytes.total()).c_str(), tm.attended_ratio);
     std::printf("%4d %6d  %-32s %6lld %4lld %22s %8.2f%%\n", step, store->length(slot),
-                join_ids(tm.selected_ids.data(), tm.selected_counts[0]).c_str(),
-                static_cast<long long>(t0.recent), static_cast<long long>(t0.old_exact), bytes,
-                100.0 * diff);
+                join_ids(selected.data(), selected_count[0]).c_str(),
+                static_cast<long long>(t0.recent), static_cast<long long>(t0.old_exact),
+                tm.complete ? bytes : "-", 100.0 * diff);
   }
   std::printf(
       "(recent, old: tokens kv head 0 attended from the ring and from old blocks; attended bytes:\n"
