@@ -9,6 +9,7 @@
 //     lengths, the footprint and the free pool exactly as they were; footprint() equals
 //     compute_footprint of the open slots' lengths; and a twin store fed the same tokens one by
 //     one (append) instead of in chunks (ingest) holds bit-identical contents.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -192,6 +193,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     lengths_ok = lengths_ok && L >= 0 && L <= c.max_context;
   }
   const bool valid = validates(c);
+  // Old blocks the lengths need, against the pool (this shard's blocks for a shard).
+  std::int64_t blocks_needed = 0;
+  const std::pair<int, int> sh = fuzz::shards_of(c, 0);
+  for (int L : lengths) {
+    if (!valid) break;
+    const std::int64_t old = std::max<std::int64_t>(0, std::int64_t{L} - c.recent_window);
+    blocks_needed +=
+        fuzz::owned_count((old + c.block_size - 1) / c.block_size, sh.first, sh.second);
+  }
+  const bool pool_ok = valid && blocks_needed <= c.pool_blocks();
   Footprint f;
   bool threw = false;
   try {
@@ -200,14 +211,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(fuzz::well_formed_error(e), "malformed error: %s", e.what());
     threw = true;
   }
-  FUZZ_CHECK(threw == (!valid || !lengths_ok), "compute_footprint threw = %d, valid = %d, "
-             "lengths ok = %d", threw, valid, lengths_ok);
+  // It throws for a bad config or a length out of range; for lengths past the pool it throws
+  // since the fix of finding 2 (docs/reliability.md), and before it reported in_use > total().
+  FUZZ_CHECK(threw || (valid && lengths_ok), "compute_footprint accepted a bad config or length");
+  FUZZ_CHECK(!threw || !valid || !lengths_ok || !pool_ok,
+             "compute_footprint threw for a valid config and lengths that fit its pool");
   if (!valid) return 0;
 
   const fuzz::WideFootprint w = fuzz::wide_footprint(c);
   if (!fuzz::fits_size_t(w)) {
-    // Known gap, reported: validate() bounds the pool but not the ring (max_slots x Hkv x W x d)
-    // or the dense-equivalent capacity, so their size_t products can wrap (src/store_common.cpp).
+    // Finding 1 (docs/reliability.md): validate() must reject a config whose byte counts do not
+    // fit size_t (they wrap and the store is created too small).
     FUZZ_CHECK(!fuzz::strict_mode(), "validate() accepted a config whose footprint overflows "
                "size_t: slots %d, Hkv %d, d %d, context %d, W %d, B %d, pool %d", c.max_slots,
                c.num_kv_heads, c.head_dim, c.max_context, c.recent_window, c.block_size,
@@ -226,16 +240,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   FUZZ_CHECK(f.dense_equivalent_bytes ==
                  static_cast<std::size_t>(tokens) * c.num_kv_heads * c.head_dim * 4,
              "dense_equivalent_bytes");
-  // Blocks the lengths need against the pool: compute_footprint does not check that the lengths
-  // fit the pool (known gap, reported), and then in_use exceeds the capacity.
-  std::int64_t blocks_needed = 0;
-  const std::pair<int, int> sh = fuzz::shards_of(c, 0);
-  for (int L : lengths) {
-    const std::int64_t old = L > c.recent_window ? L - c.recent_window : 0;
-    blocks_needed += fuzz::owned_count((old + c.block_size - 1) / c.block_size, sh.first,
-                                       sh.second);
-  }
-  if (blocks_needed > c.pool_blocks()) {
+  if (!pool_ok) {
+    // Finding 2: accepted lengths that do not fit the pool (in_use then exceeds the capacity).
     FUZZ_CHECK(!fuzz::strict_mode(), "compute_footprint accepted lengths that need %lld blocks "
                "of a pool of %d (in_use %zu, total %zu)", static_cast<long long>(blocks_needed),
                c.pool_blocks(), f.in_use, f.total());
