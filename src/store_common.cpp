@@ -64,6 +64,21 @@ void KvStoreConfig::validate() const {
   KVC_CHECK(pool <= (1ll << 30), "num_pool_blocks = ", pool, " must be <= 2^30");
   const long long rows = pool * num_kv_heads * block_size;
   KVC_CHECK(rows <= (1ll << 40), "pool rows = ", rows, " (blocks x heads x block_size) too large");
+  // Every byte count the store derives must fit in 64 bits with room to spare: bound the
+  // allocation (and the dense-equivalent capacity it is compared with) in long double first.
+  const long double d = head_dim, hkv = num_kv_heads;
+  const long double ring = static_cast<long double>(max_slots) * hkv * recent_window * d * 4.0L;
+  const long double old = static_cast<long double>(rows) * (2.0L * d + 8.0L) +
+                          static_cast<long double>(pool) * hkv * d * 16.0L;
+  const long double tables =
+      4.0L * (static_cast<long double>(max_slots) * (max_blocks_per_slot() + 1.0L) + pool + 1.0L);
+  const long double dense = static_cast<long double>(max_slots) * max_context * hkv * d * 4.0L;
+  constexpr long double kMaxBytes = 281474976710656.0L;  // 2^48 B = 256 TiB
+  KVC_CHECK(ring + old + tables <= kMaxBytes, "store size ", ring + old + tables,
+            " B (ring ", ring, " B + pool ", old, " B + tables ", tables,
+            " B) must be <= 2^48 B; reduce max_slots, recent_window or num_pool_blocks");
+  KVC_CHECK(dense <= 4.0L * kMaxBytes * 1024.0L, "max_slots x max_context x num_kv_heads x head_dim = ",
+            dense / 4.0L, " elements is too large (dense-equivalent bytes must be <= 2^60)");
 }
 
 namespace {
@@ -110,6 +125,7 @@ Footprint compute_footprint(const KvStoreConfig& c, const std::vector<int>& leng
   f.dense_equivalent_capacity =
       static_cast<std::size_t>(c.max_slots) * static_cast<std::size_t>(c.max_context) * dense_token;
   std::size_t in_use = f.tables;
+  long long blocks_needed = 0;
   for (std::size_t i = 0; i < lengths.size(); ++i) {
     const int L = lengths[i];
     KVC_CHECK(L >= 0 && L <= c.max_context, "lengths[", i, "] = ", L, " must be in [0, ",
@@ -118,9 +134,12 @@ Footprint compute_footprint(const KvStoreConfig& c, const std::vector<int>& leng
     const int ring_rows = L < c.recent_window ? L : c.recent_window;
     in_use += static_cast<std::size_t>(ring_rows) * hkv * z.ring_row;
     const int old = L - c.recent_window > 0 ? L - c.recent_window : 0;
-    in_use += static_cast<std::size_t>(c.owned_blocks((old + c.block_size - 1) / c.block_size)) *
-              z.per_block;
+    const int owned = c.owned_blocks((old + c.block_size - 1) / c.block_size);
+    blocks_needed += owned;
+    in_use += static_cast<std::size_t>(owned) * z.per_block;
   }
+  KVC_CHECK(blocks_needed <= static_cast<long long>(pool), "lengths need ", blocks_needed,
+            " old blocks but num_pool_blocks = ", pool);
   f.dense_equivalent_bytes = static_cast<std::size_t>(f.tokens) * dense_token;
   f.in_use = in_use;
   return f;
