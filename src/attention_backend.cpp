@@ -94,15 +94,24 @@ void AttentionConfig::validate() const {
             "num_representatives = ", num_representatives, " must be in [0, 1024]");
   KVC_CHECK(max_query_tokens >= 1 && max_query_tokens <= 1024,
             "max_query_tokens = ", max_query_tokens, " must be in [1, 1024]");
+  KVC_CHECK(max_batch >= 1 && max_batch <= (1 << 24), "max_batch = ", max_batch,
+            " must be in [1, 2^24]");
+  KVC_CHECK(max_splits >= 0, "max_splits = ", max_splits, " must be >= 0 (0: automatic)");
 }
 
 std::unique_ptr<AttentionBackend> AttentionBackend::create(const AttentionConfig& config,
                                                            Device device) {
   config.validate();
   if (device.is_cpu()) return attention::create_cpu_backend(config);
-  KVC_CHECK(false, "device = ", to_string(device),
-            ": the CUDA attention backend is not available in this build");
+#if KVC_CUDA_ENABLED
+  const int n = cuda_device_count();
+  KVC_CHECK(device.index >= 0 && device.index < n, "device = ", to_string(device),
+            " is not present (CUDA devices: ", n, ")");
+  return attention::create_cuda_backend(config, device);
+#else
+  KVC_CHECK(false, "device = ", to_string(device), " needs kvc built with CUDA (KVC_WITH_CUDA)");
   return nullptr;
+#endif
 }
 
 namespace attention {
@@ -254,7 +263,7 @@ DenseParams check_dense_decode(const AttentionConfig& c, Device device,
 }
 
 void fill_telemetry(const AttentionConfig& c, const KvStore& store, const DecodeArgs& args,
-                    const SelectionView& sel, Telemetry* tm) {
+                    const SelectionView* sel_or_null, Telemetry* tm) {
   const KvStoreConfig& sc = store.config();
   const StoreView sv = store.view();
   const int batch = static_cast<int>(args.slots.size());
@@ -273,6 +282,31 @@ void fill_telemetry(const AttentionConfig& c, const KvStore& store, const Decode
   tm->selection_shared_across_heads = false;
   tm->selected_ids.clear();
   tm->selected_counts.clear();
+  tm->tokens.clear();
+  tm->total_tokens = AttendedTokens{};
+  tm->attended_bytes = AttendedBytes{};
+  tm->attended_ratio = 0.0;
+  tm->dense_equivalent_bytes = 0;
+  tm->store = store.footprint();
+  tm->compression_ratio = tm->store.in_use > 0
+                              ? static_cast<double>(tm->store.dense_equivalent_bytes) /
+                                    static_cast<double>(tm->store.in_use)
+                              : 0.0;
+  if (uses_selection(c.mode) && sel_or_null == nullptr) {
+    // The selection lives on the device and was not copied: what depends on it stays empty.
+    for (int b = 0; b < batch; ++b) {
+      const int L = store.length(args.slots[b]);
+      for (int t = 0; t < T; ++t) {
+        const RowRange rr = row_range(L, T, t, sc.recent_window, B);
+        tm->dense_equivalent_bytes +=
+            static_cast<std::uint64_t>(rr.position + 1) * 4ull * c.head_dim * Hkv;
+      }
+    }
+    return;
+  }
+  const SelectionView sel = sel_or_null != nullptr ? *sel_or_null : SelectionView{};
+  // Count of row r clamped to [0, max_selected], as the CUDA kernels read it.
+  auto count_of = [&](int r) { return std::min(std::max(sel.counts[r], 0), sel.max_selected); };
   if (uses_selection(c.mode)) {
     tm->selection_rows = sel.rows;
     tm->max_selected = sel.max_selected;
@@ -280,15 +314,13 @@ void fill_telemetry(const AttentionConfig& c, const KvStore& store, const Decode
     tm->selected_counts.assign(sel.counts, sel.counts + sel.rows);
     tm->selected_ids.assign(static_cast<std::size_t>(sel.rows) * sel.max_selected, -1);
     for (int r = 0; r < sel.rows; ++r) {
-      for (int i = 0; i < sel.counts[r]; ++i) {
+      for (int i = 0; i < count_of(r); ++i) {
         tm->selected_ids[static_cast<std::size_t>(r) * sel.max_selected + i] =
             sel.ids[static_cast<std::size_t>(r) * sel.max_selected + i];
       }
     }
   }
   tm->tokens.assign(static_cast<std::size_t>(tm->rows), AttendedTokens{});
-  tm->total_tokens = AttendedTokens{};
-  tm->dense_equivalent_bytes = 0;
   const std::uint64_t dense_token = 2ull * c.head_dim * 2ull;
   // A shard store counts what it attends: its own blocks, and the ring on shard 0 (attention.h);
   // the counts of all shards add up to those of one unsharded store.
@@ -316,7 +348,10 @@ void fill_telemetry(const AttentionConfig& c, const KvStore& store, const Decode
         if (uses_selection(c.mode)) {
           const int sel_row = sel.shared_across_heads ? b * T + t : row;
           const std::int32_t* ids = sel.ids + static_cast<std::size_t>(sel_row) * sel.max_selected;
-          for (int i = 0; i < sel.counts[sel_row]; ++i) selected += sc.owns_block(ids[i]) ? 1 : 0;
+          // Ids outside [0, closed blocks) are skipped by the CUDA kernels (the CPU rejects them).
+          for (int i = 0; i < count_of(sel_row); ++i) {
+            selected += ids[i] >= 0 && ids[i] < rr.num_closed && sc.owns_block(ids[i]) ? 1 : 0;
+          }
         }
         switch (c.mode) {
           case AttentionMode::kDense:
@@ -358,11 +393,6 @@ void fill_telemetry(const AttentionConfig& c, const KvStore& store, const Decode
   tm->attended_ratio = ab.total() > 0 ? static_cast<double>(tm->dense_equivalent_bytes) /
                                             static_cast<double>(ab.total())
                                       : 0.0;
-  tm->store = store.footprint();
-  tm->compression_ratio = tm->store.in_use > 0
-                              ? static_cast<double>(tm->store.dense_equivalent_bytes) /
-                                    static_cast<double>(tm->store.in_use)
-                              : 0.0;
   tm->complete = true;
 }
 

@@ -225,7 +225,7 @@ class CpuAttentionBackend final : public AttentionBackend {
   void decode(const KvStore& store, const DecodeArgs& args, Telemetry* telemetry) override {
     AttentionParams p = check_decode(config_, Device::cpu(), store, args, true);
     p.slots = args.slots.data();
-    if (telemetry != nullptr) fill_telemetry(config_, store, args, p.selection, telemetry);
+    if (telemetry != nullptr) fill_telemetry(config_, store, args, &p.selection, telemetry);
     cpu_decode(p, config_.accumulate_f64);
   }
 

@@ -1034,7 +1034,10 @@ TEST(Cpu_AttentionConfig, ValidationNamesTheField) {
     EXPECT_EQ(parse_attention_mode(to_string(m)), m);
   }
   expect_error([] { parse_attention_mode("sparse"); }, {"mode = 'sparse'"});
-  expect_error([] { AttentionBackend::create(AttentionConfig{}, Device::cuda(0)); }, {"cuda:0"});
+  // A CUDA device that is not present (or a build without CUDA) is named in the error.
+  expect_error([] { AttentionBackend::create(AttentionConfig{}, Device::cuda(999)); }, {"cuda:999"});
+  bad([](AttentionConfig& c) { c.max_batch = 0; }, "max_batch = 0");
+  bad([](AttentionConfig& c) { c.max_splits = -1; }, "max_splits = -1");
 }
 
 // Each bad argument throws naming it, before anything is written.

@@ -93,6 +93,12 @@ struct AttentionConfig {
   int num_representatives = 0;
   RepresentativePolicy representative_policy = RepresentativePolicy::kLast;  ///< which rows
   int max_query_tokens = 1;  ///< largest T per call (multi-token verify), 1..1024
+  /// CUDA: largest batch (slots / lengths per call) the backend preallocates for, 1..2^24; a
+  /// larger call throws. The CPU backend has no such limit.
+  int max_batch = 256;
+  /// CUDA: most split-K chunks per query row, 0 = automatic (enough chunks to fill the GPU).
+  /// 1 gives one CTA per row and no combine launch. The CPU backend ignores it.
+  int max_splits = 0;
   /// CPU only: accumulate in float64 instead of float32 (an oracle for tests). The CUDA backend
   /// rejects it.
   bool accumulate_f64 = false;
@@ -113,6 +119,8 @@ struct DecodeArgs {
   TensorView q;  ///< [batch, T, Hq, d] config dtype; T = q.shape[1], 1..min(max_query_tokens, W)
   /// Selected closed blocks (selection.h): rows = batch*T*Hkv, or batch*T when
   /// shared_across_heads. Required by kBlockSelectLossy / kBlockSelectExact, ignored otherwise.
+  /// The CPU backend checks the ids; the CUDA backend reads them on the device and skips an id
+  /// outside [0, closed blocks) and clamps a count to [0, max_selected].
   SelectionView selection;
   /// [Hq] per-head sink logit, or null: adds exp(sink) to the softmax denominator only (on a
   /// shard store, only on shard 0).
@@ -141,8 +149,9 @@ struct DenseDecodeArgs {
 /// naming the argument and writes nothing.
 class AttentionBackend {
  public:
-  /// Creates a backend on `device`. Throws kvc::Error for a bad config, or when the device is
-  /// CUDA and no CUDA backend is available.
+  /// Creates a backend on `device`. Throws kvc::Error for a bad config, when the device is CUDA
+  /// and kvc was built without CUDA or the device is not present, or for accumulate_f64 on CUDA.
+  /// The CUDA backend allocates all its device memory here (docs/attention.md, "CUDA").
   /// @param[in] config shape and mode (validated)
   /// @param[in] device where the stores and tensors it will be given live
   static std::unique_ptr<AttentionBackend> create(const AttentionConfig& config, Device device);

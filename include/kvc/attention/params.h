@@ -43,6 +43,7 @@ struct AttentionParams {
   RepresentativePolicy representative_policy = RepresentativePolicy::kLast;  ///< rows of R
   DType q_dtype = DType::kF16;                                               ///< f16 or bf16
   DType out_dtype = DType::kF16;                                             ///< f16, bf16 or f32
+  int max_splits = 0;  ///< CUDA: most split-K chunks per row (0: automatic); the CPU ignores it
 };
 
 /// Everything one AttentionBackend::dense_decode call reads and writes, after validation.
@@ -66,6 +67,7 @@ struct DenseParams {
   DType q_dtype = DType::kF16;            ///< f16 or bf16
   DType kv_dtype = DType::kF16;           ///< f16 or bf16
   DType out_dtype = DType::kF16;          ///< f16, bf16 or f32
+  int max_splits = 0;  ///< CUDA: most split-K chunks per row (0: automatic); the CPU ignores it
 };
 
 /// The positions one query row can see in a slot of the store.

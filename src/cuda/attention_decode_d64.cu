@@ -1,0 +1,14 @@
+// Decode-kernel instantiations for head_dim 64 (every head tile, old format and 16-bit dtype).
+#include "attention/launch.cuh"
+
+namespace kvc {
+namespace kernels {
+namespace attention_detail {
+
+const void* decode_kernel_d64(int gt, OldKind kind, bool bf16) {
+  return decode_kernel_table<64>(gt, kind, bf16);
+}
+
+}  // namespace attention_detail
+}  // namespace kernels
+}  // namespace kvc

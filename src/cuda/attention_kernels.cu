@@ -1,0 +1,362 @@
+// Kernel layer of the AttentionBackend: the split-K plan (virtual list length, chunk size,
+// head tiles), the workspace (sized and carved by one helper), and the launches of the decode,
+// combine and merge kernels.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+
+#include "attention/combine.cuh"
+#include "attention/launch.cuh"
+#include "kvc/core/cuda_check.h"
+#include "kvc/kernels/attention_kernels.h"
+
+namespace kvc {
+namespace kernels {
+namespace attention_detail {
+namespace {
+
+/// Waves of resident CTAs the plan aims for: one, so that no CTA waits for a second wave (their
+/// work is equal), and the combine launch finds the decode grid's CTAs all started.
+constexpr int kWaves = 1;
+/// Largest grid.y (chunks per row).
+constexpr int kMaxChunks = 65535;
+
+bool head_dim_supported(int d) { return d == 64 || d == 128 || d == 256 || d == 512; }
+
+int rows_per_iter(int d) {
+  switch (d) {
+    case 64:
+      return DimTraits<64>::kRowsPerIter;
+    case 128:
+      return DimTraits<128>::kRowsPerIter;
+    case 256:
+      return DimTraits<256>::kRowsPerIter;
+    default:
+      return DimTraits<512>::kRowsPerIter;
+  }
+}
+
+/// Smallest power of two >= G, at most the head dim's largest tile.
+int head_tile(int group, int d) {
+  int gt = 1;
+  while (gt < group && gt < max_head_tile(d)) gt *= 2;
+  return gt;
+}
+
+/// Resident CTAs per SM of `kernel` (cached: it depends only on the kernel and the device).
+cudaError_t ctas_per_sm(const void* kernel, int& out) {
+  static std::mutex mu;
+  static std::unordered_map<const void*, int> cache;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto it = cache.find(kernel);
+    if (it != cache.end()) {
+      out = it->second;
+      return cudaSuccess;
+    }
+  }
+  int n = 0;
+  KVC_CUDA_CALL(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0));
+  n = std::max(n, 1);
+  std::lock_guard<std::mutex> lock(mu);
+  cache[kernel] = n;
+  out = n;
+  return cudaSuccess;
+}
+
+cudaError_t sm_count(int& out) {
+  int dev = 0;
+  KVC_CUDA_CALL(cudaGetDevice(&dev));
+  KVC_CUDA_CALL(cudaDeviceGetAttribute(&out, cudaDevAttrMultiProcessorCount, dev));
+  out = std::max(out, 1);
+  return cudaSuccess;
+}
+
+/// CTAs the plan aims for on the current device with `kernel`.
+cudaError_t target_ctas(const void* kernel, std::int64_t& out) {
+  int sms = 0, occ = 0;
+  KVC_CUDA_CALL(sm_count(sms));
+  KVC_CUDA_CALL(ctas_per_sm(kernel, occ));
+  out = static_cast<std::int64_t>(sms) * occ * kWaves;
+  return cudaSuccess;
+}
+
+/// How one call is cut into CTAs.
+struct Plan {
+  const void* kernel = nullptr;
+  int gt = 1;                // query heads per CTA
+  int tiles = 1;             // head tiles per kv head
+  int vlen = 0;              // virtual list length per row
+  int chunk = 0;             // rows per chunk
+  int num_chunks = 1;        // chunks per row (grid.y)
+  std::int64_t kv_ctas = 0;  // grid.x = batch * T * Hkv * tiles
+  std::int64_t rows_q = 0;   // batch * T * Hq
+};
+
+cudaError_t make_plan(int head_dim, int num_q_heads, int num_kv_heads, int batch, int T,
+                      std::int64_t vlen, OldKind kind, bool bf16, int max_splits, Plan& plan) {
+  if (!head_dim_supported(head_dim) || num_kv_heads < 1 || num_q_heads % num_kv_heads != 0 ||
+      vlen < 1 || vlen > (1ll << 30)) {
+    return cudaErrorInvalidValue;
+  }
+  const int group = num_q_heads / num_kv_heads;
+  plan.gt = head_tile(group, head_dim);
+  plan.tiles = (group + plan.gt - 1) / plan.gt;
+  plan.kernel = decode_kernel_for(head_dim, plan.gt, kind, bf16);
+  if (plan.kernel == nullptr) return cudaErrorInvalidValue;
+  plan.kv_ctas = static_cast<std::int64_t>(batch) * T * num_kv_heads * plan.tiles;
+  plan.rows_q = static_cast<std::int64_t>(batch) * T * num_q_heads;
+  if (plan.kv_ctas > INT32_MAX) return cudaErrorInvalidValue;
+  std::int64_t target = 0;
+  KVC_CUDA_CALL(target_ctas(plan.kernel, target));
+  const std::int64_t rpi = rows_per_iter(head_dim);
+  std::int64_t chunks = std::max<std::int64_t>(1, target / std::max<std::int64_t>(plan.kv_ctas, 1));
+  chunks = std::min(chunks, (vlen + 2 * rpi - 1) / (2 * rpi));  // at least two iterations each
+  chunks = std::min<std::int64_t>(chunks, kMaxChunks);
+  if (max_splits > 0) chunks = std::min<std::int64_t>(chunks, max_splits);
+  chunks = std::max<std::int64_t>(chunks, 1);
+  std::int64_t chunk = (vlen + chunks - 1) / chunks;
+  chunk = (chunk + rpi - 1) / rpi * rpi;
+  plan.vlen = static_cast<int>(vlen);
+  plan.chunk = static_cast<int>(chunk);
+  plan.num_chunks = static_cast<int>((vlen + chunk - 1) / chunk);
+  return cudaSuccess;
+}
+
+std::size_t align256(std::size_t n) { return (n + 255) / 256 * 256; }
+
+/// Workspace of `plan`: partial outputs [rows_q, chunks, d] and lse [rows_q, chunks] f32, none
+/// when one chunk covers a row. Returns the bytes; carves `base` when it is not null.
+std::size_t carve_workspace(void* base, const Plan& plan, int head_dim, float** part_out,
+                            float** part_lse) {
+  *part_out = nullptr;
+  *part_lse = nullptr;
+  if (plan.num_chunks <= 1) return 0;
+  const std::size_t n = static_cast<std::size_t>(plan.rows_q) * plan.num_chunks;
+  const std::size_t out_bytes = align256(n * head_dim * 4);
+  const std::size_t lse_bytes = align256(n * 4);
+  if (base != nullptr) {
+    *part_out = static_cast<float*>(base);
+    *part_lse = reinterpret_cast<float*>(static_cast<char*>(base) + out_bytes);
+  }
+  return out_bytes + lse_bytes;
+}
+
+int out_kind(DType t) { return t == DType::kF32 ? 2 : t == DType::kBF16 ? 1 : 0; }
+
+OldKind old_kind(Format f) {
+  return f == Format::kQ8 ? OldKind::kQ8 : f == Format::kFp16kQ4v ? OldKind::kQ4v : OldKind::k16;
+}
+
+/// Virtual list length of a store row in `mode` (docs in decode.cuh).
+std::int64_t store_vlen(const attention::AttentionParams& p) {
+  const std::int64_t W = p.store.recent_window, B = p.store.block_size;
+  const std::int64_t MB = p.store.max_blocks_per_slot;
+  const std::int64_t R = p.num_representatives;
+  const std::int64_t S = uses_selection(p.mode) ? std::max(p.selection.max_selected, 0) : 0;
+  switch (p.mode) {
+    case AttentionMode::kDense:
+      return W + MB * B;
+    case AttentionMode::kDenseRecentOnly:
+      return W + p.num_query_tokens - 1;
+    case AttentionMode::kRecentOnly:
+      return W;
+    case AttentionMode::kBlockSummary:
+      return W + B + MB * (1 + R);
+    case AttentionMode::kBlockSelectLossy:
+      return W + B + S * (1 + R);
+    case AttentionMode::kBlockSelectExact:
+      return W + B + S * B;
+  }
+  return W;
+}
+
+/// Launches the combine as a programmatic dependent of the decode grid (its launch overlaps the
+/// decode; the kernel waits for the decode's completion), or as an ordinary launch where that
+/// is not supported.
+cudaError_t launch_combine(void (*kernel)(CombineParams), unsigned blocks, const CombineParams& cp,
+                           cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  if (cudaLaunchKernelEx(&config, kernel, cp) == cudaSuccess) return cudaGetLastError();
+  cudaGetLastError();  // not supported here: clear it and launch in stream order
+  kernel<<<blocks, kThreads, 0, stream>>>(cp);
+  return cudaGetLastError();
+}
+
+/// Launches the decode kernel and, with more than one chunk per row, the combine.
+cudaError_t run(const Plan& plan, DecodeParams& dp, int head_dim, cudaStream_t stream) {
+  dp.tiles = plan.tiles;
+  dp.vlen = plan.vlen;
+  dp.chunk = plan.chunk;
+  dp.num_chunks = plan.num_chunks;
+  void* args[] = {&dp};
+  const dim3 grid(static_cast<unsigned>(plan.kv_ctas), static_cast<unsigned>(plan.num_chunks));
+  KVC_CUDA_CALL(cudaLaunchKernel(plan.kernel, grid, dim3(kThreads), args, 0, stream));
+  if (plan.num_chunks > 1) {
+    CombineParams cp;
+    cp.part_out = dp.part_out;
+    cp.part_lse = dp.part_lse;
+    cp.num_chunks = plan.num_chunks;
+    cp.rows = static_cast<int>(plan.rows_q);
+    cp.Hq = dp.Hq;
+    cp.sink = dp.sink;
+    cp.out = dp.out;
+    cp.out_kind = dp.out_kind;
+    cp.lse = dp.lse;
+    const unsigned blocks = static_cast<unsigned>((plan.rows_q + kWarps - 1) / kWarps);
+    switch (head_dim) {
+      case 64:
+        return launch_combine(combine_kernel<64>, blocks, cp, stream);
+      case 128:
+        return launch_combine(combine_kernel<128>, blocks, cp, stream);
+      case 256:
+        return launch_combine(combine_kernel<256>, blocks, cp, stream);
+      default:
+        return launch_combine(combine_kernel<512>, blocks, cp, stream);
+    }
+  }
+  return cudaGetLastError();
+}
+
+void fill_common(DecodeParams& dp, const void* q, DType q_dtype, void* out, DType out_dtype,
+                 float* lse, const float* sink, int batch, int T, int Hq, int Hkv, float scale) {
+  dp.q = static_cast<const std::uint16_t*>(q);
+  dp.q_bf16 = q_dtype == DType::kBF16;
+  dp.out = out;
+  dp.out_kind = out_kind(out_dtype);
+  dp.lse = lse;
+  dp.sink = sink;
+  dp.batch = batch;
+  dp.T = T;
+  dp.Hq = Hq;
+  dp.Hkv = Hkv;
+  dp.G = Hq / Hkv;
+  dp.scale_log2 = scale * kLog2e;
+}
+
+}  // namespace
+}  // namespace attention_detail
+
+using namespace attention_detail;
+
+std::size_t attention_workspace_upper_bound(int num_q_heads, int num_kv_heads, int head_dim) {
+  if (!head_dim_supported(head_dim) || num_kv_heads < 1 || num_q_heads % num_kv_heads != 0) {
+    return 0;
+  }
+  const int gt = head_tile(num_q_heads / num_kv_heads, head_dim);
+  std::int64_t target = 0;
+  for (OldKind kind : {OldKind::k16, OldKind::kQ8, OldKind::kQ4v}) {
+    for (bool bf16 : {false, true}) {
+      const void* k = decode_kernel_for(head_dim, gt, kind, bf16);
+      std::int64_t t = 0;
+      if (k == nullptr || target_ctas(k, t) != cudaSuccess) return 0;
+      target = std::max(target, t);
+    }
+  }
+  // More than one chunk per row only when kv_ctas * chunks <= target, so the partial states
+  // number at most target * gt (see make_plan).
+  const std::size_t n = static_cast<std::size_t>(target) * gt;
+  return align256(n * head_dim * 4) + align256(n * 4);
+}
+
+cudaError_t attention_decode(void* d_workspace, std::size_t& workspace_bytes,
+                             const attention::AttentionParams& p, cudaStream_t stream) {
+  if (p.batch <= 0 || p.num_query_tokens <= 0) {
+    if (d_workspace == nullptr) workspace_bytes = 0;
+    return cudaSuccess;
+  }
+  Plan plan;
+  KVC_CUDA_CALL(make_plan(p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch, p.num_query_tokens,
+                          store_vlen(p), old_kind(p.store.old_format),
+                          p.store.dtype == DType::kBF16, p.max_splits, plan));
+  DecodeParams dp{};
+  const std::size_t need =
+      carve_workspace(d_workspace, plan, p.head_dim, &dp.part_out, &dp.part_lse);
+  if (d_workspace == nullptr) {
+    workspace_bytes = need;
+    return cudaSuccess;
+  }
+  if (workspace_bytes < need) return cudaErrorInvalidValue;
+  dp.s = p.store;
+  if (uses_selection(p.mode)) {
+    dp.sel = p.selection;
+  } else {
+    dp.sel = SelectionView{};
+  }
+  dp.slots = p.slots;
+  dp.mode = static_cast<int>(p.mode);
+  dp.reps = p.num_representatives;
+  dp.rep_policy = static_cast<int>(p.representative_policy);
+  dp.div_block = make_fast_div(p.store.block_size);
+  dp.div_reps = make_fast_div(std::max(p.num_representatives, 1));
+  dp.plain = false;
+  // A shard store adds the sink on shard 0 only (store::owns_ring).
+  fill_common(dp, p.q, p.q_dtype, p.out, p.out_dtype, p.lse,
+              store::owns_ring(p.store) ? p.sink : nullptr, p.batch, p.num_query_tokens,
+              p.num_q_heads, p.num_kv_heads, p.scale);
+  return run(plan, dp, p.head_dim, stream);
+}
+
+cudaError_t dense_attention_decode(void* d_workspace, std::size_t& workspace_bytes,
+                                   const attention::DenseParams& p, cudaStream_t stream) {
+  if (p.batch <= 0 || p.num_query_tokens <= 0) {
+    if (d_workspace == nullptr) workspace_bytes = 0;
+    return cudaSuccess;
+  }
+  Plan plan;
+  KVC_CUDA_CALL(make_plan(p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch, p.num_query_tokens,
+                          p.capacity, OldKind::k16, p.kv_dtype == DType::kBF16, p.max_splits,
+                          plan));
+  DecodeParams dp{};
+  const std::size_t need =
+      carve_workspace(d_workspace, plan, p.head_dim, &dp.part_out, &dp.part_lse);
+  if (d_workspace == nullptr) {
+    workspace_bytes = need;
+    return cudaSuccess;
+  }
+  if (workspace_bytes < need) return cudaErrorInvalidValue;
+  dp.plain = true;
+  dp.plain_k = static_cast<const std::uint8_t*>(p.k);
+  dp.plain_v = static_cast<const std::uint8_t*>(p.v);
+  dp.plain_lengths = p.lengths;
+  dp.capacity = p.capacity;
+  dp.window = p.window;
+  dp.div_block = make_fast_div(1);
+  dp.div_reps = make_fast_div(1);
+  fill_common(dp, p.q, p.q_dtype, p.out, p.out_dtype, p.lse, p.sink, p.batch, p.num_query_tokens,
+              p.num_q_heads, p.num_kv_heads, p.scale);
+  return run(plan, dp, p.head_dim, stream);
+}
+
+cudaError_t merge_states(const float* d_out_a, const float* d_lse_a, const float* d_out_b,
+                         const float* d_lse_b, float* d_out, float* d_lse, std::int64_t n, int d,
+                         cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  if (d < 1) return cudaErrorInvalidValue;
+  const std::int64_t blocks = (n + kWarps - 1) / kWarps;
+  if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+  merge_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(d_out_a, d_lse_a, d_out_b,
+                                                                       d_lse_b, d_out, d_lse, n, d);
+  return cudaGetLastError();
+}
+
+cudaError_t merge_states_inplace(float* d_out, float* d_lse, const float* d_out_b,
+                                 const float* d_lse_b, std::int64_t n, int d, cudaStream_t stream) {
+  return merge_states(d_out, d_lse, d_out_b, d_lse_b, d_out, d_lse, n, d, stream);
+}
+
+}  // namespace kernels
+}  // namespace kvc

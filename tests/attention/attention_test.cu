@@ -1,0 +1,972 @@
+// AttentionBackend on CUDA against the CPU backend on the same store contents (a CPU and a CUDA
+// store fed the same tokens): every mode x old format x dtype, head dims 64..512, GQA groups
+// 1..128, multi-token verify, sinks, split-K over many chunks and one chunk per row, dense over a
+// plain cache, the merge kernel, out-of-range selections (skipped on the GPU), NaN propagation,
+// poisoned outputs fully written, telemetry, graph capture with changing lengths and selections,
+// no allocation per call, and bad input.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/cuda_test_util.h"
+#include "common/random.h"
+#include "kvc/attention/attention.h"
+#include "kvc/attention/merge.h"
+#include "kvc/attention/params.h"
+#include "kvc/core/error.h"
+#include "kvc/core/numeric.h"
+#include "kvc/kernels/attention_kernels.h"
+#include "kvc/store/kv_store.h"
+#include "kvc/telemetry/telemetry.h"
+
+namespace kvc {
+namespace {
+
+using testing::DeviceArray;
+using testing::random_bits16;
+
+constexpr double kTol = 1e-3;  // DESIGN section 8: relative L2 per row
+
+struct Case {
+  Format format = Format::kFp16kQ4v;
+  DType store_dtype = DType::kF16;  // ring (and 16-bit K) dtype
+  DType dtype = DType::kF16;        // q / out dtype of the config
+  AttentionMode mode = AttentionMode::kBlockSelectExact;
+  int head_dim = 128;
+  int group = 4;
+  int num_kv_heads = 2;
+  int T = 1;
+  int W = 16;
+  int B = 8;
+  // < W, = W, closed + open, closed only, many closed + open.
+  std::vector<int> lengths = {5, 16, 45, 80, 203};
+  int top = 3;
+  bool shared = false;
+  int reps = 0;
+  RepresentativePolicy policy = RepresentativePolicy::kLast;
+  bool sink = false;
+  int max_splits = 0;
+  std::uint32_t seed = 1;
+};
+
+/// Many chunks per row: a ring of 100 and blocks of 16 put chunk edges inside the ring, the open
+/// block and the selected blocks.
+Case split_case(Case c) {
+  c.W = 100;
+  c.B = 16;
+  c.lengths = {7, 100, 151, 420, 613};
+  c.top = 5;
+  return c;
+}
+
+struct Result {
+  std::vector<double> out;  // [batch, T, Hq, d]
+  std::vector<double> lse;  // [batch, T, Hq]
+};
+
+template <class Fn>
+void expect_error(Fn&& fn, std::initializer_list<const char*> words) {
+  try {
+    fn();
+    ADD_FAILURE() << "no kvc::Error thrown";
+  } catch (const Error& e) {
+    for (const char* w : words) {
+      EXPECT_NE(std::string(e.what()).find(w), std::string::npos)
+          << "message lacks '" << w << "': " << e.what();
+    }
+  }
+}
+
+double element(const std::vector<std::uint8_t>& bytes, std::size_t i, DType t) {
+  if (t == DType::kF32) {
+    float f;
+    std::memcpy(&f, bytes.data() + 4 * i, 4);
+    return f;
+  }
+  std::uint16_t h;
+  std::memcpy(&h, bytes.data() + 2 * i, 2);
+  return bits16_to_float(h, t == DType::kBF16);
+}
+
+/// A CPU and a CUDA store holding the same tokens, the queries, selection and sinks on both.
+class Bed {
+ public:
+  explicit Bed(const Case& c) : c_(c) {
+    sc_.num_kv_heads = c.num_kv_heads;
+    sc_.head_dim = c.head_dim;
+    sc_.max_slots = static_cast<int>(c.lengths.size()) + 1;
+    sc_.max_context = *std::max_element(c.lengths.begin(), c.lengths.end()) + 3;
+    sc_.recent_window = c.W;
+    sc_.block_size = c.B;
+    sc_.dtype = c.store_dtype;
+    sc_.old_format = c.format;
+    sc_.summaries = kSummaryMeanK | kSummaryMeanV;
+    cpu_ = KvStore::create(sc_, Device::cpu());
+    gpu_ = KvStore::create(sc_, Device::cuda(0));
+    for (int i = 0; i < sc_.max_slots; ++i) {
+      cpu_->open_slot();
+      gpu_->open_slot();
+    }
+    const std::size_t token = static_cast<std::size_t>(c.num_kv_heads) * c.head_dim;
+    std::mt19937 rng(c.seed);
+    for (int b = 0; b < batch(); ++b) {
+      const int L = c.lengths[b];
+      slots_.push_back(sc_.max_slots - 1 - b);  // slot ids differ from batch indices
+      k_.push_back(random_bits16(L * token, c.store_dtype, c.seed * 100 + 2 * b, 1.5f));
+      v_.push_back(random_bits16(L * token, c.store_dtype, c.seed * 100 + 2 * b + 1, 1.0f));
+      const int first = L / 3;
+      ingest(slots_[b], 0, first);
+      ingest(slots_[b], first, L - first);
+    }
+    q_ = random_bits16(static_cast<std::size_t>(batch()) * c.T * hq() * c.head_dim, c.dtype,
+                       c.seed * 100 + 99, 1.0f);
+    std::normal_distribution<float> nd(0.0f, 1.5f);
+    for (int h = 0; h < hq(); ++h) sink_.push_back(nd(rng));
+    sel_rows_ = c.shared ? batch() * c.T : batch() * c.T * c.num_kv_heads;
+    max_selected_ = std::max(c.top, 1);
+    ids_.assign(static_cast<std::size_t>(sel_rows_) * max_selected_, -1);
+    counts_.assign(sel_rows_, 0);
+    const int rows_per_b = sel_rows_ / std::max(batch(), 1);
+    for (int r = 0; r < sel_rows_; ++r) {
+      const int closed = cpu_->num_closed_blocks(slots_[r / rows_per_b]);
+      std::vector<int> all(closed);
+      std::iota(all.begin(), all.end(), 0);
+      std::shuffle(all.begin(), all.end(), rng);
+      counts_[r] = std::min(c.top, closed);
+      for (int i = 0; i < counts_[r]; ++i) ids_[r * max_selected_ + i] = all[i];
+    }
+    upload();
+  }
+
+  int batch() const { return static_cast<int>(c_.lengths.size()); }
+  int hq() const { return c_.group * c_.num_kv_heads; }
+  KvStore& cpu_store() { return *cpu_; }
+  KvStore& gpu_store() { return *gpu_; }
+  const std::vector<int>& slots() const { return slots_; }
+  std::vector<std::uint16_t>& q() { return q_; }
+  std::vector<std::int32_t>& ids() { return ids_; }
+  std::vector<std::int32_t>& counts() { return counts_; }
+  std::vector<float>& sink() { return sink_; }
+  std::size_t n_out() const {
+    return static_cast<std::size_t>(batch()) * c_.T * hq() * c_.head_dim;
+  }
+  std::size_t n_lse() const { return static_cast<std::size_t>(batch()) * c_.T * hq(); }
+
+  /// Copies q, selection and sinks (after a change on the host) to the device.
+  void upload() {
+    q_dev_ = std::make_unique<DeviceArray<std::uint16_t>>(q_);
+    ids_dev_ = std::make_unique<DeviceArray<std::int32_t>>(ids_);
+    counts_dev_ = std::make_unique<DeviceArray<std::int32_t>>(counts_);
+    sink_dev_ = std::make_unique<DeviceArray<float>>(sink_);
+  }
+
+  AttentionConfig config() const {
+    AttentionConfig a;
+    a.num_q_heads = hq();
+    a.num_kv_heads = c_.num_kv_heads;
+    a.head_dim = c_.head_dim;
+    a.dtype = c_.dtype;
+    a.mode = c_.mode;
+    a.num_representatives = c_.reps;
+    a.representative_policy = c_.policy;
+    a.max_query_tokens = c_.T;
+    a.max_splits = c_.max_splits;
+    return a;
+  }
+
+  DecodeArgs args(bool on_gpu) {
+    DecodeArgs a;
+    a.slots = slots_;
+    const Device dev = on_gpu ? Device::cuda(0) : Device::cpu();
+    void* q = on_gpu ? static_cast<void*>(q_dev_->get()) : q_.data();
+    a.q = TensorView::contiguous(q, c_.dtype, {batch(), c_.T, hq(), c_.head_dim}, dev);
+    a.selection.ids = on_gpu ? ids_dev_->get() : ids_.data();
+    a.selection.counts = on_gpu ? counts_dev_->get() : counts_.data();
+    a.selection.rows = sel_rows_;
+    a.selection.max_selected = max_selected_;
+    a.selection.shared_across_heads = c_.shared;
+    a.sink = c_.sink ? (on_gpu ? sink_dev_->get() : sink_.data()) : nullptr;
+    return a;
+  }
+
+  Result cpu(const AttentionConfig& cfg, DType out_dtype, Telemetry* tm = nullptr) {
+    auto backend = AttentionBackend::create(cfg, Device::cpu());
+    std::vector<std::uint8_t> out(n_out() * size_of(out_dtype), 0xff);
+    std::vector<float> lse(n_lse(), NAN);
+    DecodeArgs a = args(false);
+    a.out = TensorView::contiguous(out.data(), out_dtype, {batch(), c_.T, hq(), c_.head_dim});
+    a.lse = TensorView::contiguous(lse.data(), DType::kF32, {batch(), c_.T, hq()});
+    backend->decode(*cpu_, a, tm);
+    return to_result(out, lse, out_dtype);
+  }
+
+  /// The CUDA backend into poisoned buffers with a guard past the end, which must stay intact.
+  Result gpu(const AttentionConfig& cfg, DType out_dtype, Telemetry* tm = nullptr) {
+    auto backend = AttentionBackend::create(cfg, Device::cuda(0));
+    const std::size_t guard = 256;
+    const std::size_t out_bytes = n_out() * size_of(out_dtype);
+    DeviceArray<std::uint8_t> out(out_bytes + guard);
+    DeviceArray<float> lse(n_lse() + guard / 4);
+    out.fill_bytes(0xff);
+    lse.fill_bytes(0xff);
+    DecodeArgs a = args(true);
+    a.out = TensorView::contiguous(out.get(), out_dtype, {batch(), c_.T, hq(), c_.head_dim},
+                                   Device::cuda(0));
+    a.lse = TensorView::contiguous(lse.get(), DType::kF32, {batch(), c_.T, hq()}, Device::cuda(0));
+    backend->decode(*gpu_, a, tm);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<std::uint8_t> o = out.download();
+    const std::vector<float> l = lse.download();
+    for (std::size_t i = out_bytes; i < o.size(); ++i) {
+      EXPECT_EQ(o[i], 0xff) << "out written past its end at byte " << i;
+    }
+    for (std::size_t i = n_lse(); i < l.size(); ++i) {
+      EXPECT_TRUE(std::isnan(l[i])) << "lse written past its end at " << i;
+    }
+    return to_result(std::vector<std::uint8_t>(o.begin(), o.begin() + out_bytes),
+                     std::vector<float>(l.begin(), l.begin() + n_lse()), out_dtype);
+  }
+
+  /// A plain [batch, Hkv, N, d] cache holding the appended tokens verbatim (NaN past lengths).
+  void plain_cache(std::vector<std::uint16_t>& k, std::vector<std::uint16_t>& v, int& N) const {
+    const int d = c_.head_dim, H = c_.num_kv_heads;
+    N = *std::max_element(c_.lengths.begin(), c_.lengths.end()) + 5;
+    k.assign(static_cast<std::size_t>(batch()) * H * N * d, 0x7e00u);
+    v.assign(k.size(), 0x7e00u);
+    for (int b = 0; b < batch(); ++b)
+      for (int p = 0; p < c_.lengths[b]; ++p)
+        for (int h = 0; h < H; ++h)
+          for (int i = 0; i < d; ++i) {
+            const std::size_t dst = ((static_cast<std::size_t>(b) * H + h) * N + p) * d + i;
+            const std::size_t src = (static_cast<std::size_t>(p) * H + h) * d + i;
+            k[dst] = k_[b][src];
+            v[dst] = v_[b][src];
+          }
+  }
+
+ private:
+  void ingest(int slot, int first, int n) {
+    if (n == 0) return;
+    const std::size_t token = static_cast<std::size_t>(c_.num_kv_heads) * c_.head_dim;
+    const int b = static_cast<int>(std::find(slots_.begin(), slots_.end(), slot) - slots_.begin());
+    std::vector<std::uint16_t> k(k_[b].begin() + first * token,
+                                 k_[b].begin() + (first + n) * token);
+    std::vector<std::uint16_t> v(v_[b].begin() + first * token,
+                                 v_[b].begin() + (first + n) * token);
+    cpu_->ingest(
+        slot, TensorView::contiguous(k.data(), c_.store_dtype, {n, c_.num_kv_heads, c_.head_dim}),
+        TensorView::contiguous(v.data(), c_.store_dtype, {n, c_.num_kv_heads, c_.head_dim}));
+    DeviceArray<std::uint16_t> dk(k), dv(v);
+    gpu_->ingest(slot,
+                 TensorView::contiguous(dk.get(), c_.store_dtype, {n, c_.num_kv_heads, c_.head_dim},
+                                        Device::cuda(0)),
+                 TensorView::contiguous(dv.get(), c_.store_dtype, {n, c_.num_kv_heads, c_.head_dim},
+                                        Device::cuda(0)));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+
+  static Result to_result(const std::vector<std::uint8_t>& out, const std::vector<float>& lse,
+                          DType t) {
+    Result r;
+    const std::size_t n = out.size() / size_of(t);
+    r.out.resize(n);
+    for (std::size_t i = 0; i < n; ++i) r.out[i] = element(out, i, t);
+    r.lse.assign(lse.begin(), lse.end());
+    return r;
+  }
+
+  Case c_;
+  KvStoreConfig sc_;
+  std::unique_ptr<KvStore> cpu_, gpu_;
+  std::vector<int> slots_;
+  std::vector<std::vector<std::uint16_t>> k_, v_;
+  std::vector<std::uint16_t> q_;
+  std::vector<float> sink_;
+  std::vector<std::int32_t> ids_, counts_;
+  int sel_rows_ = 0, max_selected_ = 1;
+  std::unique_ptr<DeviceArray<std::uint16_t>> q_dev_;
+  std::unique_ptr<DeviceArray<std::int32_t>> ids_dev_, counts_dev_;
+  std::unique_ptr<DeviceArray<float>> sink_dev_;
+};
+
+/// Relative L2 error of every row of d elements (absolute when the reference row is 0) and the
+/// lse error; NaN in `got` fails.
+void expect_close(const Result& got, const Result& want, int d, double tol,
+                  const std::string& what) {
+  ASSERT_EQ(got.out.size(), want.out.size()) << what;
+  ASSERT_EQ(got.lse.size(), want.lse.size()) << what;
+  for (std::size_t r = 0; r < want.lse.size(); ++r) {
+    double e2 = 0, n2 = 0;
+    for (int i = 0; i < d; ++i) {
+      const double a = got.out[r * d + i], b = want.out[r * d + i];
+      ASSERT_FALSE(std::isnan(a)) << what << ": row " << r << " element " << i << " is NaN";
+      e2 += (a - b) * (a - b);
+      n2 += b * b;
+    }
+    ASSERT_LE(std::sqrt(e2), tol * std::max(std::sqrt(n2), 1.0 * (n2 == 0)))
+        << what << ": out row " << r << " relative L2 " << std::sqrt(e2 / std::max(n2, 1e-300));
+    const double a = got.lse[r], b = want.lse[r];
+    ASSERT_FALSE(std::isnan(a)) << what << ": lse row " << r << " is NaN";
+    if (std::isinf(b)) {
+      ASSERT_EQ(a, b) << what << ": lse row " << r;
+    } else {
+      ASSERT_LE(std::abs(a - b), tol * std::max(1.0, std::abs(b))) << what << ": lse row " << r;
+    }
+  }
+}
+
+/// GPU vs CPU for one case: f32 out, and the config's 16-bit out against the CPU's 16-bit out.
+void check_case(const Case& c, const std::string& name) {
+  Bed bed(c);
+  const AttentionConfig cfg = bed.config();
+  expect_close(bed.gpu(cfg, DType::kF32), bed.cpu(cfg, DType::kF32), c.head_dim, kTol,
+               name + " f32 out");
+  expect_close(bed.gpu(cfg, c.dtype), bed.cpu(cfg, c.dtype), c.head_dim, kTol,
+               name + " " + to_string(c.dtype) + " out");
+}
+
+// --- every mode x old format x dtype ----------------------------------------------------------
+
+struct FormatChoice {
+  Format format;
+  DType store_dtype;
+};
+constexpr FormatChoice kFormats[] = {
+    {Format::kF16, DType::kF16},      {Format::kBF16, DType::kBF16},
+    {Format::kQ8, DType::kF16},       {Format::kQ8, DType::kBF16},
+    {Format::kFp16kQ4v, DType::kF16}, {Format::kFp16kQ4v, DType::kBF16},
+};
+constexpr AttentionMode kModes[] = {
+    AttentionMode::kDense,
+    AttentionMode::kDenseRecentOnly,
+    AttentionMode::kRecentOnly,
+    AttentionMode::kBlockSummary,
+    AttentionMode::kBlockSelectLossy,
+    AttentionMode::kBlockSelectExact,
+};
+
+class Cuda_Attention_ModeFormat : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
+
+TEST_P(Cuda_Attention_ModeFormat, MatchesCpu) {
+  KVC_REQUIRE_GPU();
+  const auto [mi, fi, di] = GetParam();
+  Case c;
+  c.mode = kModes[mi];
+  c.format = kFormats[fi].format;
+  c.store_dtype = kFormats[fi].store_dtype;
+  c.dtype = di == 0 ? DType::kF16 : DType::kBF16;
+  const int i = mi * 12 + fi * 2 + di;
+  c.T = 1 + i % 4;
+  c.sink = i % 2 == 1;
+  c.shared = i % 3 == 0;
+  c.head_dim = i % 5 == 0 ? 64 : 128;
+  c.group = i % 7 == 0 ? 3 : 4;
+  if (uses_summaries(c.mode)) {
+    c.reps = 1 + i % 3;
+    c.policy = i % 2 ? RepresentativePolicy::kStride : RepresentativePolicy::kLast;
+  }
+  c.seed = 10 + i;
+  const std::string name = std::string(to_string(c.mode)) + "/" + to_string(c.format) + "/" +
+                           to_string(c.store_dtype) + "/q " + to_string(c.dtype);
+  check_case(c, name + " (one chunk)");
+  check_case(split_case(c), name + " (split)");
+}
+
+INSTANTIATE_TEST_SUITE_P(All, Cuda_Attention_ModeFormat,
+                         ::testing::Combine(::testing::Range(0, 6), ::testing::Range(0, 6),
+                                            ::testing::Range(0, 2)),
+                         [](const ::testing::TestParamInfo<std::tuple<int, int, int>>& info) {
+                           const int mi = std::get<0>(info.param);
+                           const int fi = std::get<1>(info.param);
+                           return std::string(to_string(kModes[mi])) + "_" +
+                                  to_string(kFormats[fi].format) + "_" +
+                                  to_string(kFormats[fi].store_dtype) + "_q" +
+                                  (std::get<2>(info.param) == 0 ? "f16" : "bf16");
+                         });
+
+// --- head dims and GQA groups ------------------------------------------------------------------
+
+class Cuda_Attention_Shapes : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
+
+TEST_P(Cuda_Attention_Shapes, MatchesCpu) {
+  KVC_REQUIRE_GPU();
+  const auto [d, g, which] = GetParam();
+  Case c = split_case(Case{});
+  c.head_dim = d;
+  c.group = g;
+  c.num_kv_heads = g >= 64 ? 1 : 2;
+  c.T = 2;
+  c.sink = true;
+  c.lengths = {3, 151, 420};
+  if (which == 0) {
+    c.mode = AttentionMode::kBlockSelectExact;
+    c.format = Format::kFp16kQ4v;
+  } else {
+    c.mode = AttentionMode::kDense;
+    c.format = Format::kQ8;
+    c.store_dtype = DType::kBF16;
+    c.dtype = DType::kBF16;
+  }
+  check_case(c, "d" + std::to_string(d) + " g" + std::to_string(g));
+}
+
+INSTANTIATE_TEST_SUITE_P(Groups, Cuda_Attention_Shapes,
+                         ::testing::Combine(::testing::Values(64, 128, 256, 512),
+                                            ::testing::Values(1, 4, 7, 128),
+                                            ::testing::Values(0, 1)),
+                         [](const ::testing::TestParamInfo<std::tuple<int, int, int>>& i) {
+                           return "d" + std::to_string(std::get<0>(i.param)) + "_g" +
+                                  std::to_string(std::get<1>(i.param)) +
+                                  (std::get<2>(i.param) == 0 ? "_select_q4v" : "_dense_q8");
+                         });
+
+// --- split-K extremes, verify, odd sizes -------------------------------------------------------
+
+// One chunk per row (no combine launch) and the automatic split agree with the CPU on long rows.
+TEST(Cuda_Attention, OneChunkPerRowAndManyChunks) {
+  KVC_REQUIRE_GPU();
+  for (int splits : {1, 2, 3, 0}) {
+    for (AttentionMode m :
+         {AttentionMode::kBlockSelectExact, AttentionMode::kDense, AttentionMode::kBlockSummary}) {
+      Case c = split_case(Case{});
+      c.mode = m;
+      c.max_splits = splits;
+      c.reps = m == AttentionMode::kBlockSummary ? 2 : 0;
+      c.T = 3;
+      c.sink = true;
+      check_case(c, std::string(to_string(m)) + " max_splits " + std::to_string(splits));
+    }
+  }
+}
+
+// Multi-token verify T = 1..4 with odd W and B, a slot shorter than T + W, shared selections.
+TEST(Cuda_Attention, VerifyOddSizes) {
+  KVC_REQUIRE_GPU();
+  for (int T = 1; T <= 4; ++T) {
+    for (bool shared : {false, true}) {
+      Case c;
+      c.W = 13;
+      c.B = 5;
+      c.T = T;
+      c.top = 4;
+      c.shared = shared;
+      c.lengths = {4, 13, 17, 18, 61, 333};
+      c.group = 7;
+      c.head_dim = 64;
+      c.sink = T % 2 == 0;
+      c.format = Format::kQ8;
+      check_case(c, "T " + std::to_string(T) + (shared ? " shared" : ""));
+      c.mode = AttentionMode::kDenseRecentOnly;
+      check_case(c, "dense_recent_only T " + std::to_string(T));
+    }
+  }
+}
+
+// A batch large enough that the plan gives one chunk per row by itself.
+TEST(Cuda_Attention, LargeBatch) {
+  KVC_REQUIRE_GPU();
+  Case c;
+  c.num_kv_heads = 8;
+  c.group = 4;
+  c.lengths.clear();
+  for (int i = 0; i < 96; ++i) c.lengths.push_back(1 + (i * 37) % 300);
+  c.T = 2;
+  c.sink = true;
+  check_case(c, "batch 96");
+}
+
+// A slot may appear twice in a batch: identical rows.
+TEST(Cuda_Attention, RepeatedSlots) {
+  KVC_REQUIRE_GPU();
+  Case c = split_case(Case{});
+  c.lengths = {420, 420};
+  Bed bed(c);
+  const std::size_t n = static_cast<std::size_t>(bed.hq()) * c.head_dim;
+  std::copy(bed.q().begin(), bed.q().begin() + n, bed.q().begin() + n);
+  const std::size_t per_b = bed.ids().size() / 2, cnt = bed.counts().size() / 2;
+  std::copy(bed.ids().begin(), bed.ids().begin() + per_b, bed.ids().begin() + per_b);
+  std::copy(bed.counts().begin(), bed.counts().begin() + cnt, bed.counts().begin() + cnt);
+  bed.upload();
+  // Both batch entries read the first entry's slot.
+  auto backend = AttentionBackend::create(bed.config(), Device::cuda(0));
+  DecodeArgs a = bed.args(true);
+  a.slots = {bed.slots()[0], bed.slots()[0]};
+  DeviceArray<float> out(2 * n);
+  a.out =
+      TensorView::contiguous(out.get(), DType::kF32, {2, 1, bed.hq(), c.head_dim}, Device::cuda(0));
+  backend->decode(bed.gpu_store(), a);
+  const std::vector<float> o = out.download();
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(o[i], o[n + i]) << i;
+}
+
+// --- selections read on the device -------------------------------------------------------------
+
+// Ids outside [0, closed blocks) are skipped and counts above max_selected are clamped: the
+// result equals the CPU on the cleaned selection.
+TEST(Cuda_Attention, OutOfRangeSelectionsAreSkipped) {
+  KVC_REQUIRE_GPU();
+  Case c = split_case(Case{});
+  c.top = 4;
+  Bed bed(c);
+  const AttentionConfig cfg = bed.config();
+  const int pitch = static_cast<int>(bed.ids().size() / bed.counts().size());
+  const int rows_per_b = static_cast<int>(bed.counts().size()) / bed.batch();
+  for (std::size_t r = 0; r < bed.counts().size(); ++r) {
+    if (bed.counts()[r] >= 2) bed.ids()[r * pitch] = r % 2 ? -3 : 100000;  // skipped
+    if (r % 5 == 0) bed.counts()[r] = pitch + 7;  // clamped to max_selected (-1 past the ids)
+  }
+  bed.upload();
+  const Result got = bed.gpu(cfg, DType::kF32);
+  // The CPU reference on the cleaned rows: clamp the count, drop ids outside [0, closed).
+  for (std::size_t r = 0; r < bed.counts().size(); ++r) {
+    const int closed = bed.cpu_store().num_closed_blocks(bed.slots()[r / rows_per_b]);
+    std::vector<std::int32_t> keep;
+    for (int i = 0; i < std::min<int>(bed.counts()[r], pitch); ++i) {
+      const std::int32_t id = bed.ids()[r * pitch + i];
+      if (id >= 0 && id < closed) keep.push_back(id);
+    }
+    std::fill(bed.ids().begin() + r * pitch, bed.ids().begin() + (r + 1) * pitch, -1);
+    std::copy(keep.begin(), keep.end(), bed.ids().begin() + r * pitch);
+    bed.counts()[r] = static_cast<std::int32_t>(keep.size());
+  }
+  expect_close(got, bed.cpu(cfg, DType::kF32), c.head_dim, kTol, "cleaned selection");
+}
+
+// --- NaN and poison ------------------------------------------------------------------------------
+
+// NaN in a query row makes that row NaN (out and lse) and no other; a NaN sink does the same
+// for its head.
+TEST(Cuda_Attention, NanPropagates) {
+  KVC_REQUIRE_GPU();
+  for (int splits : {0, 1}) {
+    Case c = split_case(Case{});
+    c.sink = true;
+    c.max_splits = splits;
+    Bed bed(c);
+    const int d = c.head_dim, Hq = bed.hq();
+    bed.q()[(2 * Hq + 1) * d + 5] = 0x7e00u;  // batch entry 2, head 1
+    bed.sink()[3] = NAN;
+    bed.upload();
+    const Result r = bed.gpu(bed.config(), DType::kF32);
+    for (int b = 0; b < bed.batch(); ++b)
+      for (int h = 0; h < Hq; ++h) {
+        const std::size_t row = static_cast<std::size_t>(b) * Hq + h;
+        const bool want_nan = (b == 2 && h == 1) || h == 3;
+        EXPECT_EQ(std::isnan(r.lse[row]), want_nan) << "b " << b << " h " << h;
+        for (int i = 0; i < d; ++i) {
+          ASSERT_EQ(std::isnan(r.out[row * d + i]), want_nan) << "b " << b << " h " << h;
+        }
+      }
+  }
+}
+
+// --- dense over a plain cache ------------------------------------------------------------------
+
+TEST(Cuda_DenseDecode, MatchesCpu) {
+  KVC_REQUIRE_GPU();
+  struct P {
+    int d, g, T, window;
+    DType kv, q;
+    bool sink;
+    int splits;
+  };
+  for (const P& pc : {P{128, 4, 1, 0, DType::kF16, DType::kF16, false, 0},
+                      P{64, 3, 3, 0, DType::kBF16, DType::kF16, true, 0},
+                      P{256, 1, 2, 37, DType::kF16, DType::kBF16, true, 0},
+                      P{512, 8, 1, 0, DType::kBF16, DType::kBF16, false, 0},
+                      P{128, 7, 4, 100, DType::kF16, DType::kF16, true, 1},
+                      P{128, 128, 1, 0, DType::kF16, DType::kF16, false, 0}}) {
+    Case c = split_case(Case{});
+    c.head_dim = pc.d;
+    c.group = pc.g;
+    c.num_kv_heads = pc.g >= 64 ? 1 : 2;
+    c.T = pc.T;
+    c.store_dtype = pc.kv;
+    c.format = pc.kv == DType::kBF16 ? Format::kBF16 : Format::kF16;
+    c.dtype = pc.q;
+    c.max_splits = pc.splits;
+    Bed bed(c);
+    std::vector<std::uint16_t> k, v;
+    int N = 0;
+    bed.plain_cache(k, v, N);
+    DeviceArray<std::uint16_t> dk(k), dv(v);
+    DeviceArray<std::uint16_t> dq(bed.q());
+    DeviceArray<float> dsink(bed.sink());
+    const int Bt = bed.batch(), Hq = bed.hq(), Hkv = c.num_kv_heads, d = c.head_dim, T = c.T;
+    for (DType od : {DType::kF32, c.dtype}) {
+      Result want, got;
+      for (int dev = 0; dev < 2; ++dev) {
+        const bool gpu = dev == 1;
+        auto backend =
+            AttentionBackend::create(bed.config(), gpu ? Device::cuda(0) : Device::cpu());
+        const Device where = gpu ? Device::cuda(0) : Device::cpu();
+        const std::size_t n_out = static_cast<std::size_t>(Bt) * T * Hq * d;
+        std::vector<std::uint8_t> out(n_out * size_of(od), 0xff);
+        std::vector<float> lse(static_cast<std::size_t>(Bt) * T * Hq, NAN);
+        DeviceArray<std::uint8_t> dout(out.size());
+        DeviceArray<float> dlse(lse.size());
+        dout.fill_bytes(0xff);
+        dlse.fill_bytes(0xff);
+        DenseDecodeArgs a;
+        a.q = TensorView::contiguous(gpu ? static_cast<void*>(dq.get()) : bed.q().data(), c.dtype,
+                                     {Bt, T, Hq, d}, where);
+        a.k = TensorView::contiguous(gpu ? static_cast<void*>(dk.get()) : k.data(), pc.kv,
+                                     {Bt, Hkv, N, d}, where);
+        a.v = TensorView::contiguous(gpu ? static_cast<void*>(dv.get()) : v.data(), pc.kv,
+                                     {Bt, Hkv, N, d}, where);
+        a.lengths = c.lengths;
+        a.window = pc.window;
+        a.sink = pc.sink ? (gpu ? dsink.get() : bed.sink().data()) : nullptr;
+        a.out = TensorView::contiguous(gpu ? static_cast<void*>(dout.get()) : out.data(), od,
+                                       {Bt, T, Hq, d}, where);
+        a.lse = TensorView::contiguous(gpu ? static_cast<void*>(dlse.get()) : lse.data(),
+                                       DType::kF32, {Bt, T, Hq}, where);
+        backend->dense_decode(a);
+        if (gpu) {
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          out = dout.download();
+          lse = dlse.download();
+        }
+        Result& r = gpu ? got : want;
+        r.out.resize(n_out);
+        for (std::size_t i = 0; i < n_out; ++i) r.out[i] = element(out, i, od);
+        r.lse.assign(lse.begin(), lse.end());
+      }
+      expect_close(got, want, d, kTol,
+                   "dense_decode d" + std::to_string(pc.d) + " g" + std::to_string(pc.g) + " T" +
+                       std::to_string(pc.T) + " window " + std::to_string(pc.window) + " out " +
+                       to_string(od));
+    }
+  }
+}
+
+// --- merge -------------------------------------------------------------------------------------
+
+TEST(Cuda_Merge, MatchesCpuWithEdgeCases) {
+  KVC_REQUIRE_GPU();
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 4.0f);
+  for (int d : {1, 3, 64, 128, 130}) {
+    const int n = 77;
+    std::vector<float> oa(n * d), ob(n * d), la(n), lb(n);
+    for (auto& x : oa) x = nd(rng);
+    for (auto& x : ob) x = nd(rng);
+    for (int r = 0; r < n; ++r) {
+      la[r] = nd(rng) * 10;
+      lb[r] = nd(rng);
+    }
+    const float inf = std::numeric_limits<float>::infinity();
+    la[0] = -inf;
+    lb[1] = -inf;
+    la[2] = lb[2] = -inf;
+    la[3] = NAN;
+    oa[4 * d] = NAN;
+    la[5] = inf;
+    auto view = [](float* p, std::int64_t r, std::int64_t c, Device dev) {
+      return c ? TensorView::contiguous(p, DType::kF32, {r, c}, dev)
+               : TensorView::contiguous(p, DType::kF32, {r}, dev);
+    };
+    const Device g = Device::cuda(0), h = Device::cpu();
+    std::vector<float> oc(n * d), lc(n);
+    merge_states(view(oa.data(), n, d, h), view(la.data(), n, 0, h), view(ob.data(), n, d, h),
+                 view(lb.data(), n, 0, h), view(oc.data(), n, d, h), view(lc.data(), n, 0, h));
+    DeviceArray<float> doa(oa), dla(la), dob(ob), dlb(lb), dout(oc.size()), dlse(lc.size());
+    dout.fill_bytes(0xff);
+    merge_states(view(doa.get(), n, d, g), view(dla.get(), n, 0, g), view(dob.get(), n, d, g),
+                 view(dlb.get(), n, 0, g), view(dout.get(), n, d, g), view(dlse.get(), n, 0, g));
+    // In place into a: the same result.
+    merge_states_inplace(view(doa.get(), n, d, g), view(dla.get(), n, 0, g),
+                         view(dob.get(), n, d, g), view(dlb.get(), n, 0, g));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto og = dout.download(), lg = dlse.download(), oi = doa.download(), li = dla.download();
+    for (int r = 0; r < n; ++r) {
+      const auto same = [](double a, double b) {
+        return (std::isnan(a) && std::isnan(b)) || a == b ||
+               std::abs(a - b) <= 1e-6 * std::max(1.0, std::abs(b));
+      };
+      EXPECT_TRUE(same(lg[r], lc[r]))
+          << "d " << d << " row " << r << ": " << lg[r] << " vs " << lc[r];
+      EXPECT_TRUE(same(li[r], lc[r])) << "in place, row " << r;
+      for (int i = 0; i < d; ++i) {
+        ASSERT_TRUE(same(og[r * d + i], oc[r * d + i]))
+            << "d " << d << " row " << r << " element " << i << ": " << og[r * d + i] << " vs "
+            << oc[r * d + i];
+        ASSERT_TRUE(same(oi[r * d + i], oc[r * d + i])) << "in place, row " << r;
+      }
+    }
+    EXPECT_EQ(og[2 * d], 0.0f);  // both empty
+    EXPECT_EQ(lg[2], -inf);
+    EXPECT_TRUE(std::isnan(og[4 * d]));
+  }
+}
+
+// Split-K by hand: two CUDA dense calls over the halves of a cache, merged on the device, equal
+// one call over the whole cache.
+TEST(Cuda_Merge, SplitCacheEqualsWhole) {
+  KVC_REQUIRE_GPU();
+  const int Hkv = 2, G = 4, Hq = Hkv * G, d = 128, N = 300, cut = 123;
+  AttentionConfig cfg;
+  cfg.num_q_heads = Hq;
+  cfg.num_kv_heads = Hkv;
+  cfg.head_dim = d;
+  auto backend = AttentionBackend::create(cfg, Device::cuda(0));
+  const Device g = Device::cuda(0);
+  auto k = random_bits16(static_cast<std::size_t>(Hkv) * N * d, DType::kF16, 11, 2.0f);
+  auto v = random_bits16(k.size(), DType::kF16, 12);
+  auto q = random_bits16(static_cast<std::size_t>(Hq) * d, DType::kF16, 13);
+  DeviceArray<std::uint16_t> dq(q);
+  auto attend = [&](int p0, int p1, DeviceArray<float>& out, DeviceArray<float>& lse) {
+    const int n = p1 - p0;
+    std::vector<std::uint16_t> ks(static_cast<std::size_t>(Hkv) * n * d), vs(ks.size());
+    for (int h = 0; h < Hkv; ++h)
+      for (int p = 0; p < n; ++p)
+        for (int i = 0; i < d; ++i) {
+          ks[(h * n + p) * d + i] = k[(h * N + p0 + p) * d + i];
+          vs[(h * n + p) * d + i] = v[(h * N + p0 + p) * d + i];
+        }
+    DeviceArray<std::uint16_t> dk(ks), dv(vs);
+    DenseDecodeArgs a;
+    a.q = TensorView::contiguous(dq.get(), DType::kF16, {1, 1, Hq, d}, g);
+    a.k = TensorView::contiguous(dk.get(), DType::kF16, {1, Hkv, n, d}, g);
+    a.v = TensorView::contiguous(dv.get(), DType::kF16, {1, Hkv, n, d}, g);
+    a.lengths = {n};
+    a.out = TensorView::contiguous(out.get(), DType::kF32, {1, 1, Hq, d}, g);
+    a.lse = TensorView::contiguous(lse.get(), DType::kF32, {1, 1, Hq}, g);
+    backend->dense_decode(a);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  };
+  DeviceArray<float> oa(Hq * d), la(Hq), ob(Hq * d), lb(Hq), ow(Hq * d), lw(Hq);
+  attend(0, cut, oa, la);
+  attend(cut, N, ob, lb);
+  attend(0, N, ow, lw);
+  merge_states_inplace(TensorView::contiguous(oa.get(), DType::kF32, {Hq, d}, g),
+                       TensorView::contiguous(la.get(), DType::kF32, {Hq}, g),
+                       TensorView::contiguous(ob.get(), DType::kF32, {Hq, d}, g),
+                       TensorView::contiguous(lb.get(), DType::kF32, {Hq}, g));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto om = oa.download(), lm = la.download(), owh = ow.download(), lwh = lw.download();
+  Result got{std::vector<double>(om.begin(), om.end()), std::vector<double>(lm.begin(), lm.end())};
+  Result want{std::vector<double>(owh.begin(), owh.end()),
+              std::vector<double>(lwh.begin(), lwh.end())};
+  expect_close(got, want, d, 1e-5, "merge(A, B) vs A u B");
+}
+
+// --- telemetry -----------------------------------------------------------------------------------
+
+TEST(Cuda_Telemetry, CountsWithAndWithoutWaiting) {
+  KVC_REQUIRE_GPU();
+  for (AttentionMode m : {AttentionMode::kBlockSelectExact, AttentionMode::kBlockSelectLossy,
+                          AttentionMode::kDense, AttentionMode::kRecentOnly}) {
+    Case c = split_case(Case{});
+    c.mode = m;
+    c.T = 2;
+    c.reps = uses_summaries(m) ? 1 : 0;
+    Bed bed(c);
+    Telemetry want, waited, quick;
+    bed.cpu(bed.config(), DType::kF32, &want);
+    waited.wait_for_device = true;
+    bed.gpu(bed.config(), DType::kF32, &waited);
+    bed.gpu(bed.config(), DType::kF32, &quick);
+    ASSERT_TRUE(want.complete);
+    EXPECT_TRUE(waited.complete);
+    EXPECT_EQ(waited.selected_ids, want.selected_ids);
+    EXPECT_EQ(waited.selected_counts, want.selected_counts);
+    EXPECT_EQ(waited.total_tokens.total(), want.total_tokens.total());
+    EXPECT_EQ(waited.attended_bytes.total(), want.attended_bytes.total());
+    EXPECT_EQ(waited.dense_equivalent_bytes, want.dense_equivalent_bytes);
+    EXPECT_EQ(quick.dense_equivalent_bytes, want.dense_equivalent_bytes);
+    EXPECT_EQ(quick.store.total(), want.store.total());
+    if (uses_selection(m)) {
+      EXPECT_FALSE(quick.complete) << to_string(m);
+      EXPECT_TRUE(quick.selected_ids.empty());
+      EXPECT_TRUE(quick.tokens.empty());
+      EXPECT_EQ(quick.attended_bytes.total(), 0u);
+    } else {
+      EXPECT_TRUE(quick.complete) << to_string(m);
+      EXPECT_EQ(quick.attended_bytes.total(), want.attended_bytes.total());
+    }
+  }
+}
+
+// --- graph capture, allocation, bad input ------------------------------------------------------
+
+// The kernel layer captured once and replayed while the store grows (appends on the same stream)
+// and the selection changes (copied into the captured buffers): every replay equals an
+// uncaptured call, and the last one the CPU backend.
+TEST(Cuda_Attention, GraphReplayWithChangingLengthsAndSelections) {
+  KVC_REQUIRE_GPU();
+  Case c = split_case(Case{});
+  c.T = 1;
+  c.sink = true;
+  Bed bed(c);
+  const AttentionConfig cfg = bed.config();
+  const int Bt = bed.batch(), Hq = bed.hq(), Hkv = c.num_kv_heads, d = c.head_dim;
+  cudaStream_t stream;
+  KVC_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  bed.gpu_store().set_stream(stream);
+  DeviceArray<std::int32_t> dslots(
+      std::vector<std::int32_t>(bed.slots().begin(), bed.slots().end()));
+  DeviceArray<float> out_graph(bed.n_out()), out_plain(bed.n_out()), lse_graph(bed.n_lse()),
+      lse_plain(bed.n_lse());
+  DecodeArgs a = bed.args(true);
+  attention::AttentionParams p;
+  p.store = bed.gpu_store().view();
+  p.selection = a.selection;
+  p.q = a.q.data;
+  p.sink = a.sink;
+  p.slots = dslots.get();
+  p.batch = Bt;
+  p.num_query_tokens = 1;
+  p.num_q_heads = Hq;
+  p.num_kv_heads = Hkv;
+  p.group_size = c.group;
+  p.head_dim = d;
+  p.scale = cfg.effective_scale();
+  p.mode = c.mode;
+  p.q_dtype = c.dtype;
+  p.out_dtype = DType::kF32;
+  std::size_t bytes = 0;
+  KVC_ASSERT_CUDA(kernels::attention_decode(nullptr, bytes, p, stream));
+  ASSERT_LE(bytes, kernels::attention_workspace_upper_bound(Hq, Hkv, d));
+  DeviceArray<std::uint8_t> ws(std::max<std::size_t>(bytes, 1));
+  attention::AttentionParams pg = p, pp = p;
+  pg.out = out_graph.get();
+  pg.lse = lse_graph.get();
+  pp.out = out_plain.get();
+  pp.lse = lse_plain.get();
+  KVC_ASSERT_CUDA(kernels::attention_decode(ws.get(), bytes, pg, stream));  // loads the kernels
+  KVC_ASSERT_CUDA(cudaStreamSynchronize(stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  KVC_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  KVC_ASSERT_CUDA(kernels::attention_decode(ws.get(), bytes, pg, stream));
+  KVC_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+  KVC_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  std::vector<std::int32_t> ids = bed.ids(), counts = bed.counts();
+  std::mt19937 rng(5);
+  const std::size_t token = static_cast<std::size_t>(Hkv) * d;
+  DeviceArray<std::uint16_t> dk(Bt * token), dv(Bt * token);
+  size_t free0 = 0, total = 0;
+  KVC_ASSERT_CUDA(cudaMemGetInfo(&free0, &total));
+  for (int step = 0; step < 40; ++step) {
+    // One token per slot, on the same stream as the replay.
+    auto k = random_bits16(Bt * token, c.store_dtype, 1000 + step);
+    auto v = random_bits16(Bt * token, c.store_dtype, 2000 + step);
+    dk.upload(k);
+    dv.upload(v);
+    bed.gpu_store().append(
+        bed.slots(), TensorView::contiguous(dk.get(), c.store_dtype, {Bt, Hkv, d}, Device::cuda(0)),
+        TensorView::contiguous(dv.get(), c.store_dtype, {Bt, Hkv, d}, Device::cuda(0)));
+    bed.cpu_store().append(bed.slots(),
+                           TensorView::contiguous(k.data(), c.store_dtype, {Bt, Hkv, d}),
+                           TensorView::contiguous(v.data(), c.store_dtype, {Bt, Hkv, d}));
+    // A new selection within each row's closed blocks.
+    const int pitch = static_cast<int>(ids.size() / counts.size());
+    for (std::size_t r = 0; r < counts.size(); ++r) {
+      const int closed = bed.cpu_store().num_closed_blocks(bed.slots()[r / Hkv]);
+      std::vector<int> all(closed);
+      std::iota(all.begin(), all.end(), 0);
+      std::shuffle(all.begin(), all.end(), rng);
+      counts[r] = std::min(pitch, closed - static_cast<int>(step % 2));
+      counts[r] = std::max(counts[r], 0);
+      std::fill(ids.begin() + r * pitch, ids.begin() + (r + 1) * pitch, -1);
+      for (int i = 0; i < counts[r]; ++i) ids[r * pitch + i] = all[i];
+    }
+    KVC_ASSERT_CUDA(cudaMemcpyAsync(a.selection.ids, ids.data(), ids.size() * 4,
+                                    cudaMemcpyHostToDevice, stream));
+    KVC_ASSERT_CUDA(cudaMemcpyAsync(a.selection.counts, counts.data(), counts.size() * 4,
+                                    cudaMemcpyHostToDevice, stream));
+    KVC_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+    KVC_ASSERT_CUDA(kernels::attention_decode(ws.get(), bytes, pp, stream));
+    KVC_ASSERT_CUDA(cudaStreamSynchronize(stream));
+    const auto og = out_graph.download(), op = out_plain.download();
+    const auto lg = lse_graph.download(), lp = lse_plain.download();
+    ASSERT_EQ(og, op) << "step " << step;
+    ASSERT_EQ(lg, lp) << "step " << step;
+  }
+  size_t free1 = 0;
+  KVC_ASSERT_CUDA(cudaMemGetInfo(&free1, &total));
+  EXPECT_EQ(free0, free1);  // replays and calls allocate nothing
+  // The last step against the CPU backend.
+  bed.ids() = ids;
+  bed.counts() = counts;
+  auto cpu = AttentionBackend::create(cfg, Device::cpu());
+  std::vector<float> out(bed.n_out(), NAN), lse(bed.n_lse(), NAN);
+  DecodeArgs ca = bed.args(false);
+  ca.out = TensorView::contiguous(out.data(), DType::kF32, {Bt, 1, Hq, d});
+  ca.lse = TensorView::contiguous(lse.data(), DType::kF32, {Bt, 1, Hq});
+  cpu->decode(bed.cpu_store(), ca);
+  const auto og = out_graph.download(), lg = lse_graph.download();
+  expect_close(
+      Result{std::vector<double>(og.begin(), og.end()), std::vector<double>(lg.begin(), lg.end())},
+      Result{std::vector<double>(out.begin(), out.end()),
+             std::vector<double>(lse.begin(), lse.end())},
+      d, kTol, "graph replay vs CPU");
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  bed.gpu_store().set_stream(nullptr);
+  cudaStreamDestroy(stream);
+}
+
+// Thousands of decode calls through the object allocate no device memory.
+TEST(Cuda_Attention, DecodeAllocatesNothing) {
+  KVC_REQUIRE_GPU();
+  Case c = split_case(Case{});
+  Bed bed(c);
+  auto backend = AttentionBackend::create(bed.config(), Device::cuda(0));
+  DeviceArray<float> out(bed.n_out()), lse(bed.n_lse());
+  DecodeArgs a = bed.args(true);
+  a.out = TensorView::contiguous(out.get(), DType::kF32, {bed.batch(), 1, bed.hq(), c.head_dim},
+                                 Device::cuda(0));
+  a.lse =
+      TensorView::contiguous(lse.get(), DType::kF32, {bed.batch(), 1, bed.hq()}, Device::cuda(0));
+  backend->decode(bed.gpu_store(), a);
+  KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+  size_t free0 = 0, free1 = 0, total = 0;
+  KVC_ASSERT_CUDA(cudaMemGetInfo(&free0, &total));
+  for (int i = 0; i < 2000; ++i) backend->decode(bed.gpu_store(), a);
+  KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+  KVC_ASSERT_CUDA(cudaMemGetInfo(&free1, &total));
+  EXPECT_EQ(free0, free1);
+}
+
+TEST(Cuda_Attention, BadInputThrowsNamingTheArgument) {
+  KVC_REQUIRE_GPU();
+  Case c;
+  Bed bed(c);
+  AttentionConfig cfg = bed.config();
+  cfg.accumulate_f64 = true;
+  expect_error([&] { AttentionBackend::create(cfg, Device::cuda(0)); }, {"accumulate_f64"});
+  cfg.accumulate_f64 = false;
+  cfg.max_batch = 2;
+  auto backend = AttentionBackend::create(cfg, Device::cuda(0));
+  DeviceArray<float> out(bed.n_out());
+  out.fill_bytes(0xff);
+  DecodeArgs a = bed.args(true);
+  a.out = TensorView::contiguous(out.get(), DType::kF32, {bed.batch(), 1, bed.hq(), c.head_dim},
+                                 Device::cuda(0));
+  expect_error([&] { backend->decode(bed.gpu_store(), a); }, {"max_batch = 2"});
+  cfg.max_batch = 256;
+  backend = AttentionBackend::create(cfg, Device::cuda(0));
+  DecodeArgs host_q = a;
+  host_q.q = bed.args(false).q;
+  expect_error([&] { backend->decode(bed.gpu_store(), host_q); }, {"q.device"});
+  expect_error([&] { backend->decode(bed.cpu_store(), a); }, {"store.device"});
+  for (float x : out.download()) ASSERT_TRUE(std::isnan(x)) << "out written before a failed check";
+  EXPECT_NO_THROW(backend->decode(bed.gpu_store(), a));
+  KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+}
+
+}  // namespace
+}  // namespace kvc
