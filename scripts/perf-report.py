@@ -7,13 +7,18 @@ Usage: scripts/perf-report.py RESULTS_DIR > table.md
 import glob
 import json
 import os
+import re
 import sys
 
 
 def load_benchmarks(d):
     rows = {}
     for path in sorted(glob.glob(os.path.join(d, "*_bench.json"))):
-        data = json.load(open(path))
+        text = open(path).read()
+        # Google Benchmark writes bare nan / inf for empty counters; make them JSON.
+        text = re.sub(r":\s*-?nan\b", ": NaN", text)
+        text = re.sub(r":\s*(-?)inf\b", r": \1Infinity", text)
+        data = json.loads(text)
         for b in data.get("benchmarks", []):
             if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
                 continue
