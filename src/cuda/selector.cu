@@ -106,8 +106,11 @@ cudaError_t sort_temp_bytes(int rows, int N, std::size_t& bytes) {
 
 /// Ranks stage A must keep for `policy` in rows of N blocks (see the header comment).
 long long ranks_needed(const SelectPolicy& policy, int N) {
-  const long long want = uses_k(policy.kind) ? static_cast<long long>(policy.k) + 1
-                                             : static_cast<long long>(policy.max_blocks) + 1;
+  // score_cluster reads past its top k up to max_blocks ranks: it needs the longer prefix.
+  const long long want = policy.kind == Kind::kScoreCluster
+                             ? std::max<long long>(policy.k, policy.max_blocks) + 1
+                         : uses_k(policy.kind) ? static_cast<long long>(policy.k) + 1
+                                               : static_cast<long long>(policy.max_blocks) + 1;
   return std::min<long long>(want, N);
 }
 
