@@ -3,14 +3,16 @@
 
 Loads SmolLM2-135M-Instruct.Q4_1.gguf through transformers (its GGUF loader dequantises every
 tensor to float, the same values the mini-decoder computes at load), then compares:
-  1. tokenizer ids on a fixed set of test strings (plain text and one ChatML prompt): the
-     mini-decoder's `--dump-tokens` against the HF tokenizer built from the GGUF; they must be
-     identical;
+  1. tokenizer ids on a fixed set of test strings (plain text and ChatML prompts): the
+     mini-decoder's `--dump-tokens` against HF `tokenizers` running SmolLM2's tokenizer.json
+     pipeline over the GGUF's vocabulary and merges (must be identical), and, for information,
+     against transformers' own GGUF tokenizer conversion;
   2. the prompt logits of a fixed chat prompt: the mini-decoder's dense f32 path
      (`--dump-logits`, raw f32 [tokens][vocab]) against the HF model's, fed the same ids:
      top-1 agreement on every position and the max / mean absolute logit difference.
-Prints a short table, writes JSON (--json), exits 0 when the ids are identical and the top-1
-token agrees on every position, 1 otherwise, 2 on a usage error.
+Prints a short table, writes JSON (--json), exits 0 when the ids are identical to the
+tokenizers reference and the top-1 token agrees on every position, 1 otherwise, 2 on a usage
+error.
 
 Runs on the CPU or a GPU (--device). Needs torch, transformers (with GGUF support) and the
 `gguf` package; on a machine without network access install gguf from a wheel downloaded
@@ -146,6 +148,8 @@ def main():
     ap.add_argument("--workdir", help="folder for the dumps (default: a temporary one)")
     ap.add_argument("--tokenizer-only", action="store_true",
                     help="compare the tokenizer ids only (no torch needed)")
+    ap.add_argument("--skip-tokenizer", action="store_true",
+                    help="compare the logits only")
     args = ap.parse_args()
 
     import numpy as np
@@ -170,38 +174,61 @@ def main():
 
     # --- 1. tokenizer ------------------------------------------------------------------------
     t0 = time.time()
+    # Two references: transformers' own GGUF tokenizer conversion (needs torch), and the HF
+    # `tokenizers` pipeline of SmolLM2's tokenizer.json (Digits(individual_digits) + ByteLevel)
+    # built from the GGUF's vocabulary and merges. They differ on non-ASCII digits (the GGUF
+    # conversion does not split them one by one); the second is the one that must match.
+    references = {"tokenizers": tokenizers_from_gguf(gguf)}
+    import tokenizers
+    names = {"tokenizers": f"tokenizers {tokenizers.__version__}: BPE from the GGUF vocabulary "
+                           "and merges, Digits(individual_digits) + ByteLevel (SmolLM2's "
+                           "tokenizer.json pipeline)"}
     try:
         auto = AutoTokenizer.from_pretrained(gdir, gguf_file=gname)
-        encode = lambda text: auto(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-        reference = f"transformers {transformers.__version__} AutoTokenizer (GGUF loader)"
+        references["transformers"] = lambda text: auto(text, add_special_tokens=False)["input_ids"]
+        names["transformers"] = (f"transformers {transformers.__version__} AutoTokenizer "
+                                 "(its GGUF conversion)")
     except Exception as e:  # transformers' GGUF loader needs torch
-        if not args.tokenizer_only:
-            raise
-        encode = tokenizers_from_gguf(gguf)
-        import tokenizers
-        reference = (f"tokenizers {tokenizers.__version__} BPE from the GGUF vocabulary and "
-                     f"merges (transformers' GGUF loader unavailable: {type(e).__name__})")
-    print(f"  tokenizer reference: {reference}")
-    report["tokenizer_reference"] = reference
+        print(f"  transformers' GGUF tokenizer unavailable ({type(e).__name__}); skipped")
+    for k, v in names.items():
+        print(f"  tokenizer reference {k}: {v}")
+    report["tokenizer_references"] = names
     rows = []
     cases = [(s, False) for s in TEST_STRINGS] + [(s, True) for s in CHAT_STRINGS]
+    if args.skip_tokenizer:
+        cases = []
     for text, chat in cases:
         mine = mini_tokens(binary, gguf, text, chat, work)
         full = chatml(text) if chat else text
-        theirs = encode(full)
-        rows.append({"text": full, "chat": chat, "identical": mine == theirs,
-                     "mini_decoder": mine, "hf": theirs})
+        row = {"text": full, "chat": chat, "mini_decoder": mine}
+        for k, enc in references.items():
+            row[k] = enc(full)
+            row["identical_" + k] = mine == row[k]
+        row["identical"] = row["identical_tokenizers"]
+        rows.append(row)
     same = sum(r["identical"] for r in rows)
-    report["tokenizer"] = {"strings": len(rows), "identical": same, "cases": rows,
-                           "seconds": round(time.time() - t0, 2)}
+    report["tokenizer"] = {"strings": len(rows), "identical": same,
+                           "identical_by_reference": {k: sum(r["identical_" + k] for r in rows)
+                                                      for k in references},
+                           "cases": rows, "seconds": round(time.time() - t0, 2)}
+
+    def tokenizer_lines():
+        for k in references:
+            n = report["tokenizer"]["identical_by_reference"][k]
+            print(f"| tokenizer ids identical to {k} | {n} / {len(rows)} strings |")
+
+    def tokenizer_diffs():
+        for r in rows:
+            for k in references:
+                if not r["identical_" + k]:
+                    print(f"tokenizer differs from {k} on {r['text']!r}:\n"
+                          f"  mini {r['mini_decoder']}\n  {k} {r[k]}")
 
     if args.tokenizer_only:
         report["ok"] = same == len(rows)
-        print(f"\n| tokenizer ids identical | {same} / {len(rows)} strings |")
-        for r in rows:
-            if not r["identical"]:
-                print(f"tokenizer differs on {r['text']!r}:\n  mini {r['mini_decoder']}\n"
-                      f"  hf   {r['hf']}")
+        print()
+        tokenizer_lines()
+        tokenizer_diffs()
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
         print(f"\n{'OK' if report['ok'] else 'MISMATCH'}; wrote {args.json}")
@@ -223,7 +250,7 @@ def main():
     mini_s = time.time() - t0
 
     t0 = time.time()
-    model = AutoModelForCausalLM.from_pretrained(gdir, gguf_file=gname, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(gdir, gguf_file=gname, dtype=torch.float32)
     tied_fixed = False
     emb = model.get_input_embeddings().weight
     head = model.get_output_embeddings().weight
@@ -266,17 +293,14 @@ def main():
     print()
     print("| check | result |")
     print("|---|---|")
-    print(f"| tokenizer ids identical | {same} / {len(rows)} strings |")
+    tokenizer_lines()
     print(f"| prompt logits: top-1 agreement | {lg['top1_agree']} / {len(ids)} positions |")
     print(f"| max abs logit difference | {lg['max_abs_diff']:.4g} (logits in "
           f"[{lg['logit_range'][0]:.1f}, {lg['logit_range'][1]:.1f}]) |")
     print(f"| mean abs logit difference | {lg['mean_abs_diff']:.4g} |")
     if tied_fixed:
         print("| note | transformers left lm_head untied; the script tied it to the embedding |")
-    for r in rows:
-        if not r["identical"]:
-            print(f"tokenizer differs on {r['text']!r}:\n  mini {r['mini_decoder']}\n"
-                  f"  hf   {r['hf']}")
+    tokenizer_diffs()
     for d in disagreements[:10]:
         print(f"top-1 differs at position {d['position']}: mini {d['mini_decoder']}, "
               f"hf {d['hf']} (hf top-2 margin {d['hf_top2_margin']:.3g})")
