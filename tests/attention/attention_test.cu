@@ -57,6 +57,7 @@ struct Case {
   RepresentativePolicy policy = RepresentativePolicy::kLast;
   bool sink = false;
   int max_splits = 0;
+  int headroom = 3;  // tokens a slot can still take past the longest length (appends)
   std::uint32_t seed = 1;
 };
 
@@ -106,7 +107,7 @@ class Bed {
     sc_.num_kv_heads = c.num_kv_heads;
     sc_.head_dim = c.head_dim;
     sc_.max_slots = static_cast<int>(c.lengths.size()) + 1;
-    sc_.max_context = *std::max_element(c.lengths.begin(), c.lengths.end()) + 3;
+    sc_.max_context = *std::max_element(c.lengths.begin(), c.lengths.end()) + c.headroom;
     sc_.recent_window = c.W;
     sc_.block_size = c.B;
     sc_.dtype = c.store_dtype;
@@ -480,8 +481,8 @@ TEST(Cuda_Attention, LargeBatch) {
   c.num_kv_heads = 8;
   c.group = 4;
   c.lengths.clear();
-  for (int i = 0; i < 96; ++i) c.lengths.push_back(1 + (i * 37) % 300);
   c.T = 2;
+  for (int i = 0; i < 96; ++i) c.lengths.push_back(c.T + (i * 37) % 300);  // every one >= T
   c.sink = true;
   check_case(c, "batch 96");
 }
@@ -809,6 +810,7 @@ TEST(Cuda_Attention, GraphReplayWithChangingLengthsAndSelections) {
   Case c = split_case(Case{});
   c.T = 1;
   c.sink = true;
+  c.headroom = 64;  // 40 appends per slot follow
   Bed bed(c);
   const AttentionConfig cfg = bed.config();
   const int Bt = bed.batch(), Hq = bed.hq(), Hkv = c.num_kv_heads, d = c.head_dim;
