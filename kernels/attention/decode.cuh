@@ -293,12 +293,12 @@ __device__ __forceinline__ void decode_v(const std::uint32_t (&w)[NW], float (&f
   }
 }
 
-/// One row's addresses (already offset to the lane's elements) and its scales' addresses.
+/// One row's addresses (already offset to the lane's elements) and scales.
 struct RowAddr {
   const std::uint8_t* k;
   const std::uint8_t* v;
-  const float* ksc;  // q8 K scale, else null
-  const float* vsc;  // q8 / int4 V scale, else null
+  float ksc;
+  float vsc;
   bool ok;
 };
 
@@ -316,8 +316,8 @@ template <RowKind RK, bool kOldIsRK, int D, int E>
 __device__ __forceinline__ RowAddr locate(const DecodeParams& p, const RowCtx& c, const Piece& pc,
                                           const int* list, int j, int lig) {
   RowAddr a;
-  a.ksc = nullptr;
-  a.vsc = nullptr;
+  a.ksc = 1.0f;
+  a.vsc = 1.0f;
   a.ok = j < pc.count;
   a.k = nullptr;
   a.v = nullptr;
@@ -382,8 +382,10 @@ __device__ __forceinline__ RowAddr locate(const DecodeParams& p, const RowCtx& c
             (static_cast<std::size_t>(pb) * p.s.num_kv_heads + c.h) * p.s.block_size + row;
         a.k = p.s.old_k + r * kKb + lig * kKl;
         a.v = p.s.old_v + r * kVb + lig * kVl;
-        if constexpr (RK == RowKind::kQ8) a.ksc = p.s.old_k_scale + r;
-        if constexpr (RK == RowKind::kQ8 || RK == RowKind::kQ4v) a.vsc = p.s.old_v_scale + r;
+        if constexpr (RK == RowKind::kQ8) a.ksc = __ldg(p.s.old_k_scale + r);
+        if constexpr (RK == RowKind::kQ8 || RK == RowKind::kQ4v) {
+          a.vsc = __ldg(p.s.old_v_scale + r);
+        }
       }
     }
     return a;
@@ -399,138 +401,44 @@ struct State {
   float acc[kGT][E];
 };
 
-/// Asynchronous copy of N bytes (4, 8 or 16) global -> shared; zero-fills when !ok (nothing is
-/// read then).
-template <int N>
-__device__ __forceinline__ void cp_async(void* smem, const void* gmem, bool ok) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int src_bytes = ok ? N : 0;
-  if constexpr (N == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-                 "r"(src_bytes)
-                 : "memory");
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(gmem), "n"(N),
-                 "r"(src_bytes)
-                 : "memory");
-  }
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-/// Iterations of a piece in flight: while a thread computes iteration i, the copies of the next
-/// kStages - 1 iterations are pending.
-constexpr int kStages = 3;
-
-/// Per-thread staging of piece iterations in shared memory, for rows of kind RK with kU rows per
-/// thread. A thread only reads what it copied itself (no barrier between producer and consumer),
-/// in a layout interleaved by thread so that reads are conflict-free:
-///   vec  [stage][u][kNV][kThreads]  16-byte slots: K words, then V words (4 or 8 B used of 16)
-///   scale[stage][u][2][kThreads]    K and V scales (q8 / int4)
-///   ok   [stage][kThreads]          bit u: row u valid
-template <RowKind RK, int E, int kU>
-struct Staging {
-  static constexpr int kKW = LaneWords<RK, E>::k, kVW = LaneWords<RK, E>::v;
-  static constexpr int kKV = (kKW + 3) / 4, kVV = (kVW + 3) / 4, kNV = kKV + kVV;
-  static constexpr int kVecBytes = kStages * kU * kNV * kThreads * 16;
-  static constexpr int kScaleBytes = kStages * kU * 2 * kThreads * 4;
-  static constexpr int kBytes = kVecBytes + kScaleBytes + kStages * kThreads * 4;
-};
-
-/// Copies a lane's NW words of a row (NW * 4 bytes) into its 16-byte slots.
-template <int NW>
-__device__ __forceinline__ void copy_part(uint4* slot, const std::uint8_t* src, bool ok) {
-  if constexpr (NW >= 4) {
-#pragma unroll
-    for (int i = 0; i < NW / 4; ++i) cp_async<16>(slot + i * kThreads, src + 16 * i, ok);
-  } else {
-    cp_async<NW * 4>(slot, src, ok);
-  }
-}
-
-/// Reads back the NW words a lane copied with copy_part.
-template <int NW>
-__device__ __forceinline__ void read_part(const uint4* slot, std::uint32_t (&w)[NW]) {
-  if constexpr (NW >= 4) {
-#pragma unroll
-    for (int i = 0; i < NW / 4; ++i) {
-      const uint4 x = slot[i * kThreads];
-      w[4 * i] = x.x;
-      w[4 * i + 1] = x.y;
-      w[4 * i + 2] = x.z;
-      w[4 * i + 3] = x.w;
-    }
-  } else if constexpr (NW == 2) {
-    const uint2 x = *reinterpret_cast<const uint2*>(slot);
-    w[0] = x.x;
-    w[1] = x.y;
-  } else {
-    w[0] = *reinterpret_cast<const std::uint32_t*>(slot);
-  }
-}
-
-/// Attends every row of piece `pc` into `st`. The rows of each iteration (kGroups * U) are
-/// copied kStages - 1 iterations ahead into the thread's staging slots (`stage_mem`), so HBM
-/// reads stay in flight while the thread computes.
+/// Attends every row of piece `pc` into `st`.
 template <int D, int kGT, RowKind RK, bool kOldIsRK, bool kBf16>
 __device__ __forceinline__ void process_piece(const DecodeParams& p, const RowCtx& c,
                                               const Piece& pc, const int* list,
                                               const float (&q)[kGT][DimTraits<D>::kE],
-                                              State<kGT, DimTraits<D>::kE>& st, int group, int lig,
-                                              uint4* stage_mem) {
+                                              State<kGT, DimTraits<D>::kE>& st, int group,
+                                              int lig) {
   using Tr = DimTraits<D>;
   // f32 summary rows are rare and wide: one per group per iteration keeps registers down.
   constexpr int E = Tr::kE, U = RK == RowKind::kF32 ? 1 : Tr::kU;
-  using Sg = Staging<RK, E, U>;
-  constexpr int KW = Sg::kKW, VW = Sg::kVW, NV = Sg::kNV;
-  constexpr int kRows = Tr::kGroups * U;
-  constexpr bool kKScaled = RK == RowKind::kQ8;
-  constexpr bool kVScaled = RK == RowKind::kQ8 || RK == RowKind::kQ4v;
-  const int tid = threadIdx.x;
-  uint4* vecs = stage_mem;
-  float* scales = reinterpret_cast<float*>(reinterpret_cast<char*>(stage_mem) + Sg::kVecBytes);
-  std::uint32_t* oks =
-      reinterpret_cast<std::uint32_t*>(reinterpret_cast<char*>(scales) + Sg::kScaleBytes);
-  const std::uint8_t* safe = reinterpret_cast<const std::uint8_t*>(p.q);  // copies reading 0 B
-  const int n_iter = (pc.count + kRows - 1) / kRows;
-
-  auto issue = [&](int it, int stage) {
-    std::uint32_t mask = 0;
+  constexpr int KW = LaneWords<RK, E>::k, VW = LaneWords<RK, E>::v;
+  for (int base = 0; base < pc.count; base += Tr::kGroups * U) {
+    std::uint32_t kr[U][KW], vr[U][VW];
+    float ksc[U], vsc[U];
+    bool ok[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const RowAddr a =
-          locate<RK, kOldIsRK, D, E>(p, c, pc, list, it * kRows + u * Tr::kGroups + group, lig);
-      mask |= a.ok ? (1u << u) : 0u;
-      uint4* slot = vecs + (stage * U + u) * NV * kThreads + tid;
-      copy_part<KW>(slot, a.ok ? a.k : safe, a.ok);
-      copy_part<VW>(slot + Sg::kKV * kThreads, a.ok ? a.v : safe, a.ok);
-      float* sc = scales + (stage * U + u) * 2 * kThreads + tid;
-      if constexpr (kKScaled) cp_async<4>(sc, a.ok ? static_cast<const void*>(a.ksc) : safe, a.ok);
-      if constexpr (kVScaled) {
-        cp_async<4>(sc + kThreads, a.ok ? static_cast<const void*>(a.vsc) : safe, a.ok);
+          locate<RK, kOldIsRK, D, E>(p, c, pc, list, base + u * Tr::kGroups + group, lig);
+      ok[u] = a.ok;
+      ksc[u] = a.ksc;
+      vsc[u] = a.vsc;
+      if (a.ok) {
+        load_words<KW>(a.k, kr[u]);
+        load_words<VW>(a.v, vr[u]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < KW; ++i) kr[u][i] = 0u;
+#pragma unroll
+        for (int i = 0; i < VW; ++i) vr[u][i] = 0u;
       }
     }
-    oks[stage * kThreads + tid] = mask;
-  };
-
-  auto compute = [&](int stage) {
-    const std::uint32_t mask = oks[stage * kThreads + tid];
-    const float* sc = scales + stage * U * 2 * kThreads + tid;
     // Logits (log2 units; q carries scale * log2 e).
     float s[U][kGT];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      std::uint32_t kr[KW];
-      read_part<KW>(vecs + (stage * U + u) * NV * kThreads + tid, kr);
       float kf[E];
-      decode_k<RK, kBf16, KW, E>(kr, kf);
+      decode_k<RK, kBf16, KW, E>(kr[u], kf);
 #pragma unroll
       for (int g = 0; g < kGT; ++g) {
         float dot = 0.0f;
@@ -551,22 +459,18 @@ __device__ __forceinline__ void process_piece(const DecodeParams& p, const RowCt
     for (int g = 0; g < kGT; ++g) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        if constexpr (kKScaled) s[u][g] *= sc[u * 2 * kThreads];
-        s[u][g] = (mask >> u) & 1u ? s[u][g] : -INFINITY;
+        if constexpr (RK == RowKind::kQ8) s[u][g] *= ksc[u];
+        s[u][g] = ok[u] ? s[u][g] : -INFINITY;
       }
       float mx = s[0][g];
 #pragma unroll
       for (int u = 1; u < U; ++u) mx = fmaxf(mx, s[u][g]);
       const float m_new = fmaxf(st.m[g], mx);  // NaN logits never win the max; they reach l
-      // Rescale only when a row of the warp raised its max (rare once a row is underway).
-      if (__any_sync(0xffffffffu, m_new != st.m[g])) {
-        const float corr = m_new == st.m[g] ? 1.0f : fast_exp2(st.m[g] - m_new);
-        st.l[g] *= corr;
-#pragma unroll
-        for (int e = 0; e < E; ++e) st.acc[g][e] *= corr;
-      }
+      const float corr = m_new == st.m[g] ? 1.0f : fast_exp2(st.m[g] - m_new);
       st.m[g] = m_new;
-      float lsum = st.l[g];
+      float lsum = st.l[g] * corr;
+#pragma unroll
+      for (int e = 0; e < E; ++e) st.acc[g][e] *= corr;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         pw[u][g] = s[u][g] == -INFINITY ? 0.0f : fast_exp2(s[u][g] - m_new);
@@ -576,36 +480,16 @@ __device__ __forceinline__ void process_piece(const DecodeParams& p, const RowCt
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      std::uint32_t vr[VW];
-      read_part<VW>(vecs + ((stage * U + u) * NV + Sg::kKV) * kThreads + tid, vr);
       float vf[E];
-      decode_v<RK, kBf16, VW, E>(vr, vf);
-      float vsc = 1.0f;
-      if constexpr (kVScaled) vsc = sc[(u * 2 + 1) * kThreads];
+      decode_v<RK, kBf16, VW, E>(vr[u], vf);
 #pragma unroll
       for (int g = 0; g < kGT; ++g) {
         float w = pw[u][g];
-        if constexpr (kVScaled) w *= vsc;
+        if constexpr (RK == RowKind::kQ8 || RK == RowKind::kQ4v) w *= vsc[u];
 #pragma unroll
         for (int e = 0; e < E; ++e) st.acc[g][e] = fmaf(w, vf[e], st.acc[g][e]);
       }
     }
-  };
-
-  // Prologue: the first kStages - 1 iterations in flight; then one issued, one computed per step.
-#pragma unroll
-  for (int it = 0; it < kStages - 1; ++it) {
-    if (it < n_iter) issue(it, it);
-    cp_async_commit();
-  }
-  int cur = 0, next = kStages - 1;
-  for (int it = 0; it < n_iter; ++it) {
-    if (it + kStages - 1 < n_iter) issue(it + kStages - 1, next);
-    cp_async_commit();
-    cp_async_wait<kStages - 1>();  // iteration it has landed
-    compute(cur);
-    cur = cur + 1 == kStages ? 0 : cur + 1;
-    next = next + 1 == kStages ? 0 : next + 1;
   }
 }
 
@@ -729,23 +613,10 @@ struct MergeSmem {
   float l[kWarps][kGT];
 };
 
-template <int A, int B>
-constexpr int max_of() {
-  return A > B ? A : B;
-}
-
-/// Dynamic shared memory of decode_kernel<D, kGT, kOld>: the staging of the largest row kind it
-/// walks (aliased by the final merge of the warps' states), then the selected-block list.
-template <int D, int kGT, OldKind kOld>
-struct DecodeSmemLayout {
-  using Tr = DimTraits<D>;
-  static constexpr int kStaging =
-      max_of<max_of<Staging<RowKind::k16, Tr::kE, Tr::kU>::kBytes,
-                    Staging<old_row_kind<kOld>(), Tr::kE, Tr::kU>::kBytes>(),
-             Staging<RowKind::kF32, Tr::kE, 1>::kBytes>();
-  static constexpr int kFront =
-      (max_of<kStaging, static_cast<int>(sizeof(MergeSmem<D, kGT>))>() + 15) / 16 * 16;
-  static constexpr int kBytes = kFront + kMaxList * 4;
+template <int D, int kGT>
+union DecodeSmem {
+  int list[kMaxList];
+  MergeSmem<D, kGT> merge;
 };
 
 /// Resident CTAs per SM the register allocation aims for (ptxas then keeps registers under
@@ -760,11 +631,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(D, kGT))
   using Tr = DimTraits<D>;
   constexpr int E = Tr::kE;
   constexpr RowKind kOldRK = old_row_kind<kOld>();
-  using Layout = DecodeSmemLayout<D, kGT, kOld>;
-  extern __shared__ uint4 dyn_smem[];
-  uint4* stage_mem = dyn_smem;
-  MergeSmem<D, kGT>& merge = *reinterpret_cast<MergeSmem<D, kGT>*>(dyn_smem);
-  int* list = reinterpret_cast<int*>(reinterpret_cast<char*>(dyn_smem) + Layout::kFront);
+  __shared__ DecodeSmem<D, kGT> sm;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Let the combine launch (programmatic dependent launch) get ready while this grid runs; it
   // waits for this grid's completion before reading anything.
@@ -864,11 +731,10 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(D, kGT))
     const Piece pc = next_piece(p, c, v, c1, end);
     if (pc.count > 0) {
       if (pc.loc == kLocRing || pc.loc == kLocPlain) {
-        process_piece<D, kGT, RowKind::k16, kOldRK == RowKind::k16, kBf16>(p, c, pc, list, q, st,
-                                                                           group, lig, stage_mem);
+        process_piece<D, kGT, RowKind::k16, kOldRK == RowKind::k16, kBf16>(p, c, pc, sm.list, q, st,
+                                                                           group, lig);
       } else if (pc.loc == kLocSummary) {
-        process_piece<D, kGT, RowKind::kF32, false, kBf16>(p, c, pc, list, q, st, group, lig,
-                                                           stage_mem);
+        process_piece<D, kGT, RowKind::kF32, false, kBf16>(p, c, pc, sm.list, q, st, group, lig);
       } else {
         if (pc.loc == kLocSelected) {
           // Stage the pool ids of the piece's selected blocks (skipped ones as -1).
@@ -877,12 +743,12 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(D, kGT))
           __syncthreads();  // the previous list is no longer read
           for (int i = i_lo + static_cast<int>(threadIdx.x); i <= i_hi; i += kThreads) {
             const int id = c.sel_ids[i];
-            list[i - i_lo] = id >= 0 && id < c.closed ? c.table[id] : -1;
+            sm.list[i - i_lo] = id >= 0 && id < c.closed ? c.table[id] : -1;
           }
           c.list_lo = i_lo;
           __syncthreads();
         }
-        process_piece<D, kGT, kOldRK, true, kBf16>(p, c, pc, list, q, st, group, lig, stage_mem);
+        process_piece<D, kGT, kOldRK, true, kBf16>(p, c, pc, sm.list, q, st, group, lig);
       }
     }
     v = end;
@@ -901,16 +767,15 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(D, kGT))
       merge_state<E>(st.m[g], st.l[g], st.acc[g], om, ol, oacc);
     }
   }
-  cp_async_wait<0>();
-  __syncthreads();  // the staging (aliased by `merge`) and the list are no longer read
+  __syncthreads();  // the list is no longer read
   if (lane < Tr::kLpt) {
 #pragma unroll
     for (int g = 0; g < kGT; ++g) {
 #pragma unroll
-      for (int e = 0; e < E; ++e) merge.acc[warp][g][lig * E + e] = st.acc[g][e];
+      for (int e = 0; e < E; ++e) sm.merge.acc[warp][g][lig * E + e] = st.acc[g][e];
       if (lane == 0) {
-        merge.m[warp][g] = st.m[g];
-        merge.l[warp][g] = st.l[g];
+        sm.merge.m[warp][g] = st.m[g];
+        sm.merge.l[warp][g] = st.l[g];
       }
     }
   }
@@ -925,7 +790,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(D, kGT))
     const std::size_t row_q = static_cast<std::size_t>(c.bt) * p.Hq + hq;
     float mm = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, merge.m[w][g]);
+    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, sm.merge.m[w][g]);
     float sink_term = 0.0f;
     if (final_row && p.sink != nullptr) {
       const float s2 = p.sink[hq] * kLog2e;
@@ -936,15 +801,15 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(D, kGT))
     float lsum = sink_term;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      const float mw = merge.m[w][g];
+      const float mw = sm.merge.m[w][g];
       wgt[w] = mw == -INFINITY ? 0.0f : exp2f(mw - mm);
-      lsum += merge.l[w][g] * wgt[w];
+      lsum += sm.merge.l[w][g] * wgt[w];
     }
     float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) o[e] += merge.acc[w][g][i + e] * wgt[w];
+      for (int e = 0; e < 4; ++e) o[e] += sm.merge.acc[w][g][i + e] * wgt[w];
     }
     const bool empty = mm == -INFINITY && lsum == 0.0f;
     const float inv = empty ? 0.0f : 1.0f / lsum;
@@ -961,17 +826,10 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(D, kGT))
   }
 }
 
-/// A decode kernel and the dynamic shared memory it is launched with.
-struct DecodeKernel {
-  const void* fn = nullptr;
-  int smem = 0;
-};
-
-/// The kernel for (D, kGT, kOld, kBf16) (instantiates it).
+/// The kernel for (D, kGT, kOld, kBf16) as a function pointer (instantiates it).
 template <int D, int kGT, OldKind kOld, bool kBf16>
-DecodeKernel decode_kernel_info() {
-  return {reinterpret_cast<const void*>(&decode_kernel<D, kGT, kOld, kBf16>),
-          DecodeSmemLayout<D, kGT, kOld>::kBytes};
+const void* decode_kernel_ptr() {
+  return reinterpret_cast<const void*>(&decode_kernel<D, kGT, kOld, kBf16>);
 }
 
 }  // namespace attention_detail

@@ -8,23 +8,23 @@ namespace kvc {
 namespace kernels {
 namespace attention_detail {
 
-/// The decode kernel for (D, gt, kind, bf16), or {null, 0} when gt is not a head tile of D
-/// (1, 2, 4, 8; 1, 2, 4 for D = 512). Instantiate only in its own file.
+/// The decode kernel for (D, gt, kind, bf16) as a function pointer, or null when gt is not a
+/// head tile of D (1, 2, 4, 8; 1, 2, 4 for D = 512). Instantiate only in its own file.
 template <int D>
-DecodeKernel decode_kernel_table(int gt, OldKind kind, bool bf16) {
-#define KVC_ATTN_KINDS(GT)                                             \
-  switch (kind) {                                                      \
-    case OldKind::k16:                                                 \
-      return bf16 ? decode_kernel_info<D, GT, OldKind::k16, true>()    \
-                  : decode_kernel_info<D, GT, OldKind::k16, false>();  \
-    case OldKind::kQ8:                                                 \
-      return bf16 ? decode_kernel_info<D, GT, OldKind::kQ8, true>()    \
-                  : decode_kernel_info<D, GT, OldKind::kQ8, false>();  \
-    case OldKind::kQ4v:                                                \
-      return bf16 ? decode_kernel_info<D, GT, OldKind::kQ4v, true>()   \
-                  : decode_kernel_info<D, GT, OldKind::kQ4v, false>(); \
-  }                                                                    \
-  return {};
+const void* decode_kernel_table(int gt, OldKind kind, bool bf16) {
+#define KVC_ATTN_KINDS(GT)                                            \
+  switch (kind) {                                                     \
+    case OldKind::k16:                                                \
+      return bf16 ? decode_kernel_ptr<D, GT, OldKind::k16, true>()    \
+                  : decode_kernel_ptr<D, GT, OldKind::k16, false>();  \
+    case OldKind::kQ8:                                                \
+      return bf16 ? decode_kernel_ptr<D, GT, OldKind::kQ8, true>()    \
+                  : decode_kernel_ptr<D, GT, OldKind::kQ8, false>();  \
+    case OldKind::kQ4v:                                               \
+      return bf16 ? decode_kernel_ptr<D, GT, OldKind::kQ4v, true>()   \
+                  : decode_kernel_ptr<D, GT, OldKind::kQ4v, false>(); \
+  }                                                                   \
+  return nullptr;
   switch (gt) {
     case 1: {
       KVC_ATTN_KINDS(1)
@@ -39,21 +39,21 @@ DecodeKernel decode_kernel_table(int gt, OldKind kind, bool bf16) {
       if constexpr (D != 512) {
         KVC_ATTN_KINDS(8)
       }
-      return {};
+      return nullptr;
     }
     default:
-      return {};
+      return nullptr;
   }
 #undef KVC_ATTN_KINDS
 }
 
-DecodeKernel decode_kernel_d64(int gt, OldKind kind, bool bf16);
-DecodeKernel decode_kernel_d128(int gt, OldKind kind, bool bf16);
-DecodeKernel decode_kernel_d256(int gt, OldKind kind, bool bf16);
-DecodeKernel decode_kernel_d512(int gt, OldKind kind, bool bf16);
+const void* decode_kernel_d64(int gt, OldKind kind, bool bf16);
+const void* decode_kernel_d128(int gt, OldKind kind, bool bf16);
+const void* decode_kernel_d256(int gt, OldKind kind, bool bf16);
+const void* decode_kernel_d512(int gt, OldKind kind, bool bf16);
 
-/// The decode kernel for a runtime head_dim, or {null, 0}.
-inline DecodeKernel decode_kernel_for(int head_dim, int gt, OldKind kind, bool bf16) {
+/// The decode kernel for a runtime head_dim, or null.
+inline const void* decode_kernel_for(int head_dim, int gt, OldKind kind, bool bf16) {
   switch (head_dim) {
     case 64:
       return decode_kernel_d64(gt, kind, bf16);
@@ -64,7 +64,7 @@ inline DecodeKernel decode_kernel_for(int head_dim, int gt, OldKind kind, bool b
     case 512:
       return decode_kernel_d512(gt, kind, bf16);
     default:
-      return {};
+      return nullptr;
   }
 }
 

@@ -5,7 +5,7 @@ namespace kvc {
 namespace kernels {
 namespace attention_detail {
 
-DecodeKernel decode_kernel_d512(int gt, OldKind kind, bool bf16) {
+const void* decode_kernel_d512(int gt, OldKind kind, bool bf16) {
   return decode_kernel_table<512>(gt, kind, bf16);
 }
 

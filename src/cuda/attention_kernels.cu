@@ -47,34 +47,23 @@ int head_tile(int group, int d) {
   return gt;
 }
 
-/// Prepares `kernel` for its dynamic shared memory (above the 48 KB default; the largest
-/// carveout so that several CTAs fit per SM) and returns its resident CTAs per SM. Done once
-/// per kernel and device (cached).
-cudaError_t ctas_per_sm(const DecodeKernel& kernel, int& out) {
+/// Resident CTAs per SM of `kernel` (cached: it depends only on the kernel and the device).
+cudaError_t ctas_per_sm(const void* kernel, int& out) {
   static std::mutex mu;
-  static std::unordered_map<std::uint64_t, int> cache;
-  int dev = 0;
-  KVC_CUDA_CALL(cudaGetDevice(&dev));
-  const std::uint64_t key =
-      reinterpret_cast<std::uintptr_t>(kernel.fn) * 64u + static_cast<unsigned>(dev);
+  static std::unordered_map<const void*, int> cache;
   {
     std::lock_guard<std::mutex> lock(mu);
-    const auto it = cache.find(key);
+    const auto it = cache.find(kernel);
     if (it != cache.end()) {
       out = it->second;
       return cudaSuccess;
     }
   }
-  KVC_CUDA_CALL(
-      cudaFuncSetAttribute(kernel.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kernel.smem));
-  KVC_CUDA_CALL(cudaFuncSetAttribute(kernel.fn, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                     cudaSharedmemCarveoutMaxShared));
   int n = 0;
-  KVC_CUDA_CALL(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel.fn, kThreads, kernel.smem));
+  KVC_CUDA_CALL(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0));
   n = std::max(n, 1);
   std::lock_guard<std::mutex> lock(mu);
-  cache[key] = n;
+  cache[kernel] = n;
   out = n;
   return cudaSuccess;
 }
@@ -88,7 +77,7 @@ cudaError_t sm_count(int& out) {
 }
 
 /// CTAs the plan aims for on the current device with `kernel`.
-cudaError_t target_ctas(const DecodeKernel& kernel, std::int64_t& out) {
+cudaError_t target_ctas(const void* kernel, std::int64_t& out) {
   int sms = 0, occ = 0;
   KVC_CUDA_CALL(sm_count(sms));
   KVC_CUDA_CALL(ctas_per_sm(kernel, occ));
@@ -98,7 +87,7 @@ cudaError_t target_ctas(const DecodeKernel& kernel, std::int64_t& out) {
 
 /// How one call is cut into CTAs.
 struct Plan {
-  DecodeKernel kernel;
+  const void* kernel = nullptr;
   int gt = 1;                // query heads per CTA
   int tiles = 1;             // head tiles per kv head
   int vlen = 0;              // virtual list length per row
@@ -118,7 +107,7 @@ cudaError_t make_plan(int head_dim, int num_q_heads, int num_kv_heads, int batch
   plan.gt = head_tile(group, head_dim);
   plan.tiles = (group + plan.gt - 1) / plan.gt;
   plan.kernel = decode_kernel_for(head_dim, plan.gt, kind, bf16);
-  if (plan.kernel.fn == nullptr) return cudaErrorInvalidValue;
+  if (plan.kernel == nullptr) return cudaErrorInvalidValue;
   plan.kv_ctas = static_cast<std::int64_t>(batch) * T * num_kv_heads * plan.tiles;
   plan.rows_q = static_cast<std::int64_t>(batch) * T * num_q_heads;
   if (plan.kv_ctas > INT32_MAX) return cudaErrorInvalidValue;
@@ -215,8 +204,7 @@ cudaError_t run(const Plan& plan, DecodeParams& dp, int head_dim, cudaStream_t s
   dp.num_chunks = plan.num_chunks;
   void* args[] = {&dp};
   const dim3 grid(static_cast<unsigned>(plan.kv_ctas), static_cast<unsigned>(plan.num_chunks));
-  KVC_CUDA_CALL(
-      cudaLaunchKernel(plan.kernel.fn, grid, dim3(kThreads), args, plan.kernel.smem, stream));
+  KVC_CUDA_CALL(cudaLaunchKernel(plan.kernel, grid, dim3(kThreads), args, 0, stream));
   if (plan.num_chunks > 1) {
     CombineParams cp;
     cp.part_out = dp.part_out;
@@ -272,9 +260,9 @@ std::size_t attention_workspace_upper_bound(int num_q_heads, int num_kv_heads, i
   std::int64_t target = 0;
   for (OldKind kind : {OldKind::k16, OldKind::kQ8, OldKind::kQ4v}) {
     for (bool bf16 : {false, true}) {
-      const DecodeKernel k = decode_kernel_for(head_dim, gt, kind, bf16);
+      const void* k = decode_kernel_for(head_dim, gt, kind, bf16);
       std::int64_t t = 0;
-      if (k.fn == nullptr || target_ctas(k, t) != cudaSuccess) return 0;
+      if (k == nullptr || target_ctas(k, t) != cudaSuccess) return 0;
       target = std::max(target, t);
     }
   }
