@@ -30,9 +30,9 @@ constexpr int kQueryRows = 4 * kTileRows;
 }  // namespace
 
 const std::vector<std::string>& KvOptions::modes() {
-  static const std::vector<std::string> m = {"dense",         "dense_recent_only",
-                                             "recent_only",   "block_summary",
-                                             "block_select_lossy", "block_select_exact"};
+  static const std::vector<std::string> m = {
+      "dense",         "dense_recent_only",  "recent_only",
+      "block_summary", "block_select_lossy", "block_select_exact"};
   return m;
 }
 
@@ -42,10 +42,14 @@ const std::vector<std::string>& KvOptions::formats() {
 }
 
 const std::vector<std::string>& KvOptions::policies() {
-  static const std::vector<std::string> p = {
-      "topk",      "neighbors",     "threshold",
-      "anchor",    "anchor_neighbors", "score_cluster",
-      "score_cluster_adaptive", "top_p"};
+  static const std::vector<std::string> p = {"topk",
+                                             "neighbors",
+                                             "threshold",
+                                             "anchor",
+                                             "anchor_neighbors",
+                                             "score_cluster",
+                                             "score_cluster_adaptive",
+                                             "top_p"};
   return p;
 }
 
@@ -68,11 +72,12 @@ void KvOptions::validate() const {
             "' is not one of: ", join(policies()));
   KVC_CHECK(delta >= 0.0f, "--kv-delta = ", delta, " must be >= 0");
   KVC_CHECK(max_blocks == 0 || (max_blocks >= top_blocks && max_blocks <= 1 << 20),
-            "--kv-max-blocks = ", max_blocks, " must be 0 (2 x --top-blocks) or in [--top-blocks = ",
-            top_blocks, ", 1048576]");
+            "--kv-max-blocks = ", max_blocks,
+            " must be 0 (2 x --top-blocks) or in [--top-blocks = ", top_blocks, ", 1048576]");
   KVC_CHECK(p > 0.0f && p <= 1.0f, "--kv-p = ", p, " must be in (0, 1]");
-  KVC_CHECK(representatives >= 0 && representatives <= block_size, "--kv-representatives = ",
-            representatives, " must be in [0, --block-size = ", block_size, "]");
+  KVC_CHECK(representatives >= 0 && representatives <= block_size,
+            "--kv-representatives = ", representatives,
+            " must be in [0, --block-size = ", block_size, "]");
   KVC_CHECK(prefill == "dense" || prefill == "compressed", "--prefill = '", prefill,
             "' is not one of: dense, compressed");
   KVC_CHECK(device == "auto" || device == "cpu" || device == "cuda", "--kv-device = '", device,
@@ -156,8 +161,7 @@ void DenseKvCache::read(int layer, int pos0, int count, float* k, float* v_out) 
     for (int t = 0; t < count; ++t) {
       const int pos = pos0 + t;
       const std::size_t dst = (static_cast<std::size_t>(t) * shape_.num_kv_heads + h) * hd;
-      const float* panel =
-          kt + static_cast<std::size_t>(pos / kPanel) * hd * kPanel + pos % kPanel;
+      const float* panel = kt + static_cast<std::size_t>(pos / kPanel) * hd * kPanel + pos % kPanel;
       for (int d = 0; d < hd; ++d) k[dst + d] = panel[static_cast<std::size_t>(d) * kPanel];
       const float* row = vv + static_cast<std::size_t>(pos) * v_stride_;
       std::copy(row, row + hd, v_out + dst);

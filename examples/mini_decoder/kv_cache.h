@@ -69,11 +69,11 @@ class KvCache {
 
 /// The kvc cache flags of the CLI.
 struct KvOptions {
-  std::string mode = "dense";  ///< --kv-mode: one of modes()
-  std::string format = "";     ///< --kv-format: f32 (dense only), f16, q8, fp16k_q4v; "" = default
-  int top_blocks = 8;          ///< --top-blocks: selected old blocks per query, >= 1
-  int recent_window = 1024;    ///< --recent-window: exact recent tokens, a multiple of block size
-  int block_size = 32;         ///< --block-size: 16, 32, 64 or 128
+  std::string mode = "dense";   ///< --kv-mode: one of modes()
+  std::string format = "";      ///< --kv-format: f32 (dense only), f16, q8, fp16k_q4v; "" = default
+  int top_blocks = 8;           ///< --top-blocks: selected old blocks per query, >= 1
+  int recent_window = 1024;     ///< --recent-window: exact recent tokens, a multiple of block size
+  int block_size = 32;          ///< --block-size: 16, 32, 64 or 128
   std::string policy = "topk";  ///< --kv-policy: one of policies()
   float delta = 1.0f;           ///< --kv-delta: score window (threshold, score_cluster*), >= 0
   int max_blocks = 0;           ///< --kv-max-blocks: cap (threshold, score_cluster*, top_p); 0 = 2x
@@ -133,7 +133,7 @@ class DenseKvCache final : public KvCache {
   float* k_t(int layer, int head);
   const float* k_t(int layer, int head) const;
   const float* v(int layer, int head) const;  // [cap_pad_ / 16][head_dim][16]
-  float* v(int layer, int head);    // [cap_pad_][v_stride_]
+  float* v(int layer, int head);              // [cap_pad_][v_stride_]
   void check_range(int layer, int pos0, int count) const;
 
   KvShape shape_;

@@ -257,7 +257,8 @@ KvcKvCache::KvcKvCache(const KvOptions& options, const KvShape& shape, Device de
   limits.max_blocks = max_blocks_;
   limits.max_selected = max_selected_;
   selector_ = Selector::create(device, limits);
-  attention_ = AttentionBackend::create(attention_config(options, shape, max_query_tokens_), device);
+  attention_ =
+      AttentionBackend::create(attention_config(options, shape, max_query_tokens_), device);
   staging_ = std::make_unique<Staging>(device);
 }
 
@@ -274,8 +275,8 @@ void KvcKvCache::check_range(int layer, int pos0, int count) const {
 void KvcKvCache::append(int layer, int pos0, int count, const float* k, const float* v) {
   check_range(layer, pos0, count);
   KvStore& store = *stores_[static_cast<std::size_t>(layer)];
-  KVC_CHECK(store.length(slot_) == pos0, "kvc cache: layer ", layer, " holds ",
-            store.length(slot_), " tokens; append at ", pos0, " (append each layer once per step)");
+  KVC_CHECK(store.length(slot_) == pos0, "kvc cache: layer ", layer, " holds ", store.length(slot_),
+            " tokens; append at ", pos0, " (append each layer once per step)");
   const std::size_t n = static_cast<std::size_t>(count) * shape_.num_kv_heads * shape_.head_dim;
   to_f16(k, n, staging_->k.host(n));
   to_f16(v, n, staging_->v.host(n));
@@ -295,9 +296,8 @@ void KvcKvCache::append(int layer, int pos0, int count, const float* k, const fl
 void KvcKvCache::attend(int layer, int pos0, int count, const float* q, float* out,
                         ThreadPool& /*pool*/) {
   check_range(layer, pos0, count);
-  KVC_CHECK(count <= max_query_tokens_, "kvc cache: ", count,
-            " query tokens in one step; at most ", max_query_tokens_,
-            " (prefill densely, or with --chunk <= ", max_query_tokens_, ")");
+  KVC_CHECK(count <= max_query_tokens_, "kvc cache: ", count, " query tokens in one step; at most ",
+            max_query_tokens_, " (prefill densely, or with --chunk <= ", max_query_tokens_, ")");
   const KvStore& store = *stores_[static_cast<std::size_t>(layer)];
   KVC_CHECK(store.length(slot_) == pos0 + count, "kvc cache: layer ", layer, " holds ",
             store.length(slot_), " tokens; attend() needs the step's ", count,
@@ -356,7 +356,8 @@ void KvcKvCache::record(int layer, int pos, const Telemetry& tm,
   stats_.dense_equivalent_bytes += tm.dense_equivalent_bytes;
   if (tm.selection_rows == hkv) {
     for (int h = 0; h < hkv; ++h) {
-      const std::int32_t* ids = tm.selected_ids.data() + static_cast<std::size_t>(h) * tm.max_selected;
+      const std::int32_t* ids =
+          tm.selected_ids.data() + static_cast<std::size_t>(h) * tm.max_selected;
       stats_.selected[static_cast<std::size_t>(layer) * hkv + h].assign(
           ids, ids + tm.selected_counts[static_cast<std::size_t>(h)]);
     }

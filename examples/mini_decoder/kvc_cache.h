@@ -54,9 +54,9 @@ struct KvcStepStats {
   /// Selector cutoff margin per (layer, kv head) (gap between the last selected base block and
   /// the first one left out; +inf when every closed block is selected; NaN when not recorded).
   std::vector<float> cutoff_margin;
-  int closed_blocks = 0;       ///< closed old blocks (the same in every layer)
-  AttendedTokens tokens;       ///< attended entries summed over layers and kv heads
-  AttendedBytes bytes;         ///< bytes read summed over layers
+  int closed_blocks = 0;                     ///< closed old blocks (the same in every layer)
+  AttendedTokens tokens;                     ///< attended entries summed over layers and kv heads
+  AttendedBytes bytes;                       ///< bytes read summed over layers
   std::uint64_t dense_equivalent_bytes = 0;  ///< what a dense f16 read would be, all layers
 };
 

@@ -4,11 +4,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <cstdio>
 #include <ctime>
 #include <exception>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -65,17 +65,17 @@ void print_step(const kvc::mini_decoder::KvcKvCache& cache, int step) {
   if (st.layers == 0) return;
   const int hkv = static_cast<int>(st.selected.size()) / std::max(1, st.layers);
   const double rows = static_cast<double>(st.layers) * std::max(1, hkv);
-  std::fprintf(stderr,
-               "[kvc] step %d pos %d: %d closed blocks; per layer and kv head %.0f ring + %.0f old "
-               "exact + %.0f summaries + %.0f representatives; read %.2f MiB vs %.2f MiB dense "
-               "f16 (1/%.1f)",
-               step, st.position, st.closed_blocks, st.tokens.recent / rows,
-               st.tokens.old_exact / rows, st.tokens.summaries / rows,
-               st.tokens.representatives / rows, mib(st.bytes.total()),
-               mib(st.dense_equivalent_bytes),
-               st.bytes.total() > 0 ? static_cast<double>(st.dense_equivalent_bytes) /
-                                          static_cast<double>(st.bytes.total())
-                                    : 0.0);
+  std::fprintf(
+      stderr,
+      "[kvc] step %d pos %d: %d closed blocks; per layer and kv head %.0f ring + %.0f old "
+      "exact + %.0f summaries + %.0f representatives; read %.2f MiB vs %.2f MiB dense "
+      "f16 (1/%.1f)",
+      step, st.position, st.closed_blocks, st.tokens.recent / rows, st.tokens.old_exact / rows,
+      st.tokens.summaries / rows, st.tokens.representatives / rows, mib(st.bytes.total()),
+      mib(st.dense_equivalent_bytes),
+      st.bytes.total() > 0
+          ? static_cast<double>(st.dense_equivalent_bytes) / static_cast<double>(st.bytes.total())
+          : 0.0);
   if (kvc::uses_selection(cache.mode()) && hkv > 0) {
     float margin = std::numeric_limits<float>::infinity();
     bool any = false;
@@ -97,8 +97,9 @@ void print_step(const kvc::mini_decoder::KvcKvCache& cache, int step) {
 }
 
 void print_footprint(const kvc::mini_decoder::KvCache& cache,
-                     const kvc::mini_decoder::KvcKvCache* kvc_cache, const kvc::mini_decoder::KvShape& shape,
-                     kvc::Format old_format, std::size_t dense_prefill_bytes) {
+                     const kvc::mini_decoder::KvcKvCache* kvc_cache,
+                     const kvc::mini_decoder::KvShape& shape, kvc::Format old_format,
+                     std::size_t dense_prefill_bytes) {
   const std::size_t tokens = static_cast<std::size_t>(cache.length());
   const std::size_t per_token_f16 =
       static_cast<std::size_t>(shape.num_layers) * shape.num_kv_heads * shape.head_dim * 2 * 2;
@@ -308,9 +309,8 @@ int run(const kvc::mini_decoder::CliOptions& o) {
   std::fputc('\n', stdout);
   std::fflush(stdout);
 
-  std::fprintf(stderr,
-               "[mini_decoder] prefill: %d tokens in %.2f s = %.1f tokens/s (cpu %.2f s",
-               n, prefill_s, n / prefill_s, prefill_cpu);
+  std::fprintf(stderr, "[mini_decoder] prefill: %d tokens in %.2f s = %.1f tokens/s (cpu %.2f s", n,
+               prefill_s, n / prefill_s, prefill_cpu);
   if (dense_prefill) std::fprintf(stderr, "; ingest into kvc %.2f s", ingest_s);
   std::fprintf(stderr,
                ")\n"
@@ -318,10 +318,10 @@ int run(const kvc::mini_decoder::CliOptions& o) {
                "(cpu %.2f s; stop: %s)\n",
                generated.size(), decode_steps, decode_s,
                decode_steps > 0 ? decode_steps / decode_s : 0.0, decode_cpu, stop_reason.c_str());
-  print_footprint(*cache, kvc_cache, shape, kvc::parse_format(o.kv.effective_format() == "f32"
-                                                                  ? "f16"
-                                                                  : o.kv.effective_format()),
-                  dense_prefill_bytes);
+  print_footprint(
+      *cache, kvc_cache, shape,
+      kvc::parse_format(o.kv.effective_format() == "f32" ? "f16" : o.kv.effective_format()),
+      dense_prefill_bytes);
   return 0;
 }
 

@@ -6,10 +6,10 @@
 // answer (greedy, until the end of the first sentence, an end-of-turn token or --max-tokens).
 // One JSONL row per (prompt, mode) with pass/fail, the answer, times, KV bytes and the
 // first decode step's selection. Rows of a prompt whose dense answer fails are inconclusive.
+#include <time.h>
+
 #include <algorithm>
 #include <atomic>
-#include <mutex>
-#include <time.h>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +17,7 @@
 #include <exception>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -203,11 +204,21 @@ std::string json_string(const std::string& s) {
   std::string o = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': o += "\\\""; break;
-      case '\\': o += "\\\\"; break;
-      case '\n': o += "\\n"; break;
-      case '\r': o += "\\r"; break;
-      case '\t': o += "\\t"; break;
+      case '"':
+        o += "\\\"";
+        break;
+      case '\\':
+        o += "\\\\";
+        break;
+      case '\n':
+        o += "\\n";
+        break;
+      case '\r':
+        o += "\\r";
+        break;
+      case '\t':
+        o += "\\t";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -294,173 +305,165 @@ RowResult run_row(const PromptRun& run, const Mode& mode, bool dense_pass, Llama
   const LlamaConfig& c = model.config();
   const std::size_t vocab = static_cast<std::size_t>(c.vocab_size);
   const int n = static_cast<int>(ids.size());
-    const KvShape shape = model.kv_shape(n + o.max_tokens);
-    std::unique_ptr<KvCache> cache;
-    KvcKvCache* kc = nullptr;
-    if (mode.kv.is_reference()) {
-      cache = std::make_unique<DenseKvCache>(shape);
-    } else {
-      auto k = std::make_unique<KvcKvCache>(mode.kv, shape, kvc::Device::cpu());
-      k->enable_stats(true);
-      kc = k.get();
-      cache = std::move(k);
-    }
-    const auto t_ingest = Clock::now();
-    copy_prefix(pre, n - 1, *cache);
-    const double ingest_s = seconds_since(t_ingest);
+  const KvShape shape = model.kv_shape(n + o.max_tokens);
+  std::unique_ptr<KvCache> cache;
+  KvcKvCache* kc = nullptr;
+  if (mode.kv.is_reference()) {
+    cache = std::make_unique<DenseKvCache>(shape);
+  } else {
+    auto k = std::make_unique<KvcKvCache>(mode.kv, shape, kvc::Device::cpu());
+    k->enable_stats(true);
+    kc = k.get();
+    cache = std::move(k);
+  }
+  const auto t_ingest = Clock::now();
+  copy_prefix(pre, n - 1, *cache);
+  const double ingest_s = seconds_since(t_ingest);
 
-    // The last prompt token through the mode, then greedy decoding.
-    std::vector<float> logits(vocab);
-    Sampler greedy{SamplingOptions{}};
-    const double cpu0 = thread_cpu_seconds();
-    const auto t_decode = Clock::now();
-    model.forward(&ids[static_cast<std::size_t>(n - 1)], 1, *cache, logits.data(), pool);
-    KvcStepStats first;
-    if (kc != nullptr) first = kc->last_step();
-    std::vector<int> answer;
-    for (int i = 0; i < o.max_tokens; ++i) {
-      const int next = greedy.sample(logits.data(), c.vocab_size);
-      if (next == tok.eos_id() || tok.is_control(next)) break;
-      answer.push_back(next);
-      // The answer is the first sentence of the completion: stop at its end.
-      if (tok.token_bytes(next).find_first_of(".!?\n") != std::string::npos) break;
-      if (i + 1 == o.max_tokens) break;
-      model.forward(&next, 1, *cache, logits.data(), pool);
-    }
-    const double decode_s = seconds_since(t_decode);
-    const double decode_cpu = thread_cpu_seconds() - cpu0;
-    const std::string text = tok.decode(answer);
-    const bool pass = retrieval_passes(prompt, text);
-    if (mode.kv.is_reference()) dense_pass = pass;
-    // Every row of a prompt whose dense answer fails is inconclusive for compression.
-    const std::string status = !dense_pass ? "inconclusive" : (pass ? "pass" : "fail");
+  // The last prompt token through the mode, then greedy decoding.
+  std::vector<float> logits(vocab);
+  Sampler greedy{SamplingOptions{}};
+  const double cpu0 = thread_cpu_seconds();
+  const auto t_decode = Clock::now();
+  model.forward(&ids[static_cast<std::size_t>(n - 1)], 1, *cache, logits.data(), pool);
+  KvcStepStats first;
+  if (kc != nullptr) first = kc->last_step();
+  std::vector<int> answer;
+  for (int i = 0; i < o.max_tokens; ++i) {
+    const int next = greedy.sample(logits.data(), c.vocab_size);
+    if (next == tok.eos_id() || tok.is_control(next)) break;
+    answer.push_back(next);
+    // The answer is the first sentence of the completion: stop at its end.
+    if (tok.token_bytes(next).find_first_of(".!?\n") != std::string::npos) break;
+    if (i + 1 == o.max_tokens) break;
+    model.forward(&next, 1, *cache, logits.data(), pool);
+  }
+  const double decode_s = seconds_since(t_decode);
+  const double decode_cpu = thread_cpu_seconds() - cpu0;
+  const std::string text = tok.decode(answer);
+  const bool pass = retrieval_passes(prompt, text);
+  if (mode.kv.is_reference()) dense_pass = pass;
+  // Every row of a prompt whose dense answer fails is inconclusive for compression.
+  const std::string status = !dense_pass ? "inconclusive" : (pass ? "pass" : "fail");
 
-    // Bytes.
-    const std::size_t tokens_held = static_cast<std::size_t>(cache->length());
-    const std::size_t dense_f16 = tokens_held * static_cast<std::size_t>(c.num_layers) *
-                                  c.num_kv_heads * c.head_dim * 2 * 2;
-    const std::size_t in_use = cache->footprint_bytes();
-    const std::size_t allocated = cache->reserved_bytes();
+  // Bytes.
+  const std::size_t tokens_held = static_cast<std::size_t>(cache->length());
+  const std::size_t dense_f16 =
+      tokens_held * static_cast<std::size_t>(c.num_layers) * c.num_kv_heads * c.head_dim * 2 * 2;
+  const std::size_t in_use = cache->footprint_bytes();
+  const std::size_t allocated = cache->reserved_bytes();
 
-    std::ostringstream row;
-    row << "{\"task\":" << json_string(task) << ",\"target_tokens\":" << length
-        << ",\"prompt_tokens\":" << n << ",\"mode\":" << json_string(mode.label)
-        << ",\"format\":" << json_string(mode.kv.effective_format())
-        << ",\"top_blocks\":" << (mode.label == "block_select_exact" ? mode.kv.top_blocks : 0)
-        << ",\"policy\":"
-        << json_string(mode.label == "block_select_exact" ? mode.kv.policy : "")
-        << ",\"recent_window\":" << (mode.kv.is_reference() ? 0 : o.recent_window)
-        << ",\"block_size\":" << (mode.kv.is_reference() ? 0 : o.block_size)
-        << ",\"pass\":" << (pass ? "true" : "false") << ",\"dense_pass\":"
-        << (dense_pass ? "true" : "false") << ",\"status\":" << json_string(status)
-        << ",\"answer_prefix\":" << json_string(prompt.answer_prefix)
-        << ",\"output\":" << json_string(text) << ",\"expected\":[";
-    for (std::size_t i = 0; i < prompt.expected.size(); ++i) {
-      row << (i ? "," : "") << json_string(prompt.expected[i]);
+  std::ostringstream row;
+  row << "{\"task\":" << json_string(task) << ",\"target_tokens\":" << length
+      << ",\"prompt_tokens\":" << n << ",\"mode\":" << json_string(mode.label)
+      << ",\"format\":" << json_string(mode.kv.effective_format())
+      << ",\"top_blocks\":" << (mode.label == "block_select_exact" ? mode.kv.top_blocks : 0)
+      << ",\"policy\":" << json_string(mode.label == "block_select_exact" ? mode.kv.policy : "")
+      << ",\"recent_window\":" << (mode.kv.is_reference() ? 0 : o.recent_window)
+      << ",\"block_size\":" << (mode.kv.is_reference() ? 0 : o.block_size)
+      << ",\"pass\":" << (pass ? "true" : "false")
+      << ",\"dense_pass\":" << (dense_pass ? "true" : "false")
+      << ",\"status\":" << json_string(status)
+      << ",\"answer_prefix\":" << json_string(prompt.answer_prefix)
+      << ",\"output\":" << json_string(text) << ",\"expected\":[";
+  for (std::size_t i = 0; i < prompt.expected.size(); ++i) {
+    row << (i ? "," : "") << json_string(prompt.expected[i]);
+  }
+  row << "],\"forbidden\":[";
+  for (std::size_t i = 0; i < prompt.forbidden.size(); ++i) {
+    row << (i ? "," : "") << json_string(prompt.forbidden[i]);
+  }
+  row << "],\"generated_tokens\":" << answer.size() << ",\"prefill_s\":" << json_number(prefill_s)
+      << ",\"prefill_cpu_s\":" << json_number(prefill_cpu_s)
+      << ",\"ingest_s\":" << json_number(ingest_s) << ",\"decode_s\":" << json_number(decode_s)
+      << ",\"decode_cpu_s\":" << json_number(decode_cpu) << ",\"kv_bytes_in_use\":" << in_use
+      << ",\"kv_bytes_allocated\":" << allocated << ",\"dense_f16_bytes\":" << dense_f16
+      << ",\"dense_f32_bytes\":" << 2 * dense_f16 << ",\"compression_ratio\":"
+      << json_number(in_use ? static_cast<double>(dense_f16) / in_use : 0.0);
+  // Needles: token spans, blocks, and whether they were old (outside ring + open block)
+  // at the first decode step.
+  const int old_tokens = std::max(0, n - o.recent_window);
+  const int closed = old_tokens / o.block_size;
+  row << ",\"needle_token_spans\":[";
+  for (std::size_t i = 0; i < spans.size(); ++i) {
+    row << (i ? "," : "") << "[" << spans[i].first << "," << spans[i].second << "]";
+  }
+  row << "],\"needle_depths\":" << json_array(prompt.needle_depths);
+  std::vector<std::vector<int>> needle_blocks(spans.size());
+  std::vector<int> needle_old(spans.size(), 0);
+  for (std::size_t i = 0; i < spans.size(); ++i) {
+    for (int b = spans[i].first / o.block_size; b <= (spans[i].second - 1) / o.block_size; ++b) {
+      needle_blocks[i].push_back(b);
     }
-    row << "],\"forbidden\":[";
-    for (std::size_t i = 0; i < prompt.forbidden.size(); ++i) {
-      row << (i ? "," : "") << json_string(prompt.forbidden[i]);
-    }
-    row << "],\"generated_tokens\":" << answer.size()
-        << ",\"prefill_s\":" << json_number(prefill_s)
-        << ",\"prefill_cpu_s\":" << json_number(prefill_cpu_s)
-        << ",\"ingest_s\":" << json_number(ingest_s)
-        << ",\"decode_s\":" << json_number(decode_s)
-        << ",\"decode_cpu_s\":" << json_number(decode_cpu)
-        << ",\"kv_bytes_in_use\":" << in_use << ",\"kv_bytes_allocated\":" << allocated
-        << ",\"dense_f16_bytes\":" << dense_f16 << ",\"dense_f32_bytes\":" << 2 * dense_f16
-        << ",\"compression_ratio\":"
-        << json_number(in_use ? static_cast<double>(dense_f16) / in_use : 0.0);
-    // Needles: token spans, blocks, and whether they were old (outside ring + open block)
-    // at the first decode step.
-    const int old_tokens = std::max(0, n - o.recent_window);
-    const int closed = old_tokens / o.block_size;
-    row << ",\"needle_token_spans\":[";
-    for (std::size_t i = 0; i < spans.size(); ++i) {
-      row << (i ? "," : "") << "[" << spans[i].first << "," << spans[i].second << "]";
-    }
-    row << "],\"needle_depths\":" << json_array(prompt.needle_depths);
-    std::vector<std::vector<int>> needle_blocks(spans.size());
-    std::vector<int> needle_old(spans.size(), 0);
-    for (std::size_t i = 0; i < spans.size(); ++i) {
-      for (int b = spans[i].first / o.block_size;
-           b <= (spans[i].second - 1) / o.block_size; ++b) {
-        needle_blocks[i].push_back(b);
-      }
-      needle_old[i] = mode.kv.is_reference() ? 0 : (needle_blocks[i].front() < closed);
-    }
-    row << ",\"needle_blocks\":[";
-    for (std::size_t i = 0; i < needle_blocks.size(); ++i) {
-      row << (i ? "," : "") << json_array(needle_blocks[i]);
-    }
-    row << "],\"needle_in_closed_blocks\":" << json_array(needle_old);
-    if (kc != nullptr) {
-      const int hkv = c.num_kv_heads;
-      row << ",\"first_step\":{\"position\":" << first.position
-          << ",\"closed_blocks\":" << first.closed_blocks
-          << ",\"attended_bytes\":" << first.bytes.total()
-          << ",\"dense_equivalent_bytes\":" << first.dense_equivalent_bytes
-          << ",\"attended_ratio\":"
-          << json_number(first.bytes.total()
-                             ? static_cast<double>(first.dense_equivalent_bytes) /
-                                   first.bytes.total()
-                             : 0.0);
-      if (kvc::uses_selection(kc->mode()) && first.layers == c.num_layers) {
-        row << ",\"selected\":{";
-        bool comma = false;
-        for (int layer : o.capture_layers) {
-          if (layer < 0 || layer >= c.num_layers) continue;
-          row << (comma ? "," : "") << "\"" << layer << "\":[";
-          for (int h = 0; h < hkv; ++h) {
-            row << (h ? "," : "")
-                << json_array(first.selected[static_cast<std::size_t>(layer) * hkv + h]);
-          }
-          row << "]";
-          comma = true;
-        }
-        row << "}";
-        // Needle recall: the share of (layer, kv head) rows whose selection holds at least
-        // one closed block of the needle (needles in the ring or open block: null).
-        row << ",\"needle_recall\":[";
-        for (std::size_t i = 0; i < spans.size(); ++i) {
-          if (!needle_old[i]) {
-            row << (i ? "," : "") << "null";
-            continue;
-          }
-          int hits = 0;
-          for (const auto& sel : first.selected) {
-            bool hit = false;
-            for (int b : needle_blocks[i]) {
-              hit = hit || std::find(sel.begin(), sel.end(), b) != sel.end();
-            }
-            hits += hit;
-          }
-          row << (i ? "," : "")
-              << json_number(static_cast<double>(hits) / first.selected.size());
+    needle_old[i] = mode.kv.is_reference() ? 0 : (needle_blocks[i].front() < closed);
+  }
+  row << ",\"needle_blocks\":[";
+  for (std::size_t i = 0; i < needle_blocks.size(); ++i) {
+    row << (i ? "," : "") << json_array(needle_blocks[i]);
+  }
+  row << "],\"needle_in_closed_blocks\":" << json_array(needle_old);
+  if (kc != nullptr) {
+    const int hkv = c.num_kv_heads;
+    row << ",\"first_step\":{\"position\":" << first.position
+        << ",\"closed_blocks\":" << first.closed_blocks
+        << ",\"attended_bytes\":" << first.bytes.total()
+        << ",\"dense_equivalent_bytes\":" << first.dense_equivalent_bytes << ",\"attended_ratio\":"
+        << json_number(first.bytes.total()
+                           ? static_cast<double>(first.dense_equivalent_bytes) / first.bytes.total()
+                           : 0.0);
+    if (kvc::uses_selection(kc->mode()) && first.layers == c.num_layers) {
+      row << ",\"selected\":{";
+      bool comma = false;
+      for (int layer : o.capture_layers) {
+        if (layer < 0 || layer >= c.num_layers) continue;
+        row << (comma ? "," : "") << "\"" << layer << "\":[";
+        for (int h = 0; h < hkv; ++h) {
+          row << (h ? "," : "")
+              << json_array(first.selected[static_cast<std::size_t>(layer) * hkv + h]);
         }
         row << "]";
-        float margin = INFINITY;
-        for (float m : first.cutoff_margin) {
-          if (!std::isnan(m)) margin = std::min(margin, m);
-        }
-        row << ",\"min_cutoff_margin\":" << json_number(margin);
+        comma = true;
       }
       row << "}";
+      // Needle recall: the share of (layer, kv head) rows whose selection holds at least
+      // one closed block of the needle (needles in the ring or open block: null).
+      row << ",\"needle_recall\":[";
+      for (std::size_t i = 0; i < spans.size(); ++i) {
+        if (!needle_old[i]) {
+          row << (i ? "," : "") << "null";
+          continue;
+        }
+        int hits = 0;
+        for (const auto& sel : first.selected) {
+          bool hit = false;
+          for (int b : needle_blocks[i]) {
+            hit = hit || std::find(sel.begin(), sel.end(), b) != sel.end();
+          }
+          hits += hit;
+        }
+        row << (i ? "," : "") << json_number(static_cast<double>(hits) / first.selected.size());
+      }
+      row << "]";
+      float margin = INFINITY;
+      for (float m : first.cutoff_margin) {
+        if (!std::isnan(m)) margin = std::min(margin, m);
+      }
+      row << ",\"min_cutoff_margin\":" << json_number(margin);
     }
-    row << ",\"note\":" << json_string(o.note) << "}\n";
-    RowResult result;
-    result.pass = pass;
-    result.json = row.str();
-    char line[512];
-    std::snprintf(line, sizeof line,
-                  "[real_retrieval]   %-18s %-9s top %-2d %-6s %-12s %6.1f s  ",
-                  mode.label.c_str(), mode.kv.effective_format().c_str(),
-                  mode.label == "block_select_exact" ? mode.kv.top_blocks : 0,
-                  mode.label == "block_select_exact" ? mode.kv.policy.c_str() : "",
-                  status.c_str(), ingest_s + decode_s);
-    result.log = line + text;
-    return result;
+    row << "}";
+  }
+  row << ",\"note\":" << json_string(o.note) << "}\n";
+  RowResult result;
+  result.pass = pass;
+  result.json = row.str();
+  char line[512];
+  std::snprintf(line, sizeof line, "[real_retrieval]   %-18s %-9s top %-2d %-6s %-12s %6.1f s  ",
+                mode.label.c_str(), mode.kv.effective_format().c_str(),
+                mode.label == "block_select_exact" ? mode.kv.top_blocks : 0,
+                mode.label == "block_select_exact" ? mode.kv.policy.c_str() : "", status.c_str(),
+                ingest_s + decode_s);
+  result.log = line + text;
+  return result;
 }
 
 int run(const Options& o) {

@@ -15,29 +15,52 @@ namespace {
 
 // --- prose filler: bland sentences without digits or any of the facts' words -----------------
 const char* const kSubjects[] = {
-    "The old miller",       "A tired traveller",     "The village baker",   "Our neighbour",
-    "The school teacher",   "A young shepherd",      "The town clerk",      "An apprentice carpenter",
-    "The innkeeper",        "A quiet librarian",     "The gardener",        "A wandering musician",
-    "The blacksmith",       "My grandmother",        "The postman",         "A curious child",
-    "The weaver",           "The mayor's secretary", "A retired sailor",    "The potter",
-    "The beekeeper",        "A cheerful cook",       "The stable boy",      "The painter"};
-const char* const kVerbs[] = {
-    "walked slowly along",  "painted a picture of",  "talked for hours about", "carefully repaired",
-    "wrote a long letter about", "dreamed again of", "quietly watched",       "sang a song about",
-    "forgot almost everything about", "cleaned",     "visited",               "described",
-    "complained about",     "drew a map of",         "read a story about",    "laughed at",
-    "thought about",        "asked a question about", "photographed",         "admired"};
-const char* const kObjects[] = {
-    "the narrow bridge over the stream", "the yellow fields behind the mill",
-    "the grey clouds above the hills",   "the wooden fence near the orchard",
-    "the busy market square",            "the lanterns along the quay",
-    "the apple trees in the garden",     "the stone chapel on the hill",
-    "the long road to the next valley",  "the empty benches in the park",
-    "the muddy path through the forest", "the bright windows of the bakery",
-    "the tall grass by the pond",        "the old clock in the hall",
-    "the baskets of fresh bread",        "the roof of the railway station",
-    "the sheep on the southern slope",   "the blue shutters of the inn",
-    "the smoke from the chimneys",       "the boats drawn up on the sand"};
+    "The old miller",     "A tired traveller",     "The village baker", "Our neighbour",
+    "The school teacher", "A young shepherd",      "The town clerk",    "An apprentice carpenter",
+    "The innkeeper",      "A quiet librarian",     "The gardener",      "A wandering musician",
+    "The blacksmith",     "My grandmother",        "The postman",       "A curious child",
+    "The weaver",         "The mayor's secretary", "A retired sailor",  "The potter",
+    "The beekeeper",      "A cheerful cook",       "The stable boy",    "The painter"};
+const char* const kVerbs[] = {"walked slowly along",
+                              "painted a picture of",
+                              "talked for hours about",
+                              "carefully repaired",
+                              "wrote a long letter about",
+                              "dreamed again of",
+                              "quietly watched",
+                              "sang a song about",
+                              "forgot almost everything about",
+                              "cleaned",
+                              "visited",
+                              "described",
+                              "complained about",
+                              "drew a map of",
+                              "read a story about",
+                              "laughed at",
+                              "thought about",
+                              "asked a question about",
+                              "photographed",
+                              "admired"};
+const char* const kObjects[] = {"the narrow bridge over the stream",
+                                "the yellow fields behind the mill",
+                                "the grey clouds above the hills",
+                                "the wooden fence near the orchard",
+                                "the busy market square",
+                                "the lanterns along the quay",
+                                "the apple trees in the garden",
+                                "the stone chapel on the hill",
+                                "the long road to the next valley",
+                                "the empty benches in the park",
+                                "the muddy path through the forest",
+                                "the bright windows of the bakery",
+                                "the tall grass by the pond",
+                                "the old clock in the hall",
+                                "the baskets of fresh bread",
+                                "the roof of the railway station",
+                                "the sheep on the southern slope",
+                                "the blue shutters of the inn",
+                                "the smoke from the chimneys",
+                                "the boats drawn up on the sand"};
 const char* const kAdjuncts[] = {"before breakfast",
                                  "in the late afternoon",
                                  "while the rain kept falling",
@@ -53,17 +76,17 @@ const char* const kAdjuncts[] = {"before breakfast",
                                  ""};
 
 // --- config filler: env-style lines (values never contain the digits 3 and 7 together) -------
-const char* const kKeyPrefixes[] = {"CACHE",   "WORKER", "HTTP",  "QUEUE",   "LOG",
-                                    "RETRY",   "DB",     "AUTH",  "METRICS", "SCHEDULER",
-                                    "UPLOAD",  "SESSION", "MAIL", "SEARCH",  "STORAGE"};
-const char* const kKeySuffixes[] = {"TIMEOUT_MS", "POOL_SIZE", "MAX_CONNECTIONS", "LEVEL",
-                                    "INTERVAL_S", "ENABLED",   "PATH",            "PORT",
-                                    "BACKOFF_MS", "RATIO",     "MAX_ITEMS",       "REGION"};
-const char* const kValues[] = {"8",     "16",    "32",   "64",        "100",  "128",
-                               "250",   "500",   "1000", "2048",      "4096", "30",
-                               "60",    "90",    "120",  "5",         "10",   "15",
-                               "20",    "true",  "false", "info",     "warn", "debug",
-                               "eu-west", "/var/lib/app", "0.5", "0.25", "us-east", "/tmp/spool"};
+const char* const kKeyPrefixes[] = {"CACHE",  "WORKER",  "HTTP", "QUEUE",   "LOG",
+                                    "RETRY",  "DB",      "AUTH", "METRICS", "SCHEDULER",
+                                    "UPLOAD", "SESSION", "MAIL", "SEARCH",  "STORAGE"};
+const char* const kKeySuffixes[] = {
+    "TIMEOUT_MS", "POOL_SIZE", "MAX_CONNECTIONS", "LEVEL", "INTERVAL_S", "ENABLED",
+    "PATH",       "PORT",      "BACKOFF_MS",      "RATIO", "MAX_ITEMS",  "REGION"};
+const char* const kValues[] = {"8",       "16",           "32",    "64",   "100",     "128",
+                               "250",     "500",          "1000",  "2048", "4096",    "30",
+                               "60",      "90",           "120",   "5",    "10",      "15",
+                               "20",      "true",         "false", "info", "warn",    "debug",
+                               "eu-west", "/var/lib/app", "0.5",   "0.25", "us-east", "/tmp/spool"};
 const char* const kSections[] = {"worker settings", "logging",        "network",
                                  "storage",         "authentication", "metrics export",
                                  "mail relay",      "search index",   "upload limits"};
@@ -74,8 +97,8 @@ const T& pick(std::mt19937& rng, const T (&a)[N]) {
 }
 
 std::string prose_sentence(std::mt19937& rng) {
-  std::string s = std::string(pick(rng, kSubjects)) + " " + pick(rng, kVerbs) + " " +
-                  pick(rng, kObjects);
+  std::string s =
+      std::string(pick(rng, kSubjects)) + " " + pick(rng, kVerbs) + " " + pick(rng, kObjects);
   const std::string adj = pick(rng, kAdjuncts);
   if (!adj.empty()) s += " " + adj;
   return s + ".";
@@ -148,8 +171,7 @@ TaskSpec spec_of(const std::string& task) {
                  {0.6,
                   "\n# --- active settings of the current release ---\n"
                   "KVC_BATCH_LIMIT=37\nKVC_BATCH_WINDOW_MS=120\n"}};
-    t.question =
-        "In the configuration file above, what is the active value of KVC_BATCH_LIMIT?";
+    t.question = "In the configuration file above, what is the active value of KVC_BATCH_LIMIT?";
     t.answer_prefix = "The active value of KVC_BATCH_LIMIT is";
     t.expected = {"37"};
     t.forbidden = {"73"};

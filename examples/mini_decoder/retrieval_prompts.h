@@ -28,10 +28,10 @@ class Tokenizer;
 
 /// One retrieval prompt.
 struct RetrievalPrompt {
-  std::string task;                    ///< task name (see the file comment)
-  int target_tokens = 0;               ///< length asked for (chat prompt tokens)
-  std::string user_text;               ///< the user message: document + question
-  std::string question;                ///< the question alone
+  std::string task;       ///< task name (see the file comment)
+  int target_tokens = 0;  ///< length asked for (chat prompt tokens)
+  std::string user_text;  ///< the user message: document + question
+  std::string question;   ///< the question alone
   /// Start of the assistant's answer, appended after the chat prompt's generation prompt
   /// ("The pass key is"): the model completes it, as needle tests usually do with small models.
   std::string answer_prefix;

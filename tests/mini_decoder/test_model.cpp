@@ -15,9 +15,9 @@
 #include "gguf_writer.h"
 #include "kernels.h"
 #include "kv_cache.h"
-#include "kvc_cache.h"
 #include "kvc/core/error.h"
 #include "kvc/core/numeric.h"
+#include "kvc_cache.h"
 #include "model.h"
 #include "thread_pool.h"
 
@@ -296,8 +296,8 @@ TEST(MiniDecoder_KvOptions, ValidateAndWiring) {
   b.mode = "block_select_exact";
   b.format = "f32";
   expect_error(b, "only for --kv-mode = dense");
-  for (const char* flag : {"policy", "delta", "max_blocks", "p", "representatives", "prefill",
-                           "device"}) {
+  for (const char* flag :
+       {"policy", "delta", "max_blocks", "p", "representatives", "prefill", "device"}) {
     b = o;
     b.mode = "block_select_exact";
     const std::string f = flag;
@@ -368,11 +368,33 @@ TEST(MiniDecoder_Cli, ParsesAndRejects) {
   EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt", "x", "--top-p", "0"}), Error);
   EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt", "x", "--temperature", "-1"}), Error);
   EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt", "x", "--kv-mode", "nope"}), Error);
-  const CliOptions k = parse_cli(
-      {"--model", "m", "--prompt", "x", "--kv-mode", "block_select_lossy", "--kv-format", "q8",
-       "--kv-policy", "score_cluster_adaptive", "--kv-delta", "0.5", "--kv-max-blocks", "12",
-       "--kv-p", "0.8", "--kv-representatives", "2", "--prefill", "compressed", "--kv-device",
-       "cpu", "--verbose", "--dump-logits", "l.f32", "--dump-tokens", "t.txt"});
+  const CliOptions k = parse_cli({"--model",
+                                  "m",
+                                  "--prompt",
+                                  "x",
+                                  "--kv-mode",
+                                  "block_select_lossy",
+                                  "--kv-format",
+                                  "q8",
+                                  "--kv-policy",
+                                  "score_cluster_adaptive",
+                                  "--kv-delta",
+                                  "0.5",
+                                  "--kv-max-blocks",
+                                  "12",
+                                  "--kv-p",
+                                  "0.8",
+                                  "--kv-representatives",
+                                  "2",
+                                  "--prefill",
+                                  "compressed",
+                                  "--kv-device",
+                                  "cpu",
+                                  "--verbose",
+                                  "--dump-logits",
+                                  "l.f32",
+                                  "--dump-tokens",
+                                  "t.txt"});
   EXPECT_EQ(k.kv.mode, "block_select_lossy");
   EXPECT_EQ(k.kv.effective_format(), "q8");
   EXPECT_EQ(k.kv.policy, "score_cluster_adaptive");
