@@ -95,6 +95,18 @@ std::unique_ptr<KvCache> make_kv_cache(const KvOptions& options, const KvShape& 
   return std::make_unique<KvcKvCache>(options, shape, pick_kv_device(options));
 }
 
+void KvCache::append_device(int /*layer*/, int /*pos0*/, int /*count*/, const float* /*d_k*/,
+                            const float* /*d_v*/) {
+  KVC_CHECK(false, "kv cache: ", describe(), " is a host cache; append_device() needs a cache ",
+            "on the CUDA device (--device cuda runs the model with one)");
+}
+
+void KvCache::attend_device(int /*layer*/, int /*pos0*/, int /*count*/, const float* /*d_q*/,
+                            float* /*d_out*/) {
+  KVC_CHECK(false, "kv cache: ", describe(), " is a host cache; attend_device() needs a cache ",
+            "on the CUDA device (--device cuda runs the model with one)");
+}
+
 void copy_prefix(const DenseKvCache& src, int count, KvCache& dst) {
   KVC_CHECK(count >= 0 && count <= src.length(), "copy_prefix: count = ", count,
             " must be in [0, source length = ", src.length(), "]");

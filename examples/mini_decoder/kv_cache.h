@@ -59,6 +59,17 @@ class KvCache {
   virtual void advance(int count) = 0;
   /// Most query tokens one attend() call accepts (the model's prefill chunk must not exceed it).
   virtual int max_query_tokens() const { return capacity(); }
+
+  /// True when append_device() and attend_device() work: the cache lives on a CUDA device and
+  /// takes the model's device pointers (the CUDA forward of cuda_model.h needs such a cache).
+  virtual bool on_device() const { return false; }
+  /// append() with K and V in CUDA device memory, same layout. The work is ordered on the legacy
+  /// default stream (stream 0), as the CUDA model's; nothing synchronises. The default throws
+  /// kvc::Error (a host cache).
+  virtual void append_device(int layer, int pos0, int count, const float* d_k, const float* d_v);
+  /// attend() with q and out in CUDA device memory, same layout, ordered on the legacy default
+  /// stream; nothing synchronises. The default throws kvc::Error (a host cache).
+  virtual void attend_device(int layer, int pos0, int count, const float* d_q, float* d_out);
   /// Bytes that hold the committed tokens' K and V.
   virtual std::size_t footprint_bytes() const = 0;
   /// Bytes allocated.

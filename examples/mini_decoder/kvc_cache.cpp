@@ -14,6 +14,8 @@
 
 #if KVC_CUDA_ENABLED
 #include <cuda_runtime.h>
+
+#include "cuda_kernels.h"
 #endif
 
 namespace kvc {
@@ -272,30 +274,80 @@ void KvcKvCache::check_range(int layer, int pos0, int count) const {
             " must be in [1, capacity - pos0 = ", shape_.capacity - pos0, "]");
 }
 
+void KvcKvCache::check_device(const char* what) const {
+  KVC_CHECK(device_.is_cuda(), "kvc cache: ", what,
+            "() takes CUDA device pointers, but kvc runs on ", to_string(device_),
+            " (the CUDA model needs --kv-device cuda or auto)");
+}
+
+void KvcKvCache::store_append(int layer, int count, std::uint16_t* k16, std::uint16_t* v16) {
+  KvStore& store = *stores_[static_cast<std::size_t>(layer)];
+  const auto view = [&](std::uint16_t* p) {
+    return TensorView::contiguous(p, DType::kF16, {count, shape_.num_kv_heads, shape_.head_dim},
+                                  device_);
+  };
+  if (count == 1) {
+    store.append({slot_}, view(k16), view(v16));
+  } else {
+    store.ingest(slot_, view(k16), view(v16));
+  }
+}
+
 void KvcKvCache::append(int layer, int pos0, int count, const float* k, const float* v) {
   check_range(layer, pos0, count);
-  KvStore& store = *stores_[static_cast<std::size_t>(layer)];
+  const KvStore& store = *stores_[static_cast<std::size_t>(layer)];
   KVC_CHECK(store.length(slot_) == pos0, "kvc cache: layer ", layer, " holds ", store.length(slot_),
             " tokens; append at ", pos0, " (append each layer once per step)");
   const std::size_t n = static_cast<std::size_t>(count) * shape_.num_kv_heads * shape_.head_dim;
   to_f16(k, n, staging_->k.host(n));
   to_f16(v, n, staging_->v.host(n));
-  const auto view = [&](std::uint16_t* p) {
-    return TensorView::contiguous(p, DType::kF16, {count, shape_.num_kv_heads, shape_.head_dim},
-                                  device_);
-  };
-  const TensorView kv = view(staging_->k.push(n));
-  const TensorView vv = view(staging_->v.push(n));
-  if (count == 1) {
-    store.append({slot_}, kv, vv);
-  } else {
-    store.ingest(slot_, kv, vv);
-  }
+  store_append(layer, count, staging_->k.push(n), staging_->v.push(n));
+}
+
+void KvcKvCache::append_device(int layer, int pos0, int count, const float* d_k, const float* d_v) {
+  check_device("append_device");
+  check_range(layer, pos0, count);
+  const KvStore& store = *stores_[static_cast<std::size_t>(layer)];
+  KVC_CHECK(store.length(slot_) == pos0, "kvc cache: layer ", layer, " holds ", store.length(slot_),
+            " tokens; append at ", pos0, " (append each layer once per step)");
+#if KVC_CUDA_ENABLED
+  const std::size_t n = static_cast<std::size_t>(count) * shape_.num_kv_heads * shape_.head_dim;
+  std::uint16_t* k16 = staging_->k.device(n);
+  std::uint16_t* v16 = staging_->v.device(n);
+  cuda_check(cuda::f32_to_f16(d_k, k16, n, nullptr), "f32_to_f16 (K)");
+  cuda_check(cuda::f32_to_f16(d_v, v16, n, nullptr), "f32_to_f16 (V)");
+  store_append(layer, count, k16, v16);
+#else
+  (void)d_k;
+  (void)d_v;
+#endif
 }
 
 void KvcKvCache::attend(int layer, int pos0, int count, const float* q, float* out,
                         ThreadPool& /*pool*/) {
   check_range(layer, pos0, count);
+  const std::size_t nq = static_cast<std::size_t>(count) * shape_.num_q_heads * shape_.head_dim;
+  Staging& s = *staging_;
+  to_f16(q, nq, s.q.host(nq));
+  attend_f16(layer, pos0, count, s.q.push(nq), s.out.device(nq));
+  std::memcpy(out, s.out.pull(nq), nq * sizeof(float));
+}
+
+void KvcKvCache::attend_device(int layer, int pos0, int count, const float* d_q, float* d_out) {
+  check_device("attend_device");
+  check_range(layer, pos0, count);
+#if KVC_CUDA_ENABLED
+  const std::size_t nq = static_cast<std::size_t>(count) * shape_.num_q_heads * shape_.head_dim;
+  std::uint16_t* q16 = staging_->q.device(nq);
+  cuda_check(cuda::f32_to_f16(d_q, q16, nq, nullptr), "f32_to_f16 (q)");
+  attend_f16(layer, pos0, count, q16, d_out);
+#else
+  (void)d_q;
+  (void)d_out;
+#endif
+}
+
+void KvcKvCache::attend_f16(int layer, int pos0, int count, std::uint16_t* q16, float* out) {
   KVC_CHECK(count <= max_query_tokens_, "kvc cache: ", count, " query tokens in one step; at most ",
             max_query_tokens_, " (prefill densely, or with --chunk <= ", max_query_tokens_, ")");
   const KvStore& store = *stores_[static_cast<std::size_t>(layer)];
@@ -304,12 +356,10 @@ void KvcKvCache::attend(int layer, int pos0, int count, const float* q, float* o
             " tokens appended first");
   Staging& s = *staging_;
   const int hq = shape_.num_q_heads, hkv = shape_.num_kv_heads, hd = shape_.head_dim;
-  const std::size_t nq = static_cast<std::size_t>(count) * hq * hd;
-  to_f16(q, nq, s.q.host(nq));
   DecodeArgs args;
   args.slots = {slot_};
-  args.q = TensorView::contiguous(s.q.push(nq), DType::kF16, {1, count, hq, hd}, device_);
-  args.out = TensorView::contiguous(s.out.device(nq), DType::kF32, {1, count, hq, hd}, device_);
+  args.q = TensorView::contiguous(q16, DType::kF16, {1, count, hq, hd}, device_);
+  args.out = TensorView::contiguous(out, DType::kF32, {1, count, hq, hd}, device_);
   HostSelectionReport* report = nullptr;
   if (uses_selection(mode_)) {
     const int rows = count * hkv;
@@ -336,7 +386,6 @@ void KvcKvCache::attend(int layer, int pos0, int count, const float* q, float* o
   } else {
     attention_->decode(store, args);
   }
-  std::memcpy(out, s.out.pull(nq), nq * sizeof(float));
 }
 
 void KvcKvCache::record(int layer, int pos, const Telemetry& tm,
@@ -416,7 +465,7 @@ std::string KvcKvCache::describe() const {
   if (uses_summaries(mode_) && options_.representatives > 0) {
     os << ", " << options_.representatives << " representatives";
   }
-  os << "; kvc on " << to_string(device_) << ", model on cpu)";
+  os << "; kvc on " << to_string(device_) << ")";
   return os.str();
 }
 

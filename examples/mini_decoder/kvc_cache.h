@@ -12,8 +12,11 @@
  *  is attended densely in a DenseKvCache and copied in with copy_prefix(), which ingests it.
  *
  *  Where it runs: kvc's parts run on the device pick_kv_device() chooses (CUDA when every part
- *  has a CUDA implementation there, else the CPU); the model itself always runs on the CPU, and
- *  with a CUDA device each attend() copies q in and the attention output back per layer.
+ *  has a CUDA implementation there, else the CPU). With the CPU model (model.h) and a CUDA device
+ *  each append() copies K/V in and each attend() copies q in and the attention output back per
+ *  layer; the CUDA model (cuda_model.h) uses append_device() / attend_device() instead, which
+ *  take device pointers, convert to f16 on the device and write the f32 output where the model
+ *  wants it, so nothing crosses to the host.
  */
 #pragma once
 
@@ -75,6 +78,12 @@ class KvcKvCache final : public KvCache {
   void append(int layer, int pos0, int count, const float* k, const float* v) override;
   void attend(int layer, int pos0, int count, const float* q, float* out,
               ThreadPool& pool) override;
+  /// True when kvc runs on a CUDA device.
+  bool on_device() const override { return device_.is_cuda(); }
+  /// append() from device memory (a CUDA kvc device only; throws kvc::Error otherwise).
+  void append_device(int layer, int pos0, int count, const float* d_k, const float* d_v) override;
+  /// attend() from and to device memory (a CUDA kvc device only; throws kvc::Error otherwise).
+  void attend_device(int layer, int pos0, int count, const float* d_q, float* d_out) override;
   void advance(int count) override;
   /// Bytes in use (Footprint::in_use summed over layers).
   std::size_t footprint_bytes() const override;
@@ -101,6 +110,11 @@ class KvcKvCache final : public KvCache {
   struct Staging;  // host/device buffers of one call
 
   void check_range(int layer, int pos0, int count) const;
+  void check_device(const char* what) const;
+  // Appends f16 K/V [count][Hkv][d] on the kvc device.
+  void store_append(int layer, int count, std::uint16_t* k16, std::uint16_t* v16);
+  // Scores, selects and attends f16 queries [count][Hq][d] on the kvc device into f32 `out` there.
+  void attend_f16(int layer, int pos0, int count, std::uint16_t* q16, float* out);
   void record(int layer, int pos, const Telemetry& tm, const HostSelectionReport* report);
 
   KvOptions options_;

@@ -15,7 +15,8 @@ add_library(kvc_bpe STATIC ${KVC_MINI_DECODER_DIR}/tokenizer.cpp)
 target_link_libraries(kvc_bpe PUBLIC kvc_gguf)
 target_compile_options(kvc_bpe PRIVATE -Wall -Wextra)
 
-# Kernels, KV caches (dense f32 and kvc), model, sampler and command line.
+# Kernels, KV caches (dense f32 and kvc), model, sampler and command line; with CUDA also the
+# model on the device.
 add_library(kvc_llama STATIC
   ${KVC_MINI_DECODER_DIR}/kernels.cpp
   ${KVC_MINI_DECODER_DIR}/thread_pool.cpp
@@ -26,6 +27,18 @@ add_library(kvc_llama STATIC
   ${KVC_MINI_DECODER_DIR}/sampler.cpp
   ${KVC_MINI_DECODER_DIR}/cli.cpp)
 target_link_libraries(kvc_llama PUBLIC kvc_gguf kvc_bpe)
-target_compile_options(kvc_llama PRIVATE -Wall -Wextra)
+target_compile_options(kvc_llama PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>)
+
+# The forward on a CUDA device (cuda_model.h): kernels, the device dense cache and the model
+# (cuBLAS GEMMs). --fmad=false: no product fused into an FMA that the CPU kernels do not do.
+if(KVC_CUDA_ENABLED)
+  target_sources(kvc_llama PRIVATE
+    ${KVC_MINI_DECODER_DIR}/cuda_kernels.cu
+    ${KVC_MINI_DECODER_DIR}/cuda_kv_cache.cpp
+    ${KVC_MINI_DECODER_DIR}/cuda_model.cpp)
+  target_link_libraries(kvc_llama PUBLIC CUDA::cudart CUDA::cublas)
+  target_compile_options(kvc_llama PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:--fmad=false -Xcompiler=-Wall,-Wextra>)
+endif()
 # The kernels are optimised even in Debug builds: an unoptimised GEMM makes the tests crawl.
 set_source_files_properties(${KVC_MINI_DECODER_DIR}/kernels.cpp PROPERTIES COMPILE_OPTIONS -O3)
