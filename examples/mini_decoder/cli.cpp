@@ -8,6 +8,10 @@
 #include <limits>
 #include <sstream>
 
+#include "kvc/config.h"
+#include "kvc/core/error.h"
+#include "kvc/core/types.h"
+
 namespace kvc {
 namespace mini_decoder {
 namespace {
@@ -76,8 +80,12 @@ std::string usage() {
          "  --prefill P           dense (default): the prompt but its last token is attended\n"
          "                        densely, then ingested into kvc; compressed: every prompt\n"
          "                        token attends through the kvc mode (chunks of <= 64)\n"
-         "  --kv-device D         auto (default) | cpu | cuda: where kvc's parts run (the model\n"
-         "                        always runs on the CPU)\n"
+         "  --device D            auto (default) | cpu | cuda: where the model runs; auto is\n"
+         "                        cuda when a CUDA device is present (and --kv-device is not\n"
+         "                        cpu), else cpu\n"
+         "  --kv-device D         auto (default) | cpu | cuda: where kvc's parts run with the\n"
+         "                        CPU model; the CUDA model needs kvc on the device (cpu is\n"
+         "                        rejected with --device cuda)\n"
          "  --verbose             per decode step: selected blocks and attended bytes\n"
          "  --dump-logits FILE    write the prompt's logits as raw f32 [tokens][vocab]\n"
          "  --dump-tokens FILE    write the prompt's token ids (one line) and exit\n"
@@ -152,6 +160,8 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
       o.kv.prefill = value();
     } else if (a == "--kv-device") {
       o.kv.device = value();
+    } else if (a == "--device") {
+      o.device = value();
     } else if (a == "--verbose") {
       o.verbose = true;
     } else if (a == "--dump-logits") {
@@ -166,9 +176,39 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
   if (o.model.empty()) throw UsageError("--model PATH is required (see scripts/fetch-model)");
   if (!have_prompt) throw UsageError("--prompt TEXT or --prompt-file PATH is required");
   if (!o.system.empty() && !o.chat) throw UsageError("--system needs --chat");
+  if (o.device != "auto" && o.device != "cpu" && o.device != "cuda") {
+    throw UsageError("--device = '" + o.device + "' is not one of: auto, cpu, cuda");
+  }
+  if (o.device == "cuda" && o.kv.device == "cpu") {
+    throw UsageError(
+        "--kv-device cpu cannot be used with --device cuda: the CUDA model keeps K, V and q on "
+        "the device, so kvc must run there too (use --kv-device cuda or auto, or --device cpu)");
+  }
   o.sampling.validate();
   o.kv.validate();
   return o;
+}
+
+std::string resolve_model_device(const CliOptions& o, std::string* why) {
+  const int devices = cuda_device_count();
+  const char* missing = KVC_CUDA_ENABLED ? "no CUDA device found" : "built without CUDA";
+  std::string device = "cpu", reason;
+  if (o.device == "cpu") {
+    reason = "--device cpu";
+  } else if (o.device == "cuda") {
+    KVC_CHECK(devices > 0, "--device = cuda, but ", missing);
+    device = "cuda";
+    reason = "--device cuda";
+  } else if (devices == 0) {
+    reason = std::string("--device auto: ") + missing;
+  } else if (o.kv.device == "cpu") {
+    reason = "--device auto with --kv-device cpu: the model stays on the CPU with kvc";
+  } else {
+    device = "cuda";
+    reason = "--device auto: a CUDA device is present";
+  }
+  if (why != nullptr) *why = reason;
+  return device;
 }
 
 }  // namespace mini_decoder

@@ -1,5 +1,6 @@
 // mini_decoder: greedy or sampled decoding of SmolLM2-135M-Instruct (any llama GGUF of the
-// supported tensor types) on the CPU, with the KV cache behind kvc's flags.
+// supported tensor types) on the CPU or a CUDA device (--device), with the KV cache behind kvc's
+// flags.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -18,9 +19,14 @@
 #include "gguf.h"
 #include "kernels.h"
 #include "kv_cache.h"
+#include "kvc/config.h"
 #include "kvc/core/error.h"
 #include "kvc_cache.h"
 #include "model.h"
+#if KVC_CUDA_ENABLED
+#include "cuda_kv_cache.h"
+#include "cuda_model.h"
+#endif
 #include "sampler.h"
 #include "thread_pool.h"
 #include "tokenizer.h"
@@ -143,6 +149,61 @@ void print_footprint(const kvc::mini_decoder::KvCache& cache,
   }
 }
 
+// The model on the CPU or (CUDA builds) on the device, behind one forward().
+class Decoder {
+ public:
+  Decoder(const kvc::gguf::File& file, bool on_cuda, kvc::mini_decoder::ThreadPool& pool) {
+    using namespace kvc::mini_decoder;
+#if KVC_CUDA_ENABLED
+    if (on_cuda) {
+      gpu_ = std::make_unique<CudaLlamaModel>(file, pool);
+      return;
+    }
+#endif
+    KVC_CHECK(!on_cuda, "--device cuda: built without CUDA");
+    cpu_ = std::make_unique<LlamaModel>(file, pool);
+  }
+  bool on_cuda() const { return cpu_ == nullptr; }
+  const kvc::mini_decoder::LlamaConfig& config() const {
+#if KVC_CUDA_ENABLED
+    if (gpu_) return gpu_->config();
+#endif
+    return cpu_->config();
+  }
+  kvc::mini_decoder::KvShape kv_shape(int capacity) const {
+#if KVC_CUDA_ENABLED
+    if (gpu_) return gpu_->kv_shape(capacity);
+#endif
+    return cpu_->kv_shape(capacity);
+  }
+  std::size_t weight_bytes() const {
+#if KVC_CUDA_ENABLED
+    if (gpu_) return gpu_->weight_bytes();
+#endif
+    return cpu_->weight_bytes();
+  }
+  // "cpu" or "cuda:0 (NVIDIA ..., sm_90)".
+  std::string where() const {
+#if KVC_CUDA_ENABLED
+    if (gpu_) return gpu_->device_name();
+#endif
+    return "cpu";
+  }
+  void forward(const int* tokens, int count, kvc::mini_decoder::KvCache& cache, float* logits,
+               kvc::mini_decoder::ThreadPool& pool, const kvc::mini_decoder::ForwardOptions& fo) {
+#if KVC_CUDA_ENABLED
+    if (gpu_) return gpu_->forward(tokens, count, cache, logits, fo);
+#endif
+    cpu_->forward(tokens, count, cache, logits, pool, fo);
+  }
+
+ private:
+  std::unique_ptr<kvc::mini_decoder::LlamaModel> cpu_;
+#if KVC_CUDA_ENABLED
+  std::unique_ptr<kvc::mini_decoder::CudaLlamaModel> gpu_;
+#endif
+};
+
 void write_file(const std::string& path, const void* data, std::size_t bytes) {
   std::FILE* f = std::fopen(path.c_str(), "wb");
   KVC_CHECK(f != nullptr, "cannot write '", path, "'");
@@ -179,24 +240,31 @@ int run(const kvc::mini_decoder::CliOptions& o) {
     return 0;
   }
 
+  std::string device_why;
+  const bool on_cuda = resolve_model_device(o, &device_why) == "cuda";
   const auto t_load = Clock::now();
-  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<Decoder> model;
   std::unique_ptr<Tokenizer> tok;
   {
     const kvc::gguf::File file(o.model);
     tok = std::make_unique<Tokenizer>(Tokenizer::from_gguf(file));
-    model = std::make_unique<LlamaModel>(file, pool);
+    model = std::make_unique<Decoder>(file, on_cuda, pool);
   }
   const LlamaConfig& c = model->config();
   KVC_CHECK(tok->size() == c.vocab_size, "model: the tokenizer has ", tok->size(),
             " tokens but the embedding has ", c.vocab_size, " rows");
-  std::fprintf(
-      stderr,
-      "[mini_decoder] loaded %s in %.2f s: %d layers, d_model %d, heads %d/%d x %d, "
-      "ff %d, vocab %d, context %d, weights %.0f MiB (f32 + int8 panels), %d threads, %s kernels\n",
-      o.model.c_str(), seconds_since(t_load), c.num_layers, c.d_model, c.num_heads, c.num_kv_heads,
-      c.head_dim, c.d_ff, c.vocab_size, c.context_length, mib(model->weight_bytes()), threads,
-      simd_enabled() ? "avx2+fma" : "portable");
+  std::fprintf(stderr,
+               "[mini_decoder] loaded %s in %.2f s: %d layers, d_model %d, heads %d/%d x %d, "
+               "ff %d, vocab %d, context %d, weights %.0f MiB (%s), %d threads, %s kernels\n",
+               o.model.c_str(), seconds_since(t_load), c.num_layers, c.d_model, c.num_heads,
+               c.num_kv_heads, c.head_dim, c.d_ff, c.vocab_size, c.context_length,
+               mib(model->weight_bytes()), on_cuda ? "f32 on the device" : "f32 + int8 panels",
+               threads,
+               on_cuda          ? "cuda + cublas"
+               : simd_enabled() ? "avx2+fma"
+                                : "portable");
+  std::fprintf(stderr, "[mini_decoder] device: model on %s (%s)\n", model->where().c_str(),
+               device_why.c_str());
 
   const std::vector<int> prompt = make_prompt(*tok);
   const int context = o.context > 0 ? std::min(o.context, c.context_length) : c.context_length;
@@ -213,7 +281,17 @@ int run(const kvc::mini_decoder::CliOptions& o) {
   std::unique_ptr<KvCache> cache;
   KvcKvCache* kvc_cache = nullptr;
   std::string where = "cpu";
-  if (o.kv.is_reference()) {
+  if (on_cuda) {
+#if KVC_CUDA_ENABLED
+    std::string note;
+    cache = make_cuda_kv_cache(o.kv, shape, &note);
+    kvc_cache = dynamic_cast<KvcKvCache*>(cache.get());
+    if (kvc_cache != nullptr) {
+      kvc_cache->enable_stats(o.verbose);
+      where = kvc::to_string(kvc_cache->device()) + " (" + note + ")";
+    }
+#endif
+  } else if (o.kv.is_reference()) {
     cache = make_kv_cache(o.kv, shape);
   } else {
     std::string note;
@@ -227,9 +305,9 @@ int run(const kvc::mini_decoder::CliOptions& o) {
   const bool dense_prefill = kvc_cache != nullptr && o.kv.prefill == "dense";
   std::fprintf(stderr,
                "[mini_decoder] prompt: %d tokens; kv cache: %s, mode %s, format %s; kvc parts on "
-               "%s, model on cpu; prefill: %s\n",
+               "%s, model on %s; prefill: %s\n",
                n, cache->describe().c_str(), o.kv.mode.c_str(), o.kv.effective_format().c_str(),
-               kvc_cache != nullptr ? where.c_str() : "-",
+               kvc_cache != nullptr ? where.c_str() : "-", on_cuda ? "cuda" : "cpu",
                kvc_cache == nullptr ? "dense f32"
                : dense_prefill ? "dense f32 for the first tokens, then ingested (dense prefill, "
                                  "compressed decode from the last prompt token on)"
@@ -256,7 +334,16 @@ int run(const kvc::mini_decoder::CliOptions& o) {
     // Dense prefill, compressed decode: the prompt but its last token in a temporary dense
     // cache, its K/V ingested into the kvc stores, and the last token through the kvc mode.
     const int n0 = n - 1;
-    if (n0 > 0) {
+    if (n0 > 0 && on_cuda) {
+#if KVC_CUDA_ENABLED
+      CudaDenseKvCache dense(model->kv_shape(n0));
+      model->forward(prompt.data(), n0, dense, dump ? logits_at(0) : nullptr, pool, fo);
+      dense_prefill_bytes = dense.reserved_bytes();
+      const auto t_ingest = Clock::now();
+      copy_prefix(dense, n0, *cache);  // device to device
+      ingest_s = seconds_since(t_ingest);
+#endif
+    } else if (n0 > 0) {
       DenseKvCache dense(model->kv_shape(n0));
       model->forward(prompt.data(), n0, dense, logits_at(0), pool, fo);
       dense_prefill_bytes = dense.reserved_bytes();
@@ -309,14 +396,16 @@ int run(const kvc::mini_decoder::CliOptions& o) {
   std::fputc('\n', stdout);
   std::fflush(stdout);
 
-  std::fprintf(stderr, "[mini_decoder] prefill: %d tokens in %.2f s = %.1f tokens/s (cpu %.2f s", n,
-               prefill_s, n / prefill_s, prefill_cpu);
+  const char* on = on_cuda ? "cuda" : "cpu";
+  std::fprintf(stderr,
+               "[mini_decoder] prefill on %s: %d tokens in %.2f s = %.1f tokens/s (cpu %.2f s", on,
+               n, prefill_s, n / prefill_s, prefill_cpu);
   if (dense_prefill) std::fprintf(stderr, "; ingest into kvc %.2f s", ingest_s);
   std::fprintf(stderr,
                ")\n"
-               "[mini_decoder] decode: %zu tokens (%d forward steps) in %.2f s = %.1f tokens/s "
-               "(cpu %.2f s; stop: %s)\n",
-               generated.size(), decode_steps, decode_s,
+               "[mini_decoder] decode on %s: %zu tokens (%d forward steps) in %.2f s = %.1f "
+               "tokens/s (cpu %.2f s; stop: %s)\n",
+               on, generated.size(), decode_steps, decode_s,
                decode_steps > 0 ? decode_steps / decode_s : 0.0, decode_cpu, stop_reason.c_str());
   print_footprint(
       *cache, kvc_cache, shape,
