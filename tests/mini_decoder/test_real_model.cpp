@@ -1,7 +1,8 @@
 // The real SmolLM2-135M-Instruct file, when scripts/fetch-model has put it in the cache
-// ($KVC_MODEL_DIR or ~/.cache/kvc); skipped otherwise. Pins what docs/mini_decoder.md states:
-// the tensor types, the chat prompt's token ids (equal to HF tokenizers' on this vocabulary)
-// and the greedy answer, with the dense f32 cache and with a kvc cache.
+// ($KVC_MODEL, $KVC_MODEL_DIR or ~/.cache/kvc); skipped otherwise. Pins what
+// docs/mini_decoder.md states: the tensor types, the chat prompt's token ids (equal to HF
+// tokenizers' on this vocabulary) and the greedy answer, with the dense f32 cache and with a kvc
+// cache.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include "kvc_cache.h"
 #include "model.h"
 #include "sampler.h"
+#include "test_models.h"
 #include "thread_pool.h"
 #include "tokenizer.h"
 
@@ -22,22 +24,7 @@ namespace kvc {
 namespace mini_decoder {
 namespace {
 
-constexpr const char* kModelFile = "SmolLM2-135M-Instruct.Q4_1.gguf";
-constexpr unsigned long long kModelBytes = 98362432ull;
-
-std::string find_model() {
-  std::vector<std::string> dirs;
-  if (const char* d = std::getenv("KVC_MODEL_DIR")) dirs.push_back(d);
-  if (const char* h = std::getenv("HOME")) dirs.push_back(std::string(h) + "/.cache/kvc");
-  for (const std::string& d : dirs) {
-    const std::string p = d + "/" + kModelFile;
-    if (std::FILE* f = std::fopen(p.c_str(), "rb")) {
-      std::fclose(f);
-      return p;
-    }
-  }
-  return "";
-}
+using namespace test_models;
 
 TEST(MiniDecoder_RealModel, TensorTypesPromptIdsAndGreedyAnswer) {
   const std::string path = find_model();
