@@ -74,25 +74,27 @@ TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list
   v.ndim = static_cast<int>(shape.size());
   int i = 0;
   for (auto s : shape) v.shape[i++] = s;
-  std::int64_t st = 1;
+  // Products in unsigned arithmetic: extents that are negative or overflow give meaningless
+  // strides (check_view rejects such views), never undefined behaviour.
+  std::uint64_t st = 1;
   for (int d = v.ndim - 1; d >= 0; --d) {
-    v.stride[d] = st;
-    st *= v.shape[d];
+    v.stride[d] = static_cast<std::int64_t>(st);
+    st *= static_cast<std::uint64_t>(v.shape[d]);
   }
   return v;
 }
 
 std::int64_t TensorView::numel() const {
-  std::int64_t n = 1;
-  for (int d = 0; d < ndim; ++d) n *= shape[d];
-  return n;
+  std::uint64_t n = 1;  // wraps (no undefined behaviour) for views check_view rejects
+  for (int d = 0; d < ndim && d < kMaxDims; ++d) n *= static_cast<std::uint64_t>(shape[d]);
+  return static_cast<std::int64_t>(n);
 }
 
 bool TensorView::is_contiguous() const {
-  std::int64_t st = 1;
-  for (int d = ndim - 1; d >= 0; --d) {
-    if (shape[d] != 1 && stride[d] != st) return false;
-    st *= shape[d];
+  std::uint64_t st = 1;
+  for (int d = (ndim < kMaxDims ? ndim : kMaxDims) - 1; d >= 0; --d) {
+    if (shape[d] != 1 && stride[d] != static_cast<std::int64_t>(st)) return false;
+    st *= static_cast<std::uint64_t>(shape[d]);
   }
   return true;
 }
@@ -110,9 +112,25 @@ void check_view(const TensorView& v, const char* name, DType dtype,
   KVC_CHECK(v.dtype == dtype, name, ".dtype = ", to_string(v.dtype), " must be ", to_string(dtype));
   KVC_CHECK(v.device == device, name, ".device = ", to_string(v.device), " must be ",
             to_string(device));
+  KVC_CHECK(v.ndim >= 0 && v.ndim <= kMaxDims, name, ".ndim = ", v.ndim,
+            " must be in [0, kMaxDims = ", kMaxDims, "]");
+  // Extents are never negative (a -1 in `shape` is a wildcard for the caller's bound, not a
+  // licence for a negative extent), and the element count must fit int64 (kMaxViewElements).
+  std::int64_t count = 1;
+  for (int i = 0; i < v.ndim; ++i) {
+    KVC_CHECK(v.shape[i] >= 0, name, ".shape[", i, "] = ", v.shape[i], " must be >= 0 (", name,
+              ".shape = ", shape_string(v.shape.data(), v.ndim), ")");
+    KVC_CHECK(count == 0 || v.shape[i] <= kMaxViewElements / count, name,
+              ".shape = ", shape_string(v.shape.data(), v.ndim),
+              " has more than kMaxViewElements = 2^62 elements");
+    count *= v.shape[i];
+  }
   std::int64_t want[kMaxDims];
   int n = 0;
-  for (auto s : shape) want[n++] = s;
+  for (auto s : shape) {
+    KVC_CHECK(n < kMaxDims, "check_view: expected rank exceeds kMaxDims = ", kMaxDims);
+    want[n++] = s;
+  }
   bool ok = v.ndim == n;
   for (int i = 0; ok && i < n; ++i) ok = want[i] < 0 || v.shape[i] == want[i];
   KVC_CHECK(ok, name, ".shape = ", shape_string(v.shape.data(), v.ndim), " must be ",

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -40,6 +41,52 @@ TEST(Core_TensorView, ContiguousStridesAndChecks) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("aligned to 16"), std::string::npos);
   }
+}
+
+// Message of check_view(v, "k", f32, want, cpu), or "" when it accepts the view.
+std::string check_message(const TensorView& v, std::initializer_list<std::int64_t> want) {
+  try {
+    check_view(v, "k", DType::kF32, want, Device::cpu());
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A -1 in the expected shape matches any extent >= 0, never a negative one; the rank must be in
+// [0, kMaxDims]; the element count must fit kMaxViewElements (no signed overflow in numel()).
+TEST(Core_TensorView, RejectsNegativeExtentsBadRanksAndOverflow) {
+  alignas(16) float buf[24];
+  auto v = TensorView::contiguous(buf, DType::kF32, {2, 3, 4});
+  auto expect_msg = [](const std::string& m, std::initializer_list<const char*> words) {
+    ASSERT_FALSE(m.empty()) << "accepted";
+    for (const char* w : words) EXPECT_NE(m.find(w), std::string::npos) << m;
+  };
+  for (std::int64_t bad : {std::int64_t{-1}, std::int64_t{-4}, INT64_MIN}) {
+    TensorView n = v;
+    n.shape[1] = bad;
+    expect_msg(check_message(n, {2, -1, 4}), {"k.shape[1] = ", "must be >= 0"});
+    // The negative extent is named even where the shape would match.
+    expect_msg(check_message(n, {2, bad, 4}), {"k.shape[1] = ", "must be >= 0"});
+  }
+  // A negative extent next to a zero one (numel() = 0, so the null check would not catch it).
+  TensorView z = TensorView::contiguous(nullptr, DType::kF32, {0, -1, 4});
+  expect_msg(check_message(z, {-1, -1, 4}), {"k.shape[1] = -1"});
+  TensorView r = v;
+  r.ndim = kMaxDims + 1;
+  expect_msg(check_message(r, {2, 3, 4}), {"k.ndim = 6", "kMaxDims = 5"});
+  r.ndim = -1;
+  expect_msg(check_message(r, {2, 3, 4}), {"k.ndim = -1"});
+  // 2^31 x 2^31 x 4 = 2^64 elements: overflows int64.
+  TensorView big = TensorView::contiguous(buf, DType::kF32, {1ll << 31, 1ll << 31, 4});
+  expect_msg(check_message(big, {-1, -1, 4}), {"kMaxViewElements"});
+  // 2^62 elements exactly is accepted up to the shape and contiguity checks; one more is not.
+  TensorView edge = TensorView::contiguous(buf, DType::kF32, {1ll << 31, 1ll << 31});
+  EXPECT_EQ(check_message(edge, {-1, -1}), "");
+  TensorView past = TensorView::contiguous(buf, DType::kF32, {(1ll << 31) + 1, 1ll << 31});
+  expect_msg(check_message(past, {-1, -1}), {"kMaxViewElements"});
+  // An empty view with no negative extent is still fine with a null pointer.
+  EXPECT_EQ(check_message(TensorView::contiguous(nullptr, DType::kF32, {0, 3, 4}), {-1, 3, 4}), "");
 }
 
 // Exhaustive: every half and every bf16 bit pattern round-trips through float, and float → half
