@@ -8,6 +8,13 @@
 #include "kvc/store/kv_store.h"
 
 namespace kvc {
+namespace {
+
+// Entries of the block table (max_slots x max_blocks_per_slot int32, 4 GiB at the bound, held on
+// the host and, for a CUDA store, on the device too). Documented in docs/reliability.md.
+constexpr long long kMaxBlockTableEntries = 1ll << 30;
+
+}  // namespace
 
 int KvStoreConfig::max_blocks_per_slot() const {
   const long long old_tokens = static_cast<long long>(max_context) - recent_window;
@@ -62,6 +69,14 @@ void KvStoreConfig::validate() const {
                              ? num_pool_blocks
                              : static_cast<long long>(max_slots) * owned_blocks_per_slot();
   KVC_CHECK(pool <= (1ll << 30), "num_pool_blocks = ", pool, " must be <= 2^30");
+  // The block table (one int32 per slot and logical block, on the host and on the device) is
+  // sized by max_slots and max_context, not by the pool: bound it before anything allocates it.
+  const long long table = static_cast<long long>(max_slots) * max_blocks_per_slot();
+  KVC_CHECK(table <= kMaxBlockTableEntries,
+            "block table = max_slots x max_blocks_per_slot = ", max_slots, " x ",
+            max_blocks_per_slot(), " = ", table,
+            " entries must be <= 2^30 (max_blocks_per_slot = ceil((max_context - recent_window) / "
+            "block_size)); reduce max_slots or max_context, or raise block_size");
   const long long rows = pool * num_kv_heads * block_size;
   KVC_CHECK(rows <= (1ll << 40), "pool rows = ", rows, " (blocks x heads x block_size) too large");
   // Every byte count the store derives must fit in 64 bits with room to spare: bound the

@@ -346,8 +346,40 @@ TEST_F(Cpu_Reliability_BadInput, KvStoreConfigAndCreate) {
          c.validate();
        },
        {"store size", "2^48"}},
+      // 49152 slots x 2^30 - 1 logical blocks: a 192 TiB block table (the pool is 16 blocks and
+      // the store size below 2^48 B). Without the bound `create` ends in std::bad_alloc.
+      {"block table past 2^30 entries",
+       [this] {
+         KvStoreConfig c = mc_;
+         c.max_slots = 49152;
+         c.max_context = 1 << 30;
+         c.recent_window = 1;
+         c.block_size = 1;
+         c.num_pool_blocks = 16;
+         KvStore::create(c, Device::cpu());
+       },
+       {"block table", "max_slots x max_blocks_per_slot = 49152 x 1073741823", "2^30"}},
+      {"block table one slot past the bound",
+       [this] {
+         KvStoreConfig c = mc_;
+         c.max_slots = 65;  // 65 x 2^24 blocks = 2^30 + 2^24 entries
+         c.max_context = (1 << 24) * 64 + 16;
+         c.recent_window = 16;
+         c.block_size = 64;
+         c.num_pool_blocks = 64;
+         c.validate();
+       },
+       {"block table", "65 x 16777216 = 1090519040", "2^30"}},
   };
   run(rows);
+  // At the bound: 64 slots x 2^24 blocks = 2^30 entries is a valid config.
+  KvStoreConfig c = mc_;
+  c.max_slots = 64;
+  c.max_context = (1 << 24) * 64 + 16;
+  c.recent_window = 16;
+  c.block_size = 64;
+  c.num_pool_blocks = 64;
+  EXPECT_NO_THROW(c.validate());
 }
 
 TEST_F(Cpu_Reliability_BadInput, KvStoreSlotsAppendIngest) {
@@ -425,9 +457,25 @@ TEST_F(Cpu_Reliability_BadInput, KvStoreSlotsAppendIngest) {
          kn.shape[0] = vn.shape[0] = -1;
          main_->ingest(0, kn, vn);
        },
-       {"k.shape[0] = -1"},
-       "a negative extent is rejected only later, as 'token count = -1' (check_view lets a -1 "
-       "wildcard match a negative extent; src/core.cpp:117/:122, src/cpu/kv_store.cpp:138)"},
+       {"k.shape[0] = -1", "must be >= 0"}},
+      {"append k rank 7 (past kMaxDims)",
+       app({0}, [&] { TensorView kn = k1; kn.ndim = 7; return kn; }(), v1),
+       {"k.ndim = 7", "kMaxDims = 5"}},
+      {"append k rank -1", app({0}, [&] { TensorView kn = k1; kn.ndim = -1; return kn; }(), v1),
+       {"k.ndim = -1"}},
+      {"append k element count past 2^62",
+       app({0},
+           [&] {
+             TensorView kn = k1;  // 1 x 2^61 x 2^10 elements
+             kn.shape[1] = std::int64_t{1} << 61;
+             kn.shape[2] = 1024;
+             return kn;
+           }(),
+           v1),
+       {"k.shape = [1, 2305843009213693952, 1024]", "kMaxViewElements"}},
+      {"append v negative head_dim extent",
+       app({0}, k1, [&] { TensorView vn = v1; vn.shape[2] = -64; return vn; }()),
+       {"v.shape[2] = -64", "must be >= 0"}},
   };
   run(rows);
 }
@@ -917,10 +965,20 @@ TEST_F(Cpu_Reliability_BadInput, DenseDecode) {
          a.k = view(cache.data(), DType::kF16, {1, 2, -4, 64});
          a.v = view(cache.data(), DType::kF16, {1, 2, -4, 64});
        }),
-       {"k.shape"},
-       "check_view lets a -1 wildcard match a negative extent, so k.shape[2] = -4 is reported "
-       "as a bad lengths[0] instead (src/core.cpp:117, src/attention_backend.cpp:225; with an "
-       "empty batch it is accepted)"},
+       {"k.shape[2] = -4", "must be >= 0"}},
+      {"negative N, empty batch",
+       dd([&](DenseDecodeArgs& a) {
+         a.lengths = {};
+         a.q = view(q_.data(), DType::kF16, {0, 1, 4, 64});
+         a.out = view(attn_out_.data(), DType::kF16, {0, 1, 4, 64});
+         a.lse = view(attn_lse_.data(), DType::kF32, {0, 1, 4});
+         a.k = view(cache.data(), DType::kF16, {0, 2, -4, 64});
+         a.v = view(cache.data(), DType::kF16, {0, 2, -4, 64});
+       }),
+       {"k.shape[2] = -4", "must be >= 0"}},
+      {"q negative T",
+       dd([&](DenseDecodeArgs& a) { a.q = view(q_.data(), DType::kF16, {1, -1, 4, 64}); }),
+       {"q.shape[1] = -1", "must be >= 0"}},
   };
   run(rows);
 }
@@ -1071,6 +1129,48 @@ TEST_F(Cpu_Reliability_BadInput, PlannerAndParsing) {
        {"rank = 6", "kMaxDims = 5"}},
   };
   run(rows);
+}
+
+// NaN or inf in a query is data, not a bad argument (docs/reliability.md): decode does not read
+// q on the host to validate it (on a GPU it is device memory) and throws nothing; a NaN query
+// head gives a NaN output row and lse for that head only, the other heads are unaffected. The GPU
+// counterpart is Cuda_Attention.NanPropagates.
+TEST_F(Cpu_Reliability_BadInput, NanOrInfQueryIsNotAnErrorAndPropagates) {
+  AttentionConfig ac;
+  ac.num_q_heads = 4;
+  ac.num_kv_heads = 2;
+  ac.head_dim = 64;
+  ac.dtype = DType::kF16;
+  ac.mode = AttentionMode::kBlockSelectExact;
+  auto backend = AttentionBackend::create(ac, Device::cpu());
+  std::vector<std::int32_t> ids = {4, 0, -1, 1, 2, -1}, counts = {2, 2};
+  for (const std::uint16_t bad : {std::uint16_t{0x7e00u}, std::uint16_t{0x7c00u}}) {  // NaN, +inf
+    SCOPED_TRACE(bad);
+    std::vector<std::uint16_t> q(q_.begin(), q_.begin() + 4 * 64);
+    q[1 * 64 + 7] = bad;  // head 1 (kv head 0)
+    DecodeArgs a;
+    a.slots = {0};
+    a.q = view(q.data(), DType::kF16, {1, 1, 4, 64});
+    a.selection.ids = ids.data();
+    a.selection.counts = counts.data();
+    a.selection.rows = 2;
+    a.selection.max_selected = 3;
+    a.out = view(attn_out_.data(), DType::kF16, {1, 1, 4, 64});
+    a.lse = view(attn_lse_.data(), DType::kF32, {1, 1, 4});
+    const StoreState m0 = StoreState::of(*main_);
+    ASSERT_NO_THROW(backend->decode(*main_, a));
+    EXPECT_TRUE(StoreState::of(*main_) == m0);
+    for (int h = 0; h < 4; ++h) {
+      const bool nan_row = h == 1 && bad == 0x7e00u;
+      if (h == 1 && !nan_row) continue;  // +inf: NaN or inf-dominated, not specified
+      EXPECT_EQ(std::isnan(attn_lse_[h]), nan_row) << "head " << h;
+      for (int i = 0; i < 64; ++i) {
+        const std::uint16_t o = attn_out_[h * 64 + i];
+        const bool is_nan = (o & 0x7c00u) == 0x7c00u && (o & 0x3ffu) != 0;
+        ASSERT_EQ(is_nan, nan_row) << "head " << h << " element " << i;
+      }
+    }
+  }
 }
 
 // After all those rejected calls, the stores still work (and the rejected calls above left no
