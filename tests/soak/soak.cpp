@@ -44,7 +44,7 @@ KvStoreConfig Shape::store_config() const {
   c.max_context = max_context;
   c.recent_window = window;
   c.block_size = block_size;
-  c.dtype = DType::kF16;
+  c.dtype = dtype;
   c.old_format = format;
   c.summaries = kSummaryMeanK | (uses_summaries(mode) ? kSummaryMeanV : 0u);
   return c;
@@ -55,7 +55,7 @@ BlockIndexConfig Shape::index_config() const {
   c.num_q_heads = q_heads;
   c.num_kv_heads = kv_heads;
   c.head_dim = head_dim;
-  c.dtype = DType::kF16;
+  c.dtype = dtype;
   c.max_batch = slots;
   return c;
 }
@@ -65,7 +65,7 @@ AttentionConfig Shape::attention_config() const {
   c.num_q_heads = q_heads;
   c.num_kv_heads = kv_heads;
   c.head_dim = head_dim;
-  c.dtype = DType::kF16;
+  c.dtype = dtype;
   c.mode = mode;
   c.max_batch = slots;
   return c;
@@ -98,13 +98,14 @@ std::uint64_t key_of(std::uint64_t seed, int slot, int generation, int position,
   return mix(h ^ static_cast<std::uint64_t>(what));
 }
 
-// n f16 values in [-2, 2), a triangular distribution (sum of two uniforms), from `key`.
-void fill_f16(std::uint64_t key, std::size_t n, std::uint16_t* out) {
+// n values in [-2, 2), a triangular distribution (sum of two uniforms), from `key`, as f16 or
+// bf16 bits.
+void fill16(std::uint64_t key, std::size_t n, bool bf16, std::uint16_t* out) {
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint64_t z = mix(key + i);
     const float a = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
     const float b = static_cast<float>((z >> 8) & 0xffffffu) * (1.0f / 16777216.0f);
-    out[i] = float_to_half_bits(2.0f * (a + b - 1.0f));
+    out[i] = float_to_bits16(2.0f * (a + b - 1.0f), bf16);
   }
 }
 
@@ -167,6 +168,7 @@ class ObjectPipeline : public Pipeline {
         selector_(Selector::create(Device::cpu())),
         backend_(AttentionBackend::create(s.attention_config(), Device::cpu())),
         policy_(SelectPolicy::topk(s.top_k)),
+        dtype_(s.dtype),
         slots_(static_cast<std::size_t>(s.slots)),
         q_(static_cast<std::size_t>(s.slots) * s.q_heads * s.head_dim) {
     for (int i = 0; i < s.slots; ++i) slots_[static_cast<std::size_t>(i)] = i;
@@ -205,8 +207,8 @@ class ObjectPipeline : public Pipeline {
   }
 
  private:
-  static TensorView view16(const std::uint16_t* p, std::initializer_list<std::int64_t> shape) {
-    return TensorView::contiguous(const_cast<std::uint16_t*>(p), DType::kF16, shape);
+  TensorView view16(const std::uint16_t* p, std::initializer_list<std::int64_t> shape) {
+    return TensorView::contiguous(const_cast<std::uint16_t*>(p), dtype_, shape);
   }
 
   void size(StepResult& r) const {
@@ -254,6 +256,7 @@ class ObjectPipeline : public Pipeline {
   std::unique_ptr<Selector> selector_;
   std::unique_ptr<AttentionBackend> backend_;
   SelectPolicy policy_;
+  DType dtype_;
   std::vector<int> slots_;
   std::vector<std::uint16_t> q_;
   StepResult live_;
@@ -284,6 +287,7 @@ struct Options {
                "  [--max-samples N] [--table-rows N] [--inject-fault none|output|rss]\n"
                "  [--slots N] [--kv-heads N] [--q-heads N] [--head-dim D] [--block-size B]\n"
                "  [--window W] [--max-context N] [--format F] [--mode M] [--top-k K]\n"
+               "  [--dtype f16|bf16]  (of K, V, q; bf16 is required by --format bf16)\n"
                "  [--gpu-defaults]  (slots 4, kv heads 4, q heads 16, d 128, B 32, W 128,\n"
                "                     max context 4096, top 8; options after it override)\n"
                "exit: 0 pass, 1 a check failed, 2 usage or error, 77 no CUDA device (skipped)\n");
@@ -359,6 +363,9 @@ Options parse(int argc, char** argv) {
       o.shape.window = static_cast<int>(num());
     } else if (a == "--max-context") {
       o.shape.max_context = static_cast<int>(num());
+    } else if (a == "--dtype") {
+      if (v != "f16" && v != "bf16") usage(2);
+      o.shape.dtype = v == "bf16" ? DType::kBF16 : DType::kF16;
     } else if (a == "--format") {
       o.shape.format = parse_format(v);
     } else if (a == "--mode") {
@@ -392,12 +399,39 @@ struct Sample {
   bool selection_equal = false;
   bool snapshot_equal = false;
   double max_abs_diff = 0;
+  int objects_equal = -1;  // CUDA: objects over the fresh store == the kernels (-1: not run)
+  double objects_max_abs_diff = 0;
 };
 
 template <class T>
 bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() &&
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+// Bit equality of the block scores (the valid entries of each row), num_valid, ids and counts;
+// true when the mode selects nothing (those buffers are then not written).
+bool same_selection(const StepResult& a, const StepResult& b, int maxb, bool selects) {
+  if (!selects) return true;
+  bool eq = same_bytes(a.num_valid, b.num_valid) && same_bytes(a.counts, b.counts) &&
+            same_bytes(a.ids, b.ids);
+  for (std::size_t r = 0; eq && r < a.num_valid.size(); ++r) {
+    const std::size_t n = static_cast<std::size_t>(std::max(0, a.num_valid[r]));
+    eq = n <= static_cast<std::size_t>(maxb) &&
+         (n == 0 || std::memcmp(&a.scores[r * maxb], &b.scores[r * maxb], n * sizeof(float)) == 0);
+  }
+  return eq;
+}
+
+// Bit equality of out and lse; the largest |out difference| (inf when either is NaN).
+bool same_outputs(const StepResult& a, const StepResult& b, double* max_abs_diff) {
+  double m = 0;
+  for (std::size_t i = 0; i < a.out.size() && i < b.out.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(a.out[i]) - b.out[i]);
+    m = std::max(m, std::isnan(d) ? INFINITY : d);
+  }
+  *max_abs_diff = m;
+  return same_bytes(a.out, b.out) && same_bytes(a.lse, b.lse);
 }
 
 std::string json_escape(const std::string& s) {
@@ -452,15 +486,16 @@ int run(const Options& o) {
   KvStore& st = pipe->store();
   const std::size_t token = static_cast<std::size_t>(sh.kv_heads) * sh.head_dim;
   const std::size_t qtok = static_cast<std::size_t>(sh.q_heads) * sh.head_dim;
+  const bool bf16 = sh.dtype == DType::kBF16;
 
   std::printf("kvc_soak: %s, %lld steps, checkpoint every %lld, warm-up %lld steps, seed %llu\n",
               to_string(device).c_str(), o.steps, o.checkpoint_every, o.warmup_steps,
               static_cast<unsigned long long>(o.seed));
   std::printf(
-      "layer: %d slots (batch), Hkv %d, Hq %d, d %d, B %d, W %d, max_context %d, %s, %s, "
+      "layer: %d slots (batch), Hkv %d, Hq %d, d %d, B %d, W %d, max_context %d, %s, %s, %s, "
       "top %d\n",
       sh.slots, sh.kv_heads, sh.q_heads, sh.head_dim, sh.block_size, sh.window, sh.max_context,
-      to_string(sh.format), to_string(sh.mode), sh.top_k);
+      to_string(sh.dtype), to_string(sh.format), to_string(sh.mode), sh.top_k);
   std::printf("path: %s\n", pipe->describe().c_str());
 
   // Host buffers sized once (so that RSS does not move with the lengths).
@@ -468,13 +503,14 @@ int run(const Options& o) {
   std::vector<std::uint16_t> hist_v(hist_k.size());
   std::vector<std::uint16_t> step_k(sh.slots * token), step_v(sh.slots * token);
   std::vector<std::uint16_t> step_q(sh.slots * qtok);
-  StepResult live, fresh_result;
+  StepResult live, fresh_result, objects_result;
+  std::string objects_note;
 
   // Fills hist_k / hist_v with tokens [0, n) of slot `s`, generation `g`.
   const auto history = [&](int s, int g, int n) {
     for (int p = 0; p < n; ++p) {
-      fill_f16(key_of(o.seed, s, g, p, Stream::kKey), token, &hist_k[p * token]);
-      fill_f16(key_of(o.seed, s, g, p, Stream::kValue), token, &hist_v[p * token]);
+      fill16(key_of(o.seed, s, g, p, Stream::kKey), token, bf16, &hist_k[p * token]);
+      fill16(key_of(o.seed, s, g, p, Stream::kValue), token, bf16, &hist_v[p * token]);
     }
   };
 
@@ -542,10 +578,12 @@ int run(const Options& o) {
     // 2. One decode step of every slot: the token at position `length` and its query.
     for (int s = 0; s < sh.slots; ++s) {
       Life& l = lives[static_cast<std::size_t>(s)];
-      fill_f16(key_of(o.seed, s, l.generation, l.length, Stream::kKey), token, &step_k[s * token]);
-      fill_f16(key_of(o.seed, s, l.generation, l.length, Stream::kValue), token,
-               &step_v[s * token]);
-      fill_f16(key_of(o.seed, s, l.generation, l.length, Stream::kQuery), qtok, &step_q[s * qtok]);
+      fill16(key_of(o.seed, s, l.generation, l.length, Stream::kKey), token, bf16,
+             &step_k[s * token]);
+      fill16(key_of(o.seed, s, l.generation, l.length, Stream::kValue), token, bf16,
+             &step_v[s * token]);
+      fill16(key_of(o.seed, s, l.generation, l.length, Stream::kQuery), qtok, bf16,
+             &step_q[s * qtok]);
       ++l.length;
     }
     pipe->step(step_k, step_v, step_q);
@@ -590,27 +628,16 @@ int run(const Options& o) {
         pipe->ingest(*fresh, s, hist_k, hist_v, l.length);
       }
       pipe->recompute(*fresh, fresh_result);
+      if (pipe->recompute_objects(*fresh, objects_result, &objects_note)) {
+        smp.objects_equal = same_selection(objects_result, fresh_result, sc.max_blocks_per_slot(),
+                                           uses_selection(sh.mode)) &&
+                            same_outputs(objects_result, fresh_result, &smp.objects_max_abs_diff);
+      }
       smp.snapshot_equal = st.snapshot() == fresh->snapshot();
     }
-    bool sel_equal = same_bytes(live.num_valid, fresh_result.num_valid) &&
-                     same_bytes(live.counts, fresh_result.counts) &&
-                     same_bytes(live.ids, fresh_result.ids);
-    if (sel_equal && uses_selection(sh.mode)) {  // scores: the valid entries of each row
-      const int maxb = sc.max_blocks_per_slot();
-      for (std::size_t r = 0; r < live.num_valid.size() && sel_equal; ++r) {
-        const std::size_t n = static_cast<std::size_t>(std::max(0, live.num_valid[r]));
-        sel_equal = n <= static_cast<std::size_t>(maxb) &&
-                    (n == 0 || std::memcmp(&live.scores[r * maxb], &fresh_result.scores[r * maxb],
-                                           n * sizeof(float)) == 0);
-      }
-    }
-    smp.selection_equal = sel_equal;
-    smp.outputs_equal =
-        same_bytes(live.out, fresh_result.out) && same_bytes(live.lse, fresh_result.lse);
-    for (std::size_t i = 0; i < live.out.size(); ++i) {
-      const double d = std::fabs(static_cast<double>(live.out[i]) - fresh_result.out[i]);
-      smp.max_abs_diff = std::max(smp.max_abs_diff, std::isnan(d) ? INFINITY : d);
-    }
+    const bool selects = uses_selection(sh.mode);
+    smp.selection_equal = same_selection(live, fresh_result, sc.max_blocks_per_slot(), selects);
+    smp.outputs_equal = same_outputs(live, fresh_result, &smp.max_abs_diff);
     for (float x : live.out) {
       if (!std::isfinite(x)) {
         smp.outputs_equal = false;
@@ -699,6 +726,25 @@ int run(const Options& o) {
                 dev_min == dev_max ? "flat" : "MOVED");
   }
   std::printf("checkpoints equal to a fresh recomputation: %lld of %zu\n", equal, samples.size());
+  long long obj_run = 0, obj_equal = 0;
+  double obj_diff = 0;
+  for (const Sample& s : samples) {
+    if (s.objects_equal < 0) continue;
+    ++obj_run;
+    obj_equal += s.objects_equal;
+    obj_diff = std::max(obj_diff, s.objects_max_abs_diff);
+  }
+  if (o.cuda) {
+    if (obj_run > 0) {
+      std::printf(
+          "cross-check (not in the verdict): the CUDA objects (BlockIndex, Selector, "
+          "AttentionBackend) over the fresh store equal the graph's kernels at %lld of "
+          "%lld checkpoints (max |out diff| %.3g)%s\n",
+          obj_equal, obj_run, obj_diff, obj_equal == obj_run ? "" : "  WARN");
+    } else {
+      std::printf("cross-check with the CUDA objects not run: %s\n", objects_note.c_str());
+    }
+  }
   for (const std::string& f : failures) std::printf("FAIL %s\n", f.c_str());
   std::printf("verdict: %s\n", pass ? "PASS" : "FAIL");
 
@@ -710,9 +756,9 @@ int run(const Options& o) {
     j << "  \"config\": {\"slots\": " << sh.slots << ", \"kv_heads\": " << sh.kv_heads
       << ", \"q_heads\": " << sh.q_heads << ", \"head_dim\": " << sh.head_dim
       << ", \"block_size\": " << sh.block_size << ", \"window\": " << sh.window
-      << ", \"max_context\": " << sh.max_context << ", \"format\": \"" << to_string(sh.format)
-      << "\", \"mode\": \"" << to_string(sh.mode) << "\", \"top_k\": " << sh.top_k
-      << ", \"seed\": " << o.seed << "},\n";
+      << ", \"max_context\": " << sh.max_context << ", \"dtype\": \"" << to_string(sh.dtype)
+      << "\", \"format\": \"" << to_string(sh.format) << "\", \"mode\": \"" << to_string(sh.mode)
+      << "\", \"top_k\": " << sh.top_k << ", \"seed\": " << o.seed << "},\n";
     j << "  \"steps\": " << o.steps << ",\n  \"checkpoint_every\": " << o.checkpoint_every
       << ",\n  \"warmup_steps\": " << o.warmup_steps << ",\n  \"wall_s\": " << wall
       << ",\n  \"checkpoint_s\": " << checkpoint_s << ",\n";
@@ -721,6 +767,9 @@ int run(const Options& o) {
       << "},\n";
     j << "  \"checkpoints\": {\"count\": " << samples.size() << ", \"equal\": " << equal
       << ", \"comparison\": \"bit-identical: scores, ids, counts, out (f32), lse, snapshots\"},\n";
+    j << "  \"objects_cross_check\": {\"run\": " << obj_run << ", \"equal\": " << obj_equal
+      << ", \"max_abs_out_diff\": " << obj_diff << ", \"note\": \"" << json_escape(objects_note)
+      << "\"},\n";
     j << "  \"memory\": {\"rss_kib_start\": " << samples.front().rss_kib
       << ", \"rss_kib_baseline\": " << b.rss_kib << ", \"baseline_step\": " << b.step
       << ", \"rss_kib_peak\": " << rss_peak << ", \"rss_kib_peak_after_warmup\": " << rss_peak_after

@@ -18,7 +18,7 @@ namespace kvc {
 namespace soak {
 
 /// Shape of the soaked layer and of its decode batch (every slot of the store decodes every
-/// step). Queries, K and V are f16; outputs f32.
+/// step). Outputs are f32.
 struct Shape {
   int slots = 4;                                          ///< store slots = batch
   int kv_heads = 2;                                       ///< Hkv
@@ -27,6 +27,7 @@ struct Shape {
   int block_size = 16;                                    ///< B
   int window = 64;                                        ///< W
   int max_context = 1024;                                 ///< tokens per slot
+  DType dtype = DType::kF16;                              ///< K, V and q: f16 or bf16
   Format format = Format::kFp16kQ4v;                      ///< old-block format
   AttentionMode mode = AttentionMode::kBlockSelectExact;  ///< attention mode
   int top_k = 4;                                          ///< blocks selected per row
@@ -76,6 +77,15 @@ class Pipeline {
   virtual void last_result(StepResult& r) = 0;
   /// Score → select → attend over `fresh` with the last step's queries, nothing appended.
   virtual void recompute(KvStore& fresh, StepResult& r) = 0;
+  /// A second recomputation over `fresh` through the device's objects (BlockIndex, Selector,
+  /// AttentionBackend) where the main path does not use them (CUDA). Returns false when there
+  /// is none; `note` says why when the objects could not be used.
+  virtual bool recompute_objects(KvStore& fresh, StepResult& r, std::string* note) {
+    (void)fresh;
+    (void)r;
+    (void)note;
+    return false;
+  }
   /// Free device memory in bytes (cudaMemGetInfo), or -1 on the CPU.
   virtual std::int64_t device_free_bytes() = 0;
   /// One line saying how steps run.

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
@@ -78,7 +79,8 @@ class GraphPipeline : public Pipeline {
         stage_k_(static_cast<std::size_t>(s.max_context) * token_),
         stage_v_(static_cast<std::size_t>(s.max_context) * token_),
         live_(rows_, maxb_, sel_, heads_, s.head_dim),
-        fresh_(rows_, maxb_, sel_, heads_, s.head_dim) {
+        fresh_(rows_, maxb_, sel_, heads_, s.head_dim),
+        objects_(rows_, maxb_, sel_, heads_, s.head_dim) {
     // The objects validate the configuration the kernels trust.
     s.index_config().validate();
     s.attention_config().validate();
@@ -96,12 +98,12 @@ class GraphPipeline : public Pipeline {
     check(kernels::select_workspace_bound(select_bytes, static_cast<int>(rows_),
                                           static_cast<int>(maxb_), static_cast<int>(sel_)),
           "select_workspace_bound");
-    select_ws_ = std::make_unique<DeviceArray<std::uint8_t>>(select_bytes);
+    select_ws_ = std::make_unique<DeviceArray<std::uint8_t>>(select_bytes + 256);
     const std::size_t attn_bytes =
         kernels::attention_workspace_upper_bound(s.q_heads, s.kv_heads, s.head_dim);
     KVC_CHECK(attn_bytes > 0, "attention_workspace_upper_bound(", s.q_heads, ", ", s.kv_heads, ", ",
               s.head_dim, ") = 0: shape not supported");
-    attn_ws_ = std::make_unique<DeviceArray<std::uint8_t>>(attn_bytes);
+    attn_ws_ = std::make_unique<DeviceArray<std::uint8_t>>(attn_bytes + 256);
 
     args_.store = store_->view();
     args_.slots = slots_.get();
@@ -119,7 +121,7 @@ class GraphPipeline : public Pipeline {
     args_.attention.head_dim = s.head_dim;
     args_.attention.scale = s.attention_config().effective_scale();
     args_.attention.mode = s.mode;
-    args_.attention.q_dtype = DType::kF16;
+    args_.attention.q_dtype = s.dtype;
     args_.attention.out_dtype = DType::kF32;
     args_.attention_workspace = attn_ws_->get();
     args_.attention_workspace_bytes = attn_bytes;
@@ -133,10 +135,31 @@ class GraphPipeline : public Pipeline {
     check(ended, "EndCapture");
     check(cudaGraphInstantiate(&exec_, graph, 0), "cudaGraphInstantiate");
     check(cudaGraphDestroy(graph), "cudaGraphDestroy");
+
+    // The objects, for the cross-check of recompute_objects(); created (and their device memory
+    // allocated) here, before any memory sample. A failure only disables that check.
+    try {
+      index_ = BlockIndex::create(s.index_config(), Device::cuda(0));
+      selector_ = Selector::create(
+          Device::cuda(0),
+          SelectorLimits{static_cast<int>(rows_), static_cast<int>(maxb_), static_cast<int>(sel_)});
+      backend_ = AttentionBackend::create(s.attention_config(), Device::cuda(0));
+      index_->set_stream(stream_);
+      selector_->set_stream(stream_);
+      backend_->set_stream(stream_);
+      slot_list_.resize(static_cast<std::size_t>(s.slots));
+      for (int i = 0; i < s.slots; ++i) slot_list_[static_cast<std::size_t>(i)] = i;
+    } catch (const std::exception& e) {
+      objects_note_ = e.what();
+      index_.reset();
+    }
   }
 
   ~GraphPipeline() override {
     if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+    backend_.reset();
+    selector_.reset();
+    index_.reset();
     if (stream_ != nullptr) {
       cudaStreamSynchronize(stream_);
       store_->set_stream(nullptr);
@@ -160,9 +183,9 @@ class GraphPipeline : public Pipeline {
           "cudaMemcpyAsync v");
     const std::int64_t t = tokens;
     st.ingest(slot,
-              TensorView::contiguous(stage_k_.get(), DType::kF16,
+              TensorView::contiguous(stage_k_.get(), shape_.dtype,
                                      {t, shape_.kv_heads, shape_.head_dim}, Device::cuda(0)),
-              TensorView::contiguous(stage_v_.get(), DType::kF16,
+              TensorView::contiguous(stage_v_.get(), shape_.dtype,
                                      {t, shape_.kv_heads, shape_.head_dim}, Device::cuda(0)));
   }
 
@@ -188,6 +211,42 @@ class GraphPipeline : public Pipeline {
     check(kernels::decode_step(a, stream_), "decode_step (fresh)");
     download(fresh_, r);
     fresh.set_stream(nullptr);
+  }
+
+  bool recompute_objects(KvStore& fresh, StepResult& r, std::string* note) override {
+    if (!index_) {
+      *note = objects_note_;
+      return false;
+    }
+    try {
+      fresh.set_stream(stream_);
+      poison(objects_);
+      const std::int64_t n = shape_.slots;
+      const Device dev = Device::cuda(0);
+      DecodeArgs d;
+      d.slots = slot_list_;
+      d.q = TensorView::contiguous(q_.get(), shape_.dtype, {n, 1, shape_.q_heads, shape_.head_dim},
+                                   dev);
+      if (uses_selection(shape_.mode)) {
+        const ScoresView sv{objects_.scores.get(), objects_.num_valid.get(),
+                            static_cast<int>(rows_), static_cast<int>(maxb_)};
+        index_->score(fresh, slot_list_, d.q, sv);
+        d.selection = SelectionView{objects_.ids.get(), objects_.counts.get(),
+                                    static_cast<int>(rows_), static_cast<int>(sel_), false};
+        selector_->select(sv, SelectPolicy::topk(shape_.top_k), d.selection);
+      }
+      d.out = TensorView::contiguous(objects_.out.get(), DType::kF32,
+                                     {n, 1, shape_.q_heads, shape_.head_dim}, dev);
+      d.lse = TensorView::contiguous(objects_.lse.get(), DType::kF32, {n, 1, shape_.q_heads}, dev);
+      backend_->decode(fresh, d);
+      download(objects_, r);
+      fresh.set_stream(nullptr);
+      return true;
+    } catch (const std::exception& e) {
+      *note = e.what();
+      fresh.set_stream(nullptr);
+      return false;
+    }
   }
 
   std::int64_t device_free_bytes() override {
@@ -243,11 +302,16 @@ class GraphPipeline : public Pipeline {
   DeviceArray<std::int32_t> slots_;
   DeviceArray<std::uint16_t> k_, v_, q_;
   DeviceArray<std::uint16_t> stage_k_, stage_v_;
-  ResultBuffers live_, fresh_;
+  ResultBuffers live_, fresh_, objects_;
   std::unique_ptr<DeviceArray<std::uint8_t>> select_ws_, attn_ws_;
   kernels::DecodeStepArgs args_;
   cudaStream_t stream_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
+  std::unique_ptr<BlockIndex> index_;
+  std::unique_ptr<Selector> selector_;
+  std::unique_ptr<AttentionBackend> backend_;
+  std::vector<int> slot_list_;
+  std::string objects_note_;
 };
 
 }  // namespace
