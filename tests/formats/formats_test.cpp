@@ -214,7 +214,8 @@ void CheckFp8(const std::vector<float>& x) {
 
 // mxfp4: per group, the scale byte against RefScaleByte, every code against RefE2m1 of the exact
 // quotient, |error| within half the e2m1 gap at that magnitude times the group scale, the zero and
-// non-finite rules per group. Values ≥ 3.5 * 2^126 may decode to ±inf (documented).
+// non-finite rules per group. Values ≥ 3.5 * 2^126 saturate to ±3 * 2^126 (documented): no finite
+// value decodes to ±inf.
 void CheckMxfp4(const std::vector<float>& x) {
   const int d = static_cast<int>(x.size());
   std::vector<std::uint8_t> packed(d / 2 + 1, 0xa5), scales(d / 32 + 1, 0xa5);
@@ -240,13 +241,18 @@ void CheckMxfp4(const std::vector<float>& x) {
         continue;
       }
       const double y = x[i] / s;  // exact: s is a power of two, y is a double
-      ASSERT_EQ(code, RefE2m1(y)) << "i=" << i << " x=" << x[i] << " y=" << y;
-      const double expect = (code & 8 ? -1 : 1) * kE2m1[code & 7] * s;
-      if (std::fabs(expect) > FLT_MAX) {  // only 4 * 2^126 or 6 * 2^126
-        ASSERT_EQ(static_cast<double>(dec), expect > 0 ? Inf() : -Inf()) << i;
+      const unsigned nearest = RefE2m1(y);
+      if ((nearest & 8 ? -1 : 1) * kE2m1[nearest & 7] * s > FLT_MAX ||
+          (nearest & 8 ? -1 : 1) * kE2m1[nearest & 7] * s < -FLT_MAX) {
+        // Saturated: only with scale 2^126 (byte 253), to the largest finite magnitude 3 * 2^126.
+        ASSERT_EQ(scales[g], 253) << i;
         ASSERT_GE(std::fabs(x[i]), 3.5f * Pow2(126)) << i;
+        ASSERT_EQ(code, (nearest & 8) | 5u) << "i=" << i << " x=" << x[i];
+        ASSERT_EQ(dec, x[i] > 0 ? 3.0f * Pow2(126) : -3.0f * Pow2(126)) << i;
         continue;
       }
+      ASSERT_EQ(code, nearest) << "i=" << i << " x=" << x[i] << " y=" << y;
+      const double expect = (code & 8 ? -1 : 1) * kE2m1[code & 7] * s;
       ASSERT_EQ(static_cast<double>(dec), expect) << i;
       const double a = std::fabs(y);
       const double half_gap = a <= 2.0 ? 0.25 : a <= 4.0 ? 0.5 : 1.0;
@@ -709,17 +715,54 @@ TEST(Formats_Mxfp4, NonFiniteSpoilsOnlyItsGroup) {
   }
 }
 
-TEST(Formats_Mxfp4, ValuesNearFloatMaxDecodeToInf) {
-  // Documented limit of the format: amax = FLT_MAX → byte 253 (scale 2^126); FLT_MAX / 2^126 =
-  // 3.99999976 rounds to e2m1 4, and 4 * 2^126 = 2^128 is not a finite float.
-  std::vector<float> x(32, 0.0f);
-  x[0] = FLT_MAX;
-  x[1] = 3.0f * Pow2(126);
-  std::uint8_t packed[16], scale;
-  formats::mxfp4_encode(x.data(), 32, packed, &scale);
-  EXPECT_EQ(scale, 253);
-  EXPECT_EQ(formats::mxfp4_decode(packed, &scale, 0), Inf());
-  EXPECT_EQ(formats::mxfp4_decode(packed, &scale, 1), 3.0f * Pow2(126));
+// Values at the top of the float range saturate instead of decoding to ±inf: amax ≥ 1.75 * 2^127
+// gets scale byte 253 (2^126), where e2m1 4 and 6 would decode to 2^128 and 1.5 * 2^128 (not
+// finite); such elements get code 5 (3 * 2^126, the largest finite decode at that scale).
+TEST(Formats_Mxfp4, ValuesNearFloatMaxSaturate) {
+  const float boundary = 1.75f * Pow2(127);  // 3.5 * 2^126: the e2m1 3 / 4 midpoint, tie to 4
+  const float below = std::nextafter(boundary, 0.0f);
+  struct Case {
+    float x;
+    unsigned code;  // of element 0, sign in bit 3
+  };
+  const Case cases[] = {
+      {FLT_MAX, 0x5},          {boundary, 0x5},  {below, 0x5},
+      {-FLT_MAX, 0xd},         {-boundary, 0xd}, {-below, 0xd},
+      {2.5f * Pow2(126), 0x4},  // midpoint of 2 and 3 → 2 (even); finite, not saturated
+      {3.0f * Pow2(126), 0x5},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.x);
+    std::vector<float> x(32, 0.0f);
+    x[0] = c.x;
+    x[1] = FLT_MAX;  // keeps the scale at 2^126 whatever x[0]
+    x[2] = -3.5f * Pow2(126);
+    x[3] = 1.0f;  // small values in the same group round to 0
+    std::uint8_t packed[16], scale = 0;
+    formats::mxfp4_encode(x.data(), 32, packed, &scale);
+    EXPECT_EQ(scale, 253);
+    EXPECT_EQ(packed[0] & 0xfu, c.code);
+    EXPECT_EQ(packed[0] >> 4, 0x5u);
+    EXPECT_EQ(packed[1] & 0xfu, 0xdu);
+    EXPECT_EQ(packed[1] >> 4, 0x0u);
+    for (int i = 0; i < 32; ++i) {
+      const float d = formats::mxfp4_decode(packed, &scale, i);
+      ASSERT_TRUE(std::isfinite(d)) << i;
+      ASSERT_LE(std::fabs(d), 3.0f * Pow2(126)) << i;
+    }
+    EXPECT_EQ(formats::mxfp4_code(c.x, 253), c.code);
+  }
+  // The group's amax alone decides the scale byte: just below the boundary amax still gives 253
+  // (r = amax / 6 > 2^125), so the saturation is a property of the element, not of the group.
+  EXPECT_EQ(formats::mxfp4_scale_byte(below), 253);
+  EXPECT_EQ(formats::mxfp4_scale_byte(6.0f * Pow2(125)), 252);  // r = 2^125 exactly
+  // Byte 252 and below never saturate; 253 caps at 5 (3.0), 254 at 3 (1.5).
+  EXPECT_EQ(formats::e2m1_max_finite_code(252), 7u);
+  EXPECT_EQ(formats::e2m1_max_finite_code(253), 5u);
+  EXPECT_EQ(formats::e2m1_max_finite_code(254), 3u);
+  EXPECT_EQ(formats::mxfp4_code(6.0f * Pow2(125), 252), 0x7u);  // 6 * 2^125 is finite
+  EXPECT_EQ(formats::mxfp4_code(FLT_MAX, 254), 0x3u);           // 1.99 → 2, capped to 1.5
+  EXPECT_EQ(formats::mxfp4_code(-FLT_MAX, 254), 0xbu);
 }
 
 // --- fp8 e4m3 -----------------------------------------------------------------------------------

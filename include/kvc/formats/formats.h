@@ -16,7 +16,9 @@
  *  (or to zero) is raised by one ulp if amax / scale would otherwise fall beyond the code range,
  *  and one whose top code would decode to inf is lowered by one ulp. So every finite vector keeps
  *  |error| <= scale / 2 (int codes), decodes to finite values, and a non-zero vector never has a
- *  zero scale.
+ *  zero scale. mxfp4 saturates instead (mxfp4_code): a group with amax ≥ 1.75 * 2^127 gets scale
+ *  byte 253 and codes whose decode would overflow become ±3 * 2^126. So every finite vector of
+ *  every format decodes to finite values.
  *
  *  Device code must not be compiled with flush-to-zero (-ftz=true, --use_fast_math): scales and
  *  decoded values can be subnormal.
@@ -253,9 +255,31 @@ KVC_HD float ue8m0_to_float(std::uint8_t byte) {
   return bits_float(static_cast<std::uint32_t>(byte) << 23);
 }
 
+/// Largest e2m1 magnitude code (low 3 bits) whose decode with scale byte `byte` is finite:
+/// 7 (6.0) up to byte 252, 5 (3.0) for byte 253 (3 * 2^126), 3 (1.5) for byte 254 (1.5 * 2^127).
+/// @param[in] byte  a ue8m0 scale byte other than 0xFF
+KVC_HD unsigned e2m1_max_finite_code(std::uint8_t byte) {
+  return byte <= 252u ? 7u : byte == 253u ? 5u : 3u;
+}
+
+/// The e2m1 code of element `x` of a finite, non-zero group with scale byte `byte` (from
+/// mxfp4_scale_byte): `e2m1_encode(rn(x * 2^-e))`, saturated to e2m1_max_finite_code(byte) so
+/// that no finite value decodes to ±inf. The saturation only acts for byte 253 (amax ≥ 1.75 *
+/// 2^127 ≈ 2.98e38; the encoder never gives 254): such values decode to ±3 * 2^126, the largest
+/// finite magnitude of that scale, instead of ±inf.
+/// @param[in] x     the element, finite
+/// @param[in] byte  the group's scale byte, not 0xFF
+KVC_HD unsigned mxfp4_code(float x, std::uint8_t byte) {
+  const float inv = ue8m0_to_float(static_cast<std::uint8_t>(254u - byte));  // 2^-e exactly
+  const unsigned c = e2m1_encode(fmul_rn(x, inv));
+  const unsigned cap = e2m1_max_finite_code(byte);
+  return (c & 7u) > cap ? ((c & 8u) | cap) : c;
+}
+
 /// Encodes `n` values (n a multiple of 32) as `n/2` bytes of packed e2m1 (even element in the low
-/// nibble) and `n/32` ue8m0 scale bytes: element x of group g gets `e2m1_encode(x * 2^-e_g)`
-/// (an exact power-of-two scaling unless the product is subnormal, where it rounds to nearest).
+/// nibble) and `n/32` ue8m0 scale bytes: element x of group g gets `mxfp4_code(x, byte_g)`, i.e.
+/// `e2m1_encode(x * 2^-e_g)` (an exact power-of-two scaling unless the product is subnormal,
+/// where it rounds to nearest) saturated so that every finite group decodes to finite values.
 /// @param[in]  x       `n` values
 /// @param[in]  n       number of values, a multiple of 32
 /// @param[out] packed  `n / 2` bytes (a group's 16 bytes are 0 when it is all-zero or non-finite)
@@ -271,12 +295,11 @@ KVC_HD void mxfp4_encode(const float* x, int n, std::uint8_t* packed, std::uint8
       for (int i = 0; i < kMxfp4Group / 2; ++i) pg[i] = 0;
       continue;
     }
-    const float inv = ue8m0_to_float(static_cast<std::uint8_t>(254 - sb));  // 2^-e exactly
     for (int i = 0; i < kMxfp4Group; i += 2) {
       // Scaling by an exact power of two; a result in the subnormal range rounds, identically on
       // both sides.
-      const unsigned lo = e2m1_encode(fmul_rn(xg[i], inv));
-      const unsigned hi = e2m1_encode(fmul_rn(xg[i + 1], inv));
+      const unsigned lo = mxfp4_code(xg[i], sb);
+      const unsigned hi = mxfp4_code(xg[i + 1], sb);
       pg[i / 2] = static_cast<std::uint8_t>(lo | (hi << 4));
     }
   }
