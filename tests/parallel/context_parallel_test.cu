@@ -151,6 +151,8 @@ TEST(Cuda_Sharding_Index, ShardScoresAreTheUnshardedGpuScores) {
     const int rows = ic.rows(4, 1), maxb = f.c.max_blocks_per_slot();
     DeviceArray<float> fs(static_cast<std::size_t>(rows) * maxb);
     DeviceArray<std::int32_t> fv(rows);
+    fs.fill_bytes(0xff);  // poisoned: rows are read back whole, past each row's valid blocks
+    fv.fill_bytes(0xff);
     index->score(*gpu[0], slots, qv, ScoresView{fs.get(), fv.get(), rows, maxb});
     KVC_ASSERT_CUDA(cudaDeviceSynchronize());
     const auto full = fs.download();
@@ -159,6 +161,7 @@ TEST(Cuda_Sharding_Index, ShardScoresAreTheUnshardedGpuScores) {
       const int owned = gpu[r + 1]->config().owned_blocks_per_slot();
       DeviceArray<float> ss(static_cast<std::size_t>(rows) * owned);
       DeviceArray<std::int32_t> sv(rows);
+      ss.fill_bytes(0xff);
       sv.fill_bytes(0xff);
       index->score(*gpu[r + 1], slots, qv, ScoresView{ss.get(), sv.get(), rows, owned});
       KVC_ASSERT_CUDA(cudaDeviceSynchronize());
