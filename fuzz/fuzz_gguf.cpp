@@ -28,9 +28,16 @@ bool ok_or_error(Fn fn) {
     fn();
     return true;
   } catch (const Error& e) {
-    // Messages echo names and keys read from the file; one holding a NUL byte cuts what() short
-    // (reported: the reader could escape them), so only the prefix is required here.
-    FUZZ_CHECK(std::string(e.what()).rfind("kvc: ", 0) == 0, "malformed error: %s", e.what());
+    // Messages echo names and keys read from the file escaped (gguf::printable): a NUL in a
+    // name must not cut what() short (the check location comes last), and no control byte
+    // from the file may reach the message.
+    const std::string m = e.what();
+    FUZZ_CHECK(m.rfind("kvc: ", 0) == 0 && fuzz::well_formed_error(e), "malformed error: %s",
+               e.what());
+    for (char ch : m) {
+      FUZZ_CHECK(static_cast<unsigned char>(ch) >= 0x20, "control byte %02x in message: %s",
+                 static_cast<unsigned char>(ch), e.what());
+    }
     return false;
   }
 }

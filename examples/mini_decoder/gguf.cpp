@@ -92,6 +92,7 @@ class Cursor {
   std::uint64_t pos_ = 0;
 };
 
+// `key` is the metadata key already passed through printable() (it is echoed in messages).
 Value read_value(Cursor& c, ValueType type, const std::string& key, int depth) {
   Value v;
   v.type = type;
@@ -206,6 +207,28 @@ std::uint16_t load_u16(const std::uint8_t* p) {
 }
 
 }  // namespace
+
+std::string printable(const std::string& s) {
+  static const char kHex[] = "0123456789abcdef";
+  const std::size_t n = s.size() < kMaxEchoBytes ? s.size() : kMaxEchoBytes;
+  std::string r;
+  r.reserve(n + 16);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    if (b == '\\' || b == '\'') {
+      r += '\\';
+      r += static_cast<char>(b);
+    } else if (b >= 0x20 && b < 0x7f) {
+      r += static_cast<char>(b);
+    } else {
+      r += "\\x";
+      r += kHex[b >> 4];
+      r += kHex[b & 15];
+    }
+  }
+  if (n < s.size()) r += "...(" + std::to_string(s.size()) + " bytes)";
+  return r;
+}
 
 const char* to_string(ValueType t) {
   switch (t) {
@@ -445,11 +468,12 @@ void File::parse() {
 
   for (std::uint64_t k = 0; k < kv_count; ++k) {
     std::string key = c.read_string("metadata key");
+    const std::string echo = printable(key);  // keys may hold any byte, NUL included
     const auto type = c.read<std::uint32_t>("metadata value type");
-    KVC_CHECK(known_value_type(type), "gguf: metadata '", key, "' value type = ", type,
+    KVC_CHECK(known_value_type(type), "gguf: metadata '", echo, "' value type = ", type,
               " is not a GGUF value type (0..12)");
-    Value v = read_value(c, static_cast<ValueType>(type), key, 0);
-    KVC_CHECK(metadata_.count(key) == 0, "gguf: metadata key '", key, "' appears twice");
+    Value v = read_value(c, static_cast<ValueType>(type), echo, 0);
+    KVC_CHECK(metadata_.count(key) == 0, "gguf: metadata key '", echo, "' appears twice");
     metadata_.emplace(std::move(key), std::move(v));
   }
 
@@ -468,29 +492,30 @@ void File::parse() {
   for (std::uint64_t k = 0; k < tensor_count; ++k) {
     TensorInfo t;
     t.name = c.read_string("tensor name");
+    const std::string echo = printable(t.name);
     const auto n_dims = c.read<std::uint32_t>("tensor n_dims");
-    KVC_CHECK(n_dims >= 1 && n_dims <= kMaxDims, "gguf: tensor '", t.name, "' n_dims = ", n_dims,
+    KVC_CHECK(n_dims >= 1 && n_dims <= kMaxDims, "gguf: tensor '", echo, "' n_dims = ", n_dims,
               " must be in [1, ", kMaxDims, "]");
     t.num_elements = 1;
     for (std::uint32_t d = 0; d < n_dims; ++d) {
       const auto dim = c.read<std::uint64_t>("tensor dims");
-      KVC_CHECK(dim >= 1, "gguf: tensor '", t.name, "' dims[", d, "] = 0");
+      KVC_CHECK(dim >= 1, "gguf: tensor '", echo, "' dims[", d, "] = 0");
       KVC_CHECK(
           !mul_overflows(t.num_elements, dim, &t.num_elements) && t.num_elements <= kMaxElements,
-          "gguf: tensor '", t.name, "' element count overflows at dims[", d, "] = ", dim);
+          "gguf: tensor '", echo, "' element count overflows at dims[", d, "] = ", dim);
       t.dims.push_back(dim);
     }
     const auto type = c.read<std::uint32_t>("tensor type");
     const TypeTraits* tr = type_traits(type);
-    KVC_CHECK(tr != nullptr, "gguf: tensor '", t.name, "' has unknown tensor type id ", type);
+    KVC_CHECK(tr != nullptr, "gguf: tensor '", echo, "' has unknown tensor type id ", type);
     t.type = static_cast<TensorType>(type);
-    KVC_CHECK(t.dims[0] % tr->block_size == 0, "gguf: tensor '", t.name, "' dims[0] = ", t.dims[0],
+    KVC_CHECK(t.dims[0] % tr->block_size == 0, "gguf: tensor '", echo, "' dims[0] = ", t.dims[0],
               " is not a multiple of the ", tr->name, " block size ", tr->block_size);
     t.num_bytes = t.num_elements / tr->block_size * tr->type_size;  // <= 2^60 * 292 / 256 fits
     t.offset = c.read<std::uint64_t>("tensor offset");
-    KVC_CHECK(t.offset % alignment_ == 0, "gguf: tensor '", t.name, "' offset = ", t.offset,
+    KVC_CHECK(t.offset % alignment_ == 0, "gguf: tensor '", echo, "' offset = ", t.offset,
               " is not a multiple of the alignment ", alignment_);
-    KVC_CHECK(tensor_index_.count(t.name) == 0, "gguf: tensor name '", t.name, "' appears twice");
+    KVC_CHECK(tensor_index_.count(t.name) == 0, "gguf: tensor name '", echo, "' appears twice");
     tensor_index_.emplace(t.name, tensors_.size());
     tensors_.push_back(std::move(t));
   }
@@ -503,7 +528,7 @@ void File::parse() {
   const std::uint64_t data_size = size_ >= data_offset_ ? size_ - data_offset_ : 0;
   for (const TensorInfo& t : tensors_) {
     KVC_CHECK(t.offset <= data_size && t.num_bytes <= data_size - t.offset,
-              "gguf: truncated file: ", "tensor '", t.name, "' data [", t.offset, ", ",
+              "gguf: truncated file: ", "tensor '", printable(t.name), "' data [", t.offset, ", ",
               t.offset + t.num_bytes, ") lies outside the ", data_size, " bytes of tensor data");
   }
 }
@@ -515,14 +540,14 @@ const Value* File::find(const std::string& key) const {
 
 const Value& File::get(const std::string& key) const {
   const Value* v = find(key);
-  KVC_CHECK(v != nullptr, "gguf: metadata key '", key, "' is missing");
+  KVC_CHECK(v != nullptr, "gguf: metadata key '", printable(key), "' is missing");
   return *v;
 }
 
 std::int64_t File::get_int(const std::string& key, std::int64_t fallback) const {
   const Value* v = find(key);
   if (v == nullptr) return fallback;
-  KVC_CHECK(v->is_integer(), "gguf: metadata '", key, "' has type ", to_string(v->type),
+  KVC_CHECK(v->is_integer(), "gguf: metadata '", printable(key), "' has type ", to_string(v->type),
             ", expected an integer");
   return v->as_int();
 }
@@ -531,14 +556,15 @@ double File::get_float(const std::string& key, double fallback) const {
   const Value* v = find(key);
   if (v == nullptr) return fallback;
   KVC_CHECK(v->is_integer() || v->type == ValueType::kF32 || v->type == ValueType::kF64,
-            "gguf: metadata '", key, "' has type ", to_string(v->type), ", expected a number");
+            "gguf: metadata '", printable(key), "' has type ", to_string(v->type),
+            ", expected a number");
   return v->as_float();
 }
 
 std::string File::get_string(const std::string& key, const std::string& fallback) const {
   const Value* v = find(key);
   if (v == nullptr) return fallback;
-  KVC_CHECK(v->type == ValueType::kString, "gguf: metadata '", key, "' has type ",
+  KVC_CHECK(v->type == ValueType::kString, "gguf: metadata '", printable(key), "' has type ",
             to_string(v->type), ", expected a string");
   return v->s;
 }
@@ -550,7 +576,7 @@ const TensorInfo* File::find_tensor(const std::string& name) const {
 
 const TensorInfo& File::tensor(const std::string& name) const {
   const TensorInfo* t = find_tensor(name);
-  KVC_CHECK(t != nullptr, "gguf: tensor '", name, "' is missing");
+  KVC_CHECK(t != nullptr, "gguf: tensor '", printable(name), "' is missing");
   return *t;
 }
 
@@ -565,7 +591,7 @@ std::vector<float> File::dequantize_tensor(const TensorInfo& t) const {
 }
 
 void File::dequantize_row(const TensorInfo& t, std::uint64_t row, float* dst) const {
-  KVC_CHECK(row < t.num_rows(), "gguf: row = ", row, " of tensor '", t.name,
+  KVC_CHECK(row < t.num_rows(), "gguf: row = ", row, " of tensor '", printable(t.name),
             "' must be < num_rows = ", t.num_rows());
   const std::uint64_t bytes = row_bytes(t.type, t.row_length());
   dequantize(t.type, tensor_data(t) + row * bytes, t.row_length(), dst);

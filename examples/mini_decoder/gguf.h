@@ -44,6 +44,16 @@ enum class ValueType : std::uint32_t {
 /// Name of a value type ("u32", "string", ...); "?" for an unknown tag.
 const char* to_string(ValueType t);
 
+/// Longest part of a file string that printable() echoes.
+constexpr std::size_t kMaxEchoBytes = 128;
+
+/// `s` (a key, name or value read from a file) as it may appear in an error message: printable
+/// ASCII kept, `\` and `'` escaped with a backslash, every other byte (NUL, control characters,
+/// bytes >= 0x7f) written as `\xNN`; past kMaxEchoBytes bytes of `s` it is cut and ends in
+/// "...(N bytes)". The result is printable ASCII, so a message never stops early at a NUL.
+/// @param[in] s the raw bytes
+std::string printable(const std::string& s);
+
 /// One metadata value. Scalars keep their exact value in the member of their kind.
 struct Value {
   ValueType type = ValueType::kU8;        ///< the type tag

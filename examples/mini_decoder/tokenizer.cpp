@@ -248,7 +248,7 @@ Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
     const std::string& m = vocab_.merges[r];
     const std::size_t sp = m.find(' ', 1);
     KVC_CHECK(sp != std::string::npos && sp + 1 < m.size() && m.find(' ', sp + 1) == m.npos,
-              "tokenizer: merge ", r, " = '", m, "' is not \"left right\"");
+              "tokenizer: merge ", r, " = '", gguf::printable(m), "' is not \"left right\"");
     merge_ranks_.emplace(m, static_cast<int>(r));
   }
   for (unsigned b = 0; b < 256; ++b)
@@ -257,7 +257,7 @@ Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
 
 Tokenizer Tokenizer::from_gguf(const gguf::File& file) {
   const std::string model = file.get_string("tokenizer.ggml.model", "");
-  KVC_CHECK(model == "gpt2", "tokenizer: tokenizer.ggml.model = '", model,
+  KVC_CHECK(model == "gpt2", "tokenizer: tokenizer.ggml.model = '", gguf::printable(model),
             "' is not supported (only byte-level BPE, \"gpt2\")");
   Vocabulary v;
   const gguf::Value& tokens = file.get("tokenizer.ggml.tokens");
@@ -268,8 +268,14 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& file) {
     KVC_CHECK(types->type == gguf::ValueType::kArray && !types->array.empty() &&
                   types->array.front().is_integer(),
               "tokenizer: tokenizer.ggml.token_type must be an array of integers");
-    for (const gguf::Value& t : types->array) {
-      v.types.push_back(static_cast<TokenType>(t.as_int()));
+    for (std::size_t i = 0; i < types->array.size(); ++i) {
+      // as_int() is int64; TokenType is int32: a value outside int32 would be cut short.
+      const std::int64_t t = types->array[i].as_int();
+      KVC_CHECK(t >= std::numeric_limits<std::int32_t>::min() &&
+                    t <= std::numeric_limits<std::int32_t>::max(),
+                "tokenizer: tokenizer.ggml.token_type[", i, "] = ", t,
+                " does not fit int32 [-2^31, 2^31 - 1]");
+      v.types.push_back(static_cast<TokenType>(t));
     }
   }
   if (const gguf::Value* merges = file.find("tokenizer.ggml.merges")) {
@@ -278,9 +284,18 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& file) {
         "tokenizer: tokenizer.ggml.merges must be an array of strings");
     for (const gguf::Value& m : merges->array) v.merges.push_back(m.s);
   }
-  v.bos_id = static_cast<int>(file.get_int("tokenizer.ggml.bos_token_id", -1));
-  v.eos_id = static_cast<int>(file.get_int("tokenizer.ggml.eos_token_id", -1));
-  v.unk_id = static_cast<int>(file.get_int("tokenizer.ggml.unknown_token_id", -1));
+  // The ids are int64 in the file and int here: check the range before narrowing (2^32 would
+  // become 0 and pass the constructor's check).
+  const std::int64_t n = static_cast<std::int64_t>(v.tokens.size());
+  auto special_id = [&](const char* key) {
+    const std::int64_t id = file.get_int(key, -1);
+    KVC_CHECK(id >= -1 && id < n, "tokenizer: ", key, " = ", id,
+              " must be -1 or in [0, vocabulary size = ", n, ")");
+    return static_cast<int>(id);
+  };
+  v.bos_id = special_id("tokenizer.ggml.bos_token_id");
+  v.eos_id = special_id("tokenizer.ggml.eos_token_id");
+  v.unk_id = special_id("tokenizer.ggml.unknown_token_id");
   return Tokenizer(std::move(v));
 }
 
@@ -324,7 +339,7 @@ void Tokenizer::encode_piece(const std::string& piece, std::vector<int>& out) co
     for (std::uint32_t cp : utf8_decode(s)) {
       const auto b = symbol_bytes_.find(cp);
       const int bid = b == symbol_bytes_.end() ? -1 : find(byte_to_symbol(b->second));
-      KVC_CHECK(bid >= 0 || vocab_.unk_id >= 0, "tokenizer: symbol '", s,
+      KVC_CHECK(bid >= 0 || vocab_.unk_id >= 0, "tokenizer: symbol '", gguf::printable(s),
                 "' has no token, no byte token and there is no unknown token");
       out.push_back(bid >= 0 ? bid : vocab_.unk_id);
     }

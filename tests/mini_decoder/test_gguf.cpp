@@ -388,6 +388,84 @@ TEST(MiniDecoder_Gguf, BadMetadata) {
   }
 }
 
+// The message of opening `bytes` (which must throw kvc::Error).
+std::string open_error(const std::vector<std::uint8_t>& bytes) {
+  TempFile f(bytes);
+  try {
+    gguf::File g(f.path());
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+// Names read from the file are echoed escaped: a NUL or control byte in a key or tensor name
+// must not cut the message short (the bound and the check's location come after the name).
+TEST(MiniDecoder_Gguf, MessagesEscapeNonPrintableBytes) {
+  const std::string nul_key("bad\0key\x01\xff'\\", 11);
+  auto expect_escaped = [](const std::string& m, const std::string& name, const char* tail) {
+    SCOPED_TRACE(m);
+    EXPECT_EQ(std::strlen(m.c_str()), m.size()) << "message holds a NUL";
+    for (char ch : m) EXPECT_TRUE(ch >= 0x20 && ch < 0x7f) << "non-printable byte in message";
+    EXPECT_NE(m.find(name), std::string::npos);
+    EXPECT_NE(m.find(tail), std::string::npos);
+    EXPECT_NE(m.find("[check '"), std::string::npos);
+  };
+  {  // unknown value type of a key with NUL, 0x01, 0xff, quote and backslash
+    GgufWriter w;
+    w.kv<std::uint32_t>(nul_key, 13, 0);
+    expect_escaped(open_error(w.build()), "'bad\\x00key\\x01\\xff\\'\\\\'", "value type = 13");
+  }
+  {  // the same key twice
+    GgufWriter w;
+    w.kv_u32(nul_key, 1);
+    w.kv_u32(nul_key, 2);
+    expect_escaped(open_error(w.build()), "bad\\x00key", "appears twice");
+  }
+  {  // bool byte 2 (read_value echoes the key)
+    GgufWriter w;
+    w.kv<std::uint8_t>(std::string("b\0", 2), 7, 2);
+    expect_escaped(open_error(w.build()), "'b\\x00' bool byte = 2", "must be 0 or 1");
+  }
+  {  // truncated value: the cursor's message names the key
+    GgufWriter w;
+    Bytes b;
+    b.put<std::uint64_t>(1000);
+    w.kv_raw(std::string("\0s", 2), 8, b);
+    expect_escaped(open_error(w.build()), "\\x00s needs 1000 bytes", "remain");
+  }
+  {  // tensor name with a NUL: bad n_dims, and a duplicate name
+    GgufWriter w;
+    w.tensor_f32(std::string("t\0x", 3), {4, 2}, {1, 2, 3, 4, 5, 6, 7, 8});
+    w.tensor_f32(std::string("t\0x", 3), {4, 2}, {1, 2, 3, 4, 5, 6, 7, 8});
+    expect_escaped(open_error(w.build()), "tensor name 't\\x00x'", "appears twice");
+    GgufWriter w2;
+    w2.tensor_f32(std::string("t\0y", 3), {4, 2}, {1, 2, 3, 4, 5, 6, 7, 8});
+    w2.force_offset(4096);
+    expect_escaped(open_error(w2.build()), "tensor 't\\x00y' data", "lies outside");
+  }
+  {  // a 1000-byte key is cut to kMaxEchoBytes with its length
+    GgufWriter w;
+    w.kv<std::uint32_t>(std::string(1000, 'k'), 13, 0);
+    const std::string m = open_error(w.build());
+    EXPECT_NE(m.find(std::string(gguf::kMaxEchoBytes, 'k') + "...(1000 bytes)"), std::string::npos)
+        << m;
+    EXPECT_EQ(m.find(std::string(gguf::kMaxEchoBytes + 1, 'k')), std::string::npos) << m;
+  }
+  // Lookups by the caller's key echo it escaped too.
+  TempFile f(small_writer().build());
+  const gguf::File g(f.path());
+  try {
+    g.get(std::string("miss\0ing", 8));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    expect_escaped(e.what(), "'miss\\x00ing' is missing", "is missing");
+  }
+  EXPECT_EQ(gguf::printable(std::string("a\0\n\x7f\x80 z", 7)), "a\\x00\\x0a\\x7f\\x80 z");
+  EXPECT_EQ(gguf::printable(""), "");
+}
+
 TEST(MiniDecoder_Gguf, BadTensorInfos) {
   auto with_tensor = [](const std::vector<std::uint64_t>& dims, std::uint32_t type,
                         std::size_t bytes) {

@@ -1,6 +1,8 @@
 // Byte-level BPE tokenizer on tiny synthetic vocabularies; the SmolLM pre-tokenizer; ChatML.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <functional>
 #include <random>
 #include <set>
 #include <string>
@@ -234,6 +236,110 @@ TEST(MiniDecoder_Tokenizer, FromGguf) {
   testing::TempFile f2(spm.build());
   const gguf::File g2(f2.path());
   EXPECT_THROW(Tokenizer::from_gguf(g2), Error);
+}
+
+// The message of Tokenizer::from_gguf on a file with the FromGguf vocabulary and `edit` applied
+// to its writer ("" when it loads).
+std::string from_gguf_error(const std::function<void(testing::GgufWriter&)>& edit,
+                            bool with_types = true) {
+  const Vocabulary v = make_vocab(kHelloTokens, kHelloMerges);
+  testing::GgufWriter w;
+  w.kv_string("tokenizer.ggml.model", "gpt2");
+  w.kv_strings("tokenizer.ggml.tokens", v.tokens);
+  if (with_types) {
+    std::vector<std::int32_t> types;
+    for (TokenType ty : v.types) types.push_back(static_cast<std::int32_t>(ty));
+    w.kv_i32s("tokenizer.ggml.token_type", types);
+  }
+  w.kv_strings("tokenizer.ggml.merges", v.merges);
+  edit(w);
+  testing::TempFile f(w.build());
+  const gguf::File g(f.path());
+  try {
+    (void)Tokenizer::from_gguf(g);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Special ids are int64 in the file: values past int are rejected by name and bound, not
+// narrowed (2^32 used to become 0 and pass the range check; 2^32 + 1 became 1).
+TEST(MiniDecoder_Tokenizer, SpecialIdsOutOfIntRange) {
+  auto u64 = [](const char* key, std::uint64_t id) {
+    return [=](testing::GgufWriter& w) { w.kv<std::uint64_t>(key, 10, id); };
+  };
+  auto i64 = [](const char* key, std::int64_t id) {
+    return [=](testing::GgufWriter& w) { w.kv<std::int64_t>(key, 11, id); };
+  };
+  struct Case {
+    std::function<void(testing::GgufWriter&)> edit;
+    std::string words;
+  };
+  const Case cases[] = {
+      {u64("tokenizer.ggml.bos_token_id", 1ull << 32),
+       "tokenizer.ggml.bos_token_id = 4294967296 must be -1 or in [0, vocabulary size = 268)"},
+      {u64("tokenizer.ggml.eos_token_id", (1ull << 32) + 1), "eos_token_id = 4294967297"},
+      {i64("tokenizer.ggml.unknown_token_id", -(1ll << 32)), "unknown_token_id = -4294967296"},
+      {i64("tokenizer.ggml.bos_token_id", -2), "bos_token_id = -2"},
+      {u64("tokenizer.ggml.eos_token_id", 268), "eos_token_id = 268"},
+  };
+  for (const Case& c : cases) {
+    const std::string m = from_gguf_error(c.edit);
+    EXPECT_NE(m.find(c.words), std::string::npos) << "message: " << m << "\nwant: " << c.words;
+  }
+  // In range (the largest id, and -1) still loads.
+  EXPECT_EQ(from_gguf_error(u64("tokenizer.ggml.eos_token_id", 267)), "");
+  EXPECT_EQ(from_gguf_error(i64("tokenizer.ggml.unknown_token_id", -1)), "");
+}
+
+// Token types are int64 in the file, int32 in TokenType: a value past int32 is rejected, not cut.
+TEST(MiniDecoder_Tokenizer, TokenTypeOutOfInt32Range) {
+  const Vocabulary v = make_vocab(kHelloTokens, kHelloMerges);
+  auto types_of = [&](std::int64_t first) {
+    return [&, first](testing::GgufWriter& w) {
+      testing::Bytes b;
+      b.put<std::uint32_t>(11);  // i64 elements
+      b.put<std::uint64_t>(v.types.size());
+      b.put<std::int64_t>(first);
+      for (std::size_t i = 1; i < v.types.size(); ++i) {
+        b.put<std::int64_t>(static_cast<std::int64_t>(v.types[i]));
+      }
+      w.kv_raw("tokenizer.ggml.token_type", 9, b);
+    };
+  };
+  // 2^32 + 3 would have become kControl (3).
+  const std::string m = from_gguf_error(types_of((1ll << 32) + 3), false);
+  EXPECT_NE(m.find("tokenizer.ggml.token_type[0] = 4294967299"), std::string::npos) << m;
+  EXPECT_NE(m.find("int32"), std::string::npos) << m;
+  EXPECT_NE(from_gguf_error(types_of(-(1ll << 31) - 1), false).find("token_type[0] = -2147483649"),
+            std::string::npos);
+  EXPECT_EQ(from_gguf_error(types_of(3), false), "");
+}
+
+// File strings echoed by the tokenizer's messages are escaped (a NUL would cut what() short).
+TEST(MiniDecoder_Tokenizer, MessagesEscapeFileStrings) {
+  testing::GgufWriter w;
+  w.kv_string("tokenizer.ggml.model", std::string("gp\0t2", 5));
+  testing::TempFile f(w.build());
+  const gguf::File g(f.path());
+  try {
+    (void)Tokenizer::from_gguf(g);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(std::strlen(m.c_str()), m.size()) << m;
+    EXPECT_NE(m.find("'gp\\x00t2' is not supported"), std::string::npos) << m;
+  }
+  Vocabulary v = make_vocab({}, {std::string("no\0space", 8)});
+  try {
+    Tokenizer t{v};
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(std::strlen(msg.c_str()), msg.size()) << msg;
+    EXPECT_NE(msg.find("'no\\x00space' is not \"left right\""), std::string::npos) << msg;
+  }
 }
 
 TEST(MiniDecoder_Tokenizer, ChatMlPrompt) {
