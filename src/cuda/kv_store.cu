@@ -178,23 +178,7 @@ class CudaKvStore final : public KvStore {
   }
 
  private:
-  StoreView geometry() const {
-    StoreView v;
-    v.num_kv_heads = config_.num_kv_heads;
-    v.head_dim = config_.head_dim;
-    v.max_slots = config_.max_slots;
-    v.max_context = config_.max_context;
-    v.recent_window = config_.recent_window;
-    v.block_size = config_.block_size;
-    v.max_blocks_per_slot = config_.max_blocks_per_slot();
-    v.num_pool_blocks = config_.pool_blocks();
-    v.dtype = config_.dtype;
-    v.old_format = config_.old_format;
-    v.summaries = config_.summaries;
-    v.num_shards = config_.num_shards;
-    v.shard_index = config_.shard_index;
-    return v;
-  }
+  StoreView geometry() const { return store_geometry(config_); }
 
   void launch_update(const std::vector<int>& slots, int count, const void* k, const void* v) {
     DeviceGuard guard(device_.index);
