@@ -143,6 +143,8 @@ def main():
     ap.add_argument("--gguf", help="model file (default: scripts/fetch-model)")
     ap.add_argument("--mini-decoder", help="mini_decoder binary (default: build*/examples/...)")
     ap.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda")
+    ap.add_argument("--mini-device", default="auto",
+                    help="where the mini_decoder's model runs: auto (default), cpu or cuda")
     ap.add_argument("--json", default="hf-compare.json", help="JSON report (default %(default)s)")
     ap.add_argument("--prompt", default=DEFAULT_PROMPT, help="user message of the logits prompt")
     ap.add_argument("--workdir", help="folder for the dumps (default: a temporary one)")
@@ -167,10 +169,12 @@ def main():
     torch_version = "-" if args.tokenizer_only else torch.__version__
     report = {
         "gguf": gguf, "mini_decoder": binary, "device": args.device,
+        "mini_device": args.mini_device,
         "torch": torch_version, "transformers": transformers.__version__,
     }
     print(f"hf-compare: {gguf}\n  mini_decoder {binary}\n  torch {torch_version}, "
-          f"transformers {transformers.__version__}, device {args.device}")
+          f"transformers {transformers.__version__}, device {args.device}, "
+          f"mini_decoder device {args.mini_device}")
 
     # --- 1. tokenizer ------------------------------------------------------------------------
     t0 = time.time()
@@ -242,7 +246,7 @@ def main():
         f.write(args.prompt.encode("utf-8"))
     ids = mini_tokens(binary, gguf, args.prompt, True, work)
     subprocess.run([binary, "--model", gguf, "--prompt-file", prompt_file, "--chat",
-                    "--max-tokens", "0", "--dump-logits", logits_file],
+                    "--device", args.mini_device, "--max-tokens", "0", "--dump-logits", logits_file],
                    check=True, capture_output=True)
     mine = np.fromfile(logits_file, dtype=np.float32)
     vocab = mine.size // len(ids)
