@@ -217,6 +217,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   FUZZ_CHECK(!threw || !valid || !lengths_ok || !pool_ok,
              "compute_footprint threw for a valid config and lengths that fit its pool");
   if (!valid) return 0;
+  // Finding 4 (docs/reliability.md): a valid config's block table (max_slots x
+  // max_blocks_per_slot int32 entries) is at most 2^30 entries, so create() never ends in
+  // std::bad_alloc for it.
+  const std::int64_t old_tokens = std::int64_t{c.max_context} - c.recent_window;
+  const std::int64_t row_blocks =
+      old_tokens > 0 ? (old_tokens + c.block_size - 1) / c.block_size : 0;
+  const u128 table_entries = static_cast<u128>(c.max_slots) * static_cast<u128>(row_blocks);
+  FUZZ_CHECK(table_entries <= (u128{1} << 30), "validate() accepted a block table of %llu entries",
+             static_cast<unsigned long long>(table_entries));
 
   const fuzz::WideFootprint w = fuzz::wide_footprint(c);
   if (!fuzz::fits_size_t(w)) {
