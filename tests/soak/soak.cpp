@@ -798,6 +798,10 @@ int run(const Options& o) {
     column(
         "free_pool_blocks", [](const Sample& s) { return s.free_pool; }, false);
     column(
+        "slot_lengths", [](const Sample& s) { return "\"" + s.lengths + "\""; }, false);
+    column(
+        "max_abs_out_diff", [](const Sample& s) { return s.max_abs_diff; }, false);
+    column(
         "equal",
         [](const Sample& s) {
           return (s.outputs_equal && s.selection_equal && s.snapshot_equal) ? 1 : 0;
