@@ -68,6 +68,7 @@ TEST_P(Cuda_BlockIndex_MatchesCpu, Scores) {
               ScoresView{cs.data(), cv.data(), rows, maxb});
   DeviceArray<float> gs(static_cast<std::size_t>(rows) * maxb);
   DeviceArray<std::int32_t> gv(rows);
+  gs.fill_bytes(0xff);  // poisoned: the rows are read back whole, past each row's valid blocks
   gv.fill_bytes(0xff);
   auto gi = BlockIndex::create(c, Device::cuda(0));
   gi->score(*gpu, slots, TensorView::contiguous(dq.get(), DType::kF16, {batch, T, c.num_q_heads, d}, Device::cuda(0)),
