@@ -61,24 +61,6 @@ class DeviceArray {
   std::size_t size_ = 0;
 };
 
-std::string dims_string(const std::vector<std::uint64_t>& d) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
-  return s + "]";
-}
-
-// The tensor `name` with ggml dims exactly `dims` and a type this reader dequantises.
-const gguf::TensorInfo& shaped(const gguf::File& f, const std::string& name,
-                               const std::vector<std::uint64_t>& dims) {
-  const gguf::TensorInfo& t = f.tensor(name);
-  KVC_CHECK(t.dims == dims, "model: tensor '", name, "' has dims ", dims_string(t.dims),
-            ", expected ", dims_string(dims));
-  const gguf::TypeTraits* tr = gguf::type_traits(static_cast<std::uint32_t>(t.type));
-  KVC_CHECK(tr != nullptr && tr->dequantizable, "model: tensor '", name, "' has type ",
-            tr != nullptr ? tr->name : "?", ", which this reader does not dequantise");
-  return t;
-}
-
 // Row-major [rows][k] f32 of the tensors stacked one after the other (the CPU model's stacks).
 std::vector<float> stacked(const gguf::File& f, const std::vector<const gguf::TensorInfo*>& parts) {
   std::vector<float> out;
@@ -158,34 +140,13 @@ CudaLlamaModel::CudaLlamaModel(const gguf::File& f, ThreadPool& pool)
   const LlamaConfig& c = config_;
   KVC_CHECK(c.head_dim <= cuda::kMaxHeadDim, "cuda model: head_dim = ", c.head_dim,
             " must be <= ", cuda::kMaxHeadDim);
-  const auto d = static_cast<std::uint64_t>(c.d_model);
-  const auto qd = static_cast<std::uint64_t>(c.num_heads) * c.head_dim;
-  const auto kvd = static_cast<std::uint64_t>(c.num_kv_heads) * c.head_dim;
-  const auto ff = static_cast<std::uint64_t>(c.d_ff);
-  const auto vocab = static_cast<std::uint64_t>(c.vocab_size);
-
   // Every shape and type is checked before the (long) dequantisation starts.
-  const gguf::TensorInfo& embd = shaped(f, "token_embd.weight", {d, vocab});
-  const gguf::TensorInfo* out = f.find_tensor("output.weight");
-  if (out != nullptr) out = &shaped(f, "output.weight", {d, vocab});
-  const gguf::TensorInfo& onorm = shaped(f, "output_norm.weight", {d});
-  struct Parts {
-    const gguf::TensorInfo *attn_norm, *ffn_norm, *q, *k, *v, *o, *gate, *up, *down;
-  };
-  std::vector<Parts> parts(static_cast<std::size_t>(c.num_layers));
-  for (int l = 0; l < c.num_layers; ++l) {
-    const std::string b = "blk." + std::to_string(l) + ".";
-    Parts& p = parts[static_cast<std::size_t>(l)];
-    p.attn_norm = &shaped(f, b + "attn_norm.weight", {d});
-    p.ffn_norm = &shaped(f, b + "ffn_norm.weight", {d});
-    p.q = &shaped(f, b + "attn_q.weight", {d, qd});
-    p.k = &shaped(f, b + "attn_k.weight", {d, kvd});
-    p.v = &shaped(f, b + "attn_v.weight", {d, kvd});
-    p.o = &shaped(f, b + "attn_output.weight", {qd, d});
-    p.gate = &shaped(f, b + "ffn_gate.weight", {d, ff});
-    p.up = &shaped(f, b + "ffn_up.weight", {d, ff});
-    p.down = &shaped(f, b + "ffn_down.weight", {ff, d});
-  }
+  const LlamaTensors tensors = LlamaTensors::from_gguf(f, c);
+  const gguf::TensorInfo& embd = *tensors.embd;
+  const gguf::TensorInfo* out = tensors.output;
+  const gguf::TensorInfo& onorm = *tensors.output_norm;
+  using Parts = LlamaTensors::Block;
+  const std::vector<Parts>& parts = tensors.blocks;
 
   Impl& m = *impl_;
   blas_check(cublasCreate(&m.blas), "cublasCreate");

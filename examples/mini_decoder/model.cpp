@@ -33,12 +33,15 @@ std::string dims_string(const std::vector<std::uint64_t>& d) {
   return s + "]";
 }
 
-// The tensor `name` with ggml dims exactly `dims`.
+// The tensor `name`, checked to have `dims` and a type the reader dequantises.
 const gguf::TensorInfo& shaped(const gguf::File& f, const std::string& name,
-                               std::vector<std::uint64_t> dims) {
+                               const std::vector<std::uint64_t>& dims) {
   const gguf::TensorInfo& t = f.tensor(name);
   KVC_CHECK(t.dims == dims, "model: tensor '", name, "' has dims ", dims_string(t.dims),
             ", expected ", dims_string(dims));
+  const gguf::TypeTraits* tr = gguf::type_traits(static_cast<std::uint32_t>(t.type));
+  KVC_CHECK(tr != nullptr && tr->dequantizable, "model: tensor '", name, "' has type ",
+            tr != nullptr ? tr->name : "?", ", which this reader does not dequantise");
   return t;
 }
 
@@ -122,25 +125,20 @@ void LlamaConfig::validate() const {
             " must be in (0, 1)");
 }
 
-LlamaModel::LlamaModel(const gguf::File& f, ThreadPool& pool) : config_(LlamaConfig::from_gguf(f)) {
-  const LlamaConfig& c = config_;
+LlamaTensors LlamaTensors::from_gguf(const gguf::File& f, const LlamaConfig& c) {
   const auto d = static_cast<std::uint64_t>(c.d_model);
   const auto qd = static_cast<std::uint64_t>(c.num_heads) * c.head_dim;
   const auto kvd = static_cast<std::uint64_t>(c.num_kv_heads) * c.head_dim;
   const auto ff = static_cast<std::uint64_t>(c.d_ff);
-
-  const gguf::TensorInfo& embd =
-      shaped(f, "token_embd.weight", {d, static_cast<std::uint64_t>(c.vocab_size)});
-  const gguf::TensorInfo* out = f.find_tensor("output.weight");
-  if (out != nullptr) shaped(f, "output.weight", {d, static_cast<std::uint64_t>(c.vocab_size)});
-  // Check every shape and type before the (long) packing starts.
-  struct Parts {
-    const gguf::TensorInfo *attn_norm, *ffn_norm, *q, *k, *v, *o, *gate, *up, *down;
-  };
-  std::vector<Parts> parts(static_cast<std::size_t>(c.num_layers));
+  const auto vocab = static_cast<std::uint64_t>(c.vocab_size);
+  LlamaTensors t;
+  t.embd = &shaped(f, "token_embd.weight", {d, vocab});
+  if (f.find_tensor("output.weight") != nullptr) t.output = &shaped(f, "output.weight", {d, vocab});
+  t.output_norm = &shaped(f, "output_norm.weight", {d});
+  t.blocks.resize(static_cast<std::size_t>(c.num_layers));
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
-    Parts& p = parts[static_cast<std::size_t>(l)];
+    Block& p = t.blocks[static_cast<std::size_t>(l)];
     p.attn_norm = &shaped(f, b + "attn_norm.weight", {d});
     p.ffn_norm = &shaped(f, b + "ffn_norm.weight", {d});
     p.q = &shaped(f, b + "attn_q.weight", {d, qd});
@@ -150,20 +148,19 @@ LlamaModel::LlamaModel(const gguf::File& f, ThreadPool& pool) : config_(LlamaCon
     p.gate = &shaped(f, b + "ffn_gate.weight", {d, ff});
     p.up = &shaped(f, b + "ffn_up.weight", {d, ff});
     p.down = &shaped(f, b + "ffn_down.weight", {ff, d});
-    for (const gguf::TensorInfo* t :
-         {p.attn_norm, p.ffn_norm, p.q, p.k, p.v, p.o, p.gate, p.up, p.down}) {
-      const gguf::TypeTraits* tr = gguf::type_traits(static_cast<std::uint32_t>(t->type));
-      KVC_CHECK(tr->dequantizable, "model: tensor '", t->name, "' has type ", tr->name,
-                ", which this reader does not dequantise");
-    }
   }
-  const gguf::TensorInfo& onorm = shaped(f, "output_norm.weight", {d});
-  for (const gguf::TensorInfo* t : {&embd, out, &onorm}) {
-    if (t == nullptr) continue;
-    const gguf::TypeTraits* tr = gguf::type_traits(static_cast<std::uint32_t>(t->type));
-    KVC_CHECK(tr->dequantizable, "model: tensor '", t->name, "' has type ", tr->name,
-              ", which this reader does not dequantise");
-  }
+  return t;
+}
+
+LlamaModel::LlamaModel(const gguf::File& f, ThreadPool& pool) : config_(LlamaConfig::from_gguf(f)) {
+  const LlamaConfig& c = config_;
+  // Every shape and type is checked before the (long) packing starts.
+  const LlamaTensors tensors = LlamaTensors::from_gguf(f, c);
+  const gguf::TensorInfo& embd = *tensors.embd;
+  const gguf::TensorInfo* out = tensors.output;
+  const gguf::TensorInfo& onorm = *tensors.output_norm;
+  using Parts = LlamaTensors::Block;
+  const std::vector<Parts>& parts = tensors.blocks;
 
   layers_.resize(static_cast<std::size_t>(c.num_layers));
   // Tasks: 4 matrices per layer, then the LM head.

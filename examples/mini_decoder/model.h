@@ -45,6 +45,28 @@ struct LlamaConfig {
   void validate() const;
 };
 
+/// The tensors of a llama GGUF, looked up by name with their shapes and types checked (both the
+/// CPU and the CUDA model load from this).
+struct LlamaTensors {
+  /// One transformer block's tensors.
+  struct Block {
+    const gguf::TensorInfo *attn_norm, *ffn_norm;  ///< [d_model]
+    const gguf::TensorInfo *q, *k, *v;             ///< [d_model] x q_dim / kv_dim
+    const gguf::TensorInfo* o;                     ///< [q_dim] x d_model
+    const gguf::TensorInfo *gate, *up;             ///< [d_model] x d_ff
+    const gguf::TensorInfo* down;                  ///< [d_ff] x d_model
+  };
+  const gguf::TensorInfo* embd = nullptr;         ///< token_embd.weight, [d_model] x vocab
+  const gguf::TensorInfo* output = nullptr;       ///< output.weight, or nullptr (tied head)
+  const gguf::TensorInfo* output_norm = nullptr;  ///< output_norm.weight, [d_model]
+  std::vector<Block> blocks;                      ///< [num_layers]
+
+  /// Finds every tensor `config` needs in `file`; throws kvc::Error naming the first one that
+  /// is missing, has other dims than the config implies, or has a type the reader cannot
+  /// dequantise. Pointers stay valid while `file` lives.
+  static LlamaTensors from_gguf(const gguf::File& file, const LlamaConfig& config);
+};
+
 /// Options of LlamaModel::forward.
 struct ForwardOptions {
   int chunk = 256;          ///< prompt tokens per batched step (activations scale with it)
