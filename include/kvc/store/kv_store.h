@@ -70,7 +70,9 @@ struct KvStoreConfig {
   int owned_blocks_per_slot() const;
   /// Pool size after defaulting num_pool_blocks (0: max_slots * owned_blocks_per_slot()).
   int pool_blocks() const;
-  /// Throws kvc::Error naming the first field out of range.
+  /// Throws kvc::Error naming the first field out of range. Besides each field's own range it
+  /// bounds the pool (num_pool_blocks <= 2^30) and the block table
+  /// (max_slots * max_blocks_per_slot() <= 2^30 entries, held on the host and on the device).
   void validate() const;
 };
 
