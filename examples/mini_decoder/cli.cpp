@@ -73,6 +73,7 @@ std::string usage() {
          "  --block-size N        16 | 32 | 64 | 128 (default 32)\n"
          "  --kv-policy P         topk | neighbors | threshold | anchor | anchor_neighbors |\n"
          "                        score_cluster | score_cluster_adaptive | top_p (default topk)\n"
+         "  --kv-scoring S        mean_k (default) | quest: how a block's summary is scored\n"
          "  --kv-delta D          score window of threshold / score_cluster* (default 1)\n"
          "  --kv-max-blocks N     cap of threshold / score_cluster* / top_p (default 2 x top)\n"
          "  --kv-p P              softmax mass of top_p (default 0.9)\n"
@@ -148,6 +149,8 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
       o.kv.block_size = static_cast<int>(parse_integer(a, value(), -kIntMax, kIntMax));
     } else if (a == "--kv-policy") {
       o.kv.policy = value();
+    } else if (a == "--kv-scoring") {
+      o.kv.scoring = value();
     } else if (a == "--kv-delta") {
       o.kv.delta = parse_real(a, value());
     } else if (a == "--kv-max-blocks") {

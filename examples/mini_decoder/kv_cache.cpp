@@ -53,6 +53,11 @@ const std::vector<std::string>& KvOptions::policies() {
   return p;
 }
 
+const std::vector<std::string>& KvOptions::scorings() {
+  static const std::vector<std::string> v = {"mean_k", "quest"};
+  return v;
+}
+
 void KvOptions::validate() const {
   KVC_CHECK(contains(modes(), mode), "--kv-mode = '", mode, "' is not one of: ", join(modes()));
   KVC_CHECK(format.empty() || contains(formats(), format), "--kv-format = '", format,
@@ -70,6 +75,8 @@ void KvOptions::validate() const {
             "dense; the kvc modes store f16, q8 or fp16k_q4v");
   KVC_CHECK(contains(policies(), policy), "--kv-policy = '", policy,
             "' is not one of: ", join(policies()));
+  KVC_CHECK(contains(scorings(), scoring), "--kv-scoring = '", scoring,
+            "' is not one of: ", join(scorings()));
   KVC_CHECK(delta >= 0.0f, "--kv-delta = ", delta, " must be >= 0");
   KVC_CHECK(max_blocks == 0 || (max_blocks >= top_blocks && max_blocks <= 1 << 20),
             "--kv-max-blocks = ", max_blocks,

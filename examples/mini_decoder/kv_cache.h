@@ -86,6 +86,7 @@ struct KvOptions {
   int recent_window = 1024;     ///< --recent-window: exact recent tokens, a multiple of block size
   int block_size = 32;          ///< --block-size: 16, 32, 64 or 128
   std::string policy = "topk";  ///< --kv-policy: one of policies()
+  std::string scoring = "mean_k";  ///< --kv-scoring: block summary score, one of scorings()
   float delta = 1.0f;           ///< --kv-delta: score window (threshold, score_cluster*), >= 0
   int max_blocks = 0;           ///< --kv-max-blocks: cap (threshold, score_cluster*, top_p); 0 = 2x
   float p = 0.9f;               ///< --kv-p: softmax mass of top_p, in (0, 1]
@@ -99,6 +100,8 @@ struct KvOptions {
   static const std::vector<std::string>& formats();
   /// Selection policies the CLI accepts.
   static const std::vector<std::string>& policies();
+  /// Block scorings the CLI accepts: mean_k (q . mean K) and quest (Quest's min/max K bound).
+  static const std::vector<std::string>& scorings();
   /// Throws kvc::Error naming the first bad flag, its value and what is allowed.
   void validate() const;
   /// The format in effect: `format`, or f32 for dense and fp16k_q4v otherwise when empty.

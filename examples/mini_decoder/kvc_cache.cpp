@@ -38,16 +38,17 @@ KvStoreConfig store_config(const KvOptions& o, const KvShape& s) {
   c.dtype = DType::kF16;
   c.old_format = parse_format(o.effective_format());
   c.summaries = uses_summaries(mode_of(o)) ? (kSummaryMeanK | kSummaryMeanV) : kSummaryMeanK;
+  if (o.scoring == "quest") c.summaries |= kSummaryMinMaxK;
   return c;
 }
 
-BlockIndexConfig index_config(const KvShape& s, int max_query_tokens) {
+BlockIndexConfig index_config(const KvOptions& o, const KvShape& s, int max_query_tokens) {
   BlockIndexConfig c;
   c.num_q_heads = s.num_q_heads;
   c.num_kv_heads = s.num_kv_heads;
   c.head_dim = s.head_dim;
   c.dtype = DType::kF16;
-  c.score = SummaryScore::kMeanK;
+  c.score = o.scoring == "quest" ? SummaryScore::kQuestMinMax : SummaryScore::kMeanK;
   c.aggregate = GqaAggregate::kSum;
   c.max_query_tokens = max_query_tokens;
   c.max_batch = 1;
@@ -189,7 +190,7 @@ Device pick_kv_device(const KvOptions& options, std::string* note) {
         o.block_size = std::min(o.block_size, 32);
         o.max_blocks = 0;
         KvStore::create(store_config(o, s), d);
-        BlockIndex::create(index_config(s, query_tokens_for(o, s)), d);
+        BlockIndex::create(index_config(o, s, query_tokens_for(o, s)), d);
         Selector::create(d);
         AttentionBackend::create(attention_config(o, s, query_tokens_for(o, s)), d);
         want = d;
@@ -253,7 +254,7 @@ KvcKvCache::KvcKvCache(const KvOptions& options, const KvShape& shape, Device de
   }
   max_blocks_ = std::max(1, sc.max_blocks_per_slot());
   max_selected_ = std::max(1, policy_.max_output(max_blocks_));
-  index_ = BlockIndex::create(index_config(shape, max_query_tokens_), device);
+  index_ = BlockIndex::create(index_config(options, shape, max_query_tokens_), device);
   SelectorLimits limits;
   limits.max_rows = max_query_tokens_ * shape.num_kv_heads;
   limits.max_blocks = max_blocks_;
@@ -461,6 +462,7 @@ std::string KvcKvCache::describe() const {
      << " in " << to_string(old_format_);
   if (uses_selection(mode_)) {
     os << ", " << to_string(policy_.kind) << " " << options_.top_blocks;
+    if (options_.scoring != "mean_k") os << " by " << options_.scoring;
   }
   if (uses_summaries(mode_) && options_.representatives > 0) {
     os << ", " << options_.representatives << " representatives";

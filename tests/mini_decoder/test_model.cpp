@@ -288,11 +288,12 @@ TEST(MiniDecoder_KvOptions, ValidateAndWiring) {
   b.format = "f32";
   expect_error(b, "only for --kv-mode = dense");
   for (const char* flag :
-       {"policy", "delta", "max_blocks", "p", "representatives", "prefill", "device"}) {
+       {"policy", "scoring", "delta", "max_blocks", "p", "representatives", "prefill", "device"}) {
     b = o;
     b.mode = "block_select_exact";
     const std::string f = flag;
     if (f == "policy") b.policy = "random";
+    if (f == "scoring") b.scoring = "mean_v";
     if (f == "delta") b.delta = -1.0f;
     if (f == "max_blocks") b.max_blocks = 3;  // below --top-blocks = 8
     if (f == "p") b.p = 0.0f;
@@ -389,6 +390,10 @@ TEST(MiniDecoder_Cli, ParsesAndRejects) {
   EXPECT_EQ(k.kv.mode, "block_select_lossy");
   EXPECT_EQ(k.kv.effective_format(), "q8");
   EXPECT_EQ(k.kv.policy, "score_cluster_adaptive");
+  EXPECT_EQ(k.kv.scoring, "mean_k");
+  EXPECT_EQ(parse_cli(V{"--model", "m", "--prompt", "x", "--kv-scoring", "quest"}).kv.scoring,
+            "quest");
+  EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt", "x", "--kv-scoring", "max"}), Error);
   EXPECT_FLOAT_EQ(k.kv.delta, 0.5f);
   EXPECT_EQ(k.kv.effective_max_blocks(), 12);
   EXPECT_FLOAT_EQ(k.kv.p, 0.8f);
@@ -736,6 +741,42 @@ TEST(MiniDecoder_KvcCache, DensePrefillThenIngestThenCompressedDecode) {
   EXPECT_THROW(copy_prefix(prefill, P, cache), Error);
   copy_prefix(prefill, 10, cache);
   EXPECT_THROW(copy_prefix(prefill, 10, cache), Error);
+}
+
+// --kv-scoring quest: the stores keep min/max K summaries and the index scores Quest's bound.
+TEST(MiniDecoder_KvcCache, QuestScoringKeepsMinMaxSummaries) {
+  const Tiny t = tiny64();
+  testing::TempFile file(tiny_model(t));
+  const gguf::File f(file.path());
+  std::uniform_int_distribution<int> tok(0, t.vocab - 1);
+  const int T = 120;
+  std::vector<int> ids(T);
+  for (int& id : ids) id = tok(rng());
+  ThreadPool pool(2);
+  LlamaModel m(f, pool);
+  KvStoreConfig sc;
+  sc.num_kv_heads = t.kv_heads;
+  sc.head_dim = t.hd;
+  sc.max_context = T;
+  sc.recent_window = 32;
+  sc.block_size = 16;
+  sc.old_format = Format::kFp16kQ4v;
+  for (const char* scoring : {"mean_k", "quest"}) {
+    SCOPED_TRACE(scoring);
+    KvOptions o = kvc_options("block_select_exact", "fp16k_q4v", 2);
+    o.scoring = scoring;
+    KvcKvCache cache(o, m.kv_shape(T), Device::cpu());
+    cache.enable_stats(true);
+    const std::vector<float> got = run_logits(m, cache, ids, 100, 16, pool);
+    for (float x : got) ASSERT_TRUE(std::isfinite(x));
+    const bool quest = std::string(scoring) == "quest";
+    sc.summaries = quest ? (kSummaryMeanK | kSummaryMinMaxK) : kSummaryMeanK;
+    EXPECT_EQ(cache.footprint().in_use, compute_footprint(sc, {T}).in_use * t.layers);
+    EXPECT_EQ(cache.describe().find("by quest") != std::string::npos, quest) << cache.describe();
+    for (const std::vector<std::int32_t>& row : cache.last_step().selected) {
+      ASSERT_EQ(row.size(), 2u);
+    }
+  }
 }
 
 TEST(MiniDecoder_KvcCache, SelectionStatsFootprintAndErrors) {
