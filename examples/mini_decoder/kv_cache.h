@@ -87,10 +87,10 @@ struct KvOptions {
   int block_size = 32;          ///< --block-size: 16, 32, 64 or 128
   std::string policy = "topk";  ///< --kv-policy: one of policies()
   std::string scoring = "mean_k";  ///< --kv-scoring: block summary score, one of scorings()
-  float delta = 1.0f;           ///< --kv-delta: score window (threshold, score_cluster*), >= 0
-  int max_blocks = 0;           ///< --kv-max-blocks: cap (threshold, score_cluster*, top_p); 0 = 2x
-  float p = 0.9f;               ///< --kv-p: softmax mass of top_p, in (0, 1]
-  int representatives = 0;      ///< --kv-representatives: exact rows per summary (lossy modes)
+  float delta = 1.0f;              ///< --kv-delta: score window (threshold, score_cluster*), >= 0
+  int max_blocks = 0;       ///< --kv-max-blocks: cap (threshold, score_cluster*, top_p); 0 = 2x
+  float p = 0.9f;           ///< --kv-p: softmax mass of top_p, in (0, 1]
+  int representatives = 0;  ///< --kv-representatives: exact rows per summary (lossy modes)
   std::string prefill = "dense";  ///< --prefill: dense (then ingest) or compressed
   std::string device = "auto";    ///< --kv-device: auto, cpu or cuda (where kvc's parts run)
 
