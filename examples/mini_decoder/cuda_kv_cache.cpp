@@ -25,20 +25,12 @@ CudaDenseKvCache::CudaDenseKvCache(const KvShape& shape) : shape_(shape) {
   KVC_CHECK(shape.capacity >= 1 && shape.capacity <= (1 << 24),
             "cuda kv cache: capacity = ", shape.capacity, " must be in [1, 2^24]");
   KVC_CHECK(cuda_device_count() > 0, "cuda kv cache: no CUDA device");
-  const std::size_t bytes = layer_floats() * shape.num_layers * sizeof(float);
-  KVC_CUDA_THROW(cudaMalloc(reinterpret_cast<void**>(&k_), bytes));
-  const cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&v_), bytes);
-  if (e != cudaSuccess) {
-    cudaFree(k_);
-    KVC_CUDA_THROW(e);
-  }
+  const std::size_t floats = layer_floats() * shape.num_layers;
+  k_.ensure(floats);
+  v_.ensure(floats);
 }
 
-CudaDenseKvCache::~CudaDenseKvCache() {
-  cudaFree(k_);
-  cudaFree(v_);
-  if (staging_ != nullptr) cudaFree(staging_);
-}
+CudaDenseKvCache::~CudaDenseKvCache() = default;
 
 std::size_t CudaDenseKvCache::token_floats() const {
   return static_cast<std::size_t>(shape_.num_kv_heads) * shape_.head_dim;
@@ -51,13 +43,13 @@ std::size_t CudaDenseKvCache::layer_floats() const {
 const float* CudaDenseKvCache::k_device(int layer) const {
   KVC_CHECK(layer >= 0 && layer < shape_.num_layers, "cuda kv cache: layer = ", layer,
             " must be in [0, ", shape_.num_layers, ")");
-  return k_ + layer_floats() * static_cast<std::size_t>(layer);
+  return k_.get() + layer_floats() * static_cast<std::size_t>(layer);
 }
 
 const float* CudaDenseKvCache::v_device(int layer) const {
   KVC_CHECK(layer >= 0 && layer < shape_.num_layers, "cuda kv cache: layer = ", layer,
             " must be in [0, ", shape_.num_layers, ")");
-  return v_ + layer_floats() * static_cast<std::size_t>(layer);
+  return v_.get() + layer_floats() * static_cast<std::size_t>(layer);
 }
 
 void CudaDenseKvCache::check_range(int layer, int pos0, int count) const {
@@ -68,21 +60,10 @@ void CudaDenseKvCache::check_range(int layer, int pos0, int count) const {
             " must be in [1, capacity - pos0 = ", shape_.capacity - pos0, "]");
 }
 
-float* CudaDenseKvCache::staging(std::size_t floats) {
-  if (staging_floats_ < floats) {
-    if (staging_ != nullptr) KVC_CUDA_THROW(cudaFree(staging_));
-    staging_ = nullptr;
-    staging_floats_ = 0;
-    KVC_CUDA_THROW(cudaMalloc(reinterpret_cast<void**>(&staging_), floats * sizeof(float)));
-    staging_floats_ = floats;
-  }
-  return staging_;
-}
-
 void CudaDenseKvCache::append(int layer, int pos0, int count, const float* k, const float* v) {
   check_range(layer, pos0, count);
   const std::size_t n = token_floats() * static_cast<std::size_t>(count);
-  float* d = staging(2 * n);
+  float* d = staging_.ensure(2 * n);
   KVC_CUDA_THROW(cudaMemcpy(d, k, n * sizeof(float), cudaMemcpyHostToDevice));
   KVC_CUDA_THROW(cudaMemcpy(d + n, v, n * sizeof(float), cudaMemcpyHostToDevice));
   append_device(layer, pos0, count, d, d + n);
@@ -93,7 +74,7 @@ void CudaDenseKvCache::attend(int layer, int pos0, int count, const float* q, fl
   check_range(layer, pos0, count);
   const std::size_t n = static_cast<std::size_t>(count) * shape_.num_q_heads *
                         static_cast<std::size_t>(shape_.head_dim);
-  float* d = staging(2 * n);
+  float* d = staging_.ensure(2 * n);
   KVC_CUDA_THROW(cudaMemcpy(d, q, n * sizeof(float), cudaMemcpyHostToDevice));
   attend_device(layer, pos0, count, d, d + n);
   KVC_CUDA_THROW(cudaMemcpy(out, d + n, n * sizeof(float), cudaMemcpyDeviceToHost));
@@ -105,8 +86,8 @@ void CudaDenseKvCache::append_device(int layer, int pos0, int count, const float
   const std::size_t offset = layer_floats() * static_cast<std::size_t>(layer) +
                              token_floats() * static_cast<std::size_t>(pos0);
   const std::size_t bytes = token_floats() * static_cast<std::size_t>(count) * sizeof(float);
-  KVC_CUDA_THROW(cudaMemcpyAsync(k_ + offset, d_k, bytes, cudaMemcpyDeviceToDevice, nullptr));
-  KVC_CUDA_THROW(cudaMemcpyAsync(v_ + offset, d_v, bytes, cudaMemcpyDeviceToDevice, nullptr));
+  KVC_CUDA_THROW(cudaMemcpyAsync(k_.get() + offset, d_k, bytes, cudaMemcpyDeviceToDevice, nullptr));
+  KVC_CUDA_THROW(cudaMemcpyAsync(v_.get() + offset, d_v, bytes, cudaMemcpyDeviceToDevice, nullptr));
 }
 
 void CudaDenseKvCache::attend_device(int layer, int pos0, int count, const float* d_q,

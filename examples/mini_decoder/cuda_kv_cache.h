@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "device_array.h"
 #include "kv_cache.h"
 
 namespace kvc {
@@ -58,11 +59,9 @@ class CudaDenseKvCache final : public KvCache {
 
   KvShape shape_;
   int length_ = 0;
-  float* k_ = nullptr;        // [layer][capacity][Hkv][head_dim], device
-  float* v_ = nullptr;        // same
-  float* staging_ = nullptr;  // host-interface copies (grown on first use), device
-  std::size_t staging_floats_ = 0;
-  float* staging(std::size_t floats);
+  DeviceArray<float> k_;        // [layer][capacity][Hkv][head_dim]
+  DeviceArray<float> v_;        // same
+  DeviceArray<float> staging_;  // host-interface copies (grown on first use)
 };
 
 /// "Dense prefill, compressed decode" on the device: appends the first `count` committed tokens

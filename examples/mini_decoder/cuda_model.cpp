@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cuda_kernels.h"
+#include "device_array.h"
 #include "kvc/core/cuda_check.h"
 #include "kvc/core/error.h"
 #include "kvc/core/types.h"
@@ -24,42 +25,6 @@ void blas_check(cublasStatus_t s, const char* what) {
   KVC_CHECK(s == CUBLAS_STATUS_SUCCESS, "cuda model: ", what, " failed: ", cublasGetStatusName(s),
             " (", cublasGetStatusString(s), ")");
 }
-
-// A device allocation that grows on demand (the old contents are not kept).
-template <class T>
-class DeviceArray {
- public:
-  DeviceArray() = default;
-  ~DeviceArray() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-
-  // At least n elements (n >= 1 is allocated even for 0, so pointers are never null).
-  T* ensure(std::size_t n) {
-    n = std::max<std::size_t>(n, 1);
-    if (n > size_) {
-      if (ptr_ != nullptr) KVC_CUDA_THROW(cudaFree(ptr_));
-      ptr_ = nullptr;
-      size_ = 0;
-      KVC_CUDA_THROW(cudaMalloc(reinterpret_cast<void**>(&ptr_), n * sizeof(T)));
-      size_ = n;
-    }
-    return ptr_;
-  }
-  // Allocates v.size() elements and copies v in.
-  void upload(const std::vector<T>& v) {
-    ensure(v.size());
-    KVC_CUDA_THROW(cudaMemcpy(ptr_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  T* get() const { return ptr_; }
-  std::size_t bytes() const { return size_ * sizeof(T); }
-
- private:
-  T* ptr_ = nullptr;
-  std::size_t size_ = 0;
-};
 
 // Row-major [rows][k] f32 of the tensors stacked one after the other (the CPU model's stacks).
 std::vector<float> stacked(const gguf::File& f, const std::vector<const gguf::TensorInfo*>& parts) {
