@@ -743,42 +743,6 @@ TEST(MiniDecoder_KvcCache, DensePrefillThenIngestThenCompressedDecode) {
   EXPECT_THROW(copy_prefix(prefill, 10, cache), Error);
 }
 
-// --kv-scoring quest: the stores keep min/max K summaries and the index scores Quest's bound.
-TEST(MiniDecoder_KvcCache, QuestScoringKeepsMinMaxSummaries) {
-  const Tiny t = tiny64();
-  testing::TempFile file(tiny_model(t));
-  const gguf::File f(file.path());
-  std::uniform_int_distribution<int> tok(0, t.vocab - 1);
-  const int T = 120;
-  std::vector<int> ids(T);
-  for (int& id : ids) id = tok(rng());
-  ThreadPool pool(2);
-  LlamaModel m(f, pool);
-  KvStoreConfig sc;
-  sc.num_kv_heads = t.kv_heads;
-  sc.head_dim = t.hd;
-  sc.max_context = T;
-  sc.recent_window = 32;
-  sc.block_size = 16;
-  sc.old_format = Format::kFp16kQ4v;
-  for (const char* scoring : {"mean_k", "quest"}) {
-    SCOPED_TRACE(scoring);
-    KvOptions o = kvc_options("block_select_exact", "fp16k_q4v", 2);
-    o.scoring = scoring;
-    KvcKvCache cache(o, m.kv_shape(T), Device::cpu());
-    cache.enable_stats(true);
-    const std::vector<float> got = run_logits(m, cache, ids, 100, 16, pool);
-    for (float x : got) ASSERT_TRUE(std::isfinite(x));
-    const bool quest = std::string(scoring) == "quest";
-    sc.summaries = quest ? (kSummaryMeanK | kSummaryMinMaxK) : kSummaryMeanK;
-    EXPECT_EQ(cache.footprint().in_use, compute_footprint(sc, {T}).in_use * t.layers);
-    EXPECT_EQ(cache.describe().find("by quest") != std::string::npos, quest) << cache.describe();
-    for (const std::vector<std::int32_t>& row : cache.last_step().selected) {
-      ASSERT_EQ(row.size(), 2u);
-    }
-  }
-}
-
 TEST(MiniDecoder_KvcCache, SelectionStatsFootprintAndErrors) {
   const Tiny t = tiny64();
   testing::TempFile file(tiny_model(t));
@@ -789,6 +753,14 @@ TEST(MiniDecoder_KvcCache, SelectionStatsFootprintAndErrors) {
   for (int& id : ids) id = tok(rng());
   ThreadPool pool(2);
   LlamaModel m(f, pool);
+  // One layer's store as KvcKvCache configures it (ring 32, blocks of 16, fp16k_q4v).
+  KvStoreConfig layer_store;
+  layer_store.num_kv_heads = t.kv_heads;
+  layer_store.head_dim = t.hd;
+  layer_store.max_context = T;
+  layer_store.recent_window = 32;
+  layer_store.block_size = 16;
+  layer_store.old_format = Format::kFp16kQ4v;
   for (const char* mode : {"block_select_exact", "block_select_lossy", "block_summary",
                            "recent_only", "dense_recent_only"}) {
     SCOPED_TRACE(mode);
@@ -822,13 +794,7 @@ TEST(MiniDecoder_KvcCache, SelectionStatsFootprintAndErrors) {
     }
     EXPECT_GT(st.dense_equivalent_bytes, 0u);
     // Footprint: every layer's store, the same as kvc::compute_footprint says.
-    KvStoreConfig sc;
-    sc.num_kv_heads = t.kv_heads;
-    sc.head_dim = t.hd;
-    sc.max_context = T;
-    sc.recent_window = 32;
-    sc.block_size = 16;
-    sc.old_format = Format::kFp16kQ4v;
+    KvStoreConfig sc = layer_store;
     sc.summaries = std::string(mode).find("sum") != std::string::npos ||
                            std::string(mode) == "block_select_lossy"
                        ? (kSummaryMeanK | kSummaryMeanV)
@@ -862,6 +828,25 @@ TEST(MiniDecoder_KvcCache, SelectionStatsFootprintAndErrors) {
     std::string note;
     EXPECT_TRUE(pick_kv_device(o, &note).is_cpu());
     EXPECT_FALSE(note.empty());
+  }
+  // --kv-scoring quest: the stores also keep min/max K summaries and the index scores Quest's
+  // bound; mean_k keeps the mean only.
+  for (const char* scoring : {"mean_k", "quest"}) {
+    SCOPED_TRACE(scoring);
+    KvOptions o = kvc_options("block_select_exact", "fp16k_q4v", 2);
+    o.scoring = scoring;
+    KvcKvCache scored(o, m.kv_shape(T), Device::cpu());
+    scored.enable_stats(true);
+    const std::vector<float> got = run_logits(m, scored, ids, 100, 16, pool);
+    for (float x : got) ASSERT_TRUE(std::isfinite(x));
+    const bool quest = std::string(scoring) == "quest";
+    KvStoreConfig sc = layer_store;
+    sc.summaries = quest ? (kSummaryMeanK | kSummaryMinMaxK) : kSummaryMeanK;
+    EXPECT_EQ(scored.footprint().in_use, compute_footprint(sc, {T}).in_use * t.layers);
+    EXPECT_EQ(scored.describe().find("by quest") != std::string::npos, quest) << scored.describe();
+    for (const std::vector<std::int32_t>& row : scored.last_step().selected) {
+      ASSERT_EQ(row.size(), 2u);
+    }
   }
 }
 
