@@ -37,7 +37,7 @@ constexpr int kNoLimit = SelectPolicy::kNoLimit;
 constexpr int kPoisonByte = 0x5a;  // ids 0x5a5a5a5a, floats 1.5e16
 
 // Longest row the long-row tests use: KVC_TEST_MAX_ROW lowers it for runs under
-// compute-sanitizer racecheck, which is ~100x slower on the cluster kernels' shared memory; the
+// compute-sanitizer racecheck, under which the long rows did not finish within a device call; the
 // default covers every stage-A path up to kSelectMaxClusterBlocks and beyond.
 int max_row_length() {
   static const int cap = [] {
