@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cli.h"
+#include "decoder.h"
 #include "gguf.h"
 #include "kernels.h"
 #include "kv_cache.h"
@@ -25,7 +26,6 @@
 #include "model.h"
 #if KVC_CUDA_ENABLED
 #include "cuda_kv_cache.h"
-#include "cuda_model.h"
 #endif
 #include "sampler.h"
 #include "thread_pool.h"
@@ -148,61 +148,6 @@ void print_footprint(const kvc::mini_decoder::KvCache& cache,
                  mib(dense_prefill_bytes));
   }
 }
-
-// The model on the CPU or (CUDA builds) on the device, behind one forward().
-class Decoder {
- public:
-  Decoder(const kvc::gguf::File& file, bool on_cuda, kvc::mini_decoder::ThreadPool& pool) {
-    using namespace kvc::mini_decoder;
-#if KVC_CUDA_ENABLED
-    if (on_cuda) {
-      gpu_ = std::make_unique<CudaLlamaModel>(file, pool);
-      return;
-    }
-#endif
-    KVC_CHECK(!on_cuda, "--device cuda: built without CUDA");
-    cpu_ = std::make_unique<LlamaModel>(file, pool);
-  }
-  bool on_cuda() const { return cpu_ == nullptr; }
-  const kvc::mini_decoder::LlamaConfig& config() const {
-#if KVC_CUDA_ENABLED
-    if (gpu_) return gpu_->config();
-#endif
-    return cpu_->config();
-  }
-  kvc::mini_decoder::KvShape kv_shape(int capacity) const {
-#if KVC_CUDA_ENABLED
-    if (gpu_) return gpu_->kv_shape(capacity);
-#endif
-    return cpu_->kv_shape(capacity);
-  }
-  std::size_t weight_bytes() const {
-#if KVC_CUDA_ENABLED
-    if (gpu_) return gpu_->weight_bytes();
-#endif
-    return cpu_->weight_bytes();
-  }
-  // "cpu" or "cuda:0 (NVIDIA ..., sm_90)".
-  std::string where() const {
-#if KVC_CUDA_ENABLED
-    if (gpu_) return gpu_->device_name();
-#endif
-    return "cpu";
-  }
-  void forward(const int* tokens, int count, kvc::mini_decoder::KvCache& cache, float* logits,
-               kvc::mini_decoder::ThreadPool& pool, const kvc::mini_decoder::ForwardOptions& fo) {
-#if KVC_CUDA_ENABLED
-    if (gpu_) return gpu_->forward(tokens, count, cache, logits, fo);
-#endif
-    cpu_->forward(tokens, count, cache, logits, pool, fo);
-  }
-
- private:
-  std::unique_ptr<kvc::mini_decoder::LlamaModel> cpu_;
-#if KVC_CUDA_ENABLED
-  std::unique_ptr<kvc::mini_decoder::CudaLlamaModel> gpu_;
-#endif
-};
 
 void write_file(const std::string& path, const void* data, std::size_t bytes) {
   std::FILE* f = std::fopen(path.c_str(), "wb");

@@ -25,7 +25,8 @@ add_library(kvc_llama STATIC
   ${KVC_MINI_DECODER_DIR}/retrieval_prompts.cpp
   ${KVC_MINI_DECODER_DIR}/model.cpp
   ${KVC_MINI_DECODER_DIR}/sampler.cpp
-  ${KVC_MINI_DECODER_DIR}/cli.cpp)
+  ${KVC_MINI_DECODER_DIR}/cli.cpp
+  ${KVC_MINI_DECODER_DIR}/decoder.cpp)
 target_link_libraries(kvc_llama PUBLIC kvc_gguf kvc_bpe)
 target_compile_options(kvc_llama PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>)
 
