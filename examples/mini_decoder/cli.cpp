@@ -78,6 +78,7 @@ std::string usage() {
          "  --kv-max-blocks N     cap of threshold / score_cluster* / top_p (default 2 x top)\n"
          "  --kv-p P              softmax mass of top_p (default 0.9)\n"
          "  --kv-representatives N  exact rows per summarised block (lossy modes; default 0)\n"
+         "  --kv-dense-layers N   the first N layers attend every token exactly (default 0)\n"
          "  --prefill P           dense (default): the prompt but its last token is attended\n"
          "                        densely, then ingested into kvc; compressed: every prompt\n"
          "                        token attends through the kvc mode (chunks of <= 64)\n"
@@ -159,6 +160,8 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
       o.kv.p = parse_real(a, value());
     } else if (a == "--kv-representatives") {
       o.kv.representatives = static_cast<int>(parse_integer(a, value(), -kIntMax, kIntMax));
+    } else if (a == "--kv-dense-layers") {
+      o.kv.dense_layers = static_cast<int>(parse_integer(a, value(), -kIntMax, kIntMax));
     } else if (a == "--prefill") {
       o.kv.prefill = value();
     } else if (a == "--kv-device") {

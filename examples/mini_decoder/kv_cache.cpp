@@ -89,6 +89,8 @@ void KvOptions::validate() const {
             "' is not one of: dense, compressed");
   KVC_CHECK(device == "auto" || device == "cpu" || device == "cuda", "--kv-device = '", device,
             "' is not one of: auto, cpu, cuda");
+  KVC_CHECK(dense_layers >= 0 && dense_layers <= 4096, "--kv-dense-layers = ", dense_layers,
+            " must be in [0, 4096]");
 }
 
 std::string KvOptions::effective_format() const {

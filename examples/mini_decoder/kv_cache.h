@@ -93,6 +93,9 @@ struct KvOptions {
   int representatives = 0;  ///< --kv-representatives: exact rows per summary (lossy modes)
   std::string prefill = "dense";  ///< --prefill: dense (then ingest) or compressed
   std::string device = "auto";    ///< --kv-device: auto, cpu or cuda (where kvc's parts run)
+  /// --kv-dense-layers: the first N layers attend every token exactly (kvc's dense mode over the
+  /// same store) while the others use `mode`; 0 = none.
+  int dense_layers = 0;
 
   /// Modes the CLI accepts (kvc's attention modes).
   static const std::vector<std::string>& modes();

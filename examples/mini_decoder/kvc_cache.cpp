@@ -246,6 +246,7 @@ KvcKvCache::KvcKvCache(const KvOptions& options, const KvShape& shape, Device de
   KVC_CHECK(shape.capacity >= 1, "kvc cache: capacity = ", shape.capacity, " must be >= 1");
   const KvStoreConfig sc = store_config(options, shape);
   window_ = sc.recent_window;
+  dense_layers_ = std::min(options.dense_layers, shape.num_layers);
   max_query_tokens_ = query_tokens_for(options, shape);
   stores_.reserve(static_cast<std::size_t>(shape.num_layers));
   for (int l = 0; l < shape.num_layers; ++l) {
@@ -262,6 +263,11 @@ KvcKvCache::KvcKvCache(const KvOptions& options, const KvShape& shape, Device de
   selector_ = Selector::create(device, limits);
   attention_ =
       AttentionBackend::create(attention_config(options, shape, max_query_tokens_), device);
+  if (dense_layers_ > 0) {
+    AttentionConfig dc = attention_config(options, shape, max_query_tokens_);
+    dc.mode = AttentionMode::kDense;
+    dense_attention_ = AttentionBackend::create(dc, device);
+  }
   staging_ = std::make_unique<Staging>(device);
 }
 
@@ -362,11 +368,26 @@ void KvcKvCache::attend_f16(int layer, int pos0, int count, std::uint16_t* q16, 
   args.q = TensorView::contiguous(q16, DType::kF16, {1, count, hq, hd}, device_);
   args.out = TensorView::contiguous(out, DType::kF32, {1, count, hq, hd}, device_);
   HostSelectionReport* report = nullptr;
-  if (uses_selection(mode_)) {
+  const bool dense_layer = layer < dense_layers_;
+  AttentionBackend& backend = dense_layer ? *dense_attention_ : *attention_;
+  if (uses_selection(mode_) && !dense_layer) {
     const int rows = count * hkv;
     const ScoresView scores{s.scores.device(static_cast<std::size_t>(rows) * max_blocks_),
                             s.num_valid.device(rows), rows, max_blocks_};
-    index_->score(store, args.slots, args.q, scores);
+    if (scorer_ && count == 1) {
+      const std::size_t n = static_cast<std::size_t>(rows) * max_blocks_;
+      const ScoresView host{s.scores.host(n), s.num_valid.host(rows), rows, max_blocks_};
+      scorer_(layer, pos0, host);
+      const int closed = store.num_closed_blocks(slot_);
+      for (int r = 0; r < rows; ++r) {
+        KVC_CHECK(host.num_valid[r] == closed, "kvc cache: the block scorer set num_valid[", r,
+                  "] = ", host.num_valid[r], "; the layer has ", closed, " closed blocks");
+      }
+      s.scores.push(n);
+      s.num_valid.push(rows);
+    } else {
+      index_->score(store, args.slots, args.q, scores);
+    }
     SelectionView selection{s.ids.device(static_cast<std::size_t>(rows) * max_selected_),
                             s.counts.device(rows), rows, max_selected_, false};
     if (stats_on_ && count == 1 && device_.is_cpu()) {
@@ -382,10 +403,10 @@ void KvcKvCache::attend_f16(int layer, int pos0, int count, std::uint16_t* q16, 
   if (stats_on_ && count == 1) {
     Telemetry tm;
     tm.wait_for_device = true;
-    attention_->decode(store, args, &tm);
+    backend.decode(store, args, &tm);
     record(layer, pos0, tm, report);
   } else {
-    attention_->decode(store, args);
+    backend.decode(store, args);
   }
 }
 
@@ -464,6 +485,7 @@ std::string KvcKvCache::describe() const {
     os << ", " << to_string(policy_.kind) << " " << options_.top_blocks;
     if (options_.scoring != "mean_k") os << " by " << options_.scoring;
   }
+  if (dense_layers_ > 0) os << "; first " << dense_layers_ << " layers dense";
   if (uses_summaries(mode_) && options_.representatives > 0) {
     os << ", " << options_.representatives << " representatives";
   }

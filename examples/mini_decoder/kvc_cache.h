@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,6 +63,15 @@ struct KvcStepStats {
   AttendedBytes bytes;                       ///< bytes read summed over layers
   std::uint64_t dense_equivalent_bytes = 0;  ///< what a dense f16 read would be, all layers
 };
+
+/// A block-scoring rule outside kvc's BlockIndex (an oracle, or a rule under study): fills the
+/// score rows of one layer's single query token in host memory, as BlockIndex::score would:
+/// rows = Hkv (row h = kv head h), num_valid[h] = the closed blocks, scores[h * max_blocks + j]
+/// the score of closed block j (the Selector ranks higher first).
+/// @param[in] layer    the layer being attended
+/// @param[in] position the query token's absolute position
+/// @param[out] scores  host rows to fill
+using BlockScorer = std::function<void(int layer, int position, const ScoresView& scores)>;
 
 /// KvCache over kvc (see the file comment). One sequence.
 class KvcKvCache final : public KvCache {
@@ -105,6 +115,13 @@ class KvcKvCache final : public KvCache {
   void enable_stats(bool on) { stats_on_ = on; }
   /// Statistics of the last single-token query (all layers), when enabled.
   const KvcStepStats& last_step() const { return stats_; }
+  /// Replaces the BlockIndex by `scorer` for single-token queries of the select modes (an empty
+  /// function restores the BlockIndex); multi-token queries still use the BlockIndex.
+  void set_block_scorer(BlockScorer scorer) { scorer_ = std::move(scorer); }
+  /// Layers that attend densely (--kv-dense-layers, capped at the layer count).
+  int dense_layers() const { return dense_layers_; }
+  /// The layer's store (for byte accounting and inspection).
+  const KvStore& store(int layer) const { return *stores_.at(static_cast<std::size_t>(layer)); }
 
  private:
   struct Staging;  // host/device buffers of one call
@@ -124,6 +141,7 @@ class KvcKvCache final : public KvCache {
   Format old_format_;
   SelectPolicy policy_;
   int window_ = 0;
+  int dense_layers_ = 0;
   int max_query_tokens_ = 1;
   int max_blocks_ = 0;    // score row pitch: the stores' max_blocks_per_slot (>= 1)
   int max_selected_ = 0;  // selection row pitch
@@ -133,6 +151,8 @@ class KvcKvCache final : public KvCache {
   std::unique_ptr<BlockIndex> index_;
   std::unique_ptr<Selector> selector_;
   std::unique_ptr<AttentionBackend> attention_;
+  std::unique_ptr<AttentionBackend> dense_attention_;  // the first dense_layers_ layers
+  BlockScorer scorer_;
   std::unique_ptr<Staging> staging_;
   bool stats_on_ = false;
   KvcStepStats stats_;

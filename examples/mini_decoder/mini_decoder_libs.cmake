@@ -26,7 +26,9 @@ add_library(kvc_llama STATIC
   ${KVC_MINI_DECODER_DIR}/model.cpp
   ${KVC_MINI_DECODER_DIR}/sampler.cpp
   ${KVC_MINI_DECODER_DIR}/cli.cpp
-  ${KVC_MINI_DECODER_DIR}/decoder.cpp)
+  ${KVC_MINI_DECODER_DIR}/decoder.cpp
+  ${KVC_MINI_DECODER_DIR}/eval_cache.cpp
+  ${KVC_MINI_DECODER_DIR}/teacher_forced.cpp)
 target_link_libraries(kvc_llama PUBLIC kvc_gguf kvc_bpe)
 target_compile_options(kvc_llama PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>)
 

@@ -1,0 +1,323 @@
+// EvalKvCache: a kvc cache with an exact probe of every single-token query beside it.
+#include "eval_cache.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "kvc/attention/attention.h"
+#include "kvc/config.h"
+#include "kvc/core/error.h"
+#include "kvc/core/numeric.h"
+#include "kvc/formats/formats.h"
+#include "thread_pool.h"
+
+#if KVC_CUDA_ENABLED
+#include <cuda_runtime.h>
+#endif
+
+namespace kvc {
+namespace mini_decoder {
+
+ProbeScore parse_probe_score(const std::string& name) {
+  if (name == "none") return ProbeScore::kNone;
+  if (name == "oracle") return ProbeScore::kOracleMass;
+  if (name == "mxfp4_mass") return ProbeScore::kMxfp4Mass;
+  if (name == "exact_max") return ProbeScore::kExactMax;
+  KVC_CHECK(name == "mxfp4_max", "probe score = '", name,
+            "' is not one of: none, oracle, mxfp4_mass, exact_max, mxfp4_max");
+  return ProbeScore::kMxfp4Max;
+}
+
+const char* to_string(ProbeScore s) {
+  switch (s) {
+    case ProbeScore::kNone:
+      return "none";
+    case ProbeScore::kOracleMass:
+      return "oracle";
+    case ProbeScore::kMxfp4Mass:
+      return "mxfp4_mass";
+    case ProbeScore::kExactMax:
+      return "exact_max";
+    case ProbeScore::kMxfp4Max:
+      return "mxfp4_max";
+  }
+  return "?";
+}
+
+namespace {
+
+bool uses_mxfp4(ProbeScore s) { return s == ProbeScore::kMxfp4Mass || s == ProbeScore::kMxfp4Max; }
+
+float round_f16(float x) { return half_bits_to_float(float_to_half_bits(x)); }
+
+#if KVC_CUDA_ENABLED
+void copy_to_host(float* dst, const float* d_src, std::size_t n) {
+  const cudaError_t e = cudaMemcpy(dst, d_src, n * sizeof(float), cudaMemcpyDeviceToHost);
+  KVC_CHECK(e == cudaSuccess, "eval cache: cudaMemcpy: ", cudaGetErrorString(e));
+}
+#endif
+
+}  // namespace
+
+// The exact softmax of one query (all its heads) over positions [0, length).
+struct EvalKvCache::Exact {
+  int length = 0;
+  std::vector<float> q;       // [Hq][d], f16-rounded
+  std::vector<double> logit;  // [Hq][length]: scale * q.k, exact keys
+  std::vector<double> prob;   // [Hq][length]: softmax of logit
+};
+
+EvalKvCache::EvalKvCache(std::unique_ptr<KvcKvCache> inner, const KvShape& shape, ProbeScore score,
+                         ThreadPool& pool)
+    : inner_(std::move(inner)), shape_(shape), score_(score), pool_(pool) {
+  KVC_CHECK(inner_ != nullptr, "eval cache: no kvc cache given");
+  window_ = inner_->recent_window();
+  block_ = inner_->store(0).config().block_size;
+  scale_ = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+  const std::size_t n = static_cast<std::size_t>(shape.num_layers) * shape.capacity *
+                        shape.num_kv_heads * shape.head_dim;
+  keys_.assign(n, 0.0f);
+  if (uses_mxfp4(score_)) {
+    KVC_CHECK(shape.head_dim % formats::kMxfp4Group == 0, "eval cache: head_dim = ", shape.head_dim,
+              " is not a multiple of the mxfp4 group ", formats::kMxfp4Group);
+    mxfp4_keys_.assign(n, 0.0f);
+  }
+  exact_ = std::make_unique<Exact>();
+  inner_->enable_stats(true);
+  if (score_ != ProbeScore::kNone) {
+    KVC_CHECK(uses_selection(inner_->mode()), "eval cache: probe score ", to_string(score_),
+              " needs a select mode (the cache attends in ", kvc::to_string(inner_->mode()), ")");
+    inner_->set_block_scorer([this](int layer, int position, const ScoresView& out) {
+      score_blocks(layer, position, out);
+    });
+  }
+}
+
+EvalKvCache::~EvalKvCache() = default;
+
+std::string EvalKvCache::describe() const {
+  std::ostringstream os;
+  os << inner_->describe();
+  if (score_ != ProbeScore::kNone) os << "; blocks scored by the probe: " << to_string(score_);
+  return os.str();
+}
+
+void EvalKvCache::shadow(int layer, int pos0, int count, const float* k) {
+  const int hkv = shape_.num_kv_heads, d = shape_.head_dim;
+  KVC_CHECK(layer >= 0 && layer < shape_.num_layers && pos0 >= 0 && count >= 0 &&
+                pos0 + count <= shape_.capacity,
+            "eval cache: layer ", layer, " positions [", pos0, ", ", pos0 + count,
+            ") outside the capacity ", shape_.capacity);
+  const std::size_t row = static_cast<std::size_t>(hkv) * d;
+  const std::size_t base = (static_cast<std::size_t>(layer) * shape_.capacity + pos0) * row;
+  std::vector<float> x(static_cast<std::size_t>(d));
+  std::vector<std::uint8_t> packed(static_cast<std::size_t>(d / 2 + 1));
+  std::vector<std::uint8_t> scales(static_cast<std::size_t>(d / formats::kMxfp4Group + 1));
+  for (std::size_t t = 0; t < static_cast<std::size_t>(count) * hkv; ++t) {
+    float* dst = keys_.data() + base + t * d;
+    for (int i = 0; i < d; ++i) dst[i] = round_f16(k[t * d + i]);
+    if (!mxfp4_keys_.empty()) {
+      formats::mxfp4_encode(dst, d, packed.data(), scales.data());
+      float* mx = mxfp4_keys_.data() + base + t * d;
+      for (int i = 0; i < d; ++i) mx[i] = formats::mxfp4_decode(packed.data(), scales.data(), i);
+    }
+  }
+}
+
+void EvalKvCache::append(int layer, int pos0, int count, const float* k, const float* v) {
+  inner_->append(layer, pos0, count, k, v);
+  shadow(layer, pos0, count, k);
+}
+
+void EvalKvCache::append_device(int layer, int pos0, int count, const float* d_k,
+                                const float* d_v) {
+  inner_->append_device(layer, pos0, count, d_k, d_v);
+#if KVC_CUDA_ENABLED
+  const std::size_t n = static_cast<std::size_t>(count) * shape_.num_kv_heads * shape_.head_dim;
+  staging_.resize(n);
+  copy_to_host(staging_.data(), d_k, n);
+  shadow(layer, pos0, count, staging_.data());
+#endif
+}
+
+void EvalKvCache::begin_step(int position) {
+  if (step_.position == position) return;
+  step_.position = position;
+  step_.mass_recall.assign(static_cast<std::size_t>(shape_.num_layers) * shape_.num_kv_heads,
+                           std::numeric_limits<double>::quiet_NaN());
+}
+
+void EvalKvCache::measure(int layer, int position, const float* q) {
+  const int hq = shape_.num_q_heads, hkv = shape_.num_kv_heads, d = shape_.head_dim;
+  const int group = hq / hkv;
+  const int length = position + 1;
+  Exact& e = *exact_;
+  e.length = length;
+  e.q.resize(static_cast<std::size_t>(hq) * d);
+  for (std::size_t i = 0; i < e.q.size(); ++i) e.q[i] = round_f16(q[i]);
+  e.logit.resize(static_cast<std::size_t>(hq) * length);
+  e.prob.resize(e.logit.size());
+  const std::size_t row = static_cast<std::size_t>(hkv) * d;
+  const float* keys = keys_.data() + static_cast<std::size_t>(layer) * shape_.capacity * row;
+  pool_.parallel_for(hq, [&](int g, int) {
+    const int h = g / group;
+    const float* qg = e.q.data() + static_cast<std::size_t>(g) * d;
+    double* lg = e.logit.data() + static_cast<std::size_t>(g) * length;
+    double* pg = e.prob.data() + static_cast<std::size_t>(g) * length;
+    double mx = -std::numeric_limits<double>::infinity();
+    for (int i = 0; i < length; ++i) {
+      const float* k = keys + static_cast<std::size_t>(i) * row + static_cast<std::size_t>(h) * d;
+      double dot = 0.0;
+      for (int c = 0; c < d; ++c) dot += static_cast<double>(qg[c]) * k[c];
+      lg[i] = static_cast<double>(scale_) * dot;
+      mx = std::max(mx, lg[i]);
+    }
+    double z = 0.0;
+    for (int i = 0; i < length; ++i) z += (pg[i] = std::exp(lg[i] - mx));
+    for (int i = 0; i < length; ++i) pg[i] /= z;
+  });
+  exact_layer_ = layer;
+}
+
+void EvalKvCache::score_blocks(int layer, int position, const ScoresView& out) const {
+  const Exact& e = *exact_;
+  KVC_CHECK(exact_layer_ == layer && e.length == position + 1,
+            "eval cache: block scores asked for layer ", layer, " position ", position,
+            " before the probe measured it");
+  const int hq = shape_.num_q_heads, hkv = shape_.num_kv_heads, d = shape_.head_dim;
+  const int group = hq / hkv;
+  const int length = e.length;
+  const int old = std::max(0, length - window_);
+  const int closed = old / block_;
+  const std::size_t row = static_cast<std::size_t>(hkv) * d;
+  const float* mxkeys = mxfp4_keys_.empty() ? nullptr
+                                            : mxfp4_keys_.data() + static_cast<std::size_t>(layer) *
+                                                                       shape_.capacity * row;
+  std::vector<double> lg(static_cast<std::size_t>(length));
+  for (int h = 0; h < hkv; ++h) {
+    out.num_valid[h] = closed;
+    float* sc = out.scores + static_cast<std::size_t>(h) * out.max_blocks;
+    std::vector<double> acc(static_cast<std::size_t>(closed), 0.0);
+    for (int g = h * group; g < (h + 1) * group; ++g) {
+      const double* exact_logit = e.logit.data() + static_cast<std::size_t>(g) * length;
+      const double* p = e.prob.data() + static_cast<std::size_t>(g) * length;
+      const double* l = exact_logit;
+      if (mxkeys != nullptr) {  // closed blocks' logits from the mxfp4 keys, the rest exact
+        const float* qg = e.q.data() + static_cast<std::size_t>(g) * d;
+        for (int i = 0; i < length; ++i) {
+          if (i < closed * block_) {
+            const float* k =
+                mxkeys + static_cast<std::size_t>(i) * row + static_cast<std::size_t>(h) * d;
+            double dot = 0.0;
+            for (int c = 0; c < d; ++c) dot += static_cast<double>(qg[c]) * k[c];
+            lg[static_cast<std::size_t>(i)] = static_cast<double>(scale_) * dot;
+          } else {
+            lg[static_cast<std::size_t>(i)] = exact_logit[i];
+          }
+        }
+        l = lg.data();
+      }
+      const bool mass = score_ == ProbeScore::kOracleMass || score_ == ProbeScore::kMxfp4Mass;
+      if (mass) {
+        const double* w = p;  // the oracle: the exact probabilities
+        std::vector<double> q_prob;
+        if (score_ == ProbeScore::kMxfp4Mass) {  // the softmax the rounded logits give
+          double mx = -std::numeric_limits<double>::infinity();
+          for (int i = 0; i < length; ++i) mx = std::max(mx, l[i]);
+          q_prob.resize(static_cast<std::size_t>(length));
+          double z = 0.0;
+          for (int i = 0; i < length; ++i)
+            z += (q_prob[static_cast<std::size_t>(i)] = std::exp(l[i] - mx));
+          for (double& x : q_prob) x /= z;
+          w = q_prob.data();
+        }
+        for (int j = 0; j < closed; ++j) {
+          double m = 0.0;
+          for (int i = j * block_; i < (j + 1) * block_; ++i) m += w[i];
+          acc[static_cast<std::size_t>(j)] += m;
+        }
+      } else {
+        for (int j = 0; j < closed; ++j) {
+          double m = -std::numeric_limits<double>::infinity();
+          for (int i = j * block_; i < (j + 1) * block_; ++i) m = std::max(m, l[i]);
+          acc[static_cast<std::size_t>(j)] += m;
+        }
+      }
+    }
+    for (int j = 0; j < closed; ++j) sc[j] = static_cast<float>(acc[static_cast<std::size_t>(j)]);
+  }
+}
+
+void EvalKvCache::record_recall(int layer, int position) {
+  const Exact& e = *exact_;
+  const int hq = shape_.num_q_heads, hkv = shape_.num_kv_heads;
+  const int group = hq / hkv;
+  const int length = e.length;
+  const int old = std::max(0, length - window_);
+  const int closed = old / block_;
+  const AttentionMode mode = inner_->mode();
+  const bool dense = layer < inner_->dense_layers() || mode == AttentionMode::kDense;
+  const bool defined =
+      dense || mode == AttentionMode::kRecentOnly || mode == AttentionMode::kBlockSelectExact;
+  const KvcStepStats& st = inner_->last_step();
+  for (int h = 0; h < hkv; ++h) {
+    double& r = step_.mass_recall[static_cast<std::size_t>(layer) * hkv + h];
+    if (!defined) continue;
+    std::vector<char> in(static_cast<std::size_t>(length), 0);
+    if (dense) {
+      std::fill(in.begin(), in.end(), 1);
+    } else {
+      // The ring (positions [old, length)) and, in the select modes, the open block.
+      const int from = mode == AttentionMode::kBlockSelectExact ? closed * block_ : old;
+      std::fill(in.begin() + from, in.end(), 1);
+      if (mode == AttentionMode::kBlockSelectExact) {
+        KVC_CHECK(st.position == position &&
+                      st.selected.size() == static_cast<std::size_t>(shape_.num_layers) * hkv,
+                  "eval cache: no selection recorded for layer ", layer, " position ", position);
+        for (std::int32_t b : st.selected[static_cast<std::size_t>(layer) * hkv + h]) {
+          KVC_CHECK(b >= 0 && b < closed, "eval cache: selected block ", b, " of ", closed);
+          std::fill(in.begin() + b * block_, in.begin() + (b + 1) * block_, 1);
+        }
+      }
+    }
+    double sum = 0.0;
+    for (int g = h * group; g < (h + 1) * group; ++g) {
+      const double* p = e.prob.data() + static_cast<std::size_t>(g) * length;
+      double m = 0.0;
+      for (int i = 0; i < length; ++i) m += in[static_cast<std::size_t>(i)] ? p[i] : 0.0;
+      sum += m;
+    }
+    r = sum / group;
+  }
+}
+
+void EvalKvCache::attend(int layer, int pos0, int count, const float* q, float* out,
+                         ThreadPool& pool) {
+  if (count != 1) {
+    inner_->attend(layer, pos0, count, q, out, pool);
+    return;
+  }
+  begin_step(pos0);
+  measure(layer, pos0, q);
+  inner_->attend(layer, pos0, count, q, out, pool);
+  record_recall(layer, pos0);
+}
+
+void EvalKvCache::attend_device(int layer, int pos0, int count, const float* d_q, float* d_out) {
+#if KVC_CUDA_ENABLED
+  if (count == 1) {
+    const std::size_t n = static_cast<std::size_t>(shape_.num_q_heads) * shape_.head_dim;
+    staging_.resize(n);
+    copy_to_host(staging_.data(), d_q, n);
+    begin_step(pos0);
+    measure(layer, pos0, staging_.data());
+  }
+#endif
+  inner_->attend_device(layer, pos0, count, d_q, d_out);
+  if (count == 1) record_recall(layer, pos0);
+}
+
+}  // namespace mini_decoder
+}  // namespace kvc

@@ -1,0 +1,115 @@
+/*! \file examples/mini_decoder/eval_cache.h
+ *  \brief EvalKvCache: a KvCache that runs a kvc cache (kvc_cache.h) unchanged and, beside it,
+ *  measures every single-token query exactly — the teacher-forced quality harness's probe.
+ *
+ *  It keeps a host copy of every layer's keys as kvc stores them (rounded to f16, kvc's 16-bit
+ *  I/O) and, for each single-token attend(), computes the query's exact softmax over every
+ *  visible token (the query rounded to f16 as kvc rounds it, logits scale * q.k in float64).
+ *  From that:
+ *  - the **attention-mass recall** of the set kvc attended: the exact softmax mass, per query
+ *    head, of the ring, the open block and the selected closed blocks (kvc's selection, read from
+ *    its step statistics), averaged over the heads of each kv head's group; 1 for dense layers;
+ *  - optionally the **block scores** kvc's Selector ranks instead of its BlockIndex's (a
+ *    ProbeScore rule): the oracle (each closed block's true dense attention mass, summed over the
+ *    group's heads: the best any block selection of that size can keep), or emulations of
+ *    token-level rules over exact or mxfp4-rounded keys (used to study a rule before the library
+ *    has its kernel).
+ *  The kvc cache's outputs are never changed by the probe; only where a ProbeScore replaces the
+ *  BlockIndex does the selection follow the probe's scores.
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kv_cache.h"
+#include "kvc_cache.h"
+
+namespace kvc {
+namespace mini_decoder {
+
+class ThreadPool;
+
+/// Block-scoring rules the probe computes from its exact copy of the keys.
+enum class ProbeScore {
+  kNone,        ///< kvc's own BlockIndex (the cache's --kv-scoring)
+  kOracleMass,  ///< true dense attention mass of the block, summed over the group's heads
+  kMxfp4Mass,   ///< the same rule with the old keys rounded through mxfp4 (32-element groups)
+  kExactMax,    ///< the block's best logit (exact keys), summed over the group's heads
+  kMxfp4Max,    ///< the block's best logit from mxfp4-rounded keys, summed over the group's heads
+};
+
+/// Parses "none", "oracle", "mxfp4_mass", "exact_max", "mxfp4_max"; throws kvc::Error otherwise.
+ProbeScore parse_probe_score(const std::string& name);
+/// The name parse_probe_score() reads.
+const char* to_string(ProbeScore s);
+
+/// What the probe measured for the last single-token query, over all layers.
+struct ProbeStep {
+  int position = -1;  ///< the query token's absolute position
+  /// [layer * Hkv + h]: exact softmax mass of the attended set, mean over the group's heads
+  /// (NaN for layers not attended at this position or modes without a defined attended set).
+  std::vector<double> mass_recall;
+};
+
+/// The probe around a kvc cache (see the file comment). One sequence.
+class EvalKvCache final : public KvCache {
+ public:
+  /// @param[in] inner the kvc cache that does the work (its statistics are switched on)
+  /// @param[in] shape the geometry `inner` was built for
+  /// @param[in] score block-scoring rule to substitute for the BlockIndex (kNone: keep it)
+  /// @param[in] pool  threads for the exact attention (shared with the model; never used by the
+  ///                  model and the probe at the same time)
+  EvalKvCache(std::unique_ptr<KvcKvCache> inner, const KvShape& shape, ProbeScore score,
+              ThreadPool& pool);
+  ~EvalKvCache() override;
+
+  int length() const override { return inner_->length(); }
+  int capacity() const override { return inner_->capacity(); }
+  int max_query_tokens() const override { return inner_->max_query_tokens(); }
+  void append(int layer, int pos0, int count, const float* k, const float* v) override;
+  void attend(int layer, int pos0, int count, const float* q, float* out,
+              ThreadPool& pool) override;
+  bool on_device() const override { return inner_->on_device(); }
+  void append_device(int layer, int pos0, int count, const float* d_k, const float* d_v) override;
+  void attend_device(int layer, int pos0, int count, const float* d_q, float* d_out) override;
+  void advance(int count) override { inner_->advance(count); }
+  std::size_t footprint_bytes() const override { return inner_->footprint_bytes(); }
+  std::size_t reserved_bytes() const override { return inner_->reserved_bytes(); }
+  std::string describe() const override;
+
+  /// The kvc cache inside.
+  const KvcKvCache& inner() const { return *inner_; }
+  /// What the probe measured for the last single-token query.
+  const ProbeStep& last_step() const { return step_; }
+
+ private:
+  struct Exact;  // the exact softmax of one query, per query head
+
+  void shadow(int layer, int pos0, int count, const float* k);
+  // Exact softmax of the query at `position` of `layer` (q: [Hq][d] f32, not yet rounded).
+  void measure(int layer, int position, const float* q);
+  void score_blocks(int layer, int position, const ScoresView& out) const;
+  void record_recall(int layer, int position);
+  void begin_step(int position);
+
+  std::unique_ptr<KvcKvCache> inner_;
+  KvShape shape_;
+  ProbeScore score_;
+  ThreadPool& pool_;
+  int window_ = 0;
+  int block_ = 0;
+  float scale_ = 0.0f;
+  std::vector<float> keys_;        // [layer][capacity][Hkv][d], f16-rounded
+  std::vector<float> mxfp4_keys_;  // the same through mxfp4 (the mxfp4 rules only)
+  std::vector<float> staging_;     // device copies of K / q on their way to the host
+  std::unique_ptr<Exact> exact_;
+  int exact_layer_ = -1;
+  ProbeStep step_;
+};
+
+}  // namespace mini_decoder
+}  // namespace kvc

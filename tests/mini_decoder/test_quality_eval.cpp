@@ -1,0 +1,313 @@
+// The teacher-forced quality harness: the exact probe (eval_cache.h) against brute force, and
+// the harness (teacher_forced.h) end to end on a tiny random model.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "decoder.h"
+#include "eval_cache.h"
+#include "gguf.h"
+#include "gguf_writer.h"
+#include "kv_cache.h"
+#include "kvc/core/error.h"
+#include "kvc/core/numeric.h"
+#include "kvc_cache.h"
+#include "teacher_forced.h"
+#include "test_models.h"
+#include "thread_pool.h"
+
+namespace kvc {
+namespace mini_decoder {
+namespace {
+
+using namespace test_models;
+
+float f16(float x) { return half_bits_to_float(float_to_half_bits(x)); }
+
+KvOptions select_options(int top, int window, int block) {
+  KvOptions o;
+  o.mode = "block_select_exact";
+  o.format = "fp16k_q4v";
+  o.top_blocks = top;
+  o.recent_window = window;
+  o.block_size = block;
+  o.device = "cpu";
+  return o;
+}
+
+// A probe over `layers` layers filled with random K/V (some keys scaled up so that a few blocks
+// carry most of the mass), and one random query per layer at position `length` - 1.
+struct ProbeBed {
+  KvShape shape{2, 6, 2, 64, 400};
+  int window = 64, block = 16;
+  int length = 64 + 16 * 6 + 5;  // 6 closed blocks and 5 tokens in the open block
+  std::vector<float> k, v;       // [layer][length][Hkv][d]
+  std::vector<float> q;          // [layer][Hq][d]
+
+  ProbeBed() {
+    const std::size_t token = static_cast<std::size_t>(shape.num_kv_heads) * shape.head_dim;
+    k = random_vec(static_cast<std::size_t>(shape.num_layers) * length * token);
+    v = random_vec(k.size());
+    q = random_vec(static_cast<std::size_t>(shape.num_layers) * shape.num_q_heads * shape.head_dim);
+    std::uniform_int_distribution<int> pos(0, length - window - 1);
+    for (int n = 0; n < 12; ++n) {  // outlier keys in random old positions
+      const std::size_t t = static_cast<std::size_t>(pos(rng()));
+      const std::size_t l = static_cast<std::size_t>(n % shape.num_layers);
+      for (std::size_t i = 0; i < token; ++i) k[(l * length + t) * token + i] *= 4.0f;
+    }
+  }
+
+  std::unique_ptr<EvalKvCache> make(const KvOptions& o, ProbeScore score, ThreadPool& pool) const {
+    auto inner = std::make_unique<KvcKvCache>(o, shape, Device::cpu());
+    auto cache = std::make_unique<EvalKvCache>(std::move(inner), shape, score, pool);
+    const std::size_t token = static_cast<std::size_t>(shape.num_kv_heads) * shape.head_dim;
+    for (int l = 0; l < shape.num_layers; ++l) {
+      cache->append(l, 0, length - 1, k.data() + static_cast<std::size_t>(l) * length * token,
+                    v.data() + static_cast<std::size_t>(l) * length * token);
+    }
+    cache->advance(length - 1);
+    return cache;
+  }
+
+  // Appends the last token and attends the query in every layer.
+  void step(EvalKvCache& cache, ThreadPool& pool) const {
+    const std::size_t token = static_cast<std::size_t>(shape.num_kv_heads) * shape.head_dim;
+    const std::size_t qn = static_cast<std::size_t>(shape.num_q_heads) * shape.head_dim;
+    std::vector<float> out(qn);
+    for (int l = 0; l < shape.num_layers; ++l) {
+      const std::size_t at = (static_cast<std::size_t>(l) * length + length - 1) * token;
+      cache.append(l, length - 1, 1, k.data() + at, v.data() + at);
+      cache.attend(l, length - 1, 1, q.data() + static_cast<std::size_t>(l) * qn, out.data(), pool);
+    }
+    cache.advance(1);
+  }
+
+  // Exact softmax of query head g of layer l over every position, from the f16-rounded inputs.
+  std::vector<double> probabilities(int l, int g) const {
+    const int d = shape.head_dim, group = shape.num_q_heads / shape.num_kv_heads;
+    const std::size_t token = static_cast<std::size_t>(shape.num_kv_heads) * d;
+    const float* qg = q.data() + (static_cast<std::size_t>(l) * shape.num_q_heads + g) *
+                                     static_cast<std::size_t>(d);
+    std::vector<double> p(static_cast<std::size_t>(length));
+    double mx = -1e300;
+    for (int i = 0; i < length; ++i) {
+      const float* ki = k.data() + (static_cast<std::size_t>(l) * length + i) * token +
+                        static_cast<std::size_t>(g / group) * d;
+      double dot = 0;
+      for (int c = 0; c < d; ++c) dot += static_cast<double>(f16(qg[c])) * f16(ki[c]);
+      p[static_cast<std::size_t>(i)] = dot / std::sqrt(static_cast<double>(d));
+      mx = std::max(mx, p[static_cast<std::size_t>(i)]);
+    }
+    double z = 0;
+    for (double& x : p) z += (x = std::exp(x - mx));
+    for (double& x : p) x /= z;
+    return p;
+  }
+
+  // Group-mean mass of the ring, the open block and the closed blocks in `chosen` (a bit mask).
+  double recall(int l, int h, unsigned chosen) const {
+    const int group = shape.num_q_heads / shape.num_kv_heads;
+    const int closed = (length - window) / block;
+    double sum = 0;
+    for (int g = h * group; g < (h + 1) * group; ++g) {
+      const std::vector<double> p = probabilities(l, g);
+      for (int i = 0; i < length; ++i) {
+        const int b = i / block;
+        if (b >= closed || (chosen >> b & 1u)) sum += p[static_cast<std::size_t>(i)];
+      }
+    }
+    return sum / group;
+  }
+};
+
+TEST(MiniDecoder_QualityProbe, OracleKeepsTheMostMassOfAnySelection) {
+  ThreadPool pool(2);
+  ProbeBed bed;
+  const int closed = (bed.length - bed.window) / bed.block;
+  ASSERT_EQ(closed, 6);
+  for (int top : {1, 2, 3}) {
+    SCOPED_TRACE("top " + std::to_string(top));
+    auto oracle =
+        bed.make(select_options(top, bed.window, bed.block), ProbeScore::kOracleMass, pool);
+    auto mean_k = bed.make(select_options(top, bed.window, bed.block), ProbeScore::kNone, pool);
+    bed.step(*oracle, pool);
+    bed.step(*mean_k, pool);
+    for (int l = 0; l < bed.shape.num_layers; ++l) {
+      for (int h = 0; h < bed.shape.num_kv_heads; ++h) {
+        double best = 0;
+        for (unsigned m = 0; m < (1u << closed); ++m) {
+          if (__builtin_popcount(m) == top) best = std::max(best, bed.recall(l, h, m));
+        }
+        const std::size_t at = static_cast<std::size_t>(l) * bed.shape.num_kv_heads + h;
+        // The probe's recall of its own (oracle) selection is the brute-force optimum ...
+        EXPECT_NEAR(oracle->last_step().mass_recall[at], best, 1e-9) << "layer " << l << " h " << h;
+        // ... and the recall it reports for mean-K's selection is that selection's true mass.
+        unsigned chosen = 0;
+        for (std::int32_t b : mean_k->inner().last_step().selected[at]) chosen |= 1u << b;
+        ASSERT_EQ(__builtin_popcount(chosen), top);
+        EXPECT_NEAR(mean_k->last_step().mass_recall[at], bed.recall(l, h, chosen), 1e-9);
+        EXPECT_LE(mean_k->last_step().mass_recall[at], best + 1e-12);
+      }
+    }
+  }
+}
+
+TEST(MiniDecoder_QualityProbe, RecallOfDenseRingAndDenseLayers) {
+  ThreadPool pool(2);
+  ProbeBed bed;
+  KvOptions dense = select_options(1, bed.window, bed.block);
+  dense.mode = "dense";
+  dense.format = "f16";
+  auto d = bed.make(dense, ProbeScore::kNone, pool);
+  KvOptions ring = dense;
+  ring.mode = "recent_only";
+  auto r = bed.make(ring, ProbeScore::kNone, pool);
+  KvOptions first = select_options(1, bed.window, bed.block);
+  first.dense_layers = 1;  // layer 0 dense, layer 1 top 1
+  auto f = bed.make(first, ProbeScore::kNone, pool);
+  bed.step(*d, pool);
+  bed.step(*r, pool);
+  bed.step(*f, pool);
+  const int group = bed.shape.num_q_heads / bed.shape.num_kv_heads;
+  for (int l = 0; l < bed.shape.num_layers; ++l) {
+    for (int h = 0; h < bed.shape.num_kv_heads; ++h) {
+      const std::size_t at = static_cast<std::size_t>(l) * bed.shape.num_kv_heads + h;
+      EXPECT_NEAR(d->last_step().mass_recall[at], 1.0, 1e-12);
+      double ring_mass = 0;
+      for (int g = h * group; g < (h + 1) * group; ++g) {
+        const std::vector<double> p = bed.probabilities(l, g);
+        for (int i = bed.length - bed.window; i < bed.length; ++i)
+          ring_mass += p[static_cast<std::size_t>(i)];
+      }
+      EXPECT_NEAR(r->last_step().mass_recall[at], ring_mass / group, 1e-9);
+      EXPECT_LT(r->last_step().mass_recall[at], 1.0);
+      if (l == 0) EXPECT_NEAR(f->last_step().mass_recall[at], 1.0, 1e-12);
+    }
+  }
+  EXPECT_TRUE(f->inner().last_step().selected[0].empty());  // the dense layer selects nothing
+  EXPECT_EQ(f->inner().last_step().selected[2].size(), 1u);
+}
+
+TEST(MiniDecoder_QualityProbe, TokenRulesScoreByTheirDefinition) {
+  ThreadPool pool(2);
+  ProbeBed bed;
+  const int closed = (bed.length - bed.window) / bed.block;
+  const int group = bed.shape.num_q_heads / bed.shape.num_kv_heads;
+  // exact_max with top 1 picks the block holding the largest summed-over-heads best logit.
+  auto c = bed.make(select_options(1, bed.window, bed.block), ProbeScore::kExactMax, pool);
+  bed.step(*c, pool);
+  for (int l = 0; l < bed.shape.num_layers; ++l) {
+    for (int h = 0; h < bed.shape.num_kv_heads; ++h) {
+      std::vector<double> score(static_cast<std::size_t>(closed), 0.0);
+      for (int g = h * group; g < (h + 1) * group; ++g) {
+        const std::vector<double> p = bed.probabilities(l, g);  // log p differs from the logit
+        for (int b = 0; b < closed; ++b) {                      // by a per-head constant
+          double m = -1e300;
+          for (int i = b * bed.block; i < (b + 1) * bed.block; ++i)
+            m = std::max(m, std::log(p[static_cast<std::size_t>(i)]));
+          score[static_cast<std::size_t>(b)] += m;
+        }
+      }
+      const int want =
+          static_cast<int>(std::max_element(score.begin(), score.end()) - score.begin());
+      const std::size_t at = static_cast<std::size_t>(l) * bed.shape.num_kv_heads + h;
+      ASSERT_EQ(c->inner().last_step().selected[at].size(), 1u);
+      EXPECT_EQ(c->inner().last_step().selected[at][0], want) << "layer " << l << " h " << h;
+    }
+  }
+  // The mxfp4 rules run and select valid blocks.
+  for (ProbeScore s : {ProbeScore::kMxfp4Mass, ProbeScore::kMxfp4Max}) {
+    auto m = bed.make(select_options(2, bed.window, bed.block), s, pool);
+    bed.step(*m, pool);
+    for (const auto& ids : m->inner().last_step().selected) {
+      ASSERT_EQ(ids.size(), 2u);
+      for (std::int32_t b : ids) EXPECT_TRUE(b >= 0 && b < closed);
+    }
+  }
+  EXPECT_THROW(parse_probe_score("best"), Error);
+  KvOptions ring = select_options(1, bed.window, bed.block);
+  ring.mode = "recent_only";
+  EXPECT_THROW(bed.make(ring, ProbeScore::kOracleMass, pool), Error);  // no selection to drive
+}
+
+TEST(MiniDecoder_QualityEval, ParsesConfigsAndRejectsBadOnes) {
+  const EvalConfig c = EvalConfig::parse(
+      "name=x; top=4; window=64; block=16; policy=anchor; scoring=oracle; dense_layers=2");
+  EXPECT_EQ(c.name, "x");
+  EXPECT_EQ(c.kv.mode, "block_select_exact");
+  EXPECT_EQ(c.kv.top_blocks, 4);
+  EXPECT_EQ(c.kv.policy, "anchor");
+  EXPECT_EQ(c.probe, ProbeScore::kOracleMass);
+  EXPECT_EQ(c.scoring(), "oracle");
+  EXPECT_EQ(c.kv.dense_layers, 2);
+  EXPECT_EQ(EvalConfig::parse("name=q;scoring=quest").scoring(), "quest");
+  for (const char* bad : {"top=4", "name=a;top=four", "name=a;colour=red", "name=a;scoring=best",
+                          "name=a;mode=recent_only;scoring=oracle", "name=a;mode=dense;format=f32",
+                          "name=a;block=20", "name=a;top"}) {
+    EXPECT_THROW(EvalConfig::parse(bad), Error) << bad;
+  }
+}
+
+TEST(MiniDecoder_QualityEval, TinyModelEndToEnd) {
+  const Tiny t = tiny64();  // context 256
+  testing::TempFile file(tiny_model(t));
+  const gguf::File f(file.path());
+  ThreadPool pool(2);
+  Decoder model(f, /*on_cuda=*/false, pool);
+  std::uniform_int_distribution<int> tok(0, t.vocab - 1);
+  std::vector<int> ids(201);
+  for (int& id : ids) id = tok(rng());
+  std::vector<EvalConfig> configs;
+  for (const char* spec :
+       {"name=dense16;mode=dense;format=f16", "name=ring;mode=recent_only;window=32;block=16",
+        "name=meank;top=1;window=32;block=16",
+        "name=oracle;top=1;window=32;block=16;scoring=oracle",
+        "name=all;top=16;window=32;block=16"}) {
+    configs.push_back(EvalConfig::parse(std::string(spec) + ";device=cpu"));
+  }
+  EvalRunOptions o;
+  o.start = 150;
+  o.end = 200;
+  o.bucket = 20;
+  o.chunk = 16;
+  const std::vector<EvalResult> r = run_teacher_forced(model, ids, configs, o, pool);
+  ASSERT_EQ(r.size(), configs.size());
+  for (const EvalResult& x : r) {
+    SCOPED_TRACE(x.config.name);
+    EXPECT_EQ(x.steps, 50);
+    EXPECT_TRUE(std::isfinite(x.mean_kl) && x.mean_kl >= -1e-9);
+    EXPECT_EQ(x.kl_by_bucket.size(), 3u);
+    EXPECT_EQ(x.mass_recall_by_layer.size(), static_cast<std::size_t>(t.layers));
+    EXPECT_GT(x.bytes_dense_per_step, 0.0);
+    EXPECT_NE(x.to_json("\"k\":1").find("\"mean_kl\":"), std::string::npos);
+  }
+  // The dense kvc control: f16 rounding only; every token attended.
+  EXPECT_LT(r[0].mean_kl, 1e-3);
+  EXPECT_GE(r[0].top1_agreement, 0.95);
+  EXPECT_NEAR(r[0].mass_recall, 1.0, 1e-12);
+  EXPECT_NEAR(r[0].nll_dense, r[1].nll_dense, 1e-9);  // the same reference for every config
+  // The ring alone keeps less mass than one selected block besides it, which keeps less than the
+  // oracle's block; selecting every block is dense.
+  EXPECT_LT(r[1].mass_recall, r[2].mass_recall);
+  EXPECT_LE(r[2].mass_recall, r[3].mass_recall + 1e-3);
+  EXPECT_GT(r[1].mean_kl, r[0].mean_kl);
+  EXPECT_NEAR(r[4].mass_recall, 1.0, 1e-12);
+  EXPECT_EQ(r[1].bytes_scoring_per_step, 0.0);
+  EXPECT_GT(r[3].bytes_scoring_per_step,
+            r[2].bytes_scoring_per_step);  // the oracle reads every key
+  // Bad runs.
+  EvalRunOptions bad = o;
+  bad.end = 300;  // past the text and the context
+  EXPECT_THROW(run_teacher_forced(model, ids, configs, bad, pool), Error);
+  std::vector<EvalConfig> twice{configs[0], configs[0]};
+  EXPECT_THROW(run_teacher_forced(model, ids, twice, o, pool), Error);
+}
+
+}  // namespace
+}  // namespace mini_decoder
+}  // namespace kvc
