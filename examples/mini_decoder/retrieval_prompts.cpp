@@ -110,6 +110,24 @@ std::string config_line(std::mt19937& rng) {
          pick(rng, kValues);
 }
 
+// The demo's document (demo_prompt.txt without its question line).
+const char* const kDemoDocument =
+    R"DOC(Notes from the harbour town of Saltmere, written by the keeper of the old lighthouse.
+
+The lighthouse keeper's cat is named Biscuit. She is grey with one white paw, and she sleeps on the warm lamp room floor every afternoon.
+
+Spring came late this year. The fishing boats stayed in the harbour for most of March because the wind from the north did not stop for three weeks. The fishermen mended their nets on the quay and argued about the weather, as they always do. The baker on Rope Street sold out of bread every morning before eight, and the school children spent their breaks watching the waves break over the sea wall.
+
+In April the council finally repaired the road to the next village. For years the carts had to go the long way around the hill, and the farmers complained at every market day. Now the new road is smooth and wide, and the post arrives a day earlier than before. The council also painted the benches in the park green, which nobody had asked for, but most people seem to like it.
+
+The old chapel on the cliff had a new roof put on in May. The carpenters worked for six weeks, and on the last day the whole town brought food and music up the hill. Someone's dog stole an entire ham from the table, and the children chased it all the way down to the beach. The priest said it was the best celebration the chapel had seen in forty years.
+
+Summer brought the usual visitors. They rented rooms above the inn, walked along the cliffs, and asked the same questions about the lighthouse: how high it is, how far the light can be seen, and whether the keeper ever gets lonely. The answers are forty metres, about twenty nautical miles, and no, not really. There is always something to do: the lamp must be cleaned, the log must be written, the stairs must be swept, and the garden behind the tower needs water every evening when it does not rain.
+
+In August a storm came in from the west and lasted two days. The harbour master closed the port, and the lifeboat crew waited in their station with the doors open. Nobody was lost at sea, but the storm tore the sails of two yachts and carried away half of the old pier. The town has started collecting money to rebuild it before next summer.
+
+Autumn has been quiet. The apples in the orchards were good this year, and the cider press behind the inn has been running every weekend. The evenings are getting longer, and the light in the tower now turns on before six o'clock.)DOC";
+
 struct Needle {
   double depth;
   std::string text;
@@ -163,6 +181,31 @@ TaskSpec spec_of(const std::string& task) {
       t.answer_prefix = "The chief engineer of the river ferry is";
       t.expected = {"Okafor"};
     }
+  } else if (task.rfind("demo_", 0) == 0) {
+    // The demo's document, whole, as one needle in the middle of the filler; several questions.
+    t.needles = {{0.5, kDemoDocument}};
+    if (task == "demo_cat") {
+      t.question = "What is the name of the lighthouse keeper's cat?";
+      t.answer_prefix = "The lighthouse keeper's cat is named";
+      t.expected = {"Biscuit"};
+    } else if (task == "demo_baker") {
+      t.question = "On which street is the baker?";
+      t.answer_prefix = "The baker is on";
+      t.expected = {"Rope"};
+    } else if (task == "demo_storm") {
+      t.question = "How long did the storm in August last?";
+      t.answer_prefix = "The storm lasted";
+      t.expected = {"two days"};
+    } else if (task == "demo_chapel") {
+      t.question = "For how many weeks did the carpenters work on the chapel roof?";
+      t.answer_prefix = "The carpenters worked for";
+      t.expected = {"six"};
+    } else {
+      KVC_CHECK(task == "demo_height", "retrieval: task '", task, "' is unknown");
+      t.question = "How high is the lighthouse?";
+      t.answer_prefix = "The lighthouse is";
+      t.expected = {"forty"};
+    }
   } else if (task == "code_config") {
     t.config = true;
     t.needles = {{0.1,
@@ -195,9 +238,9 @@ std::uint32_t hash_of(const std::string& s) {
 }  // namespace
 
 const std::vector<std::string>& retrieval_tasks() {
-  static const std::vector<std::string> t = {"passkey",    "multi_needle", "distractor",
-                                             "fact_early", "fact_middle",  "fact_late",
-                                             "code_config"};
+  static const std::vector<std::string> t = {
+      "passkey",     "multi_needle", "distractor", "fact_early", "fact_middle", "fact_late",
+      "code_config", "demo_cat",     "demo_baker", "demo_storm", "demo_chapel", "demo_height"};
   return t;
 }
 
@@ -277,6 +320,11 @@ RetrievalPrompt make_retrieval_prompt(const std::string& task, int target_tokens
     p.needle_depths.push_back(n.depth);
   }
   return p;
+}
+
+const std::string& demo_document() {
+  static const std::string d = kDemoDocument;
+  return d;
 }
 
 std::string retrieval_prompt_text(const RetrievalPrompt& p) {

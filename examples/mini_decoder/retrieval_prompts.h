@@ -10,7 +10,11 @@
  *    at 65 %;
  *  - fact_early / fact_middle / fact_late: a named-entity fact at 5 %, 50 % and 90 %;
  *  - code_config: a config file whose archived section (10 %) holds KVC_BATCH_LIMIT=73 and whose
- *    active section (60 %) holds KVC_BATCH_LIMIT=37; the active value is asked for.
+ *    active section (60 %) holds KVC_BATCH_LIMIT=37; the active value is asked for;
+ *  - demo_cat / demo_baker / demo_storm / demo_chapel / demo_height: the demo's own document
+ *    (demo_prompt.txt, about 560 tokens, whole) at 50 % depth, with five questions about it (the
+ *    cat's name, the baker's street, the storm's length, the chapel roof's weeks, the
+ *    lighthouse's height).
  *  The prompt is the ChatML chat (default system message) with the document and the question as
  *  the user message, followed by the start of the answer (answer_prefix), which the model
  *  completes. A row passes when the completion contains every expected string and none of the
@@ -53,6 +57,9 @@ const std::vector<std::string>& retrieval_tasks();
 /// the question.
 RetrievalPrompt make_retrieval_prompt(const std::string& task, int target_tokens,
                                       const Tokenizer& tok, unsigned seed = 0);
+
+/// The demo's document: demo_prompt.txt without its final question.
+const std::string& demo_document();
 
 /// The full prompt text: chatml_prompt of the user message with the generation prompt, then the
 /// answer prefix. Encode it with parse_special = true.

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -17,9 +19,11 @@
 #include "kvc/core/error.h"
 #include "kvc/core/numeric.h"
 #include "kvc_cache.h"
+#include "retrieval_prompts.h"
 #include "teacher_forced.h"
 #include "test_models.h"
 #include "thread_pool.h"
+#include "tokenizer.h"
 
 namespace kvc {
 namespace mini_decoder {
@@ -306,6 +310,33 @@ TEST(MiniDecoder_QualityEval, TinyModelEndToEnd) {
   EXPECT_THROW(run_teacher_forced(model, ids, configs, bad, pool), Error);
   std::vector<EvalConfig> twice{configs[0], configs[0]};
   EXPECT_THROW(run_teacher_forced(model, ids, twice, o, pool), Error);
+}
+
+TEST(MiniDecoder_Retrieval, DemoTasksCarryTheDemoDocument) {
+  // The demo's prompt file is the document the demo_* tasks embed, plus its first question.
+  std::ifstream in(std::string(KVC_MINI_DECODER_SOURCE_DIR) + "/demo_prompt.txt");
+  ASSERT_TRUE(static_cast<bool>(in));
+  std::ostringstream file;
+  file << in.rdbuf();
+  EXPECT_EQ(file.str(),
+            demo_document() + "\n\nQuestion: what is the name of the lighthouse keeper's cat?\n");
+  const std::string model = find_model();
+  if (model.empty()) GTEST_SKIP() << "the real model is not fetched (scripts/fetch-model)";
+  const gguf::File f(model);
+  const Tokenizer tok = Tokenizer::from_gguf(f);
+  int demo = 0;
+  for (const std::string& task : retrieval_tasks()) {
+    if (task.rfind("demo_", 0) != 0) continue;
+    ++demo;
+    const RetrievalPrompt p = make_retrieval_prompt(task, 1024, tok);
+    EXPECT_NE(p.user_text.find(demo_document()), std::string::npos) << task;
+    EXPECT_NE(p.user_text.find(p.question), std::string::npos) << task;
+    const int n = static_cast<int>(tok.encode(retrieval_prompt_text(p), true).size());
+    EXPECT_LE(n, 1024) << task;
+    EXPECT_GE(n, 1000) << task;
+    EXPECT_FALSE(retrieval_passes(p, "I do not know"));
+  }
+  EXPECT_EQ(demo, 5);
 }
 
 }  // namespace
