@@ -1,13 +1,14 @@
 // Pieces shared by the Selector kernels: the compact rank key, block-wide reductions and scans
 // with a broadcast result, order-preserving compaction (of an index range, of a bitmap), the
-// radix digit pick, and a shared-memory bitonic sort.
+// radix digit pick, a shared-memory bitonic sort, stage A's parameters and the fused topk
+// epilogue (stage B of topk written by stage A).
 #pragma once
 
+#include <cstdint>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
-#include <cstdint>
-
+#include "kvc/select/selector.h"
 #include "select_rules.h"
 
 namespace kvc {
@@ -23,12 +24,11 @@ constexpr int kThreads = 512;
 /// bits = 32 + id_bits significant bits (<= 52 for max_blocks <= 2^20) and the radix select
 /// spends no passes on constant bits.
 struct KeyCodec {
-  int id_bits = 0;             ///< bits of the largest id, max_blocks - 1
-  std::uint32_t id_mask = 0;   ///< (1 << id_bits) - 1
-  int bits = 32;               ///< significant bits of a key: 32 + id_bits
+  int id_bits = 0;            ///< bits of the largest id, max_blocks - 1
+  std::uint32_t id_mask = 0;  ///< (1 << id_bits) - 1
+  int bits = 32;              ///< significant bits of a key: 32 + id_bits
 
-  __host__ __device__ __forceinline__ std::uint64_t encode(std::uint32_t score_key,
-                                                           int id) const {
+  __host__ __device__ __forceinline__ std::uint64_t encode(std::uint32_t score_key, int id) const {
     return (static_cast<std::uint64_t>(score_key) << id_bits) |
            static_cast<std::uint64_t>(id_mask - static_cast<std::uint32_t>(id));
   }
@@ -256,6 +256,83 @@ __host__ __device__ __forceinline__ int pow2_ceil(int v) {
 /// clamp(num_valid, 0, max_blocks): the CUDA path clamps what the CPU would reject.
 __device__ __forceinline__ int clamp_valid(std::int32_t v, int max_blocks) {
   return v < 0 ? 0 : (v > max_blocks ? max_blocks : static_cast<int>(v));
+}
+
+/// Stage A's parameters (both stage-A kernels: topm.cuh and small.cuh).
+struct TopmParams {
+  const float* scores;            // [rows, max_blocks]
+  const std::int32_t* num_valid;  // [rows]
+  int max_blocks;                 // row pitch N
+  int m;                          // ranks kept per row, 1..kMaxTopM; topm row pitch
+  KeyCodec codec;                 // of N
+  bool vector_loads;              // scores 16-byte aligned and N % 4 == 0
+  bool need_mass;                 // top_p: also the row's fixed-point softmax mass
+  float softmax_scale;            // top_p's scale
+  std::uint64_t* topm;            // [rows, m] out: the top min(m, n) keys, rank order
+  unsigned long long* mass;       // [rows] out (need_mass): sum of softmax_weight over the row
+  // topk finishes in stage A (no stage B) when direct_topk is set: then m = min(k + 1, N) and
+  // the fields below are set (the cluster kernel: score order only; the small kernel: any).
+  bool direct_topk;
+  int k;
+  SelectPolicy::Order order;
+  std::int32_t* out_ids;     // [rows, max_selected]
+  std::int32_t* out_counts;  // [rows]
+  int max_selected;
+  SelectionReport report;  // device pointers, any null
+};
+
+/// Stage B of topk(k) fused into stage A, for one row: from T[0, min(k + 1, n)), the row's top
+/// keys in rank order, the selected ids in p.order, the count, the -1 padding and the report
+/// (the same definitions as policy_kernel: base = the selection, nothing added). Every thread of
+/// the kBlock-thread CTA calls it after a barrier that made T visible. The chronological and
+/// descending orders place each id by counting the smaller ids: O(L^2 / kBlock) work, for the
+/// small path (L <= 64).
+template <int kBlock>
+__device__ __forceinline__ void write_topk_row(const TopmParams& p, int row, int n,
+                                               const std::uint64_t* T) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const KeyCodec codec = p.codec;
+  const int L = p.k < n ? p.k : n;
+  std::int32_t* ids = p.out_ids + static_cast<std::size_t>(row) * p.max_selected;
+  if (p.order == SelectPolicy::Order::kScore) {
+    for (int i = tid; i < p.max_selected; i += kBlock) ids[i] = i < L ? codec.id(T[i]) : -1;
+  } else {
+    const bool asc = p.order == SelectPolicy::Order::kChronological;
+    for (int i = tid; i < L; i += kBlock) {
+      const int id = codec.id(T[i]);
+      int pos = 0;
+      for (int r = 0; r < L; ++r) pos += codec.id(T[r]) < id ? 1 : 0;
+      ids[asc ? pos : L - 1 - pos] = id;
+    }
+    for (int i = L + tid; i < p.max_selected; i += kBlock) ids[i] = -1;
+  }
+  const SelectionReport& rep = p.report;
+  const std::size_t rep_row = static_cast<std::size_t>(row) * rep.pitch;
+  if (rep.base_ids != nullptr) {
+    for (int i = tid; i < rep.pitch; i += kBlock) {
+      rep.base_ids[rep_row + i] = i < L ? codec.id(T[i]) : -1;
+    }
+  }
+  if (rep.added_ids != nullptr) {
+    for (int i = tid; i < rep.pitch; i += kBlock) rep.added_ids[rep_row + i] = -1;
+  }
+  if (tid == 0) {
+    p.out_counts[row] = L;
+    if (rep.base_counts != nullptr) rep.base_counts[row] = L;
+    if (rep.added_counts != nullptr) rep.added_counts[row] = 0;
+    if (rep.final_counts != nullptr) rep.final_counts[row] = L;
+    const float nan = bits_float(0x7fc00000u);
+    if (rep.cutoff_margin != nullptr) {
+      rep.cutoff_margin[row] =
+          L == 0   ? nan
+          : L >= n ? bits_float(0x7f800000u)
+                   : select_rules::score_gap(codec.score(T[L - 1]), codec.score(T[L]));
+    }
+    if (rep.score_spread != nullptr) {
+      rep.score_spread[row] =
+          L == 0 ? nan : select_rules::score_gap(codec.score(T[0]), codec.score(T[L - 1]));
+    }
+  }
 }
 
 }  // namespace select_detail

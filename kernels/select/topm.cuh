@@ -37,26 +37,6 @@ constexpr int kMaxClusterBlocks = kMaxCluster * kThreads * 64;
 
 static_assert(kGatherCap >= kMaxTopM, "the leader must hold the kept ranks");
 
-struct TopmParams {
-  const float* scores;            // [rows, max_blocks]
-  const std::int32_t* num_valid;  // [rows]
-  int max_blocks;                 // row pitch N
-  int m;                          // ranks kept per row, 1..kMaxTopM; topm row pitch
-  KeyCodec codec;                 // of N
-  bool vector_loads;              // scores 16-byte aligned and N % 4 == 0
-  bool need_mass;                 // top_p: also the row's fixed-point softmax mass
-  float softmax_scale;            // top_p's scale
-  std::uint64_t* topm;            // [rows, m] out: the top min(m, n) keys, rank order
-  unsigned long long* mass;       // [rows] out (need_mass): sum of softmax_weight over the row
-  // topk in score order finishes here (no stage B): then m = min(k + 1, N) and these are set.
-  bool direct_topk;
-  int k;
-  std::int32_t* out_ids;     // [rows, max_selected]
-  std::int32_t* out_counts;  // [rows]
-  int max_selected;
-  SelectionReport report;    // device pointers, any null
-};
-
 struct TopmControl {
   std::uint64_t prefix;  // the cluster's current radix prefix ...
   int pbits;             // ... of this many leading key bits
@@ -70,9 +50,9 @@ struct TopmControl {
 };
 
 struct TopmShared {
-  unsigned hist[kBins];                // this CTA's histogram of the current digit
-  unsigned reduced[kBins];             // leader: the cluster's histogram
-  std::uint64_t gather[kGatherCap];    // leader: the candidate keys
+  unsigned hist[kBins];              // this CTA's histogram of the current digit
+  unsigned reduced[kBins];           // leader: the cluster's histogram
+  std::uint64_t gather[kGatherCap];  // leader: the candidate keys
   TopmControl ctl;
   BlockTemp temp;
   cub::BlockReduce<unsigned, kThreads>::TempStorage reduce_u32;
@@ -163,8 +143,8 @@ __global__ void __launch_bounds__(kThreads, kItems <= 32 ? 2 : 1)
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
       if (elem(i) < n) {
-        z += select_rules::softmax_weight(select_rules::score_of_key(key[i]), best,
-                                          p.softmax_scale);
+        z +=
+            select_rules::softmax_weight(select_rules::score_of_key(key[i]), best, p.softmax_scale);
       }
     }
     z = BlockReduceU64(sh.temp.reduce_u64).Sum(z);
@@ -357,41 +337,8 @@ __global__ void __launch_bounds__(kThreads, kItems <= 32 ? 2 : 1)
   }
   if (p.need_mass && tid == 0) p.mass[row] = sh.ctl.mass;
   if (p.direct_topk) {
-    // Stage B of topk in score order: the top L = min(k, n) ids and the report (the same
-    // definitions as policy_kernel: base = the selection, nothing added).
     __syncthreads();
-    const int L = p.k < n ? p.k : n;
-    const std::uint64_t* T = sh.gather;
-    std::int32_t* ids = p.out_ids + static_cast<std::size_t>(row) * p.max_selected;
-    for (int i = tid; i < p.max_selected; i += kThreads) ids[i] = i < L ? codec.id(T[i]) : -1;
-    const SelectionReport& rep = p.report;
-    const std::size_t rep_row = static_cast<std::size_t>(row) * rep.pitch;
-    if (rep.base_ids != nullptr) {
-      for (int i = tid; i < rep.pitch; i += kThreads) {
-        rep.base_ids[rep_row + i] = i < L ? codec.id(T[i]) : -1;
-      }
-    }
-    if (rep.added_ids != nullptr) {
-      for (int i = tid; i < rep.pitch; i += kThreads) rep.added_ids[rep_row + i] = -1;
-    }
-    if (tid == 0) {
-      p.out_counts[row] = L;
-      if (rep.base_counts != nullptr) rep.base_counts[row] = L;
-      if (rep.added_counts != nullptr) rep.added_counts[row] = 0;
-      if (rep.final_counts != nullptr) rep.final_counts[row] = L;
-      const float nan = bits_float(0x7fc00000u);
-      if (rep.cutoff_margin != nullptr) {
-        rep.cutoff_margin[row] =
-            L == 0 ? nan
-            : L >= n
-                ? bits_float(0x7f800000u)
-                : select_rules::score_gap(codec.score(T[L - 1]), codec.score(T[L]));
-      }
-      if (rep.score_spread != nullptr) {
-        rep.score_spread[row] =
-            L == 0 ? nan : select_rules::score_gap(codec.score(T[0]), codec.score(T[L - 1]));
-      }
-    }
+    write_topk_row<kThreads>(p, row, n, sh.gather);
   }
 }
 
@@ -399,11 +346,11 @@ struct KeysParams {
   const float* scores;            // [rows, max_blocks]
   const std::int32_t* num_valid;  // [rows]
   int rows;
-  int max_blocks;                 // N
+  int max_blocks;  // N
   KeyCodec codec;
-  std::uint64_t* keys;            // [rows, N] out: keys of the valid blocks
-  int* seg_begin;                 // [rows] out: row * N
-  int* seg_end;                   // [rows] out: row * N + n
+  std::uint64_t* keys;  // [rows, N] out: keys of the valid blocks
+  int* seg_begin;       // [rows] out: row * N
+  int* seg_end;         // [rows] out: row * N + n
 };
 
 /// Sort path, first step: the key of every valid block, and each row's segment.

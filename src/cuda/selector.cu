@@ -1,5 +1,5 @@
 // Selector on CUDA: the kernel-layer launcher (call shape, workspace, stage A, stage B) and the
-// object. kernels/select/topm.cuh and policy.cuh describe the two stages.
+// object. kernels/select/small.cuh, topm.cuh and policy.cuh describe the stages.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -17,7 +17,9 @@
 #include "kvc/select/selector.h"
 #include "select/common.cuh"
 #include "select/policy.cuh"
+#include "select/small.cuh"
 #include "select/topm.cuh"
+#include "select/tuning.h"
 #include "select_internal.h"
 
 namespace kvc {
@@ -43,12 +45,12 @@ bool uses_k(Kind k) { return is_set_kind(k) || k == Kind::kTopK || k == Kind::kS
 /// How one call runs, and so which scratch it needs.
 struct Shape {
   int rows = 0;
-  int max_blocks = 0;           // N
-  bool sort_path = false;       // stage A sorts whole rows
-  int m = 0;                    // fast path: ranks kept per row
-  int words = 0;                // bitmap words per row
-  int hits_pitch = 0;           // sorted-hits scratch per row
-  std::size_t sort_bytes = 0;   // cub's temporary storage (sort path)
+  int max_blocks = 0;          // N
+  bool sort_path = false;      // stage A sorts whole rows
+  int m = 0;                   // fast path: ranks kept per row
+  int words = 0;               // bitmap words per row
+  int hits_pitch = 0;          // sorted-hits scratch per row
+  std::size_t sort_bytes = 0;  // cub's temporary storage (sort path)
 };
 
 /// The workspace of a call, carved from the caller's buffer.
@@ -163,8 +165,8 @@ cudaError_t make_shape(const ScoresView& scores, const SelectPolicy& policy,
   s.rows = scores.rows;
   s.max_blocks = N;
   const long long m = ranks_needed(policy, N);
-  s.sort_path = N > kMaxClusterBlocks || m > kMaxTopM ||
-                (is_set_kind(policy.kind) && bound > kExtrasCap);
+  s.sort_path =
+      N > kMaxClusterBlocks || m > kMaxTopM || (is_set_kind(policy.kind) && bound > kExtrasCap);
   s.m = s.sort_path ? 0 : static_cast<int>(m);
   s.words = (N + 31) / 32;
   s.hits_pitch = s.sort_path ? N : s.m;
@@ -200,6 +202,54 @@ cudaError_t launch_topm(const TopmParams& tp, int rows, cudaStream_t stream) {
   return cudaLaunchKernelEx(&cfg, kernel, tp);
 }
 
+/// Scores per thread of the small path for rows of N blocks: one CTA per row up to 4096 blocks,
+/// then clusters of CTAs holding 4096 (up to 32768 blocks) or 8192 blocks each.
+int small_items_for(int N) {
+  if (N <= kSmallThreads * 4) return 4;
+  if (N <= kSmallThreads * 8) return 8;
+  if (N <= kSmallMaxCtas * kSmallThreads * 16) return 16;
+  return 32;
+}
+
+template <int kItems>
+cudaError_t launch_small(const TopmParams& tp, int rows, cudaStream_t stream) {
+  constexpr int kChunk = kSmallThreads * kItems;
+  const int ctas = (tp.max_blocks + kChunk - 1) / kChunk;
+  if (ctas > kSmallMaxCtas) return cudaErrorInvalidValue;
+  if (ctas == 1) {
+    small_topm_kernel<kItems, false><<<static_cast<unsigned>(rows), kSmallThreads, 0, stream>>>(tp);
+    return cudaGetLastError();
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(ctas) * static_cast<unsigned>(rows), 1, 1);
+  cfg.blockDim = dim3(kSmallThreads, 1, 1);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(ctas);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, small_topm_kernel<kItems, true>, tp);
+}
+
+cudaError_t launch_small_items(int items, const TopmParams& tp, int rows, cudaStream_t stream) {
+  switch (items) {
+    case 4:
+      return launch_small<4>(tp, rows, stream);
+    case 8:
+      return launch_small<8>(tp, rows, stream);
+    case 16:
+      return launch_small<16>(tp, rows, stream);
+    case 32:
+      return launch_small<32>(tp, rows, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
 }  // namespace
 
 cudaError_t select_workspace_bound(std::size_t& temp_bytes, int max_rows, int max_blocks,
@@ -212,8 +262,8 @@ cudaError_t select_workspace_bound(std::size_t& temp_bytes, int max_rows, int ma
   fast.rows = max_rows;
   fast.max_blocks = max_blocks;
   fast.words = (max_blocks + 31) / 32;
-  fast.m = static_cast<int>(std::min<long long>(
-      {static_cast<long long>(max_selected) + 1, max_blocks, kMaxTopM}));
+  fast.m = static_cast<int>(
+      std::min<long long>({static_cast<long long>(max_selected) + 1, max_blocks, kMaxTopM}));
   fast.hits_pitch = fast.m;
   temp_bytes = carve(nullptr, fast, ws);
   // A call takes the sort path only when its policy keeps > kMaxTopM ranks or selects
@@ -236,6 +286,16 @@ cudaError_t select_workspace_bound(std::size_t& temp_bytes, int max_rows, int ma
 cudaError_t select(void* d_temp, std::size_t& temp_bytes, const ScoresView& scores,
                    const SelectPolicy& policy, const SelectionView& out,
                    const SelectionReport* report, cudaStream_t stream) {
+  return select_detail::select_tuned(d_temp, temp_bytes, scores, policy, out, report,
+                                     select_detail::SelectTuning{}, stream);
+}
+
+namespace select_detail {
+
+cudaError_t select_tuned(void* d_temp, std::size_t& temp_bytes, const ScoresView& scores,
+                         const SelectPolicy& policy, const SelectionView& out,
+                         const SelectionReport* report, const SelectTuning& tuning,
+                         cudaStream_t stream) {
   Shape s;
   KVC_CUDA_CALL(make_shape(scores, policy, out, report, s));
   PolicyParams pp{};
@@ -262,20 +322,25 @@ cudaError_t select(void* d_temp, std::size_t& temp_bytes, const ScoresView& scor
     tp.max_blocks = N;
     tp.m = s.m;
     tp.codec = codec;
-    tp.vector_loads =
-        N % 4 == 0 && reinterpret_cast<std::uintptr_t>(scores.scores) % 16 == 0;
+    tp.vector_loads = N % 4 == 0 && reinterpret_cast<std::uintptr_t>(scores.scores) % 16 == 0;
     tp.need_mass = policy.kind == Kind::kTopP;
     tp.softmax_scale = policy.softmax_scale;
     tp.topm = ws.topm;
     tp.mass = ws.mass;
-    tp.direct_topk =
-        policy.kind == Kind::kTopK && policy.order == SelectPolicy::Order::kScore;
     tp.k = policy.k;
+    tp.order = policy.order;
     tp.out_ids = out.ids;
     tp.out_counts = out.counts;
     tp.max_selected = out.max_selected;
     if (report != nullptr) tp.report = *report;
-    if (N <= kMaxCluster * kThreads * 8) {
+    const bool small = !tuning.no_small && s.m <= kSmallMaxRanks && N <= kSmallMaxBlocks;
+    // The small kernel finishes topk in every order, the cluster kernel in score order.
+    tp.direct_topk =
+        policy.kind == Kind::kTopK && (small || policy.order == SelectPolicy::Order::kScore);
+    if (small) {
+      const int items = tuning.small_items != 0 ? tuning.small_items : small_items_for(N);
+      KVC_CUDA_CALL(launch_small_items(items, tp, s.rows, stream));
+    } else if (N <= kMaxCluster * kThreads * 8) {
       KVC_CUDA_CALL(launch_topm<8>(tp, s.rows, stream));
     } else if (N <= kMaxCluster * kThreads * 32) {
       KVC_CUDA_CALL(launch_topm<32>(tp, s.rows, stream));
@@ -302,9 +367,8 @@ cudaError_t select(void* d_temp, std::size_t& temp_bytes, const ScoresView& scor
     cub::DoubleBuffer<std::uint64_t> keys(ws.keys_a, ws.keys_b);
     std::size_t sort_bytes = s.sort_bytes;
     KVC_CUDA_CALL(cub::DeviceSegmentedRadixSort::SortKeysDescending(
-        ws.sort_temp, sort_bytes, keys, s.rows * N, s.rows,
-        static_cast<const int*>(ws.seg_begin), static_cast<const int*>(ws.seg_end), 0, codec.bits,
-        stream));
+        ws.sort_temp, sort_bytes, keys, s.rows * N, s.rows, static_cast<const int*>(ws.seg_begin),
+        static_cast<const int*>(ws.seg_end), 0, codec.bits, stream));
     ranked = keys.Current();
     ranked_pitch = N;
   }
@@ -346,6 +410,7 @@ cudaError_t select(void* d_temp, std::size_t& temp_bytes, const ScoresView& scor
   return cudaGetLastError();
 }
 
+}  // namespace select_detail
 }  // namespace kernels
 
 namespace select_internal {
@@ -380,17 +445,17 @@ class CudaSelector final : public Selector {
       KVC_CHECK(N <= limits_.max_blocks, "scores.max_blocks = ", N,
                 " exceeds SelectorLimits::max_blocks = ", limits_.max_blocks);
       const int bound = policy.max_output(N);
-      KVC_CHECK(bound <= limits_.max_selected, "policy ", to_string(policy.kind),
-                " can select ", bound, " blocks from scores.max_blocks = ", N,
+      KVC_CHECK(bound <= limits_.max_selected, "policy ", to_string(policy.kind), " can select ",
+                bound, " blocks from scores.max_blocks = ", N,
                 ", more than SelectorLimits::max_selected = ", limits_.max_selected);
     }
     if (policy.kind == SelectPolicy::Kind::kAnchor ||
         policy.kind == SelectPolicy::Kind::kAnchorNeighbors ||
         policy.kind == SelectPolicy::Kind::kExplicit) {
-      const std::size_t ids =
-          policy.kind == SelectPolicy::Kind::kExplicit
-              ? sorted_distinct(policy.include, N).size() + sorted_distinct(policy.exclude, N).size()
-              : sorted_distinct(policy.anchors, N).size();
+      const std::size_t ids = policy.kind == SelectPolicy::Kind::kExplicit
+                                  ? sorted_distinct(policy.include, N).size() +
+                                        sorted_distinct(policy.exclude, N).size()
+                                  : sorted_distinct(policy.anchors, N).size();
       KVC_CHECK(ids <= static_cast<std::size_t>(kernels::kSelectMaxPolicyIds), "policy ",
                 to_string(policy.kind), ": ", ids,
                 " distinct anchor/include/exclude ids below scores.max_blocks, the CUDA "
@@ -410,8 +475,8 @@ class CudaSelector final : public Selector {
       workspace_ = detail::DeviceBuffer(need);
     }
     std::size_t bytes = workspace_.bytes();
-    KVC_CUDA_THROW(kernels::select(workspace_.as<void>(), bytes, scores, policy, out, report,
-                                   stream_));
+    KVC_CUDA_THROW(
+        kernels::select(workspace_.as<void>(), bytes, scores, policy, out, report, stream_));
   }
 
  private:

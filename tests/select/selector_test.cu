@@ -1,8 +1,9 @@
 // Selector on CUDA against the CPU reference on the same scores: every policy and order, rows of
 // different num_valid in one batch (ties, NaN, ±inf, -0, heavy ties, large offsets), row lengths
-// from 1 to 262144 on both stage-A paths, ids / counts / -1 padding over poisoned outputs and
-// every report field; num_valid clamping; graph capture replayed with new scores; limits and
-// workspace query; no allocation per call.
+// from 1 to 262144 on every stage-A path (the small path's every instantiation pinned through
+// select_detail::select_tuned, the cluster radix select, the full sort), ids / counts / -1
+// padding over poisoned outputs and every report field; num_valid clamping; graph capture
+// replayed with new scores; limits and workspace query; no allocation per call.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -22,6 +23,7 @@
 #include "kvc/core/numeric.h"
 #include "kvc/kernels/select_kernels.h"
 #include "kvc/select/selector.h"
+#include "select/tuning.h"
 
 namespace kvc {
 namespace {
@@ -49,14 +51,22 @@ int max_row_length() {
 // `n`, or the cap when it is lower.
 int capped(int n) { return std::min(n, max_row_length()); }
 
-const Kind kAllKinds[] = {Kind::kTopK,         Kind::kNeighbors,           Kind::kThreshold,
-                          Kind::kAnchor,       Kind::kAnchorNeighbors,     Kind::kExplicit,
-                          Kind::kScoreCluster, Kind::kScoreClusterAdaptive, Kind::kTopP};
+const Kind kAllKinds[] = {Kind::kTopK,
+                          Kind::kNeighbors,
+                          Kind::kThreshold,
+                          Kind::kAnchor,
+                          Kind::kAnchorNeighbors,
+                          Kind::kExplicit,
+                          Kind::kScoreCluster,
+                          Kind::kScoreClusterAdaptive,
+                          Kind::kTopP};
 const Order kAllOrders[] = {Order::kScore, Order::kChronological, Order::kDescending};
 
 // --- inputs --------------------------------------------------------------------------------------
 
-enum class Style { kFewValues, kNormal, kWide, kOffset, kAllEqual, kBf16, kCount };
+// kAscending: the block id plus noise (the best blocks at the end of the row, in the last
+// threads of the last CTA).
+enum class Style { kFewValues, kNormal, kWide, kOffset, kAllEqual, kBf16, kAscending, kCount };
 
 class Gen {
  public:
@@ -93,6 +103,13 @@ class Gen {
         return 0.0f;
     }
   }
+  float value_at(Style st, int id) {
+    if (st != Style::kAscending) return value(st);
+    const int c = uniform(0, 99);
+    if (c < 2) return kNaN;
+    if (c < 3) return -0.0f;
+    return static_cast<float>(id) + 0.25f * static_cast<float>(uniform(0, 7));
+  }
 
   Ids some_ids(int n, int count) {
     Ids v(static_cast<std::size_t>(count));
@@ -110,6 +127,48 @@ class Gen {
   int k_for(int n) {
     const int c[] = {0, 1, 2, 8, 64, 2047, 2048, 4095, n, n + 2, uniform(0, n + 2)};
     return c[uniform(0, 10)];
+  }
+
+  // A policy of the small path (at most 65 ranks): k <= 64, max_blocks <= 64.
+  SelectPolicy small_policy(Kind kind) {
+    const int ks[] = {0, 1, 2, 7, 8, 16, 33, 63, 64};
+    const int k = ks[uniform(0, 8)];
+    const int mx = uniform(1, 64);
+    const int mn = uniform(0, mx);
+    SelectPolicy p;
+    switch (kind) {
+      case Kind::kTopK:
+        p = SelectPolicy::topk(k);
+        break;
+      case Kind::kNeighbors:
+        p = SelectPolicy::neighbors(k, uniform(0, 3));
+        break;
+      case Kind::kThreshold:
+        p = SelectPolicy::threshold(delta(), mn, mx);
+        break;
+      case Kind::kAnchor:
+        p = SelectPolicy::anchor(k, some_ids(1000, uniform(0, 6)));
+        break;
+      case Kind::kAnchorNeighbors:
+        p = SelectPolicy::anchor_neighbors(k, uniform(0, 3), some_ids(1000, uniform(0, 6)));
+        break;
+      case Kind::kExplicit:
+        p = SelectPolicy::explicit_set(k, some_ids(1000, uniform(0, 6)),
+                                       some_ids(1000, uniform(0, 4)));
+        break;
+      case Kind::kScoreCluster:
+        p = SelectPolicy::score_cluster(std::max(k, 1), delta(), std::max(k, mx));
+        break;
+      case Kind::kScoreClusterAdaptive:
+        p = SelectPolicy::score_cluster_adaptive(std::max(mn, 1), std::max(mx, 1), delta());
+        break;
+      case Kind::kTopP: {
+        const float ps[] = {0.1f, 0.5f, 0.9f, 0.99f, 1.0f};
+        p = SelectPolicy::top_p(ps[uniform(0, 4)], mn, mx, uniform(0, 1) ? 1.0f : 0.125f);
+        break;
+      }
+    }
+    return p;
   }
 
   SelectPolicy policy(Kind kind, int n) {
@@ -190,12 +249,14 @@ Batch make_batch(Gen& gen, int rows, int max_blocks, Style style) {
   b.scores.assign(static_cast<std::size_t>(rows) * max_blocks, kInf);
   b.num_valid.resize(static_cast<std::size_t>(rows));
   for (int r = 0; r < rows; ++r) {
-    const int nv = r == 0 ? max_blocks : r == 1 ? 0 : r == 2 ? gen.uniform(0, max_blocks)
-                                                 : max_blocks - gen.uniform(0, 3);
+    const int nv = r == 0   ? max_blocks
+                   : r == 1 ? 0
+                   : r == 2 ? gen.uniform(0, max_blocks)
+                            : max_blocks - gen.uniform(0, 3);
     b.num_valid[r] = std::max(nv, 0);
     const Style st = r == 3 ? gen.style() : style;  // one row of another style per batch
     for (int j = 0; j < b.num_valid[r]; ++j) {
-      b.scores[static_cast<std::size_t>(r) * max_blocks + j] = gen.value(st);
+      b.scores[static_cast<std::size_t>(r) * max_blocks + j] = gen.value_at(st, j);
     }
   }
   return b;
@@ -285,8 +346,8 @@ struct DeviceBatch {
 
   int rows, max_blocks, max_selected, pitch;
   DeviceArray<float> scores;
-  DeviceArray<std::int32_t> num_valid, ids, counts, base_ids, added_ids, base_counts,
-      added_counts, final_counts;
+  DeviceArray<std::int32_t> num_valid, ids, counts, base_ids, added_ids, base_counts, added_counts,
+      final_counts;
   DeviceArray<float> margin, spread;
 };
 
@@ -296,6 +357,25 @@ Result run_gpu(Selector& sel, DeviceBatch& d, const SelectPolicy& p) {
   SelectionView out = d.out();
   SelectionReport rep = d.report();
   sel.select(in, p, out, &rep);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return d.download();
+}
+
+// The kernel layer with the variants pinned (select_detail::select_tuned), on the default
+// stream, workspace from its own query.
+Result run_gpu_tuned(DeviceBatch& d, const SelectPolicy& p,
+                     const kernels::select_detail::SelectTuning& tuning) {
+  d.poison();
+  const ScoresView in = d.in();
+  const SelectionView out = d.out();
+  const SelectionReport rep = d.report();
+  std::size_t bytes = 0;
+  EXPECT_EQ(kernels::select_detail::select_tuned(nullptr, bytes, in, p, out, &rep, tuning, nullptr),
+            cudaSuccess);
+  DeviceArray<unsigned char> ws(std::max<std::size_t>(bytes, 1));
+  EXPECT_EQ(
+      kernels::select_detail::select_tuned(ws.get(), bytes, in, p, out, &rep, tuning, nullptr),
+      cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return d.download();
 }
@@ -342,6 +422,25 @@ void check_policy(Gen& gen, Selector& sel, const Batch& b, SelectPolicy p) {
   }
 }
 
+// One batch, one policy, every order, one pinned variant: GPU == CPU.
+void check_policy_tuned(Gen& gen, const Batch& b, SelectPolicy p,
+                        const kernels::select_detail::SelectTuning& tuning) {
+  const int bound = p.max_output(b.max_blocks);
+  const int max_selected = bound + gen.uniform(0, 2);
+  const int pitch = bound + gen.uniform(0, 2);
+  DeviceBatch d(b, max_selected, pitch);
+  for (Order o : kAllOrders) {
+    p.order = o;
+    SCOPED_TRACE(describe(p) + " max_blocks=" + std::to_string(b.max_blocks) +
+                 " small_items=" + std::to_string(tuning.small_items) +
+                 " no_small=" + std::to_string(tuning.no_small));
+    const Result cpu = run_cpu(b, p, max_selected, pitch);
+    const Result gpu = run_gpu_tuned(d, p, tuning);
+    expect_same(cpu, gpu, b.rows, max_selected, pitch);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
 // --- every policy, every order, random rows --------------------------------------------------
 
 TEST(Cuda_Selector_Random, EveryPolicyEveryOrderMatchesCpu) {
@@ -376,6 +475,68 @@ TEST(Cuda_Selector_Random, LongRowsMatchCpu) {
       if (HasFatalFailure()) return;
     }
   }
+}
+
+// The small path (at most 65 ranks, rows <= 65536): every instantiation (4, 8, 16, 32 scores per
+// thread; one CTA per row and clusters of 2 .. 8), every policy and order, every style (the
+// all-equal and few-values rows overflow the 256 candidates and take the radix fallback), the
+// cluster radix path on the same rows for comparison.
+TEST(Cuda_Selector_Small, EveryVariantEveryPolicyMatchesCpu) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  for (int items : {4, 8, 16, 32}) {
+    const int chunk = 256 * items;
+    for (int ctas : {1, 2, 3, 8}) {
+      // A row length that needs exactly `ctas` CTAs, the last one partly filled.
+      const int max_blocks = chunk * (ctas - 1) + gen.uniform(ctas == 1 ? 1 : 1, chunk);
+      if (max_blocks > max_row_length()) continue;
+      kernels::select_detail::SelectTuning tuning;
+      tuning.small_items = items;
+      for (Kind kind : kAllKinds) {
+        const Batch b = make_batch(gen, gen.uniform(4, 7), max_blocks, gen.style());
+        check_policy_tuned(gen, b, gen.small_policy(kind), tuning);
+        if (HasFatalFailure()) return;
+      }
+      for (int st = 0; st < static_cast<int>(Style::kCount); ++st) {
+        const Batch b = make_batch(gen, 4, max_blocks, static_cast<Style>(st));
+        SCOPED_TRACE("style " + std::to_string(st));
+        check_policy_tuned(gen, b, SelectPolicy::topk(gen.uniform(0, 1) ? 8 : 64), tuning);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+  kernels::select_detail::SelectTuning cluster_path;
+  cluster_path.no_small = true;
+  for (int max_blocks : {100, 4096, capped(32768)}) {
+    for (Kind kind : kAllKinds) {
+      const Batch b = make_batch(gen, 4, max_blocks, gen.style());
+      check_policy_tuned(gen, b, gen.small_policy(kind), cluster_path);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// A pinned variant whose row needs more than 8 CTAs is rejected before anything is written.
+TEST(Cuda_Selector_Small, VariantBeyondEightCtasIsRejected) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  const Batch b = make_batch(gen, 2, 256 * 4 * 8 + 1, Style::kNormal);
+  DeviceBatch d(b, 8, 8);
+  d.poison();
+  kernels::select_detail::SelectTuning tuning;
+  tuning.small_items = 4;
+  std::size_t bytes = 0;
+  const SelectPolicy p = SelectPolicy::topk(8);
+  ASSERT_EQ(kernels::select_detail::select_tuned(nullptr, bytes, d.in(), p, d.out(), nullptr,
+                                                 tuning, nullptr),
+            cudaSuccess);
+  DeviceArray<unsigned char> ws(bytes);
+  EXPECT_EQ(kernels::select_detail::select_tuned(ws.get(), bytes, d.in(), p, d.out(), nullptr,
+                                                 tuning, nullptr),
+            cudaErrorInvalidValue);
+  KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+  for (auto v : d.ids.download()) ASSERT_EQ(v, 0x5a5a5a5a) << "written by a rejected call";
 }
 
 TEST(Cuda_Selector_TopK, EveryStyleAndSizeMatchesCpu) {
@@ -427,8 +588,8 @@ TEST(Cuda_Selector_Sets, LargeSetsMatchCpu) {
   Ids many(1000);
   for (auto& x : many) x = gen.uniform(0, 140000);
   for (const SelectPolicy& p :
-       {SelectPolicy::neighbors(2048, 1), SelectPolicy::neighbors(1000, 3), SelectPolicy::anchor(2048, many),
-        SelectPolicy::anchor_neighbors(1024, 2, many),
+       {SelectPolicy::neighbors(2048, 1), SelectPolicy::neighbors(1000, 3),
+        SelectPolicy::anchor(2048, many), SelectPolicy::anchor_neighbors(1024, 2, many),
         SelectPolicy::explicit_set(2048, many, Ids(many.begin(), many.begin() + 20)),
         SelectPolicy::explicit_set(0, many),
         // max_output > kSelectMaxExtras or more than kSelectMaxRanks ranks: the sort path
@@ -458,15 +619,27 @@ TEST(Cuda_Selector_Batched, NumValidIsClampedOnTheDevice) {
 
 // --- graph capture -------------------------------------------------------------------------------
 
+// Decode shapes (the small path: one CTA per row at 4096 blocks, clusters at 32768) and long rows.
 TEST(Cuda_Selector_Graph, ReplayWithNewScoresMatchesUncaptured) {
   KVC_REQUIRE_GPU();
   Gen gen;
   SCOPED_TRACE("seed " + std::to_string(gen.seed()));
-  const int rows = 8, max_blocks = capped(131072);
-  for (const SelectPolicy& p :
-       {SelectPolicy::topk(2048), SelectPolicy::topk(8).in_order(Order::kChronological),
-        SelectPolicy::anchor_neighbors(8, 1, {0, 5}), SelectPolicy::top_p(0.9f, 1, 256)}) {
-    SCOPED_TRACE(describe(p));
+  struct Case {
+    int max_blocks;
+    SelectPolicy policy;
+  };
+  const int rows = 8;
+  for (const Case& c :
+       {Case{capped(131072), SelectPolicy::topk(2048)},
+        Case{capped(131072), SelectPolicy::topk(8).in_order(Order::kChronological)},
+        Case{capped(131072), SelectPolicy::anchor_neighbors(8, 1, {0, 5})},
+        Case{capped(131072), SelectPolicy::top_p(0.9f, 1, 256)}, Case{4096, SelectPolicy::topk(8)},
+        Case{4096, SelectPolicy::topk(64).in_order(Order::kDescending)},
+        Case{capped(32768), SelectPolicy::topk(16)},
+        Case{capped(32768), SelectPolicy::top_p(0.9f, 1, 64)}}) {
+    const SelectPolicy& p = c.policy;
+    const int max_blocks = c.max_blocks;
+    SCOPED_TRACE(describe(p) + " max_blocks=" + std::to_string(max_blocks));
     const int bound = p.max_output(max_blocks);
     auto sel = Selector::create(Device::cuda(0), SelectorLimits{rows, max_blocks, bound});
     cudaStream_t stream;
@@ -545,8 +718,11 @@ TEST(Cuda_Selector_Limits, CallsBeyondTheLimitsThrowNamingTheArgument) {
   SelectionView big_out = big.out();
   expect_error_naming([&] { sel2->select(big_in, SelectPolicy::anchor(8, too_many), big_out); },
                       "at most 1024");
-  expect_error_naming([&] { Selector::create(Device::cuda(0), SelectorLimits{1, 1 << 21, 1}); },
-                      "max_blocks = 2097152");
+  expect_error_naming(
+      [&] {
+        Selector::create(Device::cuda(0), SelectorLimits{1, 1 << 21, 1});
+      },
+      "max_blocks = 2097152");
 }
 
 TEST(Cuda_Selector_Memory, DecodeStepsAllocateNothing) {

@@ -3,15 +3,17 @@
  *  order, ids and report identical to the CPU reference (select_row), stream-ordered and
  *  graph-capturable.
  *
- *  Two stages per call. Stage A ranks each row: on the *fast path* one thread-block cluster per
- *  row (up to 8 CTAs) reads the row's scores once and radix-selects its top m keys
- *  ((score, id) in rank order, m = k + 1 for the top-k policies, max_blocks + 1 for the others,
- *  at most kSelectMaxRanks); on the *sort path* every row is sorted in full
+ *  Two stages per call. Stage A ranks each row, reading its scores once: its top m keys
+ *  ((score, id) in rank order, m = k + 1 for the top-k policies, max_blocks + 1 for the others).
+ *  For decode-size selections (m <= 65, rows of up to 65536 blocks) one CTA, or a cluster of up
+ *  to 8, per row finds a threshold from its threads' maxima and ranks the few blocks above it;
+ *  up to m = kSelectMaxRanks one thread-block cluster per row (up to 8 CTAs) radix-selects the
+ *  top m (the *fast path*); on the *sort path* every row is sorted in full
  *  (cub::DeviceSegmentedRadixSort) — taken when m would exceed kSelectMaxRanks, when
  *  scores.max_blocks > kSelectMaxClusterBlocks, or when a set policy (neighbors, anchor*,
  *  explicit) can select more than kSelectMaxExtras blocks. Give threshold, score_cluster*,
  *  and top_p a max_blocks to stay on the fast path. Stage B applies the policy, one CTA per
- *  row. Launch shapes depend only on scores.rows, scores.max_blocks and the policy; num_valid is
+ *  row; for topk stage A writes the ids itself (one launch). Launch shapes depend only on scores.rows, scores.max_blocks and the policy; num_valid is
  *  read on the device, and values outside [0, scores.max_blocks] are clamped into it (the CPU
  *  selector throws for them instead: checking would need a host synchronisation).
  *
