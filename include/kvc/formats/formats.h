@@ -229,15 +229,13 @@ KVC_HD unsigned e2m1_encode(float v) {
   return c == 0 ? 0u : (sign | c);
 }
 
-/// The ue8m0 exponent byte of one mxfp4 group: the smallest power of two 2^e ≥ r = rn(amax / 6),
-/// byte = e + 127 clamped to [0, 254] (byte 0 = 2^-127 also serves every r < 2^-127); 0 for an
-/// all-zero group; 0xFF for NaN. For normal r, e = exponent(r) + (mantissa(r) != 0), as
-/// DeepSeek-V4's indexer computes it.
-/// @param[in] amax  max |x| of the group (NaN for a non-finite group)
-KVC_HD std::uint8_t mxfp4_scale_byte(float amax) {
-  if (is_nan(amax)) return 0xffu;
-  if (amax == 0.0f) return 0u;
-  const std::uint32_t b = float_bits(fdiv_rn(amax, kE2m1Max));
+/// The ue8m0 byte of the smallest power of two 2^e >= r, for a finite r >= 0: byte = e + 127
+/// clamped to [0, 254] (byte 0 = 2^-127 also serves every r < 2^-127); for normal r,
+/// e = exponent(r) + (mantissa(r) != 0), as DeepSeek's kernels compute it. Shared by the mxfp4
+/// group scale and the power-of-two e4m3 block scale (e4m3_ue8m0_scale_byte).
+/// @param[in] r  the quotient amax / (largest code), finite and >= 0
+KVC_HD std::uint8_t ue8m0_ceil_byte(float r) {
+  const std::uint32_t b = float_bits(r);
   const int e = static_cast<int>((b >> 23) & 0xffu);
   const std::uint32_t m = b & 0x7fffffu;
   // Subnormal (or zero) r = m * 2^-149 < 2^-126: above 2^-127 it needs 2^-126 (byte 1), at or
@@ -246,6 +244,23 @@ KVC_HD std::uint8_t mxfp4_scale_byte(float amax) {
   const int byte = e + (m != 0u ? 1 : 0);  // (e - 127 + round-up) + 127
   return static_cast<std::uint8_t>(byte > 254 ? 254 : byte);
 }
+
+/// The ue8m0 exponent byte of one mxfp4 group: the smallest power of two 2^e ≥ r = rn(amax / 6),
+/// byte = e + 127 clamped to [0, 254] (byte 0 = 2^-127 also serves every r < 2^-127); 0 for an
+/// all-zero group; 0xFF for NaN. For normal r, e = exponent(r) + (mantissa(r) != 0), as
+/// DeepSeek-V4's indexer computes it.
+/// @param[in] amax  max |x| of the group (NaN for a non-finite group)
+KVC_HD std::uint8_t mxfp4_scale_byte(float amax) {
+  if (is_nan(amax)) return 0xffu;
+  if (amax == 0.0f) return 0u;
+  return ue8m0_ceil_byte(fdiv_rn(amax, kE2m1Max));
+}
+
+/// DeepSeek-V4's floor on the amax of an mxfp4 group, 6 * 2^-126 (its kernel.py): with it an
+/// all-zero group gets scale byte 1 (2^-126) instead of 0; pass it as mxfp4_encode's
+/// `amax_floor` to reproduce DeepSeek's scale bytes exactly. Codes and decoded values are the
+/// same either way for an all-zero group.
+constexpr float kMxfp4DeepSeekAmaxFloor = 6.0f * 1.1754943508222875e-38f;
 
 /// 2^(byte-127) as a float (byte 0 gives 2^-127, a subnormal; 0xFF gives NaN).
 /// @param[in] byte  the ue8m0 scale byte
@@ -283,12 +298,16 @@ KVC_HD unsigned mxfp4_code(float x, std::uint8_t byte) {
 /// @param[in]  x       `n` values
 /// @param[in]  n       number of values, a multiple of 32
 /// @param[out] packed  `n / 2` bytes (a group's 16 bytes are 0 when it is all-zero or non-finite)
-/// @param[out] scales  `n / 32` scale bytes (mxfp4_scale_byte of each group's amax)
-KVC_HD void mxfp4_encode(const float* x, int n, std::uint8_t* packed, std::uint8_t* scales) {
+/// @param[out] scales  `n / 32` scale bytes (mxfp4_scale_byte of each group's amax, raised to
+///                     `amax_floor` first when it is below)
+/// @param[in]  amax_floor  smallest amax a group's scale is computed from: 0 (kvc's rule, an
+///                     all-zero group gets byte 0) or kMxfp4DeepSeekAmaxFloor (DeepSeek-V4's)
+KVC_HD void mxfp4_encode(const float* x, int n, std::uint8_t* packed, std::uint8_t* scales,
+                         float amax_floor = 0.0f) {
   for (int g = 0; g < n / kMxfp4Group; ++g) {
     const float* xg = x + g * kMxfp4Group;
     const float amax = abs_max(xg, kMxfp4Group);
-    const std::uint8_t sb = mxfp4_scale_byte(amax);
+    const std::uint8_t sb = mxfp4_scale_byte(amax < amax_floor ? amax_floor : amax);
     scales[g] = sb;
     std::uint8_t* pg = packed + g * (kMxfp4Group / 2);
     if (sb == 0xffu || amax == 0.0f) {
@@ -387,6 +406,44 @@ KVC_HD float fp8_e4m3_encode(const float* x, int n, std::uint8_t* q) {
 /// @param[in] scale  the vector's scale
 KVC_HD float fp8_e4m3_decode(std::uint8_t b, float scale) {
   return fmul_rn(e4m3_to_float(b), scale);
+}
+
+// --- e4m3 with a power-of-two (ue8m0) scale per block (DeepSeek-V3.2/V4 act_quant, ue8m0) -----
+
+/// DeepSeek's floor on the amax of an e4m3 block with a ue8m0 scale (act_quant: 1e-4).
+constexpr float kE4m3Ue8m0AmaxFloor = 1e-4f;
+
+/// The ue8m0 scale byte of an e4m3 block with DeepSeek's power-of-two rule:
+/// scale = 2^ceil(log2(max(amax, 1e-4) / 448)), i.e. ue8m0_ceil_byte(rn(max(amax, 1e-4) / 448));
+/// 0xFF for NaN (a non-finite block). The scale itself is ue8m0_to_float(byte); since it is a
+/// power of two >= amax / 448, every code is unsaturated.
+/// @param[in] amax  max |x| of the block (NaN for a non-finite block)
+KVC_HD std::uint8_t e4m3_ue8m0_scale_byte(float amax) {
+  if (is_nan(amax)) return 0xffu;
+  const float a = amax < kE4m3Ue8m0AmaxFloor ? kE4m3Ue8m0AmaxFloor : amax;
+  return ue8m0_ceil_byte(fdiv_rn(a, kE4m3Max));
+}
+
+/// The e4m3 code of element `x` of a finite block with scale byte `byte` (from
+/// e4m3_ue8m0_scale_byte): float_to_e4m3(rn(x * 2^-e)), an exact power-of-two scaling unless the
+/// product is subnormal.
+/// @param[in] x     the element, finite
+/// @param[in] byte  the block's scale byte, not 0xFF
+KVC_HD std::uint8_t e4m3_ue8m0_code(float x, std::uint8_t byte) {
+  return float_to_e4m3(fmul_rn(x, ue8m0_to_float(static_cast<std::uint8_t>(254u - byte))));
+}
+
+/// Encodes `n` values as one e4m3 block with a power-of-two scale: returns the scale byte
+/// (e4m3_ue8m0_scale_byte of the amax) and writes q[i] = e4m3_ue8m0_code(x[i], byte); a
+/// non-finite block gets byte 0xFF and zero codes. Decode: fp8_e4m3_decode(q[i],
+/// ue8m0_to_float(byte)).
+/// @param[in]  x  `n` values
+/// @param[in]  n  number of values
+/// @param[out] q  `n` e4m3 bytes
+KVC_HD std::uint8_t e4m3_ue8m0_encode(const float* x, int n, std::uint8_t* q) {
+  const std::uint8_t byte = e4m3_ue8m0_scale_byte(abs_max(x, n));
+  for (int i = 0; i < n; ++i) q[i] = byte == 0xffu ? 0u : e4m3_ue8m0_code(x[i], byte);
+  return byte;
 }
 
 // --- sizes --------------------------------------------------------------------------------------
