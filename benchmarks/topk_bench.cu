@@ -16,7 +16,9 @@
 //
 // BM_TopKVariant/<rows>/<n>/<k>/<variant> pins a stage-A variant (select_detail::SelectTuning)
 // so one run measures them all: variant 4, 8, 16, 32 = the small path with that many scores
-// per thread; 1 = the cluster radix select (no small path).
+// per thread; 1 = the cluster radix select instead of the small path; 2 = the cluster radix
+// select instead of the streaming path; 1QT (three digits) = the streaming path with Q CTAs
+// per row and compaction trigger T (0: 12288 keys, 1: 8192, 2: 6144).
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -196,6 +198,12 @@ void BM_TopKVariant(benchmark::State& state) {
   select_detail_tuning tuning;
   if (variant == 1) {
     tuning.no_small = true;
+  } else if (variant == 2) {
+    tuning.no_stream = true;
+  } else if (variant >= 100) {
+    tuning.stream_ctas = (variant / 10) % 10;
+    const int triggers[] = {0, 8192, 6144};
+    tuning.stream_trigger = triggers[variant % 10];
   } else {
     tuning.small_items = variant;
   }
@@ -253,6 +261,22 @@ BENCHMARK(BM_TopKVariant)
             b->Args({rows, n, k, 1});
           }
         }
+      }
+    })
+    ->Apply(Timed);
+// Every streaming-path variant on the large shapes (at most two CTAs per SM in all), and the
+// cluster radix select on them.
+BENCHMARK(BM_TopKVariant)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      const int shapes[][3] = {{64, 131072, 2048}, {1, 131072, 2048}, {64, 262144, 2048},
+                               {4, 262144, 512},   {4, 262144, 1024}, {4, 262144, 2048}};
+      for (const auto& sh : shapes) {
+        for (int ctas : {1, 2, 4, 8}) {
+          if (sh[0] * ctas > 264) continue;
+          for (int trig = 0; trig < 3; ++trig)
+            b->Args({sh[0], sh[1], sh[2], 100 + 10 * ctas + trig});
+        }
+        b->Args({sh[0], sh[1], sh[2], 2});
       }
     })
     ->Apply(Timed);

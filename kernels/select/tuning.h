@@ -22,6 +22,14 @@ struct SelectTuning {
   int small_items = 0;
   /// Skip the small path (the cluster radix select runs instead), for comparison.
   bool no_small = false;
+  /// Streaming path (65 < m <= 2049 ranks, no top_p): CTAs per row, 1..8 (0: the built-in
+  /// choice, about one CTA per SM over the call's rows). Out of range: cudaErrorInvalidValue.
+  int stream_ctas = 0;
+  /// Streaming path: a CTA compacts its candidates when it buffers more than this many keys,
+  /// in (4096, 12288] (0: 12288). Out of range: cudaErrorInvalidValue.
+  int stream_trigger = 0;
+  /// Skip the streaming path (the cluster radix select runs instead), for comparison.
+  bool no_stream = false;
 };
 
 /// kernels::select (kvc/kernels/select_kernels.h) with the variants of `tuning`; the same

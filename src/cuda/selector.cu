@@ -18,6 +18,7 @@
 #include "select/common.cuh"
 #include "select/policy.cuh"
 #include "select/small.cuh"
+#include "select/stream.cuh"
 #include "select/topm.cuh"
 #include "select/tuning.h"
 #include "select_internal.h"
@@ -250,6 +251,54 @@ cudaError_t launch_small_items(int items, const TopmParams& tp, int rows, cudaSt
   }
 }
 
+/// Multiprocessors of the current device (queried once per device).
+int device_sms() {
+  static int cached[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
+  if (cached[dev] == 0) {
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) sms = 132;
+    cached[dev] = sms > 0 ? sms : 132;
+  }
+  return cached[dev];
+}
+
+/// CTAs per row of the streaming path: about one CTA (one per SM: ~208 KB of shared memory
+/// each) per multiprocessor over the call's rows, at most 8, and at least two rounds per CTA.
+int stream_ctas_for(int N, int rows) {
+  const int by_rows = std::max(1, device_sms() / std::max(rows, 1));
+  const int by_len = std::max(1, (N + 2 * kStreamRound - 1) / (2 * kStreamRound));
+  return std::min({kStreamMaxCtas, by_rows, by_len});
+}
+
+cudaError_t launch_stream(const TopmParams& tp, int rows, int ctas, int trigger,
+                          cudaStream_t stream) {
+  if (ctas < 1 || ctas > kStreamMaxCtas) return cudaErrorInvalidValue;
+  if (trigger <= kStreamKeep || trigger > kStreamCap - kStreamRound) return cudaErrorInvalidValue;
+  StreamParams sp;
+  sp.t = tp;
+  const int per_cta = (tp.max_blocks + ctas - 1) / ctas;
+  sp.seg = (per_cta + kStreamRound - 1) / kStreamRound * kStreamRound;
+  sp.trigger = trigger;
+  const int smem = static_cast<int>(sizeof(StreamShared));
+  KVC_CUDA_CALL(
+      cudaFuncSetAttribute(stream_topm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(ctas) * static_cast<unsigned>(rows), 1, 1);
+  cfg.blockDim = dim3(kStreamThreads, 1, 1);
+  cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(ctas);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, stream_topm_kernel, sp);
+}
+
 }  // namespace
 
 cudaError_t select_workspace_bound(std::size_t& temp_bytes, int max_rows, int max_blocks,
@@ -334,12 +383,18 @@ cudaError_t select_tuned(void* d_temp, std::size_t& temp_bytes, const ScoresView
     tp.max_selected = out.max_selected;
     if (report != nullptr) tp.report = *report;
     const bool small = !tuning.no_small && s.m <= kSmallMaxRanks && N <= kSmallMaxBlocks;
-    // The small kernel finishes topk in every order, the cluster kernel in score order.
+    const bool streamed = !small && !tuning.no_stream && s.m <= kStreamMaxRanks && !tp.need_mass;
+    // The small kernel finishes topk in every order, the others in score order.
     tp.direct_topk =
         policy.kind == Kind::kTopK && (small || policy.order == SelectPolicy::Order::kScore);
     if (small) {
       const int items = tuning.small_items != 0 ? tuning.small_items : small_items_for(N);
       KVC_CUDA_CALL(launch_small_items(items, tp, s.rows, stream));
+    } else if (streamed) {
+      const int ctas = tuning.stream_ctas != 0 ? tuning.stream_ctas : stream_ctas_for(N, s.rows);
+      const int trigger =
+          tuning.stream_trigger != 0 ? tuning.stream_trigger : kStreamDefaultTrigger;
+      KVC_CUDA_CALL(launch_stream(tp, s.rows, ctas, trigger, stream));
     } else if (N <= kMaxCluster * kThreads * 8) {
       KVC_CUDA_CALL(launch_topm<8>(tp, s.rows, stream));
     } else if (N <= kMaxCluster * kThreads * 32) {

@@ -16,6 +16,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/cuda_test_util.h"
@@ -517,8 +518,71 @@ TEST(Cuda_Selector_Small, EveryVariantEveryPolicyMatchesCpu) {
   }
 }
 
-// A pinned variant whose row needs more than 8 CTAs is rejected before anything is written.
-TEST(Cuda_Selector_Small, VariantBeyondEightCtasIsRejected) {
+// A policy of the streaming path (66 .. 2049 ranks): k in (64, 2048], max_blocks in (64, 2048].
+SelectPolicy stream_policy(Gen& gen, Kind kind, int n) {
+  const int ks[] = {65, 100, 511, 512, 1024, 2047, 2048};
+  const int k = std::min(ks[gen.uniform(0, 6)], 2048);
+  const int mx = gen.uniform(65, 2048);
+  const int mn = gen.uniform(0, 64);
+  switch (kind) {
+    case Kind::kNeighbors:
+      return SelectPolicy::neighbors(k, gen.uniform(0, 2));
+    case Kind::kThreshold:
+      return SelectPolicy::threshold(gen.delta(), mn, mx);
+    case Kind::kAnchor:
+      return SelectPolicy::anchor(k, gen.some_ids(n, gen.uniform(0, 6)));
+    case Kind::kAnchorNeighbors:
+      return SelectPolicy::anchor_neighbors(k, gen.uniform(0, 2), gen.some_ids(n, 4));
+    case Kind::kExplicit:
+      return SelectPolicy::explicit_set(k, gen.some_ids(n, 6), gen.some_ids(n, 4));
+    case Kind::kScoreCluster:
+      return SelectPolicy::score_cluster(gen.uniform(1, 64), gen.delta(), mx);
+    case Kind::kScoreClusterAdaptive:
+      return SelectPolicy::score_cluster_adaptive(std::max(mn, 1), mx, gen.delta());
+    default:
+      return SelectPolicy::topk(k);
+  }
+}
+
+// The streaming path (66 .. 2049 ranks without top_p, rows <= 262144): one CTA and clusters of
+// 2, 3 and 8 per row (segments empty, partial and whole), compactions at the default trigger and
+// at the most frequent one, every policy and order, every style (sorted rows, heavy ties).
+TEST(Cuda_Selector_Stream, EveryVariantEveryPolicyMatchesCpu) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  const Kind stream_kinds[] = {Kind::kTopK,         Kind::kNeighbors,           Kind::kThreshold,
+                               Kind::kAnchor,       Kind::kAnchorNeighbors,     Kind::kExplicit,
+                               Kind::kScoreCluster, Kind::kScoreClusterAdaptive};
+  for (int ctas : {1, 2, 3, 8}) {
+    for (int trigger : {0, 4097}) {
+      kernels::select_detail::SelectTuning tuning;
+      tuning.stream_ctas = ctas;
+      tuning.stream_trigger = trigger;
+      for (int max_blocks : {300, 5000, 40001, capped(131072), capped(262144)}) {
+        SCOPED_TRACE("ctas " + std::to_string(ctas) + " trigger " + std::to_string(trigger));
+        const Batch b = make_batch(gen, 4, max_blocks, gen.style());
+        check_policy_tuned(gen, b, stream_policy(gen, stream_kinds[gen.uniform(0, 7)], max_blocks),
+                           tuning);
+        if (HasFatalFailure()) return;
+      }
+      for (int st = 0; st < static_cast<int>(Style::kCount); ++st) {
+        SCOPED_TRACE("style " + std::to_string(st));
+        const Batch b = make_batch(gen, 3, capped(65536 + 7), static_cast<Style>(st));
+        check_policy_tuned(gen, b, SelectPolicy::topk(gen.uniform(0, 1) ? 2048 : 513), tuning);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+  kernels::select_detail::SelectTuning cluster_path;
+  cluster_path.no_stream = true;
+  const Batch b = make_batch(gen, 4, capped(131072), gen.style());
+  check_policy_tuned(gen, b, SelectPolicy::topk(2048), cluster_path);
+}
+
+// A pinned variant out of range (a small-path row needing more than 8 CTAs, a streaming path of
+// 9 CTAs or a trigger out of (4096, 12288]) is rejected before anything is written.
+TEST(Cuda_Selector_Kernels, VariantOutOfRangeIsRejected) {
   KVC_REQUIRE_GPU();
   Gen gen;
   const Batch b = make_batch(gen, 2, 256 * 4 * 8 + 1, Style::kNormal);
@@ -537,6 +601,27 @@ TEST(Cuda_Selector_Small, VariantBeyondEightCtasIsRejected) {
             cudaErrorInvalidValue);
   KVC_ASSERT_CUDA(cudaDeviceSynchronize());
   for (auto v : d.ids.download()) ASSERT_EQ(v, 0x5a5a5a5a) << "written by a rejected call";
+  // The streaming path: 9 CTAs, a trigger that leaves no room for a round, one that frees none.
+  DeviceBatch wide(b, 512, 512);
+  wide.poison();
+  const SelectPolicy big = SelectPolicy::topk(512);
+  const std::vector<std::pair<int, int>> bad = {{9, 0}, {2, 12289}, {2, 4096}};
+  for (const auto& [ctas, trigger] : bad) {
+    kernels::select_detail::SelectTuning t;
+    t.stream_ctas = ctas;
+    t.stream_trigger = trigger;
+    std::size_t need = 0;
+    ASSERT_EQ(kernels::select_detail::select_tuned(nullptr, need, wide.in(), big, wide.out(),
+                                                   nullptr, t, nullptr),
+              cudaSuccess);
+    DeviceArray<unsigned char> w(need);
+    EXPECT_EQ(kernels::select_detail::select_tuned(w.get(), need, wide.in(), big, wide.out(),
+                                                   nullptr, t, nullptr),
+              cudaErrorInvalidValue)
+        << "ctas " << ctas << " trigger " << trigger;
+  }
+  KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+  for (auto v : wide.ids.download()) ASSERT_EQ(v, 0x5a5a5a5a) << "written by a rejected call";
 }
 
 TEST(Cuda_Selector_TopK, EveryStyleAndSizeMatchesCpu) {

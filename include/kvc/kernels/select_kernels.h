@@ -7,8 +7,10 @@
  *  ((score, id) in rank order, m = k + 1 for the top-k policies, max_blocks + 1 for the others).
  *  For decode-size selections (m <= 65, rows of up to 65536 blocks) one CTA, or a cluster of up
  *  to 8, per row finds a threshold from its threads' maxima and ranks the few blocks above it;
- *  up to m = kSelectMaxRanks one thread-block cluster per row (up to 8 CTAs) radix-selects the
- *  top m (the *fast path*); on the *sort path* every row is sorted in full
+ *  for large top-k (m <= 2049, not top_p) one CTA or a cluster per row streams the scores past a
+ *  rising threshold and selects among the few it keeps; up to m = kSelectMaxRanks one
+ *  thread-block cluster per row (up to 8 CTAs) radix-selects the top m in registers (the *fast
+ *  path*); on the *sort path* every row is sorted in full
  *  (cub::DeviceSegmentedRadixSort) — taken when m would exceed kSelectMaxRanks, when
  *  scores.max_blocks > kSelectMaxClusterBlocks, or when a set policy (neighbors, anchor*,
  *  explicit) can select more than kSelectMaxExtras blocks. Give threshold, score_cluster*,
