@@ -297,6 +297,7 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
           }
           __syncthreads();
           const int count = static_cast<int>(sh.count);
+          __syncthreads();  // every thread has read the count before the next round adds to it
           if (count > sp.trigger && r + 1 < rounds) {
             // --- compaction: keep the shortest prefix holding >= target, <= kStreamKeep keys
             const Cut c = local_cut(sh.buf, count, B, target, kStreamKeep, sh);
@@ -304,12 +305,14 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
             __syncthreads();
             const int kept = static_cast<int>(sh.kept_count);
             for (int j = tid; j < kept; j += kStreamThreads) sh.buf[j] = sh.kept[j];
+            __syncthreads();  // every thread has read kept_count and copied its share
             if (tid == 0) {
               sh.count = static_cast<unsigned>(kept);
               sh.kept_count = 0u;
-              atomicMax(&sh.T, c.prefix << (B - c.pbits));
+              const unsigned long long mine = c.prefix << (B - c.pbits);
+              unsigned long long t = atomicMax(&sh.T, mine);
+              t = t > mine ? t : mine;
               // Every CTA's threshold bounds the row: take the largest published.
-              unsigned long long t = sh.T;
               for (int o = 0; o < num_ctas; ++o) {
                 if (o != q) {
                   const unsigned long long other =
