@@ -490,7 +490,7 @@ TEST(Cuda_Selector_Small, EveryVariantEveryPolicyMatchesCpu) {
     const int chunk = 256 * items;
     for (int ctas : {1, 2, 3, 8}) {
       // A row length that needs exactly `ctas` CTAs, the last one partly filled.
-      const int max_blocks = chunk * (ctas - 1) + gen.uniform(ctas == 1 ? 1 : 1, chunk);
+      const int max_blocks = chunk * (ctas - 1) + gen.uniform(1, chunk);
       if (max_blocks > max_row_length()) continue;
       kernels::select_detail::SelectTuning tuning;
       tuning.small_items = items;
