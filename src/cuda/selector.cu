@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cub/device/device_segmented_radix_sort.cuh>
@@ -251,17 +252,21 @@ cudaError_t launch_small_items(int items, const TopmParams& tp, int rows, cudaSt
   }
 }
 
-/// Multiprocessors of the current device (queried once per device).
+/// Multiprocessors of the current device (queried once per device; 132, an H100/H200's, when the
+/// query fails).
 int device_sms() {
-  static int cached[64] = {};
+  static std::atomic<int> cached[64] = {};
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
-  if (cached[dev] == 0) {
-    int sms = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) sms = 132;
-    cached[dev] = sms > 0 ? sms : 132;
+  int sms = cached[dev].load(std::memory_order_relaxed);
+  if (sms == 0) {
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        sms <= 0) {
+      sms = 132;
+    }
+    cached[dev].store(sms, std::memory_order_relaxed);
   }
-  return cached[dev];
+  return sms;
 }
 
 /// CTAs per row of the streaming path: about one CTA (one per SM: ~208 KB of shared memory
