@@ -162,9 +162,19 @@ void add(AttendedBytes& a, const AttendedBytes& b) {
 
 struct KvcKvCache::Staging {
   explicit Staging(Device d)
-      : k(d), v(d), q(d), out(d), scores(d), num_valid(d), ids(d), counts(d) {}
+      : k(d),
+        v(d),
+        q(d),
+        out(d),
+        scores(d),
+        lse(d),
+        dense_out(d),
+        dense_lse(d),
+        num_valid(d),
+        ids(d),
+        counts(d) {}
   Mirror<std::uint16_t> k, v, q;
-  Mirror<float> out, scores;
+  Mirror<float> out, scores, lse, dense_out, dense_lse;
   Mirror<std::int32_t> num_valid, ids, counts;
   HostSelectionReport report;
 };
@@ -263,7 +273,7 @@ KvcKvCache::KvcKvCache(const KvOptions& options, const KvShape& shape, Device de
   selector_ = Selector::create(device, limits);
   attention_ =
       AttentionBackend::create(attention_config(options, shape, max_query_tokens_), device);
-  if (dense_layers_ > 0) {
+  if (dense_layers_ > 0 || mode_ != AttentionMode::kDense) {  // dense layers; recall's reference
     AttentionConfig dc = attention_config(options, shape, max_query_tokens_);
     dc.mode = AttentionMode::kDense;
     dense_attention_ = AttentionBackend::create(dc, device);
@@ -403,8 +413,12 @@ void KvcKvCache::attend_f16(int layer, int pos0, int count, std::uint16_t* q16, 
   if (stats_on_ && count == 1) {
     Telemetry tm;
     tm.wait_for_device = true;
+    const bool recall = recall_on_ && !dense_layer && mode_ != AttentionMode::kDense;
+    if (recall)
+      args.lse = TensorView::contiguous(s.lse.device(hq), DType::kF32, {1, 1, hq}, device_);
     backend.decode(store, args, &tm);
     record(layer, pos0, tm, report);
+    if (recall_on_) record_recall(layer, args, recall ? s.lse.device(hq) : nullptr);
   } else {
     backend.decode(store, args);
   }
@@ -438,6 +452,41 @@ void KvcKvCache::record(int layer, int pos, const Telemetry& tm,
       stats_.cutoff_margin[static_cast<std::size_t>(layer) * hkv + h] =
           report->cutoff_margin[static_cast<std::size_t>(h)];
     }
+  }
+}
+
+void KvcKvCache::record_recall(int layer, const DecodeArgs& args, const float* lse) {
+  const int hq = shape_.num_q_heads, hkv = shape_.num_kv_heads, g = hq / hkv;
+  if (stats_.mass_recall.size() != static_cast<std::size_t>(shape_.num_layers) * hkv) {
+    stats_.mass_recall.assign(static_cast<std::size_t>(shape_.num_layers) * hkv,
+                              std::numeric_limits<double>::quiet_NaN());
+  }
+  double* row = stats_.mass_recall.data() + static_cast<std::size_t>(layer) * hkv;
+  if (lse == nullptr) {  // a dense layer, or the dense mode: every token was attended
+    std::fill(row, row + hkv, 1.0);
+    return;
+  }
+  if (uses_summaries(mode_)) {  // summaries are not tokens: no attended set of tokens
+    std::fill(row, row + hkv, std::numeric_limits<double>::quiet_NaN());
+    return;
+  }
+  Staging& s = *staging_;
+  const std::size_t nq = static_cast<std::size_t>(hq) * shape_.head_dim;
+  DecodeArgs dense;
+  dense.slots = args.slots;
+  dense.q = args.q;
+  dense.out = TensorView::contiguous(s.dense_out.device(nq), DType::kF32,
+                                     {1, 1, hq, shape_.head_dim}, device_);
+  dense.lse = TensorView::contiguous(s.dense_lse.device(hq), DType::kF32, {1, 1, hq}, device_);
+  dense_attention_->decode(*stores_[static_cast<std::size_t>(layer)], dense);
+  const float* att = s.lse.pull(hq);
+  const float* ref = s.dense_lse.pull(hq);
+  for (int h = 0; h < hkv; ++h) {
+    double sum = 0.0;
+    for (int i = h * g; i < (h + 1) * g; ++i) {
+      sum += std::exp(static_cast<double>(att[i]) - static_cast<double>(ref[i]));
+    }
+    row[h] = sum / g;
   }
 }
 

@@ -62,6 +62,11 @@ struct KvcStepStats {
   AttendedTokens tokens;                     ///< attended entries summed over layers and kv heads
   AttendedBytes bytes;                       ///< bytes read summed over layers
   std::uint64_t dense_equivalent_bytes = 0;  ///< what a dense f16 read would be, all layers
+  /// Attention-mass recall per (layer, kv head), row layer * Hkv + h (enable_recall): the
+  /// softmax mass, under dense attention over the same store with the same query, of the set
+  /// this step attended — exp(lse_attended - lse_dense) per query head, averaged over the
+  /// group; 1 for dense layers; NaN for the summary modes and layers not recorded.
+  std::vector<double> mass_recall;
 };
 
 /// A block-scoring rule outside kvc's BlockIndex (an oracle, or a rule under study): fills the
@@ -118,6 +123,12 @@ class KvcKvCache final : public KvCache {
   /// Replaces the BlockIndex by `scorer` for single-token queries of the select modes (an empty
   /// function restores the BlockIndex); multi-token queries still use the BlockIndex.
   void set_block_scorer(BlockScorer scorer) { scorer_ = std::move(scorer); }
+  /// Records KvcStepStats::mass_recall for every single-token attend() (implies stats): one
+  /// more attention over the store in kvc's dense mode per layer, and a host synchronisation.
+  void enable_recall(bool on) {
+    recall_on_ = on;
+    if (on) stats_on_ = true;
+  }
   /// Layers that attend densely (--kv-dense-layers, capped at the layer count).
   int dense_layers() const { return dense_layers_; }
   /// The layer's store (for byte accounting and inspection).
@@ -133,6 +144,9 @@ class KvcKvCache final : public KvCache {
   // Scores, selects and attends f16 queries [count][Hq][d] on the kvc device into f32 `out` there.
   void attend_f16(int layer, int pos0, int count, std::uint16_t* q16, float* out);
   void record(int layer, int pos, const Telemetry& tm, const HostSelectionReport* report);
+  // KvcStepStats::mass_recall of `layer` from the step's lse (device [Hq], null for a dense
+  // layer) and a dense pass over the store with the same query.
+  void record_recall(int layer, const DecodeArgs& args, const float* lse);
 
   KvOptions options_;
   KvShape shape_;
@@ -155,6 +169,7 @@ class KvcKvCache final : public KvCache {
   BlockScorer scorer_;
   std::unique_ptr<Staging> staging_;
   bool stats_on_ = false;
+  bool recall_on_ = false;
   KvcStepStats stats_;
 };
 

@@ -268,18 +268,39 @@ std::vector<EvalResult> run_teacher_forced(Decoder& model, const std::vector<int
   }
 
   // Every configuration's cache, filled from the dense prefix.
-  std::vector<std::unique_ptr<EvalKvCache>> caches;
+  // A configuration's cache: kvc's own, which measures its attention-mass recall from its lse
+  // (KvcKvCache::enable_recall), or, for the probe's scoring rules, the probe around it.
+  struct Run {
+    std::unique_ptr<KvCache> cache;
+    const KvcKvCache* kvc = nullptr;
+    const EvalKvCache* probe = nullptr;
+    const std::vector<double>& recall() const {
+      return probe != nullptr ? probe->last_step().mass_recall : kvc->last_step().mass_recall;
+    }
+  };
+  std::vector<Run> caches;
   std::vector<Sums> sums(configs.size());
   const std::size_t buckets = static_cast<std::size_t>((o.end - o.start + o.bucket - 1) / o.bucket);
   for (std::size_t c = 0; c < configs.size(); ++c) {
     const EvalConfig& cfg = configs[c];
     const Device device = on_cuda ? Device::cuda(0) : pick_kv_device(cfg.kv);
     auto inner = std::make_unique<KvcKvCache>(cfg.kv, shape, device);
-    caches.push_back(std::make_unique<EvalKvCache>(std::move(inner), shape, cfg.probe, pool));
+    Run run;
+    run.kvc = inner.get();
+    if (cfg.probe == ProbeScore::kNone) {
+      inner->enable_recall(true);
+      run.cache = std::move(inner);
+    } else {
+      auto probe = std::make_unique<EvalKvCache>(std::move(inner), shape, cfg.probe, pool);
+      run.probe = probe.get();
+      run.cache = std::move(probe);
+    }
+    caches.push_back(std::move(run));
 #if KVC_CUDA_ENABLED
-    if (on_cuda) copy_prefix(static_cast<const CudaDenseKvCache&>(*dense), o.start, *caches[c]);
+    if (on_cuda)
+      copy_prefix(static_cast<const CudaDenseKvCache&>(*dense), o.start, *caches[c].cache);
 #endif
-    if (!on_cuda) copy_prefix(static_cast<const DenseKvCache&>(*dense), o.start, *caches[c]);
+    if (!on_cuda) copy_prefix(static_cast<const DenseKvCache&>(*dense), o.start, *caches[c].cache);
     Sums& m = sums[c];
     m.recall_by_layer.assign(static_cast<std::size_t>(shape.num_layers), 0.0);
     m.kl_bucket.assign(buckets, 0.0);
@@ -287,7 +308,7 @@ std::vector<EvalResult> run_teacher_forced(Decoder& model, const std::vector<int
     m.steps_bucket.assign(buckets, 0.0);
     if (o.log) {
       std::fprintf(stderr, "[quality_eval] config %s: %s\n", cfg.name.c_str(),
-                   caches[c]->describe().c_str());
+                   caches[c].cache->describe().c_str());
     }
   }
 
@@ -304,7 +325,8 @@ std::vector<EvalResult> run_teacher_forced(Decoder& model, const std::vector<int
     model.forward(tokens.data() + a, w, *dense, dense_logits.data(), pool, all);
     for (std::size_t c = 0; c < caches.size(); ++c) {
       const EvalConfig& cfg = configs[c];
-      EvalKvCache& cache = *caches[c];
+      Run& run = caches[c];
+      KvCache& cache = *run.cache;
       Sums& m = sums[c];
       const auto t0 = Clock::now();
       for (int p = a; p < a + w; ++p) {
@@ -328,14 +350,14 @@ std::vector<EvalResult> run_teacher_forced(Decoder& model, const std::vector<int
         m.top1_bucket[bk] += same ? 1.0 : 0.0;
         m.steps_bucket[bk] += 1.0;
         // The probe's recall over every (layer, kv head) with a defined attended set.
-        const ProbeStep& ps = cache.last_step();
+        const std::vector<double>& recall = run.recall();
         double sum = 0.0;
         int n = 0;
         for (int l = 0; l < shape.num_layers; ++l) {
           double ls = 0.0;
           int ln = 0;
           for (int h = 0; h < shape.num_kv_heads; ++h) {
-            const double r = ps.mass_recall[static_cast<std::size_t>(l) * shape.num_kv_heads + h];
+            const double r = recall[static_cast<std::size_t>(l) * shape.num_kv_heads + h];
             if (std::isnan(r)) continue;
             ls += r;
             ++ln;
@@ -348,9 +370,9 @@ std::vector<EvalResult> run_teacher_forced(Decoder& model, const std::vector<int
           m.recall += sum / n;
           m.recall_steps += 1;
         }
-        m.bytes_attended += static_cast<double>(cache.inner().last_step().bytes.total());
-        const int closed = cache.inner().store(0).num_closed_blocks(0);
-        const int scored_layers = shape.num_layers - cache.inner().dense_layers();
+        m.bytes_attended += static_cast<double>(run.kvc->last_step().bytes.total());
+        const int closed = run.kvc->store(0).num_closed_blocks(0);
+        const int scored_layers = shape.num_layers - run.kvc->dense_layers();
         m.bytes_scoring += scored_layers * scoring_bytes(cfg, shape, closed);
         m.bytes_dense += dense_bytes_per_token * (p + 1);
       }
