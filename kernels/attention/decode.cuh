@@ -297,10 +297,26 @@ __device__ __forceinline__ void decode_v(const std::uint32_t (&w)[NW], float (&f
 struct RowAddr {
   const std::uint8_t* k;
   const std::uint8_t* v;
+  std::size_t sum_off;  // summary rows: element offset of the lane's first element
   float ksc;
   float vsc;
   bool ok;
 };
+
+/// Elements [i, i + N) of a block-summary array (mean K or mean V, [pool, Hkv, d]) as float:
+/// the one place the kernels read summary elements (f32 today). i is a multiple of N.
+template <int N>
+__device__ __forceinline__ void load_summary(const float* summaries, std::size_t i, float (&f)[N]) {
+  static_assert(N % 4 == 0, "summary reads are whole float4s");
+#pragma unroll
+  for (int k = 0; k < N; k += 4) {
+    const float4 x = __ldg(reinterpret_cast<const float4*>(summaries + i) + k / 4);
+    f[k] = x.x;
+    f[k + 1] = x.y;
+    f[k + 2] = x.z;
+    f[k + 3] = x.w;
+  }
+}
 
 /// Block id of summarised item k (kBlockSummary: closed block k; lossy: the k-th selected id),
 /// or -1 when the item is skipped (past the count, or an id outside [0, closed)).
@@ -321,6 +337,7 @@ __device__ __forceinline__ RowAddr locate(const DecodeParams& p, const RowCtx& c
   a.ok = j < pc.count;
   a.k = nullptr;
   a.v = nullptr;
+  a.sum_off = 0;
   constexpr int kKb = RowBytes<RK, D>::k, kVb = RowBytes<RK, D>::v;
   constexpr int kKl = LaneWords<RK, E>::k * 4, kVl = LaneWords<RK, E>::v * 4;
   if constexpr (RK == RowKind::kF32) {
@@ -328,11 +345,7 @@ __device__ __forceinline__ RowAddr locate(const DecodeParams& p, const RowCtx& c
     const int blk = a.ok ? item_block(p, c, pc.off0 + j) : -1;
     const int pb = blk >= 0 ? c.table[blk] : -1;  // -1: another shard's block
     a.ok = pb >= 0;
-    if (a.ok) {
-      const std::size_t o = (static_cast<std::size_t>(pb) * p.s.num_kv_heads + c.h) * D;
-      a.k = reinterpret_cast<const std::uint8_t*>(p.s.mean_k + o) + lig * kKl;
-      a.v = reinterpret_cast<const std::uint8_t*>(p.s.mean_v + o) + lig * kVl;
-    }
+    if (a.ok) a.sum_off = (static_cast<std::size_t>(pb) * p.s.num_kv_heads + c.h) * D + lig * E;
     return a;
   } else {
     if constexpr (RK == RowKind::k16) {
@@ -424,8 +437,18 @@ __device__ __forceinline__ void process_piece(const DecodeParams& p, const RowCt
       ksc[u] = a.ksc;
       vsc[u] = a.vsc;
       if (a.ok) {
-        load_words<KW>(a.k, kr[u]);
-        load_words<VW>(a.v, vr[u]);
+        if constexpr (RK == RowKind::kF32) {
+          float kf[KW], vf[VW];
+          load_summary<KW>(p.s.mean_k, a.sum_off, kf);
+          load_summary<VW>(p.s.mean_v, a.sum_off, vf);
+#pragma unroll
+          for (int i = 0; i < KW; ++i) kr[u][i] = __float_as_uint(kf[i]);
+#pragma unroll
+          for (int i = 0; i < VW; ++i) vr[u][i] = __float_as_uint(vf[i]);
+        } else {
+          load_words<KW>(a.k, kr[u]);
+          load_words<VW>(a.v, vr[u]);
+        }
       } else {
 #pragma unroll
         for (int i = 0; i < KW; ++i) kr[u][i] = 0u;
@@ -613,6 +636,132 @@ struct MergeSmem {
   float l[kWarps][kGT];
 };
 
+/// Merges the warps' states in `mg` (query heads first_gi + g of kv head h, g < kGT, of the
+/// (sequence, query token) row bt) and writes the final rows (one chunk per row: the sink is
+/// added here) or the chunk's partial states (normalised out, natural-log lse; an empty chunk
+/// writes lse = -inf and no out).
+template <int D, int kGT>
+__device__ __forceinline__ void write_merged(const DecodeParams& p, const MergeSmem<D, kGT>& mg,
+                                             int bt, int h, int first_gi, int chunk) {
+  const bool final_row = p.num_chunks == 1;
+  for (int idx = threadIdx.x * 4; idx < kGT * D; idx += kThreads * 4) {
+    const int g = idx / D, i = idx % D;
+    const int gi = first_gi + g;
+    if (gi >= p.G) break;  // idx grows with g
+    const int hq = h * p.G + gi;
+    const std::size_t row_q = static_cast<std::size_t>(bt) * p.Hq + hq;
+    float mm = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, mg.m[w][g]);
+    float sink_term = 0.0f;
+    if (final_row && p.sink != nullptr) {
+      const float s2 = p.sink[hq] * kLog2e;
+      mm = fmaxf(mm, s2);
+      sink_term = s2 == -INFINITY ? 0.0f : exp2f(s2 - mm);  // NaN sink gives NaN
+    }
+    float wgt[kWarps];
+    float lsum = sink_term;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = mg.m[w][g];
+      wgt[w] = mw == -INFINITY ? 0.0f : exp2f(mw - mm);
+      lsum += mg.l[w][g] * wgt[w];
+    }
+    float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[e] += mg.acc[w][g][i + e] * wgt[w];
+    }
+    const bool empty = mm == -INFINITY && lsum == 0.0f;
+    const float inv = empty ? 0.0f : 1.0f / lsum;
+    const float4 res = make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
+    const float lse = empty ? -INFINITY : (mm + log2f(lsum)) * kLn2;
+    if (final_row) {
+      store4(p.out, row_q * D + i, p.out_kind, res);
+      if (i == 0 && p.lse != nullptr) p.lse[row_q] = lse;
+    } else {
+      const std::size_t pr = row_q * p.num_chunks + chunk;
+      if (i == 0) p.part_lse[pr] = lse;
+      if (!empty) *reinterpret_cast<float4*>(p.part_out + pr * D + i) = res;
+    }
+  }
+}
+
+/// What blockIdx says: the head tile, the (sequence, query token, kv head) row and the chunk
+/// [c0, c1) of its virtual list (grid.x = rows * tiles, grid.y = chunks).
+struct CtaCoords {
+  int tile, h, bt, t, b;
+  int chunk, c0, c1;
+};
+
+__device__ __forceinline__ CtaCoords cta_coords(const DecodeParams& p) {
+  CtaCoords k;
+  k.tile = blockIdx.x % p.tiles;
+  const int kv_row = blockIdx.x / p.tiles;  // (b * T + t) * Hkv + h
+  k.h = kv_row % p.Hkv;
+  k.bt = kv_row / p.Hkv;
+  k.t = k.bt % p.T;
+  k.b = k.bt / p.T;
+  k.chunk = blockIdx.y;
+  k.c0 = k.chunk * p.chunk;
+  k.c1 = k.c0 + p.chunk < p.vlen ? k.c0 + p.chunk : p.vlen;
+  return k;
+}
+
+/// Fills `c` for blockIdx's row `cta` (device slots, lengths and selection counts): the
+/// positions it sees, its ring rows, block-table row and selection, or its plain-cache row.
+template <int D>
+__device__ __forceinline__ void init_row_ctx(const DecodeParams& p, const CtaCoords& cta,
+                                             RowCtx& c) {
+  c.h = cta.h;
+  c.bt = cta.bt;
+  c.t = cta.t;
+  c.b = cta.b;
+  c.list_lo = 0;
+  c.sel_count = 0;
+  c.sel_ids = nullptr;
+  c.table = nullptr;
+  if (p.plain) {
+    const int len = p.plain_lengths[c.b];
+    c.pos = len - p.T + c.t;
+    const int wb = c.pos - p.window + 1;
+    c.begin = p.window > 0 && wb > 0 ? wb : 0;
+    const std::size_t row0 = (static_cast<std::size_t>(c.b) * p.Hkv + c.h) * p.capacity;
+    c.pk = p.plain_k + row0 * D * 2;
+    c.pv = p.plain_v + row0 * D * 2;
+    return;
+  }
+  const StoreView& s = p.s;
+  c.slot = p.slots[c.b];
+  // Addresses first: ring rows need only the slot.
+  const std::size_t ring0 =
+      (static_cast<std::size_t>(c.slot) * s.num_kv_heads + c.h) * s.recent_window;
+  c.ring_k = static_cast<const std::uint8_t*>(s.ring_k) + ring0 * D * 2;
+  c.ring_v = static_cast<const std::uint8_t*>(s.ring_v) + ring0 * D * 2;
+  c.table = s.block_table + static_cast<std::size_t>(c.slot) * s.max_blocks_per_slot;
+  const int L = s.lengths[c.slot];
+  const attention::RowRange rr = attention::row_range(L, p.T, c.t, s.recent_window, s.block_size);
+  c.pos = rr.position;
+  c.O = rr.old_tokens;
+  c.closed = rr.num_closed;
+  c.open_tokens = rr.open_tokens;
+  c.wb = rr.window_begin;
+  // A shard store attends the ring on shard 0 only (store::owns_ring).
+  c.n_ring = !store::owns_ring(s) ? 0 : (L < s.recent_window ? L : s.recent_window);
+  c.o_mod = c.O % s.recent_window;
+  c.lim = c.pos - c.O;
+  if (p.mode == static_cast<int>(AttentionMode::kBlockSelectExact) ||
+      p.mode == static_cast<int>(AttentionMode::kBlockSelectLossy)) {
+    const std::size_t sel_row = p.sel.shared_across_heads
+                                    ? static_cast<std::size_t>(c.bt)
+                                    : static_cast<std::size_t>(c.bt) * p.Hkv + c.h;
+    const int n = p.sel.max_selected > 0 ? p.sel.counts[sel_row] : 0;
+    c.sel_count = n < 0 ? 0 : (n > p.sel.max_selected ? p.sel.max_selected : n);
+    c.sel_ids = p.sel.ids + sel_row * p.sel.max_selected;
+  }
+}
+
 template <int D, int kGT>
 union DecodeSmem {
   int list[kMaxList];
@@ -638,63 +787,13 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(D, kGT))
   asm volatile("griddepcontrol.launch_dependents;");
 #endif
 
-  const int tile = blockIdx.x % p.tiles;
-  const int kv_row = blockIdx.x / p.tiles;  // (b * T + t) * Hkv + h
+  const CtaCoords cta = cta_coords(p);
+  const int tile = cta.tile, chunk = cta.chunk, c0 = cta.c0, c1 = cta.c1;
   RowCtx c;
-  c.h = kv_row % p.Hkv;
-  c.bt = kv_row / p.Hkv;
-  c.t = c.bt % p.T;
-  c.b = c.bt / p.T;
-  const int chunk = blockIdx.y;
-  const int c0 = chunk * p.chunk;
-  const int c1 = c0 + p.chunk < p.vlen ? c0 + p.chunk : p.vlen;
+  init_row_ctx<D>(p, cta, c);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int lig = lane % Tr::kLpt;                      // lane in its token group
   const int group = warp * Tr::kGpw + lane / Tr::kLpt;  // token group in the CTA
-
-  // --- the row's visible positions (device lengths) ---
-  c.list_lo = 0;
-  c.sel_count = 0;
-  c.sel_ids = nullptr;
-  c.table = nullptr;
-  if (p.plain) {
-    const int len = p.plain_lengths[c.b];
-    c.pos = len - p.T + c.t;
-    const int wb = c.pos - p.window + 1;
-    c.begin = p.window > 0 && wb > 0 ? wb : 0;
-    const std::size_t row0 = (static_cast<std::size_t>(c.b) * p.Hkv + c.h) * p.capacity;
-    c.pk = p.plain_k + row0 * D * 2;
-    c.pv = p.plain_v + row0 * D * 2;
-  } else {
-    const StoreView& s = p.s;
-    c.slot = p.slots[c.b];
-    const attention::RowRange rr =
-        attention::row_range(s.lengths[c.slot], p.T, c.t, s.recent_window, s.block_size);
-    c.pos = rr.position;
-    c.O = rr.old_tokens;
-    c.closed = rr.num_closed;
-    c.open_tokens = rr.open_tokens;
-    c.wb = rr.window_begin;
-    const int L = s.lengths[c.slot];
-    // A shard store attends the ring on shard 0 only (store::owns_ring).
-    c.n_ring = !store::owns_ring(s) ? 0 : (L < s.recent_window ? L : s.recent_window);
-    c.o_mod = c.O % s.recent_window;
-    c.lim = c.pos - c.O;
-    c.table = s.block_table + static_cast<std::size_t>(c.slot) * s.max_blocks_per_slot;
-    const std::size_t ring0 =
-        (static_cast<std::size_t>(c.slot) * s.num_kv_heads + c.h) * s.recent_window;
-    c.ring_k = static_cast<const std::uint8_t*>(s.ring_k) + ring0 * D * 2;
-    c.ring_v = static_cast<const std::uint8_t*>(s.ring_v) + ring0 * D * 2;
-    if (p.mode == static_cast<int>(AttentionMode::kBlockSelectExact) ||
-        p.mode == static_cast<int>(AttentionMode::kBlockSelectLossy)) {
-      const std::size_t sel_row = p.sel.shared_across_heads
-                                      ? static_cast<std::size_t>(c.bt)
-                                      : static_cast<std::size_t>(c.bt) * p.Hkv + c.h;
-      const int n = p.sel.max_selected > 0 ? p.sel.counts[sel_row] : 0;
-      c.sel_count = n < 0 ? 0 : (n > p.sel.max_selected ? p.sel.max_selected : n);
-      c.sel_ids = p.sel.ids + sel_row * p.sel.max_selected;
-    }
-  }
 
   // --- queries of the tile's heads, scaled into log2 units ---
   float q[kGT][E];
@@ -781,49 +880,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(D, kGT))
   }
   __syncthreads();
 
-  const bool final_row = p.num_chunks == 1;
-  for (int idx = threadIdx.x * 4; idx < kGT * D; idx += kThreads * 4) {
-    const int g = idx / D, i = idx % D;
-    const int gi = tile * kGT + g;
-    if (gi >= p.G) break;  // idx grows with g
-    const int hq = c.h * p.G + gi;
-    const std::size_t row_q = static_cast<std::size_t>(c.bt) * p.Hq + hq;
-    float mm = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, sm.merge.m[w][g]);
-    float sink_term = 0.0f;
-    if (final_row && p.sink != nullptr) {
-      const float s2 = p.sink[hq] * kLog2e;
-      mm = fmaxf(mm, s2);
-      sink_term = s2 == -INFINITY ? 0.0f : exp2f(s2 - mm);  // NaN sink gives NaN
-    }
-    float wgt[kWarps];
-    float lsum = sink_term;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float mw = sm.merge.m[w][g];
-      wgt[w] = mw == -INFINITY ? 0.0f : exp2f(mw - mm);
-      lsum += sm.merge.l[w][g] * wgt[w];
-    }
-    float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[e] += sm.merge.acc[w][g][i + e] * wgt[w];
-    }
-    const bool empty = mm == -INFINITY && lsum == 0.0f;
-    const float inv = empty ? 0.0f : 1.0f / lsum;
-    const float4 res = make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
-    const float lse = empty ? -INFINITY : (mm + log2f(lsum)) * kLn2;
-    if (final_row) {
-      store4(p.out, row_q * D + i, p.out_kind, res);
-      if (i == 0 && p.lse != nullptr) p.lse[row_q] = lse;
-    } else {
-      const std::size_t pr = row_q * p.num_chunks + chunk;
-      if (i == 0) p.part_lse[pr] = lse;
-      if (!empty) *reinterpret_cast<float4*>(p.part_out + pr * D + i) = res;
-    }
-  }
+  write_merged<D, kGT>(p, sm.merge, c.bt, c.h, tile * kGT, chunk);
 }
 
 /// The kernel for (D, kGT, kOld, kBf16) as a function pointer (instantiates it).
