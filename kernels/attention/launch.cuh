@@ -1,8 +1,10 @@
-// Instantiation tables of the decode kernel, one translation unit per head_dim
-// (src/cuda/attention_decode_d*.cu) so the instantiations compile in parallel.
+// Instantiation tables of the decode kernels (CUDA cores: decode.cuh; tensor cores: mma.cuh),
+// one translation unit per head_dim and kernel (src/cuda/attention_decode_d*.cu,
+// src/cuda/attention_mma_d*.cu) so the instantiations compile in parallel.
 #pragma once
 
 #include "attention/decode.cuh"
+#include "attention/mma.cuh"
 
 namespace kvc {
 namespace kernels {
@@ -51,6 +53,38 @@ const void* decode_kernel_d64(int gt, OldKind kind, bool bf16);
 const void* decode_kernel_d128(int gt, OldKind kind, bool bf16);
 const void* decode_kernel_d256(int gt, OldKind kind, bool bf16);
 const void* decode_kernel_d512(int gt, OldKind kind, bool bf16);
+
+/// The tensor-core kernel for (D, kind, bf16). Instantiate only in its own file.
+template <int D>
+const void* mma_kernel_table(OldKind kind, bool bf16) {
+  switch (kind) {
+    case OldKind::k16:
+      return bf16 ? mma_kernel_ptr<D, OldKind::k16, true>()
+                  : mma_kernel_ptr<D, OldKind::k16, false>();
+    case OldKind::kQ8:
+      return bf16 ? mma_kernel_ptr<D, OldKind::kQ8, true>()
+                  : mma_kernel_ptr<D, OldKind::kQ8, false>();
+    case OldKind::kQ4v:
+      return bf16 ? mma_kernel_ptr<D, OldKind::kQ4v, true>()
+                  : mma_kernel_ptr<D, OldKind::kQ4v, false>();
+  }
+  return nullptr;
+}
+
+const void* mma_kernel_d64(OldKind kind, bool bf16);
+const void* mma_kernel_d128(OldKind kind, bool bf16);
+
+/// The tensor-core kernel for a runtime head_dim, or null (head_dim not 64 or 128).
+inline const void* mma_kernel_for(int head_dim, OldKind kind, bool bf16) {
+  switch (head_dim) {
+    case 64:
+      return mma_kernel_d64(kind, bf16);
+    case 128:
+      return mma_kernel_d128(kind, bf16);
+    default:
+      return nullptr;
+  }
+}
 
 /// The decode kernel for a runtime head_dim, or null.
 inline const void* decode_kernel_for(int head_dim, int gt, OldKind kind, bool bf16) {

@@ -97,6 +97,32 @@ struct Plan {
   std::int64_t rows_q = 0;   // batch * T * Hq
 };
 
+/// Cuts rows of `vlen` virtual entries into chunks for `plan.kernel` (plan.gt, plan.tiles set):
+/// about one wave of CTAs, chunks a multiple of `granule` rows and at least `min_rows` long,
+/// at most max_splits of them (0: no cap).
+cudaError_t split_rows(int num_q_heads, int num_kv_heads, int batch, int T, std::int64_t vlen,
+                       std::int64_t granule, std::int64_t min_rows, int max_splits, Plan& plan) {
+  if (plan.kernel == nullptr) return cudaErrorInvalidValue;
+  plan.kv_ctas = static_cast<std::int64_t>(batch) * T * num_kv_heads * plan.tiles;
+  plan.rows_q = static_cast<std::int64_t>(batch) * T * num_q_heads;
+  if (plan.kv_ctas > INT32_MAX) return cudaErrorInvalidValue;
+  std::int64_t target = 0;
+  KVC_CUDA_CALL(target_ctas(plan.kernel, target));
+  std::int64_t chunks = std::max<std::int64_t>(1, target / std::max<std::int64_t>(plan.kv_ctas, 1));
+  chunks = std::min(chunks, (vlen + min_rows - 1) / min_rows);
+  chunks = std::min<std::int64_t>(chunks, kMaxChunks);
+  if (max_splits > 0) chunks = std::min<std::int64_t>(chunks, max_splits);
+  chunks = std::max<std::int64_t>(chunks, 1);
+  std::int64_t chunk = (vlen + chunks - 1) / chunks;
+  chunk = (chunk + granule - 1) / granule * granule;
+  plan.vlen = static_cast<int>(vlen);
+  plan.chunk = static_cast<int>(chunk);
+  plan.num_chunks = static_cast<int>((vlen + chunk - 1) / chunk);
+  return cudaSuccess;
+}
+
+/// The CUDA-core plan: head tiles of up to 8 query heads (4 for d = 512), chunks a multiple of
+/// one CTA iteration and at least two iterations long.
 cudaError_t make_plan(int head_dim, int num_q_heads, int num_kv_heads, int batch, int T,
                       std::int64_t vlen, OldKind kind, bool bf16, int max_splits, Plan& plan) {
   if (!head_dim_supported(head_dim) || num_kv_heads < 1 || num_q_heads % num_kv_heads != 0 ||
@@ -107,24 +133,25 @@ cudaError_t make_plan(int head_dim, int num_q_heads, int num_kv_heads, int batch
   plan.gt = head_tile(group, head_dim);
   plan.tiles = (group + plan.gt - 1) / plan.gt;
   plan.kernel = decode_kernel_for(head_dim, plan.gt, kind, bf16);
-  if (plan.kernel == nullptr) return cudaErrorInvalidValue;
-  plan.kv_ctas = static_cast<std::int64_t>(batch) * T * num_kv_heads * plan.tiles;
-  plan.rows_q = static_cast<std::int64_t>(batch) * T * num_q_heads;
-  if (plan.kv_ctas > INT32_MAX) return cudaErrorInvalidValue;
-  std::int64_t target = 0;
-  KVC_CUDA_CALL(target_ctas(plan.kernel, target));
   const std::int64_t rpi = rows_per_iter(head_dim);
-  std::int64_t chunks = std::max<std::int64_t>(1, target / std::max<std::int64_t>(plan.kv_ctas, 1));
-  chunks = std::min(chunks, (vlen + 2 * rpi - 1) / (2 * rpi));  // at least two iterations each
-  chunks = std::min<std::int64_t>(chunks, kMaxChunks);
-  if (max_splits > 0) chunks = std::min<std::int64_t>(chunks, max_splits);
-  chunks = std::max<std::int64_t>(chunks, 1);
-  std::int64_t chunk = (vlen + chunks - 1) / chunks;
-  chunk = (chunk + rpi - 1) / rpi * rpi;
-  plan.vlen = static_cast<int>(vlen);
-  plan.chunk = static_cast<int>(chunk);
-  plan.num_chunks = static_cast<int>((vlen + chunk - 1) / chunk);
-  return cudaSuccess;
+  return split_rows(num_q_heads, num_kv_heads, batch, T, vlen, rpi, 2 * rpi, max_splits, plan);
+}
+
+/// The tensor-core plan: head tiles of kMmaCols query heads, a virtual list of vlen16 rows (a
+/// multiple of 16, mma.cuh), chunks of whole 16-row tiles, at least one tile per warp.
+cudaError_t make_mma_plan(int head_dim, int num_q_heads, int num_kv_heads, int batch, int T,
+                          std::int64_t vlen16, OldKind kind, bool bf16, int max_splits,
+                          Plan& plan) {
+  if (!mma_head_dim(head_dim) || num_kv_heads < 1 || num_q_heads % num_kv_heads != 0 ||
+      vlen16 < kMmaTile || vlen16 % kMmaTile != 0 || vlen16 > (1ll << 30)) {
+    return cudaErrorInvalidValue;
+  }
+  const int group = num_q_heads / num_kv_heads;
+  plan.gt = kMmaCols;
+  plan.tiles = (group + kMmaCols - 1) / kMmaCols;
+  plan.kernel = mma_kernel_for(head_dim, kind, bf16);
+  return split_rows(num_q_heads, num_kv_heads, batch, T, vlen16, kMmaTile, kMmaTile * kWarps,
+                    max_splits, plan);
 }
 
 std::size_t align256(std::size_t n) { return (n + 255) / 256 * 256; }
@@ -173,6 +200,49 @@ std::int64_t store_vlen(const attention::AttentionParams& p) {
       return W + B + S * B;
   }
   return W;
+}
+
+/// Virtual list length of a store row for the tensor-core kernel (mma.cuh); 0 for the modes it
+/// does not serve.
+std::int64_t mma_store_vlen(const attention::AttentionParams& p) {
+  const std::int64_t W16 = round16(p.store.recent_window), B = p.store.block_size;
+  const std::int64_t MB = p.store.max_blocks_per_slot;
+  const std::int64_t S = std::max(p.selection.max_selected, 0);
+  switch (p.mode) {
+    case AttentionMode::kDense:
+      return W16 + round16(MB * B);
+    case AttentionMode::kDenseRecentOnly:
+      return W16 + round16(p.num_query_tokens - 1);
+    case AttentionMode::kRecentOnly:
+      return W16;
+    case AttentionMode::kBlockSelectExact:
+      return W16 + round16(B) + round16(S * B);
+    default:
+      return 0;
+  }
+}
+
+/// Whether the tensor-core kernel serves a call: head_dim 64 / 128, q in the cache's 16-bit
+/// dtype, a mode it implements, and a selection small enough to stage (max_selected pool ids).
+bool mma_serves(int head_dim, DType q_dtype, DType kv_dtype, bool mode_ok, int max_selected) {
+  return mma_head_dim(head_dim) && q_dtype == kv_dtype && mode_ok && max_selected <= kMaxList;
+}
+
+/// The kernel a call runs: `serves` from mma_serves, `path` the caller's KernelPath. Returns
+/// cudaErrorNotSupported for tensor cores asked where they do not apply.
+cudaError_t choose_mma(int path, bool serves, int group, bool& use_mma) {
+  switch (static_cast<KernelPath>(path)) {
+    case KernelPath::kAuto:
+      use_mma = serves && group >= 4;
+      return cudaSuccess;
+    case KernelPath::kCudaCores:
+      use_mma = false;
+      return cudaSuccess;
+    case KernelPath::kTensorCores:
+      use_mma = serves;
+      return serves ? cudaSuccess : cudaErrorNotSupported;
+  }
+  return cudaErrorInvalidValue;
 }
 
 /// Launches the combine as a programmatic dependent of the decode grid (its launch overlaps the
@@ -267,8 +337,18 @@ std::size_t attention_workspace_upper_bound(int num_q_heads, int num_kv_heads, i
     }
   }
   // More than one chunk per row only when kv_ctas * chunks <= target, so the partial states
-  // number at most target * gt (see make_plan).
-  const std::size_t n = static_cast<std::size_t>(target) * gt;
+  // number at most target * gt (see make_plan; make_mma_plan likewise with kMmaCols).
+  std::size_t n = static_cast<std::size_t>(target) * gt;
+  if (mma_head_dim(head_dim)) {
+    for (OldKind kind : {OldKind::k16, OldKind::kQ8, OldKind::kQ4v}) {
+      for (bool bf16 : {false, true}) {
+        const void* k = mma_kernel_for(head_dim, kind, bf16);
+        std::int64_t t = 0;
+        if (k == nullptr || target_ctas(k, t) != cudaSuccess) return 0;
+        n = std::max(n, static_cast<std::size_t>(t) * kMmaCols);
+      }
+    }
+  }
   return align256(n * head_dim * 4) + align256(n * 4);
 }
 
@@ -278,10 +358,21 @@ cudaError_t attention_decode(void* d_workspace, std::size_t& workspace_bytes,
     if (d_workspace == nullptr) workspace_bytes = 0;
     return cudaSuccess;
   }
+  const bool serves = mma_serves(p.head_dim, p.q_dtype, p.store.dtype, mma_store_vlen(p) > 0,
+                                 uses_selection(p.mode) ? p.selection.max_selected : 0);
+  bool use_mma = false;
+  KVC_CUDA_CALL(
+      choose_mma(p.kernel_path, serves, p.num_q_heads / std::max(p.num_kv_heads, 1), use_mma));
   Plan plan;
-  KVC_CUDA_CALL(make_plan(p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch, p.num_query_tokens,
-                          store_vlen(p), old_kind(p.store.old_format),
-                          p.store.dtype == DType::kBF16, p.max_splits, plan));
+  if (use_mma) {
+    KVC_CUDA_CALL(make_mma_plan(p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch,
+                                p.num_query_tokens, mma_store_vlen(p), old_kind(p.store.old_format),
+                                p.store.dtype == DType::kBF16, p.max_splits, plan));
+  } else {
+    KVC_CUDA_CALL(make_plan(p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch, p.num_query_tokens,
+                            store_vlen(p), old_kind(p.store.old_format),
+                            p.store.dtype == DType::kBF16, p.max_splits, plan));
+  }
   DecodeParams dp{};
   const std::size_t need =
       carve_workspace(d_workspace, plan, p.head_dim, &dp.part_out, &dp.part_lse);
@@ -316,10 +407,20 @@ cudaError_t dense_attention_decode(void* d_workspace, std::size_t& workspace_byt
     if (d_workspace == nullptr) workspace_bytes = 0;
     return cudaSuccess;
   }
+  const bool serves = mma_serves(p.head_dim, p.q_dtype, p.kv_dtype, true, 0);
+  bool use_mma = false;
+  KVC_CUDA_CALL(
+      choose_mma(p.kernel_path, serves, p.num_q_heads / std::max(p.num_kv_heads, 1), use_mma));
   Plan plan;
-  KVC_CUDA_CALL(make_plan(p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch, p.num_query_tokens,
-                          p.capacity, OldKind::k16, p.kv_dtype == DType::kBF16, p.max_splits,
-                          plan));
+  if (use_mma) {
+    KVC_CUDA_CALL(make_mma_plan(p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch,
+                                p.num_query_tokens, round16(p.capacity), OldKind::k16,
+                                p.kv_dtype == DType::kBF16, p.max_splits, plan));
+  } else {
+    KVC_CUDA_CALL(make_plan(p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch, p.num_query_tokens,
+                            p.capacity, OldKind::k16, p.kv_dtype == DType::kBF16, p.max_splits,
+                            plan));
+  }
   DecodeParams dp{};
   const std::size_t need =
       carve_workspace(d_workspace, plan, p.head_dim, &dp.part_out, &dp.part_lse);

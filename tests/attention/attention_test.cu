@@ -215,28 +215,50 @@ class Bed {
   /// The CUDA backend into poisoned buffers with a guard past the end, which must stay intact.
   Result gpu(const AttentionConfig& cfg, DType out_dtype, Telemetry* tm = nullptr) {
     auto backend = AttentionBackend::create(cfg, Device::cuda(0));
-    const std::size_t guard = 256;
-    const std::size_t out_bytes = n_out() * size_of(out_dtype);
-    DeviceArray<std::uint8_t> out(out_bytes + guard);
-    DeviceArray<float> lse(n_lse() + guard / 4);
-    out.fill_bytes(0xff);
-    lse.fill_bytes(0xff);
+    return poisoned(out_dtype, [&](void* out, float* lse) {
+      DecodeArgs a = args(true);
+      a.out = TensorView::contiguous(out, out_dtype, {batch(), c_.T, hq(), c_.head_dim},
+                                     Device::cuda(0));
+      a.lse = TensorView::contiguous(lse, DType::kF32, {batch(), c_.T, hq()}, Device::cuda(0));
+      backend->decode(*gpu_, a, tm);
+    });
+  }
+
+  /// The kernel layer (attention_decode) on the CUDA store with kernel path `path` and
+  /// `max_splits`, into poisoned buffers with a guard past the end, which must stay intact.
+  Result kernel(const AttentionConfig& cfg, DType out_dtype, kernels::KernelPath path,
+                int max_splits = 0) {
     DecodeArgs a = args(true);
-    a.out = TensorView::contiguous(out.get(), out_dtype, {batch(), c_.T, hq(), c_.head_dim},
-                                   Device::cuda(0));
-    a.lse = TensorView::contiguous(lse.get(), DType::kF32, {batch(), c_.T, hq()}, Device::cuda(0));
-    backend->decode(*gpu_, a, tm);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const std::vector<std::uint8_t> o = out.download();
-    const std::vector<float> l = lse.download();
-    for (std::size_t i = out_bytes; i < o.size(); ++i) {
-      EXPECT_EQ(o[i], 0xff) << "out written past its end at byte " << i;
-    }
-    for (std::size_t i = n_lse(); i < l.size(); ++i) {
-      EXPECT_TRUE(std::isnan(l[i])) << "lse written past its end at " << i;
-    }
-    return to_result(std::vector<std::uint8_t>(o.begin(), o.begin() + out_bytes),
-                     std::vector<float>(l.begin(), l.begin() + n_lse()), out_dtype);
+    DeviceArray<std::int32_t> dslots(std::vector<std::int32_t>(slots_.begin(), slots_.end()));
+    attention::AttentionParams p;
+    p.store = gpu_->view();
+    if (uses_selection(cfg.mode)) p.selection = a.selection;
+    p.q = a.q.data;
+    p.sink = a.sink;
+    p.slots = dslots.get();
+    p.batch = batch();
+    p.num_query_tokens = c_.T;
+    p.num_q_heads = hq();
+    p.num_kv_heads = c_.num_kv_heads;
+    p.group_size = c_.group;
+    p.head_dim = c_.head_dim;
+    p.scale = cfg.effective_scale();
+    p.mode = cfg.mode;
+    p.num_representatives = cfg.num_representatives;
+    p.representative_policy = cfg.representative_policy;
+    p.q_dtype = c_.dtype;
+    p.out_dtype = out_dtype;
+    p.max_splits = max_splits;
+    p.kernel_path = static_cast<int>(path);
+    std::size_t bytes = 0;
+    EXPECT_EQ(kernels::attention_decode(nullptr, bytes, p, nullptr), cudaSuccess);
+    EXPECT_LE(bytes, kernels::attention_workspace_upper_bound(hq(), c_.num_kv_heads, c_.head_dim));
+    DeviceArray<std::uint8_t> ws(std::max<std::size_t>(bytes, 1));
+    return poisoned(out_dtype, [&](void* out, float* lse) {
+      p.out = out;
+      p.lse = lse;
+      EXPECT_EQ(kernels::attention_decode(ws.get(), bytes, p, nullptr), cudaSuccess);
+    });
   }
 
   /// A plain [batch, Hkv, N, d] cache holding the appended tokens verbatim (NaN past lengths).
@@ -257,6 +279,30 @@ class Bed {
   }
 
  private:
+  /// Runs `launch(out, lse)` on device buffers poisoned with 0xff and a guard past their ends,
+  /// synchronises, checks that the guards are intact and returns out and lse.
+  template <class Launch>
+  Result poisoned(DType out_dtype, Launch&& launch) {
+    const std::size_t guard = 256;
+    const std::size_t out_bytes = n_out() * size_of(out_dtype);
+    DeviceArray<std::uint8_t> out(out_bytes + guard);
+    DeviceArray<float> lse(n_lse() + guard / 4);
+    out.fill_bytes(0xff);
+    lse.fill_bytes(0xff);
+    launch(static_cast<void*>(out.get()), lse.get());
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<std::uint8_t> o = out.download();
+    const std::vector<float> l = lse.download();
+    for (std::size_t i = out_bytes; i < o.size(); ++i) {
+      EXPECT_EQ(o[i], 0xff) << "out written past its end at byte " << i;
+    }
+    for (std::size_t i = n_lse(); i < l.size(); ++i) {
+      EXPECT_TRUE(std::isnan(l[i])) << "lse written past its end at " << i;
+    }
+    return to_result(std::vector<std::uint8_t>(o.begin(), o.begin() + out_bytes),
+                     std::vector<float>(l.begin(), l.begin() + n_lse()), out_dtype);
+  }
+
   void ingest(int slot, int first, int n) {
     if (n == 0) return;
     const std::size_t token = static_cast<std::size_t>(c_.num_kv_heads) * c_.head_dim;
@@ -337,6 +383,26 @@ void check_case(const Case& c, const std::string& name) {
                name + " " + to_string(c.dtype) + " out");
 }
 
+/// The kernel layer with each of `paths` forced, f32 out and the config's 16-bit out, against
+/// the CPU backend.
+void check_paths(const Case& c, const std::string& name,
+                 std::initializer_list<kernels::KernelPath> paths) {
+  Bed bed(c);
+  const AttentionConfig cfg = bed.config();
+  const Result want32 = bed.cpu(cfg, DType::kF32), want16 = bed.cpu(cfg, c.dtype);
+  for (kernels::KernelPath path : paths) {
+    const std::string what =
+        name + (path == kernels::KernelPath::kTensorCores ? " [tensor cores]" : " [cuda cores]");
+    expect_close(bed.kernel(cfg, DType::kF32, path, c.max_splits), want32, c.head_dim, kTol,
+                 what + " f32 out");
+    expect_close(bed.kernel(cfg, c.dtype, path, c.max_splits), want16, c.head_dim, kTol,
+                 what + " " + to_string(c.dtype) + " out");
+  }
+}
+
+constexpr auto kMma = kernels::KernelPath::kTensorCores;
+constexpr auto kSimt = kernels::KernelPath::kCudaCores;
+
 // --- every mode x old format x dtype ----------------------------------------------------------
 
 struct FormatChoice {
@@ -398,6 +464,20 @@ INSTANTIATE_TEST_SUITE_P(All, Cuda_Attention_ModeFormat,
 
 // --- head dims and GQA groups ------------------------------------------------------------------
 
+/// The two cases of the shape sweeps: block_select_exact over fp16k_q4v (f16), or dense over
+/// q8 with bf16 everywhere.
+void select_q4v_or_dense_q8(Case& c, bool select) {
+  if (select) {
+    c.mode = AttentionMode::kBlockSelectExact;
+    c.format = Format::kFp16kQ4v;
+  } else {
+    c.mode = AttentionMode::kDense;
+    c.format = Format::kQ8;
+    c.store_dtype = DType::kBF16;
+    c.dtype = DType::kBF16;
+  }
+}
+
 class Cuda_Attention_Shapes : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
 
 TEST_P(Cuda_Attention_Shapes, MatchesCpu) {
@@ -410,15 +490,7 @@ TEST_P(Cuda_Attention_Shapes, MatchesCpu) {
   c.T = 2;
   c.sink = true;
   c.lengths = {3, 151, 420};
-  if (which == 0) {
-    c.mode = AttentionMode::kBlockSelectExact;
-    c.format = Format::kFp16kQ4v;
-  } else {
-    c.mode = AttentionMode::kDense;
-    c.format = Format::kQ8;
-    c.store_dtype = DType::kBF16;
-    c.dtype = DType::kBF16;
-  }
+  select_q4v_or_dense_q8(c, which == 0);
   check_case(c, "d" + std::to_string(d) + " g" + std::to_string(g));
 }
 
@@ -515,21 +587,22 @@ TEST(Cuda_Attention, RepeatedSlots) {
 
 // Ids outside [0, closed blocks) are skipped and counts above max_selected are clamped: the
 // result equals the CPU on the cleaned selection.
-TEST(Cuda_Attention, OutOfRangeSelectionsAreSkipped) {
-  KVC_REQUIRE_GPU();
-  Case c = split_case(Case{});
-  c.top = 4;
+/// Poisons the bed's selection (ids < 0 and past the closed blocks, -1, counts above
+/// max_selected), runs `run` on the device, and compares its result with the CPU backend on the
+/// cleaned selection (counts clamped, bad ids dropped): what the CUDA kernels promise.
+template <class Run>
+void check_bad_selections(const Case& c, Run&& run) {
   Bed bed(c);
   const AttentionConfig cfg = bed.config();
   const int pitch = static_cast<int>(bed.ids().size() / bed.counts().size());
   const int rows_per_b = static_cast<int>(bed.counts().size()) / bed.batch();
   for (std::size_t r = 0; r < bed.counts().size(); ++r) {
     if (bed.counts()[r] >= 2) bed.ids()[r * pitch] = r % 2 ? -3 : 100000;  // skipped
+    if (bed.counts()[r] >= 3) bed.ids()[r * pitch + 2] = -1;               // skipped
     if (r % 5 == 0) bed.counts()[r] = pitch + 7;  // clamped to max_selected (-1 past the ids)
   }
   bed.upload();
-  const Result got = bed.gpu(cfg, DType::kF32);
-  // The CPU reference on the cleaned rows: clamp the count, drop ids outside [0, closed).
+  const Result got = run(bed);
   for (std::size_t r = 0; r < bed.counts().size(); ++r) {
     const int closed = bed.cpu_store().num_closed_blocks(bed.slots()[r / rows_per_b]);
     std::vector<std::int32_t> keep;
@@ -544,22 +617,32 @@ TEST(Cuda_Attention, OutOfRangeSelectionsAreSkipped) {
   expect_close(got, bed.cpu(cfg, DType::kF32), c.head_dim, kTol, "cleaned selection");
 }
 
+TEST(Cuda_Attention, OutOfRangeSelectionsAreSkipped) {
+  KVC_REQUIRE_GPU();
+  Case c = split_case(Case{});
+  c.top = 4;
+  check_bad_selections(c, [](Bed& bed) { return bed.gpu(bed.config(), DType::kF32); });
+}
+
 // --- NaN and poison ------------------------------------------------------------------------------
 
 // NaN in a query row makes that row NaN (out and lse) and no other; a NaN sink does the same
 // for its head.
-TEST(Cuda_Attention, NanPropagates) {
-  KVC_REQUIRE_GPU();
+/// Puts NaN in one query row (batch entry 2, head 1) and in sink 3, runs `run(bed)` with one
+/// chunk per row and with the automatic split, and checks that exactly those rows are NaN.
+template <class Run>
+void check_nan_query_and_sink(Run&& run) {
   for (int splits : {0, 1}) {
     Case c = split_case(Case{});
     c.sink = true;
     c.max_splits = splits;
+    c.seed = 800 + splits;
     Bed bed(c);
     const int d = c.head_dim, Hq = bed.hq();
-    bed.q()[(2 * Hq + 1) * d + 5] = 0x7e00u;  // batch entry 2, head 1
+    bed.q()[(2 * Hq + 1) * d + 5] = 0x7e00u;
     bed.sink()[3] = NAN;
     bed.upload();
-    const Result r = bed.gpu(bed.config(), DType::kF32);
+    const Result r = run(bed, splits);
     for (int b = 0; b < bed.batch(); ++b)
       for (int h = 0; h < Hq; ++h) {
         const std::size_t row = static_cast<std::size_t>(b) * Hq + h;
@@ -570,6 +653,11 @@ TEST(Cuda_Attention, NanPropagates) {
         }
       }
   }
+}
+
+TEST(Cuda_Attention, NanPropagates) {
+  KVC_REQUIRE_GPU();
+  check_nan_query_and_sink([](Bed& bed, int) { return bed.gpu(bed.config(), DType::kF32); });
 }
 
 // --- dense over a plain cache ------------------------------------------------------------------
@@ -968,6 +1056,403 @@ TEST(Cuda_Attention, BadInputThrowsNamingTheArgument) {
   for (float x : out.download()) ASSERT_TRUE(std::isnan(x)) << "out written before a failed check";
   EXPECT_NO_THROW(backend->decode(bed.gpu_store(), a));
   KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+}
+
+// --- the tensor-core kernel (mma.cuh), forced through the kernel layer --------------------------
+// The same inputs through both kernels: the CUDA-core kernel stays the reference path for the
+// shapes the automatic choice now sends to tensor cores.
+
+// Every mode it serves x old format x 16-bit dtype (q in the store's dtype), one chunk and many.
+TEST(Cuda_AttentionMma, ModesFormatsDtypes) {
+  KVC_REQUIRE_GPU();
+  const AttentionMode modes[] = {AttentionMode::kDense, AttentionMode::kDenseRecentOnly,
+                                 AttentionMode::kRecentOnly, AttentionMode::kBlockSelectExact};
+  int i = 0;
+  for (AttentionMode m : modes) {
+    for (const FormatChoice& f : kFormats) {
+      Case c;
+      c.mode = m;
+      c.format = f.format;
+      c.store_dtype = f.store_dtype;
+      c.dtype = f.store_dtype;
+      c.T = 1 + i % 4;
+      c.sink = i % 2 == 1;
+      c.shared = i % 3 == 0;
+      c.head_dim = i % 2 == 0 ? 128 : 64;
+      c.group = i % 5 == 0 ? 8 : 4;
+      c.seed = 300 + i;
+      const std::string name = std::string(to_string(m)) + "/" + to_string(f.format) + "/" +
+                               to_string(f.store_dtype) + " T" + std::to_string(c.T);
+      check_paths(c, name + " (one chunk)", {kMma, kSimt});
+      check_paths(split_case(c), name + " (split)", {kMma, kSimt});
+      ++i;
+    }
+  }
+}
+
+// GQA groups 1..128 (query-head tiles of 8, padding columns) and head dims 64 / 128, verify.
+TEST(Cuda_AttentionMma, GroupsAndHeadDims) {
+  KVC_REQUIRE_GPU();
+  int i = 0;
+  for (int d : {64, 128}) {
+    for (int g : {1, 2, 3, 4, 5, 8, 9, 16, 32, 128}) {
+      Case c = split_case(Case{});
+      c.head_dim = d;
+      c.group = g;
+      c.num_kv_heads = g >= 64 ? 1 : (g >= 16 ? 2 : 3);
+      c.T = 1 + i % 3;
+      c.sink = i % 2 == 0;
+      c.lengths = {3, 151, 420};
+      c.seed = 400 + i;
+      select_q4v_or_dense_q8(c, i % 2 == 0);
+      check_paths(c, "d" + std::to_string(d) + " g" + std::to_string(g), {kMma});
+      ++i;
+    }
+  }
+}
+
+// Multi-token verify T = 1..8 with odd W and B, slots barely longer than T, shared selections.
+TEST(Cuda_AttentionMma, VerifyT1To8) {
+  KVC_REQUIRE_GPU();
+  const FormatChoice formats[] = {
+      {Format::kFp16kQ4v, DType::kF16}, {Format::kQ8, DType::kBF16}, {Format::kF16, DType::kF16}};
+  for (int T = 1; T <= 8; ++T) {
+    Case c;
+    c.W = 13;
+    c.B = 5;
+    c.T = T;
+    c.top = 4;
+    c.shared = T % 2 == 0;
+    c.lengths = {8, 13, 17, 21, 61, 333};
+    c.group = T % 3 == 0 ? 7 : 4;
+    c.head_dim = T % 2 == 0 ? 64 : 128;
+    c.sink = T % 2 == 1;
+    c.format = formats[T % 3].format;
+    c.store_dtype = c.dtype = formats[T % 3].store_dtype;
+    c.seed = 500 + T;
+    check_paths(c, "select T " + std::to_string(T), {kMma});
+    c.mode = AttentionMode::kDenseRecentOnly;
+    check_paths(c, "dense_recent_only T " + std::to_string(T), {kMma});
+    c.mode = AttentionMode::kDense;
+    check_paths(c, "dense T " + std::to_string(T), {kMma});
+  }
+}
+
+// One chunk per row, a few, and the automatic split on long rows.
+TEST(Cuda_AttentionMma, SplitExtremes) {
+  KVC_REQUIRE_GPU();
+  for (int splits : {1, 2, 3, 0}) {
+    for (AttentionMode m : {AttentionMode::kBlockSelectExact, AttentionMode::kDense}) {
+      Case c = split_case(Case{});
+      c.mode = m;
+      c.max_splits = splits;
+      c.T = 3;
+      c.sink = true;
+      c.seed = 600 + splits;
+      check_paths(c, std::string(to_string(m)) + " max_splits " + std::to_string(splits), {kMma});
+    }
+  }
+}
+
+// Ids outside [0, closed blocks) (negative, past the end) are skipped and counts above
+// max_selected are clamped, as in the CUDA-core kernel.
+TEST(Cuda_AttentionMma, OutOfRangeSelectionsAreSkipped) {
+  KVC_REQUIRE_GPU();
+  for (int T : {1, 3}) {
+    Case c = split_case(Case{});
+    c.top = 4;
+    c.T = T;
+    c.seed = 700 + T;
+    check_bad_selections(c, [](Bed& bed) { return bed.kernel(bed.config(), DType::kF32, kMma); });
+  }
+}
+
+// NaN in a query row makes that row NaN (out and lse) and no other; a NaN sink does the same
+// for its head.
+TEST(Cuda_AttentionMma, NanQueryAndSinkPropagate) {
+  KVC_REQUIRE_GPU();
+  check_nan_query_and_sink(
+      [](Bed& bed, int splits) { return bed.kernel(bed.config(), DType::kF32, kMma, splits); });
+}
+
+/// A CPU and a CUDA store fed the same tokens, one slot, for the NaN-data tests.
+struct NanStores {
+  KvStoreConfig sc;
+  std::unique_ptr<KvStore> cpu, gpu;
+  explicit NanStores(const KvStoreConfig& config) : sc(config) {
+    cpu = KvStore::create(sc, Device::cpu());
+    gpu = KvStore::create(sc, Device::cuda(0));
+    cpu->open_slot();
+    gpu->open_slot();
+  }
+  void ingest(const std::vector<std::uint16_t>& k, const std::vector<std::uint16_t>& v, int n) {
+    const int H = sc.num_kv_heads, d = sc.head_dim;
+    cpu->ingest(0,
+                TensorView::contiguous(const_cast<std::uint16_t*>(k.data()), sc.dtype, {n, H, d}),
+                TensorView::contiguous(const_cast<std::uint16_t*>(v.data()), sc.dtype, {n, H, d}));
+    DeviceArray<std::uint16_t> dk(k), dv(v);
+    gpu->ingest(0, TensorView::contiguous(dk.get(), sc.dtype, {n, H, d}, Device::cuda(0)),
+                TensorView::contiguous(dv.get(), sc.dtype, {n, H, d}, Device::cuda(0)));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  void reset() {
+    cpu->reset(0);
+    gpu->reset(0);
+  }
+};
+
+/// out / lse of one decode of slot 0 (T = 1, q random) on the CPU and through the kernel layer
+/// with `path`, f32 out.
+void nan_decode(NanStores& st, int group, AttentionMode mode, kernels::KernelPath path, Result& cpu,
+                Result& gpu) {
+  const int Hkv = st.sc.num_kv_heads, d = st.sc.head_dim, Hq = Hkv * group;
+  AttentionConfig cfg;
+  cfg.num_q_heads = Hq;
+  cfg.num_kv_heads = Hkv;
+  cfg.head_dim = d;
+  cfg.dtype = st.sc.dtype;
+  cfg.mode = mode;
+  const auto q = random_bits16(static_cast<std::size_t>(Hq) * d, st.sc.dtype, 77, 1.0f);
+  // The last two closed blocks, newest first, for every kv head.
+  const int closed = st.cpu->num_closed_blocks(0);
+  std::vector<std::int32_t> ids, counts(Hkv, std::min(closed, 2));
+  for (int i = 0; i < Hkv; ++i) {
+    for (int j = 0; j < 2; ++j) ids.push_back(j < closed ? closed - 1 - j : -1);
+  }
+  std::vector<float> out(static_cast<std::size_t>(Hq) * d, NAN), lse(Hq, NAN);
+  DecodeArgs a;
+  a.slots = {0};
+  a.q = TensorView::contiguous(const_cast<std::uint16_t*>(q.data()), st.sc.dtype, {1, 1, Hq, d});
+  a.selection = SelectionView{ids.data(), counts.data(), Hkv, 2, false};
+  a.out = TensorView::contiguous(out.data(), DType::kF32, {1, 1, Hq, d});
+  a.lse = TensorView::contiguous(lse.data(), DType::kF32, {1, 1, Hq});
+  AttentionBackend::create(cfg, Device::cpu())->decode(*st.cpu, a);
+  cpu.out.assign(out.begin(), out.end());
+  cpu.lse.assign(lse.begin(), lse.end());
+  DeviceArray<std::uint16_t> dq(q);
+  DeviceArray<std::int32_t> dids(ids), dcounts(counts), dslots(std::vector<std::int32_t>{0});
+  DeviceArray<float> dout(out.size()), dlse(lse.size());
+  dout.fill_bytes(0xff);
+  attention::AttentionParams p;
+  p.store = st.gpu->view();
+  if (uses_selection(mode)) p.selection = SelectionView{dids.get(), dcounts.get(), Hkv, 2, false};
+  p.q = dq.get();
+  p.out = dout.get();
+  p.lse = dlse.get();
+  p.slots = dslots.get();
+  p.batch = 1;
+  p.num_query_tokens = 1;
+  p.num_q_heads = Hq;
+  p.num_kv_heads = Hkv;
+  p.group_size = group;
+  p.head_dim = d;
+  p.scale = cfg.effective_scale();
+  p.mode = mode;
+  p.q_dtype = st.sc.dtype;
+  p.out_dtype = DType::kF32;
+  p.kernel_path = static_cast<int>(path);
+  std::size_t bytes = 0;
+  ASSERT_EQ(kernels::attention_decode(nullptr, bytes, p, nullptr), cudaSuccess);
+  DeviceArray<std::uint8_t> ws(std::max<std::size_t>(bytes, 1));
+  ASSERT_EQ(kernels::attention_decode(ws.get(), bytes, p, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto go = dout.download(), gl = dlse.download();
+  gpu.out.assign(go.begin(), go.end());
+  gpu.lse.assign(gl.begin(), gl.end());
+}
+
+// Stale NaN K and V in ring rows and pool blocks a slot no longer holds (a longer sequence
+// before a reset) are never attended: the tensor-core kernel reads ring rows before it knows
+// the length, and must mask them without 0 * NaN reaching the output.
+TEST(Cuda_AttentionMma, StaleNanRowsAreNotAttended) {
+  KVC_REQUIRE_GPU();
+  for (Format f : {Format::kF16, Format::kFp16kQ4v, Format::kQ8}) {
+    KvStoreConfig sc;
+    sc.num_kv_heads = 2;
+    sc.head_dim = 64;
+    sc.max_context = 200;
+    sc.recent_window = 32;
+    sc.block_size = 16;
+    sc.old_format = f;
+    NanStores st(sc);
+    const std::size_t token = static_cast<std::size_t>(sc.num_kv_heads) * sc.head_dim;
+    const std::vector<std::uint16_t> nan(150 * token, 0x7e00u);
+    // 21 tokens: ring rows 21..31 are stale; 71 tokens: the open block's rows 7..15 are (the
+    // pool hands the freed blocks out again).
+    for (int n : {21, 71}) {
+      st.reset();
+      st.ingest(nan, nan, 150);
+      st.reset();
+      st.ingest(random_bits16(n * token, DType::kF16, 91, 1.5f),
+                random_bits16(n * token, DType::kF16, 92, 1.0f), n);
+      for (AttentionMode m :
+           {AttentionMode::kBlockSelectExact, AttentionMode::kDense, AttentionMode::kRecentOnly}) {
+        Result cpu, gpu;
+        nan_decode(st, 4, m, kMma, cpu, gpu);
+        expect_close(gpu, cpu, sc.head_dim, kTol,
+                     std::string("stale NaN, ") + to_string(f) + " " + to_string(m) + ", " +
+                         std::to_string(n) + " tokens");
+      }
+    }
+  }
+}
+
+// NaN in attended K makes the rows of that kv head NaN; NaN in an attended 16-bit V element
+// makes that element NaN and no other (the CPU's pattern, element by element).
+TEST(Cuda_AttentionMma, NanDataPropagatesLikeTheCpu) {
+  KVC_REQUIRE_GPU();
+  for (bool in_k : {false, true}) {
+    KvStoreConfig sc;
+    sc.num_kv_heads = 2;
+    sc.head_dim = 128;
+    sc.max_context = 300;
+    sc.recent_window = 64;
+    sc.block_size = 32;
+    sc.old_format = Format::kF16;
+    NanStores st(sc);
+    const std::size_t token = static_cast<std::size_t>(sc.num_kv_heads) * sc.head_dim;
+    const int n = 250;
+    auto k = random_bits16(n * token, DType::kF16, 93, 1.5f);
+    auto v = random_bits16(n * token, DType::kF16, 94, 1.0f);
+    // Token 240 (in the ring), kv head 1, element 17; token 20 (block 0), kv head 0, element 3.
+    auto& hit = in_k ? k : v;
+    hit[240 * token + sc.head_dim + 17] = 0x7e00u;
+    hit[20 * token + 3] = 0x7e00u;
+    st.ingest(k, v, n);
+    for (AttentionMode m : {AttentionMode::kDense, AttentionMode::kRecentOnly}) {
+      Result cpu, gpu;
+      nan_decode(st, 4, m, kMma, cpu, gpu);
+      for (std::size_t i = 0; i < cpu.out.size(); ++i) {
+        ASSERT_EQ(std::isnan(gpu.out[i]), std::isnan(cpu.out[i]))
+            << (in_k ? "K" : "V") << " " << to_string(m) << " element " << i;
+        if (!std::isnan(cpu.out[i])) {
+          ASSERT_NEAR(gpu.out[i], cpu.out[i], 1e-3 * std::max(1.0, std::abs(cpu.out[i])));
+        }
+      }
+      for (std::size_t i = 0; i < cpu.lse.size(); ++i) {
+        ASSERT_EQ(std::isnan(gpu.lse[i]), std::isnan(cpu.lse[i])) << "lse " << i;
+      }
+    }
+  }
+}
+
+// Dense over a plain cache through the kernel layer with each kernel forced (NaN past the
+// lengths, windows, sinks, T up to 8, groups 1..128).
+TEST(Cuda_AttentionMma, DensePlainCache) {
+  KVC_REQUIRE_GPU();
+  struct P {
+    int d, g, T, window;
+    DType dt;
+    bool sink;
+    int splits;
+  };
+  int i = 0;
+  for (const P& pc :
+       {P{128, 4, 1, 0, DType::kF16, false, 0}, P{64, 3, 3, 0, DType::kBF16, true, 0},
+        P{128, 1, 2, 37, DType::kF16, true, 0}, P{64, 8, 8, 0, DType::kBF16, false, 2},
+        P{128, 7, 4, 100, DType::kF16, true, 1}, P{128, 128, 1, 0, DType::kF16, false, 0},
+        P{64, 16, 5, 19, DType::kF16, true, 0}}) {
+    Case c = split_case(Case{});
+    c.lengths = {8, 100, 151, 420, 613};
+    c.head_dim = pc.d;
+    c.group = pc.g;
+    c.num_kv_heads = pc.g >= 64 ? 1 : 2;
+    c.T = pc.T;
+    c.store_dtype = c.dtype = pc.dt;
+    c.format = pc.dt == DType::kBF16 ? Format::kBF16 : Format::kF16;
+    c.seed = 900 + i++;
+    Bed bed(c);
+    std::vector<std::uint16_t> k, v;
+    int N = 0;
+    bed.plain_cache(k, v, N);
+    DeviceArray<std::uint16_t> dk(k), dv(v), dq(bed.q());
+    DeviceArray<float> dsink(bed.sink());
+    DeviceArray<std::int32_t> dlen(std::vector<std::int32_t>(c.lengths.begin(), c.lengths.end()));
+    const int Bt = bed.batch(), Hq = bed.hq(), Hkv = c.num_kv_heads, d = c.head_dim, T = c.T;
+    AttentionConfig cfg = bed.config();
+    attention::DenseParams p;
+    p.batch = Bt;
+    p.num_query_tokens = T;
+    p.num_q_heads = Hq;
+    p.num_kv_heads = Hkv;
+    p.group_size = c.group;
+    p.head_dim = d;
+    p.capacity = N;
+    p.window = pc.window;
+    p.scale = cfg.effective_scale();
+    p.q_dtype = p.kv_dtype = pc.dt;
+    p.out_dtype = DType::kF32;
+    p.max_splits = pc.splits;
+    const std::size_t n_out = static_cast<std::size_t>(Bt) * T * Hq * d;
+    std::vector<float> out(n_out, NAN), lse(static_cast<std::size_t>(Bt) * T * Hq, NAN);
+    DenseDecodeArgs a;
+    a.q = TensorView::contiguous(bed.q().data(), pc.dt, {Bt, T, Hq, d});
+    a.k = TensorView::contiguous(k.data(), pc.dt, {Bt, Hkv, N, d});
+    a.v = TensorView::contiguous(v.data(), pc.dt, {Bt, Hkv, N, d});
+    a.lengths = c.lengths;
+    a.window = pc.window;
+    a.sink = pc.sink ? bed.sink().data() : nullptr;
+    a.out = TensorView::contiguous(out.data(), DType::kF32, {Bt, T, Hq, d});
+    a.lse = TensorView::contiguous(lse.data(), DType::kF32, {Bt, T, Hq});
+    AttentionBackend::create(cfg, Device::cpu())->dense_decode(a);
+    const Result want{std::vector<double>(out.begin(), out.end()),
+                      std::vector<double>(lse.begin(), lse.end())};
+    for (kernels::KernelPath path : {kMma, kSimt}) {
+      DeviceArray<float> dout(n_out + 64), dlse(lse.size() + 64);
+      dout.fill_bytes(0xff);
+      dlse.fill_bytes(0xff);
+      attention::DenseParams g = p;
+      g.k = dk.get();
+      g.v = dv.get();
+      g.q = dq.get();
+      g.sink = pc.sink ? dsink.get() : nullptr;
+      g.lengths = dlen.get();
+      g.out = dout.get();
+      g.lse = dlse.get();
+      g.kernel_path = static_cast<int>(path);
+      std::size_t bytes = 0;
+      ASSERT_EQ(kernels::dense_attention_decode(nullptr, bytes, g, nullptr), cudaSuccess);
+      ASSERT_LE(bytes, kernels::attention_workspace_upper_bound(Hq, Hkv, d));
+      DeviceArray<std::uint8_t> ws(std::max<std::size_t>(bytes, 1));
+      ASSERT_EQ(kernels::dense_attention_decode(ws.get(), bytes, g, nullptr), cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto go = dout.download(), gl = dlse.download();
+      for (std::size_t j = n_out; j < go.size(); ++j) ASSERT_TRUE(std::isnan(go[j])) << j;
+      const Result got{std::vector<double>(go.begin(), go.begin() + n_out),
+                       std::vector<double>(gl.begin(), gl.begin() + lse.size())};
+      expect_close(got, want, d, kTol,
+                   "plain d" + std::to_string(d) + " g" + std::to_string(pc.g) + " T" +
+                       std::to_string(T) + " window " + std::to_string(pc.window) +
+                       (path == kMma ? " [tensor cores]" : " [cuda cores]"));
+    }
+  }
+}
+
+// Tensor cores asked where they do not apply: cudaErrorNotSupported, nothing launched.
+TEST(Cuda_AttentionMma, NotSupportedWhereItDoesNotApply) {
+  KVC_REQUIRE_GPU();
+  for (int which = 0; which < 3; ++which) {
+    Case c;
+    if (which == 0) c.head_dim = 256;
+    if (which == 1) c.mode = AttentionMode::kBlockSummary;
+    if (which == 2) c.dtype = DType::kBF16;  // q bf16, store f16
+    c.reps = which == 1 ? 1 : 0;
+    Bed bed(c);
+    attention::AttentionParams p;
+    p.store = bed.gpu_store().view();
+    p.batch = bed.batch();
+    p.num_query_tokens = 1;
+    p.num_q_heads = bed.hq();
+    p.num_kv_heads = c.num_kv_heads;
+    p.group_size = c.group;
+    p.head_dim = c.head_dim;
+    p.mode = c.mode;
+    p.q_dtype = c.dtype;
+    p.kernel_path = static_cast<int>(kMma);
+    std::size_t bytes = 0;
+    EXPECT_EQ(kernels::attention_decode(nullptr, bytes, p, nullptr), cudaErrorNotSupported)
+        << which;
+  }
 }
 
 }  // namespace

@@ -44,6 +44,9 @@ struct AttentionParams {
   DType q_dtype = DType::kF16;                                               ///< f16 or bf16
   DType out_dtype = DType::kF16;                                             ///< f16, bf16 or f32
   int max_splits = 0;  ///< CUDA: most split-K chunks per row (0: automatic); the CPU ignores it
+  /// CUDA: which kernel runs the call (kvc/kernels/attention_kernels.h, KernelPath: 0 chosen by
+  /// shape, 1 CUDA cores, 2 tensor cores); for tests and benchmarks. The CPU ignores it.
+  int kernel_path = 0;
 };
 
 /// Everything one AttentionBackend::dense_decode call reads and writes, after validation.
@@ -67,7 +70,8 @@ struct DenseParams {
   DType q_dtype = DType::kF16;            ///< f16 or bf16
   DType kv_dtype = DType::kF16;           ///< f16 or bf16
   DType out_dtype = DType::kF16;          ///< f16, bf16 or f32
-  int max_splits = 0;  ///< CUDA: most split-K chunks per row (0: automatic); the CPU ignores it
+  int max_splits = 0;   ///< CUDA: most split-K chunks per row (0: automatic); the CPU ignores it
+  int kernel_path = 0;  ///< CUDA: as AttentionParams::kernel_path; the CPU ignores it
 };
 
 /// The positions one query row can see in a slot of the store.

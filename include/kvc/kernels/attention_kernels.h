@@ -7,7 +7,8 @@
  *  length depends only on maxima (the ring's W, the block size B, max_selected, the store's
  *  max_blocks_per_slot, T, or the plain cache's N). The list is cut into equal chunks; one CTA
  *  takes one (sequence, query token, kv head, chunk) and up to 8 query heads of that kv head, so
- *  K/V are read once for those heads, and writes a partial state (out, lse) to the workspace. A
+ *  K/V are read once for those heads (on tensor cores or CUDA cores, see KernelPath), and
+ *  writes a partial state (out, lse) to the workspace. A
  *  second launch merges the partials of each row (the LSE merge of merge.h), adds the sink and
  *  writes out / lse. When one chunk covers a row (large batches), the first launch writes the
  *  result directly and the second is skipped. Lengths, selections and counts are read on the
@@ -36,6 +37,20 @@
 
 namespace kvc {
 namespace kernels {
+
+/// Which kernel attention_decode / dense_attention_decode run (AttentionParams::kernel_path,
+/// DenseParams::kernel_path).
+enum class KernelPath : int {
+  /// By shape: the tensor-core kernel where it applies and the GQA group is >= 4, else the
+  /// CUDA-core kernel.
+  kAuto = 0,
+  /// The CUDA-core kernel (every shape and mode).
+  kCudaCores = 1,
+  /// The tensor-core kernel (mma.sync): head_dim 64 or 128, q in the cache's 16-bit dtype, not
+  /// a summary mode, max_selected <= 512; a call it does not apply to returns
+  /// cudaErrorNotSupported.
+  kTensorCores = 2,
+};
 
 /// Bytes of workspace that suffice for any attention_decode or dense_attention_decode call with
 /// this head shape on the current device (any store, batch, T or format).

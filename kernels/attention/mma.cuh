@@ -1,0 +1,670 @@
+// Split-K decode attention on tensor cores (mma.sync m16n8k16, f16 / bf16 operands, f32
+// accumulators), for head_dim 64 and 128. One CTA per (sequence b, query token t, kv head h,
+// tile of up to 8 query heads of h, chunk of the row's virtual list), 4 warps; each warp takes
+// every 4th 16-token tile of the chunk and keeps its own online softmax; the warps merge at the
+// end and write either the final row or a partial state for combine.cuh, exactly as decode.cuh.
+//
+// Per 16-token tile a warp computes, with the 8 query heads as the mma N dimension:
+//   S^T [16 tokens x 8 heads] = K [16 x d] . Q^T [d x 8]     (M = tokens, K = head dims)
+//   O^T [d x 8 heads]        += V^T [d x 16] . P^T [16 x 8]   (M = head dims, K = tokens)
+// K and V are loaded from global memory straight into the registers of the mma fragments (no
+// shared-memory staging) and dequantised there; the head dims are permuted so that every lane
+// loads whole 16-, 8- or 4-byte runs of a row (a sum over dims does not depend on their order,
+// and the output permutation is undone when O is written):
+//   QK, step s (16 dims): lane (g, c) = (lane / 4, lane % 4) holds, for token rows g and g + 8
+//     and for query head g, the dims 32 (s / 2) + 8 c + 4 (s % 2) + {0, 1} (fragment k columns
+//     2c, 2c + 1) and + {2, 3} (k columns 2c + 8, 2c + 9): the 16-byte run [32 j + 8 c, +8) of a
+//     16-bit row gives steps 2j and 2j + 1.
+//   PV, m-tile mt (16 dims): fragment row g is dim 64 (mt / 4) + 8 g + 2 (mt % 4), row g + 8 the
+//     dim after it, so lane (g, c) reads the run [64 h + 8 g, +8) of tokens 2c, 2c + 1, 2c + 8,
+//     2c + 9 and pairs the tokens' values with byte permutes.
+// P^T leaves the QK accumulators in the layout (token row, head column) and enters the PV mma
+// as its B operand (token k, head column): an 8 x 8 transpose (two shuffles) per 8 tokens. P is
+// rounded to the 16-bit type as P_hi + P_lo (two PV mmas), so the result keeps float32
+// accuracy; q8 K scales multiply the logits, q8 / int4 V scales multiply P, and integer codes
+// are exact in f16 / bf16.
+//
+// The virtual list of a row (every segment a multiple of 16 rows, W16 = round16(W) etc.):
+//   [0, W16)                      ring rows (row r valid below min(L, W), causal mask)
+//   kDense:                       [W16, +round16(MB * B))  old positions 0.. (valid below O)
+//   kDenseRecentOnly:             [W16, +round16(T - 1))   old positions wb.. (valid below O)
+//   kBlockSelectExact:            [W16, +B16) open block rows, then round16(S * B) rows of the
+//                                 selected blocks (S = max_selected)
+//   plain cache:                  [0, round16(N)) positions, valid in [begin, pos]
+// The summary modes are not served here (decode.cuh is).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attention/decode.cuh"
+
+namespace kvc {
+namespace kernels {
+namespace attention_detail {
+
+/// Query heads per CTA: the N of m16n8k16.
+constexpr int kMmaCols = 8;
+/// Tokens per tile: the M of the QK mma and the K of the PV mma.
+constexpr int kMmaTile = 16;
+
+/// x rounded up to a multiple of 16 (x >= 0).
+__host__ __device__ constexpr std::int64_t round16(std::int64_t x) { return (x + 15) / 16 * 16; }
+
+/// True for the head dims the tensor-core kernel is built for.
+constexpr bool mma_head_dim(int d) { return d == 64 || d == 128; }
+
+/// Per-lane register counts of one tile for head_dim D and row format F.
+template <int D, OldKind F>
+struct MmaShape {
+  static_assert(D == 64 || D == 128, "tensor-core attention: head_dim 64 or 128");
+  static constexpr int kQW = D / 8;   // f16x2 words of one query head (B operand of QK)
+  static constexpr int kKC = D / 32;  // K runs of 8 dims per token
+  static constexpr int kVC = D / 64;  // V runs of 8 dims per token
+  static constexpr int kMT = D / 16;  // PV m-tiles
+  static constexpr int kKW = D / 8;   // f16x2 words of one K row in the mma layout
+  // Raw 32-bit words a lane loads per K row / V row.
+  static constexpr int kKRaw = F == OldKind::kQ8 ? 2 * kKC : 4 * kKC;
+  static constexpr int kVRaw = F == OldKind::kQ8 ? 2 * kVC : F == OldKind::kQ4v ? kVC : 4 * kVC;
+  // Bytes of one K / V row and of one lane's run.
+  static constexpr int kKRowBytes = F == OldKind::kQ8 ? D : 2 * D;
+  static constexpr int kVRowBytes = F == OldKind::kQ8 ? D : F == OldKind::kQ4v ? D / 2 : 2 * D;
+  static constexpr int kKRunBytes = F == OldKind::kQ8 ? 8 : 16;
+  static constexpr int kVRunBytes = F == OldKind::kQ8 ? 8 : F == OldKind::kQ4v ? 4 : 16;
+};
+
+// --- warp-level matrix instructions -------------------------------------------------------------
+
+/// d += A (16 x 16, row) . B (16 x 8, col), f32 accumulators, f16 or bf16 operands.
+template <bool kBf16>
+__device__ __forceinline__ void mma_16816(float (&d)[4], std::uint32_t a0, std::uint32_t a1,
+                                          std::uint32_t a2, std::uint32_t a3, std::uint32_t b0,
+                                          std::uint32_t b1) {
+  if constexpr (kBf16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+/// Transpose of an 8 x 8 16-bit matrix M held by the warp: lane (g, c) = (lane / 4, lane % 4)
+/// holds x = {M[g][2c], M[g][2c + 1]} (low half first) and gets {M[2c][g], M[2c + 1][g]}, i.e.
+/// row g, columns 2c, 2c + 1 of M^T. Two shuffles: M[2c][g] is half g % 2 of lane
+/// (2c, g / 2)'s word, M[2c + 1][g] the same half of lane (2c + 1, g / 2)'s.
+__device__ __forceinline__ std::uint32_t transpose_8x8(std::uint32_t x) {
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4, c = lane % 4;
+  const std::uint32_t a = __shfl_sync(0xffffffffu, x, 8 * c + g / 2);
+  const std::uint32_t b = __shfl_sync(0xffffffffu, x, 8 * c + 4 + g / 2);
+  return __byte_perm(a, b, (g & 1) ? 0x7632u : 0x5410u);
+}
+
+// --- 16-bit pairs -------------------------------------------------------------------------------
+
+/// (lo, hi) rounded to nearest even into one f16x2 / bf16x2 word (lo in the low half).
+template <bool kBf16>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  std::uint32_t w;
+  if constexpr (kBf16) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    memcpy(&w, &h, 4);
+  } else {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    memcpy(&w, &h, 4);
+  }
+  return w;
+}
+
+/// The two values of a 16-bit pair as floats (exact).
+template <bool kBf16>
+__device__ __forceinline__ float2 unpack2(std::uint32_t w) {
+  if constexpr (kBf16) {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+  } else {
+    __half2 h;
+    memcpy(&h, &w, 4);
+    return __half22float2(h);
+  }
+}
+
+/// w - c element-wise in the 16-bit type (used on small integers, where it is exact).
+template <bool kBf16>
+__device__ __forceinline__ std::uint32_t sub2(std::uint32_t w, std::uint32_t c) {
+  std::uint32_t r;
+  if constexpr (kBf16) {
+    __nv_bfloat162 x, y;
+    memcpy(&x, &w, 4);
+    memcpy(&y, &c, 4);
+    const __nv_bfloat162 z = __hsub2(x, y);
+    memcpy(&r, &z, 4);
+  } else {
+    __half2 x, y;
+    memcpy(&x, &w, 4);
+    memcpy(&y, &c, 4);
+    const __half2 z = __hsub2(x, y);
+    memcpy(&r, &z, 4);
+  }
+  return r;
+}
+
+/// The int8 code in byte k of w, as float (exact).
+__device__ __forceinline__ float q8_byte(std::uint32_t w, int k) {
+  return __uint_as_float(__byte_perm(w ^ 0x80808080u, 0x4B000000u, 0x7440u + k)) - 8388736.0f;
+}
+
+/// The int8 codes in bytes k of wa (low half) and wb (high half) as a 16-bit pair (exact).
+template <bool kBf16>
+__device__ __forceinline__ std::uint32_t q8_pair(std::uint32_t wa, std::uint32_t wb, int k) {
+  if constexpr (kBf16) {
+    return pack2<true>(q8_byte(wa, k), q8_byte(wb, k));
+  } else {
+    // 0x6400 | (code + 128) is the f16 1024 + code + 128.
+    const std::uint32_t t = __byte_perm(wa, wb, static_cast<unsigned>(k | ((k + 4) << 8)));
+    return sub2<false>((t & 0x00FF00FFu) ^ 0x64806480u, 0x64806480u);
+  }
+}
+
+/// The int8 codes in bytes k (low half) and k + 1 (high half) of w as a 16-bit pair (exact).
+template <bool kBf16>
+__device__ __forceinline__ std::uint32_t q8_adjacent(std::uint32_t w, int k) {
+  if constexpr (kBf16) {
+    return pack2<true>(q8_byte(w, k), q8_byte(w, k + 1));
+  } else {
+    // Bytes k and k + 1 into the low bytes of the halves (0 above them: byte 4 of (w, 0)).
+    const std::uint32_t t =
+        __byte_perm(w, 0u, static_cast<unsigned>(k | (4 << 4) | ((k + 1) << 8) | (4 << 12)));
+    return sub2<false>(t ^ 0x64806480u, 0x64806480u);
+  }
+}
+
+/// The int4 codes of nibble `hi` of bytes k of wa (low half) and wb (high half) as a 16-bit
+/// pair (exact). A nibble n holds the code n ^ 8 - 8 (two's complement).
+template <bool kBf16>
+__device__ __forceinline__ std::uint32_t q4_pair(std::uint32_t wa, std::uint32_t wb, int k,
+                                                 bool hi) {
+  std::uint32_t t = __byte_perm(wa, wb, static_cast<unsigned>(k | ((k + 4) << 8)));
+  if (hi) t >>= 4;
+  // f16: 0x6400 | u = 1024 + u; bf16: 0x4300 | u = 128 + u, with u = n ^ 8 = code + 8.
+  constexpr std::uint32_t kBias = kBf16 ? 0x43084308u : 0x64086408u;
+  return sub2<kBf16>((t & 0x000F000Fu) ^ kBias, kBias);
+}
+
+// --- one tile -----------------------------------------------------------------------------------
+
+/// Where a lane reads one tile: K rows of tokens g and g + 8 (with their scales), V rows of
+/// tokens 2c, 2c + 1, 2c + 8, 2c + 9; a row with `*load` false is not read (its registers stay
+/// 0). Addresses are row starts.
+struct TileLoad {
+  const std::uint8_t* k[2];
+  const std::uint8_t* v[4];
+  const float* ksc[2];  // q8 K scale, or null
+  const float* vsc[2];  // q8 / int4 V scale of the K-row tokens, or null
+  bool kload[2];
+  bool vload[4];
+};
+
+/// Which of a lane's rows are attended (the causal mask, lengths, selections): K-row tokens g,
+/// g + 8 and V-row tokens 2c, 2c + 1, 2c + 8, 2c + 9. A row may be read and not attended.
+struct TileMask {
+  bool kok[2];
+  bool vok[4];
+};
+
+/// A lane's registers of one tile, as loaded.
+template <int D, OldKind F>
+struct TileData {
+  std::uint32_t kr[2][MmaShape<D, F>::kKRaw];
+  std::uint32_t vr[4][MmaShape<D, F>::kVRaw];
+  float ksc[2];
+  float vsc[2];
+};
+
+/// Loads the N-byte run (4, 8 or 16 bytes) at p into w[0 .. N / 4) (decode.cuh's load_words).
+template <int N>
+__device__ __forceinline__ void load_run(const std::uint8_t* p, std::uint32_t* w) {
+  load_words<N / 4>(p, *reinterpret_cast<std::uint32_t(*)[N / 4]>(w));
+}
+
+/// Issues every load of a tile: K runs [32 j + 8 c, +8) of tokens g, g + 8, V runs
+/// [64 h + 8 g, +8) of tokens 2c, 2c + 1, 2c + 8, 2c + 9, and the scales.
+template <int D, OldKind F>
+__device__ __forceinline__ void mma_load(const TileLoad& tl, TileData<D, F>& td) {
+  using Sh = MmaShape<D, F>;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int i = 0; i < Sh::kKRaw; ++i) td.kr[r][i] = 0u;
+    td.ksc[r] = 1.0f;
+    td.vsc[r] = 1.0f;
+    if (tl.kload[r]) {
+      constexpr int kWordsPerRun = Sh::kKRunBytes / 4;
+#pragma unroll
+      for (int j = 0; j < Sh::kKC; ++j) {
+        load_run<Sh::kKRunBytes>(tl.k[r] + j * (Sh::kKRunBytes * 4) + c * Sh::kKRunBytes,
+                                 &td.kr[r][j * kWordsPerRun]);
+      }
+      if constexpr (F == OldKind::kQ8) td.ksc[r] = __ldg(tl.ksc[r]);
+      if constexpr (F == OldKind::kQ8 || F == OldKind::kQ4v) td.vsc[r] = __ldg(tl.vsc[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+#pragma unroll
+    for (int i = 0; i < Sh::kVRaw; ++i) td.vr[r][i] = 0u;
+    if (tl.vload[r]) {
+      constexpr int kWordsPerRun = Sh::kVRunBytes / 4;
+#pragma unroll
+      for (int h = 0; h < Sh::kVC; ++h) {
+        load_run<Sh::kVRunBytes>(tl.v[r] + h * (Sh::kVRunBytes * 8) + g * Sh::kVRunBytes,
+                                 &td.vr[r][h * kWordsPerRun]);
+      }
+    }
+  }
+}
+
+/// Online-softmax state of a lane: O^T fragments of the kMT m-tiles, and for its head columns
+/// 2c, 2c + 1 the running max m (log2 units, uniform over the lanes of a column) and the lane's
+/// part of l (summed over the lanes at the end).
+template <int D>
+struct MmaState {
+  float o[D / 16][4];
+  float m[2];
+  float l[2];
+};
+
+/// Attends one loaded 16-token tile (format F, mask `tm`) into `st`. Warp-uniform: every lane
+/// of the warp calls it.
+template <int D, OldKind F, bool kBf16>
+__device__ __forceinline__ void mma_compute(TileData<D, F>& td, const TileMask& tm,
+                                            const std::uint32_t (&q)[D / 8], float scale_log2,
+                                            MmaState<D>& st) {
+  using Sh = MmaShape<D, F>;
+  // --- S^T = K . Q^T over D / 16 steps.
+  float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int step = 0; step < D / 16; ++step) {
+    std::uint32_t a[4];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // k columns 2c.. (half 0) and 2c + 8.. (half 1)
+      const int x = 2 * step + half;        // word of the mma layout: dims 2x, 2x + 1 of the list
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        std::uint32_t w;
+        if constexpr (F == OldKind::kQ8) {
+          w = q8_adjacent<kBf16>(td.kr[r][x / 2], 2 * (x % 2));  // bytes 2 (x % 2) + {0, 1}
+        } else {
+          w = td.kr[r][x];
+        }
+        a[2 * half + r] = w;  // a0 (row g), a1 (row g + 8), a2, a3
+      }
+    }
+    mma_16816<kBf16>(s, a[0], a[1], a[2], a[3], q[2 * step], q[2 * step + 1]);
+  }
+
+  // --- online softmax: s[0], s[1] = token g, heads 2c, 2c + 1; s[2], s[3] = token g + 8.
+  float x[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = i / 2;
+    const float f = F == OldKind::kQ8 ? scale_log2 * td.ksc[r] : scale_log2;
+    x[i] = tm.kok[r] ? s[i] * f : -INFINITY;
+  }
+  float corr[2], p[4];
+#pragma unroll
+  for (int col = 0; col < 2; ++col) {
+    float mx = fmaxf(x[col], x[2 + col]);
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    const float m_new = fmaxf(st.m[col], mx);  // NaN logits never win the max; they reach l
+    corr[col] = m_new == st.m[col] ? 1.0f : fast_exp2(st.m[col] - m_new);
+    st.m[col] = m_new;
+    p[col] = x[col] == -INFINITY ? 0.0f : fast_exp2(x[col] - m_new);
+    p[2 + col] = x[2 + col] == -INFINITY ? 0.0f : fast_exp2(x[2 + col] - m_new);
+    st.l[col] = st.l[col] * corr[col] + p[col] + p[2 + col];
+  }
+#pragma unroll
+  for (int mt = 0; mt < Sh::kMT; ++mt) {
+    st.o[mt][0] *= corr[0];
+    st.o[mt][2] *= corr[0];
+    st.o[mt][1] *= corr[1];
+    st.o[mt][3] *= corr[1];
+  }
+  // P^T (times the V scale of quantised rows; exactly 0 for rows not attended, whatever their
+  // scale), as 16-bit hi + lo pairs transposed into the B operand of the PV mma.
+  float pv[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = i / 2;
+    if constexpr (F == OldKind::kQ8 || F == OldKind::kQ4v) {
+      pv[i] = tm.kok[r] ? p[i] * td.vsc[r] : 0.0f;
+    } else {
+      pv[i] = p[i];
+    }
+  }
+  std::uint32_t b_hi[2], b_lo[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {  // tokens 0..7 (r = 0) and 8..15 (r = 1)
+    const std::uint32_t hi = pack2<kBf16>(pv[2 * r], pv[2 * r + 1]);
+    const float2 back = unpack2<kBf16>(hi);
+    const std::uint32_t lo = pack2<kBf16>(pv[2 * r] - back.x, pv[2 * r + 1] - back.y);
+    b_hi[r] = transpose_8x8(hi);
+    b_lo[r] = transpose_8x8(lo);
+  }
+
+  // 16-bit V rows that are read but not attended are zeroed (a stale NaN must not meet P = 0);
+  // integer codes are always finite.
+  if constexpr (F == OldKind::k16) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+#pragma unroll
+      for (int i = 0; i < Sh::kVRaw; ++i) td.vr[r][i] = tm.vok[r] ? td.vr[r][i] : 0u;
+    }
+  }
+
+  // --- O^T += V^T . P^T, m-tile mt = 4 h + e: rows g / g + 8 are dims 64 h + 8 g + 2 e + {0, 1}.
+#pragma unroll
+  for (int mt = 0; mt < Sh::kMT; ++mt) {
+    const int h = mt / 4, e = mt % 4;
+    std::uint32_t a[4];
+#pragma unroll
+    for (int pair = 0; pair < 2; ++pair) {  // tokens (2c, 2c + 1) and (2c + 8, 2c + 9)
+      const std::uint32_t* xa = td.vr[2 * pair];
+      const std::uint32_t* xb = td.vr[2 * pair + 1];
+      std::uint32_t lo, hi;
+      if constexpr (F == OldKind::kQ8) {
+        // Run h is 8 bytes (words 2h, 2h + 1); dim 2e is byte 2e, dim 2e + 1 byte 2e + 1.
+        const int w = 2 * h + e / 2, k = 2 * (e % 2);
+        lo = q8_pair<kBf16>(xa[w], xb[w], k);
+        hi = q8_pair<kBf16>(xa[w], xb[w], k + 1);
+      } else if constexpr (F == OldKind::kQ4v) {
+        // Run h is one word; dims 2e, 2e + 1 are the low and high nibble of byte e.
+        lo = q4_pair<kBf16>(xa[h], xb[h], e, false);
+        hi = q4_pair<kBf16>(xa[h], xb[h], e, true);
+      } else {
+        // Run h is 4 words; word e holds dims 2e (low half) and 2e + 1 (high half).
+        lo = __byte_perm(xa[4 * h + e], xb[4 * h + e], 0x5410u);
+        hi = __byte_perm(xa[4 * h + e], xb[4 * h + e], 0x7632u);
+      }
+      a[2 * pair] = lo;      // a0: row g (dim 2e), k 2c.. / a2: k 2c + 8..
+      a[2 * pair + 1] = hi;  // a1: row g + 8 (dim 2e + 1) / a3
+    }
+    mma_16816<kBf16>(st.o[mt], a[0], a[1], a[2], a[3], b_hi[0], b_hi[1]);
+    mma_16816<kBf16>(st.o[mt], a[0], a[1], a[2], a[3], b_lo[0], b_lo[1]);
+  }
+}
+
+// --- the kernel ---------------------------------------------------------------------------------
+
+/// A lane's part of one tile row: its start and whether it may be read / is attended; `r` is
+/// the row index for per-row scales of old rows.
+struct MmaRow {
+  const std::uint8_t* k;
+  const std::uint8_t* v;
+  std::size_t r;
+  bool load;
+  bool ok;
+};
+
+/// What a CTA knows about its row (uniform over the CTA): decode.cuh's, and the padded ring
+/// and block lengths of the virtual list.
+struct MmaCtx : RowCtx {
+  int W16, B16;
+};
+
+/// Row `v` (of the virtual list) of the ring.
+template <int D>
+__device__ __forceinline__ MmaRow ring_row(const DecodeParams& p, const MmaCtx& c, int v) {
+  MmaRow a;
+  a.r = 0;
+  a.load = v < p.s.recent_window;  // the padding rows up to W16 are not the ring's
+  int dd = v - c.o_mod;
+  dd += dd < 0 ? p.s.recent_window : 0;
+  a.ok = a.load && v < c.n_ring && dd <= c.lim;
+  a.k = c.ring_k + static_cast<std::size_t>(v) * (2 * D);
+  a.v = c.ring_v + static_cast<std::size_t>(v) * (2 * D);
+  return a;
+}
+
+/// Position `v` of the plain cache.
+template <int D>
+__device__ __forceinline__ MmaRow plain_row(const DecodeParams& p, const MmaCtx& c, int v) {
+  MmaRow a;
+  a.r = 0;
+  a.load = v < p.capacity;
+  a.ok = v >= c.begin && v <= c.pos;
+  a.k = c.pk + static_cast<std::size_t>(v) * (2 * D);
+  a.v = c.pv + static_cast<std::size_t>(v) * (2 * D);
+  return a;
+}
+
+/// Row `row` of pool block `pb` (-1: none) in the old format F; attended when `ok` too.
+template <int D, OldKind F>
+__device__ __forceinline__ MmaRow old_row(const DecodeParams& p, const MmaCtx& c, int pb, int row,
+                                          bool ok) {
+  using Sh = MmaShape<D, F>;
+  MmaRow a;
+  a.load = pb >= 0;
+  a.ok = a.load && ok;
+  a.r = a.load ? (static_cast<std::size_t>(pb) * p.s.num_kv_heads + c.h) * p.s.block_size + row : 0;
+  a.k = p.s.old_k + a.r * Sh::kKRowBytes;
+  a.v = p.s.old_v + a.r * Sh::kVRowBytes;
+  return a;
+}
+
+/// Row v of the old part of the list (v >= W16) in mode p.mode; `list` holds the pool ids of
+/// the staged selected blocks.
+template <int D, OldKind F>
+__device__ __forceinline__ MmaRow list_old_row(const DecodeParams& p, const MmaCtx& c,
+                                               const int* list, int v) {
+  const int v2 = v - c.W16;
+  const int B = p.s.block_size;
+  const AttentionMode mode = static_cast<AttentionMode>(p.mode);
+  if (mode == AttentionMode::kDense || mode == AttentionMode::kDenseRecentOnly) {
+    const int pos = (mode == AttentionMode::kDense ? 0 : c.wb) + v2;
+    const bool ok = pos < c.O;
+    const int blk = ok ? fast_div(pos, p.div_block) : 0;
+    const int pb = ok ? c.table[blk] : -1;  // -1 also for another shard's block
+    return old_row<D, F>(p, c, pb, pos - blk * B, ok);
+  }
+  // kBlockSelectExact: the open block, then the selected blocks.
+  if (v2 < c.B16) {
+    const bool ok = v2 < c.open_tokens;
+    const int pb = ok ? c.table[c.closed] : -1;
+    return old_row<D, F>(p, c, pb, v2, ok);
+  }
+  const int u = v2 - c.B16;
+  const bool ok = u < c.sel_count * B;
+  const int i = ok ? fast_div(u, p.div_block) : 0;
+  const int pb = ok ? list[i - c.list_lo] : -1;  // -1: an id skipped when staged
+  return old_row<D, F>(p, c, pb, u - i * B, ok);
+}
+
+/// Fills the load and mask of a lane from its six rows (K rows: tokens g, g + 8; V rows:
+/// tokens 2c, 2c + 1, 2c + 8, 2c + 9) given by `row(token)`.
+template <OldKind F, class RowFn>
+__device__ __forceinline__ void tile_rows(const DecodeParams& p, RowFn&& row, TileLoad& tl,
+                                          TileMask& tm) {
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const MmaRow a = row(g + 8 * r);
+    tl.k[r] = a.k;
+    tl.kload[r] = a.load;
+    tm.kok[r] = a.ok;
+    tl.ksc[r] = F == OldKind::kQ8 ? p.s.old_k_scale + a.r : nullptr;
+    tl.vsc[r] = F == OldKind::kQ8 || F == OldKind::kQ4v ? p.s.old_v_scale + a.r : nullptr;
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const MmaRow a = row(2 * c + (r & 1) + 8 * (r >> 1));
+    tl.v[r] = a.v;
+    tl.vload[r] = a.load;
+    tm.vok[r] = a.ok;
+  }
+}
+
+template <int D>
+union MmaSmem {
+  int list[kMaxList];
+  MergeSmem<D, kMmaCols> merge;
+};
+
+template <int D, OldKind F, bool kBf16>
+__global__ void __launch_bounds__(kThreads, 3)
+    mma_decode_kernel(const __grid_constant__ DecodeParams p) {
+  using Sh = MmaShape<D, F>;
+  __shared__ MmaSmem<D> sm;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Let the combine launch (programmatic dependent launch) get ready while this grid runs; it
+  // waits for this grid's completion before reading anything.
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+  const CtaCoords cta = cta_coords(p);
+  const int chunk = cta.chunk, c0 = cta.c0, c1 = cta.c1;
+  MmaCtx c;
+  init_row_ctx<D>(p, cta, c);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, cc = lane % 4;
+  const int col0 = cta.tile * kMmaCols;
+
+  // --- the query heads: lane (g, cc) holds head column g, dims [32 j + 8 cc, +8) ---
+  std::uint32_t q[Sh::kQW];
+  {
+    const int gi = col0 + g;
+#pragma unroll
+    for (int i = 0; i < Sh::kQW; ++i) q[i] = 0u;
+    if (gi < p.G) {
+      const std::uint8_t* qp = reinterpret_cast<const std::uint8_t*>(
+          p.q + (static_cast<std::size_t>(c.bt) * p.Hq + c.h * p.G + gi) * D);
+#pragma unroll
+      for (int j = 0; j < D / 32; ++j) load_run<16>(qp + j * 64 + cc * 16, &q[4 * j]);
+    }
+  }
+
+  c.W16 = 0;
+  c.B16 = 0;
+  if (!p.plain) {
+    const StoreView& s = p.s;
+    c.W16 = static_cast<int>(round16(s.recent_window));
+    c.B16 = static_cast<int>(round16(s.block_size));
+    if (p.mode == static_cast<int>(AttentionMode::kBlockSelectExact)) {
+      // Stage the pool ids of the selected blocks this chunk reads (-1: skipped id).
+      const std::int32_t* ids = c.sel_ids;
+      const int sel0 = c.W16 + c.B16;
+      const int B = s.block_size;
+      const int u_lo = c0 - sel0 > 0 ? c0 - sel0 : 0;
+      const int u_hi = c1 - sel0 < c.sel_count * B ? c1 - sel0 : c.sel_count * B;
+      if (u_lo < u_hi) {
+        c.list_lo = fast_div(u_lo, p.div_block);
+        const int i_hi = fast_div(u_hi - 1, p.div_block);
+        for (int i = c.list_lo + static_cast<int>(threadIdx.x); i <= i_hi; i += kThreads) {
+          const int id = ids[i];
+          sm.list[i - c.list_lo] = id >= 0 && id < c.closed ? c.table[id] : -1;
+        }
+      }
+      __syncthreads();
+    }
+  }
+
+  // --- the warp's tiles: every kWarps-th tile of the chunk ---
+  MmaState<D> st;
+#pragma unroll
+  for (int mt = 0; mt < Sh::kMT; ++mt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) st.o[mt][i] = 0.0f;
+  }
+#pragma unroll
+  for (int col = 0; col < 2; ++col) {
+    st.m[col] = -INFINITY;
+    st.l[col] = 0.0f;
+  }
+  const AttentionMode mode = static_cast<AttentionMode>(p.mode);
+  for (int v0 = c0 + warp * kMmaTile; v0 < c1; v0 += kWarps * kMmaTile) {
+    TileLoad tl;
+    TileMask tm;
+    if (p.plain) {
+      if (v0 > c.pos || v0 + kMmaTile <= c.begin) continue;  // nothing visible
+      tile_rows<OldKind::k16>(
+          p, [&](int i) { return plain_row<D>(p, c, v0 + i); }, tl, tm);
+      TileData<D, OldKind::k16> td;
+      mma_load<D, OldKind::k16>(tl, td);
+      mma_compute<D, OldKind::k16, kBf16>(td, tm, q, p.scale_log2, st);
+    } else if (v0 < c.W16) {
+      if (!store::owns_ring(p.s)) continue;  // a shard store attends the ring on shard 0 only
+      // Ring rows are read without waiting for the length (they are always allocated); the
+      // mask applies it.
+      tile_rows<OldKind::k16>(
+          p, [&](int i) { return ring_row<D>(p, c, v0 + i); }, tl, tm);
+      TileData<D, OldKind::k16> td;
+      mma_load<D, OldKind::k16>(tl, td);
+      mma_compute<D, OldKind::k16, kBf16>(td, tm, q, p.scale_log2, st);
+    } else {
+      // Skip a tile with nothing attended (uniform).
+      const int v2 = v0 - c.W16;
+      if (mode == AttentionMode::kDense && v2 >= c.O) continue;
+      if (mode == AttentionMode::kDenseRecentOnly && c.wb + v2 >= c.O) continue;
+      if (mode == AttentionMode::kBlockSelectExact) {
+        if (v2 < c.B16 ? v2 >= c.open_tokens : v2 - c.B16 >= c.sel_count * p.s.block_size) {
+          continue;
+        }
+      }
+      tile_rows<F>(
+          p, [&](int i) { return list_old_row<D, F>(p, c, sm.list, v0 + i); }, tl, tm);
+      TileData<D, F> td;
+      mma_load<D, F>(tl, td);
+      mma_compute<D, F, kBf16>(td, tm, q, p.scale_log2, st);
+    }
+  }
+
+  // --- merge: l over the 8 lanes of a column, then the warps ---
+#pragma unroll
+  for (int col = 0; col < 2; ++col) {
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {
+      st.l[col] += __shfl_xor_sync(0xffffffffu, st.l[col], off);
+    }
+  }
+  __syncthreads();  // the list is no longer read
+  // Lane (g, cc), column 2cc + i, m-tile 4h + e holds dims 64h + 8g + 2e + b in o[4h + e][2b + i].
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int h = 0; h < Sh::kVC; ++h) {
+      float* dst = &sm.merge.acc[warp][2 * cc + i][64 * h + 8 * g];
+      *reinterpret_cast<float4*>(dst) = make_float4(st.o[4 * h][i], st.o[4 * h][2 + i],
+                                                    st.o[4 * h + 1][i], st.o[4 * h + 1][2 + i]);
+      *reinterpret_cast<float4*>(dst + 4) = make_float4(st.o[4 * h + 2][i], st.o[4 * h + 2][2 + i],
+                                                        st.o[4 * h + 3][i], st.o[4 * h + 3][2 + i]);
+    }
+    if (g == 0) {
+      sm.merge.m[warp][2 * cc + i] = st.m[i];
+      sm.merge.l[warp][2 * cc + i] = st.l[i];
+    }
+  }
+  __syncthreads();
+  write_merged<D, kMmaCols>(p, sm.merge, c.bt, c.h, col0, chunk);
+}
+
+/// The tensor-core kernel for (D, F, kBf16) as a function pointer (instantiates it).
+template <int D, OldKind F, bool kBf16>
+const void* mma_kernel_ptr() {
+  return reinterpret_cast<const void*>(&mma_decode_kernel<D, F, kBf16>);
+}
+
+}  // namespace attention_detail
+}  // namespace kernels
+}  // namespace kvc
