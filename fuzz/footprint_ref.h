@@ -16,8 +16,9 @@ using u128 = unsigned __int128;
 
 /// Capacity bytes of a store with `c` (assumed valid), by component, without wrap-around.
 struct WideFootprint {
-  u128 ring = 0, old_k = 0, old_v = 0, scales = 0, summaries = 0, tables = 0, dense_capacity = 0;
-  u128 total() const { return ring + old_k + old_v + scales + summaries + tables; }
+  u128 ring = 0, old_k = 0, old_v = 0, scales = 0, summaries = 0, index_keys = 0, tables = 0,
+       dense_capacity = 0;
+  u128 total() const { return ring + old_k + old_v + scales + summaries + index_keys + tables; }
 };
 
 // Context-parallel shards (KvStoreConfig::num_shards / shard_index) where the store has them;
@@ -64,6 +65,10 @@ inline WideFootprint wide_footprint(const KvStoreConfig& c) {
   const unsigned n = 1 + ((c.summaries & kSummaryMeanV) ? 1 : 0) +
                      ((c.summaries & kSummaryMinMaxK) ? 2 : 0);
   w.summaries = pool * hkv * d * 4 * n;
+  // Index copy of K per old row (kSummaryIndexKeys): mxfp4 d/2 + d/32 B, fp8_e4m3 d + 4 B.
+  if (c.summaries & kSummaryIndexKeys) {
+    w.index_keys = rows * (c.index_format == Format::kMxfp4 ? d / 2 + d / 32 : d + 4);
+  }
   w.tables = 4 * (slots + slots * per_slot + pool + 1);
   w.dense_capacity = slots * static_cast<u128>(c.max_context) * hkv * d * 4;
   return w;

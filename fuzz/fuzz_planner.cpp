@@ -101,7 +101,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const KvStoreConfig c = store_config(m, spec.block, context, batch);
       const fuzz::WideFootprint w = fuzz::wide_footprint(c);
       FUZZ_CHECK(b.ring == w.ring && b.old_k == w.old_k && b.old_v == w.old_v &&
-                     b.scales == w.scales && b.summaries == w.summaries && b.tables == w.tables,
+                     b.scales == w.scales && b.summaries == w.summaries && b.tables == w.tables &&
+                     b.indexer_keys == w.index_keys,
                  "block_select layer %zu differs from the 128-bit store sizing", i);
     }
   }

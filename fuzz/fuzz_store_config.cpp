@@ -49,7 +49,8 @@ KvStoreConfig read_config(Input& in) {
   c.dtype = static_cast<DType>(in.u8() % 7);
   c.old_format = static_cast<Format>(in.u8() % 7);
   c.num_pool_blocks = in.flag() ? 0 : in.biased_int(24);
-  c.summaries = in.flag() ? in.u32() : in.u8() % 9;
+  c.summaries = in.flag() ? in.u32() : in.u8() % 17;
+  c.index_format = static_cast<Format>(in.u8() % 7);
   if (in.u8() % 4 == 0) {  // a context-parallel shard (where the store supports it)
     const int shards = in.flag() ? 1 + in.u8() % 4 : in.biased_int(4);
     fuzz::set_shards(c, shards, in.flag() ? in.u8() % 4 : in.biased_int(4), 0);
@@ -239,7 +240,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   if (threw) return 0;
   FUZZ_CHECK(f.ring == w.ring && f.old_k == w.old_k && f.old_v == w.old_v &&
-                 f.scales == w.scales && f.summaries == w.summaries && f.tables == w.tables &&
+                 f.scales == w.scales && f.summaries == w.summaries &&
+                 f.index_keys == w.index_keys && f.tables == w.tables &&
                  f.dense_equivalent_capacity == w.dense_capacity,
              "compute_footprint differs from the 128-bit recomputation");
   std::int64_t tokens = 0;

@@ -72,6 +72,7 @@ std::string label_of(const LayerSpec& l) {
     case LayerKind::kBlockSelect:
       os << ' ' << to_string(l.block.old_format) << " W" << l.block.recent_window << " B"
          << l.block.block_size << ' ' << summaries_label(l.block.summaries);
+      if (l.block.summaries & kSummaryIndexKeys) os << "+indexK:" << to_string(l.block.index_format);
       break;
     case LayerKind::kSlidingWindow:
       os << " w" << c.window << ' ' << to_string(c.entry_format);
@@ -102,11 +103,12 @@ void validate_layer(const ModelSpec& m, const LayerSpec& l, const std::string& w
       KVC_CHECK(formats::is_kv_format(p.old_format), where,
                 ".block.old_format = ", to_string(p.old_format),
                 " must be one of f16, bf16, q8, fp16k_q4v");
-      KVC_CHECK(
-          (p.summaries & kSummaryMeanK) != 0u &&
-              (p.summaries & ~std::uint32_t{kSummaryMeanK | kSummaryMeanV | kSummaryMinMaxK}) == 0u,
-          where, ".block.summaries = ", p.summaries,
-          " must include kSummaryMeanK (1) and only SummaryBits (mask 7)");
+      KVC_CHECK((p.summaries & kSummaryMeanK) != 0u && (p.summaries & ~kSummaryAllBits) == 0u,
+                where, ".block.summaries = ", p.summaries,
+                " must include kSummaryMeanK (1) and only SummaryBits (mask ", kSummaryAllBits,
+                ")");
+      KVC_CHECK(p.index_format == Format::kMxfp4 || p.index_format == Format::kFp8E4m3, where,
+                ".block.index_format = ", to_string(p.index_format), " must be mxfp4 or fp8_e4m3");
       return;
     }
     case LayerKind::kSlidingWindow:
@@ -160,6 +162,7 @@ LayerFootprint layer_footprint(const ModelSpec& m, const LayerSpec& l, std::int6
       b.old_v = s.old_v;
       b.scales = s.scales;
       b.summaries = s.summaries;
+      b.indexer_keys = s.index_keys;
       b.tables = s.tables;
       f.dense_equivalent = mul(mul(mul(token_vectors, d), e16), 2);
       break;
@@ -367,6 +370,7 @@ KvStoreConfig store_config(const ModelSpec& spec, const BlockSelectParams& param
   c.old_format = params.old_format;
   c.num_pool_blocks = 0;
   c.summaries = params.summaries;
+  c.index_format = params.index_format;
   return c;
 }
 

@@ -60,7 +60,10 @@ void KvStoreConfig::validate() const {
   KVC_CHECK(num_pool_blocks >= 0, "num_pool_blocks = ", num_pool_blocks, " must be >= 0");
   KVC_CHECK((summaries & kSummaryMeanK) != 0, "summaries = ", summaries,
             " must include kSummaryMeanK");
-  KVC_CHECK((summaries & ~7u) == 0, "summaries = ", summaries, " has unknown bits (valid: 0..7)");
+  KVC_CHECK((summaries & ~kSummaryAllBits) == 0, "summaries = ", summaries,
+            " has unknown bits (valid: 0..", kSummaryAllBits, ")");
+  KVC_CHECK(index_format == Format::kMxfp4 || index_format == Format::kFp8E4m3,
+            "index_format = ", to_string(index_format), " must be mxfp4 or fp8_e4m3");
   KVC_CHECK(num_shards >= 1 && num_shards <= 65536, "num_shards = ", num_shards,
             " must be in [1, 65536]");
   KVC_CHECK(shard_index >= 0 && shard_index < num_shards, "shard_index = ", shard_index,
@@ -83,7 +86,9 @@ void KvStoreConfig::validate() const {
   // allocation (and the dense-equivalent capacity it is compared with) in long double first.
   const long double d = head_dim, hkv = num_kv_heads;
   const long double ring = static_cast<long double>(max_slots) * hkv * recent_window * d * 4.0L;
-  const long double old = static_cast<long double>(rows) * (2.0L * d + 8.0L) +
+  // Per old row: K and V payload and scales (at most 2d + 8 B) and the index copy (d + 4 B).
+  const long double index_row = (summaries & kSummaryIndexKeys) ? d + 4.0L : 0.0L;
+  const long double old = static_cast<long double>(rows) * (2.0L * d + 8.0L + index_row) +
                           static_cast<long double>(pool) * hkv * d * 16.0L;
   const long double tables =
       4.0L * (static_cast<long double>(max_slots) * (max_blocks_per_slot() + 1.0L) + pool + 1.0L);
@@ -99,7 +104,7 @@ void KvStoreConfig::validate() const {
 namespace {
 
 struct Sizes {
-  std::size_t ring_row, k_row, v_row, scales_row, summaries_block_head, per_block;
+  std::size_t ring_row, k_row, v_row, scales_row, index_row, summaries_block_head, per_block;
 };
 
 Sizes sizes_of(const KvStoreConfig& c) {
@@ -110,10 +115,15 @@ Sizes sizes_of(const KvStoreConfig& c) {
   z.v_row = formats::v_payload_bytes(c.old_format, c.head_dim);
   z.scales_row = 4 * ((formats::has_k_scale(c.old_format) ? 1 : 0) +
                       (formats::has_v_scale(c.old_format) ? 1 : 0));
+  // Index copy of K per token: payload + scales (mxfp4 d/2 + d/32, fp8_e4m3 d + 4).
+  z.index_row = (c.summaries & kSummaryIndexKeys)
+                    ? formats::indexer_key_bytes(c.index_format, c.head_dim)
+                    : 0;
   int n = 1 + ((c.summaries & kSummaryMeanV) ? 1 : 0) + ((c.summaries & kSummaryMinMaxK) ? 2 : 0);
   z.summaries_block_head = 4 * d * n;
   z.per_block = static_cast<std::size_t>(c.num_kv_heads) *
-                (static_cast<std::size_t>(c.block_size) * (z.k_row + z.v_row + z.scales_row) +
+                (static_cast<std::size_t>(c.block_size) *
+                     (z.k_row + z.v_row + z.scales_row + z.index_row) +
                  z.summaries_block_head);
   return z;
 }
@@ -134,6 +144,7 @@ Footprint compute_footprint(const KvStoreConfig& c, const std::vector<int>& leng
   f.old_v = rows * z.v_row;
   f.scales = rows * z.scales_row;
   f.summaries = pool * hkv * z.summaries_block_head;
+  f.index_keys = rows * z.index_row;
   f.tables = 4 * (static_cast<std::size_t>(c.max_slots) +
                   static_cast<std::size_t>(c.max_slots) * c.max_blocks_per_slot() + pool + 1);
   const std::size_t dense_token = hkv * static_cast<std::size_t>(c.head_dim) * 2 * 2;
@@ -188,7 +199,8 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 bool SlotState::operator==(const SlotState& o) const {
   return open == o.open && length == o.length && ring_k == o.ring_k && ring_v == o.ring_v &&
          old_k == o.old_k && old_v == o.old_v && same_bits(old_k_scale, o.old_k_scale) &&
-         same_bits(old_v_scale, o.old_v_scale) && same_bits(summaries, o.summaries);
+         same_bits(old_v_scale, o.old_v_scale) && same_bits(summaries, o.summaries) &&
+         index_k == o.index_k && index_k_scale == o.index_k_scale;
 }
 
 std::vector<SlotState> KvStore::snapshot() const {
@@ -225,6 +237,11 @@ std::vector<SlotState> KvStore::snapshot() const {
         append_bytes(st.old_v, s.old_v + r0 * vb, rows * vb);
         if (s.old_k_scale) append_bytes(st.old_k_scale, s.old_k_scale + r0, rows);
         if (s.old_v_scale) append_bytes(st.old_v_scale, s.old_v_scale + r0, rows);
+        if (s.index_k) {
+          const std::size_t ib = store::index_payload_bytes(s), is = store::index_scale_bytes(s);
+          append_bytes(st.index_k, s.index_k + r0 * ib, rows * ib);
+          append_bytes(st.index_k_scale, s.index_k_scale + r0 * is, rows * is);
+        }
         if (!closed) continue;
         const std::size_t o = store::block_head_index(s, pb, h) * d;
         append_bytes(st.summaries, s.mean_k + o, d);

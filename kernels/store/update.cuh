@@ -102,6 +102,45 @@ __device__ __forceinline__ float thread_abs_max(const std::uint16_t* x, int d, b
   return m;
 }
 
+// Encodes old row `row`'s K (`ks`, 16-bit) into the index copy (kSummaryIndexKeys) with the
+// element-level pieces of formats.h's mxfp4 / fp8_e4m3 codec, bit-identical to
+// store::encode_index_row. mxfp4: blockDim.x and d are multiples of 32, so each warp holds whole
+// 32-element groups (lane l: element 32g + l) and reduces the group's amax with shuffles.
+__device__ __forceinline__ void encode_index_row(const StoreView& s, std::size_t row,
+                                                 const std::uint16_t* ks, bool bf, float* red) {
+  const unsigned full = 0xffffffffu;
+  const int d = s.head_dim;
+  std::uint8_t* p = s.index_k + row * store::index_payload_bytes(s);
+  std::uint8_t* sc = s.index_k_scale + row * store::index_scale_bytes(s);
+  if (s.index_format == Format::kMxfp4) {
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+      const float x = bits16_to_float(ks[i], bf);
+      int bad = is_nonfinite(x) ? 1 : 0;
+      float a = bad ? 0.0f : fabsf(x);
+      for (int o = 16; o > 0; o >>= 1) {
+        const float other = __shfl_xor_sync(full, a, o);
+        a = other > a ? other : a;
+        bad |= __shfl_xor_sync(full, bad, o);
+      }
+      const float amax = bad ? formats::quiet_nan() : a;  // abs_max of the group
+      const std::uint8_t byte = formats::mxfp4_scale_byte(amax);
+      const unsigned code = (byte == 0xffu || amax == 0.0f) ? 0u : formats::mxfp4_code(x, byte);
+      const unsigned hi = __shfl_down_sync(full, code, 1);
+      if ((i & 1) == 0) p[i / 2] = static_cast<std::uint8_t>(code | (hi << 4));
+      if ((i % formats::kMxfp4Group) == 0) sc[i / formats::kMxfp4Group] = byte;
+    }
+  } else {
+    bool bad = false;
+    const float amax = block_abs_max(thread_abs_max(ks, d, bf, bad), bad, red);
+    const bool zero = is_nan(amax) || amax == 0.0f;
+    const float scale = zero ? amax : formats::fp8_e4m3_scale(amax);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+      p[i] = zero ? 0 : formats::float_to_e4m3(fdiv_rn(bits16_to_float(ks[i], bf), scale));
+    }
+    if (threadIdx.x == 0) *reinterpret_cast<float*>(sc) = scale;
+  }
+}
+
 // Encodes one token of one head into its old row: grid (entries * count, Hkv).
 __global__ void __launch_bounds__(kRowThreads) quantise_kernel(StoreView s, const std::int32_t* slots,
                                                                int count, const std::uint16_t* k,
@@ -129,6 +168,7 @@ __global__ void __launch_bounds__(kRowThreads) quantise_kernel(StoreView s, cons
   const std::size_t row = store::old_row_index(s, pb, h, p % B);
   std::uint8_t* kp = s.old_k + row * store::k_row_bytes(s);
   std::uint8_t* vp = s.old_v + row * store::v_row_bytes(s);
+  if (s.summaries & kSummaryIndexKeys) encode_index_row(s, row, ks, bf, red);
   // K
   if (s.old_format == Format::kQ8) {
     bool bad = false;

@@ -55,6 +55,8 @@ class CpuKvStore final : public KvStore {
         mean_v_((config.summaries & kSummaryMeanV) ? summary_bytes() : 0),
         min_k_((config.summaries & kSummaryMinMaxK) ? summary_bytes() : 0),
         max_k_((config.summaries & kSummaryMinMaxK) ? summary_bytes() : 0),
+        index_k_(index_bytes(false)),
+        index_k_scale_(index_bytes(true)),
         scratch_(static_cast<std::size_t>(config.head_dim)) {}
 
   const KvStoreConfig& config() const override { return config_; }
@@ -99,6 +101,8 @@ class CpuKvStore final : public KvStore {
     v.mean_v = mean_v_.as<float>();
     v.min_k = min_k_.as<float>();
     v.max_k = max_k_.as<float>();
+    v.index_k = index_k_.as<std::uint8_t>();
+    v.index_k_scale = index_k_scale_.as<std::uint8_t>();
     return v;
   }
 
@@ -137,6 +141,12 @@ class CpuKvStore final : public KvStore {
  private:
   std::size_t pool_rows() const {
     return static_cast<std::size_t>(config_.pool_blocks()) * config_.num_kv_heads * config_.block_size;
+  }
+  // Bytes of the index copy's payload (or its scales) for the whole pool; 0 when not kept.
+  std::size_t index_bytes(bool scales) const {
+    if (!(config_.summaries & kSummaryIndexKeys)) return 0;
+    const StoreView g = store_geometry(config_);
+    return pool_rows() * (scales ? store::index_scale_bytes(g) : store::index_payload_bytes(g));
   }
   std::size_t summary_bytes() const {
     return static_cast<std::size_t>(config_.pool_blocks()) * config_.num_kv_heads * config_.head_dim * 4;
@@ -194,7 +204,7 @@ class CpuKvStore final : public KvStore {
   HostStoreState state_;
   Footprint footprint_;
   HostBuffer ring_k_, ring_v_, old_k_, old_v_, k_scale_, v_scale_, mean_k_, mean_v_, min_k_,
-      max_k_;
+      max_k_, index_k_, index_k_scale_;
   std::vector<float> scratch_;
 };
 

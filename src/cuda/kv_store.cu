@@ -11,6 +11,7 @@
 #include "kvc/core/error.h"
 #include "kvc/formats/formats.h"
 #include "kvc/kernels/store_kernels.h"
+#include "kvc/store/block_codec.h"
 #include "kvc/store/kv_store.h"
 #include "store_impl.h"
 #include "store_state.h"
@@ -38,6 +39,10 @@ class CudaKvStore final : public KvStore {
     mean_v_ = DeviceBuffer((config.summaries & kSummaryMeanV) ? summary : 0);
     min_k_ = DeviceBuffer((config.summaries & kSummaryMinMaxK) ? summary : 0);
     max_k_ = DeviceBuffer((config.summaries & kSummaryMinMaxK) ? summary : 0);
+    const bool index = (config.summaries & kSummaryIndexKeys) != 0;
+    const StoreView g = store_geometry(config);
+    index_k_ = DeviceBuffer(index ? rows * store::index_payload_bytes(g) : 0);
+    index_k_scale_ = DeviceBuffer(index ? rows * store::index_scale_bytes(g) : 0);
     lengths_ = DeviceBuffer(mirror_.lengths.size() * 4);
     table_ = DeviceBuffer(std::max<std::size_t>(mirror_.block_table.size(), 1) * 4);
     free_blocks_ = DeviceBuffer(std::max<std::size_t>(mirror_.free_blocks.size(), 1) * 4);
@@ -101,21 +106,25 @@ class CudaKvStore final : public KvStore {
     v.mean_v = mean_v_.as<float>();
     v.min_k = min_k_.as<float>();
     v.max_k = max_k_.as<float>();
+    v.index_k = index_k_.as<std::uint8_t>();
+    v.index_k_scale = index_k_scale_.as<std::uint8_t>();
     return v;
   }
 
   StoreView host_view(std::vector<std::uint8_t>& buffer) const override {
     DeviceGuard guard(device_.index);
     KVC_CUDA_THROW(cudaStreamSynchronize(stream_));
-    const DeviceBuffer* parts[] = {&lengths_, &table_, &free_blocks_, &free_count_, &ring_k_,
-                                   &ring_v_,  &old_k_, &old_v_,       &k_scale_,    &v_scale_,
-                                   &mean_k_,  &mean_v_, &min_k_,      &max_k_};
+    const DeviceBuffer* parts[] = {&lengths_, &table_,  &free_blocks_, &free_count_,
+                                   &ring_k_,  &ring_v_, &old_k_,       &old_v_,
+                                   &k_scale_, &v_scale_, &mean_k_,     &mean_v_,
+                                   &min_k_,   &max_k_,  &index_k_,     &index_k_scale_};
+    constexpr int kParts = sizeof(parts) / sizeof(parts[0]);
     std::size_t total = 0;
     for (const DeviceBuffer* p : parts) total += (p->bytes() + 63) / 64 * 64;
     buffer.assign(total, 0);
-    void* host[14];
+    void* host[kParts];
     std::size_t at = 0;
-    for (int i = 0; i < 14; ++i) {
+    for (int i = 0; i < kParts; ++i) {
       host[i] = parts[i]->bytes() ? buffer.data() + at : nullptr;
       if (parts[i]->bytes()) {
         KVC_CUDA_THROW(cudaMemcpy(host[i], parts[i]->as<void>(), parts[i]->bytes(), cudaMemcpyDeviceToHost));
@@ -137,6 +146,8 @@ class CudaKvStore final : public KvStore {
     v.mean_v = static_cast<float*>(host[11]);
     v.min_k = static_cast<float*>(host[12]);
     v.max_k = static_cast<float*>(host[13]);
+    v.index_k = static_cast<std::uint8_t*>(host[14]);
+    v.index_k_scale = static_cast<std::uint8_t*>(host[15]);
     return v;
   }
 
@@ -211,7 +222,7 @@ class CudaKvStore final : public KvStore {
   cudaStream_t stream_ = nullptr;
   HostStoreState mirror_;
   DeviceBuffer ring_k_, ring_v_, old_k_, old_v_, k_scale_, v_scale_, mean_k_, mean_v_, min_k_,
-      max_k_, lengths_, table_, free_blocks_, free_count_, scratch_, slots_;
+      max_k_, index_k_, index_k_scale_, lengths_, table_, free_blocks_, free_count_, scratch_, slots_;
 };
 
 }  // namespace

@@ -124,7 +124,8 @@ TEST(Planner_BlockSelect, ComponentsAreTheStoresComputeFootprint) {
     p.recent_window = 1 + static_cast<int>(rng() % 4096);
     p.block_size = 1 + static_cast<int>(rng() % 1024);
     p.old_format = olds[rng() % 3];
-    p.summaries = kSummaryMeanK | static_cast<std::uint32_t>(rng() % 8);
+    p.summaries = kSummaryMeanK | static_cast<std::uint32_t>(rng() % 16);
+    p.index_format = rng() % 2 ? Format::kMxfp4 : Format::kFp8E4m3;
     const ModelSpec m = with_block_select(smollm2_135m(), p);
     const std::int64_t context = 1 + static_cast<std::int64_t>(rng() % 8192);
     const int batch = 1 + static_cast<int>(rng() % 9);
@@ -137,6 +138,7 @@ TEST(Planner_BlockSelect, ComponentsAreTheStoresComputeFootprint) {
     EXPECT_EQ(b.old_v, s.old_v);
     EXPECT_EQ(b.scales, s.scales);
     EXPECT_EQ(b.summaries, s.summaries);
+    EXPECT_EQ(b.indexer_keys, s.index_keys);  // the index copy of old K (kSummaryIndexKeys)
     EXPECT_EQ(b.tables, s.tables);
     EXPECT_EQ(b.total(), s.total());
     // Full slots: the store's in-use bytes are its capacity; dense equivalents agree.

@@ -328,8 +328,8 @@ TEST_F(Cpu_Reliability_BadInput, KvStoreConfigAndCreate) {
        {"num_pool_blocks = 1073741825"}},
       {"summaries without mean K", create_with([](KvStoreConfig& c) { c.summaries = 2; }),
        {"summaries = 2", "kSummaryMeanK"}},
-      {"summaries unknown bit", create_with([](KvStoreConfig& c) { c.summaries = 9; }),
-       {"summaries = 9"}},
+      {"summaries unknown bit", create_with([](KvStoreConfig& c) { c.summaries = 17; }),
+       {"summaries = 17"}},
       {"device without an implementation",
        [this] { KvStore::create(mc_, Device::cuda(99)); }, {"device = cuda:99"}},
       // max_slots x Hkv x W x d x 4 = 2^16 x 2^8 x 2^29 x 2^9 x 4 = 2^64: the ring's size_t wraps

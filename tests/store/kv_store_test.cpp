@@ -71,19 +71,29 @@ TEST(Cpu_KvStoreConfig, ValidationNamesTheField) {
   bad([](KvStoreConfig& c) { c.old_format = Format::kBF16; }, "old_format = bf16");
   bad([](KvStoreConfig& c) { c.summaries = kSummaryMeanV; }, "kSummaryMeanK");
   bad([](KvStoreConfig& c) { c.num_pool_blocks = -1; }, "num_pool_blocks = -1");
+  bad([](KvStoreConfig& c) { c.summaries = kSummaryMeanK | 16u; }, "summaries = 17");
+  bad([](KvStoreConfig& c) { c.index_format = Format::kQ8; }, "index_format = q8");
+  bad([](KvStoreConfig& c) {
+        c.summaries |= kSummaryIndexKeys;
+        c.index_format = Format::kF16;
+      },
+      "index_format = f16");
   EXPECT_NO_THROW(small_config().validate());
   EXPECT_EQ(small_config().max_blocks_per_slot(), (200 - 16 + 7) / 8);
 }
 
 class Cpu_KvStore_AppendVsIngest
-    : public ::testing::TestWithParam<std::tuple<Format, DType, int, int>> {};
+    : public ::testing::TestWithParam<std::tuple<Format, DType, int, int, Format>> {};
 
-// Appending token by token and ingesting random chunks give the same bytes, for every format.
+// Appending token by token and ingesting random chunks give the same bytes, for every format
+// (old blocks, and the index copy of K: mxfp4 or fp8_e4m3).
 TEST_P(Cpu_KvStore_AppendVsIngest, BitIdentical) {
-  const auto [fmt, dtype, window, block] = GetParam();
+  const auto [fmt, dtype, window, block, index] = GetParam();
   KvStoreConfig c = small_config(fmt, dtype);
   c.recent_window = window;
   c.block_size = block;
+  c.summaries |= kSummaryIndexKeys;
+  c.index_format = index;
   const int n = 150;
   const std::size_t token = static_cast<std::size_t>(c.num_kv_heads) * c.head_dim;
   auto k = random_bits16(n * token, dtype, 11);
@@ -111,18 +121,24 @@ TEST_P(Cpu_KvStore_AppendVsIngest, BitIdentical) {
   EXPECT_EQ(b->length(sb), n);
   EXPECT_EQ(a->num_closed_blocks(sa), (n - window) / block);
   EXPECT_EQ(a->open_block_tokens(sa), (n - window) % block);
-  EXPECT_TRUE(a->snapshot() == b->snapshot());
+  const auto sa_state = a->snapshot();
+  EXPECT_TRUE(sa_state == b->snapshot());
+  // Every old row has its index key: payload and scale bytes of (n - window) tokens x heads.
+  const std::size_t rows = static_cast<std::size_t>(n - window) * c.num_kv_heads;
+  EXPECT_EQ(sa_state[0].index_k.size(), rows * formats::k_payload_bytes(index, c.head_dim));
+  EXPECT_EQ(sa_state[0].index_k_scale.size(),
+            rows * (index == Format::kMxfp4 ? c.head_dim / 32 : 4));
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Formats, Cpu_KvStore_AppendVsIngest,
-    ::testing::Values(std::make_tuple(Format::kF16, DType::kF16, 16, 8),
-                      std::make_tuple(Format::kBF16, DType::kBF16, 16, 8),
-                      std::make_tuple(Format::kQ8, DType::kF16, 16, 8),
-                      std::make_tuple(Format::kQ8, DType::kBF16, 7, 5),
-                      std::make_tuple(Format::kFp16kQ4v, DType::kF16, 16, 8),
-                      std::make_tuple(Format::kFp16kQ4v, DType::kBF16, 1, 1),
-                      std::make_tuple(Format::kFp16kQ4v, DType::kF16, 33, 32)));
+    ::testing::Values(std::make_tuple(Format::kF16, DType::kF16, 16, 8, Format::kMxfp4),
+                      std::make_tuple(Format::kBF16, DType::kBF16, 16, 8, Format::kFp8E4m3),
+                      std::make_tuple(Format::kQ8, DType::kF16, 16, 8, Format::kFp8E4m3),
+                      std::make_tuple(Format::kQ8, DType::kBF16, 7, 5, Format::kMxfp4),
+                      std::make_tuple(Format::kFp16kQ4v, DType::kF16, 16, 8, Format::kMxfp4),
+                      std::make_tuple(Format::kFp16kQ4v, DType::kBF16, 1, 1, Format::kFp8E4m3),
+                      std::make_tuple(Format::kFp16kQ4v, DType::kF16, 33, 32, Format::kMxfp4)));
 
 // The state matches an independent recomputation: ring rows are the last W tokens verbatim, old
 // rows are the format's encoding of the original token, summaries are the block means/min/max.
@@ -186,6 +202,93 @@ TEST(Cpu_KvStore, ContentsMatchRecomputation) {
       }
     }
   }
+}
+
+// The index copy of K holds, for every old token, formats.h's encoding of the token's original
+// 16-bit K (mxfp4 or fp8_e4m3), and index_k_at decodes it.
+TEST(Cpu_KvStore, IndexCopyIsTheCodecOfTheOriginalK) {
+  for (Format index : {Format::kMxfp4, Format::kFp8E4m3}) {
+    for (Format fmt : {Format::kQ8, Format::kFp16kQ4v}) {
+      KvStoreConfig c = small_config(fmt, DType::kBF16);
+      c.summaries |= kSummaryIndexKeys;
+      c.index_format = index;
+      const int n = 61, d = c.head_dim;
+      const std::size_t token = static_cast<std::size_t>(c.num_kv_heads) * d;
+      auto k = random_bits16(n * token, c.dtype, 31, 4.0f);
+      auto v = random_bits16(n * token, c.dtype, 32);
+      auto store = KvStore::create(c, Device::cpu());
+      const int s = store->open_slot();
+      store->ingest(s, kv_view(k, c.dtype, n, c), kv_view(v, c.dtype, n, c));
+      const StoreView sv = store->view();
+      const std::size_t pb_bytes = store::index_payload_bytes(sv);
+      const std::size_t sc_bytes = store::index_scale_bytes(sv);
+      ASSERT_EQ(pb_bytes, index == Format::kMxfp4 ? 32u : 64u);
+      ASSERT_EQ(sc_bytes, index == Format::kMxfp4 ? 2u : 4u);
+      std::vector<float> x(d);
+      std::vector<std::uint8_t> payload(pb_bytes), scales(sc_bytes);
+      for (int h = 0; h < c.num_kv_heads; ++h) {
+        for (int p = 0; p < n - c.recent_window; ++p) {
+          for (int i = 0; i < d; ++i) x[i] = bf16_bits_to_float(k[p * token + h * d + i]);
+          float fp8_scale = 0;
+          if (index == Format::kMxfp4) {
+            formats::mxfp4_encode(x.data(), d, payload.data(), scales.data());
+          } else {
+            fp8_scale = formats::fp8_e4m3_encode(x.data(), d, payload.data());
+            std::memcpy(scales.data(), &fp8_scale, 4);
+          }
+          const int pb = sv.block_table[s * sv.max_blocks_per_slot + p / c.block_size];
+          const std::size_t r = store::old_row_index(sv, pb, h, p % c.block_size);
+          ASSERT_EQ(std::memcmp(sv.index_k + r * pb_bytes, payload.data(), pb_bytes), 0)
+              << "token " << p << " head " << h;
+          ASSERT_EQ(std::memcmp(sv.index_k_scale + r * sc_bytes, scales.data(), sc_bytes), 0);
+          for (int i = 0; i < d; ++i) {
+            const float want = index == Format::kMxfp4
+                                   ? formats::mxfp4_decode(payload.data(), scales.data(), i)
+                                   : formats::fp8_e4m3_decode(payload[i], fp8_scale);
+            ASSERT_EQ(store::index_k_at(sv, pb, h, p % c.block_size, i), want);
+          }
+        }
+      }
+    }
+  }
+}
+
+// A shard keeps the index copy of its own blocks only, byte for byte the unsharded store's.
+TEST(Cpu_KvStore, ShardKeepsTheIndexCopyOfItsBlocks) {
+  KvStoreConfig c = small_config(Format::kFp16kQ4v);
+  c.summaries |= kSummaryIndexKeys;
+  const int n = 150;
+  const std::size_t token = static_cast<std::size_t>(c.num_kv_heads) * c.head_dim;
+  auto k = random_bits16(n * token, c.dtype, 41), v = random_bits16(n * token, c.dtype, 42);
+  auto whole = KvStore::create(c, Device::cpu());
+  KvStoreConfig sc = c;
+  sc.num_shards = 3;
+  sc.shard_index = 1;
+  auto shard = KvStore::create(sc, Device::cpu());
+  whole->open_slot();
+  shard->open_slot();
+  whole->ingest(0, kv_view(k, c.dtype, n, c), kv_view(v, c.dtype, n, c));
+  shard->ingest(0, kv_view(k, c.dtype, n, c), kv_view(v, c.dtype, n, c));
+  const StoreView w = whole->view(), s = shard->view();
+  const std::size_t ib = store::index_payload_bytes(w), is = store::index_scale_bytes(w);
+  const int blocks = (n - c.recent_window + c.block_size - 1) / c.block_size;
+  int owned = 0;
+  for (int b = 0; b < blocks; ++b) {
+    const int spb = s.block_table[b];
+    if (b % 3 != 1) {
+      EXPECT_EQ(spb, -1);
+      continue;
+    }
+    ++owned;
+    const int wpb = w.block_table[b];
+    const int rows = std::min(c.block_size, n - c.recent_window - b * c.block_size);
+    for (int h = 0; h < c.num_kv_heads; ++h) {
+      const std::size_t wr = store::old_row_index(w, wpb, h, 0), sr = store::old_row_index(s, spb, h, 0);
+      EXPECT_EQ(std::memcmp(w.index_k + wr * ib, s.index_k + sr * ib, rows * ib), 0) << b;
+      EXPECT_EQ(std::memcmp(w.index_k_scale + wr * is, s.index_k_scale + sr * is, rows * is), 0);
+    }
+  }
+  EXPECT_EQ(owned, 6);  // blocks 1, 4, 7, 10, 13, 16 of 17
 }
 
 TEST(Cpu_KvStore, BatchAppendMatchesPerSlotIngest) {
@@ -273,9 +376,24 @@ TEST(Cpu_KvStore, FootprintByComponent) {
   EXPECT_EQ(f.tokens, 5096);
   EXPECT_EQ(f.dense_equivalent_bytes, 5096u * 8 * 128 * 4);
   EXPECT_EQ(f.dense_equivalent_capacity, 2u * 4096 * 8 * 128 * 4);
+  EXPECT_EQ(f.index_keys, 0u);
   // fp16k_q4v: per old token per head 256 + 64 + 4 B = 324 B vs 512 B dense.
   auto store = KvStore::create(c, Device::cpu());
   EXPECT_EQ(store->footprint().total(), f.total());
+  // The index copy of K: 68 B (mxfp4) or 132 B (fp8_e4m3) per old token and head at d = 128.
+  for (Format index : {Format::kMxfp4, Format::kFp8E4m3}) {
+    KvStoreConfig ci = c;
+    ci.summaries |= kSummaryIndexKeys;
+    ci.index_format = index;
+    const std::size_t per_row = index == Format::kMxfp4 ? 68 : 132;
+    const Footprint fi = compute_footprint(ci, {4096, 1000});
+    EXPECT_EQ(fi.index_keys, 2u * blocks * 8 * 32 * per_row);
+    EXPECT_EQ(fi.total(), f.total() + fi.index_keys);
+    // In use: slot 0 holds 96 blocks, slot 1 none.
+    EXPECT_EQ(fi.in_use, f.in_use + 96u * 8 * 32 * per_row);
+    auto si = KvStore::create(ci, Device::cpu());
+    EXPECT_EQ(si->footprint().total(), fi.total());
+  }
 }
 
 // Every kind of bad input throws kvc::Error naming the argument and leaves the store unchanged.
@@ -354,6 +472,32 @@ TEST(Cpu_KvStore, NonFiniteInputIsLoudInTheOldBlock) {
   EXPECT_TRUE(is_nan(sv.mean_k[0]));                       // summary shows it
   EXPECT_TRUE(is_nan(sv.min_k[0]));
   EXPECT_TRUE(is_nan(sv.max_k[0]));
+}
+
+// A NaN or ±inf in K makes the index copy loud too: mxfp4 marks the element's 32-group (scale
+// byte 0xFF, the group decodes NaN, the other groups are intact), fp8_e4m3 the whole token.
+TEST(Cpu_KvStore, NonFiniteInputIsLoudInTheIndexCopy) {
+  for (Format index : {Format::kMxfp4, Format::kFp8E4m3}) {
+    KvStoreConfig c = small_config(Format::kFp16kQ4v);
+    c.recent_window = 1;
+    c.block_size = 2;
+    c.summaries |= kSummaryIndexKeys;
+    c.index_format = index;
+    auto store = KvStore::create(c, Device::cpu());
+    const std::size_t token = static_cast<std::size_t>(c.num_kv_heads) * c.head_dim;
+    auto k = random_bits16(3 * token, c.dtype, 9), v = random_bits16(3 * token, c.dtype, 10);
+    k[5] = 0x7c00;  // +inf in token 0, head 0, element 5 (mxfp4 group 0)
+    const int s = store->open_slot();
+    store->ingest(s, kv_view(k, c.dtype, 3, c), kv_view(v, c.dtype, 3, c));
+    const StoreView sv = store->view();
+    const int pb = sv.block_table[0];
+    EXPECT_TRUE(is_nan(store::index_k_at(sv, pb, 0, 0, 0)));
+    EXPECT_TRUE(is_nan(store::index_k_at(sv, pb, 0, 0, 31)));
+    EXPECT_EQ(is_nan(store::index_k_at(sv, pb, 0, 0, 32)), index == Format::kFp8E4m3);
+    EXPECT_FALSE(is_nan(store::index_k_at(sv, pb, 1, 0, 0)));  // other head is intact
+    EXPECT_FALSE(is_nan(store::index_k_at(sv, pb, 0, 1, 0)));  // other token too
+    if (index == Format::kMxfp4) EXPECT_EQ(sv.index_k_scale[0], 0xffu);
+  }
 }
 
 }  // namespace

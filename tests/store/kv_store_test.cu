@@ -81,24 +81,65 @@ void run_against_cpu(const KvStoreConfig& c, std::uint32_t seed) {
   EXPECT_EQ(cpu->free_pool_blocks(), gpu->free_pool_blocks());
 }
 
+// Index copy of K kept by a Cuda_KvStore_MatchesCpu case: none, mxfp4 or fp8_e4m3.
+enum class IndexCopy { kNone, kMxfp4, kFp8 };
+
 class Cuda_KvStore_MatchesCpu
-    : public ::testing::TestWithParam<std::tuple<Format, DType, int, int, int, int>> {};
+    : public ::testing::TestWithParam<std::tuple<Format, DType, int, int, int, int, IndexCopy>> {};
 
 TEST_P(Cuda_KvStore_MatchesCpu, IdenticalBytes) {
   KVC_REQUIRE_GPU();
-  const auto [f, t, hkv, d, w, b] = GetParam();
-  run_against_cpu(config_for(f, t, hkv, d, w, b), 1234u + d + w);
+  const auto [f, t, hkv, d, w, b, index] = GetParam();
+  KvStoreConfig c = config_for(f, t, hkv, d, w, b);
+  if (index != IndexCopy::kNone) {
+    c.summaries |= kSummaryIndexKeys;
+    c.index_format = index == IndexCopy::kMxfp4 ? Format::kMxfp4 : Format::kFp8E4m3;
+  }
+  run_against_cpu(c, 1234u + d + w);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Formats, Cuda_KvStore_MatchesCpu,
-    ::testing::Values(std::make_tuple(Format::kF16, DType::kF16, 2, 64, 64, 32),
-                      std::make_tuple(Format::kBF16, DType::kBF16, 3, 128, 17, 8),
-                      std::make_tuple(Format::kQ8, DType::kF16, 2, 128, 64, 32),
-                      std::make_tuple(Format::kQ8, DType::kBF16, 1, 512, 5, 3),
-                      std::make_tuple(Format::kFp16kQ4v, DType::kF16, 8, 128, 64, 32),
-                      std::make_tuple(Format::kFp16kQ4v, DType::kBF16, 2, 256, 1, 1),
-                      std::make_tuple(Format::kFp16kQ4v, DType::kF16, 2, 64, 100, 16)));
+    ::testing::Values(
+        std::make_tuple(Format::kF16, DType::kF16, 2, 64, 64, 32, IndexCopy::kNone),
+        std::make_tuple(Format::kBF16, DType::kBF16, 3, 128, 17, 8, IndexCopy::kMxfp4),
+        std::make_tuple(Format::kQ8, DType::kF16, 2, 128, 64, 32, IndexCopy::kFp8),
+        std::make_tuple(Format::kQ8, DType::kBF16, 1, 512, 5, 3, IndexCopy::kMxfp4),
+        std::make_tuple(Format::kFp16kQ4v, DType::kF16, 8, 128, 64, 32, IndexCopy::kMxfp4),
+        std::make_tuple(Format::kFp16kQ4v, DType::kBF16, 2, 256, 1, 1, IndexCopy::kFp8),
+        std::make_tuple(Format::kFp16kQ4v, DType::kF16, 2, 64, 100, 16, IndexCopy::kNone),
+        std::make_tuple(Format::kFp16kQ4v, DType::kF16, 2, 64, 33, 32, IndexCopy::kMxfp4)));
+
+// Extreme K (NaN, ±inf, subnormals, values near the bf16 maximum that saturate mxfp4, all-zero
+// tokens) gives the same old rows, index copy and summaries on the device as on the host.
+TEST(Cuda_KvStore, ExtremeKeysMatchCpu) {
+  KVC_REQUIRE_GPU();
+  for (Format index : {Format::kMxfp4, Format::kFp8E4m3}) {
+    KvStoreConfig c = config_for(Format::kQ8, DType::kBF16, 2, 128, 8, 4);
+    c.summaries |= kSummaryIndexKeys;
+    c.index_format = index;
+    auto cpu = KvStore::create(c, Device::cpu());
+    auto gpu = KvStore::create(c, Device::cuda(0));
+    cpu->open_slot();
+    gpu->open_slot();
+    const int n = 120;
+    const std::size_t token = static_cast<std::size_t>(c.num_kv_heads) * c.head_dim;
+    auto k = random_bits16(n * token, c.dtype, 555, 3.0f);
+    auto v = random_bits16(n * token, c.dtype, 556);
+    std::mt19937 rng(7);
+    const std::uint16_t specials[] = {0x7fc0, 0x7f80, 0xff80, 0x0001, 0x8003, 0x7f7f, 0xff7f,
+                                      0x7f00, 0x0000, 0x8000};
+    for (int i = 0; i < 200; ++i) k[rng() % k.size()] = specials[rng() % 10];
+    for (std::size_t i = 0; i < token; ++i) k[40 * token + i] = 0;  // an all-zero token
+    for (std::size_t i = 0; i < 32; ++i) k[50 * token + i] = 0x7f7f;  // a saturating group
+    DeviceArray<std::uint16_t> dk(k), dv(v);
+    cpu->ingest(0, TensorView::contiguous(k.data(), c.dtype, {n, c.num_kv_heads, c.head_dim}),
+                TensorView::contiguous(v.data(), c.dtype, {n, c.num_kv_heads, c.head_dim}));
+    gpu->ingest(0, TensorView::contiguous(dk.get(), c.dtype, {n, c.num_kv_heads, c.head_dim}, Device::cuda(0)),
+                TensorView::contiguous(dv.get(), c.dtype, {n, c.num_kv_heads, c.head_dim}, Device::cuda(0)));
+    EXPECT_TRUE(cpu->snapshot() == gpu->snapshot()) << to_string(index);
+  }
+}
 
 // The kernel-layer update captured once in a CUDA graph and replayed: lengths advance on the
 // device, the result equals the object path, and no device memory is allocated across replays.
@@ -156,20 +197,25 @@ TEST(Cuda_KvStore, GraphReplayOfAppend) {
 // footprint() accounts for what the store takes from the device, to within 1%.
 TEST(Cuda_KvStore, FootprintMatchesDeviceMemory) {
   KVC_REQUIRE_GPU();
-  KvStoreConfig c = config_for(Format::kFp16kQ4v, DType::kF16, 8, 128, 1024, 32);
-  c.max_slots = 8;
-  c.max_context = 131072;
-  KVC_ASSERT_CUDA(cudaFree(nullptr));
-  size_t before = 0, after = 0, total = 0;
-  KVC_ASSERT_CUDA(cudaMemGetInfo(&before, &total));
-  std::size_t claimed = 0;
-  {
-    auto store = KvStore::create(c, Device::cuda(0));
-    claimed = store->footprint().total();
-    KVC_ASSERT_CUDA(cudaMemGetInfo(&after, &total));
+  for (const std::uint32_t extra : {0u, static_cast<std::uint32_t>(kSummaryIndexKeys)}) {
+    KvStoreConfig c = config_for(Format::kFp16kQ4v, DType::kF16, 8, 128, 1024, 32);
+    c.max_slots = 8;
+    c.max_context = 131072;
+    c.summaries |= extra;
+    KVC_ASSERT_CUDA(cudaFree(nullptr));
+    size_t before = 0, after = 0, total = 0;
+    KVC_ASSERT_CUDA(cudaMemGetInfo(&before, &total));
+    std::size_t claimed = 0;
+    {
+      auto store = KvStore::create(c, Device::cuda(0));
+      claimed = store->footprint().total();
+      KVC_ASSERT_CUDA(cudaMemGetInfo(&after, &total));
+    }
+    const double used = static_cast<double>(before - after);
+    EXPECT_NEAR(used / claimed, 1.0, 0.01)
+        << "device " << used << " B vs footprint " << claimed << " B (summaries " << c.summaries
+        << ")";
   }
-  const double used = static_cast<double>(before - after);
-  EXPECT_NEAR(used / claimed, 1.0, 0.01) << "device " << used << " B vs footprint " << claimed << " B";
 }
 
 }  // namespace

@@ -74,6 +74,9 @@ struct BlockSelectParams {
   int block_size = 32;                      ///< B: tokens per old block, 1..1024
   Format old_format = Format::kFp16kQ4v;    ///< f16, bf16, q8 or fp16k_q4v
   std::uint32_t summaries = kSummaryMeanK;  ///< kvc::SummaryBits kept per closed block (f32)
+  /// Format of the index copy of old K when `summaries` has kSummaryIndexKeys (mxfp4 or
+  /// fp8_e4m3; KvStoreConfig::index_format); counted under ComponentBytes::indexer_keys.
+  Format index_format = Format::kMxfp4;
 };
 
 /// Parameters of the DeepSeek-V4 kinds (sliding_window, csa, hca).
@@ -144,7 +147,7 @@ struct ComponentBytes {
   std::uint64_t summaries = 0;  ///< block summaries (mean K, mean V, min/max K; f32)
   std::uint64_t tables = 0;     ///< lengths, block tables, the pool's free list
   std::uint64_t entries = 0;    ///< compressed main entries (csa, hca)
-  std::uint64_t indexer_keys = 0;      ///< indexer keys (csa)
+  std::uint64_t indexer_keys = 0;      ///< indexer keys (csa), index copy of old K (block_select)
   std::uint64_t compressor_state = 0;  ///< compressor state (csa, hca)
 
   /// Sum of all components.

@@ -87,6 +87,43 @@ KVC_HD float old_v_at(const StoreView& s, int pool_block, int head, int row, int
   }
 }
 
+/// Bytes of one index-copy K row (one token, one head): mxfp4 d/2, fp8_e4m3 d.
+KVC_HD std::size_t index_payload_bytes(const StoreView& s) {
+  return formats::k_payload_bytes(s.index_format, s.head_dim);
+}
+
+/// Scale bytes of one index-copy K row: mxfp4 d/32 ue8m0 bytes, fp8_e4m3 4 (one fp32).
+KVC_HD std::size_t index_scale_bytes(const StoreView& s) {
+  return s.index_format == Format::kMxfp4
+             ? static_cast<std::size_t>(s.head_dim) / formats::kMxfp4Group
+             : 4u;
+}
+
+/// Element i of the index copy of old K at (pool block, head, row), decoded (needs
+/// kSummaryIndexKeys): mxfp4 rn(±e2m1 * 2^e), fp8_e4m3 rn(e4m3 * scale); NaN for a row (an
+/// mxfp4 group) whose 16-bit K held a NaN or ±inf.
+KVC_HD float index_k_at(const StoreView& s, int pool_block, int head, int row, int i) {
+  const std::size_t r = old_row_index(s, pool_block, head, row);
+  const std::uint8_t* p = s.index_k + r * index_payload_bytes(s);
+  const std::uint8_t* sc = s.index_k_scale + r * index_scale_bytes(s);
+  if (s.index_format == Format::kMxfp4) return formats::mxfp4_decode(p, sc, i);
+  return formats::fp8_e4m3_decode(p[i], *reinterpret_cast<const float*>(sc));
+}
+
+/// Encodes one token of one head (`k`: head_dim floats, the token's 16-bit K) into row `row` of
+/// (pool block, head) of the index copy, with the formats.h codec of s.index_format.
+KVC_HD void encode_index_row(const StoreView& s, int pool_block, int head, int row,
+                             const float* k) {
+  const std::size_t r = old_row_index(s, pool_block, head, row);
+  std::uint8_t* p = s.index_k + r * index_payload_bytes(s);
+  std::uint8_t* sc = s.index_k_scale + r * index_scale_bytes(s);
+  if (s.index_format == Format::kMxfp4) {
+    formats::mxfp4_encode(k, s.head_dim, p, sc);
+  } else {
+    *reinterpret_cast<float*>(sc) = formats::fp8_e4m3_encode(k, s.head_dim, p);
+  }
+}
+
 /// Element i of ring K at (slot, head, ring row) as float.
 KVC_HD float ring_k_at(const StoreView& s, int slot, int head, int ring_row, int i) {
   const auto* p = static_cast<const std::uint16_t*>(s.ring_k);
@@ -100,7 +137,8 @@ KVC_HD float ring_v_at(const StoreView& s, int slot, int head, int ring_row, int
 }
 
 /// Encodes one token of one head (`k`, `v`: head_dim 16-bit values in the store's dtype) into
-/// row `row` of (pool block, head). `scratch` holds head_dim floats.
+/// row `row` of (pool block, head), and K into the index copy when the store keeps one.
+/// `scratch` holds head_dim floats.
 inline void encode_old_row(const StoreView& s, int pool_block, int head, int row,
                            const std::uint16_t* k, const std::uint16_t* v, float* scratch) {
   const std::size_t r = old_row_index(s, pool_block, head, row);
@@ -108,8 +146,11 @@ inline void encode_old_row(const StoreView& s, int pool_block, int head, int row
   const bool bf = is_bf16(s);
   std::uint8_t* kp = s.old_k + r * k_row_bytes(s);
   std::uint8_t* vp = s.old_v + r * v_row_bytes(s);
-  if (s.old_format == Format::kQ8) {
+  if (s.old_format == Format::kQ8 || (s.summaries & kSummaryIndexKeys)) {
     for (int i = 0; i < d; ++i) scratch[i] = bits16_to_float(k[i], bf);
+  }
+  if (s.summaries & kSummaryIndexKeys) encode_index_row(s, pool_block, head, row, scratch);
+  if (s.old_format == Format::kQ8) {
     s.old_k_scale[r] = formats::q8_encode(scratch, d, reinterpret_cast<std::int8_t*>(kp));
   } else {
     auto* kd = reinterpret_cast<std::uint16_t*>(kp);

@@ -9,9 +9,10 @@
  *    block p / B. Logical block b is *closed* when all B of its tokens are old (b < (L-W)/B);
  *    the last, partially filled one is *open*. Closed blocks have summaries; the open one is
  *    always attended exactly and never scored.
- *  A token is quantised into its old block at the moment it leaves the ring, and a block's
- *  summaries are computed from its stored (dequantised) values when it closes, so appending
- *  token by token and ingesting a chunk give bit-identical state.
+ *  A token is quantised into its old block at the moment it leaves the ring (and, with
+ *  kSummaryIndexKeys, its K into the store's low-precision *index copy* at the same moment), and
+ *  a block's summaries are computed from its stored (dequantised) values when it closes, so
+ *  appending token by token and ingesting a chunk give bit-identical state.
  *
  *  A *shard* (num_shards > 1, context parallelism) has the same lengths, ring and logical block
  *  numbering, but stores logical block b only when b % num_shards == shard_index: the tokens of
@@ -36,7 +37,15 @@ enum SummaryBits : std::uint32_t {
   kSummaryMeanK = 1u << 0,   ///< mean of K over the block's tokens (block scoring)
   kSummaryMeanV = 1u << 1,   ///< mean of V (block_summary / block_select_lossy attention)
   kSummaryMinMaxK = 1u << 2, ///< element-wise min and max of K (Quest's upper bound score)
+  /// A low-precision copy of every old token's K in KvStoreConfig::index_format (mxfp4 or
+  /// fp8_e4m3), encoded from the token's 16-bit K when it leaves the ring, for token-level block
+  /// scoring (kvc/index/block_index.h, TokenKeys::kIndexCopy). Kept per token, not per block.
+  kSummaryIndexKeys = 1u << 3,
 };
+
+/// Every SummaryBits value or-ed together (the valid mask of KvStoreConfig::summaries).
+constexpr std::uint32_t kSummaryAllBits =
+    kSummaryMeanK | kSummaryMeanV | kSummaryMinMaxK | kSummaryIndexKeys;
 
 /// Geometry and formats of one layer's store. Validated by validate().
 struct KvStoreConfig {
@@ -52,6 +61,10 @@ struct KvStoreConfig {
   /// out; max_slots * max_blocks_per_slot() for an unsharded store).
   int num_pool_blocks = 0;
   std::uint32_t summaries = kSummaryMeanK;  ///< SummaryBits to keep (kSummaryMeanK is required)
+  /// Format of the index copy of old K (kept with kSummaryIndexKeys): kMxfp4 (d/2 B of e2m1 +
+  /// d/32 ue8m0 scale bytes per token and head) or kFp8E4m3 (d B of e4m3 + an fp32 scale).
+  /// Validated whether or not the copy is kept.
+  Format index_format = Format::kMxfp4;
   /// Context parallelism (kvc/parallel/context_parallel.h): this store is shard `shard_index` of
   /// `num_shards` stores that together hold the same sequences. Every shard appends every token
   /// and keeps the whole ring; logical old block b is quantised, summarised and pooled only on
@@ -84,9 +97,12 @@ struct Footprint {
   std::size_t old_v = 0;          ///< old-block V payload
   std::size_t scales = 0;         ///< per-token fp32 scales of old K and V
   std::size_t summaries = 0;      ///< block summaries (mean K, mean V, min/max K)
+  std::size_t index_keys = 0;     ///< index copy of old K (kSummaryIndexKeys): payload + scales
   std::size_t tables = 0;         ///< lengths, block tables and the pool's free list
   /// Sum of all components (capacity bytes).
-  std::size_t total() const { return ring + old_k + old_v + scales + summaries + tables; }
+  std::size_t total() const {
+    return ring + old_k + old_v + scales + summaries + index_keys + tables;
+  }
   /// Tokens currently held over all slots.
   std::int64_t tokens = 0;
   /// Bytes of a dense 16-bit cache holding `tokens` tokens: tokens * Hkv * d * 2 (K,V) * 2 B.
@@ -94,7 +110,7 @@ struct Footprint {
   /// Bytes of a dense 16-bit cache sized like this store: max_slots * max_context tokens.
   std::size_t dense_equivalent_capacity = 0;
   /// Bytes of the store in use for the tokens held (ring rows in use, old blocks in use with
-  /// their scales and summaries, and the tables).
+  /// their scales, summaries and index keys, and the tables).
   std::size_t in_use = 0;
 };
 
@@ -112,6 +128,7 @@ struct StoreView {
   DType dtype = DType::kF16;    ///< ring dtype (and fp16k_q4v's K dtype)
   Format old_format = Format::kFp16kQ4v;  ///< old-block format
   std::uint32_t summaries = kSummaryMeanK;  ///< SummaryBits kept
+  Format index_format = Format::kMxfp4;     ///< format of index_k (see KvStoreConfig)
   int num_shards = 1;           ///< shards of the context (see KvStoreConfig::num_shards)
   int shard_index = 0;          ///< this store's shard; it owns logical blocks b % num_shards == it
 
@@ -134,6 +151,12 @@ struct StoreView {
   float* mean_v = nullptr;              ///< [pool, Hkv, d] or null
   float* min_k = nullptr;               ///< [pool, Hkv, d] or null
   float* max_k = nullptr;               ///< [pool, Hkv, d] or null
+  /// [pool, Hkv, B, index_payload_bytes] index copy of old K (kSummaryIndexKeys) or null:
+  /// mxfp4 d/2 B of packed e2m1, fp8_e4m3 d B of e4m3 (kvc/store/block_codec.h reads it)
+  std::uint8_t* index_k = nullptr;
+  /// [pool, Hkv, B, index_scale_bytes] scales of index_k or null: mxfp4 d/32 ue8m0 bytes,
+  /// fp8_e4m3 one fp32 (4 B, 4-byte aligned)
+  std::uint8_t* index_k_scale = nullptr;
 };
 
 /// The logical content of one slot, independent of which pool blocks hold it. Ring rows are in
@@ -150,6 +173,8 @@ struct SlotState {
   std::vector<float> old_k_scale;        ///< old K scales in use
   std::vector<float> old_v_scale;        ///< old V scales in use
   std::vector<float> summaries;          ///< mean K, mean V, min K, max K of closed blocks (kept ones)
+  std::vector<std::uint8_t> index_k;     ///< index-copy K payload rows in use (kSummaryIndexKeys)
+  std::vector<std::uint8_t> index_k_scale;  ///< index-copy K scale bytes of those rows
   /// Field-by-field, bit-exact equality (NaN scales compare equal to themselves).
   bool operator==(const SlotState& o) const;
   /// Not equal.
