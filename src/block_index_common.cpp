@@ -25,6 +25,49 @@ void BlockIndexConfig::validate() const {
             max_query_tokens, " must be in [1, 64]");
   KVC_CHECK(max_batch >= 1 && max_batch <= 65536, "max_batch = ", max_batch,
             " must be in [1, 65536]");
+  KVC_CHECK(score == SummaryScore::kMeanK || score == SummaryScore::kQuestMinMax ||
+                is_token_score(score),
+            "score = ", static_cast<int>(score), " is not a SummaryScore");
+  KVC_CHECK(aggregate == GqaAggregate::kSum || aggregate == GqaAggregate::kMax, "aggregate = ",
+            static_cast<int>(aggregate), " is not a GqaAggregate");
+  KVC_CHECK(token_keys == TokenKeys::kOldBlocks || token_keys == TokenKeys::kIndexCopy,
+            "token_keys = ", static_cast<int>(token_keys), " is not a TokenKeys");
+  KVC_CHECK(max_blocks_per_slot >= 0 && max_blocks_per_slot <= (1 << 24), "max_blocks_per_slot = ",
+            max_blocks_per_slot, " must be in [0, 2^24]");
+  if (score == SummaryScore::kTokenMass) {
+    // The CUDA index's scratch: every row's head scores of every block, plus per-chunk partials.
+    const long double rows = static_cast<long double>(max_batch) * max_query_tokens *
+                             (shared_across_heads ? 1 : num_kv_heads);
+    const long double heads = shared_across_heads ? num_q_heads : num_q_heads / num_kv_heads;
+    const long double bytes = rows * heads * (max_blocks_per_slot + 2.0L) * 8.0L;
+    KVC_CHECK(bytes <= 281474976710656.0L, "score = token_mass needs ", bytes,
+              " B of scratch (max_batch x max_query_tokens x rows x heads x "
+              "max_blocks_per_slot); must be <= 2^48 B");
+  }
+}
+
+const char* to_string(SummaryScore score) {
+  switch (score) {
+    case SummaryScore::kMeanK:
+      return "mean_k";
+    case SummaryScore::kQuestMinMax:
+      return "quest";
+    case SummaryScore::kTokenMax:
+      return "token_max";
+    case SummaryScore::kTokenMass:
+      return "token_mass";
+  }
+  return "?";
+}
+
+const char* to_string(TokenKeys keys) {
+  switch (keys) {
+    case TokenKeys::kOldBlocks:
+      return "old_blocks";
+    case TokenKeys::kIndexCopy:
+      return "index_copy";
+  }
+  return "?";
 }
 
 float BlockIndexConfig::scale() const {
@@ -46,6 +89,19 @@ int validate_score_args(const BlockIndexConfig& c, const KvStore& store,
   KVC_CHECK(c.score != SummaryScore::kQuestMinMax || (sc.summaries & kSummaryMinMaxK),
             "score = kQuestMinMax needs a store with kSummaryMinMaxK (summaries = ", sc.summaries,
             ")");
+  if (is_token_score(c.score) && c.token_keys == TokenKeys::kIndexCopy) {
+    KVC_CHECK((sc.summaries & kSummaryIndexKeys) != 0, "score = ", to_string(c.score),
+              " with token_keys = index_copy needs a store with kSummaryIndexKeys (summaries = ",
+              sc.summaries, ")");
+  }
+  if (c.score == SummaryScore::kTokenMass) {
+    KVC_CHECK(sc.num_shards == 1, "score = token_mass needs an unsharded store (num_shards = ",
+              sc.num_shards, "): its normaliser spans every block of the sequence");
+    KVC_CHECK(sc.max_blocks_per_slot() <= c.max_blocks_per_slot, "store max_blocks_per_slot = ",
+              sc.max_blocks_per_slot(), " exceeds the index's max_blocks_per_slot = ",
+              c.max_blocks_per_slot,
+              " (score = token_mass sizes its scratch from BlockIndexConfig::max_blocks_per_slot)");
+  }
   const int batch = static_cast<int>(slots.size());
   KVC_CHECK(batch >= 1 && batch <= c.max_batch, "slots.size() = ", batch, " must be in [1, ",
             c.max_batch, "]");

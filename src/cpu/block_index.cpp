@@ -6,7 +6,9 @@
 #include "kvc/config.h"
 #include "kvc/core/error.h"
 #include "kvc/core/numeric.h"
+#include "kvc/formats/formats.h"
 #include "kvc/index/block_index.h"
+#include "kvc/index/score_math.h"
 #include "kvc/store/block_codec.h"
 
 namespace kvc {
@@ -27,6 +29,10 @@ class CpuBlockIndex final : public BlockIndex {
   void score(const KvStore& store, const std::vector<int>& slots, const TensorView& q,
              const ScoresView& out) override {
     const int T = validate_score_args(config_, store, slots, q, out, Device::cpu());
+    if (is_token_score(config_.score)) {
+      score_tokens(store, slots, q, out, T);
+      return;
+    }
     const StoreView s = store.view();
     const int Hq = config_.num_q_heads, Hkv = config_.num_kv_heads, d = config_.head_dim;
     const int G = Hq / Hkv;
@@ -66,6 +72,135 @@ class CpuBlockIndex final : public BlockIndex {
   }
 
  private:
+  // kTokenMax / kTokenMass, in the documented float32 order (docs/selection.md): per row, for
+  // each kv head of the row and each closed block (ascending), the block's keys are decoded once
+  // and every head of that kv head takes l = scale * (Σ_e q[e] * k[e], e ascending) per token
+  // (ascending); the max rule keeps nan_max over the tokens, the mass rule a LogSumExp of the
+  // non-NaN logits (NaN if any was NaN). The mass normaliser of head g adds, in this order, the
+  // visible ring rows (positions O..pos ascending), the open block's rows, then the non-NaN
+  // block values (blocks ascending). Heads are aggregated in ascending order.
+  void score_tokens(const KvStore& store, const std::vector<int>& slots, const TensorView& q,
+                    const ScoresView& out, int T) const {
+    using index_math::LogSumExp;
+    using index_math::nan_max;
+    const StoreView s = store.view();
+    const int Hq = config_.num_q_heads, Hkv = config_.num_kv_heads, d = config_.head_dim;
+    const int G = Hq / Hkv, B = s.block_size, W = s.recent_window;
+    const float scale = config_.scale();
+    const bool bf = config_.dtype == DType::kBF16;
+    const bool mass = config_.score == SummaryScore::kTokenMass;
+    const bool index_copy = config_.token_keys == TokenKeys::kIndexCopy;
+    const bool shared = config_.shared_across_heads;
+    const int nrows = shared ? 1 : Hkv, heads = shared ? Hq : G;
+    const auto* qb = q.ptr<const std::uint16_t>();
+    std::vector<float> qf(static_cast<std::size_t>(Hq) * d), keys(static_cast<std::size_t>(B) * d);
+    std::vector<float> val;  // [heads, closed]: m_g(j), or lse_g(j) (NaN: a NaN logit)
+    std::vector<LogSumExp> z(static_cast<std::size_t>(heads));
+    auto logit = [&](int g, const float* k) {
+      const float* qg = qf.data() + static_cast<std::size_t>(g) * d;
+      float acc = 0.0f;
+      for (int e = 0; e < d; ++e) acc += qg[e] * k[e];
+      return scale * acc;
+    };
+    for (std::size_t b = 0; b < slots.size(); ++b) {
+      const int slot = slots[b];
+      const int L = s.lengths[slot];
+      const int closed = store.config().owned_blocks(store.num_closed_blocks(slot));
+      const int old = L > W ? L - W : 0;
+      const std::int32_t* table = s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot;
+      val.assign(static_cast<std::size_t>(heads) * closed, 0.0f);
+      for (int t = 0; t < T; ++t) {
+        const std::uint16_t* qt = qb + (b * T + t) * static_cast<std::size_t>(Hq) * d;
+        for (std::size_t i = 0; i < qf.size(); ++i) qf[i] = bits16_to_float(qt[i], bf);
+        const int pos = L - T + t;
+        const int row0 = static_cast<int>(b * T + t) * nrows;
+        for (int r = 0; r < nrows; ++r) {
+          const int g_first = shared ? 0 : r * G;
+          const int h_first = shared ? 0 : r, h_count = shared ? Hkv : 1;
+          for (LogSumExp& zg : z) zg = LogSumExp{};
+          for (int h = h_first; h < h_first + h_count; ++h) {
+            const int gl0 = (h - h_first) * G;  // row-local index of the kv head's first q head
+            for (int j = 0; j < closed; ++j) {
+              const int pb = table[store::owned_block_id(s, j)];
+              for (int i = 0; i < B; ++i) {
+                for (int e = 0; e < d; ++e) {
+                  keys[static_cast<std::size_t>(i) * d + e] =
+                      index_copy ? store::index_k_at(s, pb, h, i, e) : store::old_k_at(s, pb, h, i, e);
+                }
+              }
+              for (int gl = gl0; gl < gl0 + G; ++gl) {
+                float m = index_math::neg_inf();
+                LogSumExp st;
+                bool nan = false;
+                for (int i = 0; i < B; ++i) {
+                  const float l = logit(g_first + gl, keys.data() + static_cast<std::size_t>(i) * d);
+                  m = nan_max(m, l);
+                  if (is_nan(l)) {
+                    nan = true;
+                  } else {
+                    st.add(l);
+                  }
+                }
+                val[static_cast<std::size_t>(gl) * closed + j] =
+                    !mass ? m : nan ? formats::quiet_nan() : st.value();
+              }
+            }
+            if (!mass) continue;
+            // The exact part of the normaliser: ring rows O..pos, then the open block's rows.
+            auto add_exact = [&](const float* k) {
+              for (int gl = gl0; gl < gl0 + G; ++gl) {
+                const float l = logit(g_first + gl, k);
+                if (!is_nan(l)) z[static_cast<std::size_t>(gl)].add(l);
+              }
+            };
+            for (int p = old; p <= pos; ++p) {
+              for (int e = 0; e < d; ++e) keys[e] = store::ring_k_at(s, slot, h, p % W, e);
+              add_exact(keys.data());
+            }
+            if (old % B > 0) {
+              const int pb = table[old / B];
+              for (int i = 0; i < old % B; ++i) {
+                for (int e = 0; e < d; ++e) keys[e] = store::old_k_at(s, pb, h, i, e);
+                add_exact(keys.data());
+              }
+            }
+          }
+          if (mass) {
+            for (int gl = 0; gl < heads; ++gl) {
+              for (int j = 0; j < closed; ++j) {
+                const float v = val[static_cast<std::size_t>(gl) * closed + j];
+                if (!is_nan(v)) z[static_cast<std::size_t>(gl)].add(v);
+              }
+            }
+          }
+          out.num_valid[row0 + r] = closed;
+          float* row = out.scores + static_cast<std::size_t>(row0 + r) * out.max_blocks;
+          for (int j = 0; j < closed; ++j) {
+            float acc = 0.0f;
+            LogSumExp sum;
+            bool nan = false;
+            for (int gl = 0; gl < heads; ++gl) {
+              float v = val[static_cast<std::size_t>(gl) * closed + j];
+              if (mass) v = index_math::log_share(v, z[static_cast<std::size_t>(gl)].value());
+              if (mass && config_.aggregate == GqaAggregate::kSum) {
+                if (is_nan(v)) {
+                  nan = true;
+                } else {
+                  sum.add(v);
+                }
+                continue;
+              }
+              acc = gl == 0 ? v : config_.aggregate == GqaAggregate::kSum ? acc + v : nan_max(acc, v);
+            }
+            row[j] = !(mass && config_.aggregate == GqaAggregate::kSum) ? acc
+                     : nan                                              ? formats::quiet_nan()
+                                                                        : sum.value();
+          }
+        }
+      }
+    }
+  }
+
   float head_score(const StoreView& s, int pool_block, int kv_head, const float* q) const {
     const std::size_t o = store::block_head_index(s, pool_block, kv_head) * s.head_dim;
     float acc = 0.0f;

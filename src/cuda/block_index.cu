@@ -6,6 +6,7 @@
 
 #include "device_buffer.h"
 #include "index/score.cuh"
+#include "index/token_score.cuh"
 #include "kvc/core/cuda_check.h"
 #include "kvc/core/error.h"
 #include "kvc/index/block_index.h"
@@ -14,11 +15,115 @@
 namespace kvc {
 namespace kernels {
 
+namespace {
+
+using namespace index_detail;
+
+// The kTokenMass scratch of `rows` rows of `heads` heads over `max_blocks` blocks per slot: the
+// block lse values, then (256-byte aligned) the partial normalisers. One helper sizes and
+// carves, so the two cannot drift apart.
+struct TokenMassLayout {
+  std::size_t lse_bytes = 0, partial_offset = 0, total = 0;
+  int parts = 0;
+  TokenMassLayout(int rows, int heads, int max_blocks) {
+    parts = 1 + (max_blocks + kTokBlocksPerCta - 1) / kTokBlocksPerCta;
+    lse_bytes = static_cast<std::size_t>(rows) * heads * max_blocks * 4;
+    partial_offset = (lse_bytes + 255) / 256 * 256;
+    total = partial_offset + static_cast<std::size_t>(rows) * parts * heads * 4;
+  }
+};
+
+int row_heads(const BlockIndexConfig& c) {
+  return c.shared_across_heads ? c.num_q_heads : c.num_q_heads / c.num_kv_heads;
+}
+
+template <int D>
+cudaError_t launch_token_kernel(KeyKind kind, dim3 grid, const TokenScoreParams& p,
+                                cudaStream_t stream) {
+  switch (kind) {
+    case KeyKind::k16: token_score_kernel<KeyKind::k16, D><<<grid, kTokThreads, 0, stream>>>(p); break;
+    case KeyKind::kQ8: token_score_kernel<KeyKind::kQ8, D><<<grid, kTokThreads, 0, stream>>>(p); break;
+    case KeyKind::kMxfp4: token_score_kernel<KeyKind::kMxfp4, D><<<grid, kTokThreads, 0, stream>>>(p); break;
+    case KeyKind::kFp8: token_score_kernel<KeyKind::kFp8, D><<<grid, kTokThreads, 0, stream>>>(p); break;
+  }
+  return cudaGetLastError();
+}
+
+// kTokenMax / kTokenMass: the token kernel, then (mass) the finish kernel.
+cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const std::int32_t* d_slots,
+                         int batch, int tokens, const void* d_q, const ScoresView& out,
+                         void* d_workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+  TokenScoreParams p;
+  p.s = s;
+  p.slots = d_slots;
+  p.q = static_cast<const std::uint16_t*>(d_q);
+  p.out = out;
+  p.tokens = tokens;
+  p.num_q_heads = c.num_q_heads;
+  p.group = c.num_q_heads / c.num_kv_heads;
+  p.heads = row_heads(c);
+  p.scale = c.scale();
+  p.mass = c.score == SummaryScore::kTokenMass;
+  p.aggregate_max = c.aggregate == GqaAggregate::kMax;
+  p.shared = c.shared_across_heads;
+  p.q_bf16 = c.dtype == DType::kBF16;
+  const int rows = c.rows(batch, tokens);
+  const TokenMassLayout layout(rows, p.heads, s.max_blocks_per_slot);
+  p.parts = layout.parts;
+  p.lse = nullptr;
+  p.partial = nullptr;
+  if (p.mass) {
+    if (d_workspace == nullptr || workspace_bytes < layout.total) return cudaErrorInvalidValue;
+    p.lse = static_cast<float*>(d_workspace);
+    p.partial = reinterpret_cast<float*>(static_cast<std::uint8_t*>(d_workspace) + layout.partial_offset);
+  }
+  const KeyKind kind = c.token_keys == TokenKeys::kIndexCopy
+                           ? (s.index_format == Format::kMxfp4 ? KeyKind::kMxfp4 : KeyKind::kFp8)
+                       : s.old_format == Format::kQ8 ? KeyKind::kQ8
+                                                     : KeyKind::k16;
+  const int owned = store::owned_count(s.max_blocks_per_slot, s.num_shards, s.shard_index);
+  const int chunks = owned > 0 ? (owned + kTokBlocksPerCta - 1) / kTokBlocksPerCta : 1;
+  const dim3 grid(chunks + (p.mass ? 1 : 0), rows);
+  cudaError_t e = cudaSuccess;
+  switch (c.head_dim) {
+    case 64: e = launch_token_kernel<64>(kind, grid, p, stream); break;
+    case 128: e = launch_token_kernel<128>(kind, grid, p, stream); break;
+    case 256: e = launch_token_kernel<256>(kind, grid, p, stream); break;
+    case 512: e = launch_token_kernel<512>(kind, grid, p, stream); break;
+    default: return cudaErrorInvalidValue;
+  }
+  if (e != cudaSuccess || !p.mass) return e;
+  const int finish_x = owned > 0 ? (owned + kFinishThreads - 1) / kFinishThreads : 1;
+  token_mass_finish_kernel<<<dim3(finish_x, rows), kFinishThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t block_scores_workspace_size(std::size_t& bytes, const BlockIndexConfig& c, int batch,
+                                        int tokens, int max_blocks_per_slot) {
+  bytes = 0;
+  if (batch < 0 || tokens < 0 || max_blocks_per_slot < 0) return cudaErrorInvalidValue;
+  if (c.score != SummaryScore::kTokenMass) return cudaSuccess;
+  bytes = TokenMassLayout(c.rows(batch, tokens), row_heads(c), max_blocks_per_slot).total;
+  return cudaSuccess;
+}
+
 cudaError_t block_scores(const StoreView& s, const BlockIndexConfig& c,
                          const std::int32_t* d_slots, int batch, int tokens, const void* d_q,
                          const ScoresView& out, cudaStream_t stream) {
-  using namespace index_detail;
+  return block_scores(s, c, d_slots, batch, tokens, d_q, out, nullptr, 0, stream);
+}
+
+cudaError_t block_scores(const StoreView& s, const BlockIndexConfig& c,
+                         const std::int32_t* d_slots, int batch, int tokens, const void* d_q,
+                         const ScoresView& out, void* d_workspace, std::size_t workspace_bytes,
+                         cudaStream_t stream) {
   if (batch <= 0 || tokens <= 0) return cudaSuccess;
+  if (is_token_score(c.score)) {
+    return token_scores(s, c, d_slots, batch, tokens, d_q, out, d_workspace, workspace_bytes,
+                        stream);
+  }
   ScoreParams p;
   p.s = s;
   p.slots = d_slots;
@@ -59,6 +164,11 @@ class CudaBlockIndex final : public BlockIndex {
       : config_(c), device_(device) {
     DeviceGuard guard(device_.index);
     slots_ = DeviceBuffer(static_cast<std::size_t>(c.max_batch) * 4);
+    // The largest call's scratch (kTokenMass; 0 bytes otherwise), allocated once here.
+    std::size_t bytes = 0;
+    KVC_CUDA_THROW(kernels::block_scores_workspace_size(bytes, c, c.max_batch, c.max_query_tokens,
+                                                        c.max_blocks_per_slot));
+    workspace_ = DeviceBuffer(bytes);
   }
   const BlockIndexConfig& config() const override { return config_; }
   void set_stream(void* stream) override { stream_ = static_cast<cudaStream_t>(stream); }
@@ -70,14 +180,15 @@ class CudaBlockIndex final : public BlockIndex {
     KVC_CUDA_THROW(cudaMemcpyAsync(slots_.as<void>(), slots.data(), slots.size() * 4,
                                    cudaMemcpyHostToDevice, stream_));
     KVC_CUDA_THROW(kernels::block_scores(store.view(), config_, slots_.as<std::int32_t>(),
-                                         static_cast<int>(slots.size()), T, q.data, out, stream_));
+                                         static_cast<int>(slots.size()), T, q.data, out,
+                                         workspace_.as<void>(), workspace_.bytes(), stream_));
   }
 
  private:
   BlockIndexConfig config_;
   Device device_;
   cudaStream_t stream_ = nullptr;
-  DeviceBuffer slots_;
+  DeviceBuffer slots_, workspace_;
 };
 
 }  // namespace

@@ -10,6 +10,20 @@
  *  group (rows (b, t, h)); with shared_across_heads, all Hq heads (rows (b, t), one selection for
  *  every kv head).
  *
+ *  Token-level scores read every token of the block: with l_g(i) = s · (q_g · k_i) for token i
+ *  of block j, k_i from BlockIndexConfig::token_keys (the old blocks' own K, or the store's
+ *  low-precision index copy, kSummaryIndexKeys),
+ *  - kTokenMax: m_g(j) = max_i l_g(i), aggregated over heads like the summary scores;
+ *  - kTokenMass: the block's share of head g's softmax mass over everything the query attends
+ *    when dense: p_g(j) = Σ_{i in j} exp(l_g(i) − Z_g), Z_g = logsumexp of l_g over the visible
+ *    ring rows (positions O..pos, O = max(0, L − W), pos = L − T + t), the open block's rows
+ *    (the store's K, exact for 16-bit K) and every closed block's tokens (from token_keys). The
+ *    row's score is log Σ_g p_g(j) (kSum) or max_g log p_g(j) (kMax); with the old blocks' K of
+ *    an f16/bf16/fp16k_q4v store this ranks blocks exactly by their dense attention mass.
+ *  docs/scoring.md gives the float32 order of the CPU reference and the non-finite rules (a
+ *  NaN logit makes its block's head score NaN, which the Selector ranks last; NaN logits are left
+ *  out of every normaliser; +inf logits take the whole mass).
+ *
  *  A shard store (KvStoreConfig::num_shards > 1) is scored over the closed blocks it owns only:
  *  entry j of a row is logical block j * num_shards + shard_index, and num_valid is the number
  *  of owned closed blocks. Ids a Selector picks from such a row are these local entries; the
@@ -26,11 +40,28 @@
 
 namespace kvc {
 
-/// Which summary a block is scored with.
+/// Which summary (or which token-level rule) a block is scored with.
 enum class SummaryScore {
   kMeanK,        ///< q · mean K
   kQuestMinMax,  ///< Σ_i max(q_i·min_i, q_i·max_i)
+  kTokenMax,     ///< max over the block's tokens of s · q · k (keys from token_keys)
+  kTokenMass,    ///< log of the block's share of the dense softmax mass (keys from token_keys)
 };
+
+/// Where the token-level scores (kTokenMax, kTokenMass) read each old token's K.
+enum class TokenKeys {
+  kOldBlocks,  ///< the old blocks' own K: exact for f16/bf16/fp16k_q4v, dequantised q8
+  kIndexCopy,  ///< the store's index copy (kSummaryIndexKeys: mxfp4 or fp8_e4m3)
+};
+
+/// "mean_k", "quest", "token_max" or "token_mass".
+const char* to_string(SummaryScore score);
+/// "old_blocks" or "index_copy".
+const char* to_string(TokenKeys keys);
+/// True for the scores that read every token of a block (kTokenMax, kTokenMass).
+constexpr bool is_token_score(SummaryScore score) {
+  return score == SummaryScore::kTokenMax || score == SummaryScore::kTokenMass;
+}
 
 /// How the query heads of a row combine into one score.
 enum class GqaAggregate {
@@ -50,6 +81,12 @@ struct BlockIndexConfig {
   float softmax_scale = 0.0f;  ///< scale of q·k; 0 means 1/sqrt(head_dim)
   int max_query_tokens = 1;    ///< T: query tokens per sequence (multi-token verify)
   int max_batch = 1;           ///< largest batch a call may pass
+  /// Key source of kTokenMax / kTokenMass (ignored by the summary scores).
+  TokenKeys token_keys = TokenKeys::kOldBlocks;
+  /// kTokenMass only: the largest KvStoreConfig::max_blocks_per_slot() of a store this index
+  /// scores, 0..2^24. The CUDA index keeps every head's block scores of a call in scratch sized
+  /// from it at construction; a store with more blocks per slot is refused (kvc::Error).
+  int max_blocks_per_slot = 0;
 
   /// Throws kvc::Error naming the first bad field.
   void validate() const;
@@ -61,7 +98,8 @@ struct BlockIndexConfig {
   }
 };
 
-/// Scores closed blocks from store summaries. Created for a device; reads a store on that device.
+/// Scores closed blocks from store summaries (or from every token's K, is_token_score). Created
+/// for a device; reads a store on that device.
 class BlockIndex {
  public:
   /// Creates the CPU reference or the CUDA implementation. Throws for a bad config.
@@ -70,7 +108,10 @@ class BlockIndex {
   /// The validated configuration.
   virtual const BlockIndexConfig& config() const = 0;
 
-  /// Scores the closed blocks of each sequence.
+  /// Scores the closed blocks of each sequence. Throws kvc::Error, before anything runs, for a
+  /// store that lacks what the score reads (kSummaryMinMaxK for kQuestMinMax, kSummaryIndexKeys
+  /// for TokenKeys::kIndexCopy), for kTokenMass on a shard store (its normaliser spans every
+  /// shard's blocks) or on a store with more than config().max_blocks_per_slot blocks per slot.
   /// @param[in] store   the layer's store (same device; Hkv and d must match the config)
   /// @param[in] slots   batch of open slots (host)
   /// @param[in] q       [batch, T, Hq, d] queries in the config's dtype on the device

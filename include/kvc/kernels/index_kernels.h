@@ -1,11 +1,14 @@
 /*! \file kvc/kernels/index_kernels.h
- *  \brief Kernel layer of the BlockIndex: block scores from store summaries, batched over
- *  sequences of different lengths (read on the device), stream-ordered, graph-capturable.
+ *  \brief Kernel layer of the BlockIndex: block scores from store summaries or from every
+ *  token's K, batched over sequences of different lengths (read on the device), stream-ordered,
+ *  graph-capturable. kTokenMass needs scratch memory: size it with block_scores_workspace_size
+ *  (CUB's two-phase style) and pass it to the block_scores overload that takes a workspace.
  */
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kvc/index/block_index.h"
@@ -18,7 +21,8 @@ namespace kernels {
 /// Scores every closed block of each sequence (see kvc/index/block_index.h for the rule) and
 /// writes num_valid per row from the device lengths. Rows beyond a sequence's closed blocks are
 /// left untouched. Launch shape depends only on `batch`, `tokens` and s.max_blocks_per_slot.
-/// A shard store scores its owned closed blocks only (see kvc/index/block_index.h).
+/// A shard store scores its owned closed blocks only (see kvc/index/block_index.h). Every score
+/// but kTokenMass (which needs the overload with a workspace: cudaErrorInvalidValue here).
 /// @param[in] s        the store (device pointers)
 /// @param[in] config   index configuration (validated by the caller)
 /// @param[in] d_slots  [batch] slot ids on the device
@@ -31,6 +35,39 @@ namespace kernels {
 cudaError_t block_scores(const StoreView& s, const BlockIndexConfig& config,
                          const std::int32_t* d_slots, int batch, int tokens, const void* d_q,
                          const ScoresView& out, cudaStream_t stream);
+
+/// Bytes of scratch block_scores needs for `config` and a call of `batch` sequences of
+/// `tokens` query tokens over a store with `max_blocks_per_slot` blocks per slot: 0 unless
+/// config.score is kTokenMass (per row: every query head's log-sum-exp of every block, and one
+/// partial normaliser per head and CTA). Allocates and launches nothing.
+/// @param[out] bytes               the scratch size
+/// @param[in]  config              index configuration (validated by the caller)
+/// @param[in]  batch               sequences
+/// @param[in]  tokens              query tokens per sequence (T)
+/// @param[in]  max_blocks_per_slot the store's StoreView::max_blocks_per_slot
+/// @return cudaErrorInvalidValue for negative sizes, else cudaSuccess
+cudaError_t block_scores_workspace_size(std::size_t& bytes, const BlockIndexConfig& config,
+                                        int batch, int tokens, int max_blocks_per_slot);
+
+/// block_scores with scratch memory: required (at least block_scores_workspace_size bytes for
+/// s.max_blocks_per_slot, 256-byte aligned) when config.score is kTokenMass, ignored otherwise.
+/// The kTokenMass launch is two kernels (token scores and partial normalisers, then the
+/// per-block shares); both read the lengths on the device. Returns cudaErrorInvalidValue, before
+/// any launch, for a missing or short workspace.
+/// @param[in] s                the store (device pointers)
+/// @param[in] config           index configuration (validated by the caller)
+/// @param[in] d_slots          [batch] slot ids on the device
+/// @param[in] batch            sequences
+/// @param[in] tokens           query tokens per sequence (T)
+/// @param[in] d_q              [batch, T, Hq, d] queries (config.dtype)
+/// @param[out] out             scores, as for the overload without workspace
+/// @param[in] d_workspace      scratch (device memory), or null when none is needed
+/// @param[in] workspace_bytes  its size
+/// @param[in] stream           stream the work is ordered on
+cudaError_t block_scores(const StoreView& s, const BlockIndexConfig& config,
+                         const std::int32_t* d_slots, int batch, int tokens, const void* d_q,
+                         const ScoresView& out, void* d_workspace, std::size_t workspace_bytes,
+                         cudaStream_t stream);
 
 }  // namespace kernels
 }  // namespace kvc

@@ -1,0 +1,418 @@
+// Token-level block scores (kTokenMax, kTokenMass; kvc/index/block_index.h has the rule,
+// src/cpu/block_index.cpp the float32 reference).
+//
+// token_score_kernel: grid (chunk CTAs [+ 1 ring CTA for the mass rule], rows). A chunk CTA
+// owns kTokBlocksPerCta consecutive closed blocks of its row; for each kv head of the row and
+// each chunk of up to kTokHeads query heads of that kv head it stages the heads' queries in
+// shared memory (float), and each warp walks its blocks: lane i holds token t0 + i of the block,
+// decodes its K row 8 elements at a time (16-bit, q8, mxfp4 or fp8_e4m3) in registers and
+// accumulates the dot products of the chunk's heads (e ascending, fmaf). Per head the lane keeps
+// the running max (NaN-propagating) and a LogSumExp of its non-NaN logits; the warp then
+// reduces them with shuffles. The max rule aggregates the heads (ascending) per block in shared
+// memory and writes the row's scores. The mass rule writes lse_g(j) (NaN for a NaN logit) to
+// the workspace and, per head, the log-sum-exp of its blocks' non-NaN values as the CTA's
+// partial; the ring CTA writes partial 0: the log-sum-exp of the visible ring rows (positions
+// O..pos) and the open block's rows, read exactly from the store.
+//
+// token_mass_finish_kernel (mass rule only): grid (ceil(max_blocks / 256), rows); each CTA
+// folds the row's partials into Z_g per head, then thread j turns block j's lse_g(j) into
+// log_share(lse_g(j), Z_g) and aggregates the heads (ascending): LogSumExp (kSum) or nan_max.
+//
+// Launch shapes depend only on the batch, T and s.max_blocks_per_slot (graph-capturable); CTAs
+// past a row's closed blocks return at once, and the finish kernel reads only the partials of
+// the CTAs that ran.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kvc/core/numeric.h"
+#include "kvc/formats/formats.h"
+#include "kvc/index/score_math.h"
+#include "kvc/select/selection.h"
+#include "kvc/store/block_codec.h"
+#include "kvc/store/kv_store.h"
+
+namespace kvc {
+namespace kernels {
+namespace index_detail {
+
+constexpr int kTokWarps = 8;
+constexpr int kTokThreads = kTokWarps * 32;
+/// Closed blocks one chunk CTA scores (kTokBlocksPerCta / kTokWarps per warp).
+constexpr int kTokBlocksPerCta = 16;
+/// Query heads whose dot products a lane accumulates at once (registers).
+constexpr int kTokHeads = 8;
+constexpr int kTokMaxDim = 512;
+constexpr int kFinishThreads = 256;
+/// Normalisers Z_g the finish kernel stages in shared memory per pass over the heads.
+constexpr int kFinishHeads = 1024;
+
+/// How a K row is stored: 16-bit (f16 / bf16 / fp16k_q4v old blocks, the ring), q8 old blocks,
+/// or the index copy (mxfp4, fp8_e4m3).
+enum class KeyKind : int { k16 = 0, kQ8 = 1, kMxfp4 = 2, kFp8 = 3 };
+
+struct TokenScoreParams {
+  StoreView s;
+  const std::int32_t* slots;  // [batch]
+  const std::uint16_t* q;     // [batch, T, Hq, d]
+  ScoresView out;
+  float* lse;       // [rows, heads, max_blocks_per_slot] (mass rule; else null)
+  float* partial;   // [rows, parts, heads] (mass rule; else null)
+  int parts;        // 1 + chunk CTAs per row
+  int tokens;       // T
+  int num_q_heads;  // Hq
+  int group;        // G
+  int heads;        // query heads of a row: G, or Hq when shared
+  float scale;
+  bool mass, aggregate_max, shared, q_bf16;
+};
+
+/// A 16-bit float as float: exact, with the hardware conversion (same values as
+/// bits16_to_float; a NaN stays NaN).
+__device__ __forceinline__ float f16_bits_to_float(std::uint16_t bits, bool bf) {
+  return bf ? __uint_as_float(static_cast<std::uint32_t>(bits) << 16)
+            : __half2float(__ushort_as_half(bits));
+}
+
+/// One token's K row as a lane reads it.
+struct KeyRow {
+  const std::uint8_t* p;   // payload
+  const std::uint8_t* sc;  // mxfp4: the row's d/32 scale bytes
+  float scale;             // q8 / fp8: the row's scale
+};
+
+/// Elements e0..e0+7 of a K row, decoded as the store's codec decodes them.
+template <KeyKind KK>
+__device__ __forceinline__ void load8(const KeyRow& r, int e0, bool bf, float (&f)[8]) {
+  if constexpr (KK == KeyKind::k16) {
+    const uint4 w = *reinterpret_cast<const uint4*>(r.p + 2 * e0);
+    const std::uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[2 * i] = f16_bits_to_float(static_cast<std::uint16_t>(u[i] & 0xffffu), bf);
+      f[2 * i + 1] = f16_bits_to_float(static_cast<std::uint16_t>(u[i] >> 16), bf);
+    }
+  } else if constexpr (KK == KeyKind::kQ8) {
+    const uint2 w = *reinterpret_cast<const uint2*>(r.p + e0);
+    const std::uint32_t u[2] = {w.x, w.y};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const auto c = static_cast<std::int8_t>((u[i / 4] >> (8 * (i % 4))) & 0xffu);
+      f[i] = formats::q8_decode(c, r.scale);
+    }
+  } else if constexpr (KK == KeyKind::kMxfp4) {
+    const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(r.p + e0 / 2);
+    const float s = formats::ue8m0_to_float(r.sc[e0 / formats::kMxfp4Group]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const unsigned nib = (w >> (4 * i)) & 0xfu;  // element e0 + i (even elements low nibble)
+      const float mag = formats::e2m1_magnitude(nib);
+      f[i] = fmul_rn((nib & 8u) ? -mag : mag, s);
+    }
+  } else {
+    const uint2 w = *reinterpret_cast<const uint2*>(r.p + e0);
+    const std::uint32_t u[2] = {w.x, w.y};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      f[i] = formats::fp8_e4m3_decode(
+          static_cast<std::uint8_t>((u[i / 4] >> (8 * (i % 4))) & 0xffu), r.scale);
+    }
+  }
+}
+
+/// acc[c] = Σ_e q_c[e] * k[e] (e ascending) for the `cn` heads staged in q_smem [cn, D].
+template <KeyKind KK, int D>
+__device__ __forceinline__ void dot_heads(const KeyRow& r, bool bf, const float* q_smem, int cn,
+                                          float (&acc)[kTokHeads]) {
+#pragma unroll
+  for (int c = 0; c < kTokHeads; ++c) acc[c] = 0.0f;
+  for (int e0 = 0; e0 < D; e0 += 8) {
+    float f[8];
+    load8<KK>(r, e0, bf, f);
+#pragma unroll
+    for (int c = 0; c < kTokHeads; ++c) {
+      if (c < cn) {
+        const float4 a = *reinterpret_cast<const float4*>(q_smem + c * D + e0);
+        const float4 b = *reinterpret_cast<const float4*>(q_smem + c * D + e0 + 4);
+        float x = acc[c];
+        x = fmaf(a.x, f[0], x);
+        x = fmaf(a.y, f[1], x);
+        x = fmaf(a.z, f[2], x);
+        x = fmaf(a.w, f[3], x);
+        x = fmaf(b.x, f[4], x);
+        x = fmaf(b.y, f[5], x);
+        x = fmaf(b.z, f[6], x);
+        x = fmaf(b.w, f[7], x);
+        acc[c] = x;
+      }
+    }
+  }
+}
+
+/// Row `row` of (pool block pb, head h) in the store's old-block K format (16-bit or q8).
+__device__ __forceinline__ KeyRow old_key_row(const StoreView& s, int pb, int h, int row) {
+  const std::size_t r = store::old_row_index(s, pb, h, row);
+  KeyRow k;
+  k.p = s.old_k + r * store::k_row_bytes(s);
+  k.sc = nullptr;
+  k.scale = s.old_format == Format::kQ8 ? s.old_k_scale[r] : 1.0f;
+  return k;
+}
+
+/// Row `row` of (pool block pb, head h) of the index copy.
+__device__ __forceinline__ KeyRow index_key_row(const StoreView& s, int pb, int h, int row) {
+  const std::size_t r = store::old_row_index(s, pb, h, row);
+  KeyRow k;
+  k.p = s.index_k + r * store::index_payload_bytes(s);
+  k.sc = s.index_k_scale + r * store::index_scale_bytes(s);
+  k.scale = s.index_format == Format::kFp8E4m3 ? *reinterpret_cast<const float*>(k.sc) : 1.0f;
+  return k;
+}
+
+/// Per-lane state of the chunk's heads over the tokens a lane has seen.
+struct HeadStates {
+  float max[kTokHeads];                  // nan_max of the logits
+  index_math::LogSumExp lse[kTokHeads];  // of the non-NaN logits
+  unsigned nan_mask;                     // bit c: head c saw a NaN logit
+
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int c = 0; c < kTokHeads; ++c) {
+      max[c] = index_math::neg_inf();
+      lse[c] = index_math::LogSumExp{};
+    }
+    nan_mask = 0u;
+  }
+  __device__ __forceinline__ void add(const float (&acc)[kTokHeads], int cn, float scale) {
+#pragma unroll
+    for (int c = 0; c < kTokHeads; ++c) {
+      if (c < cn) {
+        const float l = scale * acc[c];
+        max[c] = index_math::nan_max(max[c], l);
+        if (is_nan(l)) {
+          nan_mask |= 1u << c;
+        } else {
+          lse[c].add(l);
+        }
+      }
+    }
+  }
+  /// Reduces over the warp (every lane gets the result).
+  __device__ __forceinline__ void warp_reduce() {
+    const unsigned full = 0xffffffffu;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+      for (int c = 0; c < kTokHeads; ++c) {
+        max[c] = index_math::nan_max(max[c], __shfl_xor_sync(full, max[c], o));
+        index_math::LogSumExp other;
+        other.max = __shfl_xor_sync(full, lse[c].max, o);
+        other.sum = __shfl_xor_sync(full, lse[c].sum, o);
+        lse[c].merge(other);
+      }
+      nan_mask |= __shfl_xor_sync(full, nan_mask, o);
+    }
+  }
+};
+
+template <KeyKind KK, int D>
+__global__ void __launch_bounds__(kTokThreads)
+    token_score_kernel(const __grid_constant__ TokenScoreParams p) {
+  __shared__ __align__(16) float q_smem[kTokHeads * D];  // the chunk's queries
+  __shared__ float agg[kTokBlocksPerCta];                // max rule: heads aggregated so far
+  __shared__ float red_max[kTokWarps][kTokHeads], red_sum[kTokWarps][kTokHeads];  // ring CTA
+  const StoreView& s = p.s;
+  const int row = blockIdx.y;
+  const int rows_per_token = p.shared ? 1 : s.num_kv_heads;
+  const int bt = row / rows_per_token;  // b * T + t
+  const int b = bt / p.tokens, t = bt % p.tokens;
+  const int slot = p.slots[b];
+  const int L = s.lengths[slot];
+  const int W = s.recent_window, B = s.block_size;
+  const int old = L > W ? L - W : 0;
+  const int closed = store::owned_count(old / B, s.num_shards, s.shard_index);
+  if (blockIdx.x == 0 && threadIdx.x == 0) p.out.num_valid[row] = closed;
+  const int chunk_ctas = static_cast<int>(gridDim.x) - (p.mass ? 1 : 0);
+  const bool ring_cta = p.mass && static_cast<int>(blockIdx.x) == chunk_ctas;
+  const int j0 = static_cast<int>(blockIdx.x) * kTokBlocksPerCta;
+  if (!ring_cta && j0 >= closed) return;
+  const int h_first = p.shared ? 0 : row % rows_per_token;
+  const int h_count = p.shared ? s.num_kv_heads : 1;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bool kbf = store::is_bf16(s);
+  const std::int32_t* table =
+      s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot;
+  const std::uint16_t* q_row =
+      p.q + (static_cast<std::size_t>(bt) * p.num_q_heads + h_first * p.group) * D;
+  // Ring CTA: the exact tokens the query sees, ring positions old..pos then the open block's rows.
+  const int pos = L - p.tokens + t;
+  const int ring_count = pos >= old ? pos - old + 1 : 0;
+  const int exact_count = ring_count + old % B;
+
+  for (int hh = 0; hh < h_count; ++hh) {
+    const int h = h_first + hh;
+    for (int c0 = 0; c0 < p.group; c0 += kTokHeads) {
+      const int cn = p.group - c0 < kTokHeads ? p.group - c0 : kTokHeads;
+      const int gl0 = hh * p.group + c0;  // row-local index of the chunk's first head
+      __syncthreads();
+      for (int i = threadIdx.x; i < cn * D; i += blockDim.x) {
+        q_smem[i] = f16_bits_to_float(q_row[static_cast<std::size_t>(gl0) * D + i], p.q_bf16);
+      }
+      __syncthreads();
+      HeadStates st;
+      if (ring_cta) {
+        st.reset();
+        for (int u0 = warp * 32; u0 < exact_count; u0 += kTokThreads) {
+          const int u = u0 + lane;
+          if (u < exact_count) {
+            float acc[kTokHeads];
+            if (u < ring_count) {
+              const std::size_t r = store::ring_row_index(s, slot, h, (old + u) % W);
+              const KeyRow k{static_cast<const std::uint8_t*>(s.ring_k) + r * D * 2, nullptr, 1.0f};
+              dot_heads<KeyKind::k16, D>(k, kbf, q_smem, cn, acc);
+            } else {
+              const KeyRow k = old_key_row(s, table[old / B], h, u - ring_count);
+              if (s.old_format == Format::kQ8) {
+                dot_heads<KeyKind::kQ8, D>(k, kbf, q_smem, cn, acc);
+              } else {
+                dot_heads<KeyKind::k16, D>(k, kbf, q_smem, cn, acc);
+              }
+            }
+            st.add(acc, cn, p.scale);
+          }
+        }
+        st.warp_reduce();
+        if (lane == 0) {
+#pragma unroll
+          for (int c = 0; c < kTokHeads; ++c) {
+            red_max[warp][c] = st.lse[c].max;
+            red_sum[warp][c] = st.lse[c].sum;
+          }
+        }
+        __syncthreads();
+        if (static_cast<int>(threadIdx.x) < cn) {
+          index_math::LogSumExp z;
+          for (int w = 0; w < kTokWarps; ++w)
+            z.add_weighted(red_max[w][threadIdx.x], red_sum[w][threadIdx.x]);
+          p.partial[(static_cast<std::size_t>(row) * p.parts) * p.heads + gl0 + threadIdx.x] =
+              z.value();
+        }
+        continue;
+      }
+      for (int jj = warp; jj < kTokBlocksPerCta; jj += kTokWarps) {
+        const int j = j0 + jj;
+        if (j >= closed) break;
+        const int pb = table[store::owned_block_id(s, j)];
+        st.reset();
+        for (int t0 = 0; t0 < B; t0 += 32) {
+          const int i = t0 + lane;
+          if (i < B) {
+            float acc[kTokHeads];
+            KeyRow k;
+            if constexpr (KK == KeyKind::kMxfp4 || KK == KeyKind::kFp8) {
+              k = index_key_row(s, pb, h, i);
+            } else {
+              k = old_key_row(s, pb, h, i);
+            }
+            dot_heads<KK, D>(k, kbf, q_smem, cn, acc);
+            st.add(acc, cn, p.scale);
+          }
+        }
+        st.warp_reduce();
+        if (lane == 0) {
+#pragma unroll
+          for (int c = 0; c < kTokHeads; ++c) {
+            if (c >= cn) break;
+            const int gl = gl0 + c;
+            if (!p.mass) {
+              const float v = st.max[c];
+              agg[jj] = gl == 0           ? v
+                        : p.aggregate_max ? index_math::nan_max(agg[jj], v)
+                                          : agg[jj] + v;
+            } else {
+              p.lse[(static_cast<std::size_t>(row) * p.heads + gl) * s.max_blocks_per_slot + j] =
+                  (st.nan_mask >> c) & 1u ? formats::quiet_nan() : st.lse[c].value();
+            }
+          }
+        }
+      }
+    }
+  }
+  if (ring_cta) return;
+  __syncthreads();  // agg, and this CTA's lse writes, are complete and visible to the CTA
+  if (!p.mass) {
+    for (int jj = threadIdx.x; jj < kTokBlocksPerCta; jj += blockDim.x) {
+      const int j = j0 + jj;
+      if (j < closed) p.out.scores[static_cast<std::size_t>(row) * p.out.max_blocks + j] = agg[jj];
+    }
+    return;
+  }
+  for (int gl = threadIdx.x; gl < p.heads; gl += blockDim.x) {
+    index_math::LogSumExp z;
+    const float* lse =
+        p.lse + (static_cast<std::size_t>(row) * p.heads + gl) * s.max_blocks_per_slot;
+    for (int jj = 0; jj < kTokBlocksPerCta && j0 + jj < closed; ++jj) {
+      const float v = lse[j0 + jj];
+      if (!is_nan(v)) z.add(v);
+    }
+    p.partial[(static_cast<std::size_t>(row) * p.parts + 1 + blockIdx.x) * p.heads + gl] =
+        z.value();
+  }
+}
+
+__global__ void __launch_bounds__(kFinishThreads)
+    token_mass_finish_kernel(const __grid_constant__ TokenScoreParams p) {
+  __shared__ float z_smem[kFinishHeads];
+  const StoreView& s = p.s;
+  const int row = blockIdx.y;
+  const int rows_per_token = p.shared ? 1 : s.num_kv_heads;
+  const int b = row / rows_per_token / p.tokens;
+  const int L = s.lengths[p.slots[b]];
+  const int old = L > s.recent_window ? L - s.recent_window : 0;
+  const int closed = store::owned_count(old / s.block_size, s.num_shards, s.shard_index);
+  if (static_cast<int>(blockIdx.x) * kFinishThreads >= closed) return;
+  const int parts_used = 1 + (closed + kTokBlocksPerCta - 1) / kTokBlocksPerCta;
+  const int j = blockIdx.x * kFinishThreads + threadIdx.x;
+  float acc = 0.0f;
+  index_math::LogSumExp sum;
+  bool nan = false;
+  for (int gc = 0; gc < p.heads; gc += kFinishHeads) {
+    const int cn = p.heads - gc < kFinishHeads ? p.heads - gc : kFinishHeads;
+    __syncthreads();
+    for (int k = threadIdx.x; k < cn; k += blockDim.x) {
+      index_math::LogSumExp z;
+      for (int part = 0; part < parts_used; ++part) {
+        z.add(p.partial[(static_cast<std::size_t>(row) * p.parts + part) * p.heads + gc + k]);
+      }
+      z_smem[k] = z.value();
+    }
+    __syncthreads();
+    if (j < closed) {
+      for (int k = 0; k < cn; ++k) {
+        const int gl = gc + k;
+        const float v = index_math::log_share(
+            p.lse[(static_cast<std::size_t>(row) * p.heads + gl) * s.max_blocks_per_slot + j],
+            z_smem[k]);
+        if (p.aggregate_max) {
+          acc = gl == 0 ? v : index_math::nan_max(acc, v);
+        } else if (is_nan(v)) {
+          nan = true;
+        } else {
+          sum.add(v);
+        }
+      }
+    }
+  }
+  if (j < closed) {
+    p.out.scores[static_cast<std::size_t>(row) * p.out.max_blocks + j] = p.aggregate_max ? acc
+                                                                         : nan
+                                                                             ? formats::quiet_nan()
+                                                                             : sum.value();
+  }
+}
+
+}  // namespace index_detail
+}  // namespace kernels
+}  // namespace kvc
