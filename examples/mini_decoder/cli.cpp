@@ -73,7 +73,9 @@ std::string usage() {
          "  --block-size N        16 | 32 | 64 | 128 (default 32)\n"
          "  --kv-policy P         topk | neighbors | threshold | anchor | anchor_neighbors |\n"
          "                        score_cluster | score_cluster_adaptive | top_p (default topk)\n"
-         "  --kv-scoring S        mean_k (default) | quest: how a block's summary is scored\n"
+         "  --kv-scoring S        mean_k (default) | quest | token_max | token_mass: how a\n"
+         "                        block is scored (token_*: from every old token's key)\n"
+         "  --kv-token-keys K     mxfp4 (default) | fp8 | old_blocks: the keys token_* read\n"
          "  --kv-delta D          score window of threshold / score_cluster* (default 1)\n"
          "  --kv-max-blocks N     cap of threshold / score_cluster* / top_p (default 2 x top)\n"
          "  --kv-p P              softmax mass of top_p (default 0.9)\n"
@@ -152,6 +154,8 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
       o.kv.policy = value();
     } else if (a == "--kv-scoring") {
       o.kv.scoring = value();
+    } else if (a == "--kv-token-keys") {
+      o.kv.token_keys = value();
     } else if (a == "--kv-delta") {
       o.kv.delta = parse_real(a, value());
     } else if (a == "--kv-max-blocks") {

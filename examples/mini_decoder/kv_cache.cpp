@@ -54,7 +54,12 @@ const std::vector<std::string>& KvOptions::policies() {
 }
 
 const std::vector<std::string>& KvOptions::scorings() {
-  static const std::vector<std::string> v = {"mean_k", "quest"};
+  static const std::vector<std::string> v = {"mean_k", "quest", "token_max", "token_mass"};
+  return v;
+}
+
+const std::vector<std::string>& KvOptions::token_key_sources() {
+  static const std::vector<std::string> v = {"mxfp4", "fp8", "old_blocks"};
   return v;
 }
 
@@ -77,6 +82,8 @@ void KvOptions::validate() const {
             "' is not one of: ", join(policies()));
   KVC_CHECK(contains(scorings(), scoring), "--kv-scoring = '", scoring,
             "' is not one of: ", join(scorings()));
+  KVC_CHECK(contains(token_key_sources(), token_keys), "--kv-token-keys = '", token_keys,
+            "' is not one of: ", join(token_key_sources()));
   KVC_CHECK(delta >= 0.0f, "--kv-delta = ", delta, " must be >= 0");
   KVC_CHECK(max_blocks == 0 || (max_blocks >= top_blocks && max_blocks <= 1 << 20),
             "--kv-max-blocks = ", max_blocks,

@@ -86,8 +86,11 @@ struct KvOptions {
   int recent_window = 1024;     ///< --recent-window: exact recent tokens, a multiple of block size
   int block_size = 32;          ///< --block-size: 16, 32, 64 or 128
   std::string policy = "topk";  ///< --kv-policy: one of policies()
-  std::string scoring = "mean_k";  ///< --kv-scoring: block summary score, one of scorings()
-  float delta = 1.0f;              ///< --kv-delta: score window (threshold, score_cluster*), >= 0
+  std::string scoring = "mean_k";  ///< --kv-scoring: block score, one of scorings()
+  /// --kv-token-keys: the keys token_max / token_mass read: the store's mxfp4 or fp8 index copy
+  /// of every old token's K, or the old blocks' own K (old_blocks: exact, the oracle's rule)
+  std::string token_keys = "mxfp4";
+  float delta = 1.0f;       ///< --kv-delta: score window (threshold, score_cluster*), >= 0
   int max_blocks = 0;       ///< --kv-max-blocks: cap (threshold, score_cluster*, top_p); 0 = 2x
   float p = 0.9f;           ///< --kv-p: softmax mass of top_p, in (0, 1]
   int representatives = 0;  ///< --kv-representatives: exact rows per summary (lossy modes)
@@ -103,8 +106,14 @@ struct KvOptions {
   static const std::vector<std::string>& formats();
   /// Selection policies the CLI accepts.
   static const std::vector<std::string>& policies();
-  /// Block scorings the CLI accepts: mean_k (q . mean K) and quest (Quest's min/max K bound).
+  /// Block scorings the CLI accepts: mean_k (q . mean K), quest (Quest's min/max K bound),
+  /// token_max (the block's best token logit) and token_mass (the block's share of the dense
+  /// softmax mass), the last two over --kv-token-keys (kvc/index/block_index.h).
   static const std::vector<std::string>& scorings();
+  /// Key sources of the token scorings: mxfp4, fp8, old_blocks.
+  static const std::vector<std::string>& token_key_sources();
+  /// True for token_max and token_mass.
+  bool token_scoring() const { return scoring == "token_max" || scoring == "token_mass"; }
   /// Throws kvc::Error naming the first bad flag, its value and what is allowed.
   void validate() const;
   /// The format in effect: `format`, or f32 for dense and fp16k_q4v otherwise when empty.

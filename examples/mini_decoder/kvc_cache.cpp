@@ -39,6 +39,10 @@ KvStoreConfig store_config(const KvOptions& o, const KvShape& s) {
   c.old_format = parse_format(o.effective_format());
   c.summaries = uses_summaries(mode_of(o)) ? (kSummaryMeanK | kSummaryMeanV) : kSummaryMeanK;
   if (o.scoring == "quest") c.summaries |= kSummaryMinMaxK;
+  if (o.token_scoring() && o.token_keys != "old_blocks") {
+    c.summaries |= kSummaryIndexKeys;
+    c.index_format = o.token_keys == "fp8" ? Format::kFp8E4m3 : Format::kMxfp4;
+  }
   return c;
 }
 
@@ -48,7 +52,12 @@ BlockIndexConfig index_config(const KvOptions& o, const KvShape& s, int max_quer
   c.num_kv_heads = s.num_kv_heads;
   c.head_dim = s.head_dim;
   c.dtype = DType::kF16;
-  c.score = o.scoring == "quest" ? SummaryScore::kQuestMinMax : SummaryScore::kMeanK;
+  c.score = o.scoring == "quest"        ? SummaryScore::kQuestMinMax
+            : o.scoring == "token_max"  ? SummaryScore::kTokenMax
+            : o.scoring == "token_mass" ? SummaryScore::kTokenMass
+                                        : SummaryScore::kMeanK;
+  c.token_keys = o.token_keys == "old_blocks" ? TokenKeys::kOldBlocks : TokenKeys::kIndexCopy;
+  c.max_blocks_per_slot = store_config(o, s).max_blocks_per_slot();
   c.aggregate = GqaAggregate::kSum;
   c.max_query_tokens = max_query_tokens;
   c.max_batch = 1;
@@ -533,6 +542,7 @@ std::string KvcKvCache::describe() const {
   if (uses_selection(mode_)) {
     os << ", " << to_string(policy_.kind) << " " << options_.top_blocks;
     if (options_.scoring != "mean_k") os << " by " << options_.scoring;
+    if (options_.token_scoring()) os << " over " << options_.token_keys << " keys";
   }
   if (dense_layers_ > 0) os << "; first " << dense_layers_ << " layers dense";
   if (uses_summaries(mode_) && options_.representatives > 0) {

@@ -86,7 +86,7 @@ std::string usage() {
          "                         the model context minus the answer\n"
          "  --tasks T,...          subset of: passkey, multi_needle, distractor, fact_early,\n"
          "                         fact_middle, fact_late, code_config, demo_cat, demo_baker,\n"
-      "                         demo_storm, demo_chapel, demo_height (default all)\n"
+         "                         demo_storm, demo_chapel, demo_height (default all)\n"
          "  --formats F,...        old-block formats of block_select_exact (default "
          "f16,q8,fp16k_q4v)\n"
          "  --top-blocks N,...     budgets of block_select_exact (default 4,8,16)\n"

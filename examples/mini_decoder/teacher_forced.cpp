@@ -80,6 +80,12 @@ double scoring_bytes(const EvalConfig& c, const KvShape& s, int closed) {
   const double d = s.head_dim, b = c.kv.block_size;
   const double ring_k = static_cast<double>(c.kv.recent_window) * s.num_kv_heads * d * 2.0;
   const double mxfp4 = d / 2 + d / formats::kMxfp4Group;
+  if (c.probe == ProbeScore::kNone && c.kv.token_scoring()) {
+    const double key = c.kv.token_keys == "old_blocks" ? d * 2.0  // fp16k_q4v / f16 K
+                       : c.kv.token_keys == "fp8"      ? d + 4.0
+                                                       : mxfp4;
+    return blocks * b * key + (c.kv.scoring == "token_mass" ? ring_k : 0.0);
+  }
   switch (c.probe) {
     case ProbeScore::kNone:
       return blocks * d * 4.0 * (c.kv.scoring == "quest" ? 2.0 : 1.0);  // f32 summaries
@@ -161,8 +167,10 @@ EvalConfig EvalConfig::parse(const std::string& spec) {
       c.kv.block_size = to_int(key, v);
     } else if (key == "policy") {
       c.kv.policy = v;
+    } else if (key == "token_keys") {
+      c.kv.token_keys = v;
     } else if (key == "scoring") {
-      if (v == "mean_k" || v == "quest") {
+      if (v == "mean_k" || v == "quest" || v == "token_max" || v == "token_mass") {
         c.kv.scoring = v;
         c.probe = ProbeScore::kNone;
       } else {
@@ -182,7 +190,7 @@ EvalConfig EvalConfig::parse(const std::string& spec) {
     } else {
       KVC_CHECK(false, "config key '", key,
                 "' is unknown (name, mode, format, top, window, block, policy, scoring, delta, "
-                "max_blocks, p, dense_layers, device)");
+                "max_blocks, p, dense_layers, device, token_keys)");
     }
   }
   KVC_CHECK(!c.name.empty(), "config '", spec, "' has no name=");
@@ -196,7 +204,8 @@ EvalConfig EvalConfig::parse(const std::string& spec) {
 }
 
 std::string EvalConfig::scoring() const {
-  return probe == ProbeScore::kNone ? kv.scoring : std::string(to_string(probe));
+  if (probe != ProbeScore::kNone) return to_string(probe);
+  return kv.token_scoring() ? kv.scoring + "/" + kv.token_keys : kv.scoring;
 }
 
 double EvalResult::read_fraction() const {

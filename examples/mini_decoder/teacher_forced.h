@@ -36,7 +36,8 @@ struct EvalConfig {
   ProbeScore probe = ProbeScore::kNone;  ///< block scores from the probe instead of the index
 
   /// Parses "key=value;key=value...": name (required), mode (default block_select_exact),
-  /// format, top, window, block, policy, scoring (mean_k | quest: kvc's BlockIndex; oracle |
+  /// format, top, window, block, policy, scoring (mean_k | quest | token_max | token_mass:
+  /// kvc's BlockIndex, the token ones over token_keys = mxfp4 | fp8 | old_blocks; oracle |
   /// mxfp4_mass | exact_max | mxfp4_max: the probe's rules), delta, max_blocks, p,
   /// dense_layers, device (where kvc runs beside the CPU model: auto | cpu | cuda). Throws
   /// kvc::Error naming a bad key or value.

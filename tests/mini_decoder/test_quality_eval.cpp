@@ -197,6 +197,37 @@ TEST(MiniDecoder_QualityProbe, KvcRecallFromLseEqualsTheProbes) {
   }
 }
 
+TEST(MiniDecoder_QualityProbe, LibraryTokenMassSelectsTheOraclesBlocks) {
+  // kvc's kTokenMass over the old blocks' own K is the oracle's rule: the same selection as the
+  // probe's exact oracle (float32 in kvc, float64 in the probe; random inputs have no near ties
+  // at this size), and over the mxfp4 index copy the same as the probe's mxfp4 emulation.
+  ThreadPool pool(2);
+  ProbeBed bed;
+  for (const char* keys : {"old_blocks", "mxfp4"}) {
+    SCOPED_TRACE(keys);
+    for (int top : {1, 2, 3}) {
+      KvOptions o = select_options(top, bed.window, bed.block);
+      o.scoring = "token_mass";
+      o.token_keys = keys;
+      auto lib = bed.make(o, ProbeScore::kNone, pool);
+      auto probe = bed.make(
+          select_options(top, bed.window, bed.block),
+          std::string(keys) == "mxfp4" ? ProbeScore::kMxfp4Mass : ProbeScore::kOracleMass, pool);
+      bed.step(*lib, pool);
+      bed.step(*probe, pool);
+      const auto& a = lib->inner().last_step().selected;
+      const auto& b = probe->inner().last_step().selected;
+      ASSERT_EQ(a.size(), b.size());
+      for (std::size_t r = 0; r < a.size(); ++r) {
+        std::vector<std::int32_t> x = a[r], y = b[r];
+        std::sort(x.begin(), x.end());
+        std::sort(y.begin(), y.end());
+        EXPECT_EQ(x, y) << "top " << top << " row " << r;
+      }
+    }
+  }
+}
+
 TEST(MiniDecoder_QualityProbe, RecallOfDenseRingAndDenseLayers) {
   ThreadPool pool(2);
   ProbeBed bed;
