@@ -174,15 +174,15 @@ const TypeTraits kTraits[] = {
     /* 3 */ {"q4_1", 32, 20, true},
     /* 4 */ {nullptr, 0, 0, false},
     /* 5 */ {nullptr, 0, 0, false},
-    /* 6 */ {"q5_0", 32, 22, false},
+    /* 6 */ {"q5_0", 32, 22, true},
     /* 7 */ {"q5_1", 32, 24, false},
     /* 8 */ {"q8_0", 32, 34, true},
     /* 9 */ {"q8_1", 32, 36, false},
     /* 10 */ {"q2_k", 256, 84, false},
     /* 11 */ {"q3_k", 256, 110, false},
-    /* 12 */ {"q4_k", 256, 144, false},
+    /* 12 */ {"q4_k", 256, 144, true},
     /* 13 */ {"q5_k", 256, 176, false},
-    /* 14 */ {"q6_k", 256, 210, false},
+    /* 14 */ {"q6_k", 256, 210, true},
     /* 15 */ {"q8_k", 256, 292, false},
     /* 16..23: i-quants, not known to this reader */
     {nullptr, 0, 0, false},
@@ -204,6 +204,57 @@ const TypeTraits kTraits[] = {
 
 std::uint16_t load_u16(const std::uint8_t* p) {
   return static_cast<std::uint16_t>(p[0] | (p[1] << 8));
+}
+
+std::uint32_t load_u32(const std::uint8_t* p) {
+  return static_cast<std::uint32_t>(p[0]) | (static_cast<std::uint32_t>(p[1]) << 8) |
+         (static_cast<std::uint32_t>(p[2]) << 16) | (static_cast<std::uint32_t>(p[3]) << 24);
+}
+
+// Q5_0 (22 bytes per 32): f16 d, u32 qh (bit j: the fifth bit of element j), 16 bytes of
+// nibbles (low nibble of byte j: element j, high nibble: element j + 16); x = (q - 16) * d.
+void q5_0_codes(const std::uint8_t* p, std::int8_t* q) {
+  const std::uint32_t qh = load_u32(p + 2);
+  for (int j = 0; j < 16; ++j) {
+    const int lo = (p[6 + j] & 0x0f) | static_cast<int>(((qh >> j) & 1u) << 4);
+    const int hi = (p[6 + j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
+    q[j] = static_cast<std::int8_t>(lo - 16);
+    q[j + 16] = static_cast<std::int8_t>(hi - 16);
+  }
+}
+
+// The 6-bit scale and min of sub-block j (0..7) of a Q4_K super-block, packed in 12 bytes:
+// bytes 0..3 hold the low 6 bits of the scales of sub-blocks 0..3 (top 2 bits: the high bits of
+// the scales of 4..7), bytes 4..7 the same for the mins, bytes 8..11 the low nibbles of the
+// scales (low half) and mins (high half) of sub-blocks 4..7.
+void q4_k_scale_min(const std::uint8_t* s, int j, int* scale, int* min) {
+  if (j < 4) {
+    *scale = s[j] & 63;
+    *min = s[j + 4] & 63;
+  } else {
+    *scale = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+    *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// Q4_K (144 bytes per 256): f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of
+// nibbles. Sub-block j (32 elements) has scale d * sc_j and offset -(dmin * m_j); 64-element
+// chunk c holds sub-block 2c in the low nibbles of bytes [32c, 32c + 32) and 2c + 1 in their
+// high nibbles. Writes the 256 codes (0..15) and the 8 scales and offsets.
+void q4_k_unpack(const std::uint8_t* p, std::int8_t* q, float* d, float* m) {
+  const float dd = half_bits_to_float(load_u16(p));
+  const float dmin = half_bits_to_float(load_u16(p + 2));
+  const std::uint8_t* qs = p + 16;
+  for (int j = 0; j < 8; ++j) {
+    int sc = 0, mn = 0;
+    q4_k_scale_min(p + 4, j, &sc, &mn);
+    d[j] = fmul_rn(dd, static_cast<float>(sc));
+    m[j] = -fmul_rn(dmin, static_cast<float>(mn));
+    const std::uint8_t* bytes = qs + (j / 2) * 32;
+    for (int l = 0; l < 32; ++l) {
+      q[j * 32 + l] = static_cast<std::int8_t>((j % 2 == 0) ? (bytes[l] & 0x0f) : (bytes[l] >> 4));
+    }
+  }
 }
 
 }  // namespace
@@ -316,7 +367,7 @@ void dequantize(TensorType type, const void* src, std::uint64_t n, float* dst) {
   const TypeTraits* t = type_traits(static_cast<std::uint32_t>(type));
   KVC_CHECK(t != nullptr, "gguf: unknown tensor type id ", static_cast<std::uint32_t>(type));
   KVC_CHECK(t->dequantizable, "gguf: tensor type ", t->name,
-            " is not supported (supported: f32, f16, bf16, q4_0, q4_1, q8_0)");
+            " is not supported (supported: f32, f16, bf16, q4_0, q4_1, q5_0, q8_0, q4_k, q6_k)");
   KVC_CHECK(n % t->block_size == 0, "gguf: ", n, " elements of ", t->name,
             " is not a multiple of its block size ", t->block_size);
   const auto* p = static_cast<const std::uint8_t*>(src);
@@ -350,6 +401,44 @@ void dequantize(TensorType type, const void* src, std::uint64_t n, float* dst) {
         }
       }
       return;
+    case TensorType::kQ5_0:
+      for (std::uint64_t b = 0; b < blocks; ++b, p += 22, dst += 32) {
+        const float d = half_bits_to_float(load_u16(p));
+        std::int8_t q[32];
+        q5_0_codes(p, q);
+        for (int j = 0; j < 32; ++j) dst[j] = fmul_rn(static_cast<float>(q[j]), d);
+      }
+      return;
+    case TensorType::kQ4_K:  // x = q * (d * sc) - dmin * m, rounded after each operation
+      for (std::uint64_t b = 0; b < blocks; ++b, p += 144, dst += 256) {
+        std::int8_t q[256];
+        float d[8], m[8];
+        q4_k_unpack(p, q, d, m);
+        for (int e = 0; e < 256; ++e) {
+          dst[e] = fadd_rn(fmul_rn(d[e / 32], static_cast<float>(q[e])), m[e / 32]);
+        }
+      }
+      return;
+    case TensorType::kQ6_K:
+      // 210 bytes per 256: 128 bytes ql (low 4 bits), 64 bytes qh (high 2 bits), 16 int8 scales,
+      // f16 d. In each half h of 128 elements, element 128h + 32s + l (s = 0..3, l = 0..31) has
+      // its low bits in ql[64h + l + 32 (s & 1)] (low nibble for s < 2, high nibble otherwise)
+      // and its high bits at bit 2s of qh[32h + l]; x = (d * scale[e / 16]) * (q - 32).
+      for (std::uint64_t b = 0; b < blocks; ++b, p += 210, dst += 256) {
+        const std::uint8_t* ql = p;
+        const std::uint8_t* qh = p + 128;
+        const auto* sc = reinterpret_cast<const std::int8_t*>(p + 192);
+        const float d = half_bits_to_float(load_u16(p + 208));
+        for (int e = 0; e < 256; ++e) {
+          const int h = e / 128, s = (e % 128) / 32, l = e % 32;
+          const std::uint8_t lo_byte = ql[64 * h + l + 32 * (s & 1)];
+          const int lo = s < 2 ? (lo_byte & 0x0f) : (lo_byte >> 4);
+          const int hi = (qh[32 * h + l] >> (2 * s)) & 3;
+          const float scale = fmul_rn(d, static_cast<float>(sc[e / 16]));
+          dst[e] = fmul_rn(scale, static_cast<float>((lo | (hi << 4)) - 32));
+        }
+      }
+      return;
     case TensorType::kQ8_0:  // f16 scale d, 32 int8: x = q * d
       for (std::uint64_t b = 0; b < blocks; ++b, p += 34, dst += 32) {
         const float d = half_bits_to_float(load_u16(p));
@@ -365,7 +454,8 @@ void dequantize(TensorType type, const void* src, std::uint64_t n, float* dst) {
 }
 
 bool has_int8_blocks(TensorType type) {
-  return type == TensorType::kQ4_0 || type == TensorType::kQ4_1 || type == TensorType::kQ8_0;
+  return type == TensorType::kQ4_0 || type == TensorType::kQ4_1 || type == TensorType::kQ8_0 ||
+         type == TensorType::kQ5_0 || type == TensorType::kQ4_K;
 }
 
 bool unpack_int8_blocks(TensorType type, const void* src, std::uint64_t n, std::int8_t* q, float* d,
@@ -373,6 +463,21 @@ bool unpack_int8_blocks(TensorType type, const void* src, std::uint64_t n, std::
   if (!has_int8_blocks(type)) return false;
   KVC_CHECK(n % 32 == 0, "gguf: ", n, " elements is not a multiple of the block size 32");
   const auto* p = static_cast<const std::uint8_t*>(src);
+  if (type == TensorType::kQ4_K) {
+    KVC_CHECK(n % 256 == 0, "gguf: ", n, " elements of q4_k is not a multiple of 256");
+    for (std::uint64_t b = 0; b < n / 256; ++b, p += 144, q += 256, d += 8, m += 8) {
+      q4_k_unpack(p, q, d, m);
+    }
+    return true;
+  }
+  if (type == TensorType::kQ5_0) {
+    for (std::uint64_t b = 0; b < n / 32; ++b, p += 22, q += 32) {
+      d[b] = half_bits_to_float(load_u16(p));
+      m[b] = 0.0f;
+      q5_0_codes(p, q);
+    }
+    return true;
+  }
   for (std::uint64_t b = 0; b < n / 32; ++b, q += 32) {
     d[b] = half_bits_to_float(load_u16(p));
     m[b] = 0.0f;

@@ -1,6 +1,7 @@
 /*! \file examples/mini_decoder/gguf.h
  *  \brief A GGUF (v2/v3) reader: header, metadata of every value type, tensor infos, alignment,
- *  and dequantisation of F32/F16/BF16/Q4_0/Q4_1/Q8_0 tensors to float.
+ *  and dequantisation of F32/F16/BF16/Q4_0/Q4_1/Q5_0/Q8_0 and the k-quants Q4_K/Q6_K to float
+ *  (ggml's block layouts, documented at each dequantiser in gguf.cpp).
  *
  *  The file is memory-mapped read-only. Every length, count, offset and size read from the file
  *  is checked against what is left of the file before it is used (overflow-safe), so a truncated
@@ -118,10 +119,13 @@ std::uint64_t row_bytes(TensorType type, std::uint64_t n);
 /// @param[out] dst n floats
 void dequantize(TensorType type, const void* src, std::uint64_t n, float* dst);
 
-/// Writes `n` elements (a multiple of 32) of a Q4_0, Q4_1 or Q8_0 tensor exactly as int8 codes
-/// with one scale and one offset per 32 elements: element i = q[i] * d[i/32] + m[i/32] (Q4_0:
-/// q = nibble - 8, m = 0; Q4_1: q = nibble; Q8_0: m = 0). Returns false, writing nothing, for
-/// the other types.
+/// Writes `n` elements (a multiple of 32; of 256 for Q4_K) of a Q4_0, Q4_1, Q5_0, Q8_0 or Q4_K
+/// tensor exactly as int8 codes with one scale and one offset per 32 elements: element i =
+/// q[i] * d[i/32] + m[i/32] (Q4_0: q = nibble - 8, m = 0; Q4_1: q = nibble; Q5_0: q = 5-bit
+/// code - 16, m = 0; Q8_0: m = 0; Q4_K: q = nibble, d = super-block d * 6-bit scale, m =
+/// -(dmin * 6-bit min), each product rounded to float). dequantize() rounds q * d and the sum
+/// separately where this form has one FMA (Q4_1, Q4_K): at most one rounding apart. Returns
+/// false, writing nothing, for the other types (Q6_K's scales cover 16 elements).
 /// @param[in] type element type of `src`
 /// @param[in] src  row_bytes(type, n) bytes
 /// @param[in] n    element count
@@ -131,7 +135,7 @@ void dequantize(TensorType type, const void* src, std::uint64_t n, float* dst);
 bool unpack_int8_blocks(TensorType type, const void* src, std::uint64_t n, std::int8_t* q, float* d,
                         float* m);
 
-/// True for the types unpack_int8_blocks handles (Q4_0, Q4_1, Q8_0).
+/// True for the types unpack_int8_blocks handles (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K).
 bool has_int8_blocks(TensorType type);
 
 /// Where one tensor lives and what it holds.

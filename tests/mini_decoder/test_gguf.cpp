@@ -13,10 +13,14 @@
 #include "gguf_writer.h"
 #include "kvc/core/error.h"
 #include "kvc/core/numeric.h"
+#include "test_models.h"
 
 namespace kvc {
 namespace {
 
+using mini_decoder::test_models::pack_q4_k;
+using mini_decoder::test_models::pack_q5_0;
+using mini_decoder::test_models::pack_q6_k;
 using testing::Bytes;
 using testing::GgufWriter;
 using testing::TempFile;
@@ -248,6 +252,103 @@ TEST(MiniDecoder_Gguf, QuantisedRandomRows) {
   }
 }
 
+// Q5_0, Q4_K and Q6_K blocks packed by the test from random codes, scales and mins (both signs
+// of d; 6-bit scales and mins above 15 for sub-blocks 4..7, whose high bits are packed apart),
+// several super-blocks per row and odd row counts, against the formula on the unpacked values.
+TEST(MiniDecoder_Gguf, KQuantAndQ5_0BlocksFromCodes) {
+  std::mt19937 rng(std::random_device{}());
+  auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  std::uniform_real_distribution<float> scale(-2.0f, 2.0f);
+  const int rows = 3, cols = 512;
+  for (const std::uint32_t type : {6u, 12u, 14u}) {
+    const int block = type == 6 ? 32 : 256;
+    std::vector<std::uint8_t> raw;
+    std::vector<float> want;
+    for (int b = 0; b < rows * cols / block; ++b) {
+      const std::uint16_t d = float_to_half_bits(scale(rng));
+      const std::uint16_t dmin = float_to_half_bits(scale(rng));
+      const float df = half_bits_to_float(d), mf = half_bits_to_float(dmin);
+      int q[256], sc[16], mn[8];
+      if (type == 6) {
+        for (int j = 0; j < 32; ++j) q[j] = uni(0, 31);
+        if (b == 0) q[0] = 0, q[1] = 31, q[2] = 16;  // the extreme codes
+        pack_q5_0(raw, d, q);
+        for (int j = 0; j < 32; ++j) want.push_back(fmul_rn(static_cast<float>(q[j] - 16), df));
+      } else if (type == 12) {
+        for (int j = 0; j < 8; ++j) sc[j] = uni(0, 63), mn[j] = uni(0, 63);
+        if (b == 0) sc[4] = 63, mn[7] = 63, sc[5] = 16, mn[4] = 48;
+        for (int e = 0; e < 256; ++e) q[e] = uni(0, 15);
+        pack_q4_k(raw, d, dmin, sc, mn, q);
+        for (int e = 0; e < 256; ++e) {
+          const float step = fmul_rn(df, static_cast<float>(sc[e / 32]));
+          const float off = fmul_rn(mf, static_cast<float>(mn[e / 32]));
+          want.push_back(fadd_rn(fmul_rn(step, static_cast<float>(q[e])), -off));
+        }
+      } else {
+        for (int j = 0; j < 16; ++j) sc[j] = uni(-128, 127);
+        if (b == 0) sc[0] = -128, sc[15] = 127;
+        for (int e = 0; e < 256; ++e) q[e] = uni(0, 63);
+        pack_q6_k(raw, d, sc, q);
+        for (int e = 0; e < 256; ++e) {
+          const float step = fmul_rn(df, static_cast<float>(sc[e / 16]));
+          want.push_back(fmul_rn(step, static_cast<float>(q[e] - 32)));
+        }
+      }
+    }
+    GgufWriter w;
+    w.tensor("w", {static_cast<std::uint64_t>(cols), static_cast<std::uint64_t>(rows)}, type, raw);
+    TempFile f(w.build());
+    const gguf::File g(f.path());
+    const gguf::TensorInfo& t = g.tensor("w");
+    const gguf::TypeTraits* tr = gguf::type_traits(type);
+    ASSERT_NE(tr, nullptr);
+    EXPECT_TRUE(tr->dequantizable) << tr->name;
+    EXPECT_EQ(t.num_bytes, raw.size());
+    EXPECT_EQ(t.num_bytes, static_cast<std::uint64_t>(rows) * cols / block * tr->type_size);
+    std::vector<float> row(cols, std::nanf(""));
+    for (int r = rows - 1; r >= 0; --r) {
+      g.dequantize_row(t, static_cast<std::uint64_t>(r), row.data());
+      for (int i = 0; i < cols; ++i) {
+        ASSERT_EQ(row[i], want[static_cast<std::size_t>(r) * cols + i])
+            << tr->name << " row " << r << " col " << i;
+      }
+    }
+  }
+}
+
+// Hand-checked values: Q4_K element 256 + 32 * 5 + 1 of a block with d = 0.5, dmin = 0.25,
+// sc[5] = 37, mn[5] = 50 (both above 15), code 9: 9 * 18.5 - 12.5 = 154; Q6_K with d = 0.25,
+// sc[3] = -3, code 40: (0.25 * -3) * 8 = -6; Q5_0 with d = 2, code 3: -26.
+TEST(MiniDecoder_Gguf, KQuantBlocksKnownValues) {
+  int sc[16] = {}, mn[8] = {}, q[256] = {};
+  std::vector<std::uint8_t> q4k;
+  pack_q4_k(q4k, 0, 0, sc, mn, q);  // block 0: all zero
+  sc[5] = 37, mn[5] = 50, q[32 * 5 + 1] = 9;
+  pack_q4_k(q4k, float_to_half_bits(0.5f), float_to_half_bits(0.25f), sc, mn, q);
+  std::vector<float> out(512, std::nanf(""));
+  gguf::dequantize(gguf::TensorType::kQ4_K, q4k.data(), 512, out.data());
+  EXPECT_EQ(out[256 + 32 * 5 + 1], 154.0f);
+  EXPECT_EQ(out[256 + 32 * 5], -12.5f);  // code 0: the offset alone
+  EXPECT_EQ(out[256], 0.0f);             // sub-block 0: scale and min 0
+  EXPECT_EQ(out[100], 0.0f);
+  int sc6[16] = {}, q6[256];
+  for (int& c : q6) c = 32;
+  sc6[3] = -3, q6[3 * 16 + 7] = 40, q6[200] = 0;
+  sc6[200 / 16] = 2;
+  std::vector<std::uint8_t> b6;
+  pack_q6_k(b6, float_to_half_bits(0.25f), sc6, q6);
+  gguf::dequantize(gguf::TensorType::kQ6_K, b6.data(), 256, out.data());
+  EXPECT_EQ(out[3 * 16 + 7], -6.0f);
+  EXPECT_EQ(out[200], -16.0f);  // (0.25 * 2) * (0 - 32)
+  EXPECT_EQ(out[0], 0.0f);
+  int q5[32];
+  for (int j = 0; j < 32; ++j) q5[j] = j;
+  std::vector<std::uint8_t> b5;
+  pack_q5_0(b5, float_to_half_bits(2.0f), q5);
+  gguf::dequantize(gguf::TensorType::kQ5_0, b5.data(), 32, out.data());
+  for (int j = 0; j < 32; ++j) EXPECT_EQ(out[j], 2.0f * (j - 16)) << j;
+}
+
 // The exact int8 form of the block types gives the dequantised values back.
 TEST(MiniDecoder_Gguf, Int8BlocksReproduceDequantisedValues) {
   std::mt19937 rng(std::random_device{}());
@@ -256,11 +357,15 @@ TEST(MiniDecoder_Gguf, Int8BlocksReproduceDequantisedValues) {
   for (const auto& [type, block_bytes] :
        {std::pair<gguf::TensorType, int>{gguf::TensorType::kQ4_0, 18},
         {gguf::TensorType::kQ4_1, 20},
+        {gguf::TensorType::kQ5_0, 22},
+        {gguf::TensorType::kQ4_K, 144},
         {gguf::TensorType::kQ8_0, 34}}) {
-    const int n = 96;
+    const int n = 512;
+    const int block = type == gguf::TensorType::kQ4_K ? 256 : 32;
+    const bool two_halves = type == gguf::TensorType::kQ4_1 || type == gguf::TensorType::kQ4_K;
     std::vector<std::uint8_t> raw;
-    for (int b = 0; b < n / 32; ++b) {
-      for (int h = 0; h < (type == gguf::TensorType::kQ4_1 ? 2 : 1); ++h) {
+    for (int b = 0; b < n / block; ++b) {
+      for (int h = 0; h < (two_halves ? 2 : 1); ++h) {
         const std::uint16_t v = float_to_half_bits(scale(rng));
         raw.push_back(v & 0xff);
         raw.push_back(v >> 8);
@@ -280,6 +385,7 @@ TEST(MiniDecoder_Gguf, Int8BlocksReproduceDequantisedValues) {
     }
   }
   EXPECT_FALSE(gguf::has_int8_blocks(gguf::TensorType::kF16));
+  EXPECT_FALSE(gguf::has_int8_blocks(gguf::TensorType::kQ6_K));  // scales per 16 elements
   float f = 0;
   std::int8_t q8 = 0;
   EXPECT_FALSE(gguf::unpack_int8_blocks(gguf::TensorType::kF32, &f, 1, &q8, &f, &f));
@@ -287,15 +393,15 @@ TEST(MiniDecoder_Gguf, Int8BlocksReproduceDequantisedValues) {
 
 TEST(MiniDecoder_Gguf, UnsupportedTypeParsesButDoesNotDequantise) {
   GgufWriter w;
-  w.tensor("k", {256}, 14, std::vector<std::uint8_t>(210, 0));  // one Q6_K block
+  w.tensor("k", {256}, 13, std::vector<std::uint8_t>(176, 0));  // one Q5_K block
   TempFile f(w.build());
   const gguf::File g(f.path());
-  EXPECT_EQ(g.tensor("k").num_bytes, 210u);
+  EXPECT_EQ(g.tensor("k").num_bytes, 176u);
   try {
     g.dequantize_tensor(g.tensor("k"));
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("q6_k is not supported"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("q5_k is not supported"), std::string::npos) << e.what();
   }
 }
 

@@ -94,6 +94,138 @@ inline std::vector<std::uint8_t> q4_0_bytes(const std::vector<float>& v) {
   return out;
 }
 
+// ---- block packers from explicit codes (ggml's layouts, written out independently of gguf.cpp)
+
+inline void put_u16(std::vector<std::uint8_t>& out, std::uint16_t v) {
+  out.push_back(static_cast<std::uint8_t>(v & 0xff));
+  out.push_back(static_cast<std::uint8_t>(v >> 8));
+}
+
+/// One Q5_0 block: f16 d, u32 of fifth bits, 16 bytes of nibbles; codes q in [0, 32) stand for
+/// (q - 16) * d.
+inline void pack_q5_0(std::vector<std::uint8_t>& out, std::uint16_t d, const int* q) {
+  put_u16(out, d);
+  std::uint32_t qh = 0;
+  for (int j = 0; j < 32; ++j) qh |= static_cast<std::uint32_t>((q[j] >> 4) & 1) << j;
+  for (int b = 0; b < 4; ++b) out.push_back(static_cast<std::uint8_t>(qh >> (8 * b)));
+  for (int j = 0; j < 16; ++j)
+    out.push_back(static_cast<std::uint8_t>((q[j] & 15) | ((q[j + 16] & 15) << 4)));
+}
+
+/// One Q4_K super-block of 256: f16 d, f16 dmin, 8 six-bit scales and mins packed in 12 bytes,
+/// codes q in [0, 16) of sub-block j = e / 32 stand for q * (d * sc[j]) - dmin * mn[j].
+inline void pack_q4_k(std::vector<std::uint8_t>& out, std::uint16_t d, std::uint16_t dmin,
+                      const int* sc, const int* mn, const int* q) {
+  put_u16(out, d);
+  put_u16(out, dmin);
+  std::uint8_t s[12];
+  for (int j = 0; j < 4; ++j) {
+    s[j] = static_cast<std::uint8_t>((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+    s[j + 4] = static_cast<std::uint8_t>((mn[j] & 63) | ((mn[j + 4] >> 4) << 6));
+    s[j + 8] = static_cast<std::uint8_t>((sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4));
+  }
+  out.insert(out.end(), s, s + 12);
+  for (int c = 0; c < 4; ++c) {
+    for (int l = 0; l < 32; ++l) {
+      out.push_back(static_cast<std::uint8_t>(q[64 * c + l] | (q[64 * c + 32 + l] << 4)));
+    }
+  }
+}
+
+/// One Q6_K super-block of 256: 128 bytes of low nibbles, 64 bytes of high bit pairs, 16 int8
+/// scales, f16 d; codes q in [0, 64) of element e stand for (d * sc[e / 16]) * (q - 32).
+inline void pack_q6_k(std::vector<std::uint8_t>& out, std::uint16_t d, const int* sc,
+                      const int* q) {
+  std::uint8_t ql[128] = {}, qh[64] = {};
+  for (int e = 0; e < 256; ++e) {
+    const int h = e / 128, s = (e % 128) / 32, l = e % 32;
+    std::uint8_t& lo = ql[64 * h + l + 32 * (s & 1)];
+    lo = static_cast<std::uint8_t>(lo | ((q[e] & 15) << (s < 2 ? 0 : 4)));
+    qh[32 * h + l] = static_cast<std::uint8_t>(qh[32 * h + l] | ((q[e] >> 4) << (2 * s)));
+  }
+  out.insert(out.end(), ql, ql + 128);
+  out.insert(out.end(), qh, qh + 64);
+  for (int j = 0; j < 16; ++j)
+    out.push_back(static_cast<std::uint8_t>(static_cast<std::int8_t>(sc[j])));
+  put_u16(out, d);
+}
+
+inline int clamp_round(float x, int lo, int hi) {
+  return std::max(lo, std::min(hi, static_cast<int>(std::lround(x))));
+}
+
+/// `v` (a multiple of 32 values) quantised to Q5_0.
+inline std::vector<std::uint8_t> q5_0_bytes(const std::vector<float>& v) {
+  std::vector<std::uint8_t> out;
+  for (std::size_t b = 0; b < v.size(); b += 32) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[b + j]));
+    const std::uint16_t d = float_to_half_bits(amax / 15.0f);
+    const float df = half_bits_to_float(d);
+    int q[32];
+    for (int j = 0; j < 32; ++j) q[j] = df > 0 ? clamp_round(v[b + j] / df, -16, 15) + 16 : 16;
+    pack_q5_0(out, d, q);
+  }
+  return out;
+}
+
+/// `v` (a multiple of 256 values) quantised to Q4_K: per 32 a scale and a min, as 6-bit
+/// multiples of the super-block's d and dmin.
+inline std::vector<std::uint8_t> q4_k_bytes(const std::vector<float>& v) {
+  std::vector<std::uint8_t> out;
+  for (std::size_t b = 0; b < v.size(); b += 256) {
+    float range[8], low[8], max_range = 0, max_low = 0;
+    for (int j = 0; j < 8; ++j) {
+      float lo = 0, hi = 0;  // the min is <= 0 (stored as a positive offset)
+      for (int l = 0; l < 32; ++l)
+        lo = std::min(lo, v[b + 32 * j + l]), hi = std::max(hi, v[b + 32 * j + l]);
+      range[j] = (hi - lo) / 15.0f;
+      low[j] = -lo;
+      max_range = std::max(max_range, range[j]);
+      max_low = std::max(max_low, low[j]);
+    }
+    const std::uint16_t d = float_to_half_bits(max_range / 63.0f);
+    const std::uint16_t dmin = float_to_half_bits(max_low / 63.0f);
+    const float df = half_bits_to_float(d), mf = half_bits_to_float(dmin);
+    int sc[8], mn[8], q[256];
+    for (int j = 0; j < 8; ++j) {
+      sc[j] = df > 0 ? clamp_round(range[j] / df, 1, 63) : 0;
+      mn[j] = mf > 0 ? clamp_round(low[j] / mf, 0, 63) : 0;
+      const float step = df * static_cast<float>(sc[j]), off = mf * static_cast<float>(mn[j]);
+      for (int l = 0; l < 32; ++l) {
+        q[32 * j + l] = step > 0 ? clamp_round((v[b + 32 * j + l] + off) / step, 0, 15) : 0;
+      }
+    }
+    pack_q4_k(out, d, dmin, sc, mn, q);
+  }
+  return out;
+}
+
+/// `v` (a multiple of 256 values) quantised to Q6_K: per 16 an int8 scale of the super-block's d.
+inline std::vector<std::uint8_t> q6_k_bytes(const std::vector<float>& v) {
+  std::vector<std::uint8_t> out;
+  for (std::size_t b = 0; b < v.size(); b += 256) {
+    float amax[16], top = 0;
+    for (int j = 0; j < 16; ++j) {
+      amax[j] = 0;
+      for (int l = 0; l < 16; ++l) amax[j] = std::max(amax[j], std::fabs(v[b + 16 * j + l]));
+      top = std::max(top, amax[j]);
+    }
+    const std::uint16_t d = float_to_half_bits(top / 31.0f / 127.0f);
+    const float df = half_bits_to_float(d);
+    int sc[16], q[256];
+    for (int j = 0; j < 16; ++j) {
+      sc[j] = df > 0 ? clamp_round(amax[j] / 31.0f / df, -128, 127) : 0;
+      const float step = df * static_cast<float>(sc[j]);
+      for (int l = 0; l < 16; ++l) {
+        q[16 * j + l] = step > 0 ? clamp_round(v[b + 16 * j + l] / step, -32, 31) + 32 : 32;
+      }
+    }
+    pack_q6_k(out, d, sc, q);
+  }
+  return out;
+}
+
 inline std::vector<std::uint8_t> tiny_model(const Tiny& t) {
   testing::GgufWriter w;
   w.kv_string("general.architecture", "llama");
