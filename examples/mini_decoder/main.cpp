@@ -170,9 +170,13 @@ int run(const kvc::mini_decoder::CliOptions& o) {
       std::vector<ChatMessage> messages;
       if (!o.system.empty()) messages.push_back({"system", o.system});
       messages.push_back({"user", o.prompt});
-      text = chatml_prompt(messages, /*add_generation_prompt=*/true);
+      text = tok.chat_prompt(messages, /*add_generation_prompt=*/true);  // ChatML or Gemma's
     }
-    return tok.encode(text, /*parse_special=*/o.chat);
+    std::vector<int> ids = tok.encode(text, /*parse_special=*/o.chat);
+    // A plain prompt starts with BOS where the vocabulary says so (Gemma; the chat templates
+    // write their own).
+    if (!o.chat && tok.add_bos()) ids.insert(ids.begin(), tok.bos_id());
+    return ids;
   };
 
   if (!o.dump_tokens.empty()) {  // tokenizer only: no weights are loaded

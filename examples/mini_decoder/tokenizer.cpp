@@ -1,8 +1,13 @@
-// Byte-level BPE tokenizer and the SmolLM pre-tokenizer (hand-written, no regex library).
+// Byte-level BPE tokenizer and the SmolLM pre-tokenizer (hand-written, no regex library);
+// SentencePiece BPE (priority queue over a linked list of symbols).
 #include "tokenizer.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
 #include <limits>
+#include <queue>
 #include <utility>
 
 #include "gguf.h"
@@ -220,12 +225,71 @@ std::string chatml_prompt(const std::vector<ChatMessage>& messages, bool add_gen
   return out;
 }
 
+namespace {
+
+std::string trimmed(const std::string& s) {
+  const char* ws = " \t\n\r\f\v";
+  const std::size_t a = s.find_first_not_of(ws);
+  if (a == std::string::npos) return "";
+  return s.substr(a, s.find_last_not_of(ws) - a + 1);
+}
+
+}  // namespace
+
+std::string gemma_prompt(const std::vector<ChatMessage>& messages, bool add_generation_prompt) {
+  std::string out = "<bos>";
+  std::size_t first = 0;
+  std::string prefix;
+  if (!messages.empty() && messages.front().role == "system") {
+    prefix = trimmed(messages.front().content) + "\n\n";
+    first = 1;
+  }
+  for (std::size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    const std::string role = m.role == "assistant" ? "model" : m.role;
+    out += "<start_of_turn>" + role + "\n" + (i == first ? prefix : std::string()) +
+           trimmed(m.content) + "<end_of_turn>\n";
+  }
+  if (add_generation_prompt) out += "<start_of_turn>model\n";
+  return out;
+}
+
+std::string Tokenizer::chat_prompt(const std::vector<ChatMessage>& messages,
+                                   bool add_generation_prompt) const {
+  if (find("<start_of_turn>") >= 0) return gemma_prompt(messages, add_generation_prompt);
+  return chatml_prompt(messages, add_generation_prompt);
+}
+
+namespace {
+
+// U+2581 LOWER ONE EIGHTH BLOCK, SentencePiece's space.
+constexpr const char* kSpaceMark = "\xE2\x96\x81";
+
+std::string byte_token_text(unsigned b) {
+  char buf[8];
+  std::snprintf(buf, sizeof(buf), "<0x%02X>", b & 0xffu);
+  return buf;
+}
+
+}  // namespace
+
 Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
   const std::size_t n = vocab_.tokens.size();
   KVC_CHECK(n > 0 && n <= static_cast<std::size_t>(std::numeric_limits<int>::max()),
             "tokenizer: vocabulary size = ", n, " must be in [1, INT_MAX]");
   KVC_CHECK(vocab_.types.empty() || vocab_.types.size() == n, "tokenizer: ", vocab_.types.size(),
             " token types for ", n, " tokens");
+  const bool spm = vocab_.model == TokenizerModel::kSentencePieceBpe;
+  if (spm) {
+    KVC_CHECK(vocab_.scores.size() == n, "tokenizer: ", vocab_.scores.size(), " scores for ", n,
+              " tokens (SentencePiece merges by score)");
+    for (std::size_t id = 0; id < n; ++id) {
+      KVC_CHECK(std::isfinite(vocab_.scores[id]), "tokenizer: score of token ", id, " = ",
+                vocab_.scores[id], " is not finite");
+    }
+    KVC_CHECK(vocab_.merges.empty(), "tokenizer: a SentencePiece vocabulary has no merges (",
+              vocab_.merges.size(), " given)");
+  }
   if (vocab_.types.empty()) vocab_.types.assign(n, TokenType::kNormal);
   for (int id : {vocab_.bos_id, vocab_.eos_id, vocab_.unk_id}) {
     KVC_CHECK(id >= -1 && id < static_cast<int>(n), "tokenizer: special id = ", id,
@@ -238,11 +302,28 @@ Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
     // Later duplicates lose (as in llama.cpp); they are never produced by encode.
     token_ids_.emplace(t, static_cast<int>(id));
     const TokenType ty = vocab_.types[id];
-    if (ty == TokenType::kControl || ty == TokenType::kUserDefined) specials_.push_back(t);
+    if (ty == TokenType::kControl || ty == TokenType::kUserDefined) {
+      special_ids_.emplace(t, static_cast<int>(id));
+    }
   }
-  // Longest first, so that a special that is a prefix of another never wins.
-  std::stable_sort(specials_.begin(), specials_.end(),
-                   [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+  // Per first byte the distinct lengths of the specials, longest first, so that a special that
+  // is a prefix of another never wins.
+  special_lengths_.assign(256, {});
+  for (const auto& [text, id] : special_ids_) {
+    std::vector<std::size_t>& lengths = special_lengths_[static_cast<unsigned char>(text[0])];
+    if (std::find(lengths.begin(), lengths.end(), text.size()) == lengths.end()) {
+      lengths.push_back(text.size());
+    }
+  }
+  for (std::vector<std::size_t>& lengths : special_lengths_) {
+    std::sort(lengths.begin(), lengths.end(), std::greater<std::size_t>());
+  }
+  byte_ids_.assign(256, -1);
+  for (unsigned b = 0; spm && b < 256; ++b) {
+    const int id = find(byte_token_text(b));
+    if (id >= 0 && vocab_.types[static_cast<std::size_t>(id)] == TokenType::kByte)
+      byte_ids_[b] = id;
+  }
   merge_ranks_.reserve(vocab_.merges.size() * 2);
   for (std::size_t r = 0; r < vocab_.merges.size(); ++r) {
     const std::string& m = vocab_.merges[r];
@@ -257,9 +338,11 @@ Tokenizer::Tokenizer(Vocabulary vocab) : vocab_(std::move(vocab)) {
 
 Tokenizer Tokenizer::from_gguf(const gguf::File& file) {
   const std::string model = file.get_string("tokenizer.ggml.model", "");
-  KVC_CHECK(model == "gpt2", "tokenizer: tokenizer.ggml.model = '", gguf::printable(model),
-            "' is not supported (only byte-level BPE, \"gpt2\")");
+  KVC_CHECK(model == "gpt2" || model == "llama", "tokenizer: tokenizer.ggml.model = '",
+            gguf::printable(model),
+            "' is not supported (byte-level BPE \"gpt2\" or SentencePiece BPE \"llama\")");
   Vocabulary v;
+  v.model = model == "gpt2" ? TokenizerModel::kGpt2Bpe : TokenizerModel::kSentencePieceBpe;
   const gguf::Value& tokens = file.get("tokenizer.ggml.tokens");
   KVC_CHECK(tokens.type == gguf::ValueType::kArray && tokens.array_type == gguf::ValueType::kString,
             "tokenizer: tokenizer.ggml.tokens must be an array of strings");
@@ -296,6 +379,35 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& file) {
   v.bos_id = special_id("tokenizer.ggml.bos_token_id");
   v.eos_id = special_id("tokenizer.ggml.eos_token_id");
   v.unk_id = special_id("tokenizer.ggml.unknown_token_id");
+  const bool spm = v.model == TokenizerModel::kSentencePieceBpe;
+  if (const gguf::Value* add = file.find("tokenizer.ggml.add_bos_token")) {
+    KVC_CHECK(add->type == gguf::ValueType::kBool, "tokenizer: tokenizer.ggml.add_bos_token has ",
+              "type ", gguf::to_string(add->type), ", expected bool");
+    v.add_bos = add->u != 0;
+  } else {
+    v.add_bos = spm;  // llama.cpp's default for each model
+  }
+  if (!spm) return Tokenizer(std::move(v));
+  const gguf::Value& scores = file.get("tokenizer.ggml.scores");
+  KVC_CHECK(scores.type == gguf::ValueType::kArray && scores.array.size() == v.tokens.size() &&
+                (scores.array_type == gguf::ValueType::kF32 ||
+                 scores.array_type == gguf::ValueType::kF64),
+            "tokenizer: tokenizer.ggml.scores must be an array of ", v.tokens.size(), " floats");
+  for (const gguf::Value& x : scores.array) v.scores.push_back(static_cast<float>(x.f));
+  const std::string arch = file.get_string("general.architecture", "");
+  if (arch == "gemma" || arch == "gemma2" || arch == "gemma3") {
+    // transformers' Gemma rules (see from_gguf's documentation).
+    if (v.types.empty()) v.types.assign(v.tokens.size(), TokenType::kNormal);
+    for (std::size_t id = 0; id < v.tokens.size(); ++id) {
+      std::string& t = v.tokens[id];
+      v.scores[id] = -static_cast<float>(id);
+      if (t.find_first_not_of(' ') != std::string::npos) continue;
+      std::string mark;
+      for (std::size_t k = 0; k < t.size(); ++k) mark += kSpaceMark;
+      t = mark;
+      v.types[id] = TokenType::kNormal;
+    }
+  }
   return Tokenizer(std::move(v));
 }
 
@@ -346,42 +458,141 @@ void Tokenizer::encode_piece(const std::string& piece, std::vector<int>& out) co
   }
 }
 
+void Tokenizer::encode_span(const std::string& span, std::vector<int>& out) const {
+  if (vocab_.model == TokenizerModel::kSentencePieceBpe) return encode_sentencepiece(span, out);
+  for (const std::string& piece : pretokenize(span)) encode_piece(piece, out);
+}
+
+int Tokenizer::special_at(const std::string& text, std::size_t pos, bool parse_special) const {
+  const bool spm = vocab_.model == TokenizerModel::kSentencePieceBpe;
+  for (std::size_t len : special_lengths_[static_cast<unsigned char>(text[pos])]) {
+    if (len > text.size() - pos) continue;
+    const auto it = special_ids_.find(text.substr(pos, len));
+    if (it == special_ids_.end()) continue;
+    const bool user = vocab_.types[static_cast<std::size_t>(it->second)] == TokenType::kUserDefined;
+    if (parse_special || (spm && user)) return it->second;
+  }
+  return -1;
+}
+
 std::vector<int> Tokenizer::encode(const std::string& text, bool parse_special) const {
   std::vector<int> out;
-  auto encode_plain = [&](const std::string& span) {
-    for (const std::string& piece : pretokenize(span)) encode_piece(piece, out);
-  };
-  if (!parse_special || specials_.empty()) {
-    encode_plain(text);
+  const bool spm = vocab_.model == TokenizerModel::kSentencePieceBpe;
+  if ((!parse_special && !spm) || special_ids_.empty()) {
+    encode_span(text, out);
     return out;
   }
-  std::size_t pos = 0;
-  while (pos < text.size()) {
-    // Earliest special occurrence; the longest wins at equal positions (specials_ is sorted).
-    std::size_t best_at = std::string::npos;
-    const std::string* best = nullptr;
-    for (const std::string& s : specials_) {
-      const std::size_t at = text.find(s, pos);
-      if (at < best_at) {
-        best_at = at;
-        best = &s;
-      }
+  // Left to right: at each position the longest special allowed there; the text between goes
+  // through the model.
+  std::size_t start = 0;
+  for (std::size_t pos = 0; pos < text.size();) {
+    const int id = special_at(text, pos, parse_special);
+    if (id < 0) {
+      ++pos;
+      continue;
     }
-    if (best == nullptr) {
-      encode_plain(text.substr(pos));
-      break;
-    }
-    if (best_at > pos) encode_plain(text.substr(pos, best_at - pos));
-    out.push_back(find(*best));
-    pos = best_at + best->size();
+    if (pos > start) encode_span(text.substr(start, pos - start), out);
+    out.push_back(id);
+    pos += vocab_.tokens[static_cast<std::size_t>(id)].size();
+    start = pos;
   }
+  if (start < text.size()) encode_span(text.substr(start), out);
   return out;
+}
+
+void Tokenizer::encode_sentencepiece(const std::string& span, std::vector<int>& out) const {
+  // Spaces become the space mark; then one symbol per code point (an invalid byte on its own).
+  std::string s;
+  s.reserve(span.size() + span.size() / 2);
+  for (char c : span) {
+    if (c == ' ') {
+      s += kSpaceMark;
+    } else {
+      s += c;
+    }
+  }
+  struct Symbol {
+    std::size_t start, len;
+    int prev, next;
+  };
+  std::vector<Symbol> sym;
+  for (const Cp& c : decode_with_offsets(s)) {
+    const int i = static_cast<int>(sym.size());
+    sym.push_back(Symbol{c.offset, c.length, i - 1, i + 1});
+  }
+  if (sym.empty()) return;
+  sym.back().next = -1;
+  // Candidate merges: the highest score first, then the leftmost; an entry whose symbols have
+  // changed since it was queued is dropped when it comes up.
+  struct Pair {
+    float score;
+    int left;
+    std::size_t len;
+  };
+  auto worse = [](const Pair& a, const Pair& b) {
+    return a.score < b.score || (a.score == b.score && a.left > b.left);
+  };
+  std::priority_queue<Pair, std::vector<Pair>, decltype(worse)> queue(worse);
+  auto consider = [&](int left) {
+    if (left < 0 || sym[static_cast<std::size_t>(left)].next < 0) return;
+    const Symbol& a = sym[static_cast<std::size_t>(left)];
+    const Symbol& b = sym[static_cast<std::size_t>(a.next)];
+    const int id = find(s.substr(a.start, a.len + b.len));
+    if (id >= 0) queue.push(Pair{vocab_.scores[static_cast<std::size_t>(id)], left, a.len + b.len});
+  };
+  for (int i = 0; i + 1 < static_cast<int>(sym.size()); ++i) consider(i);
+  while (!queue.empty()) {
+    const Pair p = queue.top();
+    queue.pop();
+    Symbol& a = sym[static_cast<std::size_t>(p.left)];
+    if (a.len == 0 || a.next < 0) continue;
+    Symbol& b = sym[static_cast<std::size_t>(a.next)];
+    if (a.len + b.len != p.len) continue;  // stale: one side was merged since
+    a.len += b.len;
+    b.len = 0;
+    a.next = b.next;
+    if (a.next >= 0) sym[static_cast<std::size_t>(a.next)].prev = p.left;
+    consider(a.prev);
+    consider(p.left);
+  }
+  for (int i = 0; i >= 0; i = sym[static_cast<std::size_t>(i)].next) {
+    const Symbol& a = sym[static_cast<std::size_t>(i)];
+    const std::string piece = s.substr(a.start, a.len);
+    const int id = find(piece);
+    if (id >= 0) {
+      out.push_back(id);
+      continue;
+    }
+    for (unsigned char b : piece) {  // byte fallback
+      const int bid = byte_ids_[b];
+      KVC_CHECK(bid >= 0 || vocab_.unk_id >= 0, "tokenizer: symbol '", gguf::printable(piece),
+                "' has no token, no byte token and there is no unknown token");
+      out.push_back(bid >= 0 ? bid : vocab_.unk_id);
+    }
+  }
 }
 
 std::string Tokenizer::token_bytes(int id) const {
   const TokenType ty = type(id);
   const std::string& t = vocab_.tokens[static_cast<std::size_t>(id)];
   if (ty == TokenType::kControl || ty == TokenType::kUserDefined) return t;
+  if (vocab_.model == TokenizerModel::kSentencePieceBpe) {
+    if (ty == TokenType::kByte) {
+      for (unsigned b = 0; b < 256; ++b) {
+        if (byte_ids_[b] == id) return std::string(1, static_cast<char>(b));
+      }
+    }
+    std::string out;
+    for (std::size_t i = 0; i < t.size();) {
+      if (t.compare(i, 3, kSpaceMark) == 0) {
+        out += ' ';
+        i += 3;
+      } else {
+        out += t[i++];
+      }
+    }
+    return out;
+  }
   std::string out;
   for (std::uint32_t cp : utf8_decode(t)) {
     const auto it = symbol_bytes_.find(cp);

@@ -231,11 +231,16 @@ TEST(MiniDecoder_Tokenizer, FromGguf) {
   EXPECT_EQ(t.encode("<|im_start|>hello world", true),
             (std::vector<int>{1, t.find("hello"), t.find("\xC4\xA0world")}));
 
-  testing::GgufWriter spm;
-  spm.kv_string("tokenizer.ggml.model", "llama");
-  testing::TempFile f2(spm.build());
-  const gguf::File g2(f2.path());
-  EXPECT_THROW(Tokenizer::from_gguf(g2), Error);
+  EXPECT_FALSE(t.add_bos());  // no add_bos_token key: llama.cpp's default for gpt2
+  EXPECT_EQ(t.model(), TokenizerModel::kGpt2Bpe);
+
+  for (const char* model : {"bert", "llama"}) {  // unknown; SentencePiece without tokens
+    testing::GgufWriter other;
+    other.kv_string("tokenizer.ggml.model", model);
+    testing::TempFile f2(other.build());
+    const gguf::File g2(f2.path());
+    EXPECT_THROW(Tokenizer::from_gguf(g2), Error) << model;
+  }
 }
 
 // The message of Tokenizer::from_gguf on a file with the FromGguf vocabulary and `edit` applied
@@ -349,6 +354,213 @@ TEST(MiniDecoder_Tokenizer, ChatMlPrompt) {
             "<|im_start|>assistant\n");
   EXPECT_EQ(chatml_prompt({{"system", "Be brief."}, {"user", "Hi"}}, false),
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
+}
+
+}  // namespace
+}  // namespace mini_decoder
+}  // namespace kvc
+
+// ---- SentencePiece BPE ---------------------------------------------------------------------
+
+namespace kvc {
+namespace mini_decoder {
+namespace {
+
+const std::string kMark = "\xE2\x96\x81";  // U+2581, SentencePiece's space
+
+// <unk> <s> </s>, "\n" and "\n\n" (user-defined), <start_of_turn> (control), the 256 byte
+// tokens, then `pieces` with their scores (ids 262, 263, ...).
+Vocabulary spm_vocab(const std::vector<std::pair<std::string, float>>& pieces,
+                     bool with_bytes = true) {
+  Vocabulary v;
+  v.model = TokenizerModel::kSentencePieceBpe;
+  auto add = [&](const std::string& t, TokenType ty, float score) {
+    v.tokens.push_back(t);
+    v.types.push_back(ty);
+    v.scores.push_back(score);
+  };
+  add("<unk>", TokenType::kUnknown, 0);
+  add("<s>", TokenType::kControl, 0);
+  add("</s>", TokenType::kControl, 0);
+  add("\n", TokenType::kUserDefined, 0);
+  add("\n\n", TokenType::kUserDefined, 0);
+  add("<start_of_turn>", TokenType::kControl, 0);
+  for (int b = 0; b < 256 && with_bytes; ++b) {
+    char buf[8];
+    std::snprintf(buf, sizeof(buf), "<0x%02X>", b);
+    add(buf, TokenType::kByte, 0);
+  }
+  for (const auto& [t, score] : pieces) add(t, TokenType::kNormal, score);
+  v.unk_id = 0;
+  v.bos_id = 1;
+  v.eos_id = 2;
+  v.add_bos = true;
+  return v;
+}
+
+int spm_byte(unsigned char b) { return 6 + b; }
+
+TEST(MiniDecoder_SentencePiece, MergesByScoreLeftmostOnTies) {
+  const std::vector<std::pair<std::string, float>> chars = {
+      {"a", -10}, {"b", -11}, {"c", -12}, {kMark, -13}};
+  auto with = [&](std::vector<std::pair<std::string, float>> extra) {
+    extra.insert(extra.begin(), chars.begin(), chars.end());
+    return Tokenizer(spm_vocab(extra));
+  };
+  // "ab" scores above "bc": a|b merge first and "bc" never forms; swapped, b|c wins.
+  const Tokenizer ab = with({{"ab", -1}, {"bc", -2}});
+  EXPECT_EQ(ab.encode("abc", false), (std::vector<int>{ab.find("ab"), ab.find("c")}));
+  const Tokenizer bc = with({{"ab", -2}, {"bc", -1}});
+  EXPECT_EQ(bc.encode("abc", false), (std::vector<int>{bc.find("a"), bc.find("bc")}));
+  // Merged symbols merge again: ab + c = abc.
+  const Tokenizer abc = with({{"ab", -1}, {"abc", -5}});
+  EXPECT_EQ(abc.encode("abcab", false), (std::vector<int>{abc.find("abc"), abc.find("ab")}));
+  // Ties: the leftmost pair first ("aaa" -> aa a, not a aa).
+  const Tokenizer aa = with({{"aa", -1}});
+  EXPECT_EQ(aa.encode("aaa", false), (std::vector<int>{aa.find("aa"), aa.find("a")}));
+  EXPECT_EQ(aa.encode("aaaaa", false),
+            (std::vector<int>{aa.find("aa"), aa.find("aa"), aa.find("a")}));
+  EXPECT_EQ(aa.model(), TokenizerModel::kSentencePieceBpe);
+}
+
+TEST(MiniDecoder_SentencePiece, SpacesBytesAndSpecials) {
+  const Tokenizer t(spm_vocab({{"a", -10},
+                               {"b", -11},
+                               {kMark, -12},
+                               {kMark + "b", -1},
+                               {kMark + kMark, -2},
+                               {"<", -13},
+                               {"s", -14},
+                               {">", -15}}));
+  const int a = t.find("a"), b = t.find("b"), mark = t.find(kMark), mb = t.find(kMark + "b");
+  // Every space is a mark; none is prepended.
+  EXPECT_EQ(t.encode("a b", false), (std::vector<int>{a, mb}));
+  EXPECT_EQ(t.encode(" b", false), (std::vector<int>{mb}));
+  EXPECT_EQ(t.encode("ab", false), (std::vector<int>{a, b}));
+  // "▁b" scores above "▁▁": a ▁ ▁b.
+  EXPECT_EQ(t.encode("a  b", false), (std::vector<int>{a, mark, mb}));
+  EXPECT_EQ(t.encode("a  ", false), (std::vector<int>{a, t.find(kMark + kMark)}));
+  EXPECT_EQ(t.encode("a ", false), (std::vector<int>{a, mark}));
+  // Byte fallback: a code point without a token is its UTF-8 bytes; so is an invalid byte.
+  EXPECT_EQ(t.encode("\xC3\xA9", false), (std::vector<int>{spm_byte(0xC3), spm_byte(0xA9)}));
+  EXPECT_EQ(t.encode("a\xFF", false), (std::vector<int>{a, spm_byte(0xFF)}));
+  // User-defined tokens are cut out always (the longest first), control tokens with
+  // parse_special only.
+  EXPECT_EQ(t.encode("a\n\n\nb", false), (std::vector<int>{a, 4, 3, b}));
+  EXPECT_EQ(t.encode("<s>a", true), (std::vector<int>{1, a}));
+  const std::vector<int> plain = t.encode("<s>a", false);
+  EXPECT_EQ(plain, (std::vector<int>{t.find("<"), t.find("s"), t.find(">"), a}));
+  // Decoding: marks are spaces, byte tokens their bytes; specials skipped on request.
+  EXPECT_EQ(t.decode({a, mb, spm_byte(0xC3), spm_byte(0xA9), 3}), "a b\xC3\xA9\n");
+  EXPECT_EQ(t.decode({1, a, 2}, /*skip_special=*/true), "a");
+  EXPECT_TRUE(t.add_bos());
+  // Without byte tokens a missing symbol is the unknown id, or throws without one.
+  Vocabulary v = spm_vocab({{"a", -1}}, /*with_bytes=*/false);
+  EXPECT_EQ(Tokenizer(v).encode("ab", false), (std::vector<int>{6, 0}));
+  v.unk_id = -1;
+  EXPECT_THROW(Tokenizer(v).encode("b", false), Error);
+}
+
+TEST(MiniDecoder_SentencePiece, RoundTripsAnyText) {
+  std::vector<std::pair<std::string, float>> pieces = {{kMark, -1}};
+  for (char c = 'a'; c <= 'z'; ++c) pieces.push_back({std::string(1, c), -2.0f - c});
+  for (const char* p : {"th", "the", "he", "in", "ing", "an", "and"}) {
+    pieces.push_back({p, -1.5f - static_cast<float>(pieces.size())});
+    pieces.push_back({kMark + p, -1.0f - static_cast<float>(pieces.size())});
+  }
+  const Tokenizer t(spm_vocab(pieces));
+  EXPECT_EQ(t.encode("the thing and", false),
+            (std::vector<int>{t.find("the"), t.find(kMark + "th"), t.find("ing"),
+                              t.find(kMark + "and")}));
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int> any(0, 255), len(0, 80);
+  for (int it = 0; it < 300; ++it) {
+    std::string s;
+    const int n = len(rng);
+    for (int k = 0; k < n; ++k) {
+      const int r = any(rng);
+      s += static_cast<char>(r < 128 ? "the and ing\nx"[r % 13] : r);
+    }
+    ASSERT_EQ(t.decode(t.encode(s, false)), s);
+    ASSERT_EQ(t.decode(t.encode(s, true)), s);
+  }
+}
+
+TEST(MiniDecoder_SentencePiece, BadVocabularies) {
+  Vocabulary v = spm_vocab({{"a", -1}});
+  v.scores.pop_back();
+  EXPECT_THROW(Tokenizer{v}, Error);
+  v = spm_vocab({{"a", -1}});
+  v.scores.back() = std::nanf("");
+  EXPECT_THROW(Tokenizer{v}, Error);
+  v = spm_vocab({{"a", -1}});
+  v.merges = {"a b"};
+  EXPECT_THROW(Tokenizer{v}, Error);
+}
+
+// A Gemma file: tokens of spaces only become runs of marks (normal tokens, not cut out of the
+// text), and the merge priority is the file order: here the run "▁▁" (id 9) merges before
+// "▁b" (id 10) although its score is -1000, as transformers' Gemma conversion does.
+TEST(MiniDecoder_SentencePiece, FromGgufGemmaRules) {
+  const std::vector<std::string> tokens = {
+      "<pad>",         "<eos>", "<bos>",  "<unk>",  "<start_of_turn>",
+      "<end_of_turn>", "\n",    "<0x41>", "<0xC3>", "  ",
+      kMark + "b",     "a",     "b",      kMark};
+  const std::vector<std::int32_t> types = {3, 3, 3, 2, 3, 3, 4, 6, 6, 4, 1, 1, 1, 1};
+  const std::vector<float> scores = {0, 0, 0, 0, 0, 0, 0, 0, 0, -1000, -1, -2, -3, -4};
+  auto file = [&](const std::string& arch, bool add_bos_key) {
+    testing::GgufWriter w;
+    w.kv_string("general.architecture", arch);
+    w.kv_string("tokenizer.ggml.model", "llama");
+    w.kv_strings("tokenizer.ggml.tokens", tokens);
+    w.kv_i32s("tokenizer.ggml.token_type", types);
+    testing::Bytes b;
+    b.put<std::uint32_t>(6);
+    b.put<std::uint64_t>(scores.size());
+    for (float x : scores) b.put<float>(x);
+    w.kv_raw("tokenizer.ggml.scores", 9, b);
+    w.kv_u32("tokenizer.ggml.bos_token_id", 2);
+    w.kv_u32("tokenizer.ggml.eos_token_id", 1);
+    w.kv_u32("tokenizer.ggml.unknown_token_id", 3);
+    if (add_bos_key) w.kv<std::uint8_t>("tokenizer.ggml.add_bos_token", 7, 0);
+    return w.build();
+  };
+  testing::TempFile gemma(file("gemma3", false));
+  const gguf::File g(gemma.path());
+  const Tokenizer t = Tokenizer::from_gguf(g);
+  EXPECT_EQ(t.model(), TokenizerModel::kSentencePieceBpe);
+  EXPECT_TRUE(t.add_bos());  // SentencePiece default
+  EXPECT_EQ(t.bos_id(), 2);
+  EXPECT_EQ(t.find(kMark + kMark), 9);
+  EXPECT_EQ(t.find("  "), -1);
+  EXPECT_EQ(t.encode("a  b", false), (std::vector<int>{11, 9, 12}));
+  EXPECT_EQ(t.encode("a\n b", false), (std::vector<int>{11, 6, 10}));
+  EXPECT_EQ(t.decode({11, 9, 12}), "a  b");
+  EXPECT_EQ(t.encode("\xC3", false), (std::vector<int>{8}));
+  EXPECT_EQ(t.decode({7, 8}), "A\xC3");
+  // Another architecture keeps the file: "  " is a user-defined token cut out of the text and
+  // the scores order the merges (▁b before ▁▁).
+  testing::TempFile llama(file("llama", true));
+  const gguf::File gl(llama.path());
+  const Tokenizer u = Tokenizer::from_gguf(gl);
+  EXPECT_FALSE(u.add_bos());
+  EXPECT_EQ(u.encode("a  b", false), (std::vector<int>{11, 9, 12}));
+  EXPECT_EQ(u.encode("a" + kMark + kMark + "b", false), (std::vector<int>{11, 13, 10}));
+  EXPECT_EQ(t.encode("a" + kMark + kMark + "b", false), (std::vector<int>{11, 9, 12}));
+}
+
+TEST(MiniDecoder_SentencePiece, GemmaChatPrompt) {
+  EXPECT_EQ(gemma_prompt({{"user", "  Hi there \n"}}, true),
+            "<bos><start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_EQ(gemma_prompt({{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello"}}, false),
+            "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+            "Hello<end_of_turn>\n");
+  const Tokenizer gemma(spm_vocab({{"a", -1}}));
+  EXPECT_EQ(gemma.chat_prompt({{"user", "a"}}, true), gemma_prompt({{"user", "a"}}, true));
+  Vocabulary v = spm_vocab({{"a", -1}});
+  v.tokens[5] = "<|im_start|>";
+  const Tokenizer chatml(v);
+  EXPECT_EQ(chatml.chat_prompt({{"user", "a"}}, true), chatml_prompt({{"user", "a"}}, true));
 }
 
 }  // namespace
