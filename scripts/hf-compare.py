@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Independent check of the mini-decoder against Hugging Face transformers on the same GGUF.
 
-Loads SmolLM2-135M-Instruct.Q4_1.gguf through transformers (its GGUF loader dequantises every
+Loads SmolLM2-135M-Instruct.Q4_1.gguf (default) or Gemma 3 270M's Q4_K_M file (--model
+gemma3-270m, or any gemma3 --gguf) through transformers (its GGUF loader dequantises every
 tensor to float, the same values the mini-decoder computes at load), then compares:
   1. tokenizer ids on a fixed set of test strings (plain text and ChatML prompts): the
      mini-decoder's `--dump-tokens` against HF `tokenizers` running SmolLM2's tokenizer.json
@@ -10,16 +11,21 @@ tensor to float, the same values the mini-decoder computes at load), then compar
   2. the prompt logits of a fixed chat prompt: the mini-decoder's dense f32 path
      (`--dump-logits`, raw f32 [tokens][vocab]) against the HF model's, fed the same ids:
      top-1 agreement on every position and the max / mean absolute logit difference.
+For Gemma 3 the tokenizer reference is transformers' GGUF conversion (AutoTokenizer, which adds
+BOS to plain text as the mini-decoder does), the chat strings use Gemma's template, and the
+logits are compared on two plain prompts (BOS first): the short one and a long one (the demo
+document and the short prompt, ~690 tokens) whose positions past 512 exercise the sliding
+window of the local layers.
 Prints a short table, writes JSON (--json), exits 0 when the ids are identical to the
-tokenizers reference and the top-1 token agrees on every position, 1 otherwise, 2 on a usage
-error.
+reference and the top-1 token agrees on every position, 1 otherwise, 2 on a usage error.
 
 Runs on the CPU or a GPU (--device). Needs torch, transformers (with GGUF support) and the
 `gguf` package; on a machine without network access install gguf from a wheel downloaded
 elsewhere (docs/mini_decoder.md gives the exact pip commands).
 
-usage: scripts/hf-compare.py [--gguf PATH] [--mini-decoder BIN] [--device cpu|cuda]
-                             [--json OUT] [--prompt TEXT] [--workdir DIR] [--tokenizer-only]
+usage: scripts/hf-compare.py [--model smollm2-135m|gemma3-270m] [--gguf PATH]
+                             [--mini-decoder BIN] [--device cpu|cuda] [--json OUT]
+                             [--prompt TEXT] [--workdir DIR] [--tokenizer-only]
 """
 import argparse
 import json
@@ -54,6 +60,8 @@ TEST_STRINGS = [
     "The pass key is 58231. Remember it. 58231 is the pass key.",
     "",
     "a",
+    "two  spaces, three   spaces,\ttab, \n newline after a space",
+    "<b>bold</b> and <table><tr><td>cells</td></tr></table>",
 ]
 
 # Chat prompts (the ChatML template with the default system message; specials are parsed).
@@ -78,6 +86,17 @@ def chatml(user):
             "<|im_end|>\n<|im_start|>assistant\n")
 
 
+def gemma_chat(user):
+    """Gemma's chat template (the 270M GGUF carries none; this is the Gemma 3 one)."""
+    return "<bos><start_of_turn>user\n" + user.strip() + "<end_of_turn>\n<start_of_turn>model\n"
+
+
+def gguf_architecture(path):
+    import gguf as gguf_pkg
+    f = gguf_pkg.GGUFReader(path).fields["general.architecture"]
+    return bytes(f.parts[f.data[0]]).decode()
+
+
 def find_binary(arg):
     if arg:
         return arg
@@ -90,11 +109,11 @@ def find_binary(arg):
              "mini_decoder) or pass --mini-decoder")
 
 
-def find_gguf(arg):
+def find_gguf(arg, model):
     if arg:
         return arg
-    out = subprocess.run([os.path.join(ROOT, "scripts", "fetch-model"), "--quiet"],
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run([os.path.join(ROOT, "scripts", "fetch-model"), "--model", model,
+                          "--quiet"], check=True, capture_output=True, text=True)
     return out.stdout.strip().splitlines()[-1]
 
 
@@ -140,7 +159,9 @@ def mini_tokens(binary, gguf, text, chat, workdir):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--gguf", help="model file (default: scripts/fetch-model)")
+    ap.add_argument("--model", default="smollm2-135m", choices=["smollm2-135m", "gemma3-270m"],
+                    help="model scripts/fetch-model fetches when --gguf is not given")
+    ap.add_argument("--gguf", help="model file (default: scripts/fetch-model --model MODEL)")
     ap.add_argument("--mini-decoder", help="mini_decoder binary (default: build*/examples/...)")
     ap.add_argument("--device", default="cpu", help="torch device: cpu (default) or cuda")
     ap.add_argument("--mini-device", default="auto",
@@ -162,13 +183,15 @@ def main():
         from transformers import AutoModelForCausalLM
 
     binary = find_binary(args.mini_decoder)
-    gguf = find_gguf(args.gguf)
+    gguf = find_gguf(args.gguf, args.model)
+    arch = gguf_architecture(gguf)
+    gemma = arch == "gemma3"
     gdir, gname = os.path.dirname(os.path.abspath(gguf)), os.path.basename(gguf)
     work = args.workdir or tempfile.mkdtemp(prefix="hf-compare.")
     os.makedirs(work, exist_ok=True)
     torch_version = "-" if args.tokenizer_only else torch.__version__
     report = {
-        "gguf": gguf, "mini_decoder": binary, "device": args.device,
+        "gguf": gguf, "architecture": arch, "mini_decoder": binary, "device": args.device,
         "mini_device": args.mini_device,
         "torch": torch_version, "transformers": transformers.__version__,
     }
@@ -182,18 +205,28 @@ def main():
     # `tokenizers` pipeline of SmolLM2's tokenizer.json (Digits(individual_digits) + ByteLevel)
     # built from the GGUF's vocabulary and merges. They differ on non-ASCII digits (the GGUF
     # conversion does not split them one by one); the second is the one that must match.
-    references = {"tokenizers": tokenizers_from_gguf(gguf)}
-    import tokenizers
-    names = {"tokenizers": f"tokenizers {tokenizers.__version__}: BPE from the GGUF vocabulary "
-                           "and merges, Digits(individual_digits) + ByteLevel (SmolLM2's "
-                           "tokenizer.json pipeline)"}
+    references, names = {}, {}
+    must_match = "tokenizers"
+    if not gemma:
+        references["tokenizers"] = tokenizers_from_gguf(gguf)
+        import tokenizers
+        names["tokenizers"] = (f"tokenizers {tokenizers.__version__}: BPE from the GGUF "
+                               "vocabulary and merges, Digits(individual_digits) + ByteLevel "
+                               "(SmolLM2's tokenizer.json pipeline)")
     try:
         auto = AutoTokenizer.from_pretrained(gdir, gguf_file=gname)
-        references["transformers"] = lambda text: auto(text, add_special_tokens=False)["input_ids"]
+        # Gemma: plain text gets BOS (add_bos_token), as the mini-decoder's plain prompts; the
+        # chat template writes its own "<bos>".
+        references["transformers"] = lambda text, chat=False: auto(
+            text, add_special_tokens=gemma and not chat)["input_ids"]
         names["transformers"] = (f"transformers {transformers.__version__} AutoTokenizer "
                                  "(its GGUF conversion)")
     except Exception as e:  # transformers' GGUF loader needs torch
+        if gemma:
+            raise
         print(f"  transformers' GGUF tokenizer unavailable ({type(e).__name__}); skipped")
+    if gemma:
+        must_match = "transformers"
     for k, v in names.items():
         print(f"  tokenizer reference {k}: {v}")
     report["tokenizer_references"] = names
@@ -203,12 +236,12 @@ def main():
         cases = []
     for text, chat in cases:
         mine = mini_tokens(binary, gguf, text, chat, work)
-        full = chatml(text) if chat else text
+        full = (gemma_chat(text) if gemma else chatml(text)) if chat else text
         row = {"text": full, "chat": chat, "mini_decoder": mine}
         for k, enc in references.items():
-            row[k] = enc(full)
+            row[k] = enc(full, chat) if k == "transformers" else enc(full)
             row["identical_" + k] = mine == row[k]
-        row["identical"] = row["identical_tokenizers"]
+        row["identical"] = row["identical_" + must_match]
         rows.append(row)
     same = sum(r["identical"] for r in rows)
     report["tokenizer"] = {"strings": len(rows), "identical": same,
@@ -239,19 +272,14 @@ def main():
         return 0 if report["ok"] else 1
 
     # --- 2. prompt logits --------------------------------------------------------------------
-    t0 = time.time()
-    logits_file = os.path.join(work, "logits.f32")
-    prompt_file = os.path.join(work, "logits_prompt.txt")
-    with open(prompt_file, "wb") as f:
-        f.write(args.prompt.encode("utf-8"))
-    ids = mini_tokens(binary, gguf, args.prompt, True, work)
-    subprocess.run([binary, "--model", gguf, "--prompt-file", prompt_file, "--chat",
-                    "--device", args.mini_device, "--max-tokens", "0", "--dump-logits", logits_file],
-                   check=True, capture_output=True)
-    mine = np.fromfile(logits_file, dtype=np.float32)
-    vocab = mine.size // len(ids)
-    mine = mine.reshape(len(ids), vocab)
-    mini_s = time.time() - t0
+    # SmolLM2: one chat prompt. Gemma 3 (a base model): two plain prompts, BOS first; the long
+    # one has positions past the 512-token window of the local layers.
+    if gemma:
+        with open(os.path.join(ROOT, "examples", "mini_decoder", "demo_prompt.txt")) as f:
+            long_prompt = f.read().strip() + "\n\n" + args.prompt
+        prompts = [("short", args.prompt, False), ("long", long_prompt, False)]
+    else:
+        prompts = [("chat", args.prompt, True)]
 
     t0 = time.time()
     model = AutoModelForCausalLM.from_pretrained(gdir, gguf_file=gname, dtype=torch.float32)
@@ -262,52 +290,90 @@ def main():
         # The GGUF has no output.weight (the LM head is the embedding); tie them when the loader
         # left the head untied.
         import gguf as gguf_pkg
-        names = {t.name for t in gguf_pkg.GGUFReader(gguf).tensors}
-        if "output.weight" not in names:
+        tensor_names = {t.name for t in gguf_pkg.GGUFReader(gguf).tensors}
+        if "output.weight" not in tensor_names:
             model.get_output_embeddings().weight = model.get_input_embeddings().weight
             tied_fixed = True
     model = model.to(args.device).eval()
-    with torch.no_grad():
-        theirs = model(torch.tensor([ids], device=args.device)).logits[0].float().cpu().numpy()
-    hf_s = time.time() - t0
-    if theirs.shape[1] != vocab:
-        sys.exit(f"hf-compare: vocab {theirs.shape[1]} (hf) != {vocab} (mini_decoder)")
-    diff = np.abs(mine - theirs)
-    top_mine, top_theirs = mine.argmax(1), theirs.argmax(1)
-    agree = top_mine == top_theirs
-    srt = np.sort(theirs, axis=1)
-    margin = srt[:, -1] - srt[:, -2]  # hf's top-1 margin: small margins explain disagreement
-    disagreements = [{"position": int(p), "mini_decoder": int(top_mine[p]),
-                      "hf": int(top_theirs[p]), "hf_top2_margin": float(margin[p])}
-                     for p in np.nonzero(~agree)[0]]
-    report["logits"] = {
-        "prompt_tokens": len(ids), "vocab": vocab, "top1_agree": int(agree.sum()),
-        "top1_agree_fraction": float(agree.mean()), "max_abs_diff": float(diff.max()),
-        "mean_abs_diff": float(diff.mean()),
-        "max_abs_diff_last_position": float(diff[-1].max()),
-        "logit_range": [float(theirs.min()), float(theirs.max())],
-        "disagreements": disagreements, "lm_head_tied_by_script": tied_fixed,
-        "mini_decoder_seconds": round(mini_s, 2), "hf_seconds": round(hf_s, 2),
-    }
-    ok = same == len(rows) and bool(agree.all())
+    load_s = time.time() - t0
+
+    def compare(name, text, chat):
+        t0 = time.time()
+        logits_file = os.path.join(work, "logits.f32")
+        prompt_file = os.path.join(work, "logits_prompt.txt")
+        with open(prompt_file, "wb") as f:
+            f.write(text.encode("utf-8"))
+        ids = mini_tokens(binary, gguf, text, chat, work)
+        cmd = [binary, "--model", gguf, "--prompt-file", prompt_file, "--device",
+               args.mini_device, "--max-tokens", "0", "--dump-logits", logits_file]
+        if chat:
+            cmd.append("--chat")
+        subprocess.run(cmd, check=True, capture_output=True)
+        mine = np.fromfile(logits_file, dtype=np.float32)
+        os.remove(logits_file)
+        vocab = mine.size // len(ids)
+        mine = mine.reshape(len(ids), vocab)
+        mini_s = time.time() - t0
+        t0 = time.time()
+        with torch.no_grad():
+            theirs = model(torch.tensor([ids], device=args.device)).logits[0].float().cpu().numpy()
+        hf_s = time.time() - t0
+        if theirs.shape[1] != vocab:
+            sys.exit(f"hf-compare: vocab {theirs.shape[1]} (hf) != {vocab} (mini_decoder)")
+        diff = np.abs(mine - theirs)
+        top_mine, top_theirs = mine.argmax(1), theirs.argmax(1)
+        agree = top_mine == top_theirs
+        srt = np.partition(theirs, -2, axis=1)[:, -2:]
+        margin = srt[:, 1] - srt[:, 0]  # hf's top-1 margin: small margins explain disagreement
+        disagreements = [{"position": int(p), "mini_decoder": int(top_mine[p]),
+                          "hf": int(top_theirs[p]), "hf_top2_margin": float(margin[p])}
+                         for p in np.nonzero(~agree)[0]]
+        row = {
+            "name": name, "chat": chat, "prompt_tokens": len(ids), "vocab": vocab,
+            "top1_agree": int(agree.sum()), "top1_agree_fraction": float(agree.mean()),
+            "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
+            "max_abs_diff_last_position": float(diff[-1].max()),
+            "logit_range": [float(theirs.min()), float(theirs.max())],
+            "disagreements": disagreements,
+            "mini_decoder_seconds": round(mini_s, 2), "hf_seconds": round(hf_s, 2),
+        }
+        if gemma and len(ids) > 512:
+            late = diff[512:]
+            row["positions_past_512"] = len(ids) - 512
+            row["max_abs_diff_past_512"] = float(late.max())
+            row["top1_agree_past_512"] = int(agree[512:].sum())
+        return row
+
+    rows_logits = [compare(*p) for p in prompts]
+    report["logits"] = rows_logits[0] if len(rows_logits) == 1 else rows_logits
+    report["lm_head_tied_by_script"] = tied_fixed
+    report["hf_load_seconds"] = round(load_s, 2)
+    ok = same == len(rows) and all(r["top1_agree"] == r["prompt_tokens"] for r in rows_logits)
     report["ok"] = ok
 
     # --- table -------------------------------------------------------------------------------
-    lg = report["logits"]
     print()
     print("| check | result |")
     print("|---|---|")
     tokenizer_lines()
-    print(f"| prompt logits: top-1 agreement | {lg['top1_agree']} / {len(ids)} positions |")
-    print(f"| max abs logit difference | {lg['max_abs_diff']:.4g} (logits in "
-          f"[{lg['logit_range'][0]:.1f}, {lg['logit_range'][1]:.1f}]) |")
-    print(f"| mean abs logit difference | {lg['mean_abs_diff']:.4g} |")
+    for lg in rows_logits:
+        label = "" if len(rows_logits) == 1 else f" ({lg['name']}, {lg['prompt_tokens']} tokens)"
+        print(f"| prompt logits{label}: top-1 agreement | {lg['top1_agree']} / "
+              f"{lg['prompt_tokens']} positions |")
+        print(f"| max abs logit difference{label} | {lg['max_abs_diff']:.4g} (logits in "
+              f"[{lg['logit_range'][0]:.1f}, {lg['logit_range'][1]:.1f}]) |")
+        print(f"| mean abs logit difference{label} | {lg['mean_abs_diff']:.4g} |")
+        if "positions_past_512" in lg:
+            print(f"| past position 512{label} | top-1 {lg['top1_agree_past_512']} / "
+                  f"{lg['positions_past_512']}, max abs difference "
+                  f"{lg['max_abs_diff_past_512']:.4g} |")
     if tied_fixed:
         print("| note | transformers left lm_head untied; the script tied it to the embedding |")
     tokenizer_diffs()
-    for d in disagreements[:10]:
-        print(f"top-1 differs at position {d['position']}: mini {d['mini_decoder']}, "
-              f"hf {d['hf']} (hf top-2 margin {d['hf_top2_margin']:.3g})")
+    for lg in rows_logits:
+        for d in lg["disagreements"][:10]:
+            print(f"top-1 differs ({lg['name']}) at position {d['position']}: mini "
+                  f"{d['mini_decoder']}, hf {d['hf']} (hf top-2 margin {d['hf_top2_margin']:.3g})")
     with open(args.json, "w") as f:
         json.dump(report, f, indent=1)
     print(f"\n{'OK' if ok else 'MISMATCH'}; wrote {args.json}")

@@ -1,7 +1,6 @@
 // The Llama decoder forward on a CUDA device (see cuda_model.h).
 #include "cuda_model.h"
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -11,6 +10,7 @@
 #include <vector>
 
 #include "cuda_kernels.h"
+#include "cuda_model_util.h"
 #include "device_array.h"
 #include "kvc/core/cuda_check.h"
 #include "kvc/core/error.h"
@@ -19,36 +19,6 @@
 
 namespace kvc {
 namespace mini_decoder {
-namespace {
-
-void blas_check(cublasStatus_t s, const char* what) {
-  KVC_CHECK(s == CUBLAS_STATUS_SUCCESS, "cuda model: ", what, " failed: ", cublasGetStatusName(s),
-            " (", cublasGetStatusString(s), ")");
-}
-
-// Row-major [rows][k] f32 of the tensors stacked one after the other (the CPU model's stacks).
-std::vector<float> stacked(const gguf::File& f, const std::vector<const gguf::TensorInfo*>& parts) {
-  std::vector<float> out;
-  for (const gguf::TensorInfo* p : parts) {
-    const std::vector<float> v = f.dequantize_tensor(*p);
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  return out;
-}
-
-// y[m][0:n] (+)= x[m][0:k] . W^T with W row-major [n][k]; all row-major on the device. In
-// cuBLAS's column-major terms: Y^T (n x m, ld ldy) = W (A = the column-major k x n array W^T,
-// transposed) times X^T (k x m, ld ldx).
-void gemm(cublasHandle_t blas, const float* x, int m, int ldx, const float* w, int n, int k,
-          float* y, int ldy, bool accumulate) {
-  const float alpha = 1.0f;
-  const float beta = accumulate ? 1.0f : 0.0f;
-  blas_check(
-      cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, k, x, ldx, &beta, y, ldy),
-      "cublasSgemm");
-}
-
-}  // namespace
 
 struct CudaLlamaModel::Impl {
   struct Layer {
@@ -60,37 +30,15 @@ struct CudaLlamaModel::Impl {
     DeviceArray<float> down;       // [d_model][d_ff]
   };
 
-  ~Impl() {
-    if (blas != nullptr) cublasDestroy(blas);
-  }
+  explicit Impl(const LlamaConfig& c) : rope(rope_inv_freq(c.rope_base, c.rope_dim)) {}
 
-  // RoPE table rows for positions [0, positions): the CPU model's angles (double) as floats.
-  void ensure_rope(int positions, const LlamaConfig& c) {
-    if (positions <= rope_positions) return;
-    const int n = std::max({positions, 2 * rope_positions, 256});
-    const int half = c.rope_dim / 2;
-    std::vector<float> table(static_cast<std::size_t>(n) * c.rope_dim);
-    for (int p = 0; p < n; ++p) {
-      float* row = table.data() + static_cast<std::size_t>(p) * c.rope_dim;
-      for (int j = 0; j < half; ++j) {
-        const double angle = static_cast<double>(p) * inv_freq[static_cast<std::size_t>(j)];
-        row[j] = static_cast<float>(std::cos(angle));
-        row[half + j] = static_cast<float>(std::sin(angle));
-      }
-    }
-    rope.upload(table);
-    rope_positions = n;
-  }
-
-  cublasHandle_t blas = nullptr;
+  cuda::Blas blas;
   std::vector<Layer> layers;
   DeviceArray<float> embd;         // [vocab][d_model]
   DeviceArray<float> output_norm;  // [d_model]
   DeviceArray<float> output;       // [vocab][d_model] when output.weight is present
   const float* lm_head = nullptr;  // output or embd
-  std::vector<double> inv_freq;    // [rope_dim / 2]
-  DeviceArray<float> rope;         // [rope_positions][rope_dim]
-  int rope_positions = 0;
+  cuda::RopeTable rope;
 
   // Per-step scratch (grown to the largest step).
   std::vector<std::int32_t> host_tokens;
@@ -99,7 +47,7 @@ struct CudaLlamaModel::Impl {
 };
 
 CudaLlamaModel::CudaLlamaModel(const gguf::File& f, ThreadPool& pool)
-    : config_(LlamaConfig::from_gguf(f)), impl_(std::make_unique<Impl>()) {
+    : config_(LlamaConfig::from_gguf(f)), info_(model_info(config_)) {
   KVC_CHECK(cuda_device_count() > 0,
             "cuda model: no CUDA device (kvc::cuda_device_count() = 0); use --device cpu");
   const LlamaConfig& c = config_;
@@ -113,11 +61,8 @@ CudaLlamaModel::CudaLlamaModel(const gguf::File& f, ThreadPool& pool)
   using Parts = LlamaTensors::Block;
   const std::vector<Parts>& parts = tensors.blocks;
 
+  impl_ = std::make_unique<Impl>(c);
   Impl& m = *impl_;
-  blas_check(cublasCreate(&m.blas), "cublasCreate");
-  // Plain f32 GEMMs (no TF32 tensor cores), on the legacy default stream like every kernel.
-  blas_check(cublasSetMathMode(m.blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
-  blas_check(cublasSetStream(m.blas, nullptr), "cublasSetStream");
 
   // Dequantise on the host threads, one layer per task, then upload layer by layer.
   struct HostLayer {
@@ -129,9 +74,9 @@ CudaLlamaModel::CudaLlamaModel(const gguf::File& f, ThreadPool& pool)
     HostLayer& hl = host[static_cast<std::size_t>(l)];
     hl.attn_norm = f.dequantize_tensor(*p.attn_norm);
     hl.ffn_norm = f.dequantize_tensor(*p.ffn_norm);
-    hl.qkv = stacked(f, {p.q, p.k, p.v});
+    hl.qkv = dequantize_stacked(f, {p.q, p.k, p.v});
     hl.wo = f.dequantize_tensor(*p.o);
-    hl.gate_up = stacked(f, {p.gate, p.up});
+    hl.gate_up = dequantize_stacked(f, {p.gate, p.up});
     hl.down = f.dequantize_tensor(*p.down);
   });
   m.layers = std::vector<Impl::Layer>(static_cast<std::size_t>(c.num_layers));
@@ -158,11 +103,6 @@ CudaLlamaModel::CudaLlamaModel(const gguf::File& f, ThreadPool& pool)
   } else {
     m.lm_head = m.embd.get();  // tied
   }
-  m.inv_freq.resize(static_cast<std::size_t>(c.rope_dim / 2));
-  for (int i = 0; i < c.rope_dim / 2; ++i) {
-    m.inv_freq[static_cast<std::size_t>(i)] =
-        std::pow(static_cast<double>(c.rope_base), -2.0 * i / c.rope_dim);
-  }
   KVC_CUDA_THROW(cudaDeviceSynchronize());
 }
 
@@ -178,27 +118,18 @@ KvShape CudaLlamaModel::kv_shape(int capacity) const {
   return s;
 }
 
-std::string CudaLlamaModel::device_name() const {
-  int dev = 0;
-  KVC_CUDA_THROW(cudaGetDevice(&dev));
-  cudaDeviceProp prop{};
-  KVC_CUDA_THROW(cudaGetDeviceProperties(&prop, dev));
-  return "cuda:" + std::to_string(dev) + " (" + prop.name + ", sm_" + std::to_string(prop.major) +
-         std::to_string(prop.minor) + ")";
+std::string CudaLlamaModel::device_name() const { return cuda::device_name(); }
+
+void CudaLlamaModel::forward(const int* tokens, int count, KvCache& cache, float* logits,
+                             ThreadPool& /*pool*/, const ForwardOptions& options) {
+  forward(tokens, count, cache, logits, options);
 }
 
 void CudaLlamaModel::forward(const int* tokens, int count, KvCache& cache, float* logits,
                              const ForwardOptions& options) {
-  KVC_CHECK(count >= 1, "forward: count = ", count, " must be >= 1");
-  KVC_CHECK(options.chunk >= 1, "forward: chunk = ", options.chunk, " must be >= 1");
-  KVC_CHECK(count <= cache.capacity() - cache.length(), "forward: ", count,
-            " tokens do not fit: the cache holds ", cache.length(), " of ", cache.capacity());
+  check_forward_args(tokens, count, cache, config_.vocab_size, options);
   KVC_CHECK(cache.on_device(), "forward: the CUDA model needs a cache on the device, not ",
             cache.describe(), " (make_cuda_kv_cache)");
-  for (int t = 0; t < count; ++t) {
-    KVC_CHECK(tokens[t] >= 0 && tokens[t] < config_.vocab_size, "forward: token ", t, " = ",
-              tokens[t], " must be in [0, vocab_size = ", config_.vocab_size, ")");
-  }
   for (int t0 = 0; t0 < count; t0 += options.chunk) {
     const int n = std::min(options.chunk, count - t0);
     const bool last = t0 + n == count;
@@ -223,7 +154,7 @@ void CudaLlamaModel::step(const int* tokens, int count, KvCache& cache, float* l
   const int qkv_ld = qd + 2 * kvd;
   const int pos0 = cache.length();
   const std::size_t t = static_cast<std::size_t>(T);
-  m.ensure_rope(pos0 + T, c);
+  const float* rope = m.rope.ensure(pos0 + T);
 
   m.host_tokens.assign(tokens, tokens + T);
   std::int32_t* d_tokens = m.tokens.ensure(t);
@@ -245,20 +176,20 @@ void CudaLlamaModel::step(const int* tokens, int count, KvCache& cache, float* l
   qs.head_dim = c.head_dim;
   qs.rope_dim = c.rope_dim;
 
-  KVC_CUDA_THROW(cuda::embed(m.embd.get(), d_tokens, T, D, x, nullptr));
+  KVC_CUDA_THROW(cuda::embed(m.embd.get(), d_tokens, T, D, 1.0f, x, nullptr));
   for (int l = 0; l < c.num_layers; ++l) {
     const Impl::Layer& L = m.layers[static_cast<std::size_t>(l)];
     KVC_CUDA_THROW(cuda::rms_norm(x, L.attn_norm.get(), xn, T, D, c.rms_eps, nullptr));
-    gemm(m.blas, xn, T, D, L.qkv.get(), qkv_ld, D, qkv, qkv_ld, false);
-    KVC_CUDA_THROW(cuda::split_qkv_rope(qkv, m.rope.get(), qs, T, pos0, q, k, v, nullptr));
+    m.blas.gemm(xn, T, D, L.qkv.get(), qkv_ld, D, qkv, qkv_ld, false);
+    KVC_CUDA_THROW(cuda::split_qkv_rope(qkv, rope, qs, T, pos0, q, k, v, nullptr));
     cache.append_device(l, pos0, T, k, v);
     cache.attend_device(l, pos0, T, q, att);
-    gemm(m.blas, att, T, qd, L.wo.get(), D, qd, x, D, true);  // x += attention output
+    m.blas.gemm(att, T, qd, L.wo.get(), D, qd, x, D, true);  // x += attention output
 
     KVC_CUDA_THROW(cuda::rms_norm(x, L.ffn_norm.get(), xn, T, D, c.rms_eps, nullptr));
-    gemm(m.blas, xn, T, D, L.gate_up.get(), 2 * c.d_ff, D, gu, 2 * c.d_ff, false);
+    m.blas.gemm(xn, T, D, L.gate_up.get(), 2 * c.d_ff, D, gu, 2 * c.d_ff, false);
     KVC_CUDA_THROW(cuda::silu_mul(gu, h, T, c.d_ff, nullptr));
-    gemm(m.blas, h, T, c.d_ff, L.down.get(), D, c.d_ff, x, D, true);  // x += feed-forward
+    m.blas.gemm(h, T, c.d_ff, L.down.get(), D, c.d_ff, x, D, true);  // x += feed-forward
   }
   cache.advance(T);
 
@@ -272,7 +203,7 @@ void CudaLlamaModel::step(const int* tokens, int count, KvCache& cache, float* l
   float* d_logits = m.logits.ensure(static_cast<std::size_t>(rows) * vocab);
   KVC_CUDA_THROW(cuda::rms_norm(x + static_cast<std::size_t>(first) * D, m.output_norm.get(), xn,
                                 rows, D, c.rms_eps, nullptr));
-  gemm(m.blas, xn, rows, D, m.lm_head, c.vocab_size, D, d_logits, c.vocab_size, false);
+  m.blas.gemm(xn, rows, D, m.lm_head, c.vocab_size, D, d_logits, c.vocab_size, false);
   // Synchronous on the legacy default stream: returns once every launch above has finished.
   KVC_CUDA_THROW(cudaMemcpy(logits, d_logits,
                             static_cast<std::size_t>(rows) * vocab * sizeof(float),

@@ -1,5 +1,6 @@
 /*! \file examples/mini_decoder/cuda_model.h
- *  \brief The Llama decoder of model.h on a CUDA device (CUDA builds only).
+ *  \brief The Llama decoder of model.h on a CUDA device (CUDA builds only); the Gemma 3 one is
+ *  cuda_gemma_model.h.
  *
  *  What runs where: the weights are dequantised on the host once (the same f32 values the CPU
  *  model packs) and uploaded as row-major f32 matrices ([q|k|v] and [gate|up] stacked as on the
@@ -30,7 +31,7 @@ namespace mini_decoder {
 class ThreadPool;
 
 /// The model on cuda:0. Not thread-safe.
-class CudaLlamaModel {
+class CudaLlamaModel final : public DecoderModel {
  public:
   /// Loads `file` (which may be closed afterwards): dequantises on the host threads of `pool`
   /// and uploads. Throws kvc::Error when there is no CUDA device, for a bad model (as LlamaModel)
@@ -42,12 +43,14 @@ class CudaLlamaModel {
 
   /// The hyper-parameters.
   const LlamaConfig& config() const { return config_; }
+  const ModelInfo& info() const override { return info_; }
   /// Bytes of the weights on the device.
-  std::size_t weight_bytes() const { return weight_bytes_; }
+  std::size_t weight_bytes() const override { return weight_bytes_; }
   /// KV geometry for a cache of `capacity` tokens.
-  KvShape kv_shape(int capacity) const;
+  KvShape kv_shape(int capacity) const override;
   /// "cuda:0 (NVIDIA H200, sm_90)".
-  std::string device_name() const;
+  std::string device_name() const override;
+  bool on_device() const override { return true; }
 
   /// As LlamaModel::forward: `count` tokens at positions [cache.length(), cache.length() +
   /// count) in steps of at most options.chunk tokens; `cache` must be on_device().
@@ -58,12 +61,16 @@ class CudaLlamaModel {
   ///                    (all_logits), or null for none
   void forward(const int* tokens, int count, KvCache& cache, float* logits,
                const ForwardOptions& options = ForwardOptions());
+  /// The same (DecoderModel's entry point; the pool is not used).
+  void forward(const int* tokens, int count, KvCache& cache, float* logits, ThreadPool& pool,
+               const ForwardOptions& options = ForwardOptions()) override;
 
  private:
   struct Impl;
   void step(const int* tokens, int count, KvCache& cache, float* logits, bool all_logits);
 
   LlamaConfig config_;
+  ModelInfo info_;
   std::size_t weight_bytes_ = 0;
   std::unique_ptr<Impl> impl_;
 };

@@ -1,69 +1,32 @@
-// The model of a GGUF on the CPU or on the device behind one forward().
+// The model of a GGUF on the CPU or on the device behind one forward() (see decoder.h).
 #include "decoder.h"
-
-#include "kvc/config.h"
-#include "kvc/core/error.h"
-#if KVC_CUDA_ENABLED
-#include "cuda_model.h"
-#endif
 
 namespace kvc {
 namespace mini_decoder {
 
-#if !KVC_CUDA_ENABLED
-// Without CUDA the device model is an incomplete type that is never constructed; its deleter
-// still has to exist for the unique_ptr member.
-class CudaLlamaModel {};
-#endif
+Decoder::Decoder(const gguf::File& file, bool on_cuda, ThreadPool& pool)
+    : model_(load_model(file, on_cuda, pool)) {}
 
-Decoder::Decoder(const gguf::File& file, bool on_cuda, ThreadPool& pool) {
-#if KVC_CUDA_ENABLED
-  if (on_cuda) {
-    gpu_ = std::make_unique<CudaLlamaModel>(file, pool);
-    return;
-  }
-#endif
-  KVC_CHECK(!on_cuda, "--device cuda: built without CUDA");
-  cpu_ = std::make_unique<LlamaModel>(file, pool);
-}
+bool Decoder::on_cuda() const { return model_->on_device(); }
 
-Decoder::~Decoder() = default;
+const ModelInfo& Decoder::config() const { return model_->info(); }
 
-const LlamaConfig& Decoder::config() const {
-#if KVC_CUDA_ENABLED
-  if (gpu_) return gpu_->config();
-#endif
-  return cpu_->config();
-}
+KvShape Decoder::kv_shape(int capacity) const { return model_->kv_shape(capacity); }
 
-KvShape Decoder::kv_shape(int capacity) const {
-#if KVC_CUDA_ENABLED
-  if (gpu_) return gpu_->kv_shape(capacity);
-#endif
-  return cpu_->kv_shape(capacity);
-}
+std::size_t Decoder::weight_bytes() const { return model_->weight_bytes(); }
 
-std::size_t Decoder::weight_bytes() const {
-#if KVC_CUDA_ENABLED
-  if (gpu_) return gpu_->weight_bytes();
-#endif
-  return cpu_->weight_bytes();
-}
-
-std::string Decoder::where() const {
-#if KVC_CUDA_ENABLED
-  if (gpu_) return gpu_->device_name();
-#endif
-  return "cpu";
-}
+std::string Decoder::where() const { return model_->device_name(); }
 
 void Decoder::forward(const int* tokens, int count, KvCache& cache, float* logits, ThreadPool& pool,
                       const ForwardOptions& options) {
-#if KVC_CUDA_ENABLED
-  if (gpu_) return gpu_->forward(tokens, count, cache, logits, options);
-#endif
-  cpu_->forward(tokens, count, cache, logits, pool, options);
+  model_->forward(tokens, count, cache, logits, pool, options);
 }
+
+void Decoder::fork_sequence(const KvCache& from, const KvCache& to) {
+  model_->fork_sequence(from, to);
+}
+
+DecoderModel& Decoder::model() { return *model_; }
 
 }  // namespace mini_decoder
 }  // namespace kvc

@@ -434,6 +434,30 @@ void rms_norm(const float* x, const float* w, float* y, int n, float eps) {
   for (int i = 0; i < n; ++i) y[i] = x[i] * inv * w[i];
 }
 
+float gelu_tanh(float x) {
+  const float kSqrt2OverPi = 0.7978845608028654f;
+  const float inner = kSqrt2OverPi * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + std::tanh(inner));
+}
+
+void gelu_tanh_mul(const float* g, const float* u, float* h, int n) {
+  for (int i = 0; i < n; ++i) h[i] = gelu_tanh(g[i]) * u[i];
+}
+
+void rope_halves(float* x, int heads, int head_dim, int rope_dim, const float* cs) {
+  const int half = rope_dim / 2;
+  const float* cosv = cs;
+  const float* sinv = cs + half;
+  for (int h = 0; h < heads; ++h) {
+    float* v = x + static_cast<std::ptrdiff_t>(h) * head_dim;
+    for (int i = 0; i < half; ++i) {
+      const float x0 = v[i], x1 = v[i + half];
+      v[i] = x0 * cosv[i] - x1 * sinv[i];
+      v[i + half] = x1 * cosv[i] + x0 * sinv[i];
+    }
+  }
+}
+
 void rope_pairs(float* x, int heads, int head_dim, int rope_dim, const float* cs) {
   const int half = rope_dim / 2;
   const float* cosv = cs;

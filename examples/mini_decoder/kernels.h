@@ -1,6 +1,7 @@
 /*! \file examples/mini_decoder/kernels.h
  *  \brief CPU compute kernels of the mini-decoder: a panel-packed f32 GEMM (AVX2+FMA chosen at
- *  run time, portable C++ otherwise), exp/softmax/SiLU and RMSNorm, RoPE.
+ *  run time, portable C++ otherwise), exp/softmax/SiLU/GeGLU and RMSNorm, RoPE (pairs and
+ *  halves).
  *
  *  The GEMM computes C[m][n] (+)= sum_p A[m][p] * B[p][n] with a 6x16 register tile: each step
  *  broadcasts one element of each of the 6 rows of A and multiplies it with 16 consecutive
@@ -98,6 +99,18 @@ void rms_norm(const float* x, const float* w, float* y, int n, float eps);
 
 /// exp(x) in float, |relative error| < 2e-7 for x in [-87, 88]; 0 below, +inf above.
 float fast_exp(float x);
+
+/// 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) in float.
+float gelu_tanh(float x);
+
+/// h[i] = gelu_tanh(g[i]) * u[i] for i < n, gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2 / pi) (x +
+/// 0.044715 x^3))) in float (GeGLU with PyTorch's tanh approximation).
+void gelu_tanh_mul(const float* g, const float* u, float* h, int n);
+
+/// Rotates the halves (x[i], x[i + rope_dim / 2]) of each of `heads` vectors of `head_dim`
+/// floats by the angles of `cs` ([rope_dim/2] cos then [rope_dim/2] sin): ggml's NeoX mode,
+/// transformers' rotate_half; dims >= rope_dim are untouched.
+void rope_halves(float* x, int heads, int head_dim, int rope_dim, const float* cs);
 
 /// Rotates consecutive pairs (x[2i], x[2i+1]) of each of `heads` vectors of `head_dim` floats by
 /// the angles of `cs` ([rope_dim/2] cos then [rope_dim/2] sin); dims >= rope_dim are untouched.

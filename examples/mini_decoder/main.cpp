@@ -1,6 +1,6 @@
-// mini_decoder: greedy or sampled decoding of SmolLM2-135M-Instruct (any llama GGUF of the
-// supported tensor types) on the CPU or a CUDA device (--device), with the KV cache behind kvc's
-// flags.
+// mini_decoder: greedy or sampled decoding of SmolLM2-135M-Instruct or Gemma 3 270M (a llama or
+// gemma3 GGUF of the supported tensor types) on the CPU or a CUDA device (--device), with the KV
+// cache behind kvc's flags.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -199,7 +199,7 @@ int run(const kvc::mini_decoder::CliOptions& o) {
     tok = std::make_unique<Tokenizer>(Tokenizer::from_gguf(file));
     model = std::make_unique<Decoder>(file, on_cuda, pool);
   }
-  const LlamaConfig& c = model->config();
+  const ModelInfo& c = model->config();
   KVC_CHECK(tok->size() == c.vocab_size, "model: the tokenizer has ", tok->size(),
             " tokens but the embedding has ", c.vocab_size, " rows");
   std::fprintf(stderr,
@@ -212,6 +212,12 @@ int run(const kvc::mini_decoder::CliOptions& o) {
                on_cuda          ? "cuda + cublas"
                : simd_enabled() ? "avx2+fma"
                                 : "portable");
+  if (c.sliding_window > 0) {
+    std::fprintf(stderr,
+                 "[mini_decoder] %s: %d of %d layers global (their K/V in the kv cache), the "
+                 "others attend a %d-token window kept by the model\n",
+                 c.architecture.c_str(), c.cached_layers, c.num_layers, c.sliding_window);
+  }
   std::fprintf(stderr, "[mini_decoder] device: model on %s (%s)\n", model->where().c_str(),
                device_why.c_str());
 

@@ -24,6 +24,8 @@ add_library(kvc_llama STATIC
   ${KVC_MINI_DECODER_DIR}/kvc_cache.cpp
   ${KVC_MINI_DECODER_DIR}/retrieval_prompts.cpp
   ${KVC_MINI_DECODER_DIR}/model.cpp
+  ${KVC_MINI_DECODER_DIR}/gemma_model.cpp
+  ${KVC_MINI_DECODER_DIR}/decoder_model.cpp
   ${KVC_MINI_DECODER_DIR}/sampler.cpp
   ${KVC_MINI_DECODER_DIR}/cli.cpp
   ${KVC_MINI_DECODER_DIR}/decoder.cpp
@@ -38,7 +40,8 @@ if(KVC_CUDA_ENABLED)
   target_sources(kvc_llama PRIVATE
     ${KVC_MINI_DECODER_DIR}/cuda_kernels.cu
     ${KVC_MINI_DECODER_DIR}/cuda_kv_cache.cpp
-    ${KVC_MINI_DECODER_DIR}/cuda_model.cpp)
+    ${KVC_MINI_DECODER_DIR}/cuda_model.cpp
+    ${KVC_MINI_DECODER_DIR}/cuda_gemma_model.cpp)
   target_link_libraries(kvc_llama PUBLIC CUDA::cudart CUDA::cublas)
   target_compile_options(kvc_llama PRIVATE
     $<$<COMPILE_LANGUAGE:CUDA>:--fmad=false -Xcompiler=-Wall,-Wextra>)

@@ -20,22 +20,38 @@ int to_int(std::int64_t v, const std::string& key) {
   return static_cast<int>(v);
 }
 
-int require_int(const gguf::File& f, const std::string& key) {
-  const gguf::Value& v = f.get(key);
-  KVC_CHECK(v.is_integer(), "model: ", key, " has type ", gguf::to_string(v.type),
-            ", expected an integer");
-  return to_int(v.as_int(), key);
-}
-
 std::string dims_string(const std::vector<std::uint64_t>& d) {
   std::string s = "[";
   for (std::size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
   return s + "]";
 }
 
-// The tensor `name`, checked to have `dims` and a type the reader dequantises.
-const gguf::TensorInfo& shaped(const gguf::File& f, const std::string& name,
-                               const std::vector<std::uint64_t>& dims) {
+// The part of a stack that holds `row`, and the row within that part.
+std::pair<const gguf::TensorInfo*, std::uint64_t> locate(
+    const std::vector<const gguf::TensorInfo*>& parts, int row) {
+  for (const gguf::TensorInfo* p : parts) {
+    const int rows = static_cast<int>(p->num_rows());
+    if (row < rows) return {p, static_cast<std::uint64_t>(row)};
+    row -= rows;
+  }
+  return {parts.back(), std::uint64_t{0}};  // not reached: row < the stack's rows
+}
+
+}  // namespace
+
+int metadata_int(const gguf::File& f, const std::string& key) {
+  const gguf::Value& v = f.get(key);
+  KVC_CHECK(v.is_integer(), "model: ", key, " has type ", gguf::to_string(v.type),
+            ", expected an integer");
+  return to_int(v.as_int(), key);
+}
+
+int metadata_int(const gguf::File& f, const std::string& key, int fallback) {
+  return to_int(f.get_int(key, fallback), key);
+}
+
+const gguf::TensorInfo& shaped_tensor(const gguf::File& f, const std::string& name,
+                                      const std::vector<std::uint64_t>& dims) {
   const gguf::TensorInfo& t = f.tensor(name);
   KVC_CHECK(t.dims == dims, "model: tensor '", name, "' has dims ", dims_string(t.dims),
             ", expected ", dims_string(dims));
@@ -45,22 +61,12 @@ const gguf::TensorInfo& shaped(const gguf::File& f, const std::string& name,
   return t;
 }
 
-// Packs the rows of several tensors (each [k] x rows_i in ggml order) stacked into one matrix.
 PackedMatrix pack_stacked(const gguf::File& f, const std::vector<const gguf::TensorInfo*>& parts) {
   int n = 0;
   const int k = static_cast<int>(parts.front()->row_length());
   for (const gguf::TensorInfo* p : parts) n += static_cast<int>(p->num_rows());
-  // Row `row` of the stack: the part that holds it and the row within that part.
-  auto locate = [&](int row) {
-    for (const gguf::TensorInfo* p : parts) {
-      const int rows = static_cast<int>(p->num_rows());
-      if (row < rows) return std::make_pair(p, static_cast<std::uint64_t>(row));
-      row -= rows;
-    }
-    return std::make_pair(parts.back(), std::uint64_t{0});  // not reached: row < n
-  };
   PackedMatrix w = pack_rows(n, k, [&](int row, float* dst) {
-    const auto [p, r] = locate(row);
+    const auto [p, r] = locate(parts, row);
     f.dequantize_row(*p, r, dst);
   });
   // Block-quantised weights also keep their exact int8 form for the decode products.
@@ -68,14 +74,58 @@ PackedMatrix pack_stacked(const gguf::File& f, const std::vector<const gguf::Ten
     if (!gguf::has_int8_blocks(p->type)) return w;
   }
   add_int8_panels(w, [&](int row, std::int8_t* q, float* d, float* m) {
-    const auto [p, r] = locate(row);
+    const auto [p, r] = locate(parts, row);
     const std::uint64_t bytes = gguf::row_bytes(p->type, p->row_length());
     gguf::unpack_int8_blocks(p->type, f.tensor_data(*p) + r * bytes, p->row_length(), q, d, m);
   });
   return w;
 }
 
-}  // namespace
+std::vector<float> dequantize_stacked(const gguf::File& f,
+                                      const std::vector<const gguf::TensorInfo*>& parts) {
+  std::vector<float> out;
+  for (const gguf::TensorInfo* p : parts) {
+    const std::vector<float> v = f.dequantize_tensor(*p);
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+std::vector<double> rope_inv_freq(double base, int rope_dim) {
+  std::vector<double> inv(static_cast<std::size_t>(rope_dim / 2));
+  for (int i = 0; i < rope_dim / 2; ++i) {
+    inv[static_cast<std::size_t>(i)] = std::pow(base, -2.0 * i / rope_dim);
+  }
+  return inv;
+}
+
+void rope_table(const std::vector<double>& inv_freq, int pos0, int count, float* cs) {
+  const std::size_t half = inv_freq.size();
+  for (int i = 0; i < count; ++i) {
+    float* row = cs + static_cast<std::size_t>(i) * 2 * half;
+    for (std::size_t j = 0; j < half; ++j) {
+      const double angle = static_cast<double>(pos0 + i) * inv_freq[j];
+      row[j] = static_cast<float>(std::cos(angle));
+      row[half + j] = static_cast<float>(std::sin(angle));
+    }
+  }
+}
+
+ModelInfo model_info(const LlamaConfig& c) {
+  ModelInfo m;
+  m.architecture = "llama";
+  m.num_layers = c.num_layers;
+  m.d_model = c.d_model;
+  m.num_heads = c.num_heads;
+  m.num_kv_heads = c.num_kv_heads;
+  m.head_dim = c.head_dim;
+  m.d_ff = c.d_ff;
+  m.vocab_size = c.vocab_size;
+  m.context_length = c.context_length;
+  m.cached_layers = c.num_layers;
+  m.sliding_window = 0;
+  return m;
+}
 
 LlamaConfig LlamaConfig::from_gguf(const gguf::File& f) {
   const std::string arch = f.get_string("general.architecture", "");
@@ -83,17 +133,15 @@ LlamaConfig LlamaConfig::from_gguf(const gguf::File& f) {
             "' is not supported (only llama)");
   const std::string p = arch + ".";
   LlamaConfig c;
-  c.num_layers = require_int(f, p + "block_count");
-  c.d_model = require_int(f, p + "embedding_length");
-  c.num_heads = require_int(f, p + "attention.head_count");
-  c.num_kv_heads =
-      to_int(f.get_int(p + "attention.head_count_kv", c.num_heads), p + "attention.head_count_kv");
-  c.d_ff = require_int(f, p + "feed_forward_length");
-  c.context_length = require_int(f, p + "context_length");
+  c.num_layers = metadata_int(f, p + "block_count");
+  c.d_model = metadata_int(f, p + "embedding_length");
+  c.num_heads = metadata_int(f, p + "attention.head_count");
+  c.num_kv_heads = metadata_int(f, p + "attention.head_count_kv", c.num_heads);
+  c.d_ff = metadata_int(f, p + "feed_forward_length");
+  c.context_length = metadata_int(f, p + "context_length");
   KVC_CHECK(c.num_heads > 0, "model: ", p, "attention.head_count = 0");
   c.head_dim = c.d_model / c.num_heads;
-  c.rope_dim =
-      to_int(f.get_int(p + "rope.dimension_count", c.head_dim), p + "rope.dimension_count");
+  c.rope_dim = metadata_int(f, p + "rope.dimension_count", c.head_dim);
   c.rope_base = static_cast<float>(f.get_float(p + "rope.freq_base", 10000.0));
   c.rms_eps = static_cast<float>(f.get_float(p + "attention.layer_norm_rms_epsilon", 1e-5));
   const std::string scaling = f.get_string(p + "rope.scaling.type", "none");
@@ -102,7 +150,9 @@ LlamaConfig LlamaConfig::from_gguf(const gguf::File& f) {
   const gguf::TensorInfo& embd = f.tensor("token_embd.weight");
   KVC_CHECK(embd.dims.size() == 2, "model: token_embd.weight has ", embd.dims.size(),
             " dims, expected 2");
-  c.vocab_size = to_int(static_cast<std::int64_t>(embd.dims[1]), "token_embd.weight dims[1]");
+  KVC_CHECK(embd.dims[1] <= (1u << 30), "model: token_embd.weight dims[1] = ", embd.dims[1],
+            " must be in [0, 2^30]");
+  c.vocab_size = static_cast<int>(embd.dims[1]);
   c.validate();
   return c;
 }
@@ -132,27 +182,29 @@ LlamaTensors LlamaTensors::from_gguf(const gguf::File& f, const LlamaConfig& c) 
   const auto ff = static_cast<std::uint64_t>(c.d_ff);
   const auto vocab = static_cast<std::uint64_t>(c.vocab_size);
   LlamaTensors t;
-  t.embd = &shaped(f, "token_embd.weight", {d, vocab});
-  if (f.find_tensor("output.weight") != nullptr) t.output = &shaped(f, "output.weight", {d, vocab});
-  t.output_norm = &shaped(f, "output_norm.weight", {d});
+  t.embd = &shaped_tensor(f, "token_embd.weight", {d, vocab});
+  if (f.find_tensor("output.weight") != nullptr)
+    t.output = &shaped_tensor(f, "output.weight", {d, vocab});
+  t.output_norm = &shaped_tensor(f, "output_norm.weight", {d});
   t.blocks.resize(static_cast<std::size_t>(c.num_layers));
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
     Block& p = t.blocks[static_cast<std::size_t>(l)];
-    p.attn_norm = &shaped(f, b + "attn_norm.weight", {d});
-    p.ffn_norm = &shaped(f, b + "ffn_norm.weight", {d});
-    p.q = &shaped(f, b + "attn_q.weight", {d, qd});
-    p.k = &shaped(f, b + "attn_k.weight", {d, kvd});
-    p.v = &shaped(f, b + "attn_v.weight", {d, kvd});
-    p.o = &shaped(f, b + "attn_output.weight", {qd, d});
-    p.gate = &shaped(f, b + "ffn_gate.weight", {d, ff});
-    p.up = &shaped(f, b + "ffn_up.weight", {d, ff});
-    p.down = &shaped(f, b + "ffn_down.weight", {ff, d});
+    p.attn_norm = &shaped_tensor(f, b + "attn_norm.weight", {d});
+    p.ffn_norm = &shaped_tensor(f, b + "ffn_norm.weight", {d});
+    p.q = &shaped_tensor(f, b + "attn_q.weight", {d, qd});
+    p.k = &shaped_tensor(f, b + "attn_k.weight", {d, kvd});
+    p.v = &shaped_tensor(f, b + "attn_v.weight", {d, kvd});
+    p.o = &shaped_tensor(f, b + "attn_output.weight", {qd, d});
+    p.gate = &shaped_tensor(f, b + "ffn_gate.weight", {d, ff});
+    p.up = &shaped_tensor(f, b + "ffn_up.weight", {d, ff});
+    p.down = &shaped_tensor(f, b + "ffn_down.weight", {ff, d});
   }
   return t;
 }
 
-LlamaModel::LlamaModel(const gguf::File& f, ThreadPool& pool) : config_(LlamaConfig::from_gguf(f)) {
+LlamaModel::LlamaModel(const gguf::File& f, ThreadPool& pool)
+    : config_(LlamaConfig::from_gguf(f)), info_(model_info(config_)) {
   const LlamaConfig& c = config_;
   // Every shape and type is checked before the (long) packing starts.
   const LlamaTensors tensors = LlamaTensors::from_gguf(f, c);
@@ -195,11 +247,7 @@ LlamaModel::LlamaModel(const gguf::File& f, ThreadPool& pool) : config_(LlamaCon
   embd_row_bytes_ = gguf::row_bytes(embd.type, embd.row_length());
   const std::uint8_t* e = f.tensor_data(embd);
   embd_raw_.assign(e, e + embd.num_bytes);
-  inv_freq_.resize(static_cast<std::size_t>(c.rope_dim / 2));
-  for (int i = 0; i < c.rope_dim / 2; ++i) {
-    inv_freq_[static_cast<std::size_t>(i)] =
-        std::pow(static_cast<double>(c.rope_base), -2.0 * i / c.rope_dim);
-  }
+  inv_freq_ = rope_inv_freq(c.rope_base, c.rope_dim);
 }
 
 std::size_t LlamaModel::weight_bytes() const {
@@ -228,14 +276,7 @@ void LlamaModel::embed(int token, float* dst) const {
 
 void LlamaModel::forward(const int* tokens, int count, KvCache& cache, float* logits,
                          ThreadPool& pool, const ForwardOptions& options) {
-  KVC_CHECK(count >= 1, "forward: count = ", count, " must be >= 1");
-  KVC_CHECK(options.chunk >= 1, "forward: chunk = ", options.chunk, " must be >= 1");
-  KVC_CHECK(count <= cache.capacity() - cache.length(), "forward: ", count,
-            " tokens do not fit: the cache holds ", cache.length(), " of ", cache.capacity());
-  for (int t = 0; t < count; ++t) {
-    KVC_CHECK(tokens[t] >= 0 && tokens[t] < config_.vocab_size, "forward: token ", t, " = ",
-              tokens[t], " must be in [0, vocab_size = ", config_.vocab_size, ")");
-  }
+  check_forward_args(tokens, count, cache, config_.vocab_size, options);
   for (int t0 = 0; t0 < count; t0 += options.chunk) {
     const int n = std::min(options.chunk, count - t0);
     const bool last = t0 + n == count;
@@ -271,15 +312,8 @@ void LlamaModel::step(const int* tokens, int count, KvCache& cache, float* logit
   float* h = sized(h_, t * c.d_ff);
   float* cs = sized(cs_, t * 2 * half);
 
-  for (int i = 0; i < T; ++i) {
-    embed(tokens[i], x + static_cast<std::size_t>(i) * D);
-    float* csi = cs + static_cast<std::size_t>(i) * 2 * half;
-    for (int j = 0; j < half; ++j) {
-      const double angle = static_cast<double>(pos0 + i) * inv_freq_[static_cast<std::size_t>(j)];
-      csi[j] = static_cast<float>(std::cos(angle));
-      csi[half + j] = static_cast<float>(std::sin(angle));
-    }
-  }
+  for (int i = 0; i < T; ++i) embed(tokens[i], x + static_cast<std::size_t>(i) * D);
+  rope_table(inv_freq_, pos0, T, cs);
 
   for (int l = 0; l < c.num_layers; ++l) {
     const Layer& L = layers_[static_cast<std::size_t>(l)];

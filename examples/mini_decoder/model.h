@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "decoder_model.h"
 #include "gguf.h"
 #include "kernels.h"
 #include "kv_cache.h"
@@ -67,14 +68,33 @@ struct LlamaTensors {
   static LlamaTensors from_gguf(const gguf::File& file, const LlamaConfig& config);
 };
 
-/// Options of LlamaModel::forward.
-struct ForwardOptions {
-  int chunk = 256;          ///< prompt tokens per batched step (activations scale with it)
-  bool all_logits = false;  ///< logits of every token instead of the last one only
-};
+/// The ModelInfo of a llama config (every layer cached, no sliding window).
+ModelInfo model_info(const LlamaConfig& config);
+
+// ---- loading helpers shared by the models ------------------------------------------------------
+
+/// Integer metadata `key` (must be present) as an int in [0, 2^30].
+int metadata_int(const gguf::File& file, const std::string& key);
+/// Integer metadata `key` as an int in [0, 2^30], or `fallback` when absent.
+int metadata_int(const gguf::File& file, const std::string& key, int fallback);
+/// The tensor `name`, checked to have `dims` (ggml order) and a type the reader dequantises.
+const gguf::TensorInfo& shaped_tensor(const gguf::File& file, const std::string& name,
+                                      const std::vector<std::uint64_t>& dims);
+/// The rows of several tensors (each [k] x rows_i in ggml order) stacked into one packed matrix,
+/// with int8 panels when every part has int8 blocks (gguf::has_int8_blocks).
+PackedMatrix pack_stacked(const gguf::File& file,
+                          const std::vector<const gguf::TensorInfo*>& parts);
+/// The same stack dequantised row-major ([sum of rows][k] f32; the CUDA models upload it).
+std::vector<float> dequantize_stacked(const gguf::File& file,
+                                      const std::vector<const gguf::TensorInfo*>& parts);
+/// Inverse RoPE frequencies base^(-2i / rope_dim) for i < rope_dim / 2, in double.
+std::vector<double> rope_inv_freq(double base, int rope_dim);
+/// Rows [pos0, pos0 + count) of the RoPE table: per position rope_dim / 2 cosines then as many
+/// sines of pos * inv_freq[i] (angles in double, rounded to float).
+void rope_table(const std::vector<double>& inv_freq, int pos0, int count, float* cs);
 
 /// The model: weights packed for the GEMM and per-step scratch. Not thread-safe.
-class LlamaModel {
+class LlamaModel final : public DecoderModel {
  public:
   /// Loads and packs the weights of `file` (which may be closed afterwards).
   /// @param[in] file a llama GGUF
@@ -83,10 +103,13 @@ class LlamaModel {
 
   /// The hyper-parameters.
   const LlamaConfig& config() const { return config_; }
+  const ModelInfo& info() const override { return info_; }
   /// Bytes of the packed weights.
-  std::size_t weight_bytes() const;
+  std::size_t weight_bytes() const override;
   /// KV geometry for a cache of `capacity` tokens.
-  KvShape kv_shape(int capacity) const;
+  KvShape kv_shape(int capacity) const override;
+  std::string device_name() const override { return "cpu"; }
+  bool on_device() const override { return false; }
 
   /// Runs `count` tokens at positions [cache.length(), cache.length() + count) through the
   /// model, appending their K/V to `cache`, in batched steps of at most options.chunk tokens.
@@ -96,7 +119,7 @@ class LlamaModel {
   /// @param[out] logits vocab_size floats (the last token), or count * vocab_size (all_logits)
   /// @param[in] pool    threads
   void forward(const int* tokens, int count, KvCache& cache, float* logits, ThreadPool& pool,
-               const ForwardOptions& options = ForwardOptions());
+               const ForwardOptions& options = ForwardOptions()) override;
 
  private:
   struct Layer {
@@ -113,6 +136,7 @@ class LlamaModel {
   void embed(int token, float* dst) const;
 
   LlamaConfig config_;
+  ModelInfo info_;
   std::vector<Layer> layers_;
   std::vector<float> output_norm_;
   PackedMatrix lm_head_;

@@ -157,7 +157,7 @@ int run(const Options& o) {
     model = std::make_unique<Decoder>(file, on_cuda, pool);
   }
   const std::vector<int> tokens = tok->encode(read_text(o.text_file), /*parse_special=*/false);
-  const LlamaConfig& mc = model->config();
+  const ModelInfo& mc = model->config();
   std::fprintf(stderr,
                "[quality_eval] %s on %s: %d layers, heads %d/%d x %d; text %s (%zu tokens); "
                "positions [%d, %d); %zu configurations; %d threads\n",

@@ -241,7 +241,7 @@ std::string EvalResult::to_json(const std::string& extra) const {
 std::vector<EvalResult> run_teacher_forced(Decoder& model, const std::vector<int>& tokens,
                                            const std::vector<EvalConfig>& configs,
                                            const EvalRunOptions& o, ThreadPool& pool) {
-  const LlamaConfig& mc = model.config();
+  const ModelInfo& mc = model.config();
   KVC_CHECK(o.start >= 1 && o.end > o.start, "start = ", o.start, ", end = ", o.end,
             ": need 1 <= start < end");
   KVC_CHECK(static_cast<long>(tokens.size()) > o.end, "the text has ", tokens.size(),
@@ -310,6 +310,7 @@ std::vector<EvalResult> run_teacher_forced(Decoder& model, const std::vector<int
       copy_prefix(static_cast<const CudaDenseKvCache&>(*dense), o.start, *caches[c].cache);
 #endif
     if (!on_cuda) copy_prefix(static_cast<const DenseKvCache&>(*dense), o.start, *caches[c].cache);
+    model.fork_sequence(*dense, *caches[c].cache);  // Gemma: the sliding windows follow
     Sums& m = sums[c];
     m.recall_by_layer.assign(static_cast<std::size_t>(shape.num_layers), 0.0);
     m.kl_bucket.assign(buckets, 0.0);

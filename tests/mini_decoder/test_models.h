@@ -278,15 +278,92 @@ inline Tiny tiny64() {
   return t;
 }
 
+/// A tiny Gemma 3 model: d 64, 4 query heads over 2 kv heads of 64 dims (q_dim 256 so that the
+/// output projection's rows fit Q4_K), d_ff 256, and the tensor types of the real file (Q8_0
+/// embedding, Q5_0/Q8_0 projections, Q4_K/Q6_K output and down projections, f32 norms).
+struct TinyGemma {
+  int layers = 4, d = 64, heads = 4, kv_heads = 2, hd = 64, ff = 256, vocab = 48, ctx = 160;
+  int window = 8;
+  std::vector<int> pattern = {1, 0, 1, 1};  ///< 1 = sliding window; empty: no key (Gemma 3's rule)
+  float eps = 1e-6f, base_global = 10000.0f, base_local = 100.0f;
+  float attention_scale = 0.0f;  ///< 0: no key (1 / sqrt(hd))
+};
+
+inline std::vector<std::uint8_t> tiny_gemma_model(const TinyGemma& t) {
+  testing::GgufWriter w;
+  w.kv_string("general.architecture", "gemma3");
+  w.kv_u32("gemma3.block_count", t.layers);
+  w.kv_u32("gemma3.context_length", t.ctx);
+  w.kv_u32("gemma3.embedding_length", t.d);
+  w.kv_u32("gemma3.feed_forward_length", t.ff);
+  w.kv_u32("gemma3.attention.head_count", t.heads);
+  w.kv_u32("gemma3.attention.head_count_kv", t.kv_heads);
+  w.kv_u32("gemma3.attention.key_length", t.hd);
+  w.kv_u32("gemma3.attention.value_length", t.hd);
+  w.kv_u32("gemma3.attention.sliding_window", t.window);
+  w.kv_f32("gemma3.rope.freq_base", t.base_global);
+  w.kv_f32("gemma3.rope.freq_base_swa", t.base_local);
+  w.kv_f32("gemma3.attention.layer_norm_rms_epsilon", t.eps);
+  if (t.attention_scale > 0) w.kv_f32("gemma3.attention.scale", t.attention_scale);
+  if (!t.pattern.empty()) {
+    testing::Bytes b;
+    b.put<std::uint32_t>(7);  // bool
+    b.put<std::uint64_t>(t.pattern.size());
+    for (int x : t.pattern) b.put<std::uint8_t>(x != 0 ? 1 : 0);
+    w.kv_raw("gemma3.attention.sliding_window_pattern", 9, b);
+  }
+  auto u = [](int v) { return static_cast<std::uint64_t>(v); };
+  const std::size_t d = static_cast<std::size_t>(t.d);
+  const int qd = t.heads * t.hd, kvd = t.kv_heads * t.hd;
+  w.tensor("token_embd.weight", {u(t.d), u(t.vocab)}, 8, q8_0_bytes(random_vec(d * t.vocab)));
+  const float s = 0.3f;
+  for (int l = 0; l < t.layers; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    for (const char* n : {"attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"}) {
+      w.tensor_f32(b + n + ".weight", {u(t.d)}, random_vec(d, 0.5f, 1.5f));
+    }
+    w.tensor_f32(b + "attn_q_norm.weight", {u(t.hd)}, random_vec(t.hd, 0.5f, 1.5f));
+    w.tensor_f32(b + "attn_k_norm.weight", {u(t.hd)}, random_vec(t.hd, 0.5f, 1.5f));
+    w.tensor(b + "attn_q.weight", {u(t.d), u(qd)}, 6, q5_0_bytes(random_vec(d * qd, -s, s)));
+    w.tensor(b + "attn_k.weight", {u(t.d), u(kvd)}, 8, q8_0_bytes(random_vec(d * kvd, -s, s)));
+    w.tensor(b + "attn_v.weight", {u(t.d), u(kvd)}, 6, q5_0_bytes(random_vec(d * kvd, -s, s)));
+    w.tensor(b + "attn_output.weight", {u(qd), u(t.d)}, 12, q4_k_bytes(random_vec(qd * d, -s, s)));
+    w.tensor(b + "ffn_gate.weight", {u(t.d), u(t.ff)}, 6, q5_0_bytes(random_vec(d * t.ff, -s, s)));
+    if (l == 0) {  // a stack with an f32 part (no int8 panels)
+      w.tensor_f32(b + "ffn_up.weight", {u(t.d), u(t.ff)}, random_vec(d * t.ff, -s, s));
+    } else {
+      w.tensor(b + "ffn_up.weight", {u(t.d), u(t.ff)}, 6, q5_0_bytes(random_vec(d * t.ff, -s, s)));
+    }
+    if (l % 2 == 0) {
+      w.tensor(b + "ffn_down.weight", {u(t.ff), u(t.d)}, 14,
+               q6_k_bytes(random_vec(t.ff * d, -s, s)));
+    } else {
+      w.tensor(b + "ffn_down.weight", {u(t.ff), u(t.d)}, 12,
+               q4_k_bytes(random_vec(t.ff * d, -s, s)));
+    }
+  }
+  w.tensor_f32("output_norm.weight", {u(t.d)}, random_vec(d, 0.5f, 1.5f));
+  return w.build();
+}
+
 /// The real model's file name and size (scripts/fetch-model).
 constexpr const char* kModelFile = "SmolLM2-135M-Instruct.Q4_1.gguf";
 constexpr unsigned long long kModelBytes = 98362432ull;
 
-/// Path of the real model: $KVC_MODEL (a file), else kModelFile in $KVC_MODEL_DIR or
-/// ~/.cache/kvc; "" when none exists.
-inline std::string find_model() {
+/// The real Gemma 3 270M file (scripts/fetch-model --model gemma3-270m).
+constexpr const char* kGemmaModelFile = "gemma-3-270m-q4_k_m.gguf";
+constexpr unsigned long long kGemmaModelBytes = 253113024ull;
+
+/// Path of a real model: $KVC_MODEL when it names a file called `file`, else `file` in
+/// $KVC_MODEL_DIR or ~/.cache/kvc; "" when none exists. Without `file` (SmolLM2) any $KVC_MODEL
+/// file counts.
+inline std::string find_model(const std::string& file = kModelFile) {
   if (const char* m = std::getenv("KVC_MODEL")) {
-    if (std::FILE* f = std::fopen(m, "rb")) {
+    const std::string path = m;
+    const bool named = path.size() >= file.size() &&
+                       path.compare(path.size() - file.size(), file.size(), file) == 0;
+    std::FILE* f = (named || file == kModelFile) ? std::fopen(m, "rb") : nullptr;
+    if (f != nullptr) {
       std::fclose(f);
       return m;
     }
@@ -295,7 +372,7 @@ inline std::string find_model() {
   if (const char* d = std::getenv("KVC_MODEL_DIR")) dirs.push_back(d);
   if (const char* h = std::getenv("HOME")) dirs.push_back(std::string(h) + "/.cache/kvc");
   for (const std::string& d : dirs) {
-    const std::string p = d + "/" + kModelFile;
+    const std::string p = d + "/" + file;
     if (std::FILE* f = std::fopen(p.c_str(), "rb")) {
       std::fclose(f);
       return p;
