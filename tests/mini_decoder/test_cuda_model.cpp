@@ -1,14 +1,17 @@
 // The mini-decoder's CUDA forward (cuda_model.h, cuda_kv_cache.h, the device entry points of the
 // kvc cache) against the CPU model. Every test needs a CUDA device and skips without one; the
 // MiniDecoder_CudaRealModel tests also need the real model file (test_models.h, find_model).
+// MiniDecoder_CudaGemma*: the Gemma 3 forward (cuda_gemma_model.h) against the CPU one.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,8 +22,10 @@
 #if KVC_CUDA_ENABLED
 #include <cuda_runtime.h>
 
+#include "cuda_gemma_model.h"
 #include "cuda_kv_cache.h"
 #include "cuda_model.h"
+#include "gemma_model.h"
 #include "gguf.h"
 #include "gguf_writer.h"
 #include "kv_cache.h"
@@ -526,6 +531,201 @@ TEST(MiniDecoder_CudaRealModel, KvcBlockSelectExactCpuVsCuda) {
   if (first >= 0) {
     EXPECT_LT(margin, 0.05f) << why;
   }
+}
+
+// ---- Gemma 3 -----------------------------------------------------------------------------
+
+// The tiny Gemma with head_dim 64 over 2 kv heads, and one shaped like the real model (4 query
+// heads over 1 kv head of 256 dims).
+std::vector<TinyGemma> tiny_gemmas() {
+  TinyGemma a;
+  TinyGemma b;
+  b.heads = 4;
+  b.kv_heads = 1;
+  b.hd = 256;
+  b.pattern = {1, 1, 0, 1, 0};
+  b.layers = 5;
+  b.window = 20;
+  return {a, b};
+}
+
+TEST(MiniDecoder_CudaGemma, TinyModelMatchesCpuForward) {
+  SKIP_WITHOUT_DEVICE();
+  ThreadPool pool(2);
+  for (const TinyGemma& t : tiny_gemmas()) {
+    SCOPED_TRACE("heads " + std::to_string(t.heads) + "/" + std::to_string(t.kv_heads) + " x " +
+                 std::to_string(t.hd) + ", window " + std::to_string(t.window));
+    testing::TempFile file(tiny_gemma_model(t));
+    const gguf::File f(file.path());
+    GemmaModel cpu(f, pool);
+    CudaGemmaModel gpu(f, pool);
+    EXPECT_EQ(gpu.kv_shape(4).num_layers, cpu.kv_shape(4).num_layers);
+    EXPECT_TRUE(gpu.on_device());
+    std::uniform_int_distribution<int> tok(0, t.vocab - 1);
+    const int T = 150;  // past the ring (slots_for(window) <= 96) and one 128-key tile
+    std::vector<int> ids(T);
+    for (int& id : ids) id = tok(rng());
+    const auto run_cpu = [&](const int* x, int n, KvCache& c, float* l, const ForwardOptions& fo) {
+      cpu.forward(x, n, c, l, pool, fo);
+    };
+    const auto run_gpu = [&](const int* x, int n, KvCache& c, float* l, const ForwardOptions& fo) {
+      gpu.forward(x, n, c, l, pool, fo);
+    };
+    DenseKvCache ref_cache(cpu.kv_shape(T));
+    const std::vector<float> want = all_logits(cpu, ref_cache, ids, 131, 64, run_cpu);
+    const double scale = max_abs_value(want);
+    for (int chunk : {1, 7, 64, 131}) {
+      SCOPED_TRACE("chunk " + std::to_string(chunk));
+      CudaDenseKvCache cache(gpu.kv_shape(T));
+      const std::vector<float> got = all_logits(gpu, cache, ids, 131, chunk, run_gpu);
+      const double diff = compare_logits(want, got, t.vocab, 1e-4 * scale, 1e-3 * scale);
+      std::printf("[tiny gemma hd%d chunk %d] max |cpu - cuda| logit = %.3g (scale %.3g)\n", t.hd,
+                  chunk, diff, scale);
+    }
+  }
+}
+
+// Two sequences interleaved on the device model (each cache keeps its rings), and the dense
+// prefill handed over to kvc's stores on the device (the rings adopted, then forked), against
+// the CPU model doing the same with kvc on the CPU.
+TEST(MiniDecoder_CudaGemma, SequencesAndKvcOnDevice) {
+  SKIP_WITHOUT_DEVICE();
+  ThreadPool pool(2);
+  TinyGemma t;
+  t.pattern = {1, 0, 1, 0};
+  testing::TempFile file(tiny_gemma_model(t));
+  const gguf::File f(file.path());
+  GemmaModel cpu(f, pool);
+  CudaGemmaModel gpu(f, pool);
+  std::uniform_int_distribution<int> tok(0, t.vocab - 1);
+  std::vector<int> a(100), b(100);
+  for (int& id : a) id = tok(rng());
+  for (int& id : b) id = tok(rng());
+  const std::size_t vocab = static_cast<std::size_t>(t.vocab);
+  // Interleaved: a and b one token at a time after a prompt of 40 each.
+  std::vector<float> got_a(a.size() * vocab), got_b(b.size() * vocab);
+  CudaDenseKvCache ca(gpu.kv_shape(100)), cb(gpu.kv_shape(100));
+  ForwardOptions fo;
+  fo.all_logits = true;
+  gpu.forward(a.data(), 40, ca, got_a.data(), pool, fo);
+  gpu.forward(b.data(), 40, cb, got_b.data(), pool, fo);
+  for (std::size_t i = 40; i < 100; ++i) {
+    gpu.forward(&a[i], 1, ca, got_a.data() + i * vocab, pool);
+    gpu.forward(&b[i], 1, cb, got_b.data() + i * vocab, pool);
+  }
+  const auto run_cpu = [&](const int* x, int n, KvCache& c, float* l, const ForwardOptions& o) {
+    cpu.forward(x, n, c, l, pool, o);
+  };
+  DenseKvCache ra(cpu.kv_shape(100)), rb(cpu.kv_shape(100));
+  const std::vector<float> want_a = all_logits(cpu, ra, a, 40, 256, run_cpu);
+  const std::vector<float> want_b = all_logits(cpu, rb, b, 40, 256, run_cpu);
+  const double scale = std::max(max_abs_value(want_a), max_abs_value(want_b));
+  compare_logits(want_a, got_a, t.vocab, 1e-4 * scale, 1e-3 * scale);
+  compare_logits(want_b, got_b, t.vocab, 1e-4 * scale, 1e-3 * scale);
+
+  // Dense prefill of 80 tokens, K/V of the global layers copied into kvc on each side, then the
+  // dense cache and the kvc one in lockstep (fork_sequence) for the last 20.
+  KvOptions o;
+  o.mode = "block_select_exact";
+  o.format = "f16";
+  o.recent_window = 16;
+  o.block_size = 16;
+  o.top_blocks = 2;
+  const int prompt = 80;
+  auto lockstep = [&](DecoderModel& m, KvCache& dense, KvCache& kvc, bool device) {
+    std::vector<float> out((a.size() - prompt) * vocab), ref(out.size());
+    m.forward(a.data(), prompt, dense, nullptr, pool);
+    if (device) {
+      copy_prefix(static_cast<const CudaDenseKvCache&>(dense), prompt, kvc);
+    } else {
+      copy_prefix(static_cast<const DenseKvCache&>(dense), prompt, kvc);
+    }
+    m.fork_sequence(dense, kvc);
+    for (std::size_t i = prompt; i < a.size(); ++i) {
+      m.forward(&a[i], 1, dense, ref.data() + (i - prompt) * vocab, pool);
+      m.forward(&a[i], 1, kvc, out.data() + (i - prompt) * vocab, pool);
+    }
+    return std::make_pair(ref, out);
+  };
+  DenseKvCache cpu_dense(cpu.kv_shape(100));
+  o.device = "cpu";
+  KvcKvCache cpu_kvc(o, cpu.kv_shape(100), Device::cpu());
+  const auto [cpu_ref, cpu_out] = lockstep(cpu, cpu_dense, cpu_kvc, false);
+  CudaDenseKvCache gpu_dense(gpu.kv_shape(100));
+  o.device = "cuda";
+  const std::unique_ptr<KvCache> gpu_kvc = make_cuda_kv_cache(o, gpu.kv_shape(100));
+  const auto [gpu_ref, gpu_out] = lockstep(gpu, gpu_dense, *gpu_kvc, true);
+  compare_logits(cpu_ref, gpu_ref, t.vocab, 1e-4 * scale, 1e-3 * scale);
+  const double diff = compare_logits(cpu_out, gpu_out, t.vocab, 5e-2 * scale, 0.1 * scale);
+  std::printf("[tiny gemma kvc] max |cpu kvc - cuda kvc| logit = %.3g (scale %.3g)\n", diff, scale);
+}
+
+TEST(MiniDecoder_CudaGemma, RejectsHostCaches) {
+  SKIP_WITHOUT_DEVICE();
+  ThreadPool pool(1);
+  const TinyGemma t;
+  testing::TempFile file(tiny_gemma_model(t));
+  const gguf::File f(file.path());
+  CudaGemmaModel gpu(f, pool);
+  std::vector<float> logits(static_cast<std::size_t>(t.vocab));
+  DenseKvCache host(gpu.kv_shape(8));
+  const int id = 3, bad = t.vocab;
+  EXPECT_THROW(gpu.forward(&id, 1, host, logits.data(), pool), Error);
+  CudaDenseKvCache cache(gpu.kv_shape(8));
+  EXPECT_THROW(gpu.forward(&bad, 1, cache, logits.data(), pool), Error);
+  EXPECT_EQ(cache.length(), 0);
+}
+
+// The real Gemma 3 270M: prompt logits of the long prompt (past the 512-token window) and the
+// greedy continuation, CPU against CUDA; the continuation is transformers' (test_gemma_real_model).
+TEST(MiniDecoder_CudaRealModel, GemmaDenseCpuVsCuda) {
+  SKIP_WITHOUT_DEVICE();
+  const std::string path = find_model(kGemmaModelFile);
+  if (path.empty()) GTEST_SKIP() << "model not fetched (scripts/fetch-model --model gemma3-270m)";
+  const gguf::File f(path);
+  const Tokenizer tok = Tokenizer::from_gguf(f);
+  std::ifstream in(std::string(KVC_MINI_DECODER_SOURCE_DIR) + "/demo_prompt.txt");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  text.erase(text.find_last_not_of(" \n") + 1);
+  text += "\n\nQuestion: What is the name of the lighthouse keeper's cat?\nAnswer:";
+  std::vector<int> ids = tok.encode(text, false);
+  ids.insert(ids.begin(), tok.bos_id());
+  const int n = static_cast<int>(ids.size());
+  const int steps = 10;
+  ThreadPool pool(std::max(1u, std::thread::hardware_concurrency()));
+  GemmaModel cpu(f, pool);
+  CudaGemmaModel gpu(f, pool);
+  const int vocab = cpu.config().vocab_size;
+  ForwardOptions fo;
+  fo.all_logits = true;
+  std::vector<float> want(static_cast<std::size_t>(n) * vocab), got(want.size(), std::nanf(""));
+  DenseKvCache cpu_cache(cpu.kv_shape(n + steps));
+  cpu.forward(ids.data(), n, cpu_cache, want.data(), pool, fo);
+  CudaDenseKvCache gpu_cache(gpu.kv_shape(n + steps));
+  fo.chunk = 100;  // another chunking than the CPU's
+  gpu.forward(ids.data(), n, gpu_cache, got.data(), pool, fo);
+  const double diff = compare_logits(want, got, vocab, 1e-2, 0.0);
+  std::printf("[real gemma dense] %d prompt tokens: max |cpu - cuda| logit = %.3g\n", n, diff);
+  RecordProperty("gemma_prompt_logits_max_abs_diff", std::to_string(diff));
+  const auto last = [&](const std::vector<float>& all) {
+    return std::vector<float>(all.end() - vocab, all.end());
+  };
+  std::vector<std::vector<float> > rows_cpu, rows_gpu;
+  const std::vector<int> a = greedy(
+      last(want), steps, [&](int id, float* l) { cpu.forward(&id, 1, cpu_cache, l, pool); },
+      &rows_cpu);
+  const std::vector<int> b = greedy(
+      last(got), steps, [&](int id, float* l) { gpu.forward(&id, 1, gpu_cache, l, pool); },
+      &rows_gpu);
+  int first = -1;
+  float margin = 0;
+  const std::string why = divergence(a, b, rows_cpu, rows_gpu, &first, &margin);
+  std::printf("[real gemma dense] cuda: %s\n[real gemma dense] %s\n", tok.decode(b).c_str(),
+              why.c_str());
+  EXPECT_EQ(a, b) << why;
+  EXPECT_EQ(tok.decode(b), " Biscuit.\n\nQuestion: What is the name of");
 }
 
 #endif  // KVC_CUDA_ENABLED
