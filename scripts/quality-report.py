@@ -52,8 +52,10 @@ def main():
         groups.setdefault(g, OrderedDict())[r["config"]] = r
     summary = {"default": a.default, "groups": []}
     for (model, text, start, end), cfgs in groups.items():
+        # The oracle: the probe's exact rule, or kvc's token_mass over the old blocks' own K
+        # (the same rule; MiniDecoder_QualityProbe.LibraryTokenMassSelectsTheOraclesBlocks).
         oracles = {budget_key(r): r for r in cfgs.values()
-                   if r["scoring"] == "oracle" and r["policy"] == "topk"}
+                   if r["scoring"] in ("oracle", "token_mass/old_blocks") and r["policy"] == "topk"}
         print(f"\n### {model}, text {text}, positions [{start}, {end})\n")
         print("| config | scoring | policy | top x block | ring | mean KL | top-1 | mass recall "
               "| read / dense | oracle KL | KL / oracle | oracle top-1 |")

@@ -173,7 +173,8 @@ inline void encode_old_row(const StoreView& s, int pool_block, int head, int row
 }
 
 /// Computes the summaries of a full block (pool block, head) for element i: mean K (and mean V,
-/// min/max K when kept) over its B rows in row order, sums with fadd_rn, mean = sum / B.
+/// min/max K when kept) over its B rows in row order, sums with fadd_rn, mean = sum / B (a NaN
+/// mean as the canonical quiet NaN).
 KVC_HD void summarise_element(const StoreView& s, int pool_block, int head, int i) {
   const std::size_t o = block_head_index(s, pool_block, head) * s.head_dim + i;
   float sum_k = 0.0f, sum_v = 0.0f;
@@ -187,8 +188,11 @@ KVC_HD void summarise_element(const StoreView& s, int pool_block, int head, int 
     if (s.summaries & kSummaryMeanV) sum_v = fadd_rn(sum_v, old_v_at(s, pool_block, head, t, i));
   }
   const float b = static_cast<float>(s.block_size);
-  s.mean_k[o] = fdiv_rn(sum_k, b);
-  if (s.summaries & kSummaryMeanV) s.mean_v[o] = fdiv_rn(sum_v, b);
+  // A NaN mean is stored as the canonical quiet NaN: the payload an addition propagates differs
+  // between the host's and the device's floating-point units, and snapshots compare bits.
+  const float mean_k = fdiv_rn(sum_k, b), mean_v = fdiv_rn(sum_v, b);
+  s.mean_k[o] = is_nan(mean_k) ? formats::quiet_nan() : mean_k;
+  if (s.summaries & kSummaryMeanV) s.mean_v[o] = is_nan(mean_v) ? formats::quiet_nan() : mean_v;
   if (s.summaries & kSummaryMinMaxK) {
     s.min_k[o] = mn;
     s.max_k[o] = mx;
