@@ -24,6 +24,7 @@
 // A plain cache row is [0, N) positions, valid in [begin, pos].
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -134,6 +135,7 @@ struct DecodeParams {
   int vlen;         // virtual list length per row
   int chunk;        // rows per chunk (a multiple of kRowsPerIter)
   int num_chunks;   // gridDim.y
+  int cluster;      // > 1: the chunks of a row run as one cluster of that many CTAs (no combine)
   float* part_out;  // [batch * T * Hq, num_chunks, d] (num_chunks > 1)
   float* part_lse;  // [batch * T * Hq, num_chunks]
 };
@@ -631,61 +633,124 @@ __device__ __forceinline__ void store2(void* out, std::size_t idx, int kind, flo
 
 template <int D, int kGT>
 struct MergeSmem {
-  float acc[kWarps][kGT][D];
-  float m[kWarps][kGT];
-  float l[kWarps][kGT];
+  float acc[kWarps][kGT][D];  // per warp: sum 2^(s - m) v, unnormalised
+  float m[kWarps][kGT];       // per warp: running max (log2 units)
+  float l[kWarps][kGT];       // per warp: sum 2^(s - m)
+  float cta_m[kGT];           // cluster mode: the CTA's merged state (acc in acc[0])
+  float cta_l[kGT];
 };
 
-/// Merges the warps' states in `mg` (query heads first_gi + g of kv head h, g < kGT, of the
-/// (sequence, query token) row bt) and writes the final rows (one chunk per row: the sink is
-/// added here) or the chunk's partial states (normalised out, natural-log lse; an empty chunk
-/// writes lse = -inf and no out).
+/// The merge of n partial states of one head over disjoint token sets, at 4 elements
+/// [i, i + 4): src(k) gives state k's m, l (log2 domain) and acc row (unnormalised). A sink
+/// (log2 units; -inf: none, NaN poisons) joins as a token of value 0. Empty states (m = -inf)
+/// get weight 0; NaN in an acc stays NaN.
+struct MergedState {
+  float m, l;
+  float o[4];
+};
+
+template <class Src>
+__device__ __forceinline__ MergedState merge_sources(int n, Src&& src, int i, float sink_log2) {
+  MergedState r;
+  r.m = sink_log2;
+  for (int k = 0; k < n; ++k) r.m = fmaxf(r.m, src(k).m);
+  r.l = sink_log2 == -INFINITY ? 0.0f : exp2f(sink_log2 - r.m);  // NaN sink gives NaN
+  for (int e = 0; e < 4; ++e) r.o[e] = 0.0f;
+  for (int k = 0; k < n; ++k) {
+    const auto st = src(k);
+    const float w = st.m == -INFINITY ? 0.0f : exp2f(st.m - r.m);
+    r.l += st.l * w;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) r.o[e] += st.acc[i + e] * w;
+  }
+  return r;
+}
+
+/// One partial state as merge_sources reads it.
+struct StateRef {
+  float m, l;
+  const float* acc;
+};
+
+/// Writes a merged state of query row row_q at elements [i, i + 4): the final row (out, lse)
+/// or, with more than one chunk per row and no cluster, the chunk's partial state (normalised
+/// out, natural-log lse; an empty state writes lse = -inf and no out).
+__device__ __forceinline__ void store_merged(const DecodeParams& p, const MergedState& ms,
+                                             std::size_t row_q, int i, int chunk, bool final_row,
+                                             int D) {
+  const bool empty = ms.m == -INFINITY && ms.l == 0.0f;
+  const float inv = empty ? 0.0f : 1.0f / ms.l;
+  const float4 res = make_float4(ms.o[0] * inv, ms.o[1] * inv, ms.o[2] * inv, ms.o[3] * inv);
+  const float lse = empty ? -INFINITY : (ms.m + log2f(ms.l)) * kLn2;
+  if (final_row) {
+    store4(p.out, row_q * D + i, p.out_kind, res);
+    if (i == 0 && p.lse != nullptr) p.lse[row_q] = lse;
+  } else {
+    const std::size_t pr = row_q * p.num_chunks + chunk;
+    if (i == 0) p.part_lse[pr] = lse;
+    if (!empty) *reinterpret_cast<float4*>(p.part_out + pr * D + i) = res;
+  }
+}
+
+/// Ends a CTA: merges the warps' states in `mg` (query heads first_gi + g of kv head h,
+/// g < kGT, of the (sequence, query token) row bt) and writes the final rows (one chunk per
+/// row, or the chunks of a row as one cluster: the sink is added there) or the chunk's partial
+/// state for combine.cuh. In a cluster (p.cluster > 1: the row's chunks, ranked by chunk) each
+/// CTA first merges its warps into cta_m / cta_l / acc[0], then the CTAs read each other's
+/// states through distributed shared memory and each writes a share of the row's elements.
 template <int D, int kGT>
-__device__ __forceinline__ void write_merged(const DecodeParams& p, const MergeSmem<D, kGT>& mg,
-                                             int bt, int h, int first_gi, int chunk) {
-  const bool final_row = p.num_chunks == 1;
+__device__ __forceinline__ void finish_cta(const DecodeParams& p, MergeSmem<D, kGT>& mg, int bt,
+                                           int h, int first_gi, int chunk) {
+  const bool one_chunk = p.num_chunks == 1;
+  const bool cluster = p.cluster > 1;
   for (int idx = threadIdx.x * 4; idx < kGT * D; idx += kThreads * 4) {
     const int g = idx / D, i = idx % D;
     const int gi = first_gi + g;
     if (gi >= p.G) break;  // idx grows with g
     const int hq = h * p.G + gi;
-    const std::size_t row_q = static_cast<std::size_t>(bt) * p.Hq + hq;
-    float mm = -INFINITY;
+    const float sink = one_chunk && p.sink != nullptr ? p.sink[hq] * kLog2e : -INFINITY;
+    const MergedState ms = merge_sources(
+        kWarps,
+        [&](int w) {
+          return StateRef{mg.m[w][g], mg.l[w][g], mg.acc[w][g]};
+        },
+        i, sink);
+    if (cluster) {
+      // acc[0][g][i..] is read and written by this thread only; cta_m / cta_l are new slots.
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, mg.m[w][g]);
-    float sink_term = 0.0f;
-    if (final_row && p.sink != nullptr) {
-      const float s2 = p.sink[hq] * kLog2e;
-      mm = fmaxf(mm, s2);
-      sink_term = s2 == -INFINITY ? 0.0f : exp2f(s2 - mm);  // NaN sink gives NaN
-    }
-    float wgt[kWarps];
-    float lsum = sink_term;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float mw = mg.m[w][g];
-      wgt[w] = mw == -INFINITY ? 0.0f : exp2f(mw - mm);
-      lsum += mg.l[w][g] * wgt[w];
-    }
-    float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[e] += mg.acc[w][g][i + e] * wgt[w];
-    }
-    const bool empty = mm == -INFINITY && lsum == 0.0f;
-    const float inv = empty ? 0.0f : 1.0f / lsum;
-    const float4 res = make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
-    const float lse = empty ? -INFINITY : (mm + log2f(lsum)) * kLn2;
-    if (final_row) {
-      store4(p.out, row_q * D + i, p.out_kind, res);
-      if (i == 0 && p.lse != nullptr) p.lse[row_q] = lse;
+      for (int e = 0; e < 4; ++e) mg.acc[0][g][i + e] = ms.o[e];
+      if (i == 0) {
+        mg.cta_m[g] = ms.m;
+        mg.cta_l[g] = ms.l;
+      }
     } else {
-      const std::size_t pr = row_q * p.num_chunks + chunk;
-      if (i == 0) p.part_lse[pr] = lse;
-      if (!empty) *reinterpret_cast<float4*>(p.part_out + pr * D + i) = res;
+      store_merged(p, ms, static_cast<std::size_t>(bt) * p.Hq + hq, i, chunk, one_chunk, D);
     }
   }
+  if (!cluster) return;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+  cl.sync();  // every CTA's state is in its shared memory
+  const int n = p.cluster;
+  const int rank = static_cast<int>(cl.block_rank());
+  for (int idx = (rank * kThreads + static_cast<int>(threadIdx.x)) * 4; idx < kGT * D;
+       idx += n * kThreads * 4) {
+    const int g = idx / D, i = idx % D;
+    const int gi = first_gi + g;
+    if (gi >= p.G) break;
+    const int hq = h * p.G + gi;
+    const float sink = p.sink != nullptr ? p.sink[hq] * kLog2e : -INFINITY;
+    const MergedState ms = merge_sources(
+        n,
+        [&](int k) {
+          const MergeSmem<D, kGT>* r = cl.map_shared_rank(&mg, k);
+          return StateRef{r->cta_m[g], r->cta_l[g], r->acc[0][g]};
+        },
+        i, sink);
+    store_merged(p, ms, static_cast<std::size_t>(bt) * p.Hq + hq, i, chunk, true, D);
+  }
+  cl.sync();  // no CTA leaves while another still reads its shared memory
+#endif
 }
 
 /// What blockIdx says: the head tile, the (sequence, query token, kv head) row and the chunk
@@ -880,7 +945,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(D, kGT))
   }
   __syncthreads();
 
-  write_merged<D, kGT>(p, sm.merge, c.bt, c.h, tile * kGT, chunk);
+  finish_cta<D, kGT>(p, sm.merge, c.bt, c.h, tile * kGT, chunk);
 }
 
 /// The kernel for (D, kGT, kOld, kBf16) as a function pointer (instantiates it).

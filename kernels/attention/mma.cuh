@@ -656,7 +656,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     }
   }
   __syncthreads();
-  write_merged<D, kMmaCols>(p, sm.merge, c.bt, c.h, col0, chunk);
+  finish_cta<D, kMmaCols>(p, sm.merge, c.bt, c.h, col0, chunk);
 }
 
 /// The tensor-core kernel for (D, F, kBf16) as a function pointer (instantiates it).

@@ -95,7 +95,67 @@ struct Plan {
   int num_chunks = 1;        // chunks per row (grid.y)
   std::int64_t kv_ctas = 0;  // grid.x = batch * T * Hkv * tiles
   std::int64_t rows_q = 0;   // batch * T * Hq
+  int cluster = 0;           // > 1: a row's chunks run as one cluster (no combine launch)
 };
+
+/// Most CTAs in a cluster (16 needs the non-portable cluster size, which sm_90 has).
+constexpr int kMaxCluster = 16;
+
+/// Whether clusters of `size` CTAs (along grid.y) of `kernel` can be resident on the current
+/// device (cached per kernel and size). Allows the non-portable size on the kernel when needed.
+cudaError_t cluster_fits(const void* kernel, int size, bool& fits) {
+  static std::mutex mu;
+  static std::unordered_map<const void*, std::uint64_t> cache;  // bit s: tried, bit 32 + s: fits
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto it = cache.find(kernel);
+    if (it != cache.end() && ((it->second >> size) & 1u)) {
+      fits = (it->second >> (32 + size)) & 1u;
+      return cudaSuccess;
+    }
+  }
+  fits = false;
+  int dev = 0, major = 0;
+  KVC_CUDA_CALL(cudaGetDevice(&dev));
+  KVC_CUDA_CALL(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  if (major >= 9) {
+    bool ok = size <= 8 ||
+              cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
+                  cudaSuccess;
+    if (ok) {
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(1, static_cast<unsigned>(size));
+      config.blockDim = dim3(kThreads);
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = 1;
+      attr[0].val.clusterDim.y = static_cast<unsigned>(size);
+      attr[0].val.clusterDim.z = 1;
+      config.attrs = attr;
+      config.numAttrs = 1;
+      int clusters = 0;
+      ok =
+          cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0;
+    }
+    cudaGetLastError();  // a refusal is an answer, not an error of the call
+    fits = ok;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  std::uint64_t& bits = cache[kernel];
+  bits |= std::uint64_t{1} << size;
+  if (fits) bits |= std::uint64_t{1} << (32 + size);
+  return cudaSuccess;
+}
+
+/// Answers cluster_fits for every cluster size of `kernel` now, so that later calls (and graph
+/// captures) find them cached. False on a CUDA error.
+bool warm_clusters(const void* kernel) {
+  for (int size = 2; size <= kMaxCluster; ++size) {
+    bool fits = false;
+    if (cluster_fits(kernel, size, fits) != cudaSuccess) return false;
+  }
+  return true;
+}
 
 /// Cuts rows of `vlen` virtual entries into chunks for `plan.kernel` (plan.gt, plan.tiles set):
 /// about one wave of CTAs, chunks a multiple of `granule` rows and at least `min_rows` long,
@@ -113,11 +173,31 @@ cudaError_t split_rows(int num_q_heads, int num_kv_heads, int batch, int T, std:
   chunks = std::min<std::int64_t>(chunks, kMaxChunks);
   if (max_splits > 0) chunks = std::min<std::int64_t>(chunks, max_splits);
   chunks = std::max<std::int64_t>(chunks, 1);
-  std::int64_t chunk = (vlen + chunks - 1) / chunks;
-  chunk = (chunk + granule - 1) / granule * granule;
-  plan.vlen = static_cast<int>(vlen);
-  plan.chunk = static_cast<int>(chunk);
-  plan.num_chunks = static_cast<int>((vlen + chunk - 1) / chunk);
+  const auto cut = [&](std::int64_t n) {
+    std::int64_t chunk = (vlen + n - 1) / n;
+    chunk = (chunk + granule - 1) / granule * granule;
+    plan.vlen = static_cast<int>(vlen);
+    plan.chunk = static_cast<int>(chunk);
+    plan.num_chunks = static_cast<int>((vlen + chunk - 1) / chunk);
+  };
+  // A split row runs as one cluster (no combine launch, no partial states in memory) when its
+  // chunks fit one; a short row that wants more chunks than that takes kMaxCluster of them
+  // (each CTA then has at most 4 minimal chunks of work: latency, not bandwidth, bounds it).
+  std::int64_t want = chunks;
+  if (want > kMaxCluster && max_splits == 0 && vlen <= 4 * kMaxCluster * min_rows) {
+    want = kMaxCluster;
+  }
+  plan.cluster = 0;
+  if (want > 1 && want <= kMaxCluster) {
+    cut(want);
+    bool fits = false;
+    if (plan.num_chunks > 1) KVC_CUDA_CALL(cluster_fits(plan.kernel, plan.num_chunks, fits));
+    if (fits) {
+      plan.cluster = plan.num_chunks;
+      return cudaSuccess;
+    }
+  }
+  cut(chunks);
   return cudaSuccess;
 }
 
@@ -162,7 +242,7 @@ std::size_t carve_workspace(void* base, const Plan& plan, int head_dim, float** 
                             float** part_lse) {
   *part_out = nullptr;
   *part_lse = nullptr;
-  if (plan.num_chunks <= 1) return 0;
+  if (plan.num_chunks <= 1 || plan.cluster > 1) return 0;
   const std::size_t n = static_cast<std::size_t>(plan.rows_q) * plan.num_chunks;
   const std::size_t out_bytes = align256(n * head_dim * 4);
   const std::size_t lse_bytes = align256(n * 4);
@@ -272,8 +352,25 @@ cudaError_t run(const Plan& plan, DecodeParams& dp, int head_dim, cudaStream_t s
   dp.vlen = plan.vlen;
   dp.chunk = plan.chunk;
   dp.num_chunks = plan.num_chunks;
+  dp.cluster = plan.cluster;
   void* args[] = {&dp};
   const dim3 grid(static_cast<unsigned>(plan.kv_ctas), static_cast<unsigned>(plan.num_chunks));
+  if (plan.cluster > 1) {
+    // The chunks of a row (grid.y) form one cluster and merge in distributed shared memory.
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = dim3(kThreads);
+    config.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = static_cast<unsigned>(plan.cluster);
+    attr[0].val.clusterDim.z = 1;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    KVC_CUDA_CALL(cudaLaunchKernelExC(&config, plan.kernel, args));
+    return cudaGetLastError();
+  }
   KVC_CUDA_CALL(cudaLaunchKernel(plan.kernel, grid, dim3(kThreads), args, 0, stream));
   if (plan.num_chunks > 1) {
     CombineParams cp;
@@ -332,7 +429,7 @@ std::size_t attention_workspace_upper_bound(int num_q_heads, int num_kv_heads, i
     for (bool bf16 : {false, true}) {
       const void* k = decode_kernel_for(head_dim, gt, kind, bf16);
       std::int64_t t = 0;
-      if (k == nullptr || target_ctas(k, t) != cudaSuccess) return 0;
+      if (k == nullptr || target_ctas(k, t) != cudaSuccess || !warm_clusters(k)) return 0;
       target = std::max(target, t);
     }
   }
@@ -344,7 +441,7 @@ std::size_t attention_workspace_upper_bound(int num_q_heads, int num_kv_heads, i
       for (bool bf16 : {false, true}) {
         const void* k = mma_kernel_for(head_dim, kind, bf16);
         std::int64_t t = 0;
-        if (k == nullptr || target_ctas(k, t) != cudaSuccess) return 0;
+        if (k == nullptr || target_ctas(k, t) != cudaSuccess || !warm_clusters(k)) return 0;
         n = std::max(n, static_cast<std::size_t>(t) * kMmaCols);
       }
     }

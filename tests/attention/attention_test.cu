@@ -1163,6 +1163,29 @@ TEST(Cuda_AttentionMma, SplitExtremes) {
   }
 }
 
+// A row split into chunks merges either inside one cluster (up to 16 chunks, distributed
+// shared memory, one launch) or through the combine launch (more chunks): rows of ~1300 list
+// entries with 1 chunk, 8 chunks (cluster), the automatic choice (16, cluster) and 32 chunks
+// (combine), through both kernels, equal the CPU.
+TEST(Cuda_AttentionMma, ClusterAndCombineMergesAgree) {
+  KVC_REQUIRE_GPU();
+  for (int splits : {1, 8, 0, 32}) {
+    Case c;
+    c.W = 1024;
+    c.B = 32;
+    c.top = 8;
+    c.lengths = {1500, 3001};
+    c.T = 2;
+    c.sink = true;
+    c.max_splits = splits;
+    c.seed = 650 + splits;
+    check_paths(c, "select max_splits " + std::to_string(splits), {kMma, kSimt});
+    c.mode = AttentionMode::kDense;
+    c.format = Format::kQ8;
+    check_paths(c, "dense max_splits " + std::to_string(splits), {kMma, kSimt});
+  }
+}
+
 // Ids outside [0, closed blocks) (negative, past the end) are skipped and counts above
 // max_selected are clamped, as in the CUDA-core kernel.
 TEST(Cuda_AttentionMma, OutOfRangeSelectionsAreSkipped) {

@@ -7,13 +7,14 @@
  *  length depends only on maxima (the ring's W, the block size B, max_selected, the store's
  *  max_blocks_per_slot, T, or the plain cache's N). The list is cut into equal chunks; one CTA
  *  takes one (sequence, query token, kv head, chunk) and up to 8 query heads of that kv head, so
- *  K/V are read once for those heads (on tensor cores or CUDA cores, see KernelPath), and
- *  writes a partial state (out, lse) to the workspace. A
- *  second launch merges the partials of each row (the LSE merge of merge.h), adds the sink and
- *  writes out / lse. When one chunk covers a row (large batches), the first launch writes the
- *  result directly and the second is skipped. Lengths, selections and counts are read on the
- *  device; the launch shape depends only on the batch, T, the maxima above and the device's SM
- *  count, so a captured graph replays correctly as lengths and selections change.
+ *  K/V are read once for those heads (on tensor cores or CUDA cores, see KernelPath). The
+ *  partial states of a row's chunks are merged (the LSE merge of merge.h), the sink added and
+ *  out / lse written: inside one thread-block cluster through distributed shared memory when a
+ *  row has at most 16 chunks (one launch), else through the workspace and a second launch.
+ *  When one chunk covers a row (large batches), the first launch writes the result directly.
+ *  Lengths, selections and counts are read on the device; the launch shape depends only on the
+ *  batch, T, the maxima above and the device's SM count, so a captured graph replays correctly
+ *  as lengths and selections change.
  *
  *  Workspace: two-phase, as CUB. Call with `d_workspace == nullptr` to get the bytes needed in
  *  `workspace_bytes` (nothing is launched); then call again with a buffer of at least that size.
