@@ -175,6 +175,7 @@ struct RowCtx {
   const std::uint8_t* pk;  // plain row 0 of (b, h)
   const std::uint8_t* pv;
   int begin;  // first visible plain position
+  int len;    // the slot's (plain: the sequence's) length as loaded
 };
 
 /// Bytes per row of K / V in row format RK with head_dim D.
@@ -774,11 +775,12 @@ __device__ __forceinline__ CtaCoords cta_coords(const DecodeParams& p) {
   return k;
 }
 
-/// Fills `c` for blockIdx's row `cta` (device slots, lengths and selection counts): the
-/// positions it sees, its ring rows, block-table row and selection, or its plain-cache row.
+/// First half of init_row_ctx: the row's coordinates and what needs only the slot (ring rows,
+/// block-table row, plain-cache rows); issues the length and selection-count loads into c.len /
+/// c.sel_count without using them, so a kernel can issue reads before it waits for them.
 template <int D>
-__device__ __forceinline__ void init_row_ctx(const DecodeParams& p, const CtaCoords& cta,
-                                             RowCtx& c) {
+__device__ __forceinline__ void init_row_addr(const DecodeParams& p, const CtaCoords& cta,
+                                              RowCtx& c) {
   c.h = cta.h;
   c.bt = cta.bt;
   c.t = cta.t;
@@ -787,11 +789,10 @@ __device__ __forceinline__ void init_row_ctx(const DecodeParams& p, const CtaCoo
   c.sel_count = 0;
   c.sel_ids = nullptr;
   c.table = nullptr;
+  // Defined before init_row_range sets them (a caller may form masks it then discards).
+  c.pos = c.begin = c.O = c.closed = c.open_tokens = c.wb = c.n_ring = c.o_mod = c.lim = 0;
   if (p.plain) {
-    const int len = p.plain_lengths[c.b];
-    c.pos = len - p.T + c.t;
-    const int wb = c.pos - p.window + 1;
-    c.begin = p.window > 0 && wb > 0 ? wb : 0;
+    c.len = p.plain_lengths[c.b];
     const std::size_t row0 = (static_cast<std::size_t>(c.b) * p.Hkv + c.h) * p.capacity;
     c.pk = p.plain_k + row0 * D * 2;
     c.pv = p.plain_v + row0 * D * 2;
@@ -799,13 +800,33 @@ __device__ __forceinline__ void init_row_ctx(const DecodeParams& p, const CtaCoo
   }
   const StoreView& s = p.s;
   c.slot = p.slots[c.b];
-  // Addresses first: ring rows need only the slot.
   const std::size_t ring0 =
       (static_cast<std::size_t>(c.slot) * s.num_kv_heads + c.h) * s.recent_window;
   c.ring_k = static_cast<const std::uint8_t*>(s.ring_k) + ring0 * D * 2;
   c.ring_v = static_cast<const std::uint8_t*>(s.ring_v) + ring0 * D * 2;
   c.table = s.block_table + static_cast<std::size_t>(c.slot) * s.max_blocks_per_slot;
-  const int L = s.lengths[c.slot];
+  c.len = s.lengths[c.slot];
+  if (p.mode == static_cast<int>(AttentionMode::kBlockSelectExact) ||
+      p.mode == static_cast<int>(AttentionMode::kBlockSelectLossy)) {
+    const std::size_t sel_row = p.sel.shared_across_heads
+                                    ? static_cast<std::size_t>(c.bt)
+                                    : static_cast<std::size_t>(c.bt) * p.Hkv + c.h;
+    c.sel_count = p.sel.max_selected > 0 ? p.sel.counts[sel_row] : 0;
+    c.sel_ids = p.sel.ids + sel_row * p.sel.max_selected;
+  }
+}
+
+/// Second half of init_row_ctx: the positions the row sees (from c.len) and the clamped
+/// selection count.
+__device__ __forceinline__ void init_row_range(const DecodeParams& p, RowCtx& c) {
+  if (p.plain) {
+    c.pos = c.len - p.T + c.t;
+    const int wb = c.pos - p.window + 1;
+    c.begin = p.window > 0 && wb > 0 ? wb : 0;
+    return;
+  }
+  const StoreView& s = p.s;
+  const int L = c.len;
   const attention::RowRange rr = attention::row_range(L, p.T, c.t, s.recent_window, s.block_size);
   c.pos = rr.position;
   c.O = rr.old_tokens;
@@ -816,15 +837,17 @@ __device__ __forceinline__ void init_row_ctx(const DecodeParams& p, const CtaCoo
   c.n_ring = !store::owns_ring(s) ? 0 : (L < s.recent_window ? L : s.recent_window);
   c.o_mod = c.O % s.recent_window;
   c.lim = c.pos - c.O;
-  if (p.mode == static_cast<int>(AttentionMode::kBlockSelectExact) ||
-      p.mode == static_cast<int>(AttentionMode::kBlockSelectLossy)) {
-    const std::size_t sel_row = p.sel.shared_across_heads
-                                    ? static_cast<std::size_t>(c.bt)
-                                    : static_cast<std::size_t>(c.bt) * p.Hkv + c.h;
-    const int n = p.sel.max_selected > 0 ? p.sel.counts[sel_row] : 0;
-    c.sel_count = n < 0 ? 0 : (n > p.sel.max_selected ? p.sel.max_selected : n);
-    c.sel_ids = p.sel.ids + sel_row * p.sel.max_selected;
-  }
+  const int n = c.sel_count;
+  c.sel_count = n < 0 ? 0 : (n > p.sel.max_selected ? p.sel.max_selected : n);
+}
+
+/// Fills `c` for blockIdx's row `cta` (device slots, lengths and selection counts): the
+/// positions it sees, its ring rows, block-table row and selection, or its plain-cache row.
+template <int D>
+__device__ __forceinline__ void init_row_ctx(const DecodeParams& p, const CtaCoords& cta,
+                                             RowCtx& c) {
+  init_row_addr<D>(p, cta, c);
+  init_row_range(p, c);
 }
 
 template <int D, int kGT>

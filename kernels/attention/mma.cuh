@@ -536,10 +536,30 @@ __global__ void __launch_bounds__(kThreads, 3)
   const CtaCoords cta = cta_coords(p);
   const int chunk = cta.chunk, c0 = cta.c0, c1 = cta.c1;
   MmaCtx c;
-  init_row_ctx<D>(p, cta, c);
+  init_row_addr<D>(p, cta, c);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, cc = lane % 4;
   const int col0 = cta.tile * kMmaCols;
+  c.W16 = p.plain ? 0 : static_cast<int>(round16(p.s.recent_window));
+  c.B16 = p.plain ? 0 : static_cast<int>(round16(p.s.block_size));
+
+  // The warp's first tile, when it is ring or plain rows, is read before anything waits for the
+  // length (the rows are always allocated; its mask comes after): one round trip less.
+  const int v_first = c0 + warp * kMmaTile;
+  const bool early = v_first < c1 && (p.plain || (v_first < c.W16 && store::owns_ring(p.s)));
+  TileData<D, OldKind::k16> first;
+  if (early) {
+    TileLoad tl;
+    TileMask unused;
+    if (p.plain) {
+      tile_rows<OldKind::k16>(
+          p, [&](int i) { return plain_row<D>(p, c, v_first + i); }, tl, unused);
+    } else {
+      tile_rows<OldKind::k16>(
+          p, [&](int i) { return ring_row<D>(p, c, v_first + i); }, tl, unused);
+    }
+    mma_load<D, OldKind::k16>(tl, first);
+  }
 
   // --- the query heads: lane (g, cc) holds head column g, dims [32 j + 8 cc, +8) ---
   std::uint32_t q[Sh::kQW];
@@ -555,13 +575,11 @@ __global__ void __launch_bounds__(kThreads, 3)
     }
   }
 
-  c.W16 = 0;
-  c.B16 = 0;
+  init_row_range(p, c);  // the first wait for the length
   if (!p.plain) {
     const StoreView& s = p.s;
-    c.W16 = static_cast<int>(round16(s.recent_window));
-    c.B16 = static_cast<int>(round16(s.block_size));
-    if (p.mode == static_cast<int>(AttentionMode::kBlockSelectExact)) {
+    // Only a chunk that reaches the selected blocks waits for the selection (uniform).
+    if (p.mode == static_cast<int>(AttentionMode::kBlockSelectExact) && c1 > c.W16 + c.B16) {
       // Stage the pool ids of the selected blocks this chunk reads (-1: skipped id).
       const std::int32_t* ids = c.sel_ids;
       const int sel0 = c.W16 + c.B16;
@@ -593,7 +611,19 @@ __global__ void __launch_bounds__(kThreads, 3)
     st.l[col] = 0.0f;
   }
   const AttentionMode mode = static_cast<AttentionMode>(p.mode);
-  for (int v0 = c0 + warp * kMmaTile; v0 < c1; v0 += kWarps * kMmaTile) {
+  if (early) {  // the first tile, loaded above: its mask now that the length is known
+    TileLoad unused;
+    TileMask tm;
+    if (p.plain) {
+      tile_rows<OldKind::k16>(
+          p, [&](int i) { return plain_row<D>(p, c, v_first + i); }, unused, tm);
+    } else {
+      tile_rows<OldKind::k16>(
+          p, [&](int i) { return ring_row<D>(p, c, v_first + i); }, unused, tm);
+    }
+    mma_compute<D, OldKind::k16, kBf16>(first, tm, q, p.scale_log2, st);
+  }
+  for (int v0 = v_first + (early ? kWarps * kMmaTile : 0); v0 < c1; v0 += kWarps * kMmaTile) {
     TileLoad tl;
     TileMask tm;
     if (p.plain) {
