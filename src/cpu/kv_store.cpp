@@ -12,6 +12,7 @@
 #include "kvc/store/kv_store.h"
 #include "store_impl.h"
 #include "store_state.h"
+#include "store_update.h"
 
 namespace kvc {
 namespace detail {
@@ -153,51 +154,10 @@ class CpuKvStore final : public KvStore {
   }
 
   // Adds `count` tokens (k, v: [count, Hkv, d] 16-bit) to `slot`, whose blocks are allocated.
-  // Order: quantise the tokens that leave the ring (reading the ring before it is overwritten),
-  // summarise the blocks that close, then write the new ring rows. A shard quantises and
-  // summarises only the blocks it owns.
   void update_slot(int slot, int count, const std::uint16_t* k, const std::uint16_t* v) {
-    const StoreView s = view();
-    const int W = config_.recent_window, B = config_.block_size, H = config_.num_kv_heads;
-    const std::size_t d = static_cast<std::size_t>(config_.head_dim);
-    const int L = state_.lengths[static_cast<std::size_t>(slot)];
-    const UpdateSpan u = update_span(config_, L, count);
-    const auto* rk = static_cast<const std::uint16_t*>(s.ring_k);
-    const auto* rv = static_cast<const std::uint16_t*>(s.ring_v);
-    const std::int32_t* table = s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot;
-    for (int p = u.old_begin; p < u.old_end; ++p) {
-      if (!config_.owns_block(p / B)) continue;
-      const int pb = table[p / B];
-      for (int h = 0; h < H; ++h) {
-        const std::uint16_t *ks, *vs;
-        if (p < L) {
-          const std::size_t r = store::ring_row_index(s, slot, h, p % W) * d;
-          ks = rk + r;
-          vs = rv + r;
-        } else {
-          const std::size_t r = (static_cast<std::size_t>(p - L) * H + h) * d;
-          ks = k + r;
-          vs = v + r;
-        }
-        store::encode_old_row(s, pb, h, p % B, ks, vs, scratch_.data());
-      }
-    }
-    for (int b = u.closed_begin; b < u.closed_end; ++b) {
-      if (!config_.owns_block(b)) continue;
-      for (int h = 0; h < H; ++h) {
-        for (int i = 0; i < config_.head_dim; ++i) store::summarise_element(s, table[b], h, i);
-      }
-    }
-    auto* wk = static_cast<std::uint16_t*>(s.ring_k);
-    auto* wv = static_cast<std::uint16_t*>(s.ring_v);
-    for (int p = u.ring_begin; p < L + count; ++p) {
-      for (int h = 0; h < H; ++h) {
-        const std::size_t dst = store::ring_row_index(s, slot, h, p % W) * d;
-        const std::size_t src = (static_cast<std::size_t>(p - L) * H + h) * d;
-        std::memcpy(wk + dst, k + src, d * 2);
-        std::memcpy(wv + dst, v + src, d * 2);
-      }
-    }
+    const std::int64_t token = static_cast<std::int64_t>(config_.num_kv_heads) * config_.head_dim;
+    cpu_store_update(view(), slot, state_.lengths[static_cast<std::size_t>(slot)], count, k, token,
+                     v, token, scratch_.data());
   }
 
   KvStoreConfig config_;
