@@ -482,10 +482,12 @@ LayeredCacheBase::UpdateStrides LayeredCacheBase::check_update_view(const Tensor
   KVC_CHECK(three || t.ndim == 4, name, ".ndim = ", t.ndim,
             " must be 4 ([slots, count, Hkv, d]) or, for count 1, 3 ([slots, Hkv, d])");
   const std::int64_t want[] = {n, pending_count_, s.num_kv_heads, s.head_dim};
-  const int off = three ? 1 : 0;
+  // [slots, Hkv, d] (count 1) skips the count dimension.
+  const int dims3[] = {0, 2, 3}, dims4[] = {0, 1, 2, 3};
+  const int* dims = three ? dims3 : dims4;
   for (int i = 0; i < t.ndim; ++i) {
-    KVC_CHECK(t.shape[i] == want[i + off], name, ".shape[", i, "] = ", t.shape[i], " must be ",
-              want[i + off]);
+    KVC_CHECK(t.shape[i] == want[dims[i]], name, ".shape[", i, "] = ", t.shape[i], " must be ",
+              want[dims[i]]);
   }
   const int h = t.ndim - 2;
   KVC_CHECK(t.stride[h + 1] == 1 && (s.num_kv_heads == 1 || t.stride[h] == s.head_dim), name,

@@ -172,3 +172,101 @@ def merge_states_inplace(out, lse, out_b, lse_b):
     out = 0."""
     _kvc.merge_states_inplace(out, lse, out_b, lse_b, stream_of(out))
     return out, lse
+
+
+class LayeredCache:
+    """Every layer's compressed KV cache in one object (kvc/store/layered_cache.h): one pool,
+    one set of lengths and block tables for all layers; begin_update() once per step, write()
+    per layer, layer(l) for BlockIndex / AttentionBackend; truncate() and fork()."""
+
+    def __init__(self, config, device="cpu"):
+        self.impl = _kvc.LayeredCache(config, device_name(device))
+
+    @property
+    def config(self):
+        return self.impl.config
+
+    @property
+    def device(self):
+        return self.impl.device
+
+    def open_slot(self):
+        return self.impl.open_slot()
+
+    def reset(self, slot):
+        self.impl.reset(slot)
+
+    def free(self, slot):
+        self.impl.free(slot)
+
+    def is_open(self, slot):
+        return self.impl.is_open(slot)
+
+    def length(self, slot):
+        return self.impl.length(slot)
+
+    def begin_update(self, slots, count=1):
+        """Advances the lengths of `slots` by `count` and assigns pages, for every layer."""
+        self.impl.begin_update([int(s) for s in slots], int(count))
+
+    def write(self, layer, k, v):
+        """Layer `layer`'s K/V of the update begun: [len(slots), count, Hkv, d] (or
+        [len(slots), Hkv, d] for count 1); strided rows (a fused QKV output) are accepted."""
+        self.impl.set_stream(stream_of(k))
+        self.impl.write(int(layer), k, v)
+
+    def append(self, slots, k, v):
+        """One token per slot in every layer: k, v [L, len(slots), Hkv, d]."""
+        self.impl.set_stream(stream_of(k))
+        self.impl.append([int(s) for s in slots], k, v)
+
+    def ingest(self, slot, k, v):
+        """A prefill chunk in every layer: k, v [L, T, Hkv, d]."""
+        self.impl.set_stream(stream_of(k))
+        self.impl.ingest(int(slot), k, v)
+
+    def truncate(self, slot, new_length):
+        self.impl.truncate(int(slot), int(new_length))
+
+    def rollback_floor(self, slot):
+        return self.impl.rollback_floor(slot)
+
+    def fork(self, src, dst):
+        self.impl.fork(int(src), int(dst))
+
+    def layer(self, layer):
+        """Layer `layer` as a read-only KvStore (pass it to BlockIndex.score, decode, ...)."""
+        return self.impl.layer(int(layer))
+
+    def errors(self):
+        return self.impl.errors()
+
+    def clear_errors(self):
+        self.impl.clear_errors()
+
+    def free_pages(self):
+        return self.impl.free_pages()
+
+    def footprint(self):
+        return self.impl.footprint()
+
+    def refresh_host_state(self):
+        self.impl.refresh_host_state()
+
+    def block_table(self):
+        """The block table as an int32 numpy array [max_slots + 1, max_blocks_per_slot] over the
+        cache's own memory (CPU caches only): with PageOwner.engine the engine writes its page
+        ids here; the last row is kvc's."""
+        if self.device != "cpu":
+            raise ValueError("block_table() maps host memory: CPU caches only")
+        import ctypes
+
+        import numpy as np
+
+        cfg = self.config
+        shape = (cfg.layer.max_slots + 1, cfg.layer.max_blocks_per_slot())
+        n = shape[0] * shape[1]
+        if n == 0:
+            return np.zeros(shape, np.int32)
+        buf = (ctypes.c_int32 * n).from_address(self.impl.block_table())
+        return np.ctypeslib.as_array(buf).reshape(shape)

@@ -57,6 +57,7 @@ void bind_core(nb::module_& m);
 void bind_store(nb::module_& m);
 void bind_compute(nb::module_& m);
 void bind_planner(nb::module_& m);
+void bind_layered(nb::module_& m);
 
 }  // namespace python
 }  // namespace kvc

@@ -15,4 +15,5 @@ NB_MODULE(_kvc, m) {
   kvc::python::bind_store(m);
   kvc::python::bind_compute(m);
   kvc::python::bind_planner(m);
+  kvc::python::bind_layered(m);
 }

@@ -87,6 +87,7 @@ class CpuLayeredCache final : public LayeredCacheBase {
     v.max_rollback = config_.max_rollback;
     v.ring_stride = static_cast<std::ptrdiff_t>(layout_.ring_stride);
     v.pool_stride = static_cast<std::ptrdiff_t>(layout_.pool_stride);
+    v.spill_stride = static_cast<std::ptrdiff_t>(layout_.spill_stride);
     v.spill_k = config_.max_rollback ? spill_.get() : nullptr;
     v.spill_v = config_.max_rollback ? spill_.get() + layout_.spill_stride / 2 : nullptr;
     return v;

@@ -12,10 +12,17 @@ cudaError_t store_update(const StoreView& s, const std::int32_t* d_slots, int en
                          const void* d_k, const void* d_v, cudaStream_t stream) {
   using namespace store_detail;
   if (entries <= 0 || count <= 0) return cudaSuccess;
-  const auto* k = static_cast<const std::uint16_t*>(d_k);
-  const auto* v = static_cast<const std::uint16_t*>(d_v);
   plan_kernel<<<1, kPlanThreads, 0, stream>>>(s, d_slots, entries, count);
   KVC_CUDA_CALL(cudaGetLastError());
+  return store_write(s, d_slots, entries, count, d_k, d_v, stream);
+}
+
+cudaError_t store_write(const StoreView& s, const std::int32_t* d_slots, int entries, int count,
+                        const void* d_k, const void* d_v, cudaStream_t stream) {
+  using namespace store_detail;
+  if (entries <= 0 || count <= 0) return cudaSuccess;
+  const auto* k = static_cast<const std::uint16_t*>(d_k);
+  const auto* v = static_cast<const std::uint16_t*>(d_v);
   // Tokens leaving the ring per entry: at most count; blocks closing: at most count / B + 1.
   const dim3 rows(static_cast<unsigned>(entries) * count, s.num_kv_heads);
   quantise_kernel<<<rows, kRowThreads, 0, stream>>>(s, d_slots, count, k, v);

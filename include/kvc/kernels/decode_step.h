@@ -9,7 +9,16 @@
  *  select workspace from kernels::select_workspace_bound(); attention workspace from
  *  kernels::attention_workspace_upper_bound(). The arguments are trusted (see the kernel headers):
  *  the objects (KvStore, BlockIndex, Selector, AttentionBackend) validate the same calls on the
- *  host when an engine uses them instead.
+ *  host when an engine uses them instead. What decode_step() does check, on the host and before
+ *  any launch, returning cudaErrorInvalidValue: a null workspace (which the kernel launchers
+ *  would take as a size query and answer with success, writing nothing), a null slots / q / out
+ *  pointer, and a batch outside [1, store.max_slots]. Score rows past the 65535 limit of a grid's
+ *  y dimension are scored in several launches of at most kMaxScoreRowsPerLaunch rows.
+ *
+ *  Over a LayeredCache (kvc/store/layered_cache.h), one step of every layer is
+ *  layered_begin_update() once, then per layer layered_write() and decode_step() with
+ *  k_new = null and store = layered_layer_view(view, layer) (kvc/kernels/layered_kernels.h);
+ *  the whole sequence captures in one graph.
  */
 #pragma once
 
@@ -31,37 +40,79 @@ namespace kernels {
 
 /// Buffers and settings of decode_step(). Device pointers throughout.
 struct DecodeStepArgs {
-  StoreView store;                       ///< the layer's store (device view)
-  const std::int32_t* slots = nullptr;   ///< [batch] distinct open slots
-  int batch = 0;                         ///< sequences
-  const void* k_new = nullptr;           ///< [batch, Hkv, d] new keys, or null: no append
-  const void* v_new = nullptr;           ///< [batch, Hkv, d] new values
-  BlockIndexConfig index;                ///< scoring rule (validated)
-  ScoresView scores;                     ///< scratch scores, rows = index.rows(batch, 1)
-  SelectPolicy policy;                   ///< selection policy (validated)
-  SelectionView selection;               ///< selected ids, rows as scores
-  void* select_workspace = nullptr;      ///< select() workspace
+  StoreView store;                         ///< the layer's store (device view)
+  const std::int32_t* slots = nullptr;     ///< [batch] distinct open slots
+  int batch = 0;                           ///< sequences
+  const void* k_new = nullptr;             ///< [batch, Hkv, d] new keys, or null: no append
+  const void* v_new = nullptr;             ///< [batch, Hkv, d] new values
+  BlockIndexConfig index;                  ///< scoring rule (validated)
+  ScoresView scores;                       ///< scratch scores, rows = index.rows(batch, 1)
+  SelectPolicy policy;                     ///< selection policy (validated)
+  SelectionView selection;                 ///< selected ids, rows as scores
+  void* select_workspace = nullptr;        ///< select() workspace
   std::size_t select_workspace_bytes = 0;  ///< its size
   /// Attention settings; store, selection, slots and batch are filled in by decode_step()
   /// (q, out, lse, sink, heads, scale, mode and dtypes are the caller's).
   attention::AttentionParams attention;
-  void* attention_workspace = nullptr;   ///< attention workspace
+  void* attention_workspace = nullptr;        ///< attention workspace
   std::size_t attention_workspace_bytes = 0;  ///< its size
 };
+
+/// Most score rows one block_scores launch of decode_step() covers (a grid's y extent).
+constexpr int kMaxScoreRowsPerLaunch = 65535;
+
+/// block_scores() of a batch cut into launches of at most kMaxScoreRowsPerLaunch rows each
+/// (whole sequences per launch), so every batch the configs accept launches.
+/// @param[in] s        the store (device pointers)
+/// @param[in] config   index configuration
+/// @param[in] d_slots  [batch] slot ids on the device
+/// @param[in] batch    sequences
+/// @param[in] d_q      [batch, 1, Hq, d] queries
+/// @param[out] out     scores, rows = config.rows(batch, 1)
+/// @param[in] stream   stream the work is ordered on
+inline cudaError_t block_scores_in_launches(const StoreView& s, const BlockIndexConfig& config,
+                                            const std::int32_t* d_slots, int batch, const void* d_q,
+                                            const ScoresView& out, cudaStream_t stream) {
+  const int per_seq = config.rows(1, 1);
+  const int seqs =
+      per_seq > 0 ? (kMaxScoreRowsPerLaunch / per_seq > 0 ? kMaxScoreRowsPerLaunch / per_seq : 1)
+                  : batch;
+  const std::size_t q_seq = static_cast<std::size_t>(config.num_q_heads) * config.head_dim * 2;
+  for (int b0 = 0; b0 < batch; b0 += seqs) {
+    const int n = batch - b0 < seqs ? batch - b0 : seqs;
+    ScoresView part = out;
+    const std::size_t row0 = static_cast<std::size_t>(b0) * per_seq;
+    part.scores = out.scores + row0 * static_cast<std::size_t>(out.max_blocks);
+    part.num_valid = out.num_valid + row0;
+    part.rows = n * per_seq;
+    const cudaError_t e =
+        block_scores(s, config, d_slots + b0, n, 1,
+                     static_cast<const std::uint8_t*>(d_q) + b0 * q_seq, part, stream);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
 
 /// Enqueues append (when k_new is set) → block scores → select → attention on `stream`.
 /// @param[in] a       buffers and settings
 /// @param[in] stream  stream the work is ordered on
-/// @return the first CUDA error of the four launches
+/// @return cudaErrorInvalidValue for a null workspace or pointer or a batch out of range (nothing
+///         launched), else the first CUDA error of the launches
 inline cudaError_t decode_step(const DecodeStepArgs& a, cudaStream_t stream) {
+  const bool selects = uses_selection(a.attention.mode);
+  if (a.batch < 1 || a.batch > a.store.max_slots || a.slots == nullptr ||
+      a.attention.q == nullptr || a.attention.out == nullptr || a.attention_workspace == nullptr ||
+      (selects && a.select_workspace == nullptr) || (a.k_new != nullptr && a.v_new == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
   cudaError_t e = cudaSuccess;
   if (a.k_new != nullptr) {
     e = store_update(a.store, a.slots, a.batch, 1, a.k_new, a.v_new, stream);
     if (e != cudaSuccess) return e;
   }
-  const bool selects = uses_selection(a.attention.mode);
   if (selects) {
-    e = block_scores(a.store, a.index, a.slots, a.batch, 1, a.attention.q, a.scores, stream);
+    e = block_scores_in_launches(a.store, a.index, a.slots, a.batch, a.attention.q, a.scores,
+                                 stream);
     if (e != cudaSuccess) return e;
     std::size_t temp = a.select_workspace_bytes;
     e = select(a.select_workspace, temp, a.scores, a.policy, a.selection, nullptr, stream);

@@ -36,6 +36,21 @@ namespace kernels {
 cudaError_t store_update(const StoreView& s, const std::int32_t* d_slots, int entries, int count,
                          const void* d_k, const void* d_v, cudaStream_t stream);
 
+/// The data half of store_update() without its plan: for each entry e (slot d_slots[e], whose
+/// length before the update is s.update_scratch[e] and whose pages are in the block table),
+/// quantises the tokens that leave the ring, summarises the blocks that close and writes the
+/// ring. Lengths and the free list are not touched. A LayeredCache plans once per step and runs
+/// this once per layer over the layer's view.
+/// @param[in] s        the store or layer (device pointers)
+/// @param[in] d_slots  [entries] slot ids on the device
+/// @param[in] entries  number of slots
+/// @param[in] count    tokens per slot, >= 1
+/// @param[in] d_k      [entries, count, Hkv, d] keys
+/// @param[in] d_v      [entries, count, Hkv, d] values
+/// @param[in] stream   stream the work is ordered on
+cudaError_t store_write(const StoreView& s, const std::int32_t* d_slots, int entries, int count,
+                        const void* d_k, const void* d_v, cudaStream_t stream);
+
 /// Returns the blocks of `n` slots to the pool (logical order) and sets their lengths to 0.
 /// @param[in] s        the store (device pointers)
 /// @param[in] d_slots  [n] slot ids on the device

@@ -108,9 +108,11 @@ struct LayeredView {
   int num_layers = 0;                 ///< L
   PageOwner pages = PageOwner::kKvc;  ///< who assigns page ids
   int max_rollback = 0;               ///< aged-out tokens kept per slot and layer
-  std::ptrdiff_t ring_stride = 0;     ///< bytes between layers of ring_k / ring_v / spill
+  std::ptrdiff_t ring_stride = 0;     ///< bytes between layers of ring_k / ring_v
   std::ptrdiff_t pool_stride = 0;     ///< bytes between layers of the pool arrays
-  /// [L, max_slots + 1, Hkv, max_rollback, d] 16-bit K of aged-out tokens (row p % R), or null
+  std::ptrdiff_t spill_stride = 0;    ///< bytes between layers of spill_k / spill_v
+  /// Layer l's [max_slots + 1, Hkv, max_rollback, d] 16-bit K of aged-out tokens (row p % R) at
+  /// spill_k + l * spill_stride, or null when max_rollback is 0
   void* spill_k = nullptr;
   void* spill_v = nullptr;  ///< the same for V
   /// [max_slots + 1] slot of each update entry after the device checks (bad ones: max_slots,

@@ -1,0 +1,63 @@
+/*! \file kvc/kernels/layered_kernels.h
+ *  \brief Kernel layer of the LayeredCache (kvc/store/layered_cache.h): the launches of one
+ *  update of every layer — a guarded plan once, then one write per layer — over a LayeredView,
+ *  stream-ordered and graph-capturable (lengths, pages and slots are read on the device).
+ *
+ *  A decode step of an engine over L layers, captured once in a CUDA graph and replayed:
+ *  \code
+ *  layered_begin_update(view, d_slots, batch, 1, stream);
+ *  for (int l = 0; l < L; ++l) {
+ *    // ... the engine's projection of layer l writes k[l], v[l] ...
+ *    layered_write(view, l, batch, 1, k[l], v[l], stream);
+ *    // ... block_scores / select / attention_decode over layered_layer_view(view, l) ...
+ *  }
+ *  \endcode
+ *  The launches trust their device data but never write out of bounds: the plan checks each
+ *  entry's slot, length and pages (engine page ids in [0, pool), kvc's free list not empty); an
+ *  entry that fails goes to the trash slot (its writes land in the trash page and ring) and its
+ *  ErrorBits bit is or-ed into view.errors. Host arguments out of range return
+ *  cudaErrorInvalidValue before anything is launched.
+ */
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kvc/store/layered_cache.h"
+
+namespace kvc {
+namespace kernels {
+
+/// The StoreView of layer `layer` (pointers offset by the view's strides), for the index,
+/// select and attention launches.
+/// @param[in] view   the cache
+/// @param[in] layer  0..L-1
+StoreView layered_layer_view(const LayeredView& view, int layer);
+
+/// Plans an update of `count` tokens to each of `entries` slots for every layer: advances the
+/// lengths, assigns pages (kvc's free list) or checks them (the engine's), and fills
+/// view.plan_slots and view.layer0.update_scratch for the writes.
+/// @param[in] view     the cache (device pointers)
+/// @param[in] d_slots  [entries] slot ids on the device (distinct)
+/// @param[in] entries  1..max_slots
+/// @param[in] count    tokens per slot, 1..max_context
+/// @param[in] stream   stream the work is ordered on
+cudaError_t layered_begin_update(const LayeredView& view, const std::int32_t* d_slots, int entries,
+                                 int count, cudaStream_t stream);
+
+/// Stores layer `layer`'s K/V of the update planned last: keeps the aged-out tokens for
+/// truncate (max_rollback > 0), quantises the tokens that leave the ring, summarises the blocks
+/// that close, writes the ring (kernels::store_write over the layer's view).
+/// @param[in] view     the cache (device pointers)
+/// @param[in] layer    0..L-1
+/// @param[in] entries  as planned
+/// @param[in] count    as planned
+/// @param[in] d_k      [entries, count, Hkv, d] contiguous keys (the layer dtype)
+/// @param[in] d_v      [entries, count, Hkv, d] contiguous values
+/// @param[in] stream   stream the work is ordered on
+cudaError_t layered_write(const LayeredView& view, int layer, int entries, int count,
+                          const void* d_k, const void* d_v, cudaStream_t stream);
+
+}  // namespace kernels
+}  // namespace kvc

@@ -1,0 +1,100 @@
+// LayeredCache: every layer's cache in one object (engine pages, rollback, fork).
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include "convert.h"
+#include "kvc/store/layered_cache.h"
+#include "kwargs.h"
+
+namespace kvc {
+namespace python {
+
+void bind_layered(nb::module_& m) {
+  nb::enum_<PageOwner>(m, "PageOwner", "Who assigns page ids.")
+      .value("kvc", PageOwner::kKvc)
+      .value("engine", PageOwner::kEngine);
+  nb::enum_<ErrorBits>(m, "ErrorBits", nb::is_arithmetic(), "Bits of the device error word.")
+      .value("none", ErrorBits::kNone)
+      .value("bad_slot", ErrorBits::kBadSlot)
+      .value("context", ErrorBits::kContext)
+      .value("pool_empty", ErrorBits::kPoolEmpty)
+      .value("bad_page", ErrorBits::kBadPage)
+      .value("shared_open_block", ErrorBits::kSharedOpenBlock)
+      .value("rollback", ErrorBits::kRollback);
+
+  auto config =
+      nb::class_<LayeredCacheConfig>(m, "LayeredCacheConfig", "Geometry of a LayeredCache.");
+  def_kwargs_init<LayeredCacheConfig>(config);
+  config.def_rw("layer", &LayeredCacheConfig::layer)
+      .def_rw("num_layers", &LayeredCacheConfig::num_layers)
+      .def_rw("pages", &LayeredCacheConfig::pages)
+      .def_rw("max_rollback", &LayeredCacheConfig::max_rollback)
+      .def("validate", &LayeredCacheConfig::validate)
+      .def("bytes_per_page", &LayeredCacheConfig::bytes_per_page)
+      .def("pool_bytes", &LayeredCacheConfig::pool_bytes, nb::arg("num_pages"))
+      .def("ring_bytes", &LayeredCacheConfig::ring_bytes)
+      .def("table_entries", &LayeredCacheConfig::table_entries);
+
+  nb::class_<LayeredCache>(m, "LayeredCache",
+                           "Every layer's compressed KV cache (kvc/store/layered_cache.h).")
+      .def(nb::new_([](const LayeredCacheConfig& config, const std::string& device) {
+             return LayeredCache::create(config, parse_device(device));
+           }),
+           nb::arg("config"), nb::arg("device") = "cpu")
+      .def_prop_ro("config", &LayeredCache::config)
+      .def_prop_ro("device", [](const LayeredCache& c) { return to_string(c.device()); })
+      .def("open_slot", &LayeredCache::open_slot)
+      .def("reset", &LayeredCache::reset, nb::arg("slot"))
+      .def("free", &LayeredCache::free, nb::arg("slot"))
+      .def("is_open", &LayeredCache::is_open, nb::arg("slot"))
+      .def("length", &LayeredCache::length, nb::arg("slot"))
+      .def("begin_update", &LayeredCache::begin_update, nb::arg("slots"), nb::arg("count"))
+      .def(
+          "write",
+          [](LayeredCache& c, int layer, const InArray& k, const InArray& v) {
+            const TensorView kv = view_of(k, "k"), vv = view_of(v, "v");
+            nb::gil_scoped_release release;
+            c.write(layer, kv, vv);
+          },
+          nb::arg("layer"), nb::arg("k"), nb::arg("v"))
+      .def(
+          "append",
+          [](LayeredCache& c, const std::vector<int>& slots, const InArray& k, const InArray& v) {
+            const TensorView kv = view_of(k, "k"), vv = view_of(v, "v");
+            nb::gil_scoped_release release;
+            c.append(slots, kv, vv);
+          },
+          nb::arg("slots"), nb::arg("k"), nb::arg("v"))
+      .def(
+          "ingest",
+          [](LayeredCache& c, int slot, const InArray& k, const InArray& v) {
+            const TensorView kv = view_of(k, "k"), vv = view_of(v, "v");
+            nb::gil_scoped_release release;
+            c.ingest(slot, kv, vv);
+          },
+          nb::arg("slot"), nb::arg("k"), nb::arg("v"))
+      .def("truncate", &LayeredCache::truncate, nb::arg("slot"), nb::arg("new_length"))
+      .def("rollback_floor", &LayeredCache::rollback_floor, nb::arg("slot"))
+      .def("fork", &LayeredCache::fork, nb::arg("src"), nb::arg("dst"))
+      .def("layer", &LayeredCache::layer, nb::arg("layer"), nb::rv_policy::reference_internal,
+           "Layer `layer` as a read-only KvStore for BlockIndex / AttentionBackend.")
+      .def("errors", &LayeredCache::errors)
+      .def("clear_errors", &LayeredCache::clear_errors)
+      .def("free_pages", &LayeredCache::free_pages)
+      .def("footprint", &LayeredCache::footprint)
+      .def(
+          "set_stream", [](LayeredCache& c, std::uintptr_t h) { c.set_stream(stream_of(h)); },
+          nb::arg("stream"))
+      .def("refresh_host_state", &LayeredCache::refresh_host_state)
+      .def(
+          "block_table",
+          [](const LayeredCache& c) {
+            return reinterpret_cast<std::uintptr_t>(c.view().layer0.block_table);
+          },
+          "Address of the block table ([max_slots + 1, max_blocks_per_slot] int32 on the "
+          "cache's device) the engine writes page ids into with PageOwner.engine.");
+}
+
+}  // namespace python
+}  // namespace kvc

@@ -1,0 +1,338 @@
+// LayeredCache, CUDA implementation: device memory allocated (or given) once at construction;
+// every call is validated on the host mirror (LayeredCacheBase) and launched with the kernel
+// layer (kvc/kernels/layered_kernels.h) and the page / ring kernels of store/layered.cuh.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "device_buffer.h"
+#include "kvc/core/cuda_check.h"
+#include "kvc/core/error.h"
+#include "kvc/kernels/layered_kernels.h"
+#include "kvc/kernels/store_kernels.h"
+#include "layered_cache_impl.h"
+#include "store/layered.cuh"
+
+namespace kvc {
+namespace detail {
+namespace {
+
+class CudaLayeredCache final : public LayeredCacheBase {
+ public:
+  CudaLayeredCache(const LayeredCacheConfig& config, Device device, const EngineMemory& memory)
+      : LayeredCacheBase(config, device) {
+    DeviceGuard guard(device_.index);
+    const LayeredCacheConfig& c = config_;
+    const KvStoreConfig& s = c.layer;
+    if (memory.pool) {
+      pool_ = static_cast<std::uint8_t*>(memory.pool);
+    } else {
+      own_pool_ = DeviceBuffer(c.pool_bytes(layout_.pages));
+      pool_ = own_pool_.as<std::uint8_t>();
+    }
+    if (memory.ring) {
+      ring_ = static_cast<std::uint8_t*>(memory.ring);
+    } else {
+      own_ring_ = DeviceBuffer(c.ring_bytes());
+      ring_ = own_ring_.as<std::uint8_t>();
+    }
+    spill_ = DeviceBuffer(layout_.spill_stride * c.num_layers);
+    const std::size_t entries = c.table_entries();
+    if (memory.block_table) {
+      table_ = memory.block_table;
+    } else {
+      own_table_ = DeviceBuffer(std::max<std::size_t>(entries, 1) * 4);
+      table_ = own_table_.as<std::int32_t>();
+    }
+    // Rows of real slots start empty (-1); the trash row names the trash page everywhere.
+    const std::size_t mb = static_cast<std::size_t>(state_.max_blocks);
+    // (An engine's own table keeps its rows: only the trash row is kvc's.)
+    std::vector<std::int32_t> init(entries, -1);
+    std::fill(init.begin() + static_cast<std::ptrdiff_t>(s.max_slots * mb), init.end(),
+              layout_.pages);
+    const std::size_t first = memory.block_table ? s.max_slots * mb : 0;
+    if (entries > first) {
+      KVC_CUDA_THROW(cudaMemcpy(table_ + first, init.data() + first, (entries - first) * 4,
+                                cudaMemcpyHostToDevice));
+    }
+    const std::size_t slots = static_cast<std::size_t>(s.max_slots);
+    lengths_ = DeviceBuffer((slots + 1) * 4);
+    free_ = DeviceBuffer(std::max<std::size_t>(state_.free_pages.size(), 1) * 4);
+    free_count_ = DeviceBuffer(4);
+    scratch_ = DeviceBuffer(slots * 4);
+    plan_slots_ = DeviceBuffer(slots * 4);
+    d_slots_ = DeviceBuffer(slots * 4);
+    released_ = DeviceBuffer(std::max<std::size_t>(mb, 1) * 4);
+    errors_ = DeviceBuffer(4);
+    staging_tokens_ = std::max(256, 8 * s.max_slots);
+    staging_ = DeviceBuffer(static_cast<std::size_t>(staging_tokens_) * s.num_kv_heads *
+                            s.head_dim * 2 * 2);
+    if (!state_.free_pages.empty()) {
+      KVC_CUDA_THROW(cudaMemcpy(free_.as<void>(), state_.free_pages.data(),
+                                state_.free_pages.size() * 4, cudaMemcpyHostToDevice));
+    }
+    const std::int32_t count = static_cast<std::int32_t>(state_.free_pages.size());
+    KVC_CUDA_THROW(cudaMemcpy(free_count_.as<void>(), &count, 4, cudaMemcpyHostToDevice));
+    KVC_CUDA_THROW(cudaDeviceSynchronize());
+  }
+
+  void set_stream(void* stream) override { stream_ = static_cast<cudaStream_t>(stream); }
+  void* stream_handle() const override { return stream_; }
+
+  LayeredView view() const override {
+    LayeredView v;
+    StoreView& s = v.layer0;
+    s = layer_view(config_, layout_, pool_, ring_, 0);
+    s.lengths = lengths_.as<std::int32_t>();
+    s.block_table = table_;
+    if (config_.pages == PageOwner::kKvc) {
+      s.free_blocks = free_.as<std::int32_t>();
+      s.free_count = free_count_.as<std::int32_t>();
+    }
+    s.update_scratch = scratch_.as<std::int32_t>();
+    v.num_layers = config_.num_layers;
+    v.pages = config_.pages;
+    v.max_rollback = config_.max_rollback;
+    v.ring_stride = static_cast<std::ptrdiff_t>(layout_.ring_stride);
+    v.pool_stride = static_cast<std::ptrdiff_t>(layout_.pool_stride);
+    v.spill_stride = static_cast<std::ptrdiff_t>(layout_.spill_stride);
+    if (config_.max_rollback > 0) {
+      v.spill_k = spill_.as<std::uint8_t>();
+      v.spill_v = spill_.as<std::uint8_t>() + layout_.spill_stride / 2;
+    }
+    v.plan_slots = plan_slots_.as<std::int32_t>();
+    v.errors = errors_.as<std::uint32_t>();
+    return v;
+  }
+
+  StoreView layer_device_view(int l) const override {
+    return kernels::layered_layer_view(view(), l);
+  }
+
+  StoreView layer_host_view(int l, std::vector<std::uint8_t>& buffer) const override {
+    DeviceGuard guard(device_.index);
+    KVC_CUDA_THROW(cudaStreamSynchronize(stream_));
+    const StoreView d = layer_device_view(l);
+    const KvStoreConfig& s = config_.layer;
+    const std::size_t slots = static_cast<std::size_t>(s.max_slots) + 1;
+    const std::size_t ring = slots * s.num_kv_heads * s.recent_window * s.head_dim * 2;
+    const std::size_t table = config_.table_entries() * 4;
+    const std::size_t lens = slots * 4;
+    const std::size_t pool = layout_.pool_stride;
+    buffer.assign(pool + 2 * ring + table + lens + 8 * 256, 0);
+    std::uint8_t* at = buffer.data();
+    auto take = [&](const void* src, std::size_t n) {
+      std::uint8_t* dst =
+          reinterpret_cast<std::uint8_t*>((reinterpret_cast<std::uintptr_t>(at) + 255) / 256 * 256);
+      if (n) KVC_CUDA_THROW(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+      at = dst + n;
+      return dst;
+    };
+    std::uint8_t* pool_host = take(pool_ + static_cast<std::size_t>(l) * layout_.pool_stride, pool);
+    // The host copy holds layer l's pool region alone: view it as layer 0 of that copy.
+    StoreView h = layer_view(config_, layout_, pool_host, pool_host, 0);
+    h.ring_k = take(d.ring_k, ring);
+    h.ring_v = take(d.ring_v, ring);
+    h.block_table = reinterpret_cast<std::int32_t*>(take(table_, table));
+    h.lengths = reinterpret_cast<std::int32_t*>(take(lengths_.as<void>(), lens));
+    return h;
+  }
+
+  std::uint32_t errors() const override {
+    DeviceGuard guard(device_.index);
+    KVC_CUDA_THROW(cudaStreamSynchronize(stream_));
+    std::uint32_t e = 0;
+    KVC_CUDA_THROW(cudaMemcpy(&e, errors_.as<void>(), 4, cudaMemcpyDeviceToHost));
+    return e;
+  }
+  void clear_errors() override {
+    DeviceGuard guard(device_.index);
+    KVC_CUDA_THROW(cudaMemsetAsync(errors_.as<void>(), 0, 4, stream_));
+  }
+
+  void refresh_host_state() override {
+    DeviceGuard guard(device_.index);
+    KVC_CUDA_THROW(cudaStreamSynchronize(stream_));
+    KVC_CUDA_THROW(cudaMemcpy(state_.lengths.data(), lengths_.as<void>(), state_.lengths.size() * 4,
+                              cudaMemcpyDeviceToHost));
+    if (config_.pages == PageOwner::kKvc) {
+      if (!state_.table.empty()) {
+        KVC_CUDA_THROW(cudaMemcpy(state_.table.data(), table_, state_.table.size() * 4,
+                                  cudaMemcpyDeviceToHost));
+      }
+      std::int32_t count = 0;
+      KVC_CUDA_THROW(cudaMemcpy(&count, free_count_.as<void>(), 4, cudaMemcpyDeviceToHost));
+      state_.free_pages.resize(static_cast<std::size_t>(count));
+      if (count) {
+        KVC_CUDA_THROW(cudaMemcpy(state_.free_pages.data(), free_.as<void>(),
+                                  static_cast<std::size_t>(count) * 4, cudaMemcpyDeviceToHost));
+      }
+    }
+    const int W = config_.layer.recent_window, R = config_.max_rollback;
+    for (std::size_t i = 0; i < state_.lengths.size(); ++i) {
+      state_.spill_begin[i] = std::max(state_.spill_begin[i], old_count(state_.lengths[i], W) - R);
+    }
+  }
+
+ private:
+  void upload(void* dst, const void* src, std::size_t bytes) {
+    if (bytes) KVC_CUDA_THROW(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+  }
+
+  void do_plan(const std::vector<int>& slots, int count) override {
+    DeviceGuard guard(device_.index);
+    upload(d_slots_.as<void>(), slots.data(), slots.size() * 4);
+    KVC_CUDA_THROW(kernels::layered_begin_update(view(), d_slots_.as<std::int32_t>(),
+                                                 static_cast<int>(slots.size()), count, stream_));
+  }
+
+  // A contiguous copy of a strided [entries, count, Hkv, d] view in the staging buffer (half
+  // `which` of it), or the view's own pointer when it is contiguous already.
+  const void* contiguous(const void* data, UpdateStrides st, int entries, int count, int which) {
+    const KvStoreConfig& s = config_.layer;
+    const std::int64_t token = static_cast<std::int64_t>(s.num_kv_heads) * s.head_dim;
+    const bool dense = (count == 1 || st.token == token) &&
+                       (entries == 1 || st.entry == (count == 1 ? token : count * token));
+    if (dense) return data;
+    const long long tokens = static_cast<long long>(entries) * count;
+    KVC_CHECK(tokens <= staging_tokens_, "strided k/v of ", tokens,
+              " tokens: a CUDA LayeredCache stages at most ", staging_tokens_,
+              " strided tokens per write; pass contiguous views for larger chunks");
+    auto* dst =
+        staging_.as<std::uint8_t>() + static_cast<std::size_t>(which) * staging_tokens_ * token * 2;
+    const std::size_t row = static_cast<std::size_t>(token) * 2;
+    if (count == 1 || st.entry == count * st.token) {  // one pitch for every token: one copy
+      const std::size_t pitch = static_cast<std::size_t>(count == 1 ? st.entry : st.token) * 2;
+      KVC_CUDA_THROW(cudaMemcpy2DAsync(dst, row, data, entries == 1 && count == 1 ? row : pitch,
+                                       row, static_cast<std::size_t>(tokens),
+                                       cudaMemcpyDeviceToDevice, stream_));
+      return dst;
+    }
+    for (int e = 0; e < entries; ++e) {
+      const auto* src = static_cast<const std::uint8_t*>(data) + e * st.entry * 2;
+      KVC_CUDA_THROW(cudaMemcpy2DAsync(dst + static_cast<std::size_t>(e) * count * row, row, src,
+                                       static_cast<std::size_t>(count == 1 ? token : st.token) * 2,
+                                       row, static_cast<std::size_t>(count),
+                                       cudaMemcpyDeviceToDevice, stream_));
+    }
+    return dst;
+  }
+
+  void do_write(int layer, const std::vector<int>& slots, const std::vector<int>&, int count,
+                const void* k, const void* v, UpdateStrides ks, UpdateStrides vs) override {
+    DeviceGuard guard(device_.index);
+    const int n = static_cast<int>(slots.size());
+    const void* kc = contiguous(k, ks, n, count, 0);
+    const void* vc = contiguous(v, vs, n, count, 1);
+    KVC_CUDA_THROW(kernels::layered_write(view(), layer, n, count, kc, vc, stream_));
+  }
+
+  void do_truncate(int slot, int n, int from, int to, const std::vector<int>& released) override {
+    DeviceGuard guard(device_.index);
+    const LayeredView v = view();
+    if (to > from) {
+      const dim3 grid(static_cast<unsigned>(to - from), config_.layer.num_kv_heads,
+                      config_.num_layers);
+      kernels::layered_detail::
+          restore_kernel<<<grid, kernels::layered_detail::kRowThreads, 0, stream_>>>(v, slot, from);
+      KVC_CUDA_THROW(cudaGetLastError());
+    }
+    upload(released_.as<void>(), released.data(), released.size() * 4);
+    const int b0 = state_.blocks_in_use(n);
+    const int b1 = state_.blocks_in_use(state_.lengths[static_cast<std::size_t>(slot)]);
+    kernels::layered_detail::truncate_tables_kernel<<<1, 32, 0, stream_>>>(
+        v, slot, released_.as<std::int32_t>(), static_cast<int>(released.size()), b0, b1, n);
+    KVC_CUDA_THROW(cudaGetLastError());
+  }
+
+  void do_reset(int slot) override {
+    DeviceGuard guard(device_.index);
+    if (config_.pages == PageOwner::kKvc) {
+      upload(d_slots_.as<void>(), &slot, 4);
+      KVC_CUDA_THROW(kernels::store_reset(view().layer0, d_slots_.as<std::int32_t>(), 1, stream_));
+    } else {
+      KVC_CUDA_THROW(cudaMemsetAsync(lengths_.as<std::int32_t>() + slot, 0, 4, stream_));
+    }
+  }
+
+  void do_fork(int src, int dst, const std::vector<PageCopy>& pages) override {
+    DeviceGuard guard(device_.index);
+    const LayeredView v = view();
+    const std::size_t mb = static_cast<std::size_t>(state_.max_blocks);
+    const int L = state_.lengths[static_cast<std::size_t>(src)];
+    const int used = state_.blocks_in_use(L);
+    if (config_.pages == PageOwner::kKvc) {
+      // dst's own pages go back (as the mirror's apply_reset did), then its new row and the
+      // free count of the mirror, which popped them.
+      do_reset(dst);
+      std::vector<std::int32_t> row(mb, -1);
+      for (std::size_t b = 0; b < pages.size(); ++b) row[b] = pages[b].dst;
+      upload(table_ + static_cast<std::size_t>(dst) * mb, row.data(), mb * 4);
+      const std::int32_t count =
+          static_cast<std::int32_t>(state_.free_pages.size()) +
+          state_.blocks_in_use(state_.lengths[static_cast<std::size_t>(dst)]) -
+          static_cast<std::int32_t>(pages.size());
+      upload(free_count_.as<void>(), &count, 4);
+    }
+    if (used > 0) {
+      kernels::layered_detail::PageArrays arrays;
+      arrays.pool = pool_;
+      arrays.count = layout_.num_arrays;
+      for (int a = 0; a < layout_.num_arrays; ++a) {
+        arrays.offset[a] = layout_.arrays[a].offset;
+        arrays.page_bytes[a] = layout_.arrays[a].page_bytes;
+      }
+      const int old = old_count(L, config_.layer.recent_window);
+      const int open_block = old % config_.layer.block_size != 0 ? used - 1 : -1;
+      const dim3 grid(static_cast<unsigned>(used), config_.num_layers);
+      kernels::layered_detail::
+          fork_pages_kernel<<<grid, kernels::layered_detail::kCopyThreads, 0, stream_>>>(
+              v, src, dst, used, open_block, arrays);
+      KVC_CUDA_THROW(cudaGetLastError());
+    } else {
+      KVC_CUDA_THROW(cudaMemcpyAsync(lengths_.as<std::int32_t>() + dst,
+                                     lengths_.as<std::int32_t>() + src, 4, cudaMemcpyDeviceToDevice,
+                                     stream_));
+    }
+    const KvStoreConfig& s = config_.layer;
+    const std::size_t ring_slot =
+        static_cast<std::size_t>(s.num_kv_heads) * s.recent_window * s.head_dim * 2;
+    const std::size_t spill_slot =
+        static_cast<std::size_t>(s.num_kv_heads) * config_.max_rollback * s.head_dim * 2;
+    for (int l = 0; l < config_.num_layers; ++l) {
+      const StoreView d = kernels::layered_layer_view(v, l);
+      for (void* r : {d.ring_k, d.ring_v}) {
+        auto* x = static_cast<std::uint8_t*>(r);
+        KVC_CUDA_THROW(cudaMemcpyAsync(x + dst * ring_slot, x + src * ring_slot, ring_slot,
+                                       cudaMemcpyDeviceToDevice, stream_));
+      }
+      for (void* sp : {v.spill_k, v.spill_v}) {
+        if (!sp || !spill_slot) continue;
+        auto* x =
+            static_cast<std::uint8_t*>(sp) + static_cast<std::size_t>(l) * layout_.spill_stride;
+        KVC_CUDA_THROW(cudaMemcpyAsync(x + dst * spill_slot, x + src * spill_slot, spill_slot,
+                                       cudaMemcpyDeviceToDevice, stream_));
+      }
+    }
+  }
+
+  cudaStream_t stream_ = nullptr;
+  std::uint8_t* pool_ = nullptr;
+  std::uint8_t* ring_ = nullptr;
+  std::int32_t* table_ = nullptr;
+  DeviceBuffer own_pool_, own_ring_, spill_, own_table_, lengths_, free_, free_count_, scratch_,
+      plan_slots_, d_slots_, released_, errors_, staging_;
+  int staging_tokens_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<LayeredCache> make_cuda_layered_cache(const LayeredCacheConfig& config,
+                                                      Device device, const EngineMemory& memory) {
+  return std::make_unique<CudaLayeredCache>(config, device, memory);
+}
+
+}  // namespace detail
+}  // namespace kvc
