@@ -200,10 +200,11 @@ StoreView layer_view(const LayeredCacheConfig& c, const LayeredLayout& z, std::u
   v.old_v = at(z.old_v);
   v.old_k_scale = reinterpret_cast<float*>(at(z.k_scale));
   v.old_v_scale = reinterpret_cast<float*>(at(z.v_scale));
-  v.mean_k = reinterpret_cast<float*>(at(z.mean_k));
-  v.mean_v = reinterpret_cast<float*>(at(z.mean_v));
-  v.min_k = reinterpret_cast<float*>(at(z.min_k));
-  v.max_k = reinterpret_cast<float*>(at(z.max_k));
+  // (decltype: the summaries' element type is the store's; the layout is bytes.)
+  v.mean_k = reinterpret_cast<decltype(v.mean_k)>(at(z.mean_k));
+  v.mean_v = reinterpret_cast<decltype(v.mean_v)>(at(z.mean_v));
+  v.min_k = reinterpret_cast<decltype(v.min_k)>(at(z.min_k));
+  v.max_k = reinterpret_cast<decltype(v.max_k)>(at(z.max_k));
   v.index_k = at(z.index_k);
   v.index_k_scale = at(z.index_k_scale);
   std::uint8_t* r = ring + static_cast<std::size_t>(l) * z.ring_stride;

@@ -179,8 +179,14 @@ TEST(Cpu_LayeredCache, AppendAndIngestOfAllLayers) {
 TEST(Cpu_LayeredCache, EngineMemoryAndPageSizes) {
   LayeredCacheConfig c = small_config(Format::kQ8, PageOwner::kEngine);
   c.layer.num_pool_blocks = 20;
-  // One page: B tokens x Hkv of K (d B) + V (d B) + 2 scales, plus 4 f32 summaries per head.
-  EXPECT_EQ(c.bytes_per_page(), 3u * 2 * (8 * (64 + 64 + 8) + 4 * 64 * 4));
+  // One page: B tokens x Hkv of K (d B) + V (d B) + 2 scales, plus the 4 summaries of one block
+  // (in the store's summary element type) per layer.
+  KvStoreConfig one = c.layer;
+  one.max_slots = 1;
+  one.num_pool_blocks = 1;
+  const std::size_t summaries = compute_footprint(one, {}).summaries;
+  EXPECT_GE(summaries, 4u * 2 * 64 * 2);
+  EXPECT_EQ(c.bytes_per_page(), 3u * (2 * 8 * (64 + 64 + 8) + summaries));
   EXPECT_GE(c.pool_bytes(20), 21 * c.bytes_per_page());
   EXPECT_EQ(c.table_entries(), 4u * c.layer.max_blocks_per_slot());
   void* pool = std::aligned_alloc(256, c.pool_bytes(20));
