@@ -76,8 +76,8 @@ std::size_t LayeredCacheConfig::bytes_per_page() const {
 }
 
 std::size_t LayeredCacheConfig::pool_bytes(int num_pages) const {
-  KVC_CHECK(num_pages >= 1 && num_pages <= (1 << 30), "num_pages = ", num_pages,
-            " must be in [1, 2^30]");
+  KVC_CHECK(num_pages >= 0 && num_pages <= (1 << 30), "num_pages = ", num_pages,
+            " must be in [0, 2^30]");
   LayeredCacheConfig c = *this;
   c.layer.num_pool_blocks = num_pages;
   return static_cast<std::size_t>(num_layers) * detail::layered_layout(c).pool_stride;

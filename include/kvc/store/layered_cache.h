@@ -84,7 +84,7 @@ struct LayeredCacheConfig {
   std::size_t bytes_per_page() const;
   /// Bytes of a pool of `num_pages` pages as the cache lays it out: every layer's arrays for
   /// num_pages + 1 pages (the last is kvc's trash page), each array 256-byte aligned.
-  /// @param[in] num_pages pages, >= 1
+  /// @param[in] num_pages pages, 0..2^30 (0: a store whose max_context fits its ring)
   std::size_t pool_bytes(int num_pages) const;
   /// Bytes of the rings of every layer: (max_slots + 1) x Hkv x W x d x 2 (K, V) x 2 B x L.
   std::size_t ring_bytes() const;
