@@ -254,19 +254,7 @@ class LayeredCache:
         self.impl.refresh_host_state()
 
     def block_table(self):
-        """The block table as an int32 numpy array [max_slots + 1, max_blocks_per_slot] over the
-        cache's own memory (CPU caches only): with PageOwner.engine the engine writes its page
-        ids here; the last row is kvc's."""
-        if self.device != "cpu":
-            raise ValueError("block_table() maps host memory: CPU caches only")
-        import ctypes
-
-        import numpy as np
-
-        cfg = self.config
-        shape = (cfg.layer.max_slots + 1, cfg.layer.max_blocks_per_slot())
-        n = shape[0] * shape[1]
-        if n == 0:
-            return np.zeros(shape, np.int32)
-        buf = (ctypes.c_int32 * n).from_address(self.impl.block_table())
-        return np.ctypeslib.as_array(buf).reshape(shape)
+        """The block table [max_slots + 1, max_blocks_per_slot] int32 over the cache's own memory
+        (a numpy array for a CPU cache, a torch tensor for a CUDA one): with PageOwner.engine the
+        engine writes its page ids here; the last row is kvc's."""
+        return self.impl.block_table()

@@ -89,11 +89,25 @@ void bind_layered(nb::module_& m) {
       .def("refresh_host_state", &LayeredCache::refresh_host_state)
       .def(
           "block_table",
-          [](const LayeredCache& c) {
-            return reinterpret_cast<std::uintptr_t>(c.view().layer0.block_table);
+          [](nb::handle self) {
+            const LayeredCache& c = nb::cast<const LayeredCache&>(self);
+            const KvStoreConfig& s = c.config().layer;
+            const std::size_t shape[2] = {static_cast<std::size_t>(s.max_slots) + 1,
+                                          static_cast<std::size_t>(s.max_blocks_per_slot())};
+            const Device d = c.device();
+            // A view of the cache's own table that keeps the cache alive: numpy on the CPU,
+            // torch on CUDA.
+            std::int32_t* t = c.view().layer0.block_table;
+            if (d.is_cpu()) {
+              return nb::cast(nb::ndarray<nb::numpy, std::int32_t, nb::ndim<2>>(t, 2, shape, self));
+            }
+            return nb::cast(nb::ndarray<nb::pytorch, std::int32_t, nb::ndim<2>>(
+                t, 2, shape, self, nullptr, nb::dtype<std::int32_t>(), nb::device::cuda::value,
+                d.index));
           },
-          "Address of the block table ([max_slots + 1, max_blocks_per_slot] int32 on the "
-          "cache's device) the engine writes page ids into with PageOwner.engine.");
+          "The block table, [max_slots + 1, max_blocks_per_slot] int32 on the cache's device, as "
+          "a DLPack array (numpy.from_dlpack / torch.from_dlpack): with PageOwner.engine the "
+          "engine writes its page ids here; the last row is kvc's.");
 }
 
 }  // namespace python

@@ -199,8 +199,16 @@ class CudaKvStore final : public KvStore {
   }
 
   // Pageable host → device copy: returns once the source has been consumed, ordered on stream_.
+  // Refused while the stream is being captured: a graph would replay the copy from host memory
+  // that is gone by then, and the host mirror would not follow the replays (capture the kernel
+  // layer, kvc/kernels/store_kernels.h, instead).
   void upload_slots(const std::vector<int>& slots) {
     static_assert(sizeof(int) == 4, "int must be 32-bit");
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    KVC_CUDA_THROW(cudaStreamIsCapturing(stream_, &status));
+    KVC_CHECK(status == cudaStreamCaptureStatusNone,
+              "KvStore: the stream is being captured into a CUDA graph; capture the kernel layer "
+              "(kvc/kernels/store_kernels.h, kernels::decode_step) instead of the object's calls");
     KVC_CUDA_THROW(cudaMemcpyAsync(slots_.as<void>(), slots.data(), slots.size() * 4,
                                    cudaMemcpyHostToDevice, stream_));
   }

@@ -177,12 +177,24 @@ class CudaLayeredCache final : public LayeredCacheBase {
   }
 
  private:
+  // The object's calls copy host values (slots, page lists) and change the host mirror: a graph
+  // replaying them would read stale host memory and leave the mirror behind. Capture the kernel
+  // layer instead (kvc/kernels/layered_kernels.h); the objects refuse to be captured.
+  void check_not_capturing(const char* call) const {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    KVC_CUDA_THROW(cudaStreamIsCapturing(stream_, &status));
+    KVC_CHECK(status == cudaStreamCaptureStatusNone, "LayeredCache::", call,
+              ": the stream is being captured into a CUDA graph; capture the kernel layer "
+              "(layered_begin_update / layered_write) instead of the object's calls");
+  }
+
   void upload(void* dst, const void* src, std::size_t bytes) {
     if (bytes) KVC_CUDA_THROW(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
   }
 
   void do_plan(const std::vector<int>& slots, int count) override {
     DeviceGuard guard(device_.index);
+    check_not_capturing("begin_update");
     upload(d_slots_.as<void>(), slots.data(), slots.size() * 4);
     KVC_CUDA_THROW(kernels::layered_begin_update(view(), d_slots_.as<std::int32_t>(),
                                                  static_cast<int>(slots.size()), count, stream_));
@@ -223,6 +235,7 @@ class CudaLayeredCache final : public LayeredCacheBase {
   void do_write(int layer, const std::vector<int>& slots, const std::vector<int>&, int count,
                 const void* k, const void* v, UpdateStrides ks, UpdateStrides vs) override {
     DeviceGuard guard(device_.index);
+    check_not_capturing("write");
     const int n = static_cast<int>(slots.size());
     const void* kc = contiguous(k, ks, n, count, 0);
     const void* vc = contiguous(v, vs, n, count, 1);
@@ -231,6 +244,7 @@ class CudaLayeredCache final : public LayeredCacheBase {
 
   void do_truncate(int slot, int n, int from, int to, const std::vector<int>& released) override {
     DeviceGuard guard(device_.index);
+    check_not_capturing("truncate");
     const LayeredView v = view();
     if (to > from) {
       const dim3 grid(static_cast<unsigned>(to - from), config_.layer.num_kv_heads,
@@ -249,6 +263,7 @@ class CudaLayeredCache final : public LayeredCacheBase {
 
   void do_reset(int slot) override {
     DeviceGuard guard(device_.index);
+    check_not_capturing("reset");
     if (config_.pages == PageOwner::kKvc) {
       upload(d_slots_.as<void>(), &slot, 4);
       KVC_CUDA_THROW(kernels::store_reset(view().layer0, d_slots_.as<std::int32_t>(), 1, stream_));
@@ -259,6 +274,7 @@ class CudaLayeredCache final : public LayeredCacheBase {
 
   void do_fork(int src, int dst, const std::vector<PageCopy>& pages) override {
     DeviceGuard guard(device_.index);
+    check_not_capturing("fork");
     const LayeredView v = view();
     const std::size_t mb = static_cast<std::size_t>(state_.max_blocks);
     const int L = state_.lengths[static_cast<std::size_t>(src)];

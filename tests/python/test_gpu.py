@@ -145,3 +145,32 @@ def test_stream_is_torchs_current_stream():
         assert store.impl.stream() == side.cuda_stream
     torch.cuda.synchronize()
     assert store.snapshot()[0].length == 400
+
+
+def test_layered_cache_engine_pages_on_cuda_equal_cpu():
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    layer = config("q8")
+    cfgs = [kvc.LayeredCacheConfig(layer=layer, num_layers=2, pages="engine", max_rollback=4)
+            for _ in range(2)]
+    gpu, cpu = kvc.LayeredCache(cfgs[0], "cuda"), kvc.LayeredCache(cfgs[1], "cpu")
+    tg, tc = gpu.block_table(), cpu.block_table()
+    assert tg.is_cuda and tg.shape == tuple(tc.shape)
+    pages = torch.randperm(layer.pool_blocks(), generator=torch.Generator().manual_seed(4))
+    mb = layer.max_blocks_per_slot()
+    rows = pages[: 2 * mb].view(2, mb).to(torch.int32)
+    tg[:2] = rows.cuda()
+    tc[:2] = rows.numpy()
+    for cache in (gpu, cpu):
+        cache.open_slot(), cache.open_slot()
+    k = torch.randn(2, 600, HKV, D, generator=gen, device="cuda").half()
+    gpu.ingest(0, k, k)
+    cpu.ingest(0, k.cpu(), k.cpu())
+    for step in range(5):
+        s = torch.randn(2, 2, HKV, D, generator=gen, device="cuda").half()
+        gpu.append([1, 0], s, s)
+        cpu.append([1, 0], s.cpu(), s.cpu())
+    gpu.truncate(0, 602)
+    cpu.truncate(0, 602)
+    for layer_index in range(2):
+        assert gpu.layer(layer_index).snapshot() == cpu.layer(layer_index).snapshot()
+    assert gpu.errors() == 0

@@ -235,6 +235,34 @@ TEST(Cuda_LayeredCache, DeviceGuardsRedirectToTheTrash) {
   }
 }
 
+TEST(Cuda_LayeredCache, ObjectCallsRefuseCapture) {
+  KVC_REQUIRE_GPU();
+  LayeredCacheConfig c = config(Format::kQ8, PageOwner::kKvc, 0, 2);
+  auto cache = LayeredCache::create(c, Device::cuda(0));
+  auto store = KvStore::create(c.layer, Device::cuda(0));
+  const int slot = cache->open_slot();
+  store->open_slot();
+  DeviceArray<std::uint16_t> k(2 * 128);
+  const TensorView t = TensorView::contiguous(k.get(), DType::kF16, {1, 2, 128}, Device::cuda(0));
+  cudaStream_t stream;
+  KVC_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cache->set_stream(stream);
+  store->set_stream(stream);
+  KVC_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  EXPECT_THROW(cache->begin_update({slot}, 1), Error);
+  EXPECT_THROW(store->append({0}, t, t), Error);
+  cudaGraph_t graph;
+  KVC_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+  cudaGraphDestroy(graph);
+  EXPECT_EQ(cache->length(slot), 0);  // nothing changed
+  EXPECT_EQ(store->length(0), 0);
+  cache->begin_update({slot}, 1);  // outside a capture the same calls run
+  for (int l = 0; l < 2; ++l) cache->write(l, t, t);
+  store->append({0}, t, t);
+  EXPECT_EQ(cache->length(slot), 1);
+  cudaStreamDestroy(stream);
+}
+
 TEST(Cuda_LayeredCache, WholeDecodeStepInOneGraph) {
   KVC_REQUIRE_GPU();
   constexpr int kL = 4, kBatch = 3, kHq = 8, kHkv = 2, kD = 128, kTop = 4, kSteps = 200;
