@@ -93,6 +93,10 @@ std::size_t LayeredCacheConfig::table_entries() const {
   return (static_cast<std::size_t>(layer.max_slots) + 1) * layer.max_blocks_per_slot();
 }
 
+void LayeredCache::begin_update(const std::vector<int>& slots, int count) {
+  begin_update(slots, std::vector<int>(slots.size(), count));
+}
+
 void LayeredCache::append(const std::vector<int>& slots, const TensorView& k, const TensorView& v) {
   const LayeredCacheConfig& c = config();
   const std::int64_t n = static_cast<std::int64_t>(slots.size());
@@ -255,13 +259,15 @@ int LayeredState::blocks_in_use(int length) const {
   return (old_count(length, c_.layer.recent_window) + B - 1) / B;
 }
 
-void LayeredState::validate_update(const std::vector<int>& slots, int count) const {
-  KVC_CHECK(count >= 1, "count = ", count, " must be >= 1");
+void LayeredState::validate_update(const std::vector<int>& slots,
+                                   const std::vector<int>& counts) const {
   KVC_CHECK(!slots.empty(), "slots is empty");
+  KVC_CHECK(counts.size() == slots.size(), "counts.size() = ", counts.size(),
+            " must equal slots.size() = ", slots.size());
   std::vector<std::uint8_t> seen(open.size(), 0);
   long long need = 0;
   for (std::size_t i = 0; i < slots.size(); ++i) {
-    const int s = slots[i];
+    const int s = slots[i], count = counts[i];
     KVC_CHECK(s >= 0 && s < c_.layer.max_slots, "slots[", i, "] = ", s,
               " must be in [0, max_slots = ", c_.layer.max_slots, ")");
     KVC_CHECK(open[static_cast<std::size_t>(s)] != 0, "slots[", i, "] = ", s,
@@ -269,6 +275,7 @@ void LayeredState::validate_update(const std::vector<int>& slots, int count) con
     KVC_CHECK(!seen[static_cast<std::size_t>(s)], "slots[", i, "] = ", s,
               " appears twice in one call");
     seen[static_cast<std::size_t>(s)] = 1;
+    KVC_CHECK(count >= 1, "count = ", count, " (slots[", i, "] = ", s, ") must be >= 1");
     const long long L = lengths[static_cast<std::size_t>(s)];
     KVC_CHECK(L + count <= c_.layer.max_context, "slot ", s, ": length ", L, " + ", count,
               " new tokens = ", L + count, " exceeds max_context = ", c_.layer.max_context);
@@ -281,10 +288,11 @@ void LayeredState::validate_update(const std::vector<int>& slots, int count) con
   }
 }
 
-void LayeredState::apply_update(const std::vector<int>& slots, int count) {
+void LayeredState::apply_update(const std::vector<int>& slots, const std::vector<int>& counts) {
   const int W = c_.layer.recent_window, R = c_.max_rollback;
-  for (int s : slots) {
-    const std::size_t i = static_cast<std::size_t>(s);
+  for (std::size_t e = 0; e < slots.size(); ++e) {
+    const int count = counts[e];
+    const std::size_t i = static_cast<std::size_t>(slots[e]);
     const int L = lengths[i];
     if (c_.pages == PageOwner::kKvc) {
       for (int b = blocks_in_use(L); b < blocks_in_use(L + count); ++b) {
@@ -459,49 +467,63 @@ void LayeredCacheBase::free(int slot) {
   state_.open[static_cast<std::size_t>(slot)] = 0;
 }
 
-void LayeredCacheBase::begin_update(const std::vector<int>& slots, int count) {
+void LayeredCacheBase::begin_update(const std::vector<int>& slots, const std::vector<int>& counts) {
   check_no_pending(written_, "begin_update");
-  state_.validate_update(slots, count);
-  do_plan(slots, count);
+  state_.validate_update(slots, counts);
+  do_plan(slots, counts);
   pending_lengths_.clear();
   for (int s : slots) pending_lengths_.push_back(state_.lengths[static_cast<std::size_t>(s)]);
-  state_.apply_update(slots, count);
+  state_.apply_update(slots, counts);
   pending_slots_ = slots;
-  pending_count_ = count;
+  pending_counts_ = counts;
   std::fill(written_.begin(), written_.end(), 0);
 }
 
 LayeredCacheBase::UpdateStrides LayeredCacheBase::check_update_view(const TensorView& t,
                                                                     const char* name) const {
   const KvStoreConfig& s = config_.layer;
-  const std::int64_t n = static_cast<std::int64_t>(pending_slots_.size());
+  const std::size_t n = pending_slots_.size();
+  std::int64_t total = 0;
+  bool uniform = true;
+  for (int c : pending_counts_) {
+    total += c;
+    uniform = uniform && c == pending_counts_[0];
+  }
   KVC_CHECK(t.dtype == s.dtype, name, ".dtype = ", to_string(t.dtype), " must be ",
             to_string(s.dtype));
   KVC_CHECK(t.device == device_, name, ".device = ", to_string(t.device), " must be ",
             to_string(device_));
-  const bool three = t.ndim == 3 && pending_count_ == 1;
-  KVC_CHECK(three || t.ndim == 4, name, ".ndim = ", t.ndim,
-            " must be 4 ([slots, count, Hkv, d]) or, for count 1, 3 ([slots, Hkv, d])");
-  const std::int64_t want[] = {n, pending_count_, s.num_kv_heads, s.head_dim};
-  // [slots, Hkv, d] (count 1) skips the count dimension.
-  const int dims3[] = {0, 2, 3}, dims4[] = {0, 1, 2, 3};
-  const int* dims = three ? dims3 : dims4;
+  KVC_CHECK(t.ndim == 3 || (t.ndim == 4 && uniform), name, ".ndim = ", t.ndim,
+            " must be 3 ([total_tokens, Hkv, d])",
+            uniform ? " or 4 ([slots, count, Hkv, d])" : " (the counts differ)");
+  const bool packed = t.ndim == 3;
+  const std::int64_t want4[] = {static_cast<std::int64_t>(n), pending_counts_[0], s.num_kv_heads,
+                                s.head_dim};
+  const std::int64_t want3[] = {total, s.num_kv_heads, s.head_dim};
+  const std::int64_t* want = packed ? want3 : want4;
   for (int i = 0; i < t.ndim; ++i) {
-    KVC_CHECK(t.shape[i] == want[dims[i]], name, ".shape[", i, "] = ", t.shape[i], " must be ",
-              want[dims[i]]);
+    KVC_CHECK(t.shape[i] == want[i], name, ".shape[", i, "] = ", t.shape[i], " must be ", want[i],
+              packed ? " ([total_tokens, Hkv, d])" : " ([slots, count, Hkv, d])");
   }
   const int h = t.ndim - 2;
   KVC_CHECK(t.stride[h + 1] == 1 && (s.num_kv_heads == 1 || t.stride[h] == s.head_dim), name,
             ": each token's [Hkv, d] must be contiguous (strides [..., ", t.stride[h], ", ",
             t.stride[h + 1], "])");
-  UpdateStrides u;
-  u.entry = t.stride[0];
-  u.token = three ? 0 : t.stride[1];
   const std::int64_t token_elems = static_cast<std::int64_t>(s.num_kv_heads) * s.head_dim;
-  KVC_CHECK(n <= 1 || u.entry >= token_elems, name, ".stride[0] = ", u.entry,
+  UpdateStrides u;
+  u.token = packed ? t.stride[0] : t.stride[1];
+  const std::int64_t entry = packed ? 0 : t.stride[0];
+  KVC_CHECK(total <= 1 || u.token >= token_elems, name, ": token stride ", u.token,
             " must be >= Hkv * d = ", token_elems, " (rows must not overlap)");
-  KVC_CHECK(pending_count_ <= 1 || u.token >= token_elems, name, ".stride[1] = ", u.token,
-            " must be >= Hkv * d = ", token_elems, " (rows must not overlap)");
+  KVC_CHECK(packed || n <= 1 || entry >= pending_counts_[0] * token_elems, name,
+            ".stride[0] = ", entry,
+            " must be >= count * Hkv * d = ", pending_counts_[0] * token_elems,
+            " (rows must not overlap)");
+  std::int64_t row = 0;
+  for (std::size_t e = 0; e < n; ++e) {
+    u.start.push_back(packed ? row * u.token : static_cast<std::int64_t>(e) * entry);
+    row += pending_counts_[e];
+  }
   KVC_CHECK(t.data != nullptr, name, ".data = null");
   KVC_CHECK(reinterpret_cast<std::uintptr_t>(t.data) % 2 == 0, name, ".data is not 2-byte aligned");
   return u;
@@ -516,7 +538,7 @@ void LayeredCacheBase::write(int layer, const TensorView& k, const TensorView& v
             "once)");
   const UpdateStrides ks = check_update_view(k, "k");
   const UpdateStrides vs = check_update_view(v, "v");
-  do_write(layer, pending_slots_, pending_lengths_, pending_count_, k.data, v.data, ks, vs);
+  do_write(layer, pending_slots_, pending_lengths_, pending_counts_, k.data, v.data, ks, vs);
   written_[static_cast<std::size_t>(layer)] = 1;
 }
 

@@ -63,10 +63,10 @@ class LayeredState {
   void check_open(int slot, const char* arg) const;
   int open_slot();
   /// Validates an update (distinct open slots, max_context, kvc-owned pool space).
-  void validate_update(const std::vector<int>& slots, int count) const;
+  void validate_update(const std::vector<int>& slots, const std::vector<int>& counts) const;
   /// Pops kvc-owned pages for the blocks that start (entry order, then block order) and
   /// advances lengths and rollback windows.
-  void apply_update(const std::vector<int>& slots, int count);
+  void apply_update(const std::vector<int>& slots, const std::vector<int>& counts);
   /// The smallest length truncate accepts.
   int rollback_floor(int slot) const;
   /// Validates truncate(slot, n).
@@ -115,7 +115,8 @@ class LayeredCacheBase : public LayeredCache {
   void free(int slot) override;
   bool is_open(int slot) const override;
   int length(int slot) const override;
-  void begin_update(const std::vector<int>& slots, int count) override;
+  void begin_update(const std::vector<int>& slots, const std::vector<int>& counts) override;
+  using LayeredCache::begin_update;
   void write(int layer, const TensorView& k, const TensorView& v) override;
   void truncate(int slot, int new_length) override;
   int rollback_floor(int slot) const override;
@@ -134,17 +135,19 @@ class LayeredCacheBase : public LayeredCache {
   const LayeredState& state() const { return state_; }
 
  protected:
-  /// Element strides of an update's K/V view: entry e, token j at data + e * entry + j * token.
+  /// Where an update's K/V rows are: entry e's token j at data + start[e] + j * token (elements).
   struct UpdateStrides {
-    std::int64_t entry = 0, token = 0;
+    std::vector<std::int64_t> start;
+    std::int64_t token = 0;
   };
   // Device work, after validation and before the mirror changes.
-  virtual void do_plan(const std::vector<int>& slots, int count) = 0;
+  virtual void do_plan(const std::vector<int>& slots, const std::vector<int>& counts) = 0;
   /// Stores layer `layer` of the update begun: entry e (slot slots[e], length old_lengths[e]
-  /// before the update) gets `count` tokens.
+  /// before the update) gets counts[e] tokens.
   virtual void do_write(int layer, const std::vector<int>& slots,
-                        const std::vector<int>& old_lengths, int count, const void* k,
-                        const void* v, UpdateStrides ks, UpdateStrides vs) = 0;
+                        const std::vector<int>& old_lengths, const std::vector<int>& counts,
+                        const void* k, const void* v, const UpdateStrides& ks,
+                        const UpdateStrides& vs) = 0;
   /// Truncate `slot` from `length` to `n`: restore ring rows of positions [from, to) from the
   /// spill; `released` pages go back (kvc-owned).
   virtual void do_truncate(int slot, int n, int from, int to, const std::vector<int>& released) = 0;
@@ -162,8 +165,8 @@ class LayeredCacheBase : public LayeredCache {
   UpdateStrides check_update_view(const TensorView& t, const char* name) const;
   std::vector<std::unique_ptr<KvStore>> layers_;
   std::vector<int> pending_slots_;
-  std::vector<int> pending_lengths_;  ///< lengths before the pending update
-  int pending_count_ = 0;
+  std::vector<int> pending_lengths_;   ///< lengths before the pending update
+  std::vector<int> pending_counts_;    ///< tokens per entry of the pending update
   std::vector<std::uint8_t> written_;  ///< [L] layer written for the pending update
 };
 

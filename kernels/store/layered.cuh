@@ -29,14 +29,16 @@ __device__ __forceinline__ void raise(const LayeredView& v, ErrorBits bit) {
   atomicOr(v.errors, static_cast<std::uint32_t>(bit));
 }
 
-// One CTA. For each entry: checks the slot, the length and the pages (the engine's ids, or
+// One CTA. Entry e adds counts[e] tokens (or `uniform_count` when counts is null). For each
+// entry: checks the slot, the length and the pages (the engine's ids, or
 // kvc's free list), then records the old length in update_scratch and the slot in plan_slots and
 // advances the length; an entry that fails any check is redirected to the trash slot
 // (max_slots, length 0, the trash page in every block) and raises its error bit. kvc-owned
 // pages are popped in entry order, then block order (the host mirror's order); entries past
 // the end of the free list fail as a suffix, so the pages served stay contiguous.
 __global__ void __launch_bounds__(kPlanThreads)
-    plan_kernel(LayeredView v, const std::int32_t* slots, int entries, int count) {
+    plan_kernel(LayeredView v, const std::int32_t* slots, const std::int32_t* counts, int entries,
+                int uniform_count) {
   using Scan = cub::BlockScan<int, kPlanThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ int consumed;
@@ -50,6 +52,11 @@ __global__ void __launch_bounds__(kPlanThreads)
     int slot = -1, L = 0, need = 0;
     bool ok = e < entries;
     ErrorBits why = ErrorBits::kNone;
+    const int count = ok && counts ? counts[e] : uniform_count;
+    if (ok && count < 1) {
+      ok = false;
+      why = ErrorBits::kContext;
+    }
     if (ok) {
       slot = slots[e];
       if (slot < 0 || slot >= s.max_slots) {

@@ -205,13 +205,20 @@ class LayeredCache:
     def length(self, slot):
         return self.impl.length(slot)
 
-    def begin_update(self, slots, count=1):
-        """Advances the lengths of `slots` by `count` and assigns pages, for every layer."""
-        self.impl.begin_update([int(s) for s in slots], int(count))
+    def begin_update(self, slots, counts=1):
+        """Advances the lengths of `slots` by `counts` (one int for all, or one per slot: a
+        ragged update of decode rows, verify rows and prefill chunks) and assigns pages, for
+        every layer. write() then takes packed rows [sum(counts), Hkv, d]."""
+        slots = [int(s) for s in slots]
+        if isinstance(counts, int):
+            self.impl.begin_update(slots, counts)
+        else:
+            self.impl.begin_update(slots, [int(c) for c in counts])
 
     def write(self, layer, k, v):
-        """Layer `layer`'s K/V of the update begun: [len(slots), count, Hkv, d] (or
-        [len(slots), Hkv, d] for count 1); strided rows (a fused QKV output) are accepted."""
+        """Layer `layer`'s K/V of the update begun: packed rows [sum(counts), Hkv, d] (or
+        [len(slots), count, Hkv, d] when every count is the same); strided rows (a fused QKV
+        output) are accepted."""
         self.impl.set_stream(stream_of(k))
         self.impl.write(int(layer), k, v)
 

@@ -49,7 +49,19 @@ void bind_layered(nb::module_& m) {
       .def("free", &LayeredCache::free, nb::arg("slot"))
       .def("is_open", &LayeredCache::is_open, nb::arg("slot"))
       .def("length", &LayeredCache::length, nb::arg("slot"))
-      .def("begin_update", &LayeredCache::begin_update, nb::arg("slots"), nb::arg("count"))
+      .def(
+          "begin_update",
+          [](LayeredCache& c, const std::vector<int>& slots, const std::vector<int>& counts) {
+            c.begin_update(slots, counts);
+          },
+          nb::arg("slots"), nb::arg("counts"),
+          "A ragged update: counts[i] tokens to slots[i], in every layer.")
+      .def(
+          "begin_update",
+          [](LayeredCache& c, const std::vector<int>& slots, int count) {
+            c.begin_update(slots, count);
+          },
+          nb::arg("slots"), nb::arg("count") = 1, "count tokens to each slot, in every layer.")
       .def(
           "write",
           [](LayeredCache& c, int layer, const InArray& k, const InArray& v) {

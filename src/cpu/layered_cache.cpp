@@ -125,10 +125,11 @@ class CpuLayeredCache final : public LayeredCacheBase {
               ") (PageOwner::kEngine: write the page ids before the update that uses them)");
   }
 
-  void do_plan(const std::vector<int>& slots, int count) override {
+  void do_plan(const std::vector<int>& slots, const std::vector<int>& counts) override {
     if (config_.pages != PageOwner::kEngine) return;
     const int W = config_.layer.recent_window, B = config_.layer.block_size;
-    for (int s : slots) {
+    for (std::size_t e = 0; e < slots.size(); ++e) {
+      const int s = slots[e], count = counts[e];
       const int L = state_.lengths[static_cast<std::size_t>(s)];
       const int o0 = old_count(L, W), o1 = old_count(L + count, W);
       for (int b = o0 / B; o1 > o0 && b <= (o1 - 1) / B; ++b) check_page(s, b);
@@ -136,15 +137,15 @@ class CpuLayeredCache final : public LayeredCacheBase {
   }
 
   void do_write(int layer, const std::vector<int>& slots, const std::vector<int>& old_lengths,
-                int count, const void* k, const void* v, UpdateStrides ks,
-                UpdateStrides vs) override {
+                const std::vector<int>& counts, const void* k, const void* v,
+                const UpdateStrides& ks, const UpdateStrides& vs) override {
     const StoreView s = layer_device_view(layer);
     const int W = s.recent_window, R = config_.max_rollback, H = s.num_kv_heads;
     const std::size_t d = static_cast<std::size_t>(s.head_dim);
     for (std::size_t e = 0; e < slots.size(); ++e) {
-      const int slot = slots[e], L = old_lengths[e];
-      const auto* ke = static_cast<const std::uint16_t*>(k) + e * ks.entry;
-      const auto* ve = static_cast<const std::uint16_t*>(v) + e * vs.entry;
+      const int slot = slots[e], L = old_lengths[e], count = counts[e];
+      const auto* ke = static_cast<const std::uint16_t*>(k) + ks.start[e];
+      const auto* ve = static_cast<const std::uint16_t*>(v) + vs.start[e];
       // The last R tokens that leave the ring keep their 16-bit K/V for truncate().
       const int o0 = old_count(L, W), o1 = old_count(L + count, W);
       for (int p = std::max(o0, o1 - R); R > 0 && p < o1; ++p) {

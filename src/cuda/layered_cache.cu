@@ -13,7 +13,7 @@
 #include "kvc/kernels/layered_kernels.h"
 #include "kvc/kernels/store_kernels.h"
 #include "layered_cache_impl.h"
-#include "store/layered.cuh"
+#include "layered_launch.h"
 
 namespace kvc {
 namespace detail {
@@ -64,6 +64,7 @@ class CudaLayeredCache final : public LayeredCacheBase {
     scratch_ = DeviceBuffer(slots * 4);
     plan_slots_ = DeviceBuffer(slots * 4);
     d_slots_ = DeviceBuffer(slots * 4);
+    d_counts_ = DeviceBuffer(slots * 4);
     released_ = DeviceBuffer(std::max<std::size_t>(mb, 1) * 4);
     errors_ = DeviceBuffer(4);
     staging_tokens_ = std::max(256, 8 * s.max_slots);
@@ -192,73 +193,93 @@ class CudaLayeredCache final : public LayeredCacheBase {
     if (bytes) KVC_CUDA_THROW(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
   }
 
-  void do_plan(const std::vector<int>& slots, int count) override {
+  void do_plan(const std::vector<int>& slots, const std::vector<int>& counts) override {
     DeviceGuard guard(device_.index);
     check_not_capturing("begin_update");
+    const int n = static_cast<int>(slots.size());
     upload(d_slots_.as<void>(), slots.data(), slots.size() * 4);
-    KVC_CUDA_THROW(kernels::layered_begin_update(view(), d_slots_.as<std::int32_t>(),
-                                                 static_cast<int>(slots.size()), count, stream_));
+    const bool uniform =
+        std::all_of(counts.begin(), counts.end(), [&](int c) { return c == counts[0]; });
+    if (uniform) {
+      KVC_CUDA_THROW(kernels::layered_begin_update(view(), d_slots_.as<std::int32_t>(), n,
+                                                   counts[0], stream_));
+    } else {
+      upload(d_counts_.as<void>(), counts.data(), counts.size() * 4);
+      KVC_CUDA_THROW(kernels::layered_begin_update(view(), d_slots_.as<std::int32_t>(),
+                                                   d_counts_.as<std::int32_t>(), n, stream_));
+    }
   }
 
-  // A contiguous copy of a strided [entries, count, Hkv, d] view in the staging buffer (half
-  // `which` of it), or the view's own pointer when it is contiguous already.
-  const void* contiguous(const void* data, UpdateStrides st, int entries, int count, int which) {
+  // A contiguous copy of `entries` x `count` token rows (entry e's token j at data + e * entry +
+  // j * token elements) in half `which` of the staging buffer, or `data` itself when the rows are
+  // contiguous already.
+  const void* contiguous(const void* data, std::int64_t entry, std::int64_t token, int entries,
+                         int count, int which) {
     const KvStoreConfig& s = config_.layer;
-    const std::int64_t token = static_cast<std::int64_t>(s.num_kv_heads) * s.head_dim;
-    const bool dense = (count == 1 || st.token == token) &&
-                       (entries == 1 || st.entry == (count == 1 ? token : count * token));
+    const std::int64_t row_elems = static_cast<std::int64_t>(s.num_kv_heads) * s.head_dim;
+    const bool dense =
+        (count == 1 || token == row_elems) && (entries == 1 || entry == count * row_elems);
     if (dense) return data;
     const long long tokens = static_cast<long long>(entries) * count;
     KVC_CHECK(tokens <= staging_tokens_, "strided k/v of ", tokens,
               " tokens: a CUDA LayeredCache stages at most ", staging_tokens_,
-              " strided tokens per write; pass contiguous views for larger chunks");
-    auto* dst =
-        staging_.as<std::uint8_t>() + static_cast<std::size_t>(which) * staging_tokens_ * token * 2;
-    const std::size_t row = static_cast<std::size_t>(token) * 2;
-    if (count == 1 || st.entry == count * st.token) {  // one pitch for every token: one copy
-      const std::size_t pitch = static_cast<std::size_t>(count == 1 ? st.entry : st.token) * 2;
-      KVC_CUDA_THROW(cudaMemcpy2DAsync(dst, row, data, entries == 1 && count == 1 ? row : pitch,
-                                       row, static_cast<std::size_t>(tokens),
-                                       cudaMemcpyDeviceToDevice, stream_));
+              " strided tokens per write; pass contiguous rows for larger chunks");
+    auto* dst = staging_.as<std::uint8_t>() +
+                static_cast<std::size_t>(which) * staging_tokens_ * row_elems * 2;
+    const std::size_t row = static_cast<std::size_t>(row_elems) * 2;
+    if (count == 1 || entries == 1 || entry == count * token) {  // one pitch: one copy
+      const std::int64_t pitch = count == 1 ? (entries == 1 ? row_elems : entry) : token;
+      KVC_CUDA_THROW(cudaMemcpy2DAsync(dst, row, data, static_cast<std::size_t>(pitch) * 2, row,
+                                       static_cast<std::size_t>(tokens), cudaMemcpyDeviceToDevice,
+                                       stream_));
       return dst;
     }
     for (int e = 0; e < entries; ++e) {
-      const auto* src = static_cast<const std::uint8_t*>(data) + e * st.entry * 2;
+      const auto* src = static_cast<const std::uint8_t*>(data) + e * entry * 2;
       KVC_CUDA_THROW(cudaMemcpy2DAsync(dst + static_cast<std::size_t>(e) * count * row, row, src,
-                                       static_cast<std::size_t>(count == 1 ? token : st.token) * 2,
-                                       row, static_cast<std::size_t>(count),
-                                       cudaMemcpyDeviceToDevice, stream_));
+                                       static_cast<std::size_t>(token) * 2, row,
+                                       static_cast<std::size_t>(count), cudaMemcpyDeviceToDevice,
+                                       stream_));
     }
     return dst;
   }
 
-  void do_write(int layer, const std::vector<int>& slots, const std::vector<int>&, int count,
-                const void* k, const void* v, UpdateStrides ks, UpdateStrides vs) override {
+  // Each run of consecutive entries with the same count is one layered_write.
+  void do_write(int layer, const std::vector<int>& slots, const std::vector<int>&,
+                const std::vector<int>& counts, const void* k, const void* v,
+                const UpdateStrides& ks, const UpdateStrides& vs) override {
     DeviceGuard guard(device_.index);
     check_not_capturing("write");
-    const int n = static_cast<int>(slots.size());
-    const void* kc = contiguous(k, ks, n, count, 0);
-    const void* vc = contiguous(v, vs, n, count, 1);
-    KVC_CUDA_THROW(kernels::layered_write(view(), layer, n, count, kc, vc, stream_));
+    const LayeredView view_all = view();
+    const std::size_t n = slots.size();
+    for (std::size_t e0 = 0; e0 < n;) {
+      std::size_t e1 = e0 + 1;
+      while (e1 < n && counts[e1] == counts[e0]) ++e1;
+      const int c = counts[e0], run = static_cast<int>(e1 - e0);
+      auto rows = [&](const void* data, const UpdateStrides& st, int which) {
+        const std::int64_t entry = run > 1 ? st.start[e0 + 1] - st.start[e0] : c * st.token;
+        return contiguous(static_cast<const std::uint16_t*>(data) + st.start[e0], entry, st.token,
+                          run, c, which);
+      };
+      const void* kc = rows(k, ks, 0);
+      const void* vc = rows(v, vs, 1);
+      KVC_CUDA_THROW(
+          kernels::layered_write(kernels::layered_offset_view(view_all, static_cast<int>(e0)),
+                                 layer, run, c, kc, vc, stream_));
+      e0 = e1;
+    }
   }
 
   void do_truncate(int slot, int n, int from, int to, const std::vector<int>& released) override {
     DeviceGuard guard(device_.index);
     check_not_capturing("truncate");
     const LayeredView v = view();
-    if (to > from) {
-      const dim3 grid(static_cast<unsigned>(to - from), config_.layer.num_kv_heads,
-                      config_.num_layers);
-      kernels::layered_detail::
-          restore_kernel<<<grid, kernels::layered_detail::kRowThreads, 0, stream_>>>(v, slot, from);
-      KVC_CUDA_THROW(cudaGetLastError());
-    }
+    KVC_CUDA_THROW(launch_restore(v, slot, from, to, stream_));
     upload(released_.as<void>(), released.data(), released.size() * 4);
     const int b0 = state_.blocks_in_use(n);
     const int b1 = state_.blocks_in_use(state_.lengths[static_cast<std::size_t>(slot)]);
-    kernels::layered_detail::truncate_tables_kernel<<<1, 32, 0, stream_>>>(
-        v, slot, released_.as<std::int32_t>(), static_cast<int>(released.size()), b0, b1, n);
-    KVC_CUDA_THROW(cudaGetLastError());
+    KVC_CUDA_THROW(launch_truncate_tables(v, slot, released_.as<std::int32_t>(),
+                                          static_cast<int>(released.size()), b0, b1, n, stream_));
   }
 
   void do_reset(int slot) override {
@@ -293,20 +314,9 @@ class CudaLayeredCache final : public LayeredCacheBase {
       upload(free_count_.as<void>(), &count, 4);
     }
     if (used > 0) {
-      kernels::layered_detail::PageArrays arrays;
-      arrays.pool = pool_;
-      arrays.count = layout_.num_arrays;
-      for (int a = 0; a < layout_.num_arrays; ++a) {
-        arrays.offset[a] = layout_.arrays[a].offset;
-        arrays.page_bytes[a] = layout_.arrays[a].page_bytes;
-      }
       const int old = old_count(L, config_.layer.recent_window);
       const int open_block = old % config_.layer.block_size != 0 ? used - 1 : -1;
-      const dim3 grid(static_cast<unsigned>(used), config_.num_layers);
-      kernels::layered_detail::
-          fork_pages_kernel<<<grid, kernels::layered_detail::kCopyThreads, 0, stream_>>>(
-              v, src, dst, used, open_block, arrays);
-      KVC_CUDA_THROW(cudaGetLastError());
+      KVC_CUDA_THROW(launch_fork_pages(v, layout_, pool_, src, dst, used, open_block, stream_));
     } else {
       KVC_CUDA_THROW(cudaMemcpyAsync(lengths_.as<std::int32_t>() + dst,
                                      lengths_.as<std::int32_t>() + src, 4, cudaMemcpyDeviceToDevice,
@@ -339,7 +349,7 @@ class CudaLayeredCache final : public LayeredCacheBase {
   std::uint8_t* ring_ = nullptr;
   std::int32_t* table_ = nullptr;
   DeviceBuffer own_pool_, own_ring_, spill_, own_table_, lengths_, free_, free_count_, scratch_,
-      plan_slots_, d_slots_, released_, errors_, staging_;
+      plan_slots_, d_slots_, d_counts_, released_, errors_, staging_;
   int staging_tokens_ = 0;
 };
 

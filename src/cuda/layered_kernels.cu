@@ -4,6 +4,8 @@
 #include "kvc/core/cuda_check.h"
 #include "kvc/kernels/layered_kernels.h"
 #include "kvc/kernels/store_kernels.h"
+#include "layered_cache_impl.h"
+#include "layered_launch.h"
 #include "store/layered.cuh"
 
 namespace kvc {
@@ -21,9 +23,28 @@ cudaError_t layered_begin_update(const LayeredView& v, const std::int32_t* d_slo
       s.update_scratch == nullptr) {
     return cudaErrorInvalidValue;
   }
-  layered_detail::plan_kernel<<<1, layered_detail::kPlanThreads, 0, stream>>>(v, d_slots, entries,
-                                                                              count);
+  layered_detail::plan_kernel<<<1, layered_detail::kPlanThreads, 0, stream>>>(v, d_slots, nullptr,
+                                                                              entries, count);
   return cudaGetLastError();
+}
+
+cudaError_t layered_begin_update(const LayeredView& v, const std::int32_t* d_slots,
+                                 const std::int32_t* d_counts, int entries, cudaStream_t stream) {
+  const StoreView& s = v.layer0;
+  if (entries < 1 || entries > s.max_slots || d_slots == nullptr || d_counts == nullptr ||
+      v.plan_slots == nullptr || v.errors == nullptr || s.update_scratch == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  layered_detail::plan_kernel<<<1, layered_detail::kPlanThreads, 0, stream>>>(v, d_slots, d_counts,
+                                                                              entries, 0);
+  return cudaGetLastError();
+}
+
+LayeredView layered_offset_view(const LayeredView& view, int first) {
+  LayeredView v = view;
+  v.plan_slots += first;
+  v.layer0.update_scratch += first;
+  return v;
 }
 
 cudaError_t layered_write(const LayeredView& v, int layer, int entries, int count, const void* d_k,
@@ -46,4 +67,42 @@ cudaError_t layered_write(const LayeredView& v, int layer, int entries, int coun
 }
 
 }  // namespace kernels
+}  // namespace kvc
+
+namespace kvc {
+namespace detail {
+
+cudaError_t launch_restore(const LayeredView& v, int slot, int from, int to, cudaStream_t stream) {
+  if (to <= from) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(to - from), v.layer0.num_kv_heads, v.num_layers);
+  kernels::layered_detail::
+      restore_kernel<<<grid, kernels::layered_detail::kRowThreads, 0, stream>>>(v, slot, from);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_truncate_tables(const LayeredView& v, int slot, const std::int32_t* d_released,
+                                   int n, int b0, int b1, int length, cudaStream_t stream) {
+  kernels::layered_detail::truncate_tables_kernel<<<1, 32, 0, stream>>>(v, slot, d_released, n, b0,
+                                                                        b1, length);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_fork_pages(const LayeredView& v, const LayeredLayout& z, void* pool, int src,
+                              int dst, int used, int open_block, cudaStream_t stream) {
+  if (used <= 0) return cudaSuccess;
+  kernels::layered_detail::PageArrays arrays;
+  arrays.pool = pool;
+  arrays.count = z.num_arrays;
+  for (int a = 0; a < z.num_arrays; ++a) {
+    arrays.offset[a] = z.arrays[a].offset;
+    arrays.page_bytes[a] = z.arrays[a].page_bytes;
+  }
+  const dim3 grid(static_cast<unsigned>(used), v.num_layers);
+  kernels::layered_detail::
+      fork_pages_kernel<<<grid, kernels::layered_detail::kCopyThreads, 0, stream>>>(
+          v, src, dst, used, open_block, arrays);
+  return cudaGetLastError();
+}
+
+}  // namespace detail
 }  // namespace kvc

@@ -88,3 +88,26 @@ def test_bad_layered_input(rng):
     with pytest.raises(kvc.Error, match="max_rollback = 99"):
         kvc.LayeredCache(layered_config(max_rollback=99))
     assert cache.length(slot) == 0
+
+
+def test_ragged_update_in_one_call(rng):
+    cfg = layered_config()
+    cache = kvc.LayeredCache(cfg)
+    refs = [kvc.KvStore(cfg.layer) for _ in range(3)]
+    for _ in range(3):
+        cache.open_slot()
+        for r in refs:
+            r.open_slot()
+    counts = [30, 3, 1]  # a prefill chunk, verify rows, a decode row
+    cache.begin_update([0, 2, 1], counts)
+    rows = randn(rng, (3, sum(counts), 2, 64))
+    for layer in range(3):
+        cache.write(layer, rows[layer], rows[layer])
+        at = 0
+        for slot, n in zip([0, 2, 1], counts):
+            refs[layer].ingest(slot, rows[layer, at:at + n], rows[layer, at:at + n])
+            at += n
+    for layer in range(3):
+        assert cache.layer(layer).snapshot() == refs[layer].snapshot()
+    with pytest.raises(kvc.Error, match="counts.size"):
+        cache.begin_update([0, 1], [1])

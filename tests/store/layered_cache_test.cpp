@@ -109,6 +109,38 @@ class Bed {
     }
   }
 
+  // A ragged update: counts[i] tokens to slots[i] in one call, K/V packed [total, Hkv, d] with
+  // a row stride of `pitch` elements (>= Hkv * d).
+  void update_ragged(const std::vector<int>& slots, const std::vector<int>& counts, int pitch) {
+    int total = 0;
+    for (std::size_t e = 0; e < slots.size(); ++e) {
+      assign_pages(slots[e], cache_->length(slots[e]) + counts[e]);
+      total += counts[e];
+    }
+    cache_->begin_update(slots, counts);
+    for (int l = 0; l < c_.num_layers; ++l) {
+      auto k = random_bits16(static_cast<std::size_t>(total) * pitch, c_.layer.dtype, rng_());
+      auto v = random_bits16(k.size(), c_.layer.dtype, rng_());
+      TensorView kv = TensorView::contiguous(k.data(), c_.layer.dtype, {total, 2, 64});
+      TensorView vv = TensorView::contiguous(v.data(), c_.layer.dtype, {total, 2, 64});
+      kv.stride[0] = vv.stride[0] = pitch;
+      cache_->write(l, kv, vv);
+      int row = 0;
+      for (std::size_t e = 0; e < slots.size(); ++e) {
+        std::vector<std::uint16_t> ke, ve;
+        for (int j = 0; j < counts[e]; ++j) {
+          const std::size_t at = static_cast<std::size_t>(row + j) * pitch;
+          ke.insert(ke.end(), k.begin() + at, k.begin() + at + 128);
+          ve.insert(ve.end(), v.begin() + at, v.begin() + at + 128);
+        }
+        ref(l).ingest(slots[e],
+                      TensorView::contiguous(ke.data(), c_.layer.dtype, {counts[e], 2, 64}),
+                      TensorView::contiguous(ve.data(), c_.layer.dtype, {counts[e], 2, 64}));
+        row += counts[e];
+      }
+    }
+  }
+
   void expect_equal(const char* where) {
     for (int l = 0; l < c_.num_layers; ++l) {
       EXPECT_TRUE(cache_->layer(l).snapshot() == ref(l).snapshot()) << where << ": layer " << l;
@@ -152,6 +184,51 @@ INSTANTIATE_TEST_SUITE_P(Formats, Cpu_LayeredCache_Layers,
                                            Case{Format::kQ8, PageOwner::kKvc},
                                            Case{Format::kFp16kQ4v, PageOwner::kEngine},
                                            Case{Format::kQ8, PageOwner::kEngine}));
+
+TEST(Cpu_LayeredCache, RaggedUpdatesInOneCall) {
+  for (PageOwner owner : {PageOwner::kKvc, PageOwner::kEngine}) {
+    Bed bed(small_config(Format::kQ8, owner, 4), std::random_device{}());
+    const int a = bed.open(), b = bed.open(), c = bed.open();
+    // A prefill chunk, a verify row set and a decode row in one update, rows packed and strided.
+    bed.update_ragged({a, b, c}, {37, 4, 1}, 128);
+    bed.update_ragged({c, a}, {1, 1}, 3 * 128);
+    bed.update_ragged({b, c, a}, {20, 2, 9}, 4 * 128);
+    bed.expect_equal("ragged");
+    EXPECT_EQ(bed.cache().length(a), 47);
+    EXPECT_EQ(bed.cache().length(b), 24);
+    EXPECT_EQ(bed.cache().length(c), 4);
+  }
+  Bed bed(small_config(Format::kQ8, PageOwner::kKvc), 1);
+  const int a = bed.open(), b = bed.open();
+  expect_error(
+      [&] {
+        bed.cache().begin_update({a, b}, std::vector<int>{3});
+      },
+      {"counts.size() = 1", "slots.size() = 2"});
+  expect_error(
+      [&] {
+        bed.cache().begin_update({a, b}, std::vector<int>{3, 0});
+      },
+      {"count = 0", "slots[1] = 1"});
+  bed.cache().begin_update({a, b}, std::vector<int>{3, 2});
+  std::vector<std::uint16_t> k(5 * 128);
+  expect_error(
+      [&] {
+        bed.cache().write(0, TensorView::contiguous(k.data(), DType::kF16, {2, 3, 2, 64}),
+                          TensorView::contiguous(k.data(), DType::kF16, {2, 3, 2, 64}));
+      },
+      {"k.ndim = 4", "the counts differ"});
+  expect_error(
+      [&] {
+        bed.cache().write(0, TensorView::contiguous(k.data(), DType::kF16, {4, 2, 64}),
+                          TensorView::contiguous(k.data(), DType::kF16, {4, 2, 64}));
+      },
+      {"k.shape[0] = 4", "must be 5"});
+  for (int l = 0; l < 3; ++l) {
+    bed.cache().write(l, TensorView::contiguous(k.data(), DType::kF16, {5, 2, 64}),
+                      TensorView::contiguous(k.data(), DType::kF16, {5, 2, 64}));
+  }
+}
 
 TEST(Cpu_LayeredCache, AppendAndIngestOfAllLayers) {
   LayeredCacheConfig c = small_config(Format::kFp16kQ4v, PageOwner::kKvc);
@@ -409,6 +486,7 @@ TEST(Cpu_LayeredCache, BadInputChangesNothing) {
   expect_error([&] { cache.begin_update({1}, 1); }, {"slots[0] = 1", "not an open slot"});
   expect_error([&] { cache.begin_update({a}, 131); }, {"exceeds max_context = 160"});
   expect_error([&] { cache.begin_update({a}, 0); }, {"count = 0"});
+  expect_error([&] { cache.begin_update(std::vector<int>{}, 1); }, {"slots is empty"});
   // Engine pages: the block the update starts has no page yet.
   expect_error([&] { cache.begin_update({a}, 8); }, {"block_table[slot 0][block 2] = -1"});
   cache.begin_update({a}, 1);

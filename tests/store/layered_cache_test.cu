@@ -81,6 +81,33 @@ struct Pair {
     }
   }
 
+  // counts[i] tokens to slots[i] in one call: rows packed [total, Hkv, d] with a row pitch of
+  // `pitch` elements (staged on the GPU when it is not Hkv * d).
+  void update_ragged(const std::vector<int>& slots, const std::vector<int>& counts, int pitch,
+                     std::uint32_t seed) {
+    int total = 0;
+    for (std::size_t e = 0; e < slots.size(); ++e) {
+      assign(slots[e], cpu->length(slots[e]) + counts[e]);
+      total += counts[e];
+    }
+    cpu->begin_update(slots, counts);
+    gpu->begin_update(slots, counts);
+    for (int l = 0; l < c.num_layers; ++l) {
+      auto k = random_bits16(static_cast<std::size_t>(total) * pitch, DType::kF16, seed + 2 * l);
+      auto v = random_bits16(k.size(), DType::kF16, seed + 2 * l + 1);
+      DeviceArray<std::uint16_t> dk(k), dv(v);
+      TensorView hk = TensorView::contiguous(k.data(), DType::kF16, {total, 2, 128});
+      TensorView hv = TensorView::contiguous(v.data(), DType::kF16, {total, 2, 128});
+      TensorView gk =
+          TensorView::contiguous(dk.get(), DType::kF16, {total, 2, 128}, Device::cuda(0));
+      TensorView gv =
+          TensorView::contiguous(dv.get(), DType::kF16, {total, 2, 128}, Device::cuda(0));
+      hk.stride[0] = hv.stride[0] = gk.stride[0] = gv.stride[0] = pitch;
+      cpu->write(l, hk, hv);
+      gpu->write(l, gk, gv);
+    }
+  }
+
   void expect_equal(const char* where) {
     for (int l = 0; l < c.num_layers; ++l) {
       EXPECT_TRUE(cpu->layer(l).snapshot() == gpu->layer(l).snapshot()) << where << " layer " << l;
@@ -103,15 +130,19 @@ TEST_P(Cuda_LayeredCache_Pairs, BitIdenticalToCpu) {
   for (int s = 0; s < 40; ++s) p.update({2, 0, 1}, 1, 100 + s);
   p.expect_equal("decode");
   p.update({1, 0}, 5, 7);
-  p.cpu->truncate(0, 741);
-  p.gpu->truncate(0, 741);
+  p.update_ragged({2, 0, 1}, {3, 1, 7}, 256, 31);       // packed, contiguous rows
+  p.update_ragged({0, 1, 2}, {1, 1, 12}, 3 * 256, 37);  // strided rows: staged
+  p.expect_equal("ragged");
+  p.update_ragged({1, 0}, {2, 2}, 256, 41);
+  p.cpu->truncate(0, 743);
+  p.gpu->truncate(0, 743);
   p.expect_equal("truncate");
   if (p.c.pages == PageOwner::kEngine) {
     // dst shares src's closed blocks and gets its own page for the open block.
     const int mb = p.c.layer.max_blocks_per_slot();
     std::int32_t* host = p.cpu->view().layer0.block_table;
     for (int b = 0; b < mb; ++b) host[1 * mb + b] = host[0 * mb + b];
-    const int open = (741 - 64) / 16;
+    const int open = (743 - 64) / 16;
     host[1 * mb + open] = p.c.layer.pool_blocks() - 1;
     ASSERT_EQ(cudaMemcpy(p.gpu->view().layer0.block_table + mb, host + mb, mb * 4,
                          cudaMemcpyHostToDevice),

@@ -46,6 +46,24 @@ StoreView layered_layer_view(const LayeredView& view, int layer);
 cudaError_t layered_begin_update(const LayeredView& view, const std::int32_t* d_slots, int entries,
                                  int count, cudaStream_t stream);
 
+/// The ragged plan: entry e adds d_counts[e] tokens (device memory; a count outside
+/// [1, max_context - length] sends the entry to the trash with ErrorBits::kContext). The writes
+/// then go per run of entries with equal counts: layered_write over
+/// layered_offset_view(view, first) with the run's count.
+/// @param[in] view      the cache (device pointers)
+/// @param[in] d_slots   [entries] slot ids on the device (distinct)
+/// @param[in] d_counts  [entries] tokens per entry on the device
+/// @param[in] entries   1..max_slots
+/// @param[in] stream    stream the work is ordered on
+cudaError_t layered_begin_update(const LayeredView& view, const std::int32_t* d_slots,
+                                 const std::int32_t* d_counts, int entries, cudaStream_t stream);
+
+/// The view whose update entries start at entry `first` of the plan (plan_slots and
+/// update_scratch offset), for writing the run of entries [first, first + n) with layered_write.
+/// @param[in] view   the cache
+/// @param[in] first  first entry of the run
+LayeredView layered_offset_view(const LayeredView& view, int first);
+
 /// Stores layer `layer`'s K/V of the update planned last: keeps the aged-out tokens for
 /// truncate (max_rollback > 0), quantises the tokens that leave the ring, summarises the blocks
 /// that close, writes the ring (kernels::store_write over the layer's view).

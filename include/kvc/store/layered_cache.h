@@ -156,16 +156,23 @@ class LayeredCache {
   /// @param[in] slot an open slot
   virtual int length(int slot) const = 0;
 
-  /// Starts an update of `count` tokens to each of `slots` (distinct, open) in every layer:
-  /// advances the lengths and assigns the pages of the blocks that start. The new tokens are
-  /// visible to layer(l) once write(l, ...) has stored them; every layer must be written before
-  /// the next begin_update / truncate / fork / reset.
+  /// Starts a ragged update: counts[i] tokens to slots[i] (distinct, open) in every layer —
+  /// decode rows (1), verify rows (a few) and prefill chunks (many) in one call. Advances the
+  /// lengths and assigns the pages of the blocks that start. The new tokens are visible to
+  /// layer(l) once write(l, ...) has stored them; every layer must be written before the next
+  /// begin_update / truncate / fork / reset.
+  /// @param[in] slots   distinct open slots
+  /// @param[in] counts  tokens per slot, each >= 1
+  virtual void begin_update(const std::vector<int>& slots, const std::vector<int>& counts) = 0;
+  /// begin_update(slots, {count, count, ...}).
   /// @param[in] slots  distinct open slots
   /// @param[in] count  tokens per slot, >= 1
-  virtual void begin_update(const std::vector<int>& slots, int count) = 0;
-  /// Stores layer `layer`'s K/V of the update begun: `k`, `v` [len(slots), count, Hkv, d] (or
-  /// [len(slots), Hkv, d] for count 1) in the layer dtype; strided views are accepted when each
-  /// token's [Hkv, d] is contiguous (a fused QKV projection's K and V slices).
+  void begin_update(const std::vector<int>& slots, int count);
+  /// Stores layer `layer`'s K/V of the update begun, in the layer dtype: packed rows
+  /// [total_tokens, Hkv, d] (slot i's tokens at rows cu_seqlens[i] ..., cu_seqlens the prefix sum
+  /// of the counts), or, when every count is the same c, [len(slots), c, Hkv, d]. Row strides are
+  /// free (a fused QKV projection's K and V slices) as long as each token's [Hkv, d] is
+  /// contiguous.
   /// @param[in] layer  0..L-1, each layer once per update
   /// @param[in] k      new keys
   /// @param[in] v      new values
