@@ -6,11 +6,8 @@ from . import _kvc
 from ._arrays import device_name, empty_like, stream_of
 
 
-class KvStore:
-    """One layer's compressed KV cache (kvc/store/kv_store.h)."""
-
-    def __init__(self, config, device="cpu"):
-        self.impl = _kvc.KvStore(config, device_name(device))
+class _SlotObject:
+    """What KvStore and LayeredCache share: the C++ object in `impl` and the slot lifecycle."""
 
     @property
     def config(self):
@@ -32,6 +29,22 @@ class KvStore:
     def is_open(self, slot):
         return self.impl.is_open(slot)
 
+    def length(self, slot):
+        return self.impl.length(slot)
+
+    def footprint(self):
+        return self.impl.footprint()
+
+    def refresh_host_state(self):
+        self.impl.refresh_host_state()
+
+
+class KvStore(_SlotObject):
+    """One layer's compressed KV cache (kvc/store/kv_store.h)."""
+
+    def __init__(self, config, device="cpu"):
+        self.impl = _kvc.KvStore(config, device_name(device))
+
     def append(self, slots, k, v):
         """One token to each of `slots`: k, v [len(slots), Hkv, d] in the store's dtype."""
         self.impl.set_stream(stream_of(k))
@@ -42,17 +55,11 @@ class KvStore:
         self.impl.set_stream(stream_of(k))
         self.impl.ingest(int(slot), k, v)
 
-    def length(self, slot):
-        return self.impl.length(slot)
-
     def num_closed_blocks(self, slot):
         return self.impl.num_closed_blocks(slot)
 
     def open_block_tokens(self, slot):
         return self.impl.open_block_tokens(slot)
-
-    def footprint(self):
-        return self.impl.footprint()
 
     def free_pool_blocks(self):
         return self.impl.free_pool_blocks()
@@ -60,8 +67,6 @@ class KvStore:
     def snapshot(self):
         return self.impl.snapshot()
 
-    def refresh_host_state(self):
-        self.impl.refresh_host_state()
 
 
 class BlockIndex:
@@ -174,36 +179,13 @@ def merge_states_inplace(out, lse, out_b, lse_b):
     return out, lse
 
 
-class LayeredCache:
+class LayeredCache(_SlotObject):
     """Every layer's compressed KV cache in one object (kvc/store/layered_cache.h): one pool,
     one set of lengths and block tables for all layers; begin_update() once per step, write()
     per layer, layer(l) for BlockIndex / AttentionBackend; truncate() and fork()."""
 
     def __init__(self, config, device="cpu"):
         self.impl = _kvc.LayeredCache(config, device_name(device))
-
-    @property
-    def config(self):
-        return self.impl.config
-
-    @property
-    def device(self):
-        return self.impl.device
-
-    def open_slot(self):
-        return self.impl.open_slot()
-
-    def reset(self, slot):
-        self.impl.reset(slot)
-
-    def free(self, slot):
-        self.impl.free(slot)
-
-    def is_open(self, slot):
-        return self.impl.is_open(slot)
-
-    def length(self, slot):
-        return self.impl.length(slot)
 
     def begin_update(self, slots, counts=1):
         """Advances the lengths of `slots` by `counts` (one int for all, or one per slot: a
@@ -254,11 +236,6 @@ class LayeredCache:
     def free_pages(self):
         return self.impl.free_pages()
 
-    def footprint(self):
-        return self.impl.footprint()
-
-    def refresh_host_state(self):
-        self.impl.refresh_host_state()
 
     def block_table(self):
         """The block table [max_slots + 1, max_blocks_per_slot] int32 over the cache's own memory

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/expect_error.h"
 #include "common/random.h"
 #include "kvc/attention/attention.h"
 #include "kvc/core/error.h"
@@ -22,20 +23,8 @@
 namespace kvc {
 namespace {
 
+using testing::expect_error;
 using testing::random_bits16;
-
-template <class Fn>
-void expect_error(Fn&& fn, std::initializer_list<const char*> words) {
-  try {
-    fn();
-    ADD_FAILURE() << "no kvc::Error thrown";
-  } catch (const Error& e) {
-    for (const char* w : words) {
-      EXPECT_NE(std::string(e.what()).find(w), std::string::npos)
-          << "message lacks '" << w << "': " << e.what();
-    }
-  }
-}
 
 LayeredCacheConfig small_config(Format f, PageOwner pages, int rollback = 0) {
   LayeredCacheConfig c;
