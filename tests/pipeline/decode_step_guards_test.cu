@@ -1,0 +1,122 @@
+// kernels::decode_step's host-side guards: null workspaces / pointers and a batch out of range
+// return cudaErrorInvalidValue with nothing launched (poisoned outputs stay poisoned), and a
+// batch whose score rows pass a grid's 65535 y limit (the configs accept it) still scores
+// every row, equal to the CPU BlockIndex.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "common/cuda_test_util.h"
+#include "common/random.h"
+#include "kvc/index/block_index.h"
+#include "kvc/kernels/decode_step.h"
+#include "kvc/store/kv_store.h"
+
+namespace kvc {
+namespace {
+
+using testing::DeviceArray;
+using testing::random_bits16;
+
+TEST(Cuda_DecodeStepGuards, NullWorkspacesAndRowsPast65535) {
+  KVC_REQUIRE_GPU();
+  // 260 sequences x 256 kv heads = 66560 score rows.
+  constexpr int kBatch = 260, kHkv = 256, kD = 64, kTop = 2, kTokens = 64;
+  KvStoreConfig sc;
+  sc.num_kv_heads = kHkv;
+  sc.head_dim = kD;
+  sc.max_slots = kBatch;
+  sc.max_context = kTokens;
+  sc.recent_window = 16;
+  sc.block_size = 16;
+  sc.old_format = Format::kF16;
+  auto gpu = KvStore::create(sc, Device::cuda(0));
+  auto cpu = KvStore::create(sc, Device::cpu());
+  const std::size_t token = static_cast<std::size_t>(kHkv) * kD;
+  for (int s = 0; s < kBatch; ++s) {
+    gpu->open_slot();
+    cpu->open_slot();
+    auto k = random_bits16(kTokens * token, DType::kF16, 100 + s);
+    DeviceArray<std::uint16_t> dk(k);
+    gpu->ingest(
+        s, TensorView::contiguous(dk.get(), DType::kF16, {kTokens, kHkv, kD}, Device::cuda(0)),
+        TensorView::contiguous(dk.get(), DType::kF16, {kTokens, kHkv, kD}, Device::cuda(0)));
+    cpu->ingest(s, TensorView::contiguous(k.data(), DType::kF16, {kTokens, kHkv, kD}),
+                TensorView::contiguous(k.data(), DType::kF16, {kTokens, kHkv, kD}));
+  }
+  BlockIndexConfig ic;
+  ic.num_q_heads = kHkv;
+  ic.num_kv_heads = kHkv;
+  ic.head_dim = kD;
+  ic.max_batch = kBatch;
+  const int rows = ic.rows(kBatch, 1), maxb = sc.max_blocks_per_slot();
+  ASSERT_GT(rows, kernels::kMaxScoreRowsPerLaunch);
+  auto q = random_bits16(static_cast<std::size_t>(kBatch) * kHkv * kD, DType::kF16, 7);
+  DeviceArray<std::uint16_t> dq(q), out(q.size());
+  DeviceArray<float> scores(static_cast<std::size_t>(rows) * maxb);
+  DeviceArray<std::int32_t> valid(rows), ids(rows * kTop), counts(rows);
+  std::vector<std::int32_t> slot_ids(kBatch);
+  for (int s = 0; s < kBatch; ++s) slot_ids[s] = s;
+  DeviceArray<std::int32_t> slots(slot_ids);
+  std::size_t select_bytes = 0;
+  KVC_ASSERT_CUDA(kernels::select_workspace_bound(select_bytes, rows, maxb, kTop));
+  const std::size_t attn_bytes = kernels::attention_workspace_upper_bound(kHkv, kHkv, kD);
+  DeviceArray<std::uint8_t> select_ws(select_bytes + 256), attn_ws(attn_bytes + 256);
+
+  kernels::DecodeStepArgs a;
+  a.store = gpu->view();
+  a.slots = slots.get();
+  a.batch = kBatch;
+  a.index = ic;
+  a.scores = ScoresView{scores.get(), valid.get(), rows, maxb};
+  a.policy = SelectPolicy::topk(kTop);
+  a.selection = SelectionView{ids.get(), counts.get(), rows, kTop, false};
+  a.select_workspace_bytes = select_bytes;
+  a.attention.q = dq.get();
+  a.attention.out = out.get();
+  a.attention.num_q_heads = kHkv;
+  a.attention.num_kv_heads = kHkv;
+  a.attention.group_size = 1;
+  a.attention.head_dim = kD;
+  a.attention.scale = 0.125f;
+  a.attention.mode = AttentionMode::kBlockSelectExact;
+  a.attention_workspace_bytes = attn_bytes;
+  valid.fill_bytes(0xff);  // -1: a launch would overwrite it
+  EXPECT_EQ(kernels::decode_step(a, nullptr), cudaErrorInvalidValue);  // no workspaces
+  a.select_workspace = select_ws.get();
+  EXPECT_EQ(kernels::decode_step(a, nullptr), cudaErrorInvalidValue);  // no attention workspace
+  a.attention_workspace = attn_ws.get();
+  kernels::DecodeStepArgs bad = a;
+  bad.batch = kBatch + 1;
+  EXPECT_EQ(kernels::decode_step(bad, nullptr), cudaErrorInvalidValue);
+  bad = a;
+  bad.k_new = dq.get();  // k without v
+  EXPECT_EQ(kernels::decode_step(bad, nullptr), cudaErrorInvalidValue);
+  KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+  for (std::int32_t x : valid.download()) ASSERT_EQ(x, -1) << "a refused call launched";
+
+  KVC_ASSERT_CUDA(kernels::decode_step(a, nullptr));
+  KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+  auto index = BlockIndex::create(ic, Device::cpu());
+  std::vector<float> want(static_cast<std::size_t>(rows) * maxb);
+  std::vector<std::int32_t> want_valid(rows);
+  std::vector<int> host_slots(slot_ids.begin(), slot_ids.end());
+  index->score(*cpu, host_slots,
+               TensorView::contiguous(q.data(), DType::kF16, {kBatch, 1, kHkv, kD}),
+               ScoresView{want.data(), want_valid.data(), rows, maxb});
+  const auto got = scores.download();
+  const auto got_valid = valid.download();
+  for (int r = 0; r < rows; ++r) {
+    ASSERT_EQ(got_valid[r], want_valid[r]) << "row " << r;
+    for (int j = 0; j < want_valid[r]; ++j) {
+      const float w = want[static_cast<std::size_t>(r) * maxb + j];
+      ASSERT_NEAR(got[static_cast<std::size_t>(r) * maxb + j], w, 1e-4f * (1.0f + std::fabs(w)))
+          << "row " << r << " block " << j;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvc
