@@ -18,6 +18,8 @@ It runs three decodes of the same prompt and prints one JSON line with the compa
 Exit status 1 when (2) is not identical.
 
   python examples/python/hf_client.py [--device cuda] [--steps 48] [--ring 128] [--topk 4]
+  python examples/python/hf_client.py --random-model   # no GGUF: a small random Llama (GQA 9/3,
+                                                       # head_dim 64) and a random prompt
 """
 
 import argparse
@@ -145,18 +147,34 @@ def main():
     ap.add_argument("--ring", type=int, default=128)
     ap.add_argument("--block", type=int, default=32)
     ap.add_argument("--topk", type=int, default=4)
+    ap.add_argument("--random-model", action="store_true",
+                    help="a 4-layer random Llama with SmolLM2's head shape instead of the GGUF")
+    ap.add_argument("--prompt-tokens", type=int, default=700, help="with --random-model")
     args = ap.parse_args()
 
     t0 = time.time()
-    tok = AutoTokenizer.from_pretrained(args.model_dir, gguf_file=args.gguf)
-    model = AutoModelForCausalLM.from_pretrained(args.model_dir, gguf_file=args.gguf,
-                                                 torch_dtype=torch.float32).to(args.device)
+    tok = None
+    if args.random_model:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(0)
+        cfg = LlamaConfig(vocab_size=2048, hidden_size=576, intermediate_size=1536,
+                          num_hidden_layers=4, num_attention_heads=9, num_key_value_heads=3,
+                          max_position_embeddings=8192, rope_theta=100000.0)
+        model = LlamaForCausalLM(cfg).to(args.device)
+        prompt = torch.randint(0, cfg.vocab_size, (1, args.prompt_tokens),
+                               generator=torch.Generator().manual_seed(1)).to(args.device)
+    else:
+        tok = AutoTokenizer.from_pretrained(args.model_dir, gguf_file=args.gguf)
+        model = AutoModelForCausalLM.from_pretrained(args.model_dir, gguf_file=args.gguf,
+                                                     torch_dtype=torch.float32).to(args.device)
+        messages = [{"role": "user", "content": DOCUMENT + "\n\n" + QUESTION}]
+        prompt = tok.apply_chat_template(messages, add_generation_prompt=True,
+                                         return_tensors="pt")
+        if not isinstance(prompt, torch.Tensor):
+            prompt = prompt["input_ids"]
+        prompt = prompt.to(args.device)
     model.eval()
-    messages = [{"role": "user", "content": DOCUMENT + "\n\n" + QUESTION}]
-    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
-    if not isinstance(prompt, torch.Tensor):
-        prompt = prompt["input_ids"]
-    prompt = prompt.to(args.device)
     n = prompt.shape[1]
     load_s = time.time() - t0
 
@@ -178,13 +196,13 @@ def main():
     diff = max(float((a - b).abs().max()) for a, b in zip(ref_logits, dense_logits))
     agree = sum(int(a == b) for a, b in zip(sel_tokens, ref_tokens)) / len(ref_tokens)
     report = {
-        "model": args.gguf, "device": args.device, "prompt_tokens": n, "steps": args.steps,
+        "model": "random-llama-4l" if args.random_model else args.gguf, "device": args.device, "prompt_tokens": n, "steps": args.steps,
         "ring": args.ring, "block": args.block, "topk": args.topk,
         "dense_identical": dense_tokens == ref_tokens,
         "dense_max_abs_logit_diff": diff,
         "block_select_top1_agreement": agree,
         "kvc_tokens_held": sel.cache.length(sel.slot),
-        "answer": tok.decode(ref_tokens, skip_special_tokens=True),
+        "answer": tok.decode(ref_tokens, skip_special_tokens=True) if tok else None,
         "load_s": round(load_s, 2), "total_s": round(time.time() - t0, 2),
     }
     print(json.dumps(report))

@@ -22,13 +22,10 @@ def have(*modules):
     return all(importlib.util.find_spec(m) is not None for m in modules)
 
 
-@pytest.mark.skipif(not have("torch", "transformers", "gguf") or not GGUF.exists(),
-                    reason="needs torch, transformers, gguf and the SmolLM2 GGUF")
-def test_dense_mode_matches_transformers():
+def run_client(*extra):
     steps = os.environ.get("KVC_HF_STEPS", "16")
     run = subprocess.run([sys.executable, str(ROOT / "examples/python/hf_client.py"),
-                          "--steps", steps, "--model-dir", str(MODEL_DIR)],
-                         capture_output=True, text=True, timeout=1800)
+                          "--steps", steps, *extra], capture_output=True, text=True, timeout=1800)
     lines = [line for line in run.stdout.splitlines() if line.startswith("{")]
     assert lines, run.stdout + run.stderr
     report = json.loads(lines[-1])
@@ -36,3 +33,14 @@ def test_dense_mode_matches_transformers():
     assert report["dense_identical"], report
     assert 0.0 <= report["block_select_top1_agreement"] <= 1.0
     assert run.returncode == 0
+
+
+@pytest.mark.skipif(not have("torch", "transformers", "gguf") or not GGUF.exists(),
+                    reason="needs torch, transformers, gguf and the SmolLM2 GGUF")
+def test_smollm2_dense_mode_matches_transformers():
+    run_client("--model-dir", str(MODEL_DIR))
+
+
+@pytest.mark.skipif(not have("torch", "transformers"), reason="needs torch and transformers")
+def test_random_llama_dense_mode_matches_transformers():
+    run_client("--random-model")
