@@ -6,6 +6,7 @@
 // Its regions between example-begin / example-end are docs/integration.md's C++ snippets
 // (tests/python/test_docs.py checks they match).
 #include <kvc/kvc.h>
+#include <kvc/store/layered_cache.h>
 
 #include <algorithm>
 #include <cmath>

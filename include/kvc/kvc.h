@@ -19,5 +19,4 @@
 #include "kvc/select/selector.h"
 #include "kvc/store/block_codec.h"
 #include "kvc/store/kv_store.h"
-#include "kvc/store/layered_cache.h"
 #include "kvc/telemetry/telemetry.h"
