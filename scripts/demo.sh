@@ -27,7 +27,7 @@ fi
 
 args=(--model "${model}" --chat --prompt-file examples/mini_decoder/demo_prompt.txt
   --kv-mode block_select_exact --kv-format fp16k_q4v --recent-window 128 --block-size 32
-  --top-blocks 4 --max-tokens 48 "$@")
+  --top-blocks 8 --kv-scoring token_mass --kv-token-keys mxfp4 --max-tokens 48 "$@")
 echo "+ ${demo} ${args[*]}" >&2
 answer_file="$(mktemp)"
 trap 'rm -f "${answer_file}"' EXIT

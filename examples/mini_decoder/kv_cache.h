@@ -86,7 +86,7 @@ struct KvOptions {
   int recent_window = 1024;     ///< --recent-window: exact recent tokens, a multiple of block size
   int block_size = 32;          ///< --block-size: 16, 32, 64 or 128
   std::string policy = "topk";  ///< --kv-policy: one of policies()
-  std::string scoring = "mean_k";  ///< --kv-scoring: block score, one of scorings()
+  std::string scoring = "token_mass";  ///< --kv-scoring: block score, one of scorings()
   /// --kv-token-keys: the keys token_max / token_mass read: the store's mxfp4 or fp8 index copy
   /// of every old token's K, or the old blocks' own K (old_blocks: exact, the oracle's rule)
   std::string token_keys = "mxfp4";

@@ -39,7 +39,7 @@ KvStoreConfig store_config(const KvOptions& o, const KvShape& s) {
   c.old_format = parse_format(o.effective_format());
   c.summaries = uses_summaries(mode_of(o)) ? (kSummaryMeanK | kSummaryMeanV) : kSummaryMeanK;
   if (o.scoring == "quest") c.summaries |= kSummaryMinMaxK;
-  if (o.token_scoring() && o.token_keys != "old_blocks") {
+  if (uses_selection(mode_of(o)) && o.token_scoring() && o.token_keys != "old_blocks") {
     c.summaries |= kSummaryIndexKeys;
     c.index_format = o.token_keys == "fp8" ? Format::kFp8E4m3 : Format::kMxfp4;
   }
@@ -520,6 +520,7 @@ Footprint KvcKvCache::footprint() const {
     sum.old_v += f.old_v;
     sum.scales += f.scales;
     sum.summaries += f.summaries;
+    sum.index_keys += f.index_keys;
     sum.tables += f.tables;
     sum.tokens += f.tokens;
     sum.dense_equivalent_bytes += f.dense_equivalent_bytes;

@@ -133,6 +133,7 @@ void print_footprint(const kvc::mini_decoder::KvCache& cache,
   line(label_old_v(old_format), f.old_v);
   line("scales (fp32)", f.scales);
   line("summaries (f32)", f.summaries);
+  if (f.index_keys > 0) line("index keys (mxfp4)", f.index_keys);
   line("tables", f.tables);
   line("allocated", f.total());
   line("in use", f.in_use);

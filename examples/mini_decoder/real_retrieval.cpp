@@ -50,7 +50,8 @@ struct Options {
   std::vector<std::string> formats = {"f16", "q8", "fp16k_q4v"};
   std::vector<int> top_blocks = {4, 8, 16};
   std::vector<std::string> policies = {"topk"};
-  std::string scoring = "mean_k";  // --scoring: the block scoring of block_select_exact
+  std::string scoring = "token_mass";  // --scoring: the block scoring of block_select_exact
+  std::string token_keys = "mxfp4";    // --token-keys: the keys of the token scorings
   bool dense_recent_only = true;
   int recent_window = 1024;
   int block_size = 32;
@@ -92,7 +93,10 @@ std::string usage() {
          "  --top-blocks N,...     budgets of block_select_exact (default 4,8,16)\n"
          "  --policies P,...       selection policies of block_select_exact (default topk; anchor\n"
          "                         adds block 0, as mini_decoder --kv-policy)\n"
-         "  --scoring S            block scoring of block_select_exact: mean_k (default) or quest\n"
+         "  --scoring S            block scoring of block_select_exact: token_mass (default),\n"
+         "                         token_max, mean_k or quest (mini_decoder --kv-scoring)\n"
+         "  --token-keys K         keys of token_mass / token_max: mxfp4 (default), fp8,\n"
+         "                         old_blocks\n"
          "  --no-dense-recent-only skip the dense_recent_only rows\n"
          "  --recent-window N      ring of the kvc modes (default 1024)\n"
          "  --block-size N         old block size (default 32)\n"
@@ -129,6 +133,8 @@ Options parse(const std::vector<std::string>& args) {
       o.policies = split(value());
     } else if (a == "--scoring") {
       o.scoring = value();
+    } else if (a == "--token-keys") {
+      o.token_keys = value();
     } else if (a == "--no-dense-recent-only") {
       o.dense_recent_only = false;
     } else if (a == "--recent-window") {
@@ -180,6 +186,7 @@ std::vector<Mode> modes_of(const Options& o) {
   base.block_size = o.block_size;
   base.device = "cpu";
   base.scoring = o.scoring;
+  base.token_keys = o.token_keys;
   if (o.dense_recent_only) {
     Mode r;
     r.label = "dense_recent_only";
@@ -365,7 +372,10 @@ RowResult run_row(const PromptRun& run, const Mode& mode, bool dense_pass, Llama
       << ",\"format\":" << json_string(mode.kv.effective_format())
       << ",\"top_blocks\":" << (mode.label == "block_select_exact" ? mode.kv.top_blocks : 0)
       << ",\"policy\":" << json_string(mode.label == "block_select_exact" ? mode.kv.policy : "")
-      << ",\"scoring\":" << json_string(mode.label == "block_select_exact" ? mode.kv.scoring : "")
+      << ",\"scoring\":"
+      << json_string(mode.label != "block_select_exact" ? ""
+                     : mode.kv.token_scoring()   ? mode.kv.scoring + "/" + mode.kv.token_keys
+                                                 : mode.kv.scoring)
       << ",\"recent_window\":" << (mode.kv.is_reference() ? 0 : o.recent_window)
       << ",\"block_size\":" << (mode.kv.is_reference() ? 0 : o.block_size)
       << ",\"pass\":" << (pass ? "true" : "false")

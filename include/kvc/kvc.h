@@ -11,6 +11,7 @@
 #include "kvc/core/numeric.h"
 #include "kvc/core/tensor.h"
 #include "kvc/core/types.h"
+#include "kvc/defaults.h"
 #include "kvc/dsv4/dsv4.h"
 #include "kvc/formats/formats.h"
 #include "kvc/index/block_index.h"

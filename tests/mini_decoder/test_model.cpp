@@ -390,7 +390,11 @@ TEST(MiniDecoder_Cli, ParsesAndRejects) {
   EXPECT_EQ(k.kv.mode, "block_select_lossy");
   EXPECT_EQ(k.kv.effective_format(), "q8");
   EXPECT_EQ(k.kv.policy, "score_cluster_adaptive");
-  EXPECT_EQ(k.kv.scoring, "mean_k");
+  EXPECT_EQ(k.kv.scoring, "token_mass");  // the default (docs/quality.md)
+  EXPECT_EQ(k.kv.token_keys, "mxfp4");
+  EXPECT_EQ(parse_cli(V{"--model", "m", "--prompt", "x", "--kv-token-keys", "fp8"}).kv.token_keys,
+            "fp8");
+  EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt", "x", "--kv-token-keys", "int4"}), Error);
   EXPECT_EQ(parse_cli(V{"--model", "m", "--prompt", "x", "--kv-scoring", "quest"}).kv.scoring,
             "quest");
   EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt", "x", "--kv-scoring", "max"}), Error);
@@ -799,6 +803,7 @@ TEST(MiniDecoder_KvcCache, SelectionStatsFootprintAndErrors) {
                            std::string(mode) == "block_select_lossy"
                        ? (kSummaryMeanK | kSummaryMeanV)
                        : kSummaryMeanK;
+    if (select) sc.summaries |= kSummaryIndexKeys;  // token_mass (the default) over mxfp4 keys
     const Footprint one = compute_footprint(sc, {T});
     const Footprint all = cache.footprint();
     EXPECT_EQ(all.in_use, one.in_use * t.layers);
