@@ -1,4 +1,4 @@
-// kvc_quality: the synthetic retrieval suite (docs/quality.md). Builds caches with planted
+// kvc_quality: the synthetic retrieval suite (docs/quality-synthetic.md). Builds caches with planted
 // needles at several lengths, runs every attention mode and format over them, writes one JSONL
 // row per (case, length, seed, format, mode, budget) and a markdown summary, and exits non-zero
 // when a claim fails (dense must pass every case, the recent-window modes must fail every case,
@@ -43,7 +43,7 @@ const char* const kUsage =
     "\n"
     "Synthetic retrieval suite: KV caches of random tokens with planted needles whose keys the\n"
     "query attends strongly and whose values carry a pattern; checks which attention modes still\n"
-    "recover the needles (docs/quality.md). Exit status 1 when a claim fails.\n"
+    "recover the needles (docs/quality-synthetic.md). Exit status 1 when a claim fails.\n"
     "\n"
     "  --smoke           2K and 4K; modes dense, dense_recent_only, recent_only, exact top 4/8;\n"
     "                    formats f16, fp16k_q4v (what ctest runs)\n"

@@ -1,4 +1,4 @@
-// kvc-quality: a synthetic retrieval suite for kvc's attention modes (docs/quality.md).
+// kvc-quality: a synthetic retrieval suite for kvc's attention modes (docs/quality-synthetic.md).
 //
 // A case is a KV cache of N random tokens with a few planted *needles*: tokens whose key is set
 // so that the real query attends them strongly (logit = the head's background log-sum-exp plus

@@ -171,7 +171,7 @@ std::string summary_markdown(const std::vector<Row>& rows, const SuiteOptions& o
      << "; distractor case: " << np.distractors << " distractors at needle logit - "
      << np.distractor_gap << "; multi case: " << np.multi_needles
      << " needles; pass = in every query head every needle's coefficient >= " << np.pass_fraction
-     << " / (needles) and above every distractor's (docs/quality.md)\n\n";
+     << " / (needles) and above every distractor's (docs/quality-synthetic.md)\n\n";
 
   // --- claims ----------------------------------------------------------------------------------
   md << "## Claims\n\n";
