@@ -64,7 +64,7 @@ inline WideFootprint wide_footprint(const KvStoreConfig& c) {
                          (formats::has_v_scale(c.old_format) ? 1 : 0));
   const unsigned n = 1 + ((c.summaries & kSummaryMeanV) ? 1 : 0) +
                      ((c.summaries & kSummaryMinMaxK) ? 2 : 0);
-  w.summaries = pool * hkv * d * 4 * n;
+  w.summaries = pool * hkv * d * (c.summary_dtype == DType::kF32 ? 4 : 2) * n;
   // Index copy of K per old row (kSummaryIndexKeys): mxfp4 d/2 + d/32 B, fp8_e4m3 d + 4 B.
   if (c.summaries & kSummaryIndexKeys) {
     w.index_keys = rows * (c.index_format == Format::kMxfp4 ? d / 2 + d / 32 : d + 4);

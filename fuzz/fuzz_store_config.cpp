@@ -51,6 +51,7 @@ KvStoreConfig read_config(Input& in) {
   c.num_pool_blocks = in.flag() ? 0 : in.biased_int(24);
   c.summaries = in.flag() ? in.u32() : in.u8() % 17;
   c.index_format = static_cast<Format>(in.u8() % 7);
+  c.summary_dtype = static_cast<DType>(in.u8() % 7);
   if (in.u8() % 4 == 0) {  // a context-parallel shard (where the store supports it)
     const int shards = in.flag() ? 1 + in.u8() % 4 : in.biased_int(4);
     fuzz::set_shards(c, shards, in.flag() ? in.u8() % 4 : in.biased_int(4), 0);

@@ -73,6 +73,7 @@ std::string label_of(const LayerSpec& l) {
       os << ' ' << to_string(l.block.old_format) << " W" << l.block.recent_window << " B"
          << l.block.block_size << ' ' << summaries_label(l.block.summaries);
       if (l.block.summaries & kSummaryIndexKeys) os << "+indexK:" << to_string(l.block.index_format);
+      if (l.block.summary_dtype != DType::kF32) os << ':' << to_string(l.block.summary_dtype);
       break;
     case LayerKind::kSlidingWindow:
       os << " w" << c.window << ' ' << to_string(c.entry_format);
@@ -109,6 +110,9 @@ void validate_layer(const ModelSpec& m, const LayerSpec& l, const std::string& w
                 ")");
       KVC_CHECK(p.index_format == Format::kMxfp4 || p.index_format == Format::kFp8E4m3, where,
                 ".block.index_format = ", to_string(p.index_format), " must be mxfp4 or fp8_e4m3");
+      KVC_CHECK(p.summary_dtype == DType::kF32 || p.summary_dtype == m.kv_dtype, where,
+                ".block.summary_dtype = ", to_string(p.summary_dtype),
+                " must be f32 or the model's kv_dtype (", to_string(m.kv_dtype), ")");
       return;
     }
     case LayerKind::kSlidingWindow:
@@ -371,6 +375,7 @@ KvStoreConfig store_config(const ModelSpec& spec, const BlockSelectParams& param
   c.num_pool_blocks = 0;
   c.summaries = params.summaries;
   c.index_format = params.index_format;
+  c.summary_dtype = params.summary_dtype;
   return c;
 }
 

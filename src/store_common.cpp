@@ -62,6 +62,8 @@ void KvStoreConfig::validate() const {
             " must include kSummaryMeanK");
   KVC_CHECK((summaries & ~kSummaryAllBits) == 0, "summaries = ", summaries,
             " has unknown bits (valid: 0..", kSummaryAllBits, ")");
+  KVC_CHECK(summary_dtype == DType::kF32 || summary_dtype == dtype, "summary_dtype = ",
+            to_string(summary_dtype), " must be f32 or the store's dtype (", to_string(dtype), ")");
   KVC_CHECK(index_format == Format::kMxfp4 || index_format == Format::kFp8E4m3,
             "index_format = ", to_string(index_format), " must be mxfp4 or fp8_e4m3");
   KVC_CHECK(num_shards >= 1 && num_shards <= 65536, "num_shards = ", num_shards,
@@ -120,7 +122,7 @@ Sizes sizes_of(const KvStoreConfig& c) {
                     ? formats::indexer_key_bytes(c.index_format, c.head_dim)
                     : 0;
   int n = 1 + ((c.summaries & kSummaryMeanV) ? 1 : 0) + ((c.summaries & kSummaryMinMaxK) ? 2 : 0);
-  z.summaries_block_head = 4 * d * n;
+  z.summaries_block_head = (c.summary_dtype == DType::kF32 ? 4 : 2) * d * n;
   z.per_block = static_cast<std::size_t>(c.num_kv_heads) *
                 (static_cast<std::size_t>(c.block_size) *
                      (z.k_row + z.v_row + z.scales_row + z.index_row) +
@@ -244,10 +246,10 @@ std::vector<SlotState> KvStore::snapshot() const {
         }
         if (!closed) continue;
         const std::size_t o = store::block_head_index(s, pb, h) * d;
-        append_bytes(st.summaries, s.mean_k + o, d);
-        if (s.mean_v) append_bytes(st.summaries, s.mean_v + o, d);
-        if (s.min_k) append_bytes(st.summaries, s.min_k + o, d);
-        if (s.max_k) append_bytes(st.summaries, s.max_k + o, d);
+        for (const void* a : {s.mean_k, s.mean_v, s.min_k, s.max_k}) {
+          if (a == nullptr) continue;
+          for (std::size_t i = 0; i < d; ++i) st.summaries.push_back(store::summary_at(s, a, o + i));
+        }
       }
     }
   }

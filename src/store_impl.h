@@ -27,6 +27,7 @@ inline StoreView store_geometry(const KvStoreConfig& config) {
   v.old_format = config.old_format;
   v.summaries = config.summaries;
   v.index_format = config.index_format;
+  v.summary_dtype = config.summary_dtype;
   v.num_shards = config.num_shards;
   v.shard_index = config.shard_index;
   return v;

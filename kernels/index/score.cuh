@@ -31,27 +31,6 @@ struct ScoreParams {
   bool quest, aggregate_max, shared, q_bf16;
 };
 
-template <int kPer>  // summary elements per lane = d / 32
-__device__ __forceinline__ void load_lane(const float* src, float (&dst)[kPer]) {
-  if constexpr (kPer % 4 == 0) {
-#pragma unroll
-    for (int e = 0; e < kPer; e += 4) {
-      const float4 v = *reinterpret_cast<const float4*>(src + e);
-      dst[e] = v.x;
-      dst[e + 1] = v.y;
-      dst[e + 2] = v.z;
-      dst[e + 3] = v.w;
-    }
-  } else {
-#pragma unroll
-    for (int e = 0; e < kPer; e += 2) {
-      const float2 v = *reinterpret_cast<const float2*>(src + e);
-      dst[e] = v.x;
-      dst[e + 1] = v.y;
-    }
-  }
-}
-
 template <int kPer>
 __global__ void __launch_bounds__(kWarps * 32) score_kernel(const ScoreParams p) {
   extern __shared__ float q_smem[];  // [heads_per_chunk, d]
@@ -101,8 +80,8 @@ __global__ void __launch_bounds__(kWarps * 32) score_kernel(const ScoreParams p)
         const int h = h_first + g / p.group;
         if (h != h_loaded) {
           const std::size_t o = (static_cast<std::size_t>(pb) * s.num_kv_heads + h) * d + lane * kPer;
-          load_lane<kPer>((p.quest ? s.min_k : s.mean_k) + o, m);
-          if (p.quest) load_lane<kPer>(s.max_k + o, mx);
+          store::load_summaries<kPer>(s, p.quest ? s.min_k : s.mean_k, o, m);
+          if (p.quest) store::load_summaries<kPer>(s, s.max_k, o, mx);
           h_loaded = h;
         }
         const float* qg = q_smem + gi * d + lane * kPer;

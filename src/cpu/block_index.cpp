@@ -205,10 +205,11 @@ class CpuBlockIndex final : public BlockIndex {
     const std::size_t o = store::block_head_index(s, pool_block, kv_head) * s.head_dim;
     float acc = 0.0f;
     if (config_.score == SummaryScore::kMeanK) {
-      for (int i = 0; i < s.head_dim; ++i) acc += q[i] * s.mean_k[o + i];
+      for (int i = 0; i < s.head_dim; ++i) acc += q[i] * store::summary_at(s, s.mean_k, o + i);
     } else {
       for (int i = 0; i < s.head_dim; ++i) {
-        acc += std::max(q[i] * s.min_k[o + i], q[i] * s.max_k[o + i]);
+        acc += std::max(q[i] * store::summary_at(s, s.min_k, o + i),
+                        q[i] * store::summary_at(s, s.max_k, o + i));
       }
     }
     return acc;

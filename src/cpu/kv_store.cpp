@@ -98,10 +98,10 @@ class CpuKvStore final : public KvStore {
     v.old_v = old_v_.as<std::uint8_t>();
     v.old_k_scale = k_scale_.as<float>();
     v.old_v_scale = v_scale_.as<float>();
-    v.mean_k = mean_k_.as<float>();
-    v.mean_v = mean_v_.as<float>();
-    v.min_k = min_k_.as<float>();
-    v.max_k = max_k_.as<float>();
+    v.mean_k = mean_k_.as<void>();
+    v.mean_v = mean_v_.as<void>();
+    v.min_k = min_k_.as<void>();
+    v.max_k = max_k_.as<void>();
     v.index_k = index_k_.as<std::uint8_t>();
     v.index_k_scale = index_k_scale_.as<std::uint8_t>();
     return v;
@@ -150,7 +150,8 @@ class CpuKvStore final : public KvStore {
     return pool_rows() * (scales ? store::index_scale_bytes(g) : store::index_payload_bytes(g));
   }
   std::size_t summary_bytes() const {
-    return static_cast<std::size_t>(config_.pool_blocks()) * config_.num_kv_heads * config_.head_dim * 4;
+    return static_cast<std::size_t>(config_.pool_blocks()) * config_.num_kv_heads *
+           config_.head_dim * store::summary_elem_bytes(store_geometry(config_));
   }
 
   // Adds `count` tokens (k, v: [count, Hkv, d] 16-bit) to `slot`, whose blocks are allocated.

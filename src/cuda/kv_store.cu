@@ -28,7 +28,8 @@ class CudaKvStore final : public KvStore {
     const Footprint f = compute_footprint(config, {});
     const std::size_t pool = static_cast<std::size_t>(config.pool_blocks());
     const std::size_t rows = pool * config.num_kv_heads * config.block_size;
-    const std::size_t summary = pool * config.num_kv_heads * config.head_dim * 4;
+    const std::size_t summary = pool * config.num_kv_heads * config.head_dim *
+                                store::summary_elem_bytes(store_geometry(config));
     ring_k_ = DeviceBuffer(f.ring / 2);
     ring_v_ = DeviceBuffer(f.ring / 2);
     old_k_ = DeviceBuffer(f.old_k);
@@ -102,10 +103,10 @@ class CudaKvStore final : public KvStore {
     v.old_v = old_v_.as<std::uint8_t>();
     v.old_k_scale = k_scale_.as<float>();
     v.old_v_scale = v_scale_.as<float>();
-    v.mean_k = mean_k_.as<float>();
-    v.mean_v = mean_v_.as<float>();
-    v.min_k = min_k_.as<float>();
-    v.max_k = max_k_.as<float>();
+    v.mean_k = mean_k_.as<void>();
+    v.mean_v = mean_v_.as<void>();
+    v.min_k = min_k_.as<void>();
+    v.max_k = max_k_.as<void>();
     v.index_k = index_k_.as<std::uint8_t>();
     v.index_k_scale = index_k_scale_.as<std::uint8_t>();
     return v;
@@ -142,10 +143,10 @@ class CudaKvStore final : public KvStore {
     v.old_v = static_cast<std::uint8_t*>(host[7]);
     v.old_k_scale = static_cast<float*>(host[8]);
     v.old_v_scale = static_cast<float*>(host[9]);
-    v.mean_k = static_cast<float*>(host[10]);
-    v.mean_v = static_cast<float*>(host[11]);
-    v.min_k = static_cast<float*>(host[12]);
-    v.max_k = static_cast<float*>(host[13]);
+    v.mean_k = host[10];
+    v.mean_v = host[11];
+    v.min_k = host[12];
+    v.max_k = host[13];
     v.index_k = static_cast<std::uint8_t*>(host[14]);
     v.index_k_scale = static_cast<std::uint8_t*>(host[15]);
     return v;

@@ -145,6 +145,68 @@ TEST(Cpu_BlockIndex, QuestIsAnUpperBound) {
   }
 }
 
+// 16-bit summaries: the score is the float32 rule applied to the summaries rounded once to the
+// store's dtype (exactly the test's recomputation in the same order), and stays close to the f32
+// summaries' score.
+TEST(Cpu_BlockIndex, SixteenBitSummariesScoreTheRoundedSummary) {
+  for (const DType t : {DType::kF16, DType::kBF16}) {
+    for (SummaryScore score : {SummaryScore::kMeanK, SummaryScore::kQuestMinMax}) {
+      KvStoreConfig sc;
+      sc.num_kv_heads = 1;
+      sc.head_dim = 64;
+      sc.max_context = 400;
+      sc.recent_window = 16;
+      sc.block_size = 8;
+      sc.dtype = t;
+      sc.old_format = Format::kQ8;  // dequantised K: the min/max are not 16-bit values
+      sc.summaries = kSummaryMeanK | kSummaryMinMaxK;
+      KvStoreConfig s16 = sc;
+      s16.summary_dtype = t;
+      auto a = KvStore::create(sc, Device::cpu()), b = KvStore::create(s16, Device::cpu());
+      auto k = random_bits16(300 * 64, t, 3, 2.0f), v = random_bits16(300 * 64, t, 4);
+      for (auto* st : {a.get(), b.get()}) {
+        st->open_slot();
+        st->ingest(0, TensorView::contiguous(k.data(), t, {300, 1, 64}),
+                   TensorView::contiguous(v.data(), t, {300, 1, 64}));
+      }
+      BlockIndexConfig c;
+      c.num_kv_heads = 1;
+      c.num_q_heads = 1;
+      c.head_dim = 64;
+      c.dtype = t;
+      c.score = score;
+      auto index = BlockIndex::create(c, Device::cpu());
+      auto q = random_bits16(64, t, 5);
+      const int maxb = sc.max_blocks_per_slot();
+      std::vector<float> fa(maxb), fb(maxb);
+      std::vector<std::int32_t> va(1), vb(1);
+      const auto qv = TensorView::contiguous(q.data(), t, {1, 1, 1, 64});
+      index->score(*a, {0}, qv, ScoresView{fa.data(), va.data(), 1, maxb});
+      index->score(*b, {0}, qv, ScoresView{fb.data(), vb.data(), 1, maxb});
+      ASSERT_EQ(va[0], 35);
+      const StoreView s32 = a->view();
+      const bool bf = t == DType::kBF16;
+      auto round16 = [&](float x) { return bits16_to_float(float_to_bits16(x, bf), bf); };
+      int differ = 0;
+      for (int j = 0; j < 35; ++j) {
+        const std::size_t o = store::block_head_index(s32, s32.block_table[j], 0) * 64;
+        float want = 0.0f;
+        for (int i = 0; i < 64; ++i) {
+          const float qi = bits16_to_float(q[i], bf);
+          want += score == SummaryScore::kMeanK
+                      ? qi * round16(store::summary_at(s32, s32.mean_k, o + i))
+                      : std::max(qi * round16(store::summary_at(s32, s32.min_k, o + i)),
+                                 qi * round16(store::summary_at(s32, s32.max_k, o + i)));
+        }
+        EXPECT_EQ(fb[j], c.scale() * want) << j;
+        EXPECT_NEAR(fb[j], fa[j], (bf ? 2e-2 : 3e-3) * (1 + std::abs(fa[j]))) << j;
+        differ += fb[j] != fa[j];
+      }
+      EXPECT_GT(differ, 0);  // the rounding is real
+    }
+  }
+}
+
 TEST(Cpu_BlockIndex, BadArgumentsAreNamed) {
   Fixture fx(Format::kQ8, 2, 64, {100});
   BlockIndexConfig c;

@@ -18,11 +18,12 @@ using testing::DeviceArray;
 using testing::random_bits16;
 
 class Cuda_BlockIndex_MatchesCpu
-    : public ::testing::TestWithParam<std::tuple<int, int, int, SummaryScore, GqaAggregate, bool, int>> {};
+    : public ::testing::TestWithParam<
+          std::tuple<int, int, int, SummaryScore, GqaAggregate, bool, int, DType>> {};
 
 TEST_P(Cuda_BlockIndex_MatchesCpu, Scores) {
   KVC_REQUIRE_GPU();
-  const auto [hkv, group, d, score, agg, shared, T] = GetParam();
+  const auto [hkv, group, d, score, agg, shared, T, summary] = GetParam();
   KvStoreConfig sc;
   sc.num_kv_heads = hkv;
   sc.head_dim = d;
@@ -32,6 +33,9 @@ TEST_P(Cuda_BlockIndex_MatchesCpu, Scores) {
   sc.block_size = 16;
   sc.old_format = Format::kFp16kQ4v;
   sc.summaries = kSummaryMeanK | kSummaryMinMaxK;
+  sc.summary_dtype = summary;
+  const DType qt = summary == DType::kBF16 ? DType::kBF16 : DType::kF16;  // store and queries
+  sc.dtype = qt;
   auto cpu = KvStore::create(sc, Device::cpu());
   auto gpu = KvStore::create(sc, Device::cuda(0));
   const std::vector<int> lens{2900, 64, 1001};
@@ -56,22 +60,24 @@ TEST_P(Cuda_BlockIndex_MatchesCpu, Scores) {
   c.shared_across_heads = shared;
   c.max_query_tokens = T;
   c.max_batch = 4;
+  c.dtype = qt;
   const std::vector<int> slots{2, 0, 1, 0};
   const int batch = 4;
-  auto q = random_bits16(static_cast<std::size_t>(batch) * T * c.num_q_heads * d, DType::kF16, 99);
+  auto q = random_bits16(static_cast<std::size_t>(batch) * T * c.num_q_heads * d, qt, 99);
   DeviceArray<std::uint16_t> dq(q);
   const int rows = c.rows(batch, T), maxb = sc.max_blocks_per_slot();
   std::vector<float> cs(static_cast<std::size_t>(rows) * maxb, 0.0f);
   std::vector<std::int32_t> cv(rows);
   BlockIndex::create(c, Device::cpu())
-      ->score(*cpu, slots, TensorView::contiguous(q.data(), DType::kF16, {batch, T, c.num_q_heads, d}),
+      ->score(*cpu, slots, TensorView::contiguous(q.data(), qt, {batch, T, c.num_q_heads, d}),
               ScoresView{cs.data(), cv.data(), rows, maxb});
   DeviceArray<float> gs(static_cast<std::size_t>(rows) * maxb);
   DeviceArray<std::int32_t> gv(rows);
   gs.fill_bytes(0xff);  // poisoned: the rows are read back whole, past each row's valid blocks
   gv.fill_bytes(0xff);
   auto gi = BlockIndex::create(c, Device::cuda(0));
-  gi->score(*gpu, slots, TensorView::contiguous(dq.get(), DType::kF16, {batch, T, c.num_q_heads, d}, Device::cuda(0)),
+  gi->score(*gpu, slots,
+            TensorView::contiguous(dq.get(), qt, {batch, T, c.num_q_heads, d}, Device::cuda(0)),
             ScoresView{gs.get(), gv.get(), rows, maxb});
   KVC_ASSERT_CUDA(cudaDeviceSynchronize());
   const auto hs = gs.download();
@@ -80,7 +86,8 @@ TEST_P(Cuda_BlockIndex_MatchesCpu, Scores) {
   for (int r = 0; r < rows; ++r) {
     ASSERT_EQ(hv[r], cv[r]) << "row " << r;
     for (int j = 0; j < cv[r]; ++j) {
-      const double a = hs[static_cast<std::size_t>(r) * maxb + j], b = cs[static_cast<std::size_t>(r) * maxb + j];
+      const double a = hs[static_cast<std::size_t>(r) * maxb + j],
+                   b = cs[static_cast<std::size_t>(r) * maxb + j];
       ASSERT_FALSE(std::isnan(a));
       max_rel = std::max(max_rel, std::abs(a - b) / (1.0 + std::abs(b)));
     }
@@ -90,12 +97,28 @@ TEST_P(Cuda_BlockIndex_MatchesCpu, Scores) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, Cuda_BlockIndex_MatchesCpu,
-    ::testing::Values(std::make_tuple(8, 4, 128, SummaryScore::kMeanK, GqaAggregate::kSum, false, 1),
-                      std::make_tuple(2, 1, 64, SummaryScore::kMeanK, GqaAggregate::kMax, false, 2),
-                      std::make_tuple(1, 128, 512, SummaryScore::kMeanK, GqaAggregate::kSum, false, 1),
-                      std::make_tuple(4, 8, 256, SummaryScore::kQuestMinMax, GqaAggregate::kMax, false, 1),
-                      std::make_tuple(3, 3, 64, SummaryScore::kQuestMinMax, GqaAggregate::kSum, true, 3),
-                      std::make_tuple(8, 4, 128, SummaryScore::kMeanK, GqaAggregate::kSum, true, 1)));
+    ::testing::Values(
+        std::make_tuple(8, 4, 128, SummaryScore::kMeanK, GqaAggregate::kSum, false, 1, DType::kF32),
+        std::make_tuple(2, 1, 64, SummaryScore::kMeanK, GqaAggregate::kMax, false, 2, DType::kF32),
+        std::make_tuple(1, 128, 512, SummaryScore::kMeanK, GqaAggregate::kSum, false, 1,
+                        DType::kF32),
+        std::make_tuple(4, 8, 256, SummaryScore::kQuestMinMax, GqaAggregate::kMax, false, 1,
+                        DType::kF32),
+        std::make_tuple(3, 3, 64, SummaryScore::kQuestMinMax, GqaAggregate::kSum, true, 3,
+                        DType::kF32),
+        std::make_tuple(8, 4, 128, SummaryScore::kMeanK, GqaAggregate::kSum, true, 1, DType::kF32),
+        // 16-bit summaries (the store's dtype, f16 here): every lane width d / 32 = 2, 4, 8, 16.
+        std::make_tuple(8, 4, 128, SummaryScore::kMeanK, GqaAggregate::kSum, false, 1, DType::kF16),
+        std::make_tuple(3, 3, 64, SummaryScore::kQuestMinMax, GqaAggregate::kMax, false, 1,
+                        DType::kF16),
+        std::make_tuple(2, 8, 256, SummaryScore::kQuestMinMax, GqaAggregate::kSum, true, 2,
+                        DType::kF16),
+        std::make_tuple(1, 16, 512, SummaryScore::kMeanK, GqaAggregate::kMax, false, 1,
+                        DType::kF16),
+        std::make_tuple(4, 4, 128, SummaryScore::kMeanK, GqaAggregate::kSum, false, 1,
+                        DType::kBF16),
+        std::make_tuple(2, 2, 64, SummaryScore::kQuestMinMax, GqaAggregate::kMax, true, 1,
+                        DType::kBF16)));
 
 }  // namespace
 }  // namespace kvc

@@ -126,6 +126,7 @@ TEST(Planner_BlockSelect, ComponentsAreTheStoresComputeFootprint) {
     p.old_format = olds[rng() % 3];
     p.summaries = kSummaryMeanK | static_cast<std::uint32_t>(rng() % 16);
     p.index_format = rng() % 2 ? Format::kMxfp4 : Format::kFp8E4m3;
+    p.summary_dtype = rng() % 2 ? DType::kF32 : smollm2_135m().kv_dtype;
     const ModelSpec m = with_block_select(smollm2_135m(), p);
     const std::int64_t context = 1 + static_cast<std::int64_t>(rng() % 8192);
     const int batch = 1 + static_cast<int>(rng() % 9);

@@ -73,6 +73,8 @@ TEST(Cpu_KvStoreConfig, ValidationNamesTheField) {
   bad([](KvStoreConfig& c) { c.num_pool_blocks = -1; }, "num_pool_blocks = -1");
   bad([](KvStoreConfig& c) { c.summaries = kSummaryMeanK | 16u; }, "summaries = 17");
   bad([](KvStoreConfig& c) { c.index_format = Format::kQ8; }, "index_format = q8");
+  bad([](KvStoreConfig& c) { c.summary_dtype = DType::kBF16; }, "summary_dtype = bf16");
+  bad([](KvStoreConfig& c) { c.summary_dtype = DType::kI8; }, "summary_dtype = i8");
   bad([](KvStoreConfig& c) {
         c.summaries |= kSummaryIndexKeys;
         c.index_format = Format::kF16;
@@ -94,6 +96,7 @@ TEST_P(Cpu_KvStore_AppendVsIngest, BitIdentical) {
   c.block_size = block;
   c.summaries |= kSummaryIndexKeys;
   c.index_format = index;
+  if (index == Format::kMxfp4) c.summary_dtype = dtype;  // 16-bit summaries in half the cases
   const int n = 150;
   const std::size_t token = static_cast<std::size_t>(c.num_kv_heads) * c.head_dim;
   auto k = random_bits16(n * token, dtype, 11);
@@ -143,8 +146,10 @@ INSTANTIATE_TEST_SUITE_P(
 // The state matches an independent recomputation: ring rows are the last W tokens verbatim, old
 // rows are the format's encoding of the original token, summaries are the block means/min/max.
 TEST(Cpu_KvStore, ContentsMatchRecomputation) {
+  for (const DType summary : {DType::kF32, DType::kF16})
   for (Format fmt : {Format::kF16, Format::kQ8, Format::kFp16kQ4v}) {
     KvStoreConfig c = small_config(fmt);
+    c.summary_dtype = summary;
     const int n = 77;
     const std::size_t token = static_cast<std::size_t>(c.num_kv_heads) * c.head_dim;
     auto k = random_bits16(n * token, c.dtype, 21, 3.0f);
@@ -194,10 +199,15 @@ TEST(Cpu_KvStore, ContentsMatchRecomputation) {
             mx = std::max(mx, kv);
           }
           const std::size_t o = (static_cast<std::size_t>(pb) * c.num_kv_heads + h) * d + i;
-          ASSERT_EQ(sv.mean_k[o], sum / c.block_size);
-          ASSERT_NEAR(sv.mean_k[o], dsum / c.block_size, 1e-5);
-          ASSERT_EQ(sv.min_k[o], mn);
-          ASSERT_EQ(sv.max_k[o], mx);
+          // f32, or rounded once to f16 (round to nearest even) when stored.
+          auto stored = [&](float x) {
+            return summary == DType::kF32 ? x : half_bits_to_float(float_to_half_bits(x));
+          };
+          ASSERT_EQ(store::summary_at(sv, sv.mean_k, o), stored(sum / c.block_size));
+          ASSERT_NEAR(store::summary_at(sv, sv.mean_k, o), dsum / c.block_size,
+                      summary == DType::kF32 ? 1e-5 : 2e-3);
+          ASSERT_EQ(store::summary_at(sv, sv.min_k, o), stored(mn));
+          ASSERT_EQ(store::summary_at(sv, sv.max_k, o), stored(mx));
         }
       }
     }
@@ -380,6 +390,13 @@ TEST(Cpu_KvStore, FootprintByComponent) {
   // fp16k_q4v: per old token per head 256 + 64 + 4 B = 324 B vs 512 B dense.
   auto store = KvStore::create(c, Device::cpu());
   EXPECT_EQ(store->footprint().total(), f.total());
+  // 16-bit summaries: half the bytes.
+  KvStoreConfig c16 = c;
+  c16.summary_dtype = DType::kF16;
+  const Footprint f16 = compute_footprint(c16, {4096, 1000});
+  EXPECT_EQ(f16.summaries, 2u * blocks * 8 * 128 * 2);
+  EXPECT_EQ(f16.in_use, f.in_use - 96u * 8 * 128 * 2);
+  EXPECT_EQ(KvStore::create(c16, Device::cpu())->footprint().total(), f16.total());
   // The index copy of K: 68 B (mxfp4) or 132 B (fp8_e4m3) per old token and head at d = 128.
   for (Format index : {Format::kMxfp4, Format::kFp8E4m3}) {
     KvStoreConfig ci = c;
@@ -469,9 +486,9 @@ TEST(Cpu_KvStore, NonFiniteInputIsLoudInTheOldBlock) {
   const int pb = sv.block_table[0];
   EXPECT_TRUE(is_nan(store::old_k_at(sv, pb, 0, 0, 0)));   // whole token decodes NaN
   EXPECT_FALSE(is_nan(store::old_k_at(sv, pb, 1, 0, 0)));  // other head is untouched
-  EXPECT_TRUE(is_nan(sv.mean_k[0]));                       // summary shows it
-  EXPECT_TRUE(is_nan(sv.min_k[0]));
-  EXPECT_TRUE(is_nan(sv.max_k[0]));
+  EXPECT_TRUE(is_nan(store::summary_at(sv, sv.mean_k, 0)));  // summary shows it
+  EXPECT_TRUE(is_nan(store::summary_at(sv, sv.min_k, 0)));
+  EXPECT_TRUE(is_nan(store::summary_at(sv, sv.max_k, 0)));
 }
 
 // A NaN or ±inf in K makes the index copy loud too: mxfp4 marks the element's 32-group (scale

@@ -95,6 +95,7 @@ TEST_P(Cuda_KvStore_MatchesCpu, IdenticalBytes) {
     c.summaries |= kSummaryIndexKeys;
     c.index_format = index == IndexCopy::kMxfp4 ? Format::kMxfp4 : Format::kFp8E4m3;
   }
+  if (index == IndexCopy::kMxfp4) c.summary_dtype = t;  // 16-bit summaries (rounded once)
   run_against_cpu(c, 1234u + d + w);
 }
 

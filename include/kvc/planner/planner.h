@@ -73,10 +73,12 @@ struct BlockSelectParams {
   int recent_window = 1024;                 ///< W: exact tokens in the ring, ≥ 1
   int block_size = 32;                      ///< B: tokens per old block, 1..1024
   Format old_format = Format::kFp16kQ4v;    ///< f16, bf16, q8 or fp16k_q4v
-  std::uint32_t summaries = kSummaryMeanK;  ///< kvc::SummaryBits kept per closed block (f32)
+  std::uint32_t summaries = kSummaryMeanK;  ///< kvc::SummaryBits kept per closed block
   /// Format of the index copy of old K when `summaries` has kSummaryIndexKeys (mxfp4 or
   /// fp8_e4m3; KvStoreConfig::index_format); counted under ComponentBytes::indexer_keys.
   Format index_format = Format::kMxfp4;
+  /// Element type of the summaries: f32, or the model's kv dtype (KvStoreConfig::summary_dtype).
+  DType summary_dtype = DType::kF32;
 };
 
 /// Parameters of the DeepSeek-V4 kinds (sliding_window, csa, hca).
@@ -144,7 +146,7 @@ struct ComponentBytes {
   std::uint64_t old_k = 0;      ///< K payload outside the ring: old blocks, or every token (dense)
   std::uint64_t old_v = 0;      ///< V payload outside the ring: old blocks, or every token (dense)
   std::uint64_t scales = 0;     ///< per-token fp32 scales of old K and V
-  std::uint64_t summaries = 0;  ///< block summaries (mean K, mean V, min/max K; f32)
+  std::uint64_t summaries = 0;  ///< block summaries (mean K, mean V, min/max K; f32 or 16-bit)
   std::uint64_t tables = 0;     ///< lengths, block tables, the pool's free list
   std::uint64_t entries = 0;    ///< compressed main entries (csa, hca)
   std::uint64_t indexer_keys = 0;      ///< indexer keys (csa), index copy of old K (block_select)

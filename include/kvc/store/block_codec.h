@@ -124,6 +124,98 @@ KVC_HD void encode_index_row(const StoreView& s, int pool_block, int head, int r
   }
 }
 
+/// Bytes of one summary element: 4 (f32) or 2 (f16, bf16).
+KVC_HD std::size_t summary_elem_bytes(const StoreView& s) {
+  return s.summary_dtype == DType::kF32 ? 4u : 2u;
+}
+
+/// A 16-bit summary element (f16 or bf16 bits) as float, exactly: bits16_to_float on the host,
+/// the hardware conversion on the device (same value; a NaN stays NaN).
+KVC_HD float summary16_to_float(std::uint16_t bits, bool is_bf16) {
+#if defined(__CUDA_ARCH__)
+  if (is_bf16) return __uint_as_float(static_cast<std::uint32_t>(bits) << 16);
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(bits));
+  return f;
+#else
+  return bits16_to_float(bits, is_bf16);
+#endif
+}
+
+/// Element `i` of a summary array (`a`: s.mean_k, s.mean_v, s.min_k or s.max_k; i =
+/// block_head_index(s, pb, h) * d + element) as float, exact for every summary dtype. With
+/// load_summaries and store_summary, the only place summaries are read or written.
+KVC_HD float summary_at(const StoreView& s, const void* a, std::size_t i) {
+  if (s.summary_dtype == DType::kF32) return static_cast<const float*>(a)[i];
+  return summary16_to_float(static_cast<const std::uint16_t*>(a)[i],
+                            s.summary_dtype == DType::kBF16);
+}
+
+/// Elements [i, i + N) of a summary array as float (the same values as summary_at). On the device
+/// with vector loads: i must be a multiple of N and N a power of two >= 2 (8- or 16-byte loads
+/// for 16-bit summaries with N >= 4 / 8, float2 / float4 for f32).
+template <int N>
+KVC_HD void load_summaries(const StoreView& s, const void* a, std::size_t i, float (&f)[N]) {
+#if defined(__CUDA_ARCH__)
+  static_assert(N >= 2 && (N & (N - 1)) == 0, "N must be a power of two >= 2");
+  if (s.summary_dtype == DType::kF32) {
+    const float* p = static_cast<const float*>(a) + i;
+    if constexpr (N % 4 == 0) {
+#pragma unroll
+      for (int k = 0; k < N; k += 4) {
+        const float4 x = __ldg(reinterpret_cast<const float4*>(p + k));
+        f[k] = x.x;
+        f[k + 1] = x.y;
+        f[k + 2] = x.z;
+        f[k + 3] = x.w;
+      }
+    } else {
+      const float2 x = __ldg(reinterpret_cast<const float2*>(p));
+      f[0] = x.x;
+      f[1] = x.y;
+    }
+    return;
+  }
+  const bool bf = s.summary_dtype == DType::kBF16;
+  const std::uint16_t* p = static_cast<const std::uint16_t*>(a) + i;
+  constexpr int kWords = N / 2;  // 32-bit words, two elements each (element 2w in the low half)
+  std::uint32_t w[kWords];
+  if constexpr (N % 8 == 0) {
+#pragma unroll
+    for (int k = 0; k < kWords; k += 4) {
+      const uint4 x = __ldg(reinterpret_cast<const uint4*>(p) + k / 4);
+      w[k] = x.x;
+      w[k + 1] = x.y;
+      w[k + 2] = x.z;
+      w[k + 3] = x.w;
+    }
+  } else if constexpr (N == 4) {
+    const uint2 x = __ldg(reinterpret_cast<const uint2*>(p));
+    w[0] = x.x;
+    w[1] = x.y;
+  } else {
+    w[0] = __ldg(reinterpret_cast<const unsigned int*>(p));
+  }
+#pragma unroll
+  for (int k = 0; k < kWords; ++k) {
+    f[2 * k] = summary16_to_float(static_cast<std::uint16_t>(w[k] & 0xffffu), bf);
+    f[2 * k + 1] = summary16_to_float(static_cast<std::uint16_t>(w[k] >> 16), bf);
+  }
+#else
+  for (int k = 0; k < N; ++k) f[k] = summary_at(s, a, i + static_cast<std::size_t>(k));
+#endif
+}
+
+/// Stores the float32 summary `x` as element `i` of a summary array, rounded once to the
+/// summary dtype (round to nearest even; f32 unchanged).
+KVC_HD void store_summary(const StoreView& s, void* a, std::size_t i, float x) {
+  if (s.summary_dtype == DType::kF32) {
+    static_cast<float*>(a)[i] = x;
+  } else {
+    static_cast<std::uint16_t*>(a)[i] = float_to_bits16(x, s.summary_dtype == DType::kBF16);
+  }
+}
+
 /// Element i of ring K at (slot, head, ring row) as float.
 KVC_HD float ring_k_at(const StoreView& s, int slot, int head, int ring_row, int i) {
   const auto* p = static_cast<const std::uint16_t*>(s.ring_k);
@@ -173,8 +265,8 @@ inline void encode_old_row(const StoreView& s, int pool_block, int head, int row
 }
 
 /// Computes the summaries of a full block (pool block, head) for element i: mean K (and mean V,
-/// min/max K when kept) over its B rows in row order, sums with fadd_rn, mean = sum / B (a NaN
-/// mean as the canonical quiet NaN).
+/// min/max K when kept) over its B rows in row order, sums with fadd_rn, mean = sum / B, in
+/// float32; each is rounded once to the summary dtype when stored (store_summary).
 KVC_HD void summarise_element(const StoreView& s, int pool_block, int head, int i) {
   const std::size_t o = block_head_index(s, pool_block, head) * s.head_dim + i;
   float sum_k = 0.0f, sum_v = 0.0f;
@@ -188,14 +280,11 @@ KVC_HD void summarise_element(const StoreView& s, int pool_block, int head, int 
     if (s.summaries & kSummaryMeanV) sum_v = fadd_rn(sum_v, old_v_at(s, pool_block, head, t, i));
   }
   const float b = static_cast<float>(s.block_size);
-  // A NaN mean is stored as the canonical quiet NaN: the payload an addition propagates differs
-  // between the host's and the device's floating-point units, and snapshots compare bits.
-  const float mean_k = fdiv_rn(sum_k, b), mean_v = fdiv_rn(sum_v, b);
-  s.mean_k[o] = is_nan(mean_k) ? formats::quiet_nan() : mean_k;
-  if (s.summaries & kSummaryMeanV) s.mean_v[o] = is_nan(mean_v) ? formats::quiet_nan() : mean_v;
+  store_summary(s, s.mean_k, o, fdiv_rn(sum_k, b));
+  if (s.summaries & kSummaryMeanV) store_summary(s, s.mean_v, o, fdiv_rn(sum_v, b));
   if (s.summaries & kSummaryMinMaxK) {
-    s.min_k[o] = mn;
-    s.max_k[o] = mx;
+    store_summary(s, s.min_k, o, mn);
+    store_summary(s, s.max_k, o, mx);
   }
 }
 

@@ -61,6 +61,11 @@ struct KvStoreConfig {
   /// out; max_slots * max_blocks_per_slot() for an unsharded store).
   int num_pool_blocks = 0;
   std::uint32_t summaries = kSummaryMeanK;  ///< SummaryBits to keep (kSummaryMeanK is required)
+  /// Element type of the block summaries (mean K, mean V, min/max K): kF32, or the store's own
+  /// 16-bit dtype (kF16 with dtype f16, kBF16 with dtype bf16), half the bytes. A summary is
+  /// computed in float32 as for kF32 and rounded once (to nearest even) when stored; readers go
+  /// through store::summary_at / store::load_summaries (kvc/store/block_codec.h).
+  DType summary_dtype = DType::kF32;
   /// Format of the index copy of old K (kept with kSummaryIndexKeys): kMxfp4 (d/2 B of e2m1 +
   /// d/32 ue8m0 scale bytes per token and head) or kFp8E4m3 (d B of e4m3 + an fp32 scale).
   /// Validated whether or not the copy is kept.
@@ -128,6 +133,7 @@ struct StoreView {
   DType dtype = DType::kF16;    ///< ring dtype (and fp16k_q4v's K dtype)
   Format old_format = Format::kFp16kQ4v;  ///< old-block format
   std::uint32_t summaries = kSummaryMeanK;  ///< SummaryBits kept
+  DType summary_dtype = DType::kF32;        ///< element type of the summaries (f32, f16, bf16)
   Format index_format = Format::kMxfp4;     ///< format of index_k (see KvStoreConfig)
   int num_shards = 1;           ///< shards of the context (see KvStoreConfig::num_shards)
   int shard_index = 0;          ///< this store's shard; it owns logical blocks b % num_shards == it
@@ -147,10 +153,11 @@ struct StoreView {
   std::uint8_t* old_v = nullptr;        ///< [pool, Hkv, B, v_payload_bytes(old_format, d)]
   float* old_k_scale = nullptr;         ///< [pool, Hkv, B] (q8) or null
   float* old_v_scale = nullptr;         ///< [pool, Hkv, B] (q8, fp16k_q4v) or null
-  float* mean_k = nullptr;              ///< [pool, Hkv, d]
-  float* mean_v = nullptr;              ///< [pool, Hkv, d] or null
-  float* min_k = nullptr;               ///< [pool, Hkv, d] or null
-  float* max_k = nullptr;               ///< [pool, Hkv, d] or null
+  /// [pool, Hkv, d] summary_dtype; read with store::summary_at / store::load_summaries
+  void* mean_k = nullptr;
+  void* mean_v = nullptr;               ///< [pool, Hkv, d] summary_dtype, or null
+  void* min_k = nullptr;                ///< [pool, Hkv, d] summary_dtype, or null
+  void* max_k = nullptr;                ///< [pool, Hkv, d] summary_dtype, or null
   /// [pool, Hkv, B, index_payload_bytes] index copy of old K (kSummaryIndexKeys) or null:
   /// mxfp4 d/2 B of packed e2m1, fp8_e4m3 d B of e4m3 (kvc/store/block_codec.h reads it)
   std::uint8_t* index_k = nullptr;
@@ -172,7 +179,9 @@ struct SlotState {
   std::vector<std::uint8_t> old_v;       ///< old V payload rows in use
   std::vector<float> old_k_scale;        ///< old K scales in use
   std::vector<float> old_v_scale;        ///< old V scales in use
-  std::vector<float> summaries;          ///< mean K, mean V, min K, max K of closed blocks (kept ones)
+  /// mean K, mean V, min K, max K of closed blocks (kept ones), as float (16-bit summaries are
+  /// decoded exactly)
+  std::vector<float> summaries;
   std::vector<std::uint8_t> index_k;     ///< index-copy K payload rows in use (kSummaryIndexKeys)
   std::vector<std::uint8_t> index_k_scale;  ///< index-copy K scale bytes of those rows
   /// Field-by-field, bit-exact equality (NaN scales compare equal to themselves).
