@@ -307,18 +307,12 @@ struct RowAddr {
 };
 
 /// Elements [i, i + N) of a block-summary array (mean K or mean V, [pool, Hkv, d]) as float:
-/// the one place the kernels read summary elements (f32 today). i is a multiple of N.
+/// the one place the kernels read summary elements, through the store's accessor
+/// (store::load_summaries: f32, f16 or bf16 summaries). i is a multiple of N.
 template <int N>
-__device__ __forceinline__ void load_summary(const float* summaries, std::size_t i, float (&f)[N]) {
-  static_assert(N % 4 == 0, "summary reads are whole float4s");
-#pragma unroll
-  for (int k = 0; k < N; k += 4) {
-    const float4 x = __ldg(reinterpret_cast<const float4*>(summaries + i) + k / 4);
-    f[k] = x.x;
-    f[k + 1] = x.y;
-    f[k + 2] = x.z;
-    f[k + 3] = x.w;
-  }
+__device__ __forceinline__ void load_summary(const StoreView& s, const void* summaries,
+                                             std::size_t i, float (&f)[N]) {
+  store::load_summaries<N>(s, summaries, i, f);
 }
 
 /// Block id of summarised item k (kBlockSummary: closed block k; lossy: the k-th selected id),
@@ -442,8 +436,8 @@ __device__ __forceinline__ void process_piece(const DecodeParams& p, const RowCt
       if (a.ok) {
         if constexpr (RK == RowKind::kF32) {
           float kf[KW], vf[VW];
-          load_summary<KW>(p.s.mean_k, a.sum_off, kf);
-          load_summary<VW>(p.s.mean_v, a.sum_off, vf);
+          load_summary<KW>(p.s, p.s.mean_k, a.sum_off, kf);
+          load_summary<VW>(p.s, p.s.mean_v, a.sum_off, vf);
 #pragma unroll
           for (int i = 0; i < KW; ++i) kr[u][i] = __float_as_uint(kf[i]);
 #pragma unroll

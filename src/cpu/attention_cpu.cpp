@@ -119,9 +119,10 @@ void decode_row(const AttentionParams& p, int b, int t, int hq) {
   auto add_summary = [&](int block) {  // the summary entry, then its representatives
     if (!store::owns_block(s, block)) return;
     const int pb = pool_block(s, slot, block);
-    const float* mk = s.mean_k + summary_offset(s, pb, h);
-    const float* mv = s.mean_v + summary_offset(s, pb, h);
-    st.add(scale * dot<Acc>(q, mk, d), mv);
+    const std::size_t so = summary_offset(s, pb, h);
+    for (int i = 0; i < d; ++i) k[i] = store::summary_at(s, s.mean_k, so + i);
+    for (int i = 0; i < d; ++i) v[i] = store::summary_at(s, s.mean_v, so + i);
+    st.add(scale * dot<Acc>(q, k, d), v);
     for (int i = 0; i < p.num_representatives; ++i) {
       add_old_token(pb, representative_row(p.representative_policy, i, p.num_representatives, B));
     }

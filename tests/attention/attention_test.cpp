@@ -250,8 +250,10 @@ class Testbed {
           auto add_summary = [&](int blk) {
             const int pb = sv.block_table[slots_[b] * sv.max_blocks_per_slot + blk];
             const std::size_t so = (static_cast<std::size_t>(pb) * H + h) * d;
-            ks.emplace_back(sv.mean_k + so, sv.mean_k + so + d);
-            vs.emplace_back(sv.mean_v + so, sv.mean_v + so + d);
+            ks.emplace_back(d);
+            vs.emplace_back(d);
+            for (int i = 0; i < d; ++i) ks.back()[i] = store::summary_at(sv, sv.mean_k, so + i);
+            for (int i = 0; i < d; ++i) vs.back()[i] = store::summary_at(sv, sv.mean_v, so + i);
             for (int i = 0; i < c_.reps; ++i) {
               const int rr =
                   c_.policy == RepresentativePolicy::kLast

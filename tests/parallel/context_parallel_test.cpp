@@ -234,7 +234,10 @@ void expect_shards_hold_the_blocks(Group& g) {
           const std::size_t so = store::block_head_index(s, spb, h) * d;
           for (const auto& pair : {std::make_pair(f.mean_k, s.mean_k), std::make_pair(f.mean_v, s.mean_v),
                                    std::make_pair(f.min_k, s.min_k), std::make_pair(f.max_k, s.max_k)}) {
-            ASSERT_EQ(std::memcmp(pair.first + fo, pair.second + so, d * 4), 0)
+            const std::size_t eb = store::summary_elem_bytes(f);
+            ASSERT_EQ(std::memcmp(static_cast<const std::uint8_t*>(pair.first) + fo * eb,
+                                  static_cast<const std::uint8_t*>(pair.second) + so * eb, d * eb),
+                      0)
                 << "summaries of block " << b << " on shard " << r;
           }
         }

@@ -139,9 +139,9 @@ KVC_HD std::size_t old_token_bytes(const StoreView& s) {
          (formats::has_k_scale(s.old_format) ? 4u : 0u) +
          (formats::has_v_scale(s.old_format) ? 4u : 0u);
 }
-/// Bytes one summary entry of one kv head reads: mean K and mean V, f32.
+/// Bytes one summary entry of one kv head reads: mean K and mean V in the summary dtype.
 KVC_HD std::size_t summary_entry_bytes(const StoreView& s) {
-  return 2u * static_cast<std::size_t>(s.head_dim) * 4u;
+  return 2u * static_cast<std::size_t>(s.head_dim) * store::summary_elem_bytes(s);
 }
 
 }  // namespace attention
