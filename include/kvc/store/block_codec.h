@@ -207,10 +207,12 @@ KVC_HD void load_summaries(const StoreView& s, const void* a, std::size_t i, flo
 }
 
 /// Stores the float32 summary `x` as element `i` of a summary array, rounded once to the
-/// summary dtype (round to nearest even; f32 unchanged).
+/// summary dtype (round to nearest even; f32 unchanged). A NaN is stored canonically (f32
+/// 0x7fc00000, f16 0x7e00, bf16 0x7fc0): the payload an arithmetic NaN carries differs between the
+/// host's and the device's floating-point units, and snapshots compare bits.
 KVC_HD void store_summary(const StoreView& s, void* a, std::size_t i, float x) {
   if (s.summary_dtype == DType::kF32) {
-    static_cast<float*>(a)[i] = x;
+    static_cast<float*>(a)[i] = is_nan(x) ? formats::quiet_nan() : x;
   } else {
     static_cast<std::uint16_t*>(a)[i] = float_to_bits16(x, s.summary_dtype == DType::kBF16);
   }
@@ -266,7 +268,8 @@ inline void encode_old_row(const StoreView& s, int pool_block, int head, int row
 
 /// Computes the summaries of a full block (pool block, head) for element i: mean K (and mean V,
 /// min/max K when kept) over its B rows in row order, sums with fadd_rn, mean = sum / B, in
-/// float32; each is rounded once to the summary dtype when stored (store_summary).
+/// float32; each is rounded once to the summary dtype when stored (store_summary; a NaN as the
+/// canonical quiet NaN).
 KVC_HD void summarise_element(const StoreView& s, int pool_block, int head, int i) {
   const std::size_t o = block_head_index(s, pool_block, head) * s.head_dim + i;
   float sum_k = 0.0f, sum_v = 0.0f;
