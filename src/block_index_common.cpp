@@ -5,6 +5,7 @@
 #include "kvc/config.h"
 #include "kvc/core/error.h"
 #include "kvc/index/block_index.h"
+#include "index_impl.h"
 
 namespace kvc {
 
@@ -30,6 +31,9 @@ void BlockIndexConfig::validate() const {
             "score = ", static_cast<int>(score), " is not a SummaryScore");
   KVC_CHECK(aggregate == GqaAggregate::kSum || aggregate == GqaAggregate::kMax, "aggregate = ",
             static_cast<int>(aggregate), " is not a GqaAggregate");
+  KVC_CHECK(kernel == IndexKernel::kAuto || kernel == IndexKernel::kGeneral ||
+                kernel == IndexKernel::kFast,
+            "kernel = ", static_cast<int>(kernel), " is not an IndexKernel");
   KVC_CHECK(token_keys == TokenKeys::kOldBlocks || token_keys == TokenKeys::kIndexCopy,
             "token_keys = ", static_cast<int>(token_keys), " is not a TokenKeys");
   KVC_CHECK(max_blocks_per_slot >= 0 && max_blocks_per_slot <= (1 << 24), "max_blocks_per_slot = ",
@@ -60,6 +64,18 @@ const char* to_string(SummaryScore score) {
   return "?";
 }
 
+const char* to_string(IndexKernel kernel) {
+  switch (kernel) {
+    case IndexKernel::kAuto:
+      return "auto";
+    case IndexKernel::kGeneral:
+      return "general";
+    case IndexKernel::kFast:
+      return "fast";
+  }
+  return "?";
+}
+
 const char* to_string(TokenKeys keys) {
   switch (keys) {
     case TokenKeys::kOldBlocks:
@@ -75,6 +91,28 @@ float BlockIndexConfig::scale() const {
 }
 
 namespace detail {
+
+int fast_summary_blocks_per_cta(int num_kv_heads) {
+  return num_kv_heads >= 8 ? 32 : 32 * (8 / num_kv_heads);
+}
+
+bool fast_kernel_serves(const BlockIndexConfig& c, Format index_format) {
+  if (!is_token_score(c.score)) {
+    const long long partials =
+        c.shared_across_heads
+            ? static_cast<long long>(c.num_kv_heads) * fast_summary_blocks_per_cta(c.num_kv_heads)
+            : 0;
+    return static_cast<long long>(c.num_q_heads) * c.head_dim + partials <= kFastSummarySmemFloats;
+  }
+  return c.token_keys == TokenKeys::kIndexCopy && index_format == Format::kMxfp4 &&
+         c.dtype == DType::kF16 &&
+         (c.head_dim == 64 || c.head_dim == 128) && c.num_q_heads / c.num_kv_heads <= 8;
+}
+
+bool uses_fast_kernel(const BlockIndexConfig& c, Format index_format) {
+  return c.kernel == IndexKernel::kFast ||
+         (c.kernel == IndexKernel::kAuto && fast_kernel_serves(c, index_format));
+}
 
 int validate_score_args(const BlockIndexConfig& c, const KvStore& store,
                         const std::vector<int>& slots, const TensorView& q, const ScoresView& out,
@@ -102,6 +140,12 @@ int validate_score_args(const BlockIndexConfig& c, const KvStore& store,
               c.max_blocks_per_slot,
               " (score = token_mass sizes its scratch from BlockIndexConfig::max_blocks_per_slot)");
   }
+  KVC_CHECK(!device.is_cuda() || c.kernel != IndexKernel::kFast ||
+                fast_kernel_serves(c, sc.index_format),
+            "kernel = fast does not serve score = ", to_string(c.score), " (token_keys = ",
+            to_string(c.token_keys), ", index_format = ", to_string(sc.index_format),
+            ", Hq = ", c.num_q_heads, ", Hkv = ", c.num_kv_heads, ", head_dim = ", c.head_dim,
+            "); use kernel = auto or general");
   const int batch = static_cast<int>(slots.size());
   KVC_CHECK(batch >= 1 && batch <= c.max_batch, "slots.size() = ", batch, " must be in [1, ",
             c.max_batch, "]");

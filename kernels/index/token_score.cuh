@@ -217,98 +217,183 @@ struct HeadStates {
   }
 };
 
+/// The row a token-score CTA works on (blockIdx.y) and what its query sees.
+struct TokenRow {
+  int row, bt, slot, old, closed;
+  int h_first, h_count;         // kv heads of the row
+  int ring_count, exact_count;  // ring positions old..pos, then the open block's rows
+  const std::int32_t* table;    // the slot's block-table row
+  const std::uint16_t* q_row;   // the row's first query head
+};
+
+__device__ __forceinline__ TokenRow token_row(const TokenScoreParams& p, int head_dim) {
+  const StoreView& s = p.s;
+  TokenRow r;
+  r.row = blockIdx.y;
+  const int rows_per_token = p.shared ? 1 : s.num_kv_heads;
+  r.bt = r.row / rows_per_token;  // b * T + t
+  const int b = r.bt / p.tokens, t = r.bt % p.tokens;
+  r.slot = p.slots[b];
+  const int L = s.lengths[r.slot];
+  r.old = L > s.recent_window ? L - s.recent_window : 0;
+  r.closed = store::owned_count(r.old / s.block_size, s.num_shards, s.shard_index);
+  r.h_first = p.shared ? 0 : r.row % rows_per_token;
+  r.h_count = p.shared ? s.num_kv_heads : 1;
+  const int pos = L - p.tokens + t;
+  r.ring_count = pos >= r.old ? pos - r.old + 1 : 0;
+  r.exact_count = r.ring_count + r.old % s.block_size;
+  r.table = s.block_table + static_cast<std::size_t>(r.slot) * s.max_blocks_per_slot;
+  r.q_row = p.q + (static_cast<std::size_t>(r.bt) * p.num_q_heads + r.h_first * p.group) * head_dim;
+  return r;
+}
+
+/// Stages heads [gl0, gl0 + cn) of the row's queries as float in q_smem [cn, D] (synchronising
+/// before and after).
+template <int D>
+__device__ __forceinline__ void stage_queries(const TokenScoreParams& p, const TokenRow& r, int gl0,
+                                              int cn, float* q_smem) {
+  __syncthreads();
+  for (int i = threadIdx.x; i < cn * D; i += blockDim.x) {
+    q_smem[i] = f16_bits_to_float(r.q_row[static_cast<std::size_t>(gl0) * D + i], p.q_bf16);
+  }
+  __syncthreads();
+}
+
+/// The ring CTA (mass rule): per head, the log-sum-exp of the row's exact tokens (visible ring
+/// rows, then the open block's rows, read from the store) as partial 0. `red` holds
+/// 2 * kTokWarps * kTokHeads floats of shared memory.
+template <int D>
+__device__ __forceinline__ void exact_part(const TokenScoreParams& p, const TokenRow& r,
+                                           float* q_smem, float* red) {
+  const StoreView& s = p.s;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bool kbf = store::is_bf16(s);
+  float* red_max = red;
+  float* red_sum = red + kTokWarps * kTokHeads;
+  for (int hh = 0; hh < r.h_count; ++hh) {
+    const int h = r.h_first + hh;
+    for (int c0 = 0; c0 < p.group; c0 += kTokHeads) {
+      const int cn = p.group - c0 < kTokHeads ? p.group - c0 : kTokHeads;
+      const int gl0 = hh * p.group + c0;  // row-local index of the chunk's first head
+      stage_queries<D>(p, r, gl0, cn, q_smem);
+      HeadStates st;
+      st.reset();
+      for (int u0 = warp * 32; u0 < r.exact_count; u0 += kTokThreads) {
+        const int u = u0 + lane;
+        if (u < r.exact_count) {
+          float acc[kTokHeads];
+          if (u < r.ring_count) {
+            const std::size_t row =
+                store::ring_row_index(s, r.slot, h, (r.old + u) % s.recent_window);
+            const KeyRow k{static_cast<const std::uint8_t*>(s.ring_k) + row * D * 2, nullptr, 1.0f};
+            dot_heads<KeyKind::k16, D>(k, kbf, q_smem, cn, acc);
+          } else {
+            const KeyRow k = old_key_row(s, r.table[r.old / s.block_size], h, u - r.ring_count);
+            if (s.old_format == Format::kQ8) {
+              dot_heads<KeyKind::kQ8, D>(k, kbf, q_smem, cn, acc);
+            } else {
+              dot_heads<KeyKind::k16, D>(k, kbf, q_smem, cn, acc);
+            }
+          }
+          st.add(acc, cn, p.scale);
+        }
+      }
+      st.warp_reduce();
+      if (lane == 0) {
+#pragma unroll
+        for (int c = 0; c < kTokHeads; ++c) {
+          red_max[warp * kTokHeads + c] = st.lse[c].max;
+          red_sum[warp * kTokHeads + c] = st.lse[c].sum;
+        }
+      }
+      __syncthreads();
+      if (static_cast<int>(threadIdx.x) < cn) {
+        index_math::LogSumExp z;
+        for (int w = 0; w < kTokWarps; ++w) {
+          z.add_weighted(red_max[w * kTokHeads + threadIdx.x],
+                         red_sum[w * kTokHeads + threadIdx.x]);
+        }
+        p.partial[(static_cast<std::size_t>(r.row) * p.parts) * p.heads + gl0 + threadIdx.x] =
+            z.value();
+      }
+    }
+  }
+}
+
+/// What a chunk CTA's lane 0 of a warp records for block j and row-local head gl: the max rule
+/// aggregates `max` into agg[jj] (heads ascending), the mass rule stores the block's log-sum-exp
+/// (NaN when a logit was NaN) in the workspace.
+__device__ __forceinline__ void record_head(const TokenScoreParams& p, const TokenRow& r, int j,
+                                            int jj, int gl, float max,
+                                            const index_math::LogSumExp& lse, bool nan,
+                                            float* agg) {
+  if (!p.mass) {
+    agg[jj] = gl == 0 ? max : p.aggregate_max ? index_math::nan_max(agg[jj], max) : agg[jj] + max;
+  } else {
+    p.lse[(static_cast<std::size_t>(r.row) * p.heads + gl) * p.s.max_blocks_per_slot + j] =
+        nan ? formats::quiet_nan() : lse.value();
+  }
+}
+
+/// The end of a chunk CTA (after its blocks): the max rule writes the row's scores from agg, the
+/// mass rule the CTA's partial normaliser per head (partial 1 + blockIdx.x).
+__device__ __forceinline__ void chunk_epilogue(const TokenScoreParams& p, const TokenRow& r, int j0,
+                                               const float* agg) {
+  __syncthreads();  // agg, and this CTA's lse writes, are complete and visible to the CTA
+  if (!p.mass) {
+    for (int jj = threadIdx.x; jj < kTokBlocksPerCta; jj += blockDim.x) {
+      const int j = j0 + jj;
+      if (j < r.closed)
+        p.out.scores[static_cast<std::size_t>(r.row) * p.out.max_blocks + j] = agg[jj];
+    }
+    return;
+  }
+  for (int gl = threadIdx.x; gl < p.heads; gl += blockDim.x) {
+    index_math::LogSumExp z;
+    const float* lse =
+        p.lse + (static_cast<std::size_t>(r.row) * p.heads + gl) * p.s.max_blocks_per_slot;
+    for (int jj = 0; jj < kTokBlocksPerCta && j0 + jj < r.closed; ++jj) {
+      const float v = lse[j0 + jj];
+      if (!is_nan(v)) z.add(v);
+    }
+    p.partial[(static_cast<std::size_t>(r.row) * p.parts + 1 + blockIdx.x) * p.heads + gl] =
+        z.value();
+  }
+}
+
 template <KeyKind KK, int D>
 __global__ void __launch_bounds__(kTokThreads)
     token_score_kernel(const __grid_constant__ TokenScoreParams p) {
   __shared__ __align__(16) float q_smem[kTokHeads * D];  // the chunk's queries
   __shared__ float agg[kTokBlocksPerCta];                // max rule: heads aggregated so far
-  __shared__ float red_max[kTokWarps][kTokHeads], red_sum[kTokWarps][kTokHeads];  // ring CTA
+  __shared__ float red[2 * kTokWarps * kTokHeads];       // ring CTA: per-warp states
   const StoreView& s = p.s;
-  const int row = blockIdx.y;
-  const int rows_per_token = p.shared ? 1 : s.num_kv_heads;
-  const int bt = row / rows_per_token;  // b * T + t
-  const int b = bt / p.tokens, t = bt % p.tokens;
-  const int slot = p.slots[b];
-  const int L = s.lengths[slot];
-  const int W = s.recent_window, B = s.block_size;
-  const int old = L > W ? L - W : 0;
-  const int closed = store::owned_count(old / B, s.num_shards, s.shard_index);
-  if (blockIdx.x == 0 && threadIdx.x == 0) p.out.num_valid[row] = closed;
+  const TokenRow r = token_row(p, D);
+  if (blockIdx.x == 0 && threadIdx.x == 0) p.out.num_valid[r.row] = r.closed;
   const int chunk_ctas = static_cast<int>(gridDim.x) - (p.mass ? 1 : 0);
-  const bool ring_cta = p.mass && static_cast<int>(blockIdx.x) == chunk_ctas;
+  if (p.mass && static_cast<int>(blockIdx.x) == chunk_ctas) {
+    exact_part<D>(p, r, q_smem, red);
+    return;
+  }
   const int j0 = static_cast<int>(blockIdx.x) * kTokBlocksPerCta;
-  if (!ring_cta && j0 >= closed) return;
-  const int h_first = p.shared ? 0 : row % rows_per_token;
-  const int h_count = p.shared ? s.num_kv_heads : 1;
+  if (j0 >= r.closed) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const bool kbf = store::is_bf16(s);
-  const std::int32_t* table =
-      s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot;
-  const std::uint16_t* q_row =
-      p.q + (static_cast<std::size_t>(bt) * p.num_q_heads + h_first * p.group) * D;
-  // Ring CTA: the exact tokens the query sees, ring positions old..pos then the open block's rows.
-  const int pos = L - p.tokens + t;
-  const int ring_count = pos >= old ? pos - old + 1 : 0;
-  const int exact_count = ring_count + old % B;
-
-  for (int hh = 0; hh < h_count; ++hh) {
-    const int h = h_first + hh;
+  for (int hh = 0; hh < r.h_count; ++hh) {
+    const int h = r.h_first + hh;
     for (int c0 = 0; c0 < p.group; c0 += kTokHeads) {
       const int cn = p.group - c0 < kTokHeads ? p.group - c0 : kTokHeads;
       const int gl0 = hh * p.group + c0;  // row-local index of the chunk's first head
-      __syncthreads();
-      for (int i = threadIdx.x; i < cn * D; i += blockDim.x) {
-        q_smem[i] = f16_bits_to_float(q_row[static_cast<std::size_t>(gl0) * D + i], p.q_bf16);
-      }
-      __syncthreads();
-      HeadStates st;
-      if (ring_cta) {
-        st.reset();
-        for (int u0 = warp * 32; u0 < exact_count; u0 += kTokThreads) {
-          const int u = u0 + lane;
-          if (u < exact_count) {
-            float acc[kTokHeads];
-            if (u < ring_count) {
-              const std::size_t r = store::ring_row_index(s, slot, h, (old + u) % W);
-              const KeyRow k{static_cast<const std::uint8_t*>(s.ring_k) + r * D * 2, nullptr, 1.0f};
-              dot_heads<KeyKind::k16, D>(k, kbf, q_smem, cn, acc);
-            } else {
-              const KeyRow k = old_key_row(s, table[old / B], h, u - ring_count);
-              if (s.old_format == Format::kQ8) {
-                dot_heads<KeyKind::kQ8, D>(k, kbf, q_smem, cn, acc);
-              } else {
-                dot_heads<KeyKind::k16, D>(k, kbf, q_smem, cn, acc);
-              }
-            }
-            st.add(acc, cn, p.scale);
-          }
-        }
-        st.warp_reduce();
-        if (lane == 0) {
-#pragma unroll
-          for (int c = 0; c < kTokHeads; ++c) {
-            red_max[warp][c] = st.lse[c].max;
-            red_sum[warp][c] = st.lse[c].sum;
-          }
-        }
-        __syncthreads();
-        if (static_cast<int>(threadIdx.x) < cn) {
-          index_math::LogSumExp z;
-          for (int w = 0; w < kTokWarps; ++w)
-            z.add_weighted(red_max[w][threadIdx.x], red_sum[w][threadIdx.x]);
-          p.partial[(static_cast<std::size_t>(row) * p.parts) * p.heads + gl0 + threadIdx.x] =
-              z.value();
-        }
-        continue;
-      }
+      stage_queries<D>(p, r, gl0, cn, q_smem);
       for (int jj = warp; jj < kTokBlocksPerCta; jj += kTokWarps) {
         const int j = j0 + jj;
-        if (j >= closed) break;
-        const int pb = table[store::owned_block_id(s, j)];
+        if (j >= r.closed) break;
+        const int pb = r.table[store::owned_block_id(s, j)];
+        HeadStates st;
         st.reset();
-        for (int t0 = 0; t0 < B; t0 += 32) {
+        for (int t0 = 0; t0 < s.block_size; t0 += 32) {
           const int i = t0 + lane;
-          if (i < B) {
+          if (i < s.block_size) {
             float acc[kTokHeads];
             KeyRow k;
             if constexpr (KK == KeyKind::kMxfp4 || KK == KeyKind::kFp8) {
@@ -325,41 +410,13 @@ __global__ void __launch_bounds__(kTokThreads)
 #pragma unroll
           for (int c = 0; c < kTokHeads; ++c) {
             if (c >= cn) break;
-            const int gl = gl0 + c;
-            if (!p.mass) {
-              const float v = st.max[c];
-              agg[jj] = gl == 0           ? v
-                        : p.aggregate_max ? index_math::nan_max(agg[jj], v)
-                                          : agg[jj] + v;
-            } else {
-              p.lse[(static_cast<std::size_t>(row) * p.heads + gl) * s.max_blocks_per_slot + j] =
-                  (st.nan_mask >> c) & 1u ? formats::quiet_nan() : st.lse[c].value();
-            }
+            record_head(p, r, j, jj, gl0 + c, st.max[c], st.lse[c], (st.nan_mask >> c) & 1u, agg);
           }
         }
       }
     }
   }
-  if (ring_cta) return;
-  __syncthreads();  // agg, and this CTA's lse writes, are complete and visible to the CTA
-  if (!p.mass) {
-    for (int jj = threadIdx.x; jj < kTokBlocksPerCta; jj += blockDim.x) {
-      const int j = j0 + jj;
-      if (j < closed) p.out.scores[static_cast<std::size_t>(row) * p.out.max_blocks + j] = agg[jj];
-    }
-    return;
-  }
-  for (int gl = threadIdx.x; gl < p.heads; gl += blockDim.x) {
-    index_math::LogSumExp z;
-    const float* lse =
-        p.lse + (static_cast<std::size_t>(row) * p.heads + gl) * s.max_blocks_per_slot;
-    for (int jj = 0; jj < kTokBlocksPerCta && j0 + jj < closed; ++jj) {
-      const float v = lse[j0 + jj];
-      if (!is_nan(v)) z.add(v);
-    }
-    p.partial[(static_cast<std::size_t>(row) * p.parts + 1 + blockIdx.x) * p.heads + gl] =
-        z.value();
-  }
+  chunk_epilogue(p, r, j0, agg);
 }
 
 __global__ void __launch_bounds__(kFinishThreads)

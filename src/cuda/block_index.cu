@@ -5,7 +5,10 @@
 #include <vector>
 
 #include "device_buffer.h"
+#include "index_impl.h"
 #include "index/score.cuh"
+#include "index/score_fast.cuh"
+#include "index/token_fast.cuh"
 #include "index/token_score.cuh"
 #include "kvc/core/cuda_check.h"
 #include "kvc/core/error.h"
@@ -52,7 +55,8 @@ cudaError_t launch_token_kernel(KeyKind kind, dim3 grid, const TokenScoreParams&
 // kTokenMax / kTokenMass: the token kernel, then (mass) the finish kernel.
 cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const std::int32_t* d_slots,
                          int batch, int tokens, const void* d_q, const ScoresView& out,
-                         void* d_workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+                         void* d_workspace, std::size_t workspace_bytes, bool fast,
+                         cudaStream_t stream) {
   TokenScoreParams p;
   p.s = s;
   p.slots = d_slots;
@@ -85,17 +89,69 @@ cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const st
   const int chunks = owned > 0 ? (owned + kTokBlocksPerCta - 1) / kTokBlocksPerCta : 1;
   const dim3 grid(chunks + (p.mass ? 1 : 0), rows);
   cudaError_t e = cudaSuccess;
-  switch (c.head_dim) {
-    case 64: e = launch_token_kernel<64>(kind, grid, p, stream); break;
-    case 128: e = launch_token_kernel<128>(kind, grid, p, stream); break;
-    case 256: e = launch_token_kernel<256>(kind, grid, p, stream); break;
-    case 512: e = launch_token_kernel<512>(kind, grid, p, stream); break;
-    default: return cudaErrorInvalidValue;
+  if (fast) {  // mxfp4 index copy, f16 queries, d 64 / 128, G <= 8 (detail::fast_kernel_serves)
+    if (c.head_dim == 64) {
+      token_fast_kernel<64><<<grid, kTokThreads, 0, stream>>>(p);
+    } else {
+      token_fast_kernel<128><<<grid, kTokThreads, 0, stream>>>(p);
+    }
+    e = cudaGetLastError();
+  } else {
+    switch (c.head_dim) {
+      case 64: e = launch_token_kernel<64>(kind, grid, p, stream); break;
+      case 128: e = launch_token_kernel<128>(kind, grid, p, stream); break;
+      case 256: e = launch_token_kernel<256>(kind, grid, p, stream); break;
+      case 512: e = launch_token_kernel<512>(kind, grid, p, stream); break;
+      default: return cudaErrorInvalidValue;
+    }
   }
   if (e != cudaSuccess || !p.mass) return e;
   const int finish_x = owned > 0 ? (owned + kFinishThreads - 1) / kFinishThreads : 1;
   token_mass_finish_kernel<<<dim3(finish_x, rows), kFinishThreads, 0, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t launch_fast_summary(bool quest, dim3 grid, std::size_t smem, const FastScoreParams& p,
+                                cudaStream_t stream) {
+  if (quest) {
+    summary_fast_kernel<D, true><<<grid, kFastThreads, smem, stream>>>(p);
+  } else {
+    summary_fast_kernel<D, false><<<grid, kFastThreads, smem, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+// kMeanK / kQuestMinMax with the byte-floor kernel (kernels/index/score_fast.cuh).
+cudaError_t fast_summary_scores(const StoreView& s, const BlockIndexConfig& c,
+                                const std::int32_t* d_slots, int batch, int tokens, const void* d_q,
+                                const ScoresView& out, cudaStream_t stream) {
+  FastScoreParams p;
+  p.s = s;
+  p.slots = d_slots;
+  p.q = static_cast<const std::uint16_t*>(d_q);
+  p.out = out;
+  p.tokens = tokens;
+  p.num_q_heads = c.num_q_heads;
+  p.group = c.num_q_heads / c.num_kv_heads;
+  p.nb = detail::fast_summary_blocks_per_cta(c.num_kv_heads);
+  p.scale = c.scale();
+  p.aggregate_max = c.aggregate == GqaAggregate::kMax;
+  p.shared = c.shared_across_heads;
+  p.q_bf16 = c.dtype == DType::kBF16;
+  const int owned = store::owned_count(s.max_blocks_per_slot, s.num_shards, s.shard_index);
+  const dim3 grid(owned > 0 ? (owned + p.nb - 1) / p.nb : 1, batch * tokens);
+  const std::size_t smem =
+      (static_cast<std::size_t>(c.num_q_heads) * c.head_dim +
+       (c.shared_across_heads ? static_cast<std::size_t>(c.num_kv_heads) * p.nb : 0)) * 4;
+  const bool quest = c.score == SummaryScore::kQuestMinMax;
+  switch (c.head_dim) {
+    case 64: return launch_fast_summary<64>(quest, grid, smem, p, stream);
+    case 128: return launch_fast_summary<128>(quest, grid, smem, p, stream);
+    case 256: return launch_fast_summary<256>(quest, grid, smem, p, stream);
+    case 512: return launch_fast_summary<512>(quest, grid, smem, p, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace
@@ -120,10 +176,15 @@ cudaError_t block_scores(const StoreView& s, const BlockIndexConfig& c,
                          const ScoresView& out, void* d_workspace, std::size_t workspace_bytes,
                          cudaStream_t stream) {
   if (batch <= 0 || tokens <= 0) return cudaSuccess;
+  if (c.kernel == IndexKernel::kFast && !detail::fast_kernel_serves(c, s.index_format)) {
+    return cudaErrorInvalidValue;
+  }
+  const bool fast = detail::uses_fast_kernel(c, s.index_format);
   if (is_token_score(c.score)) {
-    return token_scores(s, c, d_slots, batch, tokens, d_q, out, d_workspace, workspace_bytes,
+    return token_scores(s, c, d_slots, batch, tokens, d_q, out, d_workspace, workspace_bytes, fast,
                         stream);
   }
+  if (fast) return fast_summary_scores(s, c, d_slots, batch, tokens, d_q, out, stream);
   ScoreParams p;
   p.s = s;
   p.slots = d_slots;

@@ -416,6 +416,13 @@ TEST(Cpu_BlockIndex_TokenScores, BadArgumentsAreNamed) {
   c.token_keys = TokenKeys::kOldBlocks;
   c.score = static_cast<SummaryScore>(9);
   expect([&] { c.validate(); }, "score = 9");
+  c.score = SummaryScore::kTokenMax;
+  c.kernel = static_cast<IndexKernel>(5);
+  expect([&] { c.validate(); }, "kernel = 5");
+  // The CPU reference ignores the CUDA kernel choice, kFast included.
+  c.kernel = IndexKernel::kFast;
+  auto cpu_fast = BlockIndex::create(c, Device::cpu());
+  EXPECT_NO_THROW(cpu_fast->score(*fx.store, {0}, qv, out));
 }
 
 // --- the example in docs/scoring.md (compiled and run here; Index.DocSnippet checks the copy)

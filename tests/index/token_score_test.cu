@@ -107,52 +107,62 @@ TEST_P(Cuda_BlockIndex_TokenScores, MatchCpu) {
       ->score(*cpu, slots,
               TensorView::contiguous(q.data(), k.dtype, {batch, k.T, c.num_q_heads, k.d}),
               ScoresView{cs.data(), cv.data(), rows, maxb});
-  DeviceArray<float> gs(static_cast<std::size_t>(rows) * maxb);
-  DeviceArray<std::int32_t> gv(rows);
-  gs.fill_bytes(0xff);  // poisoned: NaN everywhere a score is not written
-  gv.fill_bytes(0xff);
-  auto gi = BlockIndex::create(c, Device::cuda(0));
-  gi->score(
-      *gpu, slots,
-      TensorView::contiguous(dq.get(), k.dtype, {batch, k.T, c.num_q_heads, k.d}, Device::cuda(0)),
-      ScoresView{gs.get(), gv.get(), rows, maxb});
-  KVC_ASSERT_CUDA(cudaDeviceSynchronize());
-  const auto hs = gs.download();
-  const auto hv = gv.download();
-  double max_rel = 0;
-  int nan_scores = 0, compared_rows = 0;
-  for (int r = 0; r < rows; ++r) {
-    ASSERT_EQ(hv[r], cv[r]) << "row " << r;
-    const float* a = hs.data() + static_cast<std::size_t>(r) * maxb;
-    const float* b = cs.data() + static_cast<std::size_t>(r) * maxb;
-    for (int j = 0; j < cv[r]; ++j) {
-      ASSERT_EQ(std::isnan(a[j]), std::isnan(b[j])) << "row " << r << " block " << j;
-      if (std::isnan(b[j])) {
-        ++nan_scores;
-        continue;
-      }
-      if (std::isinf(b[j])) {
-        ASSERT_EQ(a[j], b[j]) << "row " << r << " block " << j;
-        continue;
-      }
-      max_rel =
-          std::max(max_rel, std::abs(static_cast<double>(a[j]) - b[j]) / (1.0 + std::abs(b[j])));
+  for (const IndexKernel kernel : {IndexKernel::kGeneral, IndexKernel::kFast}) {
+    DeviceArray<float> gs(static_cast<std::size_t>(rows) * maxb);
+    DeviceArray<std::int32_t> gv(rows);
+    gs.fill_bytes(0xff);  // poisoned: NaN everywhere a score is not written
+    gv.fill_bytes(0xff);
+    BlockIndexConfig ck = c;
+    ck.kernel = kernel;
+    auto gi = BlockIndex::create(ck, Device::cuda(0));
+    const bool fast_serves = k.keys == TokenKeys::kIndexCopy && k.index_format == Format::kMxfp4 &&
+                             k.dtype == DType::kF16 && k.d <= 128 && k.group <= 8;
+    const auto qdev =
+        TensorView::contiguous(dq.get(), k.dtype, {batch, k.T, c.num_q_heads, k.d}, Device::cuda(0));
+    if (kernel == IndexKernel::kFast && !fast_serves) {  // refused before anything runs
+      EXPECT_THROW(gi->score(*gpu, slots, qdev, ScoresView{gs.get(), gv.get(), rows, maxb}), Error);
+      continue;
     }
-    // The Selector picks the same top 8 from both wherever the cut is not a near-tie.
-    const SelectPolicy top8 = SelectPolicy::topk(8);
-    std::vector<std::int32_t> ia(8, -2), ib(8, -2);
-    RowReport rep;
-    select_row(b, cv[r], top8, ib.data(), 8, &rep);
-    select_row(a, cv[r], top8, ia.data(), 8);
-    if (!(rep.cutoff_margin > 1e-3f)) continue;
-    ++compared_rows;
-    std::sort(ia.begin(), ia.end());  // the set; the order inside it may differ at near-ties
-    std::sort(ib.begin(), ib.end());
-    EXPECT_EQ(ia, ib) << "row " << r;
+    gi->score(*gpu, slots, qdev, ScoresView{gs.get(), gv.get(), rows, maxb});
+    KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+    const auto hs = gs.download();
+    const auto hv = gv.download();
+    double max_rel = 0;
+    int nan_scores = 0, compared_rows = 0;
+    for (int r = 0; r < rows; ++r) {
+      ASSERT_EQ(hv[r], cv[r]) << "row " << r << " " << to_string(kernel);
+      const float* a = hs.data() + static_cast<std::size_t>(r) * maxb;
+      const float* b = cs.data() + static_cast<std::size_t>(r) * maxb;
+      for (int j = 0; j < cv[r]; ++j) {
+        ASSERT_EQ(std::isnan(a[j]), std::isnan(b[j]))
+            << "row " << r << " block " << j << " " << to_string(kernel);
+        if (std::isnan(b[j])) {
+          ++nan_scores;
+          continue;
+        }
+        if (std::isinf(b[j])) {
+          ASSERT_EQ(a[j], b[j]) << "row " << r << " block " << j;
+          continue;
+        }
+        max_rel =
+            std::max(max_rel, std::abs(static_cast<double>(a[j]) - b[j]) / (1.0 + std::abs(b[j])));
+      }
+      // The Selector picks the same top 8 from both wherever the cut is not a near-tie.
+      const SelectPolicy top8 = SelectPolicy::topk(8);
+      std::vector<std::int32_t> ia(8, -2), ib(8, -2);
+      RowReport rep;
+      select_row(b, cv[r], top8, ib.data(), 8, &rep);
+      select_row(a, cv[r], top8, ia.data(), 8);
+      if (!(rep.cutoff_margin > 1e-3f)) continue;
+      ++compared_rows;
+      std::sort(ia.begin(), ia.end());  // the set; the order inside it may differ at near-ties
+      std::sort(ib.begin(), ib.end());
+      EXPECT_EQ(ia, ib) << "row " << r;
+    }
+    EXPECT_LT(max_rel, 2e-5) << to_string(kernel);
+    EXPECT_GT(compared_rows, 0);
+    if (k.non_finite) EXPECT_GT(nan_scores, 0);  // the NaN keys reach some block's score
   }
-  EXPECT_LT(max_rel, 2e-5);
-  EXPECT_GT(compared_rows, 0);
-  if (k.non_finite) EXPECT_GT(nan_scores, 0);  // the NaN keys reach some block's score
 }
 
 constexpr auto kSum = GqaAggregate::kSum;
@@ -190,7 +200,14 @@ INSTANTIATE_TEST_SUITE_P(
         TokenCase{Format::kF16, DType::kF16, kOld, Format::kMxfp4, kTMax, kMax, false, 2, 2, 64, 16,
                   1, true},
         TokenCase{Format::kFp16kQ4v, DType::kBF16, kCopy, Format::kMxfp4, kTMass, kMax, true, 2, 4,
-                  128, 32, 2, true}));
+                  128, 32, 2, true},
+        // The tensor-core kernel's edges: block sizes that are not multiples of 16, G = 1 and 8,
+        // verify tokens, shared rows, non-finite keys.
+        TokenCase{Format::kQ8, DType::kF16, kCopy, Format::kMxfp4, kTMass, kSum, false, 3, 3, 64, 24, 2, false},
+        TokenCase{Format::kF16, DType::kF16, kCopy, Format::kMxfp4, kTMax, kMax, true, 2, 8, 128, 40, 1, false},
+        TokenCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kTMass, kMax, false, 4, 1, 128, 7, 3, false},
+        TokenCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kTMass, kSum, true, 2, 4, 64, 64, 1, true},
+        TokenCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kTMax, kSum, false, 8, 4, 128, 32, 1, true}));
 
 // The kernel layer: the workspace of kTokenMass is sized by block_scores_workspace_size, and a
 // missing or short one is refused before anything runs; other scores need none.

@@ -54,10 +54,19 @@ enum class TokenKeys {
   kIndexCopy,  ///< the store's index copy (kSummaryIndexKeys: mxfp4 or fp8_e4m3)
 };
 
+/// Which CUDA kernels a BlockIndex launches (the CPU reference ignores it).
+enum class IndexKernel {
+  kAuto,     ///< the byte-floor kernels where they serve the call, else the general ones
+  kGeneral,  ///< the general kernels: every shape and score (the first CUDA implementation)
+  kFast,     ///< the byte-floor kernels only; kvc::Error where they do not serve the call
+};
+
 /// "mean_k", "quest", "token_max" or "token_mass".
 const char* to_string(SummaryScore score);
 /// "old_blocks" or "index_copy".
 const char* to_string(TokenKeys keys);
+/// "auto", "general" or "fast".
+const char* to_string(IndexKernel kernel);
 /// True for the scores that read every token of a block (kTokenMax, kTokenMass).
 constexpr bool is_token_score(SummaryScore score) {
   return score == SummaryScore::kTokenMax || score == SummaryScore::kTokenMass;
@@ -87,6 +96,8 @@ struct BlockIndexConfig {
   /// scores, 0..2^24. The CUDA index keeps every head's block scores of a call in scratch sized
   /// from it at construction; a store with more blocks per slot is refused (kvc::Error).
   int max_blocks_per_slot = 0;
+  /// CUDA kernel choice (kvc/kernels/index_kernels.h says which kernel serves what).
+  IndexKernel kernel = IndexKernel::kAuto;
 
   /// Throws kvc::Error naming the first bad field.
   void validate() const;

@@ -1,0 +1,30 @@
+// Which CUDA kernel of the BlockIndex serves a call (internal; shared by the argument checks and
+// the launchers so that the two cannot disagree).
+#pragma once
+
+#include "kvc/core/types.h"
+#include "kvc/index/block_index.h"
+
+namespace kvc {
+namespace detail {
+
+/// Shared memory of the fast summary kernel, in floats: the token's queries (Hq x d) and, for
+/// shared rows, one partial per (kv head, block) of a CTA.
+constexpr int kFastSummarySmemFloats = 12288;
+
+/// Closed blocks one CTA of the fast summary kernel scores: a multiple of 32, with
+/// blocks x kv heads = 256 threads' items when hkv <= 8 (32 blocks otherwise).
+int fast_summary_blocks_per_cta(int num_kv_heads);
+
+/// True when the byte-floor kernel serves `c` for a store whose index copy is `index_format`:
+/// kMeanK / kQuestMinMax whose queries (and shared-row partials) fit the kernel's shared memory;
+/// kTokenMax / kTokenMass from an mxfp4 index copy with f16 queries, head_dim 64 or 128 and
+/// G <= 8 (tensor cores, kernels/index/token_fast.cuh).
+bool fast_kernel_serves(const BlockIndexConfig& c, Format index_format);
+
+/// True when a call with `c` runs the fast kernel: kFast always (validated to serve), kAuto when
+/// it serves, kGeneral never.
+bool uses_fast_kernel(const BlockIndexConfig& c, Format index_format);
+
+}  // namespace detail
+}  // namespace kvc
