@@ -184,8 +184,13 @@ class LayeredCache(_SlotObject):
     one set of lengths and block tables for all layers; begin_update() once per step, write()
     per layer, layer(l) for BlockIndex / AttentionBackend; truncate() and fork()."""
 
-    def __init__(self, config, device="cpu"):
-        self.impl = _kvc.LayeredCache(config, device_name(device))
+    def __init__(self, config, device="cpu", *, pool=None, block_table=None, ring=None):
+        """pool, block_table, ring: engine-owned memory (torch tensors or numpy arrays on the
+        cache's device, contiguous, 256-byte aligned) of at least config.pool_bytes(pages),
+        config.table_entries() int32 and config.ring_bytes() bytes; kvc allocates what is
+        None. The cache keeps references to them."""
+        self.impl = _kvc.LayeredCache(config, device_name(device), pool, block_table, ring)
+        self._engine_memory = (pool, block_table, ring)
 
     def begin_update(self, slots, counts=1):
         """Advances the lengths of `slots` by `counts` (one int for all, or one per slot: a

@@ -1,9 +1,13 @@
 // LayeredCache: every layer's cache in one object (engine pages, rollback, fork).
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <optional>
+
 #include "convert.h"
+#include "kvc/core/error.h"
 #include "kvc/store/layered_cache.h"
 #include "kwargs.h"
 
@@ -38,10 +42,37 @@ void bind_layered(nb::module_& m) {
 
   nb::class_<LayeredCache>(m, "LayeredCache",
                            "Every layer's compressed KV cache (kvc/store/layered_cache.h).")
-      .def(nb::new_([](const LayeredCacheConfig& config, const std::string& device) {
-             return LayeredCache::create(config, parse_device(device));
+      .def(nb::new_([](const LayeredCacheConfig& config, const std::string& device,
+                       std::optional<OutArray> pool, std::optional<OutArray> block_table,
+                       std::optional<OutArray> ring) {
+             const Device d = parse_device(device);
+             config.validate();
+             // Engine-owned memory: arrays of at least the sizes the config reports, on the
+             // cache's device, contiguous; the Python object keeps them alive.
+             EngineMemory m;
+             auto take = [&](const std::optional<OutArray>& a, const char* name,
+                             std::size_t bytes) -> void* {
+               if (!a) return nullptr;
+               const TensorView v = view_of(*a, name);
+               KVC_CHECK(v.device == d, name, ".device = ", to_string(v.device), " must be ",
+                         to_string(d));
+               KVC_CHECK(v.is_contiguous(), name, " must be contiguous");
+               const std::size_t have = static_cast<std::size_t>(v.numel()) * size_of(v.dtype);
+               KVC_CHECK(have >= bytes, name, " holds ", have, " bytes but the cache needs ",
+                         bytes);
+               return v.data;
+             };
+             m.pool = take(pool, "pool", config.pool_bytes(config.layer.pool_blocks()));
+             m.block_table = static_cast<std::int32_t*>(
+                 take(block_table, "block_table", config.table_entries() * 4));
+             m.ring = take(ring, "ring", config.ring_bytes());
+             return LayeredCache::create(config, d, m);
            }),
-           nb::arg("config"), nb::arg("device") = "cpu")
+           nb::arg("config"), nb::arg("device") = "cpu", nb::arg("pool") = nb::none(),
+           nb::arg("block_table") = nb::none(), nb::arg("ring") = nb::none(),
+           "A cache on `device`; pool / block_table / ring: engine-owned memory (any dtype, "
+           "contiguous, 256-byte aligned, at least config.pool_bytes(pages) / "
+           "table_entries() * 4 / ring_bytes() bytes).")
       .def_prop_ro("config", &LayeredCache::config)
       .def_prop_ro("device", [](const LayeredCache& c) { return to_string(c.device()); })
       .def("open_slot", &LayeredCache::open_slot)

@@ -111,3 +111,30 @@ def test_ragged_update_in_one_call(rng):
         assert cache.layer(layer).snapshot() == refs[layer].snapshot()
     with pytest.raises(kvc.Error, match="counts.size"):
         cache.begin_update([0, 1], [1])
+
+
+def test_engine_owned_memory(rng):
+    cfg = layered_config(pages=kvc.PageOwner.engine, max_rollback=0)
+    pages = cfg.layer.pool_blocks()
+
+    def aligned(nbytes, dtype):
+        raw = np.zeros(nbytes + 256, np.uint8)
+        off = (-raw.ctypes.data) % 256
+        return raw[off:off + nbytes].view(dtype)
+
+    pool = aligned(cfg.pool_bytes(pages), np.uint8)
+    table = aligned(cfg.table_entries() * 4, np.int32)
+    table[:] = -1
+    cache = kvc.LayeredCache(cfg, pool=pool, block_table=table)
+    assert cache.block_table().ctypes.data == table.ctypes.data  # the engine's own table
+    slot = cache.open_slot()
+    table[slot * cfg.layer.max_blocks_per_slot():][:4] = [5, 1, 7, 2]
+    ref = kvc.KvStore(cfg.layer)
+    ref.open_slot()
+    k = randn(rng, (3, 50, 2, 64))
+    cache.ingest(slot, k, k)
+    ref.ingest(0, k[1], k[1])
+    assert cache.layer(1).snapshot() == ref.snapshot()
+    assert pool.any()  # the K/V landed in the engine's pool
+    with pytest.raises(kvc.Error, match="pool holds"):
+        kvc.LayeredCache(cfg, pool=pool[:100])

@@ -266,6 +266,36 @@ TEST(Cuda_LayeredCache, DeviceGuardsRedirectToTheTrash) {
   }
 }
 
+TEST(Cuda_LayeredCache, DecodeStepsAllocateNothing) {
+  KVC_REQUIRE_GPU();
+  LayeredCacheConfig c = config(Format::kFp16kQ4v, PageOwner::kKvc, 4, 3);
+  auto cache = LayeredCache::create(c, Device::cuda(0));
+  for (int s = 0; s < 4; ++s) cache->open_slot();
+  DeviceArray<std::uint16_t> k(4 * 3 * 2 * 128), rows(3 * 8 * 2 * 128);
+  k.fill_bytes(0x3c);
+  rows.fill_bytes(0x3c);
+  const TensorView step =
+      TensorView::contiguous(k.get(), DType::kF16, {4, 2, 128}, Device::cuda(0));
+  TensorView strided =
+      TensorView::contiguous(rows.get(), DType::kF16, {4, 2, 128}, Device::cuda(0));
+  strided.stride[0] = 3 * 2 * 128;  // staged rows
+  auto run = [&](int steps) {
+    for (int i = 0; i < steps; ++i) {
+      cache->begin_update({0, 1, 2, 3}, 1);
+      for (int l = 0; l < 3; ++l) cache->write(l, i % 2 ? step : strided, i % 2 ? step : strided);
+      if (i % 50 == 49) cache->truncate(1, cache->length(1) - 2);
+    }
+    KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+  };
+  run(20);  // warm-up
+  std::size_t free_before = 0, free_after = 0, total = 0;
+  KVC_ASSERT_CUDA(cudaMemGetInfo(&free_before, &total));
+  run(1000);
+  KVC_ASSERT_CUDA(cudaMemGetInfo(&free_after, &total));
+  EXPECT_EQ(free_before, free_after);
+  EXPECT_EQ(cache->errors(), 0u);
+}
+
 TEST(Cuda_LayeredCache, ObjectCallsRefuseCapture) {
   KVC_REQUIRE_GPU();
   LayeredCacheConfig c = config(Format::kQ8, PageOwner::kKvc, 0, 2);
