@@ -102,6 +102,10 @@ __global__ void __launch_bounds__(kPlanThreads)
       s.update_scratch[e] = L;
       s.lengths[slot] = L + count;
       v.plan_slots[e] = slot;
+      if (v.spill_begin) {  // the last max_rollback aged-out tokens are kept from here on
+        const int kept = old_tokens(s, L + count) - v.max_rollback;
+        if (kept > v.spill_begin[slot]) v.spill_begin[slot] = kept;
+      }
     } else if (e < entries) {
       s.update_scratch[e] = 0;
       v.plan_slots[e] = s.max_slots;  // the trash slot
@@ -213,6 +217,74 @@ __global__ void truncate_tables_kernel(LayeredView v, int slot, const std::int32
     }
   }
   s.lengths[slot] = length;
+}
+
+// truncate() on the device, for the graph path: entry by entry (in order, so kvc's free list gets
+// its pages back deterministically), slot slots[e] goes back to new_lengths[e] — every layer's
+// ring rows of the old positions that come back restored from the spill, kvc-owned pages of the
+// blocks no longer in use pushed (descending logical order) and their table entries cleared, the
+// length set. An entry whose slot is out of range raises kBadSlot, one whose length is not in
+// [0, length] or reaches below the spill window (old(new) < spill_begin) raises kRollback; such
+// entries change nothing. One CTA.
+__global__ void __launch_bounds__(kCopyThreads)
+    truncate_kernel(LayeredView v, const std::int32_t* slots, const std::int32_t* new_lengths,
+                    int entries) {
+  __shared__ int sh_ok, sh_slot, sh_n, sh_from, sh_to;
+  const StoreView& s = v.layer0;
+  for (int e = 0; e < entries; ++e) {
+    if (threadIdx.x == 0) {
+      const int slot = slots[e], n = new_lengths[e];
+      int ok = slot >= 0 && slot < s.max_slots;
+      if (!ok) {
+        raise(v, ErrorBits::kBadSlot);
+      } else {
+        const int L = s.lengths[slot];
+        const int from = old_tokens(s, n), to = old_tokens(s, L);
+        const int floor = v.spill_begin ? v.spill_begin[slot] : to;
+        ok = n >= 0 && n <= L && (from == to || (v.max_rollback > 0 && from >= floor));
+        if (!ok) raise(v, ErrorBits::kRollback);
+        sh_from = from;
+        sh_to = to;
+      }
+      sh_ok = ok;
+      sh_slot = slot;
+      sh_n = n;
+    }
+    __syncthreads();
+    if (sh_ok) {
+      const int H = s.num_kv_heads, d = s.head_dim, rows = sh_to - sh_from;
+      const long long total = static_cast<long long>(rows) * H * v.num_layers * d;
+      for (long long i = threadIdx.x; i < total; i += blockDim.x) {
+        const int x = static_cast<int>(i % d);
+        long long r = i / d;
+        const int h = static_cast<int>(r % H);
+        r /= H;
+        const int p = sh_from + static_cast<int>(r % rows);
+        const int layer = static_cast<int>(r / rows);
+        const StoreView sl = layer_of(v, layer);
+        const std::size_t at = store::ring_row_index(sl, sh_slot, h, p % s.recent_window) * d + x;
+        static_cast<std::uint16_t*>(sl.ring_k)[at] =
+            spill_row(v, false, layer, sh_slot, h, p % v.max_rollback)[x];
+        static_cast<std::uint16_t*>(sl.ring_v)[at] =
+            spill_row(v, true, layer, sh_slot, h, p % v.max_rollback)[x];
+      }
+    }
+    __syncthreads();
+    if (sh_ok && threadIdx.x == 0) {
+      const int L = s.lengths[sh_slot];
+      std::int32_t* row = s.block_table + static_cast<std::size_t>(sh_slot) * s.max_blocks_per_slot;
+      if (v.pages == PageOwner::kKvc) {
+        int top = *s.free_count;
+        for (int b = blocks_in_use(s, L) - 1; b >= blocks_in_use(s, sh_n); --b) {
+          s.free_blocks[top++] = row[b];
+          row[b] = -1;
+        }
+        *s.free_count = top;
+      }
+      s.lengths[sh_slot] = sh_n;
+    }
+    __syncthreads();
+  }
 }
 
 // The pool arrays of one layer for page copies (offsets in a layer's pool region).

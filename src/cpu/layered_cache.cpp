@@ -90,6 +90,7 @@ class CpuLayeredCache final : public LayeredCacheBase {
     v.spill_stride = static_cast<std::ptrdiff_t>(layout_.spill_stride);
     v.spill_k = config_.max_rollback ? spill_.get() : nullptr;
     v.spill_v = config_.max_rollback ? spill_.get() + layout_.spill_stride / 2 : nullptr;
+    v.spill_begin = const_cast<std::int32_t*>(state_.spill_begin.data());
     return v;
   }
   std::uint32_t errors() const override { return 0; }

@@ -67,6 +67,7 @@ class CudaLayeredCache final : public LayeredCacheBase {
     d_counts_ = DeviceBuffer(slots * 4);
     released_ = DeviceBuffer(std::max<std::size_t>(mb, 1) * 4);
     errors_ = DeviceBuffer(4);
+    spill_begin_ = DeviceBuffer((slots + 1) * 4);
     staging_tokens_ = std::max(256, 8 * s.max_slots);
     staging_ = DeviceBuffer(static_cast<std::size_t>(staging_tokens_) * s.num_kv_heads *
                             s.head_dim * 2 * 2);
@@ -105,6 +106,7 @@ class CudaLayeredCache final : public LayeredCacheBase {
     }
     v.plan_slots = plan_slots_.as<std::int32_t>();
     v.errors = errors_.as<std::uint32_t>();
+    v.spill_begin = spill_begin_.as<std::int32_t>();
     return v;
   }
 
@@ -171,10 +173,8 @@ class CudaLayeredCache final : public LayeredCacheBase {
                                   static_cast<std::size_t>(count) * 4, cudaMemcpyDeviceToHost));
       }
     }
-    const int W = config_.layer.recent_window, R = config_.max_rollback;
-    for (std::size_t i = 0; i < state_.lengths.size(); ++i) {
-      state_.spill_begin[i] = std::max(state_.spill_begin[i], old_count(state_.lengths[i], W) - R);
-    }
+    KVC_CUDA_THROW(cudaMemcpy(state_.spill_begin.data(), spill_begin_.as<void>(),
+                              state_.spill_begin.size() * 4, cudaMemcpyDeviceToHost));
   }
 
  private:
@@ -291,6 +291,7 @@ class CudaLayeredCache final : public LayeredCacheBase {
     } else {
       KVC_CUDA_THROW(cudaMemsetAsync(lengths_.as<std::int32_t>() + slot, 0, 4, stream_));
     }
+    KVC_CUDA_THROW(cudaMemsetAsync(spill_begin_.as<std::int32_t>() + slot, 0, 4, stream_));
   }
 
   void do_fork(int src, int dst, const std::vector<PageCopy>& pages) override {
@@ -342,6 +343,9 @@ class CudaLayeredCache final : public LayeredCacheBase {
                                        cudaMemcpyDeviceToDevice, stream_));
       }
     }
+    KVC_CUDA_THROW(cudaMemcpyAsync(spill_begin_.as<std::int32_t>() + dst,
+                                   spill_begin_.as<std::int32_t>() + src, 4,
+                                   cudaMemcpyDeviceToDevice, stream_));
   }
 
   cudaStream_t stream_ = nullptr;
@@ -349,7 +353,7 @@ class CudaLayeredCache final : public LayeredCacheBase {
   std::uint8_t* ring_ = nullptr;
   std::int32_t* table_ = nullptr;
   DeviceBuffer own_pool_, own_ring_, spill_, own_table_, lengths_, free_, free_count_, scratch_,
-      plan_slots_, d_slots_, d_counts_, released_, errors_, staging_;
+      plan_slots_, d_slots_, d_counts_, released_, errors_, staging_, spill_begin_;
   int staging_tokens_ = 0;
 };
 

@@ -40,6 +40,17 @@ cudaError_t layered_begin_update(const LayeredView& v, const std::int32_t* d_slo
   return cudaGetLastError();
 }
 
+cudaError_t layered_truncate(const LayeredView& v, const std::int32_t* d_slots,
+                             const std::int32_t* d_new_lengths, int entries, cudaStream_t stream) {
+  if (entries < 1 || entries > v.layer0.max_slots || d_slots == nullptr ||
+      d_new_lengths == nullptr || v.errors == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  layered_detail::truncate_kernel<<<1, layered_detail::kCopyThreads, 0, stream>>>(
+      v, d_slots, d_new_lengths, entries);
+  return cudaGetLastError();
+}
+
 LayeredView layered_offset_view(const LayeredView& view, int first) {
   LayeredView v = view;
   v.plan_slots += first;

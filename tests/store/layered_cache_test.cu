@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "common/cuda_test_util.h"
@@ -263,6 +264,80 @@ TEST(Cuda_LayeredCache, DeviceGuardsRedirectToTheTrash) {
     EXPECT_EQ(kernels::layered_begin_update(v, nullptr, 1, 1, nullptr), cudaErrorInvalidValue);
     EXPECT_EQ(kernels::layered_write(v, 2, 1, 1, dk.get(), dk.get(), nullptr),
               cudaErrorInvalidValue);
+  }
+}
+
+TEST(Cuda_LayeredCache, SpeculativeStepsWithDeviceTruncateInAGraph) {
+  KVC_REQUIRE_GPU();
+  for (PageOwner owner : {PageOwner::kKvc, PageOwner::kEngine}) {
+    Pair p(config(Format::kQ8, owner, 8, 2));
+    for (int s = 0; s < 2; ++s) p.cpu->open_slot(), p.gpu->open_slot();
+    p.update({0}, 300, 3);
+    p.update({1}, 90, 4);
+    // Every page a slot can reach, given up front (the engine's block manager).
+    p.assign(0, 1200);
+    p.assign(1, 1200);
+    constexpr int kDraft = 3;
+    const std::size_t token = 2 * 128;
+    DeviceArray<std::uint16_t> draft(2 * kDraft * token * 2);  // [layer][slot][draft] tokens
+    std::vector<std::int32_t> slots{0, 1};
+    DeviceArray<std::int32_t> d_slots(slots), d_lengths(2);
+    cudaStream_t stream;
+    KVC_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    p.gpu->set_stream(stream);
+    const LayeredView v = p.gpu->view();
+    cudaGraph_t graph;
+    KVC_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    KVC_ASSERT_CUDA(kernels::layered_begin_update(v, d_slots.get(), 2, kDraft, stream));
+    for (int l = 0; l < 2; ++l) {
+      const std::uint16_t* k = draft.get() + l * 2 * kDraft * token;
+      KVC_ASSERT_CUDA(kernels::layered_write(v, l, 2, kDraft, k, k, stream));
+    }
+    KVC_ASSERT_CUDA(kernels::layered_truncate(v, d_slots.get(), d_lengths.get(), 2, stream));
+    KVC_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec;
+    KVC_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    std::mt19937 rng(11);
+    for (int step = 0; step < 60; ++step) {
+      auto k = random_bits16(2 * 2 * kDraft * token, DType::kF16, 900 + step);
+      // The verifier accepts 0..3 of each slot's draft tokens.
+      std::vector<std::int32_t> keep{p.cpu->length(0) + static_cast<int>(rng() % 4),
+                                     p.cpu->length(1) + static_cast<int>(rng() % 4)};
+      KVC_ASSERT_CUDA(
+          cudaMemcpyAsync(draft.get(), k.data(), k.size() * 2, cudaMemcpyHostToDevice, stream));
+      KVC_ASSERT_CUDA(
+          cudaMemcpyAsync(d_lengths.get(), keep.data(), 8, cudaMemcpyHostToDevice, stream));
+      KVC_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+      KVC_ASSERT_CUDA(cudaStreamSynchronize(stream));
+      p.cpu->begin_update({0, 1}, kDraft);
+      for (int l = 0; l < 2; ++l) {
+        p.cpu->write(l,
+                     TensorView::contiguous(k.data() + l * 2 * kDraft * token, DType::kF16,
+                                            {2, kDraft, 2, 128}),
+                     TensorView::contiguous(k.data() + l * 2 * kDraft * token, DType::kF16,
+                                            {2, kDraft, 2, 128}));
+      }
+      p.cpu->truncate(0, keep[0]);
+      p.cpu->truncate(1, keep[1]);
+    }
+    p.gpu->refresh_host_state();
+    EXPECT_EQ(p.gpu->length(0), p.cpu->length(0));
+    EXPECT_EQ(p.gpu->free_pages(), p.cpu->free_pages());
+    p.expect_equal("speculative steps");
+    // Past the window: refused on the device, nothing changed.
+    std::vector<std::int32_t> too_far{p.cpu->length(0) - 40, p.cpu->length(1)};
+    KVC_ASSERT_CUDA(cudaMemcpy(d_lengths.get(), too_far.data(), 8, cudaMemcpyHostToDevice));
+    KVC_ASSERT_CUDA(kernels::layered_truncate(v, d_slots.get(), d_lengths.get(), 2, stream));
+    EXPECT_EQ(p.gpu->errors(), static_cast<std::uint32_t>(ErrorBits::kRollback));
+    p.gpu->clear_errors();
+    p.gpu->refresh_host_state();
+    for (int l = 0; l < 2; ++l) {
+      EXPECT_TRUE(p.cpu->layer(l).snapshot() == p.gpu->layer(l).snapshot()) << l;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    p.gpu->set_stream(nullptr);
+    cudaStreamDestroy(stream);
   }
 }
 

@@ -58,6 +58,20 @@ cudaError_t layered_begin_update(const LayeredView& view, const std::int32_t* d_
 cudaError_t layered_begin_update(const LayeredView& view, const std::int32_t* d_slots,
                                  const std::int32_t* d_counts, int entries, cudaStream_t stream);
 
+/// truncate() of `entries` slots on the device (speculative decoding inside a graph): slot
+/// d_slots[e] goes back to d_new_lengths[e] in every layer, bit-identical to never having
+/// appended the tokens removed, as LayeredCache::truncate. An entry the window does not allow
+/// (a new length outside [0, length], or one whose old tokens reach below the spill window)
+/// raises ErrorBits::kRollback and changes nothing; a bad slot raises kBadSlot. Call it between
+/// updates (after every layer's write).
+/// @param[in] view           the cache (device pointers)
+/// @param[in] d_slots        [entries] slot ids on the device
+/// @param[in] d_new_lengths  [entries] lengths to return to, on the device
+/// @param[in] entries        1..max_slots
+/// @param[in] stream         stream the work is ordered on
+cudaError_t layered_truncate(const LayeredView& view, const std::int32_t* d_slots,
+                             const std::int32_t* d_new_lengths, int entries, cudaStream_t stream);
+
 /// The view whose update entries start at entry `first` of the plan (plan_slots and
 /// update_scratch offset), for writing the run of entries [first, first + n) with layered_write.
 /// @param[in] view   the cache

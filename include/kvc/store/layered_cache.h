@@ -119,6 +119,9 @@ struct LayeredView {
   /// the trash slot); written by the plan launch, read by the write launches
   std::int32_t* plan_slots = nullptr;
   std::uint32_t* errors = nullptr;  ///< [1] ErrorBits or-ed by the kernels
+  /// [max_slots + 1] per slot, the first aged-out position the spill still holds (truncate may
+  /// go back to a length whose old tokens reach down to it, no further); advanced by the plan
+  std::int32_t* spill_begin = nullptr;
 };
 
 /// The KV cache of every layer of a model (see the file comment). CPU reference and CUDA
