@@ -111,18 +111,7 @@ void LayeredCache::append(const std::vector<int>& slots, const TensorView& k, co
   }
   if (slots.empty()) return;
   begin_update(slots, 1);
-  for (int l = 0; l < c.num_layers; ++l) {
-    TensorView kl = k, vl = v;
-    for (TensorView* t : {&kl, &vl}) {
-      t->data = static_cast<std::uint8_t*>(t->data) + l * t->stride[0] * size_of(t->dtype);
-      t->ndim = 3;
-      for (int i = 0; i < 3; ++i) {
-        t->shape[i] = t->shape[i + 1];
-        t->stride[i] = t->stride[i + 1];
-      }
-    }
-    write(l, kl, vl);
-  }
+  write_all(k, v);
 }
 
 void LayeredCache::ingest(int slot, const TensorView& k, const TensorView& v) {
@@ -141,15 +130,7 @@ void LayeredCache::ingest(int slot, const TensorView& k, const TensorView& v) {
   length(slot);  // throws for a slot that is not open
   if (T == 0) return;
   begin_update({slot}, static_cast<int>(T));
-  for (int l = 0; l < c.num_layers; ++l) {
-    TensorView kl = k, vl = v;
-    for (TensorView* t : {&kl, &vl}) {
-      t->data = static_cast<std::uint8_t*>(t->data) + l * t->stride[0] * size_of(t->dtype);
-      t->stride[0] = t->shape[1] * t->stride[1];
-      t->shape[0] = 1;  // [1 entry, T, Hkv, d]
-    }
-    write(l, kl, vl);
-  }
+  write_all(k, v);
 }
 
 namespace detail {
@@ -540,6 +521,42 @@ void LayeredCacheBase::write(int layer, const TensorView& k, const TensorView& v
   const UpdateStrides vs = check_update_view(v, "v");
   do_write(layer, pending_slots_, pending_lengths_, pending_counts_, k.data, v.data, ks, vs);
   written_[static_cast<std::size_t>(layer)] = 1;
+}
+
+void LayeredCacheBase::write_all(const TensorView& k, const TensorView& v) {
+  KVC_CHECK(!pending_slots_.empty() &&
+                std::none_of(written_.begin(), written_.end(), [](std::uint8_t w) { return w; }),
+            "write_all: no update is pending, or a layer of it was written already "
+            "(begin_update() first)");
+  const int L = config_.num_layers;
+  auto layer0 = [&](const TensorView& t, const char* name) {
+    KVC_CHECK(t.ndim >= 4 && t.ndim <= 5, name, ".ndim = ", t.ndim,
+              " must be 4 ([L, total_tokens, Hkv, d]) or 5 ([L, slots, count, Hkv, d])");
+    KVC_CHECK(t.shape[0] == L, name, ".shape[0] = ", t.shape[0], " must be num_layers = ", L);
+    TensorView s = t;
+    s.ndim = t.ndim - 1;
+    for (int i = 0; i < s.ndim; ++i) {
+      s.shape[i] = t.shape[i + 1];
+      s.stride[i] = t.stride[i + 1];
+    }
+    return s;
+  };
+  const UpdateStrides ks = check_update_view(layer0(k, "k"), "k");
+  const UpdateStrides vs = check_update_view(layer0(v, "v"), "v");
+  do_write_all(pending_slots_, pending_lengths_, pending_counts_, k.data, v.data, k.stride[0],
+               v.stride[0], ks, vs);
+  std::fill(written_.begin(), written_.end(), 1);
+}
+
+void LayeredCacheBase::do_write_all(const std::vector<int>& slots,
+                                    const std::vector<int>& old_lengths,
+                                    const std::vector<int>& counts, const void* k, const void* v,
+                                    std::int64_t k_layer, std::int64_t v_layer,
+                                    const UpdateStrides& ks, const UpdateStrides& vs) {
+  for (int l = 0; l < config_.num_layers; ++l) {
+    do_write(l, slots, old_lengths, counts, static_cast<const std::uint16_t*>(k) + l * k_layer,
+             static_cast<const std::uint16_t*>(v) + l * v_layer, ks, vs);
+  }
 }
 
 void LayeredCacheBase::truncate(int slot, int new_length) {

@@ -118,6 +118,7 @@ class LayeredCacheBase : public LayeredCache {
   void begin_update(const std::vector<int>& slots, const std::vector<int>& counts) override;
   using LayeredCache::begin_update;
   void write(int layer, const TensorView& k, const TensorView& v) override;
+  void write_all(const TensorView& k, const TensorView& v) override;
   void truncate(int slot, int new_length) override;
   int rollback_floor(int slot) const override;
   void fork(int src, int dst) override;
@@ -148,6 +149,12 @@ class LayeredCacheBase : public LayeredCache {
                         const std::vector<int>& old_lengths, const std::vector<int>& counts,
                         const void* k, const void* v, const UpdateStrides& ks,
                         const UpdateStrides& vs) = 0;
+  /// Every layer of the update begun: layer l's rows at k + l * k_layer (elements), with the
+  /// layout of ks / vs. The default writes layer by layer.
+  virtual void do_write_all(const std::vector<int>& slots, const std::vector<int>& old_lengths,
+                            const std::vector<int>& counts, const void* k, const void* v,
+                            std::int64_t k_layer, std::int64_t v_layer, const UpdateStrides& ks,
+                            const UpdateStrides& vs);
   /// Truncate `slot` from `length` to `n`: restore ring rows of positions [from, to) from the
   /// spill; `released` pages go back (kvc-owned).
   virtual void do_truncate(int slot, int n, int from, int to, const std::vector<int>& released) = 0;

@@ -10,6 +10,7 @@
 
 #include "kvc/store/block_codec.h"
 #include "kvc/store/layered_cache.h"
+#include "store/layer_shift.h"
 
 namespace kvc {
 namespace kernels {
@@ -118,28 +119,12 @@ __global__ void __launch_bounds__(kPlanThreads)
   if (threadIdx.x == 0 && kvc_pages) *s.free_count = top - consumed;
 }
 
-template <class T>
-KVC_HD T* shift(T* ptr, std::ptrdiff_t by) {
-  return ptr ? reinterpret_cast<T*>(reinterpret_cast<std::uint8_t*>(ptr) + by) : ptr;
-}
-
 // The layer `layer` view of v (per-layer arrays offset by the strides).
 KVC_HD StoreView layer_of(const LayeredView& v, int layer) {
-  StoreView s = v.layer0;
-  const std::ptrdiff_t r = v.ring_stride * layer, p = v.pool_stride * layer;
-  s.ring_k = shift(s.ring_k, r);
-  s.ring_v = shift(s.ring_v, r);
-  s.old_k = shift(s.old_k, p);
-  s.old_v = shift(s.old_v, p);
-  s.old_k_scale = shift(s.old_k_scale, p);
-  s.old_v_scale = shift(s.old_v_scale, p);
-  s.mean_k = shift(s.mean_k, p);
-  s.mean_v = shift(s.mean_v, p);
-  s.min_k = shift(s.min_k, p);
-  s.max_k = shift(s.max_k, p);
-  s.index_k = shift(s.index_k, p);
-  s.index_k_scale = shift(s.index_k_scale, p);
-  return s;
+  LayerStrides ls;
+  ls.ring = v.ring_stride;
+  ls.pool = v.pool_stride;
+  return at_layer(v.layer0, ls, layer);
 }
 
 // Spill row (slot, head, row) of layer l, K or V.
@@ -154,11 +139,15 @@ __device__ __forceinline__ std::uint16_t* spill_row(const LayeredView& v, bool v
 }
 
 // Copies the 16-bit K/V of the last max_rollback tokens that leave the ring in this update into
-// layer `layer`'s spill (before the ring is overwritten): grid (entries * min(count, R), Hkv).
+// the spill of layers first_layer + z (before the ring is overwritten): grid
+// (entries * min(count, R), Hkv, layers); layer z's input at k + z * kv_layer_stride.
 __global__ void __launch_bounds__(kRowThreads)
-    spill_kernel(LayeredView v, int layer, int count, int per_entry, const std::uint16_t* k,
-                 const std::uint16_t* val) {
+    spill_kernel(LayeredView v, int first_layer, int count, int per_entry, const std::uint16_t* k,
+                 const std::uint16_t* val, std::int64_t kv_layer_stride) {
   const int e = blockIdx.x / per_entry, j = blockIdx.x % per_entry, h = blockIdx.y;
+  const int layer = first_layer + static_cast<int>(blockIdx.z);
+  k += kv_layer_stride * blockIdx.z;
+  val += kv_layer_stride * blockIdx.z;
   const StoreView s = layer_of(v, layer);
   const int slot = v.plan_slots[e];
   const int L = s.update_scratch[e];

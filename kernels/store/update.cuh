@@ -11,6 +11,7 @@
 #include "kvc/formats/formats.h"
 #include "kvc/store/block_codec.h"
 #include "kvc/store/kv_store.h"
+#include "store/layer_shift.h"
 
 namespace kvc {
 namespace kernels {
@@ -141,11 +142,16 @@ __device__ __forceinline__ void encode_index_row(const StoreView& s, std::size_t
   }
 }
 
-// Encodes one token of one head into its old row: grid (entries * count, Hkv).
-__global__ void __launch_bounds__(kRowThreads) quantise_kernel(StoreView s, const std::int32_t* slots,
+// Encodes one token of one head into its old row: grid (entries * count, Hkv, layers); layer z
+// is the view at_layer(s0, ls, z) with its input at k + z * ls.kv.
+__global__ void __launch_bounds__(kRowThreads) quantise_kernel(StoreView s0, LayerStrides ls,
+                                                               const std::int32_t* slots,
                                                                int count, const std::uint16_t* k,
                                                                const std::uint16_t* v) {
   __shared__ float red[64];
+  const StoreView s = at_layer(s0, ls, blockIdx.z);
+  k += ls.kv * blockIdx.z;
+  v += ls.kv * blockIdx.z;
   const int e = blockIdx.x / count, j = blockIdx.x % count, h = blockIdx.y;
   const int slot = slots[e];
   const int L = s.update_scratch[e];
@@ -207,9 +213,12 @@ __global__ void __launch_bounds__(kRowThreads) quantise_kernel(StoreView s, cons
   }
 }
 
-// Summaries of the blocks that close: grid (entries * max_closing, Hkv); thread per element.
-__global__ void __launch_bounds__(kRowThreads) summarise_kernel(StoreView s, const std::int32_t* slots,
+// Summaries of the blocks that close: grid (entries * max_closing, Hkv, layers); thread per
+// element.
+__global__ void __launch_bounds__(kRowThreads) summarise_kernel(StoreView s0, LayerStrides ls,
+                                                                const std::int32_t* slots,
                                                                 int count, int max_closing) {
+  const StoreView s = at_layer(s0, ls, blockIdx.z);
   const int e = blockIdx.x / max_closing, c = blockIdx.x % max_closing, h = blockIdx.y;
   const int slot = slots[e];
   const int L = s.update_scratch[e];
@@ -220,11 +229,15 @@ __global__ void __launch_bounds__(kRowThreads) summarise_kernel(StoreView s, con
   for (int i = threadIdx.x; i < s.head_dim; i += blockDim.x) store::summarise_element(s, pb, h, i);
 }
 
-// New ring rows: grid (entries * min(count, W), Hkv); 16-byte copies.
-__global__ void __launch_bounds__(kRowThreads) ring_kernel(StoreView s, const std::int32_t* slots,
+// New ring rows: grid (entries * min(count, W), Hkv, layers); 16-byte copies.
+__global__ void __launch_bounds__(kRowThreads) ring_kernel(StoreView s0, LayerStrides ls,
+                                                           const std::int32_t* slots,
                                                            int count, int ring_rows,
                                                            const std::uint16_t* k,
                                                            const std::uint16_t* v) {
+  const StoreView s = at_layer(s0, ls, blockIdx.z);
+  k += ls.kv * blockIdx.z;
+  v += ls.kv * blockIdx.z;
   const int e = blockIdx.x / ring_rows, j = blockIdx.x % ring_rows, h = blockIdx.y;
   const int slot = slots[e];
   const int L = s.update_scratch[e];

@@ -270,6 +270,34 @@ class CudaLayeredCache final : public LayeredCacheBase {
     }
   }
 
+  // Every layer in the same launches when the rows of each layer are contiguous, all counts
+  // equal and k and v share the layer stride; else layer by layer.
+  void do_write_all(const std::vector<int>& slots, const std::vector<int>& old_lengths,
+                    const std::vector<int>& counts, const void* k, const void* v,
+                    std::int64_t k_layer, std::int64_t v_layer, const UpdateStrides& ks,
+                    const UpdateStrides& vs) override {
+    const KvStoreConfig& s = config_.layer;
+    const std::int64_t row = static_cast<std::int64_t>(s.num_kv_heads) * s.head_dim;
+    const int n = static_cast<int>(slots.size()), c = counts[0];
+    const bool uniform = std::all_of(counts.begin(), counts.end(), [&](int x) { return x == c; });
+    auto dense = [&](const UpdateStrides& st) {
+      if (c > 1 && st.token != row) return false;
+      for (int e = 1; e < n; ++e) {
+        if (st.start[e] - st.start[e - 1] != static_cast<std::int64_t>(c) * row) return false;
+      }
+      return true;
+    };
+    if (!uniform || k_layer != v_layer || !dense(ks) || !dense(vs)) {
+      LayeredCacheBase::do_write_all(slots, old_lengths, counts, k, v, k_layer, v_layer, ks, vs);
+      return;
+    }
+    DeviceGuard guard(device_.index);
+    check_not_capturing("write_all");
+    KVC_CUDA_THROW(kernels::layered_write_layers(
+        view(), 0, config_.num_layers, n, c, static_cast<const std::uint16_t*>(k) + ks.start[0],
+        static_cast<const std::uint16_t*>(v) + vs.start[0], k_layer, stream_));
+  }
+
   void do_truncate(int slot, int n, int from, int to, const std::vector<int>& released) override {
     DeviceGuard guard(device_.index);
     check_not_capturing("truncate");

@@ -60,21 +60,35 @@ LayeredView layered_offset_view(const LayeredView& view, int first) {
 
 cudaError_t layered_write(const LayeredView& v, int layer, int entries, int count, const void* d_k,
                           const void* d_v, cudaStream_t stream) {
+  if (layer < 0 || layer >= v.num_layers) return cudaErrorInvalidValue;
+  return layered_write_layers(v, layer, 1, entries, count, d_k, d_v, 0, stream);
+}
+
+cudaError_t layered_write_layers(const LayeredView& v, int first_layer, int layers, int entries,
+                                 int count, const void* d_k, const void* d_v,
+                                 std::int64_t kv_layer_stride, cudaStream_t stream) {
   const StoreView& s0 = v.layer0;
-  if (layer < 0 || layer >= v.num_layers || entries < 1 || entries > s0.max_slots || count < 1 ||
-      count > s0.max_context || d_k == nullptr || d_v == nullptr) {
+  if (first_layer < 0 || layers < 1 || first_layer + layers > v.num_layers || entries < 1 ||
+      entries > s0.max_slots || count < 1 || count > s0.max_context || d_k == nullptr ||
+      d_v == nullptr) {
     return cudaErrorInvalidValue;
   }
-  const StoreView s = layered_detail::layer_of(v, layer);
+  const auto* k = static_cast<const std::uint16_t*>(d_k);
+  const auto* val = static_cast<const std::uint16_t*>(d_v);
   if (v.max_rollback > 0) {
     const int per_entry = count < v.max_rollback ? count : v.max_rollback;
-    const dim3 grid(static_cast<unsigned>(entries) * per_entry, s.num_kv_heads);
+    const dim3 grid(static_cast<unsigned>(entries) * per_entry, s0.num_kv_heads,
+                    static_cast<unsigned>(layers));
     layered_detail::spill_kernel<<<grid, layered_detail::kRowThreads, 0, stream>>>(
-        v, layer, count, per_entry, static_cast<const std::uint16_t*>(d_k),
-        static_cast<const std::uint16_t*>(d_v));
+        v, first_layer, count, per_entry, k, val, kv_layer_stride);
     KVC_CUDA_CALL(cudaGetLastError());
   }
-  return store_write(s, v.plan_slots, entries, count, d_k, d_v, stream);
+  LayerStrides ls;
+  ls.ring = v.ring_stride;
+  ls.pool = v.pool_stride;
+  ls.kv = kv_layer_stride;
+  return store_write_layers(layered_detail::layer_of(v, first_layer), ls, layers, v.plan_slots,
+                            entries, count, d_k, d_v, stream);
 }
 
 }  // namespace kernels

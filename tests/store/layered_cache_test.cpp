@@ -240,6 +240,34 @@ TEST(Cpu_LayeredCache, AppendAndIngestOfAllLayers) {
               TensorView::contiguous(vt.data(), DType::kF16, {3, 1, 2, 64}));
   }
   for (int l = 0; l < 3; ++l) EXPECT_TRUE(x->layer(l).snapshot() == y->layer(l).snapshot()) << l;
+  // write_all: every layer of a two-slot update from one [L, slots, count, Hkv, d] view (5-D),
+  // equal to writing layer by layer; refused once a layer of the update was written.
+  const int sx2 = x->open_slot(), sy2 = y->open_slot();
+  auto kk = random_bits16(3u * 2 * 4 * token, DType::kF16, 9);
+  x->begin_update({sx, sx2}, 4);
+  y->begin_update({sy, sy2}, 4);
+  TensorView all = TensorView::contiguous(kk.data(), DType::kF16, {3, 2, 4, 2, 64});
+  x->write_all(all, all);
+  for (int l = 0; l < 3; ++l) {
+    const TensorView one =
+        TensorView::contiguous(kk.data() + l * 2 * 4 * token, DType::kF16, {2, 4, 2, 64});
+    y->write(l, one, one);
+  }
+  for (int l = 0; l < 3; ++l) EXPECT_TRUE(x->layer(l).snapshot() == y->layer(l).snapshot()) << l;
+  x->begin_update({sx}, 1);
+  const TensorView one = TensorView::contiguous(kk.data(), DType::kF16, {1, 2, 64});
+  x->write(0, one, one);
+  expect_error([&] { x->write_all(all, all); }, {"write_all", "written already"});
+  x->write(1, one, one);
+  x->write(2, one, one);
+  expect_error(
+      [&] {
+        x->begin_update({sx}, 1);
+        x->write_all(TensorView::contiguous(kk.data(), DType::kF16, {2, 1, 2, 64}),
+                     TensorView::contiguous(kk.data(), DType::kF16, {2, 1, 2, 64}));
+      },
+      {"k.shape[0] = 2", "num_layers = 3"});
+  for (int l = 0; l < 3; ++l) x->write(l, one, one);
 }
 
 TEST(Cpu_LayeredCache, EngineMemoryAndPageSizes) {

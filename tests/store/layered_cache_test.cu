@@ -152,6 +152,18 @@ TEST_P(Cuda_LayeredCache_Pairs, BitIdenticalToCpu) {
   p.cpu->fork(0, 1);
   p.gpu->fork(0, 1);
   p.expect_equal("fork");
+  // A prefill chunk of every layer: write_all, on the GPU all layers in the same launches.
+  EXPECT_EQ(p.cpu->open_slot(), 3);
+  EXPECT_EQ(p.gpu->open_slot(), 3);
+  p.assign(3, 130);
+  auto chunk = random_bits16(3u * 130 * 2 * 128, DType::kF16, 77);
+  DeviceArray<std::uint16_t> d_chunk(chunk);
+  p.cpu->ingest(3, TensorView::contiguous(chunk.data(), DType::kF16, {3, 130, 2, 128}),
+                TensorView::contiguous(chunk.data(), DType::kF16, {3, 130, 2, 128}));
+  p.gpu->ingest(
+      3, TensorView::contiguous(d_chunk.get(), DType::kF16, {3, 130, 2, 128}, Device::cuda(0)),
+      TensorView::contiguous(d_chunk.get(), DType::kF16, {3, 130, 2, 128}, Device::cuda(0)));
+  p.expect_equal("ingest of every layer");
   p.update({1, 2}, 3, 9);
   p.expect_equal("after fork");
 }

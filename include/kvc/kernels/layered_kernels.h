@@ -46,6 +46,22 @@ StoreView layered_layer_view(const LayeredView& view, int layer);
 cudaError_t layered_begin_update(const LayeredView& view, const std::int32_t* d_slots, int entries,
                                  int count, cudaStream_t stream);
 
+/// layered_write() of layers [first_layer, first_layer + layers) in the same launches (a grid
+/// dimension per layer; a prefill chunk of every layer is one spill, one quantise, one summarise
+/// and one ring launch): layer first_layer + z's K/V at d_k + z * kv_layer_stride elements.
+/// @param[in] view             the cache (device pointers)
+/// @param[in] first_layer      first layer written
+/// @param[in] layers           layers written, first_layer + layers <= L
+/// @param[in] entries          as planned
+/// @param[in] count            as planned
+/// @param[in] d_k              first_layer's [entries, count, Hkv, d] contiguous keys
+/// @param[in] d_v              first_layer's values
+/// @param[in] kv_layer_stride  elements between consecutive layers' K (and V) inputs
+/// @param[in] stream           stream the work is ordered on
+cudaError_t layered_write_layers(const LayeredView& view, int first_layer, int layers, int entries,
+                                 int count, const void* d_k, const void* d_v,
+                                 std::int64_t kv_layer_stride, cudaStream_t stream);
+
 /// The ragged plan: entry e adds d_counts[e] tokens (device memory; a count outside
 /// [1, max_context - length] sends the entry to the trash with ErrorBits::kContext). The writes
 /// then go per run of entries with equal counts: layered_write over

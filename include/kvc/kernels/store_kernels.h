@@ -13,12 +13,21 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kvc/store/kv_store.h"
 
 namespace kvc {
 namespace kernels {
+
+/// Byte distances between the layers of a layered cache's arrays (kvc/store/layered_cache.h),
+/// and the element distance between the layers of an update's K/V input; all 0 for one store.
+struct LayerStrides {
+  std::ptrdiff_t ring = 0;  ///< bytes between layers of ring_k / ring_v
+  std::ptrdiff_t pool = 0;  ///< bytes between layers of the pool arrays
+  std::int64_t kv = 0;      ///< elements between layers of the K / V input
+};
 
 /// Appends `count` tokens to each of `entries` distinct slots: token j of entry e is
 /// k[(e * count + j) * Hkv * d ...] (16-bit, the store's dtype). Appending one token to a batch
@@ -50,6 +59,21 @@ cudaError_t store_update(const StoreView& s, const std::int32_t* d_slots, int en
 /// @param[in] stream   stream the work is ordered on
 cudaError_t store_write(const StoreView& s, const std::int32_t* d_slots, int entries, int count,
                         const void* d_k, const void* d_v, cudaStream_t stream);
+
+/// store_write() of `layers` layers of a layered cache in the same launches (a grid dimension
+/// per layer): layer z is `s` moved by z times the strides of `ls`, its K/V at d_k + z * ls.kv.
+/// @param[in] s        layer 0 (device pointers)
+/// @param[in] ls       distances between layers
+/// @param[in] layers   layers to write, 1..65535
+/// @param[in] d_slots  [entries] slot ids on the device
+/// @param[in] entries  number of slots
+/// @param[in] count    tokens per slot, >= 1
+/// @param[in] d_k      layer 0's [entries, count, Hkv, d] keys
+/// @param[in] d_v      layer 0's [entries, count, Hkv, d] values
+/// @param[in] stream   stream the work is ordered on
+cudaError_t store_write_layers(const StoreView& s, const LayerStrides& ls, int layers,
+                               const std::int32_t* d_slots, int entries, int count, const void* d_k,
+                               const void* d_v, cudaStream_t stream);
 
 /// Returns the blocks of `n` slots to the pool (logical order) and sets their lengths to 0.
 /// @param[in] s        the store (device pointers)

@@ -180,13 +180,21 @@ class LayeredCache {
   /// @param[in] k      new keys
   /// @param[in] v      new values
   virtual void write(int layer, const TensorView& k, const TensorView& v) = 0;
-  /// begin_update(slots, 1) and write() of every layer: `k`, `v` [L, len(slots), Hkv, d].
+  /// write() of every layer at once: `k`, `v` [L, ...] where k[l] has the layout write() takes
+  /// ([L, total_tokens, Hkv, d], or [L, len(slots), count, Hkv, d] for equal counts). The CUDA
+  /// cache stores all layers in the same launches when every layer's rows are contiguous and
+  /// k and v have the same layer stride (else one write per layer). No layer of the update may
+  /// have been written yet.
+  /// @param[in] k  keys of every layer
+  /// @param[in] v  values of every layer
+  virtual void write_all(const TensorView& k, const TensorView& v) = 0;
+  /// begin_update(slots, 1) and write_all(): `k`, `v` [L, len(slots), Hkv, d].
   /// @param[in] slots  distinct open slots
   /// @param[in] k      new keys of every layer
   /// @param[in] v      new values of every layer
   void append(const std::vector<int>& slots, const TensorView& k, const TensorView& v);
-  /// A prefill chunk of T tokens to one slot in every layer: `k`, `v` [L, T, Hkv, d].
-  /// Bit-identical to T appends.
+  /// A prefill chunk of T tokens to one slot in every layer: `k`, `v` [L, T, Hkv, d]
+  /// (begin_update and write_all). Bit-identical to T appends.
   /// @param[in] slot  an open slot
   /// @param[in] k     keys of every layer
   /// @param[in] v     values of every layer
