@@ -7,36 +7,14 @@ from ._arrays import device_name, empty_like, stream_of
 
 
 class _SlotObject:
-    """What KvStore and LayeredCache share: the C++ object in `impl` and the slot lifecycle."""
+    """What KvStore and LayeredCache share: the C++ object in `impl`; every method not defined
+    here (open_slot, reset, free, is_open, length, footprint, snapshot, truncate, fork, ...)
+    is the C++ one, unchanged."""
 
-    @property
-    def config(self):
-        return self.impl.config
-
-    @property
-    def device(self):
-        return self.impl.device
-
-    def open_slot(self):
-        return self.impl.open_slot()
-
-    def reset(self, slot):
-        self.impl.reset(slot)
-
-    def free(self, slot):
-        self.impl.free(slot)
-
-    def is_open(self, slot):
-        return self.impl.is_open(slot)
-
-    def length(self, slot):
-        return self.impl.length(slot)
-
-    def footprint(self):
-        return self.impl.footprint()
-
-    def refresh_host_state(self):
-        self.impl.refresh_host_state()
+    def __getattr__(self, name):
+        if name == "impl":  # not yet set: __init__ failed
+            raise AttributeError(name)
+        return getattr(self.impl, name)
 
 
 class KvStore(_SlotObject):
@@ -55,17 +33,9 @@ class KvStore(_SlotObject):
         self.impl.set_stream(stream_of(k))
         self.impl.ingest(int(slot), k, v)
 
-    def num_closed_blocks(self, slot):
-        return self.impl.num_closed_blocks(slot)
 
-    def open_block_tokens(self, slot):
-        return self.impl.open_block_tokens(slot)
 
-    def free_pool_blocks(self):
-        return self.impl.free_pool_blocks()
 
-    def snapshot(self):
-        return self.impl.snapshot()
 
 
 
@@ -219,27 +189,15 @@ class LayeredCache(_SlotObject):
         self.impl.set_stream(stream_of(k))
         self.impl.ingest(int(slot), k, v)
 
-    def truncate(self, slot, new_length):
-        self.impl.truncate(int(slot), int(new_length))
 
-    def rollback_floor(self, slot):
-        return self.impl.rollback_floor(slot)
 
-    def fork(self, src, dst):
-        self.impl.fork(int(src), int(dst))
 
     def layer(self, layer):
         """Layer `layer` as a read-only KvStore (pass it to BlockIndex.score, decode, ...)."""
         return self.impl.layer(int(layer))
 
-    def errors(self):
-        return self.impl.errors()
 
-    def clear_errors(self):
-        self.impl.clear_errors()
 
-    def free_pages(self):
-        return self.impl.free_pages()
 
 
     def block_table(self):
