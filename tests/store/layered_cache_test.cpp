@@ -147,12 +147,15 @@ class Bed {
 struct Case {
   Format format;
   PageOwner pages;
+  DType summaries = DType::kF32;  ///< the summaries' element type
 };
 
 class Cpu_LayeredCache_Layers : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Cpu_LayeredCache_Layers, EveryLayerEqualsAKvStore) {
-  Bed bed(small_config(GetParam().format, GetParam().pages), std::random_device{}());
+  LayeredCacheConfig config = small_config(GetParam().format, GetParam().pages);
+  config.layer.summary_dtype = GetParam().summaries;
+  Bed bed(config, std::random_device{}());
   const int a = bed.open(), b = bed.open(), c = bed.open();
   bed.update({a}, 45);
   bed.expect_equal("ingest");
@@ -172,7 +175,9 @@ INSTANTIATE_TEST_SUITE_P(Formats, Cpu_LayeredCache_Layers,
                          ::testing::Values(Case{Format::kF16, PageOwner::kKvc},
                                            Case{Format::kQ8, PageOwner::kKvc},
                                            Case{Format::kFp16kQ4v, PageOwner::kEngine},
-                                           Case{Format::kQ8, PageOwner::kEngine}));
+                                           Case{Format::kQ8, PageOwner::kEngine},
+                                           Case{Format::kFp16kQ4v, PageOwner::kKvc, DType::kF16},
+                                           Case{Format::kQ8, PageOwner::kEngine, DType::kF16}));
 
 TEST(Cpu_LayeredCache, RaggedUpdatesInOneCall) {
   for (PageOwner owner : {PageOwner::kKvc, PageOwner::kEngine}) {

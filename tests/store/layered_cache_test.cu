@@ -35,6 +35,8 @@ LayeredCacheConfig config(Format f, PageOwner pages, int rollback, int layers = 
   c.layer.block_size = 16;
   c.layer.old_format = f;
   c.layer.summaries = kSummaryMeanK | kSummaryMeanV | kSummaryMinMaxK;
+  // 16-bit summaries for the quantised formats: the page layout follows the element type.
+  c.layer.summary_dtype = f == Format::kFp16kQ4v ? DType::kF16 : DType::kF32;
   c.num_layers = layers;
   c.pages = pages;
   c.max_rollback = rollback;
