@@ -37,14 +37,8 @@ const char* to_string(EntryFormat f) {
 
 namespace {
 
-// The CUDA implementations of the DeepSeek-V4 objects (src/cuda/dsv4_*.cu) are not part of this
-// build yet: a CUDA device is refused with an error until they are.
-constexpr bool kHaveCudaDsv4 = false;
-
 void check_device(Device device) {
   if (device.is_cpu()) return;
-  KVC_CHECK(kHaveCudaDsv4, "device = ", to_string(device),
-            ": the DeepSeek-V4 objects have no CUDA implementation in this build");
 #if KVC_CUDA_ENABLED
   const int n = cuda_device_count();
   KVC_CHECK(device.index >= 0 && device.index < n, "device = ", to_string(device),
@@ -251,6 +245,37 @@ std::int64_t StoreState::rows_in_use() const {
   for (std::int32_t c : counts_)
     n += config_.ring ? std::min<std::int64_t>(c, config_.max_entries) : c;
   return n;
+}
+
+EntryStoreFootprint StoreState::footprint() const {
+  EntryStoreFootprint f;
+  if (!engine_pages_) {
+    f = compute_footprint(config_);
+  } else {
+    f.tables = 4 * static_cast<std::size_t>(config_.max_slots);
+  }
+  f.in_use = f.tables + static_cast<std::size_t>(pages_in_use()) * config_.page_bytes();
+  f.entries = rows_in_use();
+  return f;
+}
+
+std::int64_t check_store_append(const StoreState& state, const EntryStoreConfig& config,
+                                const std::vector<int>& slots, const TensorView& x, Device device,
+                                std::vector<std::int64_t>& targets) {
+  KVC_CHECK(x.ndim == 3, "x.ndim = ", x.ndim, " must be 3 ([slots, T, dim])");
+  KVC_CHECK(x.dtype == DType::kF32 || x.dtype == DType::kBF16, "x.dtype = ", to_string(x.dtype),
+            " must be f32 or bf16");
+  const std::int64_t n = static_cast<std::int64_t>(slots.size());
+  const std::int64_t T = x.shape[1];
+  KVC_CHECK(T >= 1, "x.shape[1] = ", T, " (entries per slot) must be >= 1");
+  check_view(x, "x", x.dtype, {n, T, config.dim}, device, x.dtype == DType::kF32 ? 4 : 2);
+  targets.resize(slots.size());
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    state.check_slot(slots[i], "slots[i]");
+    targets[i] = state.count(slots[i]) + T;
+  }
+  state.check_reserve(slots, targets);
+  return T;
 }
 
 void check_distinct_slots(const std::vector<int>& slots, int max_slots, const char* what) {
@@ -528,7 +553,12 @@ void SparseAttentionConfig::validate() const {
 std::unique_ptr<EntryStore> EntryStore::create(const EntryStoreConfig& config, Device device) {
   config.validate();
   check_device(device);
-  return detail::make_cpu_entry_store(config, nullptr, 0, nullptr, 0);
+  if (device.is_cpu()) return detail::make_cpu_entry_store(config, nullptr, 0, nullptr, 0);
+#if KVC_CUDA_ENABLED
+  return detail::make_cuda_entry_store(config, device, nullptr, 0, nullptr, 0);
+#else
+  return nullptr;  // unreachable: check_device throws for a CUDA device in a CPU-only build
+#endif
 }
 
 std::unique_ptr<EntryStore> EntryStore::create_on_pages(const EntryStoreConfig& config,
@@ -544,7 +574,15 @@ std::unique_ptr<EntryStore> EntryStore::create_on_pages(const EntryStoreConfig& 
   KVC_CHECK(block_table != nullptr, "block_table must not be null");
   KVC_CHECK(block_table_pitch >= config.pages_per_slot(), "block_table_pitch = ", block_table_pitch,
             " must be >= pages_per_slot = ", config.pages_per_slot());
-  return detail::make_cpu_entry_store(config, pool, num_pages, block_table, block_table_pitch);
+  if (device.is_cpu()) {
+    return detail::make_cpu_entry_store(config, pool, num_pages, block_table, block_table_pitch);
+  }
+#if KVC_CUDA_ENABLED
+  return detail::make_cuda_entry_store(config, device, pool, num_pages, block_table,
+                                       block_table_pitch);
+#else
+  return nullptr;  // unreachable: check_device throws for a CUDA device in a CPU-only build
+#endif
 }
 
 std::vector<float> EntryStore::read_entry(int slot, int e) const {
@@ -570,13 +608,23 @@ std::vector<float> EntryStore::read_entry(int slot, int e) const {
 std::unique_ptr<Compressor> Compressor::create(const CompressorConfig& config, Device device) {
   config.validate();
   check_device(device);
-  return detail::make_cpu_compressor(config);
+  if (device.is_cpu()) return detail::make_cpu_compressor(config);
+#if KVC_CUDA_ENABLED
+  return detail::make_cuda_compressor(config, device);
+#else
+  return nullptr;  // unreachable: check_device throws for a CUDA device in a CPU-only build
+#endif
 }
 
 std::unique_ptr<Indexer> Indexer::create(const IndexerConfig& config, Device device) {
   config.validate();
   check_device(device);
-  return detail::make_cpu_indexer(config);
+  if (device.is_cpu()) return detail::make_cpu_indexer(config);
+#if KVC_CUDA_ENABLED
+  return detail::make_cuda_indexer(config, device);
+#else
+  return nullptr;  // unreachable: check_device throws for a CUDA device in a CPU-only build
+#endif
 }
 
 std::unique_ptr<SparseAttention> SparseAttention::create(const SparseAttentionConfig& config,
@@ -586,7 +634,12 @@ std::unique_ptr<SparseAttention> SparseAttention::create(const SparseAttentionCo
   KVC_CHECK(!config.accumulate_f64 || device.is_cpu(),
             "SparseAttentionConfig: accumulate_f64 is CPU-only (an oracle), device = ",
             to_string(device));
-  return detail::make_cpu_sparse_attention(config);
+  if (device.is_cpu()) return detail::make_cpu_sparse_attention(config);
+#if KVC_CUDA_ENABLED
+  return detail::make_cuda_sparse_attention(config, device);
+#else
+  return nullptr;  // unreachable: check_device throws for a CUDA device in a CPU-only build
+#endif
 }
 
 // --- top-k --------------------------------------------------------------------------------------

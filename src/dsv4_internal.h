@@ -51,6 +51,9 @@ class StoreState {
   std::int64_t pages_in_use() const;
   /// Valid rows over all slots.
   std::int64_t rows_in_use() const;
+  /// The store's footprint: pool and tables as compute_footprint sizes them (engine-owned: the
+  /// counts only), in_use and entries from the counts.
+  EntryStoreFootprint footprint() const;
 
  private:
   EntryStoreConfig config_;
@@ -60,6 +63,12 @@ class StoreState {
   std::vector<std::int32_t> table_;
   std::vector<std::int32_t> free_;  // stack: back() is the top
 };
+
+/// Checks an EntryStore::append of `x` to `slots` on `device` and computes the new counts
+/// (`targets`); returns T. Capacity and pool space included.
+std::int64_t check_store_append(const StoreState& state, const EntryStoreConfig& config,
+                                const std::vector<int>& slots, const TensorView& x, Device device,
+                                std::vector<std::int64_t>& targets);
 
 /// Throws unless `slots` are in [0, max_slots) and distinct (`what` names them).
 void check_distinct_slots(const std::vector<int>& slots, int max_slots, const char* what);
@@ -79,6 +88,15 @@ std::unique_ptr<Compressor> make_cuda_compressor(const CompressorConfig& c, Devi
 std::unique_ptr<Indexer> make_cuda_indexer(const IndexerConfig& c, Device device);
 std::unique_ptr<SparseAttention> make_cuda_sparse_attention(const SparseAttentionConfig& c,
                                                             Device device);
+
+/// The int32 staging record a CUDA call uploads: `slots`, then `lengths` (each < 2^31: the
+/// checks bound them by max_context).
+inline std::vector<std::int32_t> pack_slots_lengths(const std::vector<int>& slots,
+                                                    const std::vector<std::int64_t>& lengths) {
+  std::vector<std::int32_t> h(slots.begin(), slots.end());
+  for (std::int64_t L : lengths) h.push_back(static_cast<std::int32_t>(L));
+  return h;
+}
 
 /// The entries a Compressor append produces for a slot of length `length` given `tokens`
 /// more: [first, end) = [length / m, (length + tokens) / m).

@@ -75,19 +75,8 @@ class CpuEntryStore final : public EntryStore {
   }
 
   void append(const std::vector<int>& slots, const TensorView& x) override {
-    KVC_CHECK(x.ndim == 3, "x.ndim = ", x.ndim, " must be 3 ([slots, T, dim])");
-    KVC_CHECK(x.dtype == DType::kF32 || x.dtype == DType::kBF16, "x.dtype = ", to_string(x.dtype),
-              " must be f32 or bf16");
-    const std::int64_t n = static_cast<std::int64_t>(slots.size());
-    const std::int64_t T = x.shape[1];
-    KVC_CHECK(T >= 1, "x.shape[1] = ", T, " (entries per slot) must be >= 1");
-    check_view(x, "x", x.dtype, {n, T, config_.dim}, Device::cpu(), x.dtype == DType::kF32 ? 4 : 2);
-    std::vector<std::int64_t> targets(slots.size());
-    for (std::size_t i = 0; i < slots.size(); ++i) {
-      state_.check_slot(slots[i], "slots[i]");
-      targets[i] = state_.count(slots[i]) + T;
-    }
-    state_.check_reserve(slots, targets);
+    std::vector<std::int64_t> targets;
+    const std::int64_t T = check_store_append(state_, config_, slots, x, Device::cpu(), targets);
     if (engine_) {
       const EntryStoreView v = view();
       for (std::size_t i = 0; i < slots.size(); ++i) {
@@ -148,17 +137,7 @@ class CpuEntryStore final : public EntryStore {
   void set_stream(void*) override {}
   void* stream() const override { return nullptr; }
 
-  EntryStoreFootprint footprint() const override {
-    EntryStoreFootprint f;
-    if (!engine_) {
-      f = compute_footprint(config_);
-    } else {
-      f.tables = 4 * static_cast<std::size_t>(config_.max_slots);
-    }
-    f.in_use = f.tables + static_cast<std::size_t>(state_.pages_in_use()) * config_.page_bytes();
-    f.entries = state_.rows_in_use();
-    return f;
-  }
+  EntryStoreFootprint footprint() const override { return state_.footprint(); }
 
  private:
   /// Copies the mirror's counts and (kvc-owned) tables into the arrays view() exposes.

@@ -348,15 +348,16 @@ void expect_topk_equal(const std::vector<std::int32_t>& mine, const std::vector<
 }
 
 TEST(Cpu_Dsv4_Golden, IndexerV4Prefill) {
-  const std::string c = "indexer_v4_prefill";
-  const int S = 64, H = 64, D = 128, N = 40;  // the copied prefix: queries 0..63
-  auto q_raw = golden_bf16_bits(c, "q_raw", static_cast<std::size_t>(S) * H * D);
-  auto cs = golden_f32(c, "cos", S * 32);
-  auto sn = golden_f32(c, "sin", S * 32);
+  GoldenV4Prefill g0;  // the copied prefix: queries 0..63
+  const std::string c = g0.name;
+  constexpr int S = GoldenV4Prefill::S, H = GoldenV4Prefill::H, D = GoldenV4Prefill::D,
+                N = GoldenV4Prefill::N;
+  const auto& q_raw = g0.q_raw;
+  const auto& cs = g0.cos_t;
+  const auto& sn = g0.sin_t;
+  const auto& w_scaled = g0.w_scaled;
   const auto q_sim = golden_bf16(c, "q_sim", static_cast<std::size_t>(S) * H * D);
-  const auto k_pre = golden_bf16(c, "k_pre_rotation", N * D);
   const auto k_sim = golden_bf16(c, "k_sim", N * D);
-  const auto w_scaled = golden_bf16(c, "w_scaled", S * H);
   const auto w_raw = golden_bf16(c, "w_raw", S * H);
   const auto gold = golden_f32(c, "scores_f32", S * N);
   const auto top16 = golden_i32(c, "topk16_idx", S * 16);
@@ -383,33 +384,18 @@ TEST(Cpu_Dsv4_Golden, IndexerV4Prefill) {
     }
   }
   // The keys: Hadamard then FP4 (the indexer compressor's last two stages), through a store.
-  std::vector<float> k_rot(k_pre);
-  for (int j = 0; j < N; ++j) {
-    hadamard_inplace(k_rot.data() + j * D, D);
-    for (int i = 0; i < D; ++i) k_rot[j * D + i] = round_bf16(k_rot[j * D + i]);
-  }
   EntryStoreConfig kc = EntryStoreConfig::compressed(EntryFormat::kMxfp4, D, 4, 4 * N, 1);
   auto keys = EntryStore::create(kc, Device::cpu());
-  keys->append({0}, host_view(k_rot, DType::kF32, {1, N, D}));
+  keys->append({0}, host_view(g0.k_rot, DType::kF32, {1, N, D}));
   for (int j = 0; j < N; ++j) {
     const auto e = keys->read_entry(0, j);
     for (int i = 0; i < D; ++i) ASSERT_EQ(e[i], k_sim[j * D + i]) << "key " << j << " el " << i;
   }
 
-  IndexerConfig ic;
-  ic.max_query_tokens = S;
-  ic.query_rope = true;
-  auto idx = Indexer::create(ic, Device::cpu());
-  std::vector<float> w(w_scaled), scores(static_cast<std::size_t>(S) * N, NAN);
+  auto idx = Indexer::create(g0.config(), Device::cpu());
+  std::vector<float> scores(static_cast<std::size_t>(S) * N, NAN);
   std::vector<std::int32_t> num_valid(S, -7);
-  IndexerArgs a;
-  a.slots = {0};
-  a.lengths = {S};
-  a.q = host_view(q_raw, DType::kBF16, {1, S, H, D});
-  a.weights = host_view(w, DType::kF32, {1, S, H});
-  a.rope_cos = host_view(cs, DType::kF32, {S, 32});
-  a.rope_sin = host_view(sn, DType::kF32, {S, 32});
-  a.out = ScoresView{scores.data(), num_valid.data(), S, N};
+  IndexerArgs a = g0.args(scores.data(), num_valid.data());
   idx->score(*keys, a);
   double worst = 0;
   for (int t = 0; t < S; ++t) {

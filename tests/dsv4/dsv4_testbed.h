@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -23,8 +24,10 @@ namespace kvc {
 namespace dsv4 {
 namespace testing {
 
-/// Directory of the copied golden cases.
+/// Directory of the copied golden cases: $KVC_DSV4_GOLDEN_DIR when set (a binary run away from
+/// its source tree), else tests/dsv4/golden next to this file.
 inline std::string golden_dir() {
+  if (const char* e = std::getenv("KVC_DSV4_GOLDEN_DIR")) return std::string(e) + "/";
   std::string f = __FILE__;
   return f.substr(0, f.find_last_of('/')) + "/golden/";
 }
@@ -129,6 +132,46 @@ template <class T>
 TensorView host_view(std::vector<T>& v, DType t, std::initializer_list<std::int64_t> shape) {
   return TensorView::contiguous(v.data(), t, shape);
 }
+
+/// The inputs of the golden case indexer_v4_prefill (its copied prefix: 64 queries, 40 keys):
+/// the raw queries and RoPE tables, the keys after the Hadamard (rounded to bf16, what the
+/// indexer compressor hands the FP4 stage) and DeepSeek's scaled weights; args() views them as
+/// the host IndexerArgs of one sequence of S tokens writing into `scores` / `num_valid`.
+struct GoldenV4Prefill {
+  static constexpr int S = 64, H = 64, D = 128, N = 40;
+  const std::string name = "indexer_v4_prefill";
+  std::vector<std::uint16_t> q_raw = golden_bf16_bits(name, "q_raw", std::size_t{S} * H * D);
+  std::vector<float> cos_t = golden_f32(name, "cos", S * 32);
+  std::vector<float> sin_t = golden_f32(name, "sin", S * 32);
+  std::vector<float> k_pre = golden_bf16(name, "k_pre_rotation", N* D);
+  std::vector<float> w_scaled = golden_bf16(name, "w_scaled", S* H);
+  std::vector<float> k_rot = rotated(k_pre);
+
+  static std::vector<float> rotated(std::vector<float> k) {
+    for (int j = 0; j < N; ++j) {
+      hadamard_inplace(k.data() + j * D, D);
+      for (int i = 0; i < D; ++i) k[j * D + i] = round_bf16(k[j * D + i]);
+    }
+    return k;
+  }
+  IndexerConfig config() const {
+    IndexerConfig ic;
+    ic.max_query_tokens = S;
+    ic.query_rope = true;
+    return ic;
+  }
+  IndexerArgs args(float* scores, std::int32_t* num_valid) {
+    IndexerArgs a;
+    a.slots = {0};
+    a.lengths = {S};
+    a.q = host_view(q_raw, DType::kBF16, {1, S, H, D});
+    a.weights = host_view(w_scaled, DType::kF32, {1, S, H});
+    a.rope_cos = host_view(cos_t, DType::kF32, {S, 32});
+    a.rope_sin = host_view(sin_t, DType::kF32, {S, 32});
+    a.out = ScoresView{scores, num_valid, S, N};
+    return a;
+  }
+};
 
 /// Expects `f` to throw kvc::Error whose message contains every one of `words`.
 inline void expect_error(const std::function<void()>& f, const std::vector<std::string>& words) {

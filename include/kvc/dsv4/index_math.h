@@ -177,17 +177,24 @@ KVC_HD float fold_weight(float w, int q_min_byte) {
 
 // ------------------------------------------------------------------------------------------------
 
-/// The fp8 dot product of `dim` e4m3 elements: the fma chain over i = 0..dim-1 (from +0) of
-/// e4m3_to_float(q_i) * e4m3_to_float(k_i).
+/// The fp8 dot product of `dim` e4m3 elements in kvc's order: four fma chains over the four
+/// contiguous quarters of the vector (chain r over i = r dim/4 .. (r+1) dim/4 - 1 ascending, from
+/// +0, of e4m3_to_float(q_i) * e4m3_to_float(k_i)), combined as (p0 + p1) + (p2 + p3) (the order
+/// of a four-lane xor butterfly).
 /// @param[in] q    query codes
 /// @param[in] k    key codes
-/// @param[in] dim  elements
+/// @param[in] dim  elements, a multiple of 4
 KVC_HD float fp8_dot(const std::uint8_t* q, const std::uint8_t* k, int dim) {
-  float acc = 0.0f;
-  for (int i = 0; i < dim; ++i) {
-    acc = fma_rn(formats::e4m3_to_float(q[i]), formats::e4m3_to_float(k[i]), acc);
+  float p[4];
+  const int quarter = dim / 4;
+  for (int r = 0; r < 4; ++r) {
+    float acc = 0.0f;
+    for (int i = r * quarter; i < (r + 1) * quarter; ++i) {
+      acc = fma_rn(formats::e4m3_to_float(q[i]), formats::e4m3_to_float(k[i]), acc);
+    }
+    p[r] = acc;
   }
-  return acc;
+  return fadd_rn(fadd_rn(p[0], p[1]), fadd_rn(p[2], p[3]));
 }
 
 /// Combines the per-head fp8 dot products of one key into the V3.2 indexer score:

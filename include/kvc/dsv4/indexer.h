@@ -20,7 +20,8 @@
  *    rounded once; NaN if a scale byte is 0xFF. Then eight fused multiply-add chains
  *    a_g = fma(relu(d_hj), w_h, a_g) over h = g, g + 8, g + 16, ... (g = 0..7, from +0), combined
  *    by a butterfly a_g += a_(g^4); a_g += a_(g^2); a_g += a_(g^1); I = a_0.
- *  - fp8: d_hj = the fma chain over i = 0..dim-1 of q8_i k8_i (decoded e4m3, from +0);
+ *  - fp8: d_hj = (p0 + p1) + (p2 + p3), p_r the fma chain (from +0) of q8_i k8_i (decoded e4m3)
+ *    over the r-th contiguous quarter of the dims in ascending i;
  *    a = fma(relu(d_hj), w_h · qs_h, a) over h ascending; I = a · ks_j (qs, ks the fp32 scales).
  *  relu keeps NaN (a NaN score is never dropped silently; the Selector ranks it last).
  *

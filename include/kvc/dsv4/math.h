@@ -217,25 +217,50 @@ KVC_HD void hadamard_inplace(float* x, int d) {
 
 // --- the compressor's pooling -------------------------------------------------------------------
 
-/// One channel of a compressed entry: the softmax over the entry's `rows` token rows of the
-/// gate logits `s` (ape already added; -inf for an empty row) weighting the projected values `v`
-/// (0 for an empty row): m = max s, e_i = exp_portable(s_i - m), sum = Σ e_i (in row order),
-/// result = Σ (e_i / sum) · v_i (fdiv_rn, fmul_rn, fadd_rn, row order). Rows are in token order
-/// (for ratio 4: the previous block's 4 tokens, then the entry's own 4).
+/// One channel of a compressed entry, with rows read through `row(i, s, v)` (which sets row i's
+/// gate logit + ape `s`, -inf for an empty row, and projected value `v`, 0 for an empty row):
+/// m = max s, e_i = exp_portable(s_i - m), sum = Σ e_i (in row order), result =
+/// Σ (e_i / sum) · v_i (fdiv_rn, fmul_rn, fadd_rn, row order). Rows are in token order (for
+/// ratio 4: the previous block's 4 tokens, then the entry's own 4). Three passes over the rows,
+/// so a kernel can stream them instead of holding them.
+/// @param[in] row   accessor of the rows
+/// @param[in] rows  8 (ratio 4, overlapping) or 128 (ratio 128)
+template <class Row>
+KVC_HD float pool_channel_rows(const Row& row, int rows) {
+  float m = -inf_f();
+  for (int i = 0; i < rows; ++i) {
+    float s, v;
+    row(i, s, v);
+    m = s > m ? s : m;
+  }
+  float sum = 0.0f;
+  for (int i = 0; i < rows; ++i) {
+    float s, v;
+    row(i, s, v);
+    sum = fadd_rn(sum, exp_portable(fadd_rn(s, -m)));
+  }
+  float acc = 0.0f;
+  for (int i = 0; i < rows; ++i) {
+    float s, v;
+    row(i, s, v);
+    const float w = fdiv_rn(exp_portable(fadd_rn(s, -m)), sum);
+    acc = fadd_rn(acc, fmul_rn(w, v));
+  }
+  return acc;
+}
+
+/// pool_channel_rows over arrays: `s` [rows] gate logits + ape (-inf for an empty row), `v`
+/// [rows] projected kv (0 for an empty row).
 /// @param[in] s     [rows] gate logits + ape
 /// @param[in] v     [rows] projected kv
 /// @param[in] rows  8 (ratio 4, overlapping) or 128 (ratio 128)
 KVC_HD float pool_channel(const float* s, const float* v, int rows) {
-  float m = -inf_f();
-  for (int i = 0; i < rows; ++i) m = s[i] > m ? s[i] : m;
-  float sum = 0.0f;
-  for (int i = 0; i < rows; ++i) sum = fadd_rn(sum, exp_portable(fadd_rn(s[i], -m)));
-  float acc = 0.0f;
-  for (int i = 0; i < rows; ++i) {
-    const float w = fdiv_rn(exp_portable(fadd_rn(s[i], -m)), sum);
-    acc = fadd_rn(acc, fmul_rn(w, v[i]));
-  }
-  return acc;
+  return pool_channel_rows(
+      [&](int i, float& si, float& vi) {
+        si = s[i];
+        vi = v[i];
+      },
+      rows);
 }
 
 }  // namespace dsv4

@@ -1,0 +1,742 @@
+// The DeepSeek-V4 lightning indexer on the device (kvc/dsv4/indexer.h, exact arithmetic in
+// kvc/dsv4/index_math.h). One CTA of 8 warps per (key range, sequence, pass of up to 4 query
+// tokens).
+//
+// Query preparation (once per CTA, a warp per (token, head)): lane l holds elements
+// [l E, (l+1) E) (E = dim / 32); RoPE pairs and the in-lane Hadamard stages are local, the
+// others exchange with lane l ^ (h / E) (each output the same fadd_rn of the same operands as
+// hadamard_inplace); the mxfp4 (or e4m3) encoding uses the codecs of kvc/formats/formats.h with a
+// group max over the group's lanes.
+//
+// mxfp4 keys, the folded form: each warp serves one query token and streams octets of keys. Lane
+// (g, t) = (lane / 4, lane % 4) loads the dim / 4 contiguous elements [t dim/4, (t+1) dim/4) of
+// key g of the octet with one vector load (its 32 elements share one scale group) and unpacks
+// them in registers (mxfp4::e2m1x8_to_u8_offset) into the u8 B operand of dim / 32 integer mma
+// m16n8k32 steps; step s takes elements t dim/4 + 8 s .. + 7 at the fragment's k positions
+// (4 t .. 4 t + 3 and 16 + 4 t ..), and the query's A fragments (int8, folded) were laid out in
+// shared memory with the same element map. The accumulator starts at the magic 0x4B400000 minus
+// 128 Σ a (the B offset), so its bits read as a float are 1.5 2^23 + P: one subtraction gives
+// the exact integer dot P. Then the fma chains over heads (rows g and g + 8 of each 16-head tile,
+// tiles ascending: heads g, g + 8, g + 16, ...), the xor butterfly 16, 8, 4 over the eight chains
+// and the key's power-of-two scale, as index_math.h proves equal to combine_heads_mxfp4. An octet
+// with a key outside the folded bounds, or a query token outside them, takes the reference form
+// (mxfp4_dot, combine_heads_mxfp4) through shared memory instead.
+//
+// fp8 keys: four lanes per key, each holding a quarter of the key as floats; per head the quarter
+// chains and the xor butterfly 1, 2 of fp8_dot, then the head chain of combine_heads_fp8.
+#pragma once
+
+#include <cstdint>
+
+#include "formats/mxfp4_unpack.cuh"
+#include "kvc/core/numeric.h"
+#include "kvc/dsv4/entry_format.h"
+#include "kvc/dsv4/entry_store.h"
+#include "kvc/dsv4/index_math.h"
+#include "kvc/dsv4/math.h"
+#include "kvc/formats/formats.h"
+#include "kvc/select/selection.h"
+
+namespace kvc {
+namespace kernels {
+namespace dsv4_detail {
+
+using dsv4::EntryStoreView;
+
+constexpr int kIndexThreads = 256;
+constexpr int kIndexWarps = kIndexThreads / 32;
+constexpr int kIndexMaxTokens = 4;           // query tokens per CTA pass
+constexpr std::int32_t kMagic = 0x4B400000;  // bits of 1.5 * 2^23
+constexpr float kMagicF = 12582912.0f;
+
+struct IndexParams {
+  EntryStoreView keys;
+  const std::int32_t* slots;
+  const std::int32_t* lengths;
+  int T;       // query tokens per sequence (output row b * T + t)
+  int t0, tc;  // this launch: tokens [t0, t0 + tc) of every sequence
+  int ratio, heads, dim, rope_dim;
+  bool rope, hadamard;
+  const std::uint16_t* q;  // [batch, T, H, dim]
+  const float* w;          // [batch, T, H]
+  const float* rope_cos;
+  const float* rope_sin;
+  float* scores;
+  std::int32_t* num_valid;
+  int pitch;
+  int tp;              // tokens per CTA pass of the score kernel: 1, 2 or 4
+  unsigned char* ws;   // prepared queries, one record per (b, t - t0)
+  std::size_t ws_row;  // bytes of one record
+};
+
+/// One prepared mxfp4 query token in the workspace (byte offsets): the folded int8 A fragments
+/// [H/16][dim/32][32 lanes][4 regs] (u32 each), then the reference form's packed codes [H][dim/2]
+/// and scale bytes [H][dim/32], the accumulators' start values [H] (int32), the folded weights
+/// [H], the raw weights [H], and a byte per head that is 1 when the head folds.
+struct Mxfp4Row {
+  std::size_t frag, packed, scales, cinit, wfold, wraw, ok, bytes;
+  __host__ __device__ Mxfp4Row(int H, int D) {
+    std::size_t o = 0;
+    auto take = [&o](std::size_t n) {
+      const std::size_t at = o;
+      o = (o + n + 15) / 16 * 16;
+      return at;
+    };
+    frag = take(static_cast<std::size_t>(H) * D);
+    packed = take(static_cast<std::size_t>(H) * D / 2);
+    scales = take(static_cast<std::size_t>(H) * D / 32);
+    cinit = take(static_cast<std::size_t>(H) * 4);
+    wfold = take(static_cast<std::size_t>(H) * 4);
+    wraw = take(static_cast<std::size_t>(H) * 4);
+    ok = take(static_cast<std::size_t>(H));
+    bytes = o;
+  }
+};
+
+/// One prepared fp8 query token: decoded e4m3 values [H][4 quarters][dim/4 + 8] (padded so the
+/// four quarters of a head sit in different banks) and w * qs [H].
+struct Fp8Row {
+  std::size_t q, weff, bytes;
+  __host__ __device__ Fp8Row(int H, int D) {
+    q = 0;
+    weff = static_cast<std::size_t>(H) * 4 * (D / 4 + 8) * 4;
+    bytes = (weff + static_cast<std::size_t>(H) * 4 + 15) / 16 * 16;
+  }
+};
+
+/// Programmatic dependent launch (sm_90): the preparation kernel lets the score kernel start
+/// early; the score kernel issues its first key loads, then waits for the preparation's results.
+/// Without the launch attribute both are no-ops and plain stream order holds.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/// Threads of the query preparation: one per element of a head.
+constexpr int kPrepMaxThreads = 128;
+
+/// Prepares element i = threadIdx.x of one query head in a CTA of D threads: bf16 -> float, RoPE
+/// at `pos` (pairs in adjacent lanes), Hadamard (stages below 32 by xor shuffles, the others
+/// through `x`), each step the same operation on the same operands as the CPU reference.
+template <int D>
+__device__ __forceinline__ float prepare_head_cta(const IndexParams& p, const std::uint16_t* q,
+                                                  long long pos, float* x) {
+  const int i = threadIdx.x;
+  float v = bf16_bits_to_float(q[i]);
+  if (p.rope) {
+    const int first = D - p.rope_dim, pairs = p.rope_dim / 2;
+    const float other = __shfl_xor_sync(0xffffffffu, v, 1);
+    if (i >= first) {
+      const int pi = (i - first) / 2;
+      const float c = p.rope_cos[static_cast<std::size_t>(pos) * pairs + pi];
+      const float sn = p.rope_sin[static_cast<std::size_t>(pos) * pairs + pi];
+      float a = (i & 1) ? other : v, bb = (i & 1) ? v : other;
+      dsv4::rope_pair_bf16(a, bb, c, sn);
+      v = (i & 1) ? bb : a;
+    }
+  }
+  if (p.hadamard) {
+    for (int h = 1; h < D; h <<= 1) {
+      float other;
+      if (h < 32) {
+        other = __shfl_xor_sync(0xffffffffu, v, h);
+      } else {
+        __syncthreads();
+        x[i] = v;
+        __syncthreads();
+        other = x[i ^ h];
+      }
+      v = (i & h) ? fadd_rn(other, -v) : fadd_rn(v, other);
+    }
+    v = dsv4::round_bf16(fmul_rn(v, dsv4::hadamard_scale(D)));
+  }
+  return v;
+}
+
+/// Query preparation, mxfp4: a CTA of D threads per (token, head), grid (batch * tc, H).
+template <int D>
+__global__ void __launch_bounds__(kPrepMaxThreads) prep_mxfp4_kernel(const IndexParams p) {
+  constexpr int G = D / 32, KS = D / 32;
+  pdl_launch_dependents();
+  __shared__ float x[kPrepMaxThreads];
+  __shared__ int red[2 * G];
+  const int i = threadIdx.x, lane = i % 32, grp = i / 32;
+  const int H = p.heads, h = blockIdx.y;
+  const int r = blockIdx.x, b = r / p.tc, t = p.t0 + r % p.tc;
+  const std::size_t row = static_cast<std::size_t>(b) * p.T + t;
+  const Mxfp4Row L(H, D);
+  unsigned char* ws = p.ws + static_cast<std::size_t>(r) * p.ws_row;
+  const float wh = p.w[row * H + h];
+  const float v = prepare_head_cta<D>(p, p.q + (row * H + h) * D,
+                                      static_cast<long long>(p.lengths[b]) - p.T + t, x);
+  // The mxfp4 codec: one warp is one scale group (a max is order-free).
+  float a = fabsf(v);
+  const bool bad = __any_sync(0xffffffffu, is_nonfinite(v));
+  for (int off = 16; off > 0; off >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, off));
+  const float amax = bad ? formats::quiet_nan() : a;
+  const std::uint8_t byte = formats::mxfp4_scale_byte(
+      amax < formats::kMxfp4DeepSeekAmaxFloor ? formats::kMxfp4DeepSeekAmaxFloor : amax);
+  const unsigned code = (byte == 0xffu || amax == 0.0f) ? 0u : formats::mxfp4_code(v, byte);
+  const unsigned hi_code = __shfl_down_sync(0xffffffffu, code, 1);
+  if ((i & 1) == 0)
+    ws[L.packed + static_cast<std::size_t>(h) * (D / 2) + i / 2] =
+        static_cast<std::uint8_t>(code | (hi_code << 4));
+  if (lane == 0) {
+    ws[L.scales + static_cast<std::size_t>(h) * G + grp] = byte;
+    red[grp] = byte;
+  }
+  __syncthreads();
+  int lo = 255, hi = 0;
+  for (int g = 0; g < G; ++g) {
+    lo = red[g] < lo ? red[g] : lo;
+    hi = red[g] > hi ? red[g] : hi;
+  }
+  const bool head_ok = hi != 0xff && hi - lo <= dsv4::kFoldMaxSpread && lo >= dsv4::kFoldByteLo &&
+                       lo <= dsv4::kFoldByteHi && dsv4::weight_foldable(wh);
+  const int av = head_ok ? dsv4::fold_code(code, static_cast<int>(byte) - lo) : 0;
+  // A fragment word: four consecutive elements e0 .. e0 + 3 of this head (e0 % 4 == 0).
+  const unsigned a1 = __shfl_down_sync(0xffffffffu, static_cast<unsigned>(av) & 0xffu, 1);
+  const unsigned a2 = __shfl_down_sync(0xffffffffu, static_cast<unsigned>(av) & 0xffu, 2);
+  const unsigned a3 = __shfl_down_sync(0xffffffffu, static_cast<unsigned>(av) & 0xffu, 3);
+  if ((i & 3) == 0) {
+    const std::uint32_t word =
+        (static_cast<unsigned>(av) & 0xffu) | (a1 << 8) | (a2 << 16) | (a3 << 24);
+    const int tq = i / (D / 4), within = i % (D / 4), s = within / 8, i8 = within % 8;
+    const int mt = h / 16, hr = h % 16;
+    const int owner = 4 * (hr % 8) + tq, reg = hr / 8 + 2 * (i8 / 4);
+    reinterpret_cast<std::uint32_t*>(ws + L.frag)[((mt * KS + s) * 32 + owner) * 4 + reg] = word;
+  }
+  int sum = av;
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (lane == 0) red[G + grp] = sum;
+  __syncthreads();
+  if (i == 0) {
+    int total = 0;
+    for (int g = 0; g < G; ++g) total += red[G + g];
+    reinterpret_cast<int*>(ws + L.cinit)[h] = kMagic - 128 * total;
+    reinterpret_cast<float*>(ws + L.wfold)[h] = head_ok ? dsv4::fold_weight(wh, lo) : 0.0f;
+    reinterpret_cast<float*>(ws + L.wraw)[h] = wh;
+    ws[L.ok + h] = head_ok ? 1 : 0;
+  }
+}
+
+/// The int8 mma of the folded score: d += a (16 x 32 s8) * b (32 x 8 u8).
+__device__ __forceinline__ void imma(int (&d)[4], const uint4& a, std::uint32_t b0,
+                                     std::uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+}
+
+/// One octet of keys as one lane holds it: its quarter's packed words and its group's scale byte.
+template <int KS>
+struct KeyLane {
+  std::uint32_t word[KS];
+  int sb;          // this lane's group's scale byte
+  int kmin, kmax;  // the key's smallest and largest group byte (-1: the loader did not set them)
+};
+
+template <int D>
+__device__ __forceinline__ KeyLane<D / 32> load_key_lane(const IndexParams& p, int slot, int o,
+                                                         int vis, int g, int tq) {
+  constexpr int KS = D / 32, G = D / 32;
+  KeyLane<KS> k;
+  k.sb = 127;
+  k.kmin = k.kmax = -1;
+  for (int s = 0; s < KS; ++s) k.word[s] = 0;
+  const int j = o * 8 + g;
+  if (j >= vis) return k;
+  const std::uint8_t* page = dsv4::page_of(p.keys, slot, o * 8);
+  if (page == nullptr) return k;
+  const int N = p.keys.layout.page_entries;
+  const std::uint8_t* src = page + static_cast<std::size_t>(j % N) * (D / 2) + tq * (D / 8);
+  if constexpr (D == 128) {
+    const uint4 u = __ldg(reinterpret_cast<const uint4*>(src));
+    k.word[0] = u.x;
+    k.word[1] = u.y;
+    k.word[2] = u.z;
+    k.word[3] = u.w;
+  } else {
+    const uint2 u = __ldg(reinterpret_cast<const uint2*>(src));
+    k.word[0] = u.x;
+    k.word[1] = u.y;
+  }
+  k.sb = __ldg(page + p.keys.layout.scale_offset + static_cast<std::size_t>(j % N) * G +
+               (tq * (D / 4)) / 32);
+  return k;
+}
+
+/// The per-warp state of the mxfp4 scoring: the query token's folded A fragments in registers,
+/// and the accumulators' start values and folded weights of its heads in shared memory.
+template <int MT, int D>
+struct QueryFrags {
+  uint4 a[MT][D / 32];
+  const int* cinit;    // [H] (shared memory)
+  const float* wfold;  // [H] (shared memory)
+  bool ok;
+  /// Loads the fragments and copies cinit / wfold into `rows` (2 H words of the warp's shared
+  /// memory).
+  __device__ __forceinline__ void load(const unsigned char* ws, const Mxfp4Row& L, int lane,
+                                       int* rows) {
+    constexpr int H = MT * 16, KS = D / 32;
+    ok = __all_sync(0xffffffffu, (lane >= H || ws[L.ok + lane] != 0) &&
+                                     (lane + 32 >= H || ws[L.ok + lane + 32] != 0));
+    for (int h = lane; h < H; h += 32) {
+      rows[h] = reinterpret_cast<const int*>(ws + L.cinit)[h];
+      rows[H + h] = reinterpret_cast<const int*>(ws + L.wfold)[h];
+    }
+    cinit = rows;
+    wfold = reinterpret_cast<const float*>(rows + H);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int s = 0; s < KS; ++s)
+        a[mt][s] = reinterpret_cast<const uint4*>(ws + L.frag)[(mt * KS + s) * 32 + lane];
+    }
+    __syncwarp();
+  }
+};
+
+/// Scores keys o * 8 .. o * 8 + 7 (those below vis) of one query token into out_row: the folded
+/// form on integer tensor cores when the octet and the token fold, else the reference form
+/// through the warp's scratch `wsm`. The k-step loop is outside the tile loop, so the MT
+/// accumulations are independent and the tensor core pipelines them.
+template <int MT, int D>
+__device__ __forceinline__ void score_octet(const QueryFrags<MT, D>& qf, const KeyLane<D / 32>& cur,
+                                            const unsigned char* ws, const Mxfp4Row& L,
+                                            unsigned char* wsm, int o, int vis, float* out_row) {
+  constexpr int KS = D / 32, H = MT * 16, G = D / 32;
+  const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  int kmin = cur.kmin, kmax = cur.kmax;
+  if (kmin < 0) {  // the key's bytes over its four lanes
+    kmin = kmax = cur.sb;
+    for (int off = 1; off < 4; off <<= 1) {
+      kmin = min(kmin, __shfl_xor_sync(0xffffffffu, kmin, off));
+      kmax = max(kmax, __shfl_xor_sync(0xffffffffu, kmax, off));
+    }
+  }
+  const bool key_ok = kmax != 0xff && kmax - kmin <= dsv4::kFoldMaxSpread &&
+                      kmin >= dsv4::kFoldByteLo && kmin <= dsv4::kFoldByteHi;
+  if (__all_sync(0xffffffffu, key_ok) && qf.ok) {
+    std::uint32_t bl[KS], bh[KS];
+#pragma unroll
+    for (int s = 0; s < KS; ++s)
+      mxfp4::e2m1x8_to_u8_offset(cur.word[s], cur.sb - kmin, bl[s], bh[s]);
+    int acc[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      acc[mt][0] = acc[mt][1] = qf.cinit[16 * mt + g];
+      acc[mt][2] = acc[mt][3] = qf.cinit[16 * mt + g + 8];
+    }
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) imma(acc[mt], qf.a[mt][s], bl[s], bh[s]);
+    }
+    float chain0 = 0.0f, chain1 = 0.0f;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const float w_lo = qf.wfold[16 * mt + g], w_hi = qf.wfold[16 * mt + g + 8];
+      chain0 = __fmaf_rn(fmaxf(__int_as_float(acc[mt][0]) - kMagicF, 0.0f), w_lo, chain0);
+      chain1 = __fmaf_rn(fmaxf(__int_as_float(acc[mt][1]) - kMagicF, 0.0f), w_lo, chain1);
+      chain0 = __fmaf_rn(fmaxf(__int_as_float(acc[mt][2]) - kMagicF, 0.0f), w_hi, chain0);
+      chain1 = __fmaf_rn(fmaxf(__int_as_float(acc[mt][3]) - kMagicF, 0.0f), w_hi, chain1);
+    }
+#pragma unroll
+    for (int off = 16; off >= 4; off >>= 1) {
+      chain0 = __fadd_rn(chain0, __shfl_xor_sync(0xffffffffu, chain0, off));
+      chain1 = __fadd_rn(chain1, __shfl_xor_sync(0xffffffffu, chain1, off));
+    }
+    // The key scale 2^(kmin - 127): kmin is in [kFoldByteLo, kFoldByteHi], a normal float.
+    const int ks0 = __shfl_sync(0xffffffffu, kmin, 4 * (2 * tq));
+    const int ks1 = __shfl_sync(0xffffffffu, kmin, 4 * (2 * tq + 1));
+    if (g == 0) {
+      const int j0 = o * 8 + 2 * tq;
+      const float v0 = fmul_rn(chain0, __int_as_float(ks0 << 23));
+      const float v1 = fmul_rn(chain1, __int_as_float(ks1 << 23));
+      if (j0 + 1 < vis) {
+        *reinterpret_cast<float2*>(out_row + j0) = make_float2(v0, v1);
+      } else if (j0 < vis) {
+        out_row[j0] = v0;
+      }
+    }
+  } else {
+    // The reference form through this warp's shared memory.
+    std::uint8_t* kb = wsm;                                                            // [8][D/2]
+    std::uint8_t* ksb = wsm + 8 * D / 2;                                               // [8][G]
+    float* dots = reinterpret_cast<float*>(wsm + 8 * D / 2 + (8 * G + 15) / 16 * 16);  // [8][H]
+    for (int s = 0; s < KS; ++s)
+      reinterpret_cast<std::uint32_t*>(kb + g * (D / 2) + tq * (D / 8))[s] = cur.word[s];
+    if ((tq * (D / 4)) % 32 == 0)
+      ksb[g * G + (tq * (D / 4)) / 32] = static_cast<std::uint8_t>(cur.sb);
+    __syncwarp();
+    const std::uint8_t* qp = ws + L.packed;
+    const std::uint8_t* qs = ws + L.scales;
+    for (int idx = lane; idx < 8 * H; idx += 32) {
+      const int n = idx / H, h = idx % H;
+      dots[n * H + h] =
+          dsv4::mxfp4_dot(qp + h * (D / 2), qs + h * G, kb + n * (D / 2), ksb + n * G, D);
+    }
+    __syncwarp();
+    if (lane < 8 && o * 8 + lane < vis) {
+      out_row[o * 8 + lane] = dsv4::combine_heads_mxfp4(
+          dots + lane * H, reinterpret_cast<const float*>(ws + L.wraw), H);
+    }
+    __syncwarp();
+  }
+}
+
+/// Bytes of one warp's scratch for the reference form.
+template <int MT, int D>
+constexpr int octet_scratch_bytes() {
+  return 8 * D / 2 + (8 * (D / 32) + 15) / 16 * 16 + 8 * MT * 16 * 4;
+}
+/// Words of one warp's copy of its token's accumulator starts and folded weights.
+template <int MT>
+constexpr int row_words() {
+  return 2 * MT * 16;
+}
+
+/// Where a launch's score rows begin for token tl of the pass grid.
+struct ScoreRow {
+  int tl, t, slot, vis;
+  std::size_t row;
+};
+
+__device__ __forceinline__ ScoreRow score_row(const IndexParams& p, int b, int tl) {
+  ScoreRow r;
+  r.tl = tl;
+  r.t = p.t0 + tl;
+  r.slot = p.slots[b];
+  r.row = static_cast<std::size_t>(b) * p.T + r.t;
+  const long long pos = static_cast<long long>(p.lengths[b]) - p.T + r.t;
+  const int count = p.keys.counts[r.slot];
+  const long long vis_ll = (pos + 1) / p.ratio;
+  r.vis = static_cast<int>(vis_ll < count ? vis_ll : count);
+  return r;
+}
+
+/// Scoring, mxfp4 keys, keys prefetched in registers (one octet ahead): warp = (token of the
+/// pass, key lane); grid (CTAs, batch, passes). Any page size.
+template <int MT, int D>
+__global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_kernel(const IndexParams p) {
+  constexpr int KS = D / 32, H = MT * 16;
+  __shared__ __align__(16) unsigned char wsm_all[kIndexWarps][octet_scratch_bytes<MT, D>()];
+  __shared__ int rows_all[kIndexWarps][row_words<MT>()];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int b = blockIdx.y, pass = blockIdx.z;
+  const int tt = warp % p.tp, kl = warp / p.tp, KL = kIndexWarps / p.tp;
+  const int tl = pass * p.tp + tt;  // token within the launch
+  if (tl >= p.tc) return;
+  const ScoreRow sr = score_row(p, b, tl);
+  if (blockIdx.x == 0 && kl == 0 && lane == 0) p.num_valid[sr.row] = sr.vis;
+  const Mxfp4Row L(H, D);
+  const unsigned char* ws = p.ws + (static_cast<std::size_t>(b) * p.tc + tl) * p.ws_row;
+  const int g = lane / 4, tq = lane % 4;
+  const int step = gridDim.x * KL;
+  int o = blockIdx.x * KL + kl;
+  KeyLane<KS> cur =
+      load_key_lane<D>(p, sr.slot, o, sr.vis, g, tq);  // before the wait: keys do not depend on it
+  pdl_wait();
+  QueryFrags<MT, D> qf;
+  qf.load(ws, L, lane, rows_all[warp]);
+  float* out_row = p.scores + sr.row * static_cast<std::size_t>(p.pitch);
+  for (; o * 8 < sr.vis; o += step) {
+    // The next octet's bytes are in flight while this one is scored.
+    const KeyLane<KS> nxt = load_key_lane<D>(p, sr.slot, o + step, sr.vis, g, tq);
+    score_octet<MT, D>(qf, cur, ws, L, wsm_all[warp], o, sr.vis, out_row);
+    cur = nxt;
+  }
+}
+
+// --- the staged variant: key pages to shared memory by TMA bulk copies ---------------------------
+
+constexpr int kStages = 6;                 // pages in flight per CTA
+constexpr int kStagedPages = 256;          // page pointers a CTA looks up ahead
+constexpr int kMaxStagedPageBytes = 4352;  // 64 entries of dim 128
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(std::uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t phase) {
+  std::uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, "
+        "0, p;\n}"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(phase)
+        : "memory");
+  }
+}
+/// Thread 0: copies `bytes` of a page into `dst` and signals `bar` when they land; a missing page
+/// (an engine table entry out of range) only arrives, and `valid` says so.
+__device__ __forceinline__ void issue_page(std::uint64_t* bar, void* dst, const std::uint8_t* src,
+                                           int bytes) {
+  if (src != nullptr) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+            "r"(smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(smem_addr(bar))
+        : "memory");
+  } else {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+  }
+}
+
+/// Dynamic shared memory bytes of mxfp4_score_staged_kernel<MT, D>.
+template <int MT, int D>
+constexpr int staged_smem_bytes() {
+  return kStages * kMaxStagedPageBytes + kIndexWarps * octet_scratch_bytes<MT, D>() +
+         kIndexWarps * row_words<MT>() * 4 + kStagedPages * 8;
+}
+
+/// Scoring, mxfp4 keys, page-staged: a CTA streams the pages pg = blockIdx.x + i gridDim.x of its
+/// sequence through kStages shared-memory stages (TMA bulk copies, mbarriers); its 8 warps are
+/// (token of the pass, key lane) as in mxfp4_score_kernel and score the page's octets from shared
+/// memory. Pages of at most kMaxStagedPageBytes bytes, 8 | page_entries. kProbe is 0 in the
+/// library; the benchmark's diagnostics set 1 (stream the pages, score nothing) or 2 (score
+/// without waiting for the copies) to time the two halves apart.
+template <int MT, int D, int kProbe = 0>
+__global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_staged_kernel(const IndexParams p) {
+  constexpr int KS = D / 32, H = MT * 16, G = D / 32;
+  // Dynamic shared memory (staged_smem_bytes): stages, per-warp scratch and rows, page pointers.
+  extern __shared__ __align__(128) unsigned char dsmem[];
+  auto stage = reinterpret_cast<unsigned char(*)[kMaxStagedPageBytes]>(dsmem);
+  auto wsm_all = reinterpret_cast<unsigned char(*)[octet_scratch_bytes<MT, D>()]>(
+      dsmem + kStages * kMaxStagedPageBytes);
+  auto rows_all = reinterpret_cast<int(*)[row_words<MT>()]>(
+      dsmem + kStages * kMaxStagedPageBytes + kIndexWarps * octet_scratch_bytes<MT, D>());
+  const std::uint8_t** page_ptr = reinterpret_cast<const std::uint8_t**>(
+      dsmem + kStages * kMaxStagedPageBytes + kIndexWarps * octet_scratch_bytes<MT, D>() +
+      kIndexWarps * row_words<MT>() * 4);
+  __shared__ __align__(8) std::uint64_t bar[kStages];
+  __shared__ int valid[kStages];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int b = blockIdx.y, pass = blockIdx.z;
+  const int tt = warp % p.tp, kl = warp / p.tp, KL = kIndexWarps / p.tp;
+  const int tl = pass * p.tp + tt;
+  const int N = p.keys.layout.page_entries;
+  const int page_bytes = static_cast<int>(p.keys.layout.page_bytes);
+  // The CTA's page range covers its last token (the most entries visible).
+  const int last = min(p.tc - 1, pass * p.tp + p.tp - 1);
+  const ScoreRow srl = score_row(p, b, last);
+  const int pages = (srl.vis + N - 1) / N;
+  // The CTA's page pointers, looked up once (in parallel) instead of in the refill's path.
+  for (int i = threadIdx.x; i < kStagedPages; i += kIndexThreads) {
+    const int pg = blockIdx.x + i * gridDim.x;
+    page_ptr[i] = pg < pages ? dsv4::page_of(p.keys, srl.slot, pg * N) : nullptr;
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) mbar_init(&bar[s], 1);
+    mbar_fence_init();
+  }
+  __syncthreads();
+  auto page_at = [&](int i) {
+    return i < kStagedPages ? page_ptr[i]
+                            : dsv4::page_of(p.keys, srl.slot, (blockIdx.x + i * gridDim.x) * N);
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      const int pg = blockIdx.x + s * gridDim.x;
+      if (pg >= pages) break;
+      const std::uint8_t* src = page_at(s);
+      valid[s] = src != nullptr;
+      issue_page(&bar[s], stage[s], src, page_bytes);
+    }
+  }
+  const bool active = tl < p.tc;
+  const ScoreRow sr = score_row(p, b, active ? tl : last);
+  if (active && blockIdx.x == 0 && kl == 0 && lane == 0) p.num_valid[sr.row] = sr.vis;
+  const Mxfp4Row L(H, D);
+  const unsigned char* ws =
+      p.ws + (static_cast<std::size_t>(b) * p.tc + (active ? tl : last)) * p.ws_row;
+  pdl_wait();
+  QueryFrags<MT, D> qf;
+  qf.load(ws, L, lane, rows_all[warp]);
+  float* out_row = p.scores + sr.row * static_cast<std::size_t>(p.pitch);
+  const int g = lane / 4, tq = lane % 4;
+  for (int i = 0;; ++i) {
+    const int pg = blockIdx.x + i * gridDim.x;
+    if (pg >= pages) break;
+    const int st = i % kStages;
+    if (kProbe != 2) mbar_wait(&bar[st], static_cast<std::uint32_t>((i / kStages) & 1));
+    if (active && valid[st] && kProbe != 1) {
+      for (int ol = kl; ol < N / 8; ol += KL) {
+        const int o = pg * (N / 8) + ol;
+        if (o * 8 >= sr.vis) break;
+        KeyLane<KS> cur;
+        const int j = o * 8 + g;
+        const int jr = j % N;
+        const unsigned char* kp = stage[st] + static_cast<std::size_t>(jr) * (D / 2) + tq * (D / 8);
+        if constexpr (D == 128) {
+          const uint4 u = *reinterpret_cast<const uint4*>(kp);
+          cur.word[0] = u.x;
+          cur.word[1] = u.y;
+          cur.word[2] = u.z;
+          cur.word[3] = u.w;
+        } else {
+          const uint2 u = *reinterpret_cast<const uint2*>(kp);
+          cur.word[0] = u.x;
+          cur.word[1] = u.y;
+        }
+        const unsigned char* rec =
+            stage[st] + static_cast<std::size_t>(N) * (D / 2) + static_cast<std::size_t>(jr) * G;
+        cur.sb = rec[(tq * (D / 4)) / 32];
+        cur.kmin = 255;
+        cur.kmax = 0;
+#pragma unroll
+        for (int gi = 0; gi < G; ++gi) {
+          cur.kmin = min(cur.kmin, static_cast<int>(rec[gi]));
+          cur.kmax = max(cur.kmax, static_cast<int>(rec[gi]));
+        }
+        if (j >= sr.vis) {
+          for (int s = 0; s < KS; ++s) cur.word[s] = 0;
+          cur.sb = cur.kmin = cur.kmax = 127;
+        }
+        score_octet<MT, D>(qf, cur, ws, L, wsm_all[warp], o, sr.vis, out_row);
+      }
+    }
+    __syncthreads();  // every warp is done with this stage
+    if (kProbe == 2 && threadIdx.x == 0)
+      mbar_wait(&bar[st], static_cast<std::uint32_t>((i / kStages) & 1));
+    if (threadIdx.x == 0) {
+      const int nxt = blockIdx.x + (i + kStages) * gridDim.x;
+      if (nxt < pages) {
+        const std::uint8_t* src = page_at(i + kStages);
+        valid[st] = src != nullptr;
+        issue_page(&bar[st], stage[st], src, page_bytes);
+      }
+    }
+  }
+}
+
+// --- fp8 keys (DeepSeek-V3.2): CUDA cores -----------------------------------------------------
+
+/// Query preparation, fp8: a CTA of D threads per (token, head), grid (batch * tc, H).
+template <int D>
+__global__ void __launch_bounds__(kPrepMaxThreads) prep_fp8_kernel(const IndexParams p) {
+  constexpr int Q = D / 4, W = D / 32;
+  pdl_launch_dependents();
+  __shared__ float x[kPrepMaxThreads];
+  __shared__ float red[W];
+  __shared__ int bad_any;
+  const int i = threadIdx.x, lane = i % 32, grp = i / 32;
+  const int H = p.heads, h = blockIdx.y;
+  const int r = blockIdx.x, b = r / p.tc, t = p.t0 + r % p.tc;
+  const std::size_t row = static_cast<std::size_t>(b) * p.T + t;
+  const Fp8Row L(H, D);
+  unsigned char* ws = p.ws + static_cast<std::size_t>(r) * p.ws_row;
+  if (i == 0) bad_any = 0;
+  const float v = prepare_head_cta<D>(p, p.q + (row * H + h) * D,
+                                      static_cast<long long>(p.lengths[b]) - p.T + t, x);
+  float a = fabsf(v);
+  const bool bad = __any_sync(0xffffffffu, is_nonfinite(v));
+  for (int off = 16; off > 0; off >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, off));
+  __syncthreads();
+  if (lane == 0) {
+    red[grp] = a;
+    if (bad) atomicOr(&bad_any, 1);
+  }
+  __syncthreads();
+  float amax = 0.0f;
+  for (int g = 0; g < W; ++g) amax = fmaxf(amax, red[g]);
+  const std::uint8_t byte = formats::e4m3_ue8m0_scale_byte(bad_any ? formats::quiet_nan() : amax);
+  const std::uint8_t c = byte == 0xffu ? 0u : formats::e4m3_ue8m0_code(v, byte);
+  float* qf = reinterpret_cast<float*>(ws + L.q) + static_cast<std::size_t>(h) * 4 * (Q + 8);
+  qf[(i / Q) * (Q + 8) + i % Q] = formats::e4m3_to_float(c);
+  if (i == 0)
+    reinterpret_cast<float*>(ws + L.weff)[h] =
+        fmul_rn(p.w[row * H + h], formats::ue8m0_to_float(byte));
+}
+
+/// Scoring, fp8 keys: four lanes per key (a quarter each), grid (CTAs, batch, passes).
+template <int D>
+__global__ void __launch_bounds__(kIndexThreads) fp8_score_kernel(const IndexParams p) {
+  constexpr int Q = D / 4;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int H = p.heads;
+  const Fp8Row L(H, D);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int b = blockIdx.y, pass = blockIdx.z;
+  const int slot = p.slots[b];
+  const long long Lb = p.lengths[b];
+  const int count = p.keys.counts[slot];
+  const int g = lane / 4, r = lane % 4;
+  const int N = p.keys.layout.page_entries;
+  pdl_wait();
+  for (int tt = 0; tt < p.tp; ++tt) {
+    const int tl = pass * p.tp + tt;
+    if (tl >= p.tc) break;
+    const int t = p.t0 + tl;
+    const std::size_t row = static_cast<std::size_t>(b) * p.T + t;
+    __syncthreads();
+    const uint4* src =
+        reinterpret_cast<const uint4*>(p.ws + (static_cast<std::size_t>(b) * p.tc + tl) * p.ws_row);
+    for (std::size_t k = threadIdx.x; k < L.bytes / 16; k += kIndexThreads)
+      reinterpret_cast<uint4*>(smem)[k] = src[k];
+    __syncthreads();
+    const float* qf = reinterpret_cast<const float*>(smem + L.q);
+    const float* weff = reinterpret_cast<const float*>(smem + L.weff);
+    const long long pos = Lb - p.T + t;
+    const long long vis_ll = (pos + 1) / p.ratio;
+    const int vis = static_cast<int>(vis_ll < count ? vis_ll : count);
+    if (blockIdx.x == 0 && threadIdx.x == 0) p.num_valid[row] = vis;
+    float* out_row = p.scores + row * static_cast<std::size_t>(p.pitch);
+    for (int o = blockIdx.x * kIndexWarps + warp; o * 8 < vis; o += gridDim.x * kIndexWarps) {
+      const int j = o * 8 + g;
+      const std::uint8_t* page = dsv4::page_of(p.keys, slot, o * 8);
+      float k[Q];
+      float ks = 0.0f;
+      const bool have = page != nullptr && j < vis;
+      if (have) {
+        const std::uint8_t* kp = page + static_cast<std::size_t>(j % N) * D + r * Q;
+#pragma unroll
+        for (int i = 0; i < Q; i += 16) {
+          const uint4 u = __ldg(reinterpret_cast<const uint4*>(kp + i));
+          const std::uint32_t wv[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+          for (int c = 0; c < 16; ++c)
+            k[i + c] =
+                formats::e4m3_to_float(static_cast<std::uint8_t>(wv[c / 4] >> (8 * (c % 4))));
+        }
+        ks = dsv4::fp8_scaled_scale(page + p.keys.layout.scale_offset +
+                                    static_cast<std::size_t>(j % N) * 4);
+      } else {
+#pragma unroll
+        for (int i = 0; i < Q; ++i) k[i] = 0.0f;
+      }
+      float acc = 0.0f;
+      for (int h = 0; h < H; ++h) {
+        const float* qh = qf + static_cast<std::size_t>(h) * 4 * (Q + 8) + r * (Q + 8);
+        float part = 0.0f;
+#pragma unroll
+        for (int i = 0; i < Q; ++i) part = __fmaf_rn(qh[i], k[i], part);
+        float dsum = __fadd_rn(part, __shfl_xor_sync(0xffffffffu, part, 1));
+        dsum = __fadd_rn(dsum, __shfl_xor_sync(0xffffffffu, dsum, 2));
+        acc = __fmaf_rn(dsv4::relu_keep_nan(dsum), weff[h], acc);
+      }
+      if (r == 0 && have) out_row[j] = fmul_rn(acc, ks);
+    }
+  }
+}
+
+}  // namespace dsv4_detail
+}  // namespace kernels
+}  // namespace kvc

@@ -1,0 +1,254 @@
+// Indexer on CUDA: the dsv4_index_score launcher and the object.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "device_buffer.h"
+#include "dsv4/index.cuh"
+#include "dsv4_internal.h"
+#include "kvc/core/cuda_check.h"
+#include "kvc/core/error.h"
+#include "kvc/dsv4/indexer.h"
+#include "kvc/kernels/dsv4_kernels.h"
+
+namespace kvc {
+namespace kernels {
+namespace {
+
+using namespace dsv4_detail;
+
+int sm_count() {
+  int dev = 0, n = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 132;
+  return n > 0 ? n : 132;
+}
+
+/// Launches a score kernel as a programmatic dependent of the preparation kernel before it.
+template <class Kernel>
+cudaError_t launch(Kernel kernel, dim3 grid, int smem, const IndexParams& p, cudaStream_t stream) {
+  if (smem > 48 * 1024) {
+    KVC_CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kIndexThreads, 1, 1);
+  cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
+template <int D>
+cudaError_t launch_mxfp4(int MT, bool staged, dim3 grid, const IndexParams& p,
+                         cudaStream_t stream) {
+  if (staged) {
+    switch (MT) {
+      case 1:
+        return launch(mxfp4_score_staged_kernel<1, D>, grid, staged_smem_bytes<1, D>(), p, stream);
+      case 2:
+        return launch(mxfp4_score_staged_kernel<2, D>, grid, staged_smem_bytes<2, D>(), p, stream);
+      case 3:
+        return launch(mxfp4_score_staged_kernel<3, D>, grid, staged_smem_bytes<3, D>(), p, stream);
+      case 4:
+        return launch(mxfp4_score_staged_kernel<4, D>, grid, staged_smem_bytes<4, D>(), p, stream);
+      default:
+        return cudaErrorInvalidValue;
+    }
+  }
+  switch (MT) {
+    case 1:
+      return launch(mxfp4_score_kernel<1, D>, grid, 0, p, stream);
+    case 2:
+      return launch(mxfp4_score_kernel<2, D>, grid, 0, p, stream);
+    case 3:
+      return launch(mxfp4_score_kernel<3, D>, grid, 0, p, stream);
+    case 4:
+      return launch(mxfp4_score_kernel<4, D>, grid, 0, p, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+/// Rows of one prepared launch for `batch` sequences of T tokens: all of them, or chunks of tokens
+/// with at most kIndexLaunchRows rows.
+constexpr long long kIndexLaunchRows = 4096;
+
+int index_chunk_tokens(int batch, int T) {
+  const long long per = std::max<long long>(1, kIndexLaunchRows / std::max(1, batch));
+  return static_cast<int>(std::min<long long>(T, per));
+}
+
+std::size_t index_row_bytes(const dsv4::IndexerConfig& c) {
+  return c.key_format == dsv4::EntryFormat::kMxfp4 ? Mxfp4Row(c.num_heads, c.head_dim).bytes
+                                                   : Fp8Row(c.num_heads, c.head_dim).bytes;
+}
+
+}  // namespace
+
+cudaError_t dsv4_index_score(void* d_temp, std::size_t& temp_bytes,
+                             const dsv4::EntryStoreView& keys, const dsv4::IndexerConfig& c,
+                             const Dsv4IndexArgs& a, cudaStream_t stream) {
+  using dsv4::EntryFormat;
+  if (a.batch < 0 || a.T < 0 || a.batch > 65535) return cudaErrorInvalidValue;
+  if (keys.layout.format != c.key_format || keys.layout.dim != c.head_dim ||
+      (c.head_dim != 64 && c.head_dim != 128) || c.num_heads % 16 != 0 || c.num_heads < 16 ||
+      c.num_heads > 64) {
+    return cudaErrorInvalidValue;
+  }
+  const int tc = index_chunk_tokens(a.batch, a.T);
+  const std::size_t row_bytes = index_row_bytes(c);
+  const std::size_t need = static_cast<std::size_t>(a.batch) * tc * row_bytes;
+  if (d_temp == nullptr) {
+    temp_bytes = need;
+    return cudaSuccess;
+  }
+  if (temp_bytes < need) return cudaErrorInvalidValue;
+  if (a.batch == 0 || a.T == 0) return cudaSuccess;
+  if (a.slots == nullptr || a.lengths == nullptr || a.q == nullptr || a.weights == nullptr ||
+      a.out.scores == nullptr || a.out.num_valid == nullptr || a.out.rows != a.batch * a.T ||
+      a.out.max_blocks < keys.max_entries ||
+      (c.query_rope && (a.rope_cos == nullptr || a.rope_sin == nullptr))) {
+    return cudaErrorInvalidValue;
+  }
+  IndexParams p;
+  p.keys = keys;
+  p.slots = a.slots;
+  p.lengths = a.lengths;
+  p.T = a.T;
+  p.ratio = c.ratio;
+  p.heads = c.num_heads;
+  p.dim = c.head_dim;
+  p.rope_dim = c.rope_dim;
+  p.rope = c.query_rope;
+  p.hadamard = c.query_hadamard;
+  p.q = a.q;
+  p.w = a.weights;
+  p.rope_cos = a.rope_cos;
+  p.rope_sin = a.rope_sin;
+  p.scores = a.out.scores;
+  p.num_valid = a.out.num_valid;
+  p.pitch = a.out.max_blocks;
+  p.ws = static_cast<unsigned char*>(d_temp);
+  p.ws_row = row_bytes;
+  const bool mx = c.key_format == EntryFormat::kMxfp4;
+  const int octets = (keys.max_entries + 7) / 8;
+  const bool fits = keys.layout.page_bytes <= static_cast<std::size_t>(kMaxStagedPageBytes) &&
+                    keys.layout.page_entries % 8 == 0;
+  if (a.variant == 1 && !fits) return cudaErrorInvalidValue;
+  const bool staged = mx && a.variant != 2 && fits;
+  const int pages = (keys.max_entries + keys.layout.page_entries - 1) / keys.layout.page_entries;
+  for (int t0 = 0; t0 < a.T; t0 += tc) {
+    p.t0 = t0;
+    p.tc = std::min(tc, a.T - t0);
+    p.tp = mx ? (p.tc == 1 ? 1 : p.tc == 2 ? 2 : kIndexMaxTokens) : kIndexMaxTokens;
+    const int passes = (p.tc + p.tp - 1) / p.tp;
+    if (passes > 65535) return cudaErrorInvalidValue;
+    const dim3 prep_grid(static_cast<unsigned>(a.batch * p.tc), static_cast<unsigned>(c.num_heads));
+    // Enough CTAs to fill the device twice over, never more than the longest row needs.
+    const int per_cta = mx ? kIndexWarps / p.tp : kIndexWarps;
+    const int needed = staged ? std::max(1, pages) : std::max(1, (octets + per_cta - 1) / per_cta);
+    const long long target =
+        std::max<long long>(1, 2LL * sm_count() / (static_cast<long long>(a.batch) * passes));
+    const dim3 grid(static_cast<unsigned>(std::min<long long>(needed, target)),
+                    static_cast<unsigned>(a.batch), static_cast<unsigned>(passes));
+    if (mx) {
+      if (c.head_dim == 128) {
+        prep_mxfp4_kernel<128><<<prep_grid, 128, 0, stream>>>(p);
+      } else {
+        prep_mxfp4_kernel<64><<<prep_grid, 64, 0, stream>>>(p);
+      }
+      KVC_CUDA_CALL(cudaGetLastError());
+      KVC_CUDA_CALL(c.head_dim == 128
+                        ? launch_mxfp4<128>(c.num_heads / 16, staged, grid, p, stream)
+                        : launch_mxfp4<64>(c.num_heads / 16, staged, grid, p, stream));
+    } else {
+      if (c.head_dim == 128) {
+        prep_fp8_kernel<128><<<prep_grid, 128, 0, stream>>>(p);
+      } else {
+        prep_fp8_kernel<64><<<prep_grid, 64, 0, stream>>>(p);
+      }
+      KVC_CUDA_CALL(cudaGetLastError());
+      const int smem = static_cast<int>(row_bytes);
+      KVC_CUDA_CALL(c.head_dim == 128 ? launch(fp8_score_kernel<128>, grid, smem, p, stream)
+                                      : launch(fp8_score_kernel<64>, grid, smem, p, stream));
+    }
+  }
+  return cudaSuccess;
+}
+
+std::size_t dsv4_index_workspace_bound(const dsv4::IndexerConfig& c) {
+  const long long rows =
+      std::min<long long>(static_cast<long long>(c.max_batch) * c.max_query_tokens,
+                          std::max<long long>(kIndexLaunchRows, c.max_batch));
+  return static_cast<std::size_t>(rows) * index_row_bytes(c);
+}
+
+}  // namespace kernels
+
+namespace dsv4 {
+namespace detail {
+namespace {
+
+using kvc::detail::DeviceBuffer;
+using kvc::detail::DeviceGuard;
+
+class CudaIndexer final : public Indexer {
+ public:
+  CudaIndexer(const IndexerConfig& c, Device device) : config_(c), device_(device) {
+    DeviceGuard guard(device_.index);
+    staging_ = DeviceBuffer(8 * static_cast<std::size_t>(c.max_batch));
+    temp_bytes_ = kernels::dsv4_index_workspace_bound(c);
+    temp_ = DeviceBuffer(temp_bytes_);
+  }
+  const IndexerConfig& config() const override { return config_; }
+  void set_stream(void* stream) override { stream_ = static_cast<cudaStream_t>(stream); }
+
+  void score(const EntryStore& keys, const IndexerArgs& a) override {
+    const int T = check_indexer_score(config_, device_, keys, a);
+    DeviceGuard guard(device_.index);
+    const std::vector<std::int32_t> h = pack_slots_lengths(a.slots, a.lengths);
+    KVC_CUDA_THROW(cudaMemcpyAsync(staging_.as<void>(), h.data(), h.size() * 4,
+                                   cudaMemcpyHostToDevice, stream_));
+    kernels::Dsv4IndexArgs k;
+    k.slots = staging_.as<std::int32_t>();
+    k.lengths = k.slots + a.slots.size();
+    k.batch = static_cast<int>(a.slots.size());
+    k.T = T;
+    k.q = a.q.ptr<const std::uint16_t>();
+    k.weights = a.weights.ptr<const float>();
+    k.rope_cos = config_.query_rope ? a.rope_cos.ptr<const float>() : nullptr;
+    k.rope_sin = config_.query_rope ? a.rope_sin.ptr<const float>() : nullptr;
+    k.out = a.out;
+    std::size_t need = 0;
+    const EntryStoreView kv = keys.view();
+    KVC_CUDA_THROW(kernels::dsv4_index_score(nullptr, need, kv, config_, k, stream_));
+    KVC_CHECK(need <= temp_bytes_, "internal: indexer workspace ", need, " > ", temp_bytes_);
+    std::size_t have = temp_bytes_;
+    KVC_CUDA_THROW(kernels::dsv4_index_score(temp_.as<void>(), have, kv, config_, k, stream_));
+  }
+
+ private:
+  IndexerConfig config_;
+  Device device_;
+  DeviceBuffer staging_, temp_;
+  std::size_t temp_bytes_ = 0;
+  cudaStream_t stream_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Indexer> make_cuda_indexer(const IndexerConfig& c, Device device) {
+  return std::make_unique<CudaIndexer>(c, device);
+}
+
+}  // namespace detail
+}  // namespace dsv4
+}  // namespace kvc

@@ -1,0 +1,505 @@
+// The Indexer, top-k and SparseAttention on CUDA against the CPU reference on fresh random
+// inputs: indexer scores bit for bit (folded fast path and reference fallback, mxfp4 and fp8,
+// 16..64 heads, dim 64/128, 1..9 query tokens, ragged batches, NaN), top-k selections equal,
+// attention within 1e-3 relative L2 (CSA and HCA, bf16 and MODEL1, splits, prefill chunks), a
+// CUDA graph replay of the kernel layer, and device memory flat over 1000 decode steps.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "dsv4_cuda_testbed.h"
+#include "kvc/dsv4/dsv4.h"
+#include "kvc/kernels/dsv4_kernels.h"
+#include "kvc/select/selector.h"
+
+namespace kvc {
+namespace dsv4 {
+namespace {
+
+using namespace testing;
+
+/// The same random keys in a CPU and a CUDA store.
+struct KeyPair {
+  std::unique_ptr<EntryStore> cpu, gpu;
+  KeyPair(EntryFormat f, int dim, int slots, const std::vector<int>& counts, std::uint32_t seed,
+          int max_context = 4 * 4096) {
+    const auto c = EntryStoreConfig::compressed(f, dim, 4, max_context, slots);
+    cpu = EntryStore::create(c, Device::cpu());
+    gpu = EntryStore::create(c, Device::cuda(0));
+    for (int s = 0; s < slots; ++s) {
+      if (counts[s] == 0) continue;
+      auto k =
+          round_to_bf16(random_floats(static_cast<std::size_t>(counts[s]) * dim, seed + s, 1.5f));
+      // A few keys outside the folded bounds: an all-zero group, a wide spread, a NaN.
+      if (counts[s] > 20) {
+        std::fill_n(k.begin() + 3 * dim, 32, 0.0f);
+        for (int i = 0; i < 32; ++i) k[11 * dim + i] *= 64.0f;
+        k[17 * dim + 5] = NAN;
+      }
+      cpu->append({s}, host_view(k, DType::kF32, {1, counts[s], dim}));
+      DeviceTensor<float> d(k, DType::kF32, {1, counts[s], dim});
+      gpu->append({s}, d.v);
+    }
+  }
+};
+
+struct Shape {
+  EntryFormat f;
+  int H, D, T;
+};
+
+class Cuda_Dsv4_Indexer : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(Cuda_Dsv4_Indexer, ScoresMatchCpuBitForBit) {
+  KVC_REQUIRE_GPU();
+  const Shape sh = GetParam();
+  IndexerConfig c;
+  c.key_format = sh.f;
+  c.num_heads = sh.H;
+  c.head_dim = sh.D;
+  c.max_batch = 3;
+  c.max_query_tokens = sh.T;
+  c.query_rope = true;
+  KeyPair keys(sh.f, sh.D, 4, {1000, 0, 37, 4096}, 7);
+  const std::vector<int> slots{3, 0, 2};
+  const std::vector<std::int64_t> lengths{4 * 4096, 4003, 150};
+  const int B = 3, T = sh.T, pitch = 4096;
+  auto q = random_bf16_bits(static_cast<std::size_t>(B) * T * sh.H * sh.D, 5, 2.0f);
+  auto w = random_floats(static_cast<std::size_t>(B) * T * sh.H, 6, 0.02f);
+  // Token 0 of sequence 1: one head with a group 2^5 larger (spread > 3): the reference path.
+  for (int i = 0; i < 32; ++i)
+    q[(static_cast<std::size_t>(1) * T * sh.H + 2) * sh.D + i] = float_to_bf16_bits(300.0f + i);
+  std::vector<float> cs, sn;
+  rope_tables(4 * 4096 + 1, 64, cs, sn);
+  std::vector<float> sc_cpu(static_cast<std::size_t>(B) * T * pitch, -5.0f);
+  std::vector<std::int32_t> nv_cpu(B * T, -1);
+  IndexerArgs a;
+  a.slots = slots;
+  a.lengths = lengths;
+  a.q = host_view(q, DType::kBF16, {B, T, sh.H, sh.D});
+  a.weights = host_view(w, DType::kF32, {B, T, sh.H});
+  a.rope_cos = host_view(cs, DType::kF32, {static_cast<std::int64_t>(cs.size() / 32), 32});
+  a.rope_sin = host_view(sn, DType::kF32, {static_cast<std::int64_t>(sn.size() / 32), 32});
+  a.out = ScoresView{sc_cpu.data(), nv_cpu.data(), B * T, pitch};
+  Indexer::create(c, Device::cpu())->score(*keys.cpu, a);
+  DeviceTensor<std::uint16_t> dq(q, DType::kBF16, {B, T, sh.H, sh.D});
+  DeviceTensor<float> dw(w, DType::kF32, {B, T, sh.H});
+  DeviceTensor<float> dcs(cs, DType::kF32, {static_cast<std::int64_t>(cs.size() / 32), 32});
+  DeviceTensor<float> dsn(sn, DType::kF32, {static_cast<std::int64_t>(sn.size() / 32), 32});
+  DeviceArray<float> dsc(sc_cpu.size());
+  DeviceArray<std::int32_t> dnv(nv_cpu.size());
+  dsc.upload(std::vector<float>(sc_cpu.size(), -5.0f));
+  dnv.fill_bytes(0xff);
+  IndexerArgs g = a;
+  g.q = dq.v;
+  g.weights = dw.v;
+  g.rope_cos = dcs.v;
+  g.rope_sin = dsn.v;
+  g.out = ScoresView{dsc.get(), dnv.get(), B * T, pitch};
+  Indexer::create(c, Device::cuda(0))->score(*keys.gpu, g);
+  KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+  EXPECT_EQ(dnv.download(), nv_cpu);
+  auto sg = dsc.download();
+  if (sh.f == EntryFormat::kMxfp4) {
+    // The other score kernel (keys prefetched in registers) through the kernel layer: same bits.
+    dsc.upload(std::vector<float>(sc_cpu.size(), -5.0f));
+    kernels::Dsv4IndexArgs ka;
+    const std::vector<std::int32_t> meta{3, 0, 2, 4 * 4096, 4003, 150};
+    DeviceArray<std::int32_t> dmeta(meta);
+    ka.slots = dmeta.get();
+    ka.lengths = dmeta.get() + 3;
+    ka.batch = B;
+    ka.T = T;
+    ka.q = dq.a.get();
+    ka.weights = dw.a.get();
+    ka.rope_cos = dcs.a.get();
+    ka.rope_sin = dsn.a.get();
+    ka.out = g.out;
+    ka.variant = 2;
+    std::size_t tb = 0;
+    KVC_ASSERT_CUDA(kernels::dsv4_index_score(nullptr, tb, keys.gpu->view(), c, ka, nullptr));
+    DeviceArray<unsigned char> temp(std::max<std::size_t>(tb, 1));
+    KVC_ASSERT_CUDA(kernels::dsv4_index_score(temp.get(), tb, keys.gpu->view(), c, ka, nullptr));
+    KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+    const auto s2 = dsc.download();
+    int d2 = 0;
+    for (std::size_t i = 0; i < s2.size(); ++i) d2 += float_bits(s2[i]) != float_bits(sg[i]);
+    EXPECT_EQ(d2, 0) << "register-prefetch variant differs from the staged one";
+  }
+  int diffs = 0;
+  for (std::size_t i = 0; i < sg.size(); ++i) {
+    if (float_bits(sg[i]) != float_bits(sc_cpu[i]) &&
+        !(std::isnan(sg[i]) && std::isnan(sc_cpu[i]))) {
+      if (++diffs <= 5)
+        ADD_FAILURE() << "row " << i / pitch << " entry " << i % pitch << ": " << sg[i] << " vs "
+                      << sc_cpu[i];
+    }
+  }
+  EXPECT_EQ(diffs, 0);
+  // And the top-k of both through the Selector: the same ids.
+  for (int k : {16, 512}) {
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(B) * T * k), cnt(B * T);
+    SelectionView out{ids.data(), cnt.data(), B * T, k};
+    auto cpu_sel = Selector::create(Device::cpu());
+    select_topk(*cpu_sel, a.out, k, true, out);
+    DeviceArray<std::int32_t> dids(ids.size()), dcnt(cnt.size());
+    SelectionView gout{dids.get(), dcnt.get(), B * T, k};
+    SelectorLimits lim;
+    lim.max_rows = B * T;
+    lim.max_blocks = pitch;
+    lim.max_selected = k;
+    auto gpu_sel = Selector::create(Device::cuda(0), lim);
+    select_topk(*gpu_sel, g.out, k, true, gout);
+    KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+    EXPECT_EQ(dids.download(), ids) << "k = " << k;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Cuda_Dsv4_Indexer,
+    ::testing::Values(
+        Shape{EntryFormat::kMxfp4, 64, 128, 1}, Shape{EntryFormat::kMxfp4, 64, 128, 2},
+        Shape{EntryFormat::kMxfp4, 64, 128, 4}, Shape{EntryFormat::kMxfp4, 64, 128, 9},
+        Shape{EntryFormat::kMxfp4, 48, 128, 3}, Shape{EntryFormat::kMxfp4, 16, 64, 1},
+        Shape{EntryFormat::kMxfp4, 32, 64, 4}, Shape{EntryFormat::kFp8Scaled, 64, 128, 1},
+        Shape{EntryFormat::kFp8Scaled, 64, 128, 3}, Shape{EntryFormat::kFp8Scaled, 16, 64, 2}),
+    [](const auto& info) {
+      return std::string(to_string(info.param.f)) + "_h" + std::to_string(info.param.H) + "_d" +
+             std::to_string(info.param.D) + "_t" + std::to_string(info.param.T);
+    });
+
+TEST(Cuda_Dsv4_Indexer, GoldenV4Prefill) {
+  KVC_REQUIRE_GPU();
+  // The golden prefill case on the GPU gives the CPU's scores (tested against the golden ones).
+  GoldenV4Prefill g0;
+  constexpr int S = GoldenV4Prefill::S, H = GoldenV4Prefill::H, D = GoldenV4Prefill::D,
+                N = GoldenV4Prefill::N;
+  const auto kc = EntryStoreConfig::compressed(EntryFormat::kMxfp4, D, 4, 4 * N, 1);
+  auto kcpu = EntryStore::create(kc, Device::cpu());
+  auto kgpu = EntryStore::create(kc, Device::cuda(0));
+  kcpu->append({0}, host_view(g0.k_rot, DType::kF32, {1, N, D}));
+  DeviceTensor<float> dk(g0.k_rot, DType::kF32, {1, N, D});
+  kgpu->append({0}, dk.v);
+  const IndexerConfig ic = g0.config();
+  std::vector<float> s1(static_cast<std::size_t>(S) * N);
+  std::vector<std::int32_t> n1(S);
+  IndexerArgs a = g0.args(s1.data(), n1.data());
+  Indexer::create(ic, Device::cpu())->score(*kcpu, a);
+  DeviceTensor<std::uint16_t> dq(g0.q_raw, DType::kBF16, {1, S, H, D});
+  DeviceTensor<float> dw(g0.w_scaled, DType::kF32, {1, S, H}), dcs(g0.cos_t, DType::kF32, {S, 32}),
+      dsn(g0.sin_t, DType::kF32, {S, 32});
+  DeviceArray<float> ds(s1.size());
+  DeviceArray<std::int32_t> dn(n1.size());
+  IndexerArgs g = a;
+  g.q = dq.v;
+  g.weights = dw.v;
+  g.rope_cos = dcs.v;
+  g.rope_sin = dsn.v;
+  g.out = ScoresView{ds.get(), dn.get(), S, N};
+  Indexer::create(ic, Device::cuda(0))->score(*kgpu, g);
+  EXPECT_EQ(dn.download(), n1);
+  const auto s2 = ds.download();
+  for (int t = 0; t < S; ++t) {
+    for (int j = 0; j < n1[t]; ++j)
+      ASSERT_EQ(float_bits(s2[t * N + j]), float_bits(s1[t * N + j])) << t << "," << j;
+  }
+}
+
+// --- sparse attention ------------------------------------------------------------------------
+
+struct AttnShape {
+  const char* name;
+  EntryFormat f;
+  int H, D, ratio;
+  bool hca;
+  int B, T, C;  // batch, query tokens, chunk rows
+  bool out_bf16;
+};
+
+class Cuda_Dsv4_Attention : public ::testing::TestWithParam<AttnShape> {};
+
+TEST_P(Cuda_Dsv4_Attention, MatchesCpuWithin1e3) {
+  KVC_REQUIRE_GPU();
+  const AttnShape k = GetParam();
+  const int d = k.D, W = 128, K = 40;
+  const auto rc = EntryStoreConfig::window_ring(k.f, d, W, k.B + 1);
+  const auto ec = EntryStoreConfig::compressed(k.f, d, k.ratio, 1 << 18, k.B + 1);
+  auto ring_c = EntryStore::create(rc, Device::cpu()),
+       ring_g = EntryStore::create(rc, Device::cuda(0));
+  auto ent_c = EntryStore::create(ec, Device::cpu()),
+       ent_g = EntryStore::create(ec, Device::cuda(0));
+  std::vector<int> slots;
+  std::vector<std::int64_t> lengths;
+  for (int b = 0; b < k.B; ++b) {
+    const int slot = k.B - b;  // distinct, not in order
+    slots.push_back(slot);
+    const std::int64_t L = k.ratio == 4 ? 300 + 517 * b : 20000 + 9000 * b;
+    lengths.push_back(L);
+    const std::int64_t R = L - k.C;
+    auto toks = round_to_bf16(
+        random_floats(static_cast<std::size_t>(std::min<std::int64_t>(R, 300)) * d, 10 + b));
+    // Only the last W ring rows matter: feed R tokens as R - 300 copies + 300 fresh ones.
+    std::vector<float> pad(static_cast<std::size_t>(std::max<std::int64_t>(0, R - 300)) * d, 0.25f);
+    if (!pad.empty()) {
+      const std::int64_t n = static_cast<std::int64_t>(pad.size()) / d;
+      ring_c->append({slot}, host_view(pad, DType::kF32, {1, n, d}));
+      DeviceTensor<float> dp(pad, DType::kF32, {1, n, d});
+      ring_g->append({slot}, dp.v);
+    }
+    const std::int64_t nt = static_cast<std::int64_t>(toks.size()) / d;
+    ring_c->append({slot}, host_view(toks, DType::kF32, {1, nt, d}));
+    DeviceTensor<float> dt(toks, DType::kF32, {1, nt, d});
+    ring_g->append({slot}, dt.v);
+    const int n = static_cast<int>(L / k.ratio);
+    auto e = round_to_bf16(random_floats(static_cast<std::size_t>(n) * d, 20 + b));
+    ent_c->append({slot}, host_view(e, DType::kF32, {1, n, d}));
+    DeviceTensor<float> de(e, DType::kF32, {1, n, d});
+    ent_g->append({slot}, de.v);
+  }
+  const int B = k.B, T = k.T;
+  auto q = random_bf16_bits(static_cast<std::size_t>(B) * T * k.H * d, 30, 1.0f);
+  auto chunk = random_bf16_bits(static_cast<std::size_t>(B) * std::max(1, k.C) * d, 31, 1.0f);
+  auto sink = random_floats(k.H, 32, 1.0f);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(B) * T * K, -1);
+  std::mt19937 rng(4);
+  for (int b = 0; b < B; ++b) {
+    for (int t = 0; t < T; ++t) {
+      const int visible = static_cast<int>((lengths[b] - T + t + 1) / k.ratio);
+      for (int i = 0; i < K; ++i) {
+        if (i % 7 != 3 && visible > 0)
+          ids[(static_cast<std::size_t>(b) * T + t) * K + i] = static_cast<int>(rng() % visible);
+      }
+    }
+  }
+  SparseAttentionConfig c;
+  c.num_heads = k.H;
+  c.head_dim = d;
+  c.ratio = k.ratio;
+  c.hca = k.hca;
+  c.max_batch = B;
+  c.max_query_tokens = T;
+  c.max_indices = K;
+  const std::size_t nout = static_cast<std::size_t>(B) * T * k.H * d;
+  std::vector<float> out_c(nout), lse_c(static_cast<std::size_t>(B) * T * k.H);
+  SparseAttentionArgs a;
+  a.slots = slots;
+  a.lengths = lengths;
+  a.q = host_view(q, DType::kBF16, {B, T, k.H, d});
+  if (k.C > 0) a.window_chunk = host_view(chunk, DType::kBF16, {B, k.C, d});
+  a.indices = SelectionView{ids.data(), nullptr, B * T, K};
+  a.sink = sink.data();
+  a.out = host_view(out_c, DType::kF32, {B, T, k.H, d});
+  a.lse = host_view(lse_c, DType::kF32, {B, T, k.H});
+  SparseAttention::create(c, Device::cpu())->forward(*ring_c, *ent_c, a);
+  DeviceTensor<std::uint16_t> dq(q, DType::kBF16, {B, T, k.H, d});
+  DeviceTensor<std::uint16_t> dch(chunk, DType::kBF16, {B, std::max(1, k.C), d});
+  DeviceArray<std::int32_t> did(ids);
+  DeviceArray<float> dsink(sink), dlse(lse_c.size());
+  DeviceArray<float> dout_f(nout);
+  DeviceArray<std::uint16_t> dout_b(nout);
+  dout_f.fill_bytes(0xff);
+  dout_b.fill_bytes(0xff);
+  SparseAttentionArgs g = a;
+  g.q = dq.v;
+  if (k.C > 0)
+    g.window_chunk =
+        TensorView::contiguous(dch.a.get(), DType::kBF16, {B, k.C, d}, Device::cuda(0));
+  g.indices = SelectionView{did.get(), nullptr, B * T, K};
+  g.sink = dsink.get();
+  g.out = k.out_bf16
+              ? TensorView::contiguous(dout_b.get(), DType::kBF16, {B, T, k.H, d}, Device::cuda(0))
+              : TensorView::contiguous(dout_f.get(), DType::kF32, {B, T, k.H, d}, Device::cuda(0));
+  g.lse = TensorView::contiguous(dlse.get(), DType::kF32, {B, T, k.H}, Device::cuda(0));
+  SparseAttention::create(c, Device::cuda(0))->forward(*ring_g, *ent_g, g);
+  KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+  std::vector<float> og(nout);
+  if (k.out_bf16) {
+    const auto b = dout_b.download();
+    for (std::size_t i = 0; i < nout; ++i) og[i] = bf16_bits_to_float(b[i]);
+  } else {
+    og = dout_f.download();
+  }
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < nout; ++i) {
+    ASSERT_FALSE(std::isnan(og[i])) << "element " << i;
+    const double ref = k.out_bf16 ? round_bf16(out_c[i]) : out_c[i];
+    num += (og[i] - ref) * (og[i] - ref);
+    den += ref * ref;
+  }
+  const double rel = std::sqrt(num / den);
+  EXPECT_LT(rel, k.out_bf16 ? 2e-3 : 1e-3) << "relative L2";
+  if (!k.out_bf16) EXPECT_LT(rel, 1e-4) << "relative L2 with f32 out (P split in two bf16 halves)";
+  const auto lg = dlse.download();
+  for (std::size_t i = 0; i < lg.size(); ++i) EXPECT_NEAR(lg[i], lse_c[i], 1e-3) << "lse " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Cuda_Dsv4_Attention,
+    ::testing::Values(
+        AttnShape{"csa_bf16_h64_b2_decode", EntryFormat::kBf16, 64, 512, 4, false, 2, 1, 0, false},
+        AttnShape{"csa_model1_h64_b3_t2", EntryFormat::kModel1Fp8, 64, 512, 4, false, 3, 2, 2,
+                  false},
+        AttnShape{"csa_model1_h128_bf16out", EntryFormat::kModel1Fp8, 128, 512, 4, false, 1, 1, 1,
+                  true},
+        AttnShape{"hca_bf16_h64_b1", EntryFormat::kBf16, 64, 512, 128, true, 1, 1, 0, false},
+        AttnShape{"hca_model1_h8_b2_t3", EntryFormat::kModel1Fp8, 8, 512, 128, true, 2, 3, 3,
+                  false},
+        AttnShape{"csa_bf16_d128_h16_prefill", EntryFormat::kBf16, 16, 128, 4, false, 1, 70, 70,
+                  false}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// --- the kernel layer in a CUDA graph, and no allocation per step ------------------------------
+
+TEST(Cuda_Dsv4_Pipeline, GraphReplayAndNoAllocationOver1000Steps) {
+  KVC_REQUIRE_GPU();
+  // One CSA layer's decode step: compress 1 token (main + indexer keys), append it to the ring,
+  // score, top-k 64, attend. 1000 steps; free device memory before and after are equal.
+  const int d = 512, H = 64, IH = 64, ID = 128, K = 64;
+  const Device g = Device::cuda(0);
+  auto ring =
+      EntryStore::create(EntryStoreConfig::window_ring(EntryFormat::kModel1Fp8, d, 128, 1), g);
+  auto ents =
+      EntryStore::create(EntryStoreConfig::compressed(EntryFormat::kModel1Fp8, d, 4, 8192, 1), g);
+  auto keys =
+      EntryStore::create(EntryStoreConfig::compressed(EntryFormat::kMxfp4, ID, 4, 8192, 1), g);
+  CompressorConfig mc;
+  mc.head_dim = d;
+  CompressorConfig kc;
+  kc.head_dim = ID;
+  kc.hadamard = true;
+  auto cmain = Compressor::create(mc, g);
+  auto ckey = Compressor::create(kc, g);
+  IndexerConfig ic;
+  ic.max_query_tokens = 1;
+  auto idx = Indexer::create(ic, g);
+  SelectorLimits lim;
+  lim.max_rows = 1;
+  lim.max_blocks = 2048;
+  lim.max_selected = K;
+  auto sel = Selector::create(g, lim);
+  SparseAttentionConfig ac;
+  ac.max_indices = K;
+  auto attn = SparseAttention::create(ac, g);
+  std::vector<float> cs, sn;
+  rope_tables(8192, 64, cs, sn);
+  DeviceArray<float> dcs(cs), dsn(sn);
+  DeviceArray<float> kvm(random_floats(1024, 1)), scm(random_floats(1024, 2)),
+      apem(random_floats(4 * 1024, 3, 0.1f));
+  DeviceArray<float> kvk(random_floats(256, 4)), sck(random_floats(256, 5)),
+      apek(random_floats(4 * 256, 6, 0.1f));
+  DeviceArray<float> nwm(std::vector<float>(d, 1.0f)), nwk(std::vector<float>(ID, 1.0f));
+  DeviceArray<std::uint16_t> tok(random_bf16_bits(d, 7)), q(random_bf16_bits(H * d, 8)),
+      qi(random_bf16_bits(IH * ID, 9));
+  DeviceArray<float> w(random_floats(IH, 10, 0.02f)), scores(2048), out(H * d);
+  DeviceArray<std::int32_t> nv(1), ids(K), cnt(1);
+  auto main_in = [&](float* kv, float* sc, float* ape, float* nw, int width, int dd) {
+    CompressorInputs in;
+    in.kv = TensorView::contiguous(kv, DType::kF32, {1, 1, width}, g);
+    in.score = TensorView::contiguous(sc, DType::kF32, {1, 1, width}, g);
+    in.ape = TensorView::contiguous(ape, DType::kF32, {4, width}, g);
+    in.norm_weight = TensorView::contiguous(nw, DType::kF32, {dd}, g);
+    in.rope_cos = TensorView::contiguous(dcs.get(), DType::kF32, {8192, 32}, g);
+    in.rope_sin = TensorView::contiguous(dsn.get(), DType::kF32, {8192, 32}, g);
+    return in;
+  };
+  auto step = [&](int L) {
+    cmain->append({0}, main_in(kvm.get(), scm.get(), apem.get(), nwm.get(), 1024, d), ents.get(),
+                  TensorView{});
+    ckey->append({0}, main_in(kvk.get(), sck.get(), apek.get(), nwk.get(), 256, ID), keys.get(),
+                 TensorView{});
+    ring->append({0}, TensorView::contiguous(tok.get(), DType::kBF16, {1, 1, d}, g));
+    IndexerArgs ia;
+    ia.slots = {0};
+    ia.lengths = {L};
+    ia.q = TensorView::contiguous(qi.get(), DType::kBF16, {1, 1, IH, ID}, g);
+    ia.weights = TensorView::contiguous(w.get(), DType::kF32, {1, 1, IH}, g);
+    ia.out = ScoresView{scores.get(), nv.get(), 1, 2048};
+    idx->score(*keys, ia);
+    SelectionView sv{ids.get(), cnt.get(), 1, K};
+    select_topk(*sel, ia.out, K, false, sv);
+    SparseAttentionArgs aa;
+    aa.slots = {0};
+    aa.lengths = {L};
+    aa.q = TensorView::contiguous(q.get(), DType::kBF16, {1, 1, H, d}, g);
+    aa.indices = sv;
+    aa.out = TensorView::contiguous(out.get(), DType::kF32, {1, 1, H, d}, g);
+    attn->forward(*ring, *ents, aa);
+  };
+  for (int L = 1; L <= 8; ++L) step(L);  // warm up
+  KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+  std::size_t free0 = 0, total = 0, free1 = 0;
+  KVC_ASSERT_CUDA(cudaMemGetInfo(&free0, &total));
+  for (int L = 9; L < 1009; ++L) step(L);
+  KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+  KVC_ASSERT_CUDA(cudaMemGetInfo(&free1, &total));
+  EXPECT_EQ(free0, free1) << "device memory changed over 1000 decode steps";
+  const auto o = out.download();
+  for (float v : o) ASSERT_TRUE(std::isfinite(v));
+
+  // The kernel layer captured in a graph: scores and attention of the same step replayed give the
+  // same bits as the direct launches.
+  cudaStream_t s;
+  KVC_ASSERT_CUDA(cudaStreamCreate(&s));
+  const std::vector<std::int32_t> hmeta{0, 1008};
+  DeviceArray<std::int32_t> meta(hmeta);
+  kernels::Dsv4IndexArgs ka;
+  ka.slots = meta.get();
+  ka.lengths = meta.get() + 1;
+  ka.batch = 1;
+  ka.T = 1;
+  ka.q = qi.get();
+  ka.weights = w.get();
+  ka.out = ScoresView{scores.get(), nv.get(), 1, 2048};
+  kernels::Dsv4AttentionArgs kb;
+  kb.slots = meta.get();
+  kb.lengths = meta.get() + 1;
+  kb.batch = 1;
+  kb.T = 1;
+  kb.q = q.get();
+  kb.indices = ids.get();
+  kb.indices_pitch = K;
+  kb.out = out.get();
+  kb.out_bf16 = false;
+  std::size_t tb = 0, ib = 0;
+  KVC_ASSERT_CUDA(
+      kernels::dsv4_sparse_attention(nullptr, tb, ring->view(), ents->view(), ac, kb, s));
+  KVC_ASSERT_CUDA(kernels::dsv4_index_score(nullptr, ib, keys->view(), ic, ka, s));
+  EXPECT_LE(ib, kernels::dsv4_index_workspace_bound(ic));
+  DeviceArray<unsigned char> temp(std::max<std::size_t>(tb, 1)),
+      itemp(std::max<std::size_t>(ib, 1));
+  KVC_ASSERT_CUDA(kernels::dsv4_index_score(itemp.get(), ib, keys->view(), ic, ka, s));
+  KVC_ASSERT_CUDA(
+      kernels::dsv4_sparse_attention(temp.get(), tb, ring->view(), ents->view(), ac, kb, s));
+  KVC_ASSERT_CUDA(cudaStreamSynchronize(s));
+  const auto ref_s = scores.download();
+  const auto ref_o = out.download();
+  scores.fill_bytes(0);
+  out.fill_bytes(0);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  KVC_ASSERT_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  KVC_ASSERT_CUDA(kernels::dsv4_index_score(itemp.get(), ib, keys->view(), ic, ka, s));
+  KVC_ASSERT_CUDA(
+      kernels::dsv4_sparse_attention(temp.get(), tb, ring->view(), ents->view(), ac, kb, s));
+  KVC_ASSERT_CUDA(cudaStreamEndCapture(s, &graph));
+  KVC_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int r = 0; r < 2; ++r) KVC_ASSERT_CUDA(cudaGraphLaunch(exec, s));
+  KVC_ASSERT_CUDA(cudaStreamSynchronize(s));
+  const auto gs = scores.download();
+  const auto go = out.download();
+  for (int j = 0; j < 1008 / 4; ++j) ASSERT_EQ(float_bits(gs[j]), float_bits(ref_s[j])) << j;
+  for (std::size_t i = 0; i < go.size(); ++i)
+    ASSERT_EQ(float_bits(go[i]), float_bits(ref_o[i])) << i;
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+}
+
+}  // namespace
+}  // namespace dsv4
+}  // namespace kvc
