@@ -588,6 +588,123 @@ ModelSpec with_block_select(ModelSpec spec, const BlockSelectParams& params) {
   return spec;
 }
 
+ModelSpec deepseek_v4_pro(const Dsv4Options& o) {
+  ModelSpec m;
+  m.name = "DeepSeek-V4-Pro";
+  m.num_kv_heads = 1;
+  m.head_dim = 512;
+  m.kv_dtype = DType::kBF16;
+  m.max_context = kMaxCompressedContext;
+  LayerSpec csa = LayerSpec::csa(1, o.entry_format, o.indexer_format, o.indexer_dim);
+  LayerSpec hca = LayerSpec::hca(1, o.entry_format);
+  csa.compressed.compressor_state_bytes = o.compressor_state_bytes;
+  hca.compressed.compressor_state_bytes = o.compressor_state_bytes;
+  LayerSpec first = hca;
+  first.count = 2;
+  m.layers.push_back(first);
+  for (int i = 2; i < 61; ++i) m.layers.push_back(i % 2 == 0 ? csa : hca);
+  const char* idx = o.indexer_dim == 128 ? "" : " (wide indexer)";
+  m.name += std::string(" ") + (o.entry_format == EntryFormat::kDsv4Fp8 ? "fp8" : "bf16") +
+            " idx " + to_string(o.indexer_format) + idx;
+  return m;
+}
+
+// --- the DeepSeek-V4 layers as kvc's stores hold them -------------------------------------------
+
+Dsv4LayerStores dsv4_layer_stores(const ModelSpec& spec, const LayerSpec& layer,
+                                  std::int64_t context, int batch) {
+  KVC_CHECK(is_compressed_kind(layer.kind), "layer kind = ", to_string(layer.kind),
+            " is not a DeepSeek-V4 kind (sliding_window, csa, hca)");
+  KVC_CHECK(spec.num_kv_heads == 1, "model '", spec.name, "': num_kv_heads = ", spec.num_kv_heads,
+            " must be 1 for kvc's DeepSeek-V4 stores (one MQA latent per row)");
+  const CompressedParams& c = layer.compressed;
+  const dsv4::EntryFormat main = c.entry_format == EntryFormat::kDsv4Fp8
+                                     ? dsv4::EntryFormat::kModel1Fp8
+                                     : dsv4::EntryFormat::kBf16;
+  Dsv4LayerStores s;
+  s.window = dsv4::EntryStoreConfig::window_ring(main, spec.head_dim, c.window, batch);
+  if (layer.kind == LayerKind::kSlidingWindow) return s;
+  s.has_entries = true;
+  s.entries = dsv4::EntryStoreConfig::compressed(main, spec.head_dim, c.ratio, context, batch);
+  s.has_compressors = c.compressor_state_bytes != 0;
+  auto compressor = [&](int dim, bool hadamard) {
+    dsv4::CompressorConfig cc;
+    cc.ratio = c.ratio;
+    cc.head_dim = dim;
+    cc.max_slots = batch;
+    cc.max_context = context;
+    cc.max_batch = batch;
+    cc.hadamard = hadamard;
+    cc.validate();
+    return cc;
+  };
+  if (s.has_compressors) s.compressor = compressor(spec.head_dim, false);
+  if (layer.kind == LayerKind::kCsa && c.indexer_dim > 0) {
+    s.has_indexer = true;
+    const dsv4::EntryFormat kf = c.indexer_format == Format::kMxfp4 ? dsv4::EntryFormat::kMxfp4
+                                 : c.indexer_format == Format::kFp8E4m3
+                                     ? dsv4::EntryFormat::kFp8Scaled
+                                     : dsv4::EntryFormat::kBf16;
+    s.indexer_keys = dsv4::EntryStoreConfig::compressed(kf, c.indexer_dim, c.ratio, context, batch);
+    if (s.has_compressors)
+      s.indexer_compressor = compressor(c.indexer_dim, c.indexer_dim == 64 || c.indexer_dim == 128);
+  }
+  return s;
+}
+
+ComponentBytes dsv4_store_bytes(const Dsv4LayerStores& s) {
+  ComponentBytes b;
+  const dsv4::EntryStoreFootprint w = dsv4::compute_footprint(s.window);
+  b.ring = w.pool;
+  b.tables = w.tables;
+  if (s.has_entries) {
+    const dsv4::EntryStoreFootprint e = dsv4::compute_footprint(s.entries);
+    b.entries = e.pool;
+    b.tables = add(b.tables, e.tables);
+  }
+  if (s.has_indexer) {
+    const dsv4::EntryStoreFootprint k = dsv4::compute_footprint(s.indexer_keys);
+    b.indexer_keys = k.pool;
+    b.tables = add(b.tables, k.tables);
+  }
+  auto state = [](const dsv4::CompressorConfig& c) {
+    // kv and score planes in fp32, and the device lengths (int32).
+    return add(mul(mul(mul(2, u64(c.state_rows())), mul(u64(c.width()), 4)), u64(c.max_slots)),
+               mul(4, u64(c.max_slots)));
+  };
+  if (s.has_compressors) {
+    b.compressor_state = state(s.compressor);
+    if (s.has_indexer) b.compressor_state = add(b.compressor_state, state(s.indexer_compressor));
+  }
+  return b;
+}
+
+ModelFootprint dsv4_store_footprint(const ModelSpec& spec, std::int64_t context, int batch) {
+  ModelFootprint out = footprint(spec, context, batch);  // checks and the other kinds
+  const std::string who = "model '" + spec.name + "': ";
+  out.components = ComponentBytes{};
+  std::int64_t first = 0;
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < spec.layers.size(); ++i) {
+    const LayerSpec& l = spec.layers[i];
+    ComponentBytes b;
+    if (is_compressed_kind(l.kind)) {
+      try {
+        b = dsv4_store_bytes(dsv4_layer_stores(spec, l, context, batch));
+      } catch (const Error& e) {
+        throw Error(where_of(who, i, first, l.kind) + ": " + e.what());
+      }
+    }
+    for (int j = 0; j < l.count; ++j, ++k) {
+      if (is_compressed_kind(l.kind)) out.layers[k].bytes = b;
+      out.components += out.layers[k].bytes;
+    }
+    first += l.count;
+  }
+  out.total = out.components.total();
+  return out;
+}
+
 ModelSpec deepseek_v4_flash(const Dsv4Options& o) {
   ModelSpec m;
   m.name = "DeepSeek-V4-Flash";

@@ -22,6 +22,8 @@
 #include <vector>
 
 #include "kvc/core/types.h"
+#include "kvc/dsv4/compressor.h"
+#include "kvc/dsv4/entry_store.h"
 #include "kvc/store/kv_store.h"
 
 namespace kvc {
@@ -248,6 +250,58 @@ struct Dsv4Options {
 /// with one 128-dim indexer key per entry, hca ratio 128; max_context 1048576.
 /// @param[in] options  formats of main entries and indexer keys
 ModelSpec deepseek_v4_flash(const Dsv4Options& options = Dsv4Options{});
+
+/// DeepSeek-V4-Pro: 61 layers = 2 hca, then csa and hca alternating starting with csa (30 csa,
+/// 31 hca in all); one kv head (MQA latent), head_dim 512, bf16, window 128, csa ratio 4 with one
+/// 128-dim indexer key per entry, hca ratio 128; max_context 1048576. The layer mix is the
+/// compress_ratios of V4-Pro's config.json as third-party copies give it (DeepSeek's own V4-Pro
+/// files were not readable here; docs/dsv4.md).
+/// @param[in] options  formats of main entries and indexer keys
+ModelSpec deepseek_v4_pro(const Dsv4Options& options = Dsv4Options{});
+
+// --- the DeepSeek-V4 layers as kvc's stores hold them (kvc/dsv4) --------------------------------
+
+/// The kvc DeepSeek-V4 objects one sliding_window, csa or hca layer of a model allocates for
+/// `batch` sequences of `context` tokens: its window ring, its compressed entries and indexer
+/// keys (kvc::dsv4::EntryStore, pages of 64), and its compressors (kvc::dsv4::Compressor).
+struct Dsv4LayerStores {
+  dsv4::EntryStoreConfig window;              ///< the window ring (every DeepSeek-V4 kind)
+  bool has_entries = false;                   ///< csa / hca: compressed main entries
+  dsv4::EntryStoreConfig entries;             ///< the compressed main entries
+  bool has_indexer = false;                   ///< csa with an indexer
+  dsv4::EntryStoreConfig indexer_keys;        ///< one key per entry
+  bool has_compressors = false;               ///< csa / hca with compressor_state_bytes != 0
+  dsv4::CompressorConfig compressor;          ///< the main entries' compressor
+  dsv4::CompressorConfig indexer_compressor;  ///< the indexer keys' compressor (has_indexer)
+};
+
+/// The stores and compressors of `layer` (a sliding_window, csa or hca spec of `spec`). Main
+/// entries are kBf16 (the model's 16-bit dtype: f16 is sized like bf16) or kModel1Fp8; indexer
+/// keys kMxfp4, kFp8Scaled, or kBf16 for f16/bf16 keys. Throws kvc::Error for what kvc's stores
+/// do not hold: num_kv_heads != 1, a ratio other than 4 or 128, an entry or key width the store
+/// formats reject, another layer kind.
+/// @param[in] spec     the model (num_kv_heads, head_dim, kv_dtype)
+/// @param[in] layer    one of its DeepSeek-V4 layer specs
+/// @param[in] context  tokens per sequence
+/// @param[in] batch    sequences
+Dsv4LayerStores dsv4_layer_stores(const ModelSpec& spec, const LayerSpec& layer,
+                                  std::int64_t context, int batch);
+
+/// Bytes those objects allocate, by component: ring, entries and indexer_keys the stores' page
+/// pools (MODEL1 pages padded to 576-byte multiples), tables their counts, block tables and free
+/// stacks, compressor_state the compressors' fp32 kv and score planes and device lengths
+/// (dsv4::compute_footprint; Compressor::state_bytes of the CUDA implementation).
+/// @param[in] stores  a layer's stores
+ComponentBytes dsv4_store_bytes(const Dsv4LayerStores& stores);
+
+/// footprint(), with every sliding_window, csa and hca layer sized by dsv4_store_bytes (what
+/// kvc's objects allocate, page granularity and tables included) instead of the exact per-entry
+/// arithmetic; other layer kinds as footprint() sizes them. Throws like footprint() and
+/// dsv4_layer_stores().
+/// @param[in] spec     the model
+/// @param[in] context  tokens per sequence
+/// @param[in] batch    sequences
+ModelFootprint dsv4_store_footprint(const ModelSpec& spec, std::int64_t context, int batch);
 
 }  // namespace planner
 }  // namespace kvc
