@@ -200,9 +200,79 @@ def gguf():
           b"".join(meta))
 
 
+def dsv4():
+    # fuzz_dsv4: a mode byte (0 configs, 1 entry codec, 2 store, 3 compressor), then the fields
+    # in the order fuzz_dsv4.cpp reads them.
+    def flag(b):
+        return u8(1 if b else 0)
+
+    def pick(i):  # Input::pick: one byte
+        return u8(i)
+
+    def slots(v):  # read_slots: a count byte, then Input::range(-1, max_slots) each
+        return u8(len(v)) + b"".join(rng(x, -1) for x in v)
+
+    # 0: store config (format, dim pick, slots, entries, page pick, num_pages 0, ring), the
+    # factories (ratio 4, context 2^20, window 128), compressor, indexer, attention fields.
+    def configs(fmt, dim_index, entries, ring):
+        d = u8(0) + u8(fmt) + flag(1) + pick(dim_index) + small(2) + raw_int(entries)
+        d += flag(1) + pick(0) + flag(1) + flag(ring)
+        d += flag(1) + flag(1) + flag(1) + small(128)
+        d += small(8) + small(2) + flag(1) + flag(1) + small(64) + flag(0)
+        d += small(64) + small(4) + small(1) + small(1) + flag(1)
+        d += small(64) + flag(1) + flag(0) + small(1) + small(1) + raw_int(512)
+        return d
+
+    write("dsv4", "config_bf16_csa", configs(0, 0, 262144, 0))
+    write("dsv4", "config_model1_ring", configs(1, 0, 128, 1))
+    write("dsv4", "config_mxfp4_keys", configs(2, 1, 262144, 0))
+    write("dsv4", "config_fp8_keys", configs(3, 2, 8192, 0))
+
+    # 1: entry codec: format, (dim), page 16, offset, scale exponent, values.
+    def codec(fmt, dim_byte, values):
+        d = u8(1) + u8(fmt) + dim_byte + u8(0) + u8(3) + u8(32)
+        return d + b"".join(u8(100) + flt(x) for x in values)
+
+    ramp = [((i * 37) % 101 - 50) / 8.0 for i in range(512)]
+    write("dsv4", "codec_model1", codec(1, b"", ramp))
+    write("dsv4", "codec_mxfp4_128", codec(2, flag(1), ramp[:128]))
+    write("dsv4", "codec_fp8_64", codec(3, flag(0), ramp[:64]))
+    write("dsv4", "codec_bf16_outliers", codec(0, u8(3), [x * 1e30 if i % 9 == 0 else x
+                                                         for i, x in enumerate(ramp[:128])]))
+
+    # 2: store: format, (dim), (ring), slots-1, entries-1, page/16-1, num_pages 0, then ops:
+    # append (op 0: slots, T, width byte, bf16 flag, values), reserve (2), reset (3).
+    def append(sl, t, values_per_entry):
+        d = u8(0) + slots(sl) + rng(t, -1) + u8(200) + flag(0)
+        return d + b"".join(u8(100) + u8(v & 0xFF) for v in range(len(sl) * t * values_per_entry))
+
+    store = u8(2) + u8(3) + flag(1) + u8(2) + u8(70) + u8(0) + flag(1)
+    store += append([0, 2], 3, 128) + append([1], 20, 128) + u8(3) + slots([2]) + append([2], 1, 128)
+    write("dsv4", "store_fp8_three_slots", store)
+    ring = u8(2) + u8(0) + u8(1) + flag(1) + u8(1) + u8(47) + u8(0) + flag(1)
+    ring += append([0, 1], 30, 64) + append([1], 25, 64) + u8(2) + slots([0, 1]) + rng(20, -1) + rng(30, -1)
+    write("dsv4", "store_bf16_ring", ring)
+
+    # 3: compressor: ratio flag, head_dim, slots-1, context/ratio-1, max_tokens-1, batch, rms,
+    # rope, rope_dim/2-1, (hadamard), (format flags), store flag, seed, then steps (slots, op
+    # byte, T, width byte).
+    def step(sl, t):
+        return slots(sl) + u8(1) + rng(t) + u8(200)
+
+    comp4 = u8(3) + flag(1) + pick(1) + u8(1) + u8(11) + u8(63) + u8(1) + flag(1) + flag(1)
+    comp4 += u8(31) + flag(1) + flag(1) + flag(1) + flag(1) + u32(7)
+    comp4 += step([0, 1], 9) + step([1], 1) + step([0], 30) + step([1, 0], 2)
+    write("dsv4", "compressor_r4_indexer_mxfp4", comp4)
+    comp128 = u8(3) + flag(0) + flag(1) + u8(0) + u8(3) + u8(63) + u8(0) + flag(1) + flag(0)
+    comp128 += u8(31) + flag(0) + flag(0) + flag(1) + u32(9)
+    comp128 += step([0], 60) + step([0], 70) + step([0], 3) + step([0], 64)
+    write("dsv4", "compressor_r128", comp128)
+
+
 if __name__ == "__main__":
     formats()
     store_config()
     selector()
     planner()
     gguf()
+    dsv4()

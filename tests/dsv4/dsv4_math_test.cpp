@@ -11,6 +11,7 @@
 
 #include "dsv4_testbed.h"
 #include "kvc/dsv4/math.h"
+#include "kvc/formats/formats.h"
 
 namespace kvc {
 namespace dsv4 {
@@ -129,6 +130,37 @@ TEST(Cpu_Dsv4_Math, PoolChannelIsASoftmaxWeightedMean) {
   EXPECT_NEAR(pool_channel(s2, v2, 8), 1.0f, 1e-6);
   const float s3[2] = {0.0f, std::numeric_limits<float>::quiet_NaN()};
   EXPECT_TRUE(std::isnan(pool_channel(s3, v2, 2)));
+}
+
+TEST(Cpu_Dsv4_Math, E4m3Ue8m0DecodesEveryFiniteBlockFinite) {
+  // The largest finite block gets scale 2^120; an element that would round to code 256 decodes
+  // to 2^128 = inf unless capped at 240 (the fuzz target's finding): every byte's cap decodes
+  // finite, the next code up would not.
+  for (int byte = 0; byte < 255; ++byte) {
+    const auto b = static_cast<std::uint8_t>(byte);
+    const unsigned cap = formats::e4m3_max_finite_code(b);
+    const float scale = formats::ue8m0_to_float(b);
+    EXPECT_TRUE(std::isfinite(formats::fp8_e4m3_decode(static_cast<std::uint8_t>(cap), scale)))
+        << byte;
+    if (cap < 0x7eu) {
+      EXPECT_FALSE(
+          std::isfinite(formats::e4m3_to_float(static_cast<std::uint8_t>(cap + 1)) * scale))
+          << byte;
+    }
+  }
+  std::vector<float> x(64, 1.0f);
+  x[3] = std::numeric_limits<float>::max();
+  x[9] = -3.3e38f;
+  std::uint8_t q[64];
+  const std::uint8_t s = formats::e4m3_ue8m0_encode(x.data(), 64, q);
+  EXPECT_EQ(s, 247);
+  for (int i = 0; i < 64; ++i) {
+    EXPECT_TRUE(std::isfinite(formats::fp8_e4m3_decode(q[i], formats::ue8m0_to_float(s)))) << i;
+  }
+  EXPECT_EQ(formats::fp8_e4m3_decode(q[3], formats::ue8m0_to_float(s)), 240.0f * 0x1p120f);
+  EXPECT_EQ(formats::fp8_e4m3_decode(q[9], formats::ue8m0_to_float(s)), -240.0f * 0x1p120f);
+  // Below 248 * 2^120 nothing changes: 3.2e38 / 2^120 = 240.7 rounds to 240 anyway.
+  EXPECT_EQ(formats::e4m3_ue8m0_code(3.2e38f, 247), 0x77);
 }
 
 }  // namespace

@@ -416,7 +416,8 @@ constexpr float kE4m3Ue8m0AmaxFloor = 1e-4f;
 /// The ue8m0 scale byte of an e4m3 block with DeepSeek's power-of-two rule:
 /// scale = 2^ceil(log2(max(amax, 1e-4) / 448)), i.e. ue8m0_ceil_byte(rn(max(amax, 1e-4) / 448));
 /// 0xFF for NaN (a non-finite block). The scale itself is ue8m0_to_float(byte); since it is a
-/// power of two >= amax / 448, every code is unsaturated.
+/// power of two >= amax / 448, no code saturates at 448 (e4m3_ue8m0_code caps the codes of byte
+/// 247 so that they decode finite).
 /// @param[in] amax  max |x| of the block (NaN for a non-finite block)
 KVC_HD std::uint8_t e4m3_ue8m0_scale_byte(float amax) {
   if (is_nan(amax)) return 0xffu;
@@ -424,13 +425,30 @@ KVC_HD std::uint8_t e4m3_ue8m0_scale_byte(float amax) {
   return ue8m0_ceil_byte(fdiv_rn(a, kE4m3Max));
 }
 
+/// Largest e4m3 magnitude code (low 7 bits) whose decode times 2^(byte-127) is finite: 0x7e
+/// (448) up to byte 246; above, the code with exponent field 134 - e and mantissa 7 (byte 247,
+/// 2^120: 0x77 = 240, since 256 * 2^120 = 2^128 overflows). The rule of e4m3_ue8m0_scale_byte
+/// gives at most byte 247 (amax <= FLT_MAX).
+/// @param[in] byte  a ue8m0 scale byte other than 0xFF
+KVC_HD unsigned e4m3_max_finite_code(std::uint8_t byte) {
+  const int e = static_cast<int>(byte) - 127;
+  if (e <= 119) return 0x7eu;
+  const int field = 134 - e;  // 1.875 * 2^(field - 7) * 2^e < 2^128
+  return field <= 0 ? 0u : static_cast<unsigned>((field << 3) | 7);
+}
+
 /// The e4m3 code of element `x` of a finite block with scale byte `byte` (from
 /// e4m3_ue8m0_scale_byte): float_to_e4m3(rn(x * 2^-e)), an exact power-of-two scaling unless the
-/// product is subnormal.
+/// product is subnormal, saturated to e4m3_max_finite_code(byte) so that no finite value decodes
+/// to ±inf. The saturation only acts for byte 247, on elements of magnitude >= 248 * 2^120
+/// (about 3.3e38): they decode to ±240 * 2^120 instead of ±inf (DeepSeek's act_quant gives inf).
 /// @param[in] x     the element, finite
 /// @param[in] byte  the block's scale byte, not 0xFF
 KVC_HD std::uint8_t e4m3_ue8m0_code(float x, std::uint8_t byte) {
-  return float_to_e4m3(fmul_rn(x, ue8m0_to_float(static_cast<std::uint8_t>(254u - byte))));
+  const std::uint8_t c =
+      float_to_e4m3(fmul_rn(x, ue8m0_to_float(static_cast<std::uint8_t>(254u - byte))));
+  const unsigned cap = e4m3_max_finite_code(byte);
+  return (c & 0x7fu) > cap ? static_cast<std::uint8_t>((c & 0x80u) | cap) : c;
 }
 
 /// Encodes `n` values as one e4m3 block with a power-of-two scale: returns the scale byte
