@@ -19,20 +19,24 @@ using kvc::planner::ModelSpec;
 
 const char* const kUsage =
     "usage: kvc_plan [--model all|llama|smollm|dsv4] [--context N] [--batch N]\n"
-    "                [--budget-gib X] [--bytes] [--help]\n"
+    "                [--budget-gib X] [--bytes] [--stores] [--help]\n"
     "\n"
     "Prints the KV-cache footprint of the planner's worked examples, by layer kind and by\n"
     "component, before anything is allocated (see docs/planner.md):\n"
     "  llama   Llama-3.1-8B at 128K: dense, block_select fp16k_q4v and q8 (W 1024, B 32, mean K)\n"
     "  smollm  SmolLM2-135M at 8K: the same three\n"
     "  dsv4    DeepSeek-V4-Flash at 1M (1048576): bf16 and FP8 (584 B) main entries with mxfp4\n"
-    "          indexer keys, fp8 indexer keys, and the audit's bf16 8192-wide indexer mistake\n"
+    "          indexer keys, fp8 indexer keys, and the audit's bf16 8192-wide indexer mistake;\n"
+    "          DeepSeek-V4-Pro at 1M with bf16 and FP8 main entries\n"
     "\n"
     "  --model M       which examples (default all)\n"
     "  --context N     tokens per sequence instead of the example's own\n"
     "  --batch N       sequences (default 1)\n"
     "  --budget-gib X  also say whether each cache fits in X GiB\n"
     "  --bytes         exact byte counts instead of KiB/MiB/GiB\n"
+    "  --stores        size DeepSeek-V4 layers by what kvc's dsv4 stores allocate (pages,\n"
+    "                  tables, compressor state; planner::dsv4_store_footprint); skips the\n"
+    "                  8192-wide indexer, which those stores refuse\n"
     "  --help          this text\n";
 
 struct Example {
@@ -69,6 +73,9 @@ std::vector<Example> examples(const std::string& which) {
     for (const Dsv4Options& o : {bf16, fp8, fp8_index, mistake}) {
       out.push_back({kvc::planner::deepseek_v4_flash(o), 1048576});
     }
+    for (const Dsv4Options& o : {bf16, fp8}) {
+      out.push_back({kvc::planner::deepseek_v4_pro(o), 1048576});
+    }
   }
   return out;
 }
@@ -93,6 +100,7 @@ int main(int argc, char** argv) {
   std::int64_t batch = 1;
   double budget_gib = -1.0;
   bool exact = false;
+  bool stores = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto value = [&]() -> const char* {
@@ -120,6 +128,8 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--bytes") {
       exact = true;
+    } else if (a == "--stores") {
+      stores = true;
     } else {
       usage_error("unknown argument '" + a + "'");
     }
@@ -128,8 +138,12 @@ int main(int argc, char** argv) {
 
   try {
     for (const Example& e : examples(which)) {
-      const auto f = kvc::planner::footprint(e.spec, context > 0 ? context : e.context,
-                                             static_cast<int>(batch));
+      const bool dsv4 = e.spec.name.rfind("DeepSeek-V4", 0) == 0;
+      if (stores && dsv4 && e.spec.name.find("wide indexer") != std::string::npos) continue;
+      const std::int64_t n = context > 0 ? context : e.context;
+      const auto f = stores && dsv4
+                         ? kvc::planner::dsv4_store_footprint(e.spec, n, static_cast<int>(batch))
+                         : kvc::planner::footprint(e.spec, n, static_cast<int>(batch));
       std::cout << f.table(exact);
       if (budget_gib >= 0) {
         const auto budget = static_cast<std::uint64_t>(budget_gib * 1073741824.0);

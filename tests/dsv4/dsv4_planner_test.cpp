@@ -100,6 +100,22 @@ TEST(Cpu_Dsv4_Planner, LayerStoresAreTheObjectsConfigs) {
   EXPECT_EQ(comp->state_bytes() - 8 * 2, 2ull * 8 * 1024 * 4 * 2);
 }
 
+TEST(Cpu_Dsv4_Planner, PinnedTotalsAt1M) {
+  // The figures docs/planner.md quotes (batch 1, mxfp4 indexer keys).
+  Dsv4Options bf16, fp8;
+  fp8.entry_format = planner::EntryFormat::kDsv4Fp8;
+  EXPECT_EQ(planner::dsv4_store_footprint(planner::deepseek_v4_flash(bf16), k1M, 1).total,
+            6198499056ull);
+  EXPECT_EQ(planner::dsv4_store_footprint(planner::deepseek_v4_flash(fp8), k1M, 1).total,
+            3707451504ull);
+  EXPECT_EQ(planner::footprint(planner::deepseek_v4_pro(bf16), k1M, 1).total, 8874590208ull);
+  EXPECT_EQ(planner::footprint(planner::deepseek_v4_pro(fp8), k1M, 1).total, 5299115008ull);
+  EXPECT_EQ(planner::dsv4_store_footprint(planner::deepseek_v4_pro(bf16), k1M, 1).total,
+            8876590588ull);
+  EXPECT_EQ(planner::dsv4_store_footprint(planner::deepseek_v4_pro(fp8), k1M, 1).total,
+            5309241468ull);
+}
+
 TEST(Cpu_Dsv4_Planner, WhatTheStoresDoNotHold) {
   planner::ModelSpec m = planner::deepseek_v4_flash();
   m.num_kv_heads = 2;

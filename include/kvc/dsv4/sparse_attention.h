@@ -17,8 +17,8 @@
  *  lse_h = M + ln(Σ_i e^(l_i - M) + e^(sink_h - M)) (no sink: the terms drop). Entries and ring
  *  rows are decoded exactly (kBf16 or kModel1Fp8). The CPU reference accumulates in float32
  *  (float64 on request, an oracle); the CUDA kernel uses bf16 tensor cores with fp32
- *  accumulation and splits P = softmax weights into two bf16 halves, so it stays within 1e-5
- *  relative L2 of the reference.
+ *  accumulation and splits P = softmax weights into two bf16 halves (the GPU tests bound it by
+ *  1e-4 relative L2 of the reference with f32 out, 2e-3 with bf16 out).
  */
 #pragma once
 

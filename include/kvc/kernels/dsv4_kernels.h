@@ -133,13 +133,14 @@ struct Dsv4IndexArgs {
 };
 
 /// Scores every visible key for every query token (kvc/dsv4/indexer.h; bit-identical to the CPU
-/// reference) in two kernels per launch: the queries' preparation (a warp per head: RoPE,
-/// Hadamard, quantisation, the folded fragments; into the workspace), then the scores: mxfp4 keys
-/// on integer tensor cores (mma m16n8k32 s8 x u8) with the e2m1 codes unpacked in registers
-/// (kernels/formats/mxfp4_unpack.cuh) and the folded evaluation of kvc/dsv4/index_math.h, falling
-/// back to the reference form for a query token or an octet of keys outside its bounds; fp8 keys
-/// on CUDA cores. Writes num_valid for every row. Up to 4 query tokens of a sequence share a CTA
-/// pass; long prefills go in launches of at most 4096 query rows. With d_temp == null it only
+/// reference) in two kernels per launch: the queries' preparation (a CTA of head_dim threads per
+/// query row and head: RoPE, Hadamard, quantisation, the folded fragments; into the workspace),
+/// then the scores (programmatic dependent launch lets them start while the preparation ends):
+/// mxfp4 keys on integer tensor cores (mma m16n8k32 s8 x u8) with the e2m1 codes unpacked in
+/// registers (kernels/formats/mxfp4_unpack.cuh) and the folded evaluation of kvc/dsv4/index_math.h,
+/// falling back to the reference form for a query token or an octet of keys outside its bounds; fp8
+/// keys on CUDA cores. Writes num_valid for every row. Up to 4 query tokens of a sequence share a
+/// CTA pass; long prefills go in launches of at most 4096 query rows. With d_temp == null it only
 /// sets temp_bytes (dsv4_index_workspace_bound(c) covers every call within c's maxima).
 /// @param[in] d_temp          workspace (device, 16-byte aligned), or null to query its size
 /// @param[in,out] temp_bytes  in: the workspace size; out (query): the size needed
