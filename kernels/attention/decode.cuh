@@ -626,11 +626,12 @@ __device__ __forceinline__ void store2(void* out, std::size_t idx, int kind, flo
   }
 }
 
-template <int D, int kGT>
+/// The partial states a CTA's kSlots producers (warps, or warp groups) leave for the merge.
+template <int D, int kGT, int kSlots = kWarps>
 struct MergeSmem {
-  float acc[kWarps][kGT][D];  // per warp: sum 2^(s - m) v, unnormalised
-  float m[kWarps][kGT];       // per warp: running max (log2 units)
-  float l[kWarps][kGT];       // per warp: sum 2^(s - m)
+  float acc[kSlots][kGT][D];  // per producer: sum 2^(s - m) v, unnormalised
+  float m[kSlots][kGT];       // per producer: running max (log2 units)
+  float l[kSlots][kGT];       // per producer: sum 2^(s - m)
   float cta_m[kGT];           // cluster mode: the CTA's merged state (acc in acc[0])
   float cta_l[kGT];
 };
@@ -687,15 +688,15 @@ __device__ __forceinline__ void store_merged(const DecodeParams& p, const Merged
   }
 }
 
-/// Ends a CTA: merges the warps' states in `mg` (query heads first_gi + g of kv head h,
+/// Ends a CTA: merges the kSlots producers' states in `mg` (query heads first_gi + g of kv head h,
 /// g < kGT, of the (sequence, query token) row bt) and writes the final rows (one chunk per
 /// row, or the chunks of a row as one cluster: the sink is added there) or the chunk's partial
 /// state for combine.cuh. In a cluster (p.cluster > 1: the row's chunks, ranked by chunk) each
-/// CTA first merges its warps into cta_m / cta_l / acc[0], then the CTAs read each other's
+/// CTA first merges its producers into cta_m / cta_l / acc[0], then the CTAs read each other's
 /// states through distributed shared memory and each writes a share of the row's elements.
-template <int D, int kGT>
-__device__ __forceinline__ void finish_cta(const DecodeParams& p, MergeSmem<D, kGT>& mg, int bt,
-                                           int h, int first_gi, int chunk) {
+template <int D, int kGT, int kSlots = kWarps>
+__device__ __forceinline__ void finish_cta(const DecodeParams& p, MergeSmem<D, kGT, kSlots>& mg,
+                                           int bt, int h, int first_gi, int chunk) {
   const bool one_chunk = p.num_chunks == 1;
   const bool cluster = p.cluster > 1;
   for (int idx = threadIdx.x * 4; idx < kGT * D; idx += kThreads * 4) {
@@ -705,7 +706,7 @@ __device__ __forceinline__ void finish_cta(const DecodeParams& p, MergeSmem<D, k
     const int hq = h * p.G + gi;
     const float sink = one_chunk && p.sink != nullptr ? p.sink[hq] * kLog2e : -INFINITY;
     const MergedState ms = merge_sources(
-        kWarps,
+        kSlots,
         [&](int w) {
           return StateRef{mg.m[w][g], mg.l[w][g], mg.acc[w][g]};
         },
@@ -738,7 +739,7 @@ __device__ __forceinline__ void finish_cta(const DecodeParams& p, MergeSmem<D, k
     const MergedState ms = merge_sources(
         n,
         [&](int k) {
-          const MergeSmem<D, kGT>* r = cl.map_shared_rank(&mg, k);
+          const MergeSmem<D, kGT, kSlots>* r = cl.map_shared_rank(&mg, k);
           return StateRef{r->cta_m[g], r->cta_l[g], r->acc[0][g]};
         },
         i, sink);

@@ -73,14 +73,20 @@ const void* mma_kernel_table(OldKind kind, bool bf16) {
 
 const void* mma_kernel_d64(OldKind kind, bool bf16);
 const void* mma_kernel_d128(OldKind kind, bool bf16);
+const void* mma_kernel_d256(OldKind kind, bool bf16);
+const void* mma_kernel_d512(OldKind kind, bool bf16);
 
-/// The tensor-core kernel for a runtime head_dim, or null (head_dim not 64 or 128).
+/// The tensor-core kernel for a runtime head_dim, or null.
 inline const void* mma_kernel_for(int head_dim, OldKind kind, bool bf16) {
   switch (head_dim) {
     case 64:
       return mma_kernel_d64(kind, bf16);
     case 128:
       return mma_kernel_d128(kind, bf16);
+    case 256:
+      return mma_kernel_d256(kind, bf16);
+    case 512:
+      return mma_kernel_d512(kind, bf16);
     default:
       return nullptr;
   }

@@ -1,8 +1,11 @@
 // Split-K decode attention on tensor cores (mma.sync m16n8k16, f16 / bf16 operands, f32
-// accumulators), for head_dim 64 and 128. One CTA per (sequence b, query token t, kv head h,
-// tile of up to 8 query heads of h, chunk of the row's virtual list), 4 warps; each warp takes
-// every 4th 16-token tile of the chunk and keeps its own online softmax; the warps merge at the
-// end and write either the final row or a partial state for combine.cuh, exactly as decode.cuh.
+// accumulators), head_dim 64..512. One CTA per (sequence b, query token t, kv head h, tile of up
+// to 8 query heads of h, chunk of the row's virtual list), 4 warps; up to d = 128 each warp takes
+// every 4th 16-token tile of the chunk and keeps its own online softmax; beyond, d / 128 warps
+// share each tile, each holding 128 of the head dims (their partial logits are summed through
+// shared memory, MmaSplit / SliceSum). The groups merge at the end and write either the final row
+// or a partial state for combine.cuh, exactly as decode.cuh. The per-lane description below is
+// for one warp's 64 or 128 dims.
 //
 // Per 16-token tile a warp computes, with the 8 query heads as the mma N dimension:
 //   S^T [16 tokens x 8 heads] = K [16 x d] . Q^T [d x 8]     (M = tokens, K = head dims)
@@ -55,12 +58,32 @@ constexpr int kMmaTile = 16;
 __host__ __device__ constexpr std::int64_t round16(std::int64_t x) { return (x + 15) / 16 * 16; }
 
 /// True for the head dims the tensor-core kernel is built for.
-constexpr bool mma_head_dim(int d) { return d == 64 || d == 128; }
+constexpr bool mma_head_dim(int d) { return d == 64 || d == 128 || d == 256 || d == 512; }
 
-/// Per-lane register counts of one tile for head_dim D and row format F.
+/// Warps that share one tile, each holding a slice of the head dims: 1 up to d = 128, d / 128
+/// beyond (they add their partial logits through shared memory); a CTA has kWarps / kSplit such
+/// groups, each taking every kGroups-th tile of the chunk.
+template <int D>
+struct MmaSplit {
+  static constexpr int kSplit = D > 128 ? D / 128 : 1;
+  static constexpr int kSlice = D / kSplit;  // head dims of one warp: 64 or 128
+  static constexpr int kGroups = kWarps / kSplit;
+};
+
+/// Warp groups of the tensor-core kernel for a runtime head_dim (MmaSplit<d>::kGroups).
+constexpr int mma_groups(int d) { return d > 128 ? kWarps / (d / 128) : kWarps; }
+
+/// Bytes of one K / V row (one token, one kv head) of head_dim D in row format F.
+template <int D, OldKind F>
+struct MmaRowBytes {
+  static constexpr int kK = F == OldKind::kQ8 ? D : 2 * D;
+  static constexpr int kV = F == OldKind::kQ8 ? D : F == OldKind::kQ4v ? D / 2 : 2 * D;
+};
+
+/// Per-lane register counts of one tile for a warp's slice of D head dims and row format F.
 template <int D, OldKind F>
 struct MmaShape {
-  static_assert(D == 64 || D == 128, "tensor-core attention: head_dim 64 or 128");
+  static_assert(D == 64 || D == 128, "tensor-core attention: a warp holds 64 or 128 dims");
   static constexpr int kQW = D / 8;   // f16x2 words of one query head (B operand of QK)
   static constexpr int kKC = D / 32;  // K runs of 8 dims per token
   static constexpr int kVC = D / 64;  // V runs of 8 dims per token
@@ -69,9 +92,7 @@ struct MmaShape {
   // Raw 32-bit words a lane loads per K row / V row.
   static constexpr int kKRaw = F == OldKind::kQ8 ? 2 * kKC : 4 * kKC;
   static constexpr int kVRaw = F == OldKind::kQ8 ? 2 * kVC : F == OldKind::kQ4v ? kVC : 4 * kVC;
-  // Bytes of one K / V row and of one lane's run.
-  static constexpr int kKRowBytes = F == OldKind::kQ8 ? D : 2 * D;
-  static constexpr int kVRowBytes = F == OldKind::kQ8 ? D : F == OldKind::kQ4v ? D / 2 : 2 * D;
+  // Bytes of one lane's run.
   static constexpr int kKRunBytes = F == OldKind::kQ8 ? 8 : 16;
   static constexpr int kVRunBytes = F == OldKind::kQ8 ? 8 : F == OldKind::kQ4v ? 4 : 16;
 };
@@ -237,9 +258,11 @@ __device__ __forceinline__ void load_run(const std::uint8_t* p, std::uint32_t* w
 }
 
 /// Issues every load of a tile: K runs [32 j + 8 c, +8) of tokens g, g + 8, V runs
-/// [64 h + 8 g, +8) of tokens 2c, 2c + 1, 2c + 8, 2c + 9, and the scales.
+/// [64 h + 8 g, +8) of tokens 2c, 2c + 1, 2c + 8, 2c + 9 (dims of the warp's slice, which starts
+/// k_off / v_off bytes into a K / V row), and the scales.
 template <int D, OldKind F>
-__device__ __forceinline__ void mma_load(const TileLoad& tl, TileData<D, F>& td) {
+__device__ __forceinline__ void mma_load(const TileLoad& tl, TileData<D, F>& td, int k_off,
+                                         int v_off) {
   using Sh = MmaShape<D, F>;
   const int lane = threadIdx.x % 32;
   const int g = lane / 4, c = lane % 4;
@@ -253,7 +276,7 @@ __device__ __forceinline__ void mma_load(const TileLoad& tl, TileData<D, F>& td)
       constexpr int kWordsPerRun = Sh::kKRunBytes / 4;
 #pragma unroll
       for (int j = 0; j < Sh::kKC; ++j) {
-        load_run<Sh::kKRunBytes>(tl.k[r] + j * (Sh::kKRunBytes * 4) + c * Sh::kKRunBytes,
+        load_run<Sh::kKRunBytes>(tl.k[r] + k_off + j * (Sh::kKRunBytes * 4) + c * Sh::kKRunBytes,
                                  &td.kr[r][j * kWordsPerRun]);
       }
       if constexpr (F == OldKind::kQ8) td.ksc[r] = __ldg(tl.ksc[r]);
@@ -268,7 +291,7 @@ __device__ __forceinline__ void mma_load(const TileLoad& tl, TileData<D, F>& td)
       constexpr int kWordsPerRun = Sh::kVRunBytes / 4;
 #pragma unroll
       for (int h = 0; h < Sh::kVC; ++h) {
-        load_run<Sh::kVRunBytes>(tl.v[r] + h * (Sh::kVRunBytes * 8) + g * Sh::kVRunBytes,
+        load_run<Sh::kVRunBytes>(tl.v[r] + v_off + h * (Sh::kVRunBytes * 8) + g * Sh::kVRunBytes,
                                  &td.vr[r][h * kWordsPerRun]);
       }
     }
@@ -285,12 +308,53 @@ struct MmaState {
   float l[2];
 };
 
-/// Attends one loaded 16-token tile (format F, mask `tm`) into `st`. Warp-uniform: every lane
-/// of the warp calls it.
-template <int D, OldKind F, bool kBf16>
+/// Sums the partial logits of the kSplit warps of a group (each over its slice of the head
+/// dims) through shared memory, in the same order in every warp so that all of them continue
+/// with the same S (and the same softmax). Two buffers alternate, so one barrier per tile
+/// suffices: a warp rewrites a buffer only after the next tile's barrier, which every reader of
+/// the previous use has passed.
+template <int kSplit>
+struct SliceSum {
+  float4* buf;  // [2][kWarps][32] (kSplit > 1)
+  int group, slice, parity;
+
+  __device__ __forceinline__ void operator()(float (&s)[4]) {
+    if constexpr (kSplit > 1) {
+      const int lane = threadIdx.x % 32;
+      float4* rows = buf + (parity * kWarps + group * kSplit) * 32 + lane;
+      rows[slice * 32] = make_float4(s[0], s[1], s[2], s[3]);
+      // Named barriers 1 and 2 (immediates: 0 is __syncthreads'); at most 2 groups here.
+      static_assert(kWarps / kSplit <= 2, "SliceSum: at most two warp groups");
+      if (group == 0) {
+        asm volatile("bar.sync 1, %0;" ::"n"(32 * kSplit) : "memory");
+      } else {
+        asm volatile("bar.sync 2, %0;" ::"n"(32 * kSplit) : "memory");
+      }
+      float4 t = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int j = 0; j < kSplit; ++j) {
+        const float4 x = rows[j * 32];
+        t.x += x.x;
+        t.y += x.y;
+        t.z += x.z;
+        t.w += x.w;
+      }
+      s[0] = t.x;
+      s[1] = t.y;
+      s[2] = t.z;
+      s[3] = t.w;
+      parity ^= 1;
+    }
+  }
+};
+
+/// Attends one loaded 16-token tile (format F, mask `tm`) into `st` for the warp's D head dims;
+/// `sum` completes the logits when the head dims are split over warps. Warp-uniform: every lane
+/// of the warp (and every warp of its group) calls it.
+template <int D, OldKind F, bool kBf16, class Sum>
 __device__ __forceinline__ void mma_compute(TileData<D, F>& td, const TileMask& tm,
                                             const std::uint32_t (&q)[D / 8], float scale_log2,
-                                            MmaState<D>& st) {
+                                            MmaState<D>& st, Sum& sum) {
   using Sh = MmaShape<D, F>;
   // --- S^T = K . Q^T over D / 16 steps.
   float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -313,6 +377,7 @@ __device__ __forceinline__ void mma_compute(TileData<D, F>& td, const TileMask& 
     }
     mma_16816<kBf16>(s, a[0], a[1], a[2], a[3], q[2 * step], q[2 * step + 1]);
   }
+  sum(s);
 
   // --- online softmax: s[0], s[1] = token g, heads 2c, 2c + 1; s[2], s[3] = token g + 8.
   float x[4];
@@ -454,13 +519,13 @@ __device__ __forceinline__ MmaRow plain_row(const DecodeParams& p, const MmaCtx&
 template <int D, OldKind F>
 __device__ __forceinline__ MmaRow old_row(const DecodeParams& p, const MmaCtx& c, int pb, int row,
                                           bool ok) {
-  using Sh = MmaShape<D, F>;
+  using Rb = MmaRowBytes<D, F>;
   MmaRow a;
   a.load = pb >= 0;
   a.ok = a.load && ok;
   a.r = a.load ? (static_cast<std::size_t>(pb) * p.s.num_kv_heads + c.h) * p.s.block_size + row : 0;
-  a.k = p.s.old_k + a.r * Sh::kKRowBytes;
-  a.v = p.s.old_v + a.r * Sh::kVRowBytes;
+  a.k = p.s.old_k + a.r * Rb::kK;
+  a.v = p.s.old_v + a.r * Rb::kV;
   return a;
 }
 
@@ -518,15 +583,21 @@ __device__ __forceinline__ void tile_rows(const DecodeParams& p, RowFn&& row, Ti
 }
 
 template <int D>
-union MmaSmem {
-  int list[kMaxList];
-  MergeSmem<D, kMmaCols> merge;
+struct MmaSmem {
+  union {
+    int list[kMaxList];
+    MergeSmem<D, kMmaCols, MmaSplit<D>::kGroups> merge;
+  } u;
+  float4 slice_sums[MmaSplit<D>::kSplit > 1 ? 2 * kWarps * 32 : 1];  // SliceSum's buffers
 };
 
 template <int D, OldKind F, bool kBf16>
 __global__ void __launch_bounds__(kThreads, 3)
     mma_decode_kernel(const __grid_constant__ DecodeParams p) {
-  using Sh = MmaShape<D, F>;
+  using Sp = MmaSplit<D>;
+  constexpr int S = Sp::kSlice;
+  using Sh = MmaShape<S, F>;
+  using Sh16 = MmaShape<S, OldKind::k16>;
   __shared__ MmaSmem<D> sm;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Let the combine launch (programmatic dependent launch) get ready while this grid runs; it
@@ -539,39 +610,52 @@ __global__ void __launch_bounds__(kThreads, 3)
   init_row_addr<D>(p, cta, c);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, cc = lane % 4;
+  const int group = warp / Sp::kSplit, slice = warp % Sp::kSplit;
+  const int dim0 = slice * S;  // the warp's head dims: [dim0, dim0 + S)
+  // Byte offsets of the slice in a 16-bit row and in an old row of format F.
+  const int off16 = 2 * dim0;
+  const int k_off = F == OldKind::kQ8 ? dim0 : 2 * dim0;
+  const int v_off = F == OldKind::kQ8 ? dim0 : F == OldKind::kQ4v ? dim0 / 2 : 2 * dim0;
   const int col0 = cta.tile * kMmaCols;
   c.W16 = p.plain ? 0 : static_cast<int>(round16(p.s.recent_window));
   c.B16 = p.plain ? 0 : static_cast<int>(round16(p.s.block_size));
+  SliceSum<Sp::kSplit> sum{sm.slice_sums, group, slice, 0};
+  constexpr int kStep = Sp::kGroups * kMmaTile;  // rows between a group's tiles
 
-  // The warp's first tile, when it is ring or plain rows, is read before anything waits for the
-  // length (the rows are always allocated; its mask comes after): one round trip less.
-  const int v_first = c0 + warp * kMmaTile;
+  // The group's first tile, when it is ring or plain rows, is read before anything waits for
+  // the length (the rows are always allocated; its mask comes after): one round trip less.
+  const int v_first = c0 + group * kMmaTile;
   const bool early = v_first < c1 && (p.plain || (v_first < c.W16 && store::owns_ring(p.s)));
-  TileData<D, OldKind::k16> first;
+  const auto first_rows = [&](TileLoad& tl, TileMask& tm) {
+    if (p.plain) {
+      tile_rows<OldKind::k16>(
+          p, [&](int i) { return plain_row<D>(p, c, v_first + i); }, tl, tm);
+    } else {
+      tile_rows<OldKind::k16>(
+          p, [&](int i) { return ring_row<D>(p, c, v_first + i); }, tl, tm);
+    }
+  };
+  TileData<S, OldKind::k16> first;
   if (early) {
     TileLoad tl;
     TileMask unused;
-    if (p.plain) {
-      tile_rows<OldKind::k16>(
-          p, [&](int i) { return plain_row<D>(p, c, v_first + i); }, tl, unused);
-    } else {
-      tile_rows<OldKind::k16>(
-          p, [&](int i) { return ring_row<D>(p, c, v_first + i); }, tl, unused);
-    }
-    mma_load<D, OldKind::k16>(tl, first);
+    first_rows(tl, unused);
+    mma_load<S, OldKind::k16>(tl, first, off16, off16);
   }
 
-  // --- the query heads: lane (g, cc) holds head column g, dims [32 j + 8 cc, +8) ---
-  std::uint32_t q[Sh::kQW];
+  // --- the query heads: lane (g, cc) holds head column g, dims dim0 + [32 j + 8 cc, +8) ---
+  std::uint32_t q[Sh16::kQW];
   {
     const int gi = col0 + g;
 #pragma unroll
-    for (int i = 0; i < Sh::kQW; ++i) q[i] = 0u;
+    for (int i = 0; i < Sh16::kQW; ++i) q[i] = 0u;
     if (gi < p.G) {
-      const std::uint8_t* qp = reinterpret_cast<const std::uint8_t*>(
-          p.q + (static_cast<std::size_t>(c.bt) * p.Hq + c.h * p.G + gi) * D);
+      const std::uint8_t* qp =
+          reinterpret_cast<const std::uint8_t*>(
+              p.q + (static_cast<std::size_t>(c.bt) * p.Hq + c.h * p.G + gi) * D) +
+          off16;
 #pragma unroll
-      for (int j = 0; j < D / 32; ++j) load_run<16>(qp + j * 64 + cc * 16, &q[4 * j]);
+      for (int j = 0; j < S / 32; ++j) load_run<16>(qp + j * 64 + cc * 16, &q[4 * j]);
     }
   }
 
@@ -591,15 +675,15 @@ __global__ void __launch_bounds__(kThreads, 3)
         const int i_hi = fast_div(u_hi - 1, p.div_block);
         for (int i = c.list_lo + static_cast<int>(threadIdx.x); i <= i_hi; i += kThreads) {
           const int id = ids[i];
-          sm.list[i - c.list_lo] = id >= 0 && id < c.closed ? c.table[id] : -1;
+          sm.u.list[i - c.list_lo] = id >= 0 && id < c.closed ? c.table[id] : -1;
         }
       }
       __syncthreads();
     }
   }
 
-  // --- the warp's tiles: every kWarps-th tile of the chunk ---
-  MmaState<D> st;
+  // --- the group's tiles: every kGroups-th tile of the chunk ---
+  MmaState<S> st;
 #pragma unroll
   for (int mt = 0; mt < Sh::kMT; ++mt) {
 #pragma unroll
@@ -614,34 +698,28 @@ __global__ void __launch_bounds__(kThreads, 3)
   if (early) {  // the first tile, loaded above: its mask now that the length is known
     TileLoad unused;
     TileMask tm;
-    if (p.plain) {
-      tile_rows<OldKind::k16>(
-          p, [&](int i) { return plain_row<D>(p, c, v_first + i); }, unused, tm);
-    } else {
-      tile_rows<OldKind::k16>(
-          p, [&](int i) { return ring_row<D>(p, c, v_first + i); }, unused, tm);
-    }
-    mma_compute<D, OldKind::k16, kBf16>(first, tm, q, p.scale_log2, st);
+    first_rows(unused, tm);
+    mma_compute<S, OldKind::k16, kBf16>(first, tm, q, p.scale_log2, st, sum);
   }
-  for (int v0 = v_first + (early ? kWarps * kMmaTile : 0); v0 < c1; v0 += kWarps * kMmaTile) {
+  for (int v0 = v_first + (early ? kStep : 0); v0 < c1; v0 += kStep) {
     TileLoad tl;
     TileMask tm;
     if (p.plain) {
       if (v0 > c.pos || v0 + kMmaTile <= c.begin) continue;  // nothing visible
       tile_rows<OldKind::k16>(
           p, [&](int i) { return plain_row<D>(p, c, v0 + i); }, tl, tm);
-      TileData<D, OldKind::k16> td;
-      mma_load<D, OldKind::k16>(tl, td);
-      mma_compute<D, OldKind::k16, kBf16>(td, tm, q, p.scale_log2, st);
+      TileData<S, OldKind::k16> td;
+      mma_load<S, OldKind::k16>(tl, td, off16, off16);
+      mma_compute<S, OldKind::k16, kBf16>(td, tm, q, p.scale_log2, st, sum);
     } else if (v0 < c.W16) {
       if (!store::owns_ring(p.s)) continue;  // a shard store attends the ring on shard 0 only
       // Ring rows are read without waiting for the length (they are always allocated); the
       // mask applies it.
       tile_rows<OldKind::k16>(
           p, [&](int i) { return ring_row<D>(p, c, v0 + i); }, tl, tm);
-      TileData<D, OldKind::k16> td;
-      mma_load<D, OldKind::k16>(tl, td);
-      mma_compute<D, OldKind::k16, kBf16>(td, tm, q, p.scale_log2, st);
+      TileData<S, OldKind::k16> td;
+      mma_load<S, OldKind::k16>(tl, td, off16, off16);
+      mma_compute<S, OldKind::k16, kBf16>(td, tm, q, p.scale_log2, st, sum);
     } else {
       // Skip a tile with nothing attended (uniform).
       const int v2 = v0 - c.W16;
@@ -653,14 +731,14 @@ __global__ void __launch_bounds__(kThreads, 3)
         }
       }
       tile_rows<F>(
-          p, [&](int i) { return list_old_row<D, F>(p, c, sm.list, v0 + i); }, tl, tm);
-      TileData<D, F> td;
-      mma_load<D, F>(tl, td);
-      mma_compute<D, F, kBf16>(td, tm, q, p.scale_log2, st);
+          p, [&](int i) { return list_old_row<D, F>(p, c, sm.u.list, v0 + i); }, tl, tm);
+      TileData<S, F> td;
+      mma_load<S, F>(tl, td, k_off, v_off);
+      mma_compute<S, F, kBf16>(td, tm, q, p.scale_log2, st, sum);
     }
   }
 
-  // --- merge: l over the 8 lanes of a column, then the warps ---
+  // --- merge: l over the 8 lanes of a column, then the groups ---
 #pragma unroll
   for (int col = 0; col < 2; ++col) {
 #pragma unroll
@@ -669,24 +747,25 @@ __global__ void __launch_bounds__(kThreads, 3)
     }
   }
   __syncthreads();  // the list is no longer read
-  // Lane (g, cc), column 2cc + i, m-tile 4h + e holds dims 64h + 8g + 2e + b in o[4h + e][2b + i].
+  // Lane (g, cc), column 2cc + i, m-tile 4h + e holds dims dim0 + 64h + 8g + 2e + b in
+  // o[4h + e][2b + i]. The warps of a group have the same m and l (the same logits).
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
 #pragma unroll
     for (int h = 0; h < Sh::kVC; ++h) {
-      float* dst = &sm.merge.acc[warp][2 * cc + i][64 * h + 8 * g];
+      float* dst = &sm.u.merge.acc[group][2 * cc + i][dim0 + 64 * h + 8 * g];
       *reinterpret_cast<float4*>(dst) = make_float4(st.o[4 * h][i], st.o[4 * h][2 + i],
                                                     st.o[4 * h + 1][i], st.o[4 * h + 1][2 + i]);
       *reinterpret_cast<float4*>(dst + 4) = make_float4(st.o[4 * h + 2][i], st.o[4 * h + 2][2 + i],
                                                         st.o[4 * h + 3][i], st.o[4 * h + 3][2 + i]);
     }
-    if (g == 0) {
-      sm.merge.m[warp][2 * cc + i] = st.m[i];
-      sm.merge.l[warp][2 * cc + i] = st.l[i];
+    if (g == 0 && slice == 0) {
+      sm.u.merge.m[group][2 * cc + i] = st.m[i];
+      sm.u.merge.l[group][2 * cc + i] = st.l[i];
     }
   }
   __syncthreads();
-  finish_cta<D, kMmaCols>(p, sm.merge, c.bt, c.h, col0, chunk);
+  finish_cta<D, kMmaCols, Sp::kGroups>(p, sm.u.merge, c.bt, c.h, col0, chunk);
 }
 
 /// The tensor-core kernel for (D, F, kBf16) as a function pointer (instantiates it).

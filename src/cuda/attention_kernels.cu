@@ -218,7 +218,7 @@ cudaError_t make_plan(int head_dim, int num_q_heads, int num_kv_heads, int batch
 }
 
 /// The tensor-core plan: head tiles of kMmaCols query heads, a virtual list of vlen16 rows (a
-/// multiple of 16, mma.cuh), chunks of whole 16-row tiles, at least one tile per warp.
+/// multiple of 16, mma.cuh), chunks of whole 16-row tiles, at least one tile per warp group.
 cudaError_t make_mma_plan(int head_dim, int num_q_heads, int num_kv_heads, int batch, int T,
                           std::int64_t vlen16, OldKind kind, bool bf16, int max_splits,
                           Plan& plan) {
@@ -230,8 +230,8 @@ cudaError_t make_mma_plan(int head_dim, int num_q_heads, int num_kv_heads, int b
   plan.gt = kMmaCols;
   plan.tiles = (group + kMmaCols - 1) / kMmaCols;
   plan.kernel = mma_kernel_for(head_dim, kind, bf16);
-  return split_rows(num_q_heads, num_kv_heads, batch, T, vlen16, kMmaTile, kMmaTile * kWarps,
-                    max_splits, plan);
+  return split_rows(num_q_heads, num_kv_heads, batch, T, vlen16, kMmaTile,
+                    kMmaTile * mma_groups(head_dim), max_splits, plan);
 }
 
 std::size_t align256(std::size_t n) { return (n + 255) / 256 * 256; }
@@ -302,7 +302,7 @@ std::int64_t mma_store_vlen(const attention::AttentionParams& p) {
   }
 }
 
-/// Whether the tensor-core kernel serves a call: head_dim 64 / 128, q in the cache's 16-bit
+/// Whether the tensor-core kernel serves a call: head_dim 64..512, q in the cache's 16-bit
 /// dtype, a mode it implements, and a selection small enough to stage (max_selected pool ids).
 bool mma_serves(int head_dim, DType q_dtype, DType kv_dtype, bool mode_ok, int max_selected) {
   return mma_head_dim(head_dim) && q_dtype == kv_dtype && mode_ok && max_selected <= kMaxList;

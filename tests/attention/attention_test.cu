@@ -410,6 +410,8 @@ void check_paths(const Case& c, const std::string& name,
 }
 
 constexpr auto kMma = kernels::KernelPath::kTensorCores;
+/// The head dims the tensor-core kernel serves (d > 128: the dims split over 2 or 4 warps).
+constexpr int kHeadDims[] = {128, 64, 256, 512};
 constexpr auto kSimt = kernels::KernelPath::kCudaCores;
 
 // --- every mode x old format x dtype ----------------------------------------------------------
@@ -1087,7 +1089,7 @@ TEST(Cuda_AttentionMma, ModesFormatsDtypes) {
       c.T = 1 + i % 4;
       c.sink = i % 2 == 1;
       c.shared = i % 3 == 0;
-      c.head_dim = i % 2 == 0 ? 128 : 64;
+      c.head_dim = kHeadDims[i % 4];
       c.group = i % 5 == 0 ? 8 : 4;
       c.seed = 300 + i;
       const std::string name = std::string(to_string(m)) + "/" + to_string(f.format) + "/" +
@@ -1103,7 +1105,7 @@ TEST(Cuda_AttentionMma, ModesFormatsDtypes) {
 TEST(Cuda_AttentionMma, GroupsAndHeadDims) {
   KVC_REQUIRE_GPU();
   int i = 0;
-  for (int d : {64, 128}) {
+  for (int d : kHeadDims) {
     for (int g : {1, 2, 3, 4, 5, 8, 9, 16, 32, 128}) {
       Case c = split_case(Case{});
       c.head_dim = d;
@@ -1134,7 +1136,7 @@ TEST(Cuda_AttentionMma, VerifyT1To8) {
     c.shared = T % 2 == 0;
     c.lengths = {8, 13, 17, 21, 61, 333};
     c.group = T % 3 == 0 ? 7 : 4;
-    c.head_dim = T % 2 == 0 ? 64 : 128;
+    c.head_dim = kHeadDims[T % 4];
     c.sink = T % 2 == 1;
     c.format = formats[T % 3].format;
     c.store_dtype = c.dtype = formats[T % 3].store_dtype;
@@ -1383,7 +1385,8 @@ TEST(Cuda_AttentionMma, DensePlainCache) {
        {P{128, 4, 1, 0, DType::kF16, false, 0}, P{64, 3, 3, 0, DType::kBF16, true, 0},
         P{128, 1, 2, 37, DType::kF16, true, 0}, P{64, 8, 8, 0, DType::kBF16, false, 2},
         P{128, 7, 4, 100, DType::kF16, true, 1}, P{128, 128, 1, 0, DType::kF16, false, 0},
-        P{64, 16, 5, 19, DType::kF16, true, 0}}) {
+        P{64, 16, 5, 19, DType::kF16, true, 0}, P{256, 4, 2, 0, DType::kBF16, true, 0},
+        P{512, 64, 1, 0, DType::kF16, false, 0}, P{512, 5, 3, 50, DType::kBF16, true, 3}}) {
     Case c = split_case(Case{});
     c.lengths = {8, 100, 151, 420, 613};
     c.head_dim = pc.d;
@@ -1465,7 +1468,7 @@ TEST(Cuda_AttentionMma, NotSupportedWhereItDoesNotApply) {
   KVC_REQUIRE_GPU();
   for (int which = 0; which < 3; ++which) {
     Case c;
-    if (which == 0) c.head_dim = 256;
+    if (which == 0) c.top = 600;  // max_selected past the 512 pool ids one CTA stages
     if (which == 1) c.mode = AttentionMode::kBlockSummary;
     if (which == 2) c.dtype = DType::kBF16;  // q bf16, store f16
     c.reps = which == 1 ? 1 : 0;
@@ -1480,6 +1483,7 @@ TEST(Cuda_AttentionMma, NotSupportedWhereItDoesNotApply) {
     p.head_dim = c.head_dim;
     p.mode = c.mode;
     p.q_dtype = c.dtype;
+    p.selection = bed.args(true).selection;  // max_selected = top
     p.kernel_path = static_cast<int>(kMma);
     std::size_t bytes = 0;
     EXPECT_EQ(kernels::attention_decode(nullptr, bytes, p, nullptr), cudaErrorNotSupported)

@@ -47,7 +47,7 @@ enum class KernelPath : int {
   kAuto = 0,
   /// The CUDA-core kernel (every shape and mode).
   kCudaCores = 1,
-  /// The tensor-core kernel (mma.sync): head_dim 64 or 128, q in the cache's 16-bit dtype, not
+  /// The tensor-core kernel (mma.sync): head_dim 64..512, q in the cache's 16-bit dtype, not
   /// a summary mode, max_selected <= 512; a call it does not apply to returns
   /// cudaErrorNotSupported.
   kTensorCores = 2,
