@@ -582,6 +582,27 @@ __device__ __forceinline__ void tile_rows(const DecodeParams& p, RowFn&& row, Ti
   }
 }
 
+/// Asks L2 for the lines of a warp's slice (S dims at byte off16) of the 16-bit K and V rows
+/// [v, v + 16) (row r at k0 / v0 + r * 2D; rows from `limit` on are not touched), so that the
+/// tile after the current one is in flight while this one is computed.
+template <int D, int S>
+__device__ __forceinline__ void prefetch_tile16(const std::uint8_t* k0, const std::uint8_t* v0,
+                                                int v, int limit, int off16) {
+  constexpr int kLinesPerRow = 2 * S / 128;        // 1 or 2 lines of 128 bytes
+  constexpr int kLines = kMmaTile * kLinesPerRow;  // per matrix
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int x = lane; x < 2 * kLines; x += 32) {
+    const bool is_v = x >= kLines;
+    const int y = is_v ? x - kLines : x;
+    const int row = v + y / kLinesPerRow;
+    if (row >= limit) continue;
+    const std::uint8_t* a = (is_v ? v0 : k0) + static_cast<std::size_t>(row) * (2 * D) + off16 +
+                            (y % kLinesPerRow) * 128;
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+  }
+}
+
 template <int D>
 struct MmaSmem {
   union {
@@ -635,12 +656,22 @@ __global__ void __launch_bounds__(kThreads, 3)
           p, [&](int i) { return ring_row<D>(p, c, v_first + i); }, tl, tm);
     }
   };
+  // L2 prefetch of the group's tile at v when it is plain or ring rows (p.prefetch).
+  const auto prefetch = [&](int v) {
+    if (!p.prefetch || v >= c1) return;
+    if (p.plain) {
+      prefetch_tile16<D, S>(c.pk, c.pv, v, p.capacity, off16);
+    } else if (v < c.W16 && store::owns_ring(p.s)) {
+      prefetch_tile16<D, S>(c.ring_k, c.ring_v, v, p.s.recent_window, off16);
+    }
+  };
   TileData<S, OldKind::k16> first;
   if (early) {
     TileLoad tl;
     TileMask unused;
     first_rows(tl, unused);
     mma_load<S, OldKind::k16>(tl, first, off16, off16);
+    prefetch(v_first + kStep);
   }
 
   // --- the query heads: lane (g, cc) holds head column g, dims dim0 + [32 j + 8 cc, +8) ---
@@ -710,6 +741,7 @@ __global__ void __launch_bounds__(kThreads, 3)
           p, [&](int i) { return plain_row<D>(p, c, v0 + i); }, tl, tm);
       TileData<S, OldKind::k16> td;
       mma_load<S, OldKind::k16>(tl, td, off16, off16);
+      prefetch(v0 + kStep);
       mma_compute<S, OldKind::k16, kBf16>(td, tm, q, p.scale_log2, st, sum);
     } else if (v0 < c.W16) {
       if (!store::owns_ring(p.s)) continue;  // a shard store attends the ring on shard 0 only
@@ -719,6 +751,7 @@ __global__ void __launch_bounds__(kThreads, 3)
           p, [&](int i) { return ring_row<D>(p, c, v0 + i); }, tl, tm);
       TileData<S, OldKind::k16> td;
       mma_load<S, OldKind::k16>(tl, td, off16, off16);
+      prefetch(v0 + kStep);
       mma_compute<S, OldKind::k16, kBf16>(td, tm, q, p.scale_log2, st, sum);
     } else {
       // Skip a tile with nothing attended (uniform).

@@ -313,12 +313,15 @@ bool mma_serves(int head_dim, DType q_dtype, DType kv_dtype, bool mode_ok, int m
 cudaError_t choose_mma(int path, bool serves, int group, bool& use_mma) {
   switch (static_cast<KernelPath>(path)) {
     case KernelPath::kAuto:
-      use_mma = serves && group >= 4;
+      // Measured on the H200 (docs/perf-data/2026-12-01): tensor cores ahead from G = 3 on
+      // (9/3/64 dense: 194 vs 308 us at B8 N128K, 49 vs 59 us at B1); G <= 2 is not measured.
+      use_mma = serves && group >= 3;
       return cudaSuccess;
     case KernelPath::kCudaCores:
       use_mma = false;
       return cudaSuccess;
     case KernelPath::kTensorCores:
+    case KernelPath::kTensorCoresNoPrefetch:
       use_mma = serves;
       return serves ? cudaSuccess : cudaErrorNotSupported;
   }
@@ -495,6 +498,7 @@ cudaError_t attention_decode(void* d_workspace, std::size_t& workspace_bytes,
   fill_common(dp, p.q, p.q_dtype, p.out, p.out_dtype, p.lse,
               store::owns_ring(p.store) ? p.sink : nullptr, p.batch, p.num_query_tokens,
               p.num_q_heads, p.num_kv_heads, p.scale);
+  dp.prefetch = p.kernel_path != static_cast<int>(KernelPath::kTensorCoresNoPrefetch);
   return run(plan, dp, p.head_dim, stream);
 }
 
@@ -536,6 +540,7 @@ cudaError_t dense_attention_decode(void* d_workspace, std::size_t& workspace_byt
   dp.div_reps = make_fast_div(1);
   fill_common(dp, p.q, p.q_dtype, p.out, p.out_dtype, p.lse, p.sink, p.batch, p.num_query_tokens,
               p.num_q_heads, p.num_kv_heads, p.scale);
+  dp.prefetch = p.kernel_path != static_cast<int>(KernelPath::kTensorCoresNoPrefetch);
   return run(plan, dp, p.head_dim, stream);
 }
 

@@ -392,6 +392,20 @@ void check_case(const Case& c, const std::string& name) {
                name + " " + to_string(c.dtype) + " out");
 }
 
+/// " [tensor cores]" etc. for a message.
+std::string path_label(kernels::KernelPath path) {
+  switch (path) {
+    case kernels::KernelPath::kTensorCores:
+      return " [tensor cores]";
+    case kernels::KernelPath::kTensorCoresNoPrefetch:
+      return " [tensor cores, no prefetch]";
+    case kernels::KernelPath::kCudaCores:
+      return " [cuda cores]";
+    default:
+      return " [auto]";
+  }
+}
+
 /// The kernel layer with each of `paths` forced, f32 out and the config's 16-bit out, against
 /// the CPU backend.
 void check_paths(const Case& c, const std::string& name,
@@ -400,8 +414,7 @@ void check_paths(const Case& c, const std::string& name,
   const AttentionConfig cfg = bed.config();
   const Result want32 = bed.cpu(cfg, DType::kF32);
   for (kernels::KernelPath path : paths) {
-    const std::string what =
-        name + (path == kernels::KernelPath::kTensorCores ? " [tensor cores]" : " [cuda cores]");
+    const std::string what = name + path_label(path);
     expect_close(bed.kernel(cfg, DType::kF32, path, c.max_splits), want32, c.head_dim, kTol,
                  what + " f32 out");
     expect_close(bed.kernel(cfg, c.dtype, path, c.max_splits), want32, c.head_dim,
@@ -1181,7 +1194,8 @@ TEST(Cuda_AttentionMma, ClusterAndCombineMergesAgree) {
     c.sink = true;
     c.max_splits = splits;
     c.seed = 650 + splits;
-    check_paths(c, "select max_splits " + std::to_string(splits), {kMma, kSimt});
+    check_paths(c, "select max_splits " + std::to_string(splits),
+                {kMma, kSimt, kernels::KernelPath::kTensorCoresNoPrefetch});
     c.mode = AttentionMode::kDense;
     c.format = Format::kQ8;
     check_paths(c, "dense max_splits " + std::to_string(splits), {kMma, kSimt});
@@ -1432,7 +1446,7 @@ TEST(Cuda_AttentionMma, DensePlainCache) {
     AttentionBackend::create(cfg, Device::cpu())->dense_decode(a);
     const Result want{std::vector<double>(out.begin(), out.end()),
                       std::vector<double>(lse.begin(), lse.end())};
-    for (kernels::KernelPath path : {kMma, kSimt}) {
+    for (kernels::KernelPath path : {kMma, kSimt, kernels::KernelPath::kTensorCoresNoPrefetch}) {
       DeviceArray<float> dout(n_out + 64), dlse(lse.size() + 64);
       dout.fill_bytes(0xff);
       dlse.fill_bytes(0xff);
@@ -1458,7 +1472,7 @@ TEST(Cuda_AttentionMma, DensePlainCache) {
       expect_close(got, want, d, kTol,
                    "plain d" + std::to_string(d) + " g" + std::to_string(pc.g) + " T" +
                        std::to_string(T) + " window " + std::to_string(pc.window) +
-                       (path == kMma ? " [tensor cores]" : " [cuda cores]"));
+                       path_label(path));
     }
   }
 }

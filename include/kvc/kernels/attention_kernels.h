@@ -42,7 +42,7 @@ namespace kernels {
 /// Which kernel attention_decode / dense_attention_decode run (AttentionParams::kernel_path,
 /// DenseParams::kernel_path).
 enum class KernelPath : int {
-  /// By shape: the tensor-core kernel where it applies and the GQA group is >= 4, else the
+  /// By shape: the tensor-core kernel where it applies and the GQA group is >= 3, else the
   /// CUDA-core kernel.
   kAuto = 0,
   /// The CUDA-core kernel (every shape and mode).
@@ -51,6 +51,9 @@ enum class KernelPath : int {
   /// a summary mode, max_selected <= 512; a call it does not apply to returns
   /// cudaErrorNotSupported.
   kTensorCores = 2,
+  /// The tensor-core kernel without its L2 prefetch of the next ring / plain-cache tile (for
+  /// benchmarks: what the prefetch buys).
+  kTensorCoresNoPrefetch = 3,
 };
 
 /// Bytes of workspace that suffice for any attention_decode or dense_attention_decode call with
