@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kvc/core/numeric.h"
@@ -76,6 +77,55 @@ inline std::uint16_t* random_device_bits16(std::size_t n, bool bf16, std::uint32
   KVC_BENCH_CUDA(cudaMalloc(&d, n * 2));
   KVC_BENCH_CUDA(cudaMemcpy(d, h.data(), n * 2, cudaMemcpyHostToDevice));
   return d;
+}
+
+/// Times `sets` calls of `call(set, stream)` captured in one CUDA graph (after one uncaptured
+/// pass that loads the kernels) and reports, per benchmark iteration, the graph's time divided by
+/// `sets` (CUDA events). Returns false, and skips the row with the error, when a call fails (a
+/// kernel variant that does not serve the shape, say).
+/// @param[in,out] state  the benchmark
+/// @param[in]     sets   calls in the graph (the rotation sets)
+/// @param[in]     call   enqueues call `set` on the stream
+template <class Call>
+bool time_graph_calls(benchmark::State& state, int sets, Call&& call) {
+  cudaStream_t stream;
+  KVC_BENCH_CUDA(cudaStreamCreate(&stream));
+  for (int s = 0; s < sets; ++s) {
+    const cudaError_t e = call(s, stream);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      cudaStreamDestroy(stream);
+      state.SkipWithError((std::string("not run: ") + cudaGetErrorString(e)).c_str());
+      return false;
+    }
+  }
+  KVC_BENCH_CUDA(cudaStreamSynchronize(stream));
+  cudaGraph_t g;
+  cudaGraphExec_t exec;
+  KVC_BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int s = 0; s < sets; ++s) KVC_BENCH_CUDA(call(s, stream));
+  KVC_BENCH_CUDA(cudaStreamEndCapture(stream, &g));
+  KVC_BENCH_CUDA(cudaGraphInstantiate(&exec, g, 0));
+  KVC_BENCH_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
+  KVC_BENCH_CUDA(cudaStreamSynchronize(stream));
+  cudaEvent_t start, stop;
+  KVC_BENCH_CUDA(cudaEventCreate(&start));
+  KVC_BENCH_CUDA(cudaEventCreate(&stop));
+  for (auto _ : state) {
+    KVC_BENCH_CUDA(cudaEventRecord(start, stream));
+    KVC_BENCH_CUDA(cudaGraphLaunch(exec, stream));
+    KVC_BENCH_CUDA(cudaEventRecord(stop, stream));
+    KVC_BENCH_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    KVC_BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    state.SetIterationTime(ms / 1e3 / sets);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(stream);
+  return true;
 }
 
 /// HBM read bandwidth ceiling the reports compare against (measured copy on this H200 class:

@@ -43,15 +43,6 @@ struct FastTokenTraits {
   static constexpr int kTiles = D / 16;
 };
 
-/// The f16x2 registers of code word w (element 8t + n in nibble n): r[0] = (n0, n4),
-/// r[1] = (n1, n5), r[2] = (n2, n6), r[3] = (n3, n7), each half the code's value times 2^-14.
-__device__ __forceinline__ void unpack_e2m1_word(std::uint32_t w, std::uint32_t (&r)[4]) {
-  r[0] = ((w << 9) & 0x0e000e00u) | ((w << 12) & 0x80008000u);
-  r[1] = ((w << 5) & 0x0e000e00u) | ((w << 8) & 0x80008000u);
-  r[2] = ((w << 1) & 0x0e000e00u) | ((w << 4) & 0x80008000u);
-  r[3] = ((w >> 3) & 0x0e000e00u) | (w & 0x80008000u);
-}
-
 /// d += a * b for one m16n8k16 tile (row-major A, column-major B, f16 inputs, f32 accumulators).
 __device__ __forceinline__ void mma_16816(float (&d)[4], const std::uint32_t (&a)[4],
                                           std::uint32_t b0, std::uint32_t b1) {
@@ -60,12 +51,6 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const std::uint32_t (&a
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/// Element index (within the key) of k slot `slot` (0..15) of k-tile `kt` in the permuted order.
-__device__ __forceinline__ int permuted_element(int kt, int slot) {
-  const int t = (slot % 8) / 2, hi = slot % 2, upper = slot >= 8 ? 1 : 0;
-  return 32 * (kt / 2) + 8 * t + 2 * (kt % 2) + upper + 4 * hi;
 }
 
 /// The B fragments of one kv head: for k-tile kt, b[kt][0] holds slots (2t, 2t+1) and b[kt][1]
@@ -80,8 +65,8 @@ __device__ __forceinline__ void load_query_fragments(
     for (int r = 0; r < 2; ++r) {
       std::uint32_t lo = 0u, hi = 0u;
       if (g < cn) {
-        lo = q_heads[g * D + permuted_element(kt, 2 * t + 8 * r)];
-        hi = q_heads[g * D + permuted_element(kt, 2 * t + 1 + 8 * r)];
+        lo = q_heads[g * D + index_math::mma_k_element(kt, 2 * t + 8 * r)];
+        hi = q_heads[g * D + index_math::mma_k_element(kt, 2 * t + 1 + 8 * r)];
       }
       b[kt][r] = lo | (hi << 16);
     }
@@ -146,8 +131,8 @@ __global__ void __launch_bounds__(kTokThreads)
               vb ? *reinterpret_cast<const std::uint32_t*>(keys + tb * kRowBytes + 16 * grp + 4 * t)
                  : 0u;
           std::uint32_t ra[4], rb[4];
-          unpack_e2m1_word(wa, ra);
-          unpack_e2m1_word(wb, rb);
+          index_math::e2m1_word_to_f16x2(wa, ra);
+          index_math::e2m1_word_to_f16x2(wb, rb);
           float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
           const std::uint32_t a0[4] = {ra[0], rb[0], ra[1], rb[1]};
           const std::uint32_t a1[4] = {ra[2], rb[2], ra[3], rb[3]};

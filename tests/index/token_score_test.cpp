@@ -6,15 +6,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <ostream>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "common/random.h"
 #include "kvc/core/error.h"
+#include "kvc/formats/formats.h"
 #include "kvc/index/block_index.h"
+#include "kvc/index/score_math.h"
 #include "kvc/select/selector.h"
 #include "kvc/store/block_codec.h"
 
@@ -423,6 +427,78 @@ TEST(Cpu_BlockIndex_TokenScores, BadArgumentsAreNamed) {
   c.kernel = IndexKernel::kFast;
   auto cpu_fast = BlockIndex::create(c, Device::cpu());
   EXPECT_NO_THROW(cpu_fast->score(*fx.store, {0}, qv, out));
+}
+
+// The tensor-core token scorer's data path, emulated on the host with the m16n8k16 fragment
+// layouts (A: a0 (row g, k 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..); B: b0
+// (k 2t..2t+1, col g), b1 (k 2t+8..): lane = 4g + t): the fragments built from the packed codes
+// and the permuted queries cover every (token, element) pair once, and per mxfp4 group the
+// product times 2^14 * 2^e is the dot product of the decoded keys with the queries.
+TEST(Cpu_BlockIndex_TokenFastPath, FragmentsReproduceTheDotProduct) {
+  constexpr int D = 128, kTok = 16, kHeads = 8;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  std::vector<std::uint8_t> payload(kTok * D / 2), scales(kTok * D / 32);
+  std::vector<float> x(D);
+  for (int m = 0; m < kTok; ++m) {
+    for (int e = 0; e < D; ++e) x[e] = dist(rng) * (e % 32 == 0 ? 8.0f : 1.0f);
+    formats::mxfp4_encode(x.data(), D, payload.data() + m * D / 2, scales.data() + m * D / 32);
+  }
+  std::vector<std::uint16_t> q(kHeads * D);
+  for (auto& v : q) v = float_to_half_bits(dist(rng));
+  for (int grp = 0; grp < D / 32; ++grp) {
+    double A[16][32] = {}, B[32][8] = {};
+    int a_set[16][32] = {}, b_set[32][8] = {};
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane / 4, t = lane % 4;
+      std::uint32_t ra[4], rb[4];
+      auto word = [&](int row) {
+        std::uint32_t w;
+        std::memcpy(&w, payload.data() + row * D / 2 + 16 * grp + 4 * t, 4);
+        return w;
+      };
+      index_math::e2m1_word_to_f16x2(word(g), ra);
+      index_math::e2m1_word_to_f16x2(word(g + 8), rb);
+      for (int half = 0; half < 2; ++half) {  // k-tile 2 grp + half, columns 16 half + slot
+        const std::uint32_t a[4] = {ra[2 * half], rb[2 * half], ra[2 * half + 1], rb[2 * half + 1]};
+        for (int k = 0; k < 4; ++k) {
+          const int row = g + (k % 2) * 8, col = 16 * half + 2 * t + (k / 2) * 8;
+          for (int h2 = 0; h2 < 2; ++h2) {
+            A[row][col + h2] = half_bits_to_float(static_cast<std::uint16_t>(a[k] >> (16 * h2)));
+            ++a_set[row][col + h2];
+          }
+        }
+        const int kt = 2 * grp + half;
+        for (int r = 0; r < 2; ++r) {
+          for (int h2 = 0; h2 < 2; ++h2) {
+            const int slot = 2 * t + h2 + 8 * r;
+            B[16 * half + slot][g] =
+                half_bits_to_float(q[g * D + index_math::mma_k_element(kt, slot)]);
+            ++b_set[16 * half + slot][g];
+          }
+        }
+      }
+    }
+    for (int m = 0; m < 16; ++m) {
+      for (int k = 0; k < 32; ++k) ASSERT_EQ(a_set[m][k], 1);
+    }
+    for (int k = 0; k < 32; ++k) {
+      for (int n = 0; n < 8; ++n) ASSERT_EQ(b_set[k][n], 1);
+    }
+    for (int m = 0; m < kTok; ++m) {
+      const float scale = formats::ue8m0_to_float(scales[m * D / 32 + grp]);
+      for (int n = 0; n < kHeads; ++n) {
+        double c = 0, want = 0;
+        for (int k = 0; k < 32; ++k) c += A[m][k] * B[k][n];
+        for (int e = 32 * grp; e < 32 * grp + 32; ++e) {
+          want += static_cast<double>(half_bits_to_float(q[n * D + e])) *
+                  formats::mxfp4_decode(payload.data() + m * D / 2, scales.data() + m * D / 32, e);
+        }
+        EXPECT_NEAR(c * 16384.0 * scale, want, 1e-9 * (1 + std::abs(want)))
+            << "group " << grp << " token " << m << " head " << n;
+      }
+    }
+  }
 }
 
 // --- the example in docs/scoring.md (compiled and run here; Index.DocSnippet checks the copy)

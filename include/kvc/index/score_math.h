@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #include "kvc/core/macros.h"
 #include "kvc/core/numeric.h"
@@ -71,6 +72,32 @@ struct LogSumExp {
 KVC_HD float log_share(float lse, float z) {
   if (is_nan(lse)) return lse;
   return lse == z ? 0.0f : lse - z;
+}
+
+/// Four f16x2 words (as raw bits) from one word `w` of 8 packed e2m1 codes (code n in bits
+/// 4n..4n+3): r[0] = (code 0, code 4), r[1] = (1, 5), r[2] = (2, 6), r[3] = (3, 7), low half
+/// first. Each half is the code's value times 2^-14, exactly: f16 bits ((c & 7) << 9) |
+/// ((c & 8) << 12), where code 1 (0.5) lands on the f16 subnormal 2^-15. The tensor-core token
+/// scorer (kernels/index/token_fast.cuh) unpacks mxfp4 keys this way in registers.
+/// @param[in]  w  eight codes
+/// @param[out] r  the four f16x2 words
+KVC_HD void e2m1_word_to_f16x2(std::uint32_t w, std::uint32_t (&r)[4]) {
+  r[0] = ((w << 9) & 0x0e000e00u) | ((w << 12) & 0x80008000u);
+  r[1] = ((w << 5) & 0x0e000e00u) | ((w << 8) & 0x80008000u);
+  r[2] = ((w << 1) & 0x0e000e00u) | ((w << 4) & 0x80008000u);
+  r[3] = ((w >> 3) & 0x0e000e00u) | (w & 0x80008000u);
+}
+
+/// The key element held by k slot `slot` (0..15) of k-tile `kt` (16 elements each) in the
+/// tensor-core token scorer's permuted order: the 32 elements of mxfp4 group kt / 2 fill k-tiles
+/// 2g and 2g + 1; lane quad t of an m16n8k16 fragment reads code word t of the group (elements
+/// 8t .. 8t + 7), whose e2m1_word_to_f16x2 words are slots (2t, 2t+1) and (2t+8, 2t+9): words 0
+/// and 1 in the group's first k-tile, 2 and 3 in its second.
+/// @param[in] kt    k-tile
+/// @param[in] slot  k slot within the tile
+KVC_HD int mma_k_element(int kt, int slot) {
+  const int t = (slot % 8) / 2, hi = slot % 2, upper = slot >= 8 ? 1 : 0;
+  return 32 * (kt / 2) + 8 * t + 2 * (kt % 2) + upper + 4 * hi;
 }
 
 }  // namespace index_math
