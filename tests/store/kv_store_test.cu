@@ -10,6 +10,7 @@
 
 #include "common/cuda_test_util.h"
 #include "common/random.h"
+#include "common/snapshot_diff.h"
 #include "kvc/kernels/store_kernels.h"
 #include "kvc/store/kv_store.h"
 
@@ -138,7 +139,8 @@ TEST(Cuda_KvStore, ExtremeKeysMatchCpu) {
                 TensorView::contiguous(v.data(), c.dtype, {n, c.num_kv_heads, c.head_dim}));
     gpu->ingest(0, TensorView::contiguous(dk.get(), c.dtype, {n, c.num_kv_heads, c.head_dim}, Device::cuda(0)),
                 TensorView::contiguous(dv.get(), c.dtype, {n, c.num_kv_heads, c.head_dim}, Device::cuda(0)));
-    EXPECT_TRUE(cpu->snapshot() == gpu->snapshot()) << to_string(index);
+    EXPECT_EQ(testing::snapshot_difference(cpu->snapshot(), gpu->snapshot()), "")
+        << to_string(index);
   }
 }
 
