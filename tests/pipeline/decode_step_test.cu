@@ -11,6 +11,7 @@
 #include "common/cuda_test_util.h"
 #include "common/random.h"
 #include "kvc/attention/attention.h"
+#include "kvc/defaults.h"
 #include "kvc/index/block_index.h"
 #include "kvc/kernels/decode_step.h"
 #include "kvc/select/selector.h"
@@ -22,10 +23,12 @@ namespace {
 using testing::DeviceArray;
 using testing::random_bits16;
 
-TEST(Cuda_DecodeStep, GraphReplayEqualsObjectsFor1000Steps) {
-  KVC_REQUIRE_GPU();
+// default_scoring: kvc's default (kvc/defaults.h: token mass over an mxfp4 index copy, which
+// needs DecodeStepArgs::index_workspace), else mean-K scores.
+void graph_replay_equals_objects(bool default_scoring) {
   constexpr int kBatch = 3, kHkv = 2, kHq = 8, kD = 128, kTop = 4, kSteps = 1000;
-  KvStoreConfig sc;
+  const BlockSelectConfig defaults = default_block_select(kHq, kHkv, kD, 2200, kBatch);
+  KvStoreConfig sc = default_scoring ? defaults.store : KvStoreConfig{};
   sc.num_kv_heads = kHkv;
   sc.head_dim = kD;
   sc.max_slots = kBatch;
@@ -55,11 +58,12 @@ TEST(Cuda_DecodeStep, GraphReplayEqualsObjectsFor1000Steps) {
   DeviceArray<std::uint16_t> d_all_k(all_k), d_all_v(all_v), d_all_q(all_q);
 
   // Objects.
-  BlockIndexConfig ic;
+  BlockIndexConfig ic = default_scoring ? defaults.index : BlockIndexConfig{};
   ic.num_q_heads = kHq;
   ic.num_kv_heads = kHkv;
   ic.head_dim = kD;
   ic.max_batch = kBatch;
+  ic.max_blocks_per_slot = sc.max_blocks_per_slot();
   const int rows = ic.rows(kBatch, 1), maxb = sc.max_blocks_per_slot();
   auto index = BlockIndex::create(ic, Device::cuda(0));
   auto selector = Selector::create(Device::cuda(0), SelectorLimits{rows, maxb, kTop});
@@ -86,6 +90,10 @@ TEST(Cuda_DecodeStep, GraphReplayEqualsObjectsFor1000Steps) {
   const std::size_t attn_bytes = kernels::attention_workspace_upper_bound(kHq, kHkv, kD);
   ASSERT_GT(attn_bytes, 0u);
   DeviceArray<std::uint8_t> select_ws(select_bytes + 256), attn_ws(attn_bytes + 256);
+  std::size_t index_bytes = 0;
+  KVC_ASSERT_CUDA(kernels::decode_step_index_workspace_size(index_bytes, ic, kBatch, maxb));
+  EXPECT_EQ(index_bytes > 0, default_scoring);
+  DeviceArray<std::uint8_t> index_ws(index_bytes + 256);
 
   kernels::DecodeStepArgs a;
   a.store = graph_store->view();
@@ -99,6 +107,8 @@ TEST(Cuda_DecodeStep, GraphReplayEqualsObjectsFor1000Steps) {
   a.selection = SelectionView{g_ids.get(), g_counts.get(), rows, kTop, false};
   a.select_workspace = select_ws.get();
   a.select_workspace_bytes = select_bytes;
+  a.index_workspace = index_ws.get();
+  a.index_workspace_bytes = index_bytes;
   a.attention.q = step_q.get();
   a.attention.out = g_out.get();
   a.attention.lse = g_lse.get();
@@ -110,6 +120,11 @@ TEST(Cuda_DecodeStep, GraphReplayEqualsObjectsFor1000Steps) {
   a.attention.mode = AttentionMode::kBlockSelectExact;
   a.attention_workspace = attn_ws.get();
   a.attention_workspace_bytes = attn_bytes;
+  if (default_scoring) {  // without the index workspace nothing launches
+    kernels::DecodeStepArgs no_ws = a;
+    no_ws.index_workspace = nullptr;
+    EXPECT_EQ(kernels::decode_step(no_ws, nullptr), cudaErrorInvalidValue);
+  }
 
   cudaStream_t stream;
   KVC_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -173,6 +188,16 @@ TEST(Cuda_DecodeStep, GraphReplayEqualsObjectsFor1000Steps) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+TEST(Cuda_DecodeStep, GraphReplayEqualsObjectsFor1000Steps) {
+  KVC_REQUIRE_GPU();
+  graph_replay_equals_objects(false);
+}
+
+TEST(Cuda_DecodeStep, DefaultScoringGraphReplayEqualsObjectsFor1000Steps) {
+  KVC_REQUIRE_GPU();
+  graph_replay_equals_objects(true);
 }
 
 }  // namespace

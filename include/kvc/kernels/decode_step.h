@@ -51,6 +51,10 @@ struct DecodeStepArgs {
   SelectionView selection;                 ///< selected ids, rows as scores
   void* select_workspace = nullptr;        ///< select() workspace
   std::size_t select_workspace_bytes = 0;  ///< its size
+  /// block_scores() scratch (256-byte aligned): required when index.score is kTokenMass (kvc's
+  /// default, kvc/defaults.h), at least decode_step_index_workspace_size() bytes; else ignored.
+  void* index_workspace = nullptr;
+  std::size_t index_workspace_bytes = 0;  ///< its size
   /// Attention settings; store, selection, slots and batch are filled in by decode_step()
   /// (q, out, lse, sink, heads, scale, mode and dtypes are the caller's).
   attention::AttentionParams attention;
@@ -61,22 +65,52 @@ struct DecodeStepArgs {
 /// Most score rows one block_scores launch of decode_step() covers (a grid's y extent).
 constexpr int kMaxScoreRowsPerLaunch = 65535;
 
+/// Sequences per block_scores launch of block_scores_in_launches (whole sequences, at most
+/// kMaxScoreRowsPerLaunch score rows, at least one).
+inline int score_sequences_per_launch(const BlockIndexConfig& config, int batch) {
+  const int per_seq = config.rows(1, 1);
+  const int seqs =
+      per_seq > 0 ? (kMaxScoreRowsPerLaunch / per_seq > 0 ? kMaxScoreRowsPerLaunch / per_seq : 1)
+                  : batch;
+  return seqs < batch ? seqs : batch;
+}
+
+/// Bytes of DecodeStepArgs::index_workspace for `config`, a batch of `batch` sequences and a
+/// store with `max_blocks_per_slot` blocks per slot (0 unless config.score is kTokenMass; each
+/// launch of block_scores_in_launches reuses it). Allocates and launches nothing.
+/// @param[out] bytes               the scratch size
+/// @param[in]  config              index configuration (validated by the caller)
+/// @param[in]  batch               sequences, >= 1
+/// @param[in]  max_blocks_per_slot the store's StoreView::max_blocks_per_slot
+/// @return cudaErrorInvalidValue for a batch < 1 or negative sizes, else cudaSuccess
+inline cudaError_t decode_step_index_workspace_size(std::size_t& bytes,
+                                                    const BlockIndexConfig& config, int batch,
+                                                    int max_blocks_per_slot) {
+  bytes = 0;
+  if (batch < 1) return cudaErrorInvalidValue;
+  return block_scores_workspace_size(bytes, config, score_sequences_per_launch(config, batch), 1,
+                                     max_blocks_per_slot);
+}
+
 /// block_scores() of a batch cut into launches of at most kMaxScoreRowsPerLaunch rows each
-/// (whole sequences per launch), so every batch the configs accept launches.
+/// (whole sequences per launch), so every batch the configs accept launches. `d_workspace`
+/// (decode_step_index_workspace_size bytes) serves kTokenMass; the launches reuse it in stream
+/// order.
 /// @param[in] s        the store (device pointers)
 /// @param[in] config   index configuration
 /// @param[in] d_slots  [batch] slot ids on the device
 /// @param[in] batch    sequences
 /// @param[in] d_q      [batch, 1, Hq, d] queries
 /// @param[out] out     scores, rows = config.rows(batch, 1)
+/// @param[in] d_workspace      scratch for kTokenMass, or null
+/// @param[in] workspace_bytes  its size
 /// @param[in] stream   stream the work is ordered on
 inline cudaError_t block_scores_in_launches(const StoreView& s, const BlockIndexConfig& config,
                                             const std::int32_t* d_slots, int batch, const void* d_q,
-                                            const ScoresView& out, cudaStream_t stream) {
+                                            const ScoresView& out, void* d_workspace,
+                                            std::size_t workspace_bytes, cudaStream_t stream) {
   const int per_seq = config.rows(1, 1);
-  const int seqs =
-      per_seq > 0 ? (kMaxScoreRowsPerLaunch / per_seq > 0 ? kMaxScoreRowsPerLaunch / per_seq : 1)
-                  : batch;
+  const int seqs = score_sequences_per_launch(config, batch > 0 ? batch : 1);
   const std::size_t q_seq = static_cast<std::size_t>(config.num_q_heads) * config.head_dim * 2;
   for (int b0 = 0; b0 < batch; b0 += seqs) {
     const int n = batch - b0 < seqs ? batch - b0 : seqs;
@@ -87,7 +121,8 @@ inline cudaError_t block_scores_in_launches(const StoreView& s, const BlockIndex
     part.rows = n * per_seq;
     const cudaError_t e =
         block_scores(s, config, d_slots + b0, n, 1,
-                     static_cast<const std::uint8_t*>(d_q) + b0 * q_seq, part, stream);
+                     static_cast<const std::uint8_t*>(d_q) + b0 * q_seq, part, d_workspace,
+                     workspace_bytes, stream);
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
@@ -96,13 +131,16 @@ inline cudaError_t block_scores_in_launches(const StoreView& s, const BlockIndex
 /// Enqueues append (when k_new is set) → block scores → select → attention on `stream`.
 /// @param[in] a       buffers and settings
 /// @param[in] stream  stream the work is ordered on
-/// @return cudaErrorInvalidValue for a null workspace or pointer or a batch out of range (nothing
-///         launched), else the first CUDA error of the launches
+/// @return cudaErrorInvalidValue for a null workspace or pointer (index_workspace too, for
+///         kTokenMass) or a batch out of range (nothing launched), else the first CUDA error of
+///         the launches
 inline cudaError_t decode_step(const DecodeStepArgs& a, cudaStream_t stream) {
   const bool selects = uses_selection(a.attention.mode);
   if (a.batch < 1 || a.batch > a.store.max_slots || a.slots == nullptr ||
       a.attention.q == nullptr || a.attention.out == nullptr || a.attention_workspace == nullptr ||
-      (selects && a.select_workspace == nullptr) || (a.k_new != nullptr && a.v_new == nullptr)) {
+      (selects && a.select_workspace == nullptr) ||
+      (selects && a.index.score == SummaryScore::kTokenMass && a.index_workspace == nullptr) ||
+      (a.k_new != nullptr && a.v_new == nullptr)) {
     return cudaErrorInvalidValue;
   }
   cudaError_t e = cudaSuccess;
@@ -112,7 +150,7 @@ inline cudaError_t decode_step(const DecodeStepArgs& a, cudaStream_t stream) {
   }
   if (selects) {
     e = block_scores_in_launches(a.store, a.index, a.slots, a.batch, a.attention.q, a.scores,
-                                 stream);
+                                 a.index_workspace, a.index_workspace_bytes, stream);
     if (e != cudaSuccess) return e;
     std::size_t temp = a.select_workspace_bytes;
     e = select(a.select_workspace, temp, a.scores, a.policy, a.selection, nullptr, stream);
