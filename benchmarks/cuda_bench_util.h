@@ -30,7 +30,9 @@ namespace bench {
 /// Times one iteration of GPU work on `stream` with CUDA events (RAII, as cudf's timer).
 class EventTimer {
  public:
-  EventTimer(benchmark::State& state, cudaStream_t stream) : state_(state), stream_(stream) {
+  /// Times the work enqueued on `stream` during the object's life, reported as `per` calls.
+  EventTimer(benchmark::State& state, cudaStream_t stream, int per = 1)
+      : state_(state), stream_(stream), per_(per) {
     KVC_BENCH_CUDA(cudaEventCreate(&start_));
     KVC_BENCH_CUDA(cudaEventCreate(&stop_));
     KVC_BENCH_CUDA(cudaEventRecord(start_, stream_));
@@ -40,7 +42,7 @@ class EventTimer {
     cudaEventSynchronize(stop_);
     float ms = 0;
     cudaEventElapsedTime(&ms, start_, stop_);
-    state_.SetIterationTime(ms / 1e3);
+    state_.SetIterationTime(ms / 1e3 / per_);
     cudaEventDestroy(start_);
     cudaEventDestroy(stop_);
   }
@@ -48,6 +50,7 @@ class EventTimer {
  private:
   benchmark::State& state_;
   cudaStream_t stream_;
+  int per_;
   cudaEvent_t start_{}, stop_{};
 };
 
@@ -66,16 +69,48 @@ inline int rotation(std::size_t bytes_per_set) {
   return static_cast<int>(n < 2 ? 2 : n);
 }
 
-/// Device buffer of `n` random 16-bit floats (normal, times `scale`), never zeros.
+namespace detail {
+
+/// A counter-based 32-bit hash (lowbias32): independent uniform bits per (seed, index).
+__host__ __device__ inline std::uint32_t hash32(std::uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+/// Normal(0, scale) 16-bit floats from Box-Muller over two hashed uniforms; a value that rounds
+/// to ±0 becomes the smallest normal of its sign, so no element is zero.
+static __global__ void fill_normal_bits16(std::uint16_t* out, std::size_t n, bool bf16,
+                                          std::uint32_t seed, float scale) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const std::uint32_t a = hash32(static_cast<std::uint32_t>(i) * 2u + hash32(seed) +
+                                   static_cast<std::uint32_t>(i >> 31) * 0x9e3779b9u);
+    const std::uint32_t b = hash32(a ^ 0x68e31da4u);
+    const float u1 = (static_cast<float>(a >> 8) + 1.0f) * (1.0f / 16777216.0f);  // (0, 1]
+    const float u2 = static_cast<float>(b >> 8) * (1.0f / 16777216.0f);
+    const float x = scale * sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+    std::uint16_t bits = float_to_bits16(x, bf16);
+    if ((bits & 0x7fffu) == 0) bits = static_cast<std::uint16_t>((bits & 0x8000u) | (bf16 ? 0x0080u : 0x0400u));
+    out[i] = bits;
+  }
+}
+
+}  // namespace detail
+
+/// Device buffer of `n` random 16-bit floats (normal, times `scale`), never zeros, generated on
+/// the device (a host generator took seconds per 128K-token context and ran once per call of a
+/// benchmark function).
 inline std::uint16_t* random_device_bits16(std::size_t n, bool bf16, std::uint32_t seed,
                                            float scale = 1.0f) {
-  std::vector<std::uint16_t> h(n);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  for (auto& x : h) x = float_to_bits16(dist(rng), bf16);
   std::uint16_t* d = nullptr;
   KVC_BENCH_CUDA(cudaMalloc(&d, n * 2));
-  KVC_BENCH_CUDA(cudaMemcpy(d, h.data(), n * 2, cudaMemcpyHostToDevice));
+  detail::fill_normal_bits16<<<1024, 256>>>(d, n, bf16, seed, scale);
+  KVC_BENCH_CUDA(cudaGetLastError());
+  KVC_BENCH_CUDA(cudaDeviceSynchronize());
   return d;
 }
 

@@ -1,13 +1,16 @@
 // The block_select_exact decode step of one layer (score + select + attend; the append is timed
 // separately in store_bench) replayed from a CUDA graph: Hq 32 / Hkv 8 / d 128, fp16k_q4v old
-// blocks of 32, ring 1024, top 8. Compared in docs/performance.md with PyTorch SDPA dense decode
+// blocks of 32, ring 1024, top 8; scored by mean K or by kvc's default (token mass over an mxfp4
+// index copy). Compared in docs/performance.md with PyTorch SDPA dense decode
 // and a PyTorch block-select step measured in the same run (benchmarks/anchors).
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
+#include <memory>
 #include <vector>
 
 #include "cuda_bench_util.h"
+#include "kvc/defaults.h"
 #include "kvc/kernels/decode_step.h"
 #include "kvc/store/kv_store.h"
 
@@ -16,10 +19,42 @@ namespace {
 
 constexpr int kHq = 32, kHkv = 8, kD = 128, kTop = 8;
 
-void BM_DecodeStep(benchmark::State& state) {
-  const int batch = static_cast<int>(state.range(0));
-  const int ctx = static_cast<int>(state.range(1));
-  KvStoreConfig c;
+// One row's store, buffers and captured graphs (one per rotation set), kept for the next call
+// of the same row: Google Benchmark calls the function several times per row (the iteration
+// estimate, each repetition) and the 128K-token ingests need not be redone.
+struct StepFixture {
+  int batch = 0, ctx = 0, scorer = 0, sets = 0;
+  double per_seq = 0;
+  std::unique_ptr<KvStore> store;
+  std::vector<void*> buffers;
+  cudaStream_t stream = nullptr;
+  std::vector<cudaGraphExec_t> graphs;  ///< one step each
+  cudaGraphExec_t chain = nullptr;      ///< every set's step back to back in one graph
+
+  template <class T>
+  T* alloc(std::size_t bytes) {
+    void* p = nullptr;
+    KVC_BENCH_CUDA(cudaMalloc(&p, bytes));
+    buffers.push_back(p);
+    return static_cast<T*>(p);
+  }
+  ~StepFixture() {
+    for (auto e : graphs) cudaGraphExecDestroy(e);
+    if (chain) cudaGraphExecDestroy(chain);
+    for (void* p : buffers) cudaFree(p);
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
+// scorer 0: mean-K block summaries (f32); 1: kvc's default (kvc/defaults.h), token mass over an
+// mxfp4 index copy of every old token.
+std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer) {
+  auto f = std::make_unique<StepFixture>();
+  f->batch = batch;
+  f->ctx = ctx;
+  f->scorer = scorer;
+  const BlockSelectConfig defaults = default_block_select(kHq, kHkv, kD, ctx, 1);
+  KvStoreConfig c = scorer == 1 ? defaults.store : KvStoreConfig{};
   c.num_kv_heads = kHkv;
   c.head_dim = kD;
   c.recent_window = 1024;
@@ -27,14 +62,22 @@ void BM_DecodeStep(benchmark::State& state) {
   c.old_format = Format::kFp16kQ4v;
   c.max_context = ctx;
   const int blocks = c.max_blocks_per_slot();
-  // Bytes one step must read per sequence: mean-K summaries of every closed block, the ring,
-  // the selected blocks (K fp16, V int4 + scale) and the open block (at most B - 1 rows).
-  const double per_seq = static_cast<double>(kHkv) *
-                         (blocks * kD * 4.0 + c.recent_window * kD * 4.0 +
-                          (kTop + 1) * c.block_size * (kD * 2.0 + kD / 2.0 + 4.0));
-  const int sets = bench::rotation(static_cast<std::size_t>(per_seq * batch));
+  // Bytes one step must read per sequence: what the scorer reads (mean-K summaries of every
+  // closed block; or the index copy of every old token, d/2 + d/32 B, and the ring's K for the
+  // mass normaliser), the ring, the selected blocks (K fp16, V int4 + scale) and the open block
+  // (at most B - 1 rows).
+  const double old_tokens = ctx > c.recent_window ? ctx - c.recent_window : 0;
+  const double scorer_bytes = scorer == 1
+                                  ? old_tokens * (kD / 2.0 + kD / 32.0) + c.recent_window * kD * 2.0
+                                  : blocks * kD * 4.0;
+  f->per_seq = static_cast<double>(kHkv) *
+               (scorer_bytes + c.recent_window * kD * 4.0 +
+                (kTop + 1) * c.block_size * (kD * 2.0 + kD / 2.0 + 4.0));
+  const int sets = bench::rotation(static_cast<std::size_t>(f->per_seq * batch));
+  f->sets = sets;
   c.max_slots = batch * sets;
-  auto store = KvStore::create(c, Device::cuda(0));
+  f->store = KvStore::create(c, Device::cuda(0));
+  KvStore* store = f->store.get();
   const std::size_t n = static_cast<std::size_t>(ctx) * kHkv * kD;
   std::uint16_t* k = bench::random_device_bits16(n, false, 11);
   std::uint16_t* v = bench::random_device_bits16(n, false, 12);
@@ -47,37 +90,36 @@ void BM_DecodeStep(benchmark::State& state) {
   cudaFree(k);
   cudaFree(v);
 
-  BlockIndexConfig ic;
+  BlockIndexConfig ic = scorer == 1 ? defaults.index : BlockIndexConfig{};
   ic.num_q_heads = kHq;
   ic.num_kv_heads = kHkv;
   ic.head_dim = kD;
   ic.max_batch = batch;
+  ic.max_blocks_per_slot = blocks;
   const int rows = ic.rows(batch, 1);
   std::vector<int> all(c.max_slots);
   for (int s = 0; s < c.max_slots; ++s) all[s] = s;
-  std::int32_t* d_slots = nullptr;
-  KVC_BENCH_CUDA(cudaMalloc(&d_slots, all.size() * 4));
+  auto* d_slots = f->alloc<std::int32_t>(all.size() * 4);
   KVC_BENCH_CUDA(cudaMemcpy(d_slots, all.data(), all.size() * 4, cudaMemcpyHostToDevice));
   std::uint16_t* q = bench::random_device_bits16(static_cast<std::size_t>(batch) * kHq * kD, false, 13);
-  float *scores = nullptr, *lse = nullptr;
-  std::int32_t *valid = nullptr, *ids = nullptr, *counts = nullptr;
-  std::uint16_t* out = nullptr;
-  KVC_BENCH_CUDA(cudaMalloc(&scores, static_cast<std::size_t>(rows) * blocks * 4));
-  KVC_BENCH_CUDA(cudaMalloc(&valid, rows * 4));
-  KVC_BENCH_CUDA(cudaMalloc(&ids, rows * kTop * 4));
-  KVC_BENCH_CUDA(cudaMalloc(&counts, rows * 4));
-  KVC_BENCH_CUDA(cudaMalloc(&out, static_cast<std::size_t>(batch) * kHq * kD * 2));
-  KVC_BENCH_CUDA(cudaMalloc(&lse, static_cast<std::size_t>(batch) * kHq * 4));
+  f->buffers.push_back(q);
+  auto* scores = f->alloc<float>(static_cast<std::size_t>(rows) * blocks * 4);
+  auto* valid = f->alloc<std::int32_t>(rows * 4);
+  auto* ids = f->alloc<std::int32_t>(rows * kTop * 4);
+  auto* counts = f->alloc<std::int32_t>(rows * 4);
+  auto* out = f->alloc<std::uint16_t>(static_cast<std::size_t>(batch) * kHq * kD * 2);
+  auto* lse = f->alloc<float>(static_cast<std::size_t>(batch) * kHq * 4);
   std::size_t select_bytes = 0;
   KVC_BENCH_CUDA(kernels::select_workspace_bound(select_bytes, rows, blocks, kTop));
   const std::size_t attn_bytes = kernels::attention_workspace_upper_bound(kHq, kHkv, kD);
-  void *select_ws = nullptr, *attn_ws = nullptr;
-  KVC_BENCH_CUDA(cudaMalloc(&select_ws, select_bytes + 256));
-  KVC_BENCH_CUDA(cudaMalloc(&attn_ws, attn_bytes + 256));
+  void* select_ws = f->alloc<void>(select_bytes + 256);
+  void* attn_ws = f->alloc<void>(attn_bytes + 256);
+  std::size_t index_bytes = 0;
+  KVC_BENCH_CUDA(kernels::decode_step_index_workspace_size(index_bytes, ic, batch, blocks));
+  void* index_ws = index_bytes > 0 ? f->alloc<void>(index_bytes + 256) : nullptr;
 
-  cudaStream_t stream;
-  KVC_BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  std::vector<cudaGraphExec_t> graphs;
+  KVC_BENCH_CUDA(cudaStreamCreateWithFlags(&f->stream, cudaStreamNonBlocking));
+  std::vector<kernels::DecodeStepArgs> steps;
   for (int set = 0; set < sets; ++set) {
     kernels::DecodeStepArgs a;
     a.store = store->view();
@@ -89,6 +131,8 @@ void BM_DecodeStep(benchmark::State& state) {
     a.selection = SelectionView{ids, counts, rows, kTop, false};
     a.select_workspace = select_ws;
     a.select_workspace_bytes = select_bytes;
+    a.index_workspace = index_ws;
+    a.index_workspace_bytes = index_bytes;
     a.attention.q = q;
     a.attention.out = out;
     a.attention.lse = lse;
@@ -100,40 +144,67 @@ void BM_DecodeStep(benchmark::State& state) {
     a.attention.mode = AttentionMode::kBlockSelectExact;
     a.attention_workspace = attn_ws;
     a.attention_workspace_bytes = attn_bytes;
+    steps.push_back(a);
     cudaGraph_t g;
-    KVC_BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    KVC_BENCH_CUDA(kernels::decode_step(a, stream));
-    KVC_BENCH_CUDA(cudaStreamEndCapture(stream, &g));
+    KVC_BENCH_CUDA(cudaStreamBeginCapture(f->stream, cudaStreamCaptureModeThreadLocal));
+    KVC_BENCH_CUDA(kernels::decode_step(a, f->stream));
+    KVC_BENCH_CUDA(cudaStreamEndCapture(f->stream, &g));
     cudaGraphExec_t e;
     KVC_BENCH_CUDA(cudaGraphInstantiate(&e, g, 0));
-    graphs.push_back(e);
+    f->graphs.push_back(e);
     cudaGraphDestroy(g);
   }
+  cudaGraph_t g;
+  KVC_BENCH_CUDA(cudaStreamBeginCapture(f->stream, cudaStreamCaptureModeThreadLocal));
+  for (const auto& a : steps) KVC_BENCH_CUDA(kernels::decode_step(a, f->stream));
+  KVC_BENCH_CUDA(cudaStreamEndCapture(f->stream, &g));
+  KVC_BENCH_CUDA(cudaGraphInstantiate(&f->chain, g, 0));
+  cudaGraphDestroy(g);
+  for (auto e : f->graphs) KVC_BENCH_CUDA(cudaGraphLaunch(e, f->stream));  // warm-up
+  KVC_BENCH_CUDA(cudaGraphLaunch(f->chain, f->stream));
+  KVC_BENCH_CUDA(cudaStreamSynchronize(f->stream));
+  return f;
+}
+
+void BM_DecodeStep(benchmark::State& state) {
+  static std::unique_ptr<StepFixture> cached;
+  const int batch = static_cast<int>(state.range(0));
+  const int ctx = static_cast<int>(state.range(1));
+  const int scorer = static_cast<int>(state.range(3));
+  if (!cached || cached->batch != batch || cached->ctx != ctx || cached->scorer != scorer) {
+    cached.reset();  // free the previous row's store first
+    cached = make_step(batch, ctx, scorer);
+  }
+  StepFixture& f = *cached;
+  const bool chained = state.range(2) == 0;
   int i = 0;
   for (auto _ : state) {
-    bench::EventTimer timer(state, stream);
-    KVC_BENCH_CUDA(cudaGraphLaunch(graphs[i++ % sets], stream));
+    if (chained) {  // the steps of every set in one graph: time per step in a decode loop
+      bench::EventTimer timer(state, f.stream, f.sets);
+      KVC_BENCH_CUDA(cudaGraphLaunch(f.chain, f.stream));
+    } else {  // one graph launch per step, its launch latency included
+      bench::EventTimer timer(state, f.stream);
+      KVC_BENCH_CUDA(cudaGraphLaunch(f.graphs[i++ % f.sets], f.stream));
+    }
   }
-  state.SetBytesProcessed(static_cast<std::int64_t>(per_seq * batch) * state.iterations());
-  state.counters["hbm_frac"] = benchmark::Counter(per_seq * batch / 1e12 / bench::peak_tbps(),
+  state.SetBytesProcessed(static_cast<std::int64_t>(f.per_seq * batch) * state.iterations());
+  state.counters["hbm_frac"] = benchmark::Counter(f.per_seq * batch / 1e12 / bench::peak_tbps(),
                                                   benchmark::Counter::kIsIterationInvariantRate);
-  for (auto e : graphs) cudaGraphExecDestroy(e);
-  cudaFree(d_slots);
-  cudaFree(q);
-  cudaFree(scores);
-  cudaFree(valid);
-  cudaFree(ids);
-  cudaFree(counts);
-  cudaFree(out);
-  cudaFree(lse);
-  cudaFree(select_ws);
-  cudaFree(attn_ws);
-  cudaStreamDestroy(stream);
+  state.counters["sets"] = f.sets;
 }
+// Args: batch, context, 0 = steps chained in one graph (per-step time) / 1 = one launch per step,
+// scorer (0 mean K, 1 kvc's default token mass over mxfp4).
 BENCHMARK(BM_DecodeStep)
-    ->Args({1, 32768})
-    ->Args({1, 131072})
-    ->Args({8, 131072})
+    ->Args({1, 32768, 0, 0})
+    ->Args({1, 131072, 0, 0})
+    ->Args({1, 131072, 1, 0})
+    ->Args({8, 131072, 0, 0})
+    ->Args({8, 131072, 1, 0})
+    ->Args({32, 32768, 0, 0})
+    ->Args({1, 32768, 0, 1})
+    ->Args({1, 131072, 0, 1})
+    ->Args({8, 131072, 0, 1})
+    ->Args({32, 32768, 0, 1})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
