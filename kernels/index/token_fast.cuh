@@ -73,7 +73,110 @@ __device__ __forceinline__ void load_query_fragments(
   }
 }
 
-template <int D>
+/// One (closed block, kv head) of a block of exactly kB tokens (16, 32 or 64), by one warp: every
+/// load of the block is issued before the first mma, the logits stay in registers, and the
+/// block's max and log-sum-exp per head are formed from them with one exp per logit (no running
+/// rescale); the mass rule alone computes the log-sum-exp. Lane (g, t) ends with heads 2t and
+/// 2t + 1 of the whole block in mx / lse / nan (after the shuffles over g).
+template <int D, int kB>
+__device__ __forceinline__ void score_fixed_block(const TokenScoreParams& p,
+                                                  const std::uint8_t* keys,
+                                                  const std::uint8_t* scales,
+                                                  const std::uint32_t (&qb)[D / 16][2],
+                                                  float (&mx)[2], index_math::LogSumExp (&lse)[2],
+                                                  bool (&nan)[2]) {
+  using Tr = FastTokenTraits<D>;
+  constexpr int kMT = kB / 16;
+  constexpr std::size_t kRowBytes = D / 2, kScaleBytes = D / 32;
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  std::uint32_t w[kMT][2][Tr::kGroups];
+  std::uint32_t sc[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int tok = 16 * mt + g + 8 * r;
+      if constexpr (kScaleBytes == 4) {
+        sc[mt][r] = *reinterpret_cast<const std::uint32_t*>(scales + tok * kScaleBytes);
+      } else {
+        sc[mt][r] = *reinterpret_cast<const std::uint16_t*>(scales + tok * kScaleBytes);
+      }
+#pragma unroll
+      for (int grp = 0; grp < Tr::kGroups; ++grp) {
+        w[mt][r][grp] =
+            *reinterpret_cast<const std::uint32_t*>(keys + tok * kRowBytes + 16 * grp + 4 * t);
+      }
+    }
+  }
+  float l[kMT][4];  // [mt][0, 1]: token 16 mt + g, heads 2t, 2t + 1; [2, 3]: token + 8
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int grp = 0; grp < Tr::kGroups; ++grp) {
+      std::uint32_t ra[4], rb[4];
+      index_math::e2m1_word_to_f16x2(w[mt][0][grp], ra);
+      index_math::e2m1_word_to_f16x2(w[mt][1][grp], rb);
+      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const std::uint32_t a0[4] = {ra[0], rb[0], ra[1], rb[1]};
+      const std::uint32_t a1[4] = {ra[2], rb[2], ra[3], rb[3]};
+      mma_16816(c, a0, qb[2 * grp][0], qb[2 * grp][1]);
+      mma_16816(c, a1, qb[2 * grp + 1][0], qb[2 * grp + 1][1]);
+      const float sa = formats::ue8m0_to_float(static_cast<std::uint8_t>(sc[mt][0] >> (8 * grp)));
+      const float sb = formats::ue8m0_to_float(static_cast<std::uint8_t>(sc[mt][1] >> (8 * grp)));
+      acc[0] += (c[0] * 16384.0f) * sa;
+      acc[1] += (c[1] * 16384.0f) * sa;
+      acc[2] += (c[2] * 16384.0f) * sb;
+      acc[3] += (c[3] * 16384.0f) * sb;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) l[mt][k] = p.scale * acc[k];
+  }
+  const unsigned full = 0xffffffffu;
+#pragma unroll
+  for (int hc = 0; hc < 2; ++hc) {
+    bool bad = false;
+    float m = index_math::neg_inf();
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float x = l[mt][2 * r + hc];
+        bad = bad || is_nan(x);
+        m = x > m ? x : m;  // NaN never wins
+      }
+    }
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+      const float other = __shfl_xor_sync(full, m, o);
+      m = other > m ? other : m;
+      bad = __shfl_xor_sync(full, bad ? 1 : 0, o) != 0 || bad;
+    }
+    nan[hc] = bad;
+    mx[hc] = bad ? formats::quiet_nan() : m;
+    if (p.mass) {
+      // Σ exp(x - m) over this lane's logits (x == m adds exactly 1: m may be +inf), then over
+      // the warp's lanes of the same head: the block's log-sum-exp with one exp per logit.
+      float sum = 0.0f;
+      if (m != index_math::neg_inf()) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float x = l[mt][2 * r + hc];
+            if (!is_nan(x)) sum += x == m ? 1.0f : expf(x - m);
+          }
+        }
+      }
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) sum += __shfl_xor_sync(full, sum, o);
+      lse[hc].max = m;
+      lse[hc].sum = sum;
+    }
+  }
+}
+
+template <int D, int kB>
 __global__ void __launch_bounds__(kTokThreads)
     token_fast_kernel(const __grid_constant__ TokenScoreParams p) {
   using Tr = FastTokenTraits<D>;
@@ -108,6 +211,9 @@ __global__ void __launch_bounds__(kTokThreads)
       float mx[2] = {index_math::neg_inf(), index_math::neg_inf()};
       index_math::LogSumExp lse[2];
       bool nan[2] = {false, false};
+      if constexpr (kB > 0) {
+        score_fixed_block<D, kB>(p, keys, scales, qb, mx, lse, nan);
+      } else {
 #pragma unroll 2
       for (int m0 = 0; m0 < B; m0 += 16) {
         const int ta = m0 + g, tb = m0 + g + 8;  // this lane's two tokens
@@ -162,19 +268,20 @@ __global__ void __launch_bounds__(kTokThreads)
         }
       }
       // Reduce over the 8 lanes of each quad position (lanes t, t + 4, ..., t + 28).
-      const unsigned full = 0xffffffffu;
 #pragma unroll
       for (int o = 4; o < 32; o <<= 1) {
 #pragma unroll
         for (int hc = 0; hc < 2; ++hc) {
-          mx[hc] = index_math::nan_max(mx[hc], __shfl_xor_sync(full, mx[hc], o));
+          mx[hc] = index_math::nan_max(mx[hc], __shfl_xor_sync(0xffffffffu, mx[hc], o));
           index_math::LogSumExp other;
-          other.max = __shfl_xor_sync(full, lse[hc].max, o);
-          other.sum = __shfl_xor_sync(full, lse[hc].sum, o);
+          other.max = __shfl_xor_sync(0xffffffffu, lse[hc].max, o);
+          other.sum = __shfl_xor_sync(0xffffffffu, lse[hc].sum, o);
           lse[hc].merge(other);
-          nan[hc] = __shfl_xor_sync(full, nan[hc] ? 1 : 0, o) != 0 || nan[hc];
+          nan[hc] = __shfl_xor_sync(0xffffffffu, nan[hc] ? 1 : 0, o) != 0 || nan[hc];
         }
       }
+      }  // runtime block size
+      const unsigned full = 0xffffffffu;
       // Lane t (g == 0) holds heads 2t and 2t+1; lane 0 records them in ascending order.
       for (int c = 0; c < cn; ++c) {
         const int src = c / 2, hc = c % 2;

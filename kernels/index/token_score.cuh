@@ -438,12 +438,23 @@ __global__ void __launch_bounds__(kFinishThreads)
   for (int gc = 0; gc < p.heads; gc += kFinishHeads) {
     const int cn = p.heads - gc < kFinishHeads ? p.heads - gc : kFinishHeads;
     __syncthreads();
-    for (int k = threadIdx.x; k < cn; k += blockDim.x) {
+    // A warp per head: its lanes add the partials (one per chunk CTA, 255 at 128K tokens) in
+    // parallel, then merge across the warp; one thread per head adding them in a chain was most
+    // of this kernel's time.
+    const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+    for (int k = warp; k < cn; k += kFinishThreads / 32) {
       index_math::LogSumExp z;
-      for (int part = 0; part < parts_used; ++part) {
+      for (int part = lane; part < parts_used; part += 32) {
         z.add(p.partial[(static_cast<std::size_t>(row) * p.parts + part) * p.heads + gc + k]);
       }
-      z_smem[k] = z.value();
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        index_math::LogSumExp other;
+        other.max = __shfl_xor_sync(0xffffffffu, z.max, o);
+        other.sum = __shfl_xor_sync(0xffffffffu, z.sum, o);
+        z.merge(other);
+      }
+      if (lane == 0) z_smem[k] = z.value();
     }
     __syncthreads();
     if (j < closed) {

@@ -52,6 +52,20 @@ cudaError_t launch_token_kernel(KeyKind kind, dim3 grid, const TokenScoreParams&
   return cudaGetLastError();
 }
 
+// The tensor-core token kernel for head_dim D, specialised for blocks of 16, 32 and 64 tokens
+// (whole blocks in registers), else for any block size.
+template <int D>
+cudaError_t launch_token_fast(int block_size, dim3 grid, const TokenScoreParams& p,
+                              cudaStream_t stream) {
+  switch (block_size) {
+    case 16: token_fast_kernel<D, 16><<<grid, kTokThreads, 0, stream>>>(p); break;
+    case 32: token_fast_kernel<D, 32><<<grid, kTokThreads, 0, stream>>>(p); break;
+    case 64: token_fast_kernel<D, 64><<<grid, kTokThreads, 0, stream>>>(p); break;
+    default: token_fast_kernel<D, 0><<<grid, kTokThreads, 0, stream>>>(p); break;
+  }
+  return cudaGetLastError();
+}
+
 // kTokenMax / kTokenMass: the token kernel, then (mass) the finish kernel.
 cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const std::int32_t* d_slots,
                          int batch, int tokens, const void* d_q, const ScoresView& out,
@@ -91,11 +105,10 @@ cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const st
   cudaError_t e = cudaSuccess;
   if (fast) {  // mxfp4 index copy, f16 queries, d 64 / 128, G <= 8 (detail::fast_kernel_serves)
     if (c.head_dim == 64) {
-      token_fast_kernel<64><<<grid, kTokThreads, 0, stream>>>(p);
+      e = launch_token_fast<64>(s.block_size, grid, p, stream);
     } else {
-      token_fast_kernel<128><<<grid, kTokThreads, 0, stream>>>(p);
+      e = launch_token_fast<128>(s.block_size, grid, p, stream);
     }
-    e = cudaGetLastError();
   } else {
     switch (c.head_dim) {
       case 64: e = launch_token_kernel<64>(kind, grid, p, stream); break;

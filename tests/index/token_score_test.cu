@@ -207,7 +207,12 @@ INSTANTIATE_TEST_SUITE_P(
         TokenCase{Format::kF16, DType::kF16, kCopy, Format::kMxfp4, kTMax, kMax, true, 2, 8, 128, 40, 1, false},
         TokenCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kTMass, kMax, false, 4, 1, 128, 7, 3, false},
         TokenCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kTMass, kSum, true, 2, 4, 64, 64, 1, true},
-        TokenCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kTMax, kSum, false, 8, 4, 128, 32, 1, true}));
+        TokenCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kTMax, kSum, false, 8, 4, 128, 32, 1, true},
+        // The register-held block specialisations (B 16 / 32 / 64) next to the general loop.
+        TokenCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kTMass, kSum, false, 3, 3, 64, 16, 1, false},
+        TokenCase{Format::kQ8, DType::kF16, kCopy, Format::kMxfp4, kTMax, kMax, false, 2, 8, 128, 16, 2, true},
+        TokenCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kTMass, kMax, true, 2, 2, 128, 64, 1, true},
+        TokenCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kTMass, kSum, false, 8, 4, 128, 32, 4, true}));
 
 // The kernel layer: the workspace of kTokenMass is sized by block_scores_workspace_size, and a
 // missing or short one is refused before anything runs; other scores need none.
