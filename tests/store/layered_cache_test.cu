@@ -218,7 +218,8 @@ TEST(Cuda_LayeredCache, DeviceGuardsRedirectToTheTrash) {
     auto cache = LayeredCache::create(c, Device::cuda(0), m);
     const LayeredView v = cache->view();
     const int a = cache->open_slot();
-    auto k = random_bits16(static_cast<std::size_t>(300) * 256, DType::kF16, 3);
+    // Input for the largest launch below (1150 tokens): a redirected entry still reads its rows.
+    auto k = random_bits16(static_cast<std::size_t>(1150) * 256, DType::kF16, 3);
     DeviceArray<std::uint16_t> dk(k);
     if (owner == PageOwner::kEngine) {
       std::vector<std::int32_t> row(c.layer.max_blocks_per_slot(), -1);
