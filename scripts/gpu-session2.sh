@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Device calls of the second 2026-12-01 session (each under the 10-minute limit; results in $OUT):
+#   scripts/gpu-session2.sh verify   build, every GPU / CPU / mini-decoder test, then
+#                                    compute-sanitizer memcheck and racecheck over the tests of
+#                                    the kernels not yet run under it (DeepSeek-V4, tensor-core
+#                                    attention d256/512, the token fast path, LayeredCache)
+#   scripts/gpu-session2.sh bench    (re)build, then the benchmark rows of docs/performance.md and
+#                                    the PyTorch anchors, each binary under its own time limit
+#   scripts/gpu-session2.sh recheck  (after fixes) every GPU test, memcheck over the fixed tests,
+#                                    the step and token-score rows, the Python pytest on the GPU
+# A step stops early when the call's deadline (DEADLINE seconds after the start, default 560)
+# is near, and says so in summary.txt.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PATH=/usr/local/cuda/bin:$PATH
+out=$PWD/gpu-out/session2  # gpu-check writes gpu-out/ (its summary.txt too)
+mkdir -p "$out"
+t0=$(date +%s)
+deadline=${DEADLINE:-560}
+left() { echo $(( deadline - ($(date +%s) - t0) )); }
+say() { echo "$*" | tee -a "$out/summary.txt"; }
+: > "$out/summary.txt"
+
+build() {
+  scripts/gpu-check build > "$out/build-step.log" 2>&1
+  say "build: rc=$? at $(( $(date +%s) - t0 )) s"
+}
+
+# limit name filter: one benchmark binary, at most `limit` seconds (and what the deadline leaves)
+bench() {
+  local limit=$1 name=$2 filter=$3 l
+  l=$(left)
+  (( l < 20 )) && { say "$name: not run (deadline)"; return; }
+  (( limit > l - 10 )) && limit=$(( l - 10 ))
+  timeout "$limit" build-gpu/benchmarks/$name --benchmark_min_time=${BENCH_TIME:-0.05s} \
+    --benchmark_repetitions=${BENCH_REPS:-3} --benchmark_report_aggregates_only=true \
+    --benchmark_filter="$filter" --benchmark_out="$out/$name.json" \
+    --benchmark_out_format=json > "$out/$name.log" 2>&1
+  say "$name: rc=$? $(grep -c '_median' "$out/$name.log") rows in $limit s limit"
+}
+
+sanitize() {  # name tool filter limit
+  local l
+  l=$(left)
+  (( l < 30 )) && { say "sanitizer $1: not run (deadline)"; return; }
+  local limit=$4
+  (( limit > l - 15 )) && limit=$(( l - 15 ))
+  timeout "$limit" compute-sanitizer --tool "$2" --print-limit 200 --error-exitcode 99 \
+    build-gpu/tests/kvc_cuda_tests --gtest_filter="$3" --gtest_brief=1 \
+    > "$out/sanitizer-$1.log" 2>&1
+  say "sanitizer $1: rc=$? $(grep -E '(ERROR|RACECHECK) SUMMARY' "$out/sanitizer-$1.log" | tail -1) $(grep -E '^\[  (PASSED|FAILED) ' "$out/sanitizer-$1.log" | tr '\n' ' ')"
+}
+
+case "${1:-verify}" in
+  verify)
+    build
+    scripts/gpu-check test > "$out/test-step.log" 2>&1
+    cat gpu-out/summary.txt >> "$out/summary.txt" 2>/dev/null
+    grep -E '^\[  FAILED  \]' gpu-out/gpu-tests.log gpu-out/cpu-tests.log \
+      gpu-out/mini-decoder-tests.log 2>/dev/null | head -20 | tee -a "$out/summary.txt"
+    grep -A8 'snapshot_difference' gpu-out/gpu-tests.log | head -20 >> "$out/summary.txt"
+    new='*Dsv4*:*AttentionMma*:*TokenScores*:*LayeredCache*:*DecodeStep*'
+    skip='*Footprint*:*1000Steps*:*AllocateNothing*:*AllocatesNothing*'
+    sanitize memcheck memcheck "$new-$skip" 200
+    sanitize racecheck racecheck "*AttentionMma*:*Dsv4_Attention*:*TokenScores*-$skip" 200
+    ;;
+  bench)
+    [ -x build-gpu/benchmarks/step_bench ] || build
+    bench 90 step_bench .
+    bench 100 attention_bench .
+    bench 70 index_bench 'h32x8x128/B(1|8)/N131072/|h9x3x64/B8/N32768/'
+    bench 60 topk_bench '^BM_TopK/|^BM_TopKLatency/'
+    bench 40 store_bench .
+    bench 60 dsv4_bench .
+    bench 40 layered_step_bench .
+    l=$(left)
+    if (( l > 40 )); then
+      OUT="$out" timeout $(( l - 20 )) python3 benchmarks/anchors/torch_anchors.py \
+        > "$out/torch_anchors.log" 2>&1
+      say "torch anchors: rc=$?"
+    fi
+    python3 scripts/perf-report.py "$out" > "$out/performance_table.md" 2>&1
+    ;;
+  recheck)
+    # After the token-score and test fixes: every GPU test again, memcheck over what failed
+    # under it, the step and token-score rows, and the Python package's pytest on the GPU.
+    build
+    scripts/gpu-check test > "$out/test-step.log" 2>&1
+    cat gpu-out/summary.txt >> "$out/summary.txt" 2>/dev/null
+    grep -E '^\[  FAILED  \]' gpu-out/gpu-tests.log | head -20 | tee -a "$out/summary.txt"
+    sanitize memcheck memcheck '*LayeredCache*:*TokenScores*:*DecodeStep*-*1000Steps*:*AllocateNothing*' 150
+    bench 60 step_bench .
+    bench 40 index_bench 'h32x8x128/B(1|8)/N131072/token|h32x8x128/B8/N131072/mean_k/f16'
+    l=$(left)
+    if (( l > 60 )); then
+      { cmake -S . -B build-gpu -DKVC_BUILD_PYTHON=ON > "$out/python-configure.log" 2>&1 &&
+        cmake --build build-gpu --target _kvc -j "$(nproc)" > "$out/python-build.log" 2>&1 &&
+        PYTHONPATH=$PWD/build-gpu/python timeout $(( l - 30 )) python3 -m pytest -q -p no:cacheprovider \
+          tests/python > "$out/pytest.log" 2>&1; } 
+      say "pytest (GPU machine): rc=$? $(tail -1 "$out/pytest.log" 2>/dev/null)"
+    fi
+    ;;
+  *) echo "gpu-session2.sh: verify, bench or recheck" >&2; exit 2 ;;
+esac
+say "total $(( $(date +%s) - t0 )) s"
+if [ -n "${OUT:-}" ]; then
+  tar czf "$OUT/results.tar.gz" -C gpu-out .
+  cp "$out/summary.txt" "$OUT/"
+fi
+cat "$out/summary.txt"
