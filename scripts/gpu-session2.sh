@@ -8,6 +8,7 @@
 #                                    the PyTorch anchors, each binary under its own time limit
 #   scripts/gpu-session2.sh recheck  (after fixes) every GPU test, memcheck over the fixed tests,
 #                                    the step and token-score rows, the Python pytest on the GPU
+#   scripts/gpu-session2.sh final    the token-score tests and rows after the last kernel change
 # A step stops early when the call's deadline (DEADLINE seconds after the start, default 560)
 # is near, and says so in summary.txt.
 set -uo pipefail
@@ -100,7 +101,21 @@ case "${1:-verify}" in
       say "pytest (GPU machine): rc=$? $(tail -1 "$out/pytest.log" 2>/dev/null)"
     fi
     ;;
-  *) echo "gpu-session2.sh: verify, bench or recheck" >&2; exit 2 ;;
+  final)
+    # The last call: the token kernel's prefetching version against the CPU, then its rows.
+    cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVC_WITH_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DKVC_BUILD_TESTS=ON -DKVC_BUILD_BENCHMARKS=ON \
+      -DKVC_BUILD_EXAMPLES=OFF > "$out/configure.log" 2>&1
+    cmake --build build-gpu -j "$(nproc)" --target kvc_cuda_tests step_bench index_bench \
+      > "$out/build.log" 2>&1
+    say "build: rc=$? at $(( $(date +%s) - t0 )) s"
+    build-gpu/tests/kvc_cuda_tests --gtest_brief=1 \
+      --gtest_filter='*TokenScores*:*DecodeStep*:*BlockIndex*' > "$out/gpu-tests.log" 2>&1
+    say "gpu tests (token scores, decode step, block index): rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/gpu-tests.log" | tr '\n' ' ')"
+    bench 40 step_bench 'DecodeStep/.*/0/1/'
+    bench 30 index_bench 'h32x8x128/B(1|8)/N131072/token_(mass|max)/mxfp4/sum/fast'
+    ;;
+  *) echo "gpu-session2.sh: verify, bench, recheck or final" >&2; exit 2 ;;
 esac
 say "total $(( $(date +%s) - t0 )) s"
 if [ -n "${OUT:-}" ]; then
