@@ -73,55 +73,41 @@ __device__ __forceinline__ void load_query_fragments(
   }
 }
 
-/// One (closed block, kv head) of a block of exactly kB tokens (16, 32 or 64), by one warp, from
-/// its loads (the kernel issues a warp's blocks' loads before the first mma), the logits in
-/// registers, and the
+/// One (closed block, kv head) of a block of exactly kB tokens (16, 32 or 64), by one warp: every
+/// load of the block is issued before the first mma, the logits stay in registers, and the
 /// block's max and log-sum-exp per head are formed from them with one exp per logit (no running
 /// rescale); the mass rule alone computes the log-sum-exp. Lane (g, t) ends with heads 2t and
 /// 2t + 1 of the whole block in mx / lse / nan (after the shuffles over g).
-/// The code words and scale bytes a lane needs of one block of kB tokens (load_fixed_block).
-template <int D, int kB>
-struct FixedBlockLoad {
-  std::uint32_t w[kB / 16][2][FastTokenTraits<D>::kGroups];  // [m-tile][row g / g + 8][group]
-  std::uint32_t sc[kB / 16][2];                               // the rows' scale bytes
-};
-
-/// Issues every load of one block's index keys (keys / scales: its first row) for this lane.
-template <int D, int kB>
-__device__ __forceinline__ void load_fixed_block(const std::uint8_t* keys,
-                                                 const std::uint8_t* scales,
-                                                 FixedBlockLoad<D, kB>& b) {
-  constexpr std::size_t kRowBytes = D / 2, kScaleBytes = D / 32;
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int mt = 0; mt < kB / 16; ++mt) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int tok = 16 * mt + g + 8 * r;
-      if constexpr (kScaleBytes == 4) {
-        b.sc[mt][r] = *reinterpret_cast<const std::uint32_t*>(scales + tok * kScaleBytes);
-      } else {
-        b.sc[mt][r] = *reinterpret_cast<const std::uint16_t*>(scales + tok * kScaleBytes);
-      }
-#pragma unroll
-      for (int grp = 0; grp < FastTokenTraits<D>::kGroups; ++grp) {
-        b.w[mt][r][grp] =
-            *reinterpret_cast<const std::uint32_t*>(keys + tok * kRowBytes + 16 * grp + 4 * t);
-      }
-    }
-  }
-}
-
 template <int D, int kB>
 __device__ __forceinline__ void score_fixed_block(const TokenScoreParams& p,
-                                                  const FixedBlockLoad<D, kB>& b,
+                                                  const std::uint8_t* keys,
+                                                  const std::uint8_t* scales,
                                                   const std::uint32_t (&qb)[D / 16][2],
                                                   float (&mx)[2], index_math::LogSumExp (&lse)[2],
                                                   bool (&nan)[2]) {
   using Tr = FastTokenTraits<D>;
   constexpr int kMT = kB / 16;
-  const auto& w = b.w;
-  const auto& sc = b.sc;
+  constexpr std::size_t kRowBytes = D / 2, kScaleBytes = D / 32;
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  std::uint32_t w[kMT][2][Tr::kGroups];
+  std::uint32_t sc[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int tok = 16 * mt + g + 8 * r;
+      if constexpr (kScaleBytes == 4) {
+        sc[mt][r] = *reinterpret_cast<const std::uint32_t*>(scales + tok * kScaleBytes);
+      } else {
+        sc[mt][r] = *reinterpret_cast<const std::uint16_t*>(scales + tok * kScaleBytes);
+      }
+#pragma unroll
+      for (int grp = 0; grp < Tr::kGroups; ++grp) {
+        w[mt][r][grp] =
+            *reinterpret_cast<const std::uint32_t*>(keys + tok * kRowBytes + 16 * grp + 4 * t);
+      }
+    }
+  }
   float l[kMT][4];  // [mt][0, 1]: token 16 mt + g, heads 2t, 2t + 1; [2, 3]: token + 8
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
@@ -214,39 +200,20 @@ __global__ void __launch_bounds__(kTokThreads)
     const int h = r.h_first + hh;
     std::uint32_t qb[Tr::kTiles][2];
     load_query_fragments<D>(r.q_row + static_cast<std::size_t>(hh) * p.group * D, cn, qb);
-    // The warp's blocks are jj = warp + u * kTokWarps; with a fixed block size every load of
-    // all of them is in flight before the first mma.
-    constexpr int kPerWarp = kTokBlocksPerCta / kTokWarps;
-    static_assert(kTokBlocksPerCta % kTokWarps == 0, "whole blocks per warp");
-    FixedBlockLoad<D, (kB > 0 ? kB : 16)> pre[kPerWarp];
-    if constexpr (kB > 0) {
-#pragma unroll
-      for (int u = 0; u < kPerWarp; ++u) {
-        const int j = j0 + warp + u * kTokWarps;
-        if (j < r.closed) {
-          const int pb = r.table[store::owned_block_id(s, j)];
-          const std::size_t row0 = store::old_row_index(s, pb, h, 0);
-          load_fixed_block<D, kB>(s.index_k + row0 * kRowBytes,
-                                  s.index_k_scale + row0 * kScaleBytes, pre[u]);
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kPerWarp; ++u) {
-      const int jj = warp + u * kTokWarps;
+    for (int jj = warp; jj < kTokBlocksPerCta; jj += kTokWarps) {
       const int j = j0 + jj;
       if (j >= r.closed) break;
+      const int pb = r.table[store::owned_block_id(s, j)];
+      const std::size_t row0 = store::old_row_index(s, pb, h, 0);
+      const std::uint8_t* keys = s.index_k + row0 * kRowBytes;
+      const std::uint8_t* scales = s.index_k_scale + row0 * kScaleBytes;
       // Per lane: heads 2t and 2t+1, over the tokens of rows g and g + 8 of every tile.
       float mx[2] = {index_math::neg_inf(), index_math::neg_inf()};
       index_math::LogSumExp lse[2];
       bool nan[2] = {false, false};
       if constexpr (kB > 0) {
-        score_fixed_block<D, kB>(p, pre[u], qb, mx, lse, nan);
+        score_fixed_block<D, kB>(p, keys, scales, qb, mx, lse, nan);
       } else {
-      const int pb = r.table[store::owned_block_id(s, j)];
-      const std::size_t row0 = store::old_row_index(s, pb, h, 0);
-      const std::uint8_t* keys = s.index_k + row0 * kRowBytes;
-      const std::uint8_t* scales = s.index_k_scale + row0 * kScaleBytes;
 #pragma unroll 2
       for (int m0 = 0; m0 < B; m0 += 16) {
         const int ta = m0 + g, tb = m0 + g + 8;  // this lane's two tokens

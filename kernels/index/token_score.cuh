@@ -348,29 +348,16 @@ __device__ __forceinline__ void chunk_epilogue(const TokenScoreParams& p, const 
     }
     return;
   }
-  // A warp per head, a lane per block (kTokBlocksPerCta <= 32), merged across the warp: the
-  // CTA's tail, which one thread per head spent a dependent chain of adds on.
-  static_assert(kTokBlocksPerCta <= 32, "a lane per block of the chunk");
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  for (int gl = warp; gl < p.heads; gl += static_cast<int>(blockDim.x) / 32) {
+  for (int gl = threadIdx.x; gl < p.heads; gl += blockDim.x) {
     index_math::LogSumExp z;
     const float* lse =
         p.lse + (static_cast<std::size_t>(r.row) * p.heads + gl) * p.s.max_blocks_per_slot;
-    if (lane < kTokBlocksPerCta && j0 + lane < r.closed) {
-      const float v = lse[j0 + lane];
+    for (int jj = 0; jj < kTokBlocksPerCta && j0 + jj < r.closed; ++jj) {
+      const float v = lse[j0 + jj];
       if (!is_nan(v)) z.add(v);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      index_math::LogSumExp other;
-      other.max = __shfl_xor_sync(0xffffffffu, z.max, o);
-      other.sum = __shfl_xor_sync(0xffffffffu, z.sum, o);
-      z.merge(other);
-    }
-    if (lane == 0) {
-      p.partial[(static_cast<std::size_t>(r.row) * p.parts + 1 + blockIdx.x) * p.heads + gl] =
-          z.value();
-    }
+    p.partial[(static_cast<std::size_t>(r.row) * p.parts + 1 + blockIdx.x) * p.heads + gl] =
+        z.value();
   }
 }
 
