@@ -13,7 +13,9 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SRC = sys.argv[1] if len(sys.argv) > 1 else "/work/shared/reference/dsv4-golden"
+# Default: ../shared/reference/dsv4-golden beside the checkout (this file is tests/dsv4/golden/).
+SRC = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
+    HERE, "..", "..", "..", "..", "shared", "reference", "dsv4-golden")
 SIZE = {"bf16": 2, "f32": 4, "i32": 4, "u8": 1}
 
 # case -> (tensors to copy, {tensor: rows kept} for the prefixed ones)
