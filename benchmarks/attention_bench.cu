@@ -25,7 +25,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -76,51 +75,6 @@ double sdpa_us(int shape, int batch, int n) {
   if (batch == 1 && n == 131072) return 137;
   if (batch == 8 && n == 131072) return 938;
   return 0;
-}
-
-/// Times `sets` calls of `call(set, stream)` captured in one CUDA graph (after one uncaptured
-/// pass that loads the kernels); reports the time of one call. Returns false (and skips the
-/// row) when a call fails, e.g. a kernel path that does not serve the shape.
-bool time_graph(benchmark::State& state, int sets,
-                const std::function<cudaError_t(int, cudaStream_t)>& call) {
-  cudaStream_t stream;
-  KVC_BENCH_CUDA(cudaStreamCreate(&stream));
-  for (int s = 0; s < sets; ++s) {
-    const cudaError_t e = call(s, stream);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      cudaStreamDestroy(stream);
-      state.SkipWithError((std::string("not run: ") + cudaGetErrorString(e)).c_str());
-      return false;
-    }
-  }
-  KVC_BENCH_CUDA(cudaStreamSynchronize(stream));
-  cudaGraph_t g;
-  cudaGraphExec_t exec;
-  KVC_BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int s = 0; s < sets; ++s) KVC_BENCH_CUDA(call(s, stream));
-  KVC_BENCH_CUDA(cudaStreamEndCapture(stream, &g));
-  KVC_BENCH_CUDA(cudaGraphInstantiate(&exec, g, 0));
-  KVC_BENCH_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
-  KVC_BENCH_CUDA(cudaStreamSynchronize(stream));
-  cudaEvent_t start, stop;
-  KVC_BENCH_CUDA(cudaEventCreate(&start));
-  KVC_BENCH_CUDA(cudaEventCreate(&stop));
-  for (auto _ : state) {
-    KVC_BENCH_CUDA(cudaEventRecord(start, stream));
-    KVC_BENCH_CUDA(cudaGraphLaunch(exec, stream));
-    KVC_BENCH_CUDA(cudaEventRecord(stop, stream));
-    KVC_BENCH_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    KVC_BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    state.SetIterationTime(ms / 1e3 / sets);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(g);
-  cudaStreamDestroy(stream);
-  return true;
 }
 
 void report(benchmark::State& state, std::size_t bytes, int sets, const std::string& label) {
@@ -203,7 +157,7 @@ void BM_DenseDecode(benchmark::State& state) {
   void* ws = nullptr;
   const cudaError_t e = kernels::dense_attention_decode(nullptr, ws_bytes, p, nullptr);
   if (e == cudaSuccess) KVC_BENCH_CUDA(cudaMalloc(&ws, std::max<std::size_t>(ws_bytes, 1)));
-  const bool ran = e == cudaSuccess && time_graph(state, in.sets, [&](int s, cudaStream_t st) {
+  const bool ran = e == cudaSuccess && bench::time_graph_calls(state, in.sets, [&](int s, cudaStream_t st) {
                      attention::DenseParams ps = p;
                      ps.k = in.k[s];
                      ps.v = in.v[s];
@@ -360,7 +314,7 @@ void BM_BlockSelectExact(benchmark::State& state) {
   const cudaError_t e = kernels::attention_decode(nullptr, ws_bytes, p, nullptr);
   if (e == cudaSuccess) KVC_BENCH_CUDA(cudaMalloc(&ws, std::max<std::size_t>(ws_bytes, 1)));
   // One graph holds a decode for every rotation set in turn, as an engine replays its steps.
-  const bool ran = e == cudaSuccess && time_graph(state, in.sets, [&](int s, cudaStream_t st) {
+  const bool ran = e == cudaSuccess && bench::time_graph_calls(state, in.sets, [&](int s, cudaStream_t st) {
                      attention::AttentionParams ps = p;
                      ps.slots = in.slots + s * batch;
                      return kernels::attention_decode(ws, ws_bytes, ps, st);

@@ -74,32 +74,6 @@ struct Bed {
 
 const Shape kShapes[] = {{32, 8, 128, "h32x8x128"}, {9, 3, 64, "smollm2"}};
 
-// Fills x[0, n) with pseudo-random 16-bit values in (-2, 2), never zero (a hash of the index:
-// prefills of 100M+ elements without a host round trip).
-__global__ void fill_random(std::uint16_t* x, std::size_t n, std::uint32_t seed, bool bf) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    std::uint32_t h =
-        static_cast<std::uint32_t>(i) * 0x9e3779b9u ^ static_cast<std::uint32_t>(i >> 32) ^ seed;
-    h ^= h >> 16;
-    h *= 0x7feb352du;
-    h ^= h >> 15;
-    h *= 0x846ca68bu;
-    h ^= h >> 16;
-    float v = (static_cast<float>(h >> 8) * (1.0f / 16777216.0f)) * 4.0f - 2.0f;
-    if (v > -1e-3f && v < 1e-3f) v = 0.5f;
-    x[i] = float_to_bits16(v, bf);
-  }
-}
-
-std::uint16_t* random_device(std::size_t n, bool bf, std::uint32_t seed) {
-  std::uint16_t* d = nullptr;
-  KVC_BENCH_CUDA(cudaMalloc(&d, n * 2));
-  fill_random<<<1024, 256>>>(d, n, seed, bf);
-  KVC_BENCH_CUDA(cudaGetLastError());
-  return d;
-}
-
 // Bytes one call reads for `v` with `batch` sequences of `ctx` tokens.
 std::size_t bytes_read(const Shape& sh, const Variant& v, int batch, int ctx) {
   const std::size_t closed = static_cast<std::size_t>(ctx - kRing) / kBlock;
@@ -153,8 +127,8 @@ Bed& bed_for(const StoreKey& key) {
     cudaFree(pre.k);
     cudaFree(pre.v);
     const std::size_t n = static_cast<std::size_t>(key.ctx) * sh.hkv * sh.d;
-    pre = Prefill{key.shape, key.ctx, bf, random_device(n, bf, 5u + key.shape),
-                  random_device(n, bf, 6u + key.shape)};
+    pre = Prefill{key.shape, key.ctx, bf, bench::random_device_bits16(n, bf, 5u + key.shape),
+                  bench::random_device_bits16(n, bf, 6u + key.shape)};
   }
   std::uint16_t *k = pre.k, *v = pre.v;
   for (int s = 0; s < c.max_slots; ++s) {
