@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <random>
 #include <string>
 
 #include "kvc/core/error.h"
@@ -113,6 +116,39 @@ TEST(Core_Numeric, HalfConversionsExact) {
     std::memcpy(&rb, &ref, 2);
     ASSERT_EQ(float_to_half_bits(f), rb) << std::hex << u;
   }
+}
+
+TEST(Core_Numeric, LogPortableIsCorrectlyRounded) {
+  // Random floats over the whole positive range (normal and subnormal), and values near 1 where
+  // ln x is small: log_portable equals double log rounded once to float, but for the rare values
+  // within ~1e-16 of a rounding boundary.
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<std::uint32_t> bits(1u, 0x7f7fffffu);
+  std::uniform_real_distribution<float> near_one(0.5f, 2.0f);
+  int off = 0;
+  for (int i = 0; i < 400000; ++i) {
+    const float x = i % 2 ? bits_float(bits(rng)) : near_one(rng);
+    const float mine = log_portable(x);
+    const double exact = std::log(static_cast<double>(x));
+    const float cr = static_cast<float>(exact);
+    if (mine != cr) {
+      ++off;
+      EXPECT_LE(std::abs(double(mine) - exact),
+                std::abs(double(cr) - exact) * 1.0000001 + std::abs(exact) * 6e-8)
+          << x;
+    }
+  }
+  EXPECT_LE(off, 2);
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(log_portable(1.0f), 0.0f);
+  EXPECT_EQ(log_portable(0.0f), -inf);
+  EXPECT_EQ(log_portable(-0.0f), -inf);
+  EXPECT_EQ(log_portable(inf), inf);
+  EXPECT_TRUE(std::isnan(log_portable(-1.0f)));
+  EXPECT_TRUE(std::isnan(log_portable(-inf)));
+  EXPECT_TRUE(std::isnan(log_portable(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_EQ(log_portable(bits_float(1u)), static_cast<float>(std::log(std::ldexp(1.0, -149))));
+  EXPECT_EQ(log_portable(2.0f), static_cast<float>(std::log(2.0)));
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
  *    l = ln(exp(l_a) + exp(l_b)),  o = exp(l_a - l) o_a + exp(l_b - l) o_b,
  *  which is attention over A u B. A sink logit counts once: include it in exactly one of the
  *  states merged. NaN in either input state propagates to the result; it is never hidden.
+ *  The weights use exp_portable / log_portable (kvc/core/numeric.h) and every product and sum is
+ *  rounded once, so a merge gives the same bits on the host and on the device.
  */
 #pragma once
 
@@ -40,12 +42,12 @@ KVC_HD MergeWeights merge_weights(float lse_a, float lse_b) {
     return w;
   }
   // Both exponents are <= 0; +inf - +inf gives NaN, which propagates.
-  const float ea = expf(lse_a - m);
-  const float eb = expf(lse_b - m);
+  const float ea = exp_portable(fadd_rn(lse_a, -m));
+  const float eb = exp_portable(fadd_rn(lse_b, -m));
   const float sum = fadd_rn(ea, eb);
   w.a = fdiv_rn(ea, sum);
   w.b = fdiv_rn(eb, sum);
-  w.lse = fadd_rn(m, logf(sum));
+  w.lse = fadd_rn(m, log_portable(sum));
   return w;
 }
 

@@ -140,4 +140,128 @@ KVC_HD std::uint16_t float_to_bits16(float f, bool is_bf16) {
   return is_bf16 ? float_to_bf16_bits(f) : float_to_half_bits(f);
 }
 
+// --- portable transcendental functions: the same bits on host and device ----------------------
+
+/// Correctly rounded double x*y, never fused with a following add.
+KVC_HD double dmul_rn(double x, double y) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(x, y);
+#else
+  return x * y;
+#endif
+}
+
+/// Correctly rounded double x+y, never fused with a preceding multiply.
+KVC_HD double dadd_rn(double x, double y) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(x, y);
+#else
+  return x + y;
+#endif
+}
+
+/// exp(x) in float, evaluated in double with a fixed sequence of correctly rounded operations and
+/// rounded to float once: the correctly rounded exp except when exp(x) lies within ~1e-16
+/// (relative) of a float rounding boundary. exp(-inf) = 0, exp(+inf) = +inf, NaN gives NaN; 0
+/// below -104 and +inf above 89 (the float range). Bit-identical on host and device.
+/// @param[in] x  the argument
+KVC_HD float exp_portable(float x) {
+  if (is_nan(x)) return x;
+  if (x < -104.0f) return 0.0f;
+  if (x > 89.0f) return bits_float(0x7f800000u);
+  const double xd = static_cast<double>(x);
+  // n = nearest integer to x / ln 2; r = x - n ln 2 with ln 2 in two parts (n * kLn2Hi is
+  // exact: kLn2Hi has 32 significant bits and |n| <= 150).
+  const double kLog2e = 1.4426950408889634;
+  const double kLn2Hi = 6.93147180369123816490e-01;
+  const double kLn2Lo = 1.90821492927058770002e-10;
+  const double t = dmul_rn(xd, kLog2e);
+  const double nd = t >= 0 ? static_cast<double>(static_cast<long long>(dadd_rn(t, 0.5)))
+                           : -static_cast<double>(static_cast<long long>(dadd_rn(-t, 0.5)));
+  const double r = dadd_rn(dadd_rn(xd, -dmul_rn(nd, kLn2Hi)), -dmul_rn(nd, kLn2Lo));
+  // exp(r) for |r| <= 0.35 by its Taylor series to degree 13 (truncation < 1e-17), Horner form.
+  double p = 1.0 / 6227020800.0;
+  p = dadd_rn(dmul_rn(p, r), 1.0 / 479001600.0);
+  p = dadd_rn(dmul_rn(p, r), 1.0 / 39916800.0);
+  p = dadd_rn(dmul_rn(p, r), 1.0 / 3628800.0);
+  p = dadd_rn(dmul_rn(p, r), 1.0 / 362880.0);
+  p = dadd_rn(dmul_rn(p, r), 1.0 / 40320.0);
+  p = dadd_rn(dmul_rn(p, r), 1.0 / 5040.0);
+  p = dadd_rn(dmul_rn(p, r), 1.0 / 720.0);
+  p = dadd_rn(dmul_rn(p, r), 1.0 / 120.0);
+  p = dadd_rn(dmul_rn(p, r), 1.0 / 24.0);
+  p = dadd_rn(dmul_rn(p, r), 1.0 / 6.0);
+  p = dadd_rn(dmul_rn(p, r), 0.5);
+  p = dadd_rn(dmul_rn(p, r), 1.0);
+  p = dadd_rn(dmul_rn(p, r), 1.0);
+  // Scale by 2^n exactly (|n| <= 151: within double's normal range).
+  const long long n = static_cast<long long>(nd);
+  const std::uint64_t bits = static_cast<std::uint64_t>(n + 1023) << 52;
+  double two_n;
+#if defined(__CUDA_ARCH__)
+  two_n = __longlong_as_double(static_cast<long long>(bits));
+#else
+  std::memcpy(&two_n, &bits, sizeof two_n);
+#endif
+  return static_cast<float>(dmul_rn(p, two_n));
+}
+
+/// Correctly rounded double x/y.
+KVC_HD double ddiv_rn(double x, double y) {
+#if defined(__CUDA_ARCH__)
+  return __ddiv_rn(x, y);
+#else
+  return x / y;
+#endif
+}
+
+/// ln(x) in float, evaluated in double with a fixed sequence of correctly rounded operations and
+/// rounded to float once (as exp_portable): the correctly rounded log except when ln(x) lies
+/// within ~1e-16 (relative) of a float rounding boundary. ln(+0) = -inf, ln(+inf) = +inf, NaN
+/// and x < 0 give NaN; subnormals are exact inputs. Bit-identical on host and device.
+/// @param[in] x  the argument
+KVC_HD float log_portable(float x) {
+  if (is_nan(x)) return x;
+  if (x < 0.0f) return bits_float(0x7fc00000u);
+  if (x == 0.0f) return bits_float(0xff800000u);
+  if (is_nonfinite(x)) return x;  // +inf
+  // x = m 2^e with m in [sqrt(1/2), sqrt(2)): float's exponent and mantissa bits (a subnormal
+  // is scaled by 2^24 first, exactly).
+  std::uint32_t u = float_bits(x);
+  int e = 0;
+  if ((u & 0x7f800000u) == 0) {
+    u = float_bits(fmul_rn(x, 16777216.0f));
+    e = -24;
+  }
+  e += static_cast<int>((u >> 23) & 0xffu) - 127;
+  std::uint32_t mu = (u & 0x007fffffu) | 0x3f800000u;  // m in [1, 2)
+  if (mu > 0x3fb504f3u) {                              // m > sqrt(2): halve it (exact)
+    mu -= 0x00800000u;
+    ++e;
+  }
+  const double m = static_cast<double>(bits_float(mu));
+  // ln m = 2 atanh(s), s = (m - 1) / (m + 1), |s| <= 0.1716: the odd series to s^23
+  // (truncation < 1e-18 relative). m - 1 and m + 1 are exact in double.
+  const double s = ddiv_rn(dadd_rn(m, -1.0), dadd_rn(m, 1.0));
+  const double z = dmul_rn(s, s);
+  double p = 1.0 / 23.0;
+  p = dadd_rn(dmul_rn(p, z), 1.0 / 21.0);
+  p = dadd_rn(dmul_rn(p, z), 1.0 / 19.0);
+  p = dadd_rn(dmul_rn(p, z), 1.0 / 17.0);
+  p = dadd_rn(dmul_rn(p, z), 1.0 / 15.0);
+  p = dadd_rn(dmul_rn(p, z), 1.0 / 13.0);
+  p = dadd_rn(dmul_rn(p, z), 1.0 / 11.0);
+  p = dadd_rn(dmul_rn(p, z), 1.0 / 9.0);
+  p = dadd_rn(dmul_rn(p, z), 1.0 / 7.0);
+  p = dadd_rn(dmul_rn(p, z), 1.0 / 5.0);
+  p = dadd_rn(dmul_rn(p, z), 1.0 / 3.0);
+  p = dadd_rn(dmul_rn(p, z), 1.0);
+  const double ln_m = dmul_rn(dmul_rn(2.0, s), p);
+  // e ln 2 with ln 2 in two parts (e * kLn2Hi is exact: 32 significant bits, |e| <= 150).
+  const double kLn2Hi = 6.93147180369123816490e-01;
+  const double kLn2Lo = 1.90821492927058770002e-10;
+  const double ed = static_cast<double>(e);
+  return static_cast<float>(dadd_rn(dmul_rn(ed, kLn2Hi), dadd_rn(ln_m, dmul_rn(ed, kLn2Lo))));
+}
+
 }  // namespace kvc

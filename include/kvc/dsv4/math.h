@@ -20,26 +20,6 @@
 namespace kvc {
 namespace dsv4 {
 
-// --- double arithmetic without contraction (exp_portable) ---------------------------------------
-
-/// Correctly rounded double x*y, never fused with a following add.
-KVC_HD double dmul_rn(double x, double y) {
-#if defined(__CUDA_ARCH__)
-  return __dmul_rn(x, y);
-#else
-  return x * y;
-#endif
-}
-
-/// Correctly rounded double x+y, never fused with a preceding multiply.
-KVC_HD double dadd_rn(double x, double y) {
-#if defined(__CUDA_ARCH__)
-  return __dadd_rn(x, y);
-#else
-  return x + y;
-#endif
-}
-
 /// Correctly rounded fused multiply-add x*y+z in float (one rounding), the same on both sides.
 KVC_HD float fma_rn(float x, float y, float z) {
 #if defined(__CUDA_ARCH__)
@@ -61,51 +41,10 @@ KVC_HD float sqrt_rn(float x) {
 /// +infinity as a float.
 KVC_HD float inf_f() { return bits_float(0x7f800000u); }
 
-/// exp(x) in float, evaluated in double with a fixed sequence of correctly rounded operations and
-/// rounded to float once: the correctly rounded exp except when exp(x) lies within ~1e-16
-/// (relative) of a float rounding boundary. exp(-inf) = 0, exp(+inf) = +inf, NaN gives NaN; 0
-/// below -104 and +inf above 89 (the float range). Bit-identical on host and device.
-/// @param[in] x  the argument
-KVC_HD float exp_portable(float x) {
-  if (is_nan(x)) return x;
-  if (x < -104.0f) return 0.0f;
-  if (x > 89.0f) return inf_f();
-  const double xd = static_cast<double>(x);
-  // n = nearest integer to x / ln 2; r = x - n ln 2 with ln 2 in two parts (n * kLn2Hi is
-  // exact: kLn2Hi has 32 significant bits and |n| <= 150).
-  const double kLog2e = 1.4426950408889634;
-  const double kLn2Hi = 6.93147180369123816490e-01;
-  const double kLn2Lo = 1.90821492927058770002e-10;
-  const double t = dmul_rn(xd, kLog2e);
-  const double nd = t >= 0 ? static_cast<double>(static_cast<long long>(dadd_rn(t, 0.5)))
-                           : -static_cast<double>(static_cast<long long>(dadd_rn(-t, 0.5)));
-  const double r = dadd_rn(dadd_rn(xd, -dmul_rn(nd, kLn2Hi)), -dmul_rn(nd, kLn2Lo));
-  // exp(r) for |r| <= 0.35 by its Taylor series to degree 13 (truncation < 1e-17), Horner form.
-  double p = 1.0 / 6227020800.0;
-  p = dadd_rn(dmul_rn(p, r), 1.0 / 479001600.0);
-  p = dadd_rn(dmul_rn(p, r), 1.0 / 39916800.0);
-  p = dadd_rn(dmul_rn(p, r), 1.0 / 3628800.0);
-  p = dadd_rn(dmul_rn(p, r), 1.0 / 362880.0);
-  p = dadd_rn(dmul_rn(p, r), 1.0 / 40320.0);
-  p = dadd_rn(dmul_rn(p, r), 1.0 / 5040.0);
-  p = dadd_rn(dmul_rn(p, r), 1.0 / 720.0);
-  p = dadd_rn(dmul_rn(p, r), 1.0 / 120.0);
-  p = dadd_rn(dmul_rn(p, r), 1.0 / 24.0);
-  p = dadd_rn(dmul_rn(p, r), 1.0 / 6.0);
-  p = dadd_rn(dmul_rn(p, r), 0.5);
-  p = dadd_rn(dmul_rn(p, r), 1.0);
-  p = dadd_rn(dmul_rn(p, r), 1.0);
-  // Scale by 2^n exactly (|n| <= 151: within double's normal range).
-  const long long n = static_cast<long long>(nd);
-  const std::uint64_t bits = static_cast<std::uint64_t>(n + 1023) << 52;
-  double two_n;
-#if defined(__CUDA_ARCH__)
-  two_n = __longlong_as_double(static_cast<long long>(bits));
-#else
-  std::memcpy(&two_n, &bits, sizeof two_n);
-#endif
-  return static_cast<float>(dmul_rn(p, two_n));
-}
+// exp_portable and the double helpers moved to kvc/core/numeric.h (attention merges use them too).
+using kvc::dadd_rn;
+using kvc::dmul_rn;
+using kvc::exp_portable;
 
 // --- canonical reductions -----------------------------------------------------------------------
 
