@@ -826,6 +826,45 @@ TEST(Cuda_Merge, MatchesCpuWithEdgeCases) {
 
 // Split-K by hand: two CUDA dense calls over the halves of a cache, merged on the device, equal
 // one call over the whole cache.
+TEST(Cuda_Merge, CloseStatesBitIdenticalToCpu) {
+  // lse values of the same scale, so that both weights are far from 0 and 1 and every exp and
+  // log matters (the earlier test's lse_a * 10 makes most weights exactly 0 or 1).
+  KVC_REQUIRE_GPU();
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int n = 4099, d = 64;
+  std::vector<float> oa(n * d), ob(n * d), la(n), lb(n);
+  for (auto& x : oa) x = nd(rng);
+  for (auto& x : ob) x = nd(rng);
+  for (int r = 0; r < n; ++r) {
+    la[r] = nd(rng);
+    lb[r] = nd(rng);
+  }
+  auto view = [](float* p, std::int64_t r, std::int64_t c, Device dev) {
+    return c ? TensorView::contiguous(p, DType::kF32, {r, c}, dev)
+             : TensorView::contiguous(p, DType::kF32, {r}, dev);
+  };
+  const Device g = Device::cuda(0), h = Device::cpu();
+  std::vector<float> oc(n * d), lc(n);
+  merge_states(view(oa.data(), n, d, h), view(la.data(), n, 0, h), view(ob.data(), n, d, h),
+               view(lb.data(), n, 0, h), view(oc.data(), n, d, h), view(lc.data(), n, 0, h));
+  DeviceArray<float> doa(oa), dla(la), dob(ob), dlb(lb), dout(oc.size()), dlse(lc.size());
+  dout.fill_bytes(0xff);
+  dlse.fill_bytes(0xff);
+  merge_states(view(doa.get(), n, d, g), view(dla.get(), n, 0, g), view(dob.get(), n, d, g),
+               view(dlb.get(), n, 0, g), view(dout.get(), n, d, g), view(dlse.get(), n, 0, g));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> og = dout.download(), lg = dlse.download();
+  int bad_rows = 0;
+  for (int r = 0; r < n; ++r) {
+    bool same_row = float_bits(lg[r]) == float_bits(lc[r]);
+    for (int i = 0; i < d; ++i)
+      same_row = same_row && float_bits(og[r * d + i]) == float_bits(oc[r * d + i]);
+    bad_rows += same_row ? 0 : 1;
+  }
+  EXPECT_EQ(bad_rows, 0) << "of " << n << " rows";
+}
+
 TEST(Cuda_Merge, SplitCacheEqualsWhole) {
   KVC_REQUIRE_GPU();
   const int Hkv = 2, G = 4, Hq = Hkv * G, d = 128, N = 300, cut = 123;
