@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# Device calls of the third 2026-12-01 session (each under the 10-minute limit; results in $OUT):
+#   scripts/gpu-session3.sh diagnose  build; the Python package's pytest (alone, then under gdb
+#                                     for a native backtrace); a racecheck probe of named
+#                                     barriers (scripts/racecheck-probe.cu); ncu profiles of the
+#                                     kernels furthest from their targets; memcheck and racecheck
+#                                     over the DeepSeek-V4 and tensor-core attention tests
+# A step stops early when the call's deadline (DEADLINE seconds after the start, default 560)
+# is near, and says so in summary.txt.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PATH=/usr/local/cuda/bin:$PATH
+out=$PWD/gpu-out/session3
+mkdir -p "$out"
+t0=$(date +%s)
+deadline=${DEADLINE:-560}
+left() { echo $(( deadline - ($(date +%s) - t0) )); }
+say() { echo "$*" | tee -a "$out/summary.txt"; }
+: > "$out/summary.txt"
+
+build() {
+  scripts/gpu-check build > "$out/build-step.log" 2>&1
+  say "build: rc=$? at $(( $(date +%s) - t0 )) s"
+}
+
+sanitize() {  # name tool filter limit
+  local l limit=$4
+  l=$(left)
+  (( l < 30 )) && { say "sanitizer $1: not run (deadline)"; return; }
+  (( limit > l - 15 )) && limit=$(( l - 15 ))
+  timeout "$limit" compute-sanitizer --tool "$2" --print-limit 200 --error-exitcode 99 \
+    build-gpu/tests/kvc_cuda_tests --gtest_filter="$3" --gtest_brief=1 \
+    > "$out/sanitizer-$1.log" 2>&1
+  say "sanitizer $1: rc=$? $(grep -E '(ERROR|RACECHECK) SUMMARY' "$out/sanitizer-$1.log" | tail -1) $(grep -E '^\[  (PASSED|FAILED) ' "$out/sanitizer-$1.log" | tr '\n' ' ')"
+}
+
+# name binary benchmark-filter kernel-regex: one ncu report (text) of one kernel launch
+profile() {
+  local l
+  l=$(left)
+  (( l < 40 )) && { say "ncu $1: not run (deadline)"; return; }
+  timeout 60 ncu --target-processes all -k "regex:$4" --launch-skip 2 --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+    --section InstructionStats \
+    build-gpu/benchmarks/$2 --benchmark_filter="$3" --benchmark_min_time=1x \
+    --benchmark_repetitions=1 > "$out/ncu-$1.txt" 2>&1
+  say "ncu $1: rc=$? $(grep -E '^ +Duration' "$out/ncu-$1.txt" | head -1 | tr -s ' ')"
+}
+
+# The Python package (in-tree module of build-gpu) under pytest on the GPU machine; $@ narrows.
+pytest_gpu() {
+  local l
+  l=$(left)
+  (( l < 60 )) && { say "pytest: not run (deadline)"; return; }
+  { cmake -S . -B build-gpu -DKVC_BUILD_PYTHON=ON > "$out/python-configure.log" 2>&1 &&
+    cmake --build build-gpu --target _kvc -j "$(nproc)" > "$out/python-build.log" 2>&1 &&
+    PYTHONPATH=$PWD/build-gpu/python timeout $(( l - 30 )) python3 -X faulthandler -m pytest -q \
+      -p no:cacheprovider -rs "${@:-tests/python}" > "$out/pytest.log" 2>&1; }
+  say "pytest ${*:-tests/python} (GPU machine): rc=$? $(grep -E 'passed|failed' "$out/pytest.log" | tail -1)"
+  grep -E '^FAILED|SKIPPED' "$out/pytest.log" | head -10 >> "$out/summary.txt"
+}
+
+case "${1:-diagnose}" in
+  diagnose)
+    build
+    nvcc -arch=sm_90 -lineinfo -o "$out/named_barrier_race" scripts/racecheck-probe.cu \
+      > "$out/probe-build.log" 2>&1 &&
+      compute-sanitizer --tool racecheck "$out/named_barrier_race" > "$out/probe-racecheck.log" 2>&1
+    say "racecheck probe: rc=$? $(grep -E 'RACECHECK SUMMARY|named=' "$out/probe-racecheck.log" | tr '\n' ' ')"
+    # The Python package (in-tree module) on the GPU machine.
+    { cmake -S . -B build-gpu -DKVC_BUILD_PYTHON=ON > "$out/python-configure.log" 2>&1 &&
+      cmake --build build-gpu --target _kvc -j "$(nproc)" > "$out/python-build.log" 2>&1; }
+    say "python module build: rc=$?"
+    export PYTHONPATH=$PWD/build-gpu/python
+    timeout 60 python3 -X faulthandler -m pytest -q -p no:cacheprovider \
+      tests/python/test_compute.py::test_planner > "$out/pytest-planner.log" 2>&1
+    say "pytest test_planner alone: rc=$? $(tail -1 "$out/pytest-planner.log")"
+    timeout 60 python3 -X faulthandler -c "
+import kvc
+spec = kvc.planner.with_block_select(kvc.planner.smollm2_135m(), kvc.planner.BlockSelectParams(recent_window=128))
+print('spec', spec.num_layers(), flush=True)
+fp = kvc.planner.footprint(spec, 8192, 2)
+print('fp', fp.total, len(fp.layers), flush=True)
+cfg = kvc.planner.store_config(spec, kvc.planner.BlockSelectParams(recent_window=128), 8192, 2)
+print('cfg', flush=True)
+print(kvc.compute_footprint(cfg, []).total(), flush=True)
+print(fp.layers[0].bytes.total(), fp.compression_ratio(), flush=True)
+print(fp.table()[:200], flush=True)
+" > "$out/planner-no-torch.log" 2>&1
+    say "planner without torch: rc=$? $(tail -2 "$out/planner-no-torch.log" | tr '\n' ' ')"
+    gdb=$(command -v gdb || echo /usr/local/cuda/bin/cuda-gdb)
+    timeout 120 "$gdb" -batch -ex run -ex bt -ex "info sharedlibrary" --args python3 -m pytest -q \
+      -p no:cacheprovider tests/python/test_compute.py > "$out/pytest-gdb.log" 2>&1
+    say "pytest test_compute under $gdb: rc=$? $(grep -m3 -E '^#[0-9]' "$out/pytest-gdb.log" | tr '\n' ' ')"
+    timeout 150 python3 -X faulthandler -m pytest -q -p no:cacheprovider tests/python \
+      > "$out/pytest-all.log" 2>&1
+    say "pytest all: rc=$? $(tail -1 "$out/pytest-all.log")"
+    unset PYTHONPATH
+    profile dsv4-index dsv4_bench '^BM_Dsv4IndexDecode/1/1/0/0/0/' 'mxfp4_score'
+    profile dsv4-topk dsv4_bench '^BM_Dsv4TopK/1/262144/2048/0/' 'topm'
+    profile topk-64x131072 topk_bench '^BM_TopK/64/131072/2048/' 'topm'
+    profile token-mass index_bench 'h32x8x128/B8/N131072/token_mass/mxfp4/sum/fast' 'token_fast'
+    profile ingest store_bench '^BM_Ingest/16384/' 'quantise|summarise'
+    profile append store_bench '^BM_AppendStep/64' 'plan|quantise|summarise|ring'
+    sanitize memcheck memcheck '*Dsv4*:*AttentionMma*-*Footprint*:*1000Steps*' 150
+    sanitize racecheck racecheck '*Dsv4_Attention*:*Dsv4_Indexer*:*AttentionMma.GroupsAndHeadDims*' 120
+    ;;
+  pydiag)
+    # Which C++ runtime the module carries and binds, and whether hiding the static libraries'
+    # symbols (-Wl,--exclude-libs,ALL) stops the crash under torch; the racecheck probe per mode.
+    nvcc -arch=sm_90 -lineinfo -o "$out/nbr" scripts/racecheck-probe.cu > "$out/probe-build.log" 2>&1
+    for m in 0 1 2; do
+      compute-sanitizer --tool racecheck "$out/nbr" $m > "$out/probe-racecheck-$m.log" 2>&1
+      say "racecheck probe mode $m: $(grep -E 'RACECHECK SUMMARY|mode=' "$out/probe-racecheck-$m.log" | tr '\n' ' ')"
+    done
+    cmake -S . -B build-py -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVC_WITH_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DKVC_BUILD_TESTS=OFF -DKVC_BUILD_BENCHMARKS=OFF \
+      -DKVC_BUILD_EXAMPLES=OFF -DKVC_BUILD_PYTHON=ON > "$out/py-configure.log" 2>&1
+    cmake --build build-py --target _kvc -j "$(nproc)" > "$out/py-build.log" 2>&1
+    say "module build: rc=$? at $(( $(date +%s) - t0 )) s"
+    mod=$(ls build-py/python/kvc/_kvc*.so)
+    { g++ --version | head -1; ldd "$mod"; echo "--- defined std symbols (all / dynamic):";
+      nm -C --defined-only "$mod" | grep -c ' std::'; nm -DC --defined-only "$mod" | grep -c ' std::';
+      echo "--- codecvt / _M_insert:"; nm -C --defined-only "$mod" | grep -E 'codecvt<char16_t|_M_insert<long>' | head;
+      echo "--- link:"; ninja -C build-py -t commands _kvc | tail -1;
+      echo "--- libstdc++ after import torch:";
+      python3 -c "import torch; print(torch.__version__); print(open('/proc/self/maps').read())" | grep -E 'libstdc|^2' | awk '{print $NF}' | sort -u;
+      echo "--- ar members of static libs linked:"; } > "$out/py-facts.txt" 2>&1
+    for a in $(ninja -C build-py -t commands _kvc | tail -1 | tr ' ' '\n' | grep '\.a$'); do
+      echo "$a: $(nm -C --defined-only "$a" 2>/dev/null | grep -c 'codecvt<char16_t')" >> "$out/py-facts.txt"
+    done
+    export PYTHONPATH=$PWD/build-py/python
+    timeout 60 python3 -X faulthandler -m pytest -q -p no:cacheprovider \
+      tests/python/test_compute.py::test_planner > "$out/pytest-planner-a.log" 2>&1
+    say "test_planner (as built): rc=$? $(tail -1 "$out/pytest-planner-a.log")"
+    cmake -S . -B build-py -DCMAKE_MODULE_LINKER_FLAGS="-Wl,--exclude-libs,ALL" > /dev/null 2>&1
+    cmake --build build-py --target _kvc -j "$(nproc)" > "$out/py-build-b.log" 2>&1
+    nm -DC --defined-only "$mod" | grep -c ' std::' > "$out/py-facts-b.txt"
+    timeout 60 python3 -X faulthandler -m pytest -q -p no:cacheprovider \
+      tests/python/test_compute.py::test_planner > "$out/pytest-planner-b.log" 2>&1
+    say "test_planner (--exclude-libs,ALL): rc=$? $(tail -1 "$out/pytest-planner-b.log")"
+    timeout 200 python3 -X faulthandler -m pytest -q -p no:cacheprovider tests/python \
+      > "$out/pytest-all-b.log" 2>&1
+    say "pytest all (--exclude-libs,ALL): rc=$? $(tail -1 "$out/pytest-all-b.log")"
+    grep -E "FAILED|Error" "$out/pytest-all-b.log" | head -20 >> "$out/summary.txt"
+    ;;
+  verify)
+    # Every GPU / CPU / mini-decoder test, the Python package on the GPU (torch loaded), and the
+    # racecheck probe of named barriers per mode.
+    build
+    scripts/gpu-check test > "$out/test-step.log" 2>&1
+    cat gpu-out/summary.txt >> "$out/summary.txt" 2>/dev/null
+    grep -E '^\[  FAILED  \]' gpu-out/gpu-tests.log gpu-out/cpu-tests.log \
+      gpu-out/mini-decoder-tests.log 2>/dev/null | head -20 | tee -a "$out/summary.txt"
+    nvcc -arch=sm_90 -lineinfo -o "$out/nbr" scripts/racecheck-probe.cu > "$out/probe-build.log" 2>&1
+    for m in 0 1 2; do
+      compute-sanitizer --tool racecheck "$out/nbr" $m > "$out/probe-racecheck-$m.log" 2>&1
+      say "racecheck probe mode $m: $(grep -E 'RACECHECK SUMMARY' "$out/probe-racecheck-$m.log")"
+    done
+    pytest_gpu
+    ;;
+  quality)
+    # The transformers client on the GPU (the SmolLM2 GGUF joined from models/smollm2.part-*,
+    # the gguf wheel from .whl/), then text B over 6144-8192 with the main configurations.
+    [ -x build-gpu/tests/kvc_cuda_tests ] || build
+    mkdir -p "$HOME/.cache/kvc"
+    cat models/smollm2.part-* > "$HOME/.cache/kvc/SmolLM2-135M-Instruct.Q4_1.gguf"
+    pip install --no-deps --no-index .whl/gguf-*.whl > "$out/gguf-install.log" 2>&1
+    say "gguf wheel: rc=$?"
+    pytest_gpu tests/python/test_hf_client.py
+    l=$(left)
+    if (( l > 120 )); then
+      KVC_MODEL="$HOME/.cache/kvc/SmolLM2-135M-Instruct.Q4_1.gguf" timeout $(( l - 30 )) \
+        scripts/quality-real --gpu --configs docs/quality/configs-gpu-b.txt --out gpu-out/qb \
+        --texts b --start 6144 --end 8192 > "$out/quality-b.log" 2>&1
+      say "quality text B 6144-8192: rc=$? $(tail -2 "$out/quality-b.log" | tr '\n' ' ')"
+      cp -r gpu-out/qb "$out/" 2>/dev/null
+    fi
+    ;;
+  *) echo "gpu-session3.sh: diagnose, pydiag, verify or quality" >&2; exit 2 ;;
+esac
+say "total $(( $(date +%s) - t0 )) s"
+if [ -n "${OUT:-}" ]; then
+  tar czf "$OUT/results.tar.gz" -C gpu-out session3
+  cp "$out/summary.txt" "$OUT/"
+fi
+cat "$out/summary.txt"
