@@ -160,6 +160,20 @@ print(fp.table()[:200], flush=True)
     done
     pytest_gpu
     ;;
+  dense)
+    # Dense decode against SDPA in one run: kvc's dense rows (f16, bf16-free; CUDA-core and
+    # tensor-core variants) at B1 / B8 N128K, then the PyTorch anchors.
+    [ -x build-gpu/benchmarks/attention_bench ] || build
+    timeout 150 build-gpu/benchmarks/attention_bench --benchmark_filter='^BM_DenseDecode/0/(1|8)/131072/' \
+      --benchmark_min_time=0.05s --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+      --benchmark_out="$out/attention_bench_dense.json" --benchmark_out_format=json \
+      > "$out/attention_bench_dense.log" 2>&1
+    say "attention_bench dense: rc=$? $(grep -c _median "$out/attention_bench_dense.log") rows"
+    OUT="$out" timeout 150 python3 benchmarks/anchors/torch_anchors.py > "$out/torch_anchors.log" 2>&1
+    say "torch anchors: rc=$?"
+    grep -E 'DenseDecode.*median' "$out/attention_bench_dense.log" | awk '{print $1, $2, $3}' >> "$out/summary.txt"
+    grep -E 'sdpa' "$out/torch_anchors.log" | head -5 >> "$out/summary.txt"
+    ;;
   quality)
     # The transformers client on the GPU (the SmolLM2 GGUF joined from models/smollm2.part-*,
     # the gguf wheel from .whl/), then text B over 6144-8192 with the main configurations.
