@@ -180,7 +180,7 @@ print(fp.table()[:200], flush=True)
     [ -x build-gpu/tests/kvc_cuda_tests ] || build
     mkdir -p "$HOME/.cache/kvc"
     cat models/smollm2.part-* > "$HOME/.cache/kvc/SmolLM2-135M-Instruct.Q4_1.gguf"
-    pip install --no-deps --no-index .whl/gguf-*.whl > "$out/gguf-install.log" 2>&1
+    python3 -m pip install --no-deps --no-index .whl/gguf-*.whl > "$out/gguf-install.log" 2>&1
     say "gguf wheel: rc=$?"
     pytest_gpu tests/python/test_hf_client.py
     l=$(left)
