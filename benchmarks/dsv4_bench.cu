@@ -17,7 +17,8 @@
 // BM_Dsv4IndexDecode/<batch>/<query tokens>/<format 0 mxfp4, 1 fp8>/<timing>/<variant 0 staged
 //   key pages, 2 keys prefetched in registers>: 131072 entries x 64
 //   index heads x 128 dims per sequence (the issue's <= 5 us target is mxfp4, B1 T1).
-// BM_Dsv4TopK/<rows>/<entries>/<k>/<timing>: kvc::kernels::select, topk(k), score order.
+// BM_Dsv4TopK/<rows>/<entries>/<k>/<timing>/<variant 0 the built-in path, 1 the streaming path
+//   (no spread)>: kvc::kernels::select, topk(k), score order.
 // BM_Dsv4CsaDecode/<batch>/<format 0 bf16, 1 MODEL1 FP8>/<timing>: 64 heads x 512, window 128 +
 //   top-512 entries of 262144 (1M tokens, ratio 4).
 // BM_Dsv4HcaDecode/<batch>/<format>/<timing>: window 128 + all 8192 entries (1M tokens, ratio 128).
@@ -36,6 +37,7 @@
 #include "kvc/kernels/dsv4_kernels.h"
 #include "kvc/kernels/select_kernels.h"
 #include "kvc/select/selector.h"
+#include "select/tuning.h"
 
 namespace kvc {
 namespace {
@@ -329,6 +331,8 @@ void BM_Dsv4TopK(benchmark::State& state) {
   const int rows = static_cast<int>(state.range(0)), n = static_cast<int>(state.range(1));
   const int k = static_cast<int>(state.range(2));
   const bool lone = state.range(3) != 0;
+  kernels::select_detail::SelectTuning tuning;
+  tuning.no_spread = state.range(4) == 1;
   const std::size_t set_floats = static_cast<std::size_t>(rows) * n;
   const int sets = std::min(bench::rotation(set_floats * 4), kMaxSets);
   float* scores = device_alloc<float>(set_floats * sets);
@@ -341,15 +345,17 @@ void BM_Dsv4TopK(benchmark::State& state) {
   const SelectPolicy policy = SelectPolicy::topk(k);
   const SelectionView out{ids, counts, rows, k};
   std::size_t temp_bytes = 0;
-  KVC_BENCH_CUDA(kernels::select(nullptr, temp_bytes, ScoresView{scores, valid, rows, n}, policy,
-                                 out, nullptr, nullptr));
+  KVC_BENCH_CUDA(kernels::select_detail::select_tuned(nullptr, temp_bytes,
+                                                      ScoresView{scores, valid, rows, n}, policy,
+                                                      out, nullptr, tuning, nullptr));
   void* temp = device_alloc<unsigned char>(temp_bytes);
   cudaStream_t stream;
   KVC_BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   KVC_BENCH_CUDA(cudaDeviceSynchronize());
   auto launch = [&](int set) {
     const ScoresView in{scores + static_cast<std::size_t>(set) * set_floats, valid, rows, n};
-    KVC_BENCH_CUDA(kernels::select(temp, temp_bytes, in, policy, out, nullptr, stream));
+    KVC_BENCH_CUDA(kernels::select_detail::select_tuned(temp, temp_bytes, in, policy, out, nullptr,
+                                                        tuning, stream));
   };
   time_graphs(state, sets, lone,
               static_cast<double>(set_floats) * 4 + static_cast<double>(rows) * (k + 1) * 4, stream,
@@ -501,10 +507,15 @@ void IndexShapes(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_Dsv4IndexDecode)->Apply(IndexShapes)->Apply(Timed);
 BENCHMARK(BM_Dsv4IndexProbe)->Arg(0)->Arg(1)->Arg(2)->Apply(Timed);
 BENCHMARK(BM_Dsv4TopK)
-    ->Args({1, 262144, 2048, 0})
-    ->Args({1, 262144, 2048, 1})
-    ->Args({8, 262144, 2048, 0})
-    ->Args({1, 262144, 512, 0})
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      for (int variant : {0, 1}) {
+        b->Args({1, 262144, 2048, 0, variant});
+        b->Args({1, 262144, 2048, 1, variant});
+        b->Args({8, 262144, 2048, 0, variant});
+        b->Args({1, 262144, 1024, 0, variant});
+        b->Args({1, 262144, 512, 0, variant});
+      }
+    })
     ->Apply(Timed);
 BENCHMARK(BM_Dsv4CsaDecode)
     ->Args({1, 1, 0})

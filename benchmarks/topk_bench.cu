@@ -18,7 +18,9 @@
 // so one run measures them all: variant 4, 8, 16, 32 = the small path with that many scores
 // per thread; 1 = the cluster radix select instead of the small path; 2 = the cluster radix
 // select instead of the streaming path; 1QT (three digits) = the streaming path with Q CTAs
-// per row and compaction trigger T (0: 12288 keys, 1: 8192, 2: 6144).
+// per row and compaction trigger T (0: 12288 keys, 1: 8192, 2: 6144); 3 = the streaming path
+// where the built-in choice spreads (the old path); 5 = the spread path wherever it applies
+// (kernels/select/spread.cuh); 1000 + Q = the spread path with Q CTAs per row.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -200,6 +202,12 @@ void BM_TopKVariant(benchmark::State& state) {
     tuning.no_small = true;
   } else if (variant == 2) {
     tuning.no_stream = true;
+  } else if (variant == 3) {
+    tuning.no_spread = true;
+  } else if (variant == 5) {
+    tuning.force_spread = true;
+  } else if (variant >= 1000) {
+    tuning.spread_ctas = variant - 1000;
   } else if (variant >= 100) {
     tuning.stream_ctas = (variant / 10) % 10;
     const int triggers[] = {0, 8192, 6144};
@@ -227,6 +235,9 @@ void LargeShapes(benchmark::internal::Benchmark* b) {
   b->Args({4, 262144, 512});
   b->Args({4, 262144, 1024});
   b->Args({4, 262144, 2048});
+  b->Args({1, 262144, 2048});  // issue 13: target <= 20 us
+  b->Args({1, 262144, 1024});
+  b->Args({1, 262144, 512});
 }
 
 // Fixed counts (an in-graph iteration replays up to 1024 launches): 5 repetitions of 30 timed
@@ -277,6 +288,24 @@ BENCHMARK(BM_TopKVariant)
             b->Args({sh[0], sh[1], sh[2], 100 + 10 * ctas + trig});
         }
         b->Args({sh[0], sh[1], sh[2], 2});
+      }
+    })
+    ->Apply(Timed);
+// The spread path against the streaming path (the old choice) on the large-k shapes: built in
+// (5), streaming (3), and the spread path with fewer CTAs per row than the built-in choice.
+BENCHMARK(BM_TopKVariant)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      const int shapes[][3] = {{1, 131072, 2048}, {1, 262144, 2048},  {1, 262144, 1024},
+                               {1, 262144, 512},  {4, 262144, 512},   {4, 262144, 1024},
+                               {4, 262144, 2048}, {16, 131072, 2048}, {64, 131072, 2048},
+                               {64, 262144, 2048}};
+      for (const auto& sh : shapes) {
+        b->Args({sh[0], sh[1], sh[2], 3});
+        b->Args({sh[0], sh[1], sh[2], 5});
+        if (sh[0] == 1) {
+          b->Args({sh[0], sh[1], sh[2], 1000 + 16});
+          b->Args({sh[0], sh[1], sh[2], 1000 + 32});
+        }
       }
     })
     ->Apply(Timed);

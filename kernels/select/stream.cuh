@@ -97,10 +97,8 @@ __device__ __forceinline__ unsigned warp_append_one(bool take, unsigned* counter
   return base + static_cast<unsigned>(__popc(ballot & ((1u << lane) - 1u)));
 }
 
-/// Radix select over keys X[0, count) of this CTA: the prefix (at pbits leading bits of B) whose
-/// keys at or above number at least `target` and at most `limit` (exact: exactly target). Returns
-/// the decision to every thread. Requires 1 <= target <= count and limit >= target. Every thread
-/// of the CTA calls it; it ends with a barrier.
+/// A radix select's state over a key set: the prefix (of pbits leading bits of the B-bit keys),
+/// the keys with a larger prefix (above) and those with this prefix (eq).
 struct Cut {
   std::uint64_t prefix;
   int pbits;
@@ -108,30 +106,40 @@ struct Cut {
   int eq;
 };
 
-__device__ __forceinline__ Cut local_cut(const std::uint64_t* X, int count, int B, int target,
-                                         int limit, StreamShared& sh) {
+/// Radix select over keys X[0, count) of this CTA, continuing from `c` (a cut of these keys:
+/// {0, 0, 0, count} to start): the prefix whose keys at or above number at least `target` and at
+/// most `limit` (exact: exactly target). Returns the decision to every thread. Requires
+/// c.above < target <= c.above + c.eq and limit >= target. `hist` (kStreamBins, shared) and
+/// `temp` are scratch. Every thread of the CTA calls it; it ends with a barrier.
+__device__ __forceinline__ Cut refine_cut(const std::uint64_t* X, int count, int B, Cut c,
+                                          int target, int limit, unsigned* hist, BlockTemp& temp) {
   const int tid = static_cast<int>(threadIdx.x);
-  Cut c{0, 0, 0, count};
   while (c.above + c.eq > limit) {
     const int w = B - c.pbits < kStreamDigitBits ? B - c.pbits : kStreamDigitBits;
     const int nb = 1 << w;
     const int shift = B - c.pbits - w;
-    for (int b = tid; b < nb; b += kStreamThreads) sh.u.h.hist[b] = 0u;
+    for (int b = tid; b < nb; b += kStreamThreads) hist[b] = 0u;
     __syncthreads();
     for (int j = tid; j < count; j += kStreamThreads) {
       const std::uint64_t ck = X[j];
       if ((ck >> (B - c.pbits)) == c.prefix) {
-        atomicAdd(&sh.u.h.hist[static_cast<int>(ck >> shift) & (nb - 1)], 1u);
+        atomicAdd(&hist[static_cast<int>(ck >> shift) & (nb - 1)], 1u);
       }
     }
     __syncthreads();
-    const DigitPick pick = find_digit(sh.u.h.hist, nb, target - c.above, sh.temp);
+    const DigitPick pick = find_digit(hist, nb, target - c.above, temp);
     c.prefix = (c.prefix << w) | static_cast<std::uint64_t>(pick.digit);
     c.pbits += w;
     c.above += pick.before;
     c.eq = pick.count;
   }
   return c;
+}
+
+/// refine_cut from scratch over this CTA's keys X[0, count) (1 <= target <= count).
+__device__ __forceinline__ Cut local_cut(const std::uint64_t* X, int count, int B, int target,
+                                         int limit, StreamShared& sh) {
+  return refine_cut(X, count, B, Cut{0, 0, 0, count}, target, limit, sh.u.h.hist, sh.temp);
 }
 
 /// Appends the keys of X[0, count) at or above the cut to `dst` (fill count *dst_count), in any
@@ -152,9 +160,11 @@ __device__ __forceinline__ void append_above(const std::uint64_t* X, int count, 
 }
 
 /// Sorts keys[0, t) (t <= kStreamMaxRanks, distinct) into rank order, in place: the smallest
-/// goes last when t exceeds the sort's 2048, the rest through cub::BlockMergeSort. Every thread
-/// of the CTA calls it after a barrier that made keys visible; it ends with a barrier.
-__device__ __forceinline__ void sort_ranked(std::uint64_t* keys, int t, StreamShared& sh) {
+/// goes last when t exceeds the sort's 2048, the rest through cub::BlockMergeSort (scratch
+/// sort_temp and temp, shared). Every thread of the CTA calls it after a barrier that made keys
+/// visible; it ends with a barrier.
+__device__ __forceinline__ void sort_ranked(std::uint64_t* keys, int t,
+                                            StreamSort::TempStorage& sort_temp, BlockTemp& temp) {
   const int tid = static_cast<int>(threadIdx.x);
   constexpr int kSortCap = kStreamSortItems * kStreamThreads;
   int s = t;
@@ -164,7 +174,7 @@ __device__ __forceinline__ void sort_ranked(std::uint64_t* keys, int t, StreamSh
       const unsigned long long v = keys[j];
       local_min = v < local_min ? v : local_min;
     }
-    const unsigned long long min_key = block_min_u64(local_min, sh.temp);
+    const unsigned long long min_key = block_min_u64(local_min, temp);
     // Swap the smallest (unique: keys are distinct) with the last.
     std::uint64_t last = keys[t - 1];
     __syncthreads();
@@ -181,7 +191,7 @@ __device__ __forceinline__ void sort_ranked(std::uint64_t* keys, int t, StreamSh
     const int j = tid * kStreamSortItems + i;
     v[i] = j < s ? keys[j] : 0ull;
   }
-  StreamSort(sh.u.sort).Sort(v, DescendingKey(), s, 0ull);
+  StreamSort(sort_temp).Sort(v, DescendingKey(), s, 0ull);
 #pragma unroll
   for (int i = 0; i < kStreamSortItems; ++i) {
     const int j = tid * kStreamSortItems + i;
@@ -403,7 +413,7 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
   }
 
   // --- leader: the top t in rank order, then topk's outputs or stage B's input --------------
-  if (target > 0) sort_ranked(result, target, sh);
+  if (target > 0) sort_ranked(result, target, sh.u.sort, sh.temp);
   if (p.direct_topk) {
     write_topk_row<kStreamThreads>(p, row, n, result);
   } else {

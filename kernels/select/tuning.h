@@ -30,6 +30,16 @@ struct SelectTuning {
   int stream_trigger = 0;
   /// Skip the streaming path (the cluster radix select runs instead), for comparison.
   bool no_stream = false;
+  /// Spread path (kernels/select/spread.cuh; the streaming path's shapes, at most 64 rows):
+  /// CTAs per row, >= 1 (0: the built-in choice, as many as the device holds at once over the
+  /// call's rows, at most one per 2048 blocks). Setting it takes the spread path wherever it
+  /// applies. A grid that would not fit the device at once: cudaErrorInvalidValue.
+  int spread_ctas = 0;
+  /// Take the spread path wherever it applies (the built-in choice: at most 16 rows of more
+  /// than 16384 blocks).
+  bool force_spread = false;
+  /// Never take the spread path (the streaming path runs instead), for comparison.
+  bool no_spread = false;
 };
 
 /// kernels::select (kvc/kernels/select_kernels.h) with the variants of `tuning`; the same

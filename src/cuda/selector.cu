@@ -19,6 +19,7 @@
 #include "select/common.cuh"
 #include "select/policy.cuh"
 #include "select/small.cuh"
+#include "select/spread.cuh"
 #include "select/stream.cuh"
 #include "select/topm.cuh"
 #include "select/tuning.h"
@@ -53,20 +54,23 @@ struct Shape {
   int words = 0;               // bitmap words per row
   int hits_pitch = 0;          // sorted-hits scratch per row
   std::size_t sort_bytes = 0;  // cub's temporary storage (sort path)
+  int spread_rows = 0;         // rows of the spread path's state (0: the call cannot spread)
 };
 
 /// The workspace of a call, carved from the caller's buffer.
 struct Workspace {
-  unsigned long long* mass = nullptr;  // [rows]
-  std::uint32_t* sel = nullptr;        // [rows, words]
-  std::uint32_t* hit = nullptr;        // [rows, words]
-  std::int32_t* hits = nullptr;        // [rows, hits_pitch]
-  std::uint64_t* topm = nullptr;       // fast: [rows, m]
-  std::uint64_t* keys_a = nullptr;     // sort: [rows, N]
-  std::uint64_t* keys_b = nullptr;     // sort: [rows, N]
-  int* seg_begin = nullptr;            // sort: [rows]
-  int* seg_end = nullptr;              // sort: [rows]
-  unsigned char* sort_temp = nullptr;  // sort: [sort_bytes]
+  unsigned long long* mass = nullptr;      // [rows]
+  std::uint32_t* sel = nullptr;            // [rows, words]
+  std::uint32_t* hit = nullptr;            // [rows, words]
+  std::int32_t* hits = nullptr;            // [rows, hits_pitch]
+  std::uint64_t* topm = nullptr;           // fast: [rows, m]
+  std::uint64_t* keys_a = nullptr;         // sort: [rows, N]
+  std::uint64_t* keys_b = nullptr;         // sort: [rows, N]
+  int* seg_begin = nullptr;                // sort: [rows]
+  int* seg_end = nullptr;                  // sort: [rows]
+  unsigned char* sort_temp = nullptr;      // sort: [sort_bytes]
+  SpreadRowState* spread_state = nullptr;  // spread: [spread_rows]
+  std::uint64_t* spread_cand = nullptr;    // spread: [spread_rows, kSpreadCap]
 };
 
 /// Sizes (base == null) or carves (base != null) the workspace of `s`, returning its bytes: one
@@ -95,6 +99,8 @@ std::size_t carve(void* base, const Shape& s, Workspace& ws) {
     take(ws.seg_end, rows);
     take(ws.sort_temp, s.sort_bytes);
   }
+  take(ws.spread_state, static_cast<std::size_t>(s.spread_rows));
+  take(ws.spread_cand, static_cast<std::size_t>(s.spread_rows) * kSpreadCap);
   return (off + 255) / 256 * 256;
 }
 
@@ -116,6 +122,13 @@ long long ranks_needed(const SelectPolicy& policy, int N) {
                          : uses_k(policy.kind) ? static_cast<long long>(policy.k) + 1
                                                : static_cast<long long>(policy.max_blocks) + 1;
   return std::min<long long>(want, N);
+}
+
+/// True when a fast-path call keeping m ranks of rows of N blocks may take the spread path
+/// (the shapes of the streaming path: not the small path's, at most kStreamMaxRanks, no top_p).
+bool spread_eligible(long long m, int N, Kind kind) {
+  return m <= kStreamMaxRanks && !(m <= kSmallMaxRanks && N <= kSmallMaxBlocks) &&
+         kind != Kind::kTopP;
 }
 
 /// Anchors, include and exclude, each sorted, distinct and < N, into the parameters. False when
@@ -172,6 +185,10 @@ cudaError_t make_shape(const ScoresView& scores, const SelectPolicy& policy,
   s.m = s.sort_path ? 0 : static_cast<int>(m);
   s.words = (N + 31) / 32;
   s.hits_pitch = s.sort_path ? N : s.m;
+  s.spread_rows =
+      !s.sort_path && N > 0 && scores.rows <= kSpreadMaxRows && spread_eligible(m, N, policy.kind)
+          ? scores.rows
+          : 0;
   if (s.sort_path && s.rows > 0 && N > 0) {
     if (static_cast<long long>(s.rows) * N > INT_MAX) return cudaErrorInvalidValue;
     KVC_CUDA_CALL(sort_temp_bytes(s.rows, N, s.sort_bytes));
@@ -304,6 +321,61 @@ cudaError_t launch_stream(const TopmParams& tp, int rows, int ctas, int trigger,
   return cudaLaunchKernelEx(&cfg, stream_topm_kernel, sp);
 }
 
+/// CTAs of spread_topm_kernel (with `smem` bytes of shared memory) that fit the current device
+/// at once: the most a cooperative launch takes.
+int spread_capacity(int smem) {
+  static std::atomic<int> cached[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 0;
+  int cap = cached[dev].load(std::memory_order_relaxed);
+  if (cap == 0) {
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, spread_topm_kernel, kSpreadThreads,
+                                                      static_cast<std::size_t>(smem)) !=
+        cudaSuccess) {
+      return 0;
+    }
+    cap = per_sm * device_sms();
+    cached[dev].store(cap, std::memory_order_relaxed);
+  }
+  return cap;
+}
+
+/// The spread path over `rows` rows with `ctas` CTAs per row (0: as many as the device holds at
+/// once over the call's rows, at most one per tile of the row); a tile count per CTA that leaves
+/// no CTA empty. cudaErrorInvalidValue when the grid would not fit the device at once.
+cudaError_t launch_spread(const TopmParams& tp, int rows, int ctas, const Workspace& ws,
+                          cudaStream_t stream) {
+  const int smem = static_cast<int>(sizeof(SpreadShared));
+  KVC_CUDA_CALL(
+      cudaFuncSetAttribute(spread_topm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  KVC_CUDA_CALL(cudaFuncSetAttribute(spread_topm_kernel,
+                                     cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     cudaSharedmemCarveoutMaxShared));
+  const int capacity = spread_capacity(smem);
+  const int tiles_total = std::max(1, (tp.max_blocks + kSpreadTile - 1) / kSpreadTile);
+  if (ctas == 0) ctas = std::min(tiles_total, capacity / std::max(rows, 1));
+  if (ctas < 1 || ws.spread_state == nullptr) return cudaErrorInvalidValue;
+  SpreadParams sp;
+  sp.t = tp;
+  sp.tiles = (tiles_total + ctas - 1) / ctas;
+  sp.ctas = (tiles_total + sp.tiles - 1) / sp.tiles;
+  sp.state = ws.spread_state;
+  sp.cand = ws.spread_cand;
+  if (static_cast<long long>(rows) * sp.ctas > capacity) return cudaErrorInvalidValue;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(sp.ctas) * static_cast<unsigned>(rows), 1, 1);
+  cfg.blockDim = dim3(kSpreadThreads, 1, 1);
+  cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, spread_topm_kernel, sp);
+}
+
 }  // namespace
 
 cudaError_t select_workspace_bound(std::size_t& temp_bytes, int max_rows, int max_blocks,
@@ -319,6 +391,12 @@ cudaError_t select_workspace_bound(std::size_t& temp_bytes, int max_rows, int ma
   fast.m = static_cast<int>(
       std::min<long long>({static_cast<long long>(max_selected) + 1, max_blocks, kMaxTopM}));
   fast.hits_pitch = fast.m;
+  // Some call within the limits can spread when its rows are too long for the small path or it
+  // keeps more ranks than the small path does.
+  if (max_blocks > kSmallMaxBlocks ||
+      std::min<long long>(static_cast<long long>(max_selected) + 1, max_blocks) > kSmallMaxRanks) {
+    fast.spread_rows = std::min(max_rows, kSpreadMaxRows);
+  }
   temp_bytes = carve(nullptr, fast, ws);
   // A call takes the sort path only when its policy keeps > kMaxTopM ranks or selects
   // > kExtrasCap blocks (both bounded by max_selected + 1), or for long rows.
@@ -331,6 +409,7 @@ cudaError_t select_workspace_bound(std::size_t& temp_bytes, int max_rows, int ma
     sort.sort_path = true;
     sort.m = 0;
     sort.hits_pitch = max_blocks;
+    sort.spread_rows = 0;
     KVC_CUDA_CALL(sort_temp_bytes(sort.rows, max_blocks, sort.sort_bytes));
     temp_bytes = std::max(temp_bytes, carve(nullptr, sort, ws));
   }
@@ -388,13 +467,22 @@ cudaError_t select_tuned(void* d_temp, std::size_t& temp_bytes, const ScoresView
     tp.max_selected = out.max_selected;
     if (report != nullptr) tp.report = *report;
     const bool small = !tuning.no_small && s.m <= kSmallMaxRanks && N <= kSmallMaxBlocks;
-    const bool streamed = !small && !tuning.no_stream && s.m <= kStreamMaxRanks && !tp.need_mass;
+    // The spread path where a call's rows leave most of the GPU idle on the streaming path.
+    // (A call pinning a streaming or cluster variant does not spread unless asked to.)
+    const bool spread = !small && s.spread_rows > 0 && !tuning.no_spread &&
+                        (tuning.force_spread || tuning.spread_ctas != 0 ||
+                         (s.rows <= kSpreadDefaultRows && N > kSpreadCap && !tuning.no_stream &&
+                          tuning.stream_ctas == 0 && tuning.stream_trigger == 0));
+    const bool streamed =
+        !small && !spread && !tuning.no_stream && s.m <= kStreamMaxRanks && !tp.need_mass;
     // The small kernel finishes topk in every order, the others in score order.
     tp.direct_topk =
         policy.kind == Kind::kTopK && (small || policy.order == SelectPolicy::Order::kScore);
     if (small) {
       const int items = tuning.small_items != 0 ? tuning.small_items : small_items_for(N);
       KVC_CUDA_CALL(launch_small_items(items, tp, s.rows, stream));
+    } else if (spread) {
+      KVC_CUDA_CALL(launch_spread(tp, s.rows, tuning.spread_ctas, ws, stream));
     } else if (streamed) {
       const int ctas = tuning.stream_ctas != 0 ? tuning.stream_ctas : stream_ctas_for(N, s.rows);
       const int trigger =

@@ -580,6 +580,151 @@ TEST(Cuda_Selector_Stream, EveryVariantEveryPolicyMatchesCpu) {
   check_policy_tuned(gen, b, SelectPolicy::topk(2048), cluster_path);
 }
 
+// Rows of one special shape each, for the spread path: sorted descending and ascending (the best
+// blocks in the first and in the last CTA), all NaN, all +inf, NaN with a few finite blocks,
+// all equal; every row fully valid but the last two (one block short, half).
+Batch special_batch(int max_blocks) {
+  Batch b;
+  b.rows = 8;
+  b.max_blocks = max_blocks;
+  b.scores.assign(static_cast<std::size_t>(b.rows) * max_blocks, kInf);
+  b.num_valid.assign(static_cast<std::size_t>(b.rows), max_blocks);
+  b.num_valid[6] = max_blocks - 1;
+  b.num_valid[7] = max_blocks / 2;
+  for (int r = 0; r < b.rows; ++r) {
+    for (int j = 0; j < b.num_valid[r]; ++j) {
+      float v = 0.0f;
+      switch (r) {
+        case 0:
+          v = -static_cast<float>(j);
+          break;
+        case 1:
+          v = static_cast<float>(j);
+          break;
+        case 2:
+          v = kNaN;
+          break;
+        case 3:
+          v = kInf;
+          break;
+        case 4:
+          v = j % 997 == 0 ? static_cast<float>(j % 7) : kNaN;
+          break;
+        default:
+          v = 0.5f;
+          break;
+      }
+      b.scores[static_cast<std::size_t>(r) * max_blocks + j] = v;
+    }
+  }
+  return b;
+}
+
+// The spread path (the streaming path's shapes, at most 64 rows; kernels/select/spread.cuh): the
+// built-in CTA count and pinned ones (1: one CTA re-reading every tile; 3; 16), rows of at most
+// and above the 16384 candidates (no radix pass; passes over score and id bits), row lengths on
+// and off the 2048-block tiles, every policy and order, every style (sorted rows, heavy ties,
+// NaN), the special rows, m from 66 to 2049.
+TEST(Cuda_Selector_Spread, EveryVariantEveryPolicyMatchesCpu) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  const Kind spread_kinds[] = {Kind::kTopK,         Kind::kNeighbors,           Kind::kThreshold,
+                               Kind::kAnchor,       Kind::kAnchorNeighbors,     Kind::kExplicit,
+                               Kind::kScoreCluster, Kind::kScoreClusterAdaptive};
+  for (int ctas : {0, 1, 3, 16}) {
+    kernels::select_detail::SelectTuning tuning;
+    tuning.force_spread = true;
+    tuning.spread_ctas = ctas;
+    SCOPED_TRACE("spread ctas " + std::to_string(ctas));
+    for (int max_blocks :
+         {300, 2048, 16384, 16385, 40001, capped(65536 + 4), capped(131072), capped(262144)}) {
+      SCOPED_TRACE("max_blocks " + std::to_string(max_blocks));
+      const Batch b = make_batch(gen, 4, max_blocks, gen.style());
+      check_policy_tuned(gen, b, stream_policy(gen, spread_kinds[gen.uniform(0, 7)], max_blocks),
+                         tuning);
+      if (HasFatalFailure()) return;
+      check_policy_tuned(gen, b, SelectPolicy::topk(gen.uniform(0, 1) ? 2048 : 65), tuning);
+      if (HasFatalFailure()) return;
+    }
+    for (int st = 0; st < static_cast<int>(Style::kCount); ++st) {
+      SCOPED_TRACE("style " + std::to_string(st));
+      const Batch b = make_batch(gen, 3, capped(gen.uniform(0, 1) ? 262144 : 65536 + 7),
+                                 static_cast<Style>(st));
+      const int ks[] = {65, 512, 1024, 2048};
+      check_policy_tuned(gen, b, SelectPolicy::topk(ks[gen.uniform(0, 3)]), tuning);
+      if (HasFatalFailure()) return;
+    }
+    for (int max_blocks : {16385, capped(262144)}) {
+      SCOPED_TRACE("special rows, max_blocks " + std::to_string(max_blocks));
+      const Batch b = special_batch(max_blocks);
+      for (int k : {65, 2048}) {
+        check_policy_tuned(gen, b, SelectPolicy::topk(k), tuning);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+// The built-in choice around its boundaries (16 / 17 rows, 16384 / 16385 blocks, 64 / 65 rows with
+// the spread path forced: 65 rows take the streaming path) and the streaming path pinned where
+// the built-in choice spreads (no_spread).
+TEST(Cuda_Selector_Spread, DispatchBoundariesMatchCpu) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  auto sel = Selector::create(Device::cuda(0));
+  struct Case {
+    int rows, max_blocks;
+  };
+  for (const Case& c : {Case{1, capped(131072)}, Case{1, capped(262144)}, Case{16, 16385},
+                        Case{17, 16385}, Case{16, 16384}, Case{5, capped(262144)}}) {
+    SCOPED_TRACE("rows " + std::to_string(c.rows) + " max_blocks " + std::to_string(c.max_blocks));
+    const Batch b = make_batch(gen, c.rows, c.max_blocks, gen.style());
+    check_policy(gen, *sel, b, SelectPolicy::topk(2048));
+    if (HasFatalFailure()) return;
+    check_policy(gen, *sel, b, stream_policy(gen, Kind::kScoreCluster, c.max_blocks));
+    if (HasFatalFailure()) return;
+  }
+  kernels::select_detail::SelectTuning forced;
+  forced.force_spread = true;
+  for (int rows : {64, 65}) {
+    SCOPED_TRACE("forced, rows " + std::to_string(rows));
+    const Batch b = make_batch(gen, rows, capped(16384 + 3), gen.style());
+    check_policy_tuned(gen, b, SelectPolicy::topk(1024), forced);
+    if (HasFatalFailure()) return;
+  }
+  kernels::select_detail::SelectTuning old_path;
+  old_path.no_spread = true;
+  const Batch b = make_batch(gen, 2, capped(262144), gen.style());
+  check_policy_tuned(gen, b, SelectPolicy::topk(2048), old_path);
+}
+
+// A spread grid that does not fit the device at once is rejected before anything is written.
+TEST(Cuda_Selector_Spread, GridTooLargeIsRejected) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  const Batch b = make_batch(gen, 64, 262144 / 8, Style::kNormal);
+  DeviceBatch d(b, 512, 512);
+  for (int ctas : {-1, 1 << 20}) {
+    d.poison();
+    kernels::select_detail::SelectTuning t;
+    t.spread_ctas = ctas;
+    std::size_t need = 0;
+    const SelectPolicy p = SelectPolicy::topk(512);
+    ASSERT_EQ(kernels::select_detail::select_tuned(nullptr, need, d.in(), p, d.out(), nullptr, t,
+                                                   nullptr),
+              cudaSuccess);
+    DeviceArray<unsigned char> w(need);
+    EXPECT_EQ(kernels::select_detail::select_tuned(w.get(), need, d.in(), p, d.out(), nullptr, t,
+                                                   nullptr),
+              cudaErrorInvalidValue)
+        << "ctas " << ctas;
+    KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+    for (auto v : d.ids.download()) ASSERT_EQ(v, 0x5a5a5a5a) << "written by a rejected call";
+  }
+}
+
 // A pinned variant out of range (a small-path row needing more than 8 CTAs, a streaming path of
 // 9 CTAs or a trigger out of (4096, 12288]) is rejected before anything is written.
 TEST(Cuda_Selector_Kernels, VariantOutOfRangeIsRejected) {
@@ -704,7 +849,8 @@ TEST(Cuda_Selector_Batched, NumValidIsClampedOnTheDevice) {
 
 // --- graph capture -------------------------------------------------------------------------------
 
-// Decode shapes (the small path: one CTA per row at 4096 blocks, clusters at 32768) and long rows.
+// Decode shapes (the small path: one CTA per row at 4096 blocks, clusters at 32768) and long rows
+// (8 rows of 131072 / 262144: the spread path, whose row state the kernel resets itself).
 TEST(Cuda_Selector_Graph, ReplayWithNewScoresMatchesUncaptured) {
   KVC_REQUIRE_GPU();
   Gen gen;
@@ -716,6 +862,8 @@ TEST(Cuda_Selector_Graph, ReplayWithNewScoresMatchesUncaptured) {
   const int rows = 8;
   for (const Case& c :
        {Case{capped(131072), SelectPolicy::topk(2048)},
+        Case{capped(262144), SelectPolicy::topk(1024).in_order(Order::kChronological)},
+        Case{capped(65536), SelectPolicy::score_cluster(64, 0.05f, 2048)},
         Case{capped(131072), SelectPolicy::topk(8).in_order(Order::kChronological)},
         Case{capped(131072), SelectPolicy::anchor_neighbors(8, 1, {0, 5})},
         Case{capped(131072), SelectPolicy::top_p(0.9f, 1, 256)}, Case{4096, SelectPolicy::topk(8)},

@@ -1,0 +1,268 @@
+// Stage A for large top-k over few rows (the shapes of stream.cuh: 65 < m <= 2049, no top_p),
+// spread over many SMs: C CTAs per row (up to 128 for a row of 262144 scores, one tile of 2048
+// scores each; one CTA per SM: ~160 KB of shared memory), the whole grid co-resident (a cooperative
+// launch), so that a row's CTAs can wait for each other through global memory instead of through
+// kernel boundaries:
+//
+// 1. every CTA loads its chunk (the first kSpreadResident tiles into registers; longer chunks are
+//    re-read per pass) and zeroes its share of its row's state (first-pass histogram, barrier
+//    counters, candidate count); one grid-wide barrier (cooperative groups) makes the zeros
+//    visible: the workspace holds anything at entry, and the kernel needs nothing from an earlier
+//    call, so replays of a captured graph stay correct;
+// 2. radix passes, only while the row's keys at or above the current prefix exceed kSpreadCap =
+//    16384 (none for rows of at most kSpreadCap valid blocks): each CTA histograms the next 12-bit
+//    digit of its keys in shared memory (warp-aggregated atomics: heavy ties do not serialise),
+//    adds the non-zero bins to the row's histogram in global memory, zeroes its share of the
+//    next pass's, and arrives at the pass's row barrier; then every CTA reads the row's histogram
+//    and picks the same digit (no second barrier to broadcast a decision). Normal rows of 262144
+//    scores need one pass (the digit holding the 2048-th key holds a few thousand keys, about
+//    8192 for uniform scores);
+// 3. every CTA appends its keys at or above the cut to the row's candidate buffer (staged in
+//    shared memory, one global atomic per CTA), and the last CTA of the row to arrive (atomic
+//    counter, no waiting) finishes: it selects exactly the top t = min(m, n) among the
+//    candidates, sorts them (sort_ranked) and writes topk's outputs or stage B's input.
+//
+// Exactness: the keys are the compact rank keys (KeyCodec: score descending, id ascending, NaN
+// last, distinct per row); every decision is an exact count, so the selection is the CPU's.
+#pragma once
+
+#include <cooperative_groups.h>
+
+#include <cstdint>
+
+#include "select/common.cuh"
+#include "select/stream.cuh"
+
+namespace kvc {
+namespace kernels {
+namespace select_detail {
+
+constexpr int kSpreadThreads = kStreamThreads;   // 512 (find_digit, BlockTemp, StreamSort)
+constexpr int kSpreadTile = kSpreadThreads * 4;  // scores per tile: one float4 per thread
+constexpr int kSpreadResident = 4;               // tiles a thread keeps in registers
+constexpr int kSpreadGroup = 4;                  // further tiles loaded at once (re-read)
+constexpr int kSpreadCap = 16384;                // candidate keys a row's finisher holds
+constexpr int kSpreadMaxPasses = 5;              // 12-bit digits of a <= 52-bit key
+constexpr int kSpreadMaxRows = 64;               // rows of a spread call (workspace bound)
+constexpr int kSpreadDefaultRows = 16;           // rows up to which the built-in choice spreads
+
+static_assert(kSpreadCap >= kStreamMaxRanks, "the candidates hold the row's top t");
+static_assert(kSpreadMaxPasses * kStreamDigitBits >= 52, "passes cover every key bit");
+
+/// One row's global state (workspace): the pass histograms, the pass barriers' arrival counts,
+/// the candidates appended so far and the CTAs done appending.
+struct SpreadRowState {
+  unsigned hist[kSpreadMaxPasses][kStreamBins];
+  unsigned arrived[kSpreadMaxPasses];
+  unsigned cand_count;
+  unsigned done;
+};
+
+struct SpreadParams {
+  TopmParams t;           // stage A's parameters (need_mass unsupported)
+  int ctas;               // CTAs per row, C
+  int tiles;              // tiles per CTA: CTA c of a row holds [c * tiles, (c + 1) * tiles)
+  SpreadRowState* state;  // [rows]
+  std::uint64_t* cand;    // [rows, kSpreadCap]
+};
+
+struct SpreadShared {
+  unsigned hist[kStreamBins];  // this CTA's digit histogram; the row's, read back
+  union {
+    std::uint64_t cand[kSpreadCap];  // this CTA's candidates (staging); the finisher's all
+    StreamSort::TempStorage sort;
+  } u;
+  std::uint64_t top[kStreamMaxRanks];  // the finisher's exact top t
+  BlockTemp temp;
+  unsigned count;  // keys in u.cand
+  unsigned base;   // this CTA's first slot in the row's candidates
+  int last;        // this CTA is the row's finisher
+};
+
+/// Four consecutive raw scores from element e on: one 16-byte load when allowed, the elements
+/// at or past `end` zero (callers mask them).
+__device__ __forceinline__ uint4 spread_load4(const std::uint32_t* bits, int e, int end,
+                                              bool vector_loads) {
+  uint4 u = make_uint4(0u, 0u, 0u, 0u);
+  if (vector_loads && e + 3 < end) {
+    u = __ldg(reinterpret_cast<const uint4*>(bits + e));
+  } else if (e < end) {
+    u.x = __ldg(bits + e);
+    if (e + 1 < end) u.y = __ldg(bits + e + 1);
+    if (e + 2 < end) u.z = __ldg(bits + e + 2);
+  }
+  return u;
+}
+
+/// Waits, with the CTA, until `expected` CTAs have arrived at `counter` (this one included):
+/// every write of the CTA before the call is visible to every arrived CTA after it.
+__device__ __forceinline__ void spread_row_barrier(unsigned* counter, unsigned expected) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(counter, 1u);
+    unsigned v = 0u;
+    for (;;) {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+      if (v >= expected) break;
+      __nanosleep(32);
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+/// See the file comment. Grid: rows * C CTAs, cooperative (all co-resident).
+__global__ void __launch_bounds__(kSpreadThreads, 1)
+    spread_topm_kernel(const __grid_constant__ SpreadParams sp) {
+  extern __shared__ __align__(16) unsigned char spread_smem[];
+  SpreadShared& sh = *reinterpret_cast<SpreadShared*>(spread_smem);
+  const TopmParams& p = sp.t;
+  const int C = sp.ctas;
+  const int row = static_cast<int>(blockIdx.x) / C;
+  const int c = static_cast<int>(blockIdx.x) % C;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31;
+  const int N = p.max_blocks;
+  const KeyCodec codec = p.codec;
+  const int B = codec.bits;
+  const int n = clamp_valid(p.num_valid[row], N);
+  const int target = n < p.m ? n : p.m;
+  SpreadRowState& st = sp.state[row];
+  std::uint64_t* row_cand = sp.cand + static_cast<std::size_t>(row) * kSpreadCap;
+
+  // --- 1. this CTA's share of the row's state zeroed; its resident tiles loaded ---------------
+  const int bins_per_cta = (kStreamBins + C - 1) / C;
+  auto zero_share = [&](unsigned* h) {
+    const int lo = c * bins_per_cta;
+    const int hi = lo + bins_per_cta < kStreamBins ? lo + bins_per_cta : kStreamBins;
+    for (int b = lo + tid; b < hi; b += kSpreadThreads) h[b] = 0u;
+  };
+  zero_share(st.hist[0]);
+  if (c == 0 && tid < kSpreadMaxPasses) st.arrived[tid] = 0u;
+  if (c == 0 && tid == 0) {
+    st.cand_count = 0u;
+    st.done = 0u;
+  }
+  const int first = c * sp.tiles * kSpreadTile;
+  const std::uint32_t* bits =
+      reinterpret_cast<const std::uint32_t*>(p.scores + static_cast<std::size_t>(row) * N);
+  uint4 res[kSpreadResident];
+#pragma unroll
+  for (int r = 0; r < kSpreadResident; ++r) {
+    res[r] = r < sp.tiles ? spread_load4(bits, first + r * kSpreadTile + tid * 4, n, p.vector_loads)
+                          : make_uint4(0u, 0u, 0u, 0u);
+  }
+  cooperative_groups::this_grid().sync();  // every row's state is zero
+
+  // f(valid, score_key, id) for each of this thread's elements, in a CTA-uniform sequence (f may
+  // use warp collectives).
+  auto visit = [&](auto&& f) {
+    auto four = [&](const uint4& u, int e) {
+      f(e < n, select_rules::score_key(bits_float(u.x)), e);
+      f(e + 1 < n, select_rules::score_key(bits_float(u.y)), e + 1);
+      f(e + 2 < n, select_rules::score_key(bits_float(u.z)), e + 2);
+      f(e + 3 < n, select_rules::score_key(bits_float(u.w)), e + 3);
+    };
+#pragma unroll
+    for (int r = 0; r < kSpreadResident; ++r) {
+      if (r < sp.tiles) four(res[r], first + r * kSpreadTile + tid * 4);
+    }
+    for (int t0 = kSpreadResident; t0 < sp.tiles; t0 += kSpreadGroup) {
+      uint4 u[kSpreadGroup];
+#pragma unroll
+      for (int g = 0; g < kSpreadGroup; ++g) {
+        u[g] = t0 + g < sp.tiles
+                   ? spread_load4(bits, first + (t0 + g) * kSpreadTile + tid * 4, n, p.vector_loads)
+                   : make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int g = 0; g < kSpreadGroup; ++g) {
+        if (t0 + g < sp.tiles) four(u[g], first + (t0 + g) * kSpreadTile + tid * 4);
+      }
+    }
+  };
+
+  if (target > 0) {  // uniform over the row's CTAs
+    // --- 2. radix passes until the keys at or above the prefix fit the finisher --------------
+    Cut cut{0, 0, 0, n};
+    for (int pass = 0; cut.above + cut.eq > kSpreadCap; ++pass) {
+      const int w = B - cut.pbits < kStreamDigitBits ? B - cut.pbits : kStreamDigitBits;
+      const int nb = 1 << w;
+      const int shift = B - cut.pbits - w;
+      for (int b = tid; b < nb; b += kSpreadThreads) sh.hist[b] = 0u;
+      __syncthreads();
+      visit([&](bool valid, std::uint32_t sk, int e) {
+        const std::uint64_t ck = codec.encode(sk, e);
+        const bool match = valid && (ck >> (B - cut.pbits)) == cut.prefix;
+        const int bin = match ? static_cast<int>(ck >> shift) & (nb - 1) : -1;
+        const unsigned peers = __match_any_sync(0xffffffffu, bin);
+        if (match && lane == __ffs(static_cast<int>(peers)) - 1) {
+          atomicAdd(&sh.hist[bin], static_cast<unsigned>(__popc(peers)));
+        }
+      });
+      __syncthreads();
+      unsigned* row_hist = st.hist[pass];
+      for (int b = tid; b < nb; b += kSpreadThreads) {
+        const unsigned v = sh.hist[b];
+        if (v != 0u) atomicAdd(&row_hist[b], v);
+      }
+      if (pass + 1 < kSpreadMaxPasses) zero_share(st.hist[pass + 1]);
+      spread_row_barrier(&st.arrived[pass], static_cast<unsigned>(C));
+      for (int b = tid; b < nb; b += kSpreadThreads) sh.hist[b] = __ldcg(&row_hist[b]);
+      __syncthreads();
+      const DigitPick pick = find_digit(sh.hist, nb, target - cut.above, sh.temp);
+      cut.prefix = (cut.prefix << w) | static_cast<std::uint64_t>(pick.digit);
+      cut.pbits += w;
+      cut.above += pick.before;
+      cut.eq = pick.count;
+    }
+
+    // --- 3. the keys at or above the cut to the row's candidates; the last CTA finishes -------
+    if (tid == 0) sh.count = 0u;
+    __syncthreads();
+    visit([&](bool valid, std::uint32_t sk, int e) {
+      const std::uint64_t ck = codec.encode(sk, e);
+      const bool take = valid && (ck >> (B - cut.pbits)) >= cut.prefix;
+      const unsigned pos = warp_append_one(take, &sh.count);
+      if (take) sh.u.cand[pos] = ck;  // < kSpreadCap: the row has above + eq <= kSpreadCap
+    });
+    __syncthreads();
+    const int mine = static_cast<int>(sh.count);
+    if (tid == 0) sh.base = mine > 0 ? atomicAdd(&st.cand_count, static_cast<unsigned>(mine)) : 0u;
+    __syncthreads();
+    for (int j = tid; j < mine; j += kSpreadThreads) row_cand[sh.base + j] = sh.u.cand[j];
+    __syncthreads();
+    if (tid == 0) {
+      __threadfence();
+      sh.last = atomicAdd(&st.done, 1u) == static_cast<unsigned>(C - 1) ? 1 : 0;
+      if (sh.last) __threadfence();
+    }
+    __syncthreads();
+    if (sh.last == 0) return;
+
+    const int count = cut.above + cut.eq;  // every CTA's appended keys, now all visible
+    for (int j = tid; j < count; j += kSpreadThreads) sh.u.cand[j] = __ldcg(&row_cand[j]);
+    __syncthreads();
+    const Cut exact = refine_cut(sh.u.cand, count, B, cut, target, target, sh.hist, sh.temp);
+    if (tid == 0) sh.count = 0u;
+    __syncthreads();
+    append_above(sh.u.cand, count, B, exact, sh.top, &sh.count);
+    __syncthreads();
+    sort_ranked(sh.top, target, sh.u.sort, sh.temp);
+  } else if (c != 0) {
+    return;  // an empty row: CTA 0 writes it
+  }
+
+  // --- the finisher: topk's outputs or stage B's input ---------------------------------------
+  if (p.direct_topk) {
+    write_topk_row<kSpreadThreads>(p, row, n, sh.top);
+  } else {
+    std::uint64_t* out = p.topm + static_cast<std::size_t>(row) * p.m;
+    for (int r = tid; r < target; r += kSpreadThreads) out[r] = sh.top[r];
+  }
+}
+
+}  // namespace select_detail
+}  // namespace kernels
+}  // namespace kvc
