@@ -242,6 +242,7 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
     if (sh.last == 0) return;
 
     const int count = cut.above + cut.eq;  // every CTA's appended keys, now all visible
+#pragma unroll 4                           // loads in flight together: the candidates come from L2
     for (int j = tid; j < count; j += kSpreadThreads) sh.u.cand[j] = __ldcg(&row_cand[j]);
     __syncthreads();
     const Cut exact = refine_cut(sh.u.cand, count, B, cut, target, target, sh.hist, sh.temp);
