@@ -15,7 +15,8 @@
 // that rate over KVC_BENCH_PEAK_TBPS (4.6 TB/s), floor_us the time those bytes take at it.
 //
 // BM_Dsv4IndexDecode/<batch>/<query tokens>/<format 0 mxfp4, 1 fp8>/<timing>/<variant 0 staged
-//   key pages, 2 keys prefetched in registers>: 131072 entries x 64
+//   key pages, 2 keys prefetched in registers, 3 lean staged, 4 lean staged two pages at a
+//   time>: 131072 entries x 64
 //   index heads x 128 dims per sequence (the issue's <= 5 us target is mxfp4, B1 T1).
 // BM_Dsv4TopK/<rows>/<entries>/<k>/<timing>/<variant 0 the built-in path, 1 the streaming path
 //   (no spread)>: kvc::kernels::select, topk(k), score order.
@@ -242,7 +243,8 @@ void BM_Dsv4IndexDecode(benchmark::State& state) {
 
 // Diagnostics of the staged mxfp4 score kernel, B1 T1 (the query prepared once outside the
 // timing): /1 streams the key pages and scores nothing, /2 scores without waiting for the copies
-// (wrong scores), /0 the kernel as the library runs it. Time differences say which half costs.
+// (wrong scores), /0 the kernel as the library runs it; /3 and /4 the lean kernels (variants 3
+// and 4) alone. Time differences say which half costs.
 void BM_Dsv4IndexProbe(benchmark::State& state) {
   const int probe = static_cast<int>(state.range(0));
   const int N = 131072, H = 64, D = 128;
@@ -308,10 +310,26 @@ void BM_Dsv4IndexProbe(benchmark::State& state) {
   for (auto k : {k0, k1, k2})
     KVC_BENCH_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   auto kern = probe == 1 ? k1 : probe == 2 ? k2 : k0;
+  const int lean_smem = kernels::dsv4_detail::lean_smem_bytes<4, 128>();
+  auto l1 = kernels::dsv4_detail::mxfp4_score_lean_kernel<4, 128, 1>;
+  auto l2 = kernels::dsv4_detail::mxfp4_score_lean_kernel<4, 128, 2>;
+  int lean_ctas = 1;
+  for (auto k : {l1, l2}) {
+    KVC_BENCH_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, lean_smem));
+  }
+  KVC_BENCH_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &lean_ctas, probe == 4 ? l2 : l1, kernels::dsv4_detail::kIndexThreads, lean_smem));
+  state.counters["ctas_per_sm"] = probe >= 3 ? lean_ctas : 2;
   auto launch = [&](int set) {
     p.keys = stores[static_cast<std::size_t>(set)]->view();
-    kern<<<static_cast<unsigned>(2 * sms), kernels::dsv4_detail::kIndexThreads,
-           static_cast<std::size_t>(smem), stream>>>(p);
+    if (probe >= 3) {
+      (probe == 4 ? l2 : l1)<<<static_cast<unsigned>(std::max(1, lean_ctas) * sms),
+                               kernels::dsv4_detail::kIndexThreads,
+                               static_cast<std::size_t>(lean_smem), stream>>>(p);
+    } else {
+      kern<<<static_cast<unsigned>(2 * sms), kernels::dsv4_detail::kIndexThreads,
+             static_cast<std::size_t>(smem), stream>>>(p);
+    }
     KVC_BENCH_CUDA(cudaGetLastError());
   };
   const double key_bytes = static_cast<double>(N) * 68;
@@ -491,10 +509,10 @@ void Timed(benchmark::internal::Benchmark* b) {
       ->ReportAggregatesOnly(true);
 }
 
-// <batch>/<T>/<format>/<timing>/<variant 0 staged pages, 2 register prefetch>
+// <batch>/<T>/<format>/<timing>/<variant 0 staged pages, 2 register prefetch, 3 lean, 4 lean x2>
 void IndexShapes(benchmark::internal::Benchmark* b) {
   for (int timing : {0, 1}) {
-    for (int variant : {0, 2}) {
+    for (int variant : {0, 2, 3, 4}) {
       b->Args({1, 1, 0, timing, variant});  // the <= 5 us target
       b->Args({8, 1, 0, timing, variant});
       b->Args({1, 4, 0, timing, variant});
@@ -505,7 +523,7 @@ void IndexShapes(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_Dsv4IndexDecode)->Apply(IndexShapes)->Apply(Timed);
-BENCHMARK(BM_Dsv4IndexProbe)->Arg(0)->Arg(1)->Arg(2)->Apply(Timed);
+BENCHMARK(BM_Dsv4IndexProbe)->Arg(0)->Arg(1)->Arg(2)->Arg(3)->Arg(4)->Apply(Timed);
 BENCHMARK(BM_Dsv4TopK)
     ->Apply([](benchmark::internal::Benchmark* b) {
       for (int variant : {0, 1}) {

@@ -304,6 +304,39 @@ struct QueryFrags {
   }
 };
 
+/// Scores keys o * 8 .. o * 8 + 7 (those below vis) of one query token in the reference form
+/// (mxfp4_dot per head, combine_heads_mxfp4) through the warp's scratch `wsm`; lane (g, tq) holds
+/// `word` (its quarter of key g's packed codes) and `sb` (that quarter's scale byte).
+template <int MT, int D>
+__device__ __forceinline__ void score_octet_reference(const std::uint32_t* word, int sb,
+                                                      const unsigned char* ws, const Mxfp4Row& L,
+                                                      unsigned char* wsm, int o, int vis,
+                                                      float* out_row) {
+  constexpr int KS = D / 32, H = MT * 16, G = D / 32;
+  const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  // The reference form through this warp's shared memory.
+  std::uint8_t* kb = wsm;                                                            // [8][D/2]
+  std::uint8_t* ksb = wsm + 8 * D / 2;                                               // [8][G]
+  float* dots = reinterpret_cast<float*>(wsm + 8 * D / 2 + (8 * G + 15) / 16 * 16);  // [8][H]
+  for (int s = 0; s < KS; ++s)
+    reinterpret_cast<std::uint32_t*>(kb + g * (D / 2) + tq * (D / 8))[s] = word[s];
+  if ((tq * (D / 4)) % 32 == 0) ksb[g * G + (tq * (D / 4)) / 32] = static_cast<std::uint8_t>(sb);
+  __syncwarp();
+  const std::uint8_t* qp = ws + L.packed;
+  const std::uint8_t* qs = ws + L.scales;
+  for (int idx = lane; idx < 8 * H; idx += 32) {
+    const int n = idx / H, h = idx % H;
+    dots[n * H + h] =
+        dsv4::mxfp4_dot(qp + h * (D / 2), qs + h * G, kb + n * (D / 2), ksb + n * G, D);
+  }
+  __syncwarp();
+  if (lane < 8 && o * 8 + lane < vis) {
+    out_row[o * 8 + lane] =
+        dsv4::combine_heads_mxfp4(dots + lane * H, reinterpret_cast<const float*>(ws + L.wraw), H);
+  }
+  __syncwarp();
+}
+
 /// Scores keys o * 8 .. o * 8 + 7 (those below vis) of one query token into out_row: the folded
 /// form on integer tensor cores when the octet and the token fold, else the reference form
 /// through the warp's scratch `wsm`. The k-step loop is outside the tile loop, so the MT
@@ -312,7 +345,7 @@ template <int MT, int D>
 __device__ __forceinline__ void score_octet(const QueryFrags<MT, D>& qf, const KeyLane<D / 32>& cur,
                                             const unsigned char* ws, const Mxfp4Row& L,
                                             unsigned char* wsm, int o, int vis, float* out_row) {
-  constexpr int KS = D / 32, H = MT * 16, G = D / 32;
+  constexpr int KS = D / 32;
   const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   int kmin = cur.kmin, kmax = cur.kmax;
   if (kmin < 0) {  // the key's bytes over its four lanes
@@ -368,28 +401,7 @@ __device__ __forceinline__ void score_octet(const QueryFrags<MT, D>& qf, const K
       }
     }
   } else {
-    // The reference form through this warp's shared memory.
-    std::uint8_t* kb = wsm;                                                            // [8][D/2]
-    std::uint8_t* ksb = wsm + 8 * D / 2;                                               // [8][G]
-    float* dots = reinterpret_cast<float*>(wsm + 8 * D / 2 + (8 * G + 15) / 16 * 16);  // [8][H]
-    for (int s = 0; s < KS; ++s)
-      reinterpret_cast<std::uint32_t*>(kb + g * (D / 2) + tq * (D / 8))[s] = cur.word[s];
-    if ((tq * (D / 4)) % 32 == 0)
-      ksb[g * G + (tq * (D / 4)) / 32] = static_cast<std::uint8_t>(cur.sb);
-    __syncwarp();
-    const std::uint8_t* qp = ws + L.packed;
-    const std::uint8_t* qs = ws + L.scales;
-    for (int idx = lane; idx < 8 * H; idx += 32) {
-      const int n = idx / H, h = idx % H;
-      dots[n * H + h] =
-          dsv4::mxfp4_dot(qp + h * (D / 2), qs + h * G, kb + n * (D / 2), ksb + n * G, D);
-    }
-    __syncwarp();
-    if (lane < 8 && o * 8 + lane < vis) {
-      out_row[o * 8 + lane] = dsv4::combine_heads_mxfp4(
-          dots + lane * H, reinterpret_cast<const float*>(ws + L.wraw), H);
-    }
-    __syncwarp();
+    score_octet_reference<MT, D>(cur.word, cur.sb, ws, L, wsm, o, vis, out_row);
   }
 }
 
@@ -625,6 +637,343 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_staged_kernel(co
       }
     }
   }
+}
+
+// --- the lean variant: staged pages, query state in registers, R pages scored together ----------
+//
+// The same page staging as mxfp4_score_staged_kernel, with less work per octet: the per-lane
+// accumulator offsets and folded weights of the warp's token live in registers (not shared
+// memory); the accumulators start at the magic 0x4B400000 (one constant) and the subtraction of
+// 1.5 2^23 + 128 Σa (the head's offset, exact: |P + 128 Σa| < 2^22) leaves P; a key's four scale
+// bytes come in one 32-bit load; the butterfly keeps only the lane half that goes on (3
+// shuffles per octet instead of 6, 2 per octet when R = 2); and a stage is released by the last
+// warp that finishes with it (a shared-memory counter), not by a CTA barrier per page. With R = 2 a
+// warp scores octet ol of two pages at once, two independent instruction streams.
+
+/// The warp's query token as the lean kernels hold it: A fragments in registers, and in the
+/// warp's shared memory per (tile mt, row group g) one float4 {offset lo, weight lo, offset hi,
+/// weight hi} of heads 16 mt + g (lo) and 16 mt + g + 8 (hi): the offset 1.5 2^23 + 128 Σa and
+/// the folded weight (one 16-byte load per tile and octet).
+template <int MT, int D>
+struct LeanQuery {
+  uint4 a[MT][D / 32];
+  const float4* ow;  // [MT][8] (shared memory)
+  bool ok;           // every head folds
+  /// Loads the fragments and fills `rows` (MT * 8 float4 of the warp's shared memory).
+  __device__ __forceinline__ void load(const unsigned char* ws, const Mxfp4Row& L, int lane,
+                                       float4* rows) {
+    constexpr int H = MT * 16, KS = D / 32;
+    ok = __all_sync(0xffffffffu, (lane >= H || ws[L.ok + lane] != 0) &&
+                                     (lane + 32 >= H || ws[L.ok + lane + 32] != 0));
+    const int* cinit = reinterpret_cast<const int*>(ws + L.cinit);
+    const float* wfold = reinterpret_cast<const float*>(ws + L.wfold);
+    // cinit = kMagic - 128 Σa, so 2 kMagic - cinit has the bits of 1.5 2^23 + 128 Σa.
+    auto offset = [&](int h) {
+      return __uint_as_float(2u * static_cast<std::uint32_t>(kMagic) -
+                             static_cast<std::uint32_t>(cinit[h]));
+    };
+    for (int idx = lane; idx < MT * 8; idx += 32) {
+      const int h = 16 * (idx / 8) + idx % 8;
+      rows[idx] = make_float4(offset(h), wfold[h], offset(h + 8), wfold[h + 8]);
+    }
+    ow = rows;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int s = 0; s < KS; ++s)
+        a[mt][s] = reinterpret_cast<const uint4*>(ws + L.frag)[(mt * KS + s) * 32 + lane];
+    }
+    __syncwarp();
+  }
+};
+
+/// d = a (16 x 32 s8) * b (32 x 8 u8) + c, c four copies of one value.
+__device__ __forceinline__ void imma_from(int (&d)[4], const uint4& a, std::uint32_t b0,
+                                          std::uint32_t b1, int c) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%10,%10,%10};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1), "r"(c));
+}
+
+/// One octet as a lane of the lean kernels holds it: its quarter's packed words, its group's
+/// scale byte, the key's smallest byte and whether the key folds (true for masked keys, whose
+/// words are 0).
+template <int KS>
+struct LeanKey {
+  std::uint32_t word[KS];
+  int sb, kmin;
+  bool fold;
+};
+
+/// Reads lane (g, tq)'s part of octet `ol` of a staged page (key ol * 8 + g) when `live`, else a
+/// masked key.
+template <int D>
+__device__ __forceinline__ LeanKey<D / 32> lean_key(const unsigned char* page, int N, int ol,
+                                                    bool live, int g, int tq) {
+  constexpr int KS = D / 32, G = D / 32;
+  LeanKey<KS> k;
+  const int jr = ol * 8 + g;
+  std::uint32_t sw = 0x7f7f7f7fu;
+#pragma unroll
+  for (int s = 0; s < KS; ++s) k.word[s] = 0;
+  if (live) {
+    const unsigned char* kp = page + static_cast<std::size_t>(jr) * (D / 2) + tq * (D / 8);
+    const unsigned char* rec =
+        page + static_cast<std::size_t>(N) * (D / 2) + static_cast<std::size_t>(jr) * G;
+    if constexpr (D == 128) {
+      const uint4 u = *reinterpret_cast<const uint4*>(kp);
+      k.word[0] = u.x;
+      k.word[1] = u.y;
+      k.word[2] = u.z;
+      k.word[3] = u.w;
+      sw = *reinterpret_cast<const std::uint32_t*>(rec);
+    } else {
+      const uint2 u = *reinterpret_cast<const uint2*>(kp);
+      k.word[0] = u.x;
+      k.word[1] = u.y;
+      sw = *reinterpret_cast<const std::uint16_t*>(rec);
+      sw |= sw << 16;  // bytes 2, 3 repeat bytes 0, 1: the same min and max
+    }
+  }
+  const int b0 = sw & 0xffu, b1 = (sw >> 8) & 0xffu, b2 = (sw >> 16) & 0xffu, b3 = sw >> 24;
+  k.kmin = min(min(b0, b1), min(b2, b3));
+  const int kmax = max(max(b0, b1), max(b2, b3));
+  // The lane's group: tq (dim 128, 32 elements a lane) or tq / 2 (dim 64, 16 elements a lane).
+  k.sb = (sw >> (8 * ((tq * (D / 4)) / 32))) & 0xffu;
+  // kmax - kmin <= 3 and kmin <= kFoldByteHi rule out a 0xFF byte.
+  k.fold = kmax - k.kmin <= dsv4::kFoldMaxSpread &&
+           static_cast<unsigned>(k.kmin - dsv4::kFoldByteLo) <=
+               static_cast<unsigned>(dsv4::kFoldByteHi - dsv4::kFoldByteLo);
+  return k;
+}
+
+/// The folded score of R octets (one per entry of `k`, octet indices o[r]) of the warp's token:
+/// R independent streams of unpack, mma, head chains and butterfly. Octet r's keys are stored
+/// below vis when store[r].
+template <int MT, int D, int R>
+__device__ __forceinline__ void lean_score_folded(const LeanQuery<MT, D>& q,
+                                                  const LeanKey<D / 32> (&k)[R], const int (&o)[R],
+                                                  const bool (&store)[R], int vis, float* out_row) {
+  constexpr int KS = D / 32;
+  const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  std::uint32_t tl[R], th[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int shift = k[r].sb - k[r].kmin;
+    tl[r] = mxfp4::kTwiceLo << shift;
+    th[r] = mxfp4::kTwiceHi << shift;
+  }
+  int acc[R][MT][4];
+#pragma unroll
+  for (int s = 0; s < KS; ++s) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      std::uint32_t bl, bh;
+      mxfp4::e2m1x8_to_u8_offset_tables(k[r].word[s], tl[r], th[r], bl, bh);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if (s == 0) {
+          imma_from(acc[r][mt], q.a[mt][s], bl, bh, kMagic);
+        } else {
+          imma(acc[r][mt], q.a[mt][s], bl, bh);
+        }
+      }
+    }
+  }
+  // Chains over heads g, g + 8, g + 16, ...: c[r][0] for key 2 tq of octet r, c[r][1] for 2 tq + 1.
+  float c[R][2];
+#pragma unroll
+  for (int r = 0; r < R; ++r) c[r][0] = c[r][1] = 0.0f;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const float4 ow = q.ow[mt * 8 + g];  // offset lo, weight lo, offset hi, weight hi
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      c[r][0] =
+          __fmaf_rn(fmaxf(__fsub_rn(__int_as_float(acc[r][mt][0]), ow.x), 0.0f), ow.y, c[r][0]);
+      c[r][1] =
+          __fmaf_rn(fmaxf(__fsub_rn(__int_as_float(acc[r][mt][1]), ow.x), 0.0f), ow.y, c[r][1]);
+      c[r][0] =
+          __fmaf_rn(fmaxf(__fsub_rn(__int_as_float(acc[r][mt][2]), ow.z), 0.0f), ow.w, c[r][0]);
+      c[r][1] =
+          __fmaf_rn(fmaxf(__fsub_rn(__int_as_float(acc[r][mt][3]), ow.z), 0.0f), ow.w, c[r][1]);
+    }
+  }
+  // The butterfly a_g += a_(g^4), a_g += a_(g^2), a_g += a_(g^1) (lane xor 16, 8, 4). After each
+  // level the partner lanes hold equal sums (fadd commutes), so each lane goes on with one of
+  // them and sends the other: level 16 splits the two keys of a lane (g < 4: key 2 tq, g >= 4:
+  // 2 tq + 1); with R = 2, level 8 splits the two octets (g & 2: octet 1).
+  const bool up = (lane & 16) != 0;
+  float v;
+  int key_lane;  // the lane holding the final sum's key's kmin
+  int kmin_sel;
+  if constexpr (R == 1) {
+    v = __fadd_rn(up ? c[0][1] : c[0][0], __shfl_xor_sync(0xffffffffu, up ? c[0][0] : c[0][1], 16));
+    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 8));
+    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 4));
+    key_lane = 4 * (2 * tq + (up ? 1 : 0));
+    kmin_sel = __shfl_sync(0xffffffffu, k[0].kmin, key_lane);
+  } else {
+    const float send0 = __shfl_xor_sync(0xffffffffu, up ? c[0][0] : c[0][1], 16);
+    const float send1 = __shfl_xor_sync(0xffffffffu, up ? c[1][0] : c[1][1], 16);
+    const float w0 = __fadd_rn(up ? c[0][1] : c[0][0], send0);
+    const float w1 = __fadd_rn(up ? c[1][1] : c[1][0], send1);
+    const bool second = (lane & 8) != 0;
+    v = __fadd_rn(second ? w1 : w0, __shfl_xor_sync(0xffffffffu, second ? w0 : w1, 8));
+    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 4));
+    key_lane = 4 * (2 * tq + (up ? 1 : 0));
+    const int both = __shfl_sync(0xffffffffu, k[0].kmin | (k[1].kmin << 8), key_lane);
+    kmin_sel = second ? (both >> 8) : (both & 0xff);
+  }
+  // Lanes g = 0, 4 (and with R = 2, g = 2, 6) hold a final sum: key 2 tq + up of octet `second`.
+  if ((g & (R == 1 ? 3 : 1)) == 0) {
+    const bool second = R == 2 && (lane & 8) != 0;
+    const int j = (second ? o[R - 1] : o[0]) * 8 + 2 * tq + (up ? 1 : 0);
+    const bool st = second ? store[R - 1] : store[0];
+    // The key scale 2^(kmin - 127): kmin is in [kFoldByteLo, kFoldByteHi], a normal float.
+    if (st && j < vis) out_row[j] = fmul_rn(v, __int_as_float(kmin_sel << 23));
+  }
+}
+
+/// Scoring, mxfp4 keys, lean staged form (see above): page staging as mxfp4_score_staged_kernel,
+/// R pages (pg = blockIdx.x + i gridDim.x, i = i0 .. i0 + R - 1) scored together by each warp.
+/// Pages of at most kMaxStagedPageBytes bytes, 8 | page_entries.
+template <int MT, int D, int R>
+__global__ void __launch_bounds__(kIndexThreads, R == 1 ? 2 : 1)
+    mxfp4_score_lean_kernel(const IndexParams p) {
+  static_assert(R == 1 || R == 2, "R is 1 or 2");
+  static_assert(kStages % R == 0, "stages come in groups of R");
+  constexpr int KS = D / 32, H = MT * 16;
+  extern __shared__ __align__(128) unsigned char dsmem[];
+  auto stage = reinterpret_cast<unsigned char(*)[kMaxStagedPageBytes]>(dsmem);
+  auto wsm_all = reinterpret_cast<unsigned char(*)[octet_scratch_bytes<MT, D>()]>(
+      dsmem + kStages * kMaxStagedPageBytes);
+  auto rows_all = reinterpret_cast<float4(*)[MT * 8]>(dsmem + kStages * kMaxStagedPageBytes +
+                                                      kIndexWarps * octet_scratch_bytes<MT, D>());
+  const std::uint8_t** page_ptr = reinterpret_cast<const std::uint8_t**>(
+      dsmem + kStages * kMaxStagedPageBytes + kIndexWarps * octet_scratch_bytes<MT, D>() +
+      kIndexWarps * MT * 8 * 16);
+  __shared__ __align__(8) std::uint64_t bar[kStages];
+  __shared__ int valid[kStages];
+  __shared__ unsigned released[kStages];  // warps done with the stage, over all its uses
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int b = blockIdx.y, pass = blockIdx.z;
+  const int tt = warp % p.tp, kl = warp / p.tp, KL = kIndexWarps / p.tp;
+  const int tl = pass * p.tp + tt;
+  const int N = p.keys.layout.page_entries, opp = N / 8;
+  const int page_bytes = static_cast<int>(p.keys.layout.page_bytes);
+  const int last = min(p.tc - 1, pass * p.tp + p.tp - 1);
+  const ScoreRow srl = score_row(p, b, last);
+  const int pages = (srl.vis + N - 1) / N;
+  const int cta_pages =
+      pages > static_cast<int>(blockIdx.x)
+          ? (pages - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) /
+                static_cast<int>(gridDim.x)
+          : 0;
+  for (int i = threadIdx.x; i < kStagedPages; i += kIndexThreads) {
+    page_ptr[i] =
+        i < cta_pages ? dsv4::page_of(p.keys, srl.slot, (blockIdx.x + i * gridDim.x) * N) : nullptr;
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&bar[s], 1);
+      released[s] = 0;
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+  auto page_at = [&](int i) {
+    return i < kStagedPages ? page_ptr[i]
+                            : dsv4::page_of(p.keys, srl.slot, (blockIdx.x + i * gridDim.x) * N);
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages && s < cta_pages; ++s) {
+      const std::uint8_t* src = page_at(s);
+      valid[s] = src != nullptr;
+      issue_page(&bar[s], stage[s], src, page_bytes);
+    }
+  }
+  const bool active = tl < p.tc;
+  const ScoreRow sr = score_row(p, b, active ? tl : last);
+  if (active && blockIdx.x == 0 && kl == 0 && lane == 0) p.num_valid[sr.row] = sr.vis;
+  const Mxfp4Row L(H, D);
+  const unsigned char* ws =
+      p.ws + (static_cast<std::size_t>(b) * p.tc + (active ? tl : last)) * p.ws_row;
+  pdl_wait();
+  LeanQuery<MT, D> q;
+  q.load(ws, L, lane, rows_all[warp]);
+  float* out_row = p.scores + sr.row * static_cast<std::size_t>(p.pitch);
+  const int g = lane / 4, tq = lane % 4;
+  for (int i0 = 0; i0 < cta_pages; i0 += R) {
+    bool have[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int i = i0 + r;
+      have[r] = i < cta_pages;
+      if (have[r]) {
+        mbar_wait(&bar[i % kStages], static_cast<std::uint32_t>((i / kStages) & 1));
+        have[r] = valid[i % kStages] != 0;
+      }
+    }
+    if (active) {
+      for (int ol = kl; ol < opp; ol += KL) {
+        int o[R];
+        bool store[R];
+        LeanKey<KS> k[R];
+        bool any = false;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          o[r] = (blockIdx.x + (i0 + r) * gridDim.x) * opp + ol;
+          store[r] = have[r] && o[r] * 8 < sr.vis;
+          any = any || store[r];
+          k[r] = lean_key<D>(stage[(i0 + r) % kStages], N, ol, store[r] && o[r] * 8 + g < sr.vis, g,
+                             tq);
+        }
+        if (!any) break;  // later octets of these pages are past vis too
+        bool fold = q.ok;
+#pragma unroll
+        for (int r = 0; r < R; ++r) fold = fold && k[r].fold;
+        if (__all_sync(0xffffffffu, fold)) {
+          lean_score_folded<MT, D, R>(q, k, o, store, sr.vis, out_row);
+        } else {
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            if (store[r])
+              score_octet_reference<MT, D>(k[r].word, k[r].sb, ws, L, wsm_all[warp], o[r], sr.vis,
+                                           out_row);
+          }
+        }
+      }
+    }
+    // Release the R stages; the last warp to let one go refills it with the page kStages on.
+    __syncwarp();
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int i = i0 + r;
+        if (i >= cta_pages) break;
+        const int st = i % kStages;
+        // Relaxed: every read of the stage by this warp fed the mma or the reference form
+        // before this point, so it is complete; the refill is ordered after the other warps'
+        // arrivals by the counter itself.
+        const unsigned before = atomicAdd(&released[st], 1u);
+        const unsigned use = static_cast<unsigned>(i / kStages);
+        if (before == use * kIndexWarps + kIndexWarps - 1 && i + kStages < cta_pages) {
+          const std::uint8_t* src = page_at(i + kStages);
+          valid[st] = src != nullptr;
+          issue_page(&bar[st], stage[st], src, page_bytes);
+        }
+      }
+    }
+  }
+}
+
+/// Dynamic shared memory bytes of mxfp4_score_lean_kernel<MT, D, R>.
+template <int MT, int D>
+constexpr int lean_smem_bytes() {
+  return kStages * kMaxStagedPageBytes + kIndexWarps * octet_scratch_bytes<MT, D>() +
+         kIndexWarps * MT * 8 * 16 + kStagedPages * 8;
 }
 
 // --- fp8 keys (DeepSeek-V3.2): CUDA cores -----------------------------------------------------

@@ -28,6 +28,25 @@ __device__ __forceinline__ std::uint32_t prmt(std::uint32_t a, std::uint32_t b, 
 constexpr std::uint32_t kTwiceLo = 0x03020100u;
 constexpr std::uint32_t kTwiceHi = 0x0C080604u;
 
+/// e2m1x8_to_u8_offset (below) with the tables already shifted (kTwiceLo << shift, kTwiceHi <<
+/// shift), for callers that unpack several words of one shift.
+/// @param[in] word  eight packed codes
+/// @param[in] tl    kTwiceLo << shift
+/// @param[in] th    kTwiceHi << shift
+/// @param[out] lo   elements 0..3
+/// @param[out] hi   elements 4..7
+__device__ __forceinline__ void e2m1x8_to_u8_offset_tables(std::uint32_t word, std::uint32_t tl,
+                                                           std::uint32_t th, std::uint32_t& lo,
+                                                           std::uint32_t& hi) {
+  const std::uint32_t flipped = word ^ 0x88888888u;
+  const std::uint32_t pos_lo = prmt(tl, th, word), neg_lo = prmt(tl, th, flipped);
+  const std::uint32_t pos_hi = prmt(tl, th, word >> 16), neg_hi = prmt(tl, th, flipped >> 16);
+  // Per byte 128 + pos - neg, one of pos and neg 0 and both <= 96: no carry or borrow crosses
+  // a byte.
+  lo = 0x80808080u + pos_lo - neg_lo;
+  hi = 0x80808080u + pos_hi - neg_hi;
+}
+
 /// Eight codes of `word` as offset-binary bytes 128 + (2 v) * 2^shift (v the signed e2m1 value,
 /// shift 0..3 so |2 v 2^shift| <= 96): `lo` holds elements 0..3, `hi` elements 4..7, byte i =
 /// element i. These are the u8 B operand of kvc's folded integer score (kvc/dsv4/index_math.h);
@@ -39,14 +58,7 @@ constexpr std::uint32_t kTwiceHi = 0x0C080604u;
 __device__ __forceinline__ void e2m1x8_to_u8_offset(std::uint32_t word, int shift,
                                                     std::uint32_t& lo, std::uint32_t& hi) {
   // Every table byte is <= 12, so shifting the whole word by <= 3 moves no bit across bytes.
-  const std::uint32_t tl = kTwiceLo << shift, th = kTwiceHi << shift;
-  const std::uint32_t flipped = word ^ 0x88888888u;
-  const std::uint32_t pos_lo = prmt(tl, th, word), neg_lo = prmt(tl, th, flipped);
-  const std::uint32_t pos_hi = prmt(tl, th, word >> 16), neg_hi = prmt(tl, th, flipped >> 16);
-  // Per byte 128 + pos - neg, one of pos and neg 0 and both <= 96: no carry or borrow crosses
-  // a byte.
-  lo = 0x80808080u + pos_lo - neg_lo;
-  hi = 0x80808080u + pos_hi - neg_hi;
+  e2m1x8_to_u8_offset_tables(word, kTwiceLo << shift, kTwiceHi << shift, lo, hi);
 }
 
 /// e4m3 bytes of the e2m1 magnitudes by code: 0, 0.5, 1, 1.5 and 2, 3, 4, 6 (exact in e4m3).

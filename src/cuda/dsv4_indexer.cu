@@ -46,10 +46,70 @@ cudaError_t launch(Kernel kernel, dim3 grid, int smem, const IndexParams& p, cud
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
+/// Resident CTAs per SM of a score kernel with `smem` dynamic bytes (2 when the query fails).
+template <class Kernel>
+int ctas_per_sm(Kernel kernel, int smem) {
+  int n = 0;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
+          cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &n, kernel, kIndexThreads, static_cast<std::size_t>(smem)) != cudaSuccess ||
+      n < 1) {
+    return 2;
+  }
+  return n;
+}
+
+/// The lean staged kernel, R pages at a time: launches it, or with `occupancy` set only reports
+/// its resident CTAs per SM there.
+template <int D, int R>
+cudaError_t launch_mxfp4_lean(int MT, dim3 grid, const IndexParams& p, cudaStream_t stream,
+                              int* occupancy = nullptr) {
+  auto run = [&](auto kernel, int smem) {
+    if (occupancy != nullptr) {
+      *occupancy = ctas_per_sm(kernel, smem);
+      return cudaSuccess;
+    }
+    return launch(kernel, grid, smem, p, stream);
+  };
+  switch (MT) {
+    case 1:
+      return run(mxfp4_score_lean_kernel<1, D, R>, lean_smem_bytes<1, D>());
+    case 2:
+      return run(mxfp4_score_lean_kernel<2, D, R>, lean_smem_bytes<2, D>());
+    case 3:
+      return run(mxfp4_score_lean_kernel<3, D, R>, lean_smem_bytes<3, D>());
+    case 4:
+      return run(mxfp4_score_lean_kernel<4, D, R>, lean_smem_bytes<4, D>());
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+/// Resident CTAs per SM of the mxfp4 score kernel of `variant` (2 for the staged and register
+/// kernels, whose launch bounds ask for 2).
+int mxfp4_ctas_per_sm(int D, int MT, int variant) {
+  if (variant != 3 && variant != 4) return 2;
+  int n = 2;
+  const IndexParams unused{};
+  if (D == 128) {
+    variant == 3 ? launch_mxfp4_lean<128, 1>(MT, dim3(), unused, nullptr, &n)
+                 : launch_mxfp4_lean<128, 2>(MT, dim3(), unused, nullptr, &n);
+  } else {
+    variant == 3 ? launch_mxfp4_lean<64, 1>(MT, dim3(), unused, nullptr, &n)
+                 : launch_mxfp4_lean<64, 2>(MT, dim3(), unused, nullptr, &n);
+  }
+  return n;
+}
+
+/// The mxfp4 score kernel of `variant` (1 staged, 2 register prefetch, 3 lean, 4 lean in pairs
+/// of pages).
 template <int D>
-cudaError_t launch_mxfp4(int MT, bool staged, dim3 grid, const IndexParams& p,
+cudaError_t launch_mxfp4(int MT, int variant, dim3 grid, const IndexParams& p,
                          cudaStream_t stream) {
-  if (staged) {
+  if (variant == 3) return launch_mxfp4_lean<D, 1>(MT, grid, p, stream);
+  if (variant == 4) return launch_mxfp4_lean<D, 2>(MT, grid, p, stream);
+  if (variant == 1) {
     switch (MT) {
       case 1:
         return launch(mxfp4_score_staged_kernel<1, D>, grid, staged_smem_bytes<1, D>(), p, stream);
@@ -142,8 +202,12 @@ cudaError_t dsv4_index_score(void* d_temp, std::size_t& temp_bytes,
   const int octets = (keys.max_entries + 7) / 8;
   const bool fits = keys.layout.page_bytes <= static_cast<std::size_t>(kMaxStagedPageBytes) &&
                     keys.layout.page_entries % 8 == 0;
-  if (a.variant == 1 && !fits) return cudaErrorInvalidValue;
+  if (a.variant < 0 || a.variant > 4) return cudaErrorInvalidValue;
+  if ((a.variant == 1 || a.variant >= 3) && !fits) return cudaErrorInvalidValue;
   const bool staged = mx && a.variant != 2 && fits;
+  // The kernel run: 0 picks the staged one when a page fits, else register prefetch.
+  const int variant = a.variant != 0 ? a.variant : (staged ? 1 : 2);
+  const int resident = mx ? mxfp4_ctas_per_sm(c.head_dim, c.num_heads / 16, variant) : 2;
   const int pages = (keys.max_entries + keys.layout.page_entries - 1) / keys.layout.page_entries;
   for (int t0 = 0; t0 < a.T; t0 += tc) {
     p.t0 = t0;
@@ -152,11 +216,12 @@ cudaError_t dsv4_index_score(void* d_temp, std::size_t& temp_bytes,
     const int passes = (p.tc + p.tp - 1) / p.tp;
     if (passes > 65535) return cudaErrorInvalidValue;
     const dim3 prep_grid(static_cast<unsigned>(a.batch * p.tc), static_cast<unsigned>(c.num_heads));
-    // Enough CTAs to fill the device twice over, never more than the longest row needs.
+    // Enough CTAs to fill every resident slot of the device once (twice over for the staged and
+    // register kernels), never more than the longest row needs.
     const int per_cta = mx ? kIndexWarps / p.tp : kIndexWarps;
     const int needed = staged ? std::max(1, pages) : std::max(1, (octets + per_cta - 1) / per_cta);
-    const long long target =
-        std::max<long long>(1, 2LL * sm_count() / (static_cast<long long>(a.batch) * passes));
+    const long long target = std::max<long long>(1, static_cast<long long>(resident) * sm_count() /
+                                                        (static_cast<long long>(a.batch) * passes));
     const dim3 grid(static_cast<unsigned>(std::min<long long>(needed, target)),
                     static_cast<unsigned>(a.batch), static_cast<unsigned>(passes));
     if (mx) {
@@ -167,8 +232,8 @@ cudaError_t dsv4_index_score(void* d_temp, std::size_t& temp_bytes,
       }
       KVC_CUDA_CALL(cudaGetLastError());
       KVC_CUDA_CALL(c.head_dim == 128
-                        ? launch_mxfp4<128>(c.num_heads / 16, staged, grid, p, stream)
-                        : launch_mxfp4<64>(c.num_heads / 16, staged, grid, p, stream));
+                        ? launch_mxfp4<128>(c.num_heads / 16, variant, grid, p, stream)
+                        : launch_mxfp4<64>(c.num_heads / 16, variant, grid, p, stream));
     } else {
       if (c.head_dim == 128) {
         prep_fp8_kernel<128><<<prep_grid, 128, 0, stream>>>(p);

@@ -27,8 +27,10 @@ using namespace testing;
 struct KeyPair {
   std::unique_ptr<EntryStore> cpu, gpu;
   KeyPair(EntryFormat f, int dim, int slots, const std::vector<int>& counts, std::uint32_t seed,
-          int max_context = 4 * 4096) {
-    const auto c = EntryStoreConfig::compressed(f, dim, 4, max_context, slots);
+          int max_context = 4 * 4096, int page_entries = 0,
+          const std::vector<float>* special = nullptr) {
+    auto c = EntryStoreConfig::compressed(f, dim, 4, max_context, slots);
+    if (page_entries > 0) c.page_entries = page_entries;
     cpu = EntryStore::create(c, Device::cpu());
     gpu = EntryStore::create(c, Device::cuda(0));
     for (int s = 0; s < slots; ++s) {
@@ -41,12 +43,71 @@ struct KeyPair {
         for (int i = 0; i < 32; ++i) k[11 * dim + i] *= 64.0f;
         k[17 * dim + 5] = NAN;
       }
+      // Caller's extra values: (key, element, value) triples, where the key exists.
+      if (special != nullptr) {
+        for (std::size_t i = 0; i + 2 < special->size(); i += 3) {
+          const int key = static_cast<int>((*special)[i]), e = static_cast<int>((*special)[i + 1]);
+          if (key < counts[s]) k[static_cast<std::size_t>(key) * dim + e] = (*special)[i + 2];
+        }
+      }
       cpu->append({s}, host_view(k, DType::kF32, {1, counts[s], dim}));
       DeviceTensor<float> d(k, DType::kF32, {1, counts[s], dim});
       gpu->append({s}, d.v);
     }
   }
 };
+
+/// Runs dsv4_index_score's mxfp4 kernel `variant` on the device inputs of `g` (slots and lengths
+/// from the host vectors) into poisoned outputs; returns the scores and sets `nv`.
+std::vector<float> kernel_layer_scores(const EntryStore& keys, const IndexerConfig& c,
+                                       const IndexerArgs& g, int variant,
+                                       std::vector<std::int32_t>& nv) {
+  const int B = static_cast<int>(g.slots.size());
+  std::vector<std::int32_t> meta(g.slots.begin(), g.slots.end());
+  for (std::int64_t L : g.lengths) meta.push_back(static_cast<std::int32_t>(L));
+  DeviceArray<std::int32_t> dmeta(meta);
+  DeviceArray<float> dsc(static_cast<std::size_t>(g.out.rows) * g.out.max_blocks);
+  DeviceArray<std::int32_t> dnv(static_cast<std::size_t>(g.out.rows));
+  dsc.upload(std::vector<float>(static_cast<std::size_t>(g.out.rows) * g.out.max_blocks, -5.0f));
+  dnv.fill_bytes(0xff);
+  kernels::Dsv4IndexArgs ka;
+  ka.slots = dmeta.get();
+  ka.lengths = dmeta.get() + B;
+  ka.batch = B;
+  ka.T = g.out.rows / B;
+  ka.q = g.q.ptr<const std::uint16_t>();
+  ka.weights = g.weights.ptr<const float>();
+  ka.rope_cos = c.query_rope ? g.rope_cos.ptr<const float>() : nullptr;
+  ka.rope_sin = c.query_rope ? g.rope_sin.ptr<const float>() : nullptr;
+  ka.out = ScoresView{dsc.get(), dnv.get(), g.out.rows, g.out.max_blocks};
+  ka.variant = variant;
+  std::size_t tb = 0;
+  EXPECT_EQ(kernels::dsv4_index_score(nullptr, tb, keys.view(), c, ka, nullptr), cudaSuccess);
+  DeviceArray<unsigned char> temp(std::max<std::size_t>(tb, 1));
+  EXPECT_EQ(kernels::dsv4_index_score(temp.get(), tb, keys.view(), c, ka, nullptr), cudaSuccess)
+      << "variant " << variant;
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << "variant " << variant;
+  nv = dnv.download();
+  return dsc.download();
+}
+
+/// Entries whose bits differ (NaN equal to NaN), the first few reported.
+int count_score_diffs(const std::vector<float>& got, const std::vector<float>& want, int pitch,
+                      const char* what) {
+  int diffs = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (float_bits(got[i]) != float_bits(want[i]) && !(std::isnan(got[i]) && std::isnan(want[i]))) {
+      if (++diffs <= 5)
+        ADD_FAILURE() << what << ": row " << i / pitch << " entry " << i % pitch << ": " << got[i]
+                      << " vs " << want[i];
+    }
+  }
+  return diffs;
+}
+
+/// The mxfp4 score kernels dsv4_index_score can run (0 automatic, 1 staged, 2 register
+/// prefetch, 3 lean, 4 lean in pairs of pages).
+constexpr int kMxfp4Variants[] = {1, 2, 3, 4};
 
 struct Shape {
   EntryFormat f;
@@ -105,42 +166,17 @@ TEST_P(Cuda_Dsv4_Indexer, ScoresMatchCpuBitForBit) {
   KVC_ASSERT_CUDA(cudaDeviceSynchronize());
   EXPECT_EQ(dnv.download(), nv_cpu);
   auto sg = dsc.download();
+  EXPECT_EQ(count_score_diffs(sg, sc_cpu, pitch, "indexer"), 0);
   if (sh.f == EntryFormat::kMxfp4) {
-    // The other score kernel (keys prefetched in registers) through the kernel layer: same bits.
-    dsc.upload(std::vector<float>(sc_cpu.size(), -5.0f));
-    kernels::Dsv4IndexArgs ka;
-    const std::vector<std::int32_t> meta{3, 0, 2, 4 * 4096, 4003, 150};
-    DeviceArray<std::int32_t> dmeta(meta);
-    ka.slots = dmeta.get();
-    ka.lengths = dmeta.get() + 3;
-    ka.batch = B;
-    ka.T = T;
-    ka.q = dq.a.get();
-    ka.weights = dw.a.get();
-    ka.rope_cos = dcs.a.get();
-    ka.rope_sin = dsn.a.get();
-    ka.out = g.out;
-    ka.variant = 2;
-    std::size_t tb = 0;
-    KVC_ASSERT_CUDA(kernels::dsv4_index_score(nullptr, tb, keys.gpu->view(), c, ka, nullptr));
-    DeviceArray<unsigned char> temp(std::max<std::size_t>(tb, 1));
-    KVC_ASSERT_CUDA(kernels::dsv4_index_score(temp.get(), tb, keys.gpu->view(), c, ka, nullptr));
-    KVC_ASSERT_CUDA(cudaDeviceSynchronize());
-    const auto s2 = dsc.download();
-    int d2 = 0;
-    for (std::size_t i = 0; i < s2.size(); ++i) d2 += float_bits(s2[i]) != float_bits(sg[i]);
-    EXPECT_EQ(d2, 0) << "register-prefetch variant differs from the staged one";
-  }
-  int diffs = 0;
-  for (std::size_t i = 0; i < sg.size(); ++i) {
-    if (float_bits(sg[i]) != float_bits(sc_cpu[i]) &&
-        !(std::isnan(sg[i]) && std::isnan(sc_cpu[i]))) {
-      if (++diffs <= 5)
-        ADD_FAILURE() << "row " << i / pitch << " entry " << i % pitch << ": " << sg[i] << " vs "
-                      << sc_cpu[i];
+    // Every score kernel through the kernel layer: the CPU's bits.
+    for (int variant : kMxfp4Variants) {
+      std::vector<std::int32_t> nv;
+      const auto sv = kernel_layer_scores(*keys.gpu, c, g, variant, nv);
+      EXPECT_EQ(nv, nv_cpu) << "variant " << variant;
+      const std::string what = "variant " + std::to_string(variant);
+      EXPECT_EQ(count_score_diffs(sv, sc_cpu, pitch, what.c_str()), 0) << what;
     }
   }
-  EXPECT_EQ(diffs, 0);
   // And the top-k of both through the Selector: the same ids.
   for (int k : {16, 512}) {
     std::vector<std::int32_t> ids(static_cast<std::size_t>(B) * T * k), cnt(B * T);
@@ -172,6 +208,108 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(to_string(info.param.f)) + "_h" + std::to_string(info.param.H) + "_d" +
              std::to_string(info.param.D) + "_t" + std::to_string(info.param.T);
     });
+
+TEST(Cuda_Dsv4_Indexer, EveryMxfp4KernelMatchesCpuOnSmallPagesAndFallbacks) {
+  KVC_REQUIRE_GPU();
+  // Pages of 16, 32 and 64 entries; odd visible counts (not multiples of 8 or of a page); keys
+  // that do not fold (inf, -inf, NaN, a zero group, a wide spread) spread over pages; query
+  // tokens that do not fold (an inf element: a NaN scale; a head with a wide spread; a weight of
+  // 1e30); 1..4 query tokens; poisoned outputs. Every kernel gives the CPU's bits.
+  const std::vector<float> special{5,     3,  INFINITY, 40,  100, -INFINITY, 41,    0,
+                                   1e30f, 70, 64,       NAN, 99,  1,         3e-30f};
+  for (int pe : {16, 32, 64}) {
+    for (int T = 1; T <= 4; ++T) {
+      SCOPED_TRACE("page_entries " + std::to_string(pe) + ", T " + std::to_string(T));
+      IndexerConfig c;
+      c.num_heads = 64;
+      c.head_dim = 128;
+      c.max_batch = 4;
+      c.max_query_tokens = T;
+      c.query_rope = true;
+      KeyPair keys(EntryFormat::kMxfp4, 128, 4, {333, 77, 0, 130}, 40 + pe + T, 4 * 512, pe,
+                   &special);
+      const std::vector<int> slots{0, 1, 3, 2};
+      const std::vector<std::int64_t> lengths{4 * 333 - 1, 4 * 77 + 3, 4 * 129 + 2, 9};
+      const int B = 4, pitch = 512;
+      auto q = random_bf16_bits(static_cast<std::size_t>(B) * T * 64 * 128, 50 + T, 2.0f);
+      auto w = random_floats(static_cast<std::size_t>(B) * T * 64, 51 + T, 0.02f);
+      auto at = [&](int b, int t, int h) {
+        return (static_cast<std::size_t>(b) * T + t) * 64 + static_cast<std::size_t>(h);
+      };
+      q[at(1, 0, 7) * 128 + 9] = float_to_bf16_bits(INFINITY);
+      for (int i = 32; i < 64; ++i) q[at(0, T - 1, 60) * 128 + i] = float_to_bf16_bits(500.0f + i);
+      w[at(2, T / 2, 33)] = 1e30f;
+      w[at(3, 0, 1)] = 0.0f;
+      std::vector<float> cs, sn;
+      rope_tables(4 * 4096 + 1, 64, cs, sn);
+      std::vector<float> sc_cpu(static_cast<std::size_t>(B) * T * pitch, -5.0f);
+      std::vector<std::int32_t> nv_cpu(B * T, -1);
+      IndexerArgs a;
+      a.slots = slots;
+      a.lengths = lengths;
+      a.q = host_view(q, DType::kBF16, {B, T, 64, 128});
+      a.weights = host_view(w, DType::kF32, {B, T, 64});
+      a.rope_cos = host_view(cs, DType::kF32, {static_cast<std::int64_t>(cs.size() / 32), 32});
+      a.rope_sin = host_view(sn, DType::kF32, {static_cast<std::int64_t>(sn.size() / 32), 32});
+      a.out = ScoresView{sc_cpu.data(), nv_cpu.data(), B * T, pitch};
+      Indexer::create(c, Device::cpu())->score(*keys.cpu, a);
+      int nan_scores = 0;
+      for (float v : sc_cpu) nan_scores += std::isnan(v) ? 1 : 0;
+      EXPECT_GT(nan_scores, 0) << "the NaN / inf inputs reach the scores";
+      DeviceTensor<std::uint16_t> dq(q, DType::kBF16, {B, T, 64, 128});
+      DeviceTensor<float> dw(w, DType::kF32, {B, T, 64});
+      DeviceTensor<float> dcs(cs, DType::kF32, {static_cast<std::int64_t>(cs.size() / 32), 32});
+      DeviceTensor<float> dsn(sn, DType::kF32, {static_cast<std::int64_t>(sn.size() / 32), 32});
+      IndexerArgs g = a;
+      g.q = dq.v;
+      g.weights = dw.v;
+      g.rope_cos = dcs.v;
+      g.rope_sin = dsn.v;
+      for (int variant : {0, 1, 2, 3, 4}) {
+        std::vector<std::int32_t> nv;
+        const auto sv = kernel_layer_scores(*keys.gpu, c, g, variant, nv);
+        EXPECT_EQ(nv, nv_cpu) << "variant " << variant;
+        const std::string what = "variant " + std::to_string(variant);
+        EXPECT_EQ(count_score_diffs(sv, sc_cpu, pitch, what.c_str()), 0) << what;
+      }
+    }
+  }
+}
+
+TEST(Cuda_Dsv4_Indexer, StagedVariantsRejectPagesThatDoNotFit) {
+  KVC_REQUIRE_GPU();
+  // 128 entries of dim 128 make an 8704-byte page: the staged kernels (1, 3, 4) refuse it, the
+  // register kernel (2) and the automatic choice (0) run.
+  IndexerConfig c;
+  c.max_batch = 1;
+  c.max_query_tokens = 1;
+  c.query_rope = false;
+  KeyPair keys(EntryFormat::kMxfp4, 128, 1, {300}, 3, 4 * 512, 128);
+  const std::vector<std::int32_t> meta{0, 1200};
+  DeviceArray<std::int32_t> dmeta(meta);
+  DeviceArray<std::uint16_t> dq(random_bf16_bits(64 * 128, 4, 1.0f));
+  DeviceArray<float> dw(random_floats(64, 5, 0.02f)), dsc(512);
+  DeviceArray<std::int32_t> dnv(1);
+  kernels::Dsv4IndexArgs ka;
+  ka.slots = dmeta.get();
+  ka.lengths = dmeta.get() + 1;
+  ka.batch = 1;
+  ka.T = 1;
+  ka.q = dq.get();
+  ka.weights = dw.get();
+  ka.out = ScoresView{dsc.get(), dnv.get(), 1, 512};
+  std::size_t tb = 0;
+  ASSERT_EQ(kernels::dsv4_index_score(nullptr, tb, keys.gpu->view(), c, ka, nullptr), cudaSuccess);
+  DeviceArray<unsigned char> temp(std::max<std::size_t>(tb, 1));
+  for (int variant : {0, 1, 2, 3, 4, 5, -1}) {
+    ka.variant = variant;
+    const cudaError_t e =
+        kernels::dsv4_index_score(temp.get(), tb, keys.gpu->view(), c, ka, nullptr);
+    EXPECT_EQ(e, variant == 0 || variant == 2 ? cudaSuccess : cudaErrorInvalidValue)
+        << "variant " << variant;
+  }
+  KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+}
 
 TEST(Cuda_Dsv4_Indexer, GoldenV4Prefill) {
   KVC_REQUIRE_GPU();
