@@ -1,10 +1,22 @@
-// Kernels of the KvStore update (append / ingest) and reset. Each CTA mirrors one step of the CPU
-// reference (src/cpu/kv_store.cpp) with the same scalar arithmetic (kvc/formats, block_codec.h),
-// so payloads and summaries are bit-identical.
+// Kernels of the KvStore update (append / ingest) and reset. Each mirrors one step of the CPU
+// reference (src/cpu/store_update.cpp) with the same scalar arithmetic (kvc/formats,
+// block_codec.h), so payloads and summaries are bit-identical.
+//
+// Two sets (src/cuda/store_kernels.cu picks; kernels/store/variant.h pins one for tests and
+// benchmarks):
+// - the fast path (rows_kernel, ring_copy_kernel, append_kernel, below the legacy set): a warp
+//   encodes one row (one token of one kv head), lane l holding elements [E*l, E*l + E) of its K
+//   and V (E = d / 32) in one vector load per array; a row's max |x| is one warp reduction of the
+//   magnitudes' bits, an mxfp4 group's a butterfly over its 32 / E lanes. A count-1 append of up
+//   to kFusedAppendMaxEntries entries is ONE launch (append_kernel: every warp finds its own pool
+//   pops, the last CTA to finish publishes lengths and the free count);
+// - the legacy kernels (plan_kernel, quantise_kernel, summarise_kernel, ring_kernel): a CTA per
+//   row with block reductions through shared memory, four launches per update.
 #pragma once
 
 #include <cub/block/block_scan.cuh>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kvc/core/numeric.h"
@@ -254,6 +266,453 @@ __global__ void __launch_bounds__(kRowThreads) ring_kernel(StoreView s0, LayerSt
   for (int i = threadIdx.x; i < d / 8; i += blockDim.x) {
     dk[i] = sk[i];
     dv[i] = sv[i];
+  }
+}
+
+// --- fast path -----------------------------------------------------------------------------------
+//
+// Why the payloads are bit-identical to the reference encoders (formats.h q8_encode, q4_encode,
+// mxfp4_encode, fp8_e4m3_encode, as block_codec.h's encode_old_row calls them):
+// - every code and scale comes from the same element-level functions (q8_scale / q8_code,
+//   q4_scale / q4_nibble, mxfp4_scale_byte / mxfp4_code, fp8_e4m3_scale / float_to_e4m3) on the
+//   same float values (the 16-bit inputs converted exactly);
+// - the only reduction is a max: abs_max's value is the largest magnitude (+0 for an all-±0
+//   vector) or NaN when any element is non-finite. The bits of a non-negative float order as its
+//   value, and a non-finite element's magnitude bits are >= 0x7f800000, above every finite one;
+//   so the max of the bits (x & 0x7fffffff) over the lanes, in any order, is abs_max's value, or
+//   names its NaN (amax_from_bits);
+// - the summaries are store::summarise_element itself (row-order sums), run after the block's
+//   rows are written and visible (__syncthreads / __syncwarp).
+
+constexpr unsigned kFullMask = 0xffffffffu;
+/// Warps per CTA of the fast row kernels.
+constexpr int kFastWarps = 4;
+constexpr int kRingThreads = 256;
+/// Entries up to which a count-1 append runs as one launch (every warp counts the pool pops of
+/// the entries before its own, O(entries) loads); larger batches plan in a launch of their own.
+constexpr int kFusedAppendMaxEntries = 1024;
+
+/// One lane's E consecutive 16-bit elements of a row, two per word (element 2w in the low half).
+template <int E>
+struct LaneRow {
+  std::uint32_t w[E / 2];
+};
+
+/// NB bytes (1, 2, 4, 8 or a multiple of 16) at p, NB-aligned, into words (little-endian).
+template <int NB>
+__device__ __forceinline__ void load_packed(const std::uint8_t* p, std::uint32_t* w) {
+  static_assert(NB == 4 || NB == 8 || NB % 16 == 0, "16-bit rows of E >= 2 elements");
+  if constexpr (NB == 4) {
+    w[0] = *reinterpret_cast<const std::uint32_t*>(p);
+  } else if constexpr (NB == 8) {
+    const uint2 x = *reinterpret_cast<const uint2*>(p);
+    w[0] = x.x;
+    w[1] = x.y;
+  } else {
+#pragma unroll
+    for (int k = 0; k < NB / 16; ++k) {
+      const uint4 x = reinterpret_cast<const uint4*>(p)[k];
+      w[4 * k] = x.x;
+      w[4 * k + 1] = x.y;
+      w[4 * k + 2] = x.z;
+      w[4 * k + 3] = x.w;
+    }
+  }
+}
+
+/// Stores the first NB bytes of the words w at p (NB-aligned).
+template <int NB>
+__device__ __forceinline__ void store_packed(std::uint8_t* p, const std::uint32_t* w) {
+  if constexpr (NB == 1) {
+    *p = static_cast<std::uint8_t>(w[0]);
+  } else if constexpr (NB == 2) {
+    *reinterpret_cast<std::uint16_t*>(p) = static_cast<std::uint16_t>(w[0]);
+  } else if constexpr (NB == 4) {
+    *reinterpret_cast<std::uint32_t*>(p) = w[0];
+  } else if constexpr (NB == 8) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+  } else {
+    static_assert(NB % 16 == 0, "1, 2, 4, 8 or a multiple of 16 bytes");
+#pragma unroll
+    for (int k = 0; k < NB / 16; ++k) {
+      reinterpret_cast<uint4*>(p)[k] = make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]);
+    }
+  }
+}
+
+/// Lane `lane`'s share of the 16-bit row at `row` (d = 32 * E elements).
+template <int E>
+__device__ __forceinline__ LaneRow<E> load_lane(const std::uint16_t* row, int lane) {
+  LaneRow<E> r;
+  load_packed<2 * E>(reinterpret_cast<const std::uint8_t*>(row + E * lane), r.w);
+  return r;
+}
+
+template <int E>
+__device__ __forceinline__ void store_lane(std::uint16_t* row, int lane, const LaneRow<E>& r) {
+  store_packed<2 * E>(reinterpret_cast<std::uint8_t*>(row + E * lane), r.w);
+}
+
+/// The lane's elements as float, exactly (the hardware conversion; a NaN stays a NaN).
+template <int E>
+__device__ __forceinline__ void unpack(const LaneRow<E>& r, bool bf, float (&x)[E]) {
+#pragma unroll
+  for (int k = 0; k < E / 2; ++k) {
+    x[2 * k] = store::summary16_to_float(static_cast<std::uint16_t>(r.w[k] & 0xffffu), bf);
+    x[2 * k + 1] = store::summary16_to_float(static_cast<std::uint16_t>(r.w[k] >> 16), bf);
+  }
+}
+
+/// Max of the magnitude bits (x & 0x7fffffff) of the lane's elements.
+template <int E>
+__device__ __forceinline__ std::uint32_t lane_magnitude(const float (&x)[E]) {
+  std::uint32_t m = 0;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const std::uint32_t a = float_bits(x[e]) & 0x7fffffffu;
+    m = a > m ? a : m;
+  }
+  return m;
+}
+
+__device__ __forceinline__ std::uint32_t warp_max(std::uint32_t m) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __reduce_max_sync(kFullMask, m);
+#else
+  for (int o = 16; o > 0; o >>= 1) {
+    const std::uint32_t t = __shfl_xor_sync(kFullMask, m, o);
+    m = t > m ? t : m;
+  }
+  return m;
+#endif
+}
+
+/// formats::abs_max's result from the max of the magnitude bits: NaN when an element was NaN or
+/// ±inf, else the largest magnitude (+0 for all-±0).
+__device__ __forceinline__ float amax_from_bits(std::uint32_t m) {
+  return m >= 0x7f800000u ? formats::quiet_nan() : bits_float(m);
+}
+
+/// q8 codes of the lane's elements (E bytes in words) and the row's scale, as formats::q8_encode.
+template <int E>
+__device__ __forceinline__ float encode_q8(const float (&x)[E], float amax,
+                                           std::uint32_t (&w)[(E + 3) / 4]) {
+  const bool zero = is_nan(amax) || amax == 0.0f;
+  const float scale = zero ? amax : formats::q8_scale(amax);
+#pragma unroll
+  for (int k = 0; k < (E + 3) / 4; ++k) w[k] = 0;
+  if (!zero) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const std::uint32_t c = static_cast<std::uint8_t>(formats::q8_code(x[e], scale));
+      w[e / 4] |= c << (8 * (e % 4));
+    }
+  }
+  return scale;
+}
+
+/// int4 nibbles of the lane's elements (E / 2 bytes, even element low) and the row's scale, as
+/// formats::q4_encode.
+template <int E>
+__device__ __forceinline__ float encode_q4(const float (&x)[E], float amax,
+                                           std::uint32_t (&w)[(E + 7) / 8]) {
+  const bool zero = is_nan(amax) || amax == 0.0f;
+  const float scale = zero ? amax : formats::q4_scale(amax);
+#pragma unroll
+  for (int k = 0; k < (E + 7) / 8; ++k) w[k] = 0;
+  if (!zero) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) w[e / 8] |= formats::q4_nibble(x[e], scale) << (4 * (e % 8));
+  }
+  return scale;
+}
+
+/// mxfp4 codes of the lane's elements (E / 2 bytes) and the scale byte of its 32-element group
+/// (the group's lanes reduce `magnitude`), as formats::mxfp4_encode (amax_floor 0).
+template <int E>
+__device__ __forceinline__ std::uint8_t encode_mxfp4(const float (&x)[E], std::uint32_t magnitude,
+                                                     std::uint32_t (&w)[(E + 7) / 8]) {
+  static_assert(formats::kMxfp4Group % E == 0, "a lane's elements lie in one group");
+#pragma unroll
+  for (int o = 1; o < formats::kMxfp4Group / E; o <<= 1) {
+    const std::uint32_t t = __shfl_xor_sync(kFullMask, magnitude, o);
+    magnitude = t > magnitude ? t : magnitude;
+  }
+  const float amax = amax_from_bits(magnitude);
+  const std::uint8_t byte = formats::mxfp4_scale_byte(amax);
+  const bool zero = byte == 0xffu || amax == 0.0f;
+#pragma unroll
+  for (int k = 0; k < (E + 7) / 8; ++k) w[k] = 0;
+  if (!zero) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) w[e / 8] |= formats::mxfp4_code(x[e], byte) << (4 * (e % 8));
+  }
+  return byte;
+}
+
+/// e4m3 codes of the lane's elements (E bytes) and the row's scale, as formats::fp8_e4m3_encode.
+template <int E>
+__device__ __forceinline__ float encode_fp8(const float (&x)[E], float amax,
+                                            std::uint32_t (&w)[(E + 3) / 4]) {
+  const bool zero = is_nan(amax) || amax == 0.0f;
+  const float scale = zero ? amax : formats::fp8_e4m3_scale(amax);
+#pragma unroll
+  for (int k = 0; k < (E + 3) / 4; ++k) w[k] = 0;
+  if (!zero) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const std::uint32_t c = formats::float_to_e4m3(fdiv_rn(x[e], scale));
+      w[e / 4] |= c << (8 * (e % 4));
+    }
+  }
+  return scale;
+}
+
+/// Encodes one token of one head (this lane's share `k`, `v` of its 16-bit K and V) into old row
+/// `row` (payload and scales) and, with kSummaryIndexKeys, its K into the index copy: the
+/// reference's encode_old_row. Every lane of the warp calls it with the same row.
+template <int E>
+__device__ __forceinline__ void encode_row(const StoreView& s, std::size_t row,
+                                           const LaneRow<E>& k, const LaneRow<E>& v, int lane) {
+  const bool bf = store::is_bf16(s);
+  const int i0 = E * lane;
+  std::uint8_t* kp = s.old_k + row * store::k_row_bytes(s);
+  std::uint8_t* vp = s.old_v + row * store::v_row_bytes(s);
+  const bool q8 = s.old_format == Format::kQ8;
+  const bool index = (s.summaries & kSummaryIndexKeys) != 0;
+  if (q8 || index) {
+    float x[E];
+    unpack(k, bf, x);
+    const std::uint32_t magnitude = lane_magnitude(x);
+    const bool mx = s.index_format == Format::kMxfp4;
+    const float amax = (q8 || (index && !mx)) ? amax_from_bits(warp_max(magnitude)) : 0.0f;
+    if (index) {
+      std::uint8_t* ip = s.index_k + row * store::index_payload_bytes(s);
+      std::uint8_t* sc = s.index_k_scale + row * store::index_scale_bytes(s);
+      if (mx) {
+        std::uint32_t w[(E + 7) / 8];
+        const std::uint8_t byte = encode_mxfp4<E>(x, magnitude, w);
+        store_packed<E / 2>(ip + i0 / 2, w);
+        if (i0 % formats::kMxfp4Group == 0) sc[i0 / formats::kMxfp4Group] = byte;
+      } else {
+        std::uint32_t w[(E + 3) / 4];
+        const float scale = encode_fp8<E>(x, amax, w);
+        store_packed<E>(ip + i0, w);
+        if (lane == 0) *reinterpret_cast<float*>(sc) = scale;
+      }
+    }
+    if (q8) {
+      std::uint32_t w[(E + 3) / 4];
+      const float scale = encode_q8<E>(x, amax, w);
+      store_packed<E>(kp + i0, w);
+      if (lane == 0) s.old_k_scale[row] = scale;
+    }
+  }
+  if (!q8) store_packed<2 * E>(kp + 2 * i0, k.w);
+  if (q8 || s.old_format == Format::kFp16kQ4v) {
+    float x[E];
+    unpack(v, bf, x);
+    const float amax = amax_from_bits(warp_max(lane_magnitude(x)));
+    if (q8) {
+      std::uint32_t w[(E + 3) / 4];
+      const float scale = encode_q8<E>(x, amax, w);
+      store_packed<E>(vp + i0, w);
+      if (lane == 0) s.old_v_scale[row] = scale;
+    } else {
+      std::uint32_t w[(E + 7) / 8];
+      const float scale = encode_q4<E>(x, amax, w);
+      store_packed<E / 2>(vp + i0 / 2, w);
+      if (lane == 0) s.old_v_scale[row] = scale;
+    }
+  } else {
+    store_packed<2 * E>(vp + 2 * i0, v.w);
+  }
+}
+
+/// Old blocks that `count` (>= 1) consecutive old tokens can touch: ceil((count - 1) / B) + 1.
+KVC_HD int touched_blocks(int count, int block_size) {
+  return (count + block_size - 2) / block_size + 1;
+}
+
+// Quantises the tokens that leave the ring and summarises the blocks that close: a CTA per
+// (entry, block touched, head), grid (entries * touched_blocks(count, B), Hkv, layers); warp w
+// encodes the block's new rows w, w + warps, ... (the next row's loads in flight while it encodes
+// one), then, when the block closes, the CTA's threads summarise it (element per thread). Layer z
+// is at_layer(s0, ls, z) with its input at k + z * ls.kv. Reads lengths only through
+// update_scratch (the plan's record), so it serves store_write and the LayeredCache.
+template <int E>
+__global__ void __launch_bounds__(32 * kFastWarps, E <= 4 ? 8 : (E == 8 ? 6 : 4))
+    rows_kernel(StoreView s0, LayerStrides ls, const std::int32_t* slots, int count, int touched,
+                const std::uint16_t* k, const std::uint16_t* v) {
+  const StoreView s = at_layer(s0, ls, blockIdx.z);
+  k += ls.kv * blockIdx.z;
+  v += ls.kv * blockIdx.z;
+  const int e = blockIdx.x / touched, c = blockIdx.x % touched, h = blockIdx.y;
+  const int slot = slots[e];
+  const int L = s.update_scratch[e];
+  const int B = s.block_size, W = s.recent_window, d = s.head_dim;
+  const int o0 = old_tokens(s, L), o1 = old_tokens(s, L + count);
+  const int b = o0 / B + c;
+  const int p_begin = o0 > b * B ? o0 : b * B;
+  const int p_end = o1 < b * B + B ? o1 : b * B + B;
+  if (p_begin >= p_end) return;
+  if (!store::owns_block(s, b)) return;  // another shard's block
+  const int pb = s.block_table[static_cast<std::size_t>(slot) * s.max_blocks_per_slot + b];
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int warps = static_cast<int>(blockDim.x) / 32;
+  const auto* ring_k = static_cast<const std::uint16_t*>(s.ring_k);
+  const auto* ring_v = static_cast<const std::uint16_t*>(s.ring_v);
+  auto source = [&](int p, const std::uint16_t* ring, const std::uint16_t* in) {
+    if (p < L) return ring + store::ring_row_index(s, slot, h, p % W) * d;
+    return in + ((static_cast<std::size_t>(e) * count + (p - L)) * s.num_kv_heads + h) * d;
+  };
+  int p = p_begin + static_cast<int>(threadIdx.x) / 32;
+  LaneRow<E> kr, vr;
+  if (p < p_end) {
+    kr = load_lane<E>(source(p, ring_k, k), lane);
+    vr = load_lane<E>(source(p, ring_v, v), lane);
+  }
+  for (; p < p_end; p += warps) {
+    const int next = p + warps;
+    LaneRow<E> kn = kr, vn = vr;
+    if (next < p_end) {
+      kn = load_lane<E>(source(next, ring_k, k), lane);
+      vn = load_lane<E>(source(next, ring_v, v), lane);
+    }
+    encode_row<E>(s, store::old_row_index(s, pb, h, p % B), kr, vr, lane);
+    kr = kn;
+    vr = vn;
+  }
+  if (b < o1 / B) {  // the block closes: its rows are complete once every warp is done
+    __syncthreads();
+    for (int i = threadIdx.x; i < d; i += blockDim.x) store::summarise_element(s, pb, h, i);
+  }
+}
+
+// New ring rows: positions [max(L, L + count - W), L + count) of every entry, one 16-byte chunk
+// of K and one of V per thread; grid (ceil(entries * ring_rows * Hkv * d / 8 / kRingThreads), 1,
+// layers).
+__global__ void __launch_bounds__(kRingThreads)
+    ring_copy_kernel(StoreView s0, LayerStrides ls, const std::int32_t* slots, int entries,
+                     int count, int ring_rows, const std::uint16_t* k, const std::uint16_t* v) {
+  const StoreView s = at_layer(s0, ls, blockIdx.z);
+  k += ls.kv * blockIdx.z;
+  v += ls.kv * blockIdx.z;
+  const int d = s.head_dim, H = s.num_kv_heads, chunks = d / 8;
+  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const long long total = static_cast<long long>(entries) * ring_rows * H * chunks;
+  if (i >= total) return;
+  const int chunk = static_cast<int>(i % chunks);
+  long long r = i / chunks;
+  const int h = static_cast<int>(r % H);
+  r /= H;
+  const int j = static_cast<int>(r % ring_rows), e = static_cast<int>(r / ring_rows);
+  const int L = s.update_scratch[e];
+  const int begin = L > L + count - s.recent_window ? L : L + count - s.recent_window;
+  const int p = begin + j;
+  if (p >= L + count) return;
+  const std::size_t dst = store::ring_row_index(s, slots[e], h, p % s.recent_window) * d;
+  const std::size_t src = ((static_cast<std::size_t>(e) * count + (p - L)) * H + h) * d;
+  reinterpret_cast<uint4*>(static_cast<std::uint16_t*>(s.ring_k) + dst)[chunk] =
+      reinterpret_cast<const uint4*>(k + src)[chunk];
+  reinterpret_cast<uint4*>(static_cast<std::uint16_t*>(s.ring_v) + dst)[chunk] =
+      reinterpret_cast<const uint4*>(v + src)[chunk];
+}
+
+/// True when a one-token append to a slot of length L pops a pool block: the token leaving the
+/// ring (L - W) opens a block this store owns.
+__device__ __forceinline__ bool append_pops(const StoreView& s, int L) {
+  const int q = L - s.recent_window;
+  return q >= 0 && q % s.block_size == 0 && store::owns_block(s, q / s.block_size);
+}
+
+// The whole count-1 append in one launch (entries <= kFusedAppendMaxEntries, s.update_counter
+// set): warp w serves (entry w / Hkv, head w % Hkv). It reads the slot's length L, writes the new
+// token into ring row L % W — after reading that row, whose token L - W is the one leaving the
+// ring, when L >= W — and encodes the leaving token into its old row; a block that starts takes
+// free_blocks[top - 1 - rank], rank = pops of the entries before this one (the host mirror's
+// order; the warp counts them itself), and head 0 records it in the block table; a block that
+// closes is summarised by the warp. Lengths and the free count are not touched until every CTA
+// is done: the last CTA to finish (counter in s.update_counter) advances the lengths, lowers the
+// free count by the pops and sets the counter back to 0, so the launch replays in a graph.
+template <int E>
+__global__ void __launch_bounds__(32 * kFastWarps)
+    append_kernel(StoreView s, const std::int32_t* slots, int entries, const std::uint16_t* k,
+                  const std::uint16_t* v) {
+  __shared__ int is_last;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int w = static_cast<int>(blockIdx.x) * (static_cast<int>(blockDim.x) / 32) +
+                static_cast<int>(threadIdx.x) / 32;
+  const int H = s.num_kv_heads, W = s.recent_window, B = s.block_size, d = s.head_dim;
+  const int top = *s.free_count;
+  if (w < entries * H) {
+    const int e = w / H, h = w % H;
+    const int slot = slots[e];
+    const int L = s.lengths[slot];
+    const int q = L - W;  // the token leaving the ring, when >= 0
+    const bool quantise = q >= 0 && store::owns_block(s, q / B);
+    const std::size_t in = (static_cast<std::size_t>(e) * H + h) * d;
+    const LaneRow<E> kn = load_lane<E>(k + in, lane), vn = load_lane<E>(v + in, lane);
+    const std::size_t r = store::ring_row_index(s, slot, h, L % W) * d;
+    auto* rk = static_cast<std::uint16_t*>(s.ring_k) + r;
+    auto* rv = static_cast<std::uint16_t*>(s.ring_v) + r;
+    LaneRow<E> ko, vo;
+    if (quantise) {  // each lane reads its share before it overwrites the same addresses
+      ko = load_lane<E>(rk, lane);
+      vo = load_lane<E>(rv, lane);
+    }
+    store_lane<E>(rk, lane, kn);
+    store_lane<E>(rv, lane, vn);
+    if (quantise) {
+      std::int32_t* entry = s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot + q / B;
+      int pb;
+      if (q % B == 0) {
+        int before = 0;
+        for (int base = 0; base < e; base += 32) {
+          const int x = base + lane;
+          if (x < e && append_pops(s, s.lengths[slots[x]])) ++before;
+        }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        before = __reduce_add_sync(kFullMask, before);
+#else
+        for (int o = 16; o > 0; o >>= 1) before += __shfl_xor_sync(kFullMask, before, o);
+#endif
+        pb = s.free_blocks[top - 1 - before];
+        if (h == 0 && lane == 0) *entry = pb;
+      } else {
+        pb = *entry;
+      }
+      encode_row<E>(s, store::old_row_index(s, pb, h, q % B), ko, vo, lane);
+      if ((q + 1) % B == 0) {  // the block closes: its last row is this warp's
+        __syncwarp();
+        for (int i = lane; i < d; i += 32) store::summarise_element(s, pb, h, i);
+      }
+    }
+    if (h == 0 && lane == 0) s.update_scratch[e] = L;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();  // this CTA's reads of lengths and writes are done before it counts itself
+    is_last = atomicAdd(s.update_counter, 1) == static_cast<int>(gridDim.x) - 1;
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  int pops = 0;
+  for (int base = 0; base < entries; base += blockDim.x) {
+    const int e = base + static_cast<int>(threadIdx.x);
+    bool pop = false;
+    if (e < entries) {
+      const int slot = slots[e];
+      const int L = s.lengths[slot];
+      pop = append_pops(s, L);
+      s.lengths[slot] = L + 1;
+    }
+    pops += __syncthreads_count(pop);
+  }
+  if (threadIdx.x == 0) {
+    *s.free_count = top - pops;
+    *s.update_counter = 0;
   }
 }
 

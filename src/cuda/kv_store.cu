@@ -49,6 +49,7 @@ class CudaKvStore final : public KvStore {
     free_blocks_ = DeviceBuffer(std::max<std::size_t>(mirror_.free_blocks.size(), 1) * 4);
     free_count_ = DeviceBuffer(4);
     scratch_ = DeviceBuffer(static_cast<std::size_t>(config.max_slots) * 4);
+    counter_ = DeviceBuffer(4);  // zero-filled, as the single-launch append needs it
     slots_ = DeviceBuffer(static_cast<std::size_t>(config.max_slots) * 4);
     upload_mirror();
     KVC_CUDA_THROW(cudaDeviceSynchronize());
@@ -97,6 +98,7 @@ class CudaKvStore final : public KvStore {
     v.free_blocks = free_blocks_.as<std::int32_t>();
     v.free_count = free_count_.as<std::int32_t>();
     v.update_scratch = scratch_.as<std::int32_t>();
+    v.update_counter = counter_.as<std::int32_t>();
     v.ring_k = ring_k_.as<void>();
     v.ring_v = ring_v_.as<void>();
     v.old_k = old_k_.as<std::uint8_t>();
@@ -231,7 +233,8 @@ class CudaKvStore final : public KvStore {
   cudaStream_t stream_ = nullptr;
   HostStoreState mirror_;
   DeviceBuffer ring_k_, ring_v_, old_k_, old_v_, k_scale_, v_scale_, mean_k_, mean_v_, min_k_,
-      max_k_, index_k_, index_k_scale_, lengths_, table_, free_blocks_, free_count_, scratch_, slots_;
+      max_k_, index_k_, index_k_scale_, lengths_, table_, free_blocks_, free_count_, scratch_,
+      counter_, slots_;
 };
 
 }  // namespace

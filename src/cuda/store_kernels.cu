@@ -1,36 +1,47 @@
-// Launchers of the KvStore kernels (kernel layer; see kvc/kernels/store_kernels.h).
+// Launchers of the KvStore kernels (kernel layer; see kvc/kernels/store_kernels.h and, for the
+// kernel sets, kernels/store/update.cuh and kernels/store/variant.h).
 #include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
 
 #include "kvc/core/cuda_check.h"
 #include "kvc/kernels/store_kernels.h"
 #include "store/update.cuh"
+#include "store/variant.h"
 
 namespace kvc {
 namespace kernels {
+namespace store_detail {
+namespace {
 
-cudaError_t store_update(const StoreView& s, const std::int32_t* d_slots, int entries, int count,
-                         const void* d_k, const void* d_v, cudaStream_t stream) {
-  using namespace store_detail;
-  if (entries <= 0 || count <= 0) return cudaSuccess;
-  plan_kernel<<<1, kPlanThreads, 0, stream>>>(s, d_slots, entries, count);
-  KVC_CUDA_CALL(cudaGetLastError());
-  return store_write(s, d_slots, entries, count, d_k, d_v, stream);
+// The fast kernels read K/V rows (and their layers) with vector loads.
+bool aligned16(const void* k, const void* v, std::int64_t layer_elems) {
+  const auto a = reinterpret_cast<std::uintptr_t>(k) | reinterpret_cast<std::uintptr_t>(v) |
+                 static_cast<std::uintptr_t>(layer_elems * 2);
+  return a % 16 == 0;
 }
 
-cudaError_t store_write(const StoreView& s, const std::int32_t* d_slots, int entries, int count,
-                        const void* d_k, const void* d_v, cudaStream_t stream) {
-  return store_write_layers(s, LayerStrides{}, 1, d_slots, entries, count, d_k, d_v, stream);
+// Calls f(std::integral_constant<int, E>) with E = head_dim / 32 elements per lane.
+template <class F>
+cudaError_t with_lane_elements(int head_dim, F&& f) {
+  switch (head_dim) {
+    case 64:
+      return f(std::integral_constant<int, 2>{});
+    case 128:
+      return f(std::integral_constant<int, 4>{});
+    case 256:
+      return f(std::integral_constant<int, 8>{});
+    case 512:
+      return f(std::integral_constant<int, 16>{});
+    default:
+      return cudaErrorInvalidValue;
+  }
 }
 
-cudaError_t store_write_layers(const StoreView& s, const LayerStrides& ls, int layers,
-                               const std::int32_t* d_slots, int entries, int count, const void* d_k,
-                               const void* d_v, cudaStream_t stream) {
-  using namespace store_detail;
-  if (entries <= 0 || count <= 0) return cudaSuccess;
-  if (layers < 1 || layers > 65535) return cudaErrorInvalidValue;
-  const auto* k = static_cast<const std::uint16_t*>(d_k);
-  const auto* v = static_cast<const std::uint16_t*>(d_v);
-  const unsigned z = static_cast<unsigned>(layers);
+cudaError_t write_legacy(const StoreView& s, const LayerStrides& ls, unsigned z,
+                         const std::int32_t* d_slots, int entries, int count,
+                         const std::uint16_t* k, const std::uint16_t* v, cudaStream_t stream) {
   // Tokens leaving the ring per entry: at most count; blocks closing: at most count / B + 1.
   const dim3 rows(static_cast<unsigned>(entries) * count, s.num_kv_heads, z);
   quantise_kernel<<<rows, kRowThreads, 0, stream>>>(s, ls, d_slots, count, k, v);
@@ -43,6 +54,93 @@ cudaError_t store_write_layers(const StoreView& s, const LayerStrides& ls, int l
   const dim3 ring(static_cast<unsigned>(entries) * ring_rows, s.num_kv_heads, z);
   ring_kernel<<<ring, kRowThreads, 0, stream>>>(s, ls, d_slots, count, ring_rows, k, v);
   return cudaGetLastError();
+}
+
+cudaError_t write_rows(const StoreView& s, const LayerStrides& ls, unsigned z,
+                       const std::int32_t* d_slots, int entries, int count, const std::uint16_t* k,
+                       const std::uint16_t* v, cudaStream_t stream) {
+  const int touched = touched_blocks(count, s.block_size);
+  const long long ctas = static_cast<long long>(entries) * touched;
+  if (ctas > 0x7fffffffLL) return cudaErrorInvalidValue;
+  // Rows per CTA are at most min(B, count): no more warps than that.
+  int warps = kFastWarps < s.block_size ? kFastWarps : s.block_size;
+  warps = warps < count ? warps : count;
+  const dim3 grid(static_cast<unsigned>(ctas), s.num_kv_heads, z);
+  KVC_CUDA_CALL(with_lane_elements(s.head_dim, [&](auto lane_elems) {
+    rows_kernel<decltype(lane_elems)::value>
+        <<<grid, 32 * warps, 0, stream>>>(s, ls, d_slots, count, touched, k, v);
+    return cudaGetLastError();
+  }));
+  const int ring_rows = count < s.recent_window ? count : s.recent_window;
+  const long long chunks =
+      static_cast<long long>(entries) * ring_rows * s.num_kv_heads * (s.head_dim / 8);
+  const long long ring_ctas = (chunks + kRingThreads - 1) / kRingThreads;
+  if (ring_ctas > 0x7fffffffLL) return cudaErrorInvalidValue;
+  ring_copy_kernel<<<dim3(static_cast<unsigned>(ring_ctas), 1, z), kRingThreads, 0, stream>>>(
+      s, ls, d_slots, entries, count, ring_rows, k, v);
+  return cudaGetLastError();
+}
+
+bool fused_applies(const StoreView& s, int entries, int count) {
+  return count == 1 && entries <= kFusedAppendMaxEntries && s.update_counter != nullptr;
+}
+
+}  // namespace
+
+cudaError_t store_write_layers_with(StoreKernels which, const StoreView& s, const LayerStrides& ls,
+                                    int layers, const std::int32_t* d_slots, int entries, int count,
+                                    const void* d_k, const void* d_v, cudaStream_t stream) {
+  if (entries <= 0 || count <= 0) return cudaSuccess;
+  if (layers < 1 || layers > 65535) return cudaErrorInvalidValue;
+  const auto* k = static_cast<const std::uint16_t*>(d_k);
+  const auto* v = static_cast<const std::uint16_t*>(d_v);
+  const unsigned z = static_cast<unsigned>(layers);
+  if (which == StoreKernels::kLegacy || (which == StoreKernels::kAuto && !aligned16(k, v, ls.kv))) {
+    return write_legacy(s, ls, z, d_slots, entries, count, k, v, stream);
+  }
+  return write_rows(s, ls, z, d_slots, entries, count, k, v, stream);
+}
+
+cudaError_t store_update_with(StoreKernels which, const StoreView& s, const std::int32_t* d_slots,
+                              int entries, int count, const void* d_k, const void* d_v,
+                              cudaStream_t stream) {
+  if (entries <= 0 || count <= 0) return cudaSuccess;
+  const bool fused = fused_applies(s, entries, count) && aligned16(d_k, d_v, 0);
+  if (which == StoreKernels::kFused && !fused) return cudaErrorNotSupported;
+  if (fused && (which == StoreKernels::kFused || which == StoreKernels::kAuto)) {
+    const int warps = entries * s.num_kv_heads;
+    const unsigned ctas = static_cast<unsigned>((warps + kFastWarps - 1) / kFastWarps);
+    return with_lane_elements(s.head_dim, [&](auto lane_elems) {
+      append_kernel<decltype(lane_elems)::value><<<ctas, 32 * kFastWarps, 0, stream>>>(
+          s, d_slots, entries, static_cast<const std::uint16_t*>(d_k),
+          static_cast<const std::uint16_t*>(d_v));
+      return cudaGetLastError();
+    });
+  }
+  plan_kernel<<<1, kPlanThreads, 0, stream>>>(s, d_slots, entries, count);
+  KVC_CUDA_CALL(cudaGetLastError());
+  return store_write_layers_with(which, s, LayerStrides{}, 1, d_slots, entries, count, d_k, d_v,
+                                 stream);
+}
+
+}  // namespace store_detail
+
+cudaError_t store_update(const StoreView& s, const std::int32_t* d_slots, int entries, int count,
+                         const void* d_k, const void* d_v, cudaStream_t stream) {
+  return store_detail::store_update_with(store_detail::StoreKernels::kAuto, s, d_slots, entries,
+                                         count, d_k, d_v, stream);
+}
+
+cudaError_t store_write(const StoreView& s, const std::int32_t* d_slots, int entries, int count,
+                        const void* d_k, const void* d_v, cudaStream_t stream) {
+  return store_write_layers(s, LayerStrides{}, 1, d_slots, entries, count, d_k, d_v, stream);
+}
+
+cudaError_t store_write_layers(const StoreView& s, const LayerStrides& ls, int layers,
+                               const std::int32_t* d_slots, int entries, int count, const void* d_k,
+                               const void* d_v, cudaStream_t stream) {
+  return store_detail::store_write_layers_with(store_detail::StoreKernels::kAuto, s, ls, layers,
+                                               d_slots, entries, count, d_k, d_v, stream);
 }
 
 cudaError_t store_reset(const StoreView& s, const std::int32_t* d_slots, int n,

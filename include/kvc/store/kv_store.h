@@ -147,6 +147,11 @@ struct StoreView {
   /// [max_slots] scratch of the CUDA update kernels (each entry's length before the update);
   /// null on the CPU.
   std::int32_t* update_scratch = nullptr;
+  /// [1] zero between launches: the done-counter of the single-launch append of the CUDA store
+  /// (kernels::store_update with count = 1; the last CTA to finish publishes lengths and the free
+  /// count and sets it back to 0). Null (the CPU, or a view an engine builds): store_update plans
+  /// in a launch of its own instead.
+  std::int32_t* update_counter = nullptr;
   void* ring_k = nullptr;               ///< [max_slots, Hkv, W, d] dtype
   void* ring_v = nullptr;               ///< [max_slots, Hkv, W, d] dtype
   std::uint8_t* old_k = nullptr;        ///< [pool, Hkv, B, k_payload_bytes(old_format, d)]
