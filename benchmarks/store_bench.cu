@@ -1,115 +1,252 @@
-// KvStore benchmarks: ingest of a prefill chunk (quantise + summarise + ring) and batched append,
-// through the kernel layer, timed with CUDA events; bytes moved reported as a rate.
+// KvStore benchmarks: ingest of a prefill chunk (quantise + summarise + ring) and the append step
+// of a decode batch, through the kernel layer, every row replayed from a CUDA graph and timed with
+// CUDA events; bytes moved reported as a rate and as a fraction of HBM (bench::peak_tbps).
+//
+// The last argument of every row picks the kernel set (kernels/store/variant.h), so the old and
+// the new kernels are measured in one run: 0 the library's choice (BM_AppendStep: the one-launch
+// fused append; BM_Ingest: the warp-per-row kernels), 1 the legacy kernels (a CTA per row, four
+// launches), 2 (BM_AppendStep only) plan + warp-per-row kernels + ring copy (three launches).
+// `index` 1: the store keeps the mxfp4 index copy of old K (kSummaryIndexKeys, kvc's default
+// configuration, kvc/defaults.h); 0: mean K only (the KvStoreConfig defaults).
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "cuda_bench_util.h"
 #include "kvc/formats/formats.h"
 #include "kvc/kernels/store_kernels.h"
+#include "kvc/store/block_codec.h"
 #include "kvc/store/kv_store.h"
+#include "store/variant.h"
 
 namespace kvc {
 namespace {
 
-using bench::EventTimer;
+using kernels::store_detail::StoreKernels;
 
-// Minimum bytes an ingest of T tokens into an empty slot must move: read K and V once, write the
-// ring rows and the old rows (payload + scales), read each closed block back once for its
-// summaries and write them.
+StoreKernels kernel_set(std::int64_t arg) {
+  return arg == 0 ? StoreKernels::kAuto : arg == 1 ? StoreKernels::kLegacy : StoreKernels::kRows;
+}
+
+const char* kernel_set_name(std::int64_t arg) {
+  return arg == 0 ? "new" : arg == 1 ? "legacy" : "plan+rows+ring";
+}
+
+// The benchmarks' geometry: Hkv 8, d 128, ring 1024, blocks of 32 (Hq 32 / Hkv 8 / d 128).
+KvStoreConfig bench_config(Format f, bool index) {
+  KvStoreConfig c;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.recent_window = 1024;
+  c.block_size = 32;
+  c.old_format = f;
+  c.summaries = kSummaryMeanK | (index ? static_cast<std::uint32_t>(kSummaryIndexKeys) : 0u);
+  c.index_format = Format::kMxfp4;
+  return c;
+}
+
+// Bytes of one old row (one token, one head): payload, scales, index copy.
+double old_row_bytes(const KvStoreConfig& c) {
+  const StoreView g = [&] {
+    StoreView v;
+    v.head_dim = c.head_dim;
+    v.index_format = c.index_format;
+    return v;
+  }();
+  double b = static_cast<double>(formats::k_payload_bytes(c.old_format, c.head_dim) +
+                                 formats::v_payload_bytes(c.old_format, c.head_dim)) +
+             4.0 * (formats::has_k_scale(c.old_format) + formats::has_v_scale(c.old_format));
+  if (c.summaries & kSummaryIndexKeys) {
+    b += static_cast<double>(store::index_payload_bytes(g) + store::index_scale_bytes(g));
+  }
+  return b;
+}
+
+// Bytes a closing block's summary moves per head: its K rows read back once (payload + scale)
+// and the f32 mean K written.
+double summary_bytes(const KvStoreConfig& c) {
+  const double k_row = static_cast<double>(formats::k_payload_bytes(c.old_format, c.head_dim)) +
+                       4.0 * formats::has_k_scale(c.old_format);
+  return c.block_size * k_row + 4.0 * c.head_dim;
+}
+
+// Minimum bytes an ingest of T tokens into an empty slot moves: read K and V once, write the
+// ring rows and the old rows (payload + scales + index copy), read each closed block's K back
+// once for its summary and write the summary.
 double ingest_bytes(const KvStoreConfig& c, int T) {
   const double H = c.num_kv_heads, d = c.head_dim;
   const int old = T > c.recent_window ? T - c.recent_window : 0;
   const int ring = T < c.recent_window ? T : c.recent_window;
-  const double k_row = formats::k_payload_bytes(c.old_format, c.head_dim);
-  const double v_row = formats::v_payload_bytes(c.old_format, c.head_dim);
-  const double scales = 4.0 * (formats::has_k_scale(c.old_format) + formats::has_v_scale(c.old_format));
   const int closed = old / c.block_size;
-  return H * (T * 4.0 * d + ring * 4.0 * d + old * (k_row + v_row + scales) +
-              closed * c.block_size * (k_row + 4.0 * formats::has_k_scale(c.old_format)) + closed * 4.0 * d);
+  return H * (T * 4.0 * d + ring * 4.0 * d + old * old_row_bytes(c) + closed * summary_bytes(c));
 }
 
+// Bytes of one append step of `batch` slots that all quantise a leaving token: read the new K/V
+// and the leaving token's ring row, write the ring row and the old row; one step in B closes a
+// block (its summary's bytes, averaged over the B steps).
+double append_bytes(const KvStoreConfig& c, int batch) {
+  const double d = c.head_dim;
+  return static_cast<double>(batch) * c.num_kv_heads *
+         (3 * 4.0 * d + old_row_bytes(c) + summary_bytes(c) / c.block_size);
+}
+
+void report(benchmark::State& state, double bytes, const std::string& label) {
+  state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
+  state.counters["hbm_frac"] = benchmark::Counter(bytes / 1e12 / bench::peak_tbps(),
+                                                  benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["bytes"] = bytes;
+  state.SetLabel(label);
+}
+
+// Ingest of a T-token chunk into an empty slot. `sets` slots (and as many distinct inputs) span
+// twice the L2; one graph ingests into each once; before each timed replay the slots are reset
+// (untimed). Args: T, old format, index, kernel set.
 void BM_Ingest(benchmark::State& state) {
-  KvStoreConfig c;
-  c.num_kv_heads = 8;
-  c.head_dim = 128;
-  c.recent_window = 1024;
-  c.block_size = 32;
-  c.old_format = static_cast<Format>(state.range(1));
-  c.max_context = static_cast<int>(state.range(0));
-  const int T = c.max_context;
-  const std::size_t in_bytes = static_cast<std::size_t>(T) * c.num_kv_heads * c.head_dim * 2;
-  c.max_slots = bench::rotation(2 * in_bytes);
+  const int T = static_cast<int>(state.range(0));
+  KvStoreConfig c = bench_config(static_cast<Format>(state.range(1)), state.range(2) != 0);
+  const StoreKernels kernels = kernel_set(state.range(3));
+  c.max_context = T;
+  const std::size_t elems = static_cast<std::size_t>(T) * c.num_kv_heads * c.head_dim;
+  const int sets = bench::rotation(2 * elems * 2);
+  c.max_slots = sets;
   auto store = KvStore::create(c, Device::cuda(0));
-  std::vector<int> slots;
-  for (int s = 0; s < c.max_slots; ++s) slots.push_back(store->open_slot());
-  std::uint16_t* k = bench::random_device_bits16(in_bytes / 2, false, 1);
-  std::uint16_t* v = bench::random_device_bits16(in_bytes / 2, false, 2);
+  std::vector<std::int32_t> slots;
+  for (int s = 0; s < sets; ++s) slots.push_back(store->open_slot());
+  std::vector<std::uint16_t*> k(sets), v(sets);
+  for (int s = 0; s < sets; ++s) {
+    k[s] = bench::random_device_bits16(elems, false, 1 + 2 * s);
+    v[s] = bench::random_device_bits16(elems, false, 2 + 2 * s);
+  }
   std::int32_t* d_slots = nullptr;
   KVC_BENCH_CUDA(cudaMalloc(&d_slots, slots.size() * 4));
   KVC_BENCH_CUDA(cudaMemcpy(d_slots, slots.data(), slots.size() * 4, cudaMemcpyHostToDevice));
   cudaStream_t stream;
   KVC_BENCH_CUDA(cudaStreamCreate(&stream));
   const StoreView view = store->view();
-  int i = 0;
+  auto ingest_all = [&](cudaStream_t st) {
+    for (int s = 0; s < sets; ++s) {
+      const cudaError_t e = kernels::store_detail::store_update_with(kernels, view, d_slots + s, 1,
+                                                                     T, k[s], v[s], st);
+      if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+  };
+  auto reset_all = [&] { KVC_BENCH_CUDA(kernels::store_reset(view, d_slots, sets, stream)); };
+  KVC_BENCH_CUDA(ingest_all(stream));  // loads the kernels
+  reset_all();
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  KVC_BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  KVC_BENCH_CUDA(ingest_all(stream));
+  KVC_BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
+  KVC_BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start, stop;
+  KVC_BENCH_CUDA(cudaEventCreate(&start));
+  KVC_BENCH_CUDA(cudaEventCreate(&stop));
   for (auto _ : state) {
-    const int s = i++ % c.max_slots;
-    KVC_BENCH_CUDA(kernels::store_reset(view, d_slots + s, 1, stream));  // untimed
-    EventTimer timer(state, stream);
-    KVC_BENCH_CUDA(kernels::store_update(view, d_slots + s, 1, T, k, v, stream));
+    reset_all();  // untimed: before the start event
+    KVC_BENCH_CUDA(cudaEventRecord(start, stream));
+    KVC_BENCH_CUDA(cudaGraphLaunch(exec, stream));
+    KVC_BENCH_CUDA(cudaEventRecord(stop, stream));
+    KVC_BENCH_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    KVC_BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    state.SetIterationTime(ms / 1e3 / sets);
   }
-  const double bytes = ingest_bytes(c, T);
-  state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
-  state.counters["hbm_frac"] = benchmark::Counter(bytes / 1e12 / bench::peak_tbps(),
-                                                  benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(to_string(c.old_format));
-  cudaFree(k);
-  cudaFree(v);
+  store->refresh_host_state();
+  if (store->length(slots[0]) != T) state.SkipWithError("the ingest did not run");
+  report(state, ingest_bytes(c, T),
+         std::string(to_string(c.old_format)) + (state.range(2) ? " +mxfp4 index " : " ") +
+             kernel_set_name(state.range(3)));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  for (int s = 0; s < sets; ++s) {
+    cudaFree(k[s]);
+    cudaFree(v[s]);
+  }
   cudaFree(d_slots);
   cudaStreamDestroy(stream);
 }
 BENCHMARK(BM_Ingest)
-    ->ArgsProduct({{16384, 131072}, {static_cast<int>(Format::kFp16kQ4v), static_cast<int>(Format::kQ8),
-                                     static_cast<int>(Format::kF16)}})
+    ->ArgNames({"T", "format", "index", "kernels"})
+    ->ArgsProduct({{16384},
+                   {static_cast<int>(Format::kFp16kQ4v), static_cast<int>(Format::kQ8),
+                    static_cast<int>(Format::kF16)},
+                   {0, 1},
+                   {0, 1}})
+    ->ArgsProduct({{131072}, {static_cast<int>(Format::kFp16kQ4v)}, {0, 1}, {0, 1}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
-// One decode-step append for a batch of slots (count = 1), the per-step store cost.
+constexpr int kAppendSets = 128;       // steps per graph
+constexpr int kAppendIterations = 50;  // graph replays timed (fixed: the pool is sized for them)
+
+// One decode-step append of a batch (count = 1), the per-step store cost: kAppendSets steps
+// chained in one graph (each its own input, the lengths advancing on the device), every slot
+// past the ring (each step quantises a leaving token; one in 32 closes a block). Args: batch,
+// index, kernel set.
 void BM_AppendStep(benchmark::State& state) {
-  KvStoreConfig c;
-  c.num_kv_heads = 8;
-  c.head_dim = 128;
-  c.recent_window = 1024;
-  c.block_size = 32;
-  c.max_slots = static_cast<int>(state.range(0));
-  c.max_context = 1 << 20;
-  c.num_pool_blocks = c.max_slots * 64;
+  const int batch = static_cast<int>(state.range(0));
+  KvStoreConfig c = bench_config(Format::kFp16kQ4v, state.range(1) != 0);
+  const StoreKernels kernels = kernel_set(state.range(2));
+  const int prefill = c.recent_window + 7;
+  const int steps = kAppendSets * (kAppendIterations + 2);  // + the uncaptured pass, the warm-up
+  c.max_slots = batch;
+  c.max_context = prefill + steps + 64;
+  c.num_pool_blocks = batch * ((c.max_context - c.recent_window) / c.block_size + 2);
   auto store = KvStore::create(c, Device::cuda(0));
-  std::vector<int> slots;
-  for (int s = 0; s < c.max_slots; ++s) slots.push_back(store->open_slot());
-  const std::size_t n = static_cast<std::size_t>(c.max_slots) * c.num_kv_heads * c.head_dim;
-  std::uint16_t* k = bench::random_device_bits16(n, false, 3);
-  std::uint16_t* v = bench::random_device_bits16(n, false, 4);
+  std::vector<std::int32_t> slots;
+  for (int s = 0; s < batch; ++s) slots.push_back(store->open_slot());
+  std::reverse(slots.begin(), slots.end());  // not in slot order
+  const std::size_t token = static_cast<std::size_t>(c.num_kv_heads) * c.head_dim;
+  {  // every slot past the ring, through the object
+    std::uint16_t* pk = bench::random_device_bits16(prefill * token, false, 9);
+    std::uint16_t* pv = bench::random_device_bits16(prefill * token, false, 10);
+    for (const int s : slots) {
+      store->ingest(s,
+                    TensorView::contiguous(pk, c.dtype, {prefill, c.num_kv_heads, c.head_dim},
+                                           Device::cuda(0)),
+                    TensorView::contiguous(pv, c.dtype, {prefill, c.num_kv_heads, c.head_dim},
+                                           Device::cuda(0)));
+    }
+    KVC_BENCH_CUDA(cudaDeviceSynchronize());
+    cudaFree(pk);
+    cudaFree(pv);
+  }
+  const std::size_t n = static_cast<std::size_t>(batch) * token;
+  std::uint16_t* k = bench::random_device_bits16(n * kAppendSets, false, 3);
+  std::uint16_t* v = bench::random_device_bits16(n * kAppendSets, false, 4);
   std::int32_t* d_slots = nullptr;
   KVC_BENCH_CUDA(cudaMalloc(&d_slots, slots.size() * 4));
   KVC_BENCH_CUDA(cudaMemcpy(d_slots, slots.data(), slots.size() * 4, cudaMemcpyHostToDevice));
-  cudaStream_t stream;
-  KVC_BENCH_CUDA(cudaStreamCreate(&stream));
   const StoreView view = store->view();
-  int steps = 0;
-  for (auto _ : state) {
-    if (++steps % 1500 == 0) KVC_BENCH_CUDA(kernels::store_reset(view, d_slots, c.max_slots, stream));
-    EventTimer timer(state, stream);
-    KVC_BENCH_CUDA(kernels::store_update(view, d_slots, c.max_slots, 1, k, v, stream));
+  const bool ran = bench::time_graph_calls(state, kAppendSets, [&](int set, cudaStream_t stream) {
+    return kernels::store_detail::store_update_with(kernels, view, d_slots, batch, 1, k + set * n,
+                                                    v + set * n, stream);
+  });
+  if (ran) {
+    store->refresh_host_state();
+    const int expect = prefill + kAppendSets * (2 + static_cast<int>(state.iterations()));
+    if (store->length(slots[0]) != expect) state.SkipWithError("the appends did not all run");
+    report(state, append_bytes(c, batch),
+           std::string(state.range(1) ? "+mxfp4 index " : "") + kernel_set_name(state.range(2)));
   }
   cudaFree(k);
   cudaFree(v);
   cudaFree(d_slots);
-  cudaStreamDestroy(stream);
 }
-BENCHMARK(BM_AppendStep)->Arg(1)->Arg(8)->Arg(64)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_AppendStep)
+    ->ArgNames({"B", "index", "kernels"})
+    ->ArgsProduct({{1, 8, 64}, {0, 1}, {0, 1, 2}})
+    ->Iterations(kAppendIterations)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace kvc

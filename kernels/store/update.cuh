@@ -7,23 +7,24 @@
 // - the fast path (rows_kernel, ring_copy_kernel, append_kernel, below the legacy set): a warp
 //   encodes one row (one token of one kv head), lane l holding elements [E*l, E*l + E) of its K
 //   and V (E = d / 32) in one vector load per array; a row's max |x| is one warp reduction of the
-//   magnitudes' bits, an mxfp4 group's a butterfly over its 32 / E lanes. A count-1 append of up
-//   to kFusedAppendMaxEntries entries is ONE launch (append_kernel: every warp finds its own pool
-//   pops, the last CTA to finish publishes lengths and the free count);
+//   magnitudes' bits, an mxfp4 group's a butterfly over its 32 / E lanes. An update of up to
+//   kFusedMaxEntries entries plans inside its own kernels (every CTA finds its own pool pops;
+//   the last CTA to finish publishes lengths and the free count): a count-1 append is ONE
+//   launch (append_kernel), a chunk two (rows_kernel, ring_copy_kernel);
 // - the legacy kernels (plan_kernel, quantise_kernel, summarise_kernel, ring_kernel): a CTA per
 //   row with block reductions through shared memory, four launches per update.
 #pragma once
 
-#include <cub/block/block_scan.cuh>
-
 #include <cstddef>
 #include <cstdint>
+#include <cub/block/block_scan.cuh>
 
 #include "kvc/core/numeric.h"
 #include "kvc/formats/formats.h"
 #include "kvc/store/block_codec.h"
 #include "kvc/store/kv_store.h"
 #include "store/layer_shift.h"
+#include "store/variant.h"
 
 namespace kvc {
 namespace kernels {
@@ -39,8 +40,8 @@ __device__ __forceinline__ int old_tokens(const StoreView& s, int length) {
 // One CTA. Records each entry's length in update_scratch, pops pool blocks for the blocks that
 // start and the store owns (entry order, then block order — the order of the host mirror's
 // pops), advances lengths.
-__global__ void __launch_bounds__(kPlanThreads) plan_kernel(StoreView s, const std::int32_t* slots,
-                                                            int entries, int count) {
+__global__ void __launch_bounds__(kPlanThreads)
+    plan_kernel(StoreView s, const std::int32_t* slots, int entries, int count) {
   using Scan = cub::BlockScan<int, kPlanThreads>;
   __shared__ typename Scan::TempStorage scan_storage;
   __shared__ int consumed;
@@ -156,10 +157,9 @@ __device__ __forceinline__ void encode_index_row(const StoreView& s, std::size_t
 
 // Encodes one token of one head into its old row: grid (entries * count, Hkv, layers); layer z
 // is the view at_layer(s0, ls, z) with its input at k + z * ls.kv.
-__global__ void __launch_bounds__(kRowThreads) quantise_kernel(StoreView s0, LayerStrides ls,
-                                                               const std::int32_t* slots,
-                                                               int count, const std::uint16_t* k,
-                                                               const std::uint16_t* v) {
+__global__ void __launch_bounds__(kRowThreads)
+    quantise_kernel(StoreView s0, LayerStrides ls, const std::int32_t* slots, int count,
+                    const std::uint16_t* k, const std::uint16_t* v) {
   __shared__ float red[64];
   const StoreView s = at_layer(s0, ls, blockIdx.z);
   k += ls.kv * blockIdx.z;
@@ -178,7 +178,8 @@ __global__ void __launch_bounds__(kRowThreads) quantise_kernel(StoreView s0, Lay
     ks = static_cast<const std::uint16_t*>(s.ring_k) + r;
     vs = static_cast<const std::uint16_t*>(s.ring_v) + r;
   } else {
-    const std::size_t r = ((static_cast<std::size_t>(e) * count + (p - L)) * s.num_kv_heads + h) * d;
+    const std::size_t r =
+        ((static_cast<std::size_t>(e) * count + (p - L)) * s.num_kv_heads + h) * d;
     ks = k + r;
     vs = v + r;
   }
@@ -194,11 +195,13 @@ __global__ void __launch_bounds__(kRowThreads) quantise_kernel(StoreView s0, Lay
     const bool zero = is_nan(amax) || amax == 0.0f;
     const float scale = zero ? amax : formats::q8_scale(amax);
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
-      reinterpret_cast<std::int8_t*>(kp)[i] = zero ? 0 : formats::q8_code(bits16_to_float(ks[i], bf), scale);
+      reinterpret_cast<std::int8_t*>(kp)[i] =
+          zero ? 0 : formats::q8_code(bits16_to_float(ks[i], bf), scale);
     }
     if (threadIdx.x == 0) s.old_k_scale[row] = scale;
   } else {
-    for (int i = threadIdx.x; i < d; i += blockDim.x) reinterpret_cast<std::uint16_t*>(kp)[i] = ks[i];
+    for (int i = threadIdx.x; i < d; i += blockDim.x)
+      reinterpret_cast<std::uint16_t*>(kp)[i] = ks[i];
   }
   // V
   if (s.old_format == Format::kQ8 || s.old_format == Format::kFp16kQ4v) {
@@ -208,28 +211,31 @@ __global__ void __launch_bounds__(kRowThreads) quantise_kernel(StoreView s0, Lay
     if (s.old_format == Format::kQ8) {
       const float scale = zero ? amax : formats::q8_scale(amax);
       for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        reinterpret_cast<std::int8_t*>(vp)[i] = zero ? 0 : formats::q8_code(bits16_to_float(vs[i], bf), scale);
+        reinterpret_cast<std::int8_t*>(vp)[i] =
+            zero ? 0 : formats::q8_code(bits16_to_float(vs[i], bf), scale);
       }
       if (threadIdx.x == 0) s.old_v_scale[row] = scale;
     } else {
       const float scale = zero ? amax : formats::q4_scale(amax);
       for (int i = threadIdx.x; i < d / 2; i += blockDim.x) {
         const unsigned lo = zero ? 0u : formats::q4_nibble(bits16_to_float(vs[2 * i], bf), scale);
-        const unsigned hi = zero ? 0u : formats::q4_nibble(bits16_to_float(vs[2 * i + 1], bf), scale);
+        const unsigned hi =
+            zero ? 0u : formats::q4_nibble(bits16_to_float(vs[2 * i + 1], bf), scale);
         vp[i] = static_cast<std::uint8_t>(lo | (hi << 4));
       }
       if (threadIdx.x == 0) s.old_v_scale[row] = scale;
     }
   } else {
-    for (int i = threadIdx.x; i < d; i += blockDim.x) reinterpret_cast<std::uint16_t*>(vp)[i] = vs[i];
+    for (int i = threadIdx.x; i < d; i += blockDim.x)
+      reinterpret_cast<std::uint16_t*>(vp)[i] = vs[i];
   }
 }
 
 // Summaries of the blocks that close: grid (entries * max_closing, Hkv, layers); thread per
 // element.
-__global__ void __launch_bounds__(kRowThreads) summarise_kernel(StoreView s0, LayerStrides ls,
-                                                                const std::int32_t* slots,
-                                                                int count, int max_closing) {
+__global__ void __launch_bounds__(kRowThreads)
+    summarise_kernel(StoreView s0, LayerStrides ls, const std::int32_t* slots, int count,
+                     int max_closing) {
   const StoreView s = at_layer(s0, ls, blockIdx.z);
   const int e = blockIdx.x / max_closing, c = blockIdx.x % max_closing, h = blockIdx.y;
   const int slot = slots[e];
@@ -242,11 +248,9 @@ __global__ void __launch_bounds__(kRowThreads) summarise_kernel(StoreView s0, La
 }
 
 // New ring rows: grid (entries * min(count, W), Hkv, layers); 16-byte copies.
-__global__ void __launch_bounds__(kRowThreads) ring_kernel(StoreView s0, LayerStrides ls,
-                                                           const std::int32_t* slots,
-                                                           int count, int ring_rows,
-                                                           const std::uint16_t* k,
-                                                           const std::uint16_t* v) {
+__global__ void __launch_bounds__(kRowThreads)
+    ring_kernel(StoreView s0, LayerStrides ls, const std::int32_t* slots, int count, int ring_rows,
+                const std::uint16_t* k, const std::uint16_t* v) {
   const StoreView s = at_layer(s0, ls, blockIdx.z);
   k += ls.kv * blockIdx.z;
   v += ls.kv * blockIdx.z;
@@ -258,7 +262,8 @@ __global__ void __launch_bounds__(kRowThreads) ring_kernel(StoreView s0, LayerSt
   if (p >= L + count) return;
   const int d = s.head_dim;
   const std::size_t dst = store::ring_row_index(s, slot, h, p % s.recent_window) * d;
-  const std::size_t src = ((static_cast<std::size_t>(e) * count + (p - L)) * s.num_kv_heads + h) * d;
+  const std::size_t src =
+      ((static_cast<std::size_t>(e) * count + (p - L)) * s.num_kv_heads + h) * d;
   const uint4* sk = reinterpret_cast<const uint4*>(k + src);
   const uint4* sv = reinterpret_cast<const uint4*>(v + src);
   uint4* dk = reinterpret_cast<uint4*>(static_cast<std::uint16_t*>(s.ring_k) + dst);
@@ -288,9 +293,6 @@ constexpr unsigned kFullMask = 0xffffffffu;
 /// Warps per CTA of the fast row kernels.
 constexpr int kFastWarps = 4;
 constexpr int kRingThreads = 256;
-/// Entries up to which a count-1 append runs as one launch (every warp counts the pool pops of
-/// the entries before its own, O(entries) loads); larger batches plan in a launch of their own.
-constexpr int kFusedAppendMaxEntries = 1024;
 
 /// One lane's E consecutive 16-bit elements of a row, two per word (element 2w in the low half).
 template <int E>
@@ -335,7 +337,8 @@ __device__ __forceinline__ void store_packed(std::uint8_t* p, const std::uint32_
     static_assert(NB % 16 == 0, "1, 2, 4, 8 or a multiple of 16 bytes");
 #pragma unroll
     for (int k = 0; k < NB / 16; ++k) {
-      reinterpret_cast<uint4*>(p)[k] = make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]);
+      reinterpret_cast<uint4*>(p)[k] =
+          make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]);
     }
   }
 }
@@ -472,8 +475,8 @@ __device__ __forceinline__ float encode_fp8(const float (&x)[E], float amax,
 /// `row` (payload and scales) and, with kSummaryIndexKeys, its K into the index copy: the
 /// reference's encode_old_row. Every lane of the warp calls it with the same row.
 template <int E>
-__device__ __forceinline__ void encode_row(const StoreView& s, std::size_t row,
-                                           const LaneRow<E>& k, const LaneRow<E>& v, int lane) {
+__device__ __forceinline__ void encode_row(const StoreView& s, std::size_t row, const LaneRow<E>& k,
+                                           const LaneRow<E>& v, int lane) {
   const bool bf = store::is_bf16(s);
   const int i0 = E * lane;
   std::uint8_t* kp = s.old_k + row * store::k_row_bytes(s);
@@ -534,64 +537,145 @@ KVC_HD int touched_blocks(int count, int block_size) {
   return (count + block_size - 2) / block_size + 1;
 }
 
+/// Pool blocks an update of `count` tokens to a slot of length L pops: the blocks this store
+/// owns among those that start (the plan's `need`).
+__device__ __forceinline__ int update_pops(const StoreView& s, int L, int count) {
+  const int B = s.block_size;
+  const int begin = (old_tokens(s, L) + B - 1) / B, end = (old_tokens(s, L + count) + B - 1) / B;
+  return store::owned_count(end, s.num_shards, s.shard_index) -
+         store::owned_count(begin, s.num_shards, s.shard_index);
+}
+
+/// Pops of the entries before `e` (their pops come first, as in the host mirror), counted by the
+/// whole warp from the lengths before the update. Every lane calls it with the same e.
+__device__ __forceinline__ int pops_before(const StoreView& s, const std::int32_t* slots, int e,
+                                           int count, int lane) {
+  int n = 0;
+  for (int base = 0; base < e; base += 32) {
+    const int x = base + lane;
+    if (x < e) n += update_pops(s, s.lengths[slots[x]], count);
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __reduce_add_sync(kFullMask, n);
+#else
+  for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(kFullMask, n, o);
+  return n;
+#endif
+}
+
+/// The end of a launch that plans for itself: every thread of every CTA calls it once its writes
+/// are done. The last CTA to arrive (counter s.update_counter) advances each entry's length by
+/// `count`, lowers the free count (`top` when the launch began) by the entries' pops and sets the
+/// counter back to 0. Until then no CTA changes a length or the free count, so every CTA reads
+/// the lengths before the update.
+__device__ __forceinline__ void publish_update(const StoreView& s, const std::int32_t* slots,
+                                               int entries, int count, int top) {
+  __shared__ int is_last, pops;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();  // this CTA's reads of the lengths and its writes come before its count
+    const unsigned ctas = gridDim.x * gridDim.y * gridDim.z;
+    is_last = atomicAdd(s.update_counter, 1) == static_cast<int>(ctas) - 1;
+    pops = 0;
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  for (int e = threadIdx.x; e < entries; e += blockDim.x) {
+    const int slot = slots[e];
+    const int L = s.lengths[slot];
+    const int n = update_pops(s, L, count);
+    if (n != 0) atomicAdd(&pops, n);
+    s.lengths[slot] = L + count;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    *s.free_count = top - pops;
+    *s.update_counter = 0;
+  }
+}
+
 // Quantises the tokens that leave the ring and summarises the blocks that close: a CTA per
 // (entry, block touched, head), grid (entries * touched_blocks(count, B), Hkv, layers); warp w
 // encodes the block's new rows w, w + warps, ... (the next row's loads in flight while it encodes
 // one), then, when the block closes, the CTA's threads summarise it (element per thread). Layer z
-// is at_layer(s0, ls, z) with its input at k + z * ls.kv. Reads lengths only through
-// update_scratch (the plan's record), so it serves store_write and the LayeredCache.
+// is at_layer(s0, ls, z) with its input at k + z * ls.kv.
+// plan = false (store_write, the LayeredCache): the plan ran before; each entry's length before
+// the update is in update_scratch and its pages in the block table.
+// plan = true (store_update of one layer, s.update_counter set): the kernel is its own plan. It
+// reads the lengths, a CTA whose block starts takes free_blocks[top - 1 - rank] (rank: the pops of
+// the entries before, then the block's place among the entry's new owned blocks; the host
+// mirror's order) and records it (head 0), the CTAs of (entry, 0, head 0) record the old length in
+// update_scratch for ring_copy_kernel, and the last CTA publishes lengths and the free count.
 template <int E>
 __global__ void __launch_bounds__(32 * kFastWarps, E <= 4 ? 8 : (E == 8 ? 6 : 4))
-    rows_kernel(StoreView s0, LayerStrides ls, const std::int32_t* slots, int count, int touched,
-                const std::uint16_t* k, const std::uint16_t* v) {
+    rows_kernel(StoreView s0, LayerStrides ls, const std::int32_t* slots, int entries, int count,
+                int touched, const std::uint16_t* k, const std::uint16_t* v, bool plan) {
   const StoreView s = at_layer(s0, ls, blockIdx.z);
   k += ls.kv * blockIdx.z;
   v += ls.kv * blockIdx.z;
   const int e = blockIdx.x / touched, c = blockIdx.x % touched, h = blockIdx.y;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
   const int slot = slots[e];
-  const int L = s.update_scratch[e];
+  const int top = plan ? *s.free_count : 0;
+  const int L = plan ? s.lengths[slot] : s.update_scratch[e];
   const int B = s.block_size, W = s.recent_window, d = s.head_dim;
   const int o0 = old_tokens(s, L), o1 = old_tokens(s, L + count);
   const int b = o0 / B + c;
   const int p_begin = o0 > b * B ? o0 : b * B;
   const int p_end = o1 < b * B + B ? o1 : b * B + B;
-  if (p_begin >= p_end) return;
-  if (!store::owns_block(s, b)) return;  // another shard's block
-  const int pb = s.block_table[static_cast<std::size_t>(slot) * s.max_blocks_per_slot + b];
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int warps = static_cast<int>(blockDim.x) / 32;
-  const auto* ring_k = static_cast<const std::uint16_t*>(s.ring_k);
-  const auto* ring_v = static_cast<const std::uint16_t*>(s.ring_v);
-  auto source = [&](int p, const std::uint16_t* ring, const std::uint16_t* in) {
-    if (p < L) return ring + store::ring_row_index(s, slot, h, p % W) * d;
-    return in + ((static_cast<std::size_t>(e) * count + (p - L)) * s.num_kv_heads + h) * d;
-  };
-  int p = p_begin + static_cast<int>(threadIdx.x) / 32;
-  LaneRow<E> kr, vr;
-  if (p < p_end) {
-    kr = load_lane<E>(source(p, ring_k, k), lane);
-    vr = load_lane<E>(source(p, ring_v, v), lane);
-  }
-  for (; p < p_end; p += warps) {
-    const int next = p + warps;
-    LaneRow<E> kn = kr, vn = vr;
-    if (next < p_end) {
-      kn = load_lane<E>(source(next, ring_k, k), lane);
-      vn = load_lane<E>(source(next, ring_v, v), lane);
+  if (p_begin < p_end && store::owns_block(s, b)) {  // not another shard's block
+    std::int32_t* entry =
+        s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot + b;
+    const int begin = (o0 + B - 1) / B;  // blocks before it were opened by earlier updates
+    int pb;
+    if (plan && b >= begin) {
+      const int rank = pops_before(s, slots, e, count, lane) +
+                       store::owned_count(b, s.num_shards, s.shard_index) -
+                       store::owned_count(begin, s.num_shards, s.shard_index);
+      pb = s.free_blocks[top - 1 - rank];
+      if (h == 0 && threadIdx.x == 0) *entry = pb;
+    } else {
+      pb = *entry;
     }
-    encode_row<E>(s, store::old_row_index(s, pb, h, p % B), kr, vr, lane);
-    kr = kn;
-    vr = vn;
+    const int warps = static_cast<int>(blockDim.x) / 32;
+    const auto* ring_k = static_cast<const std::uint16_t*>(s.ring_k);
+    const auto* ring_v = static_cast<const std::uint16_t*>(s.ring_v);
+    auto source = [&](int p, const std::uint16_t* ring, const std::uint16_t* in) {
+      if (p < L) return ring + store::ring_row_index(s, slot, h, p % W) * d;
+      return in + ((static_cast<std::size_t>(e) * count + (p - L)) * s.num_kv_heads + h) * d;
+    };
+    int p = p_begin + static_cast<int>(threadIdx.x) / 32;
+    LaneRow<E> kr, vr;
+    if (p < p_end) {
+      kr = load_lane<E>(source(p, ring_k, k), lane);
+      vr = load_lane<E>(source(p, ring_v, v), lane);
+    }
+    for (; p < p_end; p += warps) {
+      const int next = p + warps;
+      LaneRow<E> kn = kr, vn = vr;
+      if (next < p_end) {
+        kn = load_lane<E>(source(next, ring_k, k), lane);
+        vn = load_lane<E>(source(next, ring_v, v), lane);
+      }
+      encode_row<E>(s, store::old_row_index(s, pb, h, p % B), kr, vr, lane);
+      kr = kn;
+      vr = vn;
+    }
+    if (b < o1 / B) {  // the block closes: its rows are complete once every warp is done
+      __syncthreads();
+      for (int i = threadIdx.x; i < d; i += blockDim.x) store::summarise_element(s, pb, h, i);
+    }
   }
-  if (b < o1 / B) {  // the block closes: its rows are complete once every warp is done
-    __syncthreads();
-    for (int i = threadIdx.x; i < d; i += blockDim.x) store::summarise_element(s, pb, h, i);
+  if (plan) {
+    if (c == 0 && h == 0 && threadIdx.x == 0) s.update_scratch[e] = L;
+    publish_update(s, slots, entries, count, top);
   }
 }
 
-// New ring rows: positions [max(L, L + count - W), L + count) of every entry, one 16-byte chunk
-// of K and one of V per thread; grid (ceil(entries * ring_rows * Hkv * d / 8 / kRingThreads), 1,
-// layers).
+// New ring rows: positions [max(L, L + count - W), L + count) of every entry (L from
+// update_scratch), one 16-byte chunk of K and one of V per thread; grid (ceil(entries *
+// ring_rows * Hkv * d / 8 / kRingThreads), 1, layers).
 __global__ void __launch_bounds__(kRingThreads)
     ring_copy_kernel(StoreView s0, LayerStrides ls, const std::int32_t* slots, int entries,
                      int count, int ring_rows, const std::uint16_t* k, const std::uint16_t* v) {
@@ -619,27 +703,18 @@ __global__ void __launch_bounds__(kRingThreads)
       reinterpret_cast<const uint4*>(v + src)[chunk];
 }
 
-/// True when a one-token append to a slot of length L pops a pool block: the token leaving the
-/// ring (L - W) opens a block this store owns.
-__device__ __forceinline__ bool append_pops(const StoreView& s, int L) {
-  const int q = L - s.recent_window;
-  return q >= 0 && q % s.block_size == 0 && store::owns_block(s, q / s.block_size);
-}
-
-// The whole count-1 append in one launch (entries <= kFusedAppendMaxEntries, s.update_counter
+// The whole count-1 append in one launch (entries <= kFusedMaxEntries, s.update_counter
 // set): warp w serves (entry w / Hkv, head w % Hkv). It reads the slot's length L, writes the new
 // token into ring row L % W — after reading that row, whose token L - W is the one leaving the
-// ring, when L >= W — and encodes the leaving token into its old row; a block that starts takes
-// free_blocks[top - 1 - rank], rank = pops of the entries before this one (the host mirror's
-// order; the warp counts them itself), and head 0 records it in the block table; a block that
-// closes is summarised by the warp. Lengths and the free count are not touched until every CTA
-// is done: the last CTA to finish (counter in s.update_counter) advances the lengths, lowers the
-// free count by the pops and sets the counter back to 0, so the launch replays in a graph.
+// ring, when L >= W (each lane reads its share before it overwrites the same addresses) — and
+// encodes the leaving token into its old row; a block that starts takes free_blocks[top - 1 -
+// rank], rank = pops of the entries before this one, and head 0 records it in the block table; a
+// block that closes is summarised by the warp. publish_update advances lengths and the free
+// count once every CTA is done, so the launch replays in a graph.
 template <int E>
 __global__ void __launch_bounds__(32 * kFastWarps)
     append_kernel(StoreView s, const std::int32_t* slots, int entries, const std::uint16_t* k,
                   const std::uint16_t* v) {
-  __shared__ int is_last;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int w = static_cast<int>(blockIdx.x) * (static_cast<int>(blockDim.x) / 32) +
                 static_cast<int>(threadIdx.x) / 32;
@@ -657,27 +732,18 @@ __global__ void __launch_bounds__(32 * kFastWarps)
     auto* rk = static_cast<std::uint16_t*>(s.ring_k) + r;
     auto* rv = static_cast<std::uint16_t*>(s.ring_v) + r;
     LaneRow<E> ko, vo;
-    if (quantise) {  // each lane reads its share before it overwrites the same addresses
+    if (quantise) {
       ko = load_lane<E>(rk, lane);
       vo = load_lane<E>(rv, lane);
     }
     store_lane<E>(rk, lane, kn);
     store_lane<E>(rv, lane, vn);
     if (quantise) {
-      std::int32_t* entry = s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot + q / B;
+      std::int32_t* entry =
+          s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot + q / B;
       int pb;
-      if (q % B == 0) {
-        int before = 0;
-        for (int base = 0; base < e; base += 32) {
-          const int x = base + lane;
-          if (x < e && append_pops(s, s.lengths[slots[x]])) ++before;
-        }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-        before = __reduce_add_sync(kFullMask, before);
-#else
-        for (int o = 16; o > 0; o >>= 1) before += __shfl_xor_sync(kFullMask, before, o);
-#endif
-        pb = s.free_blocks[top - 1 - before];
+      if (q % B == 0) {  // the block starts
+        pb = s.free_blocks[top - 1 - pops_before(s, slots, e, 1, lane)];
         if (h == 0 && lane == 0) *entry = pb;
       } else {
         pb = *entry;
@@ -690,30 +756,7 @@ __global__ void __launch_bounds__(32 * kFastWarps)
     }
     if (h == 0 && lane == 0) s.update_scratch[e] = L;
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();  // this CTA's reads of lengths and writes are done before it counts itself
-    is_last = atomicAdd(s.update_counter, 1) == static_cast<int>(gridDim.x) - 1;
-  }
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  int pops = 0;
-  for (int base = 0; base < entries; base += blockDim.x) {
-    const int e = base + static_cast<int>(threadIdx.x);
-    bool pop = false;
-    if (e < entries) {
-      const int slot = slots[e];
-      const int L = s.lengths[slot];
-      pop = append_pops(s, L);
-      s.lengths[slot] = L + 1;
-    }
-    pops += __syncthreads_count(pop);
-  }
-  if (threadIdx.x == 0) {
-    *s.free_count = top - pops;
-    *s.update_counter = 0;
-  }
+  publish_update(s, slots, entries, 1, top);
 }
 
 // One thread: pushes each slot's blocks back in logical order and zeroes its length.

@@ -14,13 +14,20 @@ namespace kvc {
 namespace kernels {
 namespace store_detail {
 
+/// Entries up to which an update plans inside its own kernels (StoreKernels::kFused: every warp
+/// that pops a block counts the pops of the entries before its own, O(entries) loads); larger
+/// batches plan in a launch of their own.
+constexpr int kFusedMaxEntries = 1024;
+
 /// Which kernels an update runs (kernels/store/update.cuh).
 enum class StoreKernels {
-  /// The library's choice: kFused for a count-1 append of at most kFusedAppendMaxEntries
-  /// entries when s.update_counter is set, kRows otherwise (kLegacy for K/V not 16-byte aligned).
+  /// The library's choice: kFused where it applies, kRows otherwise (kLegacy for K/V that are
+  /// not 16-byte aligned).
   kAuto,
-  /// One launch (append_kernel). Only a count-1 append of at most kFusedAppendMaxEntries
-  /// entries with s.update_counter set; anything else returns cudaErrorNotSupported.
+  /// The update plans inside its own kernels: count 1 is one launch (append_kernel), count > 1
+  /// two (rows_kernel planning for itself, ring_copy_kernel). Applies to at most
+  /// kFusedMaxEntries entries, s.update_counter set, 16-byte aligned K/V; anything else returns
+  /// cudaErrorNotSupported.
   kFused,
   /// plan_kernel + rows_kernel (a warp per row, several rows per CTA) + ring_copy_kernel.
   kRows,

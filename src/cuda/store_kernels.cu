@@ -56,9 +56,11 @@ cudaError_t write_legacy(const StoreView& s, const LayerStrides& ls, unsigned z,
   return cudaGetLastError();
 }
 
+// rows_kernel + ring_copy_kernel; plan: rows_kernel plans for itself (store_update of one layer
+// with s.update_counter set), else the plan ran before.
 cudaError_t write_rows(const StoreView& s, const LayerStrides& ls, unsigned z,
                        const std::int32_t* d_slots, int entries, int count, const std::uint16_t* k,
-                       const std::uint16_t* v, cudaStream_t stream) {
+                       const std::uint16_t* v, bool plan, cudaStream_t stream) {
   const int touched = touched_blocks(count, s.block_size);
   const long long ctas = static_cast<long long>(entries) * touched;
   if (ctas > 0x7fffffffLL) return cudaErrorInvalidValue;
@@ -68,7 +70,7 @@ cudaError_t write_rows(const StoreView& s, const LayerStrides& ls, unsigned z,
   const dim3 grid(static_cast<unsigned>(ctas), s.num_kv_heads, z);
   KVC_CUDA_CALL(with_lane_elements(s.head_dim, [&](auto lane_elems) {
     rows_kernel<decltype(lane_elems)::value>
-        <<<grid, 32 * warps, 0, stream>>>(s, ls, d_slots, count, touched, k, v);
+        <<<grid, 32 * warps, 0, stream>>>(s, ls, d_slots, entries, count, touched, k, v, plan);
     return cudaGetLastError();
   }));
   const int ring_rows = count < s.recent_window ? count : s.recent_window;
@@ -81,8 +83,9 @@ cudaError_t write_rows(const StoreView& s, const LayerStrides& ls, unsigned z,
   return cudaGetLastError();
 }
 
-bool fused_applies(const StoreView& s, int entries, int count) {
-  return count == 1 && entries <= kFusedAppendMaxEntries && s.update_counter != nullptr;
+// The update plans inside its own kernels (append_kernel, or rows_kernel with plan).
+bool fused_applies(const StoreView& s, int entries, const void* k, const void* v) {
+  return entries <= kFusedMaxEntries && s.update_counter != nullptr && aligned16(k, v, 0);
 }
 
 }  // namespace
@@ -98,22 +101,25 @@ cudaError_t store_write_layers_with(StoreKernels which, const StoreView& s, cons
   if (which == StoreKernels::kLegacy || (which == StoreKernels::kAuto && !aligned16(k, v, ls.kv))) {
     return write_legacy(s, ls, z, d_slots, entries, count, k, v, stream);
   }
-  return write_rows(s, ls, z, d_slots, entries, count, k, v, stream);
+  return write_rows(s, ls, z, d_slots, entries, count, k, v, false, stream);
 }
 
 cudaError_t store_update_with(StoreKernels which, const StoreView& s, const std::int32_t* d_slots,
                               int entries, int count, const void* d_k, const void* d_v,
                               cudaStream_t stream) {
   if (entries <= 0 || count <= 0) return cudaSuccess;
-  const bool fused = fused_applies(s, entries, count) && aligned16(d_k, d_v, 0);
+  const bool fused = fused_applies(s, entries, d_k, d_v);
   if (which == StoreKernels::kFused && !fused) return cudaErrorNotSupported;
   if (fused && (which == StoreKernels::kFused || which == StoreKernels::kAuto)) {
+    const auto* k = static_cast<const std::uint16_t*>(d_k);
+    const auto* v = static_cast<const std::uint16_t*>(d_v);
+    if (count > 1)
+      return write_rows(s, LayerStrides{}, 1, d_slots, entries, count, k, v, true, stream);
     const int warps = entries * s.num_kv_heads;
     const unsigned ctas = static_cast<unsigned>((warps + kFastWarps - 1) / kFastWarps);
     return with_lane_elements(s.head_dim, [&](auto lane_elems) {
-      append_kernel<decltype(lane_elems)::value><<<ctas, 32 * kFastWarps, 0, stream>>>(
-          s, d_slots, entries, static_cast<const std::uint16_t*>(d_k),
-          static_cast<const std::uint16_t*>(d_v));
+      append_kernel<decltype(lane_elems)::value>
+          <<<ctas, 32 * kFastWarps, 0, stream>>>(s, d_slots, entries, k, v);
       return cudaGetLastError();
     });
   }

@@ -1,0 +1,487 @@
+// The KvStore update kernels (kernels/store/update.cuh) against the CPU reference, bit for bit,
+// for every kernel set of kernels/store/variant.h: the single-launch count-1 append (kFused), the
+// warp-per-row ingest (kRows), the library's choice (kAuto) and the legacy kernels (kLegacy).
+// Every format (f16, bf16, q8, fp16k_q4v), with and without an index copy (mxfp4, fp8_e4m3),
+// head_dim 64..512, 16-bit and f32 summaries, shards; odd sizes (a block that closes inside a
+// chunk, a chunk longer than the ring, count 1 for 1..64 entries in arbitrary slot order);
+// outputs poisoned before the first write; NaN / ±inf / zero / subnormal rows; pool exhaustion
+// refused with the store unchanged; the fused append replayed in a CUDA graph.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "common/cuda_test_util.h"
+#include "common/expect_error.h"
+#include "common/random.h"
+#include "common/snapshot_diff.h"
+#include "kvc/formats/formats.h"
+#include "kvc/kernels/store_kernels.h"
+#include "kvc/store/block_codec.h"
+#include "kvc/store/kv_store.h"
+#include "store/variant.h"
+
+namespace kvc {
+namespace {
+
+using kernels::store_detail::StoreKernels;
+using testing::DeviceArray;
+using testing::random_bits16;
+
+const char* name_of(StoreKernels k) {
+  switch (k) {
+    case StoreKernels::kAuto:
+      return "auto";
+    case StoreKernels::kFused:
+      return "fused";
+    case StoreKernels::kRows:
+      return "rows";
+    default:
+      return "legacy";
+  }
+}
+
+// Fills every byte the store can write (ring, pool payloads, scales, summaries, index copy) with
+// 0xA5, so a byte the kernels fail to write differs from the CPU store's.
+void poison(const KvStore& store) {
+  const KvStoreConfig& c = store.config();
+  const StoreView s = store.view();
+  const std::size_t rows =
+      static_cast<std::size_t>(c.pool_blocks()) * c.num_kv_heads * c.block_size;
+  const std::size_t ring =
+      static_cast<std::size_t>(c.max_slots) * c.num_kv_heads * c.recent_window * c.head_dim * 2;
+  const std::size_t summary = static_cast<std::size_t>(c.pool_blocks()) * c.num_kv_heads *
+                              c.head_dim * store::summary_elem_bytes(s);
+  auto fill = [](void* p, std::size_t n) {
+    if (p != nullptr && n > 0) ASSERT_EQ(cudaMemset(p, 0xA5, n), cudaSuccess);
+  };
+  fill(s.ring_k, ring);
+  fill(s.ring_v, ring);
+  fill(s.old_k, rows * store::k_row_bytes(s));
+  fill(s.old_v, rows * store::v_row_bytes(s));
+  fill(s.old_k_scale, rows * 4);
+  fill(s.old_v_scale, rows * 4);
+  fill(s.mean_k, summary);
+  fill(s.mean_v, summary);
+  fill(s.min_k, summary);
+  fill(s.max_k, summary);
+  if (c.summaries & kSummaryIndexKeys) {
+    fill(s.index_k, rows * store::index_payload_bytes(s));
+    fill(s.index_k_scale, rows * store::index_scale_bytes(s));
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// A CPU store and a CUDA store fed the same tokens; the CUDA one through the kernel layer with a
+// pinned kernel set (its host mirror reloaded after each update).
+class Twin {
+ public:
+  Twin(const KvStoreConfig& c, StoreKernels kernels)
+      : c_(c),
+        kernels_(kernels),
+        cpu_(KvStore::create(c, Device::cpu())),
+        gpu_(KvStore::create(c, Device::cuda(0))),
+        d_slots_(static_cast<std::size_t>(c.max_slots)) {
+    for (int s = 0; s < c.max_slots; ++s) {
+      cpu_->open_slot();
+      gpu_->open_slot();
+    }
+    poison(*gpu_);
+  }
+
+  std::size_t token() const { return static_cast<std::size_t>(c_.num_kv_heads) * c_.head_dim; }
+
+  // count tokens into each of `slots` (count 1: a batched append; one slot: an ingest).
+  void update(const std::vector<int>& slots, int count, const std::vector<std::uint16_t>& k,
+              const std::vector<std::uint16_t>& v) {
+    const int n = static_cast<int>(slots.size());
+    const std::int64_t H = c_.num_kv_heads, d = c_.head_dim;
+    if (count == 1) {
+      cpu_->append(
+          slots, TensorView::contiguous(const_cast<std::uint16_t*>(k.data()), c_.dtype, {n, H, d}),
+          TensorView::contiguous(const_cast<std::uint16_t*>(v.data()), c_.dtype, {n, H, d}));
+    } else {
+      ASSERT_EQ(n, 1);
+      cpu_->ingest(
+          slots[0],
+          TensorView::contiguous(const_cast<std::uint16_t*>(k.data()), c_.dtype, {count, H, d}),
+          TensorView::contiguous(const_cast<std::uint16_t*>(v.data()), c_.dtype, {count, H, d}));
+    }
+    DeviceArray<std::uint16_t> dk(k), dv(v);
+    d_slots_.upload(std::vector<std::int32_t>(slots.begin(), slots.end()));
+    ASSERT_EQ(kernels::store_detail::store_update_with(kernels_, gpu_->view(), d_slots_.get(), n,
+                                                       count, dk.get(), dv.get(), nullptr),
+              cudaSuccess)
+        << name_of(kernels_);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    gpu_->refresh_host_state();
+  }
+
+  // Random tokens (K scaled by 2 so K and V rows differ in range).
+  void random_update(const std::vector<int>& slots, int count, std::mt19937& rng) {
+    const std::size_t n = slots.size() * static_cast<std::size_t>(count) * token();
+    update(slots, count, random_bits16(n, c_.dtype, rng(), 2.0f),
+           random_bits16(n, c_.dtype, rng()));
+  }
+
+  // Snapshots, lengths and the pool's free count equal.
+  void expect_equal(const std::string& where) const {
+    EXPECT_EQ(testing::snapshot_difference(cpu_->snapshot(), gpu_->snapshot()), "")
+        << where << " (" << name_of(kernels_) << ")";
+    EXPECT_EQ(cpu_->free_pool_blocks(), gpu_->free_pool_blocks()) << where;
+    for (int s = 0; s < c_.max_slots; ++s) EXPECT_EQ(cpu_->length(s), gpu_->length(s)) << where;
+    std::int32_t counter = -1;
+    EXPECT_EQ(cudaMemcpy(&counter, gpu_->view().update_counter, 4, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_EQ(counter, 0) << where << ": the fused append's done-counter is reset";
+  }
+
+ private:
+  KvStoreConfig c_;
+  StoreKernels kernels_;
+  std::unique_ptr<KvStore> cpu_, gpu_;
+  DeviceArray<std::int32_t> d_slots_;
+};
+
+KvStoreConfig small_config(Format f, DType t, int d, Format index) {
+  KvStoreConfig c;
+  c.num_kv_heads = 2;
+  c.head_dim = d;
+  c.max_slots = 4;
+  c.max_context = 600;
+  c.recent_window = 16;
+  c.block_size = 8;
+  c.dtype = t;
+  c.old_format = f;
+  c.summaries = kSummaryMeanK | kSummaryMeanV | kSummaryMinMaxK;
+  if (index != Format::kF16) {
+    c.summaries |= kSummaryIndexKeys;
+    c.index_format = index;
+  }
+  return c;
+}
+
+// Ingests (a chunk within the ring, chunks longer than the ring, blocks that close inside a
+// chunk, a one-token chunk), then count-1 appends over all slots in a shuffled order.
+void ingest_then_append(const KvStoreConfig& c, StoreKernels kernels, std::uint32_t seed) {
+  Twin twin(c, kernels);
+  std::mt19937 rng(seed);
+  twin.random_update({0}, 37, rng);   // past the ring (16), one block closes, one open
+  twin.random_update({1}, 5, rng);    // inside the ring
+  twin.random_update({0}, 100, rng);  // the open block fills and closes mid-chunk
+  twin.random_update({2}, 1, rng);    // a one-token chunk is an append
+  twin.random_update({3}, 23, rng);   // 7 old tokens: an open block only
+  twin.expect_equal("after the ingests");
+  std::vector<int> order{3, 1, 0, 2};
+  for (int step = 0; step < 30; ++step) {
+    if (step % 7 == 0) std::shuffle(order.begin(), order.end(), rng);
+    twin.random_update(order, 1, rng);
+  }
+  twin.expect_equal("after the appends");
+}
+
+// (old-block format, dtype), head_dim, index copy (kF16: none).
+using FormatCase = std::tuple<std::pair<Format, DType>, int, Format>;
+
+class Cuda_StoreUpdate_Formats : public ::testing::TestWithParam<FormatCase> {};
+
+TEST_P(Cuda_StoreUpdate_Formats, EveryKernelSetMatchesCpu) {
+  KVC_REQUIRE_GPU();
+  const auto [format, d, index] = GetParam();
+  const auto [f, t] = format;
+  KvStoreConfig c = small_config(f, t, d, index);
+  if (d == 128) c.summary_dtype = t;  // 16-bit summaries, rounded once
+  for (StoreKernels k : {StoreKernels::kFused, StoreKernels::kRows, StoreKernels::kLegacy}) {
+    ingest_then_append(c, k, 99u + static_cast<std::uint32_t>(d));
+  }
+}
+
+std::string format_case_name(const ::testing::TestParamInfo<FormatCase>& info) {
+  const auto& [format, d, index] = info.param;
+  std::string name = std::string(to_string(format.first)) + "_" + to_string(format.second) + "_d" +
+                     std::to_string(d) + "_" +
+                     (index == Format::kF16 ? std::string("noindex") : to_string(index));
+  for (char& ch : name) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, Cuda_StoreUpdate_Formats,
+    ::testing::Combine(::testing::Values(std::make_pair(Format::kF16, DType::kF16),
+                                         std::make_pair(Format::kBF16, DType::kBF16),
+                                         std::make_pair(Format::kQ8, DType::kF16),
+                                         std::make_pair(Format::kQ8, DType::kBF16),
+                                         std::make_pair(Format::kFp16kQ4v, DType::kF16),
+                                         std::make_pair(Format::kFp16kQ4v, DType::kBF16)),
+                       ::testing::Values(64, 128, 256, 512),
+                       ::testing::Values(Format::kF16, Format::kMxfp4,
+                                         Format::kFp8E4m3)),  // kF16: no index copy
+    format_case_name);
+
+// Count-1 appends to 1..64 slots in arbitrary order, slots at different lengths, block sizes 1,
+// 3 and 32 (every step of B = 1 pops and closes a block), each kernel set, the fused one too.
+TEST(Cuda_StoreUpdate, AppendBatchesOfEverySizeMatchCpu) {
+  KVC_REQUIRE_GPU();
+  for (const int block : {1, 3, 32}) {
+    for (const int batch : {1, 2, 7, 33, 64}) {
+      KvStoreConfig c = small_config(Format::kFp16kQ4v, DType::kF16, 128, Format::kMxfp4);
+      c.max_slots = 64;
+      c.block_size = block;
+      c.recent_window = 5;
+      c.max_context = 200;
+      for (StoreKernels k : {StoreKernels::kFused, StoreKernels::kAuto, StoreKernels::kRows,
+                             StoreKernels::kLegacy}) {
+        Twin twin(c, k);
+        std::mt19937 rng(1000u + block * 100u + batch);
+        std::vector<int> all(64);
+        for (int s = 0; s < 64; ++s) all[s] = s;
+        for (int s = 0; s < 64; s += 5)
+          twin.random_update({s}, 1 + static_cast<int>(rng() % 40), rng);
+        const std::string where = "B " + std::to_string(block) + ", batch " + std::to_string(batch);
+        for (int step = 0; step < 2 * block + 12; ++step) {
+          std::shuffle(all.begin(), all.end(), rng);
+          twin.random_update(std::vector<int>(all.begin(), all.begin() + batch), 1, rng);
+        }
+        twin.expect_equal(where);
+      }
+    }
+  }
+}
+
+// A shard (context parallelism) stores only its own blocks; the fused append pops, encodes and
+// summarises only those and still writes every ring row.
+TEST(Cuda_StoreUpdate, ShardsMatchCpu) {
+  KVC_REQUIRE_GPU();
+  for (const int shard : {0, 2}) {
+    KvStoreConfig c = small_config(Format::kQ8, DType::kBF16, 64, Format::kFp8E4m3);
+    c.num_shards = 3;
+    c.shard_index = shard;
+    c.block_size = 4;
+    for (StoreKernels k : {StoreKernels::kFused, StoreKernels::kRows, StoreKernels::kLegacy}) {
+      ingest_then_append(c, k, 7u + shard);
+    }
+    Twin twin(c, StoreKernels::kFused);
+    std::mt19937 rng(3u + shard);
+    for (int step = 0; step < 60; ++step) twin.random_update({2, 0, 3, 1}, 1, rng);
+    twin.expect_equal("fused, shard " + std::to_string(shard));
+  }
+}
+
+// Rows with NaN, ±inf, all-zero, subnormal and extreme values in K and V: scales NaN / 0 and
+// payloads zero exactly as the reference encoders give them, in every kernel set.
+TEST(Cuda_StoreUpdate, NonFiniteZeroAndExtremeRowsMatchCpu) {
+  KVC_REQUIRE_GPU();
+  for (const Format f : {Format::kQ8, Format::kFp16kQ4v}) {
+    for (const Format index : {Format::kMxfp4, Format::kFp8E4m3}) {
+      for (StoreKernels k : {StoreKernels::kFused, StoreKernels::kAuto, StoreKernels::kRows,
+                             StoreKernels::kLegacy}) {
+        const DType t = f == Format::kQ8 ? DType::kBF16 : DType::kF16;
+        KvStoreConfig c = small_config(f, t, 128, index);
+        Twin twin(c, k);
+        const std::size_t token = twin.token();
+        const int n = 90;
+        auto kv = random_bits16(n * token, t, 11, 3.0f);
+        auto vv = random_bits16(n * token, t, 12);
+        std::mt19937 rng(13);
+        const bool bf = t == DType::kBF16;
+        const std::uint16_t nan = bf ? 0x7fc0 : 0x7e00, inf = bf ? 0x7f80 : 0x7c00;
+        const std::uint16_t big = bf ? 0x7f7f : 0x7bff, tiny = 0x0001;
+        const std::uint16_t specials[] = {
+            nan,    inf, static_cast<std::uint16_t>(inf | 0x8000), tiny,
+            0x8003, big, static_cast<std::uint16_t>(big | 0x8000), 0x0000,
+            0x8000};
+        for (int i = 0; i < 150; ++i) kv[rng() % kv.size()] = specials[rng() % 9];
+        for (int i = 0; i < 150; ++i) vv[rng() % vv.size()] = specials[rng() % 9];
+        for (std::size_t i = 0; i < token; ++i) kv[30 * token + i] = 0;       // all-zero K
+        for (std::size_t i = 0; i < token; ++i) vv[31 * token + i] = 0x8000;  // all -0 V
+        for (std::size_t i = 0; i < token; ++i) vv[32 * token + i] = tiny;    // subnormal V
+        for (std::size_t i = 0; i < 32; ++i) kv[40 * token + i] = big;        // saturating group
+        twin.update({0}, n, kv, vv);
+        // The same rows again, one token at a time into slot 1 (through the count-1 path).
+        for (int j = 0; j < n; ++j) {
+          const auto at = static_cast<std::ptrdiff_t>(j * token);
+          twin.update({1}, 1, std::vector<std::uint16_t>(kv.begin() + at, kv.begin() + at + token),
+                      std::vector<std::uint16_t>(vv.begin() + at, vv.begin() + at + token));
+        }
+        twin.expect_equal(std::string(to_string(f)) + " / " + to_string(index));
+      }
+    }
+  }
+}
+
+// The object path (KvStore::append / ingest, the library's choice of kernels) refuses an update
+// the pool cannot serve, before any kernel runs, and leaves the store as it was.
+TEST(Cuda_StoreUpdate, PoolExhaustionRefusedAndNothingChanges) {
+  KVC_REQUIRE_GPU();
+  KvStoreConfig c = small_config(Format::kFp16kQ4v, DType::kF16, 128, Format::kMxfp4);
+  c.num_pool_blocks = 6;
+  c.block_size = 4;
+  auto cpu = KvStore::create(c, Device::cpu());
+  auto gpu = KvStore::create(c, Device::cuda(0));
+  for (int s = 0; s < c.max_slots; ++s) {
+    cpu->open_slot();
+    gpu->open_slot();
+  }
+  const std::size_t token = static_cast<std::size_t>(c.num_kv_heads) * c.head_dim;
+  const std::int64_t H = c.num_kv_heads, d = c.head_dim;
+  auto feed = [&](KvStore& store, const std::vector<int>& slots, int count, std::uint32_t seed,
+                  Device dev) {
+    const std::size_t n = slots.size() * static_cast<std::size_t>(count) * token;
+    auto k = random_bits16(n, c.dtype, seed), v = random_bits16(n, c.dtype, seed + 1);
+    DeviceArray<std::uint16_t> dk(k), dv(v);
+    void* pk = dev.is_cpu() ? static_cast<void*>(k.data()) : dk.get();
+    void* pv = dev.is_cpu() ? static_cast<void*>(v.data()) : dv.get();
+    const std::int64_t rows = count == 1 ? static_cast<std::int64_t>(slots.size()) : count;
+    const TensorView tk = TensorView::contiguous(pk, c.dtype, {rows, H, d}, dev);
+    const TensorView tv = TensorView::contiguous(pv, c.dtype, {rows, H, d}, dev);
+    if (count == 1) {
+      store.append(slots, tk, tv);
+    } else {
+      store.ingest(slots[0], tk, tv);
+    }
+  };
+  for (KvStore* s : {cpu.get(), gpu.get()}) {
+    feed(*s, {0}, 16 + 4 * 5 + 3, 21, s->device());  // 6 blocks: the pool is empty
+  }
+  const auto before = gpu->snapshot();
+  ASSERT_EQ(gpu->free_pool_blocks(), 0);
+  ASSERT_EQ(cpu->free_pool_blocks(), 0);
+  // Slot 0's open block has a free row: this append needs nothing. Slot 1 needs a block.
+  for (KvStore* s : {cpu.get(), gpu.get()}) feed(*s, {0}, 1, 31, s->device());
+  for (KvStore* s : {cpu.get(), gpu.get()}) feed(*s, {1}, 16, 33, s->device());
+  const auto after_fill = gpu->snapshot();
+  EXPECT_EQ(testing::snapshot_difference(cpu->snapshot(), after_fill), "");
+  testing::expect_error([&] { feed(*gpu, {1, 0}, 1, 41, gpu->device()); }, {"pool exhausted"});
+  testing::expect_error([&] { feed(*gpu, {2}, 30, 43, gpu->device()); }, {"pool exhausted"});
+  EXPECT_EQ(testing::snapshot_difference(after_fill, gpu->snapshot()), "");
+  EXPECT_EQ(gpu->free_pool_blocks(), 0);
+  gpu->refresh_host_state();
+  EXPECT_EQ(gpu->free_pool_blocks(), 0);
+  EXPECT_EQ(gpu->length(0), 40);
+  EXPECT_EQ(gpu->length(1), 16);
+  EXPECT_NE(testing::snapshot_difference(before, after_fill), "");  // the fill did change it
+}
+
+// The fused append where it does not apply says so; kAuto then plans in a launch of its own (a
+// view without the counter, as an engine may build one) with the same result.
+TEST(Cuda_StoreUpdate, FusedAppendOnlyWhereItApplies) {
+  KVC_REQUIRE_GPU();
+  KvStoreConfig c = small_config(Format::kQ8, DType::kF16, 64, Format::kMxfp4);
+  auto gpu = KvStore::create(c, Device::cuda(0));
+  auto cpu = KvStore::create(c, Device::cpu());
+  for (int s = 0; s < c.max_slots; ++s) {
+    gpu->open_slot();
+    cpu->open_slot();
+  }
+  const std::size_t token = static_cast<std::size_t>(c.num_kv_heads) * c.head_dim;
+  auto k = random_bits16(4 * token, c.dtype, 5), v = random_bits16(4 * token, c.dtype, 6);
+  DeviceArray<std::uint16_t> dk(k), dv(v);
+  DeviceArray<std::int32_t> slots(std::vector<std::int32_t>{1, 3});
+  StoreView view = gpu->view();
+  using kernels::store_detail::store_update_with;
+  EXPECT_EQ(store_update_with(StoreKernels::kFused, view, slots.get(),
+                              kernels::store_detail::kFusedMaxEntries + 1, 1, dk.get(), dv.get(),
+                              nullptr),
+            cudaErrorNotSupported);
+  EXPECT_EQ(store_update_with(StoreKernels::kFused, view, slots.get(), 2, 1, dk.get() + 1, dv.get(),
+                              nullptr),
+            cudaErrorNotSupported);  // K not 16-byte aligned
+  view.update_counter = nullptr;
+  EXPECT_EQ(
+      store_update_with(StoreKernels::kFused, view, slots.get(), 2, 1, dk.get(), dv.get(), nullptr),
+      cudaErrorNotSupported);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  gpu->refresh_host_state();
+  EXPECT_EQ(gpu->length(1), 0);  // nothing ran
+  for (int step = 0; step < 40; ++step) {
+    ASSERT_EQ(kernels::store_update(view, slots.get(), 2, 1, dk.get(), dv.get(), nullptr),
+              cudaSuccess);
+    cpu->append({1, 3}, TensorView::contiguous(k.data(), c.dtype, {2, c.num_kv_heads, c.head_dim}),
+                TensorView::contiguous(v.data(), c.dtype, {2, c.num_kv_heads, c.head_dim}));
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  gpu->refresh_host_state();
+  EXPECT_EQ(testing::snapshot_difference(cpu->snapshot(), gpu->snapshot()), "");
+}
+
+// The fused append at the benchmark's geometry (B 64, Hkv 8, d 128, mxfp4 index copy) captured
+// once in a CUDA graph and replayed 300 times, each step's tokens copied in before the replay:
+// equal to the CPU reference, no device memory allocated, the counter back at 0.
+TEST(Cuda_StoreUpdate, FusedAppendGraphReplayMatchesCpu) {
+  KVC_REQUIRE_GPU();
+  KvStoreConfig c;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.max_slots = 64;
+  c.max_context = 2048;
+  c.recent_window = 64;
+  c.block_size = 32;
+  c.summaries = kSummaryMeanK | kSummaryIndexKeys;
+  c.summary_dtype = DType::kF16;
+  auto cpu = KvStore::create(c, Device::cpu());
+  auto gpu = KvStore::create(c, Device::cuda(0));
+  std::vector<int> slots;
+  for (int s = 0; s < c.max_slots; ++s) {
+    cpu->open_slot();
+    slots.push_back(gpu->open_slot());
+  }
+  poison(*gpu);
+  std::mt19937 rng(17);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  const std::size_t step_elems =
+      static_cast<std::size_t>(c.max_slots) * c.num_kv_heads * c.head_dim;
+  const int steps = 300;
+  auto k = random_bits16(steps * step_elems, c.dtype, 81),
+       v = random_bits16(steps * step_elems, c.dtype, 82);
+  DeviceArray<std::uint16_t> dk(k), dv(v), step_k(step_elems), step_v(step_elems);
+  DeviceArray<std::int32_t> dslots(std::vector<std::int32_t>(slots.begin(), slots.end()));
+  cudaStream_t stream;
+  KVC_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  KVC_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  KVC_ASSERT_CUDA(kernels::store_detail::store_update_with(StoreKernels::kFused, gpu->view(),
+                                                           dslots.get(), c.max_slots, 1,
+                                                           step_k.get(), step_v.get(), stream));
+  KVC_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  KVC_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  std::size_t free0 = 0, free1 = 0, total = 0;
+  KVC_ASSERT_CUDA(cudaMemGetInfo(&free0, &total));
+  const std::int64_t H = c.num_kv_heads, d = c.head_dim, B = c.max_slots;
+  for (int step = 0; step < steps; ++step) {
+    const std::size_t off = static_cast<std::size_t>(step) * step_elems;
+    KVC_ASSERT_CUDA(cudaMemcpyAsync(step_k.get(), dk.get() + off, step_elems * 2,
+                                    cudaMemcpyDeviceToDevice, stream));
+    KVC_ASSERT_CUDA(cudaMemcpyAsync(step_v.get(), dv.get() + off, step_elems * 2,
+                                    cudaMemcpyDeviceToDevice, stream));
+    KVC_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+    cpu->append(slots, TensorView::contiguous(k.data() + off, c.dtype, {B, H, d}),
+                TensorView::contiguous(v.data() + off, c.dtype, {B, H, d}));
+  }
+  KVC_ASSERT_CUDA(cudaStreamSynchronize(stream));
+  KVC_ASSERT_CUDA(cudaMemGetInfo(&free1, &total));
+  EXPECT_EQ(free0, free1);
+  gpu->refresh_host_state();
+  EXPECT_EQ(gpu->length(slots[0]), steps);
+  EXPECT_EQ(gpu->free_pool_blocks(), cpu->free_pool_blocks());
+  EXPECT_EQ(testing::snapshot_difference(cpu->snapshot(), gpu->snapshot()), "");
+  std::int32_t counter = -1;
+  KVC_ASSERT_CUDA(cudaMemcpy(&counter, gpu->view().update_counter, 4, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(counter, 0);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+}  // namespace kvc
