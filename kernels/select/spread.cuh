@@ -90,6 +90,7 @@ __device__ __forceinline__ uint4 spread_load4(const std::uint32_t* bits, int e, 
     u.x = __ldg(bits + e);
     if (e + 1 < end) u.y = __ldg(bits + e + 1);
     if (e + 2 < end) u.z = __ldg(bits + e + 2);
+    if (e + 3 < end) u.w = __ldg(bits + e + 3);  // rows whose length is not a multiple of 4
   }
   return u;
 }
