@@ -205,8 +205,10 @@ cudaError_t dsv4_index_score(void* d_temp, std::size_t& temp_bytes,
   if (a.variant < 0 || a.variant > 4) return cudaErrorInvalidValue;
   if ((a.variant == 1 || a.variant >= 3) && !fits) return cudaErrorInvalidValue;
   const bool staged = mx && a.variant != 2 && fits;
-  // The kernel run: 0 picks the staged one when a page fits, else register prefetch.
-  const int variant = a.variant != 0 ? a.variant : (staged ? 1 : 2);
+  // The kernel run: 0 picks the lean staged one when a page fits (measured on the H200,
+  // docs/perf-data/2026-12-01-session3: 14.4 / 72.1 / 32.8 / 213 us against the staged kernel's
+  // 15.1 / 77.6 / 36.4 / 238 at B1 T1, B8 T1, B1 T4, B8 T4), else register prefetch.
+  const int variant = a.variant != 0 ? a.variant : (staged ? 3 : 2);
   const int resident = mx ? mxfp4_ctas_per_sm(c.head_dim, c.num_heads / 16, variant) : 2;
   const int pages = (keys.max_entries + keys.layout.page_entries - 1) / keys.layout.page_entries;
   for (int t0 = 0; t0 < a.T; t0 += tc) {

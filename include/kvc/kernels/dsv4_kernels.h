@@ -126,7 +126,7 @@ struct Dsv4IndexArgs {
   const float* rope_cos = nullptr;        ///< [positions, rope_dim / 2] (query_rope)
   const float* rope_sin = nullptr;        ///< [positions, rope_dim / 2] (query_rope)
   ScoresView out;                         ///< rows batch * T, max_blocks >= keys' max_entries
-  /// mxfp4 score kernel: 0 automatic (staged when a page fits), 1 key pages staged in shared
+  /// mxfp4 score kernel: 0 automatic (3 when a page fits, else 2), 1 key pages staged in shared
   /// memory by TMA bulk copies (pages of at most 4352 bytes), 2 keys prefetched in registers,
   /// 3 lean staged (1's staging, less work per key octet), 4 lean staged scoring two pages at a
   /// time (3 and 4: pages of at most 4352 bytes). The same bits either way; a tuning knob for
