@@ -145,7 +145,8 @@ __device__ __forceinline__ void encode_index_row(const StoreView& s, std::size_t
     }
   } else {
     bool bad = false;
-    const float amax = block_abs_max(thread_abs_max(ks, d, bf, bad), bad, red);
+    const float local = thread_abs_max(ks, d, bf, bad);  // before `bad` is read
+    const float amax = block_abs_max(local, bad, red);
     const bool zero = is_nan(amax) || amax == 0.0f;
     const float scale = zero ? amax : formats::fp8_e4m3_scale(amax);
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
@@ -191,7 +192,8 @@ __global__ void __launch_bounds__(kRowThreads)
   // K
   if (s.old_format == Format::kQ8) {
     bool bad = false;
-    const float amax = block_abs_max(thread_abs_max(ks, d, bf, bad), bad, red);
+    const float local = thread_abs_max(ks, d, bf, bad);  // before `bad` is read
+    const float amax = block_abs_max(local, bad, red);
     const bool zero = is_nan(amax) || amax == 0.0f;
     const float scale = zero ? amax : formats::q8_scale(amax);
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
@@ -206,7 +208,8 @@ __global__ void __launch_bounds__(kRowThreads)
   // V
   if (s.old_format == Format::kQ8 || s.old_format == Format::kFp16kQ4v) {
     bool bad = false;
-    const float amax = block_abs_max(thread_abs_max(vs, d, bf, bad), bad, red);
+    const float local = thread_abs_max(vs, d, bf, bad);  // before `bad` is read
+    const float amax = block_abs_max(local, bad, red);
     const bool zero = is_nan(amax) || amax == 0.0f;
     if (s.old_format == Format::kQ8) {
       const float scale = zero ? amax : formats::q8_scale(amax);
