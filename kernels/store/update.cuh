@@ -289,8 +289,9 @@ __global__ void __launch_bounds__(kRowThreads)
 //   value, and a non-finite element's magnitude bits are >= 0x7f800000, above every finite one;
 //   so the max of the bits (x & 0x7fffffff) over the lanes, in any order, is abs_max's value, or
 //   names its NaN (amax_from_bits);
-// - the summaries are store::summarise_element itself (row-order sums), run after the block's
-//   rows are written and visible (__syncthreads / __syncwarp).
+// - the summaries (summarise4) are store::summarise_element for four elements at once: the same
+//   decode of each stored value, the same row-order sums, min / max and rounding, run after the
+//   block's rows are written and visible (__syncthreads / __syncwarp).
 
 constexpr unsigned kFullMask = 0xffffffffu;
 /// Warps per CTA of the fast row kernels.
@@ -540,6 +541,88 @@ KVC_HD int touched_blocks(int count, int block_size) {
   return (count + block_size - 2) / block_size + 1;
 }
 
+/// Elements [i0, i0 + 4) of old K at pool row r (i0 a multiple of 4), dequantised as
+/// store::old_k_at does (one 4- or 8-byte load).
+__device__ __forceinline__ void old_k4(const StoreView& s, std::size_t r, int i0, float (&x)[4]) {
+  const std::uint8_t* p = s.old_k + r * store::k_row_bytes(s);
+  if (s.old_format == Format::kQ8) {
+    const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(p + i0);
+    const float scale = s.old_k_scale[r];
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      x[n] = formats::q8_decode(static_cast<std::int8_t>((w >> (8 * n)) & 0xffu), scale);
+    }
+  } else {  // f16, bf16 and fp16k_q4v keep K in the 16-bit dtype
+    LaneRow<4> w;
+    load_packed<8>(p + 2 * i0, w.w);
+    unpack(w, store::is_bf16(s), x);
+  }
+}
+
+/// Elements [i0, i0 + 4) of old V at pool row r (i0 a multiple of 4), as store::old_v_at.
+__device__ __forceinline__ void old_v4(const StoreView& s, std::size_t r, int i0, float (&x)[4]) {
+  const std::uint8_t* p = s.old_v + r * store::v_row_bytes(s);
+  if (s.old_format == Format::kQ8) {
+    const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(p + i0);
+    const float scale = s.old_v_scale[r];
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      x[n] = formats::q8_decode(static_cast<std::int8_t>((w >> (8 * n)) & 0xffu), scale);
+    }
+  } else if (s.old_format == Format::kFp16kQ4v) {
+    const std::uint32_t w = *reinterpret_cast<const std::uint16_t*>(p + i0 / 2);
+    const float scale = s.old_v_scale[r];
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      x[n] = fmul_rn(static_cast<float>(formats::q4_code(w >> (4 * n))), scale);
+    }
+  } else {
+    LaneRow<4> w;
+    load_packed<8>(p + 2 * i0, w.w);
+    unpack(w, store::is_bf16(s), x);
+  }
+}
+
+/// store::summarise_element for elements [i0, i0 + 4) of (pool block pb, head h) at once: the
+/// same row-order sums (fadd_rn from 0), mean = fdiv_rn(sum, B), NaN-propagating min / max, and
+/// store_summary, with one vector load per row and array instead of one per element.
+__device__ __forceinline__ void summarise4(const StoreView& s, int pb, int h, int i0) {
+  const bool mean_v = (s.summaries & kSummaryMeanV) != 0;
+  const bool min_max = (s.summaries & kSummaryMinMaxK) != 0;
+  float sum_k[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sum_v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float mn[4] = {0.0f, 0.0f, 0.0f, 0.0f}, mx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int t = 0; t < s.block_size; ++t) {
+    const std::size_t r = store::old_row_index(s, pb, h, t);
+    float kv[4];
+    old_k4(s, r, i0, kv);
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      sum_k[n] = fadd_rn(sum_k[n], kv[n]);
+      if (min_max) {  // a NaN anywhere in the block makes min and max NaN (never hidden)
+        if (t == 0 || is_nan(kv[n]) || (!is_nan(mn[n]) && kv[n] < mn[n])) mn[n] = kv[n];
+        if (t == 0 || is_nan(kv[n]) || (!is_nan(mx[n]) && kv[n] > mx[n])) mx[n] = kv[n];
+      }
+    }
+    if (mean_v) {
+      float vv[4];
+      old_v4(s, r, i0, vv);
+#pragma unroll
+      for (int n = 0; n < 4; ++n) sum_v[n] = fadd_rn(sum_v[n], vv[n]);
+    }
+  }
+  const float b = static_cast<float>(s.block_size);
+  const std::size_t o = store::block_head_index(s, pb, h) * s.head_dim + i0;
+#pragma unroll
+  for (int n = 0; n < 4; ++n) {
+    store::store_summary(s, s.mean_k, o + n, fdiv_rn(sum_k[n], b));
+    if (mean_v) store::store_summary(s, s.mean_v, o + n, fdiv_rn(sum_v[n], b));
+    if (min_max) {
+      store::store_summary(s, s.min_k, o + n, mn[n]);
+      store::store_summary(s, s.max_k, o + n, mx[n]);
+    }
+  }
+}
+
 /// Pool blocks an update of `count` tokens to a slot of length L pops: the blocks this store
 /// owns among those that start (the plan's `need`).
 __device__ __forceinline__ int update_pops(const StoreView& s, int L, int count) {
@@ -601,15 +684,15 @@ __device__ __forceinline__ void publish_update(const StoreView& s, const std::in
 // Quantises the tokens that leave the ring and summarises the blocks that close: a CTA per
 // (entry, block touched, head), grid (entries * touched_blocks(count, B), Hkv, layers); warp w
 // encodes the block's new rows w, w + warps, ... (the next row's loads in flight while it encodes
-// one), then, when the block closes, the CTA's threads summarise it (element per thread). Layer z
-// is at_layer(s0, ls, z) with its input at k + z * ls.kv.
-// plan = false (store_write, the LayeredCache): the plan ran before; each entry's length before
-// the update is in update_scratch and its pages in the block table.
-// plan = true (store_update of one layer, s.update_counter set): the kernel is its own plan. It
-// reads the lengths, a CTA whose block starts takes free_blocks[top - 1 - rank] (rank: the pops of
-// the entries before, then the block's place among the entry's new owned blocks; the host
-// mirror's order) and records it (head 0), the CTAs of (entry, 0, head 0) record the old length in
-// update_scratch for ring_copy_kernel, and the last CTA publishes lengths and the free count.
+// one), then, when the block closes, the CTA's threads summarise it (four elements a thread). Layer
+// z is at_layer(s0, ls, z) with its input at k + z * ls.kv. plan = false (store_write, the
+// LayeredCache): the plan ran before; each entry's length before the update is in update_scratch
+// and its pages in the block table. plan = true (store_update of one layer, s.update_counter set):
+// the kernel is its own plan. It reads the lengths, a CTA whose block starts takes free_blocks[top
+// - 1 - rank] (rank: the pops of the entries before, then the block's place among the entry's new
+// owned blocks; the host mirror's order) and records it (head 0), the CTAs of (entry, 0, head 0)
+// record the old length in update_scratch for ring_copy_kernel, and the last CTA publishes lengths
+// and the free count.
 template <int E>
 __global__ void __launch_bounds__(32 * kFastWarps, E <= 4 ? 8 : (E == 8 ? 6 : 4))
     rows_kernel(StoreView s0, LayerStrides ls, const std::int32_t* slots, int entries, int count,
@@ -667,7 +750,10 @@ __global__ void __launch_bounds__(32 * kFastWarps, E <= 4 ? 8 : (E == 8 ? 6 : 4)
     }
     if (b < o1 / B) {  // the block closes: its rows are complete once every warp is done
       __syncthreads();
-      for (int i = threadIdx.x; i < d; i += blockDim.x) store::summarise_element(s, pb, h, i);
+      for (int i0 = 4 * static_cast<int>(threadIdx.x); i0 < d;
+           i0 += 4 * static_cast<int>(blockDim.x)) {
+        summarise4(s, pb, h, i0);
+      }
     }
   }
   if (plan) {
@@ -754,7 +840,7 @@ __global__ void __launch_bounds__(32 * kFastWarps)
       encode_row<E>(s, store::old_row_index(s, pb, h, q % B), ko, vo, lane);
       if ((q + 1) % B == 0) {  // the block closes: its last row is this warp's
         __syncwarp();
-        for (int i = lane; i < d; i += 32) store::summarise_element(s, pb, h, i);
+        for (int i0 = 4 * lane; i0 < d; i0 += 4 * 32) summarise4(s, pb, h, i0);
       }
     }
     if (h == 0 && lane == 0) s.update_scratch[e] = L;
