@@ -682,7 +682,8 @@ __device__ __forceinline__ void publish_update(const StoreView& s, const std::in
 }
 
 // Quantises the tokens that leave the ring and summarises the blocks that close: a CTA per
-// (entry, block touched, head), grid (entries * touched_blocks(count, B), Hkv, layers); warp w
+// (entry, block touched, head), grid (entries * touched_blocks(count, B) * Hkv, 1, layers), the
+// head fastest; warp w
 // encodes the block's new rows w, w + warps, ... (the next row's loads in flight while it encodes
 // one), then, when the block closes, the CTA's threads summarise it (four elements a thread). Layer
 // z is at_layer(s0, ls, z) with its input at k + z * ls.kv. plan = false (store_write, the
@@ -700,7 +701,10 @@ __global__ void __launch_bounds__(32 * kFastWarps, E <= 4 ? 8 : (E == 8 ? 6 : 4)
   const StoreView s = at_layer(s0, ls, blockIdx.z);
   k += ls.kv * blockIdx.z;
   v += ls.kv * blockIdx.z;
-  const int e = blockIdx.x / touched, c = blockIdx.x % touched, h = blockIdx.y;
+  // Heads vary fastest, so CTAs resident at once read whole token rows of the input.
+  const int h = static_cast<int>(blockIdx.x % s.num_kv_heads);
+  const int e = static_cast<int>(blockIdx.x / s.num_kv_heads) / touched;
+  const int c = static_cast<int>(blockIdx.x / s.num_kv_heads) % touched;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int slot = slots[e];
   const int top = plan ? *s.free_count : 0;

@@ -62,12 +62,12 @@ cudaError_t write_rows(const StoreView& s, const LayerStrides& ls, unsigned z,
                        const std::int32_t* d_slots, int entries, int count, const std::uint16_t* k,
                        const std::uint16_t* v, bool plan, cudaStream_t stream) {
   const int touched = touched_blocks(count, s.block_size);
-  const long long ctas = static_cast<long long>(entries) * touched;
+  const long long ctas = static_cast<long long>(entries) * touched * s.num_kv_heads;
   if (ctas > 0x7fffffffLL) return cudaErrorInvalidValue;
   // Rows per CTA are at most min(B, count): no more warps than that.
   int warps = kFastWarps < s.block_size ? kFastWarps : s.block_size;
   warps = warps < count ? warps : count;
-  const dim3 grid(static_cast<unsigned>(ctas), s.num_kv_heads, z);
+  const dim3 grid(static_cast<unsigned>(ctas), 1, z);
   KVC_CUDA_CALL(with_lane_elements(s.head_dim, [&](auto lane_elems) {
     rows_kernel<decltype(lane_elems)::value>
         <<<grid, 32 * warps, 0, stream>>>(s, ls, d_slots, entries, count, touched, k, v, plan);
