@@ -147,10 +147,10 @@ struct StoreView {
   /// [max_slots] scratch of the CUDA update kernels (each entry's length before the update);
   /// null on the CPU.
   std::int32_t* update_scratch = nullptr;
-  /// [1] zero between launches: the done-counter of the single-launch append of the CUDA store
-  /// (kernels::store_update with count = 1; the last CTA to finish publishes lengths and the free
-  /// count and sets it back to 0). Null (the CPU, or a view an engine builds): store_update plans
-  /// in a launch of its own instead.
+  /// [1] zero between launches: the done-counter of kernels::store_update's kernels when they
+  /// plan for themselves (at most 1024 entries; a count-1 append is then one launch): the last
+  /// CTA to finish publishes lengths and the free count and sets it back to 0. Null (the CPU, or
+  /// a view an engine builds): store_update plans in a launch of its own instead.
   std::int32_t* update_counter = nullptr;
   void* ring_k = nullptr;               ///< [max_slots, Hkv, W, d] dtype
   void* ring_v = nullptr;               ///< [max_slots, Hkv, W, d] dtype
