@@ -357,8 +357,10 @@ TEST(MiniDecoder_QualityEval, TinyModelEndToEnd) {
     EXPECT_GT(x.bytes_dense_per_step, 0.0);
     EXPECT_NE(x.to_json("\"k\":1").find("\"mean_kl\":"), std::string::npos);
   }
-  // The dense kvc control: f16 rounding only; every token attended.
-  EXPECT_LT(r[0].mean_kl, 1e-3);
+  // The dense kvc control: f16 rounding only; every token attended. Its KL over random tokens
+  // reached 1.25e-3 in one of 30 runs (a fresh seed each), so the bound is 5e-3: a control that
+  // lost tokens is orders of magnitude above it (the ring's KL is checked to exceed it below).
+  EXPECT_LT(r[0].mean_kl, 5e-3);
   EXPECT_GE(r[0].top1_agreement, 0.95);
   EXPECT_NEAR(r[0].mass_recall, 1.0, 1e-12);
   EXPECT_NEAR(r[0].nll_dense, r[1].nll_dense, 1e-9);  // the same reference for every config
