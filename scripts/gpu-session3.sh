@@ -61,6 +61,26 @@ pytest_gpu() {
   grep -E '^FAILED|SKIPPED' "$out/pytest.log" | head -10 >> "$out/summary.txt"
 }
 
+ab_dense() {
+  # The dense decode rows of 2de95ff (the first 2026-12-01 run: 972 us at B8 N128K) against
+  # this tree's, in one call: ab/2de95ff.tar.gz is `git archive 2de95ff` (untracked, carried).
+  [ -x build-gpu/benchmarks/attention_bench ] || build
+  rm -rf /tmp/ab-old && mkdir -p /tmp/ab-old && tar xzf ab/2de95ff.tar.gz -C /tmp/ab-old
+  { cmake -S /tmp/ab-old -B /tmp/ab-old/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVC_WITH_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DKVC_BUILD_TESTS=OFF -DKVC_BUILD_BENCHMARKS=ON \
+      -DKVC_BUILD_EXAMPLES=OFF && cmake --build /tmp/ab-old/build -j "$(nproc)" --target attention_bench; } \
+    > "$out/ab-build.log" 2>&1
+  say "2de95ff attention_bench build: rc=$? at $(( $(date +%s) - t0 )) s"
+  for tree in old new; do
+    b=build-gpu/benchmarks/attention_bench
+    [ $tree = old ] && b=/tmp/ab-old/build/benchmarks/attention_bench
+    timeout 100 $b --benchmark_filter='^BM_DenseDecode/0/(1|8)/131072/(2|1)/' \
+      --benchmark_min_time=0.1s --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+      > "$out/ab-dense-$tree.log" 2>&1
+    grep -E 'median' "$out/ab-dense-$tree.log" | awk -v t=$tree '{print t, $1, $2, $3}' >> "$out/summary.txt"
+  done
+}
+
 case "${1:-diagnose}" in
   diagnose)
     build
@@ -173,6 +193,90 @@ print(fp.table()[:200], flush=True)
     say "torch anchors: rc=$?"
     grep -E 'DenseDecode.*median' "$out/attention_bench_dense.log" | awk '{print $1, $2, $3}' >> "$out/summary.txt"
     grep -E 'sdpa' "$out/torch_anchors.log" | head -5 >> "$out/summary.txt"
+    ;;
+  early)
+    # The spread top-k and the lean indexer kernels (helpers' branches, never run before): their
+    # GPU tests under a timeout (a barrier bug would hang), then old vs new in one run.
+    build
+    timeout 300 build-gpu/tests/kvc_cuda_tests --gtest_brief=1 --gtest_filter='Cuda_Selector_*' \
+      > "$out/gpu-tests-selector.log" 2>&1
+    say "selector GPU tests: rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/gpu-tests-selector.log" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \]' "$out/gpu-tests-selector.log" | head -10 >> "$out/summary.txt"
+    timeout 200 build-gpu/tests/kvc_cuda_tests --gtest_brief=1 \
+      --gtest_filter='Shapes/Cuda_Dsv4_Indexer.*:Cuda_Dsv4_Indexer.*:Cuda_Dsv4_Pipeline.*' \
+      > "$out/gpu-tests-indexer.log" 2>&1
+    say "indexer GPU tests: rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/gpu-tests-indexer.log" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \]' "$out/gpu-tests-indexer.log" | head -10 >> "$out/summary.txt"
+    bench() {  # limit name filter
+      timeout "$1" build-gpu/benchmarks/$2 --benchmark_min_time=0.05s --benchmark_repetitions=3 \
+        --benchmark_report_aggregates_only=true --benchmark_filter="$3" \
+        --benchmark_out="$out/$2-early.json" --benchmark_out_format=json > "$out/$2-early.log" 2>&1
+      say "$2: rc=$? $(grep -c '_median' "$out/$2-early.log") rows"
+    }
+    bench 120 topk_bench 'BM_TopK/[0-9]+/(131072|262144)/|BM_TopKVariant/[0-9]+/[0-9]+/[0-9]+/(3|5|1016|1032)/'
+    bench 120 dsv4_bench 'BM_Dsv4IndexDecode/[0-9]+/[0-9]+/0/0/|BM_Dsv4IndexProbe|BM_Dsv4TopK'
+    grep -E '_median' "$out/topk_bench-early.log" "$out/dsv4_bench-early.log" | sed 's#.*/session3/##' | \
+      awk '{print $1, $2, $3}' >> "$out/summary.txt"
+    timeout 60 ncu -k regex:mxfp4_score --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+      --section InstructionStats --section Occupancy build-gpu/benchmarks/dsv4_bench \
+      --benchmark_filter='BM_Dsv4IndexProbe/3' --benchmark_min_time=1x > "$out/ncu-lean.txt" 2>&1
+    say "ncu lean: $(grep -E 'Duration|Executed Instructions  ' "$out/ncu-lean.txt" | tr -s ' ' | tr '\n' ' ')"
+    ;;
+  retest)
+    # After the fixes: the spread top-k and indexer GPU tests again (a timeout guards the
+    # spread barriers), each twice with fresh seeds.
+    build
+    timeout 300 build-gpu/tests/kvc_cuda_tests --gtest_brief=1 --gtest_repeat=2 \
+      --gtest_filter='Cuda_Selector_Spread.*:Cuda_Selector_Graph.*:Shapes/Cuda_Dsv4_Indexer.*:Cuda_Dsv4_Indexer.*' \
+      > "$out/gpu-tests-retest.log" 2>&1
+    say "spread + indexer GPU tests x2: rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/gpu-tests-retest.log" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \]' "$out/gpu-tests-retest.log" | head -10 >> "$out/summary.txt"
+    ;;
+  final1)
+    # Every test after the session's kernels (store update, spread top-k, lean indexer), then
+    # memcheck and racecheck over the new kernels' tests.
+    build
+    GTEST_FILTER='*' timeout 400 scripts/gpu-check test > "$out/test-step.log" 2>&1
+    cat gpu-out/summary.txt >> "$out/summary.txt" 2>/dev/null
+    grep -E '^\[  FAILED  \]' gpu-out/gpu-tests.log gpu-out/cpu-tests.log \
+      gpu-out/mini-decoder-tests.log 2>/dev/null | head -20 | tee -a "$out/summary.txt"
+    sanitize memcheck memcheck '*StoreUpdate*:*Cuda_KvStore*:*Selector_Spread*:*Dsv4_Indexer*-*Footprint*:*GraphReplayOfAppend*' 110
+    sanitize racecheck racecheck '*StoreUpdate*:Cuda_Selector_Spread.DispatchBoundariesMatchCpu' 70
+    ;;
+  final2)
+    # The benchmark rows of this session's kernels, old and new variants in one run, and the
+    # decode steps that use them; the PyTorch anchors last.
+    [ -x build-gpu/benchmarks/store_bench ] || build
+    b2() {  # limit name filter
+      local l
+      l=$(left); (( l < 25 )) && { say "$2: not run (deadline)"; return; }
+      timeout "$1" build-gpu/benchmarks/$2 --benchmark_min_time=0.05s --benchmark_repetitions=3 \
+        --benchmark_report_aggregates_only=true --benchmark_filter="$3" \
+        --benchmark_out="$out/$2.json" --benchmark_out_format=json > "$out/$2.log" 2>&1
+      say "$2: rc=$? $(grep -c '_median' "$out/$2.log") rows"
+    }
+    b2 60 store_bench .
+    b2 60 topk_bench 'BM_TopK/[0-9]+/(131072|262144)/|BM_TopK/(8|64)/4096/8/|BM_TopKVariant/[0-9]+/[0-9]+/[0-9]+/(3|5)/'
+    b2 60 dsv4_bench 'BM_Dsv4IndexDecode/[0-9]+/[0-9]+/0/0/|BM_Dsv4TopK|BM_Dsv4CsaDecode|BM_Dsv4HcaDecode'
+    b2 70 step_bench .
+    b2 40 layered_step_bench .
+    l=$(left)
+    (( l > 60 )) && { OUT="$out" timeout $(( l - 20 )) python3 benchmarks/anchors/torch_anchors.py \
+      > "$out/torch_anchors.log" 2>&1; say "torch anchors: rc=$?"; }
+    python3 scripts/perf-report.py "$out" > "$out/performance_table.md" 2>&1
+    ;;
+  final3)
+    # The Python package with the SmolLM2 client (the GGUF joined from the three parts), then the
+    # dense decode A/B against 2de95ff.
+    mkdir -p "$HOME/.cache/kvc"
+    cat models/smollm2.part-* > "$HOME/.cache/kvc/SmolLM2-135M-Instruct.Q4_1.gguf"
+    python3 -m pip install --no-deps --no-index .whl/gguf-*.whl > "$out/gguf-install.log" 2>&1
+    say "gguf wheel: rc=$? $(python3 -c 'import gguf; print(gguf.__file__)' 2>&1 | tail -1)"
+    pytest_gpu tests/python
+    ab_dense
+    ;;
+  ab-dense)
+    ab_dense
     ;;
   quality)
     # The transformers client on the GPU (the SmolLM2 GGUF joined from models/smollm2.part-*,
