@@ -275,6 +275,16 @@ print(fp.table()[:200], flush=True)
     pytest_gpu tests/python
     ab_dense
     ;;
+  race)
+    # racecheck over the new kernels' tests only (the test binary alone is built).
+    cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVC_WITH_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DKVC_BUILD_TESTS=ON -DKVC_BUILD_BENCHMARKS=OFF \
+      -DKVC_BUILD_EXAMPLES=OFF > "$out/configure.log" 2>&1
+    cmake --build build-gpu -j "$(nproc)" --target kvc_cuda_tests > "$out/build.log" 2>&1
+    say "build: rc=$? at $(( $(date +%s) - t0 )) s"
+    sanitize racecheck-new racecheck 'Cuda_StoreUpdate.AppendBatchesOfEverySizeMatchCpu:Cuda_StoreUpdate.NonFiniteZeroAndExtremeRowsMatchCpu:Cuda_Selector_Spread.DispatchBoundariesMatchCpu:Cuda_Dsv4_Indexer.EveryMxfp4KernelMatchesCpuOnSmallPagesAndFallbacks' 90
+    grep -E 'Race reported' "$out/sanitizer-racecheck-new.log" | sed -E 's/\(kvc[^)]*\)//g' | sort | uniq -c | head -5 >> "$out/summary.txt"
+    ;;
   ab-dense)
     ab_dense
     ;;
