@@ -1,10 +1,22 @@
 #!/usr/bin/env bash
 # Device calls of the third 2026-12-01 session (each under the 10-minute limit; results in $OUT):
-#   scripts/gpu-session3.sh diagnose  build; the Python package's pytest (alone, then under gdb
-#                                     for a native backtrace); a racecheck probe of named
-#                                     barriers (scripts/racecheck-probe.cu); ncu profiles of the
-#                                     kernels furthest from their targets; memcheck and racecheck
-#                                     over the DeepSeek-V4 and tensor-core attention tests
+#   diagnose  build; the Python package's pytest (alone, then under gdb); the racecheck probe;
+#             ncu of the kernels furthest from their goals; memcheck / racecheck of the DeepSeek-V4
+#             and tensor-core attention tests
+#   pydiag    the module's libstdc++ facts and the --exclude-libs,ALL fix under torch; the probe
+#             per mode (scripts/racecheck-probe.cu)
+#   verify    every GPU / CPU / mini-decoder test, the probe, the Python package on the GPU
+#   dense     kvc's dense decode rows and SDPA in one call
+#   quality   the SmolLM2 transformers client (models/smollm2.part-* carried over three calls)
+#             and text B over 6144-8192
+#   early     the spread top-k and lean indexer tests under a timeout, old vs new rows
+#   retest    the same tests after fixes
+#   final1    every test, memcheck and racecheck of the new kernels' tests
+#   final2    the benchmark rows of the session's kernels (old and new variants) and the anchors
+#   final3    the Python package with the SmolLM2 client, and the dense A/B against 2de95ff
+#             (ab/2de95ff.tar.gz = `git archive -o ab/2de95ff.tar.gz 2de95ff`, untracked, carried)
+#   race      racecheck over the new kernels' tests alone
+#   ab-dense  the dense A/B alone
 # A step stops early when the call's deadline (DEADLINE seconds after the start, default 560)
 # is near, and says so in summary.txt.
 set -uo pipefail
