@@ -160,6 +160,19 @@ KVC_HD double dadd_rn(double x, double y) {
 #endif
 }
 
+/// 2^e as a double for e in [-1022, 1023] (exact).
+/// @param[in] e  the exponent
+KVC_HD double pow2_double(int e) {
+  const std::uint64_t bits = static_cast<std::uint64_t>(e + 1023) << 52;
+  double d;
+#if defined(__CUDA_ARCH__)
+  d = __longlong_as_double(static_cast<long long>(bits));
+#else
+  std::memcpy(&d, &bits, sizeof d);
+#endif
+  return d;
+}
+
 /// exp(x) in float, evaluated in double with a fixed sequence of correctly rounded operations and
 /// rounded to float once: the correctly rounded exp except when exp(x) lies within ~1e-16
 /// (relative) of a float rounding boundary. exp(-inf) = 0, exp(+inf) = +inf, NaN gives NaN; 0
@@ -195,15 +208,7 @@ KVC_HD float exp_portable(float x) {
   p = dadd_rn(dmul_rn(p, r), 1.0);
   p = dadd_rn(dmul_rn(p, r), 1.0);
   // Scale by 2^n exactly (|n| <= 151: within double's normal range).
-  const long long n = static_cast<long long>(nd);
-  const std::uint64_t bits = static_cast<std::uint64_t>(n + 1023) << 52;
-  double two_n;
-#if defined(__CUDA_ARCH__)
-  two_n = __longlong_as_double(static_cast<long long>(bits));
-#else
-  std::memcpy(&two_n, &bits, sizeof two_n);
-#endif
-  return static_cast<float>(dmul_rn(p, two_n));
+  return static_cast<float>(dmul_rn(p, pow2_double(static_cast<int>(nd))));
 }
 
 /// Correctly rounded double x/y.

@@ -52,19 +52,6 @@ KVC_HD int e2m1_twice_signed(unsigned c) {
 /// @param[in] x  the value
 KVC_HD float relu_keep_nan(float x) { return x > 0.0f ? x : (is_nan(x) ? x : 0.0f); }
 
-/// 2^e as a double for e in [-1022, 1023] (exact).
-/// @param[in] e  the exponent
-KVC_HD double pow2_double(int e) {
-  const std::uint64_t bits = static_cast<std::uint64_t>(e + 1023) << 52;
-  double d;
-#if defined(__CUDA_ARCH__)
-  d = __longlong_as_double(static_cast<long long>(bits));
-#else
-  std::memcpy(&d, &bits, sizeof d);
-#endif
-  return d;
-}
-
 /// The exact integer dot product of group `g` (32 elements) of two packed e2m1 vectors, in
 /// units of 1/4: Σ (2 a_code)(2 b_code).
 /// @param[in] a  packed e2m1 (low nibble = even element) of one vector
