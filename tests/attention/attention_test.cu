@@ -766,6 +766,12 @@ TEST(Cuda_DenseDecode, MatchesCpu) {
 
 // --- merge -------------------------------------------------------------------------------------
 
+// A merge test's f32 view: states [r, c], or lse [r] when c is 0.
+TensorView merge_view(float* p, std::int64_t r, std::int64_t c, Device dev) {
+  return c ? TensorView::contiguous(p, DType::kF32, {r, c}, dev)
+           : TensorView::contiguous(p, DType::kF32, {r}, dev);
+}
+
 TEST(Cuda_Merge, MatchesCpuWithEdgeCases) {
   KVC_REQUIRE_GPU();
   std::mt19937 rng(7);
@@ -786,21 +792,19 @@ TEST(Cuda_Merge, MatchesCpuWithEdgeCases) {
     la[3] = NAN;
     oa[4 * d] = NAN;
     la[5] = inf;
-    auto view = [](float* p, std::int64_t r, std::int64_t c, Device dev) {
-      return c ? TensorView::contiguous(p, DType::kF32, {r, c}, dev)
-               : TensorView::contiguous(p, DType::kF32, {r}, dev);
-    };
     const Device g = Device::cuda(0), h = Device::cpu();
     std::vector<float> oc(n * d), lc(n);
-    merge_states(view(oa.data(), n, d, h), view(la.data(), n, 0, h), view(ob.data(), n, d, h),
-                 view(lb.data(), n, 0, h), view(oc.data(), n, d, h), view(lc.data(), n, 0, h));
+    merge_states(merge_view(oa.data(), n, d, h), merge_view(la.data(), n, 0, h),
+                 merge_view(ob.data(), n, d, h), merge_view(lb.data(), n, 0, h),
+                 merge_view(oc.data(), n, d, h), merge_view(lc.data(), n, 0, h));
     DeviceArray<float> doa(oa), dla(la), dob(ob), dlb(lb), dout(oc.size()), dlse(lc.size());
     dout.fill_bytes(0xff);
-    merge_states(view(doa.get(), n, d, g), view(dla.get(), n, 0, g), view(dob.get(), n, d, g),
-                 view(dlb.get(), n, 0, g), view(dout.get(), n, d, g), view(dlse.get(), n, 0, g));
+    merge_states(merge_view(doa.get(), n, d, g), merge_view(dla.get(), n, 0, g),
+                 merge_view(dob.get(), n, d, g), merge_view(dlb.get(), n, 0, g),
+                 merge_view(dout.get(), n, d, g), merge_view(dlse.get(), n, 0, g));
     // In place into a: the same result.
-    merge_states_inplace(view(doa.get(), n, d, g), view(dla.get(), n, 0, g),
-                         view(dob.get(), n, d, g), view(dlb.get(), n, 0, g));
+    merge_states_inplace(merge_view(doa.get(), n, d, g), merge_view(dla.get(), n, 0, g),
+                         merge_view(dob.get(), n, d, g), merge_view(dlb.get(), n, 0, g));
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const auto og = dout.download(), lg = dlse.download(), oi = doa.download(), li = dla.download();
     for (int r = 0; r < n; ++r) {
@@ -840,19 +844,17 @@ TEST(Cuda_Merge, CloseStatesBitIdenticalToCpu) {
     la[r] = nd(rng);
     lb[r] = nd(rng);
   }
-  auto view = [](float* p, std::int64_t r, std::int64_t c, Device dev) {
-    return c ? TensorView::contiguous(p, DType::kF32, {r, c}, dev)
-             : TensorView::contiguous(p, DType::kF32, {r}, dev);
-  };
   const Device g = Device::cuda(0), h = Device::cpu();
   std::vector<float> oc(n * d), lc(n);
-  merge_states(view(oa.data(), n, d, h), view(la.data(), n, 0, h), view(ob.data(), n, d, h),
-               view(lb.data(), n, 0, h), view(oc.data(), n, d, h), view(lc.data(), n, 0, h));
+  merge_states(merge_view(oa.data(), n, d, h), merge_view(la.data(), n, 0, h),
+               merge_view(ob.data(), n, d, h), merge_view(lb.data(), n, 0, h),
+               merge_view(oc.data(), n, d, h), merge_view(lc.data(), n, 0, h));
   DeviceArray<float> doa(oa), dla(la), dob(ob), dlb(lb), dout(oc.size()), dlse(lc.size());
   dout.fill_bytes(0xff);
   dlse.fill_bytes(0xff);
-  merge_states(view(doa.get(), n, d, g), view(dla.get(), n, 0, g), view(dob.get(), n, d, g),
-               view(dlb.get(), n, 0, g), view(dout.get(), n, d, g), view(dlse.get(), n, 0, g));
+  merge_states(merge_view(doa.get(), n, d, g), merge_view(dla.get(), n, 0, g),
+               merge_view(dob.get(), n, d, g), merge_view(dlb.get(), n, 0, g),
+               merge_view(dout.get(), n, d, g), merge_view(dlse.get(), n, 0, g));
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<float> og = dout.download(), lg = dlse.download();
   int bad_rows = 0;

@@ -6,6 +6,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "kvc/core/error.h"
 #include "kvc/core/numeric.h"
@@ -118,27 +119,54 @@ TEST(Core_Numeric, HalfConversionsExact) {
   }
 }
 
-TEST(Core_Numeric, LogPortableIsCorrectlyRounded) {
-  // Random floats over the whole positive range (normal and subnormal), and values near 1 where
-  // ln x is small: log_portable equals double log rounded once to float, but for the rare values
-  // within ~1e-16 of a rounding boundary.
-  std::mt19937 rng(11);
-  std::uniform_int_distribution<std::uint32_t> bits(1u, 0x7f7fffffu);
-  std::uniform_real_distribution<float> near_one(0.5f, 2.0f);
+// How many of `inputs` `portable` does not round as `exact` (a double function) rounded once to
+// float: each such value must still be at least as close as the correctly rounded one, but for
+// the ~1e-16 slack of a value lying at a rounding boundary.
+template <class Portable, class Exact>
+int count_misrounded(const std::vector<float>& inputs, Portable portable, Exact exact) {
   int off = 0;
-  for (int i = 0; i < 400000; ++i) {
-    const float x = i % 2 ? bits_float(bits(rng)) : near_one(rng);
-    const float mine = log_portable(x);
-    const double exact = std::log(static_cast<double>(x));
-    const float cr = static_cast<float>(exact);
+  for (const float x : inputs) {
+    const float mine = portable(x);
+    const double e = exact(static_cast<double>(x));
+    const float cr = static_cast<float>(e);
     if (mine != cr) {
       ++off;
-      EXPECT_LE(std::abs(double(mine) - exact),
-                std::abs(double(cr) - exact) * 1.0000001 + std::abs(exact) * 6e-8)
+      EXPECT_LE(std::abs(double(mine) - e),
+                std::abs(double(cr) - e) * 1.0000001 + std::abs(e) * 6e-8)
           << x;
     }
   }
-  EXPECT_LE(off, 2);
+  return off;
+}
+
+TEST(Core_Numeric, ExpPortableIsCorrectlyRounded) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-103.0f, 88.5f);
+  std::vector<float> x(200000);
+  for (int i = 0; i < static_cast<int>(x.size()); ++i) {
+    x[i] = i < 1000 ? -static_cast<float>(i) * 0.01f : u(rng);
+  }
+  EXPECT_LE(count_misrounded(x, exp_portable, [](double v) { return std::exp(v); }), 2);
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(exp_portable(0.0f), 1.0f);
+  EXPECT_EQ(exp_portable(-inf), 0.0f);
+  EXPECT_EQ(exp_portable(inf), inf);
+  EXPECT_TRUE(std::isnan(exp_portable(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_EQ(exp_portable(-200.0f), 0.0f);
+  EXPECT_GT(exp_portable(-100.0f), 0.0f);  // subnormal results are kept
+}
+
+TEST(Core_Numeric, LogPortableIsCorrectlyRounded) {
+  // Random floats over the whole positive range (normal and subnormal), and values near 1 where
+  // ln x is small.
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<std::uint32_t> bits(1u, 0x7f7fffffu);
+  std::uniform_real_distribution<float> near_one(0.5f, 2.0f);
+  std::vector<float> x(400000);
+  for (int i = 0; i < static_cast<int>(x.size()); ++i) {
+    x[i] = i % 2 ? bits_float(bits(rng)) : near_one(rng);
+  }
+  EXPECT_LE(count_misrounded(x, log_portable, [](double v) { return std::log(v); }), 2);
   const float inf = std::numeric_limits<float>::infinity();
   EXPECT_EQ(log_portable(1.0f), 0.0f);
   EXPECT_EQ(log_portable(0.0f), -inf);

@@ -1,6 +1,6 @@
 // The shared DeepSeek-V4 arithmetic (kvc/dsv4/math.h): the Walsh–Hadamard transform against the
-// Sylvester matrix in float64 (d = 64, 128), orthonormality, exp_portable against the correctly
-// rounded exp, the canonical reductions' order, RMSNorm and RoPE pieces.
+// Sylvester matrix in float64 (d = 64, 128), orthonormality, the canonical reductions' order,
+// RMSNorm and RoPE pieces (exp_portable, now in kvc/core/numeric.h: tests/core/core_test.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -52,32 +52,6 @@ TEST(Cpu_Dsv4_Math, HadamardIsOrthonormal) {
   }
   EXPECT_EQ(hadamard_scale(64), 0.125f);
   EXPECT_EQ(hadamard_scale(128), static_cast<float>(1.0 / std::sqrt(128.0)));
-}
-
-TEST(Cpu_Dsv4_Math, ExpPortableIsCorrectlyRounded) {
-  std::mt19937 rng(3);
-  std::uniform_real_distribution<float> u(-103.0f, 88.5f);
-  int off = 0;
-  for (int i = 0; i < 200000; ++i) {
-    const float x = i < 1000 ? -static_cast<float>(i) * 0.01f : u(rng);
-    const float mine = exp_portable(x);
-    const double exact = std::exp(static_cast<double>(x));
-    const float cr = static_cast<float>(exact);  // double exp rounded once: correct but for ties
-    if (mine != cr) {
-      ++off;
-      EXPECT_LE(std::abs(double(mine) - exact),
-                std::abs(double(cr) - exact) * 1.0000001 + std::abs(exact) * 6e-8)
-          << x;
-    }
-  }
-  EXPECT_LE(off, 2);
-  EXPECT_EQ(exp_portable(0.0f), 1.0f);
-  EXPECT_EQ(exp_portable(-std::numeric_limits<float>::infinity()), 0.0f);
-  EXPECT_EQ(exp_portable(std::numeric_limits<float>::infinity()),
-            std::numeric_limits<float>::infinity());
-  EXPECT_TRUE(std::isnan(exp_portable(std::numeric_limits<float>::quiet_NaN())));
-  EXPECT_EQ(exp_portable(-200.0f), 0.0f);
-  EXPECT_GT(exp_portable(-100.0f), 0.0f);  // subnormal results are kept
 }
 
 TEST(Cpu_Dsv4_Math, CanonicalReductionOrder) {
