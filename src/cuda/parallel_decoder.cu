@@ -65,24 +65,53 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Grid: q_rows. Each thread merges its elements over the shards in shard order (merge_weights
-// recomputed per element group: N scalar steps), then writes out in its dtype and the lse.
+// Grid: q_rows. The merge in shard order, as the CPU's merge_states: thread 0 computes the
+// chain's weights (merge_weights from the running lse and shard s's lse) once per row, a chunk of
+// kThreads shards at a time, into shared memory; every thread then folds its elements (at most
+// 512 / kThreads: head_dim <= 512) over the chunk with the same two products and sum per step.
 __global__ void __launch_bounds__(kThreads)
     merge_kernel(const float* recv, int q_rows, int d, int num_shards, void* out, DType out_dtype,
                  float* lse) {
+  constexpr int kPer = 512 / kThreads;
+  __shared__ float wa[kThreads], wb[kThreads];
   const int r = blockIdx.x;
   const std::size_t per_shard = static_cast<std::size_t>(q_rows) * (d + 1);
-  for (int i = threadIdx.x; i < d; i += blockDim.x) {
-    float acc = 0.0f, acc_lse = -INFINITY;
-    for (int src = 0; src < num_shards; ++src) {
-      const float* state = recv + src * per_shard;
-      const MergeWeights w = merge_weights(acc_lse, state[static_cast<std::size_t>(q_rows) * d + r]);
-      acc = fadd_rn(fmul_rn(w.a, acc), fmul_rn(w.b, state[static_cast<std::size_t>(r) * d + i]));
-      acc_lse = w.lse;
+  float acc[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) acc[j] = 0.0f;
+  float acc_lse = -INFINITY;  // thread 0's running lse
+  for (int s0 = 0; s0 < num_shards; s0 += kThreads) {
+    const int n = num_shards - s0 < kThreads ? num_shards - s0 : kThreads;
+    if (threadIdx.x == 0) {
+      for (int k = 0; k < n; ++k) {
+        const float* state = recv + static_cast<std::size_t>(s0 + k) * per_shard;
+        const MergeWeights w =
+            merge_weights(acc_lse, state[static_cast<std::size_t>(q_rows) * d + r]);
+        wa[k] = w.a;
+        wb[k] = w.b;
+        acc_lse = w.lse;
+      }
     }
-    attention::store_element(out, static_cast<std::size_t>(r) * d + i, out_dtype, acc);
-    if (i == 0 && lse != nullptr) lse[r] = acc_lse;
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = static_cast<int>(threadIdx.x) + j * kThreads;
+      if (i >= d) break;
+      for (int k = 0; k < n; ++k) {
+        const float* state = recv + static_cast<std::size_t>(s0 + k) * per_shard;
+        acc[j] = fadd_rn(fmul_rn(wa[k], acc[j]),
+                         fmul_rn(wb[k], state[static_cast<std::size_t>(r) * d + i]));
+      }
+    }
+    __syncthreads();  // the chunk's weights are read before thread 0 writes the next ones
   }
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = static_cast<int>(threadIdx.x) + j * kThreads;
+    if (i < d)
+      attention::store_element(out, static_cast<std::size_t>(r) * d + i, out_dtype, acc[j]);
+  }
+  if (threadIdx.x == 0 && lse != nullptr) lse[r] = acc_lse;
 }
 
 class CudaDecoder final : public DecoderBase {
