@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvc/core/numeric.h"
@@ -116,15 +117,19 @@ inline std::uint16_t* random_device_bits16(std::size_t n, bool bf16, std::uint32
 
 /// Times `sets` calls of `call(set, stream)` captured in one CUDA graph (after one uncaptured
 /// pass that loads the kernels) and reports, per benchmark iteration, the graph's time divided by
-/// `sets` (CUDA events). Returns false, and skips the row with the error, when a call fails (a
-/// kernel variant that does not serve the shape, say).
-/// @param[in,out] state  the benchmark
-/// @param[in]     sets   calls in the graph (the rotation sets)
-/// @param[in]     call   enqueues call `set` on the stream
-template <class Call>
-bool time_graph_calls(benchmark::State& state, int sets, Call&& call) {
+/// `sets` (CUDA events). `before(stream)` enqueues untimed work ahead of every pass of the calls
+/// (the uncaptured one, the warm-up replay, each timed replay): a reset the calls need, say.
+/// Returns false, and skips the row with the error, when a call fails (a kernel variant that
+/// does not serve the shape, say).
+/// @param[in,out] state   the benchmark
+/// @param[in]     sets    calls in the graph (the rotation sets)
+/// @param[in]     call    enqueues call `set` on the stream
+/// @param[in]     before  enqueues the untimed work before each pass
+template <class Call, class Before>
+bool time_graph_calls(benchmark::State& state, int sets, Call&& call, Before&& before) {
   cudaStream_t stream;
   KVC_BENCH_CUDA(cudaStreamCreate(&stream));
+  before(stream);
   for (int s = 0; s < sets; ++s) {
     const cudaError_t e = call(s, stream);
     if (e != cudaSuccess) {
@@ -141,12 +146,14 @@ bool time_graph_calls(benchmark::State& state, int sets, Call&& call) {
   for (int s = 0; s < sets; ++s) KVC_BENCH_CUDA(call(s, stream));
   KVC_BENCH_CUDA(cudaStreamEndCapture(stream, &g));
   KVC_BENCH_CUDA(cudaGraphInstantiate(&exec, g, 0));
+  before(stream);
   KVC_BENCH_CUDA(cudaGraphLaunch(exec, stream));  // warm-up
   KVC_BENCH_CUDA(cudaStreamSynchronize(stream));
   cudaEvent_t start, stop;
   KVC_BENCH_CUDA(cudaEventCreate(&start));
   KVC_BENCH_CUDA(cudaEventCreate(&stop));
   for (auto _ : state) {
+    before(stream);
     KVC_BENCH_CUDA(cudaEventRecord(start, stream));
     KVC_BENCH_CUDA(cudaGraphLaunch(exec, stream));
     KVC_BENCH_CUDA(cudaEventRecord(stop, stream));
@@ -161,6 +168,12 @@ bool time_graph_calls(benchmark::State& state, int sets, Call&& call) {
   cudaGraphDestroy(g);
   cudaStreamDestroy(stream);
   return true;
+}
+
+/// time_graph_calls with nothing before the passes.
+template <class Call>
+bool time_graph_calls(benchmark::State& state, int sets, Call&& call) {
+  return time_graph_calls(state, sets, std::forward<Call>(call), [](cudaStream_t) {});
 }
 
 /// HBM read bandwidth ceiling the reports compare against (measured copy on this H200 class:

@@ -124,54 +124,26 @@ void BM_Ingest(benchmark::State& state) {
   std::int32_t* d_slots = nullptr;
   KVC_BENCH_CUDA(cudaMalloc(&d_slots, slots.size() * 4));
   KVC_BENCH_CUDA(cudaMemcpy(d_slots, slots.data(), slots.size() * 4, cudaMemcpyHostToDevice));
-  cudaStream_t stream;
-  KVC_BENCH_CUDA(cudaStreamCreate(&stream));
   const StoreView view = store->view();
-  auto ingest_all = [&](cudaStream_t st) {
-    for (int s = 0; s < sets; ++s) {
-      const cudaError_t e = kernels::store_detail::store_update_with(kernels, view, d_slots + s, 1,
-                                                                     T, k[s], v[s], st);
-      if (e != cudaSuccess) return e;
-    }
-    return cudaSuccess;
-  };
-  auto reset_all = [&] { KVC_BENCH_CUDA(kernels::store_reset(view, d_slots, sets, stream)); };
-  KVC_BENCH_CUDA(ingest_all(stream));  // loads the kernels
-  reset_all();
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  KVC_BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  KVC_BENCH_CUDA(ingest_all(stream));
-  KVC_BENCH_CUDA(cudaStreamEndCapture(stream, &graph));
-  KVC_BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start, stop;
-  KVC_BENCH_CUDA(cudaEventCreate(&start));
-  KVC_BENCH_CUDA(cudaEventCreate(&stop));
-  for (auto _ : state) {
-    reset_all();  // untimed: before the start event
-    KVC_BENCH_CUDA(cudaEventRecord(start, stream));
-    KVC_BENCH_CUDA(cudaGraphLaunch(exec, stream));
-    KVC_BENCH_CUDA(cudaEventRecord(stop, stream));
-    KVC_BENCH_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    KVC_BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    state.SetIterationTime(ms / 1e3 / sets);
+  const bool ran = bench::time_graph_calls(
+      state, sets,
+      [&](int s, cudaStream_t st) {
+        return kernels::store_detail::store_update_with(kernels, view, d_slots + s, 1, T, k[s], v[s],
+                                                        st);
+      },
+      [&](cudaStream_t st) { KVC_BENCH_CUDA(kernels::store_reset(view, d_slots, sets, st)); });
+  if (ran) {
+    store->refresh_host_state();
+    if (store->length(slots[0]) != T) state.SkipWithError("the ingest did not run");
+    report(state, ingest_bytes(c, T),
+           std::string(to_string(c.old_format)) + (state.range(2) ? " +mxfp4 index " : " ") +
+               kernel_set_name(state.range(3)));
   }
-  store->refresh_host_state();
-  if (store->length(slots[0]) != T) state.SkipWithError("the ingest did not run");
-  report(state, ingest_bytes(c, T),
-         std::string(to_string(c.old_format)) + (state.range(2) ? " +mxfp4 index " : " ") +
-             kernel_set_name(state.range(3)));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   for (int s = 0; s < sets; ++s) {
     cudaFree(k[s]);
     cudaFree(v[s]);
   }
   cudaFree(d_slots);
-  cudaStreamDestroy(stream);
 }
 BENCHMARK(BM_Ingest)
     ->ArgNames({"T", "format", "index", "kernels"})
