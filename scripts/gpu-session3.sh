@@ -21,57 +21,8 @@
 # is near, and says so in summary.txt.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-export PATH=/usr/local/cuda/bin:$PATH
 out=$PWD/gpu-out/session3
-mkdir -p "$out"
-t0=$(date +%s)
-deadline=${DEADLINE:-560}
-left() { echo $(( deadline - ($(date +%s) - t0) )); }
-say() { echo "$*" | tee -a "$out/summary.txt"; }
-: > "$out/summary.txt"
-
-build() {
-  scripts/gpu-check build > "$out/build-step.log" 2>&1
-  say "build: rc=$? at $(( $(date +%s) - t0 )) s"
-}
-
-sanitize() {  # name tool filter limit
-  local l limit=$4
-  l=$(left)
-  (( l < 30 )) && { say "sanitizer $1: not run (deadline)"; return; }
-  (( limit > l - 15 )) && limit=$(( l - 15 ))
-  timeout "$limit" compute-sanitizer --tool "$2" --print-limit 200 --error-exitcode 99 \
-    build-gpu/tests/kvc_cuda_tests --gtest_filter="$3" --gtest_brief=1 \
-    > "$out/sanitizer-$1.log" 2>&1
-  say "sanitizer $1: rc=$? $(grep -E '(ERROR|RACECHECK) SUMMARY' "$out/sanitizer-$1.log" | tail -1) $(grep -E '^\[  (PASSED|FAILED) ' "$out/sanitizer-$1.log" | tr '\n' ' ')"
-}
-
-# name binary benchmark-filter kernel-regex: one ncu report (text) of one kernel launch
-profile() {
-  local l
-  l=$(left)
-  (( l < 40 )) && { say "ncu $1: not run (deadline)"; return; }
-  timeout 60 ncu --target-processes all -k "regex:$4" --launch-skip 2 --launch-count 1 \
-    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-    --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-    --section InstructionStats \
-    build-gpu/benchmarks/$2 --benchmark_filter="$3" --benchmark_min_time=1x \
-    --benchmark_repetitions=1 > "$out/ncu-$1.txt" 2>&1
-  say "ncu $1: rc=$? $(grep -E '^ +Duration' "$out/ncu-$1.txt" | head -1 | tr -s ' ')"
-}
-
-# The Python package (in-tree module of build-gpu) under pytest on the GPU machine; $@ narrows.
-pytest_gpu() {
-  local l
-  l=$(left)
-  (( l < 60 )) && { say "pytest: not run (deadline)"; return; }
-  { cmake -S . -B build-gpu -DKVC_BUILD_PYTHON=ON > "$out/python-configure.log" 2>&1 &&
-    cmake --build build-gpu --target _kvc -j "$(nproc)" > "$out/python-build.log" 2>&1 &&
-    PYTHONPATH=$PWD/build-gpu/python timeout $(( l - 30 )) python3 -X faulthandler -m pytest -q \
-      -p no:cacheprovider -rs "${@:-tests/python}" > "$out/pytest.log" 2>&1; }
-  say "pytest ${*:-tests/python} (GPU machine): rc=$? $(grep -E 'passed|failed' "$out/pytest.log" | tail -1)"
-  grep -E '^FAILED|SKIPPED' "$out/pytest.log" | head -10 >> "$out/summary.txt"
-}
+source scripts/gpu-lib.sh
 
 ab_dense() {
   # The dense decode rows of 2de95ff (the first 2026-12-01 run: 972 us at B8 N128K) against
@@ -219,14 +170,8 @@ print(fp.table()[:200], flush=True)
       > "$out/gpu-tests-indexer.log" 2>&1
     say "indexer GPU tests: rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$out/gpu-tests-indexer.log" | tr '\n' ' ')"
     grep -E '^\[  FAILED  \]' "$out/gpu-tests-indexer.log" | head -10 >> "$out/summary.txt"
-    bench() {  # limit name filter
-      timeout "$1" build-gpu/benchmarks/$2 --benchmark_min_time=0.05s --benchmark_repetitions=3 \
-        --benchmark_report_aggregates_only=true --benchmark_filter="$3" \
-        --benchmark_out="$out/$2-early.json" --benchmark_out_format=json > "$out/$2-early.log" 2>&1
-      say "$2: rc=$? $(grep -c '_median' "$out/$2-early.log") rows"
-    }
-    bench 120 topk_bench 'BM_TopK/[0-9]+/(131072|262144)/|BM_TopKVariant/[0-9]+/[0-9]+/[0-9]+/(3|5|1016|1032)/'
-    bench 120 dsv4_bench 'BM_Dsv4IndexDecode/[0-9]+/[0-9]+/0/0/|BM_Dsv4IndexProbe|BM_Dsv4TopK'
+    bench 120 topk_bench 'BM_TopK/[0-9]+/(131072|262144)/|BM_TopKVariant/[0-9]+/[0-9]+/[0-9]+/(3|5|1016|1032)/' -early
+    bench 120 dsv4_bench 'BM_Dsv4IndexDecode/[0-9]+/[0-9]+/0/0/|BM_Dsv4IndexProbe|BM_Dsv4TopK' -early
     grep -E '_median' "$out/topk_bench-early.log" "$out/dsv4_bench-early.log" | sed 's#.*/session3/##' | \
       awk '{print $1, $2, $3}' >> "$out/summary.txt"
     timeout 60 ncu -k regex:mxfp4_score --launch-skip 2 --launch-count 1 --section SpeedOfLight \
@@ -259,19 +204,11 @@ print(fp.table()[:200], flush=True)
     # The benchmark rows of this session's kernels, old and new variants in one run, and the
     # decode steps that use them; the PyTorch anchors last.
     [ -x build-gpu/benchmarks/store_bench ] || build
-    b2() {  # limit name filter
-      local l
-      l=$(left); (( l < 25 )) && { say "$2: not run (deadline)"; return; }
-      timeout "$1" build-gpu/benchmarks/$2 --benchmark_min_time=0.05s --benchmark_repetitions=3 \
-        --benchmark_report_aggregates_only=true --benchmark_filter="$3" \
-        --benchmark_out="$out/$2.json" --benchmark_out_format=json > "$out/$2.log" 2>&1
-      say "$2: rc=$? $(grep -c '_median' "$out/$2.log") rows"
-    }
-    b2 60 store_bench .
-    b2 60 topk_bench 'BM_TopK/[0-9]+/(131072|262144)/|BM_TopK/(8|64)/4096/8/|BM_TopKVariant/[0-9]+/[0-9]+/[0-9]+/(3|5)/'
-    b2 60 dsv4_bench 'BM_Dsv4IndexDecode/[0-9]+/[0-9]+/0/0/|BM_Dsv4TopK|BM_Dsv4CsaDecode|BM_Dsv4HcaDecode'
-    b2 70 step_bench .
-    b2 40 layered_step_bench .
+    bench 60 store_bench .
+    bench 60 topk_bench 'BM_TopK/[0-9]+/(131072|262144)/|BM_TopK/(8|64)/4096/8/|BM_TopKVariant/[0-9]+/[0-9]+/[0-9]+/(3|5)/'
+    bench 60 dsv4_bench 'BM_Dsv4IndexDecode/[0-9]+/[0-9]+/0/0/|BM_Dsv4TopK|BM_Dsv4CsaDecode|BM_Dsv4HcaDecode'
+    bench 70 step_bench .
+    bench 40 layered_step_bench .
     l=$(left)
     (( l > 60 )) && { OUT="$out" timeout $(( l - 20 )) python3 benchmarks/anchors/torch_anchors.py \
       > "$out/torch_anchors.log" 2>&1; say "torch anchors: rc=$?"; }
@@ -320,9 +257,4 @@ print(fp.table()[:200], flush=True)
     ;;
   *) echo "gpu-session3.sh: diagnose, pydiag, verify or quality" >&2; exit 2 ;;
 esac
-say "total $(( $(date +%s) - t0 )) s"
-if [ -n "${OUT:-}" ]; then
-  tar czf "$OUT/results.tar.gz" -C gpu-out session3
-  cp "$out/summary.txt" "$OUT/"
-fi
-cat "$out/summary.txt"
+finish
