@@ -2,7 +2,8 @@
 // call per input set (host enqueue work stays out of the timed region), the sets rotate over
 // more than twice the L2, data are random and never zero, and the time of one call is the
 // graph's time over the sets (CUDA events). Rows name the kernel (`path`: 0 chosen by shape,
-// 1 CUDA cores, 2 tensor cores, 3 tensor cores without L2 prefetch; kvc/kernels/
+// 1 CUDA cores, 2 tensor cores, 3 tensor cores without L2 prefetch, 4 tensor cores without the
+// software pipeline of the ring / plain tiles; kvc/kernels/
 // attention_kernels.h KernelPath) and the split (`splits`: AttentionParams::max_splits, 0
 // automatic, <= 16 one cluster per row, more a combine launch), so one run measures old against
 // new and several splits; a (shape, path) the tensor-core kernel does not serve is skipped with
@@ -48,7 +49,8 @@ constexpr HeadShape kShapes[] = {
     {32, 8, 128, "32/8/128"}, {9, 3, 64, "9/3/64"}, {64, 1, 512, "64/1/512"}};
 
 const char* path_name(int path) {
-  return path == 3   ? "tensor cores, no prefetch"
+  return path == 4   ? "tensor cores, unpipelined"
+         : path == 3 ? "tensor cores, no prefetch"
          : path == 2 ? "tensor cores"
          : path == 1 ? "cuda cores"
                      : "auto";
@@ -176,7 +178,7 @@ void BM_DenseDecode(benchmark::State& state) {
 void DenseArgs(benchmark::internal::Benchmark* b) {
   // The main shape first (tensor cores, without prefetch, CUDA cores), then the others.
   for (auto [batch, n] : {std::pair{8, 131072}, std::pair{1, 131072}, std::pair{1, 32768}}) {
-    for (int path : {2, 3, 1}) b->Args({0, batch, n, path});
+    for (int path : {2, 4, 3, 1}) b->Args({0, batch, n, path});
   }
   for (int shape : {1, 2}) {
     for (auto [batch, n] : {std::pair{8, 131072}, std::pair{1, 131072}, std::pair{1, 32768}}) {
@@ -335,7 +337,7 @@ void SelectArgs(benchmark::internal::Benchmark* b) {
             f16 = static_cast<int>(Format::kF16);
   // Args: shape, batch, format, path, splits, T. The main rows first.
   for (int batch : {1, 8}) {
-    for (int path : {2, 3, 1}) b->Args({0, batch, q4v, path, 0, 1});
+    for (int path : {2, 4, 3, 1}) b->Args({0, batch, q4v, path, 0, 1});
     // Split choices of the tensor-core kernel (1: one chunk; <= 16: a cluster; 32: combine).
     for (int splits : {1, 4, 8, 16, 32}) b->Args({0, batch, q4v, 2, splits, 1});
   }

@@ -257,15 +257,12 @@ __device__ __forceinline__ void load_run(const std::uint8_t* p, std::uint32_t* w
   load_words<N / 4>(p, *reinterpret_cast<std::uint32_t(*)[N / 4]>(w));
 }
 
-/// Issues every load of a tile: K runs [32 j + 8 c, +8) of tokens g, g + 8, V runs
-/// [64 h + 8 g, +8) of tokens 2c, 2c + 1, 2c + 8, 2c + 9 (dims of the warp's slice, which starts
-/// k_off / v_off bytes into a K / V row), and the scales.
+/// Issues the K loads of a tile: runs [32 j + 8 c, +8) of tokens g, g + 8 of the warp's slice
+/// (which starts k_off bytes into a K row), and the scales.
 template <int D, OldKind F>
-__device__ __forceinline__ void mma_load(const TileLoad& tl, TileData<D, F>& td, int k_off,
-                                         int v_off) {
+__device__ __forceinline__ void mma_load_k(const TileLoad& tl, TileData<D, F>& td, int k_off) {
   using Sh = MmaShape<D, F>;
-  const int lane = threadIdx.x % 32;
-  const int g = lane / 4, c = lane % 4;
+  const int c = threadIdx.x % 4;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
 #pragma unroll
@@ -283,6 +280,14 @@ __device__ __forceinline__ void mma_load(const TileLoad& tl, TileData<D, F>& td,
       if constexpr (F == OldKind::kQ8 || F == OldKind::kQ4v) td.vsc[r] = __ldg(tl.vsc[r]);
     }
   }
+}
+
+/// Issues the V loads of a tile: runs [64 h + 8 g, +8) of tokens 2c, 2c + 1, 2c + 8, 2c + 9 of
+/// the warp's slice (which starts v_off bytes into a V row).
+template <int D, OldKind F>
+__device__ __forceinline__ void mma_load_v(const TileLoad& tl, TileData<D, F>& td, int v_off) {
+  using Sh = MmaShape<D, F>;
+  const int g = (threadIdx.x % 32) / 4;
 #pragma unroll
   for (int r = 0; r < 4; ++r) {
 #pragma unroll
@@ -296,6 +301,14 @@ __device__ __forceinline__ void mma_load(const TileLoad& tl, TileData<D, F>& td,
       }
     }
   }
+}
+
+/// Issues every load of a tile (K, then V).
+template <int D, OldKind F>
+__device__ __forceinline__ void mma_load(const TileLoad& tl, TileData<D, F>& td, int k_off,
+                                         int v_off) {
+  mma_load_k<D, F>(tl, td, k_off);
+  mma_load_v<D, F>(tl, td, v_off);
 }
 
 /// Online-softmax state of a lane: O^T fragments of the kMT m-tiles, and for its head columns
@@ -348,13 +361,17 @@ struct SliceSum {
   }
 };
 
-/// Attends one loaded 16-token tile (format F, mask `tm`) into `st` for the warp's D head dims;
-/// `sum` completes the logits when the head dims are split over warps. Warp-uniform: every lane
-/// of the warp (and every warp of its group) calls it.
+/// The first half of attending one loaded 16-token tile (format F, mask `tm`) for the warp's D
+/// head dims: S = K . Q^T (`sum` completes the logits when the head dims are split over warps),
+/// the online softmax into `st` (O rescaled), and P^T as the 16-bit hi / lo B operands of the
+/// PV mma in b_hi / b_lo. Reads only the tile's K registers and scales, so the caller may issue
+/// the next tile's K loads into them right after. Warp-uniform: every lane of the warp (and
+/// every warp of its group) calls it.
 template <int D, OldKind F, bool kBf16, class Sum>
-__device__ __forceinline__ void mma_compute(TileData<D, F>& td, const TileMask& tm,
-                                            const std::uint32_t (&q)[D / 8], float scale_log2,
-                                            MmaState<D>& st, Sum& sum) {
+__device__ __forceinline__ void mma_scores(const TileData<D, F>& td, const TileMask& tm,
+                                           const std::uint32_t (&q)[D / 8], float scale_log2,
+                                           MmaState<D>& st, Sum& sum, std::uint32_t (&b_hi)[2],
+                                           std::uint32_t (&b_lo)[2]) {
   using Sh = MmaShape<D, F>;
   // --- S^T = K . Q^T over D / 16 steps.
   float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -419,7 +436,6 @@ __device__ __forceinline__ void mma_compute(TileData<D, F>& td, const TileMask& 
       pv[i] = p[i];
     }
   }
-  std::uint32_t b_hi[2], b_lo[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {  // tokens 0..7 (r = 0) and 8..15 (r = 1)
     const std::uint32_t hi = pack2<kBf16>(pv[2 * r], pv[2 * r + 1]);
@@ -428,7 +444,15 @@ __device__ __forceinline__ void mma_compute(TileData<D, F>& td, const TileMask& 
     b_hi[r] = transpose_8x8(hi);
     b_lo[r] = transpose_8x8(lo);
   }
+}
 
+/// The second half: O^T += V^T . P^T with the tile's V registers (16-bit V rows read but not
+/// attended are zeroed first). Warp-uniform.
+template <int D, OldKind F, bool kBf16>
+__device__ __forceinline__ void mma_values(TileData<D, F>& td, const TileMask& tm,
+                                           const std::uint32_t (&b_hi)[2],
+                                           const std::uint32_t (&b_lo)[2], MmaState<D>& st) {
+  using Sh = MmaShape<D, F>;
   // 16-bit V rows that are read but not attended are zeroed (a stale NaN must not meet P = 0);
   // integer codes are always finite.
   if constexpr (F == OldKind::k16) {
@@ -469,6 +493,17 @@ __device__ __forceinline__ void mma_compute(TileData<D, F>& td, const TileMask& 
     mma_16816<kBf16>(st.o[mt], a[0], a[1], a[2], a[3], b_hi[0], b_hi[1]);
     mma_16816<kBf16>(st.o[mt], a[0], a[1], a[2], a[3], b_lo[0], b_lo[1]);
   }
+}
+
+/// Attends one loaded 16-token tile (format F, mask `tm`) into `st`: mma_scores, then
+/// mma_values. Warp-uniform.
+template <int D, OldKind F, bool kBf16, class Sum>
+__device__ __forceinline__ void mma_compute(TileData<D, F>& td, const TileMask& tm,
+                                            const std::uint32_t (&q)[D / 8], float scale_log2,
+                                            MmaState<D>& st, Sum& sum) {
+  std::uint32_t b_hi[2], b_lo[2];
+  mma_scores<D, F, kBf16>(td, tm, q, scale_log2, st, sum, b_hi, b_lo);
+  mma_values<D, F, kBf16>(td, tm, b_hi, b_lo, st);
 }
 
 // --- the kernel ---------------------------------------------------------------------------------
@@ -603,6 +638,39 @@ __device__ __forceinline__ void prefetch_tile16(const std::uint8_t* k0, const st
   }
 }
 
+/// Attends a run of a warp group's tiles in one row format F, software-pipelined: the next
+/// tile's K loads are issued as soon as this tile's logits are formed (mma_scores reads only K,
+/// so its registers are free), its V loads as soon as this tile's PV is done, so a warp always
+/// has about one tile of loads in flight instead of waiting for each tile's loads before
+/// computing it. On entry `td` holds (or has in flight) the loads of tile `v` and `tm` its mask;
+/// `next(v)` is the group's next tile to attend (>= end: none), `rows(v, tl, tm)` a tile's loads
+/// and mask, `issued(v)` runs after a tile's K loads are issued (the L2 prefetch). Warp-uniform
+/// over the group.
+template <int S, OldKind F, bool kBf16, class Rows, class Next, class Issued, class Sum>
+__device__ __forceinline__ void mma_run(int v, int end, Rows&& rows, Next&& next, Issued&& issued,
+                                        TileData<S, F>& td, TileMask tm, int k_off, int v_off,
+                                        const std::uint32_t (&q)[S / 8], float scale_log2,
+                                        MmaState<S>& st, Sum& sum) {
+  for (;;) {
+    const int vn = next(v);
+    const bool more = vn < end;
+    std::uint32_t b_hi[2], b_lo[2];
+    mma_scores<S, F, kBf16>(td, tm, q, scale_log2, st, sum, b_hi, b_lo);
+    TileLoad tn;
+    TileMask mn;
+    if (more) {
+      rows(vn, tn, mn);
+      mma_load_k<S, F>(tn, td, k_off);
+      issued(vn);
+    }
+    mma_values<S, F, kBf16>(td, tm, b_hi, b_lo, st);
+    if (!more) return;
+    mma_load_v<S, F>(tn, td, v_off);
+    tm = mn;
+    v = vn;
+  }
+}
+
 template <int D>
 struct MmaSmem {
   union {
@@ -726,13 +794,73 @@ __global__ void __launch_bounds__(kThreads, 3)
     st.l[col] = 0.0f;
   }
   const AttentionMode mode = static_cast<AttentionMode>(p.mode);
-  if (early) {  // the first tile, loaded above: its mask now that the length is known
+  int v_rest = v_first + (early ? kStep : 0);  // the first tile the loop below attends
+  if (early && p.pipeline) {
+    // The group's 16-bit run (the plain cache, or the ring), software-pipelined (mma_run).
+    const int run_end = p.plain ? c1 : (c1 < c.W16 ? c1 : c.W16);
+    const auto rows16 = [&](int v, TileLoad& tl, TileMask& tm) {
+      if (p.plain) {
+        tile_rows<OldKind::k16>(
+            p, [&](int i) { return plain_row<D>(p, c, v + i); }, tl, tm);
+      } else {
+        tile_rows<OldKind::k16>(
+            p, [&](int i) { return ring_row<D>(p, c, v + i); }, tl, tm);
+      }
+    };
+    // Plain tiles with nothing visible are skipped (ring tiles never are: the mask decides).
+    const auto next16 = [&](int v) {
+      v += kStep;
+      while (p.plain && v < run_end && (v > c.pos || v + kMmaTile <= c.begin)) v += kStep;
+      return v;
+    };
+    TileLoad unused;
+    TileMask tm;
+    rows16(v_first, unused, tm);  // the first tile was loaded early; its mask now
+    mma_run<S, OldKind::k16, kBf16>(v_first, run_end, rows16, next16, prefetch, first, tm, off16,
+                                    off16, q, p.scale_log2, st, sum);
+    v_rest = v_first + (run_end - v_first + kStep - 1) / kStep * kStep;
+  } else if (early) {  // the first tile, loaded above: its mask now that the length is known
     TileLoad unused;
     TileMask tm;
     first_rows(unused, tm);
     mma_compute<S, OldKind::k16, kBf16>(first, tm, q, p.scale_log2, st, sum);
   }
-  for (int v0 = v_first + (early ? kStep : 0); v0 < c1; v0 += kStep) {
+  if (p.pipeline && !p.plain) {
+    // The old rows (open block and selected blocks, or the dense old positions) of the group,
+    // software-pipelined too; tiles with nothing attended are skipped (uniform).
+    const auto skip_old = [&](int v0) {
+      const int v2 = v0 - c.W16;
+      if (mode == AttentionMode::kDense) return v2 >= c.O;
+      if (mode == AttentionMode::kDenseRecentOnly) return c.wb + v2 >= c.O;
+      if (mode == AttentionMode::kBlockSelectExact) {
+        return v2 < c.B16 ? v2 >= c.open_tokens : v2 - c.B16 >= c.sel_count * p.s.block_size;
+      }
+      return false;
+    };
+    const auto next_old = [&](int v0) {
+      v0 += kStep;
+      while (v0 < c1 && skip_old(v0)) v0 += kStep;
+      return v0;
+    };
+    const auto rows_old = [&](int v0, TileLoad& tl, TileMask& tm) {
+      tile_rows<F>(
+          p, [&](int i) { return list_old_row<D, F>(p, c, sm.u.list, v0 + i); }, tl, tm);
+    };
+    int v = v_rest;
+    if (v < c.W16) v += (c.W16 - v + kStep - 1) / kStep * kStep;  // a shard store: no ring
+    if (v < c1 && skip_old(v)) v = next_old(v);
+    if (v < c1) {
+      TileLoad tl;
+      TileMask tm;
+      rows_old(v, tl, tm);
+      TileData<S, F> td;
+      mma_load<S, F>(tl, td, k_off, v_off);
+      mma_run<S, F, kBf16>(
+          v, c1, rows_old, next_old, [](int) {}, td, tm, k_off, v_off, q, p.scale_log2, st, sum);
+    }
+    v_rest = c1;
+  }
+  for (int v0 = v_rest; v0 < c1; v0 += kStep) {
     TileLoad tl;
     TileMask tm;
     if (p.plain) {

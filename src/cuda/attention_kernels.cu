@@ -322,6 +322,7 @@ cudaError_t choose_mma(int path, bool serves, int group, bool& use_mma) {
       return cudaSuccess;
     case KernelPath::kTensorCores:
     case KernelPath::kTensorCoresNoPrefetch:
+    case KernelPath::kTensorCoresUnpipelined:
       use_mma = serves;
       return serves ? cudaSuccess : cudaErrorNotSupported;
   }
@@ -499,6 +500,7 @@ cudaError_t attention_decode(void* d_workspace, std::size_t& workspace_bytes,
               store::owns_ring(p.store) ? p.sink : nullptr, p.batch, p.num_query_tokens,
               p.num_q_heads, p.num_kv_heads, p.scale);
   dp.prefetch = p.kernel_path != static_cast<int>(KernelPath::kTensorCoresNoPrefetch);
+  dp.pipeline = p.kernel_path != static_cast<int>(KernelPath::kTensorCoresUnpipelined);
   return run(plan, dp, p.head_dim, stream);
 }
 
@@ -541,6 +543,7 @@ cudaError_t dense_attention_decode(void* d_workspace, std::size_t& workspace_byt
   fill_common(dp, p.q, p.q_dtype, p.out, p.out_dtype, p.lse, p.sink, p.batch, p.num_query_tokens,
               p.num_q_heads, p.num_kv_heads, p.scale);
   dp.prefetch = p.kernel_path != static_cast<int>(KernelPath::kTensorCoresNoPrefetch);
+  dp.pipeline = p.kernel_path != static_cast<int>(KernelPath::kTensorCoresUnpipelined);
   return run(plan, dp, p.head_dim, stream);
 }
 

@@ -399,6 +399,8 @@ std::string path_label(kernels::KernelPath path) {
       return " [tensor cores]";
     case kernels::KernelPath::kTensorCoresNoPrefetch:
       return " [tensor cores, no prefetch]";
+    case kernels::KernelPath::kTensorCoresUnpipelined:
+      return " [tensor cores, unpipelined]";
     case kernels::KernelPath::kCudaCores:
       return " [cuda cores]";
     default:
@@ -1236,7 +1238,8 @@ TEST(Cuda_AttentionMma, ClusterAndCombineMergesAgree) {
     c.max_splits = splits;
     c.seed = 650 + splits;
     check_paths(c, "select max_splits " + std::to_string(splits),
-                {kMma, kSimt, kernels::KernelPath::kTensorCoresNoPrefetch});
+                {kMma, kSimt, kernels::KernelPath::kTensorCoresNoPrefetch,
+                 kernels::KernelPath::kTensorCoresUnpipelined});
     c.mode = AttentionMode::kDense;
     c.format = Format::kQ8;
     check_paths(c, "dense max_splits " + std::to_string(splits), {kMma, kSimt});
@@ -1487,7 +1490,8 @@ TEST(Cuda_AttentionMma, DensePlainCache) {
     AttentionBackend::create(cfg, Device::cpu())->dense_decode(a);
     const Result want{std::vector<double>(out.begin(), out.end()),
                       std::vector<double>(lse.begin(), lse.end())};
-    for (kernels::KernelPath path : {kMma, kSimt, kernels::KernelPath::kTensorCoresNoPrefetch}) {
+    for (kernels::KernelPath path : {kMma, kSimt, kernels::KernelPath::kTensorCoresNoPrefetch,
+                                     kernels::KernelPath::kTensorCoresUnpipelined}) {
       DeviceArray<float> dout(n_out + 64), dlse(lse.size() + 64);
       dout.fill_bytes(0xff);
       dlse.fill_bytes(0xff);

@@ -54,6 +54,10 @@ enum class KernelPath : int {
   /// The tensor-core kernel without its L2 prefetch of the next ring / plain-cache tile (for
   /// benchmarks: what the prefetch buys).
   kTensorCoresNoPrefetch = 3,
+  /// The tensor-core kernel without the software pipeline of its ring / plain-cache tiles
+  /// (each tile's loads issued just before the tile is computed; for benchmarks: what the
+  /// pipeline buys).
+  kTensorCoresUnpipelined = 4,
 };
 
 /// Bytes of workspace that suffice for any attention_decode or dense_attention_decode call with
