@@ -16,7 +16,7 @@
 //
 // BM_Dsv4IndexDecode/<batch>/<query tokens>/<format 0 mxfp4, 1 fp8>/<timing>/<variant 0 staged
 //   key pages, 2 keys prefetched in registers, 3 lean staged, 4 lean staged two pages at a
-//   time>: 131072 entries x 64
+//   time, 5 lean staged with each key unpacked once for every query token>: 131072 entries x 64
 //   index heads x 128 dims per sequence (the issue's <= 5 us target is mxfp4, B1 T1).
 // BM_Dsv4TopK/<rows>/<entries>/<k>/<timing>/<variant 0 the built-in path, 1 the streaming path
 //   (no spread)>: kvc::kernels::select, topk(k), score order.
@@ -509,10 +509,11 @@ void Timed(benchmark::internal::Benchmark* b) {
       ->ReportAggregatesOnly(true);
 }
 
-// <batch>/<T>/<format>/<timing>/<variant 0 staged pages, 2 register prefetch, 3 lean, 4 lean x2>
+// <batch>/<T>/<format>/<timing>/<variant 0 automatic, 2 register prefetch, 3 lean, 4 lean x2,
+// 5 lean with shared unpacking>
 void IndexShapes(benchmark::internal::Benchmark* b) {
   for (int timing : {0, 1}) {
-    for (int variant : {0, 2, 3, 4}) {
+    for (int variant : {0, 2, 3, 4, 5}) {
       b->Args({1, 1, 0, timing, variant});  // the <= 5 us target
       b->Args({8, 1, 0, timing, variant});
       b->Args({1, 4, 0, timing, variant});

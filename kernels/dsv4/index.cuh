@@ -748,35 +748,41 @@ __device__ __forceinline__ LeanKey<D / 32> lean_key(const unsigned char* page, i
   return k;
 }
 
-/// The folded score of R octets (one per entry of `k`, octet indices o[r]) of the warp's token:
-/// R independent streams of unpack, mma, head chains and butterfly. Octet r's keys are stored
-/// below vis when store[r].
+/// Lane (g, tq)'s quarter of its key as the u8 B operands of the folded score: bl[s], bh[s] of
+/// k-step s (mxfp4::e2m1x8_to_u8_offset_tables with the tables shifted by sb - kmin).
+template <int KS>
+__device__ __forceinline__ void lean_unpack(const LeanKey<KS>& k, std::uint32_t (&bl)[KS],
+                                            std::uint32_t (&bh)[KS]) {
+  const int shift = k.sb - k.kmin;
+  const std::uint32_t tl = mxfp4::kTwiceLo << shift, th = mxfp4::kTwiceHi << shift;
+#pragma unroll
+  for (int s = 0; s < KS; ++s) mxfp4::e2m1x8_to_u8_offset_tables(k.word[s], tl, th, bl[s], bh[s]);
+}
+
+/// The folded score of R octets of the warp's token from their unpacked B operands (bl[r], bh[r]:
+/// lean_unpack of octet r; kmin[r]: the smallest scale byte of this lane's key g of octet r;
+/// octet indices o[r]): R independent streams of mma, head chains and butterfly. Octet r's keys
+/// are stored below vis when store[r].
 template <int MT, int D, int R>
-__device__ __forceinline__ void lean_score_folded(const LeanQuery<MT, D>& q,
-                                                  const LeanKey<D / 32> (&k)[R], const int (&o)[R],
-                                                  const bool (&store)[R], int vis, float* out_row) {
+__device__ __forceinline__ void lean_score_unpacked(const LeanQuery<MT, D>& q,
+                                                    const std::uint32_t (&bl)[R][D / 32],
+                                                    const std::uint32_t (&bh)[R][D / 32],
+                                                    const int (&kmin)[R], const int (&o)[R],
+                                                    const bool (&store)[R], int vis,
+                                                    float* out_row) {
   constexpr int KS = D / 32;
   const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
-  std::uint32_t tl[R], th[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int shift = k[r].sb - k[r].kmin;
-    tl[r] = mxfp4::kTwiceLo << shift;
-    th[r] = mxfp4::kTwiceHi << shift;
-  }
   int acc[R][MT][4];
 #pragma unroll
   for (int s = 0; s < KS; ++s) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      std::uint32_t bl, bh;
-      mxfp4::e2m1x8_to_u8_offset_tables(k[r].word[s], tl[r], th[r], bl, bh);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         if (s == 0) {
-          imma_from(acc[r][mt], q.a[mt][s], bl, bh, kMagic);
+          imma_from(acc[r][mt], q.a[mt][s], bl[r][s], bh[r][s], kMagic);
         } else {
-          imma(acc[r][mt], q.a[mt][s], bl, bh);
+          imma(acc[r][mt], q.a[mt][s], bl[r][s], bh[r][s]);
         }
       }
     }
@@ -813,7 +819,7 @@ __device__ __forceinline__ void lean_score_folded(const LeanQuery<MT, D>& q,
     v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 8));
     v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 4));
     key_lane = 4 * (2 * tq + (up ? 1 : 0));
-    kmin_sel = __shfl_sync(0xffffffffu, k[0].kmin, key_lane);
+    kmin_sel = __shfl_sync(0xffffffffu, kmin[0], key_lane);
   } else {
     const float send0 = __shfl_xor_sync(0xffffffffu, up ? c[0][0] : c[0][1], 16);
     const float send1 = __shfl_xor_sync(0xffffffffu, up ? c[1][0] : c[1][1], 16);
@@ -823,7 +829,7 @@ __device__ __forceinline__ void lean_score_folded(const LeanQuery<MT, D>& q,
     v = __fadd_rn(second ? w1 : w0, __shfl_xor_sync(0xffffffffu, second ? w0 : w1, 8));
     v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 4));
     key_lane = 4 * (2 * tq + (up ? 1 : 0));
-    const int both = __shfl_sync(0xffffffffu, k[0].kmin | (k[1].kmin << 8), key_lane);
+    const int both = __shfl_sync(0xffffffffu, kmin[0] | (kmin[R - 1] << 8), key_lane);
     kmin_sel = second ? (both >> 8) : (both & 0xff);
   }
   // Lanes g = 0, 4 (and with R = 2, g = 2, 6) hold a final sum: key 2 tq + up of octet `second`.
@@ -834,6 +840,97 @@ __device__ __forceinline__ void lean_score_folded(const LeanQuery<MT, D>& q,
     // The key scale 2^(kmin - 127): kmin is in [kFoldByteLo, kFoldByteHi], a normal float.
     if (st && j < vis) out_row[j] = fmul_rn(v, __int_as_float(kmin_sel << 23));
   }
+}
+
+/// The folded score of R octets (one per entry of `k`, octet indices o[r]) of the warp's token:
+/// lean_unpack, then lean_score_unpacked. Octet r's keys are stored below vis when store[r].
+template <int MT, int D, int R>
+__device__ __forceinline__ void lean_score_folded(const LeanQuery<MT, D>& q,
+                                                  const LeanKey<D / 32> (&k)[R], const int (&o)[R],
+                                                  const bool (&store)[R], int vis, float* out_row) {
+  constexpr int KS = D / 32;
+  std::uint32_t bl[R][KS], bh[R][KS];
+  int kmin[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    lean_unpack<KS>(k[r], bl[r], bh[r]);
+    kmin[r] = k[r].kmin;
+  }
+  lean_score_unpacked<MT, D, R>(q, bl, bh, kmin, o, store, vis, out_row);
+}
+
+/// A lean-family CTA's pass (grid (CTAs, batch, passes); warp = (token of the pass, key lane)):
+/// this warp's token and key lane, the pass's last token and its bound (the most entries
+/// visible), the CTA's pages (pg = blockIdx.x + i gridDim.x, i < cta_pages).
+struct LeanCta {
+  int tt, kl, KL;  // this warp's token of the pass, its key lane, the key lanes
+  int tl, last;    // this warp's token and the pass's last one, within the launch
+  int N, opp, page_bytes, cta_pages;
+  bool active;              // tl is a token of the launch
+  ScoreRow srl;             // the pass's last token (its bound covers the pass)
+  ScoreRow sr;              // this warp's token (the last one's when inactive)
+  const unsigned char* ws;  // sr's prepared query
+  float* out_row;           // sr's scores
+};
+
+/// Page i of the CTA's pages: from the looked-up table, or (past kStagedPages) looked up now.
+__device__ __forceinline__ const std::uint8_t* lean_page(const IndexParams& p,
+                                                         const std::uint8_t* const* page_ptr,
+                                                         int slot, int i) {
+  const int N = p.keys.layout.page_entries;
+  return i < kStagedPages ? page_ptr[i]
+                          : dsv4::page_of(p.keys, slot, (blockIdx.x + i * gridDim.x) * N);
+}
+
+/// Starts a lean-family CTA: looks up its first kStagedPages page pointers, initialises the
+/// stage barriers (and zeroes `released`, when given), issues the first kStages pages and
+/// writes num_valid of this warp's token (CTA 0, key lane 0). Every thread calls it.
+__device__ __forceinline__ LeanCta lean_start(const IndexParams& p, const std::uint8_t** page_ptr,
+                                              std::uint64_t* bar, int* valid, unsigned* released,
+                                              unsigned char (*stage)[kMaxStagedPageBytes]) {
+  LeanCta c;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int b = blockIdx.y, pass = blockIdx.z;
+  c.tt = warp % p.tp;
+  c.kl = warp / p.tp;
+  c.KL = kIndexWarps / p.tp;
+  c.tl = pass * p.tp + c.tt;
+  c.N = p.keys.layout.page_entries;
+  c.opp = c.N / 8;
+  c.page_bytes = static_cast<int>(p.keys.layout.page_bytes);
+  c.last = min(p.tc - 1, pass * p.tp + p.tp - 1);
+  c.srl = score_row(p, b, c.last);
+  const int pages = (c.srl.vis + c.N - 1) / c.N;
+  c.cta_pages = pages > static_cast<int>(blockIdx.x)
+                    ? (pages - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) /
+                          static_cast<int>(gridDim.x)
+                    : 0;
+  for (int i = threadIdx.x; i < kStagedPages; i += kIndexThreads) {
+    page_ptr[i] = i < c.cta_pages
+                      ? dsv4::page_of(p.keys, c.srl.slot, (blockIdx.x + i * gridDim.x) * c.N)
+                      : nullptr;
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&bar[s], 1);
+      if (released != nullptr) released[s] = 0;
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages && s < c.cta_pages; ++s) {
+      const std::uint8_t* src = lean_page(p, page_ptr, c.srl.slot, s);
+      valid[s] = src != nullptr;
+      issue_page(&bar[s], stage[s], src, c.page_bytes);
+    }
+  }
+  c.active = c.tl < p.tc;
+  c.sr = score_row(p, b, c.active ? c.tl : c.last);
+  if (c.active && blockIdx.x == 0 && c.kl == 0 && lane == 0) p.num_valid[c.sr.row] = c.sr.vis;
+  c.ws = p.ws + (static_cast<std::size_t>(b) * p.tc + (c.active ? c.tl : c.last)) * p.ws_row;
+  c.out_row = p.scores + c.sr.row * static_cast<std::size_t>(p.pitch);
+  return c;
 }
 
 /// Scoring, mxfp4 keys, lean staged form (see above): page staging as mxfp4_score_staged_kernel,
@@ -858,52 +955,16 @@ __global__ void __launch_bounds__(kIndexThreads, R == 1 ? 2 : 1)
   __shared__ int valid[kStages];
   __shared__ unsigned released[kStages];  // warps done with the stage, over all its uses
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int b = blockIdx.y, pass = blockIdx.z;
-  const int tt = warp % p.tp, kl = warp / p.tp, KL = kIndexWarps / p.tp;
-  const int tl = pass * p.tp + tt;
-  const int N = p.keys.layout.page_entries, opp = N / 8;
-  const int page_bytes = static_cast<int>(p.keys.layout.page_bytes);
-  const int last = min(p.tc - 1, pass * p.tp + p.tp - 1);
-  const ScoreRow srl = score_row(p, b, last);
-  const int pages = (srl.vis + N - 1) / N;
-  const int cta_pages =
-      pages > static_cast<int>(blockIdx.x)
-          ? (pages - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) /
-                static_cast<int>(gridDim.x)
-          : 0;
-  for (int i = threadIdx.x; i < kStagedPages; i += kIndexThreads) {
-    page_ptr[i] =
-        i < cta_pages ? dsv4::page_of(p.keys, srl.slot, (blockIdx.x + i * gridDim.x) * N) : nullptr;
-  }
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&bar[s], 1);
-      released[s] = 0;
-    }
-    mbar_fence_init();
-  }
-  __syncthreads();
-  auto page_at = [&](int i) {
-    return i < kStagedPages ? page_ptr[i]
-                            : dsv4::page_of(p.keys, srl.slot, (blockIdx.x + i * gridDim.x) * N);
-  };
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages && s < cta_pages; ++s) {
-      const std::uint8_t* src = page_at(s);
-      valid[s] = src != nullptr;
-      issue_page(&bar[s], stage[s], src, page_bytes);
-    }
-  }
-  const bool active = tl < p.tc;
-  const ScoreRow sr = score_row(p, b, active ? tl : last);
-  if (active && blockIdx.x == 0 && kl == 0 && lane == 0) p.num_valid[sr.row] = sr.vis;
+  const LeanCta c = lean_start(p, page_ptr, bar, valid, released, stage);
+  const int kl = c.kl, KL = c.KL, N = c.N, opp = c.opp, cta_pages = c.cta_pages;
+  const ScoreRow srl = c.srl, sr = c.sr;
+  auto page_at = [&](int i) { return lean_page(p, page_ptr, srl.slot, i); };
   const Mxfp4Row L(H, D);
-  const unsigned char* ws =
-      p.ws + (static_cast<std::size_t>(b) * p.tc + (active ? tl : last)) * p.ws_row;
+  const unsigned char* ws = c.ws;
   pdl_wait();
   LeanQuery<MT, D> q;
   q.load(ws, L, lane, rows_all[warp]);
-  float* out_row = p.scores + sr.row * static_cast<std::size_t>(p.pitch);
+  float* out_row = c.out_row;
   const int g = lane / 4, tq = lane % 4;
   for (int i0 = 0; i0 < cta_pages; i0 += R) {
     bool have[R];
@@ -916,7 +977,7 @@ __global__ void __launch_bounds__(kIndexThreads, R == 1 ? 2 : 1)
         have[r] = valid[i % kStages] != 0;
       }
     }
-    if (active) {
+    if (c.active) {
       for (int ol = kl; ol < opp; ol += KL) {
         int o[R];
         bool store[R];
@@ -962,7 +1023,7 @@ __global__ void __launch_bounds__(kIndexThreads, R == 1 ? 2 : 1)
         if (before == use * kIndexWarps + kIndexWarps - 1 && i + kStages < cta_pages) {
           const std::uint8_t* src = page_at(i + kStages);
           valid[st] = src != nullptr;
-          issue_page(&bar[st], stage[st], src, page_bytes);
+          issue_page(&bar[st], stage[st], src, c.page_bytes);
         }
       }
     }
@@ -974,6 +1035,145 @@ template <int MT, int D>
 constexpr int lean_smem_bytes() {
   return kStages * kMaxStagedPageBytes + kIndexWarps * octet_scratch_bytes<MT, D>() +
          kIndexWarps * MT * 8 * 16 + kStagedPages * 8;
+}
+
+// --- the shared-unpack variant: each key unpacked once for every query token of a pass ---------
+//
+// The lean kernel's page staging, query state and folded arithmetic, with the work split in two
+// phases per page so that the query tokens of a pass (up to 4, each with its own visibility bound)
+// share one unpacking of every key: (1) the CTA's 8 warps unpack the page's octets (warp w: octets
+// w, w + 8, ...; keys below the pass's largest bound) into the u8 B operands of the folded mma, in
+// shared memory, with each key's smallest scale byte and each octet's fold flag; a CTA barrier;
+// (2) the warps (token of the pass, key lane) score the octets of their token from the unpacked
+// operands (two 16-byte loads a lane per octet instead of the raw load, the scale-byte min / max,
+// the fold test and the prmt unpacking). The unpacked operands are double-buffered, so one barrier
+// per page orders both phases; a raw stage is refilled one page later (after the next barrier,
+// when no warp can still read it through the reference form).
+
+/// Octets of the largest page a staged kernel takes (kMaxStagedPageBytes): 8 for dim 128, 16
+/// for 64.
+template <int D>
+constexpr int staged_max_octets() {
+  return kMaxStagedPageBytes / (8 * (D / 2 + D / 32));
+}
+
+/// Bytes of one buffer of unpacked operands: [octets][D / 64 uint4][32 lanes], a lane's words in
+/// k-step order, each step's pair (lo, hi) adjacent.
+template <int D>
+constexpr int unpacked_buffer_bytes() {
+  return staged_max_octets<D>() * (D / 64) * 32 * 16;
+}
+
+/// Dynamic shared memory bytes of mxfp4_score_shared_kernel<MT, D>: the lean kernel's, then two
+/// buffers of unpacked operands, their keys' smallest bytes [2][octets][8] and fold flags
+/// [2][octets] (int32).
+template <int MT, int D>
+constexpr int shared_smem_bytes() {
+  return lean_smem_bytes<MT, D>() + 2 * unpacked_buffer_bytes<D>() +
+         2 * staged_max_octets<D>() * 9 * 4;
+}
+
+/// Scoring, mxfp4 keys, shared unpacking (see above): pages of at most kMaxStagedPageBytes bytes,
+/// 8 | page_entries.
+template <int MT, int D>
+__global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_shared_kernel(const IndexParams p) {
+  constexpr int KS = D / 32, H = MT * 16, OCT = staged_max_octets<D>(), V = D / 64;
+  static_assert(2 * KS == 4 * V, "a lane's operands fill whole uint4");
+  extern __shared__ __align__(128) unsigned char dsmem[];
+  auto stage = reinterpret_cast<unsigned char(*)[kMaxStagedPageBytes]>(dsmem);
+  auto wsm_all = reinterpret_cast<unsigned char(*)[octet_scratch_bytes<MT, D>()]>(
+      dsmem + kStages * kMaxStagedPageBytes);
+  auto rows_all = reinterpret_cast<float4(*)[MT * 8]>(dsmem + kStages * kMaxStagedPageBytes +
+                                                      kIndexWarps * octet_scratch_bytes<MT, D>());
+  const std::uint8_t** page_ptr = reinterpret_cast<const std::uint8_t**>(
+      dsmem + kStages * kMaxStagedPageBytes + kIndexWarps * octet_scratch_bytes<MT, D>() +
+      kIndexWarps * MT * 8 * 16);
+  uint4* unpacked = reinterpret_cast<uint4*>(dsmem + lean_smem_bytes<MT, D>());  // [2][OCT][V][32]
+  int* ukmin = reinterpret_cast<int*>(dsmem + lean_smem_bytes<MT, D>() +
+                                      2 * unpacked_buffer_bytes<D>());  // [2][OCT][8]
+  int* uflag = ukmin + 2 * OCT * 8;                                     // [2][OCT]
+  __shared__ __align__(8) std::uint64_t bar[kStages];
+  __shared__ int valid[kStages];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const LeanCta c = lean_start(p, page_ptr, bar, valid, nullptr, stage);
+  const int kl = c.kl, KL = c.KL, N = c.N, opp = c.opp, cta_pages = c.cta_pages;
+  const ScoreRow srl = c.srl, sr = c.sr;
+  auto page_at = [&](int i) { return lean_page(p, page_ptr, srl.slot, i); };
+  const Mxfp4Row L(H, D);
+  const unsigned char* ws = c.ws;
+  pdl_wait();
+  LeanQuery<MT, D> q;
+  q.load(ws, L, lane, rows_all[warp]);
+  float* out_row = c.out_row;
+  const int g = lane / 4, tq = lane % 4;
+  for (int i = 0; i < cta_pages; ++i) {
+    const int st = i % kStages, ub = i & 1;
+    const int pg = blockIdx.x + i * gridDim.x;
+    mbar_wait(&bar[st], static_cast<std::uint32_t>((i / kStages) & 1));
+    const bool have = valid[st] != 0;
+    // 1. Unpack the page's octets below the pass's largest bound.
+    if (have) {
+      for (int ol = warp; ol < opp; ol += kIndexWarps) {
+        const int o = pg * opp + ol;
+        if (o * 8 >= srl.vis) break;
+        const LeanKey<KS> k = lean_key<D>(stage[st], N, ol, o * 8 + g < srl.vis, g, tq);
+        std::uint32_t bl[KS], bh[KS];
+        lean_unpack<KS>(k, bl, bh);
+        std::uint32_t w[2 * KS];  // k-step s's operand pair at 2 s, 2 s + 1 (adjacent registers)
+#pragma unroll
+        for (int s = 0; s < KS; ++s) {
+          w[2 * s] = bl[s];
+          w[2 * s + 1] = bh[s];
+        }
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          unpacked[((ub * OCT + ol) * V + v) * 32 + lane] =
+              make_uint4(w[4 * v], w[4 * v + 1], w[4 * v + 2], w[4 * v + 3]);
+        }
+        if (tq == 0) ukmin[(ub * OCT + ol) * 8 + g] = k.kmin;
+        const bool fold = __all_sync(0xffffffffu, k.fold);
+        if (lane == 0) uflag[ub * OCT + ol] = fold ? 1 : 0;
+      }
+    }
+    __syncthreads();  // page i unpacked; every warp is done with page i - 1 (its stage, buffer)
+    if (threadIdx.x == 0 && i >= 1 && i - 1 + kStages < cta_pages) {
+      const int sp = (i - 1) % kStages;
+      const std::uint8_t* src = page_at(i - 1 + kStages);
+      valid[sp] = src != nullptr;
+      issue_page(&bar[sp], stage[sp], src, c.page_bytes);
+    }
+    // 2. Score this token's octets of the page.
+    if (c.active && have) {
+      for (int ol = kl; ol < opp; ol += KL) {
+        const int o = pg * opp + ol;
+        if (o * 8 >= sr.vis) break;
+        if (q.ok && uflag[ub * OCT + ol] != 0) {
+          std::uint32_t bl[1][KS], bh[1][KS];
+          std::uint32_t w[2 * KS];
+#pragma unroll
+          for (int v = 0; v < V; ++v) {
+            const uint4 u = unpacked[((ub * OCT + ol) * V + v) * 32 + lane];
+            w[4 * v] = u.x;
+            w[4 * v + 1] = u.y;
+            w[4 * v + 2] = u.z;
+            w[4 * v + 3] = u.w;
+          }
+#pragma unroll
+          for (int s = 0; s < KS; ++s) {
+            bl[0][s] = w[2 * s];
+            bh[0][s] = w[2 * s + 1];
+          }
+          const int kmin[1] = {ukmin[(ub * OCT + ol) * 8 + g]};
+          const int oo[1] = {o};
+          const bool store[1] = {true};
+          lean_score_unpacked<MT, D, 1>(q, bl, bh, kmin, oo, store, sr.vis, out_row);
+        } else {
+          const LeanKey<KS> k = lean_key<D>(stage[st], N, ol, o * 8 + g < sr.vis, g, tq);
+          score_octet_reference<MT, D>(k.word, k.sb, ws, L, wsm_all[warp], o, sr.vis, out_row);
+        }
+      }
+    }
+  }
 }
 
 // --- fp8 keys (DeepSeek-V3.2): CUDA cores -----------------------------------------------------

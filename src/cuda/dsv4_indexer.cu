@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "device_buffer.h"
@@ -19,6 +20,9 @@ namespace kernels {
 namespace {
 
 using namespace dsv4_detail;
+
+/// The largest mxfp4 score-kernel variant (Dsv4IndexArgs::variant).
+constexpr int kIndexVariants = 5;
 
 int sm_count() {
   int dev = 0, n = 0;
@@ -60,55 +64,83 @@ int ctas_per_sm(Kernel kernel, int smem) {
   return n;
 }
 
-/// The lean staged kernel, R pages at a time: launches it, or with `occupancy` set only reports
-/// its resident CTAs per SM there.
-template <int D, int R>
-cudaError_t launch_mxfp4_lean(int MT, dim3 grid, const IndexParams& p, cudaStream_t stream,
-                              int* occupancy = nullptr) {
-  auto run = [&](auto kernel, int smem) {
-    if (occupancy != nullptr) {
-      *occupancy = ctas_per_sm(kernel, smem);
-      return cudaSuccess;
-    }
-    return launch(kernel, grid, smem, p, stream);
-  };
+/// Calls pick(std::integral_constant<int, MT>) for MT = 1..4 (heads / 16), the kernels'
+/// compile-time tile count; cudaErrorInvalidValue for any other MT.
+template <class Pick>
+cudaError_t by_tiles(int MT, Pick&& pick) {
   switch (MT) {
     case 1:
-      return run(mxfp4_score_lean_kernel<1, D, R>, lean_smem_bytes<1, D>());
+      return pick(std::integral_constant<int, 1>{});
     case 2:
-      return run(mxfp4_score_lean_kernel<2, D, R>, lean_smem_bytes<2, D>());
+      return pick(std::integral_constant<int, 2>{});
     case 3:
-      return run(mxfp4_score_lean_kernel<3, D, R>, lean_smem_bytes<3, D>());
+      return pick(std::integral_constant<int, 3>{});
     case 4:
-      return run(mxfp4_score_lean_kernel<4, D, R>, lean_smem_bytes<4, D>());
+      return pick(std::integral_constant<int, 4>{});
     default:
       return cudaErrorInvalidValue;
   }
 }
 
+/// A staged score kernel with dynamic shared memory: launches it, or with `occupancy` set only
+/// reports its resident CTAs per SM there.
+template <class Kernel>
+cudaError_t launch_or_measure(Kernel kernel, int smem, dim3 grid, const IndexParams& p,
+                              cudaStream_t stream, int* occupancy) {
+  if (occupancy != nullptr) {
+    *occupancy = ctas_per_sm(kernel, smem);
+    return cudaSuccess;
+  }
+  return launch(kernel, grid, smem, p, stream);
+}
+
+/// The lean staged kernel, R pages at a time (variants 3 and 4), or the shared-unpack kernel
+/// (R = 0, variant 5): launches it, or with `occupancy` set only reports its resident CTAs per SM
+/// there.
+template <int D, int R>
+cudaError_t launch_mxfp4_lean(int MT, dim3 grid, const IndexParams& p, cudaStream_t stream,
+                              int* occupancy = nullptr) {
+  return by_tiles(MT, [&](auto tiles) {
+    constexpr int M = decltype(tiles)::value;
+    if constexpr (R == 0) {
+      return launch_or_measure(mxfp4_score_shared_kernel<M, D>, shared_smem_bytes<M, D>(), grid, p,
+                               stream, occupancy);
+    } else {
+      return launch_or_measure(mxfp4_score_lean_kernel<M, D, R>, lean_smem_bytes<M, D>(), grid, p,
+                               stream, occupancy);
+    }
+  });
+}
+
+/// The lean-family kernel of `variant` (3 lean, 4 lean in pairs of pages, 5 shared unpacking).
+template <int D>
+cudaError_t launch_lean_variant(int variant, int MT, dim3 grid, const IndexParams& p,
+                                cudaStream_t stream, int* occupancy = nullptr) {
+  if (variant == 3) return launch_mxfp4_lean<D, 1>(MT, grid, p, stream, occupancy);
+  if (variant == 4) return launch_mxfp4_lean<D, 2>(MT, grid, p, stream, occupancy);
+  return launch_mxfp4_lean<D, 0>(MT, grid, p, stream, occupancy);
+}
+
 /// Resident CTAs per SM of the mxfp4 score kernel of `variant` (2 for the staged and register
 /// kernels, whose launch bounds ask for 2).
 int mxfp4_ctas_per_sm(int D, int MT, int variant) {
-  if (variant != 3 && variant != 4) return 2;
+  if (variant < 3) return 2;
   int n = 2;
   const IndexParams unused{};
   if (D == 128) {
-    variant == 3 ? launch_mxfp4_lean<128, 1>(MT, dim3(), unused, nullptr, &n)
-                 : launch_mxfp4_lean<128, 2>(MT, dim3(), unused, nullptr, &n);
+    launch_lean_variant<128>(variant, MT, dim3(), unused, nullptr, &n);
   } else {
-    variant == 3 ? launch_mxfp4_lean<64, 1>(MT, dim3(), unused, nullptr, &n)
-                 : launch_mxfp4_lean<64, 2>(MT, dim3(), unused, nullptr, &n);
+    launch_lean_variant<64>(variant, MT, dim3(), unused, nullptr, &n);
   }
   return n;
 }
 
 /// The mxfp4 score kernel of `variant` (1 staged, 2 register prefetch, 3 lean, 4 lean in pairs
-/// of pages).
+/// of pages, 5 shared unpacking).
 template <int D>
 cudaError_t launch_mxfp4(int MT, int variant, dim3 grid, const IndexParams& p,
                          cudaStream_t stream) {
-  if (variant == 3) return launch_mxfp4_lean<D, 1>(MT, grid, p, stream);
-  if (variant == 4) return launch_mxfp4_lean<D, 2>(MT, grid, p, stream);
+  if (variant >= 3) return launch_lean_variant<D>(variant, MT, grid, p, stream);
   if (variant == 1) {
     switch (MT) {
       case 1:
@@ -202,7 +234,7 @@ cudaError_t dsv4_index_score(void* d_temp, std::size_t& temp_bytes,
   const int octets = (keys.max_entries + 7) / 8;
   const bool fits = keys.layout.page_bytes <= static_cast<std::size_t>(kMaxStagedPageBytes) &&
                     keys.layout.page_entries % 8 == 0;
-  if (a.variant < 0 || a.variant > 4) return cudaErrorInvalidValue;
+  if (a.variant < 0 || a.variant > kIndexVariants) return cudaErrorInvalidValue;
   if ((a.variant == 1 || a.variant >= 3) && !fits) return cudaErrorInvalidValue;
   const bool staged = mx && a.variant != 2 && fits;
   // The kernel run: 0 picks the lean staged one when a page fits (measured on the H200,

@@ -106,8 +106,8 @@ int count_score_diffs(const std::vector<float>& got, const std::vector<float>& w
 }
 
 /// The mxfp4 score kernels dsv4_index_score can run (0 automatic, 1 staged, 2 register
-/// prefetch, 3 lean, 4 lean in pairs of pages).
-constexpr int kMxfp4Variants[] = {1, 2, 3, 4};
+/// prefetch, 3 lean, 4 lean in pairs of pages, 5 lean with each key unpacked once per pass).
+constexpr int kMxfp4Variants[] = {1, 2, 3, 4, 5};
 
 struct Shape {
   EntryFormat f;
@@ -231,8 +231,7 @@ TEST(Cuda_Dsv4_Indexer, EveryMxfp4KernelMatchesCpuOnSmallPagesAndFallbacks) {
       const std::vector<int> slots{0, 1, 3, 2};
       // Sequence 3 (slot 2) sees no entry: length 3 (< ratio) for T <= 3; at T = 4 (a length of at
       // least T) its first three tokens see none and the last one its single entry.
-      const std::vector<std::int64_t> lengths{4 * 333 - 1, 4 * 77 + 3, 4 * 129 + 2,
-                                              T <= 3 ? 3 : 4};
+      const std::vector<std::int64_t> lengths{4 * 333 - 1, 4 * 77 + 3, 4 * 129 + 2, T <= 3 ? 3 : 4};
       const int B = 4, pitch = 512;
       auto q = random_bf16_bits(static_cast<std::size_t>(B) * T * 64 * 128, 50 + T, 2.0f);
       auto w = random_floats(static_cast<std::size_t>(B) * T * 64, 51 + T, 0.02f);
@@ -268,7 +267,7 @@ TEST(Cuda_Dsv4_Indexer, EveryMxfp4KernelMatchesCpuOnSmallPagesAndFallbacks) {
       g.weights = dw.v;
       g.rope_cos = dcs.v;
       g.rope_sin = dsn.v;
-      for (int variant : {0, 1, 2, 3, 4}) {
+      for (int variant : {0, 1, 2, 3, 4, 5}) {
         std::vector<std::int32_t> nv;
         const auto sv = kernel_layer_scores(*keys.gpu, c, g, variant, nv);
         EXPECT_EQ(nv, nv_cpu) << "variant " << variant;
@@ -281,7 +280,7 @@ TEST(Cuda_Dsv4_Indexer, EveryMxfp4KernelMatchesCpuOnSmallPagesAndFallbacks) {
 
 TEST(Cuda_Dsv4_Indexer, StagedVariantsRejectPagesThatDoNotFit) {
   KVC_REQUIRE_GPU();
-  // 128 entries of dim 128 make an 8704-byte page: the staged kernels (1, 3, 4) refuse it, the
+  // 128 entries of dim 128 make an 8704-byte page: the staged kernels (1, 3, 4, 5) refuse it, the
   // register kernel (2) and the automatic choice (0) run.
   IndexerConfig c;
   c.max_batch = 1;
@@ -304,7 +303,7 @@ TEST(Cuda_Dsv4_Indexer, StagedVariantsRejectPagesThatDoNotFit) {
   std::size_t tb = 0;
   ASSERT_EQ(kernels::dsv4_index_score(nullptr, tb, keys.gpu->view(), c, ka, nullptr), cudaSuccess);
   DeviceArray<unsigned char> temp(std::max<std::size_t>(tb, 1));
-  for (int variant : {0, 1, 2, 3, 4, 5, -1}) {
+  for (int variant : {0, 1, 2, 3, 4, 5, 6, -1}) {
     ka.variant = variant;
     const cudaError_t e =
         kernels::dsv4_index_score(temp.get(), tb, keys.gpu->view(), c, ka, nullptr);
@@ -348,6 +347,60 @@ TEST(Cuda_Dsv4_Indexer, GoldenV4Prefill) {
   for (int t = 0; t < S; ++t) {
     for (int j = 0; j < n1[t]; ++j)
       ASSERT_EQ(float_bits(s2[t * N + j]), float_bits(s1[t * N + j])) << t << "," << j;
+  }
+}
+
+// --- top-k over entries ------------------------------------------------------------------------
+
+TEST(Cuda_Dsv4_TopK, SpreadPathMatchesCpuAtIndexerShapes) {
+  KVC_REQUIRE_GPU();
+  // Top-k 512 / 2048 of 262144 entries (1M tokens, ratio 4) through select_topk, the Selector's
+  // spread path at these shapes (the finisher narrows its cut from the CTAs' next-digit counts,
+  // kernels/select/spread.cuh): normal scores (sigma 4: about a thousand keys share the cut's
+  // 12-bit bin, as in BM_Dsv4TopK), the same rounded to 1/16 (heavy ties: ids decide), a row with
+  // NaN and -inf holes and a shorter valid count, score and id order; poisoned outputs.
+  const int N = 262144, rows = 3;
+  std::vector<float> sc = random_floats(static_cast<std::size_t>(rows) * N, 77, 4.0f);
+  for (int j = 0; j < N; ++j) {
+    float& v = sc[static_cast<std::size_t>(N) + j];
+    v = std::round(v * 16.0f) / 16.0f;  // a 1/16 grid
+    if (j % 1009 == 5) sc[2 * static_cast<std::size_t>(N) + j] = NAN;
+    if (j % 733 == 2) sc[2 * static_cast<std::size_t>(N) + j] = -INFINITY;
+  }
+  const std::vector<std::int32_t> nv{N, N, N - 4097};
+  std::vector<std::int32_t> nv_host = nv;
+  DeviceArray<float> dsc(sc);
+  DeviceArray<std::int32_t> dnv(nv);
+  const ScoresView cpu_in{sc.data(), nv_host.data(), rows, N};
+  const ScoresView gpu_in{dsc.get(), dnv.get(), rows, N};
+  for (int k : {512, 2048}) {
+    for (bool sorted : {true, false}) {
+      SCOPED_TRACE("k " + std::to_string(k) + (sorted ? ", score order" : ", id order"));
+      std::vector<std::int32_t> ids(static_cast<std::size_t>(rows) * k, -7), cnt(rows, -7);
+      SelectionView out{ids.data(), cnt.data(), rows, k};
+      auto cpu_sel = Selector::create(Device::cpu());
+      select_topk(*cpu_sel, cpu_in, k, sorted, out);
+      DeviceArray<std::int32_t> dids(ids.size()), dcnt(cnt.size());
+      dids.fill_bytes(0xff);
+      dcnt.fill_bytes(0xff);
+      SelectionView gout{dids.get(), dcnt.get(), rows, k};
+      SelectorLimits lim;
+      lim.max_rows = rows;
+      lim.max_blocks = N;
+      lim.max_selected = k;
+      auto gpu_sel = Selector::create(Device::cuda(0), lim);
+      select_topk(*gpu_sel, gpu_in, k, sorted, gout);
+      KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+      EXPECT_EQ(dcnt.download(), cnt);
+      const auto got = dids.download();
+      int diffs = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        if (got[i] != ids[i] && ++diffs <= 5)
+          ADD_FAILURE() << "row " << i / k << " rank " << i % k << ": " << got[i] << " vs "
+                        << ids[i];
+      }
+      EXPECT_EQ(diffs, 0);
+    }
   }
 }
 
