@@ -18,9 +18,12 @@
 //    scores need one pass (the digit holding the 2048-th key holds a few thousand keys, about
 //    8192 for uniform scores);
 // 3. every CTA appends its keys at or above the cut to the row's candidate buffer (staged in
-//    shared memory, one global atomic per CTA), and the last CTA of the row to arrive (atomic
-//    counter, no waiting) finishes: it selects exactly the top t = min(m, n) among the
-//    candidates, sorts them (sort_ranked) and writes topk's outputs or stage B's input.
+//    shared memory, one global atomic per CTA) and adds the next digit of its keys with the cut's
+//    prefix to the row's next histogram; the last CTA of the row to arrive (atomic counter, no
+//    waiting) finishes: it picks that digit from the row's counts (no pass over the candidates),
+//    loads only the candidates at or above the narrowed cut (about t, not the several thousand
+//    keys of the cut's bin), selects exactly the top t = min(m, n) among them, sorts them
+//    (sort_ranked) and writes topk's outputs or stage B's input.
 //
 // Exactness: the keys are the compact rank keys (KeyCodec: score descending, id ascending, NaN
 // last, distinct per row); every decision is an exact count, so the selection is the CPU's.
@@ -113,6 +116,24 @@ __device__ __forceinline__ void spread_row_barrier(unsigned* counter, unsigned e
   __syncthreads();
 }
 
+/// Reads a row's complete histogram of the w-bit digit below cut c's prefix (2^w bins) into
+/// sh.hist and narrows c to the digit that holds the row's target-th key. Every thread of the CTA
+/// calls it; every thread gets the same cut.
+__device__ __forceinline__ Cut spread_narrow(const unsigned* row_hist, int w, Cut c, int target,
+                                             SpreadShared& sh) {
+  const int nb = 1 << w;
+  for (int b = static_cast<int>(threadIdx.x); b < nb; b += kSpreadThreads) {
+    sh.hist[b] = __ldcg(&row_hist[b]);
+  }
+  __syncthreads();
+  const DigitPick pick = find_digit(sh.hist, nb, target - c.above, sh.temp);
+  c.prefix = (c.prefix << w) | static_cast<std::uint64_t>(pick.digit);
+  c.pbits += w;
+  c.above += pick.before;
+  c.eq = pick.count;
+  return c;
+}
+
 /// See the file comment. Grid: rows * C CTAs, cooperative (all co-resident).
 __global__ void __launch_bounds__(kSpreadThreads, 1)
     spread_topm_kernel(const __grid_constant__ SpreadParams sp) {
@@ -187,7 +208,8 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
   if (target > 0) {  // uniform over the row's CTAs
     // --- 2. radix passes until the keys at or above the prefix fit the finisher --------------
     Cut cut{0, 0, 0, n};
-    for (int pass = 0; cut.above + cut.eq > kSpreadCap; ++pass) {
+    int passes = 0;
+    for (int pass = 0; cut.above + cut.eq > kSpreadCap; ++pass, ++passes) {
       const int w = B - cut.pbits < kStreamDigitBits ? B - cut.pbits : kStreamDigitBits;
       const int nb = 1 << w;
       const int shift = B - cut.pbits - w;
@@ -210,29 +232,45 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
       }
       if (pass + 1 < kSpreadMaxPasses) zero_share(st.hist[pass + 1]);
       spread_row_barrier(&st.arrived[pass], static_cast<unsigned>(C));
-      for (int b = tid; b < nb; b += kSpreadThreads) sh.hist[b] = __ldcg(&row_hist[b]);
-      __syncthreads();
-      const DigitPick pick = find_digit(sh.hist, nb, target - cut.above, sh.temp);
-      cut.prefix = (cut.prefix << w) | static_cast<std::uint64_t>(pick.digit);
-      cut.pbits += w;
-      cut.above += pick.before;
-      cut.eq = pick.count;
+      cut = spread_narrow(row_hist, w, cut, target, sh);
     }
 
     // --- 3. the keys at or above the cut to the row's candidates; the last CTA finishes -------
+    // With `next`, every CTA also histograms the next digit of its keys with the cut's prefix into
+    // the row's histogram hist[passes] (zeroed before the last barrier, or before the grid sync
+    // when no pass ran), so the finisher picks that digit without a pass over the candidates.
+    const int w2 = B - cut.pbits < kStreamDigitBits ? B - cut.pbits : kStreamDigitBits;
+    const bool next = w2 > 0 && passes < kSpreadMaxPasses && cut.above + cut.eq > target;
+    const int nb2 = next ? 1 << w2 : 0;
+    const int shift2 = B - cut.pbits - w2;
+    __syncthreads();  // every thread is done reading sh.hist (find_digit)
+    for (int b = tid; b < nb2; b += kSpreadThreads) sh.hist[b] = 0u;
     if (tid == 0) sh.count = 0u;
     __syncthreads();
     visit([&](bool valid, std::uint32_t sk, int e) {
       const std::uint64_t ck = codec.encode(sk, e);
-      const bool take = valid && (ck >> (B - cut.pbits)) >= cut.prefix;
+      const std::uint64_t top = ck >> (B - cut.pbits);
+      const bool take = valid && top >= cut.prefix;
       const unsigned pos = warp_append_one(take, &sh.count);
       if (take) sh.u.cand[pos] = ck;  // < kSpreadCap: the row has above + eq <= kSpreadCap
+      if (next) {                     // uniform
+        const bool eq = valid && top == cut.prefix;
+        const int bin = eq ? static_cast<int>(ck >> shift2) & (nb2 - 1) : -1;
+        const unsigned peers = __match_any_sync(0xffffffffu, bin);
+        if (eq && lane == __ffs(static_cast<int>(peers)) - 1) {
+          atomicAdd(&sh.hist[bin], static_cast<unsigned>(__popc(peers)));
+        }
+      }
     });
     __syncthreads();
     const int mine = static_cast<int>(sh.count);
     if (tid == 0) sh.base = mine > 0 ? atomicAdd(&st.cand_count, static_cast<unsigned>(mine)) : 0u;
     __syncthreads();
     for (int j = tid; j < mine; j += kSpreadThreads) row_cand[sh.base + j] = sh.u.cand[j];
+    for (int b = tid; b < nb2; b += kSpreadThreads) {
+      const unsigned v = sh.hist[b];
+      if (v != 0u) atomicAdd(&st.hist[passes][b], v);
+    }
     __syncthreads();
     if (tid == 0) {
       __threadfence();
@@ -242,11 +280,31 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
     __syncthreads();
     if (sh.last == 0) return;
 
-    const int count = cut.above + cut.eq;  // every CTA's appended keys, now all visible
-#pragma unroll 4                           // loads in flight together: the candidates come from L2
-    for (int j = tid; j < count; j += kSpreadThreads) sh.u.cand[j] = __ldcg(&row_cand[j]);
+    // Every CTA's appended keys and next-digit counts are now visible. The finisher narrows the
+    // cut by one digit from the row's counts, then keeps only the candidates at or above it.
+    const Cut fine = next ? spread_narrow(st.hist[passes], w2, cut, target, sh) : cut;
+    const int all = cut.above + cut.eq;
+    if (tid == 0) sh.count = 0u;
     __syncthreads();
-    const Cut exact = refine_cut(sh.u.cand, count, B, cut, target, target, sh.hist, sh.temp);
+    constexpr int kLoads = 4;  // loads in flight together: the candidates come from L2
+    for (int base = 0; base < all; base += kLoads * kSpreadThreads) {  // uniform trip count
+      std::uint64_t ck[kLoads];
+#pragma unroll
+      for (int r = 0; r < kLoads; ++r) {
+        const int j = base + r * kSpreadThreads + tid;
+        ck[r] = j < all ? __ldcg(&row_cand[j]) : 0ull;
+      }
+#pragma unroll
+      for (int r = 0; r < kLoads; ++r) {
+        const int j = base + r * kSpreadThreads + tid;
+        const bool take = j < all && (ck[r] >> (B - fine.pbits)) >= fine.prefix;
+        const unsigned pos = warp_append_one(take, &sh.count);
+        if (take) sh.u.cand[pos] = ck[r];
+      }
+    }
+    __syncthreads();
+    const int count = fine.above + fine.eq;  // the candidates kept
+    const Cut exact = refine_cut(sh.u.cand, count, B, fine, target, target, sh.hist, sh.temp);
     if (tid == 0) sh.count = 0u;
     __syncthreads();
     append_above(sh.u.cand, count, B, exact, sh.top, &sh.count);
