@@ -7,9 +7,12 @@
 // Row names: BM_Score/<shape>/B<batch>/N<context>/<score>/<source>/<aggregate>/<kernel>, where
 // source is the summary dtype (f32, f16, bf16) of mean_k and quest, or the key source of the token
 // scores (old_blocks, mxfp4, fp8), and kernel is general or fast (a fast row that does not serve
-// the shape is skipped with its reason). Rows are registered grouped by the store they read, so
-// each store is built once. Select rows with --benchmark_filter, e.g.
-// 'BM_Score/h32x8x128/B8/N131072/.*' or '.*/mean_k/f16/.*'; the whole grid is 12 cells x 21
+// the shape is skipped with its reason); the token scores' fast rows come three times: fast (the
+// library's choice, TokenKernels::kAuto), fast-stream and fast-block_per_warp (the chunk-kernel
+// variants of kernels/index/token_variant.h, so one run compares them), e.g.
+// 'BM_Score/h32x8x128/B(1|8)/N131072/token_ma.*/mxfp4/sum/fast.*'. Rows are registered grouped by
+// the store they read, so each store is built once. Select rows with --benchmark_filter, e.g.
+// 'BM_Score/h32x8x128/B8/N131072/.*' or '.*/mean_k/f16/.*'; the whole grid is 12 cells x 25
 // rows.
 //
 // Counters: bytes = what the score must read from the store (summaries; or every closed block's
@@ -24,6 +27,7 @@
 #include <vector>
 
 #include "cuda_bench_util.h"
+#include "index/token_variant.h"
 #include "kvc/core/numeric.h"
 #include "kvc/formats/formats.h"
 #include "kvc/index/block_index.h"
@@ -47,6 +51,14 @@ struct Variant {
   Format index;   // index copy format (token scores from the copy)
   GqaAggregate agg;
   IndexKernel kernel;
+  kernels::index_detail::TokenKernels token_kernels = kernels::index_detail::TokenKernels::kAuto;
+  std::string kernel_name() const {
+    using kernels::index_detail::TokenKernels;
+    const std::string k = to_string(kernel);
+    if (token_kernels == TokenKernels::kStream) return k + "-stream";
+    if (token_kernels == TokenKernels::kBlockPerWarp) return k + "-block_per_warp";
+    return k;
+  }
   std::string source() const {
     if (!is_token_score(score)) return to_string(summary);
     return keys == TokenKeys::kOldBlocks ? "old_blocks" : to_string(index);
@@ -177,8 +189,9 @@ void run_row(benchmark::State& state, int shape, int batch, int ctx, const Varia
   const StoreView view = bed.store->view();
   const ScoresView out{scores, valid, rows, maxb};
   const bool ran = bench::time_graph_calls(state, bed.sets, [&](int set, cudaStream_t stream) {
-    return kernels::block_scores(view, ic, bed.d_slots + set * batch, batch, 1, q, out, ws,
-                                 ws_bytes, stream);
+    return kernels::index_detail::block_scores_with(v.token_kernels, view, ic,
+                                                    bed.d_slots + set * batch, batch, 1, q, out, ws,
+                                                    ws_bytes, stream);
   });
   if (ran) {
     const std::size_t bytes = bytes_read(sh, v, batch, ctx);
@@ -216,6 +229,11 @@ std::vector<Variant> variants() {
       v.push_back(
           {score, TokenKeys::kIndexCopy, DType::kF32, Format::kMxfp4, GqaAggregate::kSum, kernel});
     }
+    using kernels::index_detail::TokenKernels;
+    for (TokenKernels tk : {TokenKernels::kStream, TokenKernels::kBlockPerWarp}) {
+      v.push_back({score, TokenKeys::kIndexCopy, DType::kF32, Format::kMxfp4, GqaAggregate::kSum,
+                   IndexKernel::kFast, tk});
+    }
   }
   v.push_back({SummaryScore::kTokenMass, TokenKeys::kIndexCopy, DType::kF32, Format::kFp8E4m3,
                GqaAggregate::kSum, IndexKernel::kGeneral});
@@ -239,7 +257,7 @@ void register_all() {
               const std::string name =
                   std::string("BM_Score/") + kShapes[shape].name + "/B" + std::to_string(batch) +
                   "/N" + std::to_string(ctx) + "/" + to_string(v.score) + "/" + v.source() + "/" +
-                  (v.agg == GqaAggregate::kSum ? "sum" : "max") + "/" + to_string(v.kernel);
+                  (v.agg == GqaAggregate::kSum ? "sum" : "max") + "/" + v.kernel_name();
               benchmark::RegisterBenchmark(
                   name.c_str(), [=](benchmark::State& st) { run_row(st, shape, batch, ctx, v); })
                   ->UseManualTime()

@@ -23,6 +23,7 @@
 
 #include <cuda_fp16.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "index/token_score.cuh"
@@ -69,6 +70,58 @@ __device__ __forceinline__ void load_query_fragments(
         hi = q_heads[g * D + index_math::mma_k_element(kt, 2 * t + 1 + 8 * r)];
       }
       b[kt][r] = lo | (hi << 16);
+    }
+  }
+}
+
+/// The exact reduction of one block's logits held in registers (l[mt][0, 1]: token 16 mt + g,
+/// heads 2t, 2t + 1; l[mt][2, 3]: token + 8), NaN and ±inf included: per head the NaN-propagating
+/// max and (mass rule) the log-sum-exp of the non-NaN logits, with one exp per logit (no running
+/// rescale). Lane (g, t) ends with heads 2t and 2t + 1 of the whole block (shuffles over g).
+template <int kMT>
+__device__ __forceinline__ void reduce_block_exact(bool mass, const float (&l)[kMT][4],
+                                                   float (&mx)[2], index_math::LogSumExp (&lse)[2],
+                                                   bool (&nan)[2]) {
+  const unsigned full = 0xffffffffu;
+#pragma unroll
+  for (int hc = 0; hc < 2; ++hc) {
+    bool bad = false;
+    float m = index_math::neg_inf();
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float x = l[mt][2 * r + hc];
+        bad = bad || is_nan(x);
+        m = x > m ? x : m;  // NaN never wins
+      }
+    }
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+      const float other = __shfl_xor_sync(full, m, o);
+      m = other > m ? other : m;
+      bad = __shfl_xor_sync(full, bad ? 1 : 0, o) != 0 || bad;
+    }
+    nan[hc] = bad;
+    mx[hc] = bad ? formats::quiet_nan() : m;
+    if (mass) {
+      // Σ exp(x - m) over this lane's logits (x == m adds exactly 1: m may be +inf), then over
+      // the warp's lanes of the same head: the block's log-sum-exp with one exp per logit.
+      float sum = 0.0f;
+      if (m != index_math::neg_inf()) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const float x = l[mt][2 * r + hc];
+            if (!is_nan(x)) sum += x == m ? 1.0f : expf(x - m);
+          }
+        }
+      }
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) sum += __shfl_xor_sync(full, sum, o);
+      lse[hc].max = m;
+      lse[hc].sum = sum;
     }
   }
 }
@@ -132,48 +185,7 @@ __device__ __forceinline__ void score_fixed_block(const TokenScoreParams& p,
 #pragma unroll
     for (int k = 0; k < 4; ++k) l[mt][k] = p.scale * acc[k];
   }
-  const unsigned full = 0xffffffffu;
-#pragma unroll
-  for (int hc = 0; hc < 2; ++hc) {
-    bool bad = false;
-    float m = index_math::neg_inf();
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float x = l[mt][2 * r + hc];
-        bad = bad || is_nan(x);
-        m = x > m ? x : m;  // NaN never wins
-      }
-    }
-#pragma unroll
-    for (int o = 4; o < 32; o <<= 1) {
-      const float other = __shfl_xor_sync(full, m, o);
-      m = other > m ? other : m;
-      bad = __shfl_xor_sync(full, bad ? 1 : 0, o) != 0 || bad;
-    }
-    nan[hc] = bad;
-    mx[hc] = bad ? formats::quiet_nan() : m;
-    if (p.mass) {
-      // Σ exp(x - m) over this lane's logits (x == m adds exactly 1: m may be +inf), then over
-      // the warp's lanes of the same head: the block's log-sum-exp with one exp per logit.
-      float sum = 0.0f;
-      if (m != index_math::neg_inf()) {
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const float x = l[mt][2 * r + hc];
-            if (!is_nan(x)) sum += x == m ? 1.0f : expf(x - m);
-          }
-        }
-      }
-#pragma unroll
-      for (int o = 4; o < 32; o <<= 1) sum += __shfl_xor_sync(full, sum, o);
-      lse[hc].max = m;
-      lse[hc].sum = sum;
-    }
-  }
+  reduce_block_exact<kMT>(p.mass, l, mx, lse, nan);
 }
 
 template <int D, int kB>
@@ -188,7 +200,7 @@ __global__ void __launch_bounds__(kTokThreads)
   if (blockIdx.x == 0 && threadIdx.x == 0) p.out.num_valid[r.row] = r.closed;
   const int chunk_ctas = static_cast<int>(gridDim.x) - (p.mass ? 1 : 0);
   if (p.mass && static_cast<int>(blockIdx.x) == chunk_ctas) {
-    exact_part<D>(p, r, q_smem, red);
+    exact_part<D>(p, r, q_smem, red, 0, 1);
     return;
   }
   const int j0 = static_cast<int>(blockIdx.x) * kTokBlocksPerCta;
@@ -295,6 +307,354 @@ __global__ void __launch_bounds__(kTokThreads)
     }
   }
   chunk_epilogue(p, r, j0, agg);
+}
+
+// ---- The streaming variant (TokenKernels::kStream, kernels/index/token_variant.h) -------------
+//
+// token_stream_kernel: grid (kStreamRingParts ring CTAs (mass rule) + chunk CTAs, rows). Ring
+// CTA x is part x of the row's exact tokens (exact_part). A chunk CTA owns kStreamBlocksPerCta
+// consecutive closed blocks, kStreamBlocksPerWarp per warp; per kv head of the row:
+//   - the warp's block-table entries are loaded once (lane i: block i; shuffles broadcast), the
+//     query B fragments once per kv head (and checked finite with one vote);
+//   - the warp walks its blocks in slabs of 32 tokens (16 for blocks of 16): the next slab's key
+//     and scale words (20 per lane at d 128) are loaded before the current slab is unpacked
+//     (e2m1_word_to_f16x2_bytes) and multiplied, so two slabs are in flight per warp;
+//   - each group's partial dot products are scaled with one FFMA by 2^(e - 113) built from the
+//     scale byte (ue8m0_times_16384; exact);
+//   - fast path, chosen per block by one vote: when the queries are finite and every scale byte
+//     of the block is at most the bound of stream_safe_add, no logit can be NaN or ±inf, so the
+//     block's max and Σ exp need no NaN flags and no infinity cases (one ex2 per logit);
+//     otherwise the logits are formed with token_fast_kernel's scaling (per slab, by its own
+//     vote) and reduced by its exact code (reduce_block_exact), so NaN / inf / extreme-scale
+//     blocks keep its semantics;
+//   - lane (g, t) ends a block with heads 2t and 2t + 1 of it (after the shuffles over g); lane
+//     (g, t) with g < 2 writes head 2t + g's lse to the workspace and keeps that head's running
+//     log-sum-exp over the warp's blocks in registers; the CTA's partial per head is merged from
+//     the warps in shared memory (no read-back of the lse values). The max rule aggregates the
+//     heads per block (ascending) in lane 0 and writes the scores at the end, like
+//     token_fast_kernel.
+// The finish kernel is the same (p.ring_parts, p.blocks_per_cta describe the partials).
+
+/// Closed blocks one warp of a streaming chunk CTA scores.
+constexpr int kStreamBlocksPerWarp = 8;
+/// Closed blocks one streaming chunk CTA scores.
+constexpr int kStreamBlocksPerCta = kTokWarps * kStreamBlocksPerWarp;
+/// Ring CTAs per row of the streaming variant (mass rule): the exact tokens split among them.
+constexpr int kStreamRingParts = 4;
+
+/// The largest mxfp4 scale byte e for which every logit of a block is finite and far from
+/// overflow, as the splat 255 - e over the four bytes of a word (0: no block is safe), for head_dim
+/// `d` and softmax `scale`. Proof: with finite f16 queries |q| <= 65504 and e2m1 keys
+/// |k| <= 6 * 2^(e - 127), every product, every partial sum of the mma's f32 accumulation, each
+/// group's scaled sum and the FFMA chain over the groups is at most Σ_e |q_e k_e| <=
+/// d * 65504 * 6 * 2^(e - 127) in magnitude, times a rounding factor (1 + 2^-24)^(2d) < 2; e is
+/// the largest with d * 65504 * 6 * 2^(e - 127) * max(scale, 1) < 2^125, so |logit| < 2^126.
+/// Then m * log2(e) (< 2^126.6) is finite, every ex2 argument x * log2(e) - m * log2(e) is finite
+/// or -inf (ex2 gives 0), Σ exp >= 1, and no NaN or inf arises. At d 128 and scale <= 1: e <= 226
+/// (d 64: 227). The bound is also below 240, where ue8m0_times_16384 is exact.
+inline std::uint32_t stream_safe_add(int d, float scale) {
+  const double s = scale > 1.0f ? static_cast<double>(scale) : 1.0;
+  int e = 240;
+  while (e >= 128 && d * 65504.0 * 6.0 * std::ldexp(1.0, e - 127) * s >= std::ldexp(1.0, 125)) {
+    --e;
+  }
+  // Bytes below 128 always pass the byte test of slab_unsafe, so a bound below 128 turns the
+  // fast path off instead.
+  return e >= 128 ? static_cast<std::uint32_t>(255 - e) * 0x01010101u : 0u;
+}
+
+/// 2^x with the hardware approximation (MUFU.EX2; -inf gives 0).
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/// The key and scale words of one lane for kS tokens (a slab) of a block: token 16 mt + g + 8 r
+/// of the slab, code word t of each group.
+template <int D, int kS>
+struct StreamSlab {
+  static constexpr int kMT = kS / 16;
+  std::uint32_t w[kMT][2][D / 32];
+  std::uint32_t sc[kMT][2];
+};
+
+/// Loads a slab; `keys` / `scales` point at the lane's first word of the slab's token 0 + g
+/// (offset 4 t into the key row) and at that token's scale bytes.
+template <int D, int kS>
+__device__ __forceinline__ void load_slab(StreamSlab<D, kS>& b, const std::uint8_t* keys,
+                                          const std::uint8_t* scales) {
+  constexpr int kRowBytes = D / 2, kScaleBytes = D / 32;
+#pragma unroll
+  for (int mt = 0; mt < StreamSlab<D, kS>::kMT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int tok = 16 * mt + 8 * r;
+      if constexpr (kScaleBytes == 4) {
+        b.sc[mt][r] = __ldg(reinterpret_cast<const unsigned int*>(scales + tok * kScaleBytes));
+      } else {
+        b.sc[mt][r] = __ldg(reinterpret_cast<const unsigned short*>(scales + tok * kScaleBytes));
+      }
+#pragma unroll
+      for (int grp = 0; grp < D / 32; ++grp) {
+        b.w[mt][r][grp] =
+            __ldg(reinterpret_cast<const unsigned int*>(keys + tok * kRowBytes + 16 * grp));
+      }
+    }
+  }
+}
+
+/// Nonzero when a scale byte of the slab exceeds the bound of stream_safe_add (`safe_add`, not
+/// 0): a byte b >= 128 fails when (b & 0x7f) + (255 - bound) carries into bit 7.
+template <int D, int kS>
+__device__ __forceinline__ std::uint32_t slab_unsafe(const StreamSlab<D, kS>& b,
+                                                     std::uint32_t safe_add) {
+  std::uint32_t bad = 0u;
+#pragma unroll
+  for (int mt = 0; mt < StreamSlab<D, kS>::kMT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const std::uint32_t w = b.sc[mt][r];
+      bad |= w & ((w & 0x7f7f7f7fu) + safe_add);
+    }
+  }
+  return bad & 0x80808080u;
+}
+
+/// The slab's logits: l[mt][0, 1] = token 16 mt + g, heads 2t, 2t + 1; l[mt][2, 3] = token + 8.
+/// Groups ascending, each group's two mma tiles from zero, then per logit one FFMA with
+/// 2^(e - 113) (kExact false: every scale byte of the slab at most 240), or, as
+/// score_fixed_block does it, times 2^14 and then ue8m0_to_float(e) (kExact: any byte, the NaN
+/// byte and those whose 2^14 * 2^(e - 127) overflows included).
+template <int D, int kS, bool kExact>
+__device__ __forceinline__ void slab_logits(const StreamSlab<D, kS>& b,
+                                            const std::uint32_t (&qb)[D / 16][2], float scale,
+                                            float (*l)[4]) {
+#pragma unroll
+  for (int mt = 0; mt < StreamSlab<D, kS>::kMT; ++mt) {
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int grp = 0; grp < D / 32; ++grp) {
+      std::uint32_t ra[4], rb[4];
+      index_math::e2m1_word_to_f16x2_bytes(b.w[mt][0][grp], ra);
+      index_math::e2m1_word_to_f16x2_bytes(b.w[mt][1][grp], rb);
+      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const std::uint32_t a0[4] = {ra[0], rb[0], ra[1], rb[1]};
+      const std::uint32_t a1[4] = {ra[2], rb[2], ra[3], rb[3]};
+      mma_16816(c, a0, qb[2 * grp][0], qb[2 * grp][1]);
+      mma_16816(c, a1, qb[2 * grp + 1][0], qb[2 * grp + 1][1]);
+      const std::uint32_t ea = (b.sc[mt][0] >> (8 * grp)) & 0xffu;
+      const std::uint32_t eb = (b.sc[mt][1] >> (8 * grp)) & 0xffu;
+      if constexpr (kExact) {
+        const float sa = formats::ue8m0_to_float(static_cast<std::uint8_t>(ea));
+        const float sb = formats::ue8m0_to_float(static_cast<std::uint8_t>(eb));
+        acc[0] += (c[0] * 16384.0f) * sa;
+        acc[1] += (c[1] * 16384.0f) * sa;
+        acc[2] += (c[2] * 16384.0f) * sb;
+        acc[3] += (c[3] * 16384.0f) * sb;
+      } else {
+        const float sa = index_math::ue8m0_times_16384(ea);
+        const float sb = index_math::ue8m0_times_16384(eb);
+        acc[0] = fmaf(c[0], sa, acc[0]);
+        acc[1] = fmaf(c[1], sa, acc[1]);
+        acc[2] = fmaf(c[2], sb, acc[2]);
+        acc[3] = fmaf(c[3], sb, acc[3]);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) l[mt][k] = scale * acc[k];
+  }
+}
+
+/// True when both halves of an f16x2 word are finite.
+__device__ __forceinline__ bool f16x2_finite(std::uint32_t x) {
+  return (x & 0x7c00u) != 0x7c00u && (x & 0x7c000000u) != 0x7c000000u;
+}
+
+/// Adds a block's (max m, Σ exp(x - m)) with finite m to a running log-sum-exp (zm, zs) whose
+/// max may be ±inf (an exactly scored block before): one ex2.
+__device__ __forceinline__ void merge_finite(float& zm, float& zs, float m, float sum) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float hi = fmaxf(zm, m), lo = fminf(zm, m);
+  const float e = ex2_approx((lo - hi) * kLog2e);  // lo - hi is -inf when zm is ±inf
+  zs = m > zm ? fmaf(zs, e, sum) : fmaf(sum, e, zs);
+  zm = hi;
+}
+
+template <int D, int kB>
+__global__ void __launch_bounds__(kTokThreads, 2)
+    token_stream_kernel(const __grid_constant__ TokenScoreParams p) {
+  static_assert(kB == 16 || kB == 32 || kB == 64, "the streaming scorer serves blocks of 16/32/64");
+  using Tr = FastTokenTraits<D>;
+  constexpr int kS = kB < 32 ? kB : 32;  // tokens per slab
+  constexpr int kSlabs = kB / kS, kSM = kS / 16, kMT = kB / 16;
+  constexpr std::size_t kRowBytes = D / 2, kScaleBytes = D / 32;
+  constexpr float kLog2e = 1.4426950408889634f;
+  __shared__ __align__(16) float q_smem[kTokHeads * D];  // ring CTAs
+  __shared__ float red[2 * kTokWarps * kTokHeads];       // per-warp states (ring and chunk CTAs)
+  __shared__ float agg[kStreamBlocksPerCta];             // max rule: heads aggregated so far
+  const StoreView& s = p.s;
+  const TokenRow r = token_row(p, D);
+  if (blockIdx.x == 0 && threadIdx.x == 0) p.out.num_valid[r.row] = r.closed;
+  const int ring = p.mass ? p.ring_parts : 0;
+  if (static_cast<int>(blockIdx.x) < ring) {
+    exact_part<D>(p, r, q_smem, red, static_cast<int>(blockIdx.x), ring);
+    return;
+  }
+  const int chunk = static_cast<int>(blockIdx.x) - ring;
+  const int j0 = chunk * kStreamBlocksPerCta;
+  if (j0 >= r.closed) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const unsigned full = 0xffffffffu;
+  const int jw = j0 + warp * kStreamBlocksPerWarp;  // the warp's first block
+  const int left = r.closed - jw;
+  const int nb = left < 0 ? 0 : left < kStreamBlocksPerWarp ? left : kStreamBlocksPerWarp;
+  const int pb_lane = lane < nb ? r.table[store::owned_block_id(s, jw + lane)] : 0;
+  const int cn = p.group;                       // G <= 8: one chunk of heads per kv head
+  const int mine = g & 1, head = 2 * t + mine;  // the head whose lse this lane records (g < 2)
+  const std::uint8_t* lane_keys = s.index_k + g * kRowBytes + 4 * t;
+  const std::uint8_t* lane_scales = s.index_k_scale + g * kScaleBytes;
+  float* red_max = red;
+  float* red_sum = red + kTokWarps * kTokHeads;
+  for (int hh = 0; hh < r.h_count; ++hh) {
+    const int h = r.h_first + hh;
+    std::uint32_t qb[Tr::kTiles][2];
+    load_query_fragments<D>(r.q_row + static_cast<std::size_t>(hh) * p.group * D, cn, qb);
+    bool q_finite = true;
+#pragma unroll
+    for (int kt = 0; kt < Tr::kTiles; ++kt) {
+      q_finite = q_finite && f16x2_finite(qb[kt][0]) && f16x2_finite(qb[kt][1]);
+    }
+    const bool fast_allowed = __all_sync(full, q_finite) && p.safe_add != 0u;
+    float zm = index_math::neg_inf(), zs = 0.0f;  // head `head` over the warp's blocks
+    StreamSlab<D, kS> buf;
+    std::size_t row_next = 0;  // first index-copy row of the next block
+    if (nb > 0) {
+      row_next = store::old_row_index(s, __shfl_sync(full, pb_lane, 0), h, 0);
+      load_slab<D, kS>(buf, lane_keys + row_next * kRowBytes, lane_scales + row_next * kScaleBytes);
+    }
+    for (int i = 0; i < nb; ++i) {
+      const std::size_t row = row_next;
+      if (i + 1 < nb) row_next = store::old_row_index(s, __shfl_sync(full, pb_lane, i + 1), h, 0);
+      float l[kMT][4];
+      bool fast = fast_allowed;
+#pragma unroll
+      for (int sl = 0; sl < kSlabs; ++sl) {
+        const StreamSlab<D, kS> cur = buf;
+        if (sl + 1 < kSlabs) {
+          const std::size_t nr = row + (sl + 1) * kS;
+          load_slab<D, kS>(buf, lane_keys + nr * kRowBytes, lane_scales + nr * kScaleBytes);
+        } else if (i + 1 < nb) {
+          load_slab<D, kS>(buf, lane_keys + row_next * kRowBytes,
+                           lane_scales + row_next * kScaleBytes);
+        }
+        // One vote per slab: the cheap scale where every byte is within the bound (then also at
+        // most 240), the exact one otherwise (NaN, huge, or the bound turned off).
+        const bool safe =
+            p.safe_add != 0u && !__any_sync(full, slab_unsafe<D, kS>(cur, p.safe_add) != 0u);
+        if (safe) {
+          slab_logits<D, kS, false>(cur, qb, p.scale, &l[sl * kSM]);
+        } else {
+          slab_logits<D, kS, true>(cur, qb, p.scale, &l[sl * kSM]);
+        }
+        fast = fast && safe;
+      }
+      // Per lane after this: heads 2t, 2t + 1 of the whole block.
+      float mx[2], lmax[2], lsum[2];
+      bool nan[2] = {false, false};
+      if (fast) {
+#pragma unroll
+        for (int hc = 0; hc < 2; ++hc) {
+          float m = l[0][hc];
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) {
+            m = fmaxf(m, fmaxf(l[mt][hc], l[mt][2 + hc]));
+          }
+#pragma unroll
+          for (int o = 4; o < 32; o <<= 1) m = fmaxf(m, __shfl_xor_sync(full, m, o));
+          float sum = 0.0f;
+          if (p.mass) {
+            const float mb = m * kLog2e;
+#pragma unroll
+            for (int mt = 0; mt < kMT; ++mt) {
+              sum += ex2_approx(fmaf(l[mt][hc], kLog2e, -mb));
+              sum += ex2_approx(fmaf(l[mt][2 + hc], kLog2e, -mb));
+            }
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) sum += __shfl_xor_sync(full, sum, o);
+          }
+          mx[hc] = m;
+          lmax[hc] = m;
+          lsum[hc] = sum;
+        }
+      } else {  // non-finite queries or a slab past the bound: the exact rules
+        index_math::LogSumExp lse[2];
+        reduce_block_exact<kMT>(p.mass, l, mx, lse, nan);
+#pragma unroll
+        for (int hc = 0; hc < 2; ++hc) {
+          lmax[hc] = lse[hc].max;
+          lsum[hc] = lse[hc].sum;
+        }
+      }
+      const int j = jw + i;
+      if (p.mass) {
+        const float hm = mine ? lmax[1] : lmax[0];
+        const float hs = mine ? lsum[1] : lsum[0];
+        const bool hn = mine ? nan[1] : nan[0];
+        float v;
+        if (fast) {
+          v = hm + __logf(hs);
+          merge_finite(zm, zs, hm, hs);
+        } else {
+          const index_math::LogSumExp b{hm, hs};
+          v = hn ? formats::quiet_nan() : b.value();
+          if (!hn) {
+            index_math::LogSumExp z{zm, zs};
+            z.merge(b);
+            zm = z.max;
+            zs = z.sum;
+          }
+        }
+        if (g < 2 && head < cn) {
+          p.lse[(static_cast<std::size_t>(r.row) * p.heads + hh * p.group + head) *
+                    s.max_blocks_per_slot +
+                j] = v;
+        }
+      } else {
+        // Lane t holds heads 2t, 2t + 1; lane 0 aggregates the heads in ascending order.
+        const int jj = j - j0;
+        float a = 0.0f;
+#pragma unroll
+        for (int c = 0; c < kTokHeads; ++c) {
+          if (c >= cn) break;
+          const float v = __shfl_sync(full, c % 2 ? mx[1] : mx[0], c / 2);
+          if (c == 0) {
+            a = hh == 0 ? v : p.aggregate_max ? index_math::nan_max(agg[jj], v) : agg[jj] + v;
+          } else {
+            a = p.aggregate_max ? index_math::nan_max(a, v) : a + v;
+          }
+        }
+        if (lane == 0) agg[jj] = a;
+      }
+    }
+    if (p.mass) {
+      // The CTA's partial of each head of this kv head: the warps' running states merged.
+      if (g < 2 && head < cn) {
+        red_max[warp * kTokHeads + head] = zm;
+        red_sum[warp * kTokHeads + head] = zs;
+      }
+      write_merged_partial(p, r.row, ring + chunk, hh * p.group, cn, red);
+      __syncthreads();  // before the next kv head's states
+    }
+  }
+  if (!p.mass) {
+    __syncthreads();  // agg is complete
+    for (int jj = threadIdx.x; jj < kStreamBlocksPerCta; jj += blockDim.x) {
+      const int j = j0 + jj;
+      if (j < r.closed)
+        p.out.scores[static_cast<std::size_t>(r.row) * p.out.max_blocks + j] = agg[jj];
+    }
+  }
 }
 
 }  // namespace index_detail

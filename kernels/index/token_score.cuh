@@ -60,7 +60,13 @@ struct TokenScoreParams {
   ScoresView out;
   float* lse;       // [rows, heads, max_blocks_per_slot] (mass rule; else null)
   float* partial;   // [rows, parts, heads] (mass rule; else null)
-  int parts;        // 1 + chunk CTAs per row
+  int parts;        // partials per row allocated: at least ring_parts + chunk CTAs per row
+  int ring_parts;   // mass rule: partials 0 .. ring_parts - 1 are the ring CTAs'
+  int blocks_per_cta;  // closed blocks a chunk CTA scores (partial ring_parts + its chunk)
+  // Streaming kernel (token_fast.cuh): a block whose mxfp4 scale bytes are all at most
+  // 255 - safe_add's byte has finite logits (stream_safe_add); safe_add is that byte splat over
+  // the four bytes of a word.
+  std::uint32_t safe_add;
   int tokens;       // T
   int num_q_heads;  // Hq
   int group;        // G
@@ -259,12 +265,29 @@ __device__ __forceinline__ void stage_queries(const TokenScoreParams& p, const T
   __syncthreads();
 }
 
-/// The ring CTA (mass rule): per head, the log-sum-exp of the row's exact tokens (visible ring
-/// rows, then the open block's rows, read from the store) as partial 0. `red` holds
+/// After a barrier, thread c < cn merges head c's per-warp states (`red`: kTokWarps x kTokHeads
+/// maxima, then as many sums, written by the warps before the call) and writes the result as
+/// partial `part` of row-local head gl0 + c. The caller synchronises before `red` is reused.
+__device__ __forceinline__ void write_merged_partial(const TokenScoreParams& p, int row, int part,
+                                                     int gl0, int cn, const float* red) {
+  __syncthreads();
+  const int c = static_cast<int>(threadIdx.x);
+  if (c < cn) {
+    index_math::LogSumExp z;
+    for (int w = 0; w < kTokWarps; ++w) {
+      z.add_weighted(red[w * kTokHeads + c], red[(kTokWarps + w) * kTokHeads + c]);
+    }
+    p.partial[(static_cast<std::size_t>(row) * p.parts + part) * p.heads + gl0 + c] = z.value();
+  }
+}
+
+/// A ring CTA (mass rule), part `part` of `nparts`: per head, the log-sum-exp of its share of the
+/// row's exact tokens (visible ring rows, then the open block's rows, read from the store; token
+/// u belongs to part (u / kTokThreads) % nparts) as partial `part`. `red` holds
 /// 2 * kTokWarps * kTokHeads floats of shared memory.
 template <int D>
 __device__ __forceinline__ void exact_part(const TokenScoreParams& p, const TokenRow& r,
-                                           float* q_smem, float* red) {
+                                           float* q_smem, float* red, int part, int nparts) {
   const StoreView& s = p.s;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const bool kbf = store::is_bf16(s);
@@ -278,7 +301,8 @@ __device__ __forceinline__ void exact_part(const TokenScoreParams& p, const Toke
       stage_queries<D>(p, r, gl0, cn, q_smem);
       HeadStates st;
       st.reset();
-      for (int u0 = warp * 32; u0 < r.exact_count; u0 += kTokThreads) {
+      for (int u0 = (part * kTokWarps + warp) * 32; u0 < r.exact_count;
+           u0 += nparts * kTokThreads) {
         const int u = u0 + lane;
         if (u < r.exact_count) {
           float acc[kTokHeads];
@@ -306,16 +330,7 @@ __device__ __forceinline__ void exact_part(const TokenScoreParams& p, const Toke
           red_sum[warp * kTokHeads + c] = st.lse[c].sum;
         }
       }
-      __syncthreads();
-      if (static_cast<int>(threadIdx.x) < cn) {
-        index_math::LogSumExp z;
-        for (int w = 0; w < kTokWarps; ++w) {
-          z.add_weighted(red_max[w * kTokHeads + threadIdx.x],
-                         red_sum[w * kTokHeads + threadIdx.x]);
-        }
-        p.partial[(static_cast<std::size_t>(r.row) * p.parts) * p.heads + gl0 + threadIdx.x] =
-            z.value();
-      }
+      write_merged_partial(p, r.row, part, gl0, cn, red);
     }
   }
 }
@@ -356,8 +371,8 @@ __device__ __forceinline__ void chunk_epilogue(const TokenScoreParams& p, const 
       const float v = lse[j0 + jj];
       if (!is_nan(v)) z.add(v);
     }
-    p.partial[(static_cast<std::size_t>(r.row) * p.parts + 1 + blockIdx.x) * p.heads + gl] =
-        z.value();
+    p.partial[(static_cast<std::size_t>(r.row) * p.parts + p.ring_parts + blockIdx.x) * p.heads +
+              gl] = z.value();
   }
 }
 
@@ -372,7 +387,7 @@ __global__ void __launch_bounds__(kTokThreads)
   if (blockIdx.x == 0 && threadIdx.x == 0) p.out.num_valid[r.row] = r.closed;
   const int chunk_ctas = static_cast<int>(gridDim.x) - (p.mass ? 1 : 0);
   if (p.mass && static_cast<int>(blockIdx.x) == chunk_ctas) {
-    exact_part<D>(p, r, q_smem, red);
+    exact_part<D>(p, r, q_smem, red, 0, 1);
     return;
   }
   const int j0 = static_cast<int>(blockIdx.x) * kTokBlocksPerCta;
@@ -430,7 +445,7 @@ __global__ void __launch_bounds__(kFinishThreads)
   const int old = L > s.recent_window ? L - s.recent_window : 0;
   const int closed = store::owned_count(old / s.block_size, s.num_shards, s.shard_index);
   if (static_cast<int>(blockIdx.x) * kFinishThreads >= closed) return;
-  const int parts_used = 1 + (closed + kTokBlocksPerCta - 1) / kTokBlocksPerCta;
+  const int parts_used = p.ring_parts + (closed + p.blocks_per_cta - 1) / p.blocks_per_cta;
   const int j = blockIdx.x * kFinishThreads + threadIdx.x;
   float acc = 0.0f;
   index_math::LogSumExp sum;

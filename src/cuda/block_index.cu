@@ -5,11 +5,12 @@
 #include <vector>
 
 #include "device_buffer.h"
-#include "index_impl.h"
 #include "index/score.cuh"
 #include "index/score_fast.cuh"
 #include "index/token_fast.cuh"
 #include "index/token_score.cuh"
+#include "index/token_variant.h"
+#include "index_impl.h"
 #include "kvc/core/cuda_check.h"
 #include "kvc/core/error.h"
 #include "kvc/index/block_index.h"
@@ -23,13 +24,17 @@ namespace {
 using namespace index_detail;
 
 // The kTokenMass scratch of `rows` rows of `heads` heads over `max_blocks` blocks per slot: the
-// block lse values, then (256-byte aligned) the partial normalisers. One helper sizes and
-// carves, so the two cannot drift apart.
+// block lse values, then (256-byte aligned) the partial normalisers, as many per row as the
+// variant with the most needs (1 ring CTA + chunks of kTokBlocksPerCta, or kStreamRingParts +
+// chunks of kStreamBlocksPerCta). One helper sizes and carves, so the two cannot drift apart.
 struct TokenMassLayout {
   std::size_t lse_bytes = 0, partial_offset = 0, total = 0;
   int parts = 0;
   TokenMassLayout(int rows, int heads, int max_blocks) {
-    parts = 1 + (max_blocks + kTokBlocksPerCta - 1) / kTokBlocksPerCta;
+    const int per_warp = 1 + (max_blocks + kTokBlocksPerCta - 1) / kTokBlocksPerCta;
+    const int stream =
+        kStreamRingParts + (max_blocks + kStreamBlocksPerCta - 1) / kStreamBlocksPerCta;
+    parts = per_warp > stream ? per_warp : stream;
     lse_bytes = static_cast<std::size_t>(rows) * heads * max_blocks * 4;
     partial_offset = (lse_bytes + 255) / 256 * 256;
     total = partial_offset + static_cast<std::size_t>(rows) * parts * heads * 4;
@@ -66,11 +71,40 @@ cudaError_t launch_token_fast(int block_size, dim3 grid, const TokenScoreParams&
   return cudaGetLastError();
 }
 
-// kTokenMax / kTokenMass: the token kernel, then (mass) the finish kernel.
+// The streaming tensor-core token kernel (kernels/index/token_fast.cuh) for blocks of 16, 32 or
+// 64 tokens; cudaErrorNotSupported for other block sizes.
+template <int D>
+cudaError_t launch_token_stream(int block_size, dim3 grid, const TokenScoreParams& p,
+                                cudaStream_t stream) {
+  switch (block_size) {
+    case 16:
+      token_stream_kernel<D, 16><<<grid, kTokThreads, 0, stream>>>(p);
+      break;
+    case 32:
+      token_stream_kernel<D, 32><<<grid, kTokThreads, 0, stream>>>(p);
+      break;
+    case 64:
+      token_stream_kernel<D, 64><<<grid, kTokThreads, 0, stream>>>(p);
+      break;
+    default:
+      return cudaErrorNotSupported;
+  }
+  return cudaGetLastError();
+}
+
+// kTokenMax / kTokenMass: the token kernel, then (mass) the finish kernel. `fast`: the
+// tensor-core scorer serves the call, with the chunk kernel `which`.
 cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const std::int32_t* d_slots,
                          int batch, int tokens, const void* d_q, const ScoresView& out,
                          void* d_workspace, std::size_t workspace_bytes, bool fast,
-                         cudaStream_t stream) {
+                         TokenKernels which, cudaStream_t stream) {
+  if (which == TokenKernels::kAuto) {
+    which = kAutoTokenKernels == TokenKernels::kStream && stream_serves_block_size(s.block_size)
+                ? TokenKernels::kStream
+                : TokenKernels::kBlockPerWarp;
+  }
+  const bool streaming = fast && which == TokenKernels::kStream;
+  if (streaming && !stream_serves_block_size(s.block_size)) return cudaErrorNotSupported;
   TokenScoreParams p;
   p.s = s;
   p.slots = d_slots;
@@ -100,10 +134,19 @@ cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const st
                        : s.old_format == Format::kQ8 ? KeyKind::kQ8
                                                      : KeyKind::k16;
   const int owned = store::owned_count(s.max_blocks_per_slot, s.num_shards, s.shard_index);
-  const int chunks = owned > 0 ? (owned + kTokBlocksPerCta - 1) / kTokBlocksPerCta : 1;
-  const dim3 grid(chunks + (p.mass ? 1 : 0), rows);
+  p.ring_parts = streaming ? kStreamRingParts : 1;
+  p.blocks_per_cta = streaming ? kStreamBlocksPerCta : kTokBlocksPerCta;
+  p.safe_add = stream_safe_add(c.head_dim, p.scale);
+  const int chunks = owned > 0 ? (owned + p.blocks_per_cta - 1) / p.blocks_per_cta : 1;
+  const dim3 grid(chunks + (p.mass ? p.ring_parts : 0), rows);
   cudaError_t e = cudaSuccess;
-  if (fast) {  // mxfp4 index copy, f16 queries, d 64 / 128, G <= 8 (detail::fast_kernel_serves)
+  if (streaming) {
+    if (c.head_dim == 64) {
+      e = launch_token_stream<64>(s.block_size, grid, p, stream);
+    } else {
+      e = launch_token_stream<128>(s.block_size, grid, p, stream);
+    }
+  } else if (fast) {  // mxfp4 index copy, f16 queries, d 64 / 128, G <= 8 (fast_kernel_serves)
     if (c.head_dim == 64) {
       e = launch_token_fast<64>(s.block_size, grid, p, stream);
     } else {
@@ -188,6 +231,15 @@ cudaError_t block_scores(const StoreView& s, const BlockIndexConfig& c,
                          const std::int32_t* d_slots, int batch, int tokens, const void* d_q,
                          const ScoresView& out, void* d_workspace, std::size_t workspace_bytes,
                          cudaStream_t stream) {
+  return index_detail::block_scores_with(index_detail::TokenKernels::kAuto, s, c, d_slots, batch,
+                                         tokens, d_q, out, d_workspace, workspace_bytes, stream);
+}
+
+cudaError_t index_detail::block_scores_with(TokenKernels which, const StoreView& s,
+                                            const BlockIndexConfig& c, const std::int32_t* d_slots,
+                                            int batch, int tokens, const void* d_q,
+                                            const ScoresView& out, void* d_workspace,
+                                            std::size_t workspace_bytes, cudaStream_t stream) {
   if (batch <= 0 || tokens <= 0) return cudaSuccess;
   if (c.kernel == IndexKernel::kFast && !detail::fast_kernel_serves(c, s.index_format)) {
     return cudaErrorInvalidValue;
@@ -195,7 +247,7 @@ cudaError_t block_scores(const StoreView& s, const BlockIndexConfig& c,
   const bool fast = detail::uses_fast_kernel(c, s.index_format);
   if (is_token_score(c.score)) {
     return token_scores(s, c, d_slots, batch, tokens, d_q, out, d_workspace, workspace_bytes, fast,
-                        stream);
+                        which, stream);
   }
   if (fast) return fast_summary_scores(s, c, d_slots, batch, tokens, d_q, out, stream);
   ScoreParams p;

@@ -501,6 +501,61 @@ TEST(Cpu_BlockIndex_TokenFastPath, FragmentsReproduceTheDotProduct) {
   }
 }
 
+// The streaming scorer's unpacking (two byte-words, then one byte permutation per f16x2 word)
+// gives the same bits as e2m1_word_to_f16x2: every code in every position over random other
+// codes, and random words.
+TEST(Cpu_BlockIndex_TokenFastPath, ByteUnpackEqualsShiftUnpack) {
+  std::mt19937 rng(23);
+  auto same = [](std::uint32_t w) {
+    std::uint32_t a[4], b[4];
+    index_math::e2m1_word_to_f16x2(w, a);
+    index_math::e2m1_word_to_f16x2_bytes(w, b);
+    for (int i = 0; i < 4; ++i) {
+      if (a[i] != b[i])
+        return ::testing::AssertionFailure() << "word " << std::hex << w << " reg " << i;
+    }
+    return ::testing::AssertionSuccess();
+  };
+  for (int pos = 0; pos < 8; ++pos) {
+    for (std::uint32_t code = 0; code < 16; ++code) {
+      const std::uint32_t w =
+          (static_cast<std::uint32_t>(rng()) & ~(0xfu << (4 * pos))) | (code << (4 * pos));
+      ASSERT_TRUE(same(w));
+    }
+  }
+  for (int i = 0; i < 200000; ++i) ASSERT_TRUE(same(static_cast<std::uint32_t>(rng())));
+  ASSERT_TRUE(same(0u));
+  ASSERT_TRUE(same(0xffffffffu));
+  // And the f16 halves are the decoded codes times 2^-14.
+  std::uint32_t r[4];
+  index_math::e2m1_word_to_f16x2_bytes(0x76543210u, r);
+  for (int c = 0; c < 8; ++c) {
+    const std::uint16_t h = static_cast<std::uint16_t>(r[c % 4] >> (16 * (c / 4)));
+    EXPECT_EQ(half_bits_to_float(h), formats::e2m1_magnitude(c) / 16384.0f) << "code " << c;
+  }
+}
+
+// 16384 * 2^(e - 127) built from the bits equals 16384 * ue8m0_to_float(e) for every byte the
+// streaming scorer uses it for (0..240, byte 0 = 2^-127 included), and one multiply by it rounds
+// like the two of the per-warp kernel ((c * 16384) * 2^(e - 127)), subnormal products included.
+TEST(Cpu_BlockIndex_TokenFastPath, GroupScaleInOneMultiplyIsExact) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> mant(-2.0f, 2.0f);
+  std::uniform_int_distribution<int> expo(-40, 20);
+  for (std::uint32_t e = 0; e <= 240; ++e) {
+    const float one = index_math::ue8m0_times_16384(e);
+    const float two = fmul_rn(16384.0f, formats::ue8m0_to_float(static_cast<std::uint8_t>(e)));
+    ASSERT_EQ(float_bits(one), float_bits(two)) << "byte " << e;
+    for (int i = 0; i < 200; ++i) {
+      const float c = std::ldexp(mant(rng), expo(rng));
+      const float a = fmul_rn(c, one);
+      const float b =
+          fmul_rn(fmul_rn(c, 16384.0f), formats::ue8m0_to_float(static_cast<std::uint8_t>(e)));
+      ASSERT_EQ(float_bits(a), float_bits(b)) << "byte " << e << " c " << c;
+    }
+  }
+}
+
 // --- the example in docs/scoring.md (compiled and run here; Index.DocSnippet checks the copy)
 
 TEST(Cpu_BlockIndex_Docs, Example) {
