@@ -21,6 +21,14 @@
 // per row and compaction trigger T (0: 12288 keys, 1: 8192, 2: 6144); 3 = the streaming path
 // where the built-in choice spreads (the old path); 5 = the spread path wherever it applies
 // (kernels/select/spread.cuh); 1000 + Q = the spread path with Q CTAs per row.
+//
+// BM_TopKDecode/<rows>/<n>/<k>/<variant> compares the decode path (kernels/select/decode.cuh)
+// with the small path on decode shapes: variant 0 = the small path (the built-in choice before
+// the decode path), 1 = the decode path, 2 = the decode path with programmatic dependent launch
+// (PDL), 256 / 512 / 1024 = the decode path with that many threads per CTA, + 1 (257, 513, 1025)
+// with PDL. BM_TopKFloor/<rows>/<n>/<k>/<mode> is what no top-k can beat in the same graph: one
+// CTA per row that writes k ids and the count without selecting: mode 0 reads nothing, mode 1
+// reads the row once (16-byte loads, the decode path's CTA shape); + 2 with PDL.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -80,11 +88,55 @@ __global__ void hold_stream(unsigned long long ns) {
 constexpr unsigned long long kHoldNs = 100000;  // 100 µs: longer than any enqueue here
 constexpr int kMaxLaunchesPerGraph = 1024;
 
+// The floor of a decode-size top-k: one CTA per row writes k ids (0 .. k-1) and the count
+// without selecting. kRead: the ids depend on one read of the row (every thread's 16-byte loads
+// OR-ed together, so the loads cannot be dropped), as a top-k's would.
+template <bool kRead>
+__global__ void floor_kernel(const __grid_constant__ ScoresView in,
+                             const __grid_constant__ SelectionView out) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const int row = static_cast<int>(blockIdx.x);
+  const int tid = static_cast<int>(threadIdx.x);
+  std::uint32_t acc = 0u;
+  if (kRead) {
+    const uint4* src =
+        reinterpret_cast<const uint4*>(in.scores + static_cast<std::size_t>(row) * in.max_blocks);
+    for (int v = tid; v < in.max_blocks / 4; v += static_cast<int>(blockDim.x)) {
+      const uint4 u = __ldcg(src + v);
+      acc |= u.x | u.y | u.z | u.w;
+    }
+  }
+  if (tid < out.max_selected) {
+    out.ids[static_cast<std::size_t>(row) * out.max_selected + tid] = acc == 1u ? -1 : tid;
+  }
+  if (tid == 0) out.counts[row] = out.max_selected;
+}
+
+// Launches the floor kernel (mode: bit 0 = read the row, bit 1 = PDL) with the decode path's
+// CTA shape for rows of in.max_blocks blocks.
+cudaError_t launch_floor(int mode, const ScoresView& in, const SelectionView& out,
+                         cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(in.rows), 1, 1);
+  cfg.blockDim =
+      dim3(static_cast<unsigned>(kernels::select_detail::decode_threads_for(in.max_blocks)), 1, 1);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = (mode & 2) != 0 ? attr : nullptr;
+  cfg.numAttrs = (mode & 2) != 0 ? 1 : 0;
+  return (mode & 1) != 0 ? cudaLaunchKernelEx(&cfg, floor_kernel<true>, in, out)
+                         : cudaLaunchKernelEx(&cfg, floor_kernel<false>, in, out);
+}
+
 enum class Timing { kInGraph, kLoneGraph };
 
-// One benchmark: topk(k) in `order` over rows x n, with `tuning`, timed as `timing` says.
+// One benchmark: topk(k) in `order` over rows x n, with `tuning`, timed as `timing` says
+// (floor_mode >= 0: the floor kernel of that mode instead of the top-k).
 void run_topk(benchmark::State& state, int rows, int n, int k, SelectPolicy::Order order,
-              const select_detail_tuning& tuning, Timing timing) {
+              const select_detail_tuning& tuning, Timing timing, int floor_mode = -1) {
   const std::size_t set_floats = static_cast<std::size_t>(rows) * n;
   const std::size_t set_bytes = set_floats * sizeof(float);
   const int sets = std::min(bench::rotation(set_bytes), kMaxLaunchesPerGraph);
@@ -112,6 +164,10 @@ void run_topk(benchmark::State& state, int rows, int n, int k, SelectPolicy::Ord
   cudaStream_t stream;
   KVC_BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   auto launch = [&](int set) {
+    if (floor_mode >= 0) {
+      KVC_BENCH_CUDA(launch_floor(floor_mode, in(set), out, stream));
+      return;
+    }
     KVC_BENCH_CUDA(kernels::select_detail::select_tuned(temp, temp_bytes, in(set), policy, out,
                                                         nullptr, tuning, stream));
   };
@@ -218,6 +274,29 @@ void BM_TopKVariant(benchmark::State& state) {
   run_topk(state, rows, n, k, SelectPolicy::Order::kScore, tuning, Timing::kInGraph);
 }
 
+// variant: 0 the small path, 1 the decode path, 2 the decode path with PDL, 256 / 512 / 1024
+// (+ 1: with PDL) the decode path with that many threads per CTA.
+void BM_TopKDecode(benchmark::State& state) {
+  const int variant = static_cast<int>(state.range(3));
+  select_detail_tuning tuning;
+  if (variant == 0) {
+    tuning.no_decode = true;
+  } else {
+    tuning.force_decode = true;
+    tuning.decode_pdl = variant == 2 || (variant > 2 && variant % 2 == 1);
+    if (variant > 2) tuning.decode_threads = variant & ~1;
+  }
+  run_topk(state, static_cast<int>(state.range(0)), static_cast<int>(state.range(1)),
+           static_cast<int>(state.range(2)), SelectPolicy::Order::kScore, tuning, Timing::kInGraph);
+}
+
+// mode: bit 0 read the row, bit 1 PDL.
+void BM_TopKFloor(benchmark::State& state) {
+  run_topk(state, static_cast<int>(state.range(0)), static_cast<int>(state.range(1)),
+           static_cast<int>(state.range(2)), SelectPolicy::Order::kScore, select_detail_tuning{},
+           Timing::kInGraph, static_cast<int>(state.range(3)));
+}
+
 // Decode shapes: B1 and B8 x Hkv 8 rows, 4096 and 32768 blocks, k 8 / 16 / 64.
 void DecodeShapes(benchmark::internal::Benchmark* b) {
   for (int rows : {8, 64}) {
@@ -275,6 +354,47 @@ BENCHMARK(BM_TopKVariant)
       }
     })
     ->Apply(Timed);
+// The decode path against the small path: 1 / 8 / 64 rows x 4096 / 8192 / 32768 blocks x k 4 / 8
+// / 16 / 64 (old, new, new with PDL); the thread counts on 8 and 64 rows at k 8 and 64; the
+// floors. 3 repetitions of 20 timed replays (a replay is up to 1024 calls).
+void DecodeTimed(benchmark::internal::Benchmark* b) {
+  b->UseManualTime()
+      ->Unit(benchmark::kMicrosecond)
+      ->Iterations(20)
+      ->Repetitions(3)
+      ->ReportAggregatesOnly(true);
+}
+BENCHMARK(BM_TopKDecode)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      for (int rows : {1, 8, 64}) {
+        for (int n : {4096, 8192, 32768}) {
+          for (int k : {4, 8, 16, 64}) {
+            for (int variant : {0, 1, 2}) b->Args({rows, n, k, variant});
+          }
+        }
+      }
+      for (int rows : {8, 64}) {
+        for (int n : {4096, 8192, 32768}) {
+          for (int k : {8, 64}) {
+            for (int threads : {256, 512, 1024}) {
+              if (threads == kernels::select_detail::decode_threads_for(n)) continue;
+              if (kernels::select_detail::decode_items_for(n, threads) == 0) continue;
+              b->Args({rows, n, k, threads});
+            }
+          }
+        }
+      }
+    })
+    ->Apply(DecodeTimed);
+BENCHMARK(BM_TopKFloor)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      for (int rows : {1, 8, 64}) {
+        for (int n : {4096, 32768}) {
+          for (int mode : {0, 1, 2, 3}) b->Args({rows, n, 8, mode});
+        }
+      }
+    })
+    ->Apply(DecodeTimed);
 // Every streaming-path variant on the large shapes (at most two CTAs per SM in all), and the
 // cluster radix select on them.
 BENCHMARK(BM_TopKVariant)

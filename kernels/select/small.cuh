@@ -83,11 +83,12 @@ struct SmallShared {
   cub::BlockReduce<unsigned long long, kSmallThreads>::TempStorage reduce;
 };
 
-/// Threads per item when `count` items share the CTA's threads: the largest power of two <= 32
-/// with s * count <= kSmallThreads (groups of s lanes never straddle a warp).
+/// Threads per item when `count` items share a kBlock-thread CTA's threads: the largest power of
+/// two <= 32 with s * count <= kBlock (groups of s lanes never straddle a warp).
+template <int kBlock = kSmallThreads>
 __device__ __forceinline__ int small_group(int count) {
   int s = 1;
-  while (s < 32 && 2 * s * count <= kSmallThreads) s <<= 1;
+  while (s < 32 && 2 * s * count <= kBlock) s <<= 1;
   return s;
 }
 
@@ -118,10 +119,12 @@ __device__ __forceinline__ unsigned warp_append(unsigned c, unsigned* counter) {
 /// counted with multiplicity, into *threshold if larger (unchanged when the entries hold fewer
 /// than target), and the largest into *best if larger (when not null). Every thread of the CTA
 /// calls it after a barrier that made E visible; the results are visible after the next barrier.
+/// kBlock: the CTA's threads.
+template <int kBlock = kSmallThreads>
 __device__ __forceinline__ void entries_threshold(const std::uint64_t* E, int count, int target,
                                                   std::uint32_t* threshold, std::uint32_t* best) {
   const int tid = static_cast<int>(threadIdx.x);
-  const int s = small_group(count);
+  const int s = small_group<kBlock>(count);
   const int g = tid / s, sub = tid % s;
   std::uint32_t ev = 0u, ec = 0u;
   unsigned gt = 0u, ge = 0u;

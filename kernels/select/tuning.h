@@ -40,7 +40,38 @@ struct SelectTuning {
   bool force_spread = false;
   /// Never take the spread path (the streaming path runs instead), for comparison.
   bool no_spread = false;
+  /// Decode path (kernels/select/decode.cuh: topk with k <= 64, rows <= 32768 blocks, one CTA
+  /// per row): threads per CTA, 256, 512 or 1024 (0: the built-in choice, decode_threads_for);
+  /// setting it takes the decode path wherever it applies. A row longer than 32 scores per
+  /// thread, or another count: cudaErrorInvalidValue.
+  int decode_threads = 0;
+  /// Take the decode path wherever it applies (the built-in choice: kDecodePathByDefault).
+  bool force_decode = false;
+  /// Never take the decode path (the small path runs instead), for comparison.
+  bool no_decode = false;
+  /// Launch the decode path with programmatic dependent launch (the kernel waits for its
+  /// predecessor with griddepcontrol.wait and lets its successor launch early).
+  bool decode_pdl = false;
 };
+
+/// Whether the library's own calls take the decode path where it applies (a topk of k <= 64
+/// over rows of <= 32768 blocks); false until the GPU run that compares it with the small path.
+constexpr bool kDecodePathByDefault = false;
+
+/// Threads per CTA of the decode path's built-in choice for rows of `max_blocks` blocks: 256 up
+/// to 4096 blocks (16 scores per thread), 512 up to 8192, 1024 up to 32768.
+constexpr int decode_threads_for(int max_blocks) {
+  return max_blocks <= 4096 ? 256 : max_blocks <= 8192 ? 512 : 1024;
+}
+
+/// Scores per thread of the decode path with `threads` threads per CTA: the smallest of 4, 8,
+/// 16, 32 with threads * items >= max_blocks, or 0 when none is (the row does not fit).
+constexpr int decode_items_for(int max_blocks, int threads) {
+  for (int items = 4; items <= 32; items *= 2) {
+    if (static_cast<long long>(threads) * items >= max_blocks) return items;
+  }
+  return 0;
+}
 
 /// kernels::select (kvc/kernels/select_kernels.h) with the variants of `tuning`; the same
 /// contract, workspace query included (the workspace does not depend on the tuning).

@@ -17,6 +17,7 @@
 #include "kvc/kernels/select_kernels.h"
 #include "kvc/select/selector.h"
 #include "select/common.cuh"
+#include "select/decode.cuh"
 #include "select/policy.cuh"
 #include "select/small.cuh"
 #include "select/spread.cuh"
@@ -269,6 +270,57 @@ cudaError_t launch_small_items(int items, const TopmParams& tp, int rows, cudaSt
   }
 }
 
+template <int kBlock, int kItems>
+cudaError_t launch_decode_kernel(const TopmParams& tp, int rows, bool pdl, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(rows), 1, 1);
+  cfg.blockDim = dim3(kBlock, 1, 1);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = pdl ? attr : nullptr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, decode_topk_kernel<kBlock, kItems>, tp);
+}
+
+template <int kBlock>
+cudaError_t launch_decode_items(int items, const TopmParams& tp, int rows, bool pdl,
+                                cudaStream_t stream) {
+  switch (items) {
+    case 4:
+      return launch_decode_kernel<kBlock, 4>(tp, rows, pdl, stream);
+    case 8:
+      return launch_decode_kernel<kBlock, 8>(tp, rows, pdl, stream);
+    case 16:
+      return launch_decode_kernel<kBlock, 16>(tp, rows, pdl, stream);
+    case 32:
+      return launch_decode_kernel<kBlock, 32>(tp, rows, pdl, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+/// The decode path over `rows` rows with `threads` threads per CTA (0: decode_threads_for).
+/// cudaErrorInvalidValue for a thread count other than 256 / 512 / 1024 or a row that does not
+/// fit 32 scores per thread.
+cudaError_t launch_decode(const TopmParams& tp, int rows, int threads, bool pdl,
+                          cudaStream_t stream) {
+  if (threads == 0) threads = decode_threads_for(tp.max_blocks);
+  const int items = decode_items_for(tp.max_blocks, threads);
+  switch (threads) {
+    case 256:
+      return launch_decode_items<256>(items, tp, rows, pdl, stream);
+    case 512:
+      return launch_decode_items<512>(items, tp, rows, pdl, stream);
+    case 1024:
+      return launch_decode_items<1024>(items, tp, rows, pdl, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
 /// Multiprocessors of the current device (queried once per device; 132, an H100/H200's, when the
 /// query fails).
 int device_sms() {
@@ -466,6 +518,15 @@ cudaError_t select_tuned(void* d_temp, std::size_t& temp_bytes, const ScoresView
     tp.out_counts = out.counts;
     tp.max_selected = out.max_selected;
     if (report != nullptr) tp.report = *report;
+    // The decode path: topk of k <= 64 over rows of <= 32768 blocks, where chosen (a call
+    // pinning a small-path or cluster variant keeps it unless the decode path is asked for).
+    const bool decode_default = kDecodePathByDefault && tuning.small_items == 0 && !tuning.no_small;
+    const bool decode = policy.kind == Kind::kTopK && s.m <= kDecodeMaxRanks &&
+                        N <= kDecodeMaxBlocks && !tuning.no_decode &&
+                        (decode_default || tuning.force_decode || tuning.decode_threads != 0);
+    if (decode) {
+      return launch_decode(tp, s.rows, tuning.decode_threads, tuning.decode_pdl, stream);
+    }
     const bool small = !tuning.no_small && s.m <= kSmallMaxRanks && N <= kSmallMaxBlocks;
     // The spread path where a call's rows leave most of the GPU idle on the streaming path.
     // (A call pinning a streaming or cluster variant does not spread unless asked to.)

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
@@ -434,7 +435,10 @@ void check_policy_tuned(Gen& gen, const Batch& b, SelectPolicy p,
     p.order = o;
     SCOPED_TRACE(describe(p) + " max_blocks=" + std::to_string(b.max_blocks) +
                  " small_items=" + std::to_string(tuning.small_items) +
-                 " no_small=" + std::to_string(tuning.no_small));
+                 " no_small=" + std::to_string(tuning.no_small) +
+                 " decode_threads=" + std::to_string(tuning.decode_threads) +
+                 " force_decode=" + std::to_string(tuning.force_decode) +
+                 " decode_pdl=" + std::to_string(tuning.decode_pdl));
     const Result cpu = run_cpu(b, p, max_selected, pitch);
     const Result gpu = run_gpu_tuned(d, p, tuning);
     expect_same(cpu, gpu, b.rows, max_selected, pitch);
@@ -722,6 +726,189 @@ TEST(Cuda_Selector_Spread, GridTooLargeIsRejected) {
         << "ctas " << ctas;
     KVC_ASSERT_CUDA(cudaDeviceSynchronize());
     for (auto v : d.ids.download()) ASSERT_EQ(v, 0x5a5a5a5a) << "written by a rejected call";
+  }
+}
+
+// --- the decode path (kernels/select/decode.cuh) ------------------------------------------------
+
+kernels::select_detail::SelectTuning decode_tuning(int threads, bool pdl) {
+  kernels::select_detail::SelectTuning t;
+  t.force_decode = true;
+  t.decode_threads = threads;
+  t.decode_pdl = pdl;
+  return t;
+}
+
+// Every instantiation (256, 512 and 1024 threads x 4, 8, 16, 32 scores per thread: a row length
+// that needs exactly that many, odd lengths on the scalar loads, multiples of 4 on the vector
+// loads), with and without programmatic dependent launch, every k of the path (0 .. 64, k >= n
+// on the short and empty rows of each batch), every order and report field, every style (the
+// all-equal and few-values rows overflow the 256 candidates and take the radix fallback).
+// Policies the path does not serve fall through to the other paths with the same tuning.
+TEST(Cuda_Selector_Decode, EveryVariantMatchesCpu) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  const int ks[] = {0, 1, 2, 7, 8, 16, 33, 63, 64};
+  for (int threads : {256, 512, 1024}) {
+    for (int items : {4, 8, 16, 32}) {
+      const int chunk = threads * items;
+      const int lo = items == 4 ? 1 : chunk / 2 + 1;
+      for (bool vector_len : {false, true}) {
+        int max_blocks = gen.uniform(lo, chunk);
+        if (vector_len) {
+          max_blocks = (max_blocks + 3) / 4 * 4;
+        } else if (max_blocks % 4 == 0) {
+          max_blocks = max_blocks == chunk ? chunk - 1 : max_blocks + 1;
+        }
+        if (max_blocks > max_row_length()) continue;
+        ASSERT_EQ(kernels::select_detail::decode_items_for(max_blocks, threads), items)
+            << "max_blocks " << max_blocks;
+        const auto tuning = decode_tuning(threads, gen.uniform(0, 1) == 1);
+        for (int k : ks) {
+          const Batch b = make_batch(gen, gen.uniform(4, 7), max_blocks, gen.style());
+          check_policy_tuned(gen, b, SelectPolicy::topk(k), tuning);
+          if (HasFatalFailure()) return;
+        }
+        for (int st = 0; st < static_cast<int>(Style::kCount); ++st) {
+          SCOPED_TRACE("style " + std::to_string(st));
+          const Batch b = make_batch(gen, 4, max_blocks, static_cast<Style>(st));
+          check_policy_tuned(gen, b, SelectPolicy::topk(gen.uniform(0, 1) ? 8 : 64), tuning);
+          if (HasFatalFailure()) return;
+        }
+        const Batch b = make_batch(gen, 4, max_blocks, gen.style());
+        check_policy_tuned(gen, b, gen.small_policy(Kind::kThreshold), tuning);
+        if (HasFatalFailure()) return;
+        check_policy_tuned(gen, b, SelectPolicy::topk(65), tuning);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+// The benchmark's shapes (1 / 8 / 64 rows x 4096 / 8192 / 32768 blocks, k 4 / 8 / 16 / 64) on the
+// built-in thread count, plain and with programmatic dependent launch, and the special rows
+// (descending, ascending, all NaN, all +inf, sparse finite among NaN, all equal; one row short by
+// one, one half full).
+TEST(Cuda_Selector_Decode, BenchmarkShapesAndSpecialRowsMatchCpu) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  for (int rows : {1, 8, 64}) {
+    for (int n : {4096, 8192, 32768}) {
+      if (n > max_row_length()) continue;
+      const Batch b = make_batch(gen, rows, n, gen.style());
+      for (int k : {4, 8, 16, 64}) {
+        SCOPED_TRACE("rows " + std::to_string(rows) + " n " + std::to_string(n));
+        check_policy_tuned(gen, b, SelectPolicy::topk(k), decode_tuning(0, k % 16 == 0));
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+  for (int max_blocks : {1, 5, 4096, 8191, 32768}) {
+    if (max_blocks > max_row_length()) continue;
+    SCOPED_TRACE("special rows, max_blocks " + std::to_string(max_blocks));
+    const Batch b = special_batch(max_blocks);
+    for (int k : {1, 8, 64}) {
+      check_policy_tuned(gen, b, SelectPolicy::topk(k), decode_tuning(0, false));
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// Three decode-path launches with programmatic dependent launch captured in one graph, each on
+// its own rows and outputs: every replay, after new scores and poisoned outputs, gives the CPU's
+// selections for all three.
+TEST(Cuda_Selector_Decode, PdlGraphReplayWithNewScoresMatchesCpu) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  const int lengths[] = {4096, 1000, capped(32768)};
+  const int ks[] = {8, 64, 16};
+  std::vector<Batch> batches;
+  std::vector<std::unique_ptr<DeviceBatch>> dev;
+  for (int i = 0; i < 3; ++i) {
+    batches.push_back(make_batch(gen, 8, lengths[i], Style::kNormal));
+    dev.push_back(std::make_unique<DeviceBatch>(batches[i], ks[i], ks[i]));
+  }
+  const auto tuning = decode_tuning(0, true);
+  std::size_t bytes = 0;
+  for (int i = 0; i < 3; ++i) {
+    std::size_t need = 0;
+    const SelectionReport rep = dev[i]->report();
+    ASSERT_EQ(
+        kernels::select_detail::select_tuned(nullptr, need, dev[i]->in(), SelectPolicy::topk(ks[i]),
+                                             dev[i]->out(), &rep, tuning, nullptr),
+        cudaSuccess);
+    bytes = std::max(bytes, need);
+  }
+  DeviceArray<unsigned char> ws(std::max<std::size_t>(bytes, 1));
+  cudaStream_t stream;
+  KVC_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  KVC_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < 3; ++i) {
+    std::size_t b = bytes;
+    const SelectionReport rep = dev[i]->report();
+    EXPECT_EQ(
+        kernels::select_detail::select_tuned(ws.get(), b, dev[i]->in(), SelectPolicy::topk(ks[i]),
+                                             dev[i]->out(), &rep, tuning, stream),
+        cudaSuccess);
+  }
+  KVC_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  KVC_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 3; ++replay) {
+    SCOPED_TRACE("replay " + std::to_string(replay));
+    for (int i = 0; i < 3; ++i) {
+      if (replay > 0) {
+        batches[i] = make_batch(gen, 8, lengths[i], gen.style());
+        dev[i]->scores.upload(batches[i].scores);
+        dev[i]->num_valid.upload(batches[i].num_valid);
+      }
+      dev[i]->poison();
+    }
+    KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+    KVC_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
+    KVC_ASSERT_CUDA(cudaStreamSynchronize(stream));
+    for (int i = 0; i < 3; ++i) {
+      const Result cpu = run_cpu(batches[i], SelectPolicy::topk(ks[i]), ks[i], ks[i]);
+      expect_same(cpu, dev[i]->download(), 8, ks[i], ks[i]);
+      if (HasFatalFailure()) break;
+    }
+    if (HasFatalFailure()) break;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// A pinned decode variant out of range (a thread count other than 256 / 512 / 1024, a row longer
+// than 32 scores per thread) is rejected before anything is written.
+TEST(Cuda_Selector_Decode, VariantOutOfRangeIsRejected) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  struct Case {
+    int threads, max_blocks;
+  };
+  for (const Case& c : {Case{256, 8193}, Case{512, 16385}, Case{300, 100}, Case{-1, 100}}) {
+    SCOPED_TRACE("threads " + std::to_string(c.threads) + " max_blocks " +
+                 std::to_string(c.max_blocks));
+    const Batch b = make_batch(gen, 4, c.max_blocks, Style::kNormal);
+    DeviceBatch d(b, 8, 8);
+    d.poison();
+    const SelectPolicy p = SelectPolicy::topk(8);
+    std::size_t need = 0;
+    ASSERT_EQ(kernels::select_detail::select_tuned(nullptr, need, d.in(), p, d.out(), nullptr,
+                                                   decode_tuning(c.threads, false), nullptr),
+              cudaSuccess);
+    DeviceArray<unsigned char> w(std::max<std::size_t>(need, 1));
+    EXPECT_EQ(kernels::select_detail::select_tuned(w.get(), need, d.in(), p, d.out(), nullptr,
+                                                   decode_tuning(c.threads, false), nullptr),
+              cudaErrorInvalidValue);
+    KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+    for (auto v : d.ids.download()) ASSERT_EQ(v, 0x5a5a5a5a) << "written by a rejected call";
+    for (auto v : d.counts.download()) ASSERT_EQ(v, 0x5a5a5a5a) << "written by a rejected call";
   }
 }
 

@@ -1,0 +1,354 @@
+// The decode path: topk(k) for k <= 64 over rows of up to kDecodeMaxBlocks = 32768 blocks, the
+// whole selection (ids in every order, counts, -1 padding, the report) in one launch of one CTA
+// per row, written for the latency of a decode step (1-64 rows leave the GPU mostly idle, so a
+// call costs its launch, one memory round trip and its chain of barriers, not its bandwidth).
+//
+// The critical path of a CTA, in order:
+// 1. (programmatic dependent launch) wait for the kernel that produced the scores, then let the
+//    next kernel launch: both are no-ops for an ordinary launch;
+// 2. one memory round trip: the row's num_valid and every score of the row pitch are loaded
+//    together (16-byte loads, kItems per thread, in registers; the loads do not wait for
+//    num_valid: scores past it are read and ignored, so the row pitch must be readable, which
+//    ScoresView's [rows, max_blocks] shape promises). Meanwhile nothing else: the -1 padding,
+//    the counts and the report fields that do not depend on the ranking are stored as soon as
+//    num_valid arrives;
+// 3. the threshold of small.cuh: each warp lists its j largest thread maxima with their
+//    multiplicity (j rounds of __reduce_max_sync), T = the t-th largest listed maximum
+//    (t = min(k + 1, n)), so at least t blocks have a score key >= T and the blocks above T are
+//    a prefix of the row's rank order that holds its top t. Barrier #1; every warp computes T
+//    itself from the list when it is short (<= kDecodeWarpEntries entries: no second barrier),
+//    the CTA together otherwise (one more barrier);
+// 4. every valid block with a key >= T appends its rank key to the candidates (one shared atomic
+//    per thread that has any: a handful of threads on ordinary rows). Barrier #2;
+// 5. each candidate counts the candidates above it (s threads per candidate) = its rank; ranks
+//    below k write their id straight to the output (score order) and to the report's base, the
+//    rank k-1 candidate also writes the cutoff margin (the largest candidate below it is rank k)
+//    and the score spread (the largest candidate is rank 0). Score order ends here; the
+//    chronological and descending orders place each id after one more barrier, by counting the
+//    selected ids below it.
+//
+// When more than kDecodeCap blocks pass T (heavy ties, adversarial rows), an 8-bit radix select
+// over the full rank keys narrows them to <= kDecodeCap first (rank keys are distinct, so it
+// always ends); it re-reads the row from L2 rather than keeping the keys live in registers. The
+// keys are KeyCodec's compact rank keys and every decision is an exact count, so the selection and
+// the report are select_row()'s bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <cub/block/block_scan.cuh>
+
+#include "select/common.cuh"
+#include "select/small.cuh"
+
+namespace kvc {
+namespace kernels {
+namespace select_detail {
+
+constexpr int kDecodeMaxRanks = kSmallMaxRanks;  // 65: k <= 64, and rank k for the margin
+constexpr int kDecodeMaxThreads = 1024;          // threads per CTA: 256, 512 or 1024
+constexpr int kDecodeMaxItems = 32;              // scores per thread: 4, 8, 16 or 32
+constexpr int kDecodeMaxBlocks = kDecodeMaxThreads * kDecodeMaxItems;  // 32768
+constexpr int kDecodeCap = 256;         // candidates ranked by counting (<= every kBlock)
+constexpr int kDecodeBins = 256;        // the fallback's 8-bit digits (<= every kBlock)
+constexpr int kDecodeMaxEntries = 192;  // listed thread maxima: W j <= 1.5 t + W
+constexpr int kDecodeWarpEntries = 64;  // up to this many, every warp finds T by itself
+
+static_assert(kDecodeMaxRanks * 3 / 2 + 1 + kDecodeMaxThreads / 32 <= kDecodeMaxEntries,
+              "the entry list holds every warp's rounds");
+
+template <int kBlock>
+struct DecodeShared {
+  std::uint64_t cand[kDecodeCap];          // candidate rank keys (any order)
+  std::uint64_t ranked[kDecodeMaxRanks];   // ranks [0, L) in order (chronological / descending)
+  std::uint64_t entry[kDecodeMaxEntries];  // (thread max << 32) | multiplicity, per warp
+  unsigned hist[kDecodeBins];              // the fallback's digit histogram
+  unsigned cand_count;                     // candidates appended (may exceed kDecodeCap)
+  unsigned regather_count;                 // candidates appended after the fallback
+  std::uint32_t threshold;                 // T, when the CTA computes it together
+  std::uint64_t prefix;                    // the fallback's decision: radix prefix ...
+  int pbits;                               // ... of this many leading key bits,
+  int above;                               // keys with a larger prefix,
+  int eq;                                  // keys with this prefix
+  typename cub::BlockScan<int, kBlock>::TempStorage scan;
+};
+
+/// Maximum over the aligned group of s lanes (s a power of two <= 32), to every lane of it.
+/// Every lane of the warp calls it.
+__device__ __forceinline__ std::uint64_t group_max_u64(std::uint64_t v, int s) {
+  for (int d = 1; d < s; d <<= 1) {
+    const std::uint64_t o = __shfl_xor_sync(0xffffffffu, static_cast<unsigned long long>(v), d);
+    v = o > v ? o : v;
+  }
+  return v;
+}
+
+/// The decode path, see the file comment. Grid: one CTA of kBlock threads per row; thread tid
+/// holds elements ((i / 4) * kBlock + tid) * 4 + i % 4, i < kItems (kBlock * kItems >= N).
+/// min(p.k + 1, N) <= kDecodeMaxRanks (so L = min(k, n) <= 64 unless the row is that short);
+/// p.m, p.topm, p.mass, p.need_mass and p.direct_topk are not used.
+template <int kBlock, int kItems>
+__global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_constant__ TopmParams p) {
+  static_assert(kItems % 4 == 0 && kItems <= kDecodeMaxItems, "kItems: whole float4s");
+  static_assert(kBlock % 32 == 0 && kBlock >= kDecodeCap && kBlock >= kDecodeBins &&
+                    kBlock <= kDecodeMaxThreads,
+                "one candidate and one digit per thread");
+  constexpr int kWarps = kBlock / 32;
+  using Order = SelectPolicy::Order;
+  __shared__ DecodeShared<kBlock> sh;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int row = static_cast<int>(blockIdx.x);
+  const int N = p.max_blocks;
+  const KeyCodec codec = p.codec;
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // 1. Programmatic dependent launch: the scores' producer is complete and visible past the
+  //    wait; the next kernel may start launching now (it waits for this grid in turn).
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+
+  // --- 2. one round trip: num_valid and the row pitch's scores, in flight together ---------
+  const std::int32_t nv = __ldcg(p.num_valid + row);
+  const float* src = p.scores + static_cast<std::size_t>(row) * N;
+  auto elem = [&](int i) { return ((i >> 2) * kBlock + tid) * 4 + (i & 3); };
+  std::uint32_t key[kItems];
+  if (p.vector_loads) {  // N % 4 == 0: a float4 starting below N is whole
+    const uint4* src4 = reinterpret_cast<const uint4*>(src);
+#pragma unroll
+    for (int v = 0; v < kItems / 4; ++v) {
+      const int e = elem(4 * v);
+      uint4 u = make_uint4(0u, 0u, 0u, 0u);
+      if (e < N) u = __ldcg(src4 + (e >> 2));
+      key[4 * v] = u.x;
+      key[4 * v + 1] = u.y;
+      key[4 * v + 2] = u.z;
+      key[4 * v + 3] = u.w;
+    }
+  } else {
+    const std::uint32_t* bits = reinterpret_cast<const std::uint32_t*>(src);
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) key[i] = elem(i) < N ? __ldcg(bits + elem(i)) : 0u;
+  }
+  if (tid == 0) {
+    sh.cand_count = 0u;
+    sh.regather_count = 0u;
+    sh.threshold = 0u;
+  }
+  const int n = clamp_valid(nv, N);
+  const int L = p.k < n ? p.k : n;       // selected: ranks [0, L)
+  const int target = L < n ? L + 1 : L;  // ranked: [0, target), rank L for the margin
+
+  // What does not depend on the ranking, stored now.
+  std::int32_t* ids = p.out_ids + static_cast<std::size_t>(row) * p.max_selected;
+  const SelectionReport& rep = p.report;
+  const std::size_t rep_row = static_cast<std::size_t>(row) * rep.pitch;
+  for (int i = L + tid; i < p.max_selected; i += kBlock) ids[i] = -1;
+  if (rep.base_ids != nullptr) {
+    for (int i = L + tid; i < rep.pitch; i += kBlock) rep.base_ids[rep_row + i] = -1;
+  }
+  if (rep.added_ids != nullptr) {
+    for (int i = tid; i < rep.pitch; i += kBlock) rep.added_ids[rep_row + i] = -1;
+  }
+  if (tid == 0) {
+    p.out_counts[row] = L;
+    if (rep.base_counts != nullptr) rep.base_counts[row] = L;
+    if (rep.added_counts != nullptr) rep.added_counts[row] = 0;
+    if (rep.final_counts != nullptr) rep.final_counts[row] = L;
+    if (L == 0) {  // an empty base and an empty selection
+      const float nan = bits_float(0x7fc00000u);
+      if (rep.cutoff_margin != nullptr) rep.cutoff_margin[row] = nan;
+      if (rep.score_spread != nullptr) rep.score_spread[row] = nan;
+    }
+  }
+  if (L == 0) return;  // uniform: k == 0 or an empty row
+
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    key[i] = elem(i) < n ? select_rules::score_key(bits_float(key[i])) : 0u;
+  }
+  // Keys past n are 0 (so are NaN keys): the candidate tests below also check elem(i) < n.
+
+  // --- 3. thread maxima; each warp's j largest with multiplicity; T ------------------------
+  std::uint32_t tmax = 0u;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) tmax = key[i] > tmax ? key[i] : tmax;
+  const int rounds = small_rounds(target, kWarps);
+  const int num_entries = kWarps * rounds;  // <= kDecodeMaxEntries
+  {
+    std::uint32_t v = tmax;
+    for (int r = 0; r < rounds; ++r) {
+      const std::uint32_t top = __reduce_max_sync(0xffffffffu, v);
+      const unsigned holders = __ballot_sync(0xffffffffu, v == top);
+      if (lane == 0) {
+        sh.entry[warp * rounds + r] = top == 0u ? 0ull
+                                                : (static_cast<std::uint64_t>(top) << 32) |
+                                                      static_cast<unsigned>(__popc(holders));
+      }
+      if (v == top) v = 0u;
+    }
+  }
+  __syncthreads();  // #1: the entries are complete, the counters zero
+
+  std::uint32_t T = 0u;
+  if (num_entries <= kDecodeWarpEntries) {
+    // Every warp: the one listed value with (multiplicity above it) < target <= (at or above it),
+    // 0 when the entries hold fewer than target.
+    std::uint32_t q = 0u;
+    for (int a = lane; a < num_entries; a += 32) {
+      const std::uint32_t ev = static_cast<std::uint32_t>(sh.entry[a] >> 32);
+      if (ev == 0u) continue;
+      unsigned gt = 0u, ge = 0u;
+      for (int u = 0; u < num_entries; ++u) {
+        const std::uint64_t x = sh.entry[u];
+        const std::uint32_t xv = static_cast<std::uint32_t>(x >> 32);
+        const unsigned xc = static_cast<unsigned>(x);
+        gt += xv > ev ? xc : 0u;
+        ge += xv >= ev ? xc : 0u;
+      }
+      if (gt < static_cast<unsigned>(target) && static_cast<unsigned>(target) <= ge) {
+        q = ev > q ? ev : q;
+      }
+    }
+    T = __reduce_max_sync(0xffffffffu, q);
+  } else {
+    entries_threshold<kBlock>(sh.entry, num_entries, target, &sh.threshold, nullptr);
+    __syncthreads();
+    T = sh.threshold;
+  }
+
+  // --- 4. candidates: the valid blocks with keys >= T ----------------------------------------
+  {
+    unsigned c = 0u;
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) c += (elem(i) < n && key[i] >= T) ? 1u : 0u;
+    if (c != 0u) {
+      unsigned pos = atomicAdd(&sh.cand_count, c);
+#pragma unroll
+      for (int i = 0; i < kItems; ++i) {
+        if (elem(i) < n && key[i] >= T) {
+          if (pos < static_cast<unsigned>(kDecodeCap)) sh.cand[pos] = codec.encode(key[i], elem(i));
+          ++pos;
+        }
+      }
+    }
+  }
+  __syncthreads();  // #2: every candidate (or the count past the cap) is in place
+
+  int num_cand = static_cast<int>(sh.cand_count);
+  if (num_cand > kDecodeCap) {
+    // --- fallback: 8-bit radix select over the full rank keys until <= kDecodeCap remain ----
+    // Rare (heavy ties), so it re-reads the row (from L2 now) instead of keeping the keys in
+    // registers through it: the common path keeps its registers.
+    const int B = codec.bits;
+    auto rank_key_at = [&](int e) {
+      return codec.encode(select_rules::score_key(__ldcg(src + e)), e);
+    };
+    std::uint64_t prefix = 0;
+    int pbits = 0, above = 0, eq = n;
+    while (above + eq > kDecodeCap) {  // uniform
+      const int w = B - pbits < 8 ? B - pbits : 8;
+      const int nb = 1 << w;
+      const int shift = B - pbits - w;
+      for (int b = tid; b < kDecodeBins; b += kBlock) sh.hist[b] = 0u;
+      __syncthreads();
+#pragma unroll 4
+      for (int i = 0; i < kItems; ++i) {
+        const int e = elem(i);
+        if (e < n) {
+          const std::uint64_t ck = rank_key_at(e);
+          if ((ck >> (B - pbits)) == prefix) {
+            atomicAdd(&sh.hist[static_cast<int>(ck >> shift) & (nb - 1)], 1u);
+          }
+        }
+      }
+      __syncthreads();
+      // The digit holding the (target - above)-th largest remaining key; positions in
+      // descending digit order, one per thread (nb <= kBlock).
+      const int need = target - above;
+      const int c = tid < nb ? static_cast<int>(sh.hist[nb - 1 - tid]) : 0;
+      int run = 0;
+      cub::BlockScan<int, kBlock>(sh.scan).ExclusiveSum(c, run);
+      if (tid < nb && run < need && need <= run + c) {
+        sh.prefix = (prefix << w) | static_cast<std::uint64_t>(nb - 1 - tid);
+        sh.pbits = pbits + w;
+        sh.above = above + run;
+        sh.eq = c;
+      }
+      __syncthreads();
+      prefix = sh.prefix;
+      pbits = sh.pbits;
+      above = sh.above;
+      eq = sh.eq;
+    }
+    // The above + eq <= kDecodeCap keys at or above the prefix (a rank prefix of the row).
+#pragma unroll 4
+    for (int i = 0; i < kItems; ++i) {
+      const int e = elem(i);
+      if (e < n) {
+        const std::uint64_t ck = rank_key_at(e);
+        if ((ck >> (B - pbits)) >= prefix) sh.cand[atomicAdd(&sh.regather_count, 1u)] = ck;
+      }
+    }
+    __syncthreads();
+    num_cand = static_cast<int>(sh.regather_count);
+  }
+
+  // --- 5. rank the candidates by counting; ranks [0, L) are the selection --------------------
+  // The candidates are a rank prefix of the row holding ranks [0, target): a candidate's rank is
+  // the number of candidates above it, the largest candidate is rank 0 and the largest below
+  // rank L-1 is rank L.
+  const bool want_scores = rep.cutoff_margin != nullptr || rep.score_spread != nullptr;
+  const int s = small_group<kBlock>(num_cand);
+  const int g = tid / s, sub = tid % s;
+  std::uint64_t mine = 0, best = 0, next = 0;
+  unsigned above_me = 0u;
+  if (g < num_cand) {
+    mine = sh.cand[g];
+    for (int u = sub; u < num_cand; u += s) {
+      const std::uint64_t x = sh.cand[u];
+      above_me += x > mine ? 1u : 0u;
+      best = x > best ? x : best;
+      next = (x < mine && x > next) ? x : next;
+    }
+  }
+  above_me = group_sum(above_me, s);
+  if (want_scores) {  // uniform
+    best = group_max_u64(best, s);
+    next = group_max_u64(next, s);
+  }
+  const bool leader = g < num_cand && sub == 0;
+  const bool selected = leader && above_me < static_cast<unsigned>(L);
+  if (selected) {
+    const int id = codec.id(mine);
+    if (p.order == Order::kScore) ids[above_me] = id;
+    if (rep.base_ids != nullptr) rep.base_ids[rep_row + above_me] = id;
+    if (above_me == static_cast<unsigned>(L - 1)) {
+      if (rep.cutoff_margin != nullptr) {
+        rep.cutoff_margin[row] =
+            L >= n ? bits_float(0x7f800000u)
+                   : select_rules::score_gap(codec.score(mine), codec.score(next));
+      }
+      if (rep.score_spread != nullptr) {
+        rep.score_spread[row] = select_rules::score_gap(codec.score(best), codec.score(mine));
+      }
+    }
+  }
+  if (p.order == Order::kScore) return;
+
+  // Chronological / descending: each selected id at the count of selected ids below it.
+  if (selected) sh.ranked[above_me] = mine;
+  __syncthreads();
+  const bool asc = p.order == Order::kChronological;
+  for (int i = tid; i < L; i += kBlock) {
+    const int id = codec.id(sh.ranked[i]);
+    int pos = 0;
+    for (int r = 0; r < L; ++r) pos += codec.id(sh.ranked[r]) < id ? 1 : 0;
+    ids[asc ? pos : L - 1 - pos] = id;
+  }
+}
+
+}  // namespace select_detail
+}  // namespace kernels
+}  // namespace kvc
