@@ -281,6 +281,16 @@ struct TopmParams {
   SelectionReport report;  // device pointers, any null
 };
 
+/// The counts of a topk row that selects L ids and adds none: out_counts and the report's
+/// base / added / final counts, written by the calling thread.
+__device__ __forceinline__ void write_topk_counts(const TopmParams& p, int row, int L) {
+  const SelectionReport& rep = p.report;
+  p.out_counts[row] = L;
+  if (rep.base_counts != nullptr) rep.base_counts[row] = L;
+  if (rep.added_counts != nullptr) rep.added_counts[row] = 0;
+  if (rep.final_counts != nullptr) rep.final_counts[row] = L;
+}
+
 /// Stage B of topk(k) fused into stage A, for one row: from T[0, min(k + 1, n)), the row's top
 /// keys in rank order, the selected ids in p.order, the count, the -1 padding and the report
 /// (the same definitions as policy_kernel: base = the selection, nothing added). Every thread of
@@ -317,10 +327,7 @@ __device__ __forceinline__ void write_topk_row(const TopmParams& p, int row, int
     for (int i = tid; i < rep.pitch; i += kBlock) rep.added_ids[rep_row + i] = -1;
   }
   if (tid == 0) {
-    p.out_counts[row] = L;
-    if (rep.base_counts != nullptr) rep.base_counts[row] = L;
-    if (rep.added_counts != nullptr) rep.added_counts[row] = 0;
-    if (rep.final_counts != nullptr) rep.final_counts[row] = L;
+    write_topk_counts(p, row, L);
     const float nan = bits_float(0x7fc00000u);
     if (rep.cutoff_margin != nullptr) {
       rep.cutoff_margin[row] =

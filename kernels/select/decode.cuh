@@ -152,10 +152,7 @@ __global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_consta
     for (int i = tid; i < rep.pitch; i += kBlock) rep.added_ids[rep_row + i] = -1;
   }
   if (tid == 0) {
-    p.out_counts[row] = L;
-    if (rep.base_counts != nullptr) rep.base_counts[row] = L;
-    if (rep.added_counts != nullptr) rep.added_counts[row] = 0;
-    if (rep.final_counts != nullptr) rep.final_counts[row] = L;
+    write_topk_counts(p, row, L);
     if (L == 0) {  // an empty base and an empty selection
       const float nan = bits_float(0x7fc00000u);
       if (rep.cutoff_margin != nullptr) rep.cutoff_margin[row] = nan;
@@ -264,18 +261,8 @@ __global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_consta
         }
       }
       __syncthreads();
-      // The digit holding the (target - above)-th largest remaining key; positions in
-      // descending digit order, one per thread (nb <= kBlock).
-      const int need = target - above;
-      const int c = tid < nb ? static_cast<int>(sh.hist[nb - 1 - tid]) : 0;
-      int run = 0;
-      cub::BlockScan<int, kBlock>(sh.scan).ExclusiveSum(c, run);
-      if (tid < nb && run < need && need <= run + c) {
-        sh.prefix = (prefix << w) | static_cast<std::uint64_t>(nb - 1 - tid);
-        sh.pbits = pbits + w;
-        sh.above = above + run;
-        sh.eq = c;
-      }
+      pick_fallback_digit<kBlock>(sh.hist, w, prefix, pbits, above, target, sh.scan, &sh.prefix,
+                                  &sh.pbits, &sh.above, &sh.eq);
       __syncthreads();
       prefix = sh.prefix;
       pbits = sh.pbits;

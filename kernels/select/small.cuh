@@ -151,6 +151,31 @@ __device__ __forceinline__ void entries_threshold(const std::uint64_t* E, int co
   }
 }
 
+/// One decision of the radix fallback: after a pass that histogrammed the next w-bit digit of
+/// the rank keys matching `prefix` (pbits leading bits) into hist[0, 2^w), 2^w <= kBlock, the
+/// digit holding the (target - above)-th largest remaining key (positions in descending digit
+/// order, one per thread), stored by the one thread that finds it: the longer prefix, its
+/// length, the keys above it and the keys in it. Every thread of the kBlock-thread CTA calls it
+/// after a barrier that made hist visible; the results are visible after the next barrier.
+template <int kBlock>
+__device__ __forceinline__ void pick_fallback_digit(
+    const unsigned* hist, int w, std::uint64_t prefix, int pbits, int above, int target,
+    typename cub::BlockScan<int, kBlock>::TempStorage& scan, std::uint64_t* out_prefix,
+    int* out_pbits, int* out_above, int* out_eq) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int nb = 1 << w;
+  const int need = target - above;
+  const int c = tid < nb ? static_cast<int>(hist[nb - 1 - tid]) : 0;
+  int run = 0;
+  cub::BlockScan<int, kBlock>(scan).ExclusiveSum(c, run);
+  if (tid < nb && run < need && need <= run + c) {
+    *out_prefix = (prefix << w) | static_cast<std::uint64_t>(nb - 1 - tid);
+    *out_pbits = pbits + w;
+    *out_above = above + run;
+    *out_eq = c;
+  }
+}
+
 /// The small path's stage A, see the file comment. Grid: Q * rows CTAs, in clusters of Q when
 /// kCluster (Q = 1 otherwise); CTA q of row r holds elements [q * 256 * kItems, + 256 * kItems).
 template <int kItems, bool kCluster>
@@ -362,18 +387,8 @@ __global__ void __launch_bounds__(kSmallThreads)
       }
       sync_row();  // A: the leader holds the row's histogram
       if (q == 0) {
-        // The digit holding the (target - above)-th largest remaining key; positions in
-        // descending digit order, one per thread (nb <= kSmallThreads).
-        const int need = target - above;
-        const int c = tid < nb ? static_cast<int>(sh.hist[parity][nb - 1 - tid]) : 0;
-        int run = 0;
-        cub::BlockScan<int, kSmallThreads>(sh.scan).ExclusiveSum(c, run);
-        if (tid < nb && run < need && need <= run + c) {
-          sh.prefix = (prefix << w) | static_cast<std::uint64_t>(nb - 1 - tid);
-          sh.pbits = pbits + w;
-          sh.above = above + run;
-          sh.eq = c;
-        }
+        pick_fallback_digit<kSmallThreads>(sh.hist[parity], w, prefix, pbits, above, target,
+                                           sh.scan, &sh.prefix, &sh.pbits, &sh.above, &sh.eq);
       }
       sync_row();  // B: the decision is in the leader
       prefix = lead->prefix;
