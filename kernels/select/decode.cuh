@@ -51,7 +51,7 @@ constexpr int kDecodeMaxBlocks = kDecodeMaxThreads * kDecodeMaxItems;  // 32768
 constexpr int kDecodeCap = 256;         // candidates ranked by counting (<= every kBlock)
 constexpr int kDecodeBins = 256;        // the fallback's 8-bit digits (<= every kBlock)
 constexpr int kDecodeMaxEntries = 192;  // listed thread maxima: W j <= 1.5 t + W
-constexpr int kDecodeWarpEntries = 64;  // up to this many, every warp finds T by itself
+constexpr int kDecodeWarpEntries = 32;  // up to this many (one per lane), every warp finds T
 
 static_assert(kDecodeMaxRanks * 3 / 2 + 1 + kDecodeMaxThreads / 32 <= kDecodeMaxEntries,
               "the entry list holds every warp's rounds");
@@ -190,25 +190,21 @@ __global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_consta
 
   std::uint32_t T = 0u;
   if (num_entries <= kDecodeWarpEntries) {
-    // Every warp: the one listed value with (multiplicity above it) < target <= (at or above it),
-    // 0 when the entries hold fewer than target.
-    std::uint32_t q = 0u;
-    for (int a = lane; a < num_entries; a += 32) {
-      const std::uint32_t ev = static_cast<std::uint32_t>(sh.entry[a] >> 32);
-      if (ev == 0u) continue;
-      unsigned gt = 0u, ge = 0u;
-      for (int u = 0; u < num_entries; ++u) {
-        const std::uint64_t x = sh.entry[u];
-        const std::uint32_t xv = static_cast<std::uint32_t>(x >> 32);
-        const unsigned xc = static_cast<unsigned>(x);
-        gt += xv > ev ? xc : 0u;
-        ge += xv >= ev ? xc : 0u;
-      }
-      if (gt < static_cast<unsigned>(target) && static_cast<unsigned>(target) <= ge) {
-        q = ev > q ? ev : q;
-      }
+    // Every warp, one entry per lane: the one listed value with (multiplicity above it) <
+    // target <= (multiplicity at or above it); 0 when the entries hold fewer than target.
+    const std::uint32_t ev =
+        lane < num_entries ? static_cast<std::uint32_t>(sh.entry[lane] >> 32) : 0u;
+    unsigned gt = 0u, ge = 0u;
+    for (int u = 0; u < num_entries; ++u) {
+      const std::uint64_t x = sh.entry[u];
+      const std::uint32_t xv = static_cast<std::uint32_t>(x >> 32);
+      const unsigned xc = static_cast<unsigned>(x);
+      gt += xv > ev ? xc : 0u;
+      ge += xv >= ev ? xc : 0u;
     }
-    T = __reduce_max_sync(0xffffffffu, q);
+    const bool cut =
+        ev != 0u && gt < static_cast<unsigned>(target) && static_cast<unsigned>(target) <= ge;
+    T = __reduce_max_sync(0xffffffffu, cut ? ev : 0u);
   } else {
     entries_threshold<kBlock>(sh.entry, num_entries, target, &sh.threshold, nullptr);
     __syncthreads();
