@@ -15,9 +15,11 @@
 // 3. the threshold of small.cuh: each warp lists its j largest thread maxima with their
 //    multiplicity (j rounds of __reduce_max_sync), T = the t-th largest listed maximum
 //    (t = min(k + 1, n)), so at least t blocks have a score key >= T and the blocks above T are
-//    a prefix of the row's rank order that holds its top t. Barrier #1; every warp computes T
-//    itself from the list when it is short (<= kDecodeWarpEntries entries: no second barrier),
-//    the CTA together otherwise (one more barrier);
+//    a prefix of the row's rank order that holds its top t; for t <= 32 T is also at least every
+//    warp's own bound (the t-th largest of the warp's 32 thread maxima), which keeps rows whose
+//    best blocks gather in one warp (a ramp, a hot passage) tight. Barrier #1; every warp
+//    computes T itself from the list when it is short (<= kDecodeWarpEntries entries: no second
+//    barrier), the CTA together otherwise (one more barrier);
 // 4. every valid block with a key >= T appends its rank key to the candidates (one shared atomic
 //    per thread that has any: a handful of threads on ordinary rows). Barrier #2;
 // 5. each candidate counts the candidates above it (s threads per candidate) = its rank; ranks
@@ -65,10 +67,11 @@ struct DecodeShared {
   unsigned cand_count;                     // candidates appended (may exceed kDecodeCap)
   unsigned regather_count;                 // candidates appended after the fallback
   std::uint32_t threshold;                 // T, when the CTA computes it together
-  std::uint64_t prefix;                    // the fallback's decision: radix prefix ...
-  int pbits;                               // ... of this many leading key bits,
-  int above;                               // keys with a larger prefix,
-  int eq;                                  // keys with this prefix
+  std::uint32_t warp_bound[kDecodeMaxThreads / 32];  // each warp's own bound (t <= 32)
+  std::uint64_t prefix;                              // the fallback's decision: radix prefix ...
+  int pbits;                                         // ... of this many leading key bits,
+  int above;                                         // keys with a larger prefix,
+  int eq;                                            // keys with this prefix
   typename cub::BlockScan<int, kBlock>::TempStorage scan;
 };
 
@@ -186,7 +189,19 @@ __global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_consta
       if (v == top) v = 0u;
     }
   }
-  __syncthreads();  // #1: the entries are complete, the counters zero
+  if (target <= 32) {  // uniform
+    // This warp's own bound: the t-th largest of its 32 thread maxima (at least t of its
+    // threads, so t blocks, are at or above it). The row's T below is at least the largest of
+    // these, which keeps rows whose best blocks gather in one warp (a ramp, a hot passage of
+    // consecutive blocks) from overflowing the candidates.
+    unsigned ge = 0u;
+#pragma unroll
+    for (int u = 0; u < 32; ++u) ge += __shfl_sync(0xffffffffu, tmax, u) >= tmax ? 1u : 0u;
+    const std::uint32_t bound = __reduce_max_sync(
+        0xffffffffu, (tmax != 0u && ge >= static_cast<unsigned>(target)) ? tmax : 0u);
+    if (lane == 0) sh.warp_bound[warp] = bound;
+  }
+  __syncthreads();  // #1: the entries and warp bounds are complete, the counters zero
 
   std::uint32_t T = 0u;
   if (num_entries <= kDecodeWarpEntries) {
@@ -209,6 +224,11 @@ __global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_consta
     entries_threshold<kBlock>(sh.entry, num_entries, target, &sh.threshold, nullptr);
     __syncthreads();
     T = sh.threshold;
+  }
+  if (target <= 32) {  // the largest warp bound, when it is tighter
+    const std::uint32_t b =
+        __reduce_max_sync(0xffffffffu, lane < kWarps ? sh.warp_bound[lane] : 0u);
+    T = b > T ? b : T;
   }
 
   // --- 4. candidates: the valid blocks with keys >= T ----------------------------------------
@@ -246,14 +266,19 @@ __global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_consta
       const int shift = B - pbits - w;
       for (int b = tid; b < kDecodeBins; b += kBlock) sh.hist[b] = 0u;
       __syncthreads();
+      // One atomic per distinct digit per warp: the keys left are alike (that is why the
+      // fallback runs), so per-key atomics would serialise on a few bins.
 #pragma unroll 4
       for (int i = 0; i < kItems; ++i) {
         const int e = elem(i);
+        int bin = -1;
         if (e < n) {
           const std::uint64_t ck = rank_key_at(e);
-          if ((ck >> (B - pbits)) == prefix) {
-            atomicAdd(&sh.hist[static_cast<int>(ck >> shift) & (nb - 1)], 1u);
-          }
+          if ((ck >> (B - pbits)) == prefix) bin = static_cast<int>(ck >> shift) & (nb - 1);
+        }
+        const unsigned peers = __match_any_sync(0xffffffffu, bin);
+        if (bin >= 0 && lane == __ffs(static_cast<int>(peers)) - 1) {
+          atomicAdd(&sh.hist[bin], static_cast<unsigned>(__popc(peers)));
         }
       }
       __syncthreads();
@@ -266,12 +291,15 @@ __global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_consta
       eq = sh.eq;
     }
     // The above + eq <= kDecodeCap keys at or above the prefix (a rank prefix of the row).
+    auto kept = [&](int e) { return e < n && (rank_key_at(e) >> (B - pbits)) >= prefix; };
+    unsigned c = 0u;
 #pragma unroll 4
-    for (int i = 0; i < kItems; ++i) {
-      const int e = elem(i);
-      if (e < n) {
-        const std::uint64_t ck = rank_key_at(e);
-        if ((ck >> (B - pbits)) >= prefix) sh.cand[atomicAdd(&sh.regather_count, 1u)] = ck;
+    for (int i = 0; i < kItems; ++i) c += kept(elem(i)) ? 1u : 0u;
+    if (c != 0u) {
+      unsigned pos = atomicAdd(&sh.regather_count, c);
+#pragma unroll 4
+      for (int i = 0; i < kItems; ++i) {
+        if (kept(elem(i))) sh.cand[pos++] = rank_key_at(elem(i));
       }
     }
     __syncthreads();
