@@ -329,6 +329,15 @@ cudaError_t choose_mma(int path, bool serves, int group, bool& use_mma) {
   return cudaErrorInvalidValue;
 }
 
+/// Whether the tensor-core kernel asks L2 for its next ring / plain tile: only where asked for
+/// (kTensorCores, and the unpipelined loop it was measured with). Since the software pipeline the
+/// prefetch costs time on the H200 (docs/perf-data/2026-12-01-session4: dense B8 N128K 1332 vs
+/// 1304 us, B1 150 vs 138 us; block-select B8 30.3 vs 29.6 us), so kAuto leaves it out.
+bool prefetches(int path) {
+  return path == static_cast<int>(KernelPath::kTensorCores) ||
+         path == static_cast<int>(KernelPath::kTensorCoresUnpipelined);
+}
+
 /// Launches the combine as a programmatic dependent of the decode grid (its launch overlaps the
 /// decode; the kernel waits for the decode's completion), or as an ordinary launch where that
 /// is not supported.
@@ -499,7 +508,7 @@ cudaError_t attention_decode(void* d_workspace, std::size_t& workspace_bytes,
   fill_common(dp, p.q, p.q_dtype, p.out, p.out_dtype, p.lse,
               store::owns_ring(p.store) ? p.sink : nullptr, p.batch, p.num_query_tokens,
               p.num_q_heads, p.num_kv_heads, p.scale);
-  dp.prefetch = p.kernel_path != static_cast<int>(KernelPath::kTensorCoresNoPrefetch);
+  dp.prefetch = prefetches(p.kernel_path);
   dp.pipeline = p.kernel_path != static_cast<int>(KernelPath::kTensorCoresUnpipelined);
   return run(plan, dp, p.head_dim, stream);
 }
@@ -542,7 +551,7 @@ cudaError_t dense_attention_decode(void* d_workspace, std::size_t& workspace_byt
   dp.div_reps = make_fast_div(1);
   fill_common(dp, p.q, p.q_dtype, p.out, p.out_dtype, p.lse, p.sink, p.batch, p.num_query_tokens,
               p.num_q_heads, p.num_kv_heads, p.scale);
-  dp.prefetch = p.kernel_path != static_cast<int>(KernelPath::kTensorCoresNoPrefetch);
+  dp.prefetch = prefetches(p.kernel_path);
   dp.pipeline = p.kernel_path != static_cast<int>(KernelPath::kTensorCoresUnpipelined);
   return run(plan, dp, p.head_dim, stream);
 }

@@ -42,17 +42,17 @@ namespace kernels {
 /// Which kernel attention_decode / dense_attention_decode run (AttentionParams::kernel_path,
 /// DenseParams::kernel_path).
 enum class KernelPath : int {
-  /// By shape: the tensor-core kernel where it applies and the GQA group is >= 3, else the
-  /// CUDA-core kernel.
+  /// By shape: the tensor-core kernel where it applies and the GQA group is >= 3 (software-
+  /// pipelined, without the L2 prefetch: kTensorCoresNoPrefetch), else the CUDA-core kernel.
   kAuto = 0,
   /// The CUDA-core kernel (every shape and mode).
   kCudaCores = 1,
   /// The tensor-core kernel (mma.sync): head_dim 64..512, q in the cache's 16-bit dtype, not
   /// a summary mode, max_selected <= 512; a call it does not apply to returns
-  /// cudaErrorNotSupported.
+  /// cudaErrorNotSupported. With an L2 prefetch of the next ring / plain-cache tile (since the
+  /// software pipeline the prefetch measured slower on the H200, so kAuto leaves it out).
   kTensorCores = 2,
-  /// The tensor-core kernel without its L2 prefetch of the next ring / plain-cache tile (for
-  /// benchmarks: what the prefetch buys).
+  /// The tensor-core kernel without the L2 prefetch (kAuto's choice where tensor cores apply).
   kTensorCoresNoPrefetch = 3,
   /// The tensor-core kernel without the software pipeline of its ring / plain-cache tiles
   /// (each tile's loads issued just before the tile is computed; for benchmarks: what the
