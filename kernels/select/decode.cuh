@@ -317,11 +317,15 @@ __global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_consta
   unsigned above_me = 0u;
   if (g < num_cand) {
     mine = sh.cand[g];
-    for (int u = sub; u < num_cand; u += s) {
-      const std::uint64_t x = sh.cand[u];
-      above_me += x > mine ? 1u : 0u;
-      best = x > best ? x : best;
-      next = (x < mine && x > next) ? x : next;
+    if (want_scores) {
+      for (int u = sub; u < num_cand; u += s) {
+        const std::uint64_t x = sh.cand[u];
+        above_me += x > mine ? 1u : 0u;
+        best = x > best ? x : best;
+        next = (x < mine && x > next) ? x : next;
+      }
+    } else {  // the ranks alone: a third of the work per candidate pair
+      for (int u = sub; u < num_cand; u += s) above_me += sh.cand[u] > mine ? 1u : 0u;
     }
   }
   above_me = group_sum(above_me, s);
