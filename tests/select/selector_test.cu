@@ -883,6 +883,29 @@ TEST(Cuda_Selector_Decode, PdlGraphReplayWithNewScoresMatchesCpu) {
   cudaStreamDestroy(stream);
 }
 
+// num_valid outside [0, max_blocks] is clamped on the device (the scores past max_blocks, which
+// the decode path never reads, are the next row's); every thread count, both load paths.
+TEST(Cuda_Selector_Decode, NumValidIsClampedOnTheDevice) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  for (int max_blocks : {300, 302, 5000}) {
+    Batch b = make_batch(gen, 4, max_blocks, Style::kNormal);
+    for (auto& v : b.scores) v = gen.value(Style::kNormal);
+    b.num_valid = {-5, max_blocks + 1, 1 << 30, 17};
+    const std::vector<std::int32_t> clamped = {0, max_blocks, max_blocks, 17};
+    for (int threads : {256, 512, 1024}) {
+      SCOPED_TRACE("max_blocks " + std::to_string(max_blocks) + " threads " +
+                   std::to_string(threads));
+      const SelectPolicy p = SelectPolicy::topk(20);
+      DeviceBatch d(b, 20, 20);
+      expect_same(run_cpu(b, p, 20, 20, &clamped),
+                  run_gpu_tuned(d, p, decode_tuning(threads, false)), 4, 20, 20);
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
 // A pinned decode variant out of range (a thread count other than 256 / 512 / 1024, a row longer
 // than 32 scores per thread) is rejected before anything is written.
 TEST(Cuda_Selector_Decode, VariantOutOfRangeIsRejected) {
