@@ -354,13 +354,14 @@ BENCHMARK(BM_TopKVariant)
       }
     })
     ->Apply(Timed);
-// The decode path against the small path: 1 / 8 / 64 rows x 4096 / 8192 / 32768 blocks x k 4 / 8
-// / 16 / 64 (old, new, new with PDL); the thread counts on 8 and 64 rows at k 8 and 64; the
-// floors. 3 repetitions of 20 timed replays (a replay is up to 1024 calls).
+// The decode path against the small path (old, new): 1 / 8 / 64 rows x 4096 / 8192 / 32768
+// blocks x k 4 / 8 / 16 / 64; with PDL at k 8 / 64 on 4096 and 32768; the other thread counts on
+// 8 and 64 rows; the floors (no read, read, read with PDL). 3 repetitions of 10 timed replays (a
+// replay is up to 1024 calls): about 30 s on the H200 for the 118 rows.
 void DecodeTimed(benchmark::internal::Benchmark* b) {
   b->UseManualTime()
       ->Unit(benchmark::kMicrosecond)
-      ->Iterations(20)
+      ->Iterations(10)
       ->Repetitions(3)
       ->ReportAggregatesOnly(true);
 }
@@ -369,7 +370,8 @@ BENCHMARK(BM_TopKDecode)
       for (int rows : {1, 8, 64}) {
         for (int n : {4096, 8192, 32768}) {
           for (int k : {4, 8, 16, 64}) {
-            for (int variant : {0, 1, 2}) b->Args({rows, n, k, variant});
+            for (int variant : {0, 1}) b->Args({rows, n, k, variant});
+            if (n != 8192 && (k == 8 || k == 64)) b->Args({rows, n, k, 2});
           }
         }
       }
@@ -390,7 +392,7 @@ BENCHMARK(BM_TopKFloor)
     ->Apply([](benchmark::internal::Benchmark* b) {
       for (int rows : {1, 8, 64}) {
         for (int n : {4096, 32768}) {
-          for (int mode : {0, 1, 2, 3}) b->Args({rows, n, 8, mode});
+          for (int mode : {0, 1, 3}) b->Args({rows, n, 8, mode});
         }
       }
     })
