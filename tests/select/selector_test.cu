@@ -363,21 +363,33 @@ Result run_gpu(Selector& sel, DeviceBatch& d, const SelectPolicy& p) {
   return d.download();
 }
 
+// A non-blocking stream for the launches with programmatic dependent launch (made for ordinary
+// streams: the tests do not ask the legacy default stream to take it).
+cudaStream_t pdl_stream() {
+  static const cudaStream_t stream = [] {
+    cudaStream_t s = nullptr;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    return s;
+  }();
+  return stream;
+}
+
 // The kernel layer with the variants pinned (select_detail::select_tuned), on the default
-// stream, workspace from its own query.
+// stream (pdl_stream() for decode_pdl), workspace from its own query.
 Result run_gpu_tuned(DeviceBatch& d, const SelectPolicy& p,
                      const kernels::select_detail::SelectTuning& tuning) {
   d.poison();
+  const cudaStream_t stream = tuning.decode_pdl ? pdl_stream() : nullptr;
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the poison, before a non-blocking stream
   const ScoresView in = d.in();
   const SelectionView out = d.out();
   const SelectionReport rep = d.report();
   std::size_t bytes = 0;
-  EXPECT_EQ(kernels::select_detail::select_tuned(nullptr, bytes, in, p, out, &rep, tuning, nullptr),
+  EXPECT_EQ(kernels::select_detail::select_tuned(nullptr, bytes, in, p, out, &rep, tuning, stream),
             cudaSuccess);
   DeviceArray<unsigned char> ws(std::max<std::size_t>(bytes, 1));
-  EXPECT_EQ(
-      kernels::select_detail::select_tuned(ws.get(), bytes, in, p, out, &rep, tuning, nullptr),
-      cudaSuccess);
+  EXPECT_EQ(kernels::select_detail::select_tuned(ws.get(), bytes, in, p, out, &rep, tuning, stream),
+            cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return d.download();
 }
