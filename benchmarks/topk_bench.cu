@@ -319,15 +319,18 @@ void LargeShapes(benchmark::internal::Benchmark* b) {
   b->Args({1, 262144, 512});
 }
 
-// Fixed counts (an in-graph iteration replays up to 1024 launches): 5 repetitions of 30 timed
-// replays, reported as mean / median / stddev (scripts/perf-report.py reads the median).
-void Timed(benchmark::internal::Benchmark* b) {
+// Fixed counts (an in-graph iteration replays up to 1024 launches): `repetitions` of
+// `iterations` timed replays, reported as mean / median / stddev (scripts/perf-report.py reads
+// the median).
+void FixedCounts(benchmark::internal::Benchmark* b, int iterations, int repetitions) {
   b->UseManualTime()
       ->Unit(benchmark::kMicrosecond)
-      ->Iterations(30)
-      ->Repetitions(5)
+      ->Iterations(iterations)
+      ->Repetitions(repetitions)
       ->ReportAggregatesOnly(true);
 }
+// 5 repetitions of 30 timed replays.
+void Timed(benchmark::internal::Benchmark* b) { FixedCounts(b, 30, 5); }
 
 // Names BM_TopK/<rows>/<n>/<k> (scripts/perf-pairs.json pairs them with the anchors).
 BENCHMARK(BM_TopK)->Apply(DecodeShapes)->Apply(LargeShapes)->Apply(Timed);
@@ -358,13 +361,7 @@ BENCHMARK(BM_TopKVariant)
 // blocks x k 4 / 8 / 16 / 64; with PDL at k 8 / 64 on 4096 and 32768; the other thread counts on
 // 8 and 64 rows; the floors (no read, read, read with PDL). 3 repetitions of 10 timed replays (a
 // replay is up to 1024 calls): about 30 s on the H200 for the 118 rows.
-void DecodeTimed(benchmark::internal::Benchmark* b) {
-  b->UseManualTime()
-      ->Unit(benchmark::kMicrosecond)
-      ->Iterations(10)
-      ->Repetitions(3)
-      ->ReportAggregatesOnly(true);
-}
+void DecodeTimed(benchmark::internal::Benchmark* b) { FixedCounts(b, 10, 3); }
 BENCHMARK(BM_TopKDecode)
     ->Apply([](benchmark::internal::Benchmark* b) {
       for (int rows : {1, 8, 64}) {
