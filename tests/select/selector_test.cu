@@ -918,6 +918,74 @@ TEST(Cuda_Selector_Decode, NumValidIsClampedOnTheDevice) {
   }
 }
 
+// The report's fields in any subset (none at all: the ranking counts only; the base ids alone;
+// the margin alone; the spread alone; everything): the fields given match the CPU, the ones left
+// null are never written (they stay poisoned).
+TEST(Cuda_Selector_Decode, AnySubsetOfTheReportMatchesCpu) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  const int poison = 0x5a5a5a5a;
+  for (int max_blocks : {1000, 4096, capped(32768)}) {
+    for (int k : {1, 8, 64}) {
+      const Batch b = make_batch(gen, 6, max_blocks, gen.style());
+      const int pitch = std::min(k, max_blocks);
+      const Result cpu = run_cpu(b, SelectPolicy::topk(k), pitch, pitch);
+      DeviceBatch d(b, pitch, pitch);
+      for (int subset = 0; subset < 5; ++subset) {
+        SCOPED_TRACE("max_blocks " + std::to_string(max_blocks) + " k " + std::to_string(k) +
+                     " subset " + std::to_string(subset));
+        d.poison();
+        KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+        SelectionReport rep;
+        rep.rows = b.rows;
+        rep.pitch = pitch;
+        if (subset == 1 || subset == 4) rep.base_ids = d.base_ids.get();
+        if (subset == 2 || subset == 4) rep.cutoff_margin = d.margin.get();
+        if (subset == 3 || subset == 4) rep.score_spread = d.spread.get();
+        if (subset == 4) rep.final_counts = d.final_counts.get();
+        std::size_t bytes = 0;
+        const auto tuning = decode_tuning(0, false);
+        ASSERT_EQ(kernels::select_detail::select_tuned(
+                      nullptr, bytes, d.in(), SelectPolicy::topk(k), d.out(),
+                      subset == 0 ? nullptr : &rep, tuning, nullptr),
+                  cudaSuccess);
+        DeviceArray<unsigned char> ws(std::max<std::size_t>(bytes, 1));
+        ASSERT_EQ(kernels::select_detail::select_tuned(
+                      ws.get(), bytes, d.in(), SelectPolicy::topk(k), d.out(),
+                      subset == 0 ? nullptr : &rep, tuning, nullptr),
+                  cudaSuccess);
+        KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+        const Result gpu = d.download();
+        ASSERT_EQ(gpu.ids, cpu.ids);
+        ASSERT_EQ(gpu.counts, cpu.counts);
+        for (int r = 0; r < b.rows; ++r) {
+          SCOPED_TRACE("row " + std::to_string(r));
+          for (int i = 0; i < pitch; ++i) {
+            const std::size_t at = static_cast<std::size_t>(r) * pitch + i;
+            EXPECT_EQ(gpu.rep.base_ids[at], rep.base_ids ? cpu.rep.base_ids[at] : poison);
+            EXPECT_EQ(gpu.rep.added_ids[at], poison);
+          }
+          if (rep.cutoff_margin != nullptr) {
+            EXPECT_TRUE(same_float(gpu.rep.cutoff_margin[r], cpu.rep.cutoff_margin[r]));
+          } else {
+            EXPECT_EQ(float_bits(gpu.rep.cutoff_margin[r]), static_cast<std::uint32_t>(poison));
+          }
+          if (rep.score_spread != nullptr) {
+            EXPECT_TRUE(same_float(gpu.rep.score_spread[r], cpu.rep.score_spread[r]));
+          } else {
+            EXPECT_EQ(float_bits(gpu.rep.score_spread[r]), static_cast<std::uint32_t>(poison));
+          }
+          EXPECT_EQ(gpu.rep.final_counts[r], rep.final_counts ? cpu.rep.final_counts[r] : poison);
+          EXPECT_EQ(gpu.rep.base_counts[r], poison);
+          EXPECT_EQ(gpu.rep.added_counts[r], poison);
+        }
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
 // A pinned decode variant out of range (a thread count other than 256 / 512 / 1024, a row longer
 // than 32 scores per thread) is rejected before anything is written.
 TEST(Cuda_Selector_Decode, VariantOutOfRangeIsRejected) {
