@@ -102,6 +102,7 @@ __global__ void floor_kernel(const __grid_constant__ ScoresView in,
   if (kRead) {
     const uint4* src =
         reinterpret_cast<const uint4*>(in.scores + static_cast<std::size_t>(row) * in.max_blocks);
+#pragma unroll 8
     for (int v = tid; v < in.max_blocks / 4; v += static_cast<int>(blockDim.x)) {
       const uint4 u = __ldcg(src + v);
       acc |= u.x | u.y | u.z | u.w;
