@@ -531,6 +531,7 @@ cudaError_t select_tuned(void* d_temp, std::size_t& temp_bytes, const ScoresView
                         N <= kDecodeMaxBlocks && !tuning.no_decode &&
                         (decode_default || tuning.force_decode || tuning.decode_threads != 0);
     if (decode) {
+      tp.direct_topk = true;  // every field set; the decode kernel writes topk's outputs itself
       return launch_decode(tp, s.rows, tuning.decode_threads, tuning.decode_pdl, stream);
     }
     const bool small = !tuning.no_small && s.m <= kSmallMaxRanks && N <= kSmallMaxBlocks;
