@@ -45,7 +45,7 @@ struct SelectTuning {
   /// setting it takes the decode path wherever it applies. A row longer than 32 scores per
   /// thread, or another count: cudaErrorInvalidValue.
   int decode_threads = 0;
-  /// Take the decode path wherever it applies (the built-in choice: kDecodePathByDefault).
+  /// Take the decode path wherever it applies (the built-in choice: decode_path_by_default).
   bool force_decode = false;
   /// Never take the decode path (the small path runs instead), for comparison.
   bool no_decode = false;
@@ -54,9 +54,15 @@ struct SelectTuning {
   bool decode_pdl = false;
 };
 
-/// Whether the library's own calls take the decode path where it applies (a topk of k <= 64
-/// over rows of <= 32768 blocks); false until the GPU run that compares it with the small path.
-constexpr bool kDecodePathByDefault = false;
+/// Whether the library's own calls take the decode path (launched with programmatic dependent
+/// launch) for a topk of k <= 64 over `rows` rows of `max_blocks` blocks: rows of up to 8192
+/// blocks, and longer rows from 9 rows on. Measured on the H200 against the small / cluster path
+/// (topk_bench BM_TopKDecode, docs/perf-data/2026-12-01-session4/mid): 8 x 4096 k 8 4.04 vs
+/// 5.23 us, 8 x 8192 k 64 6.31 vs 9.83, 64 x 32768 k 8 11.0 vs 16.5; but 1-8 rows of 32768
+/// blocks stay on the cluster path (8 x 32768 k 8 7.84 vs 9.54: one CTA then pulls 128 KB alone).
+constexpr bool decode_path_by_default(int rows, int max_blocks) {
+  return max_blocks <= 8192 || rows > 8;
+}
 
 /// Threads per CTA of the decode path's built-in choice for rows of `max_blocks` blocks: 256 up
 /// to 4096 blocks (16 scores per thread), 512 up to 8192, 1024 up to 32768.

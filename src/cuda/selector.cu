@@ -526,13 +526,16 @@ cudaError_t select_tuned(void* d_temp, std::size_t& temp_bytes, const ScoresView
     if (report != nullptr) tp.report = *report;
     // The decode path: topk of k <= 64 over rows of <= 32768 blocks, where chosen (a call
     // pinning a small-path or cluster variant keeps it unless the decode path is asked for).
-    const bool decode_default = kDecodePathByDefault && tuning.small_items == 0 && !tuning.no_small;
+    const bool decode_default = decode_path_by_default(s.rows, N) && tuning.small_items == 0 &&
+                                !tuning.no_small && !tuning.force_decode &&
+                                tuning.decode_threads == 0;
     const bool decode = policy.kind == Kind::kTopK && s.m <= kDecodeMaxRanks &&
                         N <= kDecodeMaxBlocks && !tuning.no_decode &&
                         (decode_default || tuning.force_decode || tuning.decode_threads != 0);
     if (decode) {
       tp.direct_topk = true;  // every field set; the decode kernel writes topk's outputs itself
-      return launch_decode(tp, s.rows, tuning.decode_threads, tuning.decode_pdl, stream);
+      return launch_decode(tp, s.rows, tuning.decode_threads,
+                           tuning.decode_pdl || decode_default, stream);
     }
     const bool small = !tuning.no_small && s.m <= kSmallMaxRanks && N <= kSmallMaxBlocks;
     // The spread path where a call's rows leave most of the GPU idle on the streaming path.
