@@ -541,76 +541,99 @@ KVC_HD int touched_blocks(int count, int block_size) {
   return (count + block_size - 2) / block_size + 1;
 }
 
-/// Elements [i0, i0 + 4) of old K at pool row r (i0 a multiple of 4), dequantised as
-/// store::old_k_at does (one 4- or 8-byte load).
-__device__ __forceinline__ void old_k4(const StoreView& s, std::size_t r, int i0, float (&x)[4]) {
-  const std::uint8_t* p = s.old_k + r * store::k_row_bytes(s);
+/// The stored bytes of elements [i0, i0 + 4) of one old row (i0 a multiple of 4) and the row's
+/// scale: a 4-byte (q8), 2-byte (int4) or 8-byte (16-bit) piece in w, loaded before it is decoded
+/// so that several rows' loads can be in flight at once.
+struct Stored4 {
+  std::uint32_t w[2];
+  float scale;
+};
+
+/// Elements [i0, i0 + 4) of old K (value = false) or V (true) at pool row r, as stored (one 2-,
+/// 4- or 8-byte load and the scale).
+__device__ __forceinline__ Stored4 load_old4(const StoreView& s, bool value, std::size_t r,
+                                             int i0) {
+  const std::uint8_t* p =
+      value ? s.old_v + r * store::v_row_bytes(s) : s.old_k + r * store::k_row_bytes(s);
+  Stored4 x{{0u, 0u}, 0.0f};
   if (s.old_format == Format::kQ8) {
-    const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(p + i0);
-    const float scale = s.old_k_scale[r];
-#pragma unroll
-    for (int n = 0; n < 4; ++n) {
-      x[n] = formats::q8_decode(static_cast<std::int8_t>((w >> (8 * n)) & 0xffu), scale);
-    }
-  } else {  // f16, bf16 and fp16k_q4v keep K in the 16-bit dtype
-    LaneRow<4> w;
-    load_packed<8>(p + 2 * i0, w.w);
-    unpack(w, store::is_bf16(s), x);
+    x.w[0] = *reinterpret_cast<const std::uint32_t*>(p + i0);
+    x.scale = value ? s.old_v_scale[r] : s.old_k_scale[r];
+  } else if (value && s.old_format == Format::kFp16kQ4v) {
+    x.w[0] = *reinterpret_cast<const std::uint16_t*>(p + i0 / 2);
+    x.scale = s.old_v_scale[r];
+  } else {  // f16 and bf16; fp16k_q4v's K is in the 16-bit dtype
+    load_packed<8>(p + 2 * i0, x.w);
   }
+  return x;
 }
 
-/// Elements [i0, i0 + 4) of old V at pool row r (i0 a multiple of 4), as store::old_v_at.
-__device__ __forceinline__ void old_v4(const StoreView& s, std::size_t r, int i0, float (&x)[4]) {
-  const std::uint8_t* p = s.old_v + r * store::v_row_bytes(s);
+/// The elements of load_old4 dequantised as store::old_k_at / store::old_v_at do.
+__device__ __forceinline__ void decode_old4(const StoreView& s, bool value, const Stored4& in,
+                                            float (&x)[4]) {
   if (s.old_format == Format::kQ8) {
-    const std::uint32_t w = *reinterpret_cast<const std::uint32_t*>(p + i0);
-    const float scale = s.old_v_scale[r];
 #pragma unroll
     for (int n = 0; n < 4; ++n) {
-      x[n] = formats::q8_decode(static_cast<std::int8_t>((w >> (8 * n)) & 0xffu), scale);
+      x[n] = formats::q8_decode(static_cast<std::int8_t>((in.w[0] >> (8 * n)) & 0xffu), in.scale);
     }
-  } else if (s.old_format == Format::kFp16kQ4v) {
-    const std::uint32_t w = *reinterpret_cast<const std::uint16_t*>(p + i0 / 2);
-    const float scale = s.old_v_scale[r];
+  } else if (value && s.old_format == Format::kFp16kQ4v) {
 #pragma unroll
     for (int n = 0; n < 4; ++n) {
-      x[n] = fmul_rn(static_cast<float>(formats::q4_code(w >> (4 * n))), scale);
+      x[n] = fmul_rn(static_cast<float>(formats::q4_code(in.w[0] >> (4 * n))), in.scale);
     }
   } else {
     LaneRow<4> w;
-    load_packed<8>(p + 2 * i0, w.w);
+    w.w[0] = in.w[0];
+    w.w[1] = in.w[1];
     unpack(w, store::is_bf16(s), x);
   }
 }
 
 /// store::summarise_element for elements [i0, i0 + 4) of (pool block pb, head h) at once: the
 /// same row-order sums (fadd_rn from 0), mean = fdiv_rn(sum, B), NaN-propagating min / max, and
-/// store_summary, with one vector load per row and array instead of one per element.
+/// store_summary, with one vector load per row and array instead of one per element. kAhead rows'
+/// loads are issued before the first of them is summed (1: one row at a time, each load waited
+/// for; the arithmetic and its order are the same for every kAhead).
+template <int kAhead = 1>
 __device__ __forceinline__ void summarise4(const StoreView& s, int pb, int h, int i0) {
   const bool mean_v = (s.summaries & kSummaryMeanV) != 0;
   const bool min_max = (s.summaries & kSummaryMinMaxK) != 0;
   float sum_k[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sum_v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   float mn[4] = {0.0f, 0.0f, 0.0f, 0.0f}, mx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int t = 0; t < s.block_size; ++t) {
-    const std::size_t r = store::old_row_index(s, pb, h, t);
-    float kv[4];
-    old_k4(s, r, i0, kv);
+  const int B = s.block_size;
+  for (int t0 = 0; t0 < B; t0 += kAhead) {
+    Stored4 ks[kAhead], vs[kAhead];
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
-      sum_k[n] = fadd_rn(sum_k[n], kv[n]);
-      if (min_max) {  // a NaN anywhere in the block makes min and max NaN (never hidden)
-        if (t == 0 || is_nan(kv[n]) || (!is_nan(mn[n]) && kv[n] < mn[n])) mn[n] = kv[n];
-        if (t == 0 || is_nan(kv[n]) || (!is_nan(mx[n]) && kv[n] > mx[n])) mx[n] = kv[n];
+    for (int j = 0; j < kAhead; ++j) {
+      if (t0 + j < B) {
+        const std::size_t r = store::old_row_index(s, pb, h, t0 + j);
+        ks[j] = load_old4(s, false, r, i0);
+        if (mean_v) vs[j] = load_old4(s, true, r, i0);
       }
     }
-    if (mean_v) {
-      float vv[4];
-      old_v4(s, r, i0, vv);
 #pragma unroll
-      for (int n = 0; n < 4; ++n) sum_v[n] = fadd_rn(sum_v[n], vv[n]);
+    for (int j = 0; j < kAhead; ++j) {
+      const int t = t0 + j;
+      if (t >= B) continue;
+      float kv[4];
+      decode_old4(s, false, ks[j], kv);
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        sum_k[n] = fadd_rn(sum_k[n], kv[n]);
+        if (min_max) {  // a NaN anywhere in the block makes min and max NaN (never hidden)
+          if (t == 0 || is_nan(kv[n]) || (!is_nan(mn[n]) && kv[n] < mn[n])) mn[n] = kv[n];
+          if (t == 0 || is_nan(kv[n]) || (!is_nan(mx[n]) && kv[n] > mx[n])) mx[n] = kv[n];
+        }
+      }
+      if (mean_v) {
+        float vv[4];
+        decode_old4(s, true, vs[j], vv);
+#pragma unroll
+        for (int n = 0; n < 4; ++n) sum_v[n] = fadd_rn(sum_v[n], vv[n]);
+      }
     }
   }
-  const float b = static_cast<float>(s.block_size);
+  const float b = static_cast<float>(B);
   const std::size_t o = store::block_head_index(s, pb, h) * s.head_dim + i0;
 #pragma unroll
   for (int n = 0; n < 4; ++n) {
@@ -632,6 +655,16 @@ __device__ __forceinline__ int update_pops(const StoreView& s, int L, int count)
          store::owned_count(begin, s.num_shards, s.shard_index);
 }
 
+/// Sum of n over the warp (every lane gets it).
+__device__ __forceinline__ int warp_sum(int n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __reduce_add_sync(kFullMask, n);
+#else
+  for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(kFullMask, n, o);
+  return n;
+#endif
+}
+
 /// Pops of the entries before `e` (their pops come first, as in the host mirror), counted by the
 /// whole warp from the lengths before the update. Every lane calls it with the same e.
 __device__ __forceinline__ int pops_before(const StoreView& s, const std::int32_t* slots, int e,
@@ -641,12 +674,7 @@ __device__ __forceinline__ int pops_before(const StoreView& s, const std::int32_
     const int x = base + lane;
     if (x < e) n += update_pops(s, s.lengths[slots[x]], count);
   }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  return __reduce_add_sync(kFullMask, n);
-#else
-  for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(kFullMask, n, o);
-  return n;
-#endif
+  return warp_sum(n);
 }
 
 /// The end of a launch that plans for itself: every thread of every CTA calls it once its writes
@@ -756,7 +784,7 @@ __global__ void __launch_bounds__(32 * kFastWarps, E <= 4 ? 8 : (E == 8 ? 6 : 4)
       __syncthreads();
       for (int i0 = 4 * static_cast<int>(threadIdx.x); i0 < d;
            i0 += 4 * static_cast<int>(blockDim.x)) {
-        summarise4(s, pb, h, i0);
+        summarise4<1>(s, pb, h, i0);
       }
     }
   }
@@ -844,12 +872,223 @@ __global__ void __launch_bounds__(32 * kFastWarps)
       encode_row<E>(s, store::old_row_index(s, pb, h, q % B), ko, vo, lane);
       if ((q + 1) % B == 0) {  // the block closes: its last row is this warp's
         __syncwarp();
-        for (int i0 = 4 * lane; i0 < d; i0 += 4 * 32) summarise4(s, pb, h, i0);
+        for (int i0 = 4 * lane; i0 < d; i0 += 4 * 32) summarise4<1>(s, pb, h, i0);
       }
     }
     if (h == 0 && lane == 0) s.update_scratch[e] = L;
   }
   publish_update(s, slots, entries, 1, top);
+}
+
+// --- count-1 append in one round of reads (StoreKernels::kOneRound, kOneRoundWide) and the
+// count-1 write of an update planned before (the LayeredCache) ---------------------------------
+//
+// append_kernel's critical path is a chain of dependent loads followed by a publication that
+// waits for every CTA's rows: slot -> length -> (the pops of the entries before: their slots ->
+// their lengths) -> free page -> rows -> fence -> done-counter -> (last CTA) slots -> lengths ->
+// stores. append_once_kernel shortens it to two rounds of independent loads and one of
+// dependent ones:
+// 1. every CTA reads what the whole update needs — all entries' slots, then all their lengths
+//    (each round's loads in flight together), the free count — into shared memory, with one bit
+//    per entry that pops a block (AppendEntries); the new token's K/V loads are in flight
+//    meanwhile;
+// 2. each warp then issues its row's loads together: the ring row of the leaving token, and its
+//    page (the table's, or free_blocks[top - 1 - rank] for a block that starts, the rank a
+//    popcount of the bits of the entries before: the host mirror's order of pops);
+// 3. a CTA counts itself on the done-counter as soon as it has READ (publish_after_reads), not
+//    once its rows are written: the last CTA to count publishes every length and the free
+//    count from its shared memory (stores only) and sets the counter back to 0, while the rows
+//    are still being written. After its first round no CTA of the launch reads a length or the
+//    free count, so the early publication is safe; the next launch, or the next kernel of a
+//    graph, sees every write of this one.
+// planned_append_kernel is the same row work for an update whose plan ran before (each entry's
+// slot given, its old length in update_scratch, its pages in the table): one launch per write,
+// with the LayeredCache's spill of the leaving token fused in.
+
+/// Every entry of a count-1 update as a CTA of append_once_kernel read it (shared memory).
+struct AppendEntries {
+  std::int32_t slot[kFusedMaxEntries];        ///< slots[e]
+  std::int32_t length[kFusedMaxEntries];      ///< lengths[slot[e]] before the update
+  std::uint32_t pops[kFusedMaxEntries / 32];  ///< bit e % 32 of word e / 32: entry e pops a block
+  int top;                                    ///< free_count before the update
+};
+
+/// Round 1 of append_once_kernel (every thread of the CTA, kThreads of them): reads the slots of
+/// entries [0, entries), then their lengths, and the free count into `sh`.
+template <int kThreads>
+__device__ __forceinline__ void read_entries(const StoreView& s, const std::int32_t* slots,
+                                             int entries, AppendEntries& sh) {
+  constexpr int kItems = (kFusedMaxEntries + kThreads - 1) / kThreads;
+  const int t = static_cast<int>(threadIdx.x), lane = t % 32;
+  int slot[kItems], length[kItems];
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int x = i * kThreads + t;
+    slot[i] = x < entries ? slots[x] : 0;
+  }
+  if (t == 0) sh.top = *s.free_count;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int x = i * kThreads + t;
+    length[i] = x < entries ? s.lengths[slot[i]] : 0;
+  }
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    if (i * kThreads >= entries) break;  // the same for the whole CTA
+    const int x = i * kThreads + t;
+    const bool pops = x < entries && update_pops(s, length[i], 1) != 0;
+    const std::uint32_t bits = __ballot_sync(kFullMask, pops);
+    if (x < entries) {
+      sh.slot[x] = slot[i];
+      sh.length[x] = length[i];
+      if (lane == 0) sh.pops[x / 32] = bits;
+    }
+  }
+  __syncthreads();
+}
+
+/// Entries before `e` (0..kFusedMaxEntries) that pop a block: the set bits of sh.pops below bit
+/// e. Every lane calls it with the same e.
+__device__ __forceinline__ int pops_below(const AppendEntries& sh, int e, int lane) {
+  const int word = e / 32;
+  int n = 0;
+  if (lane < word) {
+    n = __popc(sh.pops[lane]);
+  } else if (lane == word && e % 32 != 0) {
+    n = __popc(sh.pops[lane] & ((1u << (e % 32)) - 1u));
+  }
+  return warp_sum(n);
+}
+
+/// Step 3 of append_once_kernel, by one warp of every CTA once the CTA has read (read_entries):
+/// counts the CTA on s.update_counter; the last CTA to count advances every entry's length by 1,
+/// lowers the free count by the entries' pops and sets the counter back to 0.
+__device__ __forceinline__ void publish_after_reads(const StoreView& s, const AppendEntries& sh,
+                                                    int entries, int lane) {
+  int ticket = 0;
+  if (lane == 0) {
+    __threadfence();  // the CTA's reads (before __syncthreads) come before its count
+    ticket = atomicAdd(s.update_counter, 1);
+  }
+  ticket = __shfl_sync(kFullMask, ticket, 0);
+  if (ticket != static_cast<int>(gridDim.x) - 1) return;
+  __threadfence();  // every other CTA's reads come before these writes
+  for (int x = lane; x < entries; x += 32) s.lengths[sh.slot[x]] = sh.length[x] + 1;
+  const int pops = pops_below(sh, entries, lane);
+  if (lane == 0) {
+    *s.free_count = sh.top - pops;
+    *s.update_counter = 0;
+  }
+}
+
+/// The count-1 append of head h of `slot`, length L before the update, from the warp that owns
+/// the row (every lane; kn, vn: the lane's share of the new token). The new token goes to ring
+/// row L % W once that row's token L - W — the one leaving the ring, when L >= W — has been read
+/// (each lane reads its share before it overwrites the same addresses). The leaving token is
+/// encoded into its old row when the store owns its block, on page `fresh` when the block starts
+/// and the caller popped one (the head-0 warp records it in the table), else on the table's; it
+/// is also copied to the 16-bit rows spill_k / spill_v when they are not null. A block that
+/// closes is summarised by the warp, kAhead rows' loads in flight at a time.
+template <int E, int kAhead>
+__device__ __forceinline__ void append_row(const StoreView& s, int slot, int L, int h, int lane,
+                                           int fresh, const LaneRow<E>& kn, const LaneRow<E>& vn,
+                                           std::uint16_t* spill_k, std::uint16_t* spill_v) {
+  const int W = s.recent_window, B = s.block_size, d = s.head_dim;
+  const int q = L - W;
+  const bool quantise = q >= 0 && store::owns_block(s, q / B);
+  const bool spill = q >= 0 && spill_k != nullptr;
+  const std::size_t r = store::ring_row_index(s, slot, h, L % W) * d;
+  auto* rk = static_cast<std::uint16_t*>(s.ring_k) + r;
+  auto* rv = static_cast<std::uint16_t*>(s.ring_v) + r;
+  LaneRow<E> ko, vo;
+  if (quantise || spill) {
+    ko = load_lane<E>(rk, lane);
+    vo = load_lane<E>(rv, lane);
+  }
+  std::int32_t* entry =
+      s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot + (q >= 0 ? q / B : 0);
+  int pb = 0;
+  if (quantise) pb = fresh >= 0 ? fresh : *entry;
+  store_lane<E>(rk, lane, kn);
+  store_lane<E>(rv, lane, vn);
+  if (spill) {
+    store_lane<E>(spill_k, lane, ko);
+    store_lane<E>(spill_v, lane, vo);
+  }
+  if (!quantise) return;
+  if (fresh >= 0 && h == 0 && lane == 0) *entry = pb;
+  encode_row<E>(s, store::old_row_index(s, pb, h, q % B), ko, vo, lane);
+  if ((q + 1) % B == 0) {  // the block closes: its last row is this warp's
+    __syncwarp();
+    for (int i0 = 4 * lane; i0 < d; i0 += 4 * 32) summarise4<kAhead>(s, pb, h, i0);
+  }
+}
+
+/// Rows of a block's summary whose loads append_once_kernel and planned_append_kernel keep in
+/// flight at a time.
+constexpr int kSummaryAhead = 8;
+
+// The whole count-1 append in one launch, one round of reads (see above): entries <=
+// kFusedMaxEntries, s.update_counter set; kWarps warps per CTA, warp w of the grid serves
+// (entry w / Hkv, head w % Hkv). Bit-identical to append_kernel and the CPU reference.
+template <int E, int kWarps>
+__global__ void __launch_bounds__(32 * kWarps)
+    append_once_kernel(StoreView s, const std::int32_t* slots, int entries, const std::uint16_t* k,
+                       const std::uint16_t* v) {
+  __shared__ AppendEntries sh;
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  const int w = static_cast<int>(blockIdx.x) * kWarps + warp;
+  const int H = s.num_kv_heads;
+  const bool row = w < entries * H;
+  const int e = w / H, h = w % H;
+  LaneRow<E> kn, vn;
+  if (row) {  // the new token: independent of everything read below, in flight meanwhile
+    const std::size_t in = (static_cast<std::size_t>(e) * H + h) * s.head_dim;
+    kn = load_lane<E>(k + in, lane);
+    vn = load_lane<E>(v + in, lane);
+  }
+  read_entries<32 * kWarps>(s, slots, entries, sh);
+  if (warp == kWarps - 1) publish_after_reads(s, sh, entries, lane);
+  if (!row) return;
+  const int slot = sh.slot[e], L = sh.length[e];
+  const int q = L - s.recent_window;
+  int fresh = -1;
+  if (q >= 0 && q % s.block_size == 0 && store::owns_block(s, q / s.block_size)) {
+    fresh = s.free_blocks[sh.top - 1 - pops_below(sh, e, lane)];
+  }
+  append_row<E, kSummaryAhead>(s, slot, L, h, lane, fresh, kn, vn, nullptr, nullptr);
+  if (h == 0 && lane == 0) s.update_scratch[e] = L;
+}
+
+// The count-1 write of an update planned before (store_write / the LayeredCache's plan): entry
+// e is slot slots[e] with its length before the update in update_scratch[e] and its pages in the
+// block table. Grid (ceil(entries * Hkv / kFastWarps), 1, layers), warp w serves (entry w / Hkv,
+// head w % Hkv) of layer z = at_layer(s0, ls, z) with its input at k + z * ls.kv; with
+// spill.rows > 0 the leaving token is also kept in spill row (slot, head, (L - W) % rows) of
+// layer z (spill.k / spill.v moved by z * spill.layer_stride bytes).
+template <int E>
+__global__ void __launch_bounds__(32 * kFastWarps)
+    planned_append_kernel(StoreView s0, LayerStrides ls, const std::int32_t* slots, int entries,
+                          const std::uint16_t* k, const std::uint16_t* v, SpillRows spill) {
+  const StoreView s = at_layer(s0, ls, blockIdx.z);
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int w = static_cast<int>(blockIdx.x) * kFastWarps + static_cast<int>(threadIdx.x) / 32;
+  const int H = s.num_kv_heads, d = s.head_dim;
+  if (w >= entries * H) return;
+  const int e = w / H, h = w % H;
+  const std::size_t in = ls.kv * blockIdx.z + (static_cast<std::size_t>(e) * H + h) * d;
+  const LaneRow<E> kn = load_lane<E>(k + in, lane), vn = load_lane<E>(v + in, lane);
+  const int slot = slots[e], L = s.update_scratch[e];
+  std::uint16_t *sk = nullptr, *sv = nullptr;
+  if (spill.rows > 0 && L >= s.recent_window) {
+    const std::ptrdiff_t layer = spill.layer_stride * static_cast<std::ptrdiff_t>(blockIdx.z);
+    const std::size_t at = ((static_cast<std::size_t>(slot) * H + h) * spill.rows +
+                            (L - s.recent_window) % spill.rows) *
+                           d;
+    sk = shift_bytes(static_cast<std::uint16_t*>(spill.k), layer) + at;
+    sv = shift_bytes(static_cast<std::uint16_t*>(spill.v), layer) + at;
+  }
+  append_row<E, kSummaryAhead>(s, slot, L, h, lane, -1, kn, vn, sk, sv);
 }
 
 // One thread: pushes each slot's blocks back in logical order and zeroes its length.

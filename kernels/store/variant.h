@@ -1,14 +1,17 @@
-// Internal: the KvStore update with its kernel set pinned, for the GPU tests (every set against
-// the CPU reference) and the benchmark (old and new kernels measured in one run). Not installed;
-// the library's own calls (kernels::store_update, store_write, store_write_layers) use kAuto.
+// Internal: the KvStore update (and the LayeredCache write) with its kernel set pinned, for the
+// GPU tests (every set against the CPU reference) and the benchmarks (old and new kernels
+// measured in one run). Not installed; the library's own calls (kernels::store_update,
+// store_write, store_write_layers, layered_write_layers) use kAuto.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kvc/kernels/store_kernels.h"
 #include "kvc/store/kv_store.h"
+#include "kvc/store/layered_cache.h"
 
 namespace kvc {
 namespace kernels {
@@ -21,8 +24,9 @@ constexpr int kFusedMaxEntries = 1024;
 
 /// Which kernels an update runs (kernels/store/update.cuh).
 enum class StoreKernels {
-  /// The library's choice: kFused where it applies, kRows otherwise (kLegacy for K/V that are
-  /// not 16-byte aligned).
+  /// The library's choice: kOneRound where it applies (an update's count 1; kFused's
+  /// self-planning for count > 1), kRows otherwise (kLegacy for K/V that are not 16-byte
+  /// aligned); a planned write of count 1 is kOneRound's single launch.
   kAuto,
   /// The update plans inside its own kernels: count 1 is one launch (append_kernel), count > 1
   /// two (rows_kernel planning for itself, ring_copy_kernel). Applies to at most
@@ -34,6 +38,25 @@ enum class StoreKernels {
   /// plan_kernel + quantise_kernel (a CTA per row) + summarise_kernel + ring_kernel: the kernels
   /// before issue 12 item 5, kept for comparison.
   kLegacy,
+  /// Count 1 in one round of reads (append_once_kernel, kernels/store/update.cuh): every CTA
+  /// reads all entries' slots and lengths at once, the last CTA to have read publishes the
+  /// lengths and the free count, 4 warps per CTA; applies where kFused does (else
+  /// cudaErrorNotSupported). A planned count-1 write (store_write_layers_with, the LayeredCache)
+  /// is one launch (planned_append_kernel, the LayeredCache's spill fused in). Count > 1: as
+  /// kFused for an update, as kRows for a planned write.
+  kOneRound,
+  /// kOneRound with 16 warps per CTA: a quarter of the CTAs, of the done-counter's atomics and
+  /// of the first round's redundant reads.
+  kOneRoundWide,
+};
+
+/// The rows of a LayeredCache's spill (LayeredView::spill_k / spill_v) that a planned count-1
+/// write fills with the token leaving the ring, for truncate.
+struct SpillRows {
+  void* k = nullptr;  ///< the first written layer's [max_slots + 1, Hkv, rows, d] 16-bit K
+  void* v = nullptr;  ///< the same for V
+  std::ptrdiff_t layer_stride = 0;  ///< bytes between layers of k (and of v)
+  int rows = 0;                     ///< rows per (slot, head): max_rollback; 0: no spill
 };
 
 /// kernels::store_update with the kernel set `which`.
@@ -42,10 +65,27 @@ cudaError_t store_update_with(StoreKernels which, const StoreView& s, const std:
                               cudaStream_t stream);
 
 /// kernels::store_write_layers with the kernel set `which` (kFused is kRows here: the write has
-/// no plan to fuse).
+/// no plan to fuse; kAuto, kOneRound and kOneRoundWide write count 1 with planned_append).
 cudaError_t store_write_layers_with(StoreKernels which, const StoreView& s, const LayerStrides& ls,
                                     int layers, const std::int32_t* d_slots, int entries, int count,
                                     const void* d_k, const void* d_v, cudaStream_t stream);
+
+/// The count-1 write of an update planned before, ONE launch for `layers` layers (as
+/// store_write_layers with count 1): entry e is slot d_slots[e], its length before the update
+/// in s.update_scratch[e], its pages in the block table; with spill.rows > 0 each leaving token
+/// is also copied to its spill row. cudaErrorNotSupported (nothing launched) when K/V or the
+/// layer distance ls.kv are not 16-byte aligned.
+cudaError_t planned_append(const StoreView& s, const LayerStrides& ls, int layers,
+                           const std::int32_t* d_slots, int entries, const void* d_k,
+                           const void* d_v, const SpillRows& spill, cudaStream_t stream);
+
+/// kernels::layered_write_layers with the kernel set `which` for the store part (kRows, kFused:
+/// the spill launch, then the warp-per-row kernels and the ring copy; kAuto, kOneRound,
+/// kOneRoundWide: count 1 is one planned_append launch, the spill fused in).
+cudaError_t layered_write_layers_with(StoreKernels which, const LayeredView& view, int first_layer,
+                                      int layers, int entries, int count, const void* d_k,
+                                      const void* d_v, std::int64_t kv_layer_stride,
+                                      cudaStream_t stream);
 
 }  // namespace store_detail
 }  // namespace kernels

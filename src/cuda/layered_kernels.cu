@@ -7,6 +7,7 @@
 #include "layered_cache_impl.h"
 #include "layered_launch.h"
 #include "store/layered.cuh"
+#include "store/variant.h"
 
 namespace kvc {
 namespace kernels {
@@ -67,11 +68,42 @@ cudaError_t layered_write(const LayeredView& v, int layer, int entries, int coun
 cudaError_t layered_write_layers(const LayeredView& v, int first_layer, int layers, int entries,
                                  int count, const void* d_k, const void* d_v,
                                  std::int64_t kv_layer_stride, cudaStream_t stream) {
+  return store_detail::layered_write_layers_with(store_detail::StoreKernels::kAuto, v, first_layer,
+                                                 layers, entries, count, d_k, d_v, kv_layer_stride,
+                                                 stream);
+}
+
+namespace store_detail {
+
+cudaError_t layered_write_layers_with(StoreKernels which, const LayeredView& v, int first_layer,
+                                      int layers, int entries, int count, const void* d_k,
+                                      const void* d_v, std::int64_t kv_layer_stride,
+                                      cudaStream_t stream) {
   const StoreView& s0 = v.layer0;
   if (first_layer < 0 || layers < 1 || first_layer + layers > v.num_layers || entries < 1 ||
       entries > s0.max_slots || count < 1 || count > s0.max_context || d_k == nullptr ||
       d_v == nullptr) {
     return cudaErrorInvalidValue;
+  }
+  LayerStrides ls;
+  ls.ring = v.ring_stride;
+  ls.pool = v.pool_stride;
+  ls.kv = kv_layer_stride;
+  const StoreView first = layered_detail::layer_of(v, first_layer);
+  const bool one_launch = which == StoreKernels::kAuto || which == StoreKernels::kOneRound ||
+                          which == StoreKernels::kOneRoundWide;
+  if (count == 1 && one_launch) {  // rows, ring and spill in one launch
+    SpillRows spill;
+    if (v.max_rollback > 0) {
+      const std::ptrdiff_t at = v.spill_stride * first_layer;
+      spill.k = static_cast<std::uint8_t*>(v.spill_k) + at;
+      spill.v = static_cast<std::uint8_t*>(v.spill_v) + at;
+      spill.layer_stride = v.spill_stride;
+      spill.rows = v.max_rollback;
+    }
+    const cudaError_t e =
+        planned_append(first, ls, layers, v.plan_slots, entries, d_k, d_v, spill, stream);
+    if (e != cudaErrorNotSupported) return e;  // else K/V are not 16-byte aligned: below
   }
   const auto* k = static_cast<const std::uint16_t*>(d_k);
   const auto* val = static_cast<const std::uint16_t*>(d_v);
@@ -83,14 +115,12 @@ cudaError_t layered_write_layers(const LayeredView& v, int first_layer, int laye
         v, first_layer, count, per_entry, k, val, kv_layer_stride);
     KVC_CUDA_CALL(cudaGetLastError());
   }
-  LayerStrides ls;
-  ls.ring = v.ring_stride;
-  ls.pool = v.pool_stride;
-  ls.kv = kv_layer_stride;
-  return store_write_layers(layered_detail::layer_of(v, first_layer), ls, layers, v.plan_slots,
-                            entries, count, d_k, d_v, stream);
+  // kOneRound's count > 1 (or unaligned K/V) writes as kAuto: the warp-per-row kernels.
+  return store_write_layers_with(one_launch ? StoreKernels::kAuto : which, first, ls, layers,
+                                 v.plan_slots, entries, count, d_k, d_v, stream);
 }
 
+}  // namespace store_detail
 }  // namespace kernels
 }  // namespace kvc
 

@@ -88,7 +88,44 @@ bool fused_applies(const StoreView& s, int entries, const void* k, const void* v
   return entries <= kFusedMaxEntries && s.update_counter != nullptr && aligned16(k, v, 0);
 }
 
+// append_once_kernel with kWarps warps per CTA.
+template <int kWarps>
+cudaError_t append_once(const StoreView& s, const std::int32_t* d_slots, int entries,
+                        const std::uint16_t* k, const std::uint16_t* v, cudaStream_t stream) {
+  const int warps = entries * s.num_kv_heads;
+  const unsigned ctas = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
+  return with_lane_elements(s.head_dim, [&](auto lane_elems) {
+    append_once_kernel<decltype(lane_elems)::value, kWarps>
+        <<<ctas, 32 * kWarps, 0, stream>>>(s, d_slots, entries, k, v);
+    return cudaGetLastError();
+  });
+}
+
+bool one_round(StoreKernels which) {
+  return which == StoreKernels::kAuto || which == StoreKernels::kOneRound ||
+         which == StoreKernels::kOneRoundWide;
+}
+
 }  // namespace
+
+cudaError_t planned_append(const StoreView& s, const LayerStrides& ls, int layers,
+                           const std::int32_t* d_slots, int entries, const void* d_k,
+                           const void* d_v, const SpillRows& spill, cudaStream_t stream) {
+  if (entries <= 0) return cudaSuccess;
+  if (layers < 1 || layers > 65535) return cudaErrorInvalidValue;
+  if (!aligned16(d_k, d_v, ls.kv)) return cudaErrorNotSupported;
+  const long long warps = static_cast<long long>(entries) * s.num_kv_heads;
+  const long long ctas = (warps + kFastWarps - 1) / kFastWarps;
+  if (ctas > 0x7fffffffLL) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(ctas), 1, static_cast<unsigned>(layers));
+  const auto* k = static_cast<const std::uint16_t*>(d_k);
+  const auto* v = static_cast<const std::uint16_t*>(d_v);
+  return with_lane_elements(s.head_dim, [&](auto lane_elems) {
+    planned_append_kernel<decltype(lane_elems)::value>
+        <<<grid, 32 * kFastWarps, 0, stream>>>(s, ls, d_slots, entries, k, v, spill);
+    return cudaGetLastError();
+  });
+}
 
 cudaError_t store_write_layers_with(StoreKernels which, const StoreView& s, const LayerStrides& ls,
                                     int layers, const std::int32_t* d_slots, int entries, int count,
@@ -98,6 +135,9 @@ cudaError_t store_write_layers_with(StoreKernels which, const StoreView& s, cons
   const auto* k = static_cast<const std::uint16_t*>(d_k);
   const auto* v = static_cast<const std::uint16_t*>(d_v);
   const unsigned z = static_cast<unsigned>(layers);
+  if (count == 1 && one_round(which) && aligned16(k, v, ls.kv)) {
+    return planned_append(s, ls, layers, d_slots, entries, k, v, SpillRows{}, stream);
+  }
   if (which == StoreKernels::kLegacy || (which == StoreKernels::kAuto && !aligned16(k, v, ls.kv))) {
     return write_legacy(s, ls, z, d_slots, entries, count, k, v, stream);
   }
@@ -109,12 +149,17 @@ cudaError_t store_update_with(StoreKernels which, const StoreView& s, const std:
                               cudaStream_t stream) {
   if (entries <= 0 || count <= 0) return cudaSuccess;
   const bool fused = fused_applies(s, entries, d_k, d_v);
-  if (which == StoreKernels::kFused && !fused) return cudaErrorNotSupported;
-  if (fused && (which == StoreKernels::kFused || which == StoreKernels::kAuto)) {
+  const bool self_planned = which == StoreKernels::kFused || one_round(which);
+  if (self_planned && which != StoreKernels::kAuto && !fused) return cudaErrorNotSupported;
+  if (fused && self_planned) {
     const auto* k = static_cast<const std::uint16_t*>(d_k);
     const auto* v = static_cast<const std::uint16_t*>(d_v);
     if (count > 1)
       return write_rows(s, LayerStrides{}, 1, d_slots, entries, count, k, v, true, stream);
+    if (which == StoreKernels::kOneRoundWide)
+      return append_once<16>(s, d_slots, entries, k, v, stream);
+    if (which != StoreKernels::kFused)
+      return append_once<kFastWarps>(s, d_slots, entries, k, v, stream);
     const int warps = entries * s.num_kv_heads;
     const unsigned ctas = static_cast<unsigned>((warps + kFastWarps - 1) / kFastWarps);
     return with_lane_elements(s.head_dim, [&](auto lane_elems) {
