@@ -1,13 +1,16 @@
 // LayeredCache on CUDA: bit-identical to the CPU reference (kvc and engine pages, truncate,
-// fork, strided views), the device guards (bad slot / length / page / empty pool go to the trash
-// and set error bits; nothing outside the cache's memory is written), and a whole decode step of
-// every layer captured in one CUDA graph, replayed against the objects on the CPU.
+// fork, strided views, the count-1 write of every kernel set: one launch, or the spill, rows and
+// ring launches before it), the device guards (bad slot / length / page / empty pool go to the
+// trash and set error bits; nothing outside the cache's memory is written), and a whole decode step
+// of every layer captured in one CUDA graph, replayed against the objects on the CPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/cuda_test_util.h"
@@ -18,6 +21,7 @@
 #include "kvc/kernels/layered_kernels.h"
 #include "kvc/select/selector.h"
 #include "kvc/store/layered_cache.h"
+#include "store/variant.h"
 
 namespace kvc {
 namespace {
@@ -553,6 +557,82 @@ TEST(Cuda_LayeredCache, WholeDecodeStepInOneGraph) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// The count-1 write of every layer through the kernel layer with a pinned kernel set: kOneRound
+// (one launch per write, the spill fused in), kRows (spill + rows + ring copy: the launches
+// before it) and kAuto; layer by layer and all layers in one call, batches of 1..64 slots in a
+// shuffled order at different lengths, kvc and engine pages. Then truncate (the spill put back)
+// and more steps: equal to the CPU cache, no device error.
+TEST(Cuda_LayeredCache, CountOneWritesOfEveryKernelSetMatchCpu) {
+  KVC_REQUIRE_GPU();
+  using kernels::store_detail::StoreKernels;
+  for (const StoreKernels which :
+       {StoreKernels::kOneRound, StoreKernels::kRows, StoreKernels::kAuto}) {
+    for (const PageOwner owner : {PageOwner::kKvc, PageOwner::kEngine}) {
+      LayeredCacheConfig c =
+          config(owner == PageOwner::kKvc ? Format::kQ8 : Format::kFp16kQ4v, owner, 8, 3);
+      c.layer.max_slots = 64;
+      c.layer.recent_window = 16;
+      c.layer.block_size = 4;
+      c.layer.max_context = 200;
+      Pair p(c);
+      for (int s = 0; s < 64; ++s) p.cpu->open_slot(), p.gpu->open_slot();
+      for (int s = 0; s < 64; s += 3) p.update({s}, 1 + s % 40, 50u + s);
+      const std::string where = std::to_string(static_cast<int>(which)) +
+                                (owner == PageOwner::kKvc ? " kvc pages" : " engine pages");
+      std::mt19937 rng(23);
+      std::vector<int> all(64);
+      for (int s = 0; s < 64; ++s) all[s] = s;
+      const std::size_t token = 2 * 128;
+      DeviceArray<std::int32_t> d_slots(64);
+      auto step = [&](int batch, bool all_layers, std::uint32_t seed) {
+        std::shuffle(all.begin(), all.end(), rng);
+        const std::vector<int> slots(all.begin(), all.begin() + batch);
+        for (int s : slots) p.assign(s, p.cpu->length(s) + 1);
+        const std::size_t layer = slots.size() * token;
+        auto k = random_bits16(3 * layer, DType::kF16, seed);
+        auto v = random_bits16(3 * layer, DType::kF16, seed + 1);
+        DeviceArray<std::uint16_t> dk(k), dv(v);
+        d_slots.upload(std::vector<std::int32_t>(slots.begin(), slots.end()));
+        const LayeredView view = p.gpu->view();
+        ASSERT_EQ(kernels::layered_begin_update(view, d_slots.get(), batch, 1, nullptr),
+                  cudaSuccess);
+        p.cpu->begin_update(slots, 1);
+        for (int l = 0; l < 3; ++l) {
+          p.cpu->write(l,
+                       TensorView::contiguous(k.data() + l * layer, DType::kF16, {batch, 2, 128}),
+                       TensorView::contiguous(v.data() + l * layer, DType::kF16, {batch, 2, 128}));
+        }
+        using kernels::store_detail::layered_write_layers_with;
+        if (all_layers) {
+          ASSERT_EQ(layered_write_layers_with(which, view, 0, 3, batch, 1, dk.get(), dv.get(),
+                                              static_cast<std::int64_t>(layer), nullptr),
+                    cudaSuccess);
+        } else {
+          for (int l = 2; l >= 0; --l) {  // any layer order
+            ASSERT_EQ(layered_write_layers_with(which, view, l, 1, batch, 1, dk.get() + l * layer,
+                                                dv.get() + l * layer, 0, nullptr),
+                      cudaSuccess);
+          }
+        }
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        p.gpu->refresh_host_state();
+      };
+      for (const int batch : {1, 7, 33, 64}) {
+        for (int i = 0; i < 10; ++i) step(batch, i % 2 == 1, 1000u * batch + 2u * i);
+        p.expect_equal((where + ", batch " + std::to_string(batch)).c_str());
+      }
+      for (int s = 0; s < 64; s += 5) {
+        const int n = std::max(p.cpu->rollback_floor(s), p.cpu->length(s) - 3);
+        p.cpu->truncate(s, n);
+        p.gpu->truncate(s, n);
+      }
+      p.expect_equal((where + ", truncate").c_str());
+      for (int i = 0; i < 6; ++i) step(19, i % 2 == 0, 77u + i);
+      p.expect_equal((where + ", after truncate").c_str());
+    }
+  }
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // The KvStore update kernels (kernels/store/update.cuh) against the CPU reference, bit for bit,
-// for every kernel set of kernels/store/variant.h: the single-launch count-1 append (kFused), the
-// warp-per-row ingest (kRows), the library's choice (kAuto) and the legacy kernels (kLegacy).
+// for every kernel set of kernels/store/variant.h: the single-launch count-1 append (kFused; and
+// in one round of reads, kOneRound / kOneRoundWide), the warp-per-row ingest (kRows), the
+// library's choice (kAuto, also on a view without the done-counter: plan + the planned count-1
+// write) and the legacy kernels (kLegacy).
 // Every format (f16, bf16, q8, fp16k_q4v), with and without an index copy (mxfp4, fp8_e4m3),
 // head_dim 64..512, 16-bit and f32 summaries, shards; odd sizes (a block that closes inside a
 // chunk, a chunk longer than the ring, count 1 for 1..64 entries in arbitrary slot order);
@@ -44,6 +46,10 @@ const char* name_of(StoreKernels k) {
       return "fused";
     case StoreKernels::kRows:
       return "rows";
+    case StoreKernels::kOneRound:
+      return "one-round";
+    case StoreKernels::kOneRoundWide:
+      return "one-round-wide";
     default:
       return "legacy";
   }
@@ -84,9 +90,12 @@ void poison(const KvStore& store) {
 // pinned kernel set (its host mirror reloaded after each update).
 class Twin {
  public:
-  Twin(const KvStoreConfig& c, StoreKernels kernels)
+  // counter = false: the CUDA store is driven through a view without the done-counter (as an
+  // engine may build one), so kAuto plans in a launch of its own.
+  Twin(const KvStoreConfig& c, StoreKernels kernels, bool counter = true)
       : c_(c),
         kernels_(kernels),
+        counter_(counter),
         cpu_(KvStore::create(c, Device::cpu())),
         gpu_(KvStore::create(c, Device::cuda(0))),
         d_slots_(static_cast<std::size_t>(c.max_slots)) {
@@ -117,8 +126,10 @@ class Twin {
     }
     DeviceArray<std::uint16_t> dk(k), dv(v);
     d_slots_.upload(std::vector<std::int32_t>(slots.begin(), slots.end()));
-    ASSERT_EQ(kernels::store_detail::store_update_with(kernels_, gpu_->view(), d_slots_.get(), n,
-                                                       count, dk.get(), dv.get(), nullptr),
+    StoreView view = gpu_->view();
+    if (!counter_) view.update_counter = nullptr;
+    ASSERT_EQ(kernels::store_detail::store_update_with(kernels_, view, d_slots_.get(), n, count,
+                                                       dk.get(), dv.get(), nullptr),
               cudaSuccess)
         << name_of(kernels_);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -147,6 +158,7 @@ class Twin {
  private:
   KvStoreConfig c_;
   StoreKernels kernels_;
+  bool counter_;
   std::unique_ptr<KvStore> cpu_, gpu_;
   DeviceArray<std::int32_t> d_slots_;
 };
@@ -199,9 +211,15 @@ TEST_P(Cuda_StoreUpdate_Formats, EveryKernelSetMatchesCpu) {
   const auto [f, t] = format;
   KvStoreConfig c = small_config(f, t, d, index);
   if (d == 128) c.summary_dtype = t;  // 16-bit summaries, rounded once
-  for (StoreKernels k : {StoreKernels::kFused, StoreKernels::kRows, StoreKernels::kLegacy}) {
+  for (StoreKernels k : {StoreKernels::kFused, StoreKernels::kOneRound, StoreKernels::kRows,
+                         StoreKernels::kLegacy}) {
     ingest_then_append(c, k, 99u + static_cast<std::uint32_t>(d));
   }
+  Twin planned(c, StoreKernels::kAuto, false);  // plan + the planned count-1 write
+  std::mt19937 rng(5u + static_cast<std::uint32_t>(d));
+  planned.random_update({1}, 29, rng);
+  for (int step = 0; step < 20; ++step) planned.random_update({2, 1, 0}, 1, rng);
+  planned.expect_equal("plan + planned append");
 }
 
 std::string format_case_name(const ::testing::TestParamInfo<FormatCase>& info) {
@@ -239,20 +257,25 @@ TEST(Cuda_StoreUpdate, AppendBatchesOfEverySizeMatchCpu) {
       c.block_size = block;
       c.recent_window = 5;
       c.max_context = 200;
-      for (StoreKernels k : {StoreKernels::kFused, StoreKernels::kAuto, StoreKernels::kRows,
-                             StoreKernels::kLegacy}) {
-        Twin twin(c, k);
-        std::mt19937 rng(1000u + block * 100u + batch);
-        std::vector<int> all(64);
-        for (int s = 0; s < 64; ++s) all[s] = s;
-        for (int s = 0; s < 64; s += 5)
-          twin.random_update({s}, 1 + static_cast<int>(rng() % 40), rng);
-        const std::string where = "B " + std::to_string(block) + ", batch " + std::to_string(batch);
-        for (int step = 0; step < 2 * block + 12; ++step) {
-          std::shuffle(all.begin(), all.end(), rng);
-          twin.random_update(std::vector<int>(all.begin(), all.begin() + batch), 1, rng);
+      for (StoreKernels k :
+           {StoreKernels::kFused, StoreKernels::kOneRound, StoreKernels::kOneRoundWide,
+            StoreKernels::kAuto, StoreKernels::kRows, StoreKernels::kLegacy}) {
+        for (const bool counter : {true, false}) {
+          if (!counter && k != StoreKernels::kAuto) continue;
+          Twin twin(c, k, counter);
+          std::mt19937 rng(1000u + block * 100u + batch);
+          std::vector<int> all(64);
+          for (int s = 0; s < 64; ++s) all[s] = s;
+          for (int s = 0; s < 64; s += 5)
+            twin.random_update({s}, 1 + static_cast<int>(rng() % 40), rng);
+          const std::string where =
+              "B " + std::to_string(block) + ", batch " + std::to_string(batch);
+          for (int step = 0; step < 2 * block + 12; ++step) {
+            std::shuffle(all.begin(), all.end(), rng);
+            twin.random_update(std::vector<int>(all.begin(), all.begin() + batch), 1, rng);
+          }
+          twin.expect_equal(where + (counter ? "" : ", no done-counter"));
         }
-        twin.expect_equal(where);
       }
     }
   }
@@ -267,13 +290,21 @@ TEST(Cuda_StoreUpdate, ShardsMatchCpu) {
     c.num_shards = 3;
     c.shard_index = shard;
     c.block_size = 4;
-    for (StoreKernels k : {StoreKernels::kFused, StoreKernels::kRows, StoreKernels::kLegacy}) {
+    for (StoreKernels k : {StoreKernels::kFused, StoreKernels::kOneRound, StoreKernels::kRows,
+                           StoreKernels::kLegacy}) {
       ingest_then_append(c, k, 7u + shard);
     }
-    Twin twin(c, StoreKernels::kFused);
-    std::mt19937 rng(3u + shard);
-    for (int step = 0; step < 60; ++step) twin.random_update({2, 0, 3, 1}, 1, rng);
-    twin.expect_equal("fused, shard " + std::to_string(shard));
+    for (StoreKernels k :
+         {StoreKernels::kFused, StoreKernels::kOneRound, StoreKernels::kOneRoundWide}) {
+      for (const bool counter : {true, false}) {
+        if (!counter && k != StoreKernels::kOneRound) continue;
+        Twin twin(c, counter ? k : StoreKernels::kAuto, counter);
+        std::mt19937 rng(3u + shard);
+        for (int step = 0; step < 60; ++step) twin.random_update({2, 0, 3, 1}, 1, rng);
+        twin.expect_equal(std::string(name_of(k)) + ", shard " + std::to_string(shard) +
+                          (counter ? "" : ", planned"));
+      }
+    }
   }
 }
 
@@ -283,11 +314,11 @@ TEST(Cuda_StoreUpdate, NonFiniteZeroAndExtremeRowsMatchCpu) {
   KVC_REQUIRE_GPU();
   for (const Format f : {Format::kQ8, Format::kFp16kQ4v}) {
     for (const Format index : {Format::kMxfp4, Format::kFp8E4m3}) {
-      for (StoreKernels k : {StoreKernels::kFused, StoreKernels::kAuto, StoreKernels::kRows,
-                             StoreKernels::kLegacy}) {
+      for (StoreKernels k : {StoreKernels::kFused, StoreKernels::kOneRound, StoreKernels::kAuto,
+                             StoreKernels::kRows, StoreKernels::kLegacy}) {
         const DType t = f == Format::kQ8 ? DType::kBF16 : DType::kF16;
         KvStoreConfig c = small_config(f, t, 128, index);
-        Twin twin(c, k);
+        Twin twin(c, k, k != StoreKernels::kAuto);  // kAuto: plan + the planned count-1 write
         const std::size_t token = twin.token();
         const int n = 90;
         auto kv = random_bits16(n * token, t, 11, 3.0f);
@@ -389,17 +420,30 @@ TEST(Cuda_StoreUpdate, FusedAppendOnlyWhereItApplies) {
   DeviceArray<std::int32_t> slots(std::vector<std::int32_t>{1, 3});
   StoreView view = gpu->view();
   using kernels::store_detail::store_update_with;
-  EXPECT_EQ(store_update_with(StoreKernels::kFused, view, slots.get(),
-                              kernels::store_detail::kFusedMaxEntries + 1, 1, dk.get(), dv.get(),
-                              nullptr),
+  for (StoreKernels which :
+       {StoreKernels::kFused, StoreKernels::kOneRound, StoreKernels::kOneRoundWide}) {
+    StoreView with_counter = view;
+    EXPECT_EQ(store_update_with(which, with_counter, slots.get(),
+                                kernels::store_detail::kFusedMaxEntries + 1, 1, dk.get(), dv.get(),
+                                nullptr),
+              cudaErrorNotSupported)
+        << name_of(which);
+    EXPECT_EQ(
+        store_update_with(which, with_counter, slots.get(), 2, 1, dk.get() + 1, dv.get(), nullptr),
+        cudaErrorNotSupported)
+        << name_of(which);  // K not 16-byte aligned
+    with_counter.update_counter = nullptr;
+    EXPECT_EQ(
+        store_update_with(which, with_counter, slots.get(), 2, 1, dk.get(), dv.get(), nullptr),
+        cudaErrorNotSupported)
+        << name_of(which);
+  }
+  // The planned count-1 write refuses unaligned K/V before launching anything.
+  EXPECT_EQ(kernels::store_detail::planned_append(view, kernels::LayerStrides{}, 1, slots.get(), 2,
+                                                  dk.get() + 1, dv.get(),
+                                                  kernels::store_detail::SpillRows{}, nullptr),
             cudaErrorNotSupported);
-  EXPECT_EQ(store_update_with(StoreKernels::kFused, view, slots.get(), 2, 1, dk.get() + 1, dv.get(),
-                              nullptr),
-            cudaErrorNotSupported);  // K not 16-byte aligned
   view.update_counter = nullptr;
-  EXPECT_EQ(
-      store_update_with(StoreKernels::kFused, view, slots.get(), 2, 1, dk.get(), dv.get(), nullptr),
-      cudaErrorNotSupported);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   gpu->refresh_host_state();
   EXPECT_EQ(gpu->length(1), 0);  // nothing ran
@@ -414,11 +458,16 @@ TEST(Cuda_StoreUpdate, FusedAppendOnlyWhereItApplies) {
   EXPECT_EQ(testing::snapshot_difference(cpu->snapshot(), gpu->snapshot()), "");
 }
 
-// The fused append at the benchmark's geometry (B 64, Hkv 8, d 128, mxfp4 index copy) captured
-// once in a CUDA graph and replayed 300 times, each step's tokens copied in before the replay:
-// equal to the CPU reference, no device memory allocated, the counter back at 0.
-TEST(Cuda_StoreUpdate, FusedAppendGraphReplayMatchesCpu) {
+// The single-launch appends (kFused, kOneRound, kOneRoundWide; and kAuto on a view without the
+// done-counter: plan + the planned write) at the benchmark's geometry (B 64, Hkv 8, d 128, mxfp4
+// index copy) captured once in a CUDA graph and replayed 300 times, each step's tokens copied in
+// before the replay: equal to the CPU reference, no device memory allocated, the counter back at
+// 0.
+class Cuda_StoreUpdate_Graph : public ::testing::TestWithParam<StoreKernels> {};
+
+TEST_P(Cuda_StoreUpdate_Graph, AppendGraphReplayMatchesCpu) {
   KVC_REQUIRE_GPU();
+  const StoreKernels which = GetParam();
   KvStoreConfig c;
   c.num_kv_heads = 8;
   c.head_dim = 128;
@@ -449,9 +498,10 @@ TEST(Cuda_StoreUpdate, FusedAppendGraphReplayMatchesCpu) {
   KVC_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph;
   KVC_ASSERT_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  KVC_ASSERT_CUDA(kernels::store_detail::store_update_with(StoreKernels::kFused, gpu->view(),
-                                                           dslots.get(), c.max_slots, 1,
-                                                           step_k.get(), step_v.get(), stream));
+  StoreView view = gpu->view();
+  if (which == StoreKernels::kAuto) view.update_counter = nullptr;
+  KVC_ASSERT_CUDA(kernels::store_detail::store_update_with(which, view, dslots.get(), c.max_slots,
+                                                           1, step_k.get(), step_v.get(), stream));
   KVC_ASSERT_CUDA(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec;
   KVC_ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
@@ -481,6 +531,44 @@ TEST(Cuda_StoreUpdate, FusedAppendGraphReplayMatchesCpu) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, Cuda_StoreUpdate_Graph,
+                         ::testing::Values(StoreKernels::kFused, StoreKernels::kOneRound,
+                                           StoreKernels::kOneRoundWide, StoreKernels::kAuto),
+                         [](const ::testing::TestParamInfo<StoreKernels>& info) {
+                           std::string name = name_of(info.param);
+                           for (char& ch : name) {
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           }
+                           return name;
+                         });
+
+// The one-round append's first round over batches past one item per thread (129, 500, and the
+// kFusedMaxEntries maximum of 1024 entries), with blocks of 2 so about half the entries pop a
+// block every step (ranks past the first 32-entry word of pop bits), in both CTA widths.
+TEST(Cuda_StoreUpdate, OneRoundLargeBatchesMatchCpu) {
+  KVC_REQUIRE_GPU();
+  KvStoreConfig c = small_config(Format::kQ8, DType::kF16, 64, Format::kMxfp4);
+  c.num_kv_heads = 1;
+  c.max_slots = kernels::store_detail::kFusedMaxEntries;
+  c.recent_window = 3;
+  c.block_size = 2;
+  c.max_context = 40;
+  for (const int batch : {129, 500, 1024}) {
+    for (StoreKernels k : {StoreKernels::kOneRound, StoreKernels::kOneRoundWide}) {
+      Twin twin(c, k);
+      std::mt19937 rng(77u + batch);
+      std::vector<int> all(static_cast<std::size_t>(c.max_slots));
+      for (int s = 0; s < c.max_slots; ++s) all[s] = s;
+      for (int s = 0; s < c.max_slots; s += 3) twin.random_update({s}, 1 + s % 5, rng);
+      for (int step = 0; step < 9; ++step) {
+        std::shuffle(all.begin(), all.end(), rng);
+        twin.random_update(std::vector<int>(all.begin(), all.begin() + batch), 1, rng);
+      }
+      twin.expect_equal("batch " + std::to_string(batch));
+    }
+  }
 }
 
 }  // namespace
