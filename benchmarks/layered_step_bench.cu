@@ -1,12 +1,21 @@
 // step_bench's block_select_exact decode step (score + select + attend, graph replay, Hq 32 /
-// Hkv 8 / d 128, fp16k_q4v blocks of 32, ring 1024, top 8) over three memories, in one run:
+// Hkv 8 / d 128, fp16k_q4v blocks of 32, ring 1024, top 8) over five memories, in one run:
 //   memory 0: a KvStore (kvc's allocation and pages: what step_bench times);
-//   memory 1: layer 0 of a LayeredCache with kvc-owned pages;
+//   memory 1: layer 0 of a LayeredCache with kvc-owned pages (a fresh free list: each slot's
+//             pages consecutive);
 //   memory 2: layer 0 of a LayeredCache on engine-owned memory (EngineMemory pool, ring and
-//             block table) with engine-assigned, shuffled page ids (PageOwner::kEngine).
-// Issue 14 asks for 1 and 2 within 3 % of 0. The append is timed by `layered_append`: one
+//             block table) with engine-assigned, shuffled page ids (PageOwner::kEngine);
+//   memory 3: engine-owned memory as 2, page ids in identity order (slot s, block b: page
+//             s * blocks_per_slot + b): ownership without scattered placement;
+//   memory 4: kvc-owned pages as 1, the free list shuffled by churn first (slots filled in
+//             interleaved random chunks and reset in random order, three times): scattered
+//             placement without engine ownership.
+// Issue 14 asks for 1 and 2 within 3 % of 0; 3 vs 2 and 4 vs 1 separate the cost of page
+// placement (the scorer reads each block's summary through the block table) from the cost of
+// ownership. The step's kernels read the same StoreView whoever owns the memory: no extra
+// indirection or load on the engine path. The append is timed by `BM_LayeredAppend`: one
 // decode-step update (plan + write) of every layer of a 30-layer LayeredCache, kvc vs engine
-// pages, next to 30 KvStore appends.
+// pages, next to 30 KvStore appends, B1 / B8 / B64, new kernels vs the previous ones.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -14,6 +23,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda_bench_util.h"
@@ -21,6 +31,7 @@
 #include "kvc/kernels/layered_kernels.h"
 #include "kvc/store/kv_store.h"
 #include "kvc/store/layered_cache.h"
+#include "store/variant.h"
 
 namespace kvc {
 namespace {
@@ -50,15 +61,40 @@ struct EngineSide {
   }
 };
 
-// The engine's block manager: every slot's blocks get distinct, shuffled page ids.
-void assign_engine_pages(const LayeredCacheConfig& c, std::int32_t* d_table) {
+// The engine's block manager: every slot's blocks get distinct page ids, shuffled or in
+// identity order (slot s, block b: s * blocks_per_slot + b).
+void assign_engine_pages(const LayeredCacheConfig& c, std::int32_t* d_table, bool shuffled = true) {
   const int mb = c.layer.max_blocks_per_slot(), slots = c.layer.max_slots;
   std::vector<std::int32_t> pages(static_cast<std::size_t>(c.layer.pool_blocks()));
   std::iota(pages.begin(), pages.end(), 0);
-  std::shuffle(pages.begin(), pages.end(), std::mt19937(7));
+  if (shuffled) std::shuffle(pages.begin(), pages.end(), std::mt19937(7));
   std::vector<std::int32_t> table(static_cast<std::size_t>(slots) * mb);
   std::copy_n(pages.begin(), table.size(), table.begin());
   KVC_BENCH_CUDA(cudaMemcpy(d_table, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+}
+
+// Shuffles kvc's free list the way a long-running server does: three times, every slot is filled
+// in chunks of 1..32 blocks handed out to the slots in random order, then the slots are reset in
+// random order (each pushes its pages back). `k` holds at least max_context tokens.
+void churn_free_list(LayeredCache& cache, std::uint16_t* k) {
+  const KvStoreConfig& c = cache.config().layer;
+  std::mt19937 rng(31);
+  std::vector<int> slots(static_cast<std::size_t>(c.max_slots));
+  std::iota(slots.begin(), slots.end(), 0);
+  for (int round = 0; round < 3; ++round) {
+    std::vector<int> open = slots;
+    while (!open.empty()) {
+      const std::size_t i = rng() % open.size();
+      const int s = open[i];
+      const int room = c.max_context - cache.length(s);
+      const int chunk = std::min(room, static_cast<int>(1 + rng() % 32) * c.block_size);
+      cache.ingest(s, TensorView::contiguous(k, DType::kF16, {1, chunk, kHkv, kD}, Device::cuda(0)),
+                   TensorView::contiguous(k, DType::kF16, {1, chunk, kHkv, kD}, Device::cuda(0)));
+      if (cache.length(s) == c.max_context) open.erase(open.begin() + static_cast<long>(i));
+    }
+    std::shuffle(slots.begin(), slots.end(), rng);
+    for (const int s : slots) cache.reset(s);
+  }
 }
 
 void BM_LayeredStep(benchmark::State& state) {
@@ -82,7 +118,8 @@ void BM_LayeredStep(benchmark::State& state) {
     store = KvStore::create(c, Device::cuda(0));
   } else {
     EngineMemory m;
-    if (memory == 2) {
+    const bool engine_memory = memory == 2 || memory == 3;
+    if (engine_memory) {
       lc.pages = PageOwner::kEngine;
       KVC_BENCH_CUDA(cudaMalloc(&engine.pool, lc.pool_bytes(c.pool_blocks())));
       KVC_BENCH_CUDA(cudaMalloc(&engine.ring, lc.ring_bytes()));
@@ -90,11 +127,16 @@ void BM_LayeredStep(benchmark::State& state) {
       m = EngineMemory{engine.pool, engine.table, engine.ring};
     }
     cache = LayeredCache::create(lc, Device::cuda(0), m);
-    if (memory == 2) assign_engine_pages(lc, engine.table);
+    if (engine_memory) assign_engine_pages(lc, engine.table, memory == 2);
   }
   const std::size_t n = static_cast<std::size_t>(ctx) * kHkv * kD;
   std::uint16_t* k = bench::random_device_bits16(n, false, 11);
   std::uint16_t* v = bench::random_device_bits16(n, false, 12);
+  if (memory == 4) {
+    for (int s = 0; s < c.max_slots; ++s) cache->open_slot();
+    churn_free_list(*cache, k);
+    for (int s = 0; s < c.max_slots; ++s) cache->free(s);
+  }
   for (int s = 0; s < c.max_slots; ++s) {
     if (store) {
       store->open_slot();
@@ -180,9 +222,11 @@ void BM_LayeredStep(benchmark::State& state) {
     KVC_BENCH_CUDA(cudaGraphLaunch(graphs[static_cast<std::size_t>(i++ % sets)], stream));
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(per_seq * batch) * state.iterations());
-  state.SetLabel(memory == 0   ? "KvStore"
-                 : memory == 1 ? "LayeredCache kvc pages"
-                               : "LayeredCache engine memory+pages");
+  static const char* const labels[] = {"KvStore", "LayeredCache kvc pages",
+                                       "LayeredCache engine memory+pages (shuffled)",
+                                       "LayeredCache engine memory+pages (identity order)",
+                                       "LayeredCache kvc pages (free list shuffled by churn)"};
+  state.SetLabel(labels[memory]);
   for (auto e : graphs) cudaGraphExecDestroy(e);
   for (void* p : {static_cast<void*>(d_slots), static_cast<void*>(q), static_cast<void*>(scores),
                   static_cast<void*>(valid), static_cast<void*>(ids), static_cast<void*>(counts),
@@ -192,24 +236,31 @@ void BM_LayeredStep(benchmark::State& state) {
   cudaStreamDestroy(stream);
 }
 BENCHMARK(BM_LayeredStep)
-    ->ArgsProduct({{1}, {32768, 131072}, {0, 1, 2}})
-    ->ArgsProduct({{8}, {131072}, {0, 1, 2}})
+    ->ArgNames({"B", "N", "memory"})
+    ->ArgsProduct({{1}, {32768, 131072}, {0, 1, 2, 3, 4}})
+    ->ArgsProduct({{8}, {131072}, {0, 1, 2, 3, 4}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
-// One decode-step append of every layer (30 layers, SmolLM2-like 3 x 64 heads, B8 at 4K):
+// One decode-step append of every layer (30 layers, SmolLM2-like 3 x 64 heads, B slots at 4K):
 // 30 KvStore appends (memory 0) vs one LayeredCache plan + 30 writes (kvc pages 1, engine 2),
-// graph-replayed; lengths grow by one per replay (the capacity covers the replays).
+// graph-replayed; lengths grow by one per replay (the capacity covers the replays). kernels 0:
+// the library's choice (KvStore: the one-launch append in one round of reads; LayeredCache: one
+// launch per layer's write, planned_append); 1: the kernels before it (KvStore: kFused, whose
+// last CTA publishes after every CTA's rows; LayeredCache: kRows, rows + ring copy per layer).
 void BM_LayeredAppend(benchmark::State& state) {
-  const int memory = static_cast<int>(state.range(0));
-  constexpr int kLayers = 30, kBatch = 8, kPrompt = 4096, kHeads = 3, kDim = 64;
+  using kernels::store_detail::StoreKernels;
+  const int batch = static_cast<int>(state.range(0));
+  const int memory = static_cast<int>(state.range(1));
+  const bool previous = state.range(2) != 0;
+  constexpr int kLayers = 30, kPrompt = 4096, kHeads = 3, kDim = 64;
   KvStoreConfig c;
   c.num_kv_heads = kHeads;
   c.head_dim = kDim;
   c.recent_window = 1024;
   c.block_size = 32;
   c.old_format = Format::kFp16kQ4v;
-  c.max_slots = kBatch;
+  c.max_slots = batch;
   c.max_context = kPrompt + 4096;
   std::vector<std::unique_ptr<KvStore>> stores;
   std::unique_ptr<LayeredCache> cache;
@@ -233,7 +284,7 @@ void BM_LayeredAppend(benchmark::State& state) {
   }
   const std::size_t token = static_cast<std::size_t>(kHeads) * kDim;
   std::uint16_t* kv = bench::random_device_bits16(kPrompt * token * kLayers, false, 21);
-  for (int s = 0; s < kBatch; ++s) {
+  for (int s = 0; s < batch; ++s) {
     if (cache) {
       cache->open_slot();
       cache->ingest(s,
@@ -250,11 +301,11 @@ void BM_LayeredAppend(benchmark::State& state) {
       }
     }
   }
-  std::vector<std::int32_t> slots(kBatch);
+  std::vector<std::int32_t> slots(batch);
   std::iota(slots.begin(), slots.end(), 0);
   std::int32_t* d_slots = nullptr;
-  KVC_BENCH_CUDA(cudaMalloc(&d_slots, kBatch * 4));
-  KVC_BENCH_CUDA(cudaMemcpy(d_slots, slots.data(), kBatch * 4, cudaMemcpyHostToDevice));
+  KVC_BENCH_CUDA(cudaMalloc(&d_slots, batch * 4));
+  KVC_BENCH_CUDA(cudaMemcpy(d_slots, slots.data(), batch * 4, cudaMemcpyHostToDevice));
   cudaStream_t stream;
   KVC_BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   KVC_BENCH_CUDA(cudaDeviceSynchronize());
@@ -262,16 +313,18 @@ void BM_LayeredAppend(benchmark::State& state) {
   KVC_BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   if (cache) {
     const LayeredView v = cache->view();
-    KVC_BENCH_CUDA(kernels::layered_begin_update(v, d_slots, kBatch, 1, stream));
+    KVC_BENCH_CUDA(kernels::layered_begin_update(v, d_slots, batch, 1, stream));
+    const StoreKernels which = previous ? StoreKernels::kRows : StoreKernels::kAuto;
     for (int l = 0; l < kLayers; ++l) {
-      KVC_BENCH_CUDA(kernels::layered_write(v, l, kBatch, 1, kv + l * kBatch * token,
-                                            kv + l * kBatch * token, stream));
+      KVC_BENCH_CUDA(kernels::store_detail::layered_write_layers_with(
+          which, v, l, 1, batch, 1, kv + l * batch * token, kv + l * batch * token, 0, stream));
     }
   } else {
+    const StoreKernels which = previous ? StoreKernels::kFused : StoreKernels::kAuto;
     for (int l = 0; l < kLayers; ++l) {
-      KVC_BENCH_CUDA(kernels::store_update(stores[static_cast<std::size_t>(l)]->view(), d_slots,
-                                           kBatch, 1, kv + l * kBatch * token,
-                                           kv + l * kBatch * token, stream));
+      KVC_BENCH_CUDA(kernels::store_detail::store_update_with(
+          which, stores[static_cast<std::size_t>(l)]->view(), d_slots, batch, 1,
+          kv + l * batch * token, kv + l * batch * token, stream));
     }
   }
   KVC_BENCH_CUDA(cudaStreamEndCapture(stream, &g));
@@ -281,9 +334,10 @@ void BM_LayeredAppend(benchmark::State& state) {
     bench::EventTimer timer(state, stream);
     KVC_BENCH_CUDA(cudaGraphLaunch(e, stream));
   }
-  state.SetLabel(memory == 0   ? "30 KvStores"
-                 : memory == 1 ? "LayeredCache kvc pages"
-                               : "LayeredCache engine pages");
+  state.SetLabel(std::string(memory == 0   ? "30 KvStores"
+                             : memory == 1 ? "LayeredCache kvc pages"
+                                           : "LayeredCache engine pages") +
+                 (previous ? ", previous kernels" : ", new kernels"));
   if (cache && cache->errors() != 0) state.SkipWithError("LayeredCache raised device errors");
   cudaGraphExecDestroy(e);
   cudaGraphDestroy(g);
@@ -292,9 +346,8 @@ void BM_LayeredAppend(benchmark::State& state) {
   cudaStreamDestroy(stream);
 }
 BENCHMARK(BM_LayeredAppend)
-    ->Arg(0)
-    ->Arg(1)
-    ->Arg(2)
+    ->ArgNames({"B", "memory", "previous"})
+    ->ArgsProduct({{1, 8, 64}, {0, 1, 2}, {0, 1}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond)
     ->Iterations(2000);

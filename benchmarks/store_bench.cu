@@ -4,8 +4,12 @@
 //
 // The last argument of every row picks the kernel set (kernels/store/variant.h), so the old and
 // the new kernels are measured in one run: 0 the library's choice (BM_AppendStep: the one-launch
-// fused append; BM_Ingest: the warp-per-row kernels), 1 the legacy kernels (a CTA per row, four
-// launches), 2 (BM_AppendStep only) plan + warp-per-row kernels + ring copy (three launches).
+// append in one round of reads, kOneRound; BM_Ingest: the warp-per-row kernels), 1 the legacy
+// kernels (a CTA per row, four launches), and for BM_AppendStep only: 2 plan + warp-per-row
+// kernels + ring copy (three launches), 3 the one-launch append whose last CTA publishes after
+// every CTA's rows (kFused, the 5.5 us of 2026-12-01 at B64), 4 kOneRoundWide (16 warps per CTA),
+// 5 a view without the done-counter, as an engine may build one: plan + the planned count-1
+// write (two launches; the LayeredCache's per-layer write is that second launch).
 // `index` 1: the store keeps the mxfp4 index copy of old K (kSummaryIndexKeys, kvc's default
 // configuration, kvc/defaults.h); 0: mean K only (the KvStoreConfig defaults).
 #include <benchmark/benchmark.h>
@@ -29,11 +33,28 @@ namespace {
 using kernels::store_detail::StoreKernels;
 
 StoreKernels kernel_set(std::int64_t arg) {
-  return arg == 0 ? StoreKernels::kAuto : arg == 1 ? StoreKernels::kLegacy : StoreKernels::kRows;
+  switch (arg) {
+    case 1:
+      return StoreKernels::kLegacy;
+    case 2:
+      return StoreKernels::kRows;
+    case 3:
+      return StoreKernels::kFused;
+    case 4:
+      return StoreKernels::kOneRoundWide;
+    default:  // 0, and 5 on a view without the done-counter
+      return StoreKernels::kAuto;
+  }
 }
 
 const char* kernel_set_name(std::int64_t arg) {
-  return arg == 0 ? "new" : arg == 1 ? "legacy" : "plan+rows+ring";
+  static const char* const names[] = {"new",
+                                      "legacy",
+                                      "plan+rows+ring",
+                                      "fused, last CTA publishes",
+                                      "one-round wide",
+                                      "no counter: plan+planned append"};
+  return arg >= 0 && arg < 6 ? names[arg] : "?";
 }
 
 // The benchmarks' geometry: Hkv 8, d 128, ring 1024, blocks of 32 (Hq 32 / Hkv 8 / d 128).
@@ -128,8 +149,8 @@ void BM_Ingest(benchmark::State& state) {
   const bool ran = bench::time_graph_calls(
       state, sets,
       [&](int s, cudaStream_t st) {
-        return kernels::store_detail::store_update_with(kernels, view, d_slots + s, 1, T, k[s], v[s],
-                                                        st);
+        return kernels::store_detail::store_update_with(kernels, view, d_slots + s, 1, T, k[s],
+                                                        v[s], st);
       },
       [&](cudaStream_t st) { KVC_BENCH_CUDA(kernels::store_reset(view, d_slots, sets, st)); });
   if (ran) {
@@ -197,7 +218,8 @@ void BM_AppendStep(benchmark::State& state) {
   std::int32_t* d_slots = nullptr;
   KVC_BENCH_CUDA(cudaMalloc(&d_slots, slots.size() * 4));
   KVC_BENCH_CUDA(cudaMemcpy(d_slots, slots.data(), slots.size() * 4, cudaMemcpyHostToDevice));
-  const StoreView view = store->view();
+  StoreView view = store->view();
+  if (state.range(2) == 5) view.update_counter = nullptr;
   const bool ran = bench::time_graph_calls(state, kAppendSets, [&](int set, cudaStream_t stream) {
     return kernels::store_detail::store_update_with(kernels, view, d_slots, batch, 1, k + set * n,
                                                     v + set * n, stream);
@@ -215,7 +237,7 @@ void BM_AppendStep(benchmark::State& state) {
 }
 BENCHMARK(BM_AppendStep)
     ->ArgNames({"B", "index", "kernels"})
-    ->ArgsProduct({{1, 8, 64}, {0, 1}, {0, 1, 2}})
+    ->ArgsProduct({{1, 8, 64}, {0, 1}, {0, 1, 2, 3, 4, 5}})
     ->Iterations(kAppendIterations)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
