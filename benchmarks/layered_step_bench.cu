@@ -247,12 +247,15 @@ BENCHMARK(BM_LayeredStep)
 // graph-replayed; lengths grow by one per replay (the capacity covers the replays). kernels 0:
 // the library's choice (KvStore: the one-launch append in one round of reads; LayeredCache: one
 // launch per layer's write, planned_append); 1: the kernels before it (KvStore: kFused, whose
-// last CTA publishes after every CTA's rows; LayeredCache: kRows, rows + ring copy per layer).
+// last CTA publishes after every CTA's rows; LayeredCache: kRows, rows + ring copy per layer);
+// 2: the new kernels launched as programmatic dependents (kOneRoundPdl: each launch overlaps
+// the kernel before it).
 void BM_LayeredAppend(benchmark::State& state) {
   using kernels::store_detail::StoreKernels;
   const int batch = static_cast<int>(state.range(0));
   const int memory = static_cast<int>(state.range(1));
-  const bool previous = state.range(2) != 0;
+  const int set = static_cast<int>(state.range(2));
+  const bool previous = set == 1;
   constexpr int kLayers = 30, kPrompt = 4096, kHeads = 3, kDim = 64;
   KvStoreConfig c;
   c.num_kv_heads = kHeads;
@@ -314,13 +317,17 @@ void BM_LayeredAppend(benchmark::State& state) {
   if (cache) {
     const LayeredView v = cache->view();
     KVC_BENCH_CUDA(kernels::layered_begin_update(v, d_slots, batch, 1, stream));
-    const StoreKernels which = previous ? StoreKernels::kRows : StoreKernels::kAuto;
+    const StoreKernels which = previous   ? StoreKernels::kRows
+                               : set == 2 ? StoreKernels::kOneRoundPdl
+                                          : StoreKernels::kAuto;
     for (int l = 0; l < kLayers; ++l) {
       KVC_BENCH_CUDA(kernels::store_detail::layered_write_layers_with(
           which, v, l, 1, batch, 1, kv + l * batch * token, kv + l * batch * token, 0, stream));
     }
   } else {
-    const StoreKernels which = previous ? StoreKernels::kFused : StoreKernels::kAuto;
+    const StoreKernels which = previous   ? StoreKernels::kFused
+                               : set == 2 ? StoreKernels::kOneRoundPdl
+                                          : StoreKernels::kAuto;
     for (int l = 0; l < kLayers; ++l) {
       KVC_BENCH_CUDA(kernels::store_detail::store_update_with(
           which, stores[static_cast<std::size_t>(l)]->view(), d_slots, batch, 1,
@@ -337,7 +344,9 @@ void BM_LayeredAppend(benchmark::State& state) {
   state.SetLabel(std::string(memory == 0   ? "30 KvStores"
                              : memory == 1 ? "LayeredCache kvc pages"
                                            : "LayeredCache engine pages") +
-                 (previous ? ", previous kernels" : ", new kernels"));
+                 (previous   ? ", previous kernels"
+                  : set == 2 ? ", new kernels, PDL"
+                             : ", new kernels"));
   if (cache && cache->errors() != 0) state.SkipWithError("LayeredCache raised device errors");
   cudaGraphExecDestroy(e);
   cudaGraphDestroy(g);
@@ -346,8 +355,8 @@ void BM_LayeredAppend(benchmark::State& state) {
   cudaStreamDestroy(stream);
 }
 BENCHMARK(BM_LayeredAppend)
-    ->ArgNames({"B", "memory", "previous"})
-    ->ArgsProduct({{1, 8, 64}, {0, 1, 2}, {0, 1}})
+    ->ArgNames({"B", "memory", "kernels"})
+    ->ArgsProduct({{1, 8, 64}, {0, 1, 2}, {0, 1, 2}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond)
     ->Iterations(2000);

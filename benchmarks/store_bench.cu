@@ -9,7 +9,8 @@
 // kernels + ring copy (three launches), 3 the one-launch append whose last CTA publishes after
 // every CTA's rows (kFused, the 5.5 us of 2026-12-01 at B64), 4 kOneRoundWide (16 warps per CTA),
 // 5 a view without the done-counter, as an engine may build one: plan + the planned count-1
-// write (two launches; the LayeredCache's per-layer write is that second launch).
+// write (two launches; the LayeredCache's per-layer write is that second launch), 6 kOneRound
+// launched as programmatic dependents (each step's launch overlaps the step before).
 // `index` 1: the store keeps the mxfp4 index copy of old K (kSummaryIndexKeys, kvc's default
 // configuration, kvc/defaults.h); 0: mean K only (the KvStoreConfig defaults).
 #include <benchmark/benchmark.h>
@@ -42,6 +43,8 @@ StoreKernels kernel_set(std::int64_t arg) {
       return StoreKernels::kFused;
     case 4:
       return StoreKernels::kOneRoundWide;
+    case 6:
+      return StoreKernels::kOneRoundPdl;
     default:  // 0, and 5 on a view without the done-counter
       return StoreKernels::kAuto;
   }
@@ -53,8 +56,9 @@ const char* kernel_set_name(std::int64_t arg) {
                                       "plan+rows+ring",
                                       "fused, last CTA publishes",
                                       "one-round wide",
-                                      "no counter: plan+planned append"};
-  return arg >= 0 && arg < 6 ? names[arg] : "?";
+                                      "no counter: plan+planned append",
+                                      "one-round, programmatic dependent launch"};
+  return arg >= 0 && arg < 7 ? names[arg] : "?";
 }
 
 // The benchmarks' geometry: Hkv 8, d 128, ring 1024, blocks of 32 (Hq 32 / Hkv 8 / d 128).
@@ -237,7 +241,7 @@ void BM_AppendStep(benchmark::State& state) {
 }
 BENCHMARK(BM_AppendStep)
     ->ArgNames({"B", "index", "kernels"})
-    ->ArgsProduct({{1, 8, 64}, {0, 1}, {0, 1, 2, 3, 4, 5}})
+    ->ArgsProduct({{1, 8, 64}, {0, 1}, {0, 1, 2, 3, 4, 5, 6}})
     ->Iterations(kAppendIterations)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);

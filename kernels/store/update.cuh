@@ -905,6 +905,22 @@ __global__ void __launch_bounds__(32 * kFastWarps)
 // slot given, its old length in update_scratch, its pages in the table): one launch per write,
 // with the LayeredCache's spill of the leaving token fused in.
 
+/// Programmatic dependent launch (StoreKernels::kOneRoundPdl, sm_90): a kernel launched with
+/// cudaLaunchAttributeProgrammaticStreamSerialization may be scheduled while the kernel before it
+/// on the stream still runs. griddepcontrol.wait blocks until that kernel has completed and its
+/// writes are visible, so it comes before the kernel's first global access; launch_dependents
+/// first lets the next such kernel be scheduled now (it waits the same way before it touches
+/// memory), so its launch overlaps this kernel instead of following its last CTA.
+template <bool kProgrammatic>
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kProgrammatic) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+  }
+#endif
+}
+
 /// Every entry of a count-1 update as a CTA of append_once_kernel read it (shared memory).
 struct AppendEntries {
   std::int32_t slot[kFusedMaxEntries];        ///< slots[e]
@@ -1031,11 +1047,13 @@ constexpr int kSummaryAhead = 8;
 // The whole count-1 append in one launch, one round of reads (see above): entries <=
 // kFusedMaxEntries, s.update_counter set; kWarps warps per CTA, warp w of the grid serves
 // (entry w / Hkv, head w % Hkv). Bit-identical to append_kernel and the CPU reference.
-template <int E, int kWarps>
+// kProgrammatic: launched as a programmatic dependent (wait_for_previous_kernel).
+template <int E, int kWarps, bool kProgrammatic>
 __global__ void __launch_bounds__(32 * kWarps)
     append_once_kernel(StoreView s, const std::int32_t* slots, int entries, const std::uint16_t* k,
                        const std::uint16_t* v) {
   __shared__ AppendEntries sh;
+  wait_for_previous_kernel<kProgrammatic>();
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
   const int w = static_cast<int>(blockIdx.x) * kWarps + warp;
   const int H = s.num_kv_heads;
@@ -1065,11 +1083,13 @@ __global__ void __launch_bounds__(32 * kWarps)
 // block table. Grid (ceil(entries * Hkv / kFastWarps), 1, layers), warp w serves (entry w / Hkv,
 // head w % Hkv) of layer z = at_layer(s0, ls, z) with its input at k + z * ls.kv; with
 // spill.rows > 0 the leaving token is also kept in spill row (slot, head, (L - W) % rows) of
-// layer z (spill.k / spill.v moved by z * spill.layer_stride bytes).
-template <int E>
+// layer z (spill.k / spill.v moved by z * spill.layer_stride bytes). kProgrammatic: launched
+// as a programmatic dependent (wait_for_previous_kernel).
+template <int E, bool kProgrammatic>
 __global__ void __launch_bounds__(32 * kFastWarps)
     planned_append_kernel(StoreView s0, LayerStrides ls, const std::int32_t* slots, int entries,
                           const std::uint16_t* k, const std::uint16_t* v, SpillRows spill) {
+  wait_for_previous_kernel<kProgrammatic>();
   const StoreView s = at_layer(s0, ls, blockIdx.z);
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int w = static_cast<int>(blockIdx.x) * kFastWarps + static_cast<int>(threadIdx.x) / 32;

@@ -48,6 +48,11 @@ enum class StoreKernels {
   /// kOneRound with 16 warps per CTA: a quarter of the CTAs, of the done-counter's atomics and
   /// of the first round's redundant reads.
   kOneRoundWide,
+  /// kOneRound's kernels (append_once_kernel, planned_append_kernel) launched as programmatic
+  /// dependents (cudaLaunchAttributeProgrammaticStreamSerialization): each may be scheduled
+  /// while the kernel before it on the stream still runs and waits for it (griddepcontrol.wait)
+  /// before its first global access, so back-to-back updates overlap their launches.
+  kOneRoundPdl,
 };
 
 /// The rows of a LayeredCache's spill (LayeredView::spill_k / spill_v) that a planned count-1
@@ -75,13 +80,16 @@ cudaError_t store_write_layers_with(StoreKernels which, const StoreView& s, cons
 /// in s.update_scratch[e], its pages in the block table; with spill.rows > 0 each leaving token
 /// is also copied to its spill row. cudaErrorNotSupported (nothing launched) when K/V or the
 /// layer distance ls.kv are not 16-byte aligned.
+/// programmatic: launched as a programmatic dependent of the stream's previous kernel
+/// (StoreKernels::kOneRoundPdl).
 cudaError_t planned_append(const StoreView& s, const LayerStrides& ls, int layers,
                            const std::int32_t* d_slots, int entries, const void* d_k,
-                           const void* d_v, const SpillRows& spill, cudaStream_t stream);
+                           const void* d_v, const SpillRows& spill, bool programmatic,
+                           cudaStream_t stream);
 
 /// kernels::layered_write_layers with the kernel set `which` for the store part (kRows, kFused:
 /// the spill launch, then the warp-per-row kernels and the ring copy; kAuto, kOneRound,
-/// kOneRoundWide: count 1 is one planned_append launch, the spill fused in).
+/// kOneRoundWide, kOneRoundPdl: count 1 is one planned_append launch, the spill fused in).
 cudaError_t layered_write_layers_with(StoreKernels which, const LayeredView& view, int first_layer,
                                       int layers, int entries, int count, const void* d_k,
                                       const void* d_v, std::int64_t kv_layer_stride,

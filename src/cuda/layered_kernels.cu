@@ -91,7 +91,8 @@ cudaError_t layered_write_layers_with(StoreKernels which, const LayeredView& v, 
   ls.kv = kv_layer_stride;
   const StoreView first = layered_detail::layer_of(v, first_layer);
   const bool one_launch = which == StoreKernels::kAuto || which == StoreKernels::kOneRound ||
-                          which == StoreKernels::kOneRoundWide;
+                          which == StoreKernels::kOneRoundWide ||
+                          which == StoreKernels::kOneRoundPdl;
   if (count == 1 && one_launch) {  // rows, ring and spill in one launch
     SpillRows spill;
     if (v.max_rollback > 0) {
@@ -101,8 +102,8 @@ cudaError_t layered_write_layers_with(StoreKernels which, const LayeredView& v, 
       spill.layer_stride = v.spill_stride;
       spill.rows = v.max_rollback;
     }
-    const cudaError_t e =
-        planned_append(first, ls, layers, v.plan_slots, entries, d_k, d_v, spill, stream);
+    const cudaError_t e = planned_append(first, ls, layers, v.plan_slots, entries, d_k, d_v, spill,
+                                         which == StoreKernels::kOneRoundPdl, stream);
     if (e != cudaErrorNotSupported) return e;  // else K/V are not 16-byte aligned: below
   }
   const auto* k = static_cast<const std::uint16_t*>(d_k);

@@ -88,29 +88,47 @@ bool fused_applies(const StoreView& s, int entries, const void* k, const void* v
   return entries <= kFusedMaxEntries && s.update_counter != nullptr && aligned16(k, v, 0);
 }
 
+// Launches `kernel` (no dynamic shared memory), as a programmatic dependent of the stream's
+// previous kernel when `programmatic` (the kernel then waits for it: wait_for_previous_kernel).
+template <class... Params, class... Args>
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, bool programmatic,
+                   cudaStream_t stream, Args... args) {
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = programmatic ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, args...);
+}
+
 // append_once_kernel with kWarps warps per CTA.
-template <int kWarps>
+template <int kWarps, bool kProgrammatic>
 cudaError_t append_once(const StoreView& s, const std::int32_t* d_slots, int entries,
                         const std::uint16_t* k, const std::uint16_t* v, cudaStream_t stream) {
   const int warps = entries * s.num_kv_heads;
   const unsigned ctas = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
   return with_lane_elements(s.head_dim, [&](auto lane_elems) {
-    append_once_kernel<decltype(lane_elems)::value, kWarps>
-        <<<ctas, 32 * kWarps, 0, stream>>>(s, d_slots, entries, k, v);
-    return cudaGetLastError();
+    return launch(append_once_kernel<decltype(lane_elems)::value, kWarps, kProgrammatic>,
+                  dim3(ctas), dim3(32 * kWarps), kProgrammatic, stream, s, d_slots, entries, k, v);
   });
 }
 
 bool one_round(StoreKernels which) {
   return which == StoreKernels::kAuto || which == StoreKernels::kOneRound ||
-         which == StoreKernels::kOneRoundWide;
+         which == StoreKernels::kOneRoundWide || which == StoreKernels::kOneRoundPdl;
 }
 
 }  // namespace
 
 cudaError_t planned_append(const StoreView& s, const LayerStrides& ls, int layers,
                            const std::int32_t* d_slots, int entries, const void* d_k,
-                           const void* d_v, const SpillRows& spill, cudaStream_t stream) {
+                           const void* d_v, const SpillRows& spill, bool programmatic,
+                           cudaStream_t stream) {
   if (entries <= 0) return cudaSuccess;
   if (layers < 1 || layers > 65535) return cudaErrorInvalidValue;
   if (!aligned16(d_k, d_v, ls.kv)) return cudaErrorNotSupported;
@@ -121,9 +139,11 @@ cudaError_t planned_append(const StoreView& s, const LayerStrides& ls, int layer
   const auto* k = static_cast<const std::uint16_t*>(d_k);
   const auto* v = static_cast<const std::uint16_t*>(d_v);
   return with_lane_elements(s.head_dim, [&](auto lane_elems) {
-    planned_append_kernel<decltype(lane_elems)::value>
-        <<<grid, 32 * kFastWarps, 0, stream>>>(s, ls, d_slots, entries, k, v, spill);
-    return cudaGetLastError();
+    constexpr int kE = decltype(lane_elems)::value;
+    return programmatic ? launch(planned_append_kernel<kE, true>, grid, dim3(32 * kFastWarps), true,
+                                 stream, s, ls, d_slots, entries, k, v, spill)
+                        : launch(planned_append_kernel<kE, false>, grid, dim3(32 * kFastWarps),
+                                 false, stream, s, ls, d_slots, entries, k, v, spill);
   });
 }
 
@@ -136,7 +156,8 @@ cudaError_t store_write_layers_with(StoreKernels which, const StoreView& s, cons
   const auto* v = static_cast<const std::uint16_t*>(d_v);
   const unsigned z = static_cast<unsigned>(layers);
   if (count == 1 && one_round(which) && aligned16(k, v, ls.kv)) {
-    return planned_append(s, ls, layers, d_slots, entries, k, v, SpillRows{}, stream);
+    return planned_append(s, ls, layers, d_slots, entries, k, v, SpillRows{},
+                          which == StoreKernels::kOneRoundPdl, stream);
   }
   if (which == StoreKernels::kLegacy || (which == StoreKernels::kAuto && !aligned16(k, v, ls.kv))) {
     return write_legacy(s, ls, z, d_slots, entries, count, k, v, stream);
@@ -157,9 +178,11 @@ cudaError_t store_update_with(StoreKernels which, const StoreView& s, const std:
     if (count > 1)
       return write_rows(s, LayerStrides{}, 1, d_slots, entries, count, k, v, true, stream);
     if (which == StoreKernels::kOneRoundWide)
-      return append_once<16>(s, d_slots, entries, k, v, stream);
+      return append_once<16, false>(s, d_slots, entries, k, v, stream);
+    if (which == StoreKernels::kOneRoundPdl)
+      return append_once<kFastWarps, true>(s, d_slots, entries, k, v, stream);
     if (which != StoreKernels::kFused)
-      return append_once<kFastWarps>(s, d_slots, entries, k, v, stream);
+      return append_once<kFastWarps, false>(s, d_slots, entries, k, v, stream);
     const int warps = entries * s.num_kv_heads;
     const unsigned ctas = static_cast<unsigned>((warps + kFastWarps - 1) / kFastWarps);
     return with_lane_elements(s.head_dim, [&](auto lane_elems) {

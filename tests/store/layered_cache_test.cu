@@ -567,8 +567,8 @@ TEST(Cuda_LayeredCache, WholeDecodeStepInOneGraph) {
 TEST(Cuda_LayeredCache, CountOneWritesOfEveryKernelSetMatchCpu) {
   KVC_REQUIRE_GPU();
   using kernels::store_detail::StoreKernels;
-  for (const StoreKernels which :
-       {StoreKernels::kOneRound, StoreKernels::kRows, StoreKernels::kAuto}) {
+  for (const StoreKernels which : {StoreKernels::kOneRound, StoreKernels::kOneRoundPdl,
+                                   StoreKernels::kRows, StoreKernels::kAuto}) {
     for (const PageOwner owner : {PageOwner::kKvc, PageOwner::kEngine}) {
       LayeredCacheConfig c =
           config(owner == PageOwner::kKvc ? Format::kQ8 : Format::kFp16kQ4v, owner, 8, 3);

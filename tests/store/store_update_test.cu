@@ -50,6 +50,8 @@ const char* name_of(StoreKernels k) {
       return "one-round";
     case StoreKernels::kOneRoundWide:
       return "one-round-wide";
+    case StoreKernels::kOneRoundPdl:
+      return "one-round-pdl";
     default:
       return "legacy";
   }
@@ -257,9 +259,9 @@ TEST(Cuda_StoreUpdate, AppendBatchesOfEverySizeMatchCpu) {
       c.block_size = block;
       c.recent_window = 5;
       c.max_context = 200;
-      for (StoreKernels k :
-           {StoreKernels::kFused, StoreKernels::kOneRound, StoreKernels::kOneRoundWide,
-            StoreKernels::kAuto, StoreKernels::kRows, StoreKernels::kLegacy}) {
+      for (StoreKernels k : {StoreKernels::kFused, StoreKernels::kOneRound,
+                             StoreKernels::kOneRoundWide, StoreKernels::kOneRoundPdl,
+                             StoreKernels::kAuto, StoreKernels::kRows, StoreKernels::kLegacy}) {
         for (const bool counter : {true, false}) {
           if (!counter && k != StoreKernels::kAuto) continue;
           Twin twin(c, k, counter);
@@ -420,8 +422,8 @@ TEST(Cuda_StoreUpdate, FusedAppendOnlyWhereItApplies) {
   DeviceArray<std::int32_t> slots(std::vector<std::int32_t>{1, 3});
   StoreView view = gpu->view();
   using kernels::store_detail::store_update_with;
-  for (StoreKernels which :
-       {StoreKernels::kFused, StoreKernels::kOneRound, StoreKernels::kOneRoundWide}) {
+  for (StoreKernels which : {StoreKernels::kFused, StoreKernels::kOneRound,
+                             StoreKernels::kOneRoundWide, StoreKernels::kOneRoundPdl}) {
     StoreView with_counter = view;
     EXPECT_EQ(store_update_with(which, with_counter, slots.get(),
                                 kernels::store_detail::kFusedMaxEntries + 1, 1, dk.get(), dv.get(),
@@ -439,9 +441,9 @@ TEST(Cuda_StoreUpdate, FusedAppendOnlyWhereItApplies) {
         << name_of(which);
   }
   // The planned count-1 write refuses unaligned K/V before launching anything.
-  EXPECT_EQ(kernels::store_detail::planned_append(view, kernels::LayerStrides{}, 1, slots.get(), 2,
-                                                  dk.get() + 1, dv.get(),
-                                                  kernels::store_detail::SpillRows{}, nullptr),
+  EXPECT_EQ(kernels::store_detail::planned_append(
+                view, kernels::LayerStrides{}, 1, slots.get(), 2, dk.get() + 1, dv.get(),
+                kernels::store_detail::SpillRows{}, false, nullptr),
             cudaErrorNotSupported);
   view.update_counter = nullptr;
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -535,7 +537,8 @@ TEST_P(Cuda_StoreUpdate_Graph, AppendGraphReplayMatchesCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, Cuda_StoreUpdate_Graph,
                          ::testing::Values(StoreKernels::kFused, StoreKernels::kOneRound,
-                                           StoreKernels::kOneRoundWide, StoreKernels::kAuto),
+                                           StoreKernels::kOneRoundWide, StoreKernels::kOneRoundPdl,
+                                           StoreKernels::kAuto),
                          [](const ::testing::TestParamInfo<StoreKernels>& info) {
                            std::string name = name_of(info.param);
                            for (char& ch : name) {
