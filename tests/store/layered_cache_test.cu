@@ -586,6 +586,10 @@ TEST(Cuda_LayeredCache, CountOneWritesOfEveryKernelSetMatchCpu) {
       for (int s = 0; s < 64; ++s) all[s] = s;
       const std::size_t token = 2 * 128;
       DeviceArray<std::int32_t> d_slots(64);
+      // A stream of its own: the programmatic launches (kOneRoundPdl) do not depend on the
+      // legacy default stream accepting them.
+      cudaStream_t stream;
+      KVC_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
       auto step = [&](int batch, bool all_layers, std::uint32_t seed) {
         std::shuffle(all.begin(), all.end(), rng);
         const std::vector<int> slots(all.begin(), all.begin() + batch);
@@ -595,8 +599,9 @@ TEST(Cuda_LayeredCache, CountOneWritesOfEveryKernelSetMatchCpu) {
         auto v = random_bits16(3 * layer, DType::kF16, seed + 1);
         DeviceArray<std::uint16_t> dk(k), dv(v);
         d_slots.upload(std::vector<std::int32_t>(slots.begin(), slots.end()));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the uploads landed (legacy stream)
         const LayeredView view = p.gpu->view();
-        ASSERT_EQ(kernels::layered_begin_update(view, d_slots.get(), batch, 1, nullptr),
+        ASSERT_EQ(kernels::layered_begin_update(view, d_slots.get(), batch, 1, stream),
                   cudaSuccess);
         p.cpu->begin_update(slots, 1);
         for (int l = 0; l < 3; ++l) {
@@ -607,12 +612,12 @@ TEST(Cuda_LayeredCache, CountOneWritesOfEveryKernelSetMatchCpu) {
         using kernels::store_detail::layered_write_layers_with;
         if (all_layers) {
           ASSERT_EQ(layered_write_layers_with(which, view, 0, 3, batch, 1, dk.get(), dv.get(),
-                                              static_cast<std::int64_t>(layer), nullptr),
+                                              static_cast<std::int64_t>(layer), stream),
                     cudaSuccess);
         } else {
           for (int l = 2; l >= 0; --l) {  // any layer order
             ASSERT_EQ(layered_write_layers_with(which, view, l, 1, batch, 1, dk.get() + l * layer,
-                                                dv.get() + l * layer, 0, nullptr),
+                                                dv.get() + l * layer, 0, stream),
                       cudaSuccess);
           }
         }
@@ -631,6 +636,7 @@ TEST(Cuda_LayeredCache, CountOneWritesOfEveryKernelSetMatchCpu) {
       p.expect_equal((where + ", truncate").c_str());
       for (int i = 0; i < 6; ++i) step(19, i % 2 == 0, 77u + i);
       p.expect_equal((where + ", after truncate").c_str());
+      cudaStreamDestroy(stream);
     }
   }
 }

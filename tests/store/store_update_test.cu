@@ -106,7 +106,14 @@ class Twin {
       gpu_->open_slot();
     }
     poison(*gpu_);
+    // A stream of its own: the programmatic launches (kOneRoundPdl) do not depend on the legacy
+    // default stream accepting them.
+    if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess)
+      stream_ = nullptr;
   }
+  ~Twin() { cudaStreamDestroy(stream_); }
+  Twin(const Twin&) = delete;
+  Twin& operator=(const Twin&) = delete;
 
   std::size_t token() const { return static_cast<std::size_t>(c_.num_kv_heads) * c_.head_dim; }
 
@@ -128,10 +135,11 @@ class Twin {
     }
     DeviceArray<std::uint16_t> dk(k), dv(v);
     d_slots_.upload(std::vector<std::int32_t>(slots.begin(), slots.end()));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the uploads landed (legacy stream)
     StoreView view = gpu_->view();
     if (!counter_) view.update_counter = nullptr;
     ASSERT_EQ(kernels::store_detail::store_update_with(kernels_, view, d_slots_.get(), n, count,
-                                                       dk.get(), dv.get(), nullptr),
+                                                       dk.get(), dv.get(), stream_),
               cudaSuccess)
         << name_of(kernels_);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -161,6 +169,7 @@ class Twin {
   KvStoreConfig c_;
   StoreKernels kernels_;
   bool counter_;
+  cudaStream_t stream_ = nullptr;
   std::unique_ptr<KvStore> cpu_, gpu_;
   DeviceArray<std::int32_t> d_slots_;
 };
@@ -496,6 +505,7 @@ TEST_P(Cuda_StoreUpdate_Graph, AppendGraphReplayMatchesCpu) {
        v = random_bits16(steps * step_elems, c.dtype, 82);
   DeviceArray<std::uint16_t> dk(k), dv(v), step_k(step_elems), step_v(step_elems);
   DeviceArray<std::int32_t> dslots(std::vector<std::int32_t>(slots.begin(), slots.end()));
+  KVC_ASSERT_CUDA(cudaDeviceSynchronize());  // the uploads landed (legacy stream)
   cudaStream_t stream;
   KVC_ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph;
