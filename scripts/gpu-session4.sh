@@ -7,8 +7,9 @@
 #   mid1    build; the GPU tests of this session's kernels (attention pipeline, token-mass
 #           stream kernel, indexer variant 5 and the spread finisher, store append, decode top-k)
 #   mid2    old-vs-new benchmark rows of the same kernels (after mid1, on the same machine)
-#   final1  every test; memcheck / racecheck of the changed kernels
-#   final2  the benchmark rows and the anchors
+#   final1  build; every test (GPU, CPU, mini-decoder); memcheck / racecheck of the changed kernels
+#   final2  the benchmark rows of the session (old and new variants) and the anchors (PyTorch,
+#           and FlashInfer / DeepSelect where their bundle was carried: benchmarks/anchors/)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=$PWD/gpu-out/session4
@@ -34,6 +35,18 @@ case "${1:-first}" in
     gtests select 'Cuda_Selector*-*Spread*' 120
     gtests store 'Cuda_StoreUpdate*:Cuda_KvStore*:*LayeredCache*' 150
     ;;
+  mid3)
+    # The store append / LayeredCache write (store4) and the decode top-k default: tests, then
+    # their benchmark rows.
+    build
+    gtests store 'Cuda_StoreUpdate*:Cuda_KvStore*:*LayeredCache*' 150
+    gtests select 'Cuda_Selector*' 150
+    gtests token 'Cuda_BlockIndex_TokenScores*' 100
+    bench 40 store_bench 'BM_AppendStep'
+    bench 60 layered_step_bench 'BM_LayeredAppend|BM_LayeredStep/B:8/'
+    bench 60 index_bench 'BM_Score/h32x8x128/B(1|8)/N131072/token_mass/mxfp4/sum/fast.*'
+    grep -hE '_median' "$out"/*.log | awk '{print $1, $2, $3}' | sed 's/manual_time_median//' > "$out/medians.txt"
+    ;;
   mid2)
     [ -x build-gpu/benchmarks/attention_bench ] || build
     bench 90 attention_bench '^BM_BlockSelectExact/0/(1|8)/3/[1-4]/0/1/|^BM_DenseDecode/0/(1|8)/131072/[1-4]/'
@@ -44,6 +57,37 @@ case "${1:-first}" in
     bench 60 layered_step_bench .
     bench 60 step_bench .
     grep -hE '_median' "$out"/*.log | awk '{print $1, $2, $3}' | sed 's/manual_time_median//' > "$out/medians.txt"
+    ;;
+  final1)
+    build
+    GTEST_FILTER='*' timeout 330 scripts/gpu-check test > "$out/test-step.log" 2>&1
+    cat gpu-out/summary.txt >> "$out/summary.txt" 2>/dev/null
+    grep -E '^\[  FAILED  \]' gpu-out/gpu-tests.log gpu-out/cpu-tests.log \
+      gpu-out/mini-decoder-tests.log 2>/dev/null | head -20 | tee -a "$out/summary.txt"
+    cp gpu-out/gpu-tests.log "$out/" 2>/dev/null
+    sanitize memcheck memcheck 'Cuda_BlockIndex_TokenScores*:Cuda_AttentionMma*:Cuda_DenseDecode*:Cuda_Selector_Decode*:Cuda_Dsv4_Indexer*:Cuda_Dsv4_TopK*:Cuda_StoreUpdate*:*LayeredCache*-*Footprint*:*GraphReplayOfAppend*:*1000Steps*:*OneRoundLargeBatches*:*CountOneWrites*' 110
+    sanitize racecheck racecheck 'Cuda_Selector_Decode*:Cuda_StoreUpdate.AppendBatchesOfEverySizeMatchCpu:Cuda_BlockIndex_TokenScores.ExtremeScalesMixedWithOrdinaryBlocks' 60
+    grep -E 'Race reported' "$out/sanitizer-racecheck.log" | sed -E 's/\(kvc[^)]*\)//g' | sort | uniq -c | head -5 >> "$out/summary.txt"
+    ;;
+  final2)
+    [ -x build-gpu/benchmarks/step_bench ] || build
+    bench 60 step_bench .
+    bench 100 layered_step_bench .
+    bench 60 index_bench 'BM_Score/h32x8x128/B(1|8)/N131072/(token_ma.*/mxfp4/sum/fast.*|mean_k/f(32|16)/sum/fast)'
+    bench 90 attention_bench '^BM_BlockSelectExact/0/(1|8|32)/3/[1-4]/0/1/|^BM_DenseDecode/0/(1|8)/131072/[1-4]/'
+    bench 60 topk_bench "BM_TopKDecode/(1|8|64)/(4096|32768)/(8|64)/[0-2]/|BM_TopK/(1|64)/(131072|262144)/2048/"
+    bench 60 store_bench .
+    bench 60 dsv4_bench 'BM_Dsv4IndexDecode/.*/0/[01]/[0345]$|BM_Dsv4TopK|BM_Dsv4CsaDecode|BM_Dsv4HcaDecode'
+    l=$(left)
+    (( l > 60 )) && { OUT="$out" timeout 90 python3 benchmarks/anchors/torch_anchors.py \
+      > "$out/torch_anchors.log" 2>&1; say "torch anchors: rc=$?"; }
+    if [ -x benchmarks/anchors/setup-anchors.sh ] && [ -d .anchors ]; then
+      l=$(left)
+      (( l > 90 )) && { OUT="$out" timeout $(( l - 30 )) benchmarks/anchors/setup-anchors.sh run \
+        > "$out/peer_anchors.log" 2>&1; say "peer anchors: rc=$? $(tail -1 "$out/peer_anchors.log")"; }
+    fi
+    grep -hE '_median' "$out"/*.log | awk '{print $1, $2, $3}' | sed 's/manual_time_median//' > "$out/medians.txt"
+    python3 scripts/perf-report.py "$out" > "$out/performance_table.md" 2>&1
     ;;
   *) echo "gpu-session4.sh: first, mid1, mid2, final1, final2" >&2; exit 2 ;;
 esac
