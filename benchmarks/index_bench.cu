@@ -7,12 +7,13 @@
 // Row names: BM_Score/<shape>/B<batch>/N<context>/<score>/<source>/<aggregate>/<kernel>, where
 // source is the summary dtype (f32, f16, bf16) of mean_k and quest, or the key source of the token
 // scores (old_blocks, mxfp4, fp8), and kernel is general or fast (a fast row that does not serve
-// the shape is skipped with its reason); the token scores' fast rows come three times: fast (the
-// library's choice, TokenKernels::kAuto), fast-stream and fast-block_per_warp (the chunk-kernel
+// the shape is skipped with its reason); the token scores' fast rows come six times: fast (the
+// library's choice, TokenKernels::kAuto), fast-stream (its blocks per warp chosen from the
+// shape), fast-stream8 / -stream4 / -stream2 (pinned) and fast-block_per_warp (the chunk-kernel
 // variants of kernels/index/token_variant.h, so one run compares them), e.g.
 // 'BM_Score/h32x8x128/B(1|8)/N131072/token_ma.*/mxfp4/sum/fast.*'. Rows are registered grouped by
 // the store they read, so each store is built once. Select rows with --benchmark_filter, e.g.
-// 'BM_Score/h32x8x128/B8/N131072/.*' or '.*/mean_k/f16/.*'; the whole grid is 12 cells x 25
+// 'BM_Score/h32x8x128/B8/N131072/.*' or '.*/mean_k/f16/.*'; the whole grid is 12 cells x 31
 // rows.
 //
 // Counters: bytes = what the score must read from the store (summaries; or every closed block's
@@ -56,6 +57,9 @@ struct Variant {
     using kernels::index_detail::TokenKernels;
     const std::string k = to_string(kernel);
     if (token_kernels == TokenKernels::kStream) return k + "-stream";
+    if (token_kernels == TokenKernels::kStream8) return k + "-stream8";
+    if (token_kernels == TokenKernels::kStream4) return k + "-stream4";
+    if (token_kernels == TokenKernels::kStream2) return k + "-stream2";
     if (token_kernels == TokenKernels::kBlockPerWarp) return k + "-block_per_warp";
     return k;
   }
@@ -230,7 +234,8 @@ std::vector<Variant> variants() {
           {score, TokenKeys::kIndexCopy, DType::kF32, Format::kMxfp4, GqaAggregate::kSum, kernel});
     }
     using kernels::index_detail::TokenKernels;
-    for (TokenKernels tk : {TokenKernels::kStream, TokenKernels::kBlockPerWarp}) {
+    for (TokenKernels tk : {TokenKernels::kStream, TokenKernels::kStream8, TokenKernels::kStream4,
+                            TokenKernels::kStream2, TokenKernels::kBlockPerWarp}) {
       v.push_back({score, TokenKeys::kIndexCopy, DType::kF32, Format::kMxfp4, GqaAggregate::kSum,
                    IndexKernel::kFast, tk});
     }

@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "index/token_score.cuh"
+#include "index/token_variant.h"
 #include "kvc/formats/formats.h"
 #include "kvc/index/score_math.h"
 #include "kvc/store/block_codec.h"
@@ -312,8 +313,9 @@ __global__ void __launch_bounds__(kTokThreads)
 // ---- The streaming variant (TokenKernels::kStream, kernels/index/token_variant.h) -------------
 //
 // token_stream_kernel: grid (kStreamRingParts ring CTAs (mass rule) + chunk CTAs, rows). Ring
-// CTA x is part x of the row's exact tokens (exact_part). A chunk CTA owns kStreamBlocksPerCta
-// consecutive closed blocks, kStreamBlocksPerWarp per warp; per kv head of the row:
+// CTA x is part x of the row's exact tokens (exact_part). A chunk CTA owns p.blocks_per_cta
+// consecutive closed blocks, p.blocks_per_cta / kTokWarps (2, 4 or 8) per warp, chosen by the
+// launcher from the call's shape (stream_blocks_per_warp); per kv head of the row:
 //   - the warp's block-table entries are loaded once (lane i: block i; shuffles broadcast), the
 //     query B fragments once per kv head (and checked finite with one vote);
 //   - the warp walks its blocks in slabs of 32 tokens (16 for blocks of 16): the next slab's key
@@ -335,33 +337,27 @@ __global__ void __launch_bounds__(kTokThreads)
 //     token_fast_kernel.
 // The finish kernel is the same (p.ring_parts, p.blocks_per_cta describe the partials).
 
-/// Closed blocks one warp of a streaming chunk CTA scores.
-constexpr int kStreamBlocksPerWarp = 8;
-/// Closed blocks one streaming chunk CTA scores.
-constexpr int kStreamBlocksPerCta = kTokWarps * kStreamBlocksPerWarp;
+/// Most closed blocks one warp of a streaming chunk CTA scores (p.blocks_per_cta / kTokWarps is
+/// 2, 4 or 8).
+constexpr int kStreamMaxBlocksPerWarp = 8;
+/// Fewest closed blocks one warp of a streaming chunk CTA scores.
+constexpr int kStreamMinBlocksPerWarp = 2;
+/// Chunk CTAs a call should have at least (about three waves of 2 CTAs on 132 SMs) before the
+/// launcher gives each warp more blocks: more blocks per warp amortise the CTA's start (table,
+/// query fragments, the merge) but leave SMs idle when the grid is small (B1).
+constexpr long long kStreamMinChunkCtas = 768;
+
+/// Blocks per warp for a call with `rows` score rows of `owned` closed blocks at most: the
+/// largest of 8, 4, 2 that still gives kStreamMinChunkCtas chunk CTAs (2 when none does).
+inline int stream_blocks_per_warp(int rows, int owned) {
+  for (int bpw = kStreamMaxBlocksPerWarp; bpw > kStreamMinBlocksPerWarp; bpw /= 2) {
+    const long long per_row = (owned + kTokWarps * bpw - 1) / (kTokWarps * bpw);
+    if (per_row * rows >= kStreamMinChunkCtas) return bpw;
+  }
+  return kStreamMinBlocksPerWarp;
+}
 /// Ring CTAs per row of the streaming variant (mass rule): the exact tokens split among them.
 constexpr int kStreamRingParts = 4;
-
-/// The largest mxfp4 scale byte e for which every logit of a block is finite and far from
-/// overflow, as the splat 255 - e over the four bytes of a word (0: no block is safe), for head_dim
-/// `d` and softmax `scale`. Proof: with finite f16 queries |q| <= 65504 and e2m1 keys
-/// |k| <= 6 * 2^(e - 127), every product, every partial sum of the mma's f32 accumulation, each
-/// group's scaled sum and the FFMA chain over the groups is at most Σ_e |q_e k_e| <=
-/// d * 65504 * 6 * 2^(e - 127) in magnitude, times a rounding factor (1 + 2^-24)^(2d) < 2; e is
-/// the largest with d * 65504 * 6 * 2^(e - 127) * max(scale, 1) < 2^125, so |logit| < 2^126.
-/// Then m * log2(e) (< 2^126.6) is finite, every ex2 argument x * log2(e) - m * log2(e) is finite
-/// or -inf (ex2 gives 0), Σ exp >= 1, and no NaN or inf arises. At d 128 and scale <= 1: e <= 226
-/// (d 64: 227). The bound is also below 240, where ue8m0_times_16384 is exact.
-inline std::uint32_t stream_safe_add(int d, float scale) {
-  const double s = scale > 1.0f ? static_cast<double>(scale) : 1.0;
-  int e = 240;
-  while (e >= 128 && d * 65504.0 * 6.0 * std::ldexp(1.0, e - 127) * s >= std::ldexp(1.0, 125)) {
-    --e;
-  }
-  // Bytes below 128 always pass the byte test of slab_unsafe, so a bound below 128 turns the
-  // fast path off instead.
-  return e >= 128 ? static_cast<std::uint32_t>(255 - e) * 0x01010101u : 0u;
-}
 
 /// 2^x with the hardware approximation (MUFU.EX2; -inf gives 0).
 __device__ __forceinline__ float ex2_approx(float x) {
@@ -404,8 +400,7 @@ __device__ __forceinline__ void load_slab(StreamSlab<D, kS>& b, const std::uint8
   }
 }
 
-/// Nonzero when a scale byte of the slab exceeds the bound of stream_safe_add (`safe_add`, not
-/// 0): a byte b >= 128 fails when (b & 0x7f) + (255 - bound) carries into bit 7.
+/// Nonzero when a scale byte of the slab exceeds the bound of stream_safe_add.
 template <int D, int kS>
 __device__ __forceinline__ std::uint32_t slab_unsafe(const StreamSlab<D, kS>& b,
                                                      std::uint32_t safe_add) {
@@ -414,11 +409,10 @@ __device__ __forceinline__ std::uint32_t slab_unsafe(const StreamSlab<D, kS>& b,
   for (int mt = 0; mt < StreamSlab<D, kS>::kMT; ++mt) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const std::uint32_t w = b.sc[mt][r];
-      bad |= w & ((w & 0x7f7f7f7fu) + safe_add);
+      bad |= scale_bytes_unsafe(b.sc[mt][r], safe_add);
     }
   }
-  return bad & 0x80808080u;
+  return bad;
 }
 
 /// The slab's logits: l[mt][0, 1] = token 16 mt + g, heads 2t, 2t + 1; l[mt][2, 3] = token + 8.
@@ -492,7 +486,7 @@ __global__ void __launch_bounds__(kTokThreads, 2)
   constexpr float kLog2e = 1.4426950408889634f;
   __shared__ __align__(16) float q_smem[kTokHeads * D];  // ring CTAs
   __shared__ float red[2 * kTokWarps * kTokHeads];       // per-warp states (ring and chunk CTAs)
-  __shared__ float agg[kStreamBlocksPerCta];             // max rule: heads aggregated so far
+  __shared__ float agg[kTokWarps * kStreamMaxBlocksPerWarp];  // max rule: heads aggregated
   const StoreView& s = p.s;
   const TokenRow r = token_row(p, D);
   if (blockIdx.x == 0 && threadIdx.x == 0) p.out.num_valid[r.row] = r.closed;
@@ -502,13 +496,14 @@ __global__ void __launch_bounds__(kTokThreads, 2)
     return;
   }
   const int chunk = static_cast<int>(blockIdx.x) - ring;
-  const int j0 = chunk * kStreamBlocksPerCta;
+  const int j0 = chunk * p.blocks_per_cta;
+  const int bpw = p.blocks_per_cta / kTokWarps;
   if (j0 >= r.closed) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const unsigned full = 0xffffffffu;
-  const int jw = j0 + warp * kStreamBlocksPerWarp;  // the warp's first block
+  const int jw = j0 + warp * bpw;  // the warp's first block
   const int left = r.closed - jw;
-  const int nb = left < 0 ? 0 : left < kStreamBlocksPerWarp ? left : kStreamBlocksPerWarp;
+  const int nb = left < 0 ? 0 : left < bpw ? left : bpw;
   const int pb_lane = lane < nb ? r.table[store::owned_block_id(s, jw + lane)] : 0;
   const int cn = p.group;                       // G <= 8: one chunk of heads per kv head
   const int mine = g & 1, head = 2 * t + mine;  // the head whose lse this lane records (g < 2)
@@ -533,6 +528,9 @@ __global__ void __launch_bounds__(kTokThreads, 2)
       row_next = store::old_row_index(s, __shfl_sync(full, pb_lane, 0), h, 0);
       load_slab<D, kS>(buf, lane_keys + row_next * kRowBytes, lane_scales + row_next * kScaleBytes);
     }
+    // Not unrolled: unrolling twice saves the ~20 register moves of `cur = buf` per block but
+    // took d 128 to 128 registers (spills at blocks of 64) and tripled the kernel's code.
+#pragma unroll 1
     for (int i = 0; i < nb; ++i) {
       const std::size_t row = row_next;
       if (i + 1 < nb) row_next = store::old_row_index(s, __shfl_sync(full, pb_lane, i + 1), h, 0);
@@ -649,7 +647,7 @@ __global__ void __launch_bounds__(kTokThreads, 2)
   }
   if (!p.mass) {
     __syncthreads();  // agg is complete
-    for (int jj = threadIdx.x; jj < kStreamBlocksPerCta; jj += blockDim.x) {
+    for (int jj = threadIdx.x; jj < p.blocks_per_cta; jj += blockDim.x) {
       const int j = j0 + jj;
       if (j < r.closed)
         p.out.scores[static_cast<std::size_t>(r.row) * p.out.max_blocks + j] = agg[jj];

@@ -6,9 +6,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
+#include "kvc/core/macros.h"
 #include "kvc/index/block_index.h"
 #include "kvc/select/selection.h"
 #include "kvc/store/kv_store.h"
@@ -24,11 +26,18 @@ enum class TokenKernels {
   /// The library's choice: kBlockPerWarp until kStream has been measured correct on a GPU
   /// (kAutoTokenKernels).
   kAuto,
-  /// token_stream_kernel (kernels/index/token_fast.cuh): 64 blocks per chunk CTA, loads one
-  /// slab ahead, a NaN-free path for blocks whose scales cannot overflow, per-warp running
-  /// normalisers merged in shared memory, the ring over kStreamRingParts CTAs. Serves blocks of
-  /// 16, 32 and 64 tokens; other block sizes return cudaErrorNotSupported.
+  /// token_stream_kernel (kernels/index/token_fast.cuh): 2, 4 or 8 blocks per warp (8 warps per
+  /// chunk CTA) chosen from the call's shape (stream_blocks_per_warp), loads one slab ahead, a
+  /// NaN-free path for blocks whose scales cannot overflow, per-warp running normalisers merged
+  /// in shared memory, the ring over kStreamRingParts CTAs. Serves blocks of 16, 32 and 64
+  /// tokens; other block sizes return cudaErrorNotSupported.
   kStream,
+  /// kStream with 8 blocks per warp (64 per chunk CTA) whatever the shape.
+  kStream8,
+  /// kStream with 4 blocks per warp (32 per chunk CTA).
+  kStream4,
+  /// kStream with 2 blocks per warp (16 per chunk CTA).
+  kStream2,
   /// token_fast_kernel: a warp per (block, kv head), 16 blocks per chunk CTA, one ring CTA (the
   /// kernel before issue 12's token-mass rewrite, kept for comparison).
   kBlockPerWarp,
@@ -37,14 +46,49 @@ enum class TokenKernels {
 /// What kAuto means today.
 constexpr TokenKernels kAutoTokenKernels = TokenKernels::kBlockPerWarp;
 
+/// True for the streaming variants (kStream, kStream8, kStream4, kStream2).
+inline bool is_stream(TokenKernels v) {
+  return v == TokenKernels::kStream || v == TokenKernels::kStream8 || v == TokenKernels::kStream4 ||
+         v == TokenKernels::kStream2;
+}
+
 /// True when the streaming kernel serves blocks of `block_size` tokens.
 inline bool stream_serves_block_size(int block_size) {
   return block_size == 16 || block_size == 32 || block_size == 64;
 }
 
+/// The largest mxfp4 scale byte e for which every logit of a block is finite and far from
+/// overflow, as the splat 255 - e over the four bytes of a word (0: no block is safe), for head_dim
+/// `d` and softmax `scale`. Proof: with finite f16 queries |q| <= 65504 and e2m1 keys
+/// |k| <= 6 * 2^(e - 127), every product, every partial sum of the mma's f32 accumulation, each
+/// group's scaled sum and the FFMA chain over the groups is at most Σ_e |q_e k_e| <=
+/// d * 65504 * 6 * 2^(e - 127) in magnitude, times a rounding factor (1 + 2^-24)^(2d) < 2; e is
+/// the largest with d * 65504 * 6 * 2^(e - 127) * max(scale, 1) < 2^125, so |logit| < 2^126.
+/// Then the block max m times log2 of Euler's number (< 2^126.6) is finite, every ex2 argument
+/// (x - m) in base 2 is finite or -inf (ex2 gives 0), Σ exp >= 1, and no NaN or inf arises. At d
+/// 128 and scale <= 1: e <= 226 (d 64: 227). The bound is also below 240, where ue8m0_times_16384
+/// is exact.
+inline std::uint32_t stream_safe_add(int d, float scale) {
+  const double s = scale > 1.0f ? static_cast<double>(scale) : 1.0;
+  int e = 240;
+  while (e >= 128 && d * 65504.0 * 6.0 * std::ldexp(1.0, e - 127) * s >= std::ldexp(1.0, 125)) {
+    --e;
+  }
+  // Bytes below 128 always pass the byte test of scale_bytes_unsafe, so a bound below 128 turns the
+  // fast path off instead.
+  return e >= 128 ? static_cast<std::uint32_t>(255 - e) * 0x01010101u : 0u;
+}
+
+/// Nonzero when one of the four scale bytes of `w` exceeds the bound of stream_safe_add
+/// (`safe_add`, not 0; the bound is at least 128): a byte b >= 128 fails when
+/// (b & 0x7f) + (255 - bound) carries into bit 7 (no carry crosses bytes: 127 + 127 < 256).
+KVC_HD std::uint32_t scale_bytes_unsafe(std::uint32_t w, std::uint32_t safe_add) {
+  return w & ((w & 0x7f7f7f7fu) + safe_add) & 0x80808080u;
+}
+
 /// kernels::block_scores (with its kTokenMass workspace) with the chunk kernel variant `which`.
-/// kStream on a call the tensor-core scorer serves but with a block size it does not returns
-/// cudaErrorNotSupported before anything runs.
+/// A streaming variant on a call the tensor-core scorer serves but with a block size it does not
+/// returns cudaErrorNotSupported before anything runs.
 cudaError_t block_scores_with(TokenKernels which, const StoreView& s, const BlockIndexConfig& c,
                               const std::int32_t* d_slots, int batch, int tokens, const void* d_q,
                               const ScoresView& out, void* d_workspace, std::size_t workspace_bytes,

@@ -26,14 +26,15 @@ using namespace index_detail;
 // The kTokenMass scratch of `rows` rows of `heads` heads over `max_blocks` blocks per slot: the
 // block lse values, then (256-byte aligned) the partial normalisers, as many per row as the
 // variant with the most needs (1 ring CTA + chunks of kTokBlocksPerCta, or kStreamRingParts +
-// chunks of kStreamBlocksPerCta). One helper sizes and carves, so the two cannot drift apart.
+// chunks of kTokWarps * kStreamMinBlocksPerWarp). One helper sizes and carves, so the two cannot
+// drift apart.
 struct TokenMassLayout {
   std::size_t lse_bytes = 0, partial_offset = 0, total = 0;
   int parts = 0;
   TokenMassLayout(int rows, int heads, int max_blocks) {
     const int per_warp = 1 + (max_blocks + kTokBlocksPerCta - 1) / kTokBlocksPerCta;
-    const int stream =
-        kStreamRingParts + (max_blocks + kStreamBlocksPerCta - 1) / kStreamBlocksPerCta;
+    const int min_chunk = kTokWarps * kStreamMinBlocksPerWarp;
+    const int stream = kStreamRingParts + (max_blocks + min_chunk - 1) / min_chunk;
     parts = per_warp > stream ? per_warp : stream;
     lse_bytes = static_cast<std::size_t>(rows) * heads * max_blocks * 4;
     partial_offset = (lse_bytes + 255) / 256 * 256;
@@ -103,7 +104,7 @@ cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const st
                 ? TokenKernels::kStream
                 : TokenKernels::kBlockPerWarp;
   }
-  const bool streaming = fast && which == TokenKernels::kStream;
+  const bool streaming = fast && is_stream(which);
   if (streaming && !stream_serves_block_size(s.block_size)) return cudaErrorNotSupported;
   TokenScoreParams p;
   p.s = s;
@@ -135,7 +136,11 @@ cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const st
                                                      : KeyKind::k16;
   const int owned = store::owned_count(s.max_blocks_per_slot, s.num_shards, s.shard_index);
   p.ring_parts = streaming ? kStreamRingParts : 1;
-  p.blocks_per_cta = streaming ? kStreamBlocksPerCta : kTokBlocksPerCta;
+  const int bpw = which == TokenKernels::kStream8   ? 8
+                  : which == TokenKernels::kStream4 ? 4
+                  : which == TokenKernels::kStream2 ? 2
+                                                    : stream_blocks_per_warp(rows, owned);
+  p.blocks_per_cta = streaming ? kTokWarps * bpw : kTokBlocksPerCta;
   p.safe_add = stream_safe_add(c.head_dim, p.scale);
   const int chunks = owned > 0 ? (owned + p.blocks_per_cta - 1) / p.blocks_per_cta : 1;
   const dim3 grid(chunks + (p.mass ? p.ring_parts : 0), rows);

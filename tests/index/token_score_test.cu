@@ -53,10 +53,27 @@ void PrintTo(const TokenCase& k, std::ostream* os) {
 using kernels::index_detail::TokenKernels;
 
 const char* variant_name(TokenKernels v) {
-  return v == TokenKernels::kAuto     ? "auto"
-         : v == TokenKernels::kStream ? "stream"
-                                      : "block_per_warp";
+  switch (v) {
+    case TokenKernels::kAuto:
+      return "auto";
+    case TokenKernels::kStream:
+      return "stream";
+    case TokenKernels::kStream8:
+      return "stream8";
+    case TokenKernels::kStream4:
+      return "stream4";
+    case TokenKernels::kStream2:
+      return "stream2";
+    case TokenKernels::kBlockPerWarp:
+      return "block_per_warp";
+  }
+  return "?";
 }
+
+// Every chunk-kernel variant the GPU tests compare with the CPU reference.
+constexpr TokenKernels kAllTokenKernels[] = {TokenKernels::kAuto,    TokenKernels::kBlockPerWarp,
+                                             TokenKernels::kStream,  TokenKernels::kStream8,
+                                             TokenKernels::kStream4, TokenKernels::kStream2};
 
 // What one GPU scoring call returned.
 struct GpuScores {
@@ -241,12 +258,12 @@ TEST_P(Cuda_BlockIndex_TokenScores, MatchCpu) {
   }
   // Every chunk-kernel variant of the tensor-core scorer, through the kernel layer.
   if (!fast_serves) return;
-  for (const TokenKernels v :
-       {TokenKernels::kAuto, TokenKernels::kBlockPerWarp, TokenKernels::kStream}) {
+  for (const TokenKernels v : kAllTokenKernels) {
     BlockIndexConfig ck = c;
     ck.kernel = IndexKernel::kFast;
     const GpuScores g = score_variant(v, *gpu, ck, slots, dq, k.T);
-    if (v == TokenKernels::kStream && !kernels::index_detail::stream_serves_block_size(k.block)) {
+    if (kernels::index_detail::is_stream(v) &&
+        !kernels::index_detail::stream_serves_block_size(k.block)) {
       EXPECT_EQ(g.err, cudaErrorNotSupported) << variant_name(v);
       EXPECT_TRUE(untouched(g)) << "refused, yet wrote outputs";
       continue;
@@ -432,7 +449,7 @@ TEST(Cuda_BlockIndex_TokenScores, ExtremeScalesMixedWithOrdinaryBlocks) {
             ->score(*cpu, slots,
                     TensorView::contiguous(q.data(), DType::kF16, {batch, 1, hq, sh.d}),
                     ScoresView{cs.data(), cv.data(), rows, maxb});
-        for (const TokenKernels v : {TokenKernels::kBlockPerWarp, TokenKernels::kStream}) {
+        for (const TokenKernels v : kAllTokenKernels) {
           const std::string label = std::string(variant_name(v)) + " " + to_string(score) + " " +
                                     (agg == GqaAggregate::kSum ? "sum" : "max") + " d" +
                                     std::to_string(sh.d) + " B" + std::to_string(sh.block);
@@ -440,6 +457,50 @@ TEST(Cuda_BlockIndex_TokenScores, ExtremeScalesMixedWithOrdinaryBlocks) {
           ASSERT_EQ(g.err, cudaSuccess) << label;
           // The NaN scales (and the infinite query) reach some scores.
           EXPECT_GT(expect_matches_cpu(cs, cv, g, rows, maxb, label), 0) << label;
+        }
+      }
+    }
+  }
+}
+
+// The streaming kernel's finite-logit bound (host code, runs without a GPU): the largest scale
+// byte e with d * 65504 * 6 * 2^(e - 127) * max(scale, 1) < 2^125 (226 at d 128, 227 at d 64 for
+// scale <= 1), never above 240; off (0) when even e = 128 fails; and the per-word byte test
+// fails exactly the words holding a byte above it, for every byte in every position.
+TEST(Cuda_BlockIndex_TokenStreamBound, ByteTestMatchesTheBound) {
+  using kernels::index_detail::scale_bytes_unsafe;
+  using kernels::index_detail::stream_safe_add;
+  EXPECT_EQ(stream_safe_add(128, 1.0f / std::sqrt(128.0f)), (255u - 226u) * 0x01010101u);
+  EXPECT_EQ(stream_safe_add(64, 0.125f), (255u - 227u) * 0x01010101u);
+  EXPECT_EQ(stream_safe_add(128, 1e30f), 0u);
+  for (const int d : {64, 128}) {
+    for (const float scale : {0.01f, 0.125f, 1.0f, 3.7f, 1e6f, 1e20f}) {
+      const std::uint32_t add = stream_safe_add(d, scale);
+      if (add == 0u) {
+        EXPECT_GE(d * 65504.0 * 6.0 * std::ldexp(1.0, 1) * std::max(1.0f, scale),
+                  std::ldexp(1.0, 125));
+        continue;
+      }
+      const int e = 255 - static_cast<int>(add & 0xffu);
+      ASSERT_EQ(add, static_cast<std::uint32_t>(255 - e) * 0x01010101u);
+      ASSERT_GE(e, 128);
+      ASSERT_LE(e, 240);
+      const double bound = d * 65504.0 * 6.0 * std::max(1.0, static_cast<double>(scale));
+      EXPECT_LT(bound * std::ldexp(1.0, e - 127), std::ldexp(1.0, 125)) << d << " " << scale;
+      if (e < 240) {
+        EXPECT_GE(bound * std::ldexp(1.0, e + 1 - 127), std::ldexp(1.0, 125)) << d << " " << scale;
+      }
+      std::mt19937 rng(static_cast<unsigned>(d + e));
+      for (int pos = 0; pos < 4; ++pos) {
+        for (std::uint32_t b = 0; b < 256; ++b) {
+          // The other bytes random but within the bound.
+          std::uint32_t w = 0;
+          for (int k = 0; k < 4; ++k) {
+            const std::uint32_t other = static_cast<std::uint32_t>(rng()) % (e + 1);
+            w |= (k == pos ? b : other) << (8 * k);
+          }
+          EXPECT_EQ(scale_bytes_unsafe(w, add) != 0u, static_cast<int>(b) > e)
+              << "byte " << b << " at " << pos << ", bound " << e;
         }
       }
     }
@@ -468,8 +529,8 @@ TEST(Cuda_BlockIndex_TokenScores, WorkspaceContract) {
   KVC_ASSERT_CUDA(kernels::block_scores_workspace_size(bytes, c, 1, 1, sc.max_blocks_per_slot()));
   // lse [2 rows, 2 heads, 34 blocks] padded to 256 B, then partials [2 rows, parts, 2 heads]
   // with parts for the variant needing most: 1 ring + 3 chunks of 16 blocks (per-warp kernel),
-  // 4 ring + 1 chunk of 64 (streaming kernel).
-  EXPECT_EQ(bytes, 768u + 2u * 5 * 2 * 4);
+  // 4 ring + 3 chunks of 16 (the streaming kernel at 2 blocks per warp).
+  EXPECT_EQ(bytes, 768u + 2u * 7 * 2 * 4);
   DeviceArray<std::uint16_t> q(random_bits16(4 * 64, DType::kF16, 3));
   DeviceArray<float> scores(2 * 34);
   DeviceArray<std::int32_t> valid(2), slots(std::vector<std::int32_t>{0});
