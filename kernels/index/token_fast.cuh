@@ -342,10 +342,12 @@ __global__ void __launch_bounds__(kTokThreads)
 constexpr int kStreamMaxBlocksPerWarp = 8;
 /// Fewest closed blocks one warp of a streaming chunk CTA scores.
 constexpr int kStreamMinBlocksPerWarp = 2;
-/// Chunk CTAs a call should have at least (about three waves of 2 CTAs on 132 SMs) before the
+/// Chunk CTAs a call should have at least (about one wave of 2 CTAs on 132 SMs) before the
 /// launcher gives each warp more blocks: more blocks per warp amortise the CTA's start (table,
-/// query fragments, the merge) but leave SMs idle when the grid is small (B1).
-constexpr long long kStreamMinChunkCtas = 768;
+/// query fragments, the merge) but leave SMs idle when the grid is small. Measured on the H200
+/// (index_bench, token_mass, Hq 32 / Hkv 8 / d 128, N128K): B1 (512 chunk CTAs at 8 blocks per
+/// warp) 53.5 us at 8 blocks per warp, 60.2 at 4, 75.6 at 2; B8 296 / 351 / 473 us.
+constexpr long long kStreamMinChunkCtas = 256;
 
 /// Blocks per warp for a call with `rows` score rows of `owned` closed blocks at most: the
 /// largest of 8, 4, 2 that still gives kStreamMinChunkCtas chunk CTAs (2 when none does).
