@@ -177,7 +177,10 @@ cudaError_t store_update_with(StoreKernels which, const StoreView& s, const std:
     const auto* v = static_cast<const std::uint16_t*>(d_v);
     if (count > 1)
       return write_rows(s, LayerStrides{}, 1, d_slots, entries, count, k, v, true, stream);
-    if (which == StoreKernels::kOneRoundWide)
+    // kAuto: the wide CTAs, fastest of the one-round variants on the H200 at every batch
+    // measured (store_bench BM_AppendStep, count 1: B1 / B8 / B64 3.48 / 4.49 / 5.38 us against
+    // 4.49 / 4.71 / 5.96 with 4 warps and 4.62 / 4.87 / 5.56 for kFused).
+    if (which == StoreKernels::kOneRoundWide || which == StoreKernels::kAuto)
       return append_once<16, false>(s, d_slots, entries, k, v, stream);
     if (which == StoreKernels::kOneRoundPdl)
       return append_once<kFastWarps, true>(s, d_slots, entries, k, v, stream);
