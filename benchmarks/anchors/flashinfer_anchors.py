@@ -11,10 +11,14 @@ L2, random data; the plan (host work) runs once, outside the timed region; each 
 eager median and the median of CUDA-graph replays of run() (the number to compare with kvc's
 graph-replayed benchmarks). Bytes are the KV cache read once (K + V, in its dtype).
 
-Needs FlashInfer 0.7.x (`import flashinfer`). Without it the script prints why, writes a JSON
-with "skipped" set and exits 0, so a run without the wheel still completes. FlashInfer may JIT-
-compile its kernels on first use (minutes, with nvcc on PATH) unless its ahead-of-time cubins
-are installed; that happens before any timing.
+Needs FlashInfer 0.7.x (flashinfer_import.load_flashinfer: the whole package, or only
+flashinfer.decode and flashinfer.topk when the full import fails). Without it the script prints
+why, writes a JSON with "skipped" set and exits 0, so a run without the wheel still completes.
+FlashInfer JIT-compiles a kernel module on first use (minutes, with nvcc on PATH) unless a
+prebuilt one lies in its data/aot folder: setup-anchors.sh installs the modules that
+flashinfer_prebuild.py compiled for sm_90a, and run-anchors.sh sets FLASHINFER_DISABLE_JIT=1 so a
+missing module fails its rows at once, naming the module, instead of compiling. Each row records
+the backend FlashInfer resolved ("fa2" for both kernels here).
 
 Writes $OUT/flashinfer_anchors.json (or ./flashinfer_anchors.json) and prints a table.
 """
@@ -25,6 +29,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from flashinfer_import import load_flashinfer  # noqa: E402
 from torch_anchors import graph_us, median_us, n_sets  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
@@ -44,13 +49,15 @@ def main():
     props = torch.cuda.get_device_properties(dev)
     meta = dict(gpu=props.name, sms=props.multi_processor_count, torch=torch.__version__)
     try:
-        import flashinfer
-    except Exception as e:  # ImportError, or a wheel built for another torch / CUDA
-        reason = f"flashinfer is not importable ({type(e).__name__}: {e}); no FlashInfer rows"
+        flashinfer = load_flashinfer()
+    except ImportError as e:
+        reason = f"flashinfer is not importable ({e}); no FlashInfer rows"
         print(f"SKIPPED: {reason}")
         write(dict(meta, skipped=reason, rows=[]))
         return 0
-    meta["flashinfer"] = getattr(flashinfer, "__version__", "unknown")
+    meta.update(flashinfer=flashinfer.version, flashinfer_import=flashinfer.import_mode,
+                flashinfer_full_import_error=flashinfer.full_import_error,
+                flashinfer_disable_jit=os.environ.get("FLASHINFER_DISABLE_JIT", ""))
     torch.manual_seed(0)
     rows = []
     workspace = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev)
@@ -92,7 +99,8 @@ def main():
                     continue
                 rows.append(dict(name=name, us=t, us_min=tmin, graph_us=tg, graph_us_min=tgmin,
                                  bytes=kv_bytes, tbps=kv_bytes / tg / 1e6, batch=b, context=ctx,
-                                 kv_dtype=kv_name, tensor_cores=tc, page_size=PAGE))
+                                 kv_dtype=kv_name, tensor_cores=tc, page_size=PAGE,
+                                 backend=getattr(w, "resolved_backend", None)))
             del sets
             torch.cuda.empty_cache()
     path = write(dict(meta, rows=rows))

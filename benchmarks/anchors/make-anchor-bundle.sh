@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Builds the peer-anchor bundle for the GPU machine HERE (a machine with PyPI access and nvcc, no
+# GPU needed): the GPU machine has no network, so everything the anchors need beyond its image is
+# prepared here into the git-ignored folder .anchors/ and carried (benchmarks/anchors/
+# setup-anchors.sh says how). Run from the repository root; takes ~20 min on 2 cores (the
+# FlashInfer kernel modules), most of it nvcc.
+#
+#   benchmarks/anchors/make-anchor-bundle.sh [FLASHINFER_WHEEL]
+#     FLASHINFER_WHEEL  flashinfer_python-0.7.x-py3-none-any.whl (default: downloaded from PyPI,
+#                       flashinfer-python==$FLASHINFER_VERSION, default 0.7.4)
+#   Environment: BUNDLE (the output folder, default .anchors of this checkout: run it in the
+#   checkout the device call sends), WORK (scratch, default /tmp/anchor-bundle), PYTHON312 (a python3.12, default
+#   the first of python3.12 / pyenv's 3.12.*), MAX_JOBS (nvcc jobs, default 2), NVCC
+#   (default /usr/local/cuda/bin/nvcc; CUDA 13.0 like the GPU machine).
+#
+# What it writes (nothing is committed; .anchors/ must be in .git/info/exclude):
+#   .anchors/p1/flashinfer-sm90a.tar.xz  flashinfer's Python files (no kernel sources, headers or
+#                                        unrelated .so files) and its dist-info, plus the kernel
+#                                        modules the anchors use, compiled for sm_90a by
+#                                        flashinfer_prebuild.py into flashinfer/data/aot/
+#   .anchors/p1/wheels/                  apache-tvm-ffi (flashinfer's one import that the GPU
+#                                        machine lacks) and nvidia-cuda-cccl 13.3 (CUB top-k headers)
+#   .anchors/p1/bin/cub_topk_anchor      cub_topk_anchor.cu built here with those headers, sm_90
+#   .anchors/p1/MANIFEST                 versions, sizes and sha256 of the above
+# A piece over 60 MB is split into .partNN files of 60 MB, each in its own folder .anchors/pN
+# (one carry path per device call); setup-anchors.sh joins them.
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+here="$repo/benchmarks/anchors"
+work="${WORK:-/tmp/anchor-bundle}"
+nvcc="${NVCC:-/usr/local/cuda/bin/nvcc}"
+fi_version="${FLASHINFER_VERSION:-0.7.4}"
+py="${PYTHON312:-$(command -v python3.12 || ls -d "$HOME"/.pyenv/versions/3.12.*/bin/python 2>/dev/null | tail -1)}"
+[ -x "$py" ] || { echo "make-anchor-bundle: no python3.12 (set PYTHON312)" >&2; exit 1; }
+[ -x "$nvcc" ] || { echo "make-anchor-bundle: no nvcc at $nvcc (set NVCC)" >&2; exit 1; }
+bundle="${BUNDLE:-$repo/.anchors}"
+out="$bundle/p1"
+mkdir -p "$work" "$out/wheels" "$out/bin"
+exclude="$(git -C "$repo" rev-parse --path-format=absolute --git-common-dir)/info/exclude"
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.anchors/' "$exclude" 2>/dev/null || echo '/.anchors/' >> "$exclude"
+
+# 1. A python3.12 venv with torch 2.11 (the GPU machine's version) and FlashInfer with its deps.
+if [ ! -x "$work/venv/bin/python" ]; then "$py" -m venv "$work/venv"; fi
+vpy="$work/venv/bin/python"
+whl="${1:-}"
+if [ -z "$whl" ]; then
+  "$vpy" -m pip download -q --no-deps -d "$work/dl" "flashinfer-python==$fi_version"
+  whl=$(ls "$work"/dl/flashinfer_python-"$fi_version"-*.whl)
+fi
+"$vpy" -m pip install -q torch==2.11.0 "$whl"
+# torch needs a libcuda.so.1 to import; the toolkit's stub does for building.
+mkdir -p "$work/stub" && ln -sf "$(dirname "$nvcc")/../lib64/stubs/libcuda.so" "$work/stub/libcuda.so.1"
+site=$("$vpy" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+
+# 2. The kernel modules, for sm_90a, into the staged package's data/aot.
+stage="$work/stage"
+rm -rf "$stage" && mkdir -p "$stage"
+(cd "$site" && tar cf - --exclude='__pycache__' --exclude='*.pyc' --exclude='*.cu' \
+   --exclude='*.cuh' --exclude='*.h' --exclude='*.hpp' --exclude='*.c' --exclude='*.cc' \
+   --exclude='*.cpp' --exclude='*.so' --exclude='*.md' --exclude='*.o' \
+   --exclude='flashinfer/data/csrc' --exclude='flashinfer/data/include' \
+   --exclude='flashinfer/data/cccl' --exclude='flashinfer/data/cutlass' \
+   --exclude='flashinfer/data/spdlog' flashinfer flashinfer_python-*.dist-info) | tar xf - -C "$stage"
+PATH="$(dirname "$nvcc"):$PATH" LD_LIBRARY_PATH="$work/stub" MAX_JOBS="${MAX_JOBS:-2}" \
+  FLASHINFER_WORKSPACE_BASE="$work/fiws" \
+  "$vpy" "$here/flashinfer_prebuild.py" --aot-dir "$stage/flashinfer/data/aot" \
+  --record-opens "$work/opens.txt" 2>&1 | grep -v 'UserWarning\|_cuda_getDeviceCount'
+# The template and source files FlashInfer reads while it names and loads a module.
+grep -v '\.pyc\?$' "$work/opens.txt" | while read -r f; do
+  mkdir -p "$stage/$(dirname "$f")" && cp "$site/$f" "$stage/$f"
+done
+
+# 3. Check the staged package the way the GPU machine will use it: a venv holding torch and the
+#    image's ordinary packages only, the package and tvm-ffi on PYTHONPATH; both import paths, and
+#    each prebuilt module loaded through FlashInfer's own AOT lookup.
+"$vpy" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d "$out/wheels" "apache-tvm-ffi==$("$vpy" -c 'import importlib.metadata as m; print(m.version("apache-tvm-ffi"))')" \
+  "nvidia-cuda-cccl==13.3.*"
+rm -rf "$work/checksite" && mkdir -p "$work/checksite" && cp -a "$stage/." "$work/checksite/"
+"$vpy" -m pip install -q --no-deps --no-index --target "$work/checksite" "$out"/wheels/apache_tvm_ffi-*.whl
+if [ ! -x "$work/checkvenv/bin/python" ]; then
+  "$py" -m venv "$work/checkvenv"
+  "$work/checkvenv/bin/python" -m pip install -q torch==2.11.0 numpy jinja2 requests filelock \
+    nvidia-ml-py tqdm einops packaging ninja tabulate click
+fi
+PYTHONPATH="$work/checksite:$here" LD_LIBRARY_PATH="$work/stub" FLASHINFER_DISABLE_JIT=1 \
+  FLASHINFER_WORKSPACE_BASE="$work/checkws" "$work/checkvenv/bin/python" "$here/flashinfer_prebuild.py" \
+  --check 2>&1 | grep -v 'UserWarning\|_cuda_getDeviceCount'
+
+# 4. The package tarball, the CUB anchor binary, the manifest.
+rm -f "$out"/flashinfer-*.tar.xz*
+tar cf - -C "$stage" flashinfer flashinfer_python-"$fi_version".dist-info | xz -T2 -6 > "$out/flashinfer-sm90a.tar.xz"
+rm -rf "$work/cccl" && mkdir -p "$work/cccl"
+"$vpy" -m zipfile -e "$out"/wheels/nvidia_cuda_cccl-*.whl "$work/cccl"
+inc=$(dirname "$(dirname "$(find "$work/cccl" -path '*/cub/version.cuh' | head -1)")")
+nice "$nvcc" -std=c++17 -arch=sm_90 -O3 --expt-relaxed-constexpr --extended-lambda -I"$inc" \
+  "$here/cub_topk_anchor.cu" -o "$out/bin/cub_topk_anchor"
+{
+  echo "made $(date -u +%FT%TZ) on $(uname -n) by benchmarks/anchors/make-anchor-bundle.sh"
+  echo "flashinfer $fi_version from $(basename "$whl"); torch $("$vpy" -c 'import torch; print(torch.__version__)'); $("$nvcc" --version | tail -1)"
+  echo "aot modules:"; ls "$stage/flashinfer/data/aot"
+  echo "files:"; (cd "$out" && find . -type f ! -name MANIFEST -exec sha256sum {} + | sort -k2)
+  (cd "$out" && du -ab . | sort -k2)
+} > "$out/MANIFEST"
+# 5. Split what is over 60 MB (none was, for 0.7.4): .anchors/pN/<file>.partNN.
+find "$out" -type f -size +60M | while read -r f; do
+  split -b 60M -d --additional-suffix= "$f" "$f.part" && rm "$f"
+  n=2; for part in "$f".part*; do mkdir -p "$bundle/p$n"; mv "$part" "$bundle/p$n/"; n=$((n + 1)); done
+done
+du -sh "$bundle"/p*

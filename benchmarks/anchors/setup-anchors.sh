@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Installs the peer-anchor bundle on the GPU machine (no network there) from the git-ignored
+# folder .anchors/, which benchmarks/anchors/make-anchor-bundle.sh fills on a machine with PyPI
+# access. Installs nothing into the image: everything goes under .anchors/site (ignored, so it
+# stays on a warm machine between back-to-back calls) and is used through PYTHONPATH and the
+# variables in .anchors/site/anchors.env. Idempotent: an unchanged piece is not unpacked again.
+# benchmarks/anchors/run-anchors.sh calls it; it can also run alone.
+#
+# HOW THE BUNDLE TRAVELS (device `run` calls, from the repository root; the tree that travels,
+# tracked files included (~20 MB), must stay under 64 MiB):
+#   one call     carry [".anchors/p1"]   (flashinfer 0.7.4 bundle: ~12 MB; see .anchors/p1/MANIFEST)
+#                command: benchmarks/anchors/run-anchors.sh
+#   split bundle make-anchor-bundle.sh splits any piece over 60 MB into .partNN files, one per
+#                folder .anchors/pN. Then call N (N = 1, 2, ... in order, back to back, so the
+#                machine stays warm) carries [".anchors/pN"] and runs
+#                `benchmarks/anchors/setup-anchors.sh --stash` (copies the parts into
+#                .anchors/site/parts/), and the last call runs benchmarks/anchors/run-anchors.sh,
+#                which joins the parts. Never carry ".anchors" itself in a later call: that
+#                replaces the folder there and drops .anchors/site.
+#   DeepSelect   source in .anchors/DeepSelect (its own carry path, e.g. [".anchors/p1",
+#                ".anchors/DeepSelect"]); none is in this workplace (see docs/performance.md).
+#
+# Usage: benchmarks/anchors/setup-anchors.sh [--stash] [BUNDLE_DIR]   (default .anchors)
+# Prints one line per piece and writes .anchors/site/SETUP.txt; exit 0 unless nothing usable.
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+stash=0
+if [ "${1:-}" = --stash ]; then stash=1; shift; fi
+bundle="$(cd "${1:-$repo/.anchors}" 2>/dev/null && pwd)" || { echo "setup-anchors: no bundle folder ${1:-$repo/.anchors}" >&2; exit 1; }
+site="$bundle/site"
+mkdir -p "$site/parts" "$site/bin"
+report="$site/SETUP.txt"
+say() { echo "setup-anchors: $*" | tee -a "$report"; }
+: > "$report"
+py="${PYTHON:-python3}"
+
+# Parts of split pieces: stash those carried in this call, then join complete sets.
+for part in "$bundle"/p*/*.part[0-9][0-9]; do
+  [ -f "$part" ] && cp -f "$part" "$site/parts/" && say "stashed $(basename "$part")"
+done
+[ "$stash" = 1 ] && exit 0
+for first in "$site"/parts/*.part00; do
+  [ -f "$first" ] || continue
+  name="$(basename "${first%.part00}")"
+  cat "$site/parts/$name".part[0-9][0-9] > "$site/parts/$name.joined" && mv "$site/parts/$name.joined" "$site/parts/$name"
+  say "joined $name from $(ls "$site/parts/$name".part[0-9][0-9] | wc -l) parts"
+done
+find_piece() {  # the newest file matching $1 among the carried folders and the joined parts
+  ls -t "$bundle"/p*/$1 "$bundle"/p*/wheels/$1 "$site"/parts/$1 2>/dev/null | head -1
+}
+
+unpack_once() {  # file stamp-name command...: run the command unless this file was unpacked
+  local file=$1 stamp="$site/.$2.sha256"
+  shift 2
+  local sum
+  sum=$(sha256sum "$file" | cut -d' ' -f1)
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sum" ]; then return 0; fi
+  "$@" && echo "$sum" > "$stamp"
+}
+
+# FlashInfer: the stripped package with its sm_90a modules, and apache-tvm-ffi.
+fi_tar=$(find_piece 'flashinfer-sm90a.tar.xz')
+tvm_whl=$(find_piece 'apache_tvm_ffi-*.whl')
+if [ -n "$fi_tar" ] && [ -n "$tvm_whl" ]; then
+  unpack_once "$fi_tar" flashinfer sh -c "rm -rf '$site/flashinfer' '$site'/flashinfer_python-*.dist-info && xz -dc '$fi_tar' | tar xf - -C '$site'" ||
+    say "FAILED to unpack $fi_tar"
+  unpack_once "$tvm_whl" tvm_ffi "$py" -m pip install -q --no-index --no-deps --no-compile \
+    --no-cache-dir --upgrade --target "$site" "$tvm_whl" || say "FAILED to install $tvm_whl"
+  say "flashinfer: $(ls -d "$site"/flashinfer_python-*.dist-info 2>/dev/null | sed 's/.*flashinfer_python-//; s/.dist-info//') with $(ls "$site/flashinfer/data/aot" 2>/dev/null | wc -l) prebuilt modules; $(basename "$tvm_whl")"
+else
+  say "flashinfer: not in the bundle (flashinfer-sm90a.tar.xz: ${fi_tar:-missing}, apache_tvm_ffi wheel: ${tvm_whl:-missing})"
+fi
+
+# CUB top-k: the CCCL 13.3 headers and the binary built with them.
+cccl_whl=$(find_piece 'nvidia_cuda_cccl-*.whl')
+cccl_inc=""
+if [ -n "$cccl_whl" ]; then
+  unpack_once "$cccl_whl" cccl sh -c "rm -rf '$site/cccl' && mkdir -p '$site/cccl' && '$py' -m zipfile -e '$cccl_whl' '$site/cccl'" ||
+    say "FAILED to unpack $cccl_whl"
+  version_h=$(find "$site/cccl" -path '*/cub/version.cuh' | head -1)
+  [ -n "$version_h" ] && cccl_inc=$(dirname "$(dirname "$version_h")")
+fi
+cub_bin=$(find_piece 'cub_topk_anchor')
+[ -z "$cub_bin" ] && cub_bin=$(ls "$bundle"/p*/bin/cub_topk_anchor 2>/dev/null | head -1)
+if [ -n "$cub_bin" ]; then cp -f "$cub_bin" "$site/bin/cub_topk_anchor" && chmod +x "$site/bin/cub_topk_anchor"; fi
+say "cub top-k: headers ${cccl_inc:-missing}; prebuilt binary $([ -x "$site/bin/cub_topk_anchor" ] && echo present || echo missing)"
+
+# DeepSelect: a source tree (built by deepselect_anchor.sh), or a prebuilt wheel if it has sm_90.
+ds_src=""
+[ -f "$bundle/DeepSelect/setup.py" ] && ds_src="$bundle/DeepSelect"
+ds_whl=$(find_piece '*deepselect*.whl')
+ds_note=""
+if [ -n "$ds_src" ]; then
+  ds_note="source at $ds_src (deepselect_anchor.sh builds it for sm_90a)"
+elif [ -n "$ds_whl" ]; then
+  mkdir -p "$site/deepselect" &&
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site/deepselect" "$ds_whl"
+  so=$(ls "$site"/deepselect/deep_select/deep_select_cuda*.so 2>/dev/null | head -1)
+  if [ -n "$so" ] && command -v cuobjdump >/dev/null && ! cuobjdump --list-elf "$so" 2>/dev/null | grep -q 'sm_90'; then
+    ds_note="prebuilt $(basename "$ds_whl") has no sm_90 code ($(cuobjdump --list-elf "$so" | grep -o 'sm_[0-9]*a*' | sort -u | tr '\n' ' ')); not used"
+    rm -rf "$site/deepselect"
+  else
+    ds_note="prebuilt $(basename "$ds_whl") in $site/deepselect"
+  fi
+else
+  ds_note="neither source (.anchors/DeepSelect) nor a wheel in the bundle"
+fi
+say "deepselect: $ds_note"
+
+{
+  echo "export PYTHONPATH=\"$site:$here\${PYTHONPATH:+:\$PYTHONPATH}\""
+  echo "export FLASHINFER_WORKSPACE_BASE=\"$site/fi-workspace\""
+  echo "export FLASHINFER_CUDA_ARCH_LIST=\"9.0\""
+  echo "export CCCL_INCLUDE=\"$cccl_inc\""
+  echo "export CUB_TOPK_ANCHOR_BIN=\"$([ -x "$site/bin/cub_topk_anchor" ] && echo "$site/bin/cub_topk_anchor")\""
+  echo "export DEEPSELECT_SRC=\"$ds_src\""
+  echo "export DEEPSELECT_SITE=\"$([ -d "$site/deepselect" ] && echo "$site/deepselect")\""
+  echo "export DEEPSELECT_NOTE=\"$ds_note\""
+} > "$site/anchors.env"
+
+# The modules load through FlashInfer's own lookup, with JIT compilation off (seconds).
+if [ -d "$site/flashinfer" ]; then
+  (. "$site/anchors.env" && FLASHINFER_DISABLE_JIT=1 "$py" "$here/flashinfer_prebuild.py" --check 2>&1) |
+    grep -v 'UserWarning\|_cuda_getDeviceCount' | tee -a "$report"
+fi
+echo "setup-anchors: wrote $site/anchors.env"
