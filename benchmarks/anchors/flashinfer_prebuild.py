@@ -9,8 +9,10 @@ names and flags are FlashInfer's), and copies the .so files into --aot-dir (the 
 flashinfer/data/aot). The modules, matching the anchors' plan() arguments (fp16 query and
 output, int32 page table, head_dim 128, no RoPE, no soft cap, no sliding window):
   decode_fp16 / decode_fp8   CUDA-core decode, KV fp16 / e4m3   (use_tensor_cores=False)
-  prefill_fp16 / prefill_fp8 the fa2 paged prefill kernels the tensor-core decode runs, with the
-                             independent-paged-KV-stride companion module (use_tensor_cores=True)
+  prefill_fp16 / prefill_fp8 the fa2 paged prefill module the tensor-core decode runs
+                             (use_tensor_cores=True). Its companion for K and V caches of
+                             different strides (FlashInfer loads it lazily, only then) is not
+                             built: the anchors' K and V have the same strides.
   topk                       flashinfer.top_k
 FlashInfer renders each module's sources from templates in <package>/data/csrc even when it then
 loads the prebuilt .so, so the bundle keeps those files: --record-opens FILE writes the package
@@ -73,11 +75,10 @@ def decode_specs(kv):
 
 
 def prefill_specs(kv):
-    # get_batch_prefill_module("fa2", ...) in decode.py's tensor-core plan(): the primary module
-    # and the lazily loaded independent-paged-KV-stride one; the last False is use_token_head_sf.
+    # get_batch_prefill_module("fa2", ...) in decode.py's tensor-core plan(): its primary module
+    # (equal K and V strides); the last False is use_token_head_sf.
     args = ("fa2", F16, kv, F16, I32, D, D, NO_ROPE, NO_WINDOW, NO_SOFTCAP, NO_FP16_QK, False)
-    return [prefill._gen_batch_prefill_primary_module(*args),
-            prefill._gen_batch_prefill_independent_paged_module(*args)]
+    return [prefill._gen_batch_prefill_primary_module(*args)]
 
 
 MODULES = {
@@ -107,8 +108,7 @@ ENTRY_POINTS = {"decode_fp16": ("plan", "run"), "decode_fp8": ("plan", "run"),
 
 def prefill_loaders(kv):
     args = (F16, kv, F16, I32, D, D, NO_ROPE, NO_WINDOW, NO_SOFTCAP, NO_FP16_QK, False)
-    independent = prefill._gen_batch_prefill_independent_paged_module("fa2", *args)
-    return [prefill.get_batch_prefill_module("fa2", *args), independent.build_and_load()]
+    return [prefill.get_batch_prefill_module("fa2", *args)]
 
 
 def check(names):
@@ -144,13 +144,20 @@ def main():
         if write_opens:
             write_opens()
         return status
+    failed = 0
     for name in args.names:
         for spec in MODULES[name]():
             if args.list:
                 print(f"{name}: {spec.name}")
                 continue
             start = time.time()
-            spec.build(verbose=False)
+            try:
+                spec.build(verbose=False)
+            except Exception as e:  # the next module may still build
+                failed += 1
+                print(f"{name}: {spec.name} FAILED after {time.time() - start:.0f} s: "
+                      f"{type(e).__name__}: {str(e)[-2000:]}", flush=True)
+                continue
             so = spec.jit_library_path
             dest = os.path.join(args.aot_dir, spec.name, f"{spec.name}.so")
             os.makedirs(os.path.dirname(dest), exist_ok=True)
@@ -159,7 +166,7 @@ def main():
                   f"{os.path.getsize(dest) / 2**20:.1f} MiB -> {dest}", flush=True)
     if write_opens:
         write_opens()
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

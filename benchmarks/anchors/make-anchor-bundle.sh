@@ -22,8 +22,11 @@
 #                                        machine lacks) and nvidia-cuda-cccl 13.3 (CUB top-k headers)
 #   .anchors/p1/bin/cub_topk_anchor      cub_topk_anchor.cu built here with those headers, sm_90
 #   .anchors/p1/MANIFEST                 versions, sizes and sha256 of the above
-# A piece over 60 MB is split into .partNN files of 60 MB, each in its own folder .anchors/pN
-# (one carry path per device call); setup-anchors.sh joins them.
+#   .anchors/p2/flashinfer-jit-sources.tar.xz  optional: what FlashInfer's JIT needs to compile a
+#                                        module on the GPU machine (setup-anchors.sh does, for
+#                                        a module the check finds missing)
+# A piece over 60 MB is split into .partNN files of 60 MB, each in its own folder .anchors/p3, p4,
+# ... (one carry path per device call); setup-anchors.sh joins them.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 here="$repo/benchmarks/anchors"
@@ -65,7 +68,8 @@ rm -rf "$stage" && mkdir -p "$stage"
 PATH="$(dirname "$nvcc"):$PATH" LD_LIBRARY_PATH="$work/stub" MAX_JOBS="${MAX_JOBS:-2}" \
   FLASHINFER_WORKSPACE_BASE="$work/fiws" \
   "$vpy" "$here/flashinfer_prebuild.py" --aot-dir "$stage/flashinfer/data/aot" \
-  --record-opens "$work/opens.txt" 2>&1 | grep -v 'UserWarning\|_cuda_getDeviceCount'
+  --record-opens "$work/opens.txt" 2>&1 | grep -v 'UserWarning\|_cuda_getDeviceCount' ||
+  echo "make-anchor-bundle: some FlashInfer modules did not build (above); the bundle lacks them"
 # The template and source files FlashInfer reads while it names and loads a module.
 grep -v '\.pyc\?$' "$work/opens.txt" | while read -r f; do
   mkdir -p "$stage/$(dirname "$f")" && cp "$site/$f" "$stage/$f"
@@ -87,7 +91,7 @@ if [ ! -x "$work/checkvenv/bin/python" ]; then
 fi
 PYTHONPATH="$work/checksite:$here" LD_LIBRARY_PATH="$work/stub" FLASHINFER_DISABLE_JIT=1 \
   FLASHINFER_WORKSPACE_BASE="$work/checkws" "$work/checkvenv/bin/python" "$here/flashinfer_prebuild.py" \
-  --check 2>&1 | grep -v 'UserWarning\|_cuda_getDeviceCount'
+  --check 2>&1 | grep -v 'UserWarning\|_cuda_getDeviceCount' | tee "$work/check.txt" || true
 
 # 4. The package tarball, the CUB anchor binary, the manifest.
 rm -f "$out"/flashinfer-*.tar.xz*
@@ -101,12 +105,21 @@ nice "$nvcc" -std=c++17 -arch=sm_90 -O3 --expt-relaxed-constexpr --extended-lamb
   echo "made $(date -u +%FT%TZ) on $(uname -n) by benchmarks/anchors/make-anchor-bundle.sh"
   echo "flashinfer $fi_version from $(basename "$whl"); torch $("$vpy" -c 'import torch; print(torch.__version__)'); $("$nvcc" --version | tail -1)"
   echo "aot modules:"; ls "$stage/flashinfer/data/aot"
+  echo "check in a torch-only venv (FLASHINFER_DISABLE_JIT=1):"; cat "$work/check.txt"
   echo "files:"; (cd "$out" && find . -type f ! -name MANIFEST -exec sha256sum {} + | sort -k2)
   (cd "$out" && du -ab . | sort -k2)
 } > "$out/MANIFEST"
-# 5. Split what is over 60 MB (none was, for 0.7.4): .anchors/pN/<file>.partNN.
+# 5. Optional piece .anchors/p2: the sources FlashInfer's JIT reads (its headers, CCCL, CUTLASS,
+#    spdlog, the top-level csrc files), so setup-anchors.sh can compile a module the bundle
+#    lacks on the GPU machine. Not needed when the --check above passed for every module.
+mkdir -p "$bundle/p2"
+(cd "$site" && { find flashinfer/data/csrc -maxdepth 1 -type f;
+   echo flashinfer/data/include; echo flashinfer/data/cccl; echo flashinfer/data/cutlass;
+   echo flashinfer/data/spdlog; } | tar cf - --exclude='__pycache__' -T -) |
+  xz -T2 -6 > "$bundle/p2/flashinfer-jit-sources.tar.xz"
+# 6. Split what is over 60 MB (none was, for 0.7.4): .anchors/pN/<file>.partNN.
 find "$out" -type f -size +60M | while read -r f; do
   split -b 60M -d --additional-suffix= "$f" "$f.part" && rm "$f"
-  n=2; for part in "$f".part*; do mkdir -p "$bundle/p$n"; mv "$part" "$bundle/p$n/"; n=$((n + 1)); done
+  n=3; for part in "$f".part*; do mkdir -p "$bundle/p$n"; mv "$part" "$bundle/p$n/"; n=$((n + 1)); done
 done
 du -sh "$bundle"/p*

@@ -7,21 +7,26 @@
 # benchmarks/anchors/run-anchors.sh calls it; it can also run alone.
 #
 # HOW THE BUNDLE TRAVELS (device `run` calls, from the repository root; the tree that travels,
-# tracked files included (~20 MB), must stay under 64 MiB):
-#   one call     carry [".anchors/p1"]   (flashinfer 0.7.4 bundle: ~12 MB; see .anchors/p1/MANIFEST)
-#                command: benchmarks/anchors/run-anchors.sh
+# tracked files included (~20 MB), must stay under 64 MiB; .anchors/p1/MANIFEST lists sizes):
+#   one call     carry [".anchors/p1"]    command: benchmarks/anchors/run-anchors.sh
+#                p1 (~35 MB): FlashInfer with its prebuilt sm_90a modules, the tvm-ffi and CCCL
+#                wheels, the CUB binary. Add ".anchors/p2" (~10 MB, FlashInfer's JIT sources) when
+#                p1's MANIFEST lists a module as not prebuilt, or to be safe: setup then compiles
+#                what its check finds missing on the GPU machine (minutes, inside the deadline).
 #   split bundle make-anchor-bundle.sh splits any piece over 60 MB into .partNN files, one per
-#                folder .anchors/pN. Then call N (N = 1, 2, ... in order, back to back, so the
-#                machine stays warm) carries [".anchors/pN"] and runs
-#                `benchmarks/anchors/setup-anchors.sh --stash` (copies the parts into
-#                .anchors/site/parts/), and the last call runs benchmarks/anchors/run-anchors.sh,
-#                which joins the parts. Never carry ".anchors" itself in a later call: that
-#                replaces the folder there and drops .anchors/site.
+#                folder .anchors/p3, p4, ... Then, back to back so the machine stays warm, each
+#                call carries one [".anchors/pN"] and runs
+#                `benchmarks/anchors/setup-anchors.sh --stash` (copies its parts into
+#                .anchors/site/parts/); the last call carries ".anchors/p1" and runs
+#                benchmarks/anchors/run-anchors.sh, which joins the parts. Never carry ".anchors"
+#                itself in a later call: that replaces the folder there and drops .anchors/site.
+#   a second run on the same warm machine needs no carry: .anchors/site stays (ignored).
 #   DeepSelect   source in .anchors/DeepSelect (its own carry path, e.g. [".anchors/p1",
 #                ".anchors/DeepSelect"]); none is in this workplace (see docs/performance.md).
 #
 # Usage: benchmarks/anchors/setup-anchors.sh [--stash] [BUNDLE_DIR]   (default .anchors)
-# Prints one line per piece and writes .anchors/site/SETUP.txt; exit 0 unless nothing usable.
+# Prints one line per piece and writes .anchors/site/SETUP.txt; exits 0 (a missing piece is
+# reported, and its anchor records why it skipped).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -63,8 +68,15 @@ unpack_once() {  # file stamp-name command...: run the command unless this file 
 fi_tar=$(find_piece 'flashinfer-sm90a.tar.xz')
 tvm_whl=$(find_piece 'apache_tvm_ffi-*.whl')
 if [ -n "$fi_tar" ] && [ -n "$tvm_whl" ]; then
-  unpack_once "$fi_tar" flashinfer sh -c "rm -rf '$site/flashinfer' '$site'/flashinfer_python-*.dist-info && xz -dc '$fi_tar' | tar xf - -C '$site'" ||
+  unpack_once "$fi_tar" flashinfer sh -c "rm -rf '$site/flashinfer' '$site'/flashinfer_python-*.dist-info '$site/.jit_sources.sha256' && xz -dc '$fi_tar' | tar xf - -C '$site'" ||
     say "FAILED to unpack $fi_tar"
+  # Optional: the sources FlashInfer's JIT needs, so a module missing from the bundle can be
+  # compiled here (see below).
+  jit_tar=$(find_piece 'flashinfer-jit-sources.tar.xz')
+  if [ -n "$jit_tar" ]; then
+    unpack_once "$jit_tar" jit_sources sh -c "xz -dc '$jit_tar' | tar xf - -C '$site'" ||
+      say "FAILED to unpack $jit_tar"
+  fi
   unpack_once "$tvm_whl" tvm_ffi "$py" -m pip install -q --no-index --no-deps --no-compile \
     --no-cache-dir --upgrade --target "$site" "$tvm_whl" || say "FAILED to install $tvm_whl"
   say "flashinfer: $(ls -d "$site"/flashinfer_python-*.dist-info 2>/dev/null | sed 's/.*flashinfer_python-//; s/.dist-info//') with $(ls "$site/flashinfer/data/aot" 2>/dev/null | wc -l) prebuilt modules; $(basename "$tvm_whl")"
@@ -119,9 +131,28 @@ say "deepselect: $ds_note"
   echo "export DEEPSELECT_NOTE=\"$ds_note\""
 } > "$site/anchors.env"
 
-# The modules load through FlashInfer's own lookup, with JIT compilation off (seconds).
-if [ -d "$site/flashinfer" ]; then
-  (. "$site/anchors.env" && FLASHINFER_DISABLE_JIT=1 "$py" "$here/flashinfer_prebuild.py" --check 2>&1) |
+# The modules load through FlashInfer's own lookup, with JIT compilation off (seconds). A module
+# that does not load is compiled here when the JIT sources were carried (flashinfer-jit-sources,
+# .anchors/p2) and ANCHORS_DEVICE_JIT is not 0: nvcc, $(nproc) jobs, at most T_JIT seconds
+# (default 360), into .anchors/site, where later calls on the warm machine find it.
+check_modules() {
+  (. "$site/anchors.env" && FLASHINFER_DISABLE_JIT=1 "$py" "$here/flashinfer_prebuild.py" --check "$@" 2>&1) |
     grep -v 'UserWarning\|_cuda_getDeviceCount' | tee -a "$report"
+}
+if [ -d "$site/flashinfer" ]; then
+  check_modules > "$site/check.txt"
+  missing=$(sed -n 's/^check \([a-z0-9_]*\): FAILED.*/\1/p' "$site/check.txt" | tr '\n' ' ')
+  if [ -n "$missing" ] && [ -d "$site/flashinfer/data/include" ] && [ "${ANCHORS_DEVICE_JIT:-1}" != 0 ]; then
+    say "compiling the missing FlashInfer modules here: $missing"
+    start=$(date +%s)
+    (. "$site/anchors.env" && unset FLASHINFER_DISABLE_JIT && MAX_JOBS="$(nproc)" \
+       timeout -k 10 "${T_JIT:-360}" "$py" "$here/flashinfer_prebuild.py" \
+       --aot-dir "$site/flashinfer/data/aot" $missing 2>&1) | grep -v 'UserWarning\|_cuda_getDeviceCount' |
+      tail -20 | tee -a "$report"
+    say "device JIT took $(( $(date +%s) - start )) s"
+    check_modules $missing
+  elif [ -n "$missing" ]; then
+    say "missing FlashInfer modules: $missing (their rows will fail; carry .anchors/p2 to compile them here)"
+  fi
 fi
 echo "setup-anchors: wrote $site/anchors.env"
