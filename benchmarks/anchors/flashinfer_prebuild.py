@@ -78,6 +78,9 @@ def prefill_specs(kv):
     # get_batch_prefill_module("fa2", ...) in decode.py's tensor-core plan(): its primary module
     # (equal K and V strides); the last False is use_token_head_sf.
     args = ("fa2", F16, kv, F16, I32, D, D, NO_ROPE, NO_WINDOW, NO_SOFTCAP, NO_FP16_QK, False)
+    # The getter names the lazy companion too (that renders its sources from data/csrc), so
+    # create its spec here, unbuilt, for --record-opens to see those files.
+    prefill._gen_batch_prefill_independent_paged_module(*args)
     return [prefill._gen_batch_prefill_primary_module(*args)]
 
 

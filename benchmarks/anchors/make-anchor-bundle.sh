@@ -11,7 +11,10 @@
 #   Environment: BUNDLE (the output folder, default .anchors of this checkout: run it in the
 #   checkout the device call sends), WORK (scratch, default /tmp/anchor-bundle), PYTHON312 (a python3.12, default
 #   the first of python3.12 / pyenv's 3.12.*), MAX_JOBS (nvcc jobs, default 2), NVCC
-#   (default /usr/local/cuda/bin/nvcc; CUDA 13.0 like the GPU machine).
+#   (default /usr/local/cuda/bin/nvcc; CUDA 13.0 like the GPU machine), FI_MODULES (the
+#   flashinfer_prebuild.py module names to build, default all: decode_fp16 decode_fp8
+#   prefill_fp16 prefill_fp8 topk; one left out is compiled on the GPU machine when .anchors/p2
+#   is carried).
 #
 # What it writes (nothing is committed; .anchors/ must be in .git/info/exclude):
 #   .anchors/p1/flashinfer-sm90a.tar.xz  flashinfer's Python files (no kernel sources, headers or
@@ -68,7 +71,7 @@ rm -rf "$stage" && mkdir -p "$stage"
 PATH="$(dirname "$nvcc"):$PATH" LD_LIBRARY_PATH="$work/stub" MAX_JOBS="${MAX_JOBS:-2}" \
   FLASHINFER_WORKSPACE_BASE="$work/fiws" \
   "$vpy" "$here/flashinfer_prebuild.py" --aot-dir "$stage/flashinfer/data/aot" \
-  --record-opens "$work/opens.txt" 2>&1 | grep -v 'UserWarning\|_cuda_getDeviceCount' ||
+  --record-opens "$work/opens.txt" ${FI_MODULES:-} 2>&1 | grep -v 'UserWarning\|_cuda_getDeviceCount' ||
   echo "make-anchor-bundle: some FlashInfer modules did not build (above); the bundle lacks them"
 # The template and source files FlashInfer reads while it names and loads a module.
 grep -v '\.pyc\?$' "$work/opens.txt" | while read -r f; do
@@ -99,8 +102,10 @@ tar cf - -C "$stage" flashinfer flashinfer_python-"$fi_version".dist-info | xz -
 rm -rf "$work/cccl" && mkdir -p "$work/cccl"
 "$vpy" -m zipfile -e "$out"/wheels/nvidia_cuda_cccl-*.whl "$work/cccl"
 inc=$(dirname "$(dirname "$(find "$work/cccl" -path '*/cub/version.cuh' | head -1)")")
-nice "$nvcc" -std=c++17 -arch=sm_90 -O3 --expt-relaxed-constexpr --extended-lambda -I"$inc" \
-  "$here/cub_topk_anchor.cu" -o "$out/bin/cub_topk_anchor"
+if [ ! "$out/bin/cub_topk_anchor" -nt "$here/cub_topk_anchor.cu" ]; then
+  nice "$nvcc" -std=c++17 -arch=sm_90 -O3 --expt-relaxed-constexpr --extended-lambda -I"$inc" \
+    "$here/cub_topk_anchor.cu" -o "$out/bin/cub_topk_anchor"
+fi
 {
   echo "made $(date -u +%FT%TZ) on $(uname -n) by benchmarks/anchors/make-anchor-bundle.sh"
   echo "flashinfer $fi_version from $(basename "$whl"); torch $("$vpy" -c 'import torch; print(torch.__version__)'); $("$nvcc" --version | tail -1)"

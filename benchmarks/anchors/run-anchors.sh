@@ -7,7 +7,7 @@
 #
 # Usage: benchmarks/anchors/run-anchors.sh [OUT_DIR]          (default $OUT, else ./anchors-out)
 # Environment:
-#   ANCHORS   which, in order (default all): torch flashinfer_decode flashinfer_topk deepselect cub
+#   ANCHORS   which, in order (default all): flashinfer_decode flashinfer_topk cub deepselect torch
 #   DEADLINE  seconds for the whole script (default 540); an anchor gets
 #             min(its timeout, the time left - 20 s) and none starts with under 40 s left
 #   T_<name>  one anchor's timeout in seconds (defaults: torch 240, flashinfer_decode 240,
@@ -70,7 +70,7 @@ EOF
   echo "=== $name: $status in $(( $(date +%s) - start )) s ${reason:+($reason)}" >> "$log"
 }
 
-for name in ${ANCHORS:-torch flashinfer_decode flashinfer_topk deepselect cub}; do
+for name in ${ANCHORS:-flashinfer_decode flashinfer_topk cub deepselect torch}; do
   case $name in
     torch) run_one torch 240 sh -c "OUT='$work' '$py' '$here/torch_anchors.py' && mv '$work/torch_anchors.json' '$work/torch.json'" ;;
     flashinfer_decode) run_one flashinfer_decode 240 sh -c "OUT='$work' '$py' '$here/flashinfer_anchors.py' && mv '$work/flashinfer_anchors.json' '$work/flashinfer_decode.json'" ;;
@@ -90,7 +90,7 @@ for name in ${ANCHORS:-torch flashinfer_decode flashinfer_topk deepselect cub}; 
   if [ "${ANCHORS_KEEP_FILES:-0}" = 1 ] && [ -f "$work/$name.json" ]; then cp "$work/$name.json" "$out/anchor_$name.json"; fi
 done
 
-"$py" - "$work" "$out/anchors.json" "${ANCHORS:-torch flashinfer_decode flashinfer_topk deepselect cub}" "${DEEPSELECT_NOTE:-}" "$(left)" <<'EOF'
+"$py" - "$work" "$out/anchors.json" "${ANCHORS:-flashinfer_decode flashinfer_topk cub deepselect torch}" "${DEEPSELECT_NOTE:-}" "$(left)" <<'EOF'
 import json, os, subprocess, sys, time
 work, path, names, ds_note, left = sys.argv[1:]
 def load(p):
