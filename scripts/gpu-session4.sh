@@ -35,6 +35,17 @@ case "${1:-first}" in
     gtests select 'Cuda_Selector*-*Spread*' 120
     gtests store 'Cuda_StoreUpdate*:Cuda_KvStore*:*LayeredCache*' 150
     ;;
+  final3)
+    # The indexer rows final2's filter missed, then the peer anchors (carry .anchors/p1 and
+    # .anchors/p2: benchmarks/anchors/setup-anchors.sh says how the bundle travels).
+    build
+    bench 60 dsv4_bench 'BM_Dsv4IndexDecode/[0-9]+/[0-9]+/0/0/[0345]/'
+    grep -hE '_median' "$out"/dsv4_bench.log | awk '{print $1, $2, $3}' | sed 's/manual_time_median//' > "$out/medians.txt"
+    l=$(left)
+    ANCHORS="flashinfer_decode flashinfer_topk cub torch" DEADLINE=$(( l - 15 )) \
+      benchmarks/anchors/run-anchors.sh "$out" > "$out/run-anchors.out" 2>&1
+    say "peer anchors: rc=$? $(tail -2 "$out/run-anchors.out" | tr '\n' ' ')"
+    ;;
   mid3)
     # The store append / LayeredCache write (store4) and the decode top-k default: tests, then
     # their benchmark rows.
