@@ -141,6 +141,7 @@ check_modules() {
 }
 if [ -d "$site/flashinfer" ]; then
   check_modules > "$site/check.txt"
+  cat "$site/check.txt"
   missing=$(sed -n 's/^check \([a-z0-9_]*\): FAILED.*/\1/p' "$site/check.txt" | tr '\n' ' ')
   if [ -n "$missing" ] && [ -d "$site/flashinfer/data/include" ] && [ "${ANCHORS_DEVICE_JIT:-1}" != 0 ]; then
     say "compiling the missing FlashInfer modules here: $missing"
