@@ -13,8 +13,10 @@ namespace kvc {
 
 /// Block scores per row: scores[row * max_blocks + j] is the score of logical block j of the
 /// row's sequence, valid for j < num_valid[row] (the sequence's closed blocks); the rest is
-/// undefined and never read. (From a shard store, entry j is the shard's j-th own closed block:
-/// see kvc/index/block_index.h.)
+/// undefined and its values are never used, but the whole [rows, max_blocks] extent must be
+/// readable memory: the decode-size selection path loads a row's full pitch in one round trip
+/// with its num_valid. (From a shard store, entry j is the shard's j-th own closed block: see
+/// kvc/index/block_index.h.)
 struct ScoresView {
   float* scores = nullptr;          ///< [rows, max_blocks]
   std::int32_t* num_valid = nullptr;  ///< [rows] closed blocks of the row's sequence
