@@ -715,15 +715,18 @@ __global__ void __launch_bounds__(kThreads, 3)
   // the length (the rows are always allocated; its mask comes after): one round trip less.
   const int v_first = c0 + group * kMmaTile;
   const bool early = v_first < c1 && (p.plain || (v_first < c.W16 && store::owns_ring(p.s)));
-  const auto first_rows = [&](TileLoad& tl, TileMask& tm) {
+  // The loads and mask of the 16-bit tile at v: plain-cache rows, or ring rows.
+  const auto rows16 = [&](int v, TileLoad& tl, TileMask& tm) {
     if (p.plain) {
       tile_rows<OldKind::k16>(
-          p, [&](int i) { return plain_row<D>(p, c, v_first + i); }, tl, tm);
+          p, [&](int i) { return plain_row<D>(p, c, v + i); }, tl, tm);
     } else {
       tile_rows<OldKind::k16>(
-          p, [&](int i) { return ring_row<D>(p, c, v_first + i); }, tl, tm);
+          p, [&](int i) { return ring_row<D>(p, c, v + i); }, tl, tm);
     }
   };
+  // A plain-cache tile with nothing visible (ring tiles never are skipped: the mask decides).
+  const auto plain_hidden = [&](int v) { return v > c.pos || v + kMmaTile <= c.begin; };
   // L2 prefetch of the group's tile at v when it is plain or ring rows (p.prefetch).
   const auto prefetch = [&](int v) {
     if (!p.prefetch || v >= c1) return;
@@ -737,7 +740,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   if (early) {
     TileLoad tl;
     TileMask unused;
-    first_rows(tl, unused);
+    rows16(v_first, tl, unused);
     mma_load<S, OldKind::k16>(tl, first, off16, off16);
     prefetch(v_first + kStep);
   }
@@ -798,19 +801,9 @@ __global__ void __launch_bounds__(kThreads, 3)
   if (early && p.pipeline) {
     // The group's 16-bit run (the plain cache, or the ring), software-pipelined (mma_run).
     const int run_end = p.plain ? c1 : (c1 < c.W16 ? c1 : c.W16);
-    const auto rows16 = [&](int v, TileLoad& tl, TileMask& tm) {
-      if (p.plain) {
-        tile_rows<OldKind::k16>(
-            p, [&](int i) { return plain_row<D>(p, c, v + i); }, tl, tm);
-      } else {
-        tile_rows<OldKind::k16>(
-            p, [&](int i) { return ring_row<D>(p, c, v + i); }, tl, tm);
-      }
-    };
-    // Plain tiles with nothing visible are skipped (ring tiles never are: the mask decides).
     const auto next16 = [&](int v) {
       v += kStep;
-      while (p.plain && v < run_end && (v > c.pos || v + kMmaTile <= c.begin)) v += kStep;
+      while (p.plain && v < run_end && plain_hidden(v)) v += kStep;
       return v;
     };
     TileLoad unused;
@@ -822,29 +815,30 @@ __global__ void __launch_bounds__(kThreads, 3)
   } else if (early) {  // the first tile, loaded above: its mask now that the length is known
     TileLoad unused;
     TileMask tm;
-    first_rows(unused, tm);
+    rows16(v_first, unused, tm);
     mma_compute<S, OldKind::k16, kBf16>(first, tm, q, p.scale_log2, st, sum);
   }
+  // An old-row tile (v0 >= W16) with nothing attended (uniform), and a tile's loads and mask.
+  const auto skip_old = [&](int v0) {
+    const int v2 = v0 - c.W16;
+    if (mode == AttentionMode::kDense) return v2 >= c.O;
+    if (mode == AttentionMode::kDenseRecentOnly) return c.wb + v2 >= c.O;
+    if (mode == AttentionMode::kBlockSelectExact) {
+      return v2 < c.B16 ? v2 >= c.open_tokens : v2 - c.B16 >= c.sel_count * p.s.block_size;
+    }
+    return false;
+  };
+  const auto rows_old = [&](int v0, TileLoad& tl, TileMask& tm) {
+    tile_rows<F>(
+        p, [&](int i) { return list_old_row<D, F>(p, c, sm.u.list, v0 + i); }, tl, tm);
+  };
   if (p.pipeline && !p.plain) {
     // The old rows (open block and selected blocks, or the dense old positions) of the group,
-    // software-pipelined too; tiles with nothing attended are skipped (uniform).
-    const auto skip_old = [&](int v0) {
-      const int v2 = v0 - c.W16;
-      if (mode == AttentionMode::kDense) return v2 >= c.O;
-      if (mode == AttentionMode::kDenseRecentOnly) return c.wb + v2 >= c.O;
-      if (mode == AttentionMode::kBlockSelectExact) {
-        return v2 < c.B16 ? v2 >= c.open_tokens : v2 - c.B16 >= c.sel_count * p.s.block_size;
-      }
-      return false;
-    };
+    // software-pipelined too; tiles with nothing attended are skipped.
     const auto next_old = [&](int v0) {
       v0 += kStep;
       while (v0 < c1 && skip_old(v0)) v0 += kStep;
       return v0;
-    };
-    const auto rows_old = [&](int v0, TileLoad& tl, TileMask& tm) {
-      tile_rows<F>(
-          p, [&](int i) { return list_old_row<D, F>(p, c, sm.u.list, v0 + i); }, tl, tm);
     };
     int v = v_rest;
     if (v < c.W16) v += (c.W16 - v + kStep - 1) / kStep * kStep;  // a shard store: no ring
@@ -863,36 +857,18 @@ __global__ void __launch_bounds__(kThreads, 3)
   for (int v0 = v_rest; v0 < c1; v0 += kStep) {
     TileLoad tl;
     TileMask tm;
-    if (p.plain) {
-      if (v0 > c.pos || v0 + kMmaTile <= c.begin) continue;  // nothing visible
-      tile_rows<OldKind::k16>(
-          p, [&](int i) { return plain_row<D>(p, c, v0 + i); }, tl, tm);
-      TileData<S, OldKind::k16> td;
-      mma_load<S, OldKind::k16>(tl, td, off16, off16);
-      prefetch(v0 + kStep);
-      mma_compute<S, OldKind::k16, kBf16>(td, tm, q, p.scale_log2, st, sum);
-    } else if (v0 < c.W16) {
-      if (!store::owns_ring(p.s)) continue;  // a shard store attends the ring on shard 0 only
-      // Ring rows are read without waiting for the length (they are always allocated); the
-      // mask applies it.
-      tile_rows<OldKind::k16>(
-          p, [&](int i) { return ring_row<D>(p, c, v0 + i); }, tl, tm);
+    if (p.plain || v0 < c.W16) {
+      // A shard store attends the ring on shard 0 only. Ring rows are read without waiting for
+      // the length (they are always allocated); the mask applies it.
+      if (p.plain ? plain_hidden(v0) : !store::owns_ring(p.s)) continue;
+      rows16(v0, tl, tm);
       TileData<S, OldKind::k16> td;
       mma_load<S, OldKind::k16>(tl, td, off16, off16);
       prefetch(v0 + kStep);
       mma_compute<S, OldKind::k16, kBf16>(td, tm, q, p.scale_log2, st, sum);
     } else {
-      // Skip a tile with nothing attended (uniform).
-      const int v2 = v0 - c.W16;
-      if (mode == AttentionMode::kDense && v2 >= c.O) continue;
-      if (mode == AttentionMode::kDenseRecentOnly && c.wb + v2 >= c.O) continue;
-      if (mode == AttentionMode::kBlockSelectExact) {
-        if (v2 < c.B16 ? v2 >= c.open_tokens : v2 - c.B16 >= c.sel_count * p.s.block_size) {
-          continue;
-        }
-      }
-      tile_rows<F>(
-          p, [&](int i) { return list_old_row<D, F>(p, c, sm.u.list, v0 + i); }, tl, tm);
+      if (skip_old(v0)) continue;
+      rows_old(v0, tl, tm);
       TileData<S, F> td;
       mma_load<S, F>(tl, td, k_off, v_off);
       mma_compute<S, F, kBf16>(td, tm, q, p.scale_log2, st, sum);
