@@ -15,6 +15,19 @@ build() {
   say "build: rc=$? at $(( $(date +%s) - t0 )) s"
 }
 
+# [limit]: every test through gpu-check (GPU, CPU, mini-decoder; GTEST_FILTER narrows the GPU
+# ones), its summary and failed tests into summary.txt.
+all_tests() {
+  if [ -n "${1:-}" ]; then
+    timeout "$1" scripts/gpu-check test > "$out/test-step.log" 2>&1
+  else
+    scripts/gpu-check test > "$out/test-step.log" 2>&1
+  fi
+  cat gpu-out/summary.txt >> "$out/summary.txt" 2>/dev/null
+  grep -E '^\[  FAILED  \]' gpu-out/gpu-tests.log gpu-out/cpu-tests.log \
+    gpu-out/mini-decoder-tests.log 2>/dev/null | head -20 | tee -a "$out/summary.txt"
+}
+
 # name tool filter limit: one compute-sanitizer tool over the GPU tests matching filter.
 sanitize() {
   local l limit=$4
@@ -54,14 +67,18 @@ profile() {
   say "ncu $name: rc=$? $(grep -E '^ +Duration' "$out/ncu-$name.txt" | head -1 | tr -s ' ')"
 }
 
-# limit binary filter [tag]: one benchmark binary's matching rows (medians of 3) into JSON.
+# limit binary filter [tag]: one benchmark binary's matching rows (medians of BENCH_REPS,
+# default 3, at BENCH_TIME, default 0.05s) into JSON, at most `limit` seconds (and what the
+# deadline leaves).
 bench() {
-  local l tag=${4:-}
+  local l limit=$1 tag=${4:-}
   l=$(left)
   (( l < 25 )) && { say "$2$tag: not run (deadline)"; return; }
-  timeout "$1" build-gpu/benchmarks/$2 --benchmark_min_time=0.05s --benchmark_repetitions=3 \
-    --benchmark_report_aggregates_only=true --benchmark_filter="$3" \
-    --benchmark_out="$out/$2$tag.json" --benchmark_out_format=json > "$out/$2$tag.log" 2>&1
+  (( limit > l - 10 )) && limit=$(( l - 10 ))
+  timeout "$limit" build-gpu/benchmarks/$2 --benchmark_min_time=${BENCH_TIME:-0.05s} \
+    --benchmark_repetitions=${BENCH_REPS:-3} --benchmark_report_aggregates_only=true \
+    --benchmark_filter="$3" --benchmark_out="$out/$2$tag.json" --benchmark_out_format=json \
+    > "$out/$2$tag.log" 2>&1
   say "$2$tag: rc=$? $(grep -c '_median' "$out/$2$tag.log") rows"
 }
 

@@ -13,52 +13,13 @@
 # is near, and says so in summary.txt.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-export PATH=/usr/local/cuda/bin:$PATH
 out=$PWD/gpu-out/session2  # gpu-check writes gpu-out/ (its summary.txt too)
-mkdir -p "$out"
-t0=$(date +%s)
-deadline=${DEADLINE:-560}
-left() { echo $(( deadline - ($(date +%s) - t0) )); }
-say() { echo "$*" | tee -a "$out/summary.txt"; }
-: > "$out/summary.txt"
-
-build() {
-  scripts/gpu-check build > "$out/build-step.log" 2>&1
-  say "build: rc=$? at $(( $(date +%s) - t0 )) s"
-}
-
-# limit name filter: one benchmark binary, at most `limit` seconds (and what the deadline leaves)
-bench() {
-  local limit=$1 name=$2 filter=$3 l
-  l=$(left)
-  (( l < 20 )) && { say "$name: not run (deadline)"; return; }
-  (( limit > l - 10 )) && limit=$(( l - 10 ))
-  timeout "$limit" build-gpu/benchmarks/$name --benchmark_min_time=${BENCH_TIME:-0.05s} \
-    --benchmark_repetitions=${BENCH_REPS:-3} --benchmark_report_aggregates_only=true \
-    --benchmark_filter="$filter" --benchmark_out="$out/$name.json" \
-    --benchmark_out_format=json > "$out/$name.log" 2>&1
-  say "$name: rc=$? $(grep -c '_median' "$out/$name.log") rows in $limit s limit"
-}
-
-sanitize() {  # name tool filter limit
-  local l
-  l=$(left)
-  (( l < 30 )) && { say "sanitizer $1: not run (deadline)"; return; }
-  local limit=$4
-  (( limit > l - 15 )) && limit=$(( l - 15 ))
-  timeout "$limit" compute-sanitizer --tool "$2" --print-limit 200 --error-exitcode 99 \
-    build-gpu/tests/kvc_cuda_tests --gtest_filter="$3" --gtest_brief=1 \
-    > "$out/sanitizer-$1.log" 2>&1
-  say "sanitizer $1: rc=$? $(grep -E '(ERROR|RACECHECK) SUMMARY' "$out/sanitizer-$1.log" | tail -1) $(grep -E '^\[  (PASSED|FAILED) ' "$out/sanitizer-$1.log" | tr '\n' ' ')"
-}
+source scripts/gpu-lib.sh
 
 case "${1:-verify}" in
   verify)
     build
-    scripts/gpu-check test > "$out/test-step.log" 2>&1
-    cat gpu-out/summary.txt >> "$out/summary.txt" 2>/dev/null
-    grep -E '^\[  FAILED  \]' gpu-out/gpu-tests.log gpu-out/cpu-tests.log \
-      gpu-out/mini-decoder-tests.log 2>/dev/null | head -20 | tee -a "$out/summary.txt"
+    all_tests
     grep -A8 'snapshot_difference' gpu-out/gpu-tests.log | head -20 >> "$out/summary.txt"
     new='*Dsv4*:*AttentionMma*:*TokenScores*:*LayeredCache*:*DecodeStep*'
     skip='*Footprint*:*1000Steps*:*AllocateNothing*:*AllocatesNothing*'
@@ -117,6 +78,7 @@ case "${1:-verify}" in
     ;;
   *) echo "gpu-session2.sh: verify, bench, recheck or final" >&2; exit 2 ;;
 esac
+# This session packed all of gpu-out/ (gpu-check's logs beside session2/).
 say "total $(( $(date +%s) - t0 )) s"
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/results.tar.gz" -C gpu-out .

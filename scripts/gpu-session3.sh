@@ -132,10 +132,7 @@ print(fp.table()[:200], flush=True)
     # Every GPU / CPU / mini-decoder test, the Python package on the GPU (torch loaded), and the
     # racecheck probe of named barriers per mode.
     build
-    scripts/gpu-check test > "$out/test-step.log" 2>&1
-    cat gpu-out/summary.txt >> "$out/summary.txt" 2>/dev/null
-    grep -E '^\[  FAILED  \]' gpu-out/gpu-tests.log gpu-out/cpu-tests.log \
-      gpu-out/mini-decoder-tests.log 2>/dev/null | head -20 | tee -a "$out/summary.txt"
+    all_tests
     nvcc -arch=sm_90 -lineinfo -o "$out/nbr" scripts/racecheck-probe.cu > "$out/probe-build.log" 2>&1
     for m in 0 1 2; do
       compute-sanitizer --tool racecheck "$out/nbr" $m > "$out/probe-racecheck-$m.log" 2>&1
@@ -193,10 +190,7 @@ print(fp.table()[:200], flush=True)
     # Every test after the session's kernels (store update, spread top-k, lean indexer), then
     # memcheck and racecheck over the new kernels' tests.
     build
-    GTEST_FILTER='*' timeout 400 scripts/gpu-check test > "$out/test-step.log" 2>&1
-    cat gpu-out/summary.txt >> "$out/summary.txt" 2>/dev/null
-    grep -E '^\[  FAILED  \]' gpu-out/gpu-tests.log gpu-out/cpu-tests.log \
-      gpu-out/mini-decoder-tests.log 2>/dev/null | head -20 | tee -a "$out/summary.txt"
+    GTEST_FILTER='*' all_tests 400
     sanitize memcheck memcheck '*StoreUpdate*:*Cuda_KvStore*:*Selector_Spread*:*Dsv4_Indexer*-*Footprint*:*GraphReplayOfAppend*' 110
     sanitize racecheck racecheck '*StoreUpdate*:Cuda_Selector_Spread.DispatchBoundariesMatchCpu' 70
     ;;

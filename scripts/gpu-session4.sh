@@ -71,10 +71,7 @@ case "${1:-first}" in
     ;;
   final1)
     build
-    GTEST_FILTER='*' timeout 330 scripts/gpu-check test > "$out/test-step.log" 2>&1
-    cat gpu-out/summary.txt >> "$out/summary.txt" 2>/dev/null
-    grep -E '^\[  FAILED  \]' gpu-out/gpu-tests.log gpu-out/cpu-tests.log \
-      gpu-out/mini-decoder-tests.log 2>/dev/null | head -20 | tee -a "$out/summary.txt"
+    GTEST_FILTER='*' all_tests 330
     cp gpu-out/gpu-tests.log "$out/" 2>/dev/null
     sanitize memcheck memcheck 'Cuda_BlockIndex_TokenScores*:Cuda_AttentionMma*:Cuda_DenseDecode*:Cuda_Selector_Decode*:Cuda_Dsv4_Indexer*:Cuda_Dsv4_TopK*:Cuda_StoreUpdate*:*LayeredCache*-*Footprint*:*GraphReplayOfAppend*:*1000Steps*:*OneRoundLargeBatches*:*CountOneWrites*' 110
     sanitize racecheck racecheck 'Cuda_Selector_Decode*:Cuda_StoreUpdate.AppendBatchesOfEverySizeMatchCpu:Cuda_BlockIndex_TokenScores.ExtremeScalesMixedWithOrdinaryBlocks' 60
