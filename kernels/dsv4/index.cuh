@@ -859,6 +859,29 @@ __device__ __forceinline__ void lean_score_folded(const LeanQuery<MT, D>& q,
   lean_score_unpacked<MT, D, R>(q, bl, bh, kmin, o, store, vis, out_row);
 }
 
+/// The lean kernels' dynamic shared memory (lean_smem_bytes), carved in one place: kStages
+/// staged pages, each warp's octet scratch, each warp's query rows (MT * 8 float4), then the
+/// CTA's staged page pointers.
+template <int MT, int D>
+struct LeanSmem {
+  static constexpr int kScratchOffset = kStages * kMaxStagedPageBytes;
+  static constexpr int kRowsOffset = kScratchOffset + kIndexWarps * octet_scratch_bytes<MT, D>();
+  static constexpr int kPagePtrOffset = kRowsOffset + kIndexWarps * MT * 8 * 16;
+  static constexpr int kBytes = kPagePtrOffset + kStagedPages * 8;
+
+  unsigned char (*stage)[kMaxStagedPageBytes];
+  unsigned char (*wsm_all)[octet_scratch_bytes<MT, D>()];
+  float4 (*rows_all)[MT * 8];
+  const std::uint8_t** page_ptr;
+
+  __device__ explicit LeanSmem(unsigned char* base)
+      : stage(reinterpret_cast<unsigned char(*)[kMaxStagedPageBytes]>(base)),
+        wsm_all(reinterpret_cast<unsigned char(*)[octet_scratch_bytes<MT, D>()]>(
+            base + kScratchOffset)),
+        rows_all(reinterpret_cast<float4(*)[MT * 8]>(base + kRowsOffset)),
+        page_ptr(reinterpret_cast<const std::uint8_t**>(base + kPagePtrOffset)) {}
+};
+
 /// A lean-family CTA's pass (grid (CTAs, batch, passes); warp = (token of the pass, key lane)):
 /// this warp's token and key lane, the pass's last token and its bound (the most entries
 /// visible), the CTA's pages (pg = blockIdx.x + i gridDim.x, i < cta_pages).
@@ -943,14 +966,11 @@ __global__ void __launch_bounds__(kIndexThreads, R == 1 ? 2 : 1)
   static_assert(kStages % R == 0, "stages come in groups of R");
   constexpr int KS = D / 32, H = MT * 16;
   extern __shared__ __align__(128) unsigned char dsmem[];
-  auto stage = reinterpret_cast<unsigned char(*)[kMaxStagedPageBytes]>(dsmem);
-  auto wsm_all = reinterpret_cast<unsigned char(*)[octet_scratch_bytes<MT, D>()]>(
-      dsmem + kStages * kMaxStagedPageBytes);
-  auto rows_all = reinterpret_cast<float4(*)[MT * 8]>(dsmem + kStages * kMaxStagedPageBytes +
-                                                      kIndexWarps * octet_scratch_bytes<MT, D>());
-  const std::uint8_t** page_ptr = reinterpret_cast<const std::uint8_t**>(
-      dsmem + kStages * kMaxStagedPageBytes + kIndexWarps * octet_scratch_bytes<MT, D>() +
-      kIndexWarps * MT * 8 * 16);
+  const LeanSmem<MT, D> sm(dsmem);
+  const auto stage = sm.stage;
+  const auto wsm_all = sm.wsm_all;
+  const auto rows_all = sm.rows_all;
+  const auto page_ptr = sm.page_ptr;
   __shared__ __align__(8) std::uint64_t bar[kStages];
   __shared__ int valid[kStages];
   __shared__ unsigned released[kStages];  // warps done with the stage, over all its uses
@@ -1033,8 +1053,7 @@ __global__ void __launch_bounds__(kIndexThreads, R == 1 ? 2 : 1)
 /// Dynamic shared memory bytes of mxfp4_score_lean_kernel<MT, D, R>.
 template <int MT, int D>
 constexpr int lean_smem_bytes() {
-  return kStages * kMaxStagedPageBytes + kIndexWarps * octet_scratch_bytes<MT, D>() +
-         kIndexWarps * MT * 8 * 16 + kStagedPages * 8;
+  return LeanSmem<MT, D>::kBytes;
 }
 
 // --- the shared-unpack variant: each key unpacked once for every query token of a pass ---------
@@ -1080,14 +1099,11 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_shared_kernel(co
   constexpr int KS = D / 32, H = MT * 16, OCT = staged_max_octets<D>(), V = D / 64;
   static_assert(2 * KS == 4 * V, "a lane's operands fill whole uint4");
   extern __shared__ __align__(128) unsigned char dsmem[];
-  auto stage = reinterpret_cast<unsigned char(*)[kMaxStagedPageBytes]>(dsmem);
-  auto wsm_all = reinterpret_cast<unsigned char(*)[octet_scratch_bytes<MT, D>()]>(
-      dsmem + kStages * kMaxStagedPageBytes);
-  auto rows_all = reinterpret_cast<float4(*)[MT * 8]>(dsmem + kStages * kMaxStagedPageBytes +
-                                                      kIndexWarps * octet_scratch_bytes<MT, D>());
-  const std::uint8_t** page_ptr = reinterpret_cast<const std::uint8_t**>(
-      dsmem + kStages * kMaxStagedPageBytes + kIndexWarps * octet_scratch_bytes<MT, D>() +
-      kIndexWarps * MT * 8 * 16);
+  const LeanSmem<MT, D> sm(dsmem);
+  const auto stage = sm.stage;
+  const auto wsm_all = sm.wsm_all;
+  const auto rows_all = sm.rows_all;
+  const auto page_ptr = sm.page_ptr;
   uint4* unpacked = reinterpret_cast<uint4*>(dsmem + lean_smem_bytes<MT, D>());  // [2][OCT][V][32]
   int* ukmin = reinterpret_cast<int*>(dsmem + lean_smem_bytes<MT, D>() +
                                       2 * unpacked_buffer_bytes<D>());  // [2][OCT][8]
