@@ -59,7 +59,7 @@ case "${1:-build}" in
     l=$(left)
     timeout $(( l - 10 )) build-gpu/examples/mini_decoder/quality_eval \
       --model models/SmolLM2-135M-Instruct.Q4_1.gguf --text-file docs/quality/texts/text_a.md \
-      --text-name A --start 4096 --end 6144 --bucket 512 --device cuda \
+      --text-name A --start 4096 --end ${SWEEP_END:-6144} --bucket 512 --device cuda \
       --configs-file docs/quality/configs-sweep.txt --jsonl "$out/sweep.jsonl" \
       --note "kvc $rev" > "$out/sweep.log" 2>&1
     say "sweep: rc=$? $(grep -E 'done' "$out/sweep.log" | tail -1)"
