@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Turns one GPU run's raw JSON (Google Benchmark outputs + torch_anchors.json) into the tables of
-docs/performance.md, with kvc-to-anchor ratios measured in the same run.
+"""Turns one GPU run's raw JSON (Google Benchmark outputs; torch_anchors.json, dsv4_anchors.json and
+run-anchors.sh's anchors.json of the peers) into the tables of docs/performance.md, with
+kvc-to-anchor ratios measured in the same run (scripts/perf-pairs.json lists the pairs).
 
 Usage: scripts/perf-report.py RESULTS_DIR > table.md
 """
@@ -35,13 +36,27 @@ def load_benchmarks(d):
 def main():
     d = sys.argv[1] if len(sys.argv) > 1 else "."
     bench = load_benchmarks(d)
-    anchors_path = os.path.join(d, "torch_anchors.json")
     anchors = {}
     meta = {}
-    if os.path.exists(anchors_path):
-        a = json.load(open(anchors_path))
-        meta = {k: v for k, v in a.items() if k != "rows"}
-        anchors = {r["name"]: r for r in a["rows"]}
+    # The PyTorch anchors' own file (torch_anchors.py), DeepSeek-V4's (dsv4_anchors.py), and the
+    # peers' combined file of benchmarks/anchors/run-anchors.sh (anchors.json: one entry per
+    # anchor, each with its own rows); a row keeps the name its anchor gave it.
+    for fname in ("torch_anchors.json", "dsv4_anchors.json"):
+        path = os.path.join(d, fname)
+        if os.path.exists(path):
+            a = json.load(open(path))
+            meta = meta or {k: v for k, v in a.items() if k != "rows"}
+            anchors.update({r["name"]: dict(r, source=fname) for r in a.get("rows", [])})
+    peers_path = os.path.join(d, "anchors.json")
+    peer_status = {}
+    if os.path.exists(peers_path):
+        for name, entry in json.load(open(peers_path)).get("anchors", {}).items():
+            peer_status[name] = (entry.get("status"), entry.get("reason", ""))
+            result = entry.get("result")
+            if isinstance(result, dict):
+                meta = meta or {k: v for k, v in result.items() if k != "rows"}
+                for r in result.get("rows", []):
+                    anchors.setdefault(r["name"], dict(r, source=name))
     if meta:
         print(f"GPU: {meta.get('gpu')} ({meta.get('sms')} SMs), PyTorch {meta.get('torch')}\n")
     print("| benchmark | label | median µs | GB/s | fraction of 4.6 TB/s |")
@@ -50,12 +65,18 @@ def main():
         hbm = f"{r['hbm']:.2f}" if r["hbm"] else ""
         gbps = f"{r['gbps']:.0f}" if r["gbps"] else ""
         print(f"| `{name}` | {r['label']} | {r['us']:.2f} | {gbps} | {hbm} |")
+    if peer_status:
+        print("\n| peer anchor | status | reason |")
+        print("|---|---|---|")
+        for n, (st, why) in peer_status.items():
+            print(f"| {n} | {st} | {why} |")
     if anchors:
-        print("\n| PyTorch anchor | median µs | notes |")
-        print("|---|---:|---|")
+        print("\n| anchor row | from | median µs | graph replay µs | TB/s |")
+        print("|---|---|---:|---:|---:|")
         for n, r in anchors.items():
-            note = f"{r['tbps']:.2f} TB/s" if "tbps" in r else (f"graph replay {r['graph_us']:.1f} µs" if "graph_us" in r else "")
-            print(f"| `{n}` | {r['us']:.1f} | {note} |")
+            graph = f"{r['graph_us']:.1f}" if r.get("graph_us") else ""
+            tbps = f"{r['tbps']:.2f}" if r.get("tbps") else ""
+            print(f"| `{n}` | {r['source']} | {r['us']:.1f} | {graph} | {tbps} |")
     # Same-run comparisons: (kvc benchmark name prefix, anchor name, what).
     pairs = json.load(open(os.path.join(os.path.dirname(__file__), "perf-pairs.json")))
     lines = []
@@ -65,6 +86,8 @@ def main():
         if not k or not a:
             continue
         ref = a.get(p.get("anchor_field", "us"))
+        if not ref:
+            continue
         lines.append(f"| {p['what']} | {k['us']:.2f} | {ref:.1f} | {ref / k['us']:.2f}x |")
     if lines:
         print("\n| same-run comparison | kvc µs | anchor µs | anchor / kvc |")
