@@ -10,9 +10,10 @@
 #             text A 4096-6144
 #   retrieval SmolLM2 retrieval prompts 1K-8K on the GPU, default scorer (and mean-K)
 #   tests F   build; GPU tests matching filter F
-#   bench     the benchmark rows of the session's kernels (old and new variants)
-#   final1    build; every test (GPU, CPU, mini-decoder); memcheck / racecheck of new kernels
-#   final2    kvc's benchmark rows and every anchor (PyTorch, FlashInfer, CUB) in ONE call
+#   w2        build; the helpers' GPU tests (W2_TESTS) and benchmark rows (W2_BENCH="bin=filter ...")
+#   final1    build; every test (GPU, CPU, mini-decoder); MEMCHECK / RACECHECK filters
+#   final2    kvc's benchmark rows and every anchor (PyTorch, DeepSeek-V4's PyTorch step,
+#             FlashInfer, CUB) in ONE call, then the same-run table (scripts/perf-report.py)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=$PWD/gpu-out/session5
@@ -79,6 +80,40 @@ case "${1:-build}" in
     build
     gtests filtered "${2:-*}" 300
     ;;
-  *) echo "gpu-session5.sh: build, carry, gemma, sweep, retrieval, tests" >&2; exit 2 ;;
+  w2)
+    # The helpers' first deliveries: their GPU tests, then their old-vs-new benchmark rows.
+    build
+    gtests new "${W2_TESTS:-*Cuda_Selector*:*Cuda_Dsv4_Indexer*:*Cuda_Dsv4_TopK*:*Cuda_AttentionMma*:*Cuda_DenseDecode*:*Cuda_BlockIndex_TokenScores*:*Cuda_StoreUpdate*:*Cuda_KvStore*}" 200
+    for spec in ${W2_BENCH:-}; do
+      bench 60 "${spec%%=*}" "${spec#*=}"
+    done
+    grep -hE '_median' "$out"/*.log | awk '{print $1, $2, $3}' | sed 's/manual_time_median//' > "$out/medians.txt"
+    ;;
+  final1)
+    build
+    GTEST_FILTER='*' all_tests 300
+    cp gpu-out/gpu-tests.log "$out/" 2>/dev/null
+    [ -n "${MEMCHECK:-}" ] && sanitize memcheck memcheck "$MEMCHECK" 90
+    [ -n "${RACECHECK:-}" ] && sanitize racecheck racecheck "$RACECHECK" 60
+    ;;
+  final2)
+    # kvc's rows and every anchor in one call, so every ratio is a same-run ratio.
+    [ -x build-gpu/benchmarks/step_bench ] || build
+    bench 60 step_bench .
+    bench 50 index_bench 'BM_Score/h32x8x128/B(1|8)/N131072/(token_ma.*/mxfp4/sum/|mean_k/f(32|16)/sum/fast)'
+    bench 80 attention_bench '^BM_BlockSelectExact/0/(1|8|32)/3/|^BM_DenseDecode/0/(1|8)/131072/'
+    bench 50 topk_bench "${TOPK_FILTER:-BM_TopKDecode/(1|8|64)/(4096|32768)/(8|64)/|BM_TopK/(1|64)/(131072|262144)/2048/}"
+    bench 40 store_bench 'BM_AppendStep|BM_Ingest'
+    bench 50 dsv4_bench 'BM_Dsv4IndexDecode|BM_Dsv4TopK|BM_Dsv4CsaDecode|BM_Dsv4HcaDecode'
+    OUT="$out" timeout 60 python3 benchmarks/anchors/dsv4_anchors.py > "$out/dsv4_anchors.log" 2>&1
+    say "dsv4 anchors: rc=$?"
+    l=$(left)
+    ANCHORS="torch flashinfer_decode flashinfer_topk cub" DEADLINE=$(( l - 15 )) \
+      benchmarks/anchors/run-anchors.sh "$out" > "$out/run-anchors.out" 2>&1
+    say "peer anchors: rc=$? $(tail -2 "$out/run-anchors.out" | tr '\n' ' ')"
+    grep -hE '_median' "$out"/*.log | awk '{print $1, $2, $3}' | sed 's/manual_time_median//' > "$out/medians.txt"
+    python3 scripts/perf-report.py "$out" > "$out/performance_table.md" 2>&1
+    ;;
+  *) echo "gpu-session5.sh: build, carry, gemma, sweep, retrieval, tests, w2, final1, final2" >&2; exit 2 ;;
 esac
 finish
