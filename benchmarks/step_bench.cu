@@ -1,6 +1,6 @@
 // The block_select_exact decode step of one layer (score + select + attend; the append is timed
 // separately in store_bench) replayed from a CUDA graph: Hq 32 / Hkv 8 / d 128, fp16k_q4v old
-// blocks of 32, ring 1024, top 8; scored by mean K or by kvc's default (token mass over an mxfp4
+// blocks of 32, ring 1024, top 8 (and two other budgets of the same 1280 tokens); scored by mean K or by kvc's default (token mass over an mxfp4
 // index copy). Compared in docs/performance.md with PyTorch SDPA dense decode
 // and a PyTorch block-select step measured in the same run (benchmarks/anchors).
 #include <benchmark/benchmark.h>
@@ -17,13 +17,21 @@
 namespace kvc {
 namespace {
 
-constexpr int kHq = 32, kHkv = 8, kD = 128, kTop = 8;
+constexpr int kHq = 32, kHkv = 8, kD = 128;
+
+// The attended budget: ring tokens, old block size, selected blocks per kv head. 0 is the
+// library's (ring 1024 + 8 x 32); 1 and 2 attend the same 1280 tokens in the shapes the quality
+// sweep found better (docs/quality.md: ring 256 + 32 x 32; ring 1024 + 16 x 16).
+struct Budget {
+  int ring, block, top;
+};
+constexpr Budget kBudgets[] = {{1024, 32, 8}, {256, 32, 32}, {1024, 16, 16}};
 
 // One row's store, buffers and captured graphs (one per rotation set), kept for the next call
 // of the same row: Google Benchmark calls the function several times per row (the iteration
 // estimate, each repetition) and the 128K-token ingests need not be redone.
 struct StepFixture {
-  int batch = 0, ctx = 0, scorer = 0, sets = 0;
+  int batch = 0, ctx = 0, scorer = 0, budget = 0, sets = 0;
   double per_seq = 0;
   std::unique_ptr<KvStore> store;
   std::vector<void*> buffers;
@@ -48,17 +56,20 @@ struct StepFixture {
 
 // scorer 0: mean-K block summaries (f32); 1: kvc's default (kvc/defaults.h), token mass over an
 // mxfp4 index copy of every old token.
-std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer) {
+std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer, int budget) {
   auto f = std::make_unique<StepFixture>();
   f->batch = batch;
   f->ctx = ctx;
   f->scorer = scorer;
+  f->budget = budget;
+  const Budget b = kBudgets[budget];
+  const int top = b.top;
   const BlockSelectConfig defaults = default_block_select(kHq, kHkv, kD, ctx, 1);
   KvStoreConfig c = scorer == 1 ? defaults.store : KvStoreConfig{};
   c.num_kv_heads = kHkv;
   c.head_dim = kD;
-  c.recent_window = 1024;
-  c.block_size = 32;
+  c.recent_window = b.ring;
+  c.block_size = b.block;
   c.old_format = Format::kFp16kQ4v;
   c.max_context = ctx;
   const int blocks = c.max_blocks_per_slot();
@@ -72,7 +83,7 @@ std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer) {
                                   : blocks * kD * 4.0;
   f->per_seq = static_cast<double>(kHkv) *
                (scorer_bytes + c.recent_window * kD * 4.0 +
-                (kTop + 1) * c.block_size * (kD * 2.0 + kD / 2.0 + 4.0));
+                (top + 1) * c.block_size * (kD * 2.0 + kD / 2.0 + 4.0));
   const int sets = bench::rotation(static_cast<std::size_t>(f->per_seq * batch));
   f->sets = sets;
   c.max_slots = batch * sets;
@@ -105,12 +116,12 @@ std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer) {
   f->buffers.push_back(q);
   auto* scores = f->alloc<float>(static_cast<std::size_t>(rows) * blocks * 4);
   auto* valid = f->alloc<std::int32_t>(rows * 4);
-  auto* ids = f->alloc<std::int32_t>(rows * kTop * 4);
+  auto* ids = f->alloc<std::int32_t>(rows * top * 4);
   auto* counts = f->alloc<std::int32_t>(rows * 4);
   auto* out = f->alloc<std::uint16_t>(static_cast<std::size_t>(batch) * kHq * kD * 2);
   auto* lse = f->alloc<float>(static_cast<std::size_t>(batch) * kHq * 4);
   std::size_t select_bytes = 0;
-  KVC_BENCH_CUDA(kernels::select_workspace_bound(select_bytes, rows, blocks, kTop));
+  KVC_BENCH_CUDA(kernels::select_workspace_bound(select_bytes, rows, blocks, top));
   const std::size_t attn_bytes = kernels::attention_workspace_upper_bound(kHq, kHkv, kD);
   void* select_ws = f->alloc<void>(select_bytes + 256);
   void* attn_ws = f->alloc<void>(attn_bytes + 256);
@@ -127,8 +138,8 @@ std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer) {
     a.batch = batch;
     a.index = ic;
     a.scores = ScoresView{scores, valid, rows, blocks};
-    a.policy = SelectPolicy::topk(kTop);
-    a.selection = SelectionView{ids, counts, rows, kTop, false};
+    a.policy = SelectPolicy::topk(top);
+    a.selection = SelectionView{ids, counts, rows, top, false};
     a.select_workspace = select_ws;
     a.select_workspace_bytes = select_bytes;
     a.index_workspace = index_ws;
@@ -171,9 +182,11 @@ void BM_DecodeStep(benchmark::State& state) {
   const int batch = static_cast<int>(state.range(0));
   const int ctx = static_cast<int>(state.range(1));
   const int scorer = static_cast<int>(state.range(3));
-  if (!cached || cached->batch != batch || cached->ctx != ctx || cached->scorer != scorer) {
+  const int budget = static_cast<int>(state.range(4));
+  if (!cached || cached->batch != batch || cached->ctx != ctx || cached->scorer != scorer ||
+      cached->budget != budget) {
     cached.reset();  // free the previous row's store first
-    cached = make_step(batch, ctx, scorer);
+    cached = make_step(batch, ctx, scorer, budget);
   }
   StepFixture& f = *cached;
   const bool chained = state.range(2) == 0;
@@ -193,18 +206,22 @@ void BM_DecodeStep(benchmark::State& state) {
   state.counters["sets"] = f.sets;
 }
 // Args: batch, context, 0 = steps chained in one graph (per-step time) / 1 = one launch per step,
-// scorer (0 mean K, 1 kvc's default token mass over mxfp4).
+// scorer (0 mean K, 1 kvc's default token mass over mxfp4), budget (kBudgets).
 BENCHMARK(BM_DecodeStep)
-    ->Args({1, 32768, 0, 0})
-    ->Args({1, 131072, 0, 0})
-    ->Args({1, 131072, 1, 0})
-    ->Args({8, 131072, 0, 0})
-    ->Args({8, 131072, 1, 0})
-    ->Args({32, 32768, 0, 0})
-    ->Args({1, 32768, 0, 1})
-    ->Args({1, 131072, 0, 1})
-    ->Args({8, 131072, 0, 1})
-    ->Args({32, 32768, 0, 1})
+    ->Args({1, 32768, 0, 0, 0})
+    ->Args({1, 131072, 0, 0, 0})
+    ->Args({1, 131072, 1, 0, 0})
+    ->Args({8, 131072, 0, 0, 0})
+    ->Args({8, 131072, 1, 0, 0})
+    ->Args({32, 32768, 0, 0, 0})
+    ->Args({1, 32768, 0, 1, 0})
+    ->Args({1, 131072, 0, 1, 0})
+    ->Args({8, 131072, 0, 1, 0})
+    ->Args({32, 32768, 0, 1, 0})
+    ->Args({1, 131072, 0, 1, 1})
+    ->Args({8, 131072, 0, 1, 1})
+    ->Args({1, 131072, 0, 1, 2})
+    ->Args({8, 131072, 0, 1, 2})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
