@@ -66,6 +66,19 @@ case "${1:-build}" in
     say "sweep: rc=$? $(grep -E 'done' "$out/sweep.log" | tail -1)"
     sed -n '/^config/,$p' "$out/sweep.log" >> "$out/summary.txt"
     ;;
+  sweep-b)
+    [ -x build-gpu/examples/mini_decoder/quality_eval ] || build
+    join_model SmolLM2-135M-Instruct.Q4_1.gguf \
+      b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 models/smollm2.part-* || exit 1
+    l=$(left)
+    timeout $(( l - 10 )) build-gpu/examples/mini_decoder/quality_eval \
+      --model models/SmolLM2-135M-Instruct.Q4_1.gguf --text-file docs/quality/texts/text_b.md \
+      --text-name B --start 6144 --end 7168 --bucket 512 --device cuda \
+      --configs-file docs/quality/configs-sweep-b.txt --jsonl "$out/sweep-b.jsonl" \
+      --note "kvc $rev" > "$out/sweep-b.log" 2>&1
+    say "sweep-b: rc=$? $(grep -E 'done' "$out/sweep-b.log" | tail -1)"
+    sed -n '/^config/,$p' "$out/sweep-b.log" >> "$out/summary.txt"
+    ;;
   retrieval)
     [ -x build-gpu/examples/mini_decoder/real_retrieval ] || build
     join_model SmolLM2-135M-Instruct.Q4_1.gguf \
