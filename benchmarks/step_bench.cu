@@ -222,6 +222,17 @@ BENCHMARK(BM_DecodeStep)
     ->Args({8, 131072, 0, 1, 1})
     ->Args({1, 131072, 0, 1, 2})
     ->Args({8, 131072, 0, 1, 2})
+    // The rest of the issue's grid at this head shape (the largest stores last).
+    ->Args({64, 32768, 0, 0, 0})
+    ->Args({64, 32768, 0, 1, 0})
+    ->Args({1, 524288, 0, 0, 0})
+    ->Args({1, 524288, 0, 1, 0})
+    ->Args({8, 524288, 0, 0, 0})
+    ->Args({8, 524288, 0, 1, 0})
+    ->Args({1, 1048576, 0, 0, 0})
+    ->Args({1, 1048576, 0, 1, 0})
+    ->Args({8, 1048576, 0, 0, 0})
+    ->Args({8, 1048576, 0, 1, 0})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
