@@ -23,6 +23,7 @@ add_library(kvc_llama STATIC
   ${KVC_MINI_DECODER_DIR}/kv_cache.cpp
   ${KVC_MINI_DECODER_DIR}/kvc_cache.cpp
   ${KVC_MINI_DECODER_DIR}/retrieval_prompts.cpp
+  ${KVC_MINI_DECODER_DIR}/retrieval_run.cpp
   ${KVC_MINI_DECODER_DIR}/model.cpp
   ${KVC_MINI_DECODER_DIR}/gemma_model.cpp
   ${KVC_MINI_DECODER_DIR}/decoder_model.cpp

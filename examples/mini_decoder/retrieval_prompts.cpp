@@ -254,7 +254,7 @@ RetrievalPrompt make_retrieval_prompt(const std::string& task, int target_tokens
   const std::string outro = "\n\nQuestion: " + spec.question + " Answer briefly.";
   const auto chat_tokens = [&](const std::string& user) {
     return static_cast<int>(
-        tok.encode(chatml_prompt({{"user", user}}, true) + spec.answer_prefix, true).size());
+        tok.encode(tok.chat_prompt({{"user", user}}, true) + spec.answer_prefix, true).size());
   };
   std::string needles_text;
   for (const Needle& n : spec.needles) needles_text += n.text;
@@ -315,6 +315,7 @@ RetrievalPrompt make_retrieval_prompt(const std::string& task, int target_tokens
       unit_tokens.pop_back();
     }
   }
+  p.text = tok.chat_prompt({{"user", p.user_text}}, true) + p.answer_prefix;
   for (const Needle& n : spec.needles) {
     p.needles.push_back(n.text);
     p.needle_depths.push_back(n.depth);
@@ -327,9 +328,7 @@ const std::string& demo_document() {
   return d;
 }
 
-std::string retrieval_prompt_text(const RetrievalPrompt& p) {
-  return chatml_prompt({{"user", p.user_text}}, true) + p.answer_prefix;
-}
+std::string retrieval_prompt_text(const RetrievalPrompt& p) { return p.text; }
 
 bool retrieval_passes(const RetrievalPrompt& p, const std::string& answer) {
   const std::string a = lower(answer);

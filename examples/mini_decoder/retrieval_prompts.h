@@ -15,10 +15,10 @@
  *    (demo_prompt.txt, about 560 tokens, whole) at 50 % depth, with five questions about it (the
  *    cat's name, the baker's street, the storm's length, the chapel roof's weeks, the
  *    lighthouse's height).
- *  The prompt is the ChatML chat (default system message) with the document and the question as
- *  the user message, followed by the start of the answer (answer_prefix), which the model
- *  completes. A row passes when the completion contains every expected string and none of the
- *  forbidden ones (case-insensitive).
+ *  The prompt is the tokenizer's chat (SmolLM2: ChatML with its default system message; Gemma:
+ *  its turns) with the document and the question as the user message, followed by the start
+ *  of the answer (answer_prefix), which the model completes. A row passes when the completion
+ *  contains every expected string and none of the forbidden ones (case-insensitive).
  */
 #pragma once
 
@@ -46,23 +46,26 @@ struct RetrievalPrompt {
   std::vector<std::size_t> needle_offsets;
   /// Fraction of the document each needle sits at (as asked).
   std::vector<double> needle_depths;
+  /// The full prompt: the tokenizer's chat template (Tokenizer::chat_prompt: ChatML with
+  /// SmolLM2's default system message, or Gemma's) of the user message with the generation
+  /// prompt, then the answer prefix. Encode it with parse_special = true.
+  std::string text;
 };
 
 /// Task names, in the suite's order.
 const std::vector<std::string>& retrieval_tasks();
 
-/// Builds `task`'s prompt whose ChatML form (default system message) has about `target_tokens`
-/// tokens with `tok` (within a few tokens; never more than target_tokens). Deterministic for
-/// (task, target_tokens, seed). Throws kvc::Error for an unknown task or a target too small for
-/// the question.
+/// Builds `task`'s prompt whose chat form (`tok`'s template, RetrievalPrompt::text) has about
+/// `target_tokens` tokens with `tok` (within a few tokens; never more than target_tokens).
+/// Deterministic for (task, target_tokens, seed). Throws kvc::Error for an unknown task or a
+/// target too small for the question.
 RetrievalPrompt make_retrieval_prompt(const std::string& task, int target_tokens,
                                       const Tokenizer& tok, unsigned seed = 0);
 
 /// The demo's document: demo_prompt.txt without its final question.
 const std::string& demo_document();
 
-/// The full prompt text: chatml_prompt of the user message with the generation prompt, then the
-/// answer prefix. Encode it with parse_special = true.
+/// The full prompt text (RetrievalPrompt::text). Encode it with parse_special = true.
 std::string retrieval_prompt_text(const RetrievalPrompt& p);
 
 /// True when `answer` contains every expected string and no forbidden one (case-insensitive).
