@@ -102,18 +102,6 @@ std::string usage() {
          "  --note TEXT            written into every row (e.g. the kvc revision)\n";
 }
 
-int to_int(const std::string& flag, const std::string& v) {
-  std::size_t used = 0;
-  int x = 0;
-  try {
-    x = std::stoi(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  KVC_CHECK(!v.empty() && used == v.size(), flag, " = '", v, "' is not an integer");
-  return x;
-}
-
 Options parse(const std::vector<std::string>& args) {
   Options o;
   RetrievalSettings& r = o.rows;
@@ -136,7 +124,7 @@ Options parse(const std::vector<std::string>& args) {
       r.formats = split(value());
     } else if (a == "--top-blocks") {
       r.top_blocks.clear();
-      for (const std::string& s : split(value())) r.top_blocks.push_back(to_int(a, s));
+      for (const std::string& s : split(value())) r.top_blocks.push_back(std::stoi(s));
     } else if (a == "--policies") {
       r.policies = split(value());
     } else if (a == "--scoring") {
@@ -146,20 +134,20 @@ Options parse(const std::vector<std::string>& args) {
     } else if (a == "--no-dense-recent-only") {
       r.dense_recent_only = false;
     } else if (a == "--recent-window") {
-      r.recent_window = to_int(a, value());
+      r.recent_window = std::stoi(value());
     } else if (a == "--block-size") {
-      r.block_size = to_int(a, value());
+      r.block_size = std::stoi(value());
     } else if (a == "--max-tokens") {
-      r.max_tokens = to_int(a, value());
+      r.max_tokens = std::stoi(value());
     } else if (a == "--threads") {
-      o.threads = to_int(a, value());
+      o.threads = std::stoi(value());
     } else if (a == "--workers") {
-      o.workers = to_int(a, value());
+      o.workers = std::stoi(value());
     } else if (a == "--chunk") {
-      r.chunk = to_int(a, value());
+      r.chunk = std::stoi(value());
     } else if (a == "--capture-layers") {
       r.capture_layers.clear();
-      for (const std::string& s : split(value())) r.capture_layers.push_back(to_int(a, s));
+      for (const std::string& s : split(value())) r.capture_layers.push_back(std::stoi(s));
     } else if (a == "--jsonl") {
       o.jsonl = value();
     } else if (a == "--note") {

@@ -47,6 +47,8 @@ Tokenizer byte_tokenizer() {
   return Tokenizer{v};
 }
 constexpr int kByteVocab = 259;
+constexpr int kLength = 800;  // the length asked for
+const char* const kTasks[] = {"passkey", "distractor"};
 
 Tiny tiny_llama() {
   Tiny t = tiny64();  // 6 / 2 heads of 64 dims, as SmolLM2's group of 3
@@ -61,6 +63,25 @@ TinyGemma tiny_gemma() {
   t.ctx = 1024;
   return t;
 }
+
+// A tiny model's file loaded on the CPU, with the byte tokenizer and a pool; rows() runs one
+// prompt's rows on it (or on `on`, e.g. a device model of the same file).
+struct TinyBed {
+  explicit TinyBed(const std::vector<std::uint8_t>& bytes)
+      : file(bytes), gguf(file.path()), pool(2), tok(byte_tokenizer()), model(gguf, false, pool) {}
+  RetrievalPromptRows rows(const char* task, const std::vector<RetrievalMode>& modes,
+                           const RetrievalSettings& s,
+                           const RetrievalSchedule& schedule = RetrievalSchedule{},
+                           Decoder* on = nullptr) {
+    return run_retrieval_prompt(task, kLength, modes, s, on != nullptr ? *on : model, schedule, tok,
+                                pool, {});
+  }
+  testing::TempFile file;
+  gguf::File gguf;
+  ThreadPool pool;
+  Tokenizer tok;
+  Decoder model;
+};
 
 // Rows of ~700-token prompts (the filler units of the byte tokenizer are ~70 tokens long, so
 // the prompt falls short of the 800 asked for by up to a few units): ring 128 and blocks of 16
@@ -78,8 +99,6 @@ RetrievalSettings tiny_settings() {
   s.note = "test";
   return s;
 }
-constexpr int kLength = 800;
-const char* const kTasks[] = {"passkey", "distractor"};
 
 // The row's JSON without its times (which depend on the machine).
 std::string without_times(const std::string& json) {
@@ -165,14 +184,10 @@ void expect_sane_rows(const RetrievalPromptRows& p, const std::vector<RetrievalM
 }
 
 TEST(MiniDecoder_RetrievalRun, RowsDoNotDependOnTheSchedule) {
-  const Tiny t = tiny_llama();
-  testing::TempFile file(tiny_model(t));
-  const gguf::File f(file.path());
-  ThreadPool pool(2);
-  const Tokenizer tok = byte_tokenizer();
-  Decoder model(f, /*on_cuda=*/false, pool);
+  TinyBed bed(tiny_model(tiny_llama()));
   std::vector<std::unique_ptr<Decoder>> copies;
-  for (int w = 0; w < 3; ++w) copies.push_back(std::make_unique<Decoder>(f, false, pool));
+  for (int w = 0; w < 3; ++w)
+    copies.push_back(std::make_unique<Decoder>(bed.gguf, false, bed.pool));
   const RetrievalSettings s = tiny_settings();
   const std::vector<RetrievalMode> modes = retrieval_modes(s, /*on_cuda=*/false);
   ASSERT_EQ(modes.size(), 2u + 2 * 2 * 2);
@@ -184,15 +199,13 @@ TEST(MiniDecoder_RetrievalRun, RowsDoNotDependOnTheSchedule) {
   for (auto& c : copies) three.row_models.push_back(c.get());
   for (const char* task : kTasks) {
     SCOPED_TRACE(task);
-    const RetrievalPromptRows a =
-        run_retrieval_prompt(task, kLength, modes, s, model, RetrievalSchedule{}, tok, pool, {});
+    const RetrievalPromptRows a = bed.rows(task, modes, s);
     std::vector<std::string> logged;
     const RetrievalPromptRows b =
-        run_retrieval_prompt(task, kLength, modes, s, model, one, tok, pool,
+        run_retrieval_prompt(task, kLength, modes, s, bed.model, one, bed.tok, bed.pool,
                              [&](const std::string& line) { logged.push_back(line); });
-    const RetrievalPromptRows c =
-        run_retrieval_prompt(task, kLength, modes, s, model, three, tok, pool, {});
-    expect_sane_rows(a, modes, s, model.kv_shape(1));
+    const RetrievalPromptRows c = bed.rows(task, modes, s, three);
+    expect_sane_rows(a, modes, s, bed.model.kv_shape(1));
     EXPECT_EQ(logged.size(), modes.size() + 1);  // the prefill, then every row
     ASSERT_EQ(b.rows.size(), a.rows.size());
     ASSERT_EQ(c.rows.size(), a.rows.size());
@@ -204,66 +217,47 @@ TEST(MiniDecoder_RetrievalRun, RowsDoNotDependOnTheSchedule) {
       EXPECT_EQ(c.rows[i].first_selected, a.rows[i].first_selected);
     }
     // The dense row is a plain greedy decode of the prompt.
-    EXPECT_EQ(a.rows[0].answer, plain_greedy(model, a.ids, s.max_tokens, tok, pool));
+    EXPECT_EQ(a.rows[0].answer, plain_greedy(bed.model, a.ids, s.max_tokens, bed.tok, bed.pool));
   }
 }
 
 TEST(MiniDecoder_RetrievalRun, GemmaRowsContinueThePrefillsWindows) {
-  const TinyGemma t = tiny_gemma();
-  testing::TempFile file(tiny_gemma_model(t));
-  const gguf::File f(file.path());
-  ThreadPool pool(2);
-  const Tokenizer tok = byte_tokenizer();
-  Decoder model(f, false, pool);
-  Decoder copy(f, false, pool);
+  TinyBed bed(tiny_gemma_model(tiny_gemma()));
+  Decoder copy(bed.gguf, false, bed.pool);
   RetrievalSettings s = tiny_settings();
   s.policies = {"topk"};
   const std::vector<RetrievalMode> modes = retrieval_modes(s, false);
   // A row model cannot continue the prefill's sliding windows: refused before any forward.
   RetrievalSchedule rows_elsewhere;
   rows_elsewhere.row_models = {&copy};
-  EXPECT_THROW(
-      run_retrieval_prompt("passkey", kLength, modes, s, model, rows_elsewhere, tok, pool, {}),
-      Error);
+  EXPECT_THROW(bed.rows("passkey", modes, s, rows_elsewhere), Error);
   for (const char* task : kTasks) {
     SCOPED_TRACE(task);
-    const RetrievalPromptRows a =
-        run_retrieval_prompt(task, kLength, modes, s, model, RetrievalSchedule{}, tok, pool, {});
-    expect_sane_rows(a, modes, s, model.kv_shape(1));
+    const RetrievalPromptRows a = bed.rows(task, modes, s);
+    expect_sane_rows(a, modes, s, bed.model.kv_shape(1));
     // The rows continue the prefill's windows (fork_sequence; a row whose windows did not end
     // at the prefill would throw): the dense row is the plain decode of one cache.
-    EXPECT_EQ(a.rows[0].answer, plain_greedy(model, a.ids, s.max_tokens, tok, pool));
+    EXPECT_EQ(a.rows[0].answer, plain_greedy(bed.model, a.ids, s.max_tokens, bed.tok, bed.pool));
   }
 }
 
 TEST(MiniDecoder_RetrievalRun, RejectsBadModesAndSettings) {
-  const Tiny t = tiny_llama();
-  testing::TempFile file(tiny_model(t));
-  const gguf::File f(file.path());
-  ThreadPool pool(1);
-  const Tokenizer tok = byte_tokenizer();
-  Decoder model(f, false, pool);
+  TinyBed bed(tiny_model(tiny_llama()));
   RetrievalSettings s = tiny_settings();
   const std::vector<RetrievalMode> modes = retrieval_modes(s, false);
   // The dense reference must come first: it marks the other rows.
   const std::vector<RetrievalMode> no_dense(modes.begin() + 1, modes.end());
-  EXPECT_THROW(run_retrieval_prompt("passkey", kLength, no_dense, s, model, RetrievalSchedule{},
-                                    tok, pool, {}),
-               Error);
+  EXPECT_THROW(bed.rows("passkey", no_dense, s), Error);
   RetrievalSettings bad = s;
   bad.max_tokens = 0;
-  EXPECT_THROW(run_retrieval_prompt("passkey", kLength, modes, bad, model, RetrievalSchedule{}, tok,
-                                    pool, {}),
-               Error);
+  EXPECT_THROW(bed.rows("passkey", modes, bad), Error);
   bad = s;
   bad.formats = {"q3"};
   EXPECT_THROW(retrieval_modes(bad, false), Error);
   bad = s;
   bad.recent_window = 100;  // not a multiple of the block size
   EXPECT_THROW(retrieval_modes(bad, false), Error);
-  EXPECT_THROW(run_retrieval_prompt("no_such_task", kLength, modes, s, model, RetrievalSchedule{},
-                                    tok, pool, {}),
-               Error);
+  EXPECT_THROW(bed.rows("no_such_task", modes, s), Error);
   const std::vector<RetrievalMode> on_device = retrieval_modes(s, /*on_cuda=*/true);
   for (std::size_t i = 1; i < on_device.size(); ++i) EXPECT_EQ(on_device[i].kv.device, "cuda");
 }
@@ -279,31 +273,19 @@ TEST(MiniDecoder_CudaRetrievalRun, CpuAndCudaGiveTheSameAnswers) {
     GTEST_SKIP() << "no CUDA device: kvc::cuda_device_count() = 0 (the CUDA forward needs one)";
   }
   constexpr float kTie = 0.25f;  // tiny models, kvc CPU vs device: max |d logit| 0.008-0.024
-  ThreadPool pool(2);
-  const Tokenizer tok = byte_tokenizer();
   const RetrievalSettings s = tiny_settings();
-  struct Case {
-    const char* name;
-    std::vector<std::uint8_t> gguf;
-  };
-  const Case cases[] = {{"llama", tiny_model(tiny_llama())},
-                        {"gemma", tiny_gemma_model(tiny_gemma())}};
+  const std::vector<RetrievalMode> cpu_modes = retrieval_modes(s, false);
+  const std::vector<RetrievalMode> gpu_modes = retrieval_modes(s, true);
   int compared = 0, whole = 0, rows = 0;
-  for (const Case& k : cases) {
-    SCOPED_TRACE(k.name);
-    testing::TempFile file(k.gguf);
-    const gguf::File f(file.path());
-    Decoder cpu(f, false, pool);
-    Decoder gpu(f, true, pool);
+  for (const bool gemma : {false, true}) {
+    SCOPED_TRACE(gemma ? "gemma" : "llama");
+    TinyBed bed(gemma ? tiny_gemma_model(tiny_gemma()) : tiny_model(tiny_llama()));
+    Decoder gpu(bed.gguf, /*on_cuda=*/true, bed.pool);
     ASSERT_TRUE(gpu.on_cuda());
-    const std::vector<RetrievalMode> cpu_modes = retrieval_modes(s, false);
-    const std::vector<RetrievalMode> gpu_modes = retrieval_modes(s, true);
     for (const char* task : kTasks) {
       SCOPED_TRACE(task);
-      const RetrievalPromptRows a = run_retrieval_prompt(task, kLength, cpu_modes, s, cpu,
-                                                         RetrievalSchedule{}, tok, pool, {});
-      const RetrievalPromptRows b = run_retrieval_prompt(task, kLength, gpu_modes, s, gpu,
-                                                         RetrievalSchedule{}, tok, pool, {});
+      const RetrievalPromptRows a = bed.rows(task, cpu_modes, s);
+      const RetrievalPromptRows b = bed.rows(task, gpu_modes, s, RetrievalSchedule{}, &gpu);
       expect_sane_rows(b, gpu_modes, s, gpu.kv_shape(1));
       EXPECT_EQ(b.ids, a.ids);
       ASSERT_EQ(b.rows.size(), a.rows.size());
