@@ -875,10 +875,10 @@ struct LeanSmem {
   const std::uint8_t** page_ptr;
 
   __device__ explicit LeanSmem(unsigned char* base)
-      : stage(reinterpret_cast<unsigned char(*)[kMaxStagedPageBytes]>(base)),
-        wsm_all(reinterpret_cast<unsigned char(*)[octet_scratch_bytes<MT, D>()]>(
-            base + kScratchOffset)),
-        rows_all(reinterpret_cast<float4(*)[MT * 8]>(base + kRowsOffset)),
+      : stage(reinterpret_cast<unsigned char (*)[kMaxStagedPageBytes]>(base)),
+        wsm_all(reinterpret_cast<unsigned char (*)[octet_scratch_bytes<MT, D>()]>(base +
+                                                                                  kScratchOffset)),
+        rows_all(reinterpret_cast<float4 (*)[MT * 8]>(base + kRowsOffset)),
         page_ptr(reinterpret_cast<const std::uint8_t**>(base + kPagePtrOffset)) {}
 };
 
@@ -1092,6 +1092,67 @@ constexpr int shared_smem_bytes() {
          2 * staged_max_octets<D>() * 9 * 4;
 }
 
+/// Unpacks octet ol of a staged page (its keys below `page_vis`, the bound counted from the page's
+/// first entry, live as lean_key has them) into a buffer of
+/// unpacked operands: lane's B operands at unpacked[(ol * V + v) * 32 + lane] (V = D / 64 uint4, a
+/// lane's words in k-step order, each step's lo, hi adjacent), each key's smallest scale byte at
+/// ukmin[ol * 8 + g] and the octet's fold flag (every key folds) at uflag[ol]. The whole warp
+/// calls it.
+template <int D>
+__device__ __forceinline__ void unpack_octet_to_shared(const unsigned char* page, int N, int ol,
+                                                       int page_vis, uint4* unpacked, int* ukmin,
+                                                       int* uflag) {
+  constexpr int KS = D / 32, V = D / 64;
+  static_assert(2 * KS == 4 * V, "a lane's operands fill whole uint4");
+  const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  const LeanKey<KS> k = lean_key<D>(page, N, ol, ol * 8 + g < page_vis, g, tq);
+  std::uint32_t bl[KS], bh[KS];
+  lean_unpack<KS>(k, bl, bh);
+  std::uint32_t w[2 * KS];  // k-step s's operand pair at 2 s, 2 s + 1 (adjacent registers)
+#pragma unroll
+  for (int s = 0; s < KS; ++s) {
+    w[2 * s] = bl[s];
+    w[2 * s + 1] = bh[s];
+  }
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    unpacked[(ol * V + v) * 32 + lane] =
+        make_uint4(w[4 * v], w[4 * v + 1], w[4 * v + 2], w[4 * v + 3]);
+  }
+  if (tq == 0) ukmin[ol * 8 + g] = k.kmin;
+  const bool fold = __all_sync(0xffffffffu, k.fold);
+  if (lane == 0) uflag[ol] = fold ? 1 : 0;
+}
+
+/// The folded score of octet ol (octet index o) of the warp's token from a buffer that
+/// unpack_octet_to_shared filled; keys stored below vis.
+template <int MT, int D>
+__device__ __forceinline__ void score_unpacked_octet(const LeanQuery<MT, D>& q,
+                                                     const uint4* unpacked, const int* ukmin,
+                                                     int ol, int o, int vis, float* out_row) {
+  constexpr int KS = D / 32, V = D / 64;
+  const int lane = threadIdx.x % 32, g = lane / 4;
+  std::uint32_t bl[1][KS], bh[1][KS];
+  std::uint32_t w[2 * KS];
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    const uint4 u = unpacked[(ol * V + v) * 32 + lane];
+    w[4 * v] = u.x;
+    w[4 * v + 1] = u.y;
+    w[4 * v + 2] = u.z;
+    w[4 * v + 3] = u.w;
+  }
+#pragma unroll
+  for (int s = 0; s < KS; ++s) {
+    bl[0][s] = w[2 * s];
+    bh[0][s] = w[2 * s + 1];
+  }
+  const int kmin[1] = {ukmin[ol * 8 + g]};
+  const int oo[1] = {o};
+  const bool store[1] = {true};
+  lean_score_unpacked<MT, D, 1>(q, bl, bh, kmin, oo, store, vis, out_row);
+}
+
 /// Scoring, mxfp4 keys, shared unpacking (see above): pages of at most kMaxStagedPageBytes bytes,
 /// 8 | page_entries.
 template <int MT, int D>
@@ -1132,23 +1193,9 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_shared_kernel(co
       for (int ol = warp; ol < opp; ol += kIndexWarps) {
         const int o = pg * opp + ol;
         if (o * 8 >= srl.vis) break;
-        const LeanKey<KS> k = lean_key<D>(stage[st], N, ol, o * 8 + g < srl.vis, g, tq);
-        std::uint32_t bl[KS], bh[KS];
-        lean_unpack<KS>(k, bl, bh);
-        std::uint32_t w[2 * KS];  // k-step s's operand pair at 2 s, 2 s + 1 (adjacent registers)
-#pragma unroll
-        for (int s = 0; s < KS; ++s) {
-          w[2 * s] = bl[s];
-          w[2 * s + 1] = bh[s];
-        }
-#pragma unroll
-        for (int v = 0; v < V; ++v) {
-          unpacked[((ub * OCT + ol) * V + v) * 32 + lane] =
-              make_uint4(w[4 * v], w[4 * v + 1], w[4 * v + 2], w[4 * v + 3]);
-        }
-        if (tq == 0) ukmin[(ub * OCT + ol) * 8 + g] = k.kmin;
-        const bool fold = __all_sync(0xffffffffu, k.fold);
-        if (lane == 0) uflag[ub * OCT + ol] = fold ? 1 : 0;
+        // Page i's buffer ub: operands [OCT][V][32], minima [OCT][8], flags [OCT].
+        unpack_octet_to_shared<D>(stage[st], N, ol, srl.vis - pg * N, unpacked + ub * OCT * V * 32,
+                                  ukmin + ub * OCT * 8, uflag + ub * OCT);
       }
     }
     __syncthreads();  // page i unpacked; every warp is done with page i - 1 (its stage, buffer)
@@ -1164,25 +1211,8 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_shared_kernel(co
         const int o = pg * opp + ol;
         if (o * 8 >= sr.vis) break;
         if (q.ok && uflag[ub * OCT + ol] != 0) {
-          std::uint32_t bl[1][KS], bh[1][KS];
-          std::uint32_t w[2 * KS];
-#pragma unroll
-          for (int v = 0; v < V; ++v) {
-            const uint4 u = unpacked[((ub * OCT + ol) * V + v) * 32 + lane];
-            w[4 * v] = u.x;
-            w[4 * v + 1] = u.y;
-            w[4 * v + 2] = u.z;
-            w[4 * v + 3] = u.w;
-          }
-#pragma unroll
-          for (int s = 0; s < KS; ++s) {
-            bl[0][s] = w[2 * s];
-            bh[0][s] = w[2 * s + 1];
-          }
-          const int kmin[1] = {ukmin[(ub * OCT + ol) * 8 + g]};
-          const int oo[1] = {o};
-          const bool store[1] = {true};
-          lean_score_unpacked<MT, D, 1>(q, bl, bh, kmin, oo, store, sr.vis, out_row);
+          score_unpacked_octet<MT, D>(q, unpacked + ub * OCT * V * 32, ukmin + ub * OCT * 8, ol, o,
+                                      sr.vis, out_row);
         } else {
           const LeanKey<KS> k = lean_key<D>(stage[st], N, ol, o * 8 + g < sr.vis, g, tq);
           score_octet_reference<MT, D>(k.word, k.sb, ws, L, wsm_all[warp], o, sr.vis, out_row);

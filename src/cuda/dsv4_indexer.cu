@@ -9,6 +9,7 @@
 
 #include "device_buffer.h"
 #include "dsv4/index.cuh"
+#include "dsv4/index_stream.cuh"
 #include "dsv4_internal.h"
 #include "kvc/core/cuda_check.h"
 #include "kvc/core/error.h"
@@ -22,7 +23,7 @@ namespace {
 using namespace dsv4_detail;
 
 /// The largest mxfp4 score-kernel variant (Dsv4IndexArgs::variant).
-constexpr int kIndexVariants = 5;
+constexpr int kIndexVariants = 7;
 
 int sm_count() {
   int dev = 0, n = 0;
@@ -94,15 +95,22 @@ cudaError_t launch_or_measure(Kernel kernel, int smem, dim3 grid, const IndexPar
   return launch(kernel, grid, smem, p, stream);
 }
 
-/// The lean staged kernel, R pages at a time (variants 3 and 4), or the shared-unpack kernel
-/// (R = 0, variant 5): launches it, or with `occupancy` set only reports its resident CTAs per SM
-/// there.
+/// The lean staged kernel, R pages at a time (variants 3 and 4), the shared-unpack kernel (R = 0,
+/// variant 5), the page-stream kernel (R = -1, variant 6) or the page-stream kernel with shared
+/// unpacking (R = -2, variant 7 at tp = 2, 4 or 8): launches it, or with `occupancy` set only
+/// reports its resident CTAs per SM there.
 template <int D, int R>
 cudaError_t launch_mxfp4_lean(int MT, dim3 grid, const IndexParams& p, cudaStream_t stream,
                               int* occupancy = nullptr) {
   return by_tiles(MT, [&](auto tiles) {
     constexpr int M = decltype(tiles)::value;
-    if constexpr (R == 0) {
+    if constexpr (R == -2) {
+      return launch_or_measure(mxfp4_score_stream_shared_kernel<M, D>,
+                               stream_shared_smem_bytes<M, D>(), grid, p, stream, occupancy);
+    } else if constexpr (R == -1) {
+      return launch_or_measure(mxfp4_score_stream_kernel<M, D>, stream_smem_bytes<M, D>(), grid, p,
+                               stream, occupancy);
+    } else if constexpr (R == 0) {
       return launch_or_measure(mxfp4_score_shared_kernel<M, D>, shared_smem_bytes<M, D>(), grid, p,
                                stream, occupancy);
     } else {
@@ -112,12 +120,18 @@ cudaError_t launch_mxfp4_lean(int MT, dim3 grid, const IndexParams& p, cudaStrea
   });
 }
 
-/// The lean-family kernel of `variant` (3 lean, 4 lean in pairs of pages, 5 shared unpacking).
+/// The lean-family kernel of `variant` (3 lean, 4 lean in pairs of pages, 5 shared unpacking,
+/// 6 page streams, 7 page streams with shared unpacking: variant 6's kernel when a pass has one
+/// token, p.tp == 1, which has nothing to share).
 template <int D>
 cudaError_t launch_lean_variant(int variant, int MT, dim3 grid, const IndexParams& p,
                                 cudaStream_t stream, int* occupancy = nullptr) {
   if (variant == 3) return launch_mxfp4_lean<D, 1>(MT, grid, p, stream, occupancy);
   if (variant == 4) return launch_mxfp4_lean<D, 2>(MT, grid, p, stream, occupancy);
+  if (variant == 6 || (variant == 7 && p.tp == 1)) {
+    return launch_mxfp4_lean<D, -1>(MT, grid, p, stream, occupancy);
+  }
+  if (variant == 7) return launch_mxfp4_lean<D, -2>(MT, grid, p, stream, occupancy);
   return launch_mxfp4_lean<D, 0>(MT, grid, p, stream, occupancy);
 }
 
@@ -136,7 +150,7 @@ int mxfp4_ctas_per_sm(int D, int MT, int variant) {
 }
 
 /// The mxfp4 score kernel of `variant` (1 staged, 2 register prefetch, 3 lean, 4 lean in pairs
-/// of pages, 5 shared unpacking).
+/// of pages, 5 shared unpacking, 6 page streams, 7 page streams with shared unpacking).
 template <int D>
 cudaError_t launch_mxfp4(int MT, int variant, dim3 grid, const IndexParams& p,
                          cudaStream_t stream) {
@@ -246,14 +260,25 @@ cudaError_t dsv4_index_score(void* d_temp, std::size_t& temp_bytes,
   for (int t0 = 0; t0 < a.T; t0 += tc) {
     p.t0 = t0;
     p.tc = std::min(tc, a.T - t0);
-    p.tp = mx ? (p.tc == 1 ? 1 : p.tc == 2 ? 2 : kIndexMaxTokens) : kIndexMaxTokens;
+    // Tokens per CTA pass: 1, 2 or 4; variant 7 takes 8 when the launch has at least 8 (one
+    // stream of 8 token warps per CTA: each page unpacked once for 8 tokens, for prefills).
+    p.tp = !mx                                            ? kIndexMaxTokens
+           : p.tc == 1                                    ? 1
+           : p.tc == 2                                    ? 2
+           : variant == 7 && p.tc >= kStreamPrefillTokens ? kStreamPrefillTokens
+                                                          : kIndexMaxTokens;
     const int passes = (p.tc + p.tp - 1) / p.tp;
     if (passes > 65535) return cudaErrorInvalidValue;
     const dim3 prep_grid(static_cast<unsigned>(a.batch * p.tc), static_cast<unsigned>(c.num_heads));
     // Enough CTAs to fill every resident slot of the device once (twice over for the staged and
     // register kernels), never more than the longest row needs.
+    // The staged kernels take a page per CTA and round, the page-stream kernels (6, 7) one per
+    // stream (stream_count(tp) of them per CTA).
     const int per_cta = mx ? kIndexWarps / p.tp : kIndexWarps;
-    const int needed = staged ? std::max(1, pages) : std::max(1, (octets + per_cta - 1) / per_cta);
+    const int streams = stream_count(p.tp);
+    const int needed = !staged        ? std::max(1, (octets + per_cta - 1) / per_cta)
+                       : variant >= 6 ? std::max(1, (pages + streams - 1) / streams)
+                                      : std::max(1, pages);
     const long long target = std::max<long long>(1, static_cast<long long>(resident) * sm_count() /
                                                         (static_cast<long long>(a.batch) * passes));
     const dim3 grid(static_cast<unsigned>(std::min<long long>(needed, target)),

@@ -129,9 +129,11 @@ struct Dsv4IndexArgs {
   /// mxfp4 score kernel: 0 automatic (3 when a page fits, else 2), 1 key pages staged in shared
   /// memory by TMA bulk copies (pages of at most 4352 bytes), 2 keys prefetched in registers,
   /// 3 lean staged (1's staging, less work per key octet), 4 lean staged scoring two pages at a
-  /// time, 5 lean staged with each key unpacked once for all query tokens of a pass (3, 4 and 5:
-  /// pages of at most 4352 bytes). The same bits either way; a tuning knob for benchmarks. Other
-  /// values: cudaErrorInvalidValue.
+  /// time, 5 lean staged with each key unpacked once for all query tokens of a pass, 6 page
+  /// streams (each warp, or the warps of a pass's tokens together, stream whole pages through a
+  /// private pipeline), 7 page streams with each page unpacked once for the pass's tokens (6 when
+  /// a pass has one token; 3 to 7: pages of at most 4352 bytes). The same bits either way; a
+  /// tuning knob for benchmarks. Other values: cudaErrorInvalidValue.
   int variant = 0;
 };
 

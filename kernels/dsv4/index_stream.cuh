@@ -1,0 +1,419 @@
+// The DeepSeek-V4 lightning indexer's mxfp4 score, variants 6 (page streams) and 7 (page streams
+// with each page unpacked once for the pass's tokens); kernels/dsv4/index.cuh holds the
+// arithmetic, the query preparation and variants 1-5.
+//
+// What bounds the lean kernel (variant 3) at B1 T1, read from its sm_90 SASS and the session-3
+// Nsight Compute run: a CTA's 8 warps split every page into its 8 octets, so each warp scores one
+// octet per page and pays the page's overhead for it (the stage's mbarrier wait, the octet index
+// and bounds, the release counter and the last warp's refill: about 100 of the ~250 instructions
+// the warp issues per octet, next to ~150 for the folded score itself), and all 8 warps wait for
+// every page. At 131072 entries that is 7.75 pages per warp in 7.75 such rounds.
+//
+// Here the CTA's warps are (query token of the pass, stream) and each stream owns a private
+// pipeline of kStreamSlots / streams staged pages (TMA bulk copies, one mbarrier per stage): the
+// stream's pages are pg = s_g + i S_g (s_g its index over the grid, S_g the grid's streams), and
+// its warps score every octet of a page after one wait. No CTA barrier and no cross-stream
+// counter: a stream's tp warps release a stage together (bar.sync on the stream's named barrier;
+// __syncwarp when tp = 1) and its first warp refills it. At B1 T1 a stream has at most one or two
+// pages, so the whole key set is requested at the kernel's start (16 pages of 4352 bytes per CTA,
+// 2 CTAs per SM: 139 KB in flight per SM). A page's scale records are read once per warp (each
+// key's smallest byte and fold test), so when all its keys fold an octet costs its payload load,
+// two bytes and the folded score. The per-octet arithmetic is the lean kernel's (lean_key's
+// values, lean_score_folded, score_octet_reference), so the scores are the same bits.
+#pragma once
+
+#include <cstdint>
+
+#include "dsv4/index.cuh"
+
+namespace kvc {
+namespace kernels {
+namespace dsv4_detail {
+
+/// Staged pages per CTA of the stream kernel (variant 6), shared evenly by its streams (8 / tp).
+constexpr int kStreamSlots = 16;
+/// Staged pages per CTA of the shared-unpack stream kernel (variant 7, tp = 2, 4 or 8).
+constexpr int kStreamSharedSlots = 8;
+/// Tokens per pass of the shared-unpack stream kernel when a launch has at least as many: one
+/// stream of 8 token warps per CTA.
+constexpr int kStreamPrefillTokens = 8;
+/// Page pointers each stream looks up at its start (one per lane of its first warp).
+constexpr int kStreamPtrs = 32;
+
+/// bar.sync on named barrier 1 + `stream` (stream 0..3: the streams of tp = 2, 4 or 8) for
+/// `threads` threads (a multiple of 32). The ids are immediates, so the kernel reserves 5
+/// barriers, not 16.
+__device__ __forceinline__ void stream_barrier_sync(int stream, int threads) {
+  switch (stream) {
+    case 0:
+      asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
+      break;
+    case 1:
+      asm volatile("bar.sync 2, %0;" ::"r"(threads) : "memory");
+      break;
+    case 2:
+      asm volatile("bar.sync 3, %0;" ::"r"(threads) : "memory");
+      break;
+    default:
+      asm volatile("bar.sync 4, %0;" ::"r"(threads) : "memory");
+      break;
+  }
+}
+
+/// Bytes of one stream's unpacked page in the shared-unpack kernel: the u8 B operands
+/// [octets][D / 64 uint4][32 lanes] (a lane's words in k-step order, each step's lo, hi
+/// adjacent), its keys' smallest scale bytes [octets][8] and its octets' fold flags [octets]
+/// (int32), rounded to 16 bytes.
+template <int D>
+constexpr int stream_unpacked_bytes() {
+  return (unpacked_buffer_bytes<D>() + staged_max_octets<D>() * 9 * 4 + 15) / 16 * 16;
+}
+
+/// The stream kernels' dynamic shared memory, carved in one place: `Slots` staged pages, each
+/// warp's octet scratch (the reference form), query rows (MT * 8 float4) and key minima (variant
+/// 6), each stream's kStreamPtrs page pointers, then `Unpacked` streams' unpacked pages
+/// (variant 7).
+template <int MT, int D, int Slots, int Unpacked>
+struct StreamSmem {
+  static constexpr int kScratchOffset = Slots * kMaxStagedPageBytes;
+  static constexpr int kRowsOffset = kScratchOffset + kIndexWarps * octet_scratch_bytes<MT, D>();
+  static constexpr int kPagePtrOffset = kRowsOffset + kIndexWarps * MT * 8 * 16;
+  static constexpr int kKminOffset = kPagePtrOffset + kIndexWarps * kStreamPtrs * 8;
+  static constexpr int kUnpackedOffset =
+      kKminOffset + (Unpacked == 0 ? kIndexWarps * staged_max_octets<D>() * 8 * 4 : 0);
+  static constexpr int kBytes = kUnpackedOffset + Unpacked * stream_unpacked_bytes<D>();
+
+  unsigned char (*stage)[kMaxStagedPageBytes];
+  unsigned char (*wsm_all)[octet_scratch_bytes<MT, D>()];
+  float4 (*rows_all)[MT * 8];
+  const std::uint8_t* (*page_ptr)[kStreamPtrs];
+  int (*kmin_all)[staged_max_octets<D>() * 8];  // per warp: each key's smallest scale byte
+  unsigned char (*unpacked)[stream_unpacked_bytes<D>()];  // per stream (variant 7)
+
+  __device__ explicit StreamSmem(unsigned char* base)
+      : stage(reinterpret_cast<unsigned char (*)[kMaxStagedPageBytes]>(base)),
+        wsm_all(reinterpret_cast<unsigned char (*)[octet_scratch_bytes<MT, D>()]>(base +
+                                                                                  kScratchOffset)),
+        rows_all(reinterpret_cast<float4 (*)[MT * 8]>(base + kRowsOffset)),
+        page_ptr(reinterpret_cast<const std::uint8_t* (*)[kStreamPtrs]>(base + kPagePtrOffset)),
+        kmin_all(reinterpret_cast<int (*)[staged_max_octets<D>() * 8]>(base + kKminOffset)),
+        unpacked(reinterpret_cast<unsigned char (*)[stream_unpacked_bytes<D>()]>(
+            base + kUnpackedOffset)) {}
+};
+
+/// The smem layout of mxfp4_score_stream_kernel<MT, D> (variant 6).
+template <int MT, int D>
+using StreamSmem6 = StreamSmem<MT, D, kStreamSlots, 0>;
+/// The smem layout of mxfp4_score_stream_shared_kernel<MT, D> (variant 7): up to 4 streams.
+template <int MT, int D>
+using StreamSmem7 = StreamSmem<MT, D, kStreamSharedSlots, 4>;
+
+/// Dynamic shared memory bytes of mxfp4_score_stream_kernel<MT, D>.
+template <int MT, int D>
+constexpr int stream_smem_bytes() {
+  return StreamSmem6<MT, D>::kBytes;
+}
+/// Dynamic shared memory bytes of mxfp4_score_stream_shared_kernel<MT, D>.
+template <int MT, int D>
+constexpr int stream_shared_smem_bytes() {
+  return StreamSmem7<MT, D>::kBytes;
+}
+
+/// Streams of one CTA of the stream kernels for `tp` tokens per pass.
+__host__ __device__ constexpr int stream_count(int tp) { return kIndexWarps / tp; }
+
+/// A stream-kernel CTA's pass (grid (CTAs, batch, passes); warp = (token of the pass, stream)):
+/// this warp's token and stream, the stream's pages pg = gs + i GS (i < my_pages) and its stages,
+/// barriers and page pointers, this warp's token's row and prepared query.
+struct StreamCta {
+  int tt, ks, S;              // this warp's token of the pass and stream; the stream's stages
+  int gs, GS, my_pages;       // the stream over the grid, the grid's streams, the stream's pages
+  int N, page_bytes;          // entries and bytes of a page
+  bool active;                // tt is a token of the launch
+  bool producer;              // lane 0 of the stream's first warp: issues its copies
+  ScoreRow srl;               // the pass's last token (its bound covers the pass)
+  ScoreRow sr;                // this warp's token (the last one's when inactive)
+  const unsigned char* ws;    // sr's prepared query
+  float* out_row;             // sr's scores
+  const std::uint8_t** ptrs;  // [kStreamPtrs] the stream's first pages
+  std::uint64_t* bar;         // [S] the stream's stage barriers
+  int* valid;                 // [S] its stages hold a page (not a missing one)
+  unsigned char (*stage)[kMaxStagedPageBytes];  // [S] its stages
+};
+
+/// Page i of the stream: from the looked-up table, or (past kStreamPtrs) looked up now.
+__device__ __forceinline__ const std::uint8_t* stream_page(const IndexParams& p, const StreamCta& c,
+                                                           int i) {
+  return i < kStreamPtrs ? c.ptrs[i] : dsv4::page_of(p.keys, c.srl.slot, (c.gs + i * c.GS) * c.N);
+}
+
+/// The producer copies page i of the stream into stage st (or marks a missing page).
+__device__ __forceinline__ void stream_issue(const IndexParams& p, const StreamCta& c, int i,
+                                             int st) {
+  const std::uint8_t* src = stream_page(p, c, i);
+  c.valid[st] = src != nullptr;
+  issue_page(&c.bar[st], c.stage[st], src, c.page_bytes);
+}
+
+/// Starts a stream-kernel CTA with `slots` staged pages: looks up each stream's first
+/// kStreamPtrs page pointers, initialises the stage barriers, issues each stream's first S pages
+/// and writes num_valid of this warp's token (CTA 0, stream 0). Every thread calls it.
+__device__ __forceinline__ StreamCta stream_start(const IndexParams& p, int slots,
+                                                  const std::uint8_t* (*page_ptr)[kStreamPtrs],
+                                                  std::uint64_t* bar, int* valid,
+                                                  unsigned char (*stage)[kMaxStagedPageBytes]) {
+  StreamCta c;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int b = blockIdx.y, pass = blockIdx.z, tp = p.tp;
+  const int streams = stream_count(tp);
+  c.tt = warp % tp;
+  c.ks = warp / tp;
+  c.S = slots / streams;
+  c.gs = static_cast<int>(blockIdx.x) * streams + c.ks;
+  c.GS = static_cast<int>(gridDim.x) * streams;
+  const int tl = pass * tp + c.tt;
+  const int last = min(p.tc - 1, pass * tp + tp - 1);
+  c.srl = score_row(p, b, last);
+  c.N = p.keys.layout.page_entries;
+  c.page_bytes = static_cast<int>(p.keys.layout.page_bytes);
+  const int pages = (c.srl.vis + c.N - 1) / c.N;
+  c.my_pages = pages > c.gs ? (pages - c.gs + c.GS - 1) / c.GS : 0;
+  c.ptrs = page_ptr[c.ks];
+  c.bar = bar + c.ks * c.S;
+  c.valid = valid + c.ks * c.S;
+  c.stage = stage + c.ks * c.S;
+  if (c.tt == 0) {
+    c.ptrs[lane] =
+        lane < c.my_pages ? dsv4::page_of(p.keys, c.srl.slot, (c.gs + lane * c.GS) * c.N) : nullptr;
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < slots; ++s) mbar_init(&bar[s], 1);
+    mbar_fence_init();
+  }
+  __syncthreads();
+  c.producer = c.tt == 0 && lane == 0;
+  if (c.producer) {
+    for (int s = 0; s < c.S && s < c.my_pages; ++s) stream_issue(p, c, s, s);
+  }
+  c.active = tl < p.tc;
+  c.sr = score_row(p, b, c.active ? tl : last);
+  if (c.active && blockIdx.x == 0 && c.ks == 0 && lane == 0) p.num_valid[c.sr.row] = c.sr.vis;
+  c.ws = p.ws + (static_cast<std::size_t>(b) * p.tc + (c.active ? tl : last)) * p.ws_row;
+  c.out_row = p.scores + c.sr.row * static_cast<std::size_t>(p.pitch);
+  return c;
+}
+
+/// Ends the stream's use of stage st (page i): every warp of the stream is done with it (their
+/// reads fed the mma or the reference form before this point), then the producer refills it with
+/// page i + S.
+__device__ __forceinline__ void stream_release(const IndexParams& p, const StreamCta& c, int i,
+                                               int st) {
+  if (p.tp == 1) {
+    __syncwarp();
+  } else {
+    stream_barrier_sync(c.ks, p.tp * 32);  // tp is 2, 4 or 8: at most 4 streams
+  }
+  if (c.producer && i + c.S < c.my_pages) stream_issue(p, c, i + c.S, st);
+}
+
+/// Scores every octet of one staged page (page index pg, N entries, opp = N / 8 octets) below
+/// `vis` for the warp's token. First the page's scale records once: lane l takes the KPL keys
+/// l KPL .. l KPL + KPL - 1 (8 contiguous record bytes, one 64-bit load), computes each key's
+/// smallest byte and fold test as lean_key does (a key past vis or past the page: 127, folds)
+/// and leaves the smallest bytes in `kmin` (the warp's shared memory). When every key and the
+/// token fold, each octet then costs a 16-byte payload load, its lane's group byte and its key's
+/// smallest byte: the same LeanKey lean_key builds, scored by lean_score_folded. Otherwise the
+/// page takes the lean kernel's per-octet path (lean_key, the octet's vote, the reference form).
+template <int MT, int D>
+__device__ __forceinline__ void stream_score_page(const LeanQuery<MT, D>& q,
+                                                  const unsigned char* page, int N, int pg, int vis,
+                                                  const unsigned char* ws, const Mxfp4Row& L,
+                                                  unsigned char* wsm, int* kmin, float* out_row) {
+  constexpr int KS = D / 32, G = D / 32, KPL = staged_max_octets<D>() * 8 / 32;
+  static_assert(KPL * G == 8, "a lane's keys' scale records are 8 bytes");
+  const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  const int opp = N / 8, base = pg * N;  // the page's first entry
+  const unsigned char* rec = page + static_cast<std::size_t>(N) * (D / 2);
+  const uint2 r2 = *reinterpret_cast<const uint2*>(rec + 8 * lane);
+  bool fold = true;
+#pragma unroll
+  for (int e = 0; e < KPL; ++e) {
+    const int jr = lane * KPL + e;
+    const std::uint32_t w = e * G < 4 ? r2.x : r2.y;
+    const int sh = (e * G) % 4 * 8;  // the record's first byte within w
+    int lo = 127, hi = 127;
+    if (jr < N && base + jr < vis) {
+      const int b0 = (w >> sh) & 0xff, b1 = (w >> (sh + 8)) & 0xff;
+      lo = min(b0, b1);
+      hi = max(b0, b1);
+      if constexpr (G == 4) {
+        const int b2 = (w >> 16) & 0xff, b3 = w >> 24;
+        lo = min(lo, min(b2, b3));
+        hi = max(hi, max(b2, b3));
+      }
+    }
+    // As lean_key: spread <= 3 and the minimum in [kFoldByteLo, kFoldByteHi] (no 0xFF byte).
+    fold = fold && hi - lo <= dsv4::kFoldMaxSpread &&
+           static_cast<unsigned>(lo - dsv4::kFoldByteLo) <=
+               static_cast<unsigned>(dsv4::kFoldByteHi - dsv4::kFoldByteLo);
+    kmin[jr] = lo;
+  }
+  const bool page_folds = __all_sync(0xffffffffu, fold && q.ok);
+  __syncwarp();  // kmin written
+  if (page_folds) {
+    // Lane (g, tq): key ol * 8 + g of each octet, its quarter tq.
+    const unsigned char* kp = page + static_cast<std::size_t>(g) * (D / 2) + tq * (D / 8);
+    const unsigned char* sp = rec + g * G + (tq * (D / 4)) / 32;  // the lane's group byte
+    for (int ol = 0; ol < opp; ++ol) {
+      const int o = pg * opp + ol;
+      if (o * 8 >= vis) break;  // later octets are past the bound too
+      LeanKey<KS> k[1];
+      const bool live = o * 8 + g < vis;
+      const std::size_t at = static_cast<std::size_t>(ol) * 8;
+      if constexpr (D == 128) {
+        const uint4 u = *reinterpret_cast<const uint4*>(kp + at * (D / 2));
+        k[0].word[0] = live ? u.x : 0u;
+        k[0].word[1] = live ? u.y : 0u;
+        k[0].word[2] = live ? u.z : 0u;
+        k[0].word[3] = live ? u.w : 0u;
+      } else {
+        const uint2 u = *reinterpret_cast<const uint2*>(kp + at * (D / 2));
+        k[0].word[0] = live ? u.x : 0u;
+        k[0].word[1] = live ? u.y : 0u;
+      }
+      k[0].kmin = kmin[ol * 8 + g];  // 127 for a key past vis
+      k[0].sb = live ? static_cast<int>(sp[at * G]) : 127;
+      k[0].fold = true;
+      const int oo[1] = {o};
+      const bool store[1] = {true};
+      lean_score_folded<MT, D, 1>(q, k, oo, store, vis, out_row);
+    }
+  } else {
+    for (int ol = 0; ol < opp; ++ol) {
+      const int o = pg * opp + ol;
+      if (o * 8 >= vis) break;
+      const LeanKey<KS> k[1] = {lean_key<D>(page, N, ol, o * 8 + g < vis, g, tq)};
+      if (__all_sync(0xffffffffu, q.ok && k[0].fold)) {
+        const int oo[1] = {o};
+        const bool store[1] = {true};
+        lean_score_folded<MT, D, 1>(q, k, oo, store, vis, out_row);
+      } else {
+        score_octet_reference<MT, D>(k[0].word, k[0].sb, ws, L, wsm, o, vis, out_row);
+      }
+    }
+  }
+  __syncwarp();  // kmin read before the next page overwrites it
+}
+
+/// Scoring, mxfp4 keys, page streams (variant 6, see above): grid (CTAs, batch, passes); pages
+/// of at most kMaxStagedPageBytes bytes, 8 | page_entries.
+template <int MT, int D>
+__global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_stream_kernel(const IndexParams p) {
+  constexpr int H = MT * 16;
+  static_assert(kStreamPtrs == 32, "a lane per looked-up page pointer");
+  extern __shared__ __align__(128) unsigned char dsmem[];
+  const StreamSmem6<MT, D> sm(dsmem);
+  __shared__ __align__(8) std::uint64_t bar[kStreamSlots];
+  __shared__ int valid[kStreamSlots];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const StreamCta c = stream_start(p, kStreamSlots, sm.page_ptr, bar, valid, sm.stage);
+  const Mxfp4Row L(H, D);
+  pdl_wait();
+  LeanQuery<MT, D> q;
+  q.load(c.ws, L, lane, sm.rows_all[warp]);
+  int s = 0;
+  std::uint32_t phase = 0;
+  for (int i = 0; i < c.my_pages; ++i) {
+    mbar_wait(&c.bar[s], phase);
+    const int pg = c.gs + i * c.GS;
+    if (c.active && c.valid[s] != 0 && pg * c.N < c.sr.vis) {
+      stream_score_page<MT, D>(q, c.stage[s], c.N, pg, c.sr.vis, c.ws, L, sm.wsm_all[warp],
+                               sm.kmin_all[warp], c.out_row);
+    }
+    stream_release(p, c, i, s);
+    if (++s == c.S) {
+      s = 0;
+      phase ^= 1u;
+    }
+  }
+}
+
+// --- variant 7: page streams, each page unpacked once for the pass's tokens -------------------
+//
+// For tp = 2, 4 or 8 (a launch of at least kStreamPrefillTokens tokens: prefill) tokens per
+// pass, the stream's tp warps (one per token) share the unpacking of
+// a page (variant 5's scheme inside one stream, no CTA barrier): warp tt unpacks the octets
+// ol = tt, tt + tp, ... below the pass's largest bound into the stream's shared buffer (the u8 B
+// operands with each key's smallest byte and each octet's fold flag); after the stream's named
+// barrier every warp scores all of its token's octets from there (two 16-byte loads a lane per
+// octet instead of the raw load, the scale-byte min / max and the prmt unpacking); a second
+// barrier frees the buffer and the stage before the producer refills it. An octet that does not
+// fold, or a token that does not, takes the reference form from the raw stage. With tp = 1 the
+// launcher runs variant 6's kernel instead.
+
+/// Scoring, mxfp4 keys, page streams with shared unpacking (variant 7, tp = 2, 4 or 8; the
+/// launcher runs mxfp4_score_stream_kernel for tp = 1): grid (CTAs, batch, passes); pages of at
+/// most kMaxStagedPageBytes bytes, 8 | page_entries.
+template <int MT, int D>
+__global__ void __launch_bounds__(kIndexThreads, 2)
+    mxfp4_score_stream_shared_kernel(const IndexParams p) {
+  constexpr int KS = D / 32, H = MT * 16, OCT = staged_max_octets<D>(), V = D / 64;
+  static_assert(2 * KS == 4 * V, "a lane's operands fill whole uint4");
+  static_assert(kStreamPtrs == 32, "a lane per looked-up page pointer");
+  extern __shared__ __align__(128) unsigned char dsmem[];
+  const StreamSmem7<MT, D> sm(dsmem);
+  __shared__ __align__(8) std::uint64_t bar[kStreamSharedSlots];
+  __shared__ int valid[kStreamSharedSlots];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, tp = p.tp;
+  const StreamCta c = stream_start(p, kStreamSharedSlots, sm.page_ptr, bar, valid, sm.stage);
+  // The stream's unpacked page: operands [OCT][V][32] uint4, key minima [OCT][8], flags [OCT].
+  uint4* unpacked = reinterpret_cast<uint4*>(sm.unpacked[c.ks]);
+  int* ukmin = reinterpret_cast<int*>(sm.unpacked[c.ks] + unpacked_buffer_bytes<D>());
+  int* uflag = ukmin + OCT * 8;
+  const Mxfp4Row L(H, D);
+  pdl_wait();
+  LeanQuery<MT, D> q;
+  q.load(c.ws, L, lane, sm.rows_all[warp]);
+  const int g = lane / 4, tq = lane % 4;
+  const int N = c.N, opp = N / 8;
+  int s = 0;
+  std::uint32_t phase = 0;
+  for (int i = 0; i < c.my_pages; ++i) {
+    mbar_wait(&c.bar[s], phase);
+    const int pg = c.gs + i * c.GS;
+    const bool have = c.valid[s] != 0;
+    const unsigned char* page = c.stage[s];
+    // 1. Unpack this warp's share of the page's octets below the pass's largest bound.
+    if (have) {
+      for (int ol = c.tt; ol < opp; ol += tp) {
+        const int o = pg * opp + ol;
+        if (o * 8 >= c.srl.vis) break;
+        unpack_octet_to_shared<D>(page, N, ol, c.srl.vis - pg * N, unpacked, ukmin, uflag);
+      }
+    }
+    stream_barrier_sync(c.ks, tp * 32);  // the page is unpacked
+    // 2. Score this token's octets of the page.
+    if (c.active && have) {
+      for (int ol = 0; ol < opp; ++ol) {
+        const int o = pg * opp + ol;
+        if (o * 8 >= c.sr.vis) break;
+        if (q.ok && uflag[ol] != 0) {
+          score_unpacked_octet<MT, D>(q, unpacked, ukmin, ol, o, c.sr.vis, c.out_row);
+        } else {
+          const LeanKey<KS> k = lean_key<D>(page, N, ol, o * 8 + g < c.sr.vis, g, tq);
+          score_octet_reference<MT, D>(k.word, k.sb, c.ws, L, sm.wsm_all[warp], o, c.sr.vis,
+                                       c.out_row);
+        }
+      }
+    }
+    stream_release(p, c, i, s);  // the buffer and the stage are free again
+    if (++s == c.S) {
+      s = 0;
+      phase ^= 1u;
+    }
+  }
+}
+
+}  // namespace dsv4_detail
+}  // namespace kernels
+}  // namespace kvc
