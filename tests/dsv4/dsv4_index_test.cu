@@ -106,8 +106,9 @@ int count_score_diffs(const std::vector<float>& got, const std::vector<float>& w
 }
 
 /// The mxfp4 score kernels dsv4_index_score can run (0 automatic, 1 staged, 2 register
-/// prefetch, 3 lean, 4 lean in pairs of pages, 5 lean with each key unpacked once per pass).
-constexpr int kMxfp4Variants[] = {1, 2, 3, 4, 5};
+/// prefetch, 3 lean, 4 lean in pairs of pages, 5 lean with each key unpacked once per pass,
+/// 6 page streams, 7 page streams with each page unpacked once per pass).
+constexpr int kMxfp4Variants[] = {1, 2, 3, 4, 5, 6, 7};
 
 struct Shape {
   EntryFormat f;
@@ -202,8 +203,9 @@ INSTANTIATE_TEST_SUITE_P(
         Shape{EntryFormat::kMxfp4, 64, 128, 1}, Shape{EntryFormat::kMxfp4, 64, 128, 2},
         Shape{EntryFormat::kMxfp4, 64, 128, 4}, Shape{EntryFormat::kMxfp4, 64, 128, 9},
         Shape{EntryFormat::kMxfp4, 48, 128, 3}, Shape{EntryFormat::kMxfp4, 16, 64, 1},
-        Shape{EntryFormat::kMxfp4, 32, 64, 4}, Shape{EntryFormat::kFp8Scaled, 64, 128, 1},
-        Shape{EntryFormat::kFp8Scaled, 64, 128, 3}, Shape{EntryFormat::kFp8Scaled, 16, 64, 2}),
+        Shape{EntryFormat::kMxfp4, 32, 64, 4}, Shape{EntryFormat::kMxfp4, 32, 64, 16},
+        Shape{EntryFormat::kFp8Scaled, 64, 128, 1}, Shape{EntryFormat::kFp8Scaled, 64, 128, 3},
+        Shape{EntryFormat::kFp8Scaled, 16, 64, 2}),
     [](const auto& info) {
       return std::string(to_string(info.param.f)) + "_h" + std::to_string(info.param.H) + "_d" +
              std::to_string(info.param.D) + "_t" + std::to_string(info.param.T);
@@ -214,11 +216,12 @@ TEST(Cuda_Dsv4_Indexer, EveryMxfp4KernelMatchesCpuOnSmallPagesAndFallbacks) {
   // Pages of 16, 32 and 64 entries; odd visible counts (not multiples of 8 or of a page); keys
   // that do not fold (inf, -inf, NaN, a zero group, a wide spread) spread over pages; query
   // tokens that do not fold (an inf element: a NaN scale; a head with a wide spread; a weight of
-  // 1e30); 1..4 query tokens; poisoned outputs. Every kernel gives the CPU's bits.
+  // 1e30); 1..4 and 8 query tokens (8: variant 7's passes of 8 tokens); poisoned outputs. Every
+  // kernel gives the CPU's bits.
   const std::vector<float> special{5,     3,  INFINITY, 40,  100, -INFINITY, 41,    0,
                                    1e30f, 70, 64,       NAN, 99,  1,         3e-30f};
   for (int pe : {16, 32, 64}) {
-    for (int T = 1; T <= 4; ++T) {
+    for (int T : {1, 2, 3, 4, 8}) {
       SCOPED_TRACE("page_entries " + std::to_string(pe) + ", T " + std::to_string(T));
       IndexerConfig c;
       c.num_heads = 64;
@@ -229,9 +232,9 @@ TEST(Cuda_Dsv4_Indexer, EveryMxfp4KernelMatchesCpuOnSmallPagesAndFallbacks) {
       KeyPair keys(EntryFormat::kMxfp4, 128, 4, {333, 77, 1, 130}, 40 + pe + T, 4 * 512, pe,
                    &special);
       const std::vector<int> slots{0, 1, 3, 2};
-      // Sequence 3 (slot 2) sees no entry: length 3 (< ratio) for T <= 3; at T = 4 (a length of at
-      // least T) its first three tokens see none and the last one its single entry.
-      const std::vector<std::int64_t> lengths{4 * 333 - 1, 4 * 77 + 3, 4 * 129 + 2, T <= 3 ? 3 : 4};
+      // Sequence 3 (slot 2) sees no entry: length 3 (< ratio) for T <= 3; at T >= 4 (a length of
+      // T) its first three tokens see none and the others its single entry.
+      const std::vector<std::int64_t> lengths{4 * 333 - 1, 4 * 77 + 3, 4 * 129 + 2, T <= 3 ? 3 : T};
       const int B = 4, pitch = 512;
       auto q = random_bf16_bits(static_cast<std::size_t>(B) * T * 64 * 128, 50 + T, 2.0f);
       auto w = random_floats(static_cast<std::size_t>(B) * T * 64, 51 + T, 0.02f);
@@ -267,7 +270,7 @@ TEST(Cuda_Dsv4_Indexer, EveryMxfp4KernelMatchesCpuOnSmallPagesAndFallbacks) {
       g.weights = dw.v;
       g.rope_cos = dcs.v;
       g.rope_sin = dsn.v;
-      for (int variant : {0, 1, 2, 3, 4, 5}) {
+      for (int variant : {0, 1, 2, 3, 4, 5, 6, 7}) {
         std::vector<std::int32_t> nv;
         const auto sv = kernel_layer_scores(*keys.gpu, c, g, variant, nv);
         EXPECT_EQ(nv, nv_cpu) << "variant " << variant;
@@ -280,8 +283,8 @@ TEST(Cuda_Dsv4_Indexer, EveryMxfp4KernelMatchesCpuOnSmallPagesAndFallbacks) {
 
 TEST(Cuda_Dsv4_Indexer, StagedVariantsRejectPagesThatDoNotFit) {
   KVC_REQUIRE_GPU();
-  // 128 entries of dim 128 make an 8704-byte page: the staged kernels (1, 3, 4, 5) refuse it, the
-  // register kernel (2) and the automatic choice (0) run.
+  // 128 entries of dim 128 make an 8704-byte page: the staged kernels (1, 3 to 7) refuse it, the
+  // register kernel (2) and the automatic choice (0) run; 8 is no variant.
   IndexerConfig c;
   c.max_batch = 1;
   c.max_query_tokens = 1;
@@ -303,7 +306,7 @@ TEST(Cuda_Dsv4_Indexer, StagedVariantsRejectPagesThatDoNotFit) {
   std::size_t tb = 0;
   ASSERT_EQ(kernels::dsv4_index_score(nullptr, tb, keys.gpu->view(), c, ka, nullptr), cudaSuccess);
   DeviceArray<unsigned char> temp(std::max<std::size_t>(tb, 1));
-  for (int variant : {0, 1, 2, 3, 4, 5, 6, -1}) {
+  for (int variant : {0, 1, 2, 3, 4, 5, 6, 7, 8, -1}) {
     ka.variant = variant;
     const cudaError_t e =
         kernels::dsv4_index_score(temp.get(), tb, keys.gpu->view(), c, ka, nullptr);
@@ -347,6 +350,19 @@ TEST(Cuda_Dsv4_Indexer, GoldenV4Prefill) {
   for (int t = 0; t < S; ++t) {
     for (int j = 0; j < n1[t]; ++j)
       ASSERT_EQ(float_bits(s2[t * N + j]), float_bits(s1[t * N + j])) << t << "," << j;
+  }
+  // Every score kernel on the golden prefill (64 tokens: variant 7 in passes of 8), from
+  // poisoned outputs: the CPU's bits on every visible entry.
+  for (int variant : kMxfp4Variants) {
+    std::vector<std::int32_t> nv;
+    const auto sv = kernel_layer_scores(*kgpu, ic, g, variant, nv);
+    EXPECT_EQ(nv, n1) << "variant " << variant;
+    int diffs = 0;
+    for (int t = 0; t < S; ++t) {
+      for (int j = 0; j < n1[t]; ++j)
+        diffs += float_bits(sv[t * N + j]) != float_bits(s1[t * N + j]);
+    }
+    EXPECT_EQ(diffs, 0) << "variant " << variant;
   }
 }
 

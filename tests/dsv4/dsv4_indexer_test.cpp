@@ -87,16 +87,17 @@ struct Shape {
 
 class Cpu_Dsv4_Indexer : public ::testing::TestWithParam<Shape> {};
 
-TEST_P(Cpu_Dsv4_Indexer, RaggedBatchMatchesFloat64OracleAndVisibility) {
-  const Shape sh = GetParam();
+/// Scores a ragged batch of 3 sequences of T query tokens (T <= 22) on the CPU and checks each
+/// row against the float64 oracle, its visible count and the untouched tail.
+void check_ragged_batch(const Shape& sh, int T) {
   IndexerConfig c;
   c.key_format = sh.f;
   c.num_heads = sh.H;
   c.head_dim = sh.D;
   c.max_batch = 3;
-  c.max_query_tokens = 4;
+  c.max_query_tokens = T;
   auto keys = make_keys(sh.f, sh.D, 4, {37, 0, 130, 5}, 11);
-  const int T = 3, B = 3;
+  const int B = 3;
   const std::vector<int> slots{2, 0, 3};
   const std::vector<std::int64_t> lengths{523, 149, 22};  // visible: 130 (cap), 37 / 36..., 5
   Query qr = make_query(B * T, sh.H, sh.D, 5);
@@ -133,7 +134,17 @@ TEST_P(Cpu_Dsv4_Indexer, RaggedBatchMatchesFloat64OracleAndVisibility) {
         ASSERT_EQ(scores[static_cast<std::size_t>(row) * pitch + j], -12345.0f);
     }
   }
-  EXPECT_EQ(nv[3 * 1 + 0], 36);  // slot 0, position 146: (147) / 4 = 36 of its 37 keys
+  // Slot 0's first token: position 149 - T, (150 - T) / 4 of its 37 keys (36 at T = 3).
+  EXPECT_EQ(nv[static_cast<std::size_t>(T)], (150 - T) / 4);
+}
+
+TEST_P(Cpu_Dsv4_Indexer, RaggedBatchMatchesFloat64OracleAndVisibility) {
+  // A decode step of 3 query tokens and a prefill chunk of 16 (the CUDA kernels' passes of 4 and
+  // of 8 tokens), each token with its own visibility bound.
+  for (const int T : {3, 16}) {
+    SCOPED_TRACE("T " + std::to_string(T));
+    check_ragged_batch(GetParam(), T);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Cpu_Dsv4_Indexer,
