@@ -16,8 +16,10 @@
 //
 // BM_Dsv4IndexDecode/<batch>/<query tokens>/<format 0 mxfp4, 1 fp8>/<timing>/<variant 0 staged
 //   key pages, 2 keys prefetched in registers, 3 lean staged, 4 lean staged two pages at a
-//   time, 5 lean staged with each key unpacked once for every query token>: 131072 entries x 64
-//   index heads x 128 dims per sequence (the issue's <= 5 us target is mxfp4, B1 T1).
+//   time, 5 lean staged with each key unpacked once for every query token, 6 page streams,
+//   7 page streams with each page unpacked once for every query token (6 at T = 1)>:
+//   131072 entries x 64 index heads x 128 dims per sequence (the issue's <= 5 us target is
+//   mxfp4, B1 T1).
 // BM_Dsv4TopK/<rows>/<entries>/<k>/<timing>/<variant 0 the built-in path, 1 the streaming path
 //   (no spread)>: kvc::kernels::select, topk(k), score order.
 // BM_Dsv4CsaDecode/<batch>/<format 0 bf16, 1 MODEL1 FP8>/<timing>: 64 heads x 512, window 128 +
@@ -34,6 +36,7 @@
 
 #include "cuda_bench_util.h"
 #include "dsv4/index.cuh"
+#include "dsv4/index_stream.cuh"
 #include "kvc/dsv4/dsv4.h"
 #include "kvc/kernels/dsv4_kernels.h"
 #include "kvc/kernels/select_kernels.h"
@@ -244,7 +247,9 @@ void BM_Dsv4IndexDecode(benchmark::State& state) {
 // Diagnostics of the staged mxfp4 score kernel, B1 T1 (the query prepared once outside the
 // timing): /1 streams the key pages and scores nothing, /2 scores without waiting for the copies
 // (wrong scores), /0 the kernel as the library runs it; /3 and /4 the lean kernels (variants 3
-// and 4) alone. Time differences say which half costs.
+// and 4) alone, /6 the page-stream kernel (variant 6) alone with the library's grid. Time
+// differences say which half costs; BM_Dsv4IndexDecode/1/1/0/0/<v> minus /<v> here is what the
+// query preparation and its launch add.
 void BM_Dsv4IndexProbe(benchmark::State& state) {
   const int probe = static_cast<int>(state.range(0));
   const int N = 131072, H = 64, D = 128;
@@ -319,10 +324,25 @@ void BM_Dsv4IndexProbe(benchmark::State& state) {
   }
   KVC_BENCH_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
       &lean_ctas, probe == 4 ? l2 : l1, kernels::dsv4_detail::kIndexThreads, lean_smem));
-  state.counters["ctas_per_sm"] = probe >= 3 ? lean_ctas : 2;
+  auto s6 = kernels::dsv4_detail::mxfp4_score_stream_kernel<4, 128>;
+  const int stream_smem = kernels::dsv4_detail::stream_smem_bytes<4, 128>();
+  KVC_BENCH_CUDA(
+      cudaFuncSetAttribute(s6, cudaFuncAttributeMaxDynamicSharedMemorySize, stream_smem));
+  int stream_ctas = 1;
+  KVC_BENCH_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &stream_ctas, s6, kernels::dsv4_detail::kIndexThreads, stream_smem));
+  // The library's grid: a stream per page (8 per CTA at T = 1), at most the resident CTAs.
+  const int pages = N / kc.page_entries;
+  const int stream_grid = std::min(
+      (pages + kernels::dsv4_detail::stream_count(1) - 1) / kernels::dsv4_detail::stream_count(1),
+      std::max(1, stream_ctas) * sms);
+  state.counters["ctas_per_sm"] = probe == 6 ? stream_ctas : probe >= 3 ? lean_ctas : 2;
   auto launch = [&](int set) {
     p.keys = stores[static_cast<std::size_t>(set)]->view();
-    if (probe >= 3) {
+    if (probe == 6) {
+      s6<<<static_cast<unsigned>(stream_grid), kernels::dsv4_detail::kIndexThreads,
+           static_cast<std::size_t>(stream_smem), stream>>>(p);
+    } else if (probe >= 3) {
       (probe == 4 ? l2 : l1)<<<static_cast<unsigned>(std::max(1, lean_ctas) * sms),
                                kernels::dsv4_detail::kIndexThreads,
                                static_cast<std::size_t>(lean_smem), stream>>>(p);
@@ -510,10 +530,10 @@ void Timed(benchmark::internal::Benchmark* b) {
 }
 
 // <batch>/<T>/<format>/<timing>/<variant 0 automatic, 2 register prefetch, 3 lean, 4 lean x2,
-// 5 lean with shared unpacking>
+// 5 lean with shared unpacking, 6 page streams, 7 page streams with shared unpacking>
 void IndexShapes(benchmark::internal::Benchmark* b) {
   for (int timing : {0, 1}) {
-    for (int variant : {0, 2, 3, 4, 5}) {
+    for (int variant : {0, 2, 3, 4, 5, 6, 7}) {
       b->Args({1, 1, 0, timing, variant});  // the <= 5 us target
       b->Args({8, 1, 0, timing, variant});
       b->Args({1, 4, 0, timing, variant});
@@ -521,10 +541,12 @@ void IndexShapes(benchmark::internal::Benchmark* b) {
     }
     b->Args({1, 1, 1, timing, 0});  // fp8 (V3.2) keys, CUDA cores
   }
+  // A prefill chunk of 64 query tokens (variant 7 in passes of 8 tokens, the others of 4).
+  for (int variant : {0, 3, 5, 7}) b->Args({1, 64, 0, 0, variant});
 }
 
 BENCHMARK(BM_Dsv4IndexDecode)->Apply(IndexShapes)->Apply(Timed);
-BENCHMARK(BM_Dsv4IndexProbe)->Arg(0)->Arg(1)->Arg(2)->Arg(3)->Arg(4)->Apply(Timed);
+BENCHMARK(BM_Dsv4IndexProbe)->Arg(0)->Arg(1)->Arg(2)->Arg(3)->Arg(4)->Arg(6)->Apply(Timed);
 BENCHMARK(BM_Dsv4TopK)
     ->Apply([](benchmark::internal::Benchmark* b) {
       for (int variant : {0, 1}) {
