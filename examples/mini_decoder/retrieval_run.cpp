@@ -178,8 +178,6 @@ RetrievalRow run_row(const PromptRun& run, const RetrievalMode& mode, bool dense
     cache = dense_cache(model.on_cuda(), shape);
   } else {
     auto k = std::make_unique<KvcKvCache>(mode.kv, shape, pick_kv_device(mode.kv));
-    KVC_CHECK(k->on_device() == model.on_cuda(), "retrieval: mode ", mode.label, " has kvc on ",
-              mode.kv.device, " but the model runs on ", model.where());
     k->enable_stats(true);
     kc = k.get();
     cache = std::move(k);
@@ -401,6 +399,12 @@ RetrievalPromptRows run_retrieval_prompt(const std::string& task, int length,
   KVC_CHECK(!modes.empty() && modes[0].kv.is_reference(), "retrieval: modes[0] must be the dense ",
             "f32 reference (retrieval_modes()), not ",
             modes.empty() ? std::string("nothing") : modes[0].label);
+  const std::string kv_device = model.on_cuda() ? "cuda" : "cpu";
+  for (const RetrievalMode& m : modes) {
+    KVC_CHECK(m.kv.is_reference() || m.kv.device == kv_device, "retrieval: mode ", m.label, " ",
+              m.kv.effective_format(), " has kvc on '", m.kv.device, "' but the model runs on ",
+              model.where(), " (retrieval_modes(settings, on_cuda = ", model.on_cuda(), "))");
+  }
   KVC_CHECK(settings.max_tokens >= 1, "retrieval: max_tokens = ", settings.max_tokens,
             " must be >= 1");
   KVC_CHECK(settings.chunk >= 1, "retrieval: chunk = ", settings.chunk, " must be >= 1");

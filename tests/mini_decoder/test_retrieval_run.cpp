@@ -260,6 +260,13 @@ TEST(MiniDecoder_RetrievalRun, RejectsBadModesAndSettings) {
   EXPECT_THROW(bed.rows("no_such_task", modes, s), Error);
   const std::vector<RetrievalMode> on_device = retrieval_modes(s, /*on_cuda=*/true);
   for (std::size_t i = 1; i < on_device.size(); ++i) EXPECT_EQ(on_device[i].kv.device, "cuda");
+  // Device modes on a CPU model: refused before the prefill runs (which logs its line).
+  std::vector<std::string> logged;
+  EXPECT_THROW(run_retrieval_prompt("passkey", kLength, on_device, s, bed.model,
+                                    RetrievalSchedule{}, bed.tok, bed.pool,
+                                    [&](const std::string& line) { logged.push_back(line); }),
+               Error);
+  EXPECT_TRUE(logged.empty());
 }
 
 #if KVC_CUDA_ENABLED
