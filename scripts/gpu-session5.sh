@@ -10,7 +10,7 @@
 #             text A 4096-6144
 #   retrieval SmolLM2 retrieval prompts 1K-8K on the GPU, default scorer (and mean-K)
 #   tests F   build; GPU tests matching filter F
-#   w2        build; the helpers' GPU tests (W2_TESTS) and benchmark rows (W2_BENCH="bin=filter ...")
+#   w2, w2b   build and every test; then the helpers' old-vs-new benchmark rows
 #   final1    build; every test (GPU, CPU, mini-decoder); MEMCHECK / RACECHECK filters
 #   final2    kvc's benchmark rows and every anchor (PyTorch, DeepSeek-V4's PyTorch step,
 #             FlashInfer, CUB) in ONE call, then the same-run table (scripts/perf-report.py)
@@ -94,12 +94,18 @@ case "${1:-build}" in
     gtests filtered "${2:-*}" 300
     ;;
   w2)
-    # The helpers' first deliveries: their GPU tests, then their old-vs-new benchmark rows.
+    # The helpers' first deliveries: every test (GPU, CPU, mini-decoder), then their old-vs-new
+    # benchmark rows (w2b, next call).
     build
-    gtests new "${W2_TESTS:-*Cuda_Selector*:*Cuda_Dsv4_Indexer*:*Cuda_Dsv4_TopK*:*Cuda_AttentionMma*:*Cuda_DenseDecode*:*Cuda_BlockIndex_TokenScores*:*Cuda_StoreUpdate*:*Cuda_KvStore*}" 200
-    for spec in ${W2_BENCH:-}; do
-      bench 60 "${spec%%=*}" "${spec#*=}"
-    done
+    GTEST_FILTER='*' all_tests 240
+    cp gpu-out/gpu-tests.log "$out/" 2>/dev/null
+    ;;
+  w2b)
+    bench 40 topk_bench 'BM_TopKVariant/[0-9]+/[0-9]+/[0-9]+/(6|2000|2004|2008|2016|3000)/'
+    bench 50 dsv4_bench 'BM_Dsv4TopK/|BM_Dsv4IndexDecode/(1|8)/(1|4)/0/0/(0|3|5|6|7)/|BM_Dsv4IndexDecode/1/64/0/0/|BM_Dsv4IndexProbe/(3|6)/'
+    bench 60 attention_bench 'BM_DenseDecode/0/[18]/131072/[356]/|BM_BlockSelectExact/0/[18]/3/[356]/0/1/|BM_BlockSelectExact/0/1/3/[356]/(1|4|8|16|32)/1/|BM_RecentOnly/'
+    bench 40 index_bench 'BM_Score/h32x8x128/B(1|8)/N131072/token_ma(ss|x)/mxfp4/sum/fast-(stream|stream_tc|stream_lean|stream_async|stream_async4)/'
+    bench 40 store_bench 'BM_AppendStep/B:(1|8|64)/index:(0|1)/kernels:(0|4|6|7|8)/|BM_AppendStepStaggered|BM_AppendFloor|BM_Ingest/T:16384/format:3/index:(0|1)/kernels:(0|7|9)/'
     grep -hE '_median' "$out"/*.log | awk '{print $1, $2, $3}' | sed 's/manual_time_median//' > "$out/medians.txt"
     ;;
   final1)
