@@ -21,7 +21,9 @@
 //   131072 entries x 64 index heads x 128 dims per sequence (the issue's <= 5 us target is
 //   mxfp4, B1 T1).
 // BM_Dsv4TopK/<rows>/<entries>/<k>/<timing>/<variant 0 the built-in path, 1 the streaming path
-//   (no spread)>: kvc::kernels::select, topk(k), score order.
+//   (no spread), 2 the spread path (session 4's built-in), 8 / 16 the resident path with 8 / 16
+//   CTAs per row, 1016 with 16 CTAs and the scattered finish>: kvc::kernels::select, topk(k),
+//   score order.
 // BM_Dsv4CsaDecode/<batch>/<format 0 bf16, 1 MODEL1 FP8>/<timing>: 64 heads x 512, window 128 +
 //   top-512 entries of 262144 (1M tokens, ratio 4).
 // BM_Dsv4HcaDecode/<batch>/<format>/<timing>: window 128 + all 8192 entries (1M tokens, ratio 128).
@@ -370,7 +372,11 @@ void BM_Dsv4TopK(benchmark::State& state) {
   const int k = static_cast<int>(state.range(2));
   const bool lone = state.range(3) != 0;
   kernels::select_detail::SelectTuning tuning;
-  tuning.no_spread = state.range(4) == 1;
+  const int variant = static_cast<int>(state.range(4));
+  tuning.no_spread = variant == 1;
+  tuning.no_resident = variant == 2;
+  tuning.resident_ctas = variant >= 8 ? variant % 1000 : 0;
+  tuning.resident_scatter = variant >= 1000;
   const std::size_t set_floats = static_cast<std::size_t>(rows) * n;
   const int sets = std::min(bench::rotation(set_floats * 4), kMaxSets);
   float* scores = device_alloc<float>(set_floats * sets);
@@ -395,9 +401,18 @@ void BM_Dsv4TopK(benchmark::State& state) {
     KVC_BENCH_CUDA(kernels::select_detail::select_tuned(temp, temp_bytes, in, policy, out, nullptr,
                                                         tuning, stream));
   };
-  time_graphs(state, sets, lone,
-              static_cast<double>(set_floats) * 4 + static_cast<double>(rows) * (k + 1) * 4, stream,
-              launch);
+  // A variant the device refuses (a cluster of 16 it cannot schedule) is skipped, not fatal.
+  const cudaError_t refused = kernels::select_detail::select_tuned(
+      temp, temp_bytes, ScoresView{scores, valid, rows, n}, policy, out, nullptr, tuning, stream);
+  if (refused == cudaErrorInvalidValue) {
+    state.SkipWithError("variant refused by select_tuned (cudaErrorInvalidValue)");
+  } else {
+    KVC_BENCH_CUDA(refused);
+    time_graphs(state, sets, lone,
+                static_cast<double>(set_floats) * 4 + static_cast<double>(rows) * (k + 1) * 4,
+                stream, launch);
+  }
+  KVC_BENCH_CUDA(cudaStreamSynchronize(stream));
   cudaFree(scores);
   cudaFree(valid);
   cudaFree(ids);
@@ -549,7 +564,7 @@ BENCHMARK(BM_Dsv4IndexDecode)->Apply(IndexShapes)->Apply(Timed);
 BENCHMARK(BM_Dsv4IndexProbe)->Arg(0)->Arg(1)->Arg(2)->Arg(3)->Arg(4)->Arg(6)->Apply(Timed);
 BENCHMARK(BM_Dsv4TopK)
     ->Apply([](benchmark::internal::Benchmark* b) {
-      for (int variant : {0, 1}) {
+      for (int variant : {0, 1, 2, 8, 16, 1016}) {
         b->Args({1, 262144, 2048, 0, variant});
         b->Args({1, 262144, 2048, 1, variant});
         b->Args({8, 262144, 2048, 0, variant});

@@ -20,7 +20,11 @@
 // select instead of the streaming path; 1QT (three digits) = the streaming path with Q CTAs
 // per row and compaction trigger T (0: 12288 keys, 1: 8192, 2: 6144); 3 = the streaming path
 // where the built-in choice spreads (the old path); 5 = the spread path wherever it applies
-// (kernels/select/spread.cuh); 1000 + Q = the spread path with Q CTAs per row.
+// (kernels/select/spread.cuh); 1000 + Q = the spread path with Q CTAs per row; 6 = session 4's
+// built-in choice (no resident path: the spread path where it spread); 2000 + C = the resident
+// path (kernels/select/resident.cuh) with C CTAs per row (2000: its built-in count); + 1000:
+// with programmatic dependent launch; + 2000: finished by the scattered ranking (4000 + C, and
+// 5000 + C with PDL).
 //
 // BM_TopKDecode/<rows>/<n>/<k>/<variant> compares the decode path (kernels/select/decode.cuh)
 // with the small path on decode shapes: variant 0 = the small path (the built-in choice before
@@ -164,6 +168,15 @@ void run_topk(benchmark::State& state, int rows, int n, int k, SelectPolicy::Ord
   KVC_BENCH_CUDA(cudaMalloc(&temp, std::max<std::size_t>(temp_bytes, 1)));
   cudaStream_t stream;
   KVC_BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto release = [&] {
+    KVC_BENCH_CUDA(cudaStreamSynchronize(stream));
+    cudaFree(scores);
+    cudaFree(valid);
+    cudaFree(ids);
+    cudaFree(counts);
+    cudaFree(temp);
+    cudaStreamDestroy(stream);
+  };
   auto launch = [&](int set) {
     if (floor_mode >= 0) {
       KVC_BENCH_CUDA(launch_floor(floor_mode, in(set), out, stream));
@@ -172,6 +185,18 @@ void run_topk(benchmark::State& state, int rows, int n, int k, SelectPolicy::Ord
     KVC_BENCH_CUDA(kernels::select_detail::select_tuned(temp, temp_bytes, in(set), policy, out,
                                                         nullptr, tuning, stream));
   };
+  // A variant the device refuses (a cluster of more than 8 CTAs it cannot schedule) is skipped,
+  // not fatal to the run.
+  if (floor_mode < 0) {
+    const cudaError_t refused = kernels::select_detail::select_tuned(
+        temp, temp_bytes, in(0), policy, out, nullptr, tuning, stream);
+    if (refused == cudaErrorInvalidValue) {
+      state.SkipWithError("variant refused by select_tuned (cudaErrorInvalidValue)");
+      release();
+      return;
+    }
+    KVC_BENCH_CUDA(refused);
+  }
   // Warm-up outside any capture (module loading, kernel attributes).
   launch(0);
   launch(1 % sets);
@@ -221,12 +246,7 @@ void run_topk(benchmark::State& state, int rows, int n, int k, SelectPolicy::Ord
   for (cudaGraphExec_t e : execs) cudaGraphExecDestroy(e);
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  cudaFree(scores);
-  cudaFree(valid);
-  cudaFree(ids);
-  cudaFree(counts);
-  cudaFree(temp);
-  cudaStreamDestroy(stream);
+  release();
 }
 
 void BM_TopK(benchmark::State& state) {
@@ -263,6 +283,13 @@ void BM_TopKVariant(benchmark::State& state) {
     tuning.no_spread = true;
   } else if (variant == 5) {
     tuning.force_spread = true;
+  } else if (variant == 6) {
+    tuning.no_resident = true;
+  } else if (variant >= 2000) {
+    tuning.force_resident = true;
+    tuning.resident_ctas = variant % 1000;
+    tuning.resident_pdl = (variant / 1000) % 2 == 1;
+    tuning.resident_scatter = variant >= 4000;
   } else if (variant >= 1000) {
     tuning.spread_ctas = variant - 1000;
   } else if (variant >= 100) {
@@ -426,6 +453,30 @@ BENCHMARK(BM_TopKVariant)
           b->Args({sh[0], sh[1], sh[2], 1000 + 16});
           b->Args({sh[0], sh[1], sh[2], 1000 + 32});
         }
+      }
+    })
+    ->Apply(Timed);
+// The resident path against session 4's built-in choice (6: the spread path on these shapes, the
+// streaming path on 64 rows) on the large-k shapes, with its built-in CTA count (2000) and 8 / 16
+// CTAs per row, and the built-in count with PDL (3000), the scattered finish (4000) and both
+// (5000); on 64 x 131072 also 4 (fewer, fuller
+// CTAs: 2 waves instead of 8); and on the
+// decode shapes against their built-in choice (BM_TopK rows): 1 x 32768 k 64, 8 x 4096 k 8.
+BENCHMARK(BM_TopKVariant)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      const int shapes[][3] = {{1, 131072, 2048},  {1, 262144, 2048},  {1, 262144, 1024},
+                               {1, 262144, 512},   {4, 262144, 2048},  {8, 262144, 2048},
+                               {16, 131072, 2048}, {64, 131072, 2048}, {64, 262144, 2048}};
+      for (const auto& sh : shapes) {
+        for (int variant : {6, 2000, 2008, 2016, 3000, 4000, 5000}) {
+          b->Args({sh[0], sh[1], sh[2], variant});
+        }
+        if (sh[0] == 64 && sh[1] == 131072) b->Args({sh[0], sh[1], sh[2], 2004});
+      }
+      for (int variant : {2000, 2004, 2008, 3000, 4000}) {
+        b->Args({1, 32768, 64, variant});
+        b->Args({8, 32768, 64, variant});
+        b->Args({8, 4096, 8, variant});
       }
     })
     ->Apply(Timed);

@@ -258,6 +258,22 @@ __device__ __forceinline__ int clamp_valid(std::int32_t v, int max_blocks) {
   return v < 0 ? 0 : (v > max_blocks ? max_blocks : static_cast<int>(v));
 }
 
+/// Four consecutive raw scores from element e on: one 16-byte load when allowed, the elements
+/// at or past `end` zero (callers mask them).
+__device__ __forceinline__ uint4 load4_bounded(const std::uint32_t* bits, int e, int end,
+                                               bool vector_loads) {
+  uint4 u = make_uint4(0u, 0u, 0u, 0u);
+  if (vector_loads && e + 3 < end) {
+    u = __ldg(reinterpret_cast<const uint4*>(bits + e));
+  } else if (e < end) {
+    u.x = __ldg(bits + e);
+    if (e + 1 < end) u.y = __ldg(bits + e + 1);
+    if (e + 2 < end) u.z = __ldg(bits + e + 2);
+    if (e + 3 < end) u.w = __ldg(bits + e + 3);  // rows whose length is not a multiple of 4
+  }
+  return u;
+}
+
 /// Stage A's parameters (both stage-A kernels: topm.cuh and small.cuh).
 struct TopmParams {
   const float* scores;            // [rows, max_blocks]

@@ -82,22 +82,6 @@ struct SpreadShared {
   int last;        // this CTA is the row's finisher
 };
 
-/// Four consecutive raw scores from element e on: one 16-byte load when allowed, the elements
-/// at or past `end` zero (callers mask them).
-__device__ __forceinline__ uint4 spread_load4(const std::uint32_t* bits, int e, int end,
-                                              bool vector_loads) {
-  uint4 u = make_uint4(0u, 0u, 0u, 0u);
-  if (vector_loads && e + 3 < end) {
-    u = __ldg(reinterpret_cast<const uint4*>(bits + e));
-  } else if (e < end) {
-    u.x = __ldg(bits + e);
-    if (e + 1 < end) u.y = __ldg(bits + e + 1);
-    if (e + 2 < end) u.z = __ldg(bits + e + 2);
-    if (e + 3 < end) u.w = __ldg(bits + e + 3);  // rows whose length is not a multiple of 4
-  }
-  return u;
-}
-
 /// Waits, with the CTA, until `expected` CTAs have arrived at `counter` (this one included):
 /// every write of the CTA before the call is visible to every arrived CTA after it.
 __device__ __forceinline__ void spread_row_barrier(unsigned* counter, unsigned expected) {
@@ -172,8 +156,9 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
   uint4 res[kSpreadResident];
 #pragma unroll
   for (int r = 0; r < kSpreadResident; ++r) {
-    res[r] = r < sp.tiles ? spread_load4(bits, first + r * kSpreadTile + tid * 4, n, p.vector_loads)
-                          : make_uint4(0u, 0u, 0u, 0u);
+    res[r] = r < sp.tiles
+                 ? load4_bounded(bits, first + r * kSpreadTile + tid * 4, n, p.vector_loads)
+                 : make_uint4(0u, 0u, 0u, 0u);
   }
   cooperative_groups::this_grid().sync();  // every row's state is zero
 
@@ -194,9 +179,9 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
       uint4 u[kSpreadGroup];
 #pragma unroll
       for (int g = 0; g < kSpreadGroup; ++g) {
-        u[g] = t0 + g < sp.tiles
-                   ? spread_load4(bits, first + (t0 + g) * kSpreadTile + tid * 4, n, p.vector_loads)
-                   : make_uint4(0u, 0u, 0u, 0u);
+        u[g] = t0 + g < sp.tiles ? load4_bounded(bits, first + (t0 + g) * kSpreadTile + tid * 4, n,
+                                                 p.vector_loads)
+                                 : make_uint4(0u, 0u, 0u, 0u);
       }
 #pragma unroll
       for (int g = 0; g < kSpreadGroup; ++g) {

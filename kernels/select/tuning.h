@@ -52,7 +52,56 @@ struct SelectTuning {
   /// Launch the decode path with programmatic dependent launch (the kernel waits for its
   /// predecessor with griddepcontrol.wait and lets its successor launch early).
   bool decode_pdl = false;
+  /// Resident path (kernels/select/resident.cuh: m <= 2049 ranks, no top_p, rows of up to
+  /// 262144 blocks held in the shared memory of a cluster): CTAs per row, 1..16 (0: the built-in
+  /// choice, resident_ctas_for). Setting it takes the resident path wherever it applies, ahead of
+  /// the decode and small paths. A row longer than C * 32768 blocks, or a cluster the device
+  /// cannot schedule: cudaErrorInvalidValue.
+  int resident_ctas = 0;
+  /// Take the resident path wherever it applies (the built-in choice: resident_path_by_default).
+  bool force_resident = false;
+  /// Never take the resident path (the spread / streaming paths run as before it), for comparison.
+  bool no_resident = false;
+  /// Launch the resident path with programmatic dependent launch (as decode_pdl).
+  bool resident_pdl = false;
+  /// Finish the resident path by the scattered ranking (each CTA sorts and ranks its own part of
+  /// the top t) instead of the gather into one CTA that sorts all t.
+  bool resident_scatter = false;
 };
+
+/// Whether the library's own calls take the resident path for a call that keeps m ranks
+/// (65 < m <= 2049, not top_p) of `rows` rows of `max_blocks` blocks: the shapes the spread path
+/// took before it (at most 16 rows of more than 16384 blocks), where a call is its chain of
+/// barriers rather than its bandwidth (session 4 on the H200: 1 x 131072 k 2048 26.5 us,
+/// 1 x 262144 27.1 us on the spread path, the same time for twice the bytes).
+constexpr bool resident_path_by_default(int rows, int max_blocks) {
+  return rows <= 16 && max_blocks > 16384;
+}
+
+/// The resident path's built-in CTAs per row for `rows` rows of `max_blocks` blocks on a device
+/// of `sms` multiprocessors: as many as spread the call's rows over the device (sms / rows), at
+/// least the CTAs the row needs (32768 scores each), at most 16 (8 where the device cannot
+/// schedule clusters of 16: `cluster16`) and at most the row's 2048-block tiles. 1 x 131072 and
+/// 8 x 262144: 16 CTAs; 64 x 131072: 4 (two waves of full CTAs rather than many of small ones).
+constexpr int resident_ctas_for(int max_blocks, int rows, int sms, bool cluster16) {
+  const int tiles = (max_blocks + 2047) / 2048;
+  const int need = (max_blocks + 32767) / 32768;
+  const int cap = cluster16 ? 16 : 8;
+  int c = rows > 0 ? sms / rows : sms;
+  c = c < need ? need : c;
+  c = c > cap ? cap : c;
+  c = c > tiles ? tiles : c;
+  return c < 1 ? 1 : c;
+}
+
+/// Scores per CTA of the resident path for rows of `max_blocks` blocks over `ctas` CTAs: whole
+/// 2048-block tiles, ceil(max_blocks / ctas) rounded up; the CTAs used are
+/// ceil(max_blocks / seg) (no CTA empty).
+constexpr int resident_seg_for(int max_blocks, int ctas) {
+  const int per = ctas < 1 ? max_blocks : (max_blocks + ctas - 1) / ctas;
+  const int s = (per + 2047) / 2048 * 2048;
+  return s < 2048 ? 2048 : s;
+}
 
 /// Whether the library's own calls take the decode path (launched with programmatic dependent
 /// launch) for a topk of k <= 64 over `rows` rows of `max_blocks` blocks: rows of up to 8192

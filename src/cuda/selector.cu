@@ -19,6 +19,7 @@
 #include "select/common.cuh"
 #include "select/decode.cuh"
 #include "select/policy.cuh"
+#include "select/resident.cuh"
 #include "select/small.cuh"
 #include "select/spread.cuh"
 #include "select/stream.cuh"
@@ -44,6 +45,23 @@ static_assert(decode_items_for(4096, decode_threads_for(4096)) == 16 &&
                       kDecodeMaxItems &&
                   decode_items_for(kDecodeMaxBlocks + 1, kDecodeMaxThreads) == 0,
               "the decode path's built-in choice fits every row it takes, and no longer one");
+
+static_assert(resident_seg_for(kResidentMaxBlocks, resident_ctas_for(kResidentMaxBlocks, 1, 132,
+                                                                     true)) <= kResidentMaxSeg &&
+                  resident_seg_for(kResidentMaxBlocks,
+                                   resident_ctas_for(kResidentMaxBlocks, 1000, 132, false)) <=
+                      kResidentMaxSeg &&
+                  resident_seg_for(1, resident_ctas_for(1, 1, 132, true)) == kResidentTile &&
+                  resident_ctas_for(131072, 1, 132, true) == 16 &&
+                  resident_ctas_for(131072, 8, 132, false) == 8 &&
+                  resident_ctas_for(131072, 64, 132, true) == 4 &&
+                  resident_ctas_for(262144, 64, 132, true) == 8 &&
+                  resident_ctas_for(4096, 1, 132, true) == 2 &&
+                  resident_seg_for(131072, 16) == 8192 && resident_seg_for(40001, 16) == 4096,
+              "the resident path's built-in choice holds every row it takes, in whole tiles");
+static_assert(kResidentMaxBlocks == kMaxClusterBlocks, "the resident path takes every fast row");
+static_assert(resident_smem_bytes(kResidentMaxSeg) <= 227 * 1024,
+              "a CTA holding the longest segment fits an sm_90 multiprocessor");
 
 bool is_set_kind(Kind k) {
   return k == Kind::kNeighbors || k == Kind::kAnchor || k == Kind::kAnchorNeighbors ||
@@ -434,6 +452,102 @@ cudaError_t launch_spread(const TopmParams& tp, int rows, int ctas, const Worksp
   return cudaLaunchKernelEx(&cfg, spread_topm_kernel, sp);
 }
 
+/// Sets the resident kernel's attributes (shared memory for the longest segment, clusters
+/// beyond the portable 8) and fills `cfg` for `rows` clusters of `ctas` CTAs holding `seg` scores.
+cudaError_t resident_config(int rows, int ctas, int seg, bool pdl, cudaLaunchAttribute* attr,
+                            cudaLaunchConfig_t& cfg, cudaStream_t stream) {
+  KVC_CUDA_CALL(cudaFuncSetAttribute(resident_topm_kernel,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(resident_smem_bytes(kResidentMaxSeg))));
+  KVC_CUDA_CALL(cudaFuncSetAttribute(resident_topm_kernel,
+                                     cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     cudaSharedmemCarveoutMaxShared));
+  if (ctas > kResidentPortableCtas) {
+    KVC_CUDA_CALL(cudaFuncSetAttribute(resident_topm_kernel,
+                                       cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  }
+  cfg = cudaLaunchConfig_t{};
+  cfg.gridDim = dim3(static_cast<unsigned>(ctas) * static_cast<unsigned>(rows), 1, 1);
+  cfg.blockDim = dim3(kResidentThreads, 1, 1);
+  cfg.dynamicSmemBytes = resident_smem_bytes(seg);
+  cfg.stream = stream;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(ctas);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 2 : 1;
+  return cudaSuccess;
+}
+
+/// Whether the current device schedules a cluster of `ctas` resident CTAs holding `seg` scores
+/// each (beyond 8 CTAs that depends on the device and the shared memory per CTA).
+bool resident_cluster_fits(int ctas, int seg) {
+  cudaLaunchAttribute attr[2];
+  cudaLaunchConfig_t cfg;
+  int clusters = 0;
+  if (resident_config(1, ctas, seg, false, attr, cfg, nullptr) != cudaSuccess ||
+      cudaOccupancyMaxActiveClusters(&clusters, resident_topm_kernel, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();  // a refused query is an answer, not an error of the call
+    return false;
+  }
+  return clusters >= 1;
+}
+
+/// Whether the built-in choice may use clusters of 16 on the current device: they fit at the
+/// longest segment it gives them (rows of kResidentMaxBlocks: 16384 scores). Queried once per
+/// device.
+bool resident_cluster16() {
+  static std::atomic<int> cached[64] = {};  // 0 unknown, 1 no, 2 yes
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  int v = cached[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = resident_cluster_fits(kResidentMaxCtas,
+                              resident_seg_for(kResidentMaxBlocks, kResidentMaxCtas))
+            ? 2
+            : 1;
+    cached[dev].store(v, std::memory_order_relaxed);
+  }
+  return v == 2;
+}
+
+/// The resident path over `rows` rows with `ctas` CTAs per row (0: resident_ctas_for), with
+/// programmatic dependent launch when `pdl`, finishing by the scattered ranking when `scatter`.
+/// cudaErrorInvalidValue for a count out of [1, 16], a row longer than the CTAs hold, or a
+/// pinned cluster of more than 8 CTAs that the device cannot schedule.
+cudaError_t launch_resident(const TopmParams& tp, int rows, int ctas, bool pdl, bool scatter,
+                            cudaStream_t stream) {
+  const int N = tp.max_blocks;
+  const bool pinned = ctas != 0;
+  if (!pinned) ctas = resident_ctas_for(N, rows, device_sms(), resident_cluster16());
+  if (ctas < 1 || ctas > kResidentMaxCtas) return cudaErrorInvalidValue;
+  const int seg = resident_seg_for(N, ctas);
+  if (seg > kResidentMaxSeg) return cudaErrorInvalidValue;
+  const int used = (N + seg - 1) / seg;
+  if (pinned && used > kResidentPortableCtas && !resident_cluster_fits(used, seg)) {
+    return cudaErrorInvalidValue;
+  }
+  ResidentParams rp;
+  rp.t = tp;
+  rp.seg = seg;
+  rp.scatter = scatter;
+  cudaLaunchAttribute attr[2];
+  cudaLaunchConfig_t cfg;
+  KVC_CUDA_CALL(resident_config(rows, used, seg, pdl, attr, cfg, stream));
+  return cudaLaunchKernelEx(&cfg, resident_topm_kernel, rp);
+}
+
+/// True when `tuning` pins a variant of a path other than the resident one (the built-in
+/// choice then keeps to the paths as they were before the resident path).
+bool pins_other_path(const SelectTuning& t) {
+  return t.small_items != 0 || t.no_small || t.stream_ctas != 0 || t.stream_trigger != 0 ||
+         t.no_stream || t.spread_ctas != 0 || t.force_spread || t.no_spread ||
+         t.decode_threads != 0 || t.force_decode || t.no_decode || t.decode_pdl;
+}
+
 }  // namespace
 
 cudaError_t select_workspace_bound(std::size_t& temp_bytes, int max_rows, int max_blocks,
@@ -524,47 +638,63 @@ cudaError_t select_tuned(void* d_temp, std::size_t& temp_bytes, const ScoresView
     tp.out_counts = out.counts;
     tp.max_selected = out.max_selected;
     if (report != nullptr) tp.report = *report;
-    // The decode path: topk of k <= 64 over rows of <= 32768 blocks, where chosen (a call
-    // pinning a small-path or cluster variant keeps it unless the decode path is asked for).
-    const bool decode_default = decode_path_by_default(s.rows, N) && tuning.small_items == 0 &&
-                                !tuning.no_small && !tuning.force_decode &&
-                                tuning.decode_threads == 0;
-    const bool decode = policy.kind == Kind::kTopK && s.m <= kDecodeMaxRanks &&
-                        N <= kDecodeMaxBlocks && !tuning.no_decode &&
-                        (decode_default || tuning.force_decode || tuning.decode_threads != 0);
-    if (decode) {
-      tp.direct_topk = true;  // every field set; the decode kernel writes topk's outputs itself
-      return launch_decode(tp, s.rows, tuning.decode_threads,
-                           tuning.decode_pdl || decode_default, stream);
-    }
-    const bool small = !tuning.no_small && s.m <= kSmallMaxRanks && N <= kSmallMaxBlocks;
-    // The spread path where a call's rows leave most of the GPU idle on the streaming path.
-    // (A call pinning a streaming or cluster variant does not spread unless asked to.)
-    const bool spread = !small && s.spread_rows > 0 && !tuning.no_spread &&
-                        (tuning.force_spread || tuning.spread_ctas != 0 ||
-                         (s.rows <= kSpreadDefaultRows && N > kSpreadCap && !tuning.no_stream &&
-                          tuning.stream_ctas == 0 && tuning.stream_trigger == 0));
-    const bool streamed =
-        !small && !spread && !tuning.no_stream && s.m <= kStreamMaxRanks && !tp.need_mass;
-    // The small kernel finishes topk in every order, the others in score order.
-    tp.direct_topk =
-        policy.kind == Kind::kTopK && (small || policy.order == SelectPolicy::Order::kScore);
-    if (small) {
-      const int items = tuning.small_items != 0 ? tuning.small_items : small_items_for(N);
-      KVC_CUDA_CALL(launch_small_items(items, tp, s.rows, stream));
-    } else if (spread) {
-      KVC_CUDA_CALL(launch_spread(tp, s.rows, tuning.spread_ctas, ws, stream));
-    } else if (streamed) {
-      const int ctas = tuning.stream_ctas != 0 ? tuning.stream_ctas : stream_ctas_for(N, s.rows);
-      const int trigger =
-          tuning.stream_trigger != 0 ? tuning.stream_trigger : kStreamDefaultTrigger;
-      KVC_CUDA_CALL(launch_stream(tp, s.rows, ctas, trigger, stream));
-    } else if (N <= kMaxCluster * kThreads * 8) {
-      KVC_CUDA_CALL(launch_topm<8>(tp, s.rows, stream));
-    } else if (N <= kMaxCluster * kThreads * 32) {
-      KVC_CUDA_CALL(launch_topm<32>(tp, s.rows, stream));
+    // The resident path where pinned (ahead of every other path), or by default on the shapes
+    // the spread path took before it (tuning.h, resident_path_by_default).
+    const bool resident_fits = s.m <= kResidentMaxRanks && !tp.need_mass && N <= kResidentMaxBlocks;
+    const bool resident_default = !pins_other_path(tuning) &&
+                                  spread_eligible(s.m, N, policy.kind) &&
+                                  resident_path_by_default(s.rows, N);
+    const bool resident = resident_fits && !tuning.no_resident &&
+                          (tuning.force_resident || tuning.resident_ctas != 0 ||
+                           tuning.resident_pdl || tuning.resident_scatter || resident_default);
+    if (resident) {
+      // topk in score order finishes in the leader CTAs; the rest goes to stage B.
+      tp.direct_topk = policy.kind == Kind::kTopK && policy.order == SelectPolicy::Order::kScore;
+      KVC_CUDA_CALL(launch_resident(tp, s.rows, tuning.resident_ctas, tuning.resident_pdl,
+                                    tuning.resident_scatter, stream));
     } else {
-      KVC_CUDA_CALL(launch_topm<64>(tp, s.rows, stream));
+      // The decode path: topk of k <= 64 over rows of <= 32768 blocks, where chosen (a call
+      // pinning a small-path or cluster variant keeps it unless the decode path is asked for).
+      const bool decode_default = decode_path_by_default(s.rows, N) && tuning.small_items == 0 &&
+                                  !tuning.no_small && !tuning.force_decode &&
+                                  tuning.decode_threads == 0;
+      const bool decode = policy.kind == Kind::kTopK && s.m <= kDecodeMaxRanks &&
+                          N <= kDecodeMaxBlocks && !tuning.no_decode &&
+                          (decode_default || tuning.force_decode || tuning.decode_threads != 0);
+      if (decode) {
+        tp.direct_topk = true;  // every field set; the decode kernel writes topk's outputs itself
+        return launch_decode(tp, s.rows, tuning.decode_threads, tuning.decode_pdl || decode_default,
+                             stream);
+      }
+      const bool small = !tuning.no_small && s.m <= kSmallMaxRanks && N <= kSmallMaxBlocks;
+      // The spread path where a call's rows leave most of the GPU idle on the streaming path.
+      // (A call pinning a streaming or cluster variant does not spread unless asked to.)
+      const bool spread = !small && s.spread_rows > 0 && !tuning.no_spread &&
+                          (tuning.force_spread || tuning.spread_ctas != 0 ||
+                           (s.rows <= kSpreadDefaultRows && N > kSpreadCap && !tuning.no_stream &&
+                            tuning.stream_ctas == 0 && tuning.stream_trigger == 0));
+      const bool streamed =
+          !small && !spread && !tuning.no_stream && s.m <= kStreamMaxRanks && !tp.need_mass;
+      // The small kernel finishes topk in every order, the others in score order.
+      tp.direct_topk =
+          policy.kind == Kind::kTopK && (small || policy.order == SelectPolicy::Order::kScore);
+      if (small) {
+        const int items = tuning.small_items != 0 ? tuning.small_items : small_items_for(N);
+        KVC_CUDA_CALL(launch_small_items(items, tp, s.rows, stream));
+      } else if (spread) {
+        KVC_CUDA_CALL(launch_spread(tp, s.rows, tuning.spread_ctas, ws, stream));
+      } else if (streamed) {
+        const int ctas = tuning.stream_ctas != 0 ? tuning.stream_ctas : stream_ctas_for(N, s.rows);
+        const int trigger =
+            tuning.stream_trigger != 0 ? tuning.stream_trigger : kStreamDefaultTrigger;
+        KVC_CUDA_CALL(launch_stream(tp, s.rows, ctas, trigger, stream));
+      } else if (N <= kMaxCluster * kThreads * 8) {
+        KVC_CUDA_CALL(launch_topm<8>(tp, s.rows, stream));
+      } else if (N <= kMaxCluster * kThreads * 32) {
+        KVC_CUDA_CALL(launch_topm<32>(tp, s.rows, stream));
+      } else {
+        KVC_CUDA_CALL(launch_topm<64>(tp, s.rows, stream));
+      }
     }
     if (tp.direct_topk) return cudaSuccess;  // stage B ran in the leader CTAs
     ranked = ws.topm;

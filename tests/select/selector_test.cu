@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -379,7 +380,7 @@ cudaStream_t pdl_stream() {
 Result run_gpu_tuned(DeviceBatch& d, const SelectPolicy& p,
                      const kernels::select_detail::SelectTuning& tuning) {
   d.poison();
-  const cudaStream_t stream = tuning.decode_pdl ? pdl_stream() : nullptr;
+  const cudaStream_t stream = tuning.decode_pdl || tuning.resident_pdl ? pdl_stream() : nullptr;
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the poison, before a non-blocking stream
   const ScoresView in = d.in();
   const SelectionView out = d.out();
@@ -736,6 +737,172 @@ TEST(Cuda_Selector_Spread, GridTooLargeIsRejected) {
                                                    nullptr),
               cudaErrorInvalidValue)
         << "ctas " << ctas;
+    KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+    for (auto v : d.ids.download()) ASSERT_EQ(v, 0x5a5a5a5a) << "written by a rejected call";
+  }
+}
+
+// --- the resident path (kernels/select/resident.cuh) ---------------------------------------------
+
+// Whether the device schedules the resident path's clusters of 16 CTAs (non-portable: a device
+// may refuse them, and then the pinned variant is rejected with cudaErrorInvalidValue).
+bool device_takes_cluster16() {
+  static const bool takes = [] {
+    Gen gen;
+    const Batch b = make_batch(gen, 1, 262144, Style::kNormal);
+    DeviceBatch d(b, 2048, 2048);
+    kernels::select_detail::SelectTuning t;
+    t.resident_ctas = 16;
+    std::size_t need = 0;
+    const SelectPolicy p = SelectPolicy::topk(2048);
+    if (kernels::select_detail::select_tuned(nullptr, need, d.in(), p, d.out(), nullptr, t,
+                                             nullptr) != cudaSuccess) {
+      return false;
+    }
+    DeviceArray<unsigned char> w(std::max<std::size_t>(need, 1));
+    const cudaError_t e = kernels::select_detail::select_tuned(w.get(), need, d.in(), p, d.out(),
+                                                               nullptr, t, nullptr);
+    cudaDeviceSynchronize();
+    if (e != cudaSuccess) std::printf("[ NOTE ] the device refuses clusters of 16: skipped\n");
+    return e == cudaSuccess;
+  }();
+  return takes;
+}
+
+kernels::select_detail::SelectTuning resident_tuning(int ctas, bool pdl = false,
+                                                     bool scatter = false) {
+  kernels::select_detail::SelectTuning t;
+  t.force_resident = true;
+  t.resident_ctas = ctas;
+  t.resident_pdl = pdl;
+  t.resident_scatter = scatter;
+  return t;
+}
+
+// The resident path pinned: the built-in CTA count and pinned ones (1: one CTA, no remote
+// memory; 2; 5: a cluster that is not a power of two; 8; 16: the non-portable cluster; 2 and 16
+// with programmatic dependent launch), each with the gather and the scattered finish, row
+// lengths on and off the 2048-block tiles up to what the CTAs hold, every policy but top_p and
+// every order, m from 2 to 2049 (k = 1 .. 2048, and k >= n: every valid block, no radix pass),
+// every style (sorted rows, heavy ties, NaN), the special rows.
+TEST(Cuda_Selector_Resident, EveryVariantEveryPolicyMatchesCpu) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  const Kind resident_kinds[] = {Kind::kTopK,         Kind::kNeighbors,           Kind::kThreshold,
+                                 Kind::kAnchor,       Kind::kAnchorNeighbors,     Kind::kExplicit,
+                                 Kind::kScoreCluster, Kind::kScoreClusterAdaptive};
+  const int counts[] = {0, 1, 2, 5, 8, 16};
+  for (int variant = 0; variant < 12; ++variant) {
+    const int ctas = counts[variant % 6];
+    const bool scatter = variant >= 6;         // both finishes on every count
+    const bool pdl = ctas == 2 || ctas == 16;  // programmatic dependent launch on two
+    const auto tuning = resident_tuning(ctas, pdl, scatter);
+    SCOPED_TRACE("resident ctas " + std::to_string(ctas) + " pdl " + std::to_string(pdl) +
+                 " scatter " + std::to_string(scatter));
+    if (ctas > 8 && !device_takes_cluster16()) continue;
+    const int longest = ctas == 0 ? 262144 : ctas * 32768;
+    for (int max_blocks : {1, 300, 2048, 2049, 16385, 40001, 65536 + 4, 131072, 262144}) {
+      if (max_blocks > longest || capped(max_blocks) != max_blocks) continue;
+      SCOPED_TRACE("max_blocks " + std::to_string(max_blocks));
+      const Batch b = make_batch(gen, 4, max_blocks, gen.style());
+      check_policy_tuned(gen, b, stream_policy(gen, resident_kinds[gen.uniform(0, 7)], max_blocks),
+                         tuning);
+      if (HasFatalFailure()) return;
+      const int ks[] = {1, 8, 64, 65, 512, 2048};
+      check_policy_tuned(gen, b, SelectPolicy::topk(ks[gen.uniform(0, 5)]), tuning);
+      if (HasFatalFailure()) return;
+    }
+    for (int st = 0; st < static_cast<int>(Style::kCount); ++st) {
+      SCOPED_TRACE("style " + std::to_string(st));
+      const Batch b =
+          make_batch(gen, 3, capped(std::min(longest, gen.uniform(0, 1) ? 262144 : 32768 - 5)),
+                     static_cast<Style>(st));
+      const int ks[] = {1, 65, 512, 1024, 2048};
+      check_policy_tuned(gen, b, SelectPolicy::topk(ks[gen.uniform(0, 4)]), tuning);
+      if (HasFatalFailure()) return;
+    }
+    for (int max_blocks : {16385, capped(std::min(longest, 262144))}) {
+      SCOPED_TRACE("special rows, max_blocks " + std::to_string(max_blocks));
+      const Batch b = special_batch(max_blocks);
+      for (int k : {1, 64, 2048}) {
+        check_policy_tuned(gen, b, SelectPolicy::topk(k), tuning);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+  // top_p does not take the path: the pinned call falls through to the other paths.
+  const Batch b = make_batch(gen, 3, capped(131072), Style::kNormal);
+  check_policy_tuned(gen, b, SelectPolicy::top_p(0.9f, 1, 512), resident_tuning(0));
+}
+
+// Many rows on the path (more clusters than the device holds at once) and the decode shapes
+// (k <= 64, where the decode and small paths are the built-in choice).
+TEST(Cuda_Selector_Resident, ManyRowsAndDecodeShapesMatchCpu) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  struct Case {
+    int rows, max_blocks, k, ctas;
+  };
+  for (const Case& c : {Case{64, capped(131072), 2048, 4}, Case{40, capped(65536 + 8), 1024, 0},
+                        Case{8, 4096, 8, 0}, Case{1, capped(32768), 64, 0},
+                        Case{8, capped(32768), 64, 16}, Case{17, 4097, 65, 2}}) {
+    for (bool scatter : {false, true}) {
+      SCOPED_TRACE("rows " + std::to_string(c.rows) + " max_blocks " +
+                   std::to_string(c.max_blocks) + " k " + std::to_string(c.k) + " ctas " +
+                   std::to_string(c.ctas) + " scatter " + std::to_string(scatter));
+      const Batch b = make_batch(gen, c.rows, c.max_blocks, gen.style());
+      if (c.ctas > 8 && !device_takes_cluster16()) continue;
+      check_policy_tuned(gen, b, SelectPolicy::topk(c.k), resident_tuning(c.ctas, false, scatter));
+      if (HasFatalFailure()) return;
+    }
+  }
+}
+
+// The old paths where the built-in choice now takes the resident path (no_resident: the spread
+// path; no_spread: the streaming path), and the built-in choice itself on its shapes.
+TEST(Cuda_Selector_Resident, OldPathsAndBuiltInChoiceMatchCpu) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  kernels::select_detail::SelectTuning old_path;
+  old_path.no_resident = true;
+  const Batch b = make_batch(gen, 2, capped(262144), gen.style());
+  check_policy_tuned(gen, b, SelectPolicy::topk(2048), old_path);
+  if (HasFatalFailure()) return;
+  check_policy_tuned(gen, b, SelectPolicy::topk(2048), kernels::select_detail::SelectTuning{});
+  if (HasFatalFailure()) return;
+  auto sel = Selector::create(Device::cuda(0));
+  for (int max_blocks : {16385, capped(131072)}) {
+    const Batch c = make_batch(gen, 16, max_blocks, gen.style());
+    check_policy(gen, *sel, c, SelectPolicy::topk(gen.uniform(0, 1) ? 2048 : 100));
+    if (HasFatalFailure()) return;
+  }
+}
+
+// A pinned count out of range, or a row longer than the pinned CTAs hold: rejected before
+// anything is written.
+TEST(Cuda_Selector_Resident, VariantOutOfRangeIsRejected) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  struct Case {
+    int max_blocks, ctas;
+  };
+  for (const Case& c : {Case{4096, -1}, Case{4096, 17}, Case{32768 + 4, 1}, Case{131072, 3}}) {
+    const Batch b = make_batch(gen, 2, c.max_blocks, Style::kNormal);
+    DeviceBatch d(b, 512, 512);
+    d.poison();
+    const SelectPolicy p = SelectPolicy::topk(512);
+    std::size_t need = 0;
+    ASSERT_EQ(kernels::select_detail::select_tuned(nullptr, need, d.in(), p, d.out(), nullptr,
+                                                   resident_tuning(c.ctas), nullptr),
+              cudaSuccess);
+    DeviceArray<unsigned char> w(std::max<std::size_t>(need, 1));
+    EXPECT_EQ(kernels::select_detail::select_tuned(w.get(), need, d.in(), p, d.out(), nullptr,
+                                                   resident_tuning(c.ctas), nullptr),
+              cudaErrorInvalidValue)
+        << "max_blocks " << c.max_blocks << " ctas " << c.ctas;
     KVC_ASSERT_CUDA(cudaDeviceSynchronize());
     for (auto v : d.ids.download()) ASSERT_EQ(v, 0x5a5a5a5a) << "written by a rejected call";
   }
