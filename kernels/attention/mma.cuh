@@ -671,6 +671,143 @@ __device__ __forceinline__ void mma_run(int v, int end, Rows&& rows, Next&& next
   }
 }
 
+/// A warp's share of a tensor-core CTA: its warp group (which tiles it attends), its slice of
+/// the head dims [dim0, dim0 + kSlice), and the slice's byte offsets in a 16-bit row (off16) and
+/// in the K / V rows of old format F (k_off, v_off).
+template <int D, OldKind F>
+struct MmaWarp {
+  int group, slice, dim0, off16, k_off, v_off;
+  __device__ __forceinline__ MmaWarp() {
+    const int warp = threadIdx.x / 32;
+    group = warp / MmaSplit<D>::kSplit;
+    slice = warp % MmaSplit<D>::kSplit;
+    dim0 = slice * MmaSplit<D>::kSlice;
+    off16 = 2 * dim0;
+    k_off = F == OldKind::kQ8 ? dim0 : 2 * dim0;
+    v_off = F == OldKind::kQ8 ? dim0 : F == OldKind::kQ4v ? dim0 / 2 : 2 * dim0;
+  }
+};
+
+/// The start of a tensor-core CTA: lets the dependent combine launch get ready (programmatic
+/// dependent launch: it waits for this grid's completion before reading anything), and returns
+/// blockIdx's coordinates with `c` filled by what needs only the slot (init_row_addr) and the
+/// padded ring and block lengths of the virtual list.
+template <int D>
+__device__ __forceinline__ CtaCoords mma_cta_begin(const DecodeParams& p, MmaCtx& c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+  const CtaCoords cta = cta_coords(p);
+  init_row_addr<D>(p, cta, c);
+  c.W16 = p.plain ? 0 : static_cast<int>(round16(p.s.recent_window));
+  c.B16 = p.plain ? 0 : static_cast<int>(round16(p.s.block_size));
+  return cta;
+}
+
+/// Loads the query heads of a CTA's column tile: lane (g, cc) holds head column col0 + g (zeros
+/// past the group), dims dim0 + [32 j + 8 cc, +8) of its warp's slice of S dims (starting
+/// off16 bytes into a 16-bit row), the B operand of the QK mma.
+template <int D, int S>
+__device__ __forceinline__ void mma_load_query(const DecodeParams& p, const RowCtx& c, int col0,
+                                               int off16, std::uint32_t (&q)[S / 8]) {
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4, cc = lane % 4;
+  const int gi = col0 + g;
+#pragma unroll
+  for (int i = 0; i < S / 8; ++i) q[i] = 0u;
+  if (gi < p.G) {
+    const std::uint8_t* qp =
+        reinterpret_cast<const std::uint8_t*>(
+            p.q + (static_cast<std::size_t>(c.bt) * p.Hq + c.h * p.G + gi) * D) +
+        off16;
+#pragma unroll
+    for (int j = 0; j < S / 32; ++j) load_run<16>(qp + j * 64 + cc * 16, &q[4 * j]);
+  }
+}
+
+/// The selected indices [lo, hi] a chunk [c0, c1) of a kBlockSelectExact row can read with `n`
+/// selected blocks; false when none (or another mode, or a plain cache).
+__device__ __forceinline__ bool selected_range(const DecodeParams& p, const MmaCtx& c, int c0,
+                                               int c1, int n, int& lo, int& hi) {
+  if (p.plain || p.mode != static_cast<int>(AttentionMode::kBlockSelectExact)) return false;
+  const int sel0 = c.W16 + c.B16;
+  const int u_lo = c0 - sel0 > 0 ? c0 - sel0 : 0;
+  const int u_hi = c1 - sel0 < n * p.s.block_size ? c1 - sel0 : n * p.s.block_size;
+  if (u_lo >= u_hi) return false;
+  lo = fast_div(u_lo, p.div_block);
+  hi = fast_div(u_hi - 1, p.div_block);
+  return true;
+}
+
+/// Stages in `list` the pool ids of the selected blocks a chunk [c0, c1) of a kBlockSelectExact
+/// row reads (-1: an id skipped, outside [0, closed)) and sets c.list_lo; only a chunk that
+/// reaches the selected blocks waits for the selection (uniform; ends with a barrier then).
+__device__ __forceinline__ void stage_selected_ids(const DecodeParams& p, MmaCtx& c, int* list,
+                                                   int c0, int c1) {
+  if (p.plain || p.mode != static_cast<int>(AttentionMode::kBlockSelectExact)) return;
+  if (c1 <= c.W16 + c.B16) return;
+  int lo = 0, hi = -1;
+  if (selected_range(p, c, c0, c1, c.sel_count, lo, hi)) {
+    c.list_lo = lo;
+    for (int i = lo + static_cast<int>(threadIdx.x); i <= hi; i += kThreads) {
+      const int id = c.sel_ids[i];
+      list[i - lo] = id >= 0 && id < c.closed ? c.table[id] : -1;
+    }
+  }
+  __syncthreads();
+}
+
+/// An empty online-softmax state.
+template <int S>
+__device__ __forceinline__ void mma_state_init(MmaState<S>& st) {
+#pragma unroll
+  for (int mt = 0; mt < S / 16; ++mt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) st.o[mt][i] = 0.0f;
+  }
+#pragma unroll
+  for (int col = 0; col < 2; ++col) {
+    st.m[col] = -INFINITY;
+    st.l[col] = 0.0f;
+  }
+}
+
+/// Ends a warp's walk: l summed over the 8 lanes of a column, then the warp's state written as
+/// its group's slot of `mg` (the warps of a group hold the same m and l, each its slice of the
+/// dims). Barriers before (whatever `mg` overlays is no longer read) and after the writes.
+template <int D, int S, class Merge>
+__device__ __forceinline__ void mma_store_group_state(MmaState<S>& st, Merge& mg, int group,
+                                                      int slice, int dim0) {
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4, cc = lane % 4;
+#pragma unroll
+  for (int col = 0; col < 2; ++col) {
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {
+      st.l[col] += __shfl_xor_sync(0xffffffffu, st.l[col], off);
+    }
+  }
+  __syncthreads();
+  // Lane (g, cc), column 2cc + i, m-tile 4h + e holds dims dim0 + 64h + 8g + 2e + b in
+  // o[4h + e][2b + i].
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int h = 0; h < S / 64; ++h) {
+      float* dst = &mg.acc[group][2 * cc + i][dim0 + 64 * h + 8 * g];
+      *reinterpret_cast<float4*>(dst) = make_float4(st.o[4 * h][i], st.o[4 * h][2 + i],
+                                                    st.o[4 * h + 1][i], st.o[4 * h + 1][2 + i]);
+      *reinterpret_cast<float4*>(dst + 4) = make_float4(st.o[4 * h + 2][i], st.o[4 * h + 2][2 + i],
+                                                        st.o[4 * h + 3][i], st.o[4 * h + 3][2 + i]);
+    }
+    if (g == 0 && slice == 0) {
+      mg.m[group][2 * cc + i] = st.m[i];
+      mg.l[group][2 * cc + i] = st.l[i];
+    }
+  }
+  __syncthreads();
+}
+
 template <int D>
 struct MmaSmem {
   union {
@@ -685,29 +822,15 @@ __global__ void __launch_bounds__(kThreads, 3)
     mma_decode_kernel(const __grid_constant__ DecodeParams p) {
   using Sp = MmaSplit<D>;
   constexpr int S = Sp::kSlice;
-  using Sh = MmaShape<S, F>;
   using Sh16 = MmaShape<S, OldKind::k16>;
   __shared__ MmaSmem<D> sm;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Let the combine launch (programmatic dependent launch) get ready while this grid runs; it
-  // waits for this grid's completion before reading anything.
-  asm volatile("griddepcontrol.launch_dependents;");
-#endif
-  const CtaCoords cta = cta_coords(p);
-  const int chunk = cta.chunk, c0 = cta.c0, c1 = cta.c1;
   MmaCtx c;
-  init_row_addr<D>(p, cta, c);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, cc = lane % 4;
-  const int group = warp / Sp::kSplit, slice = warp % Sp::kSplit;
-  const int dim0 = slice * S;  // the warp's head dims: [dim0, dim0 + S)
-  // Byte offsets of the slice in a 16-bit row and in an old row of format F.
-  const int off16 = 2 * dim0;
-  const int k_off = F == OldKind::kQ8 ? dim0 : 2 * dim0;
-  const int v_off = F == OldKind::kQ8 ? dim0 : F == OldKind::kQ4v ? dim0 / 2 : 2 * dim0;
+  const CtaCoords cta = mma_cta_begin<D>(p, c);
+  const int chunk = cta.chunk, c0 = cta.c0, c1 = cta.c1;
+  const MmaWarp<D, F> wp;
+  const int group = wp.group, slice = wp.slice, dim0 = wp.dim0;
+  const int off16 = wp.off16, k_off = wp.k_off, v_off = wp.v_off;
   const int col0 = cta.tile * kMmaCols;
-  c.W16 = p.plain ? 0 : static_cast<int>(round16(p.s.recent_window));
-  c.B16 = p.plain ? 0 : static_cast<int>(round16(p.s.block_size));
   SliceSum<Sp::kSplit> sum{sm.slice_sums, group, slice, 0};
   constexpr int kStep = Sp::kGroups * kMmaTile;  // rows between a group's tiles
 
@@ -745,57 +868,15 @@ __global__ void __launch_bounds__(kThreads, 3)
     prefetch(v_first + kStep);
   }
 
-  // --- the query heads: lane (g, cc) holds head column g, dims dim0 + [32 j + 8 cc, +8) ---
   std::uint32_t q[Sh16::kQW];
-  {
-    const int gi = col0 + g;
-#pragma unroll
-    for (int i = 0; i < Sh16::kQW; ++i) q[i] = 0u;
-    if (gi < p.G) {
-      const std::uint8_t* qp =
-          reinterpret_cast<const std::uint8_t*>(
-              p.q + (static_cast<std::size_t>(c.bt) * p.Hq + c.h * p.G + gi) * D) +
-          off16;
-#pragma unroll
-      for (int j = 0; j < S / 32; ++j) load_run<16>(qp + j * 64 + cc * 16, &q[4 * j]);
-    }
-  }
+  mma_load_query<D, S>(p, c, col0, off16, q);
 
   init_row_range(p, c);  // the first wait for the length
-  if (!p.plain) {
-    const StoreView& s = p.s;
-    // Only a chunk that reaches the selected blocks waits for the selection (uniform).
-    if (p.mode == static_cast<int>(AttentionMode::kBlockSelectExact) && c1 > c.W16 + c.B16) {
-      // Stage the pool ids of the selected blocks this chunk reads (-1: skipped id).
-      const std::int32_t* ids = c.sel_ids;
-      const int sel0 = c.W16 + c.B16;
-      const int B = s.block_size;
-      const int u_lo = c0 - sel0 > 0 ? c0 - sel0 : 0;
-      const int u_hi = c1 - sel0 < c.sel_count * B ? c1 - sel0 : c.sel_count * B;
-      if (u_lo < u_hi) {
-        c.list_lo = fast_div(u_lo, p.div_block);
-        const int i_hi = fast_div(u_hi - 1, p.div_block);
-        for (int i = c.list_lo + static_cast<int>(threadIdx.x); i <= i_hi; i += kThreads) {
-          const int id = ids[i];
-          sm.u.list[i - c.list_lo] = id >= 0 && id < c.closed ? c.table[id] : -1;
-        }
-      }
-      __syncthreads();
-    }
-  }
+  stage_selected_ids(p, c, sm.u.list, c0, c1);
 
   // --- the group's tiles: every kGroups-th tile of the chunk ---
   MmaState<S> st;
-#pragma unroll
-  for (int mt = 0; mt < Sh::kMT; ++mt) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) st.o[mt][i] = 0.0f;
-  }
-#pragma unroll
-  for (int col = 0; col < 2; ++col) {
-    st.m[col] = -INFINITY;
-    st.l[col] = 0.0f;
-  }
+  mma_state_init(st);
   const AttentionMode mode = static_cast<AttentionMode>(p.mode);
   int v_rest = v_first + (early ? kStep : 0);  // the first tile the loop below attends
   if (early && p.pipeline) {
@@ -875,33 +956,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     }
   }
 
-  // --- merge: l over the 8 lanes of a column, then the groups ---
-#pragma unroll
-  for (int col = 0; col < 2; ++col) {
-#pragma unroll
-    for (int off = 4; off < 32; off <<= 1) {
-      st.l[col] += __shfl_xor_sync(0xffffffffu, st.l[col], off);
-    }
-  }
-  __syncthreads();  // the list is no longer read
-  // Lane (g, cc), column 2cc + i, m-tile 4h + e holds dims dim0 + 64h + 8g + 2e + b in
-  // o[4h + e][2b + i]. The warps of a group have the same m and l (the same logits).
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-#pragma unroll
-    for (int h = 0; h < Sh::kVC; ++h) {
-      float* dst = &sm.u.merge.acc[group][2 * cc + i][dim0 + 64 * h + 8 * g];
-      *reinterpret_cast<float4*>(dst) = make_float4(st.o[4 * h][i], st.o[4 * h][2 + i],
-                                                    st.o[4 * h + 1][i], st.o[4 * h + 1][2 + i]);
-      *reinterpret_cast<float4*>(dst + 4) = make_float4(st.o[4 * h + 2][i], st.o[4 * h + 2][2 + i],
-                                                        st.o[4 * h + 3][i], st.o[4 * h + 3][2 + i]);
-    }
-    if (g == 0 && slice == 0) {
-      sm.u.merge.m[group][2 * cc + i] = st.m[i];
-      sm.u.merge.l[group][2 * cc + i] = st.l[i];
-    }
-  }
-  __syncthreads();
+  mma_store_group_state<D, S>(st, sm.u.merge, group, slice, dim0);
   finish_cta<D, kMmaCols, Sp::kGroups>(p, sm.u.merge, c.bt, c.h, col0, chunk);
 }
 

@@ -1,0 +1,15 @@
+// Staged tensor-core decode-kernel instantiations for head_dim 512 (every old format and 16-bit
+// dtype).
+#include "attention/launch.cuh"
+
+namespace kvc {
+namespace kernels {
+namespace attention_detail {
+
+const void* staged_kernel_d512(OldKind kind, bool bf16) {
+  return staged_kernel_table<512>(kind, bf16);
+}
+
+}  // namespace attention_detail
+}  // namespace kernels
+}  // namespace kvc
