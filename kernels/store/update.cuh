@@ -785,8 +785,8 @@ __device__ __forceinline__ void publish_update(const StoreView& s, const std::in
   }
 }
 
-/// Rows of a block's summary whose loads append_once_kernel, planned_append_kernel and the
-/// staged rows kernel (when it does not stage) keep in flight at a time.
+/// Rows of a block's summary whose loads append_once_kernel, append_lean_kernel and
+/// planned_append_kernel keep in flight at a time.
 constexpr int kSummaryAhead = 8;
 /// Warps per CTA of the staged rows kernel (rows_kernel<E, true>, StoreKernels::kLean).
 constexpr int kStagedWarps = 8;
@@ -795,8 +795,9 @@ template <int E>
 constexpr int staged_batch() {
   return E <= 8 ? 4 : 2;
 }
-/// Rows of a staged block's summary whose shared-memory loads are in flight at a time.
-constexpr int kStagedAhead = 8;
+/// Rows of a staged block's summary whose shared-memory loads are in flight at a time (a few:
+/// shared memory answers fast, and registers bound the CTAs per SM).
+constexpr int kStagedAhead = 4;
 
 // Quantises the tokens that leave the ring and summarises the blocks that close: a CTA per
 // (entry, block touched, head), grid (entries * touched_blocks(count, B) * Hkv, 1, layers), the
@@ -814,11 +815,11 @@ constexpr int kStagedAhead = 8;
 // kStaged = true (kLean): kStagedWarps warps, each issuing the loads of staged_batch<E>() of its
 // rows at once (for B = 32 the CTA has the whole block in flight); with `staged` (dynamic shared
 // memory of stage_bytes(s)) every encoded row's stored bytes are also staged in shared memory,
-// and a block that closes is summarised from there (its rows of earlier updates from the pool),
-// kStagedAhead rows in flight; without, from the pool with kSummaryAhead rows in flight.
+// and a block that closes is summarised from there (its rows of earlier updates from the pool);
+// without, from the pool; kStagedAhead rows in flight either way.
 template <int E, bool kStaged>
 __global__ void __launch_bounds__(kStaged ? 32 * kStagedWarps : 32 * kFastWarps,
-                                  kStaged ? (E <= 4 ? 4 : (E == 8 ? 3 : 2))
+                                  kStaged ? (E <= 4 ? 3 : (E == 8 ? 2 : 1))
                                           : (E <= 4 ? 8 : (E == 8 ? 6 : 4)))
     rows_kernel(StoreView s0, LayerStrides ls, const std::int32_t* slots, int entries, int count,
                 int touched, const std::uint16_t* k, const std::uint16_t* v, bool plan,
@@ -933,7 +934,7 @@ __global__ void __launch_bounds__(kStaged ? 32 * kStagedWarps : 32 * kFastWarps,
           if (use_stage) {
             summarise_rows<kStagedAhead>(s, rows, pb, h, i0);
           } else {
-            summarise4<kSummaryAhead>(s, pb, h, i0);
+            summarise4<kStagedAhead>(s, pb, h, i0);
           }
         }
       }
@@ -1160,8 +1161,7 @@ __device__ __forceinline__ void publish_after_reads(const StoreView& s, const En
 /// encoded into its old row when the store owns its block, on page `fresh` when the block starts
 /// and the caller popped one (the head-0 warp records it in the table), else on the table's; it
 /// is also copied to the 16-bit rows spill_k / spill_v when they are not null. A block that
-/// closes is summarised by the warp, kAhead rows' loads in flight at a time (kSummaryAhead when
-/// mean V is kept and kAhead is larger).
+/// closes is summarised by the warp, kAhead rows' loads in flight at a time.
 template <int E, int kAhead>
 __device__ __forceinline__ void append_row(const StoreView& s, int slot, int L, int h, int lane,
                                            int fresh, const LaneRow<E>& kn, const LaneRow<E>& vn,
@@ -1193,14 +1193,7 @@ __device__ __forceinline__ void append_row(const StoreView& s, int slot, int L, 
   encode_row<E>(s, store::old_row_index(s, pb, h, q % B), ko, vo, lane);
   if ((q + 1) % B == 0) {  // the block closes: its last row is this warp's
     __syncwarp();
-    for (int i0 = 4 * lane; i0 < d; i0 += 4 * 32) {
-      // Past kSummaryAhead rows in flight only without mean V (twice the registers).
-      if (kAhead > kSummaryAhead && (s.summaries & kSummaryMeanV) != 0) {
-        summarise4<kSummaryAhead>(s, pb, h, i0);
-      } else {
-        summarise4<kAhead>(s, pb, h, i0);
-      }
-    }
+    for (int i0 = 4 * lane; i0 < d; i0 += 4 * 32) summarise4<kAhead>(s, pb, h, i0);
   }
 }
 
@@ -1250,16 +1243,11 @@ __global__ void __launch_bounds__(32 * kWarps)
 // 2. a warp of its own (the CTA's last, serving no row) counts the CTA on the done-counter and,
 //    in the last CTA, publishes lengths and the free count (publish_after_reads), off the rows'
 //    path;
-// 3. the rows are append_row as in append_once_kernel (same pops, ranks and payloads), a closing
-//    block's summary with kLeanSummaryAhead rows' loads in flight instead of kSummaryAhead
-//    (with staggered lengths some row of a B64 batch closes in most steps, and the launch lasts
-//    as long as its slowest warp).
+// 3. the rows are append_row as in append_once_kernel (same pops, ranks and payloads).
 
-/// Row warps per CTA of append_lean_kernel (plus its publishing warp).
-constexpr int kLeanRowWarps = 16;
-/// Rows of a closing block's summary whose loads append_lean_kernel keeps in flight at a time
-/// (half of a 32-token block's rows per round; kSummaryAhead when mean V is kept).
-constexpr int kLeanSummaryAhead = 16;
+/// Row warps per CTA of append_lean_kernel, plus its publishing warp: 512 threads, so that the
+/// kernel has append_once_kernel's register budget (128; with 17 warps ptxas spilled).
+constexpr int kLeanRowWarps = 15;
 
 /// Every entry's slot and every slot's length as a CTA of append_lean_kernel read them (shared
 /// memory).
@@ -1321,7 +1309,7 @@ __device__ __forceinline__ void read_lean_entries(const StoreView& s, const std:
 // publishing warp. Bit-identical to append_once_kernel and the CPU reference. kProgrammatic:
 // launched as a programmatic dependent (wait_for_previous_kernel).
 template <int E, bool kProgrammatic>
-__global__ void __launch_bounds__(32 * (kLeanRowWarps + 1))
+__global__ void __launch_bounds__(32 * (kLeanRowWarps + 1), 1)
     append_lean_kernel(StoreView s, const std::int32_t* slots, int entries, const std::uint16_t* k,
                        const std::uint16_t* v) {
   __shared__ LeanEntries sh;
@@ -1349,7 +1337,7 @@ __global__ void __launch_bounds__(32 * (kLeanRowWarps + 1))
   if (q >= 0 && q % s.block_size == 0 && store::owns_block(s, q / s.block_size)) {
     fresh = s.free_blocks[sh.top - 1 - pops_below(sh, e, lane)];
   }
-  append_row<E, kLeanSummaryAhead>(s, slot, L, h, lane, fresh, kn, vn, nullptr, nullptr);
+  append_row<E, kSummaryAhead>(s, slot, L, h, lane, fresh, kn, vn, nullptr, nullptr);
   if (h == 0 && lane == 0) s.update_scratch[e] = L;
 }
 
