@@ -10,9 +10,15 @@
 // every CTA's rows (kFused, the 5.5 us of 2026-12-01 at B64), 4 kOneRoundWide (16 warps per CTA),
 // 5 a view without the done-counter, as an engine may build one: plan + the planned count-1
 // write (two launches; the LayeredCache's per-layer write is that second launch), 6 kOneRound
-// launched as programmatic dependents (each step's launch overlaps the step before).
-// `index` 1: the store keeps the mxfp4 index copy of old K (kSummaryIndexKeys, kvc's default
-// configuration, kvc/defaults.h); 0: mean K only (the KvStoreConfig defaults).
+// launched as programmatic dependents (each step's launch overlaps the step before), 7 kLean
+// (the append with a two-load chain and a publishing warp of its own; for BM_Ingest the staged
+// rows kernel: 8 warps per block, rows' loads in flight together, summaries from shared memory),
+// 8 kLean launched as programmatic dependents, 9 (BM_Ingest) kStaged: plan in a launch of its
+// own, then the staged rows kernel without the done-counter, then the ring copy. BM_AppendFloor is
+// the floor of a one-launch append at the same batch: read the slot, then its length, write the
+// ring row (nothing else). `index` 1: the store keeps the mxfp4 index copy of old K
+// (kSummaryIndexKeys, kvc's default configuration, kvc/defaults.h); 0: mean K only (the
+// KvStoreConfig defaults).
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -45,6 +51,12 @@ StoreKernels kernel_set(std::int64_t arg) {
       return StoreKernels::kOneRoundWide;
     case 6:
       return StoreKernels::kOneRoundPdl;
+    case 7:
+      return StoreKernels::kLean;
+    case 8:
+      return StoreKernels::kLeanPdl;
+    case 9:
+      return StoreKernels::kStaged;
     default:  // 0, and 5 on a view without the done-counter
       return StoreKernels::kAuto;
   }
@@ -57,8 +69,11 @@ const char* kernel_set_name(std::int64_t arg) {
                                       "fused, last CTA publishes",
                                       "one-round wide",
                                       "no counter: plan+planned append",
-                                      "one-round, programmatic dependent launch"};
-  return arg >= 0 && arg < 7 ? names[arg] : "?";
+                                      "one-round, programmatic dependent launch",
+                                      "lean (two-load chain / staged rows)",
+                                      "lean, programmatic dependent launch",
+                                      "plan + staged rows + ring"};
+  return arg >= 0 && arg < 10 ? names[arg] : "?";
 }
 
 // The benchmarks' geometry: Hkv 8, d 128, ring 1024, blocks of 32 (Hq 32 / Hkv 8 / d 128).
@@ -176,8 +191,8 @@ BENCHMARK(BM_Ingest)
                    {static_cast<int>(Format::kFp16kQ4v), static_cast<int>(Format::kQ8),
                     static_cast<int>(Format::kF16)},
                    {0, 1},
-                   {0, 1}})
-    ->ArgsProduct({{131072}, {static_cast<int>(Format::kFp16kQ4v)}, {0, 1}, {0, 1}})
+                   {0, 1, 7, 9}})
+    ->ArgsProduct({{131072}, {static_cast<int>(Format::kFp16kQ4v)}, {0, 1}, {0, 1, 7, 9}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
@@ -186,16 +201,19 @@ constexpr int kAppendIterations = 50;  // graph replays timed (fixed: the pool i
 
 // One decode-step append of a batch (count = 1), the per-step store cost: kAppendSets steps
 // chained in one graph (each its own input, the lengths advancing on the device), every slot
-// past the ring (each step quantises a leaving token; one in 32 closes a block). Args: batch,
-// index, kernel set.
-void BM_AppendStep(benchmark::State& state) {
+// past the ring (each step quantises a leaving token). staggered = false (BM_AppendStep): every
+// slot at the same length, so all close a block in the same step, one step in 32; true
+// (BM_AppendStepStaggered): slot i's length is offset by i, so some slot of a large batch
+// closes a block in most steps (a decode batch's usual case). Args: batch, index, kernel set.
+void append_step(benchmark::State& state, bool staggered) {
   const int batch = static_cast<int>(state.range(0));
   KvStoreConfig c = bench_config(Format::kFp16kQ4v, state.range(1) != 0);
   const StoreKernels kernels = kernel_set(state.range(2));
   const int prefill = c.recent_window + 7;
   const int steps = kAppendSets * (kAppendIterations + 2);  // + the uncaptured pass, the warm-up
+  const int most = prefill + (staggered ? batch - 1 : 0);
   c.max_slots = batch;
-  c.max_context = prefill + steps + 64;
+  c.max_context = most + steps + 64;
   c.num_pool_blocks = batch * ((c.max_context - c.recent_window) / c.block_size + 2);
   auto store = KvStore::create(c, Device::cuda(0));
   std::vector<std::int32_t> slots;
@@ -203,14 +221,13 @@ void BM_AppendStep(benchmark::State& state) {
   std::reverse(slots.begin(), slots.end());  // not in slot order
   const std::size_t token = static_cast<std::size_t>(c.num_kv_heads) * c.head_dim;
   {  // every slot past the ring, through the object
-    std::uint16_t* pk = bench::random_device_bits16(prefill * token, false, 9);
-    std::uint16_t* pv = bench::random_device_bits16(prefill * token, false, 10);
+    std::uint16_t* pk = bench::random_device_bits16(most * token, false, 9);
+    std::uint16_t* pv = bench::random_device_bits16(most * token, false, 10);
     for (const int s : slots) {
-      store->ingest(s,
-                    TensorView::contiguous(pk, c.dtype, {prefill, c.num_kv_heads, c.head_dim},
-                                           Device::cuda(0)),
-                    TensorView::contiguous(pv, c.dtype, {prefill, c.num_kv_heads, c.head_dim},
-                                           Device::cuda(0)));
+      const int n = prefill + (staggered ? s : 0);
+      store->ingest(
+          s, TensorView::contiguous(pk, c.dtype, {n, c.num_kv_heads, c.head_dim}, Device::cuda(0)),
+          TensorView::contiguous(pv, c.dtype, {n, c.num_kv_heads, c.head_dim}, Device::cuda(0)));
     }
     KVC_BENCH_CUDA(cudaDeviceSynchronize());
     cudaFree(pk);
@@ -230,7 +247,8 @@ void BM_AppendStep(benchmark::State& state) {
   });
   if (ran) {
     store->refresh_host_state();
-    const int expect = prefill + kAppendSets * (2 + static_cast<int>(state.iterations()));
+    const int expect = prefill + (staggered ? slots[0] : 0) +
+                       kAppendSets * (2 + static_cast<int>(state.iterations()));
     if (store->length(slots[0]) != expect) state.SkipWithError("the appends did not all run");
     report(state, append_bytes(c, batch),
            std::string(state.range(1) ? "+mxfp4 index " : "") + kernel_set_name(state.range(2)));
@@ -239,9 +257,78 @@ void BM_AppendStep(benchmark::State& state) {
   cudaFree(v);
   cudaFree(d_slots);
 }
+void BM_AppendStep(benchmark::State& state) { append_step(state, false); }
 BENCHMARK(BM_AppendStep)
     ->ArgNames({"B", "index", "kernels"})
-    ->ArgsProduct({{1, 8, 64}, {0, 1}, {0, 1, 2, 3, 4, 5, 6}})
+    ->ArgsProduct({{1, 8, 64}, {0, 1}, {0, 1, 2, 3, 4, 5, 6, 7, 8}})
+    ->Iterations(kAppendIterations)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+void BM_AppendStepStaggered(benchmark::State& state) { append_step(state, true); }
+BENCHMARK(BM_AppendStepStaggered)
+    ->ArgNames({"B", "index", "kernels"})
+    ->ArgsProduct({{8, 64}, {1}, {0, 4, 7}})
+    ->Iterations(kAppendIterations)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// The floor of a one-launch count-1 append (BM_AppendFloor): warp w of the grid (16 per CTA, as
+// the library's append) reads entry w / Hkv's slot, then that slot's length L, and writes the
+// new token of head w % Hkv into ring row L % W: the launch, two dependent loads and the stores,
+// without the leaving token, its old row, the pops or the publication (the lengths stay, so
+// every replay writes the same rows). Not a store update: a measuring stick.
+__global__ void __launch_bounds__(512)
+    append_floor_kernel(StoreView s, const std::int32_t* slots, int entries, const uint4* k,
+                        const uint4* v) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int w = static_cast<int>(blockIdx.x) * 16 + static_cast<int>(threadIdx.x) / 32;
+  const int H = s.num_kv_heads, chunks = s.head_dim / 8;  // 16-byte chunks per row
+  if (w >= entries * H || lane >= chunks) return;
+  const int e = w / H, h = w % H;
+  const std::size_t in = (static_cast<std::size_t>(e) * H + h) * chunks + lane;
+  const uint4 kn = k[in], vn = v[in];
+  const int slot = slots[e];
+  const int L = s.lengths[slot];
+  const std::size_t r = store::ring_row_index(s, slot, h, L % s.recent_window) * chunks + lane;
+  static_cast<uint4*>(s.ring_k)[r] = kn;
+  static_cast<uint4*>(s.ring_v)[r] = vn;
+}
+
+// BM_AppendStep's graph of kAppendSets steps, each append_floor_kernel. Args: batch.
+void BM_AppendFloor(benchmark::State& state) {
+  const int batch = static_cast<int>(state.range(0));
+  KvStoreConfig c = bench_config(Format::kFp16kQ4v, false);
+  c.max_slots = batch;
+  c.max_context = c.recent_window + 64;
+  auto store = KvStore::create(c, Device::cuda(0));
+  std::vector<std::int32_t> slots;
+  for (int s = 0; s < batch; ++s) slots.push_back(store->open_slot());
+  std::reverse(slots.begin(), slots.end());
+  const std::size_t n = static_cast<std::size_t>(batch) * c.num_kv_heads * c.head_dim;
+  std::uint16_t* k = bench::random_device_bits16(n * kAppendSets, false, 3);
+  std::uint16_t* v = bench::random_device_bits16(n * kAppendSets, false, 4);
+  std::int32_t* d_slots = nullptr;
+  KVC_BENCH_CUDA(cudaMalloc(&d_slots, slots.size() * 4));
+  KVC_BENCH_CUDA(cudaMemcpy(d_slots, slots.data(), slots.size() * 4, cudaMemcpyHostToDevice));
+  const StoreView view = store->view();
+  const unsigned ctas = static_cast<unsigned>((batch * c.num_kv_heads + 15) / 16);
+  const bool ran = bench::time_graph_calls(state, kAppendSets, [&](int set, cudaStream_t stream) {
+    append_floor_kernel<<<ctas, 512, 0, stream>>>(view, d_slots, batch,
+                                                  reinterpret_cast<const uint4*>(k + set * n),
+                                                  reinterpret_cast<const uint4*>(v + set * n));
+    return cudaGetLastError();
+  });
+  if (ran) report(state, static_cast<double>(n) * 2 * 2 * 2, "floor: slot, length, ring row");
+  cudaFree(k);
+  cudaFree(v);
+  cudaFree(d_slots);
+}
+BENCHMARK(BM_AppendFloor)
+    ->ArgNames({"B"})
+    ->Args({1})
+    ->Args({8})
+    ->Args({64})
     ->Iterations(kAppendIterations)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);

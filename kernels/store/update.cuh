@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cub/block/block_scan.cuh>
+#include <type_traits>
 
 #include "kvc/core/numeric.h"
 #include "kvc/formats/formats.h"
@@ -475,16 +476,38 @@ __device__ __forceinline__ float encode_fp8(const float (&x)[E], float amax,
   return scale;
 }
 
+/// Where encode_row also writes a row's stored K (payload and scale) and, when `v` is not null,
+/// its stored V: a block's rows staged in shared memory for its summary (StagedRows). All null:
+/// nothing staged.
+struct RowStage {
+  std::uint8_t* k = nullptr;  ///< k_row_bytes
+  std::uint8_t* v = nullptr;  ///< v_row_bytes, or null
+  float* k_scale = nullptr;   ///< one float (q8)
+  float* v_scale = nullptr;   ///< one float (q8, fp16k_q4v)
+};
+
 /// Encodes one token of one head (this lane's share `k`, `v` of its 16-bit K and V) into old row
 /// `row` (payload and scales) and, with kSummaryIndexKeys, its K into the index copy: the
-/// reference's encode_old_row. Every lane of the warp calls it with the same row.
+/// reference's encode_old_row. Every lane of the warp calls it with the same row. The same
+/// stored bytes also go to `stage` where its pointers are set.
 template <int E>
 __device__ __forceinline__ void encode_row(const StoreView& s, std::size_t row, const LaneRow<E>& k,
-                                           const LaneRow<E>& v, int lane) {
+                                           const LaneRow<E>& v, int lane,
+                                           const RowStage& stage = RowStage{}) {
   const bool bf = store::is_bf16(s);
   const int i0 = E * lane;
   std::uint8_t* kp = s.old_k + row * store::k_row_bytes(s);
   std::uint8_t* vp = s.old_v + row * store::v_row_bytes(s);
+  // NB payload bytes at byte `at` of the K (V) row, and of its staged copy.
+  auto put_k = [&](auto nb, int at, const std::uint32_t* w) {
+    store_packed<decltype(nb)::value>(kp + at, w);
+    if (stage.k != nullptr) store_packed<decltype(nb)::value>(stage.k + at, w);
+  };
+  auto put_v = [&](auto nb, int at, const std::uint32_t* w) {
+    store_packed<decltype(nb)::value>(vp + at, w);
+    if (stage.v != nullptr) store_packed<decltype(nb)::value>(stage.v + at, w);
+  };
+  using std::integral_constant;
   const bool q8 = s.old_format == Format::kQ8;
   const bool index = (s.summaries & kSummaryIndexKeys) != 0;
   if (q8 || index) {
@@ -511,28 +534,34 @@ __device__ __forceinline__ void encode_row(const StoreView& s, std::size_t row, 
     if (q8) {
       std::uint32_t w[(E + 3) / 4];
       const float scale = encode_q8<E>(x, amax, w);
-      store_packed<E>(kp + i0, w);
-      if (lane == 0) s.old_k_scale[row] = scale;
+      put_k(integral_constant<int, E>{}, i0, w);
+      if (lane == 0) {
+        s.old_k_scale[row] = scale;
+        if (stage.k != nullptr) *stage.k_scale = scale;
+      }
     }
   }
-  if (!q8) store_packed<2 * E>(kp + 2 * i0, k.w);
+  if (!q8) put_k(integral_constant<int, 2 * E>{}, 2 * i0, k.w);
   if (q8 || s.old_format == Format::kFp16kQ4v) {
     float x[E];
     unpack(v, bf, x);
     const float amax = amax_from_bits(warp_max(lane_magnitude(x)));
+    float scale;
     if (q8) {
       std::uint32_t w[(E + 3) / 4];
-      const float scale = encode_q8<E>(x, amax, w);
-      store_packed<E>(vp + i0, w);
-      if (lane == 0) s.old_v_scale[row] = scale;
+      scale = encode_q8<E>(x, amax, w);
+      put_v(integral_constant<int, E>{}, i0, w);
     } else {
       std::uint32_t w[(E + 7) / 8];
-      const float scale = encode_q4<E>(x, amax, w);
-      store_packed<E / 2>(vp + i0 / 2, w);
-      if (lane == 0) s.old_v_scale[row] = scale;
+      scale = encode_q4<E>(x, amax, w);
+      put_v(integral_constant<int, E / 2>{}, i0 / 2, w);
+    }
+    if (lane == 0) {
+      s.old_v_scale[row] = scale;
+      if (stage.v != nullptr) *stage.v_scale = scale;
     }
   } else {
-    store_packed<2 * E>(vp + 2 * i0, v.w);
+    put_v(integral_constant<int, 2 * E>{}, 2 * i0, v.w);
   }
 }
 
@@ -549,19 +578,58 @@ struct Stored4 {
   float scale;
 };
 
-/// Elements [i0, i0 + 4) of old K (value = false) or V (true) at pool row r, as stored (one 2-,
-/// 4- or 8-byte load and the scale).
-__device__ __forceinline__ Stored4 load_old4(const StoreView& s, bool value, std::size_t r,
+/// One stored old row as summarise_rows reads it: its K and V payloads and their scales (a
+/// scale pointer is null where the format has none).
+struct StoredRow {
+  const std::uint8_t* k;
+  const std::uint8_t* v;
+  const float* k_scale;
+  const float* v_scale;
+};
+
+/// Row t of (pool block pb, head h) in the pool.
+struct PoolRows {
+  const StoreView* s;
+  int pb, h;
+  __device__ __forceinline__ StoredRow operator()(int t) const {
+    const std::size_t r = store::old_row_index(*s, pb, h, t);
+    return {s->old_k + r * store::k_row_bytes(*s), s->old_v + r * store::v_row_bytes(*s),
+            s->old_k_scale != nullptr ? s->old_k_scale + r : nullptr,
+            s->old_v_scale != nullptr ? s->old_v_scale + r : nullptr};
+  }
+};
+
+/// A block's rows [first, B) as the CTA that encoded them staged them in shared memory
+/// (encode_row with a RowStage: the same bytes as the pool's), rows [0, first) — written by
+/// earlier updates — in the pool.
+struct StagedRows {
+  PoolRows pool;
+  const std::uint8_t* k;  ///< [B, k_row_bytes]
+  const std::uint8_t* v;  ///< [B, v_row_bytes], or null when V is not summarised
+  const float* k_scale;   ///< [B]
+  const float* v_scale;   ///< [B]
+  int k_bytes, v_bytes;   ///< k_row_bytes, v_row_bytes
+  int first;
+  __device__ __forceinline__ StoredRow operator()(int t) const {
+    if (t < first) return pool(t);
+    return {k + static_cast<std::size_t>(t) * k_bytes,
+            v != nullptr ? v + static_cast<std::size_t>(t) * v_bytes : nullptr, k_scale + t,
+            v_scale + t};
+  }
+};
+
+/// Elements [i0, i0 + 4) of the stored K (value = false) or V (true) of `row` (one 2-, 4- or
+/// 8-byte load and the scale).
+__device__ __forceinline__ Stored4 load_old4(const StoreView& s, bool value, const StoredRow& row,
                                              int i0) {
-  const std::uint8_t* p =
-      value ? s.old_v + r * store::v_row_bytes(s) : s.old_k + r * store::k_row_bytes(s);
+  const std::uint8_t* p = value ? row.v : row.k;
   Stored4 x{{0u, 0u}, 0.0f};
   if (s.old_format == Format::kQ8) {
     x.w[0] = *reinterpret_cast<const std::uint32_t*>(p + i0);
-    x.scale = value ? s.old_v_scale[r] : s.old_k_scale[r];
+    x.scale = value ? *row.v_scale : *row.k_scale;
   } else if (value && s.old_format == Format::kFp16kQ4v) {
     x.w[0] = *reinterpret_cast<const std::uint16_t*>(p + i0 / 2);
-    x.scale = s.old_v_scale[r];
+    x.scale = *row.v_scale;
   } else {  // f16 and bf16; fp16k_q4v's K is in the 16-bit dtype
     load_packed<8>(p + 2 * i0, x.w);
   }
@@ -591,11 +659,13 @@ __device__ __forceinline__ void decode_old4(const StoreView& s, bool value, cons
 
 /// store::summarise_element for elements [i0, i0 + 4) of (pool block pb, head h) at once: the
 /// same row-order sums (fadd_rn from 0), mean = fdiv_rn(sum, B), NaN-propagating min / max, and
-/// store_summary, with one vector load per row and array instead of one per element. kAhead rows'
-/// loads are issued before the first of them is summed (1: one row at a time, each load waited
-/// for; the arithmetic and its order are the same for every kAhead).
-template <int kAhead = 1>
-__device__ __forceinline__ void summarise4(const StoreView& s, int pb, int h, int i0) {
+/// store_summary, with one vector load per row and array instead of one per element; row t read
+/// where rows(t) says (PoolRows: the pool; StagedRows: shared memory). kAhead rows' loads are
+/// issued before the first of them is summed (1: one row at a time, each load waited for; the
+/// arithmetic and its order are the same for every kAhead).
+template <int kAhead, class Rows>
+__device__ __forceinline__ void summarise_rows(const StoreView& s, const Rows& rows, int pb, int h,
+                                               int i0) {
   const bool mean_v = (s.summaries & kSummaryMeanV) != 0;
   const bool min_max = (s.summaries & kSummaryMinMaxK) != 0;
   float sum_k[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sum_v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -606,7 +676,7 @@ __device__ __forceinline__ void summarise4(const StoreView& s, int pb, int h, in
 #pragma unroll
     for (int j = 0; j < kAhead; ++j) {
       if (t0 + j < B) {
-        const std::size_t r = store::old_row_index(s, pb, h, t0 + j);
+        const StoredRow r = rows(t0 + j);
         ks[j] = load_old4(s, false, r, i0);
         if (mean_v) vs[j] = load_old4(s, true, r, i0);
       }
@@ -644,6 +714,12 @@ __device__ __forceinline__ void summarise4(const StoreView& s, int pb, int h, in
       store::store_summary(s, s.max_k, o + n, mx[n]);
     }
   }
+}
+
+/// summarise_rows over the pool's rows of (pool block pb, head h).
+template <int kAhead = 1>
+__device__ __forceinline__ void summarise4(const StoreView& s, int pb, int h, int i0) {
+  summarise_rows<kAhead>(s, PoolRows{&s, pb, h}, pb, h, i0);
 }
 
 /// Pool blocks an update of `count` tokens to a slot of length L pops: the blocks this store
@@ -709,23 +785,46 @@ __device__ __forceinline__ void publish_update(const StoreView& s, const std::in
   }
 }
 
+/// Rows of a block's summary whose loads append_once_kernel, append_lean_kernel and
+/// planned_append_kernel keep in flight at a time.
+constexpr int kSummaryAhead = 8;
+/// Warps per CTA of the staged rows kernel (rows_kernel<E, true>, StoreKernels::kLean).
+constexpr int kStagedWarps = 8;
+/// Rows whose loads a warp of the staged rows kernel issues together (lane elements E).
+template <int E>
+constexpr int staged_batch() {
+  return E <= 8 ? 4 : 2;
+}
+/// Rows of a staged block's summary whose shared-memory loads are in flight at a time (a few:
+/// shared memory answers fast, and registers bound the CTAs per SM).
+constexpr int kStagedAhead = 4;
+
 // Quantises the tokens that leave the ring and summarises the blocks that close: a CTA per
 // (entry, block touched, head), grid (entries * touched_blocks(count, B) * Hkv, 1, layers), the
-// head fastest; warp w
-// encodes the block's new rows w, w + warps, ... (the next row's loads in flight while it encodes
-// one), then, when the block closes, the CTA's threads summarise it (four elements a thread). Layer
-// z is at_layer(s0, ls, z) with its input at k + z * ls.kv. plan = false (store_write, the
-// LayeredCache): the plan ran before; each entry's length before the update is in update_scratch
-// and its pages in the block table. plan = true (store_update of one layer, s.update_counter set):
-// the kernel is its own plan. It reads the lengths, a CTA whose block starts takes free_blocks[top
-// - 1 - rank] (rank: the pops of the entries before, then the block's place among the entry's new
-// owned blocks; the host mirror's order) and records it (head 0), the CTAs of (entry, 0, head 0)
-// record the old length in update_scratch for ring_copy_kernel, and the last CTA publishes lengths
-// and the free count.
-template <int E>
-__global__ void __launch_bounds__(32 * kFastWarps, E <= 4 ? 8 : (E == 8 ? 6 : 4))
+// head fastest. Layer z is at_layer(s0, ls, z) with its input at k + z * ls.kv. plan = false
+// (store_write, the LayeredCache): the plan ran before; each entry's length before the update is
+// in update_scratch and its pages in the block table. plan = true (store_update of one layer,
+// s.update_counter set): the kernel is its own plan. It reads the lengths, a CTA whose block
+// starts takes free_blocks[top - 1 - rank] (rank: the pops of the entries before, then the
+// block's place among the entry's new owned blocks; the host mirror's order) and records it
+// (head 0), the CTAs of (entry, 0, head 0) record the old length in update_scratch for
+// ring_copy_kernel, and the last CTA publishes lengths and the free count.
+// kStaged = false (kRows): warp w encodes the block's new rows w, w + warps, ... (the next row's
+// loads in flight while it encodes one), then, when the block closes, the CTA's threads
+// summarise it from the pool (four elements a thread, one row at a time).
+// kStaged = true (kLean): kStagedWarps warps, each issuing the loads of staged_batch<E>() of its
+// rows at once (for B = 32 the CTA has the whole block in flight); with `staged` (dynamic shared
+// memory of stage_bytes(s)) every encoded row's stored bytes are also staged in shared memory,
+// and a block that closes is summarised from there (its rows of earlier updates from the pool);
+// without, from the pool; kStagedAhead rows in flight either way.
+template <int E, bool kStaged>
+__global__ void __launch_bounds__(kStaged ? 32 * kStagedWarps : 32 * kFastWarps,
+                                  kStaged ? (E <= 4 ? 3 : (E == 8 ? 2 : 1))
+                                          : (E <= 4 ? 8 : (E == 8 ? 6 : 4)))
     rows_kernel(StoreView s0, LayerStrides ls, const std::int32_t* slots, int entries, int count,
-                int touched, const std::uint16_t* k, const std::uint16_t* v, bool plan) {
+                int touched, const std::uint16_t* k, const std::uint16_t* v, bool plan,
+                bool staged) {
+  extern __shared__ __align__(16) std::uint8_t stage[];
   const StoreView s = at_layer(s0, ls, blockIdx.z);
   k += ls.kv * blockIdx.z;
   v += ls.kv * blockIdx.z;
@@ -763,28 +862,81 @@ __global__ void __launch_bounds__(32 * kFastWarps, E <= 4 ? 8 : (E == 8 ? 6 : 4)
       if (p < L) return ring + store::ring_row_index(s, slot, h, p % W) * d;
       return in + ((static_cast<std::size_t>(e) * count + (p - L)) * s.num_kv_heads + h) * d;
     };
-    int p = p_begin + static_cast<int>(threadIdx.x) / 32;
-    LaneRow<E> kr, vr;
-    if (p < p_end) {
-      kr = load_lane<E>(source(p, ring_k, k), lane);
-      vr = load_lane<E>(source(p, ring_v, v), lane);
-    }
-    for (; p < p_end; p += warps) {
-      const int next = p + warps;
-      LaneRow<E> kn = kr, vn = vr;
-      if (next < p_end) {
-        kn = load_lane<E>(source(next, ring_k, k), lane);
-        vn = load_lane<E>(source(next, ring_v, v), lane);
+    const bool closes = b < o1 / B;
+    if constexpr (!kStaged) {
+      int p = p_begin + static_cast<int>(threadIdx.x) / 32;
+      LaneRow<E> kr, vr;
+      if (p < p_end) {
+        kr = load_lane<E>(source(p, ring_k, k), lane);
+        vr = load_lane<E>(source(p, ring_v, v), lane);
       }
-      encode_row<E>(s, store::old_row_index(s, pb, h, p % B), kr, vr, lane);
-      kr = kn;
-      vr = vn;
-    }
-    if (b < o1 / B) {  // the block closes: its rows are complete once every warp is done
-      __syncthreads();
-      for (int i0 = 4 * static_cast<int>(threadIdx.x); i0 < d;
-           i0 += 4 * static_cast<int>(blockDim.x)) {
-        summarise4<1>(s, pb, h, i0);
+      for (; p < p_end; p += warps) {
+        const int next = p + warps;
+        LaneRow<E> kn = kr, vn = vr;
+        if (next < p_end) {
+          kn = load_lane<E>(source(next, ring_k, k), lane);
+          vn = load_lane<E>(source(next, ring_v, v), lane);
+        }
+        encode_row<E>(s, store::old_row_index(s, pb, h, p % B), kr, vr, lane);
+        kr = kn;
+        vr = vn;
+      }
+      if (closes) {  // the block closes: its rows are complete once every warp is done
+        __syncthreads();
+        for (int i0 = 4 * static_cast<int>(threadIdx.x); i0 < d;
+             i0 += 4 * static_cast<int>(blockDim.x)) {
+          summarise4<1>(s, pb, h, i0);
+        }
+      }
+    } else {
+      // The stage: K rows [B, kb], V rows [B, vb] (mean V only), K scales [B], V scales [B].
+      const bool mean_v = (s.summaries & kSummaryMeanV) != 0;
+      const bool use_stage = staged && closes;
+      const int kb = static_cast<int>(store::k_row_bytes(s));
+      const int vb = mean_v ? static_cast<int>(store::v_row_bytes(s)) : 0;
+      std::uint8_t* stage_v = stage + static_cast<std::size_t>(B) * kb;
+      float* stage_ks = reinterpret_cast<float*>(stage_v + static_cast<std::size_t>(B) * vb);
+      float* stage_vs = stage_ks + B;
+      constexpr int kBatch = staged_batch<E>();
+      for (int p0 = p_begin + static_cast<int>(threadIdx.x) / 32; p0 < p_end;
+           p0 += warps * kBatch) {
+        LaneRow<E> kr[kBatch], vr[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const int p = p0 + j * warps;
+          if (p < p_end) {
+            kr[j] = load_lane<E>(source(p, ring_k, k), lane);
+            vr[j] = load_lane<E>(source(p, ring_v, v), lane);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const int p = p0 + j * warps;
+          if (p >= p_end) break;
+          const int t = p % B;
+          RowStage at;
+          if (use_stage) {
+            at.k = stage + static_cast<std::size_t>(t) * kb;
+            at.v = mean_v ? stage_v + static_cast<std::size_t>(t) * vb : nullptr;
+            at.k_scale = stage_ks + t;
+            at.v_scale = stage_vs + t;
+          }
+          encode_row<E>(s, store::old_row_index(s, pb, h, t), kr[j], vr[j], lane, at);
+        }
+      }
+      if (closes) {  // the block closes: its rows are complete once every warp is done
+        __syncthreads();
+        const StagedRows rows{
+            PoolRows{&s, pb, h}, stage, mean_v ? stage_v : nullptr, stage_ks, stage_vs, kb, vb,
+            p_begin - b * B};
+        for (int i0 = 4 * static_cast<int>(threadIdx.x); i0 < d;
+             i0 += 4 * static_cast<int>(blockDim.x)) {
+          if (use_stage) {
+            summarise_rows<kStagedAhead>(s, rows, pb, h, i0);
+          } else {
+            summarise4<kStagedAhead>(s, pb, h, i0);
+          }
+        }
       }
     }
   }
@@ -927,6 +1079,8 @@ struct AppendEntries {
   std::int32_t length[kFusedMaxEntries];      ///< lengths[slot[e]] before the update
   std::uint32_t pops[kFusedMaxEntries / 32];  ///< bit e % 32 of word e / 32: entry e pops a block
   int top;                                    ///< free_count before the update
+  /// Entry x's length before the update.
+  __device__ __forceinline__ int entry_length(int x) const { return length[x]; }
 };
 
 /// Round 1 of append_once_kernel (every thread of the CTA, kThreads of them): reads the slots of
@@ -964,8 +1118,9 @@ __device__ __forceinline__ void read_entries(const StoreView& s, const std::int3
 }
 
 /// Entries before `e` (0..kFusedMaxEntries) that pop a block: the set bits of sh.pops below bit
-/// e. Every lane calls it with the same e.
-__device__ __forceinline__ int pops_below(const AppendEntries& sh, int e, int lane) {
+/// e (sh: AppendEntries or LeanEntries). Every lane calls it with the same e.
+template <class Entries>
+__device__ __forceinline__ int pops_below(const Entries& sh, int e, int lane) {
   const int word = e / 32;
   int n = 0;
   if (lane < word) {
@@ -976,10 +1131,12 @@ __device__ __forceinline__ int pops_below(const AppendEntries& sh, int e, int la
   return warp_sum(n);
 }
 
-/// Step 3 of append_once_kernel, by one warp of every CTA once the CTA has read (read_entries):
-/// counts the CTA on s.update_counter; the last CTA to count advances every entry's length by 1,
-/// lowers the free count by the entries' pops and sets the counter back to 0.
-__device__ __forceinline__ void publish_after_reads(const StoreView& s, const AppendEntries& sh,
+/// Step 3 of append_once_kernel (and append_lean_kernel), by one warp of every CTA once the CTA
+/// has read (read_entries, read_lean_entries): counts the CTA on s.update_counter; the last CTA
+/// to count advances every entry's length by 1, lowers the free count by the entries' pops and
+/// sets the counter back to 0.
+template <class Entries>
+__device__ __forceinline__ void publish_after_reads(const StoreView& s, const Entries& sh,
                                                     int entries, int lane) {
   int ticket = 0;
   if (lane == 0) {
@@ -989,7 +1146,7 @@ __device__ __forceinline__ void publish_after_reads(const StoreView& s, const Ap
   ticket = __shfl_sync(kFullMask, ticket, 0);
   if (ticket != static_cast<int>(gridDim.x) - 1) return;
   __threadfence();  // every other CTA's reads come before these writes
-  for (int x = lane; x < entries; x += 32) s.lengths[sh.slot[x]] = sh.length[x] + 1;
+  for (int x = lane; x < entries; x += 32) s.lengths[sh.slot[x]] = sh.entry_length(x) + 1;
   const int pops = pops_below(sh, entries, lane);
   if (lane == 0) {
     *s.free_count = sh.top - pops;
@@ -1040,10 +1197,6 @@ __device__ __forceinline__ void append_row(const StoreView& s, int slot, int L, 
   }
 }
 
-/// Rows of a block's summary whose loads append_once_kernel and planned_append_kernel keep in
-/// flight at a time.
-constexpr int kSummaryAhead = 8;
-
 // The whole count-1 append in one launch, one round of reads (see above): entries <=
 // kFusedMaxEntries, s.update_counter set; kWarps warps per CTA, warp w of the grid serves
 // (entry w / Hkv, head w % Hkv). Bit-identical to append_kernel and the CPU reference.
@@ -1069,6 +1222,116 @@ __global__ void __launch_bounds__(32 * kWarps)
   if (warp == kWarps - 1) publish_after_reads(s, sh, entries, lane);
   if (!row) return;
   const int slot = sh.slot[e], L = sh.length[e];
+  const int q = L - s.recent_window;
+  int fresh = -1;
+  if (q >= 0 && q % s.block_size == 0 && store::owns_block(s, q / s.block_size)) {
+    fresh = s.free_blocks[sh.top - 1 - pops_below(sh, e, lane)];
+  }
+  append_row<E, kSummaryAhead>(s, slot, L, h, lane, fresh, kn, vn, nullptr, nullptr);
+  if (h == 0 && lane == 0) s.update_scratch[e] = L;
+}
+
+// --- count-1 append with a two-load chain (StoreKernels::kLean, kLeanPdl) ------------------
+//
+// append_once_kernel's rows wait on three dependent rounds of global loads (slots -> their
+// lengths -> page and leaving ring row), and in every CTA but a lone one the publishing warp
+// also serves a row, so that row waits for the fence and the done-counter's atomic as well
+// (B1 3.5 us, B8 and B64 a microsecond and two more on the H200). append_lean_kernel:
+// 1. round 1 reads the entries' slots, the lengths of EVERY slot (s.max_slots <=
+//    kLeanMaxSlots) and the free count, all independent of each other: a row's length is then a
+//    shared-memory lookup, and its page and leaving ring row are the second and last round;
+// 2. a warp of its own (the CTA's last, serving no row) counts the CTA on the done-counter and,
+//    in the last CTA, publishes lengths and the free count (publish_after_reads), off the rows'
+//    path;
+// 3. the rows are append_row as in append_once_kernel (same pops, ranks and payloads).
+
+/// Row warps per CTA of append_lean_kernel, plus its publishing warp: 512 threads, so that the
+/// kernel has append_once_kernel's register budget (128; with 17 warps ptxas spilled).
+constexpr int kLeanRowWarps = 15;
+
+/// Every entry's slot and every slot's length as a CTA of append_lean_kernel read them (shared
+/// memory).
+struct LeanEntries {
+  std::int32_t slot[kFusedMaxEntries];        ///< slots[e]
+  std::int32_t length[kLeanMaxSlots];         ///< lengths[x] of every slot x < max_slots
+  std::uint32_t pops[kFusedMaxEntries / 32];  ///< bit e % 32 of word e / 32: entry e pops a block
+  int top;                                    ///< free_count before the update
+  /// Entry x's length before the update.
+  __device__ __forceinline__ int entry_length(int x) const { return length[slot[x]]; }
+};
+
+/// Round 1 of append_lean_kernel (every thread of the CTA, kThreads of them): the slots of
+/// entries [0, entries), the lengths of slots [0, s.max_slots) and the free count, one round of
+/// independent loads; then each entry's pop bit.
+template <int kThreads>
+__device__ __forceinline__ void read_lean_entries(const StoreView& s, const std::int32_t* slots,
+                                                  int entries, LeanEntries& sh) {
+  constexpr int kItems = (kFusedMaxEntries + kThreads - 1) / kThreads;
+  constexpr int kSlotItems = (kLeanMaxSlots + kThreads - 1) / kThreads;
+  const int t = static_cast<int>(threadIdx.x), lane = t % 32;
+  int slot[kItems], length[kSlotItems];
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int x = i * kThreads + t;
+    slot[i] = x < entries ? slots[x] : 0;
+  }
+#pragma unroll
+  for (int i = 0; i < kSlotItems; ++i) {
+    const int x = i * kThreads + t;
+    length[i] = x < s.max_slots ? s.lengths[x] : 0;
+  }
+  if (t == 0) sh.top = *s.free_count;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int x = i * kThreads + t;
+    if (x < entries) sh.slot[x] = slot[i];
+  }
+#pragma unroll
+  for (int i = 0; i < kSlotItems; ++i) {
+    const int x = i * kThreads + t;
+    if (x < s.max_slots) sh.length[x] = length[i];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    if (i * kThreads >= entries) break;  // the same for the whole CTA
+    const int x = i * kThreads + t;
+    const bool pops = x < entries && update_pops(s, sh.entry_length(x), 1) != 0;
+    const std::uint32_t bits = __ballot_sync(kFullMask, pops);
+    if (x < entries && lane == 0) sh.pops[x / 32] = bits;
+  }
+  __syncthreads();
+}
+
+// The whole count-1 append in one launch with a two-load chain (see above): entries <=
+// kFusedMaxEntries, s.max_slots <= kLeanMaxSlots, s.update_counter set; kLeanRowWarps row warps
+// per CTA (warp w of the grid's row warps serves (entry w / Hkv, head w % Hkv)) and one
+// publishing warp. Bit-identical to append_once_kernel and the CPU reference. kProgrammatic:
+// launched as a programmatic dependent (wait_for_previous_kernel).
+template <int E, bool kProgrammatic>
+__global__ void __launch_bounds__(32 * (kLeanRowWarps + 1), 1)
+    append_lean_kernel(StoreView s, const std::int32_t* slots, int entries, const std::uint16_t* k,
+                       const std::uint16_t* v) {
+  __shared__ LeanEntries sh;
+  wait_for_previous_kernel<kProgrammatic>();
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  const int w = static_cast<int>(blockIdx.x) * kLeanRowWarps + warp;
+  const int H = s.num_kv_heads;
+  const bool row = warp < kLeanRowWarps && w < entries * H;
+  const int e = w / H, h = w % H;
+  LaneRow<E> kn, vn;
+  if (row) {  // the new token: independent of everything read below, in flight meanwhile
+    const std::size_t in = (static_cast<std::size_t>(e) * H + h) * s.head_dim;
+    kn = load_lane<E>(k + in, lane);
+    vn = load_lane<E>(v + in, lane);
+  }
+  read_lean_entries<32 * (kLeanRowWarps + 1)>(s, slots, entries, sh);
+  if (warp == kLeanRowWarps) {
+    publish_after_reads(s, sh, entries, lane);
+    return;
+  }
+  if (!row) return;
+  const int slot = sh.slot[e], L = sh.length[slot];
   const int q = L - s.recent_window;
   int fresh = -1;
   if (q >= 0 && q % s.block_size == 0 && store::owns_block(s, q / s.block_size)) {

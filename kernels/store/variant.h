@@ -9,7 +9,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kvc/core/macros.h"
 #include "kvc/kernels/store_kernels.h"
+#include "kvc/store/block_codec.h"
 #include "kvc/store/kv_store.h"
 #include "kvc/store/layered_cache.h"
 
@@ -21,6 +23,23 @@ namespace store_detail {
 /// that pops a block counts the pops of the entries before its own, O(entries) loads); larger
 /// batches plan in a launch of their own.
 constexpr int kFusedMaxEntries = 1024;
+
+/// Slots up to which the lean append (StoreKernels::kLean, append_lean_kernel) reads every
+/// slot's length in its first round; a store with more runs append_once_kernel instead.
+constexpr int kLeanMaxSlots = 1024;
+
+/// Most dynamic shared memory the staged rows kernel (StoreKernels::kLean, count > 1) stages a
+/// closing block in (the default limit, no opt-in); a block that needs more is summarised from
+/// the pool.
+constexpr std::size_t kMaxStageBytes = 48 * 1024;
+
+/// Shared-memory bytes the staged rows kernel needs to stage one (block, head) of `s`: every
+/// row's stored K and its scale, and V and its scale when mean V is kept.
+KVC_HD std::size_t stage_bytes(const StoreView& s) {
+  const bool mean_v = (s.summaries & kSummaryMeanV) != 0;
+  const std::size_t row = store::k_row_bytes(s) + 4 + (mean_v ? store::v_row_bytes(s) + 4 : 0);
+  return row * static_cast<std::size_t>(s.block_size);
+}
 
 /// Which kernels an update runs (kernels/store/update.cuh).
 enum class StoreKernels {
@@ -53,6 +72,22 @@ enum class StoreKernels {
   /// while the kernel before it on the stream still runs and waits for it (griddepcontrol.wait)
   /// before its first global access, so back-to-back updates overlap their launches.
   kOneRoundPdl,
+  /// Count 1: append_lean_kernel (kernels/store/update.cuh), one launch whose rows wait on two
+  /// rounds of dependent loads instead of three (round 1 reads every slot's length, s.max_slots
+  /// <= kLeanMaxSlots, else append_once_kernel with 16-warp CTAs runs) and a publishing warp of
+  /// its own per CTA. Count > 1: the staged rows kernel (rows_kernel<E, true>: 8 warps per
+  /// (block, head), several rows' loads in flight per warp, a closing block summarised from
+  /// shared memory), planning for itself as kFused does. Applies where kFused does (else
+  /// cudaErrorNotSupported). A planned write: count 1 as kOneRound, count > 1 the staged rows
+  /// kernel.
+  kLean,
+  /// kLean's kernels launched as programmatic dependents (as kOneRoundPdl).
+  kLeanPdl,
+  /// Count > 1: plan_kernel, then the staged rows kernel with the plan given (no done-counter:
+  /// no CTA waits on an atomic before it exits) and the ring copy, three launches, on any view
+  /// (no done-counter needed; K/V that are not 16-byte aligned run kLegacy's kernels). Count 1:
+  /// kLean's append (where kLean applies, else cudaErrorNotSupported).
+  kStaged,
 };
 
 /// The rows of a LayeredCache's spill (LayeredView::spill_k / spill_v) that a planned count-1
@@ -70,7 +105,9 @@ cudaError_t store_update_with(StoreKernels which, const StoreView& s, const std:
                               cudaStream_t stream);
 
 /// kernels::store_write_layers with the kernel set `which` (kFused is kRows here: the write has
-/// no plan to fuse; kAuto, kOneRound and kOneRoundWide write count 1 with planned_append).
+/// no plan to fuse; kAuto, kOneRound, kOneRoundWide, kOneRoundPdl, kLean, kLeanPdl and kStaged
+/// write count 1 with planned_append; kLean, kLeanPdl and kStaged write count > 1 with the staged
+/// rows kernel).
 cudaError_t store_write_layers_with(StoreKernels which, const StoreView& s, const LayerStrides& ls,
                                     int layers, const std::int32_t* d_slots, int entries, int count,
                                     const void* d_k, const void* d_v, cudaStream_t stream);
@@ -89,7 +126,8 @@ cudaError_t planned_append(const StoreView& s, const LayerStrides& ls, int layer
 
 /// kernels::layered_write_layers with the kernel set `which` for the store part (kRows, kFused:
 /// the spill launch, then the warp-per-row kernels and the ring copy; kAuto, kOneRound,
-/// kOneRoundWide, kOneRoundPdl: count 1 is one planned_append launch, the spill fused in).
+/// kOneRoundWide, kOneRoundPdl, kLean, kLeanPdl, kStaged: count 1 is one planned_append launch,
+/// the spill fused in; kLean, kLeanPdl and kStaged write count > 1 with the staged rows kernel).
 cudaError_t layered_write_layers_with(StoreKernels which, const LayeredView& view, int first_layer,
                                       int layers, int entries, int count, const void* d_k,
                                       const void* d_v, std::int64_t kv_layer_stride,

@@ -90,9 +90,11 @@ cudaError_t layered_write_layers_with(StoreKernels which, const LayeredView& v, 
   ls.pool = v.pool_stride;
   ls.kv = kv_layer_stride;
   const StoreView first = layered_detail::layer_of(v, first_layer);
+  const bool lean = which == StoreKernels::kLean || which == StoreKernels::kLeanPdl ||
+                    which == StoreKernels::kStaged;
   const bool one_launch = which == StoreKernels::kAuto || which == StoreKernels::kOneRound ||
                           which == StoreKernels::kOneRoundWide ||
-                          which == StoreKernels::kOneRoundPdl;
+                          which == StoreKernels::kOneRoundPdl || lean;
   if (count == 1 && one_launch) {  // rows, ring and spill in one launch
     SpillRows spill;
     if (v.max_rollback > 0) {
@@ -102,8 +104,9 @@ cudaError_t layered_write_layers_with(StoreKernels which, const LayeredView& v, 
       spill.layer_stride = v.spill_stride;
       spill.rows = v.max_rollback;
     }
-    const cudaError_t e = planned_append(first, ls, layers, v.plan_slots, entries, d_k, d_v, spill,
-                                         which == StoreKernels::kOneRoundPdl, stream);
+    const cudaError_t e = planned_append(
+        first, ls, layers, v.plan_slots, entries, d_k, d_v, spill,
+        which == StoreKernels::kOneRoundPdl || which == StoreKernels::kLeanPdl, stream);
     if (e != cudaErrorNotSupported) return e;  // else K/V are not 16-byte aligned: below
   }
   const auto* k = static_cast<const std::uint16_t*>(d_k);
@@ -116,9 +119,10 @@ cudaError_t layered_write_layers_with(StoreKernels which, const LayeredView& v, 
         v, first_layer, count, per_entry, k, val, kv_layer_stride);
     KVC_CUDA_CALL(cudaGetLastError());
   }
-  // kOneRound's count > 1 (or unaligned K/V) writes as kAuto: the warp-per-row kernels.
-  return store_write_layers_with(one_launch ? StoreKernels::kAuto : which, first, ls, layers,
-                                 v.plan_slots, entries, count, d_k, d_v, stream);
+  // kOneRound's count > 1 (or unaligned K/V) writes as kAuto: the warp-per-row kernels; kLean's
+  // with the staged rows kernel.
+  return store_write_layers_with(one_launch && !lean ? StoreKernels::kAuto : which, first, ls,
+                                 layers, v.plan_slots, entries, count, d_k, d_v, stream);
 }
 
 }  // namespace store_detail

@@ -57,20 +57,30 @@ cudaError_t write_legacy(const StoreView& s, const LayerStrides& ls, unsigned z,
 }
 
 // rows_kernel + ring_copy_kernel; plan: rows_kernel plans for itself (store_update of one layer
-// with s.update_counter set), else the plan ran before.
+// with s.update_counter set), else the plan ran before. staged: the staged rows kernel
+// (rows_kernel<E, true>, StoreKernels::kLean), its closing blocks staged in shared memory where
+// stage_bytes(s) fits kMaxStageBytes.
 cudaError_t write_rows(const StoreView& s, const LayerStrides& ls, unsigned z,
                        const std::int32_t* d_slots, int entries, int count, const std::uint16_t* k,
-                       const std::uint16_t* v, bool plan, cudaStream_t stream) {
+                       const std::uint16_t* v, bool plan, bool staged, cudaStream_t stream) {
   const int touched = touched_blocks(count, s.block_size);
   const long long ctas = static_cast<long long>(entries) * touched * s.num_kv_heads;
   if (ctas > 0x7fffffffLL) return cudaErrorInvalidValue;
   // Rows per CTA are at most min(B, count): no more warps than that.
-  int warps = kFastWarps < s.block_size ? kFastWarps : s.block_size;
+  const int most = staged ? kStagedWarps : kFastWarps;
+  int warps = most < s.block_size ? most : s.block_size;
   warps = warps < count ? warps : count;
   const dim3 grid(static_cast<unsigned>(ctas), 1, z);
+  const std::size_t smem = staged && stage_bytes(s) <= kMaxStageBytes ? stage_bytes(s) : 0;
   KVC_CUDA_CALL(with_lane_elements(s.head_dim, [&](auto lane_elems) {
-    rows_kernel<decltype(lane_elems)::value>
-        <<<grid, 32 * warps, 0, stream>>>(s, ls, d_slots, entries, count, touched, k, v, plan);
+    constexpr int kE = decltype(lane_elems)::value;
+    if (staged) {
+      rows_kernel<kE, true><<<grid, 32 * warps, smem, stream>>>(s, ls, d_slots, entries, count,
+                                                                touched, k, v, plan, smem > 0);
+    } else {
+      rows_kernel<kE, false><<<grid, 32 * warps, 0, stream>>>(s, ls, d_slots, entries, count,
+                                                              touched, k, v, plan, false);
+    }
     return cudaGetLastError();
   }));
   const int ring_rows = count < s.recent_window ? count : s.recent_window;
@@ -118,9 +128,34 @@ cudaError_t append_once(const StoreView& s, const std::int32_t* d_slots, int ent
   });
 }
 
+// append_lean_kernel (or, past kLeanMaxSlots slots, append_once_kernel with 16-warp CTAs).
+template <bool kProgrammatic>
+cudaError_t append_lean(const StoreView& s, const std::int32_t* d_slots, int entries,
+                        const std::uint16_t* k, const std::uint16_t* v, cudaStream_t stream) {
+  if (s.max_slots > kLeanMaxSlots) {
+    return append_once<16, kProgrammatic>(s, d_slots, entries, k, v, stream);
+  }
+  const int warps = entries * s.num_kv_heads;
+  const unsigned ctas = static_cast<unsigned>((warps + kLeanRowWarps - 1) / kLeanRowWarps);
+  return with_lane_elements(s.head_dim, [&](auto lane_elems) {
+    return launch(append_lean_kernel<decltype(lane_elems)::value, kProgrammatic>, dim3(ctas),
+                  dim3(32 * (kLeanRowWarps + 1)), kProgrammatic, stream, s, d_slots, entries, k, v);
+  });
+}
+
+// The staged rows kernel writes count > 1.
+bool lean(StoreKernels which) {
+  return which == StoreKernels::kLean || which == StoreKernels::kLeanPdl ||
+         which == StoreKernels::kStaged;
+}
+
 bool one_round(StoreKernels which) {
   return which == StoreKernels::kAuto || which == StoreKernels::kOneRound ||
-         which == StoreKernels::kOneRoundWide || which == StoreKernels::kOneRoundPdl;
+         which == StoreKernels::kOneRoundWide || which == StoreKernels::kOneRoundPdl || lean(which);
+}
+
+bool programmatic(StoreKernels which) {
+  return which == StoreKernels::kOneRoundPdl || which == StoreKernels::kLeanPdl;
 }
 
 }  // namespace
@@ -156,13 +191,14 @@ cudaError_t store_write_layers_with(StoreKernels which, const StoreView& s, cons
   const auto* v = static_cast<const std::uint16_t*>(d_v);
   const unsigned z = static_cast<unsigned>(layers);
   if (count == 1 && one_round(which) && aligned16(k, v, ls.kv)) {
-    return planned_append(s, ls, layers, d_slots, entries, k, v, SpillRows{},
-                          which == StoreKernels::kOneRoundPdl, stream);
+    return planned_append(s, ls, layers, d_slots, entries, k, v, SpillRows{}, programmatic(which),
+                          stream);
   }
-  if (which == StoreKernels::kLegacy || (which == StoreKernels::kAuto && !aligned16(k, v, ls.kv))) {
+  if (which == StoreKernels::kLegacy ||
+      ((which == StoreKernels::kAuto || lean(which)) && !aligned16(k, v, ls.kv))) {
     return write_legacy(s, ls, z, d_slots, entries, count, k, v, stream);
   }
-  return write_rows(s, ls, z, d_slots, entries, count, k, v, false, stream);
+  return write_rows(s, ls, z, d_slots, entries, count, k, v, false, lean(which), stream);
 }
 
 cudaError_t store_update_with(StoreKernels which, const StoreView& s, const std::int32_t* d_slots,
@@ -170,13 +206,29 @@ cudaError_t store_update_with(StoreKernels which, const StoreView& s, const std:
                               cudaStream_t stream) {
   if (entries <= 0 || count <= 0) return cudaSuccess;
   const bool fused = fused_applies(s, entries, d_k, d_v);
+  if (which == StoreKernels::kStaged) {
+    if (count == 1) {
+      if (!fused) return cudaErrorNotSupported;
+      return append_lean<false>(s, d_slots, entries, static_cast<const std::uint16_t*>(d_k),
+                                static_cast<const std::uint16_t*>(d_v), stream);
+    }
+    plan_kernel<<<1, kPlanThreads, 0, stream>>>(s, d_slots, entries, count);
+    KVC_CUDA_CALL(cudaGetLastError());
+    return store_write_layers_with(which, s, LayerStrides{}, 1, d_slots, entries, count, d_k, d_v,
+                                   stream);
+  }
   const bool self_planned = which == StoreKernels::kFused || one_round(which);
   if (self_planned && which != StoreKernels::kAuto && !fused) return cudaErrorNotSupported;
   if (fused && self_planned) {
     const auto* k = static_cast<const std::uint16_t*>(d_k);
     const auto* v = static_cast<const std::uint16_t*>(d_v);
-    if (count > 1)
-      return write_rows(s, LayerStrides{}, 1, d_slots, entries, count, k, v, true, stream);
+    if (count > 1) {
+      return write_rows(s, LayerStrides{}, 1, d_slots, entries, count, k, v, true, lean(which),
+                        stream);
+    }
+    if (which == StoreKernels::kLean) return append_lean<false>(s, d_slots, entries, k, v, stream);
+    if (which == StoreKernels::kLeanPdl)
+      return append_lean<true>(s, d_slots, entries, k, v, stream);
     // kAuto: the wide CTAs, fastest of the one-round variants on the H200 at every batch
     // measured (store_bench BM_AppendStep, count 1: B1 / B8 / B64 3.48 / 4.49 / 5.38 us against
     // 4.49 / 4.71 / 5.96 with 4 warps and 4.62 / 4.87 / 5.56 for kFused).

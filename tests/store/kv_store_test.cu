@@ -51,8 +51,11 @@ void run_against_cpu(const KvStoreConfig& c, std::uint32_t seed) {
     DeviceArray<std::uint16_t> dk(k), dv(v);
     cpu->ingest(slot, TensorView::contiguous(k.data(), c.dtype, {n, c.num_kv_heads, c.head_dim}),
                 TensorView::contiguous(v.data(), c.dtype, {n, c.num_kv_heads, c.head_dim}));
-    gpu->ingest(slot, TensorView::contiguous(dk.get(), c.dtype, {n, c.num_kv_heads, c.head_dim}, Device::cuda(0)),
-                TensorView::contiguous(dv.get(), c.dtype, {n, c.num_kv_heads, c.head_dim}, Device::cuda(0)));
+    gpu->ingest(
+        slot,
+        TensorView::contiguous(dk.get(), c.dtype, {n, c.num_kv_heads, c.head_dim}, Device::cuda(0)),
+        TensorView::contiguous(dv.get(), c.dtype, {n, c.num_kv_heads, c.head_dim},
+                               Device::cuda(0)));
   };
   feed_chunk(0, 300);
   feed_chunk(1, 37);
@@ -67,8 +70,11 @@ void run_against_cpu(const KvStoreConfig& c, std::uint32_t seed) {
     const int n = static_cast<int>(order.size());
     cpu->append(order, TensorView::contiguous(k.data(), c.dtype, {n, c.num_kv_heads, c.head_dim}),
                 TensorView::contiguous(v.data(), c.dtype, {n, c.num_kv_heads, c.head_dim}));
-    gpu->append(order, TensorView::contiguous(dk.get(), c.dtype, {n, c.num_kv_heads, c.head_dim}, Device::cuda(0)),
-                TensorView::contiguous(dv.get(), c.dtype, {n, c.num_kv_heads, c.head_dim}, Device::cuda(0)));
+    gpu->append(
+        order,
+        TensorView::contiguous(dk.get(), c.dtype, {n, c.num_kv_heads, c.head_dim}, Device::cuda(0)),
+        TensorView::contiguous(dv.get(), c.dtype, {n, c.num_kv_heads, c.head_dim},
+                               Device::cuda(0)));
     if (step == 40) {
       cpu->reset(1);
       gpu->reset(1);
@@ -129,16 +135,19 @@ TEST(Cuda_KvStore, ExtremeKeysMatchCpu) {
     auto k = random_bits16(n * token, c.dtype, 555, 3.0f);
     auto v = random_bits16(n * token, c.dtype, 556);
     std::mt19937 rng(7);
-    const std::uint16_t specials[] = {0x7fc0, 0x7f80, 0xff80, 0x0001, 0x8003, 0x7f7f, 0xff7f,
-                                      0x7f00, 0x0000, 0x8000};
+    const std::uint16_t specials[] = {0x7fc0, 0x7f80, 0xff80, 0x0001, 0x8003,
+                                      0x7f7f, 0xff7f, 0x7f00, 0x0000, 0x8000};
     for (int i = 0; i < 200; ++i) k[rng() % k.size()] = specials[rng() % 10];
-    for (std::size_t i = 0; i < token; ++i) k[40 * token + i] = 0;  // an all-zero token
+    for (std::size_t i = 0; i < token; ++i) k[40 * token + i] = 0;    // an all-zero token
     for (std::size_t i = 0; i < 32; ++i) k[50 * token + i] = 0x7f7f;  // a saturating group
     DeviceArray<std::uint16_t> dk(k), dv(v);
     cpu->ingest(0, TensorView::contiguous(k.data(), c.dtype, {n, c.num_kv_heads, c.head_dim}),
                 TensorView::contiguous(v.data(), c.dtype, {n, c.num_kv_heads, c.head_dim}));
-    gpu->ingest(0, TensorView::contiguous(dk.get(), c.dtype, {n, c.num_kv_heads, c.head_dim}, Device::cuda(0)),
-                TensorView::contiguous(dv.get(), c.dtype, {n, c.num_kv_heads, c.head_dim}, Device::cuda(0)));
+    gpu->ingest(
+        0,
+        TensorView::contiguous(dk.get(), c.dtype, {n, c.num_kv_heads, c.head_dim}, Device::cuda(0)),
+        TensorView::contiguous(dv.get(), c.dtype, {n, c.num_kv_heads, c.head_dim},
+                               Device::cuda(0)));
     EXPECT_EQ(testing::snapshot_difference(cpu->snapshot(), gpu->snapshot()), "")
         << to_string(index);
   }
@@ -178,12 +187,16 @@ TEST(Cuda_KvStore, GraphReplayOfAppend) {
   KVC_ASSERT_CUDA(cudaMemGetInfo(&free0, &total));
   for (int step = 0; step < steps; ++step) {
     const std::size_t off = static_cast<std::size_t>(step) * c.max_slots * token;
-    KVC_ASSERT_CUDA(cudaMemcpyAsync(step_k.get(), dk.get() + off, c.max_slots * token * 2, cudaMemcpyDeviceToDevice, stream));
-    KVC_ASSERT_CUDA(cudaMemcpyAsync(step_v.get(), dv.get() + off, c.max_slots * token * 2, cudaMemcpyDeviceToDevice, stream));
+    KVC_ASSERT_CUDA(cudaMemcpyAsync(step_k.get(), dk.get() + off, c.max_slots * token * 2,
+                                    cudaMemcpyDeviceToDevice, stream));
+    KVC_ASSERT_CUDA(cudaMemcpyAsync(step_v.get(), dv.get() + off, c.max_slots * token * 2,
+                                    cudaMemcpyDeviceToDevice, stream));
     KVC_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
     plain_store->append(slots,
-                        TensorView::contiguous(dk.get() + off, c.dtype, {4, c.num_kv_heads, c.head_dim}, Device::cuda(0)),
-                        TensorView::contiguous(dv.get() + off, c.dtype, {4, c.num_kv_heads, c.head_dim}, Device::cuda(0)));
+                        TensorView::contiguous(dk.get() + off, c.dtype,
+                                               {4, c.num_kv_heads, c.head_dim}, Device::cuda(0)),
+                        TensorView::contiguous(dv.get() + off, c.dtype,
+                                               {4, c.num_kv_heads, c.head_dim}, Device::cuda(0)));
   }
   KVC_ASSERT_CUDA(cudaStreamSynchronize(stream));
   size_t free1 = 0;
@@ -215,9 +228,8 @@ TEST(Cuda_KvStore, FootprintMatchesDeviceMemory) {
       KVC_ASSERT_CUDA(cudaMemGetInfo(&after, &total));
     }
     const double used = static_cast<double>(before - after);
-    EXPECT_NEAR(used / claimed, 1.0, 0.01)
-        << "device " << used << " B vs footprint " << claimed << " B (summaries " << c.summaries
-        << ")";
+    EXPECT_NEAR(used / claimed, 1.0, 0.01) << "device " << used << " B vs footprint " << claimed
+                                           << " B (summaries " << c.summaries << ")";
   }
 }
 

@@ -568,7 +568,7 @@ TEST(Cuda_LayeredCache, CountOneWritesOfEveryKernelSetMatchCpu) {
   KVC_REQUIRE_GPU();
   using kernels::store_detail::StoreKernels;
   for (const StoreKernels which : {StoreKernels::kOneRound, StoreKernels::kOneRoundPdl,
-                                   StoreKernels::kRows, StoreKernels::kAuto}) {
+                                   StoreKernels::kRows, StoreKernels::kAuto, StoreKernels::kLean}) {
     for (const PageOwner owner : {PageOwner::kKvc, PageOwner::kEngine}) {
       LayeredCacheConfig c =
           config(owner == PageOwner::kKvc ? Format::kQ8 : Format::kFp16kQ4v, owner, 8, 3);
@@ -637,6 +637,64 @@ TEST(Cuda_LayeredCache, CountOneWritesOfEveryKernelSetMatchCpu) {
       for (int i = 0; i < 6; ++i) step(19, i % 2 == 0, 77u + i);
       p.expect_equal((where + ", after truncate").c_str());
       cudaStreamDestroy(stream);
+    }
+  }
+}
+
+// Chunk writes (count > 1) of every layer through the kernel layer with a pinned kernel set:
+// kRows (the warp-per-row kernels), kLean and kStaged (the staged rows kernel, a grid dimension
+// per layer), all layers in one call and layer by layer; chunks that stay in the ring, close blocks
+// at different offsets and run past the ring, kvc and engine pages: equal to the CPU cache.
+TEST(Cuda_LayeredCache, ChunkWritesOfEveryKernelSetMatchCpu) {
+  KVC_REQUIRE_GPU();
+  using kernels::store_detail::StoreKernels;
+  for (const StoreKernels which :
+       {StoreKernels::kRows, StoreKernels::kLean, StoreKernels::kStaged}) {
+    for (const PageOwner owner : {PageOwner::kKvc, PageOwner::kEngine}) {
+      LayeredCacheConfig c =
+          config(owner == PageOwner::kKvc ? Format::kQ8 : Format::kFp16kQ4v, owner, 0, 3);
+      Pair p(c);
+      for (int s = 0; s < c.layer.max_slots; ++s) p.cpu->open_slot(), p.gpu->open_slot();
+      const std::string where = std::to_string(static_cast<int>(which)) +
+                                (owner == PageOwner::kKvc ? " kvc pages" : " engine pages");
+      const std::size_t token = 2 * 128;
+      DeviceArray<std::int32_t> d_slot(1);
+      int call = 0;
+      for (const auto& [slot, count] : std::vector<std::pair<int, int>>{
+               {0, 40}, {0, 30}, {1, 97}, {0, 17}, {2, 64}, {2, 1}, {2, 50}, {1, 3}, {3, 200}}) {
+        const bool all_layers = call++ % 2 == 0;
+        p.assign(slot, p.cpu->length(slot) + count);
+        const std::size_t layer = static_cast<std::size_t>(count) * token;
+        auto k = random_bits16(3 * layer, DType::kF16, 900u + call);
+        auto v = random_bits16(3 * layer, DType::kF16, 950u + call);
+        DeviceArray<std::uint16_t> dk(k), dv(v);
+        d_slot.upload(std::vector<std::int32_t>{slot});
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const LayeredView view = p.gpu->view();
+        ASSERT_EQ(kernels::layered_begin_update(view, d_slot.get(), 1, count, nullptr),
+                  cudaSuccess);
+        p.cpu->begin_update({slot}, count);
+        for (int l = 0; l < 3; ++l) {
+          p.cpu->write(l,
+                       TensorView::contiguous(k.data() + l * layer, DType::kF16, {count, 2, 128}),
+                       TensorView::contiguous(v.data() + l * layer, DType::kF16, {count, 2, 128}));
+        }
+        using kernels::store_detail::layered_write_layers_with;
+        if (all_layers) {
+          ASSERT_EQ(layered_write_layers_with(which, view, 0, 3, 1, count, dk.get(), dv.get(),
+                                              static_cast<std::int64_t>(layer), nullptr),
+                    cudaSuccess);
+        } else {
+          for (int l = 0; l < 3; ++l) {
+            ASSERT_EQ(layered_write_layers_with(which, view, l, 1, 1, count, dk.get() + l * layer,
+                                                dv.get() + l * layer, 0, nullptr),
+                      cudaSuccess);
+          }
+        }
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        p.gpu->refresh_host_state();
+      }
+      p.expect_equal(where.c_str());
     }
   }
 }

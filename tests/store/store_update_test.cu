@@ -1,8 +1,9 @@
 // The KvStore update kernels (kernels/store/update.cuh) against the CPU reference, bit for bit,
 // for every kernel set of kernels/store/variant.h: the single-launch count-1 append (kFused; and
-// in one round of reads, kOneRound / kOneRoundWide), the warp-per-row ingest (kRows), the
-// library's choice (kAuto, also on a view without the done-counter: plan + the planned count-1
-// write) and the legacy kernels (kLegacy).
+// in one round of reads, kOneRound / kOneRoundWide; with a two-load chain, kLean / kLeanPdl),
+// the warp-per-row ingest (kRows) and the staged one (kLean), the library's choice (kAuto, also
+// on a view without the done-counter: plan + the planned count-1 write) and the legacy kernels
+// (kLegacy).
 // Every format (f16, bf16, q8, fp16k_q4v), with and without an index copy (mxfp4, fp8_e4m3),
 // head_dim 64..512, 16-bit and f32 summaries, shards; odd sizes (a block that closes inside a
 // chunk, a chunk longer than the ring, count 1 for 1..64 entries in arbitrary slot order);
@@ -52,6 +53,12 @@ const char* name_of(StoreKernels k) {
       return "one-round-wide";
     case StoreKernels::kOneRoundPdl:
       return "one-round-pdl";
+    case StoreKernels::kLean:
+      return "lean";
+    case StoreKernels::kLeanPdl:
+      return "lean-pdl";
+    case StoreKernels::kStaged:
+      return "staged";
     default:
       return "legacy";
   }
@@ -146,6 +153,14 @@ class Twin {
     gpu_->refresh_host_state();
   }
 
+  // Resets `slot` in both stores (the object path): its blocks go back onto the free stack, so
+  // later pops hand out pool blocks in a shuffled order.
+  void reset(int slot) {
+    cpu_->reset(slot);
+    gpu_->reset(slot);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+
   // Random tokens (K scaled by 2 so K and V rows differ in range).
   void random_update(const std::vector<int>& slots, int count, std::mt19937& rng) {
     const std::size_t n = slots.size() * static_cast<std::size_t>(count) * token();
@@ -223,7 +238,7 @@ TEST_P(Cuda_StoreUpdate_Formats, EveryKernelSetMatchesCpu) {
   KvStoreConfig c = small_config(f, t, d, index);
   if (d == 128) c.summary_dtype = t;  // 16-bit summaries, rounded once
   for (StoreKernels k : {StoreKernels::kFused, StoreKernels::kOneRound, StoreKernels::kRows,
-                         StoreKernels::kLegacy}) {
+                         StoreKernels::kLegacy, StoreKernels::kLean, StoreKernels::kStaged}) {
     ingest_then_append(c, k, 99u + static_cast<std::uint32_t>(d));
   }
   Twin planned(c, StoreKernels::kAuto, false);  // plan + the planned count-1 write
@@ -268,9 +283,10 @@ TEST(Cuda_StoreUpdate, AppendBatchesOfEverySizeMatchCpu) {
       c.block_size = block;
       c.recent_window = 5;
       c.max_context = 200;
-      for (StoreKernels k : {StoreKernels::kFused, StoreKernels::kOneRound,
-                             StoreKernels::kOneRoundWide, StoreKernels::kOneRoundPdl,
-                             StoreKernels::kAuto, StoreKernels::kRows, StoreKernels::kLegacy}) {
+      for (StoreKernels k :
+           {StoreKernels::kFused, StoreKernels::kOneRound, StoreKernels::kOneRoundWide,
+            StoreKernels::kOneRoundPdl, StoreKernels::kLean, StoreKernels::kLeanPdl,
+            StoreKernels::kAuto, StoreKernels::kRows, StoreKernels::kLegacy}) {
         for (const bool counter : {true, false}) {
           if (!counter && k != StoreKernels::kAuto) continue;
           Twin twin(c, k, counter);
@@ -302,11 +318,11 @@ TEST(Cuda_StoreUpdate, ShardsMatchCpu) {
     c.shard_index = shard;
     c.block_size = 4;
     for (StoreKernels k : {StoreKernels::kFused, StoreKernels::kOneRound, StoreKernels::kRows,
-                           StoreKernels::kLegacy}) {
+                           StoreKernels::kLegacy, StoreKernels::kLean, StoreKernels::kStaged}) {
       ingest_then_append(c, k, 7u + shard);
     }
-    for (StoreKernels k :
-         {StoreKernels::kFused, StoreKernels::kOneRound, StoreKernels::kOneRoundWide}) {
+    for (StoreKernels k : {StoreKernels::kFused, StoreKernels::kOneRound,
+                           StoreKernels::kOneRoundWide, StoreKernels::kLean}) {
       for (const bool counter : {true, false}) {
         if (!counter && k != StoreKernels::kOneRound) continue;
         Twin twin(c, counter ? k : StoreKernels::kAuto, counter);
@@ -325,8 +341,9 @@ TEST(Cuda_StoreUpdate, NonFiniteZeroAndExtremeRowsMatchCpu) {
   KVC_REQUIRE_GPU();
   for (const Format f : {Format::kQ8, Format::kFp16kQ4v}) {
     for (const Format index : {Format::kMxfp4, Format::kFp8E4m3}) {
-      for (StoreKernels k : {StoreKernels::kFused, StoreKernels::kOneRound, StoreKernels::kAuto,
-                             StoreKernels::kRows, StoreKernels::kLegacy}) {
+      for (StoreKernels k :
+           {StoreKernels::kFused, StoreKernels::kOneRound, StoreKernels::kAuto, StoreKernels::kRows,
+            StoreKernels::kLegacy, StoreKernels::kLean, StoreKernels::kStaged}) {
         const DType t = f == Format::kQ8 ? DType::kBF16 : DType::kF16;
         KvStoreConfig c = small_config(f, t, 128, index);
         Twin twin(c, k, k != StoreKernels::kAuto);  // kAuto: plan + the planned count-1 write
@@ -432,7 +449,8 @@ TEST(Cuda_StoreUpdate, FusedAppendOnlyWhereItApplies) {
   StoreView view = gpu->view();
   using kernels::store_detail::store_update_with;
   for (StoreKernels which : {StoreKernels::kFused, StoreKernels::kOneRound,
-                             StoreKernels::kOneRoundWide, StoreKernels::kOneRoundPdl}) {
+                             StoreKernels::kOneRoundWide, StoreKernels::kOneRoundPdl,
+                             StoreKernels::kLean, StoreKernels::kLeanPdl, StoreKernels::kStaged}) {
     StoreView with_counter = view;
     EXPECT_EQ(store_update_with(which, with_counter, slots.get(),
                                 kernels::store_detail::kFusedMaxEntries + 1, 1, dk.get(), dv.get(),
@@ -548,6 +566,7 @@ TEST_P(Cuda_StoreUpdate_Graph, AppendGraphReplayMatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Kernels, Cuda_StoreUpdate_Graph,
                          ::testing::Values(StoreKernels::kFused, StoreKernels::kOneRound,
                                            StoreKernels::kOneRoundWide, StoreKernels::kOneRoundPdl,
+                                           StoreKernels::kLean, StoreKernels::kLeanPdl,
                                            StoreKernels::kAuto),
                          [](const ::testing::TestParamInfo<StoreKernels>& info) {
                            std::string name = name_of(info.param);
@@ -559,7 +578,8 @@ INSTANTIATE_TEST_SUITE_P(Kernels, Cuda_StoreUpdate_Graph,
 
 // The one-round append's first round over batches past one item per thread (129, 500, and the
 // kFusedMaxEntries maximum of 1024 entries), with blocks of 2 so about half the entries pop a
-// block every step (ranks past the first 32-entry word of pop bits), in both CTA widths.
+// block every step (ranks past the first 32-entry word of pop bits), in both CTA widths and in
+// the lean append (1024 slots: every slot's length read in its first round).
 TEST(Cuda_StoreUpdate, OneRoundLargeBatchesMatchCpu) {
   KVC_REQUIRE_GPU();
   KvStoreConfig c = small_config(Format::kQ8, DType::kF16, 64, Format::kMxfp4);
@@ -569,7 +589,8 @@ TEST(Cuda_StoreUpdate, OneRoundLargeBatchesMatchCpu) {
   c.block_size = 2;
   c.max_context = 40;
   for (const int batch : {129, 500, 1024}) {
-    for (StoreKernels k : {StoreKernels::kOneRound, StoreKernels::kOneRoundWide}) {
+    for (StoreKernels k :
+         {StoreKernels::kOneRound, StoreKernels::kOneRoundWide, StoreKernels::kLean}) {
       Twin twin(c, k);
       std::mt19937 rng(77u + batch);
       std::vector<int> all(static_cast<std::size_t>(c.max_slots));
@@ -581,6 +602,112 @@ TEST(Cuda_StoreUpdate, OneRoundLargeBatchesMatchCpu) {
       }
       twin.expect_equal("batch " + std::to_string(batch));
     }
+  }
+}
+
+// kLean past kLeanMaxSlots slots (the append_once_kernel fallback) and at exactly the bound:
+// both equal to the CPU reference.
+TEST(Cuda_StoreUpdate, LeanAppendAtAndPastTheSlotBoundMatchesCpu) {
+  KVC_REQUIRE_GPU();
+  for (const int slots :
+       {kernels::store_detail::kLeanMaxSlots, kernels::store_detail::kLeanMaxSlots + 1}) {
+    KvStoreConfig c = small_config(Format::kFp16kQ4v, DType::kF16, 64, Format::kMxfp4);
+    c.num_kv_heads = 1;
+    c.max_slots = slots;
+    c.recent_window = 2;
+    c.block_size = 3;
+    c.max_context = 24;
+    for (StoreKernels k : {StoreKernels::kLean, StoreKernels::kLeanPdl}) {
+      Twin twin(c, k);
+      std::mt19937 rng(31u + slots);
+      // The last slots (their lengths at the end of the first round's reads) and a spread.
+      std::vector<int> batch{slots - 1, 0, slots - 2, slots / 2, 7, slots - 3};
+      twin.random_update({slots - 1}, 4, rng);
+      twin.random_update({slots / 2}, 2, rng);
+      for (int step = 0; step < 12; ++step) {
+        std::shuffle(batch.begin(), batch.end(), rng);
+        twin.random_update(batch, 1, rng);
+      }
+      twin.expect_equal(std::to_string(slots) + " slots");
+    }
+  }
+}
+
+// The staged ingest (kLean and kStaged, count > 1) with the open block at every offset before the
+// chunk, and chunks that end inside it, close it exactly, close several blocks and end at every
+// offset: the closing block's rows of earlier updates come from the pool, its new rows from shared
+// memory. Every summary kept (mean K / V, min / max K), q8 and fp16k_q4v.
+TEST(Cuda_StoreUpdate, LeanIngestClosesBlocksAtEveryOffsetMatchesCpu) {
+  KVC_REQUIRE_GPU();
+  for (const Format f : {Format::kQ8, Format::kFp16kQ4v}) {
+    KvStoreConfig c = small_config(f, DType::kF16, 128, Format::kMxfp4);
+    c.max_slots = 8;
+    c.block_size = 8;
+    c.recent_window = 5;
+    c.max_context = 200;
+    for (StoreKernels k : {StoreKernels::kLean, StoreKernels::kStaged}) {
+      Twin twin(c, k);
+      std::mt19937 rng(41u + static_cast<std::uint32_t>(f));
+      for (int offset = 0; offset < c.block_size; ++offset) {
+        twin.random_update({offset}, c.recent_window + offset, rng);  // `offset` old tokens
+        for (const int chunk :
+             {1, c.block_size - offset, 2, c.block_size + 1, 3 * c.block_size + 5})
+          twin.random_update({offset}, chunk, rng);
+      }
+      twin.expect_equal(std::string("staged ingest, ") + to_string(f) + ", " + name_of(k));
+    }
+  }
+}
+
+// The staged ingest (kLean, kStaged) where a block does not fit kMaxStageBytes of shared memory
+// (B 32, d 512, f16 K and V, mean V kept: 64 KB) is summarised from the pool; B 1 stages one row
+// per block. kStaged also on a view without the done-counter.
+TEST(Cuda_StoreUpdate, LeanIngestUnstagedAndTinyBlocksMatchCpu) {
+  KVC_REQUIRE_GPU();
+  for (const int block : {32, 1}) {
+    KvStoreConfig c = small_config(Format::kF16, DType::kF16, 512, Format::kFp8E4m3);
+    c.block_size = block;
+    c.max_context = 300;
+    StoreView g;
+    g.head_dim = c.head_dim;
+    g.block_size = c.block_size;
+    g.old_format = c.old_format;
+    g.summaries = c.summaries;
+    EXPECT_EQ(kernels::store_detail::stage_bytes(g) > kernels::store_detail::kMaxStageBytes,
+              block == 32);
+    ingest_then_append(c, StoreKernels::kLean, 61u + block);
+    ingest_then_append(c, StoreKernels::kStaged, 62u + block);
+    // kStaged's chunks on a view without the done-counter (plan in a launch of its own).
+    Twin twin(c, StoreKernels::kStaged, false);
+    std::mt19937 rng(63u + block);
+    twin.random_update({0}, 70, rng);
+    twin.random_update({1}, 3, rng);
+    twin.random_update({0}, 41, rng);
+    twin.expect_equal("staged, no done-counter, B " + std::to_string(block));
+  }
+}
+
+// Slots reset in an order of their own put their blocks back onto the free stack, so later
+// ingests and appends (kLean, kRows, kOneRoundWide) pop pool blocks in a shuffled order: the
+// tables, payloads and summaries still equal the CPU reference's.
+TEST(Cuda_StoreUpdate, ShuffledPagesAfterResetsMatchCpu) {
+  KVC_REQUIRE_GPU();
+  for (StoreKernels k : {StoreKernels::kLean, StoreKernels::kStaged, StoreKernels::kRows,
+                         StoreKernels::kOneRoundWide}) {
+    KvStoreConfig c = small_config(Format::kFp16kQ4v, DType::kF16, 128, Format::kMxfp4);
+    c.max_slots = 6;
+    c.block_size = 4;
+    c.recent_window = 3;
+    c.max_context = 120;
+    Twin twin(c, k);
+    std::mt19937 rng(53);
+    for (int s = 0; s < c.max_slots; ++s) twin.random_update({s}, 10 + 7 * s, rng);
+    for (const int s : {4, 1, 5, 2}) twin.reset(s);
+    twin.random_update({2}, 45, rng);
+    twin.random_update({5}, 2, rng);
+    for (int step = 0; step < 14; ++step) twin.random_update({5, 0, 2, 4, 1}, 1, rng);
+    twin.random_update({1}, 33, rng);
+    twin.expect_equal(std::string("after resets, ") + name_of(k));
   }
 }
 
