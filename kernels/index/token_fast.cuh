@@ -228,71 +228,72 @@ __global__ void __launch_bounds__(kTokThreads)
         score_fixed_block<D, kB>(p, keys, scales, qb, mx, lse, nan);
       } else {
 #pragma unroll 2
-      for (int m0 = 0; m0 < B; m0 += 16) {
-        const int ta = m0 + g, tb = m0 + g + 8;  // this lane's two tokens
-        const bool va = ta < B, vb = tb < B;
-        // The two tokens' scale bytes (D / 32 of them per token, little-endian).
-        std::uint32_t sca = 0u, scb = 0u;
-        if constexpr (kScaleBytes == 4) {
-          if (va) sca = *reinterpret_cast<const std::uint32_t*>(scales + ta * kScaleBytes);
-          if (vb) scb = *reinterpret_cast<const std::uint32_t*>(scales + tb * kScaleBytes);
-        } else {
-          if (va) sca = *reinterpret_cast<const std::uint16_t*>(scales + ta * kScaleBytes);
-          if (vb) scb = *reinterpret_cast<const std::uint16_t*>(scales + tb * kScaleBytes);
-        }
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int grp = 0; grp < Tr::kGroups; ++grp) {
-          const std::uint32_t wa =
-              va ? *reinterpret_cast<const std::uint32_t*>(keys + ta * kRowBytes + 16 * grp + 4 * t)
-                 : 0u;
-          const std::uint32_t wb =
-              vb ? *reinterpret_cast<const std::uint32_t*>(keys + tb * kRowBytes + 16 * grp + 4 * t)
-                 : 0u;
-          std::uint32_t ra[4], rb[4];
-          index_math::e2m1_word_to_f16x2(wa, ra);
-          index_math::e2m1_word_to_f16x2(wb, rb);
-          float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          const std::uint32_t a0[4] = {ra[0], rb[0], ra[1], rb[1]};
-          const std::uint32_t a1[4] = {ra[2], rb[2], ra[3], rb[3]};
-          mma_16816(c, a0, qb[2 * grp][0], qb[2 * grp][1]);
-          mma_16816(c, a1, qb[2 * grp + 1][0], qb[2 * grp + 1][1]);
-          // The group's scale 2^e (NaN for a non-finite group); the unpacking's 2^-14 undone first.
-          const float sa = formats::ue8m0_to_float(static_cast<std::uint8_t>(sca >> (8 * grp)));
-          const float sb = formats::ue8m0_to_float(static_cast<std::uint8_t>(scb >> (8 * grp)));
-          acc[0] += (c[0] * 16384.0f) * sa;
-          acc[1] += (c[1] * 16384.0f) * sa;
-          acc[2] += (c[2] * 16384.0f) * sb;
-          acc[3] += (c[3] * 16384.0f) * sb;
-        }
-        // acc[0], acc[1]: token ta, heads 2t, 2t+1; acc[2], acc[3]: token tb.
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const bool valid = k < 2 ? va : vb;
-          if (!valid) continue;
-          const float l = p.scale * acc[k];
-          const int hc = k % 2;
-          mx[hc] = index_math::nan_max(mx[hc], l);
-          if (is_nan(l)) {
-            nan[hc] = true;
+        for (int m0 = 0; m0 < B; m0 += 16) {
+          const int ta = m0 + g, tb = m0 + g + 8;  // this lane's two tokens
+          const bool va = ta < B, vb = tb < B;
+          // The two tokens' scale bytes (D / 32 of them per token, little-endian).
+          std::uint32_t sca = 0u, scb = 0u;
+          if constexpr (kScaleBytes == 4) {
+            if (va) sca = *reinterpret_cast<const std::uint32_t*>(scales + ta * kScaleBytes);
+            if (vb) scb = *reinterpret_cast<const std::uint32_t*>(scales + tb * kScaleBytes);
           } else {
-            lse[hc].add(l);
+            if (va) sca = *reinterpret_cast<const std::uint16_t*>(scales + ta * kScaleBytes);
+            if (vb) scb = *reinterpret_cast<const std::uint16_t*>(scales + tb * kScaleBytes);
+          }
+          float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+          for (int grp = 0; grp < Tr::kGroups; ++grp) {
+            const std::uint32_t wa = va ? *reinterpret_cast<const std::uint32_t*>(
+                                              keys + ta * kRowBytes + 16 * grp + 4 * t)
+                                        : 0u;
+            const std::uint32_t wb = vb ? *reinterpret_cast<const std::uint32_t*>(
+                                              keys + tb * kRowBytes + 16 * grp + 4 * t)
+                                        : 0u;
+            std::uint32_t ra[4], rb[4];
+            index_math::e2m1_word_to_f16x2(wa, ra);
+            index_math::e2m1_word_to_f16x2(wb, rb);
+            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const std::uint32_t a0[4] = {ra[0], rb[0], ra[1], rb[1]};
+            const std::uint32_t a1[4] = {ra[2], rb[2], ra[3], rb[3]};
+            mma_16816(c, a0, qb[2 * grp][0], qb[2 * grp][1]);
+            mma_16816(c, a1, qb[2 * grp + 1][0], qb[2 * grp + 1][1]);
+            // The group's scale 2^e (NaN for a non-finite group); the unpacking's 2^-14 undone
+            // first.
+            const float sa = formats::ue8m0_to_float(static_cast<std::uint8_t>(sca >> (8 * grp)));
+            const float sb = formats::ue8m0_to_float(static_cast<std::uint8_t>(scb >> (8 * grp)));
+            acc[0] += (c[0] * 16384.0f) * sa;
+            acc[1] += (c[1] * 16384.0f) * sa;
+            acc[2] += (c[2] * 16384.0f) * sb;
+            acc[3] += (c[3] * 16384.0f) * sb;
+          }
+          // acc[0], acc[1]: token ta, heads 2t, 2t+1; acc[2], acc[3]: token tb.
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const bool valid = k < 2 ? va : vb;
+            if (!valid) continue;
+            const float l = p.scale * acc[k];
+            const int hc = k % 2;
+            mx[hc] = index_math::nan_max(mx[hc], l);
+            if (is_nan(l)) {
+              nan[hc] = true;
+            } else {
+              lse[hc].add(l);
+            }
           }
         }
-      }
-      // Reduce over the 8 lanes of each quad position (lanes t, t + 4, ..., t + 28).
+        // Reduce over the 8 lanes of each quad position (lanes t, t + 4, ..., t + 28).
 #pragma unroll
-      for (int o = 4; o < 32; o <<= 1) {
+        for (int o = 4; o < 32; o <<= 1) {
 #pragma unroll
-        for (int hc = 0; hc < 2; ++hc) {
-          mx[hc] = index_math::nan_max(mx[hc], __shfl_xor_sync(0xffffffffu, mx[hc], o));
-          index_math::LogSumExp other;
-          other.max = __shfl_xor_sync(0xffffffffu, lse[hc].max, o);
-          other.sum = __shfl_xor_sync(0xffffffffu, lse[hc].sum, o);
-          lse[hc].merge(other);
-          nan[hc] = __shfl_xor_sync(0xffffffffu, nan[hc] ? 1 : 0, o) != 0 || nan[hc];
+          for (int hc = 0; hc < 2; ++hc) {
+            mx[hc] = index_math::nan_max(mx[hc], __shfl_xor_sync(0xffffffffu, mx[hc], o));
+            index_math::LogSumExp other;
+            other.max = __shfl_xor_sync(0xffffffffu, lse[hc].max, o);
+            other.sum = __shfl_xor_sync(0xffffffffu, lse[hc].sum, o);
+            lse[hc].merge(other);
+            nan[hc] = __shfl_xor_sync(0xffffffffu, nan[hc] ? 1 : 0, o) != 0 || nan[hc];
+          }
         }
-      }
       }  // runtime block size
       const unsigned full = 0xffffffffu;
       // Lane t (g == 0) holds heads 2t and 2t+1; lane 0 records them in ascending order.
@@ -336,6 +337,18 @@ __global__ void __launch_bounds__(kTokThreads)
 //     heads per block (ascending) in lane 0 and writes the scores at the end, like
 //     token_fast_kernel.
 // The finish kernel is the same (p.ring_parts, p.blocks_per_cta describe the partials).
+//
+// Issue 12's second round, each a selectable variant over the same kernel:
+//   - p.ring_tc (kStreamTc and the variants below): kStreamTcRingParts ring CTAs per row score
+//     the visible ring rows on tensor cores (exact_part_tc, 16 rows per warp and mma.sync on the
+//     f16 keys as they are stored, exact products), the finish kernel is a programmatic dependent
+//     launch (griddepcontrol), and the chunk CTAs trigger it as they start;
+//   - kLoop = kLoopLean (kStreamLean): the softmax scale is folded into each group's factor (one
+//     integer multiply-add builds scale * 2^(e - 113) from the byte, stream_lean_safe_add) and the
+//     slab vote tests the OR of the slab's scale words once;
+//   - kLoop = kLoopAsync (kStreamAsync, kStreamAsync4): kLoopLean's math on slabs that each lane
+//     copies into its warp's ring of p.async_stages shared-memory stages with cp.async (the same
+//     words load_slab reads), p.async_stages - 1 slabs ahead, then reads back with 16-byte loads.
 
 /// Most closed blocks one warp of a streaming chunk CTA scores (p.blocks_per_cta / kTokWarps is
 /// 2, 4 or 8).
@@ -360,6 +373,9 @@ inline int stream_blocks_per_warp(int rows, int owned) {
 }
 /// Ring CTAs per row of the streaming variant (mass rule): the exact tokens split among them.
 constexpr int kStreamRingParts = 4;
+/// Ring CTAs per row where they run on tensor cores (kStreamTc, kStreamLean): 8 x 8 warps of 16
+/// rows each take a 1024-token ring in one step per warp.
+constexpr int kStreamTcRingParts = 8;
 
 /// 2^x with the hardware approximation (MUFU.EX2; -inf gives 0).
 __device__ __forceinline__ float ex2_approx(float x) {
@@ -402,6 +418,122 @@ __device__ __forceinline__ void load_slab(StreamSlab<D, kS>& b, const std::uint8
   }
 }
 
+/// The chunk loop of token_stream_kernel (its template argument kLoop). kLoopF16: kStream's;
+/// kLoopLean: kStreamLean's (scale folded into the group factor, one OR'd byte test per slab);
+/// kLoopAsync: kStreamAsync's (kLoopLean's math on slabs staged in shared memory by cp.async,
+/// p.async_stages - 1 slabs ahead, so the loads in flight hold no registers).
+constexpr int kLoopF16 = 0, kLoopLean = 1, kLoopAsync = 2;
+
+/// Words of one lane's slab in a kLoopAsync stage: the key words w[mt][r][grp], then the scale
+/// words sc[mt][r], padded to whole 16-byte vectors (lane strides of 80 / 48 bytes keep the
+/// 16-byte reads free of bank conflicts at d 128 / 64 with 32-token slabs).
+template <int D, int kS>
+struct AsyncSlabWords {
+  static constexpr int kKeys = StreamSlab<D, kS>::kMT * 2 * (D / 32);
+  static constexpr int kScales = StreamSlab<D, kS>::kMT * 2;
+  static constexpr int kPadded = (kKeys + kScales + 3) / 4 * 4;
+};
+
+/// Most stages of the kLoopAsync ring (kStreamAsync4).
+constexpr int kAsyncMaxStages = 4;
+
+/// Dynamic shared memory of a kLoopAsync chunk CTA with `stages` stages per warp.
+template <int D, int kS>
+constexpr std::size_t async_smem_bytes(int stages) {
+  return static_cast<std::size_t>(kTokWarps) * stages * 32 * AsyncSlabWords<D, kS>::kPadded * 4;
+}
+// Two chunk CTAs per SM (the register bound) must fit the H200's 228 KB with the deepest ring and
+// the kernel's static shared memory (under 8 KB) beside it.
+static_assert(2 * (async_smem_bytes<128, 32>(kAsyncMaxStages) + 8 * 1024) <= 228 * 1024,
+              "two kLoopAsync CTAs per SM");
+
+/// Issues the cp.async copies of one lane's slab words (the words load_slab reads, from the same
+/// addresses) into `dst` (this lane's words of one stage, in shared memory).
+template <int D, int kS>
+__device__ __forceinline__ void issue_slab_async(std::uint32_t* dst, const std::uint8_t* keys,
+                                                 const std::uint8_t* scales) {
+  constexpr int kRowBytes = D / 2, kScaleBytes = D / 32;
+  using Words = AsyncSlabWords<D, kS>;
+  const std::uint32_t base = static_cast<std::uint32_t>(__cvta_generic_to_shared(dst));
+#pragma unroll
+  for (int mt = 0; mt < StreamSlab<D, kS>::kMT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int tok = 16 * mt + 8 * r;
+#pragma unroll
+      for (int grp = 0; grp < D / 32; ++grp) {
+        const int wi = (mt * 2 + r) * (D / 32) + grp;
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(base + 4 * wi),
+                     "l"(keys + tok * kRowBytes + 16 * grp)
+                     : "memory");
+      }
+      // d 64 has two scale bytes per token, below cp.async's 4: the aligned word holding them
+      // (and a neighbour's; read_slab_smem keeps this token's half).
+      const std::uint8_t* sc = scales + tok * kScaleBytes;
+      if constexpr (kScaleBytes == 2) {
+        sc = reinterpret_cast<const std::uint8_t*>(reinterpret_cast<std::uintptr_t>(sc) &
+                                                   ~static_cast<std::uintptr_t>(3));
+      }
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(
+                       base + 4 * (Words::kKeys + mt * 2 + r)),
+                   "l"(sc)
+                   : "memory");
+    }
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+/// An empty cp.async group (keeps the count of groups per slab uniform at the pipeline's end).
+__device__ __forceinline__ void commit_empty_async() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+/// Waits until at most `pending` of this thread's cp.async groups are still in flight
+/// (0 .. kAsyncMaxStages - 1).
+__device__ __forceinline__ void wait_async(int pending) {
+  switch (pending) {
+    case 0:
+      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+      break;
+    case 1:
+      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+      break;
+    case 2:
+      asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+      break;
+    default:
+      asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+      break;
+  }
+}
+
+/// Reads one lane's slab words back from its stage (16-byte reads); d 64 keeps the 16 bits at
+/// `sc_shift` (0 or 16) of each scale word (issue_slab_async copied the aligned word).
+template <int D, int kS>
+__device__ __forceinline__ void read_slab_smem(StreamSlab<D, kS>& b, const std::uint32_t* src,
+                                               int sc_shift) {
+  using Words = AsyncSlabWords<D, kS>;
+  std::uint32_t v[Words::kPadded];
+#pragma unroll
+  for (int i = 0; i < Words::kPadded / 4; ++i) {
+    const uint4 x = reinterpret_cast<const uint4*>(src)[i];
+    v[4 * i] = x.x;
+    v[4 * i + 1] = x.y;
+    v[4 * i + 2] = x.z;
+    v[4 * i + 3] = x.w;
+  }
+#pragma unroll
+  for (int mt = 0; mt < StreamSlab<D, kS>::kMT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int grp = 0; grp < D / 32; ++grp) b.w[mt][r][grp] = v[(mt * 2 + r) * (D / 32) + grp];
+      const std::uint32_t sc = v[Words::kKeys + mt * 2 + r];
+      b.sc[mt][r] = D / 32 == 4 ? sc : (sc >> sc_shift) & 0xffffu;
+    }
+  }
+}
+
 /// Nonzero when a scale byte of the slab exceeds the bound of stream_safe_add.
 template <int D, int kS>
 __device__ __forceinline__ std::uint32_t slab_unsafe(const StreamSlab<D, kS>& b,
@@ -417,15 +549,35 @@ __device__ __forceinline__ std::uint32_t slab_unsafe(const StreamSlab<D, kS>& b,
   return bad;
 }
 
+/// Nonzero when the OR of the slab's scale words fails the byte test of stream_safe_add: every
+/// byte of the OR is at least the largest of the bytes in its position, so a slab with a byte
+/// past the bound always fails (the test is conservative: a slab of bytes within it may fail
+/// too and then takes the exact path). kStreamLean's vote; one test instead of one per word.
+template <int D, int kS>
+__device__ __forceinline__ std::uint32_t slab_unsafe_or(const StreamSlab<D, kS>& b,
+                                                        std::uint32_t safe_add) {
+  std::uint32_t w = 0u;
+#pragma unroll
+  for (int mt = 0; mt < StreamSlab<D, kS>::kMT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) w |= b.sc[mt][r];
+  }
+  return scale_bytes_unsafe(w, safe_add);
+}
+
 /// The slab's logits: l[mt][0, 1] = token 16 mt + g, heads 2t, 2t + 1; l[mt][2, 3] = token + 8.
 /// Groups ascending, each group's two mma tiles from zero, then per logit one FFMA with
 /// 2^(e - 113) (kExact false: every scale byte of the slab at most 240), or, as
 /// score_fixed_block does it, times 2^14 and then ue8m0_to_float(e) (kExact: any byte, the NaN
-/// byte and those whose 2^14 * 2^(e - 127) overflows included).
-template <int D, int kS, bool kExact>
+/// byte and those whose 2^14 * 2^(e - 127) overflows included). kFolded (with kExact false;
+/// kStreamLean): the FFMA's factor is scale * 2^(e - 113), built by one integer multiply-add
+/// from `scale_bits` (stream_scale_bits; every byte within stream_lean_safe_add's bound), and
+/// the logits are the sums themselves (no multiply by the scale).
+template <int D, int kS, bool kExact, bool kFolded = false>
 __device__ __forceinline__ void slab_logits(const StreamSlab<D, kS>& b,
                                             const std::uint32_t (&qb)[D / 16][2], float scale,
-                                            float (*l)[4]) {
+                                            std::uint32_t scale_bits, float (*l)[4]) {
+  static_assert(!(kExact && kFolded), "the exact scaling multiplies by the scale at the end");
 #pragma unroll
   for (int mt = 0; mt < StreamSlab<D, kS>::kMT; ++mt) {
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -449,8 +601,10 @@ __device__ __forceinline__ void slab_logits(const StreamSlab<D, kS>& b,
         acc[2] += (c[2] * 16384.0f) * sb;
         acc[3] += (c[3] * 16384.0f) * sb;
       } else {
-        const float sa = index_math::ue8m0_times_16384(ea);
-        const float sb = index_math::ue8m0_times_16384(eb);
+        const float sa = kFolded ? __uint_as_float(ea * 8388608u + scale_bits)
+                                 : index_math::ue8m0_times_16384(ea);
+        const float sb = kFolded ? __uint_as_float(eb * 8388608u + scale_bits)
+                                 : index_math::ue8m0_times_16384(eb);
         acc[0] = fmaf(c[0], sa, acc[0]);
         acc[1] = fmaf(c[1], sa, acc[1]);
         acc[2] = fmaf(c[2], sb, acc[2]);
@@ -458,7 +612,7 @@ __device__ __forceinline__ void slab_logits(const StreamSlab<D, kS>& b,
       }
     }
 #pragma unroll
-    for (int k = 0; k < 4; ++k) l[mt][k] = scale * acc[k];
+    for (int k = 0; k < 4; ++k) l[mt][k] = kFolded ? acc[k] : scale * acc[k];
   }
 }
 
@@ -477,9 +631,160 @@ __device__ __forceinline__ void merge_finite(float& zm, float& zs, float m, floa
   zm = hi;
 }
 
-template <int D, int kB>
+/// True when both halves of every word of `w` are finite f16 values (exponent field not 31):
+/// (x & 0x7fff) + 0x0400 reaches bit 15 exactly for exponent 31, and no carry crosses halves.
+__device__ __forceinline__ std::uint32_t f16x2_nonfinite_bits(uint4 w) {
+  const std::uint32_t m = 0x7fff7fffu, add = 0x04000400u;
+  return (((w.x & m) + add) | ((w.y & m) + add) | ((w.z & m) + add) | ((w.w & m) + add)) &
+         0x80008000u;
+}
+
+/// A ring CTA on tensor cores (p.ring_tc; mass rule), part `part` of `nparts`: the
+/// same partial as exact_part, over the same tokens. Each warp takes 32 visible ring rows at a
+/// time (part-major, like exact_part): lane (g, t) loads 16 bytes (8 f16 elements 32 pc + 8 t ..
+/// + 7) of each of its rows 16 mt + g + 8 rr per 32-element piece pc, which are the A fragments
+/// of k-tiles 2 pc and 2 pc + 1 in the order (elements 32 pc + 8 t + 4 hi + {0, 1}) at slots
+/// (2t, 2t + 1) and (+ {2, 3}) at slots (2t + 8, 2t + 9); the queries' B fragments are gathered in
+/// the same order, so the products are exact f16 x f16 and only the f32 sum order differs from
+/// the CUDA-core code. The logits' log-sum-exp is exact (reduce_block_exact: ±inf, one exp per
+/// logit). A warp whose 32 rows hold a non-finite key, or a row whose queries are not finite, or
+/// a bf16 ring, takes the per-token code (add_exact_token) for those rows, and so do the open
+/// block's rows (16-bit or q8 old-block format).
+template <int D>
+__device__ __noinline__ void exact_part_tc(const TokenScoreParams& p, float* q_smem, float* red,
+                                           int part, int nparts) {
+  const StoreView& s = p.s;
+  const TokenRow r = token_row(p, D);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const unsigned full = 0xffffffffu;
+  constexpr int kPieces = D / 32;
+  const bool tc_keys = !store::is_bf16(s);
+  const int cn = p.group;  // G <= 8 (the tensor-core scorer serves no other call)
+  const int W = s.recent_window, ring_base = r.old % W;
+  const auto* ring = static_cast<const std::uint8_t*>(s.ring_k);
+  float* red_max = red;
+  float* red_sum = red + kTokWarps * kTokHeads;
+  for (int hh = 0; hh < r.h_count; ++hh) {
+    const int h = r.h_first + hh;
+    const int gl0 = hh * p.group;
+    stage_queries<D>(p, r, gl0, cn, q_smem);  // for the per-token code
+    std::uint32_t qb[D / 16][2];
+    bool q_finite = true;
+    {
+      const std::uint16_t* qg = r.q_row + static_cast<std::size_t>(gl0 + (g < cn ? g : 0)) * D;
+#pragma unroll
+      for (int pc = 0; pc < kPieces; ++pc) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const int e = 32 * pc + 8 * t + 2 * w;
+          const std::uint32_t v = g < cn ? static_cast<std::uint32_t>(qg[e]) |
+                                               (static_cast<std::uint32_t>(qg[e + 1]) << 16)
+                                         : 0u;
+          qb[2 * pc + w / 2][w % 2] = v;
+          q_finite = q_finite && f16x2_finite(v);
+        }
+      }
+    }
+    const bool q_ok = tc_keys && __all_sync(full, q_finite);
+    // Tiles of 16 ring rows: tile i of the row is warp (i % (nparts * kTokWarps)) of part ... as
+    // u0 = 16 * (part * kTokWarps + warp) + i * step.
+    const int step = nparts * kTokWarps * 16;
+    const int first = (part * kTokWarps + warp) * 16;
+    // Pass 1, tensor cores: the warp's tiles with finite keys (of its first 32 tiles; bit i of
+    // `per_token` marks tile i for pass 2).
+    index_math::LogSumExp zt[2];  // heads 2t, 2t + 1 over this warp's tensor-core rows
+    std::uint32_t per_token = 0u;
+    int tiles = 0;
+    const std::size_t ring0 = store::ring_row_index(s, r.slot, h, 0);
+    for (int u0 = first; u0 < r.ring_count; u0 += step, ++tiles) {
+      if (!q_ok || tiles >= 32) continue;
+      uint4 kw[2][kPieces];  // rows g, g + 8 of the tile
+      std::uint32_t bad = 0u;
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int u = u0 + 8 * rr + g;
+        int idx = ring_base + u;
+        if (idx >= W) idx -= W;
+        const std::uint8_t* row = ring + (ring0 + idx) * (D * 2) + 16 * t;
+#pragma unroll
+        for (int pc = 0; pc < kPieces; ++pc) {
+          kw[rr][pc] = make_uint4(0u, 0u, 0u, 0u);
+          if (u < r.ring_count) kw[rr][pc] = __ldg(reinterpret_cast<const uint4*>(row + 64 * pc));
+          bad |= f16x2_nonfinite_bits(kw[rr][pc]);
+        }
+      }
+      if (__any_sync(full, bad != 0u)) {
+        per_token |= 1u << tiles;
+        continue;
+      }
+      float l[1][4];
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int pc = 0; pc < kPieces; ++pc) {
+        const uint4 a = kw[0][pc], b = kw[1][pc];
+        const std::uint32_t a0[4] = {a.x, b.x, a.y, b.y};
+        const std::uint32_t a1[4] = {a.z, b.z, a.w, b.w};
+        mma_16816(acc, a0, qb[2 * pc][0], qb[2 * pc][1]);
+        mma_16816(acc, a1, qb[2 * pc + 1][0], qb[2 * pc + 1][1]);
+      }
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const bool valid = u0 + g + 8 * (k / 2) < r.ring_count;
+        l[0][k] = valid ? p.scale * acc[k] : index_math::neg_inf();
+      }
+      float mx[2];
+      index_math::LogSumExp lse[2];
+      bool nan[2];
+      reduce_block_exact<1>(true, l, mx, lse, nan);  // NaN logits are left out of lse
+      zt[0].merge(lse[0]);
+      zt[1].merge(lse[1]);
+    }
+    // Lanes t (g == 0) hold heads 2t, 2t + 1.
+    if (g == 0) {
+#pragma unroll
+      for (int hc = 0; hc < 2; ++hc) {
+        if (2 * t + hc < cn) {
+          red_max[warp * kTokHeads + 2 * t + hc] = zt[hc].max;
+          red_sum[warp * kTokHeads + 2 * t + hc] = zt[hc].sum;
+        }
+      }
+    }
+    // Pass 2, per token (warp-uniform): the tiles pass 1 left, and the open block's rows.
+    const bool tiles_left = !q_ok ? tiles > 0 : (per_token != 0u || tiles > 32);
+    if (tiles_left || r.ring_count + first < r.exact_count) {
+      HeadStates st;
+      st.reset();
+      int i = 0;
+      for (int u0 = first; u0 < r.ring_count; u0 += step, ++i) {
+        if (q_ok && i < 32 && ((per_token >> i) & 1u) == 0u) continue;
+        const int u = u0 + lane;
+        if (lane < 16 && u < r.ring_count) add_exact_token<D>(p, r, h, q_smem, cn, u, st);
+      }
+      for (int u0 = r.ring_count + first; u0 < r.exact_count; u0 += step) {
+        const int u = u0 + lane;
+        if (lane < 16 && u < r.exact_count) add_exact_token<D>(p, r, h, q_smem, cn, u, st);
+      }
+      st.warp_reduce();
+      __syncwarp();  // the tensor-core states above are in red
+      if (lane == 0) {
+#pragma unroll
+        for (int c = 0; c < kTokHeads; ++c) {
+          if (c >= cn) break;
+          index_math::LogSumExp z{red_max[warp * kTokHeads + c], red_sum[warp * kTokHeads + c]};
+          z.merge(st.lse[c]);
+          red_max[warp * kTokHeads + c] = z.max;
+          red_sum[warp * kTokHeads + c] = z.sum;
+        }
+      }
+    }
+    write_merged_partial(p, r.row, part, gl0, cn, red);
+  }
+}
+
+template <int D, int kB, int kLoop>
 __global__ void __launch_bounds__(kTokThreads, 2)
     token_stream_kernel(const __grid_constant__ TokenScoreParams p) {
+  constexpr bool kLean = kLoop != kLoopF16, kAsync = kLoop == kLoopAsync;
   static_assert(kB == 16 || kB == 32 || kB == 64, "the streaming scorer serves blocks of 16/32/64");
   using Tr = FastTokenTraits<D>;
   constexpr int kS = kB < 32 ? kB : 32;  // tokens per slab
@@ -489,12 +794,20 @@ __global__ void __launch_bounds__(kTokThreads, 2)
   __shared__ __align__(16) float q_smem[kTokHeads * D];  // ring CTAs
   __shared__ float red[2 * kTokWarps * kTokHeads];       // per-warp states (ring and chunk CTAs)
   __shared__ float agg[kTokWarps * kStreamMaxBlocksPerWarp];  // max rule: heads aggregated
+  extern __shared__ uint4 async_stages[];  // kLoopAsync: [warp][stage][lane][words]
   const StoreView& s = p.s;
   const TokenRow r = token_row(p, D);
   if (blockIdx.x == 0 && threadIdx.x == 0) p.out.num_valid[r.row] = r.closed;
   const int ring = p.mass ? p.ring_parts : 0;
+  // A programmatic dependent (the finish kernel where p.ring_tc) may launch once every CTA of this
+  // grid has started; it waits for this grid's completion before reading. A no-op without one.
+  asm volatile("griddepcontrol.launch_dependents;");
   if (static_cast<int>(blockIdx.x) < ring) {
-    exact_part<D>(p, r, q_smem, red, static_cast<int>(blockIdx.x), ring);
+    if (p.ring_tc) {
+      exact_part_tc<D>(p, q_smem, red, static_cast<int>(blockIdx.x), ring);
+    } else {
+      exact_part<D>(p, r, q_smem, red, static_cast<int>(blockIdx.x), ring);
+    }
     return;
   }
   const int chunk = static_cast<int>(blockIdx.x) - ring;
@@ -526,7 +839,34 @@ __global__ void __launch_bounds__(kTokThreads, 2)
     float zm = index_math::neg_inf(), zs = 0.0f;  // head `head` over the warp's blocks
     StreamSlab<D, kS> buf;
     std::size_t row_next = 0;  // first index-copy row of the next block
-    if (nb > 0) {
+    // kLoopAsync: slab q (block q / kSlabs) goes to stage q % stages of this warp's ring.
+    const int stages = p.async_stages, nslab = nb * kSlabs;
+    std::uint32_t* ring_words =
+        reinterpret_cast<std::uint32_t*>(async_stages) +
+        static_cast<std::size_t>(warp) * stages * 32 * AsyncSlabWords<D, kS>::kPadded;
+    auto lane_stage = [&](int stage) {
+      return ring_words + (stage * 32 + lane) * AsyncSlabWords<D, kS>::kPadded;
+    };
+    auto issue = [&](int q, int stage) {  // warp-uniform; slab q < nslab into `stage`
+      const std::size_t row0 =
+          store::old_row_index(s, __shfl_sync(full, pb_lane, q / kSlabs), h, 0) +
+          static_cast<std::size_t>(q % kSlabs) * kS;
+      issue_slab_async<D, kS>(lane_stage(stage), lane_keys + row0 * kRowBytes,
+                              lane_scales + row0 * kScaleBytes);
+    };
+    int stage_rd = 0, stage_wr = stages - 1;  // kLoopAsync: the next stage to read / to fill
+    // d 64: where this lane's two scale bytes sit in the aligned word issue_slab_async copies
+    // (rows start at multiples of 32 bytes of scales, so only the lane's own offset matters).
+    const int sc_shift = (reinterpret_cast<std::uintptr_t>(lane_scales) & 2u) ? 16 : 0;
+    if constexpr (kAsync) {
+      for (int q = 0; q < stages - 1; ++q) {
+        if (q < nslab) {
+          issue(q, q);
+        } else {
+          commit_empty_async();
+        }
+      }
+    } else if (nb > 0) {
       row_next = store::old_row_index(s, __shfl_sync(full, pb_lane, 0), h, 0);
       load_slab<D, kS>(buf, lane_keys + row_next * kRowBytes, lane_scales + row_next * kScaleBytes);
     }
@@ -535,27 +875,46 @@ __global__ void __launch_bounds__(kTokThreads, 2)
 #pragma unroll 1
     for (int i = 0; i < nb; ++i) {
       const std::size_t row = row_next;
-      if (i + 1 < nb) row_next = store::old_row_index(s, __shfl_sync(full, pb_lane, i + 1), h, 0);
+      if (!kAsync && i + 1 < nb) {
+        row_next = store::old_row_index(s, __shfl_sync(full, pb_lane, i + 1), h, 0);
+      }
       float l[kMT][4];
       bool fast = fast_allowed;
 #pragma unroll
       for (int sl = 0; sl < kSlabs; ++sl) {
-        const StreamSlab<D, kS> cur = buf;
-        if (sl + 1 < kSlabs) {
-          const std::size_t nr = row + (sl + 1) * kS;
-          load_slab<D, kS>(buf, lane_keys + nr * kRowBytes, lane_scales + nr * kScaleBytes);
-        } else if (i + 1 < nb) {
-          load_slab<D, kS>(buf, lane_keys + row_next * kRowBytes,
-                           lane_scales + row_next * kScaleBytes);
+        StreamSlab<D, kS> cur;
+        if constexpr (kAsync) {
+          // Slab q + stages - 1 into the stage slab q - 1 was read from (its words are in
+          // registers and used), then wait for slab q (this lane's own words: no barrier).
+          const int q = i * kSlabs + sl;
+          if (q + stages - 1 < nslab) {
+            issue(q + stages - 1, stage_wr);
+          } else {
+            commit_empty_async();
+          }
+          stage_wr = stage_wr + 1 == stages ? 0 : stage_wr + 1;
+          wait_async(stages - 1);
+          read_slab_smem<D, kS>(cur, lane_stage(stage_rd), sc_shift);
+          stage_rd = stage_rd + 1 == stages ? 0 : stage_rd + 1;
+        } else {
+          cur = buf;
+          if (sl + 1 < kSlabs) {
+            const std::size_t nr = row + (sl + 1) * kS;
+            load_slab<D, kS>(buf, lane_keys + nr * kRowBytes, lane_scales + nr * kScaleBytes);
+          } else if (i + 1 < nb) {
+            load_slab<D, kS>(buf, lane_keys + row_next * kRowBytes,
+                             lane_scales + row_next * kScaleBytes);
+          }
         }
         // One vote per slab: the cheap scale where every byte is within the bound (then also at
         // most 240), the exact one otherwise (NaN, huge, or the bound turned off).
-        const bool safe =
-            p.safe_add != 0u && !__any_sync(full, slab_unsafe<D, kS>(cur, p.safe_add) != 0u);
+        const std::uint32_t unsafe =
+            kLean ? slab_unsafe_or<D, kS>(cur, p.safe_add) : slab_unsafe<D, kS>(cur, p.safe_add);
+        const bool safe = p.safe_add != 0u && !__any_sync(full, unsafe != 0u);
         if (safe) {
-          slab_logits<D, kS, false>(cur, qb, p.scale, &l[sl * kSM]);
+          slab_logits<D, kS, false, kLean>(cur, qb, p.scale, p.scale_bits, &l[sl * kSM]);
         } else {
-          slab_logits<D, kS, true>(cur, qb, p.scale, &l[sl * kSM]);
+          slab_logits<D, kS, true>(cur, qb, p.scale, p.scale_bits, &l[sl * kSM]);
         }
         fast = fast && safe;
       }

@@ -14,7 +14,8 @@
 // partial; the ring CTA writes partial 0: the log-sum-exp of the visible ring rows (positions
 // O..pos) and the open block's rows, read exactly from the store.
 //
-// token_mass_finish_kernel (mass rule only): grid (ceil(max_blocks / 256), rows); each CTA
+// token_mass_finish_kernel (mass rule only; may be a programmatic dependent launch, so it waits
+// for its predecessor first): grid (ceil(max_blocks / 256), rows); each CTA
 // folds the row's partials into Z_g per head, then thread j turns block j's lse_g(j) into
 // log_share(lse_g(j), Z_g) and aggregates the heads (ascending): LogSumExp (kSum) or nan_max.
 //
@@ -58,21 +59,25 @@ struct TokenScoreParams {
   const std::int32_t* slots;  // [batch]
   const std::uint16_t* q;     // [batch, T, Hq, d]
   ScoresView out;
-  float* lse;       // [rows, heads, max_blocks_per_slot] (mass rule; else null)
-  float* partial;   // [rows, parts, heads] (mass rule; else null)
-  int parts;        // partials per row allocated: at least ring_parts + chunk CTAs per row
-  int ring_parts;   // mass rule: partials 0 .. ring_parts - 1 are the ring CTAs'
+  float* lse;          // [rows, heads, max_blocks_per_slot] (mass rule; else null)
+  float* partial;      // [rows, parts, heads] (mass rule; else null)
+  int parts;           // partials per row allocated: at least ring_parts + chunk CTAs per row
+  int ring_parts;      // mass rule: partials 0 .. ring_parts - 1 are the ring CTAs'
   int blocks_per_cta;  // closed blocks a chunk CTA scores (partial ring_parts + its chunk)
   // Streaming kernel (token_fast.cuh): a block whose mxfp4 scale bytes are all at most
   // 255 - safe_add's byte has finite logits (stream_safe_add); safe_add is that byte splat over
   // the four bytes of a word.
   std::uint32_t safe_add;
+  // kStreamLean: stream_scale_bits(scale) (the softmax scale times 2^-113 as float bits).
+  std::uint32_t scale_bits;
   int tokens;       // T
   int num_q_heads;  // Hq
   int group;        // G
   int heads;        // query heads of a row: G, or Hq when shared
   float scale;
   bool mass, aggregate_max, shared, q_bf16;
+  bool ring_tc;      // streaming kernel: ring CTAs on tensor cores (exact_part_tc)
+  int async_stages;  // streaming kernel, kLoopAsync: stages of each warp's cp.async ring (2..4)
 };
 
 /// A 16-bit float as float: exact, with the hardware conversion (same values as
@@ -281,6 +286,31 @@ __device__ __forceinline__ void write_merged_partial(const TokenScoreParams& p, 
   }
 }
 
+/// Adds exact token u of the row (a visible ring row for u < r.ring_count, else row
+/// u - r.ring_count of the open block, read from the store) of kv head h to `st`: one lane's
+/// dot products with the `cn` heads staged in q_smem.
+template <int D>
+__device__ __forceinline__ void add_exact_token(const TokenScoreParams& p, const TokenRow& r, int h,
+                                                const float* q_smem, int cn, int u,
+                                                HeadStates& st) {
+  const StoreView& s = p.s;
+  const bool kbf = store::is_bf16(s);
+  float acc[kTokHeads];
+  if (u < r.ring_count) {
+    const std::size_t row = store::ring_row_index(s, r.slot, h, (r.old + u) % s.recent_window);
+    const KeyRow k{static_cast<const std::uint8_t*>(s.ring_k) + row * D * 2, nullptr, 1.0f};
+    dot_heads<KeyKind::k16, D>(k, kbf, q_smem, cn, acc);
+  } else {
+    const KeyRow k = old_key_row(s, r.table[r.old / s.block_size], h, u - r.ring_count);
+    if (s.old_format == Format::kQ8) {
+      dot_heads<KeyKind::kQ8, D>(k, kbf, q_smem, cn, acc);
+    } else {
+      dot_heads<KeyKind::k16, D>(k, kbf, q_smem, cn, acc);
+    }
+  }
+  st.add(acc, cn, p.scale);
+}
+
 /// A ring CTA (mass rule), part `part` of `nparts`: per head, the log-sum-exp of its share of the
 /// row's exact tokens (visible ring rows, then the open block's rows, read from the store; token
 /// u belongs to part (u / kTokThreads) % nparts) as partial `part`. `red` holds
@@ -288,9 +318,7 @@ __device__ __forceinline__ void write_merged_partial(const TokenScoreParams& p, 
 template <int D>
 __device__ __forceinline__ void exact_part(const TokenScoreParams& p, const TokenRow& r,
                                            float* q_smem, float* red, int part, int nparts) {
-  const StoreView& s = p.s;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const bool kbf = store::is_bf16(s);
   float* red_max = red;
   float* red_sum = red + kTokWarps * kTokHeads;
   for (int hh = 0; hh < r.h_count; ++hh) {
@@ -304,23 +332,7 @@ __device__ __forceinline__ void exact_part(const TokenScoreParams& p, const Toke
       for (int u0 = (part * kTokWarps + warp) * 32; u0 < r.exact_count;
            u0 += nparts * kTokThreads) {
         const int u = u0 + lane;
-        if (u < r.exact_count) {
-          float acc[kTokHeads];
-          if (u < r.ring_count) {
-            const std::size_t row =
-                store::ring_row_index(s, r.slot, h, (r.old + u) % s.recent_window);
-            const KeyRow k{static_cast<const std::uint8_t*>(s.ring_k) + row * D * 2, nullptr, 1.0f};
-            dot_heads<KeyKind::k16, D>(k, kbf, q_smem, cn, acc);
-          } else {
-            const KeyRow k = old_key_row(s, r.table[r.old / s.block_size], h, u - r.ring_count);
-            if (s.old_format == Format::kQ8) {
-              dot_heads<KeyKind::kQ8, D>(k, kbf, q_smem, cn, acc);
-            } else {
-              dot_heads<KeyKind::k16, D>(k, kbf, q_smem, cn, acc);
-            }
-          }
-          st.add(acc, cn, p.scale);
-        }
+        if (u < r.exact_count) add_exact_token<D>(p, r, h, q_smem, cn, u, st);
       }
       st.warp_reduce();
       if (lane == 0) {
@@ -437,6 +449,10 @@ __global__ void __launch_bounds__(kTokThreads)
 __global__ void __launch_bounds__(kFinishThreads)
     token_mass_finish_kernel(const __grid_constant__ TokenScoreParams p) {
   __shared__ float z_smem[kFinishHeads];
+  // Launched as a programmatic dependent (p.ring_tc), the kernel may start before
+  // the chunk kernel has finished: wait for it (and its writes) before reading anything. A no-op
+  // in an ordinary launch.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   const StoreView& s = p.s;
   const int row = blockIdx.y;
   const int rows_per_token = p.shared ? 1 : s.num_kv_heads;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "kvc/core/macros.h"
 #include "kvc/index/block_index.h"
@@ -38,6 +39,22 @@ enum class TokenKernels {
   kStream4,
   /// kStream with 2 blocks per warp (16 per chunk CTA).
   kStream2,
+  /// kStream whose ring CTAs (kStreamTcRingParts per row) score the f16 ring rows on tensor
+  /// cores (exact_part_tc: 16 rows per warp and mma.sync; the per-token CUDA-core code only for
+  /// the open block's rows, a bf16 ring, non-finite keys or queries), and whose finish kernel is
+  /// a programmatic dependent launch (its launch overlaps the chunk kernel's tail).
+  kStreamTc,
+  /// kStreamTc with the lean chunk loop: the softmax scale folded into each group's power of two
+  /// (one IMAD builds scale * 2^(e - 113), no multiply per logit; stream_lean_safe_add) and one
+  /// byte test per slab over the OR of its scale words (conservative: a slab it fails takes the
+  /// exact path).
+  kStreamLean,
+  /// kStreamLean with each warp's slabs staged in shared memory by cp.async, two slabs ahead (three
+  /// stages; the loads in flight hold no registers, so twice as many are in flight as kStream's
+  /// one slab ahead, without the register copies per slab: 114 registers against 124 at d 128).
+  kStreamAsync,
+  /// kStreamAsync three slabs ahead (four stages).
+  kStreamAsync4,
   /// token_fast_kernel: a warp per (block, kv head), 16 blocks per chunk CTA, one ring CTA (the
   /// kernel before issue 12's token-mass rewrite, kept for comparison).
   kBlockPerWarp,
@@ -47,10 +64,18 @@ enum class TokenKernels {
 /// against the CPU, token_mass B8 N128K 296 against 568 us, B1 53.5 against 112 us).
 constexpr TokenKernels kAutoTokenKernels = TokenKernels::kStream;
 
-/// True for the streaming variants (kStream, kStream8, kStream4, kStream2).
+/// True for the variants whose ring CTAs run on tensor cores and whose finish kernel is a
+/// programmatic dependent launch (kStreamTc, kStreamLean, kStreamAsync, kStreamAsync4).
+inline bool uses_ring_tc(TokenKernels v) {
+  return v == TokenKernels::kStreamTc || v == TokenKernels::kStreamLean ||
+         v == TokenKernels::kStreamAsync || v == TokenKernels::kStreamAsync4;
+}
+
+/// True for the streaming variants (kStream, kStream8, kStream4, kStream2, kStreamTc,
+/// kStreamLean, kStreamAsync, kStreamAsync4).
 inline bool is_stream(TokenKernels v) {
   return v == TokenKernels::kStream || v == TokenKernels::kStream8 || v == TokenKernels::kStream4 ||
-         v == TokenKernels::kStream2;
+         v == TokenKernels::kStream2 || uses_ring_tc(v);
 }
 
 /// True when the streaming kernel serves blocks of `block_size` tokens.
@@ -77,6 +102,32 @@ inline std::uint32_t stream_safe_add(int d, float scale) {
   }
   // Bytes below 128 always pass the byte test of scale_bytes_unsafe, so a bound below 128 turns the
   // fast path off instead.
+  return e >= 128 ? static_cast<std::uint32_t>(255 - e) * 0x01010101u : 0u;
+}
+
+/// The softmax scale times 2^-113 as float bits (kStreamLean folds it into each group's power of
+/// two: adding e << 23 to these bits gives scale * 2^(e - 113) exactly while the exponent field
+/// stays in 1..254), or 0 when that is not a normal float (zero, subnormal, infinite or NaN
+/// scales; the lean fast path is then off).
+inline std::uint32_t stream_scale_bits(float scale) {
+  const float v = std::ldexp(scale, -113);
+  if (!std::isnormal(v)) return 0u;
+  std::uint32_t u;
+  std::memcpy(&u, &v, 4);
+  return u;
+}
+
+/// kStreamLean's fast-path bound, as stream_safe_add's splat: the smaller of stream_safe_add's
+/// byte and the largest byte e for which stream_scale_bits(scale) + (e << 23) keeps the exponent
+/// field at most 254 (so scale * 2^(e - 113) is a finite normal float); 0 (fast path off) when
+/// either is off or the bound would fall below 128.
+inline std::uint32_t stream_lean_safe_add(int d, float scale) {
+  const std::uint32_t add = stream_safe_add(d, scale);
+  const std::uint32_t bits = stream_scale_bits(scale);
+  if (add == 0u || bits == 0u) return 0u;
+  const int e_safe = 255 - static_cast<int>(add & 0xffu);
+  const int e_exp = 254 - static_cast<int>((bits >> 23) & 0xffu);
+  const int e = e_safe < e_exp ? e_safe : e_exp;
   return e >= 128 ? static_cast<std::uint32_t>(255 - e) * 0x01010101u : 0u;
 }
 

@@ -25,16 +25,17 @@ using namespace index_detail;
 
 // The kTokenMass scratch of `rows` rows of `heads` heads over `max_blocks` blocks per slot: the
 // block lse values, then (256-byte aligned) the partial normalisers, as many per row as the
-// variant with the most needs (1 ring CTA + chunks of kTokBlocksPerCta, or kStreamRingParts +
-// chunks of kTokWarps * kStreamMinBlocksPerWarp). One helper sizes and carves, so the two cannot
-// drift apart.
+// variant with the most needs (1 ring CTA + chunks of kTokBlocksPerCta, or kStreamRingParts /
+// kStreamTcRingParts + chunks of kTokWarps * kStreamMinBlocksPerWarp). One helper sizes and
+// carves, so the two cannot drift apart.
 struct TokenMassLayout {
   std::size_t lse_bytes = 0, partial_offset = 0, total = 0;
   int parts = 0;
   TokenMassLayout(int rows, int heads, int max_blocks) {
     const int per_warp = 1 + (max_blocks + kTokBlocksPerCta - 1) / kTokBlocksPerCta;
     const int min_chunk = kTokWarps * kStreamMinBlocksPerWarp;
-    const int stream = kStreamRingParts + (max_blocks + min_chunk - 1) / min_chunk;
+    const int ring = kStreamRingParts > kStreamTcRingParts ? kStreamRingParts : kStreamTcRingParts;
+    const int stream = ring + (max_blocks + min_chunk - 1) / min_chunk;
     parts = per_warp > stream ? per_warp : stream;
     lse_bytes = static_cast<std::size_t>(rows) * heads * max_blocks * 4;
     partial_offset = (lse_bytes + 255) / 256 * 256;
@@ -50,10 +51,18 @@ template <int D>
 cudaError_t launch_token_kernel(KeyKind kind, dim3 grid, const TokenScoreParams& p,
                                 cudaStream_t stream) {
   switch (kind) {
-    case KeyKind::k16: token_score_kernel<KeyKind::k16, D><<<grid, kTokThreads, 0, stream>>>(p); break;
-    case KeyKind::kQ8: token_score_kernel<KeyKind::kQ8, D><<<grid, kTokThreads, 0, stream>>>(p); break;
-    case KeyKind::kMxfp4: token_score_kernel<KeyKind::kMxfp4, D><<<grid, kTokThreads, 0, stream>>>(p); break;
-    case KeyKind::kFp8: token_score_kernel<KeyKind::kFp8, D><<<grid, kTokThreads, 0, stream>>>(p); break;
+    case KeyKind::k16:
+      token_score_kernel<KeyKind::k16, D><<<grid, kTokThreads, 0, stream>>>(p);
+      break;
+    case KeyKind::kQ8:
+      token_score_kernel<KeyKind::kQ8, D><<<grid, kTokThreads, 0, stream>>>(p);
+      break;
+    case KeyKind::kMxfp4:
+      token_score_kernel<KeyKind::kMxfp4, D><<<grid, kTokThreads, 0, stream>>>(p);
+      break;
+    case KeyKind::kFp8:
+      token_score_kernel<KeyKind::kFp8, D><<<grid, kTokThreads, 0, stream>>>(p);
+      break;
   }
   return cudaGetLastError();
 }
@@ -64,33 +73,86 @@ template <int D>
 cudaError_t launch_token_fast(int block_size, dim3 grid, const TokenScoreParams& p,
                               cudaStream_t stream) {
   switch (block_size) {
-    case 16: token_fast_kernel<D, 16><<<grid, kTokThreads, 0, stream>>>(p); break;
-    case 32: token_fast_kernel<D, 32><<<grid, kTokThreads, 0, stream>>>(p); break;
-    case 64: token_fast_kernel<D, 64><<<grid, kTokThreads, 0, stream>>>(p); break;
-    default: token_fast_kernel<D, 0><<<grid, kTokThreads, 0, stream>>>(p); break;
+    case 16:
+      token_fast_kernel<D, 16><<<grid, kTokThreads, 0, stream>>>(p);
+      break;
+    case 32:
+      token_fast_kernel<D, 32><<<grid, kTokThreads, 0, stream>>>(p);
+      break;
+    case 64:
+      token_fast_kernel<D, 64><<<grid, kTokThreads, 0, stream>>>(p);
+      break;
+    default:
+      token_fast_kernel<D, 0><<<grid, kTokThreads, 0, stream>>>(p);
+      break;
   }
   return cudaGetLastError();
 }
 
+// One streaming kernel instantiation: kLoopAsync launches take the dynamic shared memory of
+// p.async_stages stages (the kernel's limit on the current device raised first, always to the
+// deepest ring's need so that no earlier launch or captured graph is undercut: a host-side
+// attribute, no stream work, so a captured graph holds only the launch).
+template <int D, int kB, int kLoop>
+cudaError_t launch_stream_instance(dim3 grid, const TokenScoreParams& p, cudaStream_t stream) {
+  constexpr int kS = kB < 32 ? kB : 32;
+  std::size_t smem = 0;
+  if constexpr (kLoop == kLoopAsync) {
+    const cudaError_t raised = cudaFuncSetAttribute(
+        token_stream_kernel<D, kB, kLoop>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        static_cast<int>(async_smem_bytes<D, kS>(kAsyncMaxStages)));
+    if (raised != cudaSuccess) return raised;
+    smem = async_smem_bytes<D, kS>(p.async_stages);
+  }
+  token_stream_kernel<D, kB, kLoop><<<grid, kTokThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
 // The streaming tensor-core token kernel (kernels/index/token_fast.cuh) for blocks of 16, 32 or
-// 64 tokens; cudaErrorNotSupported for other block sizes.
-template <int D>
+// 64 tokens with the chunk loop kLoop; cudaErrorNotSupported for other block sizes.
+template <int D, int kLoop>
 cudaError_t launch_token_stream(int block_size, dim3 grid, const TokenScoreParams& p,
                                 cudaStream_t stream) {
   switch (block_size) {
     case 16:
-      token_stream_kernel<D, 16><<<grid, kTokThreads, 0, stream>>>(p);
-      break;
+      return launch_stream_instance<D, 16, kLoop>(grid, p, stream);
     case 32:
-      token_stream_kernel<D, 32><<<grid, kTokThreads, 0, stream>>>(p);
-      break;
+      return launch_stream_instance<D, 32, kLoop>(grid, p, stream);
     case 64:
-      token_stream_kernel<D, 64><<<grid, kTokThreads, 0, stream>>>(p);
-      break;
+      return launch_stream_instance<D, 64, kLoop>(grid, p, stream);
     default:
       return cudaErrorNotSupported;
   }
-  return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t launch_token_stream(int loop, int block_size, dim3 grid, const TokenScoreParams& p,
+                                cudaStream_t stream) {
+  switch (loop) {
+    case kLoopLean:
+      return launch_token_stream<D, kLoopLean>(block_size, grid, p, stream);
+    case kLoopAsync:
+      return launch_token_stream<D, kLoopAsync>(block_size, grid, p, stream);
+    default:
+      return launch_token_stream<D, kLoopF16>(block_size, grid, p, stream);
+  }
+}
+
+// The finish kernel, as a programmatic dependent launch of the chunk kernel before it when `pdl`
+// (it starts with griddepcontrol.wait), else an ordinary one.
+cudaError_t launch_token_finish(dim3 grid, const TokenScoreParams& p, bool pdl,
+                                cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kFinishThreads, 1, 1);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = pdl ? attr : nullptr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, token_mass_finish_kernel, p);
 }
 
 // kTokenMax / kTokenMass: the token kernel, then (mass) the finish kernel. `fast`: the
@@ -128,28 +190,39 @@ cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const st
   if (p.mass) {
     if (d_workspace == nullptr || workspace_bytes < layout.total) return cudaErrorInvalidValue;
     p.lse = static_cast<float*>(d_workspace);
-    p.partial = reinterpret_cast<float*>(static_cast<std::uint8_t*>(d_workspace) + layout.partial_offset);
+    p.partial =
+        reinterpret_cast<float*>(static_cast<std::uint8_t*>(d_workspace) + layout.partial_offset);
   }
   const KeyKind kind = c.token_keys == TokenKeys::kIndexCopy
                            ? (s.index_format == Format::kMxfp4 ? KeyKind::kMxfp4 : KeyKind::kFp8)
                        : s.old_format == Format::kQ8 ? KeyKind::kQ8
                                                      : KeyKind::k16;
   const int owned = store::owned_count(s.max_blocks_per_slot, s.num_shards, s.shard_index);
-  p.ring_parts = streaming ? kStreamRingParts : 1;
+  p.ring_tc = streaming && uses_ring_tc(which);
+  p.ring_parts = p.ring_tc ? kStreamTcRingParts : streaming ? kStreamRingParts : 1;
+  const bool async = which == TokenKernels::kStreamAsync || which == TokenKernels::kStreamAsync4;
+  const int loop = !streaming                           ? kLoopF16
+                   : async                              ? kLoopAsync
+                   : which == TokenKernels::kStreamLean ? kLoopLean
+                                                        : kLoopF16;
+  const bool lean = loop != kLoopF16;
+  p.async_stages = which == TokenKernels::kStreamAsync4 ? 4 : 3;
   const int bpw = which == TokenKernels::kStream8   ? 8
                   : which == TokenKernels::kStream4 ? 4
                   : which == TokenKernels::kStream2 ? 2
                                                     : stream_blocks_per_warp(rows, owned);
   p.blocks_per_cta = streaming ? kTokWarps * bpw : kTokBlocksPerCta;
-  p.safe_add = stream_safe_add(c.head_dim, p.scale);
+  p.safe_add =
+      lean ? stream_lean_safe_add(c.head_dim, p.scale) : stream_safe_add(c.head_dim, p.scale);
+  p.scale_bits = stream_scale_bits(p.scale);
   const int chunks = owned > 0 ? (owned + p.blocks_per_cta - 1) / p.blocks_per_cta : 1;
   const dim3 grid(chunks + (p.mass ? p.ring_parts : 0), rows);
   cudaError_t e = cudaSuccess;
   if (streaming) {
     if (c.head_dim == 64) {
-      e = launch_token_stream<64>(s.block_size, grid, p, stream);
+      e = launch_token_stream<64>(loop, s.block_size, grid, p, stream);
     } else {
-      e = launch_token_stream<128>(s.block_size, grid, p, stream);
+      e = launch_token_stream<128>(loop, s.block_size, grid, p, stream);
     }
   } else if (fast) {  // mxfp4 index copy, f16 queries, d 64 / 128, G <= 8 (fast_kernel_serves)
     if (c.head_dim == 64) {
@@ -159,17 +232,25 @@ cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const st
     }
   } else {
     switch (c.head_dim) {
-      case 64: e = launch_token_kernel<64>(kind, grid, p, stream); break;
-      case 128: e = launch_token_kernel<128>(kind, grid, p, stream); break;
-      case 256: e = launch_token_kernel<256>(kind, grid, p, stream); break;
-      case 512: e = launch_token_kernel<512>(kind, grid, p, stream); break;
-      default: return cudaErrorInvalidValue;
+      case 64:
+        e = launch_token_kernel<64>(kind, grid, p, stream);
+        break;
+      case 128:
+        e = launch_token_kernel<128>(kind, grid, p, stream);
+        break;
+      case 256:
+        e = launch_token_kernel<256>(kind, grid, p, stream);
+        break;
+      case 512:
+        e = launch_token_kernel<512>(kind, grid, p, stream);
+        break;
+      default:
+        return cudaErrorInvalidValue;
     }
   }
   if (e != cudaSuccess || !p.mass) return e;
   const int finish_x = owned > 0 ? (owned + kFinishThreads - 1) / kFinishThreads : 1;
-  token_mass_finish_kernel<<<dim3(finish_x, rows), kFinishThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_token_finish(dim3(finish_x, rows), p, p.ring_tc, stream);
 }
 
 template <int D>
@@ -204,14 +285,20 @@ cudaError_t fast_summary_scores(const StoreView& s, const BlockIndexConfig& c,
   const dim3 grid(owned > 0 ? (owned + p.nb - 1) / p.nb : 1, batch * tokens);
   const std::size_t smem =
       (static_cast<std::size_t>(c.num_q_heads) * c.head_dim +
-       (c.shared_across_heads ? static_cast<std::size_t>(c.num_kv_heads) * p.nb : 0)) * 4;
+       (c.shared_across_heads ? static_cast<std::size_t>(c.num_kv_heads) * p.nb : 0)) *
+      4;
   const bool quest = c.score == SummaryScore::kQuestMinMax;
   switch (c.head_dim) {
-    case 64: return launch_fast_summary<64>(quest, grid, smem, p, stream);
-    case 128: return launch_fast_summary<128>(quest, grid, smem, p, stream);
-    case 256: return launch_fast_summary<256>(quest, grid, smem, p, stream);
-    case 512: return launch_fast_summary<512>(quest, grid, smem, p, stream);
-    default: return cudaErrorInvalidValue;
+    case 64:
+      return launch_fast_summary<64>(quest, grid, smem, p, stream);
+    case 128:
+      return launch_fast_summary<128>(quest, grid, smem, p, stream);
+    case 256:
+      return launch_fast_summary<256>(quest, grid, smem, p, stream);
+    case 512:
+      return launch_fast_summary<512>(quest, grid, smem, p, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
@@ -226,16 +313,15 @@ cudaError_t block_scores_workspace_size(std::size_t& bytes, const BlockIndexConf
   return cudaSuccess;
 }
 
-cudaError_t block_scores(const StoreView& s, const BlockIndexConfig& c,
-                         const std::int32_t* d_slots, int batch, int tokens, const void* d_q,
-                         const ScoresView& out, cudaStream_t stream) {
+cudaError_t block_scores(const StoreView& s, const BlockIndexConfig& c, const std::int32_t* d_slots,
+                         int batch, int tokens, const void* d_q, const ScoresView& out,
+                         cudaStream_t stream) {
   return block_scores(s, c, d_slots, batch, tokens, d_q, out, nullptr, 0, stream);
 }
 
-cudaError_t block_scores(const StoreView& s, const BlockIndexConfig& c,
-                         const std::int32_t* d_slots, int batch, int tokens, const void* d_q,
-                         const ScoresView& out, void* d_workspace, std::size_t workspace_bytes,
-                         cudaStream_t stream) {
+cudaError_t block_scores(const StoreView& s, const BlockIndexConfig& c, const std::int32_t* d_slots,
+                         int batch, int tokens, const void* d_q, const ScoresView& out,
+                         void* d_workspace, std::size_t workspace_bytes, cudaStream_t stream) {
   return index_detail::block_scores_with(index_detail::TokenKernels::kAuto, s, c, d_slots, batch,
                                          tokens, d_q, out, d_workspace, workspace_bytes, stream);
 }
@@ -275,11 +361,20 @@ cudaError_t index_detail::block_scores_with(TokenKernels which, const StoreView&
   const dim3 grid(ctas_x, c.rows(batch, tokens));
   const std::size_t smem = static_cast<std::size_t>(p.heads_per_chunk) * c.head_dim * 4;
   switch (c.head_dim) {
-    case 64: score_kernel<2><<<grid, kWarps * 32, smem, stream>>>(p); break;
-    case 128: score_kernel<4><<<grid, kWarps * 32, smem, stream>>>(p); break;
-    case 256: score_kernel<8><<<grid, kWarps * 32, smem, stream>>>(p); break;
-    case 512: score_kernel<16><<<grid, kWarps * 32, smem, stream>>>(p); break;
-    default: return cudaErrorInvalidValue;
+    case 64:
+      score_kernel<2><<<grid, kWarps * 32, smem, stream>>>(p);
+      break;
+    case 128:
+      score_kernel<4><<<grid, kWarps * 32, smem, stream>>>(p);
+      break;
+    case 256:
+      score_kernel<8><<<grid, kWarps * 32, smem, stream>>>(p);
+      break;
+    case 512:
+      score_kernel<16><<<grid, kWarps * 32, smem, stream>>>(p);
+      break;
+    default:
+      return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }
@@ -291,8 +386,7 @@ namespace {
 
 class CudaBlockIndex final : public BlockIndex {
  public:
-  CudaBlockIndex(const BlockIndexConfig& c, Device device)
-      : config_(c), device_(device) {
+  CudaBlockIndex(const BlockIndexConfig& c, Device device) : config_(c), device_(device) {
     DeviceGuard guard(device_.index);
     slots_ = DeviceBuffer(static_cast<std::size_t>(c.max_batch) * 4);
     // The largest call's scratch (kTokenMass; 0 bytes otherwise), allocated once here.

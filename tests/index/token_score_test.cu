@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <ostream>
 #include <random>
 #include <string>
@@ -64,6 +65,14 @@ const char* variant_name(TokenKernels v) {
       return "stream4";
     case TokenKernels::kStream2:
       return "stream2";
+    case TokenKernels::kStreamTc:
+      return "stream_tc";
+    case TokenKernels::kStreamLean:
+      return "stream_lean";
+    case TokenKernels::kStreamAsync:
+      return "stream_async";
+    case TokenKernels::kStreamAsync4:
+      return "stream_async4";
     case TokenKernels::kBlockPerWarp:
       return "block_per_warp";
   }
@@ -71,9 +80,11 @@ const char* variant_name(TokenKernels v) {
 }
 
 // Every chunk-kernel variant the GPU tests compare with the CPU reference.
-constexpr TokenKernels kAllTokenKernels[] = {TokenKernels::kAuto,    TokenKernels::kBlockPerWarp,
-                                             TokenKernels::kStream,  TokenKernels::kStream8,
-                                             TokenKernels::kStream4, TokenKernels::kStream2};
+constexpr TokenKernels kAllTokenKernels[] = {
+    TokenKernels::kAuto,        TokenKernels::kBlockPerWarp, TokenKernels::kStream,
+    TokenKernels::kStream8,     TokenKernels::kStream4,      TokenKernels::kStream2,
+    TokenKernels::kStreamTc,    TokenKernels::kStreamLean,   TokenKernels::kStreamAsync,
+    TokenKernels::kStreamAsync4};
 
 // What one GPU scoring call returned.
 struct GpuScores {
@@ -200,6 +211,12 @@ TEST_P(Cuda_BlockIndex_TokenScores, MatchCpu) {
           static_cast<std::uint16_t>(k.dtype == DType::kBF16 ? 0x7f80 : 0x7c00),
           static_cast<std::uint16_t>(k.dtype == DType::kBF16 ? 0xff80 : 0xfc00)};
       for (int i = 0; i < 12; ++i) kk[rng() % kk.size()] = specials[i % 3];
+      // And one of each in the ring's rows (the last recent_window tokens), so that the
+      // tensor-core ring's per-token fallback runs.
+      for (int i = 0; i < 3; ++i) {
+        const std::size_t tok = lens[s] - 1 - rng() % sc.recent_window;
+        kk[tok * token + rng() % token] = specials[i];
+      }
     }
     DeviceArray<std::uint16_t> dk(kk), dv(vv);
     cpu->ingest(s, TensorView::contiguous(kk.data(), k.dtype, {lens[s], k.hkv, k.d}),
@@ -242,8 +259,8 @@ TEST_P(Cuda_BlockIndex_TokenScores, MatchCpu) {
     BlockIndexConfig ck = c;
     ck.kernel = kernel;
     auto gi = BlockIndex::create(ck, Device::cuda(0));
-    const auto qdev =
-        TensorView::contiguous(dq.get(), k.dtype, {batch, k.T, c.num_q_heads, k.d}, Device::cuda(0));
+    const auto qdev = TensorView::contiguous(dq.get(), k.dtype, {batch, k.T, c.num_q_heads, k.d},
+                                             Device::cuda(0));
     if (kernel == IndexKernel::kFast && !fast_serves) {  // refused before anything runs
       EXPECT_THROW(gi->score(*gpu, slots, qdev, ScoresView{gs.get(), gv.get(), rows, maxb}), Error);
       continue;
@@ -507,6 +524,51 @@ TEST(Cuda_BlockIndex_TokenStreamBound, ByteTestMatchesTheBound) {
   }
 }
 
+// kStreamLean's folded scale (host code, runs without a GPU): stream_scale_bits(scale) + (e << 23)
+// is scale * 2^(e - 113) exactly for every byte e up to the lean bound, which is never above
+// stream_safe_add's; the bits are 0 (and the lean fast path off) where scale * 2^-113 is not a
+// normal float.
+TEST(Cuda_BlockIndex_TokenStreamBound, LeanScaleFoldIsExact) {
+  using kernels::index_detail::stream_lean_safe_add;
+  using kernels::index_detail::stream_safe_add;
+  using kernels::index_detail::stream_scale_bits;
+  EXPECT_EQ(stream_scale_bits(0.0f), 0u);
+  EXPECT_EQ(stream_scale_bits(1e-10f), 0u);  // 2^-33 * 2^-113 is subnormal
+  EXPECT_EQ(stream_scale_bits(std::numeric_limits<float>::infinity()), 0u);
+  EXPECT_EQ(stream_scale_bits(std::numeric_limits<float>::quiet_NaN()), 0u);
+  EXPECT_EQ(stream_lean_safe_add(128, 1e-10f), 0u);
+  // The default scales: the lean bound is the plain one (226 at d 128, 227 at d 64).
+  EXPECT_EQ(stream_lean_safe_add(128, 1.0f / std::sqrt(128.0f)),
+            stream_safe_add(128, 1.0f / std::sqrt(128.0f)));
+  EXPECT_EQ(stream_lean_safe_add(64, 0.125f), stream_safe_add(64, 0.125f));
+  for (const int d : {64, 128}) {
+    for (const float scale :
+         {1e-3f, 0.01f, 0.0883883f, 0.125f, 1.0f, 3.7f, 1e3f, 1e6f, 3e9f, 1e20f, -0.125f}) {
+      const std::uint32_t lean = stream_lean_safe_add(d, scale), plain = stream_safe_add(d, scale);
+      const std::uint32_t bits = stream_scale_bits(scale);
+      if (lean == 0u) {
+        // Off only where the plain bound is off, the fold is not normal, or it would cut below 128.
+        const bool plain_off = plain == 0u;
+        const bool fold_off = bits == 0u || 254 - static_cast<int>((bits >> 23) & 0xffu) < 128;
+        EXPECT_TRUE(plain_off || fold_off) << d << " " << scale;
+        continue;
+      }
+      ASSERT_NE(plain, 0u);
+      const int e_lean = 255 - static_cast<int>(lean & 0xffu);
+      const int e_plain = 255 - static_cast<int>(plain & 0xffu);
+      EXPECT_LE(e_lean, e_plain) << d << " " << scale;
+      EXPECT_EQ(lean, static_cast<std::uint32_t>(255 - e_lean) * 0x01010101u);
+      for (int e = 0; e <= e_lean; ++e) {
+        const std::uint32_t u = bits + (static_cast<std::uint32_t>(e) << 23);
+        float f;
+        std::memcpy(&f, &u, 4);
+        EXPECT_EQ(static_cast<double>(f), std::ldexp(static_cast<double>(scale), e - 113))
+            << d << " " << scale << " e " << e;
+      }
+    }
+  }
+}
+
 // The kernel layer: the workspace of kTokenMass is sized by block_scores_workspace_size, and a
 // missing or short one is refused before anything runs; other scores need none.
 TEST(Cuda_BlockIndex_TokenScores, WorkspaceContract) {
@@ -529,8 +591,9 @@ TEST(Cuda_BlockIndex_TokenScores, WorkspaceContract) {
   KVC_ASSERT_CUDA(kernels::block_scores_workspace_size(bytes, c, 1, 1, sc.max_blocks_per_slot()));
   // lse [2 rows, 2 heads, 34 blocks] padded to 256 B, then partials [2 rows, parts, 2 heads]
   // with parts for the variant needing most: 1 ring + 3 chunks of 16 blocks (per-warp kernel),
-  // 4 ring + 3 chunks of 16 (the streaming kernel at 2 blocks per warp).
-  EXPECT_EQ(bytes, 768u + 2u * 7 * 2 * 4);
+  // 4 ring + 3 chunks of 16 (the streaming kernel at 2 blocks per warp), 8 ring + 3 chunks (its
+  // tensor-core ring).
+  EXPECT_EQ(bytes, 768u + 2u * 11 * 2 * 4);
   DeviceArray<std::uint16_t> q(random_bits16(4 * 64, DType::kF16, 3));
   DeviceArray<float> scores(2 * 34);
   DeviceArray<std::int32_t> valid(2), slots(std::vector<std::int32_t>{0});
