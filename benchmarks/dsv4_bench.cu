@@ -17,7 +17,8 @@
 // BM_Dsv4IndexDecode/<batch>/<query tokens>/<format 0 mxfp4, 1 fp8>/<timing>/<variant 0 staged
 //   key pages, 2 keys prefetched in registers, 3 lean staged, 4 lean staged two pages at a
 //   time, 5 lean staged with each key unpacked once for every query token, 6 page streams,
-//   7 page streams with each page unpacked once for every query token (6 at T = 1)>:
+//   7 page streams with each page unpacked once for every query token (6 at T = 1), 8 page
+//   streams with the octet loop unrolled>:
 //   131072 entries x 64 index heads x 128 dims per sequence (the issue's <= 5 us target is
 //   mxfp4, B1 T1).
 // BM_Dsv4TopK/<rows>/<entries>/<k>/<timing>/<variant 0 the built-in path, 1 the streaming path
@@ -545,10 +546,11 @@ void Timed(benchmark::internal::Benchmark* b) {
 }
 
 // <batch>/<T>/<format>/<timing>/<variant 0 automatic, 2 register prefetch, 3 lean, 4 lean x2,
-// 5 lean with shared unpacking, 6 page streams, 7 page streams with shared unpacking>
+// 5 lean with shared unpacking, 6 page streams, 7 page streams with shared unpacking, 8 page
+// streams unrolled>
 void IndexShapes(benchmark::internal::Benchmark* b) {
   for (int timing : {0, 1}) {
-    for (int variant : {0, 2, 3, 4, 5, 6, 7}) {
+    for (int variant : {0, 2, 3, 4, 5, 6, 7, 8}) {
       b->Args({1, 1, 0, timing, variant});  // the <= 5 us target
       b->Args({8, 1, 0, timing, variant});
       b->Args({1, 4, 0, timing, variant});

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "dsv4/index.cuh"
 
@@ -216,6 +217,127 @@ __device__ __forceinline__ void stream_release(const IndexParams& p, const Strea
   if (c.producer && i + c.S < c.my_pages) stream_issue(p, c, i + c.S, st);
 }
 
+// --- variant 8's folded score: accumulators from zero, relu by one integer add-and-max
+// -------------
+//
+// The lean form starts each accumulator at the magic 0x4B400000 (a C operand of four registers
+// the compiler rebuilds for every tile and octet: 16 moves per octet) and subtracts the float
+// offset 1.5 2^23 + 128 Σa before a max. Here the mma starts from zero (C = RZ), so acc = P +
+// 128 Σa exactly, and one VIADDMNMX (sm_90: max(a + b, c)) gives max(acc + K, 0x4B400000) with
+// K = 0x4B400000 - 128 Σa (the workspace's accumulator start, Mxfp4Row::cinit): the bits of
+// 1.5 2^23 + relu(P), since |P| < 2^22 keeps 1.5 2^23 + P in one binade; subtracting 1.5 2^23 is
+// then exact. relu(P) is the lean form's value, and the head chains, butterfly and key scale are
+// the lean form's (R = 1), so the score is the same bits.
+
+/// The warp's query token for variant 8: A fragments in registers and, in the warp's shared
+/// memory per (tile mt, row group g), one int4 {K lo, weight lo, K hi, weight hi} of heads
+/// 16 mt + g (lo) and 16 mt + g + 8 (hi): K = 0x4B400000 - 128 Σa and the folded weight's bits.
+template <int MT, int D>
+struct ZeroQuery {
+  uint4 a[MT][D / 32];
+  const int4* kw;  // [MT][8] (shared memory)
+  bool ok;         // every head folds
+  /// Loads the fragments and fills `rows` (MT * 8 int4 of the warp's shared memory): LeanQuery's
+  /// load, whose row offsets (the bits 2 0x4B400000 - K) become K in place.
+  __device__ __forceinline__ void load(const unsigned char* ws, const Mxfp4Row& L, int lane,
+                                       int4* rows) {
+    constexpr int KS = D / 32;
+    LeanQuery<MT, D> lean;
+    lean.load(ws, L, lane, reinterpret_cast<float4*>(rows));
+    const unsigned twice = 2u * static_cast<unsigned>(kMagic);
+    for (int idx = lane; idx < MT * 8; idx += 32) {  // the rows this lane wrote
+      const float4 r = lean.ow[idx];
+      rows[idx] = make_int4(static_cast<int>(twice - __float_as_uint(r.x)), __float_as_int(r.y),
+                            static_cast<int>(twice - __float_as_uint(r.z)), __float_as_int(r.w));
+    }
+    kw = rows;
+    ok = lean.ok;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int s = 0; s < KS; ++s) a[mt][s] = lean.a[mt][s];
+    }
+    __syncwarp();
+  }
+};
+
+/// d = a (16 x 32 s8) * b (32 x 8 u8), from a zero accumulator (C = RZ).
+__device__ __forceinline__ void imma_zero(int (&d)[4], const uint4& a, std::uint32_t b0,
+                                          std::uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%10,%10,%10};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1), "r"(0));
+}
+
+/// relu(P) as a float from an accumulator acc = P + 128 Σa that started at zero and its head's
+/// K = 0x4B400000 - 128 Σa (|P|, |P + 128 Σa| < 2^22): exact.
+__device__ __forceinline__ float relu_from_zero_start(int acc, int k) {
+  return __fadd_rn(__int_as_float(__viaddmax_s32(acc, k, kMagic)), -kMagicF);
+}
+
+/// The folded score of one octet (octet index o) of the warp's token from zero-start
+/// accumulators (see above); keys stored below vis.
+template <int MT, int D>
+__device__ __forceinline__ void zero_score_folded(const ZeroQuery<MT, D>& q,
+                                                  const LeanKey<D / 32>& k, int o, int vis,
+                                                  float* out_row) {
+  constexpr int KS = D / 32;
+  const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  std::uint32_t bl[KS], bh[KS];
+  lean_unpack<KS>(k, bl, bh);
+  int acc[MT][4];
+#pragma unroll
+  for (int s = 0; s < KS; ++s) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      if (s == 0) {
+        imma_zero(acc[mt], q.a[mt][s], bl[s], bh[s]);
+      } else {
+        imma(acc[mt], q.a[mt][s], bl[s], bh[s]);
+      }
+    }
+  }
+  // The lean form's chains (heads g, g + 8, g + 16, ...): c0 for key 2 tq, c1 for 2 tq + 1.
+  float c0 = 0.0f, c1 = 0.0f;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int4 kw = q.kw[mt * 8 + g];  // K lo, weight lo, K hi, weight hi
+    c0 = __fmaf_rn(relu_from_zero_start(acc[mt][0], kw.x), __int_as_float(kw.y), c0);
+    c1 = __fmaf_rn(relu_from_zero_start(acc[mt][1], kw.x), __int_as_float(kw.y), c1);
+    c0 = __fmaf_rn(relu_from_zero_start(acc[mt][2], kw.z), __int_as_float(kw.w), c0);
+    c1 = __fmaf_rn(relu_from_zero_start(acc[mt][3], kw.z), __int_as_float(kw.w), c1);
+  }
+  // The lean form's butterfly (R = 1): level 16 splits the lane's two keys, then 8 and 4.
+  const bool up = (lane & 16) != 0;
+  float v = __fadd_rn(up ? c1 : c0, __shfl_xor_sync(0xffffffffu, up ? c0 : c1, 16));
+  v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 8));
+  v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 4));
+  const int kmin_sel = __shfl_sync(0xffffffffu, k.kmin, 4 * (2 * tq + (up ? 1 : 0)));
+  if ((g & 3) == 0) {
+    const int j = o * 8 + 2 * tq + (up ? 1 : 0);
+    // The key scale 2^(kmin - 127): kmin is in [kFoldByteLo, kFoldByteHi], a normal float.
+    if (j < vis) out_row[j] = fmul_rn(v, __int_as_float(kmin_sel << 23));
+  }
+}
+
+/// One octet's folded score for the query form of the kernel: the lean form (variant 6) or the
+/// zero-start form (variant 8).
+template <int MT, int D>
+__device__ __forceinline__ void stream_fold_octet(const LeanQuery<MT, D>& q,
+                                                  const LeanKey<D / 32> (&k)[1], int o, int vis,
+                                                  float* out_row) {
+  const int oo[1] = {o};
+  const bool store[1] = {true};
+  lean_score_folded<MT, D, 1>(q, k, oo, store, vis, out_row);
+}
+template <int MT, int D>
+__device__ __forceinline__ void stream_fold_octet(const ZeroQuery<MT, D>& q,
+                                                  const LeanKey<D / 32> (&k)[1], int o, int vis,
+                                                  float* out_row) {
+  zero_score_folded<MT, D>(q, k[0], o, vis, out_row);
+}
+
 /// Scores every octet of one staged page (page index pg, N entries, opp = N / 8 octets) below
 /// `vis` for the warp's token. First the page's scale records once: lane l takes the KPL keys
 /// l KPL .. l KPL + KPL - 1 (8 contiguous record bytes, one 64-bit load), computes each key's
@@ -224,11 +346,15 @@ __device__ __forceinline__ void stream_release(const IndexParams& p, const Strea
 /// token fold, each octet then costs a 16-byte payload load, its lane's group byte and its key's
 /// smallest byte: the same LeanKey lean_key builds, scored by lean_score_folded. Otherwise the
 /// page takes the lean kernel's per-octet path (lean_key, the octet's vote, the reference form).
-template <int MT, int D>
-__device__ __forceinline__ void stream_score_page(const LeanQuery<MT, D>& q,
-                                                  const unsigned char* page, int N, int pg, int vis,
-                                                  const unsigned char* ws, const Mxfp4Row& L,
-                                                  unsigned char* wsm, int* kmin, float* out_row) {
+///
+/// Query is LeanQuery (variant 6) or ZeroQuery (variant 8: the zero-start folded form); kOpp > 0
+/// (variant 8, pages of kOpp octets) unrolls the folded octet loop, so every octet's
+/// shared-memory offsets are immediates; 0 keeps the loop.
+template <int MT, int D, int kOpp = 0, class Query = LeanQuery<MT, D>>
+__device__ __forceinline__ void stream_score_page(const Query& q, const unsigned char* page, int N,
+                                                  int pg, int vis, const unsigned char* ws,
+                                                  const Mxfp4Row& L, unsigned char* wsm, int* kmin,
+                                                  float* out_row) {
   constexpr int KS = D / 32, G = D / 32, KPL = staged_max_octets<D>() * 8 / 32;
   static_assert(KPL * G == 8, "a lane's keys' scale records are 8 bytes");
   const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
@@ -264,9 +390,8 @@ __device__ __forceinline__ void stream_score_page(const LeanQuery<MT, D>& q,
     // Lane (g, tq): key ol * 8 + g of each octet, its quarter tq.
     const unsigned char* kp = page + static_cast<std::size_t>(g) * (D / 2) + tq * (D / 8);
     const unsigned char* sp = rec + g * G + (tq * (D / 4)) / 32;  // the lane's group byte
-    for (int ol = 0; ol < opp; ++ol) {
+    auto octet = [&](int ol) {
       const int o = pg * opp + ol;
-      if (o * 8 >= vis) break;  // later octets are past the bound too
       LeanKey<KS> k[1];
       const bool live = o * 8 + g < vis;
       const std::size_t at = static_cast<std::size_t>(ol) * 8;
@@ -284,9 +409,19 @@ __device__ __forceinline__ void stream_score_page(const LeanQuery<MT, D>& q,
       k[0].kmin = kmin[ol * 8 + g];  // 127 for a key past vis
       k[0].sb = live ? static_cast<int>(sp[at * G]) : 127;
       k[0].fold = true;
-      const int oo[1] = {o};
-      const bool store[1] = {true};
-      lean_score_folded<MT, D, 1>(q, k, oo, store, vis, out_row);
+      stream_fold_octet<MT, D>(q, k, o, vis, out_row);
+    };
+    if constexpr (kOpp > 0) {
+#pragma unroll
+      for (int ol = 0; ol < kOpp; ++ol) {
+        if ((pg * kOpp + ol) * 8 >= vis) break;  // later octets are past the bound too
+        octet(ol);
+      }
+    } else {
+      for (int ol = 0; ol < opp; ++ol) {
+        if ((pg * opp + ol) * 8 >= vis) break;  // later octets are past the bound too
+        octet(ol);
+      }
     }
   } else {
     for (int ol = 0; ol < opp; ++ol) {
@@ -294,9 +429,7 @@ __device__ __forceinline__ void stream_score_page(const LeanQuery<MT, D>& q,
       if (o * 8 >= vis) break;
       const LeanKey<KS> k[1] = {lean_key<D>(page, N, ol, o * 8 + g < vis, g, tq)};
       if (__all_sync(0xffffffffu, q.ok && k[0].fold)) {
-        const int oo[1] = {o};
-        const bool store[1] = {true};
-        lean_score_folded<MT, D, 1>(q, k, oo, store, vis, out_row);
+        stream_fold_octet<MT, D>(q, k, o, vis, out_row);
       } else {
         score_octet_reference<MT, D>(k[0].word, k[0].sb, ws, L, wsm, o, vis, out_row);
       }
@@ -306,8 +439,10 @@ __device__ __forceinline__ void stream_score_page(const LeanQuery<MT, D>& q,
 }
 
 /// Scoring, mxfp4 keys, page streams (variant 6, see above): grid (CTAs, batch, passes); pages
-/// of at most kMaxStagedPageBytes bytes, 8 | page_entries.
-template <int MT, int D>
+/// of at most kMaxStagedPageBytes bytes, 8 | page_entries. kUnroll (variant 8) scores in the
+/// zero-start folded form (ZeroQuery, zero_score_folded) and unrolls the octet loop of pages of 64
+/// entries (FlashMLA's and DeepGEMM's page size).
+template <int MT, int D, bool kUnroll = false>
 __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_stream_kernel(const IndexParams p) {
   constexpr int H = MT * 16;
   static_assert(kStreamPtrs == 32, "a lane per looked-up page pointer");
@@ -319,16 +454,31 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_stream_kernel(co
   const StreamCta c = stream_start(p, kStreamSlots, sm.page_ptr, bar, valid, sm.stage);
   const Mxfp4Row L(H, D);
   pdl_wait();
-  LeanQuery<MT, D> q;
-  q.load(c.ws, L, lane, sm.rows_all[warp]);
+  std::conditional_t<kUnroll, ZeroQuery<MT, D>, LeanQuery<MT, D>> q;
+  if constexpr (kUnroll) {
+    q.load(c.ws, L, lane, reinterpret_cast<int4*>(sm.rows_all[warp]));
+  } else {
+    q.load(c.ws, L, lane, sm.rows_all[warp]);
+  }
   int s = 0;
   std::uint32_t phase = 0;
   for (int i = 0; i < c.my_pages; ++i) {
     mbar_wait(&c.bar[s], phase);
     const int pg = c.gs + i * c.GS;
     if (c.active && c.valid[s] != 0 && pg * c.N < c.sr.vis) {
-      stream_score_page<MT, D>(q, c.stage[s], c.N, pg, c.sr.vis, c.ws, L, sm.wsm_all[warp],
-                               sm.kmin_all[warp], c.out_row);
+      if constexpr (kUnroll) {
+        using Q = ZeroQuery<MT, D>;
+        if (c.N == 64) {
+          stream_score_page<MT, D, 8, Q>(q, c.stage[s], c.N, pg, c.sr.vis, c.ws, L,
+                                         sm.wsm_all[warp], sm.kmin_all[warp], c.out_row);
+        } else {
+          stream_score_page<MT, D, 0, Q>(q, c.stage[s], c.N, pg, c.sr.vis, c.ws, L,
+                                         sm.wsm_all[warp], sm.kmin_all[warp], c.out_row);
+        }
+      } else {
+        stream_score_page<MT, D>(q, c.stage[s], c.N, pg, c.sr.vis, c.ws, L, sm.wsm_all[warp],
+                                 sm.kmin_all[warp], c.out_row);
+      }
     }
     stream_release(p, c, i, s);
     if (++s == c.S) {

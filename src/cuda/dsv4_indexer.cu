@@ -23,7 +23,7 @@ namespace {
 using namespace dsv4_detail;
 
 /// The largest mxfp4 score-kernel variant (Dsv4IndexArgs::variant).
-constexpr int kIndexVariants = 7;
+constexpr int kIndexVariants = 8;
 
 int sm_count() {
   int dev = 0, n = 0;
@@ -96,15 +96,18 @@ cudaError_t launch_or_measure(Kernel kernel, int smem, dim3 grid, const IndexPar
 }
 
 /// The lean staged kernel, R pages at a time (variants 3 and 4), the shared-unpack kernel (R = 0,
-/// variant 5), the page-stream kernel (R = -1, variant 6) or the page-stream kernel with shared
-/// unpacking (R = -2, variant 7 at tp = 2, 4 or 8): launches it, or with `occupancy` set only
-/// reports its resident CTAs per SM there.
+/// variant 5), the page-stream kernel (R = -1, variant 6; R = -3, variant 8: its octet loop
+/// unrolled) or the page-stream kernel with shared unpacking (R = -2, variant 7 at tp = 2, 4 or
+/// 8): launches it, or with `occupancy` set only reports its resident CTAs per SM there.
 template <int D, int R>
 cudaError_t launch_mxfp4_lean(int MT, dim3 grid, const IndexParams& p, cudaStream_t stream,
                               int* occupancy = nullptr) {
   return by_tiles(MT, [&](auto tiles) {
     constexpr int M = decltype(tiles)::value;
-    if constexpr (R == -2) {
+    if constexpr (R == -3) {
+      return launch_or_measure(mxfp4_score_stream_kernel<M, D, true>, stream_smem_bytes<M, D>(),
+                               grid, p, stream, occupancy);
+    } else if constexpr (R == -2) {
       return launch_or_measure(mxfp4_score_stream_shared_kernel<M, D>,
                                stream_shared_smem_bytes<M, D>(), grid, p, stream, occupancy);
     } else if constexpr (R == -1) {
@@ -122,7 +125,7 @@ cudaError_t launch_mxfp4_lean(int MT, dim3 grid, const IndexParams& p, cudaStrea
 
 /// The lean-family kernel of `variant` (3 lean, 4 lean in pairs of pages, 5 shared unpacking,
 /// 6 page streams, 7 page streams with shared unpacking: variant 6's kernel when a pass has one
-/// token, p.tp == 1, which has nothing to share).
+/// token, p.tp == 1, which has nothing to share; 8 page streams with the octet loop unrolled).
 template <int D>
 cudaError_t launch_lean_variant(int variant, int MT, dim3 grid, const IndexParams& p,
                                 cudaStream_t stream, int* occupancy = nullptr) {
@@ -132,6 +135,7 @@ cudaError_t launch_lean_variant(int variant, int MT, dim3 grid, const IndexParam
     return launch_mxfp4_lean<D, -1>(MT, grid, p, stream, occupancy);
   }
   if (variant == 7) return launch_mxfp4_lean<D, -2>(MT, grid, p, stream, occupancy);
+  if (variant == 8) return launch_mxfp4_lean<D, -3>(MT, grid, p, stream, occupancy);
   return launch_mxfp4_lean<D, 0>(MT, grid, p, stream, occupancy);
 }
 
@@ -150,7 +154,8 @@ int mxfp4_ctas_per_sm(int D, int MT, int variant) {
 }
 
 /// The mxfp4 score kernel of `variant` (1 staged, 2 register prefetch, 3 lean, 4 lean in pairs
-/// of pages, 5 shared unpacking, 6 page streams, 7 page streams with shared unpacking).
+/// of pages, 5 shared unpacking, 6 page streams, 7 page streams with shared unpacking, 8 page
+/// streams unrolled).
 template <int D>
 cudaError_t launch_mxfp4(int MT, int variant, dim3 grid, const IndexParams& p,
                          cudaStream_t stream) {
@@ -272,7 +277,7 @@ cudaError_t dsv4_index_score(void* d_temp, std::size_t& temp_bytes,
     const dim3 prep_grid(static_cast<unsigned>(a.batch * p.tc), static_cast<unsigned>(c.num_heads));
     // Enough CTAs to fill every resident slot of the device once (twice over for the staged and
     // register kernels), never more than the longest row needs.
-    // The staged kernels take a page per CTA and round, the page-stream kernels (6, 7) one per
+    // The staged kernels take a page per CTA and round, the page-stream kernels (6 to 8) one per
     // stream (stream_count(tp) of them per CTA).
     const int per_cta = mx ? kIndexWarps / p.tp : kIndexWarps;
     const int streams = stream_count(p.tp);

@@ -107,8 +107,9 @@ int count_score_diffs(const std::vector<float>& got, const std::vector<float>& w
 
 /// The mxfp4 score kernels dsv4_index_score can run (0 automatic, 1 staged, 2 register
 /// prefetch, 3 lean, 4 lean in pairs of pages, 5 lean with each key unpacked once per pass,
-/// 6 page streams, 7 page streams with each page unpacked once per pass).
-constexpr int kMxfp4Variants[] = {1, 2, 3, 4, 5, 6, 7};
+/// 6 page streams, 7 page streams with each page unpacked once per pass, 8 page streams
+/// unrolled).
+constexpr int kMxfp4Variants[] = {1, 2, 3, 4, 5, 6, 7, 8};
 
 struct Shape {
   EntryFormat f;
@@ -270,7 +271,7 @@ TEST(Cuda_Dsv4_Indexer, EveryMxfp4KernelMatchesCpuOnSmallPagesAndFallbacks) {
       g.weights = dw.v;
       g.rope_cos = dcs.v;
       g.rope_sin = dsn.v;
-      for (int variant : {0, 1, 2, 3, 4, 5, 6, 7}) {
+      for (int variant : {0, 1, 2, 3, 4, 5, 6, 7, 8}) {
         std::vector<std::int32_t> nv;
         const auto sv = kernel_layer_scores(*keys.gpu, c, g, variant, nv);
         EXPECT_EQ(nv, nv_cpu) << "variant " << variant;
@@ -283,8 +284,8 @@ TEST(Cuda_Dsv4_Indexer, EveryMxfp4KernelMatchesCpuOnSmallPagesAndFallbacks) {
 
 TEST(Cuda_Dsv4_Indexer, StagedVariantsRejectPagesThatDoNotFit) {
   KVC_REQUIRE_GPU();
-  // 128 entries of dim 128 make an 8704-byte page: the staged kernels (1, 3 to 7) refuse it, the
-  // register kernel (2) and the automatic choice (0) run; 8 is no variant.
+  // 128 entries of dim 128 make an 8704-byte page: the staged kernels (1, 3 to 8) refuse it, the
+  // register kernel (2) and the automatic choice (0) run; 9 is no variant.
   IndexerConfig c;
   c.max_batch = 1;
   c.max_query_tokens = 1;
@@ -306,7 +307,7 @@ TEST(Cuda_Dsv4_Indexer, StagedVariantsRejectPagesThatDoNotFit) {
   std::size_t tb = 0;
   ASSERT_EQ(kernels::dsv4_index_score(nullptr, tb, keys.gpu->view(), c, ka, nullptr), cudaSuccess);
   DeviceArray<unsigned char> temp(std::max<std::size_t>(tb, 1));
-  for (int variant : {0, 1, 2, 3, 4, 5, 6, 7, 8, -1}) {
+  for (int variant : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, -1}) {
     ka.variant = variant;
     const cudaError_t e =
         kernels::dsv4_index_score(temp.get(), tb, keys.gpu->view(), c, ka, nullptr);

@@ -132,8 +132,9 @@ struct Dsv4IndexArgs {
   /// time, 5 lean staged with each key unpacked once for all query tokens of a pass, 6 page
   /// streams (each warp, or the warps of a pass's tokens together, stream whole pages through a
   /// private pipeline), 7 page streams with each page unpacked once for the pass's tokens (6 when
-  /// a pass has one token; 3 to 7: pages of at most 4352 bytes). The same bits either way; a
-  /// tuning knob for benchmarks. Other values: cudaErrorInvalidValue.
+  /// a pass has one token), 8 page streams with the octet loop unrolled for pages of 64 entries
+  /// (3 to 8: pages of at most 4352 bytes). The same bits either way; a tuning knob for
+  /// benchmarks. Other values: cudaErrorInvalidValue.
   int variant = 0;
 };
 
