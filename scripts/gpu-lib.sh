@@ -95,6 +95,13 @@ pytest_gpu() {
   grep -E '^FAILED|SKIPPED' "$out/pytest.log" | head -10 >> "$out/summary.txt"
 }
 
+# name sha256 parts...: joins model parts into models/<name> once and checks its checksum.
+join_model() {
+  local name=$1 sum=$2
+  shift 2
+  [ -f "models/$name" ] || cat "$@" > "models/$name"
+  echo "$sum  models/$name" | sha256sum -c --quiet - || { say "$name: checksum mismatch"; return 1; }
+
 # Packs $out into $OUT/results.tar.gz (the device tool brings it back) and prints the summary.
 finish() {
   say "total $(( $(date +%s) - t0 )) s"

@@ -20,12 +20,6 @@ out=$PWD/gpu-out/session5
 source scripts/gpu-lib.sh
 rev="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 
-# name sha256 parts...: joins model parts into models/<name> once and checks its checksum.
-join_model() {
-  local name=$1 sum=$2
-  shift 2
-  [ -f "models/$name" ] || cat "$@" > "models/$name"
-  echo "$sum  models/$name" | sha256sum -c --quiet - || { say "$name: checksum mismatch"; return 1; }
 }
 
 case "${1:-build}" in

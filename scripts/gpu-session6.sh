@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Device calls of the sixth 2026-12-01 session (each under the 10-minute limit; results in $OUT,
+# helpers in scripts/gpu-lib.sh). SmolLM2 travels in parts in the ignored models/ folder, one
+# part per call (carry models/smollm2.part-aa, -ab, -ac), on one warm machine:
+#   tests     build; every test (GPU, CPU, mini-decoder); memcheck and racecheck over the tests
+#             of the kernels that had never run on a GPU (staged attention, resident top-k, the
+#             lean store kernels, DeepSeek-V4 indexer variants 6 to 8)
+#   variants  the new kernels beside the old ones in one run (attention paths 3 / 5 / 6, top-k
+#             resident path, token-scorer streams, store kernel sets, indexer variants)
+#   retrieval SmolLM2 (models/smollm2.part-* joined) through the retrieval prompts on the GPU,
+#             LENGTHS (default 8K,4K), top 8 fp16k_q4v, the default scorer (the retrieval tests'
+#             GPU rows, MiniDecoder_CudaRetrievalRun, run in `tests`)
+#   sweep-b   the budget shapes that beat the default on text A, on text B (6144-7168)
+#   final     kvc's benchmark rows and every anchor (PyTorch, DeepSeek-V4's PyTorch step,
+#             FlashInfer, CUB) in ONE call, then the same-run table (scripts/perf-report.py);
+#             carry [".anchors/p1", ".anchors/p2"]
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out=$PWD/gpu-out/session6
+source scripts/gpu-lib.sh
+rev="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+smollm2=models/SmolLM2-135M-Instruct.Q4_1.gguf
+smollm2_sum=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+
+new_kernel_tests='*Cuda_AttentionStaged*:*Cuda_Selector_Resident*:*Cuda_StoreUpdate.Lean*:*Cuda_Dsv4_Indexer.EveryMxfp4*:*Cuda_BlockIndex_TokenStreamBound*'
+
+case "${1:-tests}" in
+  tests)
+    build
+    GTEST_FILTER='*' all_tests 300
+    cp gpu-out/gpu-tests.log "$out/" 2>/dev/null
+    sanitize memcheck memcheck "$new_kernel_tests" 75
+    sanitize racecheck racecheck "${RACECHECK:-*Cuda_AttentionStaged.LongRows*:*Cuda_Selector_Resident.Every*:*Cuda_StoreUpdate.LeanIngestCloses*}" 60
+    ;;
+  variants)
+    [ -x build-gpu/benchmarks/attention_bench ] || build
+    bench 60 attention_bench 'BM_DenseDecode/0/[18]/131072/[356]/|BM_BlockSelectExact/0/[18]/3/[356]/0/1/|BM_BlockSelectExact/0/1/3/[356]/(1|4|8|16|32)/1/|BM_RecentOnly/'
+    bench 45 topk_bench 'BM_TopKVariant/[0-9]+/[0-9]+/[0-9]+/(6|2000|2004|2008|2016|3000)/'
+    bench 50 dsv4_bench 'BM_Dsv4TopK/|BM_Dsv4IndexDecode/(1|8)/(1|4)/0/0/(0|3|5|6|7|8)/|BM_Dsv4IndexDecode/1/64/0/0/|BM_Dsv4IndexProbe/(3|6)/'
+    bench 40 index_bench 'BM_Score/h32x8x128/B(1|8)/N131072/token_ma(ss|x)/mxfp4/sum/fast(|-stream|-stream_tc|-stream_lean|-stream_async|-stream_async4)/'
+    bench 40 store_bench 'BM_AppendStep/B:(1|8|64)/index:(0|1)/kernels:(0|4|6|7|8)/|BM_AppendStepStaggered|BM_AppendFloor|BM_Ingest/T:16384/format:3/index:(0|1)/kernels:(0|7|9)/'
+    grep -hE '_median' "$out"/*.log | awk '{print $1, $2, $3}' | sed 's/manual_time_median//' > "$out/medians.txt"
+    ;;
+  retrieval)
+    [ -x build-gpu/examples/mini_decoder/real_retrieval ] || build
+    join_model "$(basename $smollm2)" $smollm2_sum models/smollm2.part-* || exit 1
+    l=$(left)
+    KVC_MODEL=$PWD/$smollm2 timeout $(( l - 10 )) \
+      scripts/real-retrieval --gpu --out "$out/retrieval" -- --lengths ${LENGTHS:-8K,4K} \
+      --top-blocks 8 --formats fp16k_q4v --policies topk > "$out/retrieval.log" 2>&1
+    say "retrieval: rc=$? $(tail -2 "$out/retrieval.log" | tr '\n' ' ')"
+    ;;
+  sweep-b)
+    [ -x build-gpu/examples/mini_decoder/quality_eval ] || build
+    join_model "$(basename $smollm2)" $smollm2_sum models/smollm2.part-* || exit 1
+    l=$(left)
+    timeout $(( l - 10 )) build-gpu/examples/mini_decoder/quality_eval \
+      --model $smollm2 --text-file docs/quality/texts/text_b.md \
+      --text-name B --start 6144 --end 7168 --bucket 512 --device cuda \
+      --configs-file docs/quality/configs-sweep-b.txt --jsonl "$out/sweep-b.jsonl" \
+      --note "kvc $rev" > "$out/sweep-b.log" 2>&1
+    say "sweep-b: rc=$? $(grep -E 'done' "$out/sweep-b.log" | tail -1)"
+    sed -n '/^config/,$p' "$out/sweep-b.log" >> "$out/summary.txt"
+    ;;
+  final)
+    # kvc's rows and every anchor in one call, so every ratio is a same-run ratio.
+    [ -x build-gpu/benchmarks/step_bench ] || build
+    bench 60 step_bench .
+    bench 50 index_bench 'BM_Score/h32x8x128/B(1|8)/N131072/(token_ma.*/mxfp4/sum/|mean_k/f(32|16)/sum/fast)'
+    bench 70 attention_bench '^BM_BlockSelectExact/0/(1|8|32)/3/|^BM_DenseDecode/0/(1|8)/131072/'
+    bench 45 topk_bench "${TOPK_FILTER:-BM_TopKDecode/(1|8|64)/(4096|32768)/(8|64)/|BM_TopK/(1|64)/(131072|262144)/2048/}"
+    bench 35 store_bench 'BM_AppendStep/|BM_Ingest/'
+    bench 45 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|4)/0/0/0/|BM_Dsv4TopK|BM_Dsv4CsaDecode|BM_Dsv4HcaDecode'
+    OUT="$out" timeout 60 python3 benchmarks/anchors/dsv4_anchors.py > "$out/dsv4_anchors.log" 2>&1
+    say "dsv4 anchors: rc=$?"
+    l=$(left)
+    ANCHORS="torch flashinfer_decode flashinfer_topk cub" DEADLINE=$(( l - 15 )) \
+      benchmarks/anchors/run-anchors.sh "$out" > "$out/run-anchors.out" 2>&1
+    say "peer anchors: rc=$? $(tail -2 "$out/run-anchors.out" | tr '\n' ' ')"
+    grep -hE '_median' "$out"/*.log | awk '{print $1, $2, $3}' | sed 's/manual_time_median//' > "$out/medians.txt"
+    python3 scripts/perf-report.py "$out" > "$out/performance_table.md" 2>&1
+    ;;
+  *) echo "gpu-session6.sh: tests, variants, retrieval, sweep-b, final" >&2; exit 2 ;;
+esac
+finish
