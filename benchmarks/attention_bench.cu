@@ -3,8 +3,7 @@
 // more than twice the L2, data are random and never zero, and the time of one call is the
 // graph's time over the sets (CUDA events). Rows name the kernel (`path`: 0 chosen by shape,
 // 1 CUDA cores, 2 tensor cores, 3 tensor cores without L2 prefetch, 4 tensor cores without the
-// software pipeline of the ring / plain tiles, 5 tensor cores with K / V staged through 3
-// shared-memory stages by cp.async, 6 the same with 6 stages; kvc/kernels/
+// software pipeline of the ring / plain tiles; kvc/kernels/
 // attention_kernels.h KernelPath) and the split (`splits`: AttentionParams::max_splits, 0
 // automatic, <= 16 one cluster per row, more a combine launch), so one run measures old against
 // new and several splits; a (shape, path) the tensor-core kernel does not serve is skipped with
@@ -19,8 +18,6 @@
 //    over a KvStore of N = 128K tokens per sequence (ring 1024, blocks of 32, top 8 selected per
 //    query token), T query tokens; bytes = what one decode must read: the ring rows, the open
 //    block and the selected blocks of every query token, in their format.
-//  - BM_RecentOnly/...: the same store and arguments in kRecentOnly (the ring alone; bytes = the
-//    ring rows), to tell the latency of the ring's launch from that of the selection chain.
 // Each row reports achieved TB/s (bytes_per_second), hbm_frac = TB/s / 4.6
 // (KVC_BENCH_PEAK_TBPS), MB_read and the sets rotated.
 #include <benchmark/benchmark.h>
@@ -52,9 +49,7 @@ constexpr HeadShape kShapes[] = {
     {32, 8, 128, "32/8/128"}, {9, 3, 64, "9/3/64"}, {64, 1, 512, "64/1/512"}};
 
 const char* path_name(int path) {
-  return path == 6   ? "tensor cores, staged deep"
-         : path == 5 ? "tensor cores, staged"
-         : path == 4 ? "tensor cores, unpipelined"
+  return path == 4   ? "tensor cores, unpipelined"
          : path == 3 ? "tensor cores, no prefetch"
          : path == 2 ? "tensor cores"
          : path == 1 ? "cuda cores"
@@ -164,13 +159,12 @@ void BM_DenseDecode(benchmark::State& state) {
   void* ws = nullptr;
   const cudaError_t e = kernels::dense_attention_decode(nullptr, ws_bytes, p, nullptr);
   if (e == cudaSuccess) KVC_BENCH_CUDA(cudaMalloc(&ws, std::max<std::size_t>(ws_bytes, 1)));
-  const bool ran =
-      e == cudaSuccess && bench::time_graph_calls(state, in.sets, [&](int s, cudaStream_t st) {
-        attention::DenseParams ps = p;
-        ps.k = in.k[s];
-        ps.v = in.v[s];
-        return kernels::dense_attention_decode(ws, ws_bytes, ps, st);
-      });
+  const bool ran = e == cudaSuccess && bench::time_graph_calls(state, in.sets, [&](int s, cudaStream_t st) {
+                     attention::DenseParams ps = p;
+                     ps.k = in.k[s];
+                     ps.v = in.v[s];
+                     return kernels::dense_attention_decode(ws, ws_bytes, ps, st);
+                   });
   if (e != cudaSuccess) {
     state.SkipWithError((std::string("not run: ") + cudaGetErrorString(e)).c_str());
   }
@@ -184,11 +178,11 @@ void BM_DenseDecode(benchmark::State& state) {
 void DenseArgs(benchmark::internal::Benchmark* b) {
   // The main shape first (tensor cores, without prefetch, CUDA cores), then the others.
   for (auto [batch, n] : {std::pair{8, 131072}, std::pair{1, 131072}, std::pair{1, 32768}}) {
-    for (int path : {3, 5, 6, 2, 4, 1}) b->Args({0, batch, n, path});
+    for (int path : {2, 4, 3, 1}) b->Args({0, batch, n, path});
   }
   for (int shape : {1, 2}) {
     for (auto [batch, n] : {std::pair{8, 131072}, std::pair{1, 131072}, std::pair{1, 32768}}) {
-      for (int path : {2, 5, 1}) b->Args({shape, batch, n, path});
+      for (int path : {2, 1}) b->Args({shape, batch, n, path});
     }
   }
   b->Args({0, 32, 32768, 2});
@@ -292,10 +286,7 @@ const SelectInputs& select_inputs(int shape, int batch, Format format, int T) {
   return *cache;
 }
 
-/// One attention_decode per rotation set over the SelectInputs store in `mode`
-/// (kBlockSelectExact, or kRecentOnly: the ring alone, the same launch without the selection
-/// chain); args shape, batch, format, path, splits, T.
-void store_decode(benchmark::State& state, AttentionMode mode) {
+void BM_BlockSelectExact(benchmark::State& state) {
   const int shape = static_cast<int>(state.range(0));
   const HeadShape hs = kShapes[shape];
   const int batch = static_cast<int>(state.range(1));
@@ -317,7 +308,7 @@ void store_decode(benchmark::State& state, AttentionMode mode) {
   p.group_size = hs.hq / hs.hkv;
   p.head_dim = hs.d;
   p.scale = 1.0f / std::sqrt(static_cast<float>(hs.d));
-  p.mode = mode;
+  p.mode = AttentionMode::kBlockSelectExact;
   p.max_splits = splits;
   p.kernel_path = path;
   std::size_t ws_bytes = 0;
@@ -325,69 +316,49 @@ void store_decode(benchmark::State& state, AttentionMode mode) {
   const cudaError_t e = kernels::attention_decode(nullptr, ws_bytes, p, nullptr);
   if (e == cudaSuccess) KVC_BENCH_CUDA(cudaMalloc(&ws, std::max<std::size_t>(ws_bytes, 1)));
   // One graph holds a decode for every rotation set in turn, as an engine replays its steps.
-  const bool ran =
-      e == cudaSuccess && bench::time_graph_calls(state, in.sets, [&](int s, cudaStream_t st) {
-        attention::AttentionParams ps = p;
-        ps.slots = in.slots + s * batch;
-        return kernels::attention_decode(ws, ws_bytes, ps, st);
-      });
+  const bool ran = e == cudaSuccess && bench::time_graph_calls(state, in.sets, [&](int s, cudaStream_t st) {
+                     attention::AttentionParams ps = p;
+                     ps.slots = in.slots + s * batch;
+                     return kernels::attention_decode(ws, ws_bytes, ps, st);
+                   });
   if (e != cudaSuccess) {
     state.SkipWithError((std::string("not run: ") + cudaGetErrorString(e)).c_str());
   }
   if (ran) {
-    const std::size_t ring_bytes = std::size_t{1024} * 4 * hs.d * batch * hs.hkv;
-    report(state, mode == AttentionMode::kRecentOnly ? ring_bytes : in.bytes, in.sets,
+    report(state, in.bytes, in.sets,
            std::string(hs.name) + " " + to_string(format) + " " + path_name(path) + " splits " +
                std::to_string(splits) + " T " + std::to_string(T));
   }
   cudaFree(ws);
 }
 
-void BM_BlockSelectExact(benchmark::State& state) {
-  store_decode(state, AttentionMode::kBlockSelectExact);
-}
-
-/// The ring alone (kRecentOnly) over the same store: what B1 costs without the selected blocks
-/// and the loads their ids wait for (the selection count, the ids, the block table).
-void BM_RecentOnly(benchmark::State& state) { store_decode(state, AttentionMode::kRecentOnly); }
-
 void SelectArgs(benchmark::internal::Benchmark* b) {
   const int q4v = static_cast<int>(Format::kFp16kQ4v), q8 = static_cast<int>(Format::kQ8),
             f16 = static_cast<int>(Format::kF16);
   // Args: shape, batch, format, path, splits, T. The main rows first.
   for (int batch : {1, 8}) {
-    for (int path : {3, 5, 6, 2, 4, 1}) b->Args({0, batch, q4v, path, 0, 1});
-    // Split choices of the tensor-core kernels (1: one chunk; <= 16: a cluster; 32: combine).
-    for (int path : {3, 5, 6}) {
-      for (int splits : {1, 4, 8, 16, 32}) b->Args({0, batch, q4v, path, splits, 1});
-    }
+    for (int path : {2, 4, 3, 1}) b->Args({0, batch, q4v, path, 0, 1});
+    // Split choices of the tensor-core kernel (1: one chunk; <= 16: a cluster; 32: combine).
+    for (int splits : {1, 4, 8, 16, 32}) b->Args({0, batch, q4v, 2, splits, 1});
   }
-  for (int path : {2, 5, 1}) b->Args({0, 32, q4v, path, 0, 1});
+  for (int path : {2, 1}) b->Args({0, 32, q4v, path, 0, 1});
   // Verify: T = 4 query tokens.
   for (int batch : {1, 8}) {
-    for (int path : {2, 5, 1}) b->Args({0, batch, q4v, path, 0, 4});
+    for (int path : {2, 1}) b->Args({0, batch, q4v, path, 0, 4});
   }
   // The other head shapes, and the other formats on the main shape.
   for (int shape : {1, 2}) {
     for (int batch : {1, 8, 32}) {
-      for (int path : {2, 5, 1}) b->Args({shape, batch, q4v, path, 0, 1});
+      for (int path : {2, 1}) b->Args({shape, batch, q4v, path, 0, 1});
     }
   }
   for (int format : {q8, f16}) {
     for (int batch : {1, 8}) {
-      for (int path : {2, 5, 1}) b->Args({0, batch, format, path, 0, 1});
+      for (int path : {2, 1}) b->Args({0, batch, format, path, 0, 1});
     }
   }
 }
 BENCHMARK(BM_BlockSelectExact)->Apply(SelectArgs)->UseManualTime()->Unit(benchmark::kMicrosecond);
-
-void RecentArgs(benchmark::internal::Benchmark* b) {
-  const int q4v = static_cast<int>(Format::kFp16kQ4v);
-  for (int batch : {1, 8}) {
-    for (int path : {3, 5, 6}) b->Args({0, batch, q4v, path, 0, 1});
-  }
-}
-BENCHMARK(BM_RecentOnly)->Apply(RecentArgs)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DenseDecode)->Apply(DenseArgs)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -138,7 +138,6 @@ struct DecodeParams {
   int cluster;      // > 1: the chunks of a row run as one cluster of that many CTAs (no combine)
   int prefetch;     // tensor-core kernel: L2 prefetch of a warp group's next ring / plain tile
   int pipeline;     // tensor-core kernel: the ring / plain-cache run software-pipelined
-  int stages;       // staged tensor-core kernel (staged.cuh): shared-memory stages, 2..8
   float* part_out;  // [batch * T * Hq, num_chunks, d] (num_chunks > 1)
   float* part_lse;  // [batch * T * Hq, num_chunks]
 };

@@ -1,12 +1,10 @@
-// Instantiation tables of the decode kernels (CUDA cores: decode.cuh; tensor cores: mma.cuh;
-// tensor cores with shared-memory stages: staged.cuh), one translation unit per head_dim and
-// kernel (src/cuda/attention_decode_d*.cu, attention_mma_d*.cu, attention_staged_d*.cu) so the
-// instantiations compile in parallel.
+// Instantiation tables of the decode kernels (CUDA cores: decode.cuh; tensor cores: mma.cuh),
+// one translation unit per head_dim and kernel (src/cuda/attention_decode_d*.cu,
+// src/cuda/attention_mma_d*.cu) so the instantiations compile in parallel.
 #pragma once
 
 #include "attention/decode.cuh"
 #include "attention/mma.cuh"
-#include "attention/staged.cuh"
 
 namespace kvc {
 namespace kernels {
@@ -77,44 +75,6 @@ const void* mma_kernel_d64(OldKind kind, bool bf16);
 const void* mma_kernel_d128(OldKind kind, bool bf16);
 const void* mma_kernel_d256(OldKind kind, bool bf16);
 const void* mma_kernel_d512(OldKind kind, bool bf16);
-
-/// The staged tensor-core kernel for (D, kind, bf16). Instantiate only in its own file.
-template <int D>
-const void* staged_kernel_table(OldKind kind, bool bf16) {
-  switch (kind) {
-    case OldKind::k16:
-      return bf16 ? staged_kernel_ptr<D, OldKind::k16, true>()
-                  : staged_kernel_ptr<D, OldKind::k16, false>();
-    case OldKind::kQ8:
-      return bf16 ? staged_kernel_ptr<D, OldKind::kQ8, true>()
-                  : staged_kernel_ptr<D, OldKind::kQ8, false>();
-    case OldKind::kQ4v:
-      return bf16 ? staged_kernel_ptr<D, OldKind::kQ4v, true>()
-                  : staged_kernel_ptr<D, OldKind::kQ4v, false>();
-  }
-  return nullptr;
-}
-
-const void* staged_kernel_d64(OldKind kind, bool bf16);
-const void* staged_kernel_d128(OldKind kind, bool bf16);
-const void* staged_kernel_d256(OldKind kind, bool bf16);
-const void* staged_kernel_d512(OldKind kind, bool bf16);
-
-/// The staged tensor-core kernel for a runtime head_dim, or null.
-inline const void* staged_kernel_for(int head_dim, OldKind kind, bool bf16) {
-  switch (head_dim) {
-    case 64:
-      return staged_kernel_d64(kind, bf16);
-    case 128:
-      return staged_kernel_d128(kind, bf16);
-    case 256:
-      return staged_kernel_d256(kind, bf16);
-    case 512:
-      return staged_kernel_d512(kind, bf16);
-    default:
-      return nullptr;
-  }
-}
 
 /// The tensor-core kernel for a runtime head_dim, or null.
 inline const void* mma_kernel_for(int head_dim, OldKind kind, bool bf16) {

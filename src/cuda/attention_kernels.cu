@@ -6,10 +6,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <mutex>
 #include <unordered_map>
-#include <utility>
 
 #include "attention/combine.cuh"
 #include "attention/launch.cuh"
@@ -49,40 +47,24 @@ int head_tile(int group, int d) {
   return gt;
 }
 
-/// Resident CTAs per SM of `kernel` with `smem` bytes of dynamic shared memory (cached: it
-/// depends only on the kernel, the bytes and the device).
-cudaError_t ctas_per_sm(const void* kernel, std::size_t smem, int& out) {
+/// Resident CTAs per SM of `kernel` (cached: it depends only on the kernel and the device).
+cudaError_t ctas_per_sm(const void* kernel, int& out) {
   static std::mutex mu;
-  static std::map<std::pair<const void*, std::size_t>, int> cache;
-  const auto key = std::make_pair(kernel, smem);
+  static std::unordered_map<const void*, int> cache;
   {
     std::lock_guard<std::mutex> lock(mu);
-    const auto it = cache.find(key);
+    const auto it = cache.find(kernel);
     if (it != cache.end()) {
       out = it->second;
       return cudaSuccess;
     }
   }
   int n = 0;
-  KVC_CUDA_CALL(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
+  KVC_CUDA_CALL(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0));
   n = std::max(n, 1);
   std::lock_guard<std::mutex> lock(mu);
-  cache[key] = n;
+  cache[kernel] = n;
   out = n;
-  return cudaSuccess;
-}
-
-/// Lets `kernel` launch with `smem` bytes of dynamic shared memory (past the 48 KB default;
-/// cached, so a later call, or a graph capture, sets nothing).
-cudaError_t allow_smem(const void* kernel, std::size_t smem) {
-  static std::mutex mu;
-  static std::unordered_map<const void*, std::size_t> allowed;
-  std::lock_guard<std::mutex> lock(mu);
-  std::size_t& a = allowed[kernel];
-  if (smem <= a) return cudaSuccess;
-  KVC_CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(smem)));
-  a = smem;
   return cudaSuccess;
 }
 
@@ -94,12 +76,11 @@ cudaError_t sm_count(int& out) {
   return cudaSuccess;
 }
 
-/// CTAs the plan aims for on the current device with `kernel` (and `smem` bytes of dynamic
-/// shared memory).
-cudaError_t target_ctas(const void* kernel, std::size_t smem, std::int64_t& out) {
+/// CTAs the plan aims for on the current device with `kernel`.
+cudaError_t target_ctas(const void* kernel, std::int64_t& out) {
   int sms = 0, occ = 0;
   KVC_CUDA_CALL(sm_count(sms));
-  KVC_CUDA_CALL(ctas_per_sm(kernel, smem, occ));
+  KVC_CUDA_CALL(ctas_per_sm(kernel, occ));
   out = static_cast<std::int64_t>(sms) * occ * kWaves;
   return cudaSuccess;
 }
@@ -115,24 +96,19 @@ struct Plan {
   std::int64_t kv_ctas = 0;  // grid.x = batch * T * Hkv * tiles
   std::int64_t rows_q = 0;   // batch * T * Hq
   int cluster = 0;           // > 1: a row's chunks run as one cluster (no combine launch)
-  std::size_t smem = 0;      // dynamic shared memory per CTA (the staged kernel)
-  int stages = 0;            // the staged kernel's shared-memory stages (0: another kernel)
 };
 
 /// Most CTAs in a cluster (16 needs the non-portable cluster size, which sm_90 has).
 constexpr int kMaxCluster = 16;
 
-/// Whether clusters of `size` CTAs (along grid.y) of `kernel` with `smem` bytes of dynamic
-/// shared memory each can be resident on the current device (cached per kernel, bytes and
-/// size). Allows the non-portable size on the kernel when needed.
-cudaError_t cluster_fits(const void* kernel, int size, std::size_t smem, bool& fits) {
+/// Whether clusters of `size` CTAs (along grid.y) of `kernel` can be resident on the current
+/// device (cached per kernel and size). Allows the non-portable size on the kernel when needed.
+cudaError_t cluster_fits(const void* kernel, int size, bool& fits) {
   static std::mutex mu;
-  // bit s: tried, bit 32 + s: fits
-  static std::map<std::pair<const void*, std::size_t>, std::uint64_t> cache;
-  const auto key = std::make_pair(kernel, smem);
+  static std::unordered_map<const void*, std::uint64_t> cache;  // bit s: tried, bit 32 + s: fits
   {
     std::lock_guard<std::mutex> lock(mu);
-    const auto it = cache.find(key);
+    const auto it = cache.find(kernel);
     if (it != cache.end() && ((it->second >> size) & 1u)) {
       fits = (it->second >> (32 + size)) & 1u;
       return cudaSuccess;
@@ -150,7 +126,6 @@ cudaError_t cluster_fits(const void* kernel, int size, std::size_t smem, bool& f
       cudaLaunchConfig_t config = {};
       config.gridDim = dim3(1, static_cast<unsigned>(size));
       config.blockDim = dim3(kThreads);
-      config.dynamicSmemBytes = smem;
       cudaLaunchAttribute attr[1];
       attr[0].id = cudaLaunchAttributeClusterDimension;
       attr[0].val.clusterDim.x = 1;
@@ -166,19 +141,18 @@ cudaError_t cluster_fits(const void* kernel, int size, std::size_t smem, bool& f
     fits = ok;
   }
   std::lock_guard<std::mutex> lock(mu);
-  std::uint64_t& bits = cache[key];
+  std::uint64_t& bits = cache[kernel];
   bits |= std::uint64_t{1} << size;
   if (fits) bits |= std::uint64_t{1} << (32 + size);
   return cudaSuccess;
 }
 
-/// Answers cluster_fits for every cluster size of `kernel` (with `smem` bytes of dynamic shared
-/// memory) now, so that later calls (and graph captures) find them cached. False on a CUDA
-/// error.
-bool warm_clusters(const void* kernel, std::size_t smem = 0) {
+/// Answers cluster_fits for every cluster size of `kernel` now, so that later calls (and graph
+/// captures) find them cached. False on a CUDA error.
+bool warm_clusters(const void* kernel) {
   for (int size = 2; size <= kMaxCluster; ++size) {
     bool fits = false;
-    if (cluster_fits(kernel, size, smem, fits) != cudaSuccess) return false;
+    if (cluster_fits(kernel, size, fits) != cudaSuccess) return false;
   }
   return true;
 }
@@ -193,7 +167,7 @@ cudaError_t split_rows(int num_q_heads, int num_kv_heads, int batch, int T, std:
   plan.rows_q = static_cast<std::int64_t>(batch) * T * num_q_heads;
   if (plan.kv_ctas > INT32_MAX) return cudaErrorInvalidValue;
   std::int64_t target = 0;
-  KVC_CUDA_CALL(target_ctas(plan.kernel, plan.smem, target));
+  KVC_CUDA_CALL(target_ctas(plan.kernel, target));
   std::int64_t chunks = std::max<std::int64_t>(1, target / std::max<std::int64_t>(plan.kv_ctas, 1));
   chunks = std::min(chunks, (vlen + min_rows - 1) / min_rows);
   chunks = std::min<std::int64_t>(chunks, kMaxChunks);
@@ -217,9 +191,7 @@ cudaError_t split_rows(int num_q_heads, int num_kv_heads, int batch, int T, std:
   if (want > 1 && want <= kMaxCluster) {
     cut(want);
     bool fits = false;
-    if (plan.num_chunks > 1) {
-      KVC_CUDA_CALL(cluster_fits(plan.kernel, plan.num_chunks, plan.smem, fits));
-    }
+    if (plan.num_chunks > 1) KVC_CUDA_CALL(cluster_fits(plan.kernel, plan.num_chunks, fits));
     if (fits) {
       plan.cluster = plan.num_chunks;
       return cudaSuccess;
@@ -260,29 +232,6 @@ cudaError_t make_mma_plan(int head_dim, int num_q_heads, int num_kv_heads, int b
   plan.kernel = mma_kernel_for(head_dim, kind, bf16);
   return split_rows(num_q_heads, num_kv_heads, batch, T, vlen16, kMmaTile,
                     kMmaTile * mma_groups(head_dim), max_splits, plan);
-}
-
-/// The staged tensor-core plan (staged.cuh): as make_mma_plan, with `stages` shared-memory
-/// stages per CTA (their bytes decide the CTAs per SM) and chunks of whole stages (a stage cut
-/// short by a chunk's end leaves warp groups idle).
-cudaError_t make_staged_plan(int head_dim, int num_q_heads, int num_kv_heads, int batch, int T,
-                             std::int64_t vlen16, OldKind kind, bool bf16, int max_splits,
-                             int stages, Plan& plan) {
-  if (!mma_head_dim(head_dim) || num_kv_heads < 1 || num_q_heads % num_kv_heads != 0 ||
-      vlen16 < kMmaTile || vlen16 % kMmaTile != 0 || vlen16 > (1ll << 30) || stages < kMinStages ||
-      stages > kMaxStages) {
-    return cudaErrorInvalidValue;
-  }
-  const int group = num_q_heads / num_kv_heads;
-  plan.gt = kMmaCols;
-  plan.tiles = (group + kMmaCols - 1) / kMmaCols;
-  plan.kernel = staged_kernel_for(head_dim, kind, bf16);
-  if (plan.kernel == nullptr) return cudaErrorInvalidValue;
-  plan.smem = staged_smem_bytes(head_dim, stages);
-  plan.stages = stages;
-  KVC_CUDA_CALL(allow_smem(plan.kernel, plan.smem));
-  return split_rows(num_q_heads, num_kv_heads, batch, T, vlen16, stage_rows(head_dim),
-                    stage_rows(head_dim), max_splits, plan);
 }
 
 std::size_t align256(std::size_t n) { return (n + 255) / 256 * 256; }
@@ -374,8 +323,6 @@ cudaError_t choose_mma(int path, bool serves, int group, bool& use_mma) {
     case KernelPath::kTensorCores:
     case KernelPath::kTensorCoresNoPrefetch:
     case KernelPath::kTensorCoresUnpipelined:
-    case KernelPath::kTensorCoresStaged:
-    case KernelPath::kTensorCoresStagedDeep:
       use_mma = serves;
       return serves ? cudaSuccess : cudaErrorNotSupported;
   }
@@ -389,26 +336,6 @@ cudaError_t choose_mma(int path, bool serves, int group, bool& use_mma) {
 bool prefetches(int path) {
   return path == static_cast<int>(KernelPath::kTensorCores) ||
          path == static_cast<int>(KernelPath::kTensorCoresUnpipelined);
-}
-
-/// Shared-memory stages of the staged tensor-core kernel for `path`, 0 for the other kernels.
-int staged_stages(int path) {
-  return path == static_cast<int>(KernelPath::kTensorCoresStaged)       ? 3
-         : path == static_cast<int>(KernelPath::kTensorCoresStagedDeep) ? 6
-                                                                        : 0;
-}
-
-/// The tensor-core plan of a call: staged (kTensorCoresStaged*) or register-level.
-cudaError_t make_tensor_core_plan(int path, int head_dim, int num_q_heads, int num_kv_heads,
-                                  int batch, int T, std::int64_t vlen16, OldKind kind, bool bf16,
-                                  int max_splits, Plan& plan) {
-  const int stages = staged_stages(path);
-  if (stages > 0) {
-    return make_staged_plan(head_dim, num_q_heads, num_kv_heads, batch, T, vlen16, kind, bf16,
-                            max_splits, stages, plan);
-  }
-  return make_mma_plan(head_dim, num_q_heads, num_kv_heads, batch, T, vlen16, kind, bf16,
-                       max_splits, plan);
 }
 
 /// Launches the combine as a programmatic dependent of the decode grid (its launch overlaps the
@@ -439,7 +366,6 @@ cudaError_t run(const Plan& plan, DecodeParams& dp, int head_dim, cudaStream_t s
   dp.chunk = plan.chunk;
   dp.num_chunks = plan.num_chunks;
   dp.cluster = plan.cluster;
-  dp.stages = plan.stages;
   void* args[] = {&dp};
   const dim3 grid(static_cast<unsigned>(plan.kv_ctas), static_cast<unsigned>(plan.num_chunks));
   if (plan.cluster > 1) {
@@ -447,7 +373,6 @@ cudaError_t run(const Plan& plan, DecodeParams& dp, int head_dim, cudaStream_t s
     cudaLaunchConfig_t config = {};
     config.gridDim = grid;
     config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = plan.smem;
     config.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -459,7 +384,7 @@ cudaError_t run(const Plan& plan, DecodeParams& dp, int head_dim, cudaStream_t s
     KVC_CUDA_CALL(cudaLaunchKernelExC(&config, plan.kernel, args));
     return cudaGetLastError();
   }
-  KVC_CUDA_CALL(cudaLaunchKernel(plan.kernel, grid, dim3(kThreads), args, plan.smem, stream));
+  KVC_CUDA_CALL(cudaLaunchKernel(plan.kernel, grid, dim3(kThreads), args, 0, stream));
   if (plan.num_chunks > 1) {
     CombineParams cp;
     cp.part_out = dp.part_out;
@@ -517,7 +442,7 @@ std::size_t attention_workspace_upper_bound(int num_q_heads, int num_kv_heads, i
     for (bool bf16 : {false, true}) {
       const void* k = decode_kernel_for(head_dim, gt, kind, bf16);
       std::int64_t t = 0;
-      if (k == nullptr || target_ctas(k, 0, t) != cudaSuccess || !warm_clusters(k)) return 0;
+      if (k == nullptr || target_ctas(k, t) != cudaSuccess || !warm_clusters(k)) return 0;
       target = std::max(target, t);
     }
   }
@@ -529,20 +454,8 @@ std::size_t attention_workspace_upper_bound(int num_q_heads, int num_kv_heads, i
       for (bool bf16 : {false, true}) {
         const void* k = mma_kernel_for(head_dim, kind, bf16);
         std::int64_t t = 0;
-        if (k == nullptr || target_ctas(k, 0, t) != cudaSuccess || !warm_clusters(k)) return 0;
+        if (k == nullptr || target_ctas(k, t) != cudaSuccess || !warm_clusters(k)) return 0;
         n = std::max(n, static_cast<std::size_t>(t) * kMmaCols);
-        // The staged kernel, at each stage count a KernelPath asks for.
-        const void* ks = staged_kernel_for(head_dim, kind, bf16);
-        if (ks == nullptr) return 0;
-        for (int path : {static_cast<int>(KernelPath::kTensorCoresStaged),
-                         static_cast<int>(KernelPath::kTensorCoresStagedDeep)}) {
-          const std::size_t smem = staged_smem_bytes(head_dim, staged_stages(path));
-          if (allow_smem(ks, smem) != cudaSuccess || target_ctas(ks, smem, t) != cudaSuccess ||
-              !warm_clusters(ks, smem)) {
-            return 0;
-          }
-          n = std::max(n, static_cast<std::size_t>(t) * kMmaCols);
-        }
       }
     }
   }
@@ -562,10 +475,9 @@ cudaError_t attention_decode(void* d_workspace, std::size_t& workspace_bytes,
       choose_mma(p.kernel_path, serves, p.num_q_heads / std::max(p.num_kv_heads, 1), use_mma));
   Plan plan;
   if (use_mma) {
-    KVC_CUDA_CALL(make_tensor_core_plan(p.kernel_path, p.head_dim, p.num_q_heads, p.num_kv_heads,
-                                        p.batch, p.num_query_tokens, mma_store_vlen(p),
-                                        old_kind(p.store.old_format), p.store.dtype == DType::kBF16,
-                                        p.max_splits, plan));
+    KVC_CUDA_CALL(make_mma_plan(p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch,
+                                p.num_query_tokens, mma_store_vlen(p), old_kind(p.store.old_format),
+                                p.store.dtype == DType::kBF16, p.max_splits, plan));
   } else {
     KVC_CUDA_CALL(make_plan(p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch, p.num_query_tokens,
                             store_vlen(p), old_kind(p.store.old_format),
@@ -613,9 +525,9 @@ cudaError_t dense_attention_decode(void* d_workspace, std::size_t& workspace_byt
       choose_mma(p.kernel_path, serves, p.num_q_heads / std::max(p.num_kv_heads, 1), use_mma));
   Plan plan;
   if (use_mma) {
-    KVC_CUDA_CALL(make_tensor_core_plan(
-        p.kernel_path, p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch, p.num_query_tokens,
-        round16(p.capacity), OldKind::k16, p.kv_dtype == DType::kBF16, p.max_splits, plan));
+    KVC_CUDA_CALL(make_mma_plan(p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch,
+                                p.num_query_tokens, round16(p.capacity), OldKind::k16,
+                                p.kv_dtype == DType::kBF16, p.max_splits, plan));
   } else {
     KVC_CUDA_CALL(make_plan(p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch, p.num_query_tokens,
                             p.capacity, OldKind::k16, p.kv_dtype == DType::kBF16, p.max_splits,

@@ -19,7 +19,6 @@
 #include <tuple>
 #include <vector>
 
-#include "attention/stage_plan.h"
 #include "common/cuda_test_util.h"
 #include "common/random.h"
 #include "kvc/attention/attention.h"
@@ -402,10 +401,6 @@ std::string path_label(kernels::KernelPath path) {
       return " [tensor cores, no prefetch]";
     case kernels::KernelPath::kTensorCoresUnpipelined:
       return " [tensor cores, unpipelined]";
-    case kernels::KernelPath::kTensorCoresStaged:
-      return " [tensor cores, staged]";
-    case kernels::KernelPath::kTensorCoresStagedDeep:
-      return " [tensor cores, staged deep]";
     case kernels::KernelPath::kCudaCores:
       return " [cuda cores]";
     default:
@@ -430,9 +425,6 @@ void check_paths(const Case& c, const std::string& name,
 }
 
 constexpr auto kMma = kernels::KernelPath::kTensorCores;
-/// The staged tensor-core kernel (staged.cuh) with 3 and with 6 shared-memory stages.
-constexpr auto kStaged = kernels::KernelPath::kTensorCoresStaged;
-constexpr auto kStagedDeep = kernels::KernelPath::kTensorCoresStagedDeep;
 /// The head dims the tensor-core kernel serves (d > 128: the dims split over 2 or 4 warps).
 constexpr int kHeadDims[] = {128, 64, 256, 512};
 constexpr auto kSimt = kernels::KernelPath::kCudaCores;
@@ -1158,8 +1150,8 @@ TEST(Cuda_AttentionMma, ModesFormatsDtypes) {
       c.seed = 300 + i;
       const std::string name = std::string(to_string(m)) + "/" + to_string(f.format) + "/" +
                                to_string(f.store_dtype) + " T" + std::to_string(c.T);
-      check_paths(c, name + " (one chunk)", {kMma, kSimt, kStaged, kStagedDeep});
-      check_paths(split_case(c), name + " (split)", {kMma, kSimt, kStaged, kStagedDeep});
+      check_paths(c, name + " (one chunk)", {kMma, kSimt});
+      check_paths(split_case(c), name + " (split)", {kMma, kSimt});
       ++i;
     }
   }
@@ -1180,8 +1172,7 @@ TEST(Cuda_AttentionMma, GroupsAndHeadDims) {
       c.lengths = {3, 151, 420};
       c.seed = 400 + i;
       select_q4v_or_dense_q8(c, i % 2 == 0);
-      check_paths(c, "d" + std::to_string(d) + " g" + std::to_string(g),
-                  {kMma, kStaged, kStagedDeep});
+      check_paths(c, "d" + std::to_string(d) + " g" + std::to_string(g), {kMma});
       ++i;
     }
   }
@@ -1206,11 +1197,11 @@ TEST(Cuda_AttentionMma, VerifyT1To8) {
     c.format = formats[T % 3].format;
     c.store_dtype = c.dtype = formats[T % 3].store_dtype;
     c.seed = 500 + T;
-    check_paths(c, "select T " + std::to_string(T), {kMma, kStaged, kStagedDeep});
+    check_paths(c, "select T " + std::to_string(T), {kMma});
     c.mode = AttentionMode::kDenseRecentOnly;
-    check_paths(c, "dense_recent_only T " + std::to_string(T), {kMma, kStaged, kStagedDeep});
+    check_paths(c, "dense_recent_only T " + std::to_string(T), {kMma});
     c.mode = AttentionMode::kDense;
-    check_paths(c, "dense T " + std::to_string(T), {kMma, kStaged, kStagedDeep});
+    check_paths(c, "dense T " + std::to_string(T), {kMma});
   }
 }
 
@@ -1225,8 +1216,7 @@ TEST(Cuda_AttentionMma, SplitExtremes) {
       c.T = 3;
       c.sink = true;
       c.seed = 600 + splits;
-      check_paths(c, std::string(to_string(m)) + " max_splits " + std::to_string(splits),
-                  {kMma, kStaged, kStagedDeep});
+      check_paths(c, std::string(to_string(m)) + " max_splits " + std::to_string(splits), {kMma});
     }
   }
 }
@@ -1249,11 +1239,10 @@ TEST(Cuda_AttentionMma, ClusterAndCombineMergesAgree) {
     c.seed = 650 + splits;
     check_paths(c, "select max_splits " + std::to_string(splits),
                 {kMma, kSimt, kernels::KernelPath::kTensorCoresNoPrefetch,
-                 kernels::KernelPath::kTensorCoresUnpipelined, kStaged, kStagedDeep});
+                 kernels::KernelPath::kTensorCoresUnpipelined});
     c.mode = AttentionMode::kDense;
     c.format = Format::kQ8;
-    check_paths(c, "dense max_splits " + std::to_string(splits),
-                {kMma, kSimt, kStaged, kStagedDeep});
+    check_paths(c, "dense max_splits " + std::to_string(splits), {kMma, kSimt});
   }
 }
 
@@ -1262,14 +1251,11 @@ TEST(Cuda_AttentionMma, ClusterAndCombineMergesAgree) {
 TEST(Cuda_AttentionMma, OutOfRangeSelectionsAreSkipped) {
   KVC_REQUIRE_GPU();
   for (int T : {1, 3}) {
-    for (kernels::KernelPath path : {kMma, kStaged, kStagedDeep}) {
-      Case c = split_case(Case{});
-      c.top = 4;
-      c.T = T;
-      c.seed = 700 + T;
-      check_bad_selections(
-          c, [path](Bed& bed) { return bed.kernel(bed.config(), DType::kF32, path); });
-    }
+    Case c = split_case(Case{});
+    c.top = 4;
+    c.T = T;
+    c.seed = 700 + T;
+    check_bad_selections(c, [](Bed& bed) { return bed.kernel(bed.config(), DType::kF32, kMma); });
   }
 }
 
@@ -1277,11 +1263,8 @@ TEST(Cuda_AttentionMma, OutOfRangeSelectionsAreSkipped) {
 // for its head.
 TEST(Cuda_AttentionMma, NanQueryAndSinkPropagate) {
   KVC_REQUIRE_GPU();
-  for (kernels::KernelPath path : {kMma, kStaged, kStagedDeep}) {
-    check_nan_query_and_sink([path](Bed& bed, int splits) {
-      return bed.kernel(bed.config(), DType::kF32, path, splits);
-    });
-  }
+  check_nan_query_and_sink(
+      [](Bed& bed, int splits) { return bed.kernel(bed.config(), DType::kF32, kMma, splits); });
 }
 
 /// A CPU and a CUDA store fed the same tokens, one slot, for the NaN-data tests.
@@ -1396,13 +1379,11 @@ TEST(Cuda_AttentionMma, StaleNanRowsAreNotAttended) {
                 random_bits16(n * token, DType::kF16, 92, 1.0f), n);
       for (AttentionMode m :
            {AttentionMode::kBlockSelectExact, AttentionMode::kDense, AttentionMode::kRecentOnly}) {
-        for (kernels::KernelPath path : {kMma, kStaged, kStagedDeep}) {
-          Result cpu, gpu;
-          nan_decode(st, 4, m, path, cpu, gpu);
-          expect_close(gpu, cpu, sc.head_dim, kTol,
-                       std::string("stale NaN, ") + to_string(f) + " " + to_string(m) + ", " +
-                           std::to_string(n) + " tokens" + path_label(path));
-        }
+        Result cpu, gpu;
+        nan_decode(st, 4, m, kMma, cpu, gpu);
+        expect_close(gpu, cpu, sc.head_dim, kTol,
+                     std::string("stale NaN, ") + to_string(f) + " " + to_string(m) + ", " +
+                         std::to_string(n) + " tokens");
       }
     }
   }
@@ -1431,19 +1412,17 @@ TEST(Cuda_AttentionMma, NanDataPropagatesLikeTheCpu) {
     hit[20 * token + 3] = 0x7e00u;
     st.ingest(k, v, n);
     for (AttentionMode m : {AttentionMode::kDense, AttentionMode::kRecentOnly}) {
-      for (kernels::KernelPath path : {kMma, kStaged}) {
-        Result cpu, gpu;
-        nan_decode(st, 4, m, path, cpu, gpu);
-        for (std::size_t i = 0; i < cpu.out.size(); ++i) {
-          ASSERT_EQ(std::isnan(gpu.out[i]), std::isnan(cpu.out[i]))
-              << (in_k ? "K" : "V") << " " << to_string(m) << path_label(path) << " element " << i;
-          if (!std::isnan(cpu.out[i])) {
-            ASSERT_NEAR(gpu.out[i], cpu.out[i], 1e-3 * std::max(1.0, std::abs(cpu.out[i])));
-          }
+      Result cpu, gpu;
+      nan_decode(st, 4, m, kMma, cpu, gpu);
+      for (std::size_t i = 0; i < cpu.out.size(); ++i) {
+        ASSERT_EQ(std::isnan(gpu.out[i]), std::isnan(cpu.out[i]))
+            << (in_k ? "K" : "V") << " " << to_string(m) << " element " << i;
+        if (!std::isnan(cpu.out[i])) {
+          ASSERT_NEAR(gpu.out[i], cpu.out[i], 1e-3 * std::max(1.0, std::abs(cpu.out[i])));
         }
-        for (std::size_t i = 0; i < cpu.lse.size(); ++i) {
-          ASSERT_EQ(std::isnan(gpu.lse[i]), std::isnan(cpu.lse[i])) << "lse " << i;
-        }
+      }
+      for (std::size_t i = 0; i < cpu.lse.size(); ++i) {
+        ASSERT_EQ(std::isnan(gpu.lse[i]), std::isnan(cpu.lse[i])) << "lse " << i;
       }
     }
   }
@@ -1511,9 +1490,8 @@ TEST(Cuda_AttentionMma, DensePlainCache) {
     AttentionBackend::create(cfg, Device::cpu())->dense_decode(a);
     const Result want{std::vector<double>(out.begin(), out.end()),
                       std::vector<double>(lse.begin(), lse.end())};
-    for (kernels::KernelPath path :
-         {kMma, kSimt, kernels::KernelPath::kTensorCoresNoPrefetch,
-          kernels::KernelPath::kTensorCoresUnpipelined, kStaged, kStagedDeep}) {
+    for (kernels::KernelPath path : {kMma, kSimt, kernels::KernelPath::kTensorCoresNoPrefetch,
+                                     kernels::KernelPath::kTensorCoresUnpipelined}) {
       DeviceArray<float> dout(n_out + 64), dlse(lse.size() + 64);
       dout.fill_bytes(0xff);
       dlse.fill_bytes(0xff);
@@ -1565,210 +1543,10 @@ TEST(Cuda_AttentionMma, NotSupportedWhereItDoesNotApply) {
     p.mode = c.mode;
     p.q_dtype = c.dtype;
     p.selection = bed.args(true).selection;  // max_selected = top
-    for (kernels::KernelPath path : {kMma, kStaged, kStagedDeep}) {
-      p.kernel_path = static_cast<int>(path);
-      std::size_t bytes = 0;
-      EXPECT_EQ(kernels::attention_decode(nullptr, bytes, p, nullptr), cudaErrorNotSupported)
-          << which << path_label(path);
-    }
-  }
-}
-
-// --- the staged tensor-core kernel (staged.cuh) --------------------------------------------------
-// Its walk and swizzle (stage_plan.h) are host code: checked here against brute force on any
-// machine; the kernel itself runs in every check_paths list above and in the tests below.
-
-/// Whether row v of a virtual list (mma.cuh's layout) can hold an attended entry, by the
-/// definitions of the row functions (ring rows: every row of a ring the store attends).
-bool row_may_attend(const kernels::attention_detail::StageWalk& w, int v) {
-  if (w.plain) return v >= w.begin && v <= w.pos;
-  if (v < w.W16) return w.owns_ring;
-  const int v2 = v - w.W16;
-  switch (static_cast<AttentionMode>(w.mode)) {
-    case AttentionMode::kDense:
-      return v2 < w.O;
-    case AttentionMode::kDenseRecentOnly:
-      return w.wb + v2 < w.O;
-    case AttentionMode::kBlockSelectExact:
-      return v2 < w.B16 ? v2 < w.open_tokens : v2 - w.B16 < w.selected_rows;
-    default:
-      return false;
-  }
-}
-
-// The walk visits exactly the 16-row tiles of a chunk that can hold an attended row, in order,
-// for every mode, random lengths, windows, selections and chunk edges (no GPU needed).
-TEST(Cuda_AttentionStaged, WalkVisitsExactlyTheAttendableTiles) {
-  using kernels::attention_detail::next_stage_tile;
-  using kernels::attention_detail::StageWalk;
-  std::mt19937 rng(12);
-  const AttentionMode modes[] = {AttentionMode::kDense, AttentionMode::kDenseRecentOnly,
-                                 AttentionMode::kRecentOnly, AttentionMode::kBlockSelectExact};
-  for (int trial = 0; trial < 20000; ++trial) {
-    StageWalk w;
-    w.plain = trial % 5 == 0;
-    w.owns_ring = trial % 7 != 0;
-    w.mode = static_cast<int>(modes[rng() % 4]);
-    const int W = 1 + static_cast<int>(rng() % 100), B = 1 + static_cast<int>(rng() % 40);
-    const int L = static_cast<int>(rng() % 700), T = 1 + static_cast<int>(rng() % 4);
-    const int t = static_cast<int>(rng() % T);
-    const int S = static_cast<int>(rng() % 9), MB = 1 + L / B;
-    int vlen = 0;
-    if (w.plain) {
-      const int N = L + static_cast<int>(rng() % 40) + T;
-      w.pos = L + T - 1 - (T - 1 - t);
-      const int window = rng() % 2 ? 0 : 1 + static_cast<int>(rng() % 90);
-      const int wb = w.pos - window + 1;
-      w.begin = window > 0 && wb > 0 ? wb : 0;
-      vlen = (N + 15) / 16 * 16;
-    } else {
-      const attention::RowRange rr = attention::row_range(L + T, T, t, W, B);
-      w.W16 = (W + 15) / 16 * 16;
-      w.B16 = (B + 15) / 16 * 16;
-      w.O = rr.old_tokens;
-      w.wb = rr.window_begin;
-      w.open_tokens = rr.open_tokens;
-      w.selected_rows = std::min(S, rr.num_closed) * B;
-      const AttentionMode m = static_cast<AttentionMode>(w.mode);
-      vlen = w.W16 + (m == AttentionMode::kDense              ? (MB * B + 15) / 16 * 16
-                      : m == AttentionMode::kDenseRecentOnly  ? (T - 1 + 15) / 16 * 16
-                      : m == AttentionMode::kBlockSelectExact ? w.B16 + (S * B + 15) / 16 * 16
-                                                              : 0);
-    }
-    const int tiles = vlen / 16;
-    const int a = static_cast<int>(rng() % (tiles + 1)), b = static_cast<int>(rng() % (tiles + 1));
-    const int c0 = 16 * std::min(a, b);
-    w.end = 16 * std::max(a, b);
-    std::vector<int> want, got;
-    for (int v0 = c0; v0 < w.end; v0 += 16) {
-      bool any = false;
-      for (int i = 0; i < 16; ++i) any = any || row_may_attend(w, v0 + i);
-      if (any) want.push_back(v0);
-    }
-    for (int v = next_stage_tile(w, c0); v < w.end; v = next_stage_tile(w, v + 16)) {
-      ASSERT_EQ(v % 16, 0) << "trial " << trial;
-      ASSERT_GE(v, c0) << "trial " << trial;
-      ASSERT_LE(got.size(), want.size()) << "trial " << trial;
-      got.push_back(v);
-    }
-    ASSERT_EQ(got, want) << "trial " << trial << " mode " << w.mode << " plain " << w.plain << " W "
-                         << W << " B " << B << " L " << L << " chunk [" << c0 << ", " << w.end
-                         << ")";
-  }
-}
-
-// The swizzle maps the chunks of a row onto themselves one to one, and the lane patterns of
-// the tensor-core tile (mma.cuh) read 16-bit K and V rows of every head dim without bank
-// conflicts: each quarter warp's eight 16-byte reads hit eight distinct bank groups.
-TEST(Cuda_AttentionStaged, SwizzleIsABijectionWithoutConflicts) {
-  using kernels::attention_detail::stage_chunk;
-  for (int row_chunks : {2, 4, 8, 16, 32, 64, 128}) {
-    for (int kind = 0; kind < 3; ++kind) {  // K 16-bit, K q8, V
-      for (int row = 0; row < 64; ++row) {
-        std::vector<int> seen(row_chunks, 0);
-        for (int ch = 0; ch < row_chunks; ++ch) {
-          const int p = stage_chunk(kind == 2, kind == 1, row_chunks, row, ch);
-          ASSERT_GE(p, 0);
-          ASSERT_LT(p, row_chunks);
-          ++seen[p];
-        }
-        for (int n : seen) ASSERT_EQ(n, 1) << "row_chunks " << row_chunks << " row " << row;
-      }
-    }
-  }
-  for (int d : {64, 128, 256, 512}) {
-    const int row_bytes = 2 * d, chunks = row_bytes / 16;
-    const int slice = d > 128 ? 128 : d;
-    for (int quarter = 0; quarter < 4; ++quarter) {
-      for (int r = 0; r < 4; ++r) {
-        for (int j = 0; j < slice / 32; ++j) {
-          // K: lane (g, c) reads run [32 j + 8 c, +8) dims = chunk 4 j + c of rows g + 8 r'.
-          std::vector<int> banks_k, banks_v;
-          for (int lane = 8 * quarter; lane < 8 * quarter + 8; ++lane) {
-            const int g = lane / 4, c = lane % 4;
-            if (r < 2) {
-              const int row = g + 8 * r;
-              banks_k.push_back(
-                  (row * row_bytes / 16 + stage_chunk(false, false, chunks, row, 4 * j + c)) % 8);
-            }
-            // V: lane (g, c) reads run [64 h + 8 g, +8) = chunk 8 h + g of rows 2c + r0.
-            if (j < slice / 64) {
-              const int row = 2 * c + (r & 1) + 8 * (r >> 1);
-              banks_v.push_back(
-                  (row * row_bytes / 16 + stage_chunk(true, false, chunks, row, 8 * j + g)) % 8);
-            }
-          }
-          for (auto* banks : {&banks_k, &banks_v}) {
-            std::sort(banks->begin(), banks->end());
-            EXPECT_TRUE(std::adjacent_find(banks->begin(), banks->end()) == banks->end())
-                << "d " << d << " quarter " << quarter << " r " << r << " j " << j;
-          }
-        }
-      }
-    }
-  }
-}
-
-// Long rows through one CTA and through the automatic split (many stages: the ring of stages
-// wraps many times, the ring of the store wraps too), every head dim, groups up to 128 (MQA
-// d 512, and d 256), each old format, odd lengths and blocks, the open block partly full,
-// sinks, lse, T = 2: the staged kernels equal the CPU.
-TEST(Cuda_AttentionStaged, LongRowsAllHeadDimsAndGroups) {
-  KVC_REQUIRE_GPU();
-  const FormatChoice formats[] = {{Format::kFp16kQ4v, DType::kF16},
-                                  {Format::kQ8, DType::kBF16},
-                                  {Format::kF16, DType::kF16},
-                                  {Format::kBF16, DType::kBF16}};
-  struct Shape {
-    int d, g;
-  };
-  int i = 0;
-  for (const Shape sh : {Shape{512, 128}, Shape{256, 128}, Shape{256, 4}, Shape{512, 5},
-                         Shape{128, 4}, Shape{64, 9}, Shape{128, 1}, Shape{64, 32}}) {
-    for (int splits : {1, 0}) {
-      const FormatChoice f = formats[i % 4];
-      Case c;
-      c.head_dim = sh.d;
-      c.group = sh.g;
-      c.num_kv_heads = sh.g >= 64 ? 1 : 2;
-      c.W = i % 2 ? 100 : 64;
-      c.B = i % 3 ? 16 : 5;
-      c.lengths = {1001, 77, 2047, 300};
-      c.top = 12;
-      c.T = 2;
-      c.sink = true;
-      c.shared = i % 2 == 1;
-      c.format = f.format;
-      c.store_dtype = c.dtype = f.store_dtype;
-      c.max_splits = splits;
-      c.seed = 1200 + i;
-      const std::string name = "d" + std::to_string(sh.d) + " g" + std::to_string(sh.g) + " " +
-                               to_string(f.format) + " max_splits " + std::to_string(splits);
-      check_paths(c, "select " + name, {kStaged, kStagedDeep});
-      c.mode = AttentionMode::kDense;
-      check_paths(c, "dense " + name, {kStaged, kStagedDeep});
-      ++i;
-    }
-  }
-}
-
-// Duplicate selected ids (which the CPU backend rejects) are read as given by both tensor-core
-// kernels: the staged kernels equal the register-level kernel on the same selection.
-TEST(Cuda_AttentionStaged, DuplicateIdsAsTheRegisterKernel) {
-  KVC_REQUIRE_GPU();
-  Case c = split_case(Case{});
-  c.top = 5;
-  c.T = 2;
-  Bed bed(c);
-  const int pitch = static_cast<int>(bed.ids().size() / bed.counts().size());
-  for (std::size_t r = 0; r < bed.counts().size(); ++r) {
-    if (bed.counts()[r] >= 3) bed.ids()[r * pitch + 2] = bed.ids()[r * pitch];
-  }
-  bed.upload();
-  const Result want = bed.kernel(bed.config(), DType::kF32, kMma);
-  for (kernels::KernelPath path : {kStaged, kStagedDeep}) {
-    expect_close(bed.kernel(bed.config(), DType::kF32, path), want, c.head_dim, kTol,
-                 "duplicate ids" + path_label(path));
+    p.kernel_path = static_cast<int>(kMma);
+    std::size_t bytes = 0;
+    EXPECT_EQ(kernels::attention_decode(nullptr, bytes, p, nullptr), cudaErrorNotSupported)
+        << which;
   }
 }
 

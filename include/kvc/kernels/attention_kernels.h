@@ -58,15 +58,6 @@ enum class KernelPath : int {
   /// (each tile's loads issued just before the tile is computed; for benchmarks: what the
   /// pipeline buys).
   kTensorCoresUnpipelined = 4,
-  /// The tensor-core kernel with its K / V tiles staged through shared memory by cp.async
-  /// (kernels/attention/staged.cuh): a ring of 3 stages of one 16-token tile per warp group
-  /// (64 tokens up to d = 128; ~32 KB of 16-bit K and V at d >= 128, ~100 KB of shared memory
-  /// per CTA, 2 CTAs per SM), the warps computing one stage while the next two are in flight.
-  /// Applies where kTensorCores does (else cudaErrorNotSupported). A variant to measure.
-  kTensorCoresStaged = 5,
-  /// kTensorCoresStaged with 6 stages (~200 KB of shared memory per CTA at d >= 128, 1 CTA per
-  /// SM, five stages in flight). A variant to measure.
-  kTensorCoresStagedDeep = 6,
 };
 
 /// Bytes of workspace that suffice for any attention_decode or dense_attention_decode call with
