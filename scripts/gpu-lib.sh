@@ -101,6 +101,7 @@ join_model() {
   shift 2
   [ -f "models/$name" ] || cat "$@" > "models/$name"
   echo "$sum  models/$name" | sha256sum -c --quiet - || { say "$name: checksum mismatch"; return 1; }
+}
 
 # Packs $out into $OUT/results.tar.gz (the device tool brings it back) and prints the summary.
 finish() {

@@ -20,8 +20,6 @@ out=$PWD/gpu-out/session5
 source scripts/gpu-lib.sh
 rev="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 
-}
-
 case "${1:-build}" in
   build)
     build

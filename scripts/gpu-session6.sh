@@ -34,11 +34,11 @@ case "${1:-tests}" in
     ;;
   variants)
     [ -x build-gpu/benchmarks/attention_bench ] || build
-    bench 60 attention_bench 'BM_DenseDecode/0/[18]/131072/[356]/|BM_BlockSelectExact/0/[18]/3/[356]/0/1/|BM_BlockSelectExact/0/1/3/[356]/(1|4|8|16|32)/1/|BM_RecentOnly/'
-    bench 45 topk_bench 'BM_TopKVariant/[0-9]+/[0-9]+/[0-9]+/(6|2000|2004|2008|2016|3000)/'
-    bench 50 dsv4_bench 'BM_Dsv4TopK/|BM_Dsv4IndexDecode/(1|8)/(1|4)/0/0/(0|3|5|6|7|8)/|BM_Dsv4IndexDecode/1/64/0/0/|BM_Dsv4IndexProbe/(3|6)/'
-    bench 40 index_bench 'BM_Score/h32x8x128/B(1|8)/N131072/token_ma(ss|x)/mxfp4/sum/fast(|-stream|-stream_tc|-stream_lean|-stream_async|-stream_async4)/'
-    bench 40 store_bench 'BM_AppendStep/B:(1|8|64)/index:(0|1)/kernels:(0|4|6|7|8)/|BM_AppendStepStaggered|BM_AppendFloor|BM_Ingest/T:16384/format:3/index:(0|1)/kernels:(0|7|9)/'
+    bench 50 attention_bench 'BM_DenseDecode/0/[18]/131072/[356]/|BM_BlockSelectExact/0/[18]/3/[356]/0/1/|BM_BlockSelectExact/0/1/3/[356]/(1|4|8|16|32)/1/|BM_RecentOnly/'
+    bench 35 topk_bench 'BM_TopKVariant/[0-9]+/[0-9]+/[0-9]+/(6|2000|2004|2008|2016|3000)/'
+    bench 40 dsv4_bench 'BM_Dsv4TopK/|BM_Dsv4IndexDecode/(1|8)/(1|4)/0/0/(0|3|5|6|7|8)/|BM_Dsv4IndexDecode/1/64/0/0/|BM_Dsv4IndexProbe/(3|6)/'
+    bench 30 index_bench 'BM_Score/h32x8x128/B(1|8)/N131072/token_ma(ss|x)/mxfp4/sum/fast(|-stream|-stream_tc|-stream_lean|-stream_async|-stream_async4)/'
+    bench 30 store_bench 'BM_AppendStep/B:(1|8|64)/index:(0|1)/kernels:(0|4|6|7|8)/|BM_AppendStepStaggered|BM_AppendFloor|BM_Ingest/T:16384/format:3/index:(0|1)/kernels:(0|7|9)/'
     grep -hE '_median' "$out"/*.log | awk '{print $1, $2, $3}' | sed 's/manual_time_median//' > "$out/medians.txt"
     ;;
   retrieval)
@@ -80,6 +80,16 @@ case "${1:-tests}" in
     grep -hE '_median' "$out"/*.log | awk '{print $1, $2, $3}' | sed 's/manual_time_median//' > "$out/medians.txt"
     python3 scripts/perf-report.py "$out" > "$out/performance_table.md" 2>&1
     ;;
-  *) echo "gpu-session6.sh: tests, variants, retrieval, sweep-b, final" >&2; exit 2 ;;
+  step-torch)
+    # The decode step and attention rows beside the PyTorch anchor alone (no bundle to carry).
+    bench 60 step_bench 'BM_DecodeStep'
+    bench 35 attention_bench '^BM_DenseDecode/0/(1|8)/131072/3/|^BM_BlockSelectExact/0/(1|8)/3/3/0/1/'
+    l=$(left)
+    ANCHORS="torch" DEADLINE=$(( l - 10 )) benchmarks/anchors/run-anchors.sh "$out" > "$out/run-anchors.out" 2>&1
+    say "torch anchor: rc=$? $(tail -2 "$out/run-anchors.out" | tr '\n' ' ')"
+    grep -hE '_median' "$out"/*.log | awk '{print $1, $2, $3}' | sed 's/manual_time_median//' > "$out/medians.txt"
+    python3 scripts/perf-report.py "$out" > "$out/performance_table.md" 2>&1
+    ;;
+  *) echo "gpu-session6.sh: tests, variants, retrieval, sweep-b, final, step-torch" >&2; exit 2 ;;
 esac
 finish
