@@ -43,7 +43,7 @@ KVC_HD std::size_t stage_bytes(const StoreView& s) {
 
 /// Which kernels an update runs (kernels/store/update.cuh).
 enum class StoreKernels {
-  /// The library's choice: kOneRoundWide where it applies (an update's count 1; kFused's
+  /// The library's choice: kLeanPdl's append where it applies (an update's count 1; kFused's
   /// self-planning for count > 1), kRows otherwise (kLegacy for K/V that are not 16-byte
   /// aligned); a planned write of count 1 is kOneRound's single launch.
   kAuto,

@@ -227,12 +227,13 @@ cudaError_t store_update_with(StoreKernels which, const StoreView& s, const std:
                         stream);
     }
     if (which == StoreKernels::kLean) return append_lean<false>(s, d_slots, entries, k, v, stream);
-    if (which == StoreKernels::kLeanPdl)
+    // kAuto: the lean append as a programmatic dependent, the fastest count-1 set on the H200
+    // (store_bench BM_AppendStep, bf16 d128, docs/perf-data/2026-12-01-session6: B1 / B8 / B64
+    // 3.00 / 3.60 / 4.14 us against 3.54 / 4.54 / 5.48 for kOneRoundWide, the choice before it,
+    // and 3.46 / 3.95 / 4.84 for kLean).
+    if (which == StoreKernels::kLeanPdl || which == StoreKernels::kAuto)
       return append_lean<true>(s, d_slots, entries, k, v, stream);
-    // kAuto: the wide CTAs, fastest of the one-round variants on the H200 at every batch
-    // measured (store_bench BM_AppendStep, count 1: B1 / B8 / B64 3.48 / 4.49 / 5.38 us against
-    // 4.49 / 4.71 / 5.96 with 4 warps and 4.62 / 4.87 / 5.56 for kFused).
-    if (which == StoreKernels::kOneRoundWide || which == StoreKernels::kAuto)
+    if (which == StoreKernels::kOneRoundWide)
       return append_once<16, false>(s, d_slots, entries, k, v, stream);
     if (which == StoreKernels::kOneRoundPdl)
       return append_once<kFastWarps, true>(s, d_slots, entries, k, v, stream);
