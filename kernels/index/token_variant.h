@@ -24,8 +24,8 @@ namespace index_detail {
 /// (detail::uses_fast_kernel: mxfp4 index copy, f16 queries, head_dim 64 / 128, G <= 8). Every
 /// other call (the general kernel, other scores) runs the same kernels whatever the variant.
 enum class TokenKernels {
-  /// The library's choice (kAutoTokenKernels): kStream where it serves the block size, else
-  /// kBlockPerWarp.
+  /// The library's choice (kAutoTokenKernels): kStreamLean where the streaming kernels serve the
+  /// block size, else kBlockPerWarp.
   kAuto,
   /// token_stream_kernel (kernels/index/token_fast.cuh): 2, 4 or 8 blocks per warp (8 warps per
   /// chunk CTA) chosen from the call's shape (stream_blocks_per_warp), loads one slab ahead, a
@@ -60,9 +60,11 @@ enum class TokenKernels {
   kBlockPerWarp,
 };
 
-/// What kAuto means today: the streaming kernel, since its H200 run (every token-score test
-/// against the CPU, token_mass B8 N128K 296 against 568 us, B1 53.5 against 112 us).
-constexpr TokenKernels kAutoTokenKernels = TokenKernels::kStream;
+/// What kAuto means today: the lean streaming kernel, the fastest variant of the H200 run of
+/// docs/perf-data/2026-12-01-session6 (h32x8x128 N128K, token_mass B1 / B8 52.1 / 297 us against
+/// kStream's 54.2 / 302, token_max 36.0 / 248 against 36.7 / 253; the cp.async variants slower:
+/// 58.6 / 345 and 60.8 / 357), bit-identical to it (every token-score test against the CPU).
+constexpr TokenKernels kAutoTokenKernels = TokenKernels::kStreamLean;
 
 /// True for the variants whose ring CTAs run on tensor cores and whose finish kernel is a
 /// programmatic dependent launch (kStreamTc, kStreamLean, kStreamAsync, kStreamAsync4).

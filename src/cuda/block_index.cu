@@ -162,8 +162,8 @@ cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const st
                          void* d_workspace, std::size_t workspace_bytes, bool fast,
                          TokenKernels which, cudaStream_t stream) {
   if (which == TokenKernels::kAuto) {
-    which = kAutoTokenKernels == TokenKernels::kStream && stream_serves_block_size(s.block_size)
-                ? TokenKernels::kStream
+    which = is_stream(kAutoTokenKernels) && stream_serves_block_size(s.block_size)
+                ? kAutoTokenKernels
                 : TokenKernels::kBlockPerWarp;
   }
   const bool streaming = fast && is_stream(which);
