@@ -256,10 +256,14 @@ cudaError_t dsv4_index_score(void* d_temp, std::size_t& temp_bytes,
   if (a.variant < 0 || a.variant > kIndexVariants) return cudaErrorInvalidValue;
   if ((a.variant == 1 || a.variant >= 3) && !fits) return cudaErrorInvalidValue;
   const bool staged = mx && a.variant != 2 && fits;
-  // The kernel run: 0 picks the lean staged one when a page fits (measured on the H200,
-  // docs/perf-data/2026-12-01-session3: 14.4 / 72.1 / 32.8 / 213 us against the staged kernel's
-  // 15.1 / 77.6 / 36.4 / 238 at B1 T1, B8 T1, B1 T4, B8 T4), else register prefetch.
-  const int variant = a.variant != 0 ? a.variant : (staged ? 3 : 2);
+  // The kernel run: 0 picks the page streams in the zero-start folded form (8) when a page fits
+  // and the call has fewer than 8 query tokens, the page streams with shared unpacking (7) for
+  // longer calls (prefill chunks), else register prefetch. Measured on the H200
+  // (docs/perf-data/2026-12-01-session6, 131072 entries, 64 heads, mxfp4): B1 T1 / B8 T1 /
+  // B1 T4 / B8 T4 13.3 / 57.8 / 30.4 / 191 us for 8 against 14.5 / 72.1 / 33.2 / 215 for the lean
+  // staged kernel (3), the choice before it; T 64: 357 us for 7 against 428 for 3.
+  const int variant =
+      a.variant != 0 ? a.variant : (!staged ? 2 : a.T >= kStreamPrefillTokens ? 7 : 8);
   const int resident = mx ? mxfp4_ctas_per_sm(c.head_dim, c.num_heads / 16, variant) : 2;
   const int pages = (keys.max_entries + keys.layout.page_entries - 1) / keys.layout.page_entries;
   for (int t0 = 0; t0 < a.T; t0 += tc) {

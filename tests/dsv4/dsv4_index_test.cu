@@ -230,11 +230,12 @@ TEST(Cuda_Dsv4_Indexer, EveryMxfp4KernelMatchesCpuOnSmallPagesAndFallbacks) {
       c.max_batch = 4;
       c.max_query_tokens = T;
       c.query_rope = true;
-      KeyPair keys(EntryFormat::kMxfp4, 128, 4, {333, 77, 1, 130}, 40 + pe + T, 4 * 512, pe,
+      KeyPair keys(EntryFormat::kMxfp4, 128, 4, {333, 77, 2, 130}, 40 + pe + T, 4 * 512, pe,
                    &special);
       const std::vector<int> slots{0, 1, 3, 2};
       // Sequence 3 (slot 2) sees no entry: length 3 (< ratio) for T <= 3; at T >= 4 (a length of
-      // T) its first three tokens see none and the others its single entry.
+      // T) its first three tokens see none and the others its first entry (at T = 8 the last
+      // four its second too).
       const std::vector<std::int64_t> lengths{4 * 333 - 1, 4 * 77 + 3, 4 * 129 + 2, T <= 3 ? 3 : T};
       const int B = 4, pitch = 512;
       auto q = random_bf16_bits(static_cast<std::size_t>(B) * T * 64 * 128, 50 + T, 2.0f);
