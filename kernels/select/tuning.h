@@ -58,7 +58,10 @@ struct SelectTuning {
   /// the decode and small paths. A row longer than C * 32768 blocks, or a cluster the device
   /// cannot schedule: cudaErrorInvalidValue.
   int resident_ctas = 0;
-  /// Take the resident path wherever it applies (the built-in choice: resident_path_by_default).
+  /// Take the resident path wherever it applies (with its built-in CTAs per row). The library's
+  /// own calls never take it: on the H200 it is slower than the spread path at every shape
+  /// measured (topk_bench BM_TopKVariant, k 2048, docs/perf-data/2026-12-01-session6: 1 x 131072
+  /// 46.0 against 26.5 us, 1 x 262144 57.0 against 27.1, 64 x 262144 322 against 91.3).
   bool force_resident = false;
   /// Never take the resident path (the spread / streaming paths run as before it), for comparison.
   bool no_resident = false;
@@ -68,15 +71,6 @@ struct SelectTuning {
   /// the top t) instead of the gather into one CTA that sorts all t.
   bool resident_scatter = false;
 };
-
-/// Whether the library's own calls take the resident path for a call that keeps m ranks
-/// (65 < m <= 2049, not top_p) of `rows` rows of `max_blocks` blocks: the shapes the spread path
-/// took before it (at most 16 rows of more than 16384 blocks), where a call is its chain of
-/// barriers rather than its bandwidth (session 4 on the H200: 1 x 131072 k 2048 26.5 us,
-/// 1 x 262144 27.1 us on the spread path, the same time for twice the bytes).
-constexpr bool resident_path_by_default(int rows, int max_blocks) {
-  return rows <= 16 && max_blocks > 16384;
-}
 
 /// The resident path's built-in CTAs per row for `rows` rows of `max_blocks` blocks on a device
 /// of `sms` multiprocessors: as many as spread the call's rows over the device (sms / rows), at

@@ -540,14 +540,6 @@ cudaError_t launch_resident(const TopmParams& tp, int rows, int ctas, bool pdl, 
   return cudaLaunchKernelEx(&cfg, resident_topm_kernel, rp);
 }
 
-/// True when `tuning` pins a variant of a path other than the resident one (the built-in
-/// choice then keeps to the paths as they were before the resident path).
-bool pins_other_path(const SelectTuning& t) {
-  return t.small_items != 0 || t.no_small || t.stream_ctas != 0 || t.stream_trigger != 0 ||
-         t.no_stream || t.spread_ctas != 0 || t.force_spread || t.no_spread ||
-         t.decode_threads != 0 || t.force_decode || t.no_decode || t.decode_pdl;
-}
-
 }  // namespace
 
 cudaError_t select_workspace_bound(std::size_t& temp_bytes, int max_rows, int max_blocks,
@@ -638,15 +630,12 @@ cudaError_t select_tuned(void* d_temp, std::size_t& temp_bytes, const ScoresView
     tp.out_counts = out.counts;
     tp.max_selected = out.max_selected;
     if (report != nullptr) tp.report = *report;
-    // The resident path where pinned (ahead of every other path), or by default on the shapes
-    // the spread path took before it (tuning.h, resident_path_by_default).
+    // The resident path only where pinned (ahead of every other path; tuning.h says why the
+    // library's own calls never take it).
     const bool resident_fits = s.m <= kResidentMaxRanks && !tp.need_mass && N <= kResidentMaxBlocks;
-    const bool resident_default = !pins_other_path(tuning) &&
-                                  spread_eligible(s.m, N, policy.kind) &&
-                                  resident_path_by_default(s.rows, N);
     const bool resident = resident_fits && !tuning.no_resident &&
                           (tuning.force_resident || tuning.resident_ctas != 0 ||
-                           tuning.resident_pdl || tuning.resident_scatter || resident_default);
+                           tuning.resident_pdl || tuning.resident_scatter);
     if (resident) {
       // topk in score order finishes in the leader CTAs; the rest goes to stage B.
       tp.direct_topk = policy.kind == Kind::kTopK && policy.order == SelectPolicy::Order::kScore;

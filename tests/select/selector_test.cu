@@ -860,8 +860,8 @@ TEST(Cuda_Selector_Resident, ManyRowsAndDecodeShapesMatchCpu) {
   }
 }
 
-// The old paths where the built-in choice now takes the resident path (no_resident: the spread
-// path; no_spread: the streaming path), and the built-in choice itself on its shapes.
+// The other paths on the resident path's shapes (no_resident: the spread path, the built-in
+// choice; no_spread: the streaming path), and the built-in choice itself on those shapes.
 TEST(Cuda_Selector_Resident, OldPathsAndBuiltInChoiceMatchCpu) {
   KVC_REQUIRE_GPU();
   Gen gen;
