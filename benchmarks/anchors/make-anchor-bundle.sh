@@ -36,8 +36,15 @@ here="$repo/benchmarks/anchors"
 work="${WORK:-/tmp/anchor-bundle}"
 nvcc="${NVCC:-/usr/local/cuda/bin/nvcc}"
 fi_version="${FLASHINFER_VERSION:-0.7.4}"
-py="${PYTHON312:-$(command -v python3.12 || ls -d "$HOME"/.pyenv/versions/3.12.*/bin/python 2>/dev/null | tail -1)}"
-[ -x "$py" ] || { echo "make-anchor-bundle: no python3.12 (set PYTHON312)" >&2; exit 1; }
+# A python3.12 that runs (a pyenv shim answers `command -v` but fails when 3.12 is not the
+# selected version, so each candidate is tried).
+py="${PYTHON312:-}"
+if [ -z "$py" ]; then
+  for cand in "$(command -v python3.12 || true)" "$HOME"/.pyenv/versions/3.12.*/bin/python; do
+    if [ -x "$cand" ] && "$cand" -c 'import sys' >/dev/null 2>&1; then py=$cand; break; fi
+  done
+fi
+[ -n "$py" ] && [ -x "$py" ] || { echo "make-anchor-bundle: no python3.12 (set PYTHON312)" >&2; exit 1; }
 [ -x "$nvcc" ] || { echo "make-anchor-bundle: no nvcc at $nvcc (set NVCC)" >&2; exit 1; }
 bundle="${BUNDLE:-$repo/.anchors}"
 out="$bundle/p1"
