@@ -103,6 +103,42 @@ join_model() {
   echo "$sum  models/$name" | sha256sum -c --quiet - || { say "$name: checksum mismatch"; return 1; }
 }
 
+# The SmolLM2 GGUF joined from models/smollm2.part-* (carried one part per call) and checked.
+smollm2=models/SmolLM2-135M-Instruct.Q4_1.gguf
+join_smollm2() {
+  join_model "$(basename $smollm2)" b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 \
+    models/smollm2.part-*
+}
+
+# tag model text-file text-name start end configs-file [jsonl]: one quality_eval run on the GPU
+# (positions [start, end), buckets of 512) under the call's deadline, its log in $out/tag.log and
+# rows in jsonl (default $out/tag.jsonl); its table goes into summary.txt.
+quality_window() {
+  local tag=$1 model=$2 text=$3 name=$4 start=$5 end=$6 configs=$7 jsonl=${8:-$out/$1.jsonl} l
+  [ -x build-gpu/examples/mini_decoder/quality_eval ] || build
+  l=$(left)
+  timeout $(( l - 10 )) build-gpu/examples/mini_decoder/quality_eval --model "$model" \
+    --text-file "$text" --text-name "$name" --start "$start" --end "$end" --bucket 512 \
+    --device cuda --configs-file "$configs" --jsonl "$jsonl" --note "kvc $rev" \
+    > "$out/$tag.log" 2>&1
+  say "$tag: rc=$? $(grep -E 'done' "$out/$tag.log" | tail -1)"
+  sed -n '/^config/,$p' "$out/$tag.log" >> "$out/summary.txt"
+}
+
+# [lengths] [extra real_retrieval args...]: the SmolLM2 retrieval prompts on the GPU (top 8,
+# fp16k_q4v, kvc's default scoring) into $out/retrieval/ under the call's deadline.
+retrieval_gpu() {
+  local lengths=$1 l
+  shift
+  [ -x build-gpu/examples/mini_decoder/real_retrieval ] || build
+  join_smollm2 || return 1
+  l=$(left)
+  KVC_MODEL=$PWD/$smollm2 timeout $(( l - 10 )) scripts/real-retrieval --gpu --out "$out/retrieval" \
+    -- --lengths "$lengths" --top-blocks 8 --formats fp16k_q4v --policies topk "$@" \
+    > "$out/retrieval.log" 2>&1
+  say "retrieval: rc=$? $(tail -2 "$out/retrieval.log" | tr '\n' ' ')"
+}
+
 # Packs $out into $OUT/results.tar.gz (the device tool brings it back) and prints the summary.
 finish() {
   say "total $(( $(date +%s) - t0 )) s"

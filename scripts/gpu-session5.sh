@@ -29,57 +29,27 @@ case "${1:-build}" in
     say "carried: $(ls models 2>/dev/null | tr '\n' ' ')"
     ;;
   gemma)
-    [ -x build-gpu/examples/mini_decoder/quality_eval ] || build
     join_model gemma-3-270m-q4_k_m.gguf \
       a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 models/gemma.part-? || exit 1
     # The longest context first: each window is one process (dense prefill of `start` tokens).
     for start in 31744 16384 24576; do
-      l=$(left)
-      (( l < 150 )) && { say "gemma window $start: not run (deadline)"; continue; }
-      timeout $(( l - 10 )) build-gpu/examples/mini_decoder/quality_eval \
-        --model models/gemma-3-270m-q4_k_m.gguf --text-file docs/quality/texts/text_c.md \
-        --text-name C --start $start --end $(( start + 1024 )) --bucket 512 --device cuda \
-        --configs-file docs/quality/configs-gemma-long.txt --jsonl "$out/gemma-long.jsonl" \
-        --note "kvc $rev" > "$out/gemma-$start.log" 2>&1
-      say "gemma window $start: rc=$? $(grep -E 'done' "$out/gemma-$start.log" | tail -1)"
-      sed -n '/^config/,$p' "$out/gemma-$start.log" >> "$out/summary.txt"
+      (( $(left) < 150 )) && { say "gemma window $start: not run (deadline)"; continue; }
+      quality_window gemma-$start models/gemma-3-270m-q4_k_m.gguf docs/quality/texts/text_c.md C \
+        $start $(( start + 1024 )) docs/quality/configs-gemma-long.txt "$out/gemma-long.jsonl"
     done
     ;;
   sweep)
-    [ -x build-gpu/examples/mini_decoder/quality_eval ] || build
-    join_model SmolLM2-135M-Instruct.Q4_1.gguf \
-      b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 models/smollm2.part-* || exit 1
-    l=$(left)
-    timeout $(( l - 10 )) build-gpu/examples/mini_decoder/quality_eval \
-      --model models/SmolLM2-135M-Instruct.Q4_1.gguf --text-file docs/quality/texts/text_a.md \
-      --text-name A --start 4096 --end ${SWEEP_END:-6144} --bucket 512 --device cuda \
-      --configs-file docs/quality/configs-sweep.txt --jsonl "$out/sweep.jsonl" \
-      --note "kvc $rev" > "$out/sweep.log" 2>&1
-    say "sweep: rc=$? $(grep -E 'done' "$out/sweep.log" | tail -1)"
-    sed -n '/^config/,$p' "$out/sweep.log" >> "$out/summary.txt"
+    join_smollm2 || exit 1
+    quality_window sweep $smollm2 docs/quality/texts/text_a.md A 4096 ${SWEEP_END:-6144} \
+      docs/quality/configs-sweep.txt
     ;;
   sweep-b)
-    [ -x build-gpu/examples/mini_decoder/quality_eval ] || build
-    join_model SmolLM2-135M-Instruct.Q4_1.gguf \
-      b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 models/smollm2.part-* || exit 1
-    l=$(left)
-    timeout $(( l - 10 )) build-gpu/examples/mini_decoder/quality_eval \
-      --model models/SmolLM2-135M-Instruct.Q4_1.gguf --text-file docs/quality/texts/text_b.md \
-      --text-name B --start 6144 --end 7168 --bucket 512 --device cuda \
-      --configs-file docs/quality/configs-sweep-b.txt --jsonl "$out/sweep-b.jsonl" \
-      --note "kvc $rev" > "$out/sweep-b.log" 2>&1
-    say "sweep-b: rc=$? $(grep -E 'done' "$out/sweep-b.log" | tail -1)"
-    sed -n '/^config/,$p' "$out/sweep-b.log" >> "$out/summary.txt"
+    join_smollm2 || exit 1
+    quality_window sweep-b $smollm2 docs/quality/texts/text_b.md B 6144 7168 \
+      docs/quality/configs-sweep-b.txt
     ;;
   retrieval)
-    [ -x build-gpu/examples/mini_decoder/real_retrieval ] || build
-    join_model SmolLM2-135M-Instruct.Q4_1.gguf \
-      b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 models/smollm2.part-* || exit 1
-    l=$(left)
-    KVC_MODEL=$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf timeout $(( l - 10 )) \
-      scripts/real-retrieval --gpu --out "$out/retrieval" -- --lengths ${LENGTHS:-8K,4K,2K,1K} \
-      --top-blocks 8 --formats fp16k_q4v --policies topk > "$out/retrieval.log" 2>&1
-    say "retrieval: rc=$? $(tail -2 "$out/retrieval.log" | tr '\n' ' ')"
+    retrieval_gpu ${LENGTHS:-8K,4K,2K,1K}
     ;;
   tests)
     build

@@ -19,8 +19,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=$PWD/gpu-out/session6
 source scripts/gpu-lib.sh
 rev="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-smollm2=models/SmolLM2-135M-Instruct.Q4_1.gguf
-smollm2_sum=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 
 new_kernel_tests='*Cuda_AttentionStaged*:*Cuda_Selector_Resident*:*Cuda_StoreUpdate.Lean*:*Cuda_Dsv4_Indexer.EveryMxfp4*:*Cuda_BlockIndex_TokenStreamBound*'
 
@@ -42,25 +40,12 @@ case "${1:-tests}" in
     grep -hE '_median' "$out"/*.log | awk '{print $1, $2, $3}' | sed 's/manual_time_median//' > "$out/medians.txt"
     ;;
   retrieval)
-    [ -x build-gpu/examples/mini_decoder/real_retrieval ] || build
-    join_model "$(basename $smollm2)" $smollm2_sum models/smollm2.part-* || exit 1
-    l=$(left)
-    KVC_MODEL=$PWD/$smollm2 timeout $(( l - 10 )) \
-      scripts/real-retrieval --gpu --out "$out/retrieval" -- --lengths ${LENGTHS:-8K,4K} \
-      --top-blocks 8 --formats fp16k_q4v --policies topk > "$out/retrieval.log" 2>&1
-    say "retrieval: rc=$? $(tail -2 "$out/retrieval.log" | tr '\n' ' ')"
+    retrieval_gpu ${LENGTHS:-8K,4K}
     ;;
   sweep-b)
-    [ -x build-gpu/examples/mini_decoder/quality_eval ] || build
-    join_model "$(basename $smollm2)" $smollm2_sum models/smollm2.part-* || exit 1
-    l=$(left)
-    timeout $(( l - 10 )) build-gpu/examples/mini_decoder/quality_eval \
-      --model $smollm2 --text-file docs/quality/texts/text_b.md \
-      --text-name B --start 6144 --end 7168 --bucket 512 --device cuda \
-      --configs-file docs/quality/configs-sweep-b.txt --jsonl "$out/sweep-b.jsonl" \
-      --note "kvc $rev" > "$out/sweep-b.log" 2>&1
-    say "sweep-b: rc=$? $(grep -E 'done' "$out/sweep-b.log" | tail -1)"
-    sed -n '/^config/,$p' "$out/sweep-b.log" >> "$out/summary.txt"
+    join_smollm2 || exit 1
+    quality_window sweep-b $smollm2 docs/quality/texts/text_b.md B 6144 7168 \
+      docs/quality/configs-sweep-b.txt
     ;;
   final)
     # kvc's rows and every anchor in one call, so every ratio is a same-run ratio.
