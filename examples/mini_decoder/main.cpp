@@ -29,18 +29,14 @@
 #endif
 #include "sampler.h"
 #include "thread_pool.h"
+#include "timing.h"
 #include "tokenizer.h"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// Process CPU seconds (all threads): with a busy machine, wall time alone misleads.
-double cpu_seconds() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
+using kvc::mini_decoder::Clock;
+using kvc::mini_decoder::cpu_seconds;
+using kvc::mini_decoder::seconds_since;
 
 double mib(std::size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 

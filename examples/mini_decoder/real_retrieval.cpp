@@ -27,17 +27,12 @@
 #include "retrieval_prompts.h"
 #include "retrieval_run.h"
 #include "thread_pool.h"
+#include "timing.h"
 #include "tokenizer.h"
 
 namespace {
 
 using namespace kvc::mini_decoder;
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-double cpu_seconds() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
 
 struct Options {
   std::string model;

@@ -22,6 +22,7 @@
 #include "kvc_cache.h"
 #include "sampler.h"
 #include "thread_pool.h"
+#include "timing.h"
 #include "tokenizer.h"
 #if KVC_CUDA_ENABLED
 #include <cuda_runtime.h>
@@ -32,13 +33,6 @@
 namespace kvc {
 namespace mini_decoder {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-double cpu_seconds() { return static_cast<double>(std::clock()) / CLOCKS_PER_SEC; }
 
 double thread_cpu_seconds() {
   timespec ts{};
@@ -92,20 +86,6 @@ std::string json_number(double x) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.6g", x);
   return buf;
-}
-
-// Gap between the two largest of n values.
-float top2_margin(const float* v, int n) {
-  float a = -INFINITY, b = -INFINITY;
-  for (int i = 0; i < n; ++i) {
-    if (v[i] > a) {
-      b = a;
-      a = v[i];
-    } else if (v[i] > b) {
-      b = v[i];
-    }
-  }
-  return a - b;
 }
 
 // Token positions [begin, end) of each needle in the chat prompt.

@@ -55,5 +55,18 @@ int Sampler::sample(const float* logits, int n) {
   return probs_[keep - 1].second;
 }
 
+float top2_margin(const float* logits, int n) {
+  float a = -INFINITY, b = -INFINITY;
+  for (int i = 0; i < n; ++i) {
+    if (logits[i] > a) {
+      b = a;
+      a = logits[i];
+    } else if (logits[i] > b) {
+      b = logits[i];
+    }
+  }
+  return a - b;
+}
+
 }  // namespace mini_decoder
 }  // namespace kvc

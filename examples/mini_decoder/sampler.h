@@ -36,5 +36,9 @@ class Sampler {
   std::vector<std::pair<double, int>> probs_;
 };
 
+/// The gap between the largest and the second largest of `n` logits (0 when they tie; how close
+/// a greedy choice is to a tie).
+float top2_margin(const float* logits, int n);
+
 }  // namespace mini_decoder
 }  // namespace kvc

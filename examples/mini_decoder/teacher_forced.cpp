@@ -16,6 +16,7 @@
 #include "kvc/formats/formats.h"
 #include "kvc_cache.h"
 #include "thread_pool.h"
+#include "timing.h"
 #if KVC_CUDA_ENABLED
 #include "cuda_kv_cache.h"
 #endif
@@ -24,11 +25,6 @@ namespace kvc {
 namespace mini_decoder {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 std::string trim(const std::string& s) {
   const auto b = s.find_first_not_of(" \t\r\n");

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <limits>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -33,6 +32,7 @@
 #include "kvc_cache.h"
 #include "model.h"
 #include "retrieval_prompts.h"
+#include "sampler.h"
 #include "test_models.h"
 #include "thread_pool.h"
 #include "tokenizer.h"
@@ -82,20 +82,6 @@ class DeviceCopy {
 };
 
 int argmax(const float* v, int n) { return static_cast<int>(std::max_element(v, v + n) - v); }
-
-// Gap between the largest and the second largest value of a row.
-float top2_margin(const float* v, int n) {
-  float a = -std::numeric_limits<float>::infinity(), b = a;
-  for (int i = 0; i < n; ++i) {
-    if (v[i] > a) {
-      b = a;
-      a = v[i];
-    } else if (v[i] > b) {
-      b = v[i];
-    }
-  }
-  return a - b;
-}
 
 double max_abs_value(const std::vector<float>& v) {
   double s = 0;
