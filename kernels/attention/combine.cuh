@@ -49,11 +49,9 @@ template <int D>
 __global__ void __launch_bounds__(kThreads)
     combine_kernel(const __grid_constant__ CombineParams p) {
   constexpr int P = D / 32;  // elements per lane
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent of the decode grid: wait until it has completed and
   // its writes are visible (a no-op for an ordinary launch).
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+  pdl_wait();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row = blockIdx.x * kWarps + warp;
   if (row >= p.rows) return;

@@ -36,6 +36,7 @@
 #include "kvc/select/selection.h"
 #include "kvc/store/block_codec.h"
 #include "kvc/store/kv_store.h"
+#include "pdl.cuh"
 
 namespace kvc {
 namespace kernels {
@@ -866,11 +867,9 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(D, kGT))
   constexpr int E = Tr::kE;
   constexpr RowKind kOldRK = old_row_kind<kOld>();
   __shared__ DecodeSmem<D, kGT> sm;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Let the combine launch (programmatic dependent launch) get ready while this grid runs; it
   // waits for this grid's completion before reading anything.
-  asm volatile("griddepcontrol.launch_dependents;");
-#endif
+  pdl_launch_dependents();
 
   const CtaCoords cta = cta_coords(p);
   const int tile = cta.tile, chunk = cta.chunk, c0 = cta.c0, c1 = cta.c1;

@@ -694,9 +694,7 @@ struct MmaWarp {
 /// padded ring and block lengths of the virtual list.
 template <int D>
 __device__ __forceinline__ CtaCoords mma_cta_begin(const DecodeParams& p, MmaCtx& c) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;");
-#endif
+  pdl_launch_dependents();
   const CtaCoords cta = cta_coords(p);
   init_row_addr<D>(p, cta, c);
   c.W16 = p.plain ? 0 : static_cast<int>(round16(p.s.recent_window));

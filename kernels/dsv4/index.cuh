@@ -36,6 +36,7 @@
 #include "kvc/dsv4/math.h"
 #include "kvc/formats/formats.h"
 #include "kvc/select/selection.h"
+#include "pdl.cuh"
 
 namespace kvc {
 namespace kernels {
@@ -104,19 +105,8 @@ struct Fp8Row {
   }
 };
 
-/// Programmatic dependent launch (sm_90): the preparation kernel lets the score kernel start
-/// early; the score kernel issues its first key loads, then waits for the preparation's results.
-/// Without the launch attribute both are no-ops and plain stream order holds.
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;");
-#endif
-}
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
+// Programmatic dependent launch (pdl.cuh): the preparation kernel lets the score kernel start
+// early; the score kernel issues its first key loads, then waits for the preparation's results.
 
 /// Threads of the query preparation: one per element of a head.
 constexpr int kPrepMaxThreads = 128;

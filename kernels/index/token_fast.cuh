@@ -801,7 +801,7 @@ __global__ void __launch_bounds__(kTokThreads, 2)
   const int ring = p.mass ? p.ring_parts : 0;
   // A programmatic dependent (the finish kernel where p.ring_tc) may launch once every CTA of this
   // grid has started; it waits for this grid's completion before reading. A no-op without one.
-  asm volatile("griddepcontrol.launch_dependents;");
+  pdl_launch_dependents();
   if (static_cast<int>(blockIdx.x) < ring) {
     if (p.ring_tc) {
       exact_part_tc<D>(p, q_smem, red, static_cast<int>(blockIdx.x), ring);

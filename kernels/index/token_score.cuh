@@ -34,6 +34,7 @@
 #include "kvc/select/selection.h"
 #include "kvc/store/block_codec.h"
 #include "kvc/store/kv_store.h"
+#include "pdl.cuh"
 
 namespace kvc {
 namespace kernels {
@@ -452,7 +453,7 @@ __global__ void __launch_bounds__(kFinishThreads)
   // Launched as a programmatic dependent (p.ring_tc), the kernel may start before
   // the chunk kernel has finished: wait for it (and its writes) before reading anything. A no-op
   // in an ordinary launch.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  pdl_wait();
   const StoreView& s = p.s;
   const int row = blockIdx.y;
   const int rows_per_token = p.shared ? 1 : s.num_kv_heads;

@@ -9,6 +9,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "kvc/select/selector.h"
+#include "pdl.cuh"
 #include "select_rules.h"
 
 namespace kvc {

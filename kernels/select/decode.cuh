@@ -105,12 +105,10 @@ __global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_consta
   const int N = p.max_blocks;
   const KeyCodec codec = p.codec;
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // 1. Programmatic dependent launch: the scores' producer is complete and visible past the
   //    wait; the next kernel may start launching now (it waits for this grid in turn).
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
+  pdl_wait();
+  pdl_launch_dependents();
 
   // --- 2. one round trip: num_valid and the row pitch's scores, in flight together ---------
   const std::int32_t nv = __ldcg(p.num_valid + row);

@@ -147,12 +147,10 @@ __global__ void __launch_bounds__(kResidentThreads, 1)
   std::uint32_t* sk = reinterpret_cast<std::uint32_t*>(
       resident_smem + (sizeof(ResidentShared) + 15) / 16 * 16);  // [seg] score keys
   const TopmParams& p = rp.t;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Programmatic dependent launch (SelectTuning::resident_pdl): the scores' producer is complete
   // and visible past the wait; the next kernel may start launching now. No-ops otherwise.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
+  pdl_wait();
+  pdl_launch_dependents();
   cg::cluster_group cluster = cg::this_cluster();
   const int q = static_cast<int>(cluster.block_rank());
   const int num_ctas = static_cast<int>(cluster.num_blocks());

@@ -24,6 +24,7 @@
 #include "kvc/formats/formats.h"
 #include "kvc/store/block_codec.h"
 #include "kvc/store/kv_store.h"
+#include "pdl.cuh"
 #include "store/layer_shift.h"
 #include "store/variant.h"
 
@@ -1065,12 +1066,10 @@ __global__ void __launch_bounds__(32 * kFastWarps)
 /// memory), so its launch overlaps this kernel instead of following its last CTA.
 template <bool kProgrammatic>
 __device__ __forceinline__ void wait_for_previous_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (kProgrammatic) {
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    pdl_launch_dependents();
+    pdl_wait();
   }
-#endif
 }
 
 /// Every entry of a count-1 update as a CTA of append_once_kernel read it (shared memory).
@@ -1197,6 +1196,23 @@ __device__ __forceinline__ void append_row(const StoreView& s, int slot, int L, 
   }
 }
 
+/// Entry e's row of head h in a self-planned count-1 append once round 1 is in `sh`
+/// (AppendEntries or LeanEntries): the page its leaving token starts, popped in the entries'
+/// order, then append_row, and the entry's length before the update into s.update_scratch.
+template <int E, class Entries>
+__device__ __forceinline__ void append_entry_row(const StoreView& s, const Entries& sh, int e,
+                                                 int h, int lane, const LaneRow<E>& kn,
+                                                 const LaneRow<E>& vn) {
+  const int slot = sh.slot[e], L = sh.entry_length(e);
+  const int q = L - s.recent_window;
+  int fresh = -1;
+  if (q >= 0 && q % s.block_size == 0 && store::owns_block(s, q / s.block_size)) {
+    fresh = s.free_blocks[sh.top - 1 - pops_below(sh, e, lane)];
+  }
+  append_row<E, kSummaryAhead>(s, slot, L, h, lane, fresh, kn, vn, nullptr, nullptr);
+  if (h == 0 && lane == 0) s.update_scratch[e] = L;
+}
+
 // The whole count-1 append in one launch, one round of reads (see above): entries <=
 // kFusedMaxEntries, s.update_counter set; kWarps warps per CTA, warp w of the grid serves
 // (entry w / Hkv, head w % Hkv). Bit-identical to append_kernel and the CPU reference.
@@ -1220,15 +1236,7 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
   read_entries<32 * kWarps>(s, slots, entries, sh);
   if (warp == kWarps - 1) publish_after_reads(s, sh, entries, lane);
-  if (!row) return;
-  const int slot = sh.slot[e], L = sh.length[e];
-  const int q = L - s.recent_window;
-  int fresh = -1;
-  if (q >= 0 && q % s.block_size == 0 && store::owns_block(s, q / s.block_size)) {
-    fresh = s.free_blocks[sh.top - 1 - pops_below(sh, e, lane)];
-  }
-  append_row<E, kSummaryAhead>(s, slot, L, h, lane, fresh, kn, vn, nullptr, nullptr);
-  if (h == 0 && lane == 0) s.update_scratch[e] = L;
+  if (row) append_entry_row<E>(s, sh, e, h, lane, kn, vn);
 }
 
 // --- count-1 append with a two-load chain (StoreKernels::kLean, kLeanPdl) ------------------
@@ -1328,17 +1336,9 @@ __global__ void __launch_bounds__(32 * (kLeanRowWarps + 1), 1)
   read_lean_entries<32 * (kLeanRowWarps + 1)>(s, slots, entries, sh);
   if (warp == kLeanRowWarps) {
     publish_after_reads(s, sh, entries, lane);
-    return;
+  } else if (row) {
+    append_entry_row<E>(s, sh, e, h, lane, kn, vn);
   }
-  if (!row) return;
-  const int slot = sh.slot[e], L = sh.length[slot];
-  const int q = L - s.recent_window;
-  int fresh = -1;
-  if (q >= 0 && q % s.block_size == 0 && store::owns_block(s, q / s.block_size)) {
-    fresh = s.free_blocks[sh.top - 1 - pops_below(sh, e, lane)];
-  }
-  append_row<E, kSummaryAhead>(s, slot, L, h, lane, fresh, kn, vn, nullptr, nullptr);
-  if (h == 0 && lane == 0) s.update_scratch[e] = L;
 }
 
 // The count-1 write of an update planned before (store_write / the LayeredCache's plan): entry
