@@ -13,6 +13,7 @@
 #include "attention/launch.cuh"
 #include "kvc/core/cuda_check.h"
 #include "kvc/kernels/attention_kernels.h"
+#include "launch.h"
 
 namespace kvc {
 namespace kernels {
@@ -343,17 +344,10 @@ bool prefetches(int path) {
 /// is not supported.
 cudaError_t launch_combine(void (*kernel)(CombineParams), unsigned blocks, const CombineParams& cp,
                            cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attr;
-  config.numAttrs = 1;
-  if (cudaLaunchKernelEx(&config, kernel, cp) == cudaSuccess) return cudaGetLastError();
+  if (kvc::detail::launch_kernel(kernel, dim3(blocks), dim3(kThreads), 0, true, stream, cp) ==
+      cudaSuccess) {
+    return cudaGetLastError();
+  }
   cudaGetLastError();  // not supported here: clear it and launch in stream order
   kernel<<<blocks, kThreads, 0, stream>>>(cp);
   return cudaGetLastError();

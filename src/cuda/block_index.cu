@@ -15,6 +15,7 @@
 #include "kvc/core/error.h"
 #include "kvc/index/block_index.h"
 #include "kvc/kernels/index_kernels.h"
+#include "launch.h"
 
 namespace kvc {
 namespace kernels {
@@ -142,17 +143,8 @@ cudaError_t launch_token_stream(int loop, int block_size, dim3 grid, const Token
 // (it starts with griddepcontrol.wait), else an ordinary one.
 cudaError_t launch_token_finish(dim3 grid, const TokenScoreParams& p, bool pdl,
                                 cudaStream_t stream) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kFinishThreads, 1, 1);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = pdl ? attr : nullptr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, token_mass_finish_kernel, p);
+  return kvc::detail::launch_kernel(token_mass_finish_kernel, grid, dim3(kFinishThreads), 0, pdl,
+                                    stream, p);
 }
 
 // kTokenMax / kTokenMass: the token kernel, then (mass) the finish kernel. `fast`: the

@@ -15,6 +15,7 @@
 #include "kvc/core/error.h"
 #include "kvc/dsv4/indexer.h"
 #include "kvc/kernels/dsv4_kernels.h"
+#include "launch.h"
 
 namespace kvc {
 namespace kernels {
@@ -38,17 +39,8 @@ cudaError_t launch(Kernel kernel, dim3 grid, int smem, const IndexParams& p, cud
   if (smem > 48 * 1024) {
     KVC_CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kIndexThreads, 1, 1);
-  cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, p);
+  return kvc::detail::launch_kernel(kernel, grid, dim3(kIndexThreads),
+                                    static_cast<std::size_t>(smem), true, stream, p);
 }
 
 /// Resident CTAs per SM of a score kernel with `smem` dynamic bytes (2 when the query fails).
@@ -262,8 +254,10 @@ cudaError_t dsv4_index_score(void* d_temp, std::size_t& temp_bytes,
   // (docs/perf-data/2026-12-01-session6, 131072 entries, 64 heads, mxfp4): B1 T1 / B8 T1 /
   // B1 T4 / B8 T4 13.3 / 57.8 / 30.4 / 191 us for 8 against 14.5 / 72.1 / 33.2 / 215 for the lean
   // staged kernel (3), the choice before it; T 64: 357 us for 7 against 428 for 3.
-  const int variant =
-      a.variant != 0 ? a.variant : (!staged ? 2 : a.T >= kStreamPrefillTokens ? 7 : 8);
+  const int variant = a.variant != 0 ? a.variant
+                                     : (!staged                       ? 2
+                                        : a.T >= kStreamPrefillTokens ? 7
+                                                                      : 8);
   const int resident = mx ? mxfp4_ctas_per_sm(c.head_dim, c.num_heads / 16, variant) : 2;
   const int pages = (keys.max_entries + keys.layout.page_entries - 1) / keys.layout.page_entries;
   for (int t0 = 0; t0 < a.T; t0 += tc) {

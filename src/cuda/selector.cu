@@ -16,6 +16,7 @@
 #include "kvc/core/error.h"
 #include "kvc/kernels/select_kernels.h"
 #include "kvc/select/selector.h"
+#include "launch.h"
 #include "select/common.cuh"
 #include "select/decode.cuh"
 #include "select/policy.cuh"
@@ -296,17 +297,9 @@ cudaError_t launch_small_items(int items, const TopmParams& tp, int rows, cudaSt
 
 template <int kBlock, int kItems>
 cudaError_t launch_decode_kernel(const TopmParams& tp, int rows, bool pdl, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(rows), 1, 1);
-  cfg.blockDim = dim3(kBlock, 1, 1);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = pdl ? attr : nullptr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, decode_topk_kernel<kBlock, kItems>, tp);
+  return kvc::detail::launch_kernel(decode_topk_kernel<kBlock, kItems>,
+                                    dim3(static_cast<unsigned>(rows)), dim3(kBlock), 0, pdl, stream,
+                                    tp);
 }
 
 template <int kBlock>

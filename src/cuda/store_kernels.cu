@@ -7,6 +7,7 @@
 
 #include "kvc/core/cuda_check.h"
 #include "kvc/kernels/store_kernels.h"
+#include "launch.h"
 #include "store/update.cuh"
 #include "store/variant.h"
 
@@ -98,24 +99,6 @@ bool fused_applies(const StoreView& s, int entries, const void* k, const void* v
   return entries <= kFusedMaxEntries && s.update_counter != nullptr && aligned16(k, v, 0);
 }
 
-// Launches `kernel` (no dynamic shared memory), as a programmatic dependent of the stream's
-// previous kernel when `programmatic` (the kernel then waits for it: wait_for_previous_kernel).
-template <class... Params, class... Args>
-cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, bool programmatic,
-                   cudaStream_t stream, Args... args) {
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = programmatic ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, args...);
-}
-
 // append_once_kernel with kWarps warps per CTA.
 template <int kWarps, bool kProgrammatic>
 cudaError_t append_once(const StoreView& s, const std::int32_t* d_slots, int entries,
@@ -123,8 +106,9 @@ cudaError_t append_once(const StoreView& s, const std::int32_t* d_slots, int ent
   const int warps = entries * s.num_kv_heads;
   const unsigned ctas = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
   return with_lane_elements(s.head_dim, [&](auto lane_elems) {
-    return launch(append_once_kernel<decltype(lane_elems)::value, kWarps, kProgrammatic>,
-                  dim3(ctas), dim3(32 * kWarps), kProgrammatic, stream, s, d_slots, entries, k, v);
+    return kvc::detail::launch_kernel(
+        append_once_kernel<decltype(lane_elems)::value, kWarps, kProgrammatic>, dim3(ctas),
+        dim3(32 * kWarps), 0, kProgrammatic, stream, s, d_slots, entries, k, v);
   });
 }
 
@@ -138,8 +122,9 @@ cudaError_t append_lean(const StoreView& s, const std::int32_t* d_slots, int ent
   const int warps = entries * s.num_kv_heads;
   const unsigned ctas = static_cast<unsigned>((warps + kLeanRowWarps - 1) / kLeanRowWarps);
   return with_lane_elements(s.head_dim, [&](auto lane_elems) {
-    return launch(append_lean_kernel<decltype(lane_elems)::value, kProgrammatic>, dim3(ctas),
-                  dim3(32 * (kLeanRowWarps + 1)), kProgrammatic, stream, s, d_slots, entries, k, v);
+    return kvc::detail::launch_kernel(
+        append_lean_kernel<decltype(lane_elems)::value, kProgrammatic>, dim3(ctas),
+        dim3(32 * (kLeanRowWarps + 1)), 0, kProgrammatic, stream, s, d_slots, entries, k, v);
   });
 }
 
@@ -175,10 +160,12 @@ cudaError_t planned_append(const StoreView& s, const LayerStrides& ls, int layer
   const auto* v = static_cast<const std::uint16_t*>(d_v);
   return with_lane_elements(s.head_dim, [&](auto lane_elems) {
     constexpr int kE = decltype(lane_elems)::value;
-    return programmatic ? launch(planned_append_kernel<kE, true>, grid, dim3(32 * kFastWarps), true,
-                                 stream, s, ls, d_slots, entries, k, v, spill)
-                        : launch(planned_append_kernel<kE, false>, grid, dim3(32 * kFastWarps),
-                                 false, stream, s, ls, d_slots, entries, k, v, spill);
+    const dim3 block(32 * kFastWarps);
+    return programmatic
+               ? kvc::detail::launch_kernel(planned_append_kernel<kE, true>, grid, block, 0, true,
+                                            stream, s, ls, d_slots, entries, k, v, spill)
+               : kvc::detail::launch_kernel(planned_append_kernel<kE, false>, grid, block, 0, false,
+                                            stream, s, ls, d_slots, entries, k, v, spill);
   });
 }
 
