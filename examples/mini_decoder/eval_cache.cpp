@@ -25,8 +25,11 @@ ProbeScore parse_probe_score(const std::string& name) {
   if (name == "oracle") return ProbeScore::kOracleMass;
   if (name == "mxfp4_mass") return ProbeScore::kMxfp4Mass;
   if (name == "exact_max") return ProbeScore::kExactMax;
+  if (name == "quest_mxfp4_mass") return ProbeScore::kQuestMxfp4Mass;
+  if (name == "meank_mxfp4_mass") return ProbeScore::kMeanKMxfp4Mass;
   KVC_CHECK(name == "mxfp4_max", "probe score = '", name,
-            "' is not one of: none, oracle, mxfp4_mass, exact_max, mxfp4_max");
+            "' is not one of: none, oracle, mxfp4_mass, exact_max, mxfp4_max, quest_mxfp4_mass, "
+            "meank_mxfp4_mass");
   return ProbeScore::kMxfp4Max;
 }
 
@@ -42,13 +45,23 @@ const char* to_string(ProbeScore s) {
       return "exact_max";
     case ProbeScore::kMxfp4Max:
       return "mxfp4_max";
+    case ProbeScore::kQuestMxfp4Mass:
+      return "quest_mxfp4_mass";
+    case ProbeScore::kMeanKMxfp4Mass:
+      return "meank_mxfp4_mass";
   }
   return "?";
 }
 
 namespace {
 
-bool uses_mxfp4(ProbeScore s) { return s == ProbeScore::kMxfp4Mass || s == ProbeScore::kMxfp4Max; }
+bool two_stage(ProbeScore s) {
+  return s == ProbeScore::kQuestMxfp4Mass || s == ProbeScore::kMeanKMxfp4Mass;
+}
+
+bool uses_mxfp4(ProbeScore s) {
+  return s == ProbeScore::kMxfp4Mass || s == ProbeScore::kMxfp4Max || two_stage(s);
+}
 
 float round_f16(float x) { return half_bits_to_float(float_to_half_bits(x)); }
 
@@ -70,9 +83,10 @@ struct EvalKvCache::Exact {
 };
 
 EvalKvCache::EvalKvCache(std::unique_ptr<KvcKvCache> inner, const KvShape& shape, ProbeScore score,
-                         ThreadPool& pool)
-    : inner_(std::move(inner)), shape_(shape), score_(score), pool_(pool) {
+                         ThreadPool& pool, int candidates)
+    : inner_(std::move(inner)), shape_(shape), score_(score), pool_(pool), candidates_(candidates) {
   KVC_CHECK(inner_ != nullptr, "eval cache: no kvc cache given");
+  KVC_CHECK(candidates_ >= 1, "eval cache: candidates = ", candidates_, " is below 1");
   window_ = inner_->recent_window();
   block_ = inner_->store(0).config().block_size;
   scale_ = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
@@ -195,11 +209,15 @@ void EvalKvCache::score_blocks(int layer, int position, const ScoresView& out) c
   const float* mxkeys = mxfp4_keys_.empty() ? nullptr
                                             : mxfp4_keys_.data() + static_cast<std::size_t>(layer) *
                                                                        shape_.capacity * row;
+  const float* keys = keys_.data() + static_cast<std::size_t>(layer) * shape_.capacity * row;
   std::vector<double> lg(static_cast<std::size_t>(length));
   for (int h = 0; h < hkv; ++h) {
     out.num_valid[h] = closed;
     float* sc = out.scores + static_cast<std::size_t>(h) * out.max_blocks;
     std::vector<double> acc(static_cast<std::size_t>(closed), 0.0);
+    // The two-stage rules' first stage: the candidate blocks (block 0 always among them).
+    std::vector<char> candidate;
+    if (two_stage(score_)) candidate = first_stage(keys, h, closed);
     for (int g = h * group; g < (h + 1) * group; ++g) {
       const double* exact_logit = e.logit.data() + static_cast<std::size_t>(g) * length;
       const double* p = e.prob.data() + static_cast<std::size_t>(g) * length;
@@ -219,11 +237,12 @@ void EvalKvCache::score_blocks(int layer, int position, const ScoresView& out) c
         }
         l = lg.data();
       }
-      const bool mass = score_ == ProbeScore::kOracleMass || score_ == ProbeScore::kMxfp4Mass;
+      const bool mass = score_ == ProbeScore::kOracleMass || score_ == ProbeScore::kMxfp4Mass ||
+                        two_stage(score_);
       if (mass) {
         const double* w = p;  // the oracle: the exact probabilities
         std::vector<double> q_prob;
-        if (score_ == ProbeScore::kMxfp4Mass) {  // the softmax the rounded logits give
+        if (score_ != ProbeScore::kOracleMass) {  // the softmax the rounded logits give
           double mx = -std::numeric_limits<double>::infinity();
           for (int i = 0; i < length; ++i) mx = std::max(mx, l[i]);
           q_prob.resize(static_cast<std::size_t>(length));
@@ -246,8 +265,54 @@ void EvalKvCache::score_blocks(int layer, int position, const ScoresView& out) c
         }
       }
     }
-    for (int j = 0; j < closed; ++j) sc[j] = static_cast<float>(acc[static_cast<std::size_t>(j)]);
+    for (int j = 0; j < closed; ++j) {
+      const bool kept = candidate.empty() || candidate[static_cast<std::size_t>(j)];
+      sc[j] = kept ? static_cast<float>(acc[static_cast<std::size_t>(j)]) : -1.0f;
+    }
   }
+}
+
+std::vector<char> EvalKvCache::first_stage(const float* keys, int h, int closed) const {
+  const Exact& e = *exact_;
+  const int hkv = shape_.num_kv_heads, d = shape_.head_dim;
+  const int group = shape_.num_q_heads / hkv;
+  const std::size_t row = static_cast<std::size_t>(hkv) * d;
+  std::vector<double> bound(static_cast<std::size_t>(closed), 0.0);
+  std::vector<float> lo(static_cast<std::size_t>(d)), hi(lo.size()), mean(lo.size());
+  for (int j = 0; j < closed; ++j) {
+    std::fill(lo.begin(), lo.end(), std::numeric_limits<float>::infinity());
+    std::fill(hi.begin(), hi.end(), -std::numeric_limits<float>::infinity());
+    std::fill(mean.begin(), mean.end(), 0.0f);
+    for (int i = j * block_; i < (j + 1) * block_; ++i) {
+      const float* k = keys + static_cast<std::size_t>(i) * row + static_cast<std::size_t>(h) * d;
+      for (int c = 0; c < d; ++c) {
+        lo[c] = std::min(lo[c], k[c]);
+        hi[c] = std::max(hi[c], k[c]);
+        mean[c] += k[c] / static_cast<float>(block_);
+      }
+    }
+    double s = 0.0;
+    for (int g = h * group; g < (h + 1) * group; ++g) {
+      const float* qg = e.q.data() + static_cast<std::size_t>(g) * d;
+      for (int c = 0; c < d; ++c) {
+        s += score_ == ProbeScore::kQuestMxfp4Mass
+                 ? std::max(static_cast<double>(qg[c]) * lo[c], static_cast<double>(qg[c]) * hi[c])
+                 : static_cast<double>(qg[c]) * mean[c];
+      }
+    }
+    bound[static_cast<std::size_t>(j)] = s;
+  }
+  std::vector<int> order(static_cast<std::size_t>(closed));
+  for (int j = 0; j < closed; ++j) order[static_cast<std::size_t>(j)] = j;
+  const int keep = std::min(candidates_, closed);
+  std::partial_sort(order.begin(), order.begin() + keep, order.end(), [&](int a, int b) {
+    const double x = bound[static_cast<std::size_t>(a)], y = bound[static_cast<std::size_t>(b)];
+    return x > y || (x == y && a < b);
+  });
+  std::vector<char> in(static_cast<std::size_t>(closed), 0);
+  for (int r = 0; r < keep; ++r) in[static_cast<std::size_t>(order[static_cast<std::size_t>(r)])] = 1;
+  if (closed > 0) in[0] = 1;  // the attention sink
+  return in;
 }
 
 void EvalKvCache::record_recall(int layer, int position) {

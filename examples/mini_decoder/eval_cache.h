@@ -40,9 +40,15 @@ enum class ProbeScore {
   kMxfp4Mass,   ///< the same rule with the old keys rounded through mxfp4 (32-element groups)
   kExactMax,    ///< the block's best logit (exact keys), summed over the group's heads
   kMxfp4Max,    ///< the block's best logit from mxfp4-rounded keys, summed over the group's heads
+  /// Two stages: Quest's min/max bound (summed over the group's heads) keeps the `candidates`
+  /// best blocks and block 0, then kMxfp4Mass ranks those; every other block scores -1.
+  kQuestMxfp4Mass,
+  /// The same with q · mean K (summed over the group's heads) as the first stage.
+  kMeanKMxfp4Mass,
 };
 
-/// Parses "none", "oracle", "mxfp4_mass", "exact_max", "mxfp4_max"; throws kvc::Error otherwise.
+/// Parses "none", "oracle", "mxfp4_mass", "exact_max", "mxfp4_max", "quest_mxfp4_mass",
+/// "meank_mxfp4_mass"; throws kvc::Error otherwise.
 ProbeScore parse_probe_score(const std::string& name);
 /// The name parse_probe_score() reads.
 const char* to_string(ProbeScore s);
@@ -64,7 +70,7 @@ class EvalKvCache final : public KvCache {
   /// @param[in] pool  threads for the exact attention (shared with the model; never used by the
   ///                  model and the probe at the same time)
   EvalKvCache(std::unique_ptr<KvcKvCache> inner, const KvShape& shape, ProbeScore score,
-              ThreadPool& pool);
+              ThreadPool& pool, int candidates = 64);
   ~EvalKvCache() override;
 
   int length() const override { return inner_->length(); }
@@ -93,6 +99,8 @@ class EvalKvCache final : public KvCache {
   // Exact softmax of the query at `position` of `layer` (q: [Hq][d] f32, not yet rounded).
   void measure(int layer, int position, const float* q);
   void score_blocks(int layer, int position, const ScoresView& out) const;
+  // The two-stage rules' candidate mask over kv head h's `closed` blocks (keys: the layer's).
+  std::vector<char> first_stage(const float* keys, int h, int closed) const;
   void record_recall(int layer, int position);
   void begin_step(int position);
 
@@ -100,6 +108,7 @@ class EvalKvCache final : public KvCache {
   KvShape shape_;
   ProbeScore score_;
   ThreadPool& pool_;
+  int candidates_ = 64;  // first-stage blocks kept by the two-stage rules
   int window_ = 0;
   int block_ = 0;
   float scale_ = 0.0f;

@@ -93,6 +93,14 @@ double scoring_bytes(const EvalConfig& c, const KvShape& s, int closed) {
       return blocks * b * mxfp4 + ring_k;
     case ProbeScore::kMxfp4Max:
       return blocks * b * mxfp4;
+    case ProbeScore::kQuestMxfp4Mass:
+    case ProbeScore::kMeanKMxfp4Mass: {
+      // f16 summaries of every closed block (min and max, or the mean), then the mxfp4 keys of
+      // the candidates and block 0, and the ring's keys.
+      const double summary = d * 2.0 * (c.probe == ProbeScore::kQuestMxfp4Mass ? 2.0 : 1.0);
+      const double kept = std::min<double>(closed, c.candidates + 1.0) * s.num_kv_heads;
+      return blocks * summary + kept * b * mxfp4 + ring_k;
+    }
   }
   return 0.0;
 }
@@ -173,6 +181,9 @@ EvalConfig EvalConfig::parse(const std::string& spec) {
         c.probe = parse_probe_score(v);
         KVC_CHECK(c.probe != ProbeScore::kNone, "config scoring = none: leave scoring out");
       }
+    } else if (key == "candidates") {
+      c.candidates = to_int(key, v);
+      KVC_CHECK(c.candidates >= 1, "config candidates = ", c.candidates, " is below 1");
     } else if (key == "delta") {
       c.kv.delta = to_float(key, v);
     } else if (key == "max_blocks") {
@@ -186,7 +197,7 @@ EvalConfig EvalConfig::parse(const std::string& spec) {
     } else {
       KVC_CHECK(false, "config key '", key,
                 "' is unknown (name, mode, format, top, window, block, policy, scoring, delta, "
-                "max_blocks, p, dense_layers, device, token_keys)");
+                "max_blocks, p, dense_layers, device, token_keys, candidates)");
     }
   }
   KVC_CHECK(!c.name.empty(), "config '", spec, "' has no name=");
@@ -200,6 +211,8 @@ EvalConfig EvalConfig::parse(const std::string& spec) {
 }
 
 std::string EvalConfig::scoring() const {
+  if (probe == ProbeScore::kQuestMxfp4Mass || probe == ProbeScore::kMeanKMxfp4Mass)
+    return std::string(to_string(probe)) + "/c" + std::to_string(candidates);
   if (probe != ProbeScore::kNone) return to_string(probe);
   return kv.token_scoring() ? kv.scoring + "/" + kv.token_keys : kv.scoring;
 }
@@ -296,7 +309,8 @@ std::vector<EvalResult> run_teacher_forced(Decoder& model, const std::vector<int
       inner->enable_recall(true);
       run.cache = std::move(inner);
     } else {
-      auto probe = std::make_unique<EvalKvCache>(std::move(inner), shape, cfg.probe, pool);
+      auto probe = std::make_unique<EvalKvCache>(std::move(inner), shape, cfg.probe, pool,
+                                                 cfg.candidates);
       run.probe = probe.get();
       run.cache = std::move(probe);
     }

@@ -66,9 +66,10 @@ struct ProbeBed {
     }
   }
 
-  std::unique_ptr<EvalKvCache> make(const KvOptions& o, ProbeScore score, ThreadPool& pool) const {
+  std::unique_ptr<EvalKvCache> make(const KvOptions& o, ProbeScore score, ThreadPool& pool,
+                                    int candidates = 64) const {
     auto inner = std::make_unique<KvcKvCache>(o, shape, Device::cpu());
-    auto cache = std::make_unique<EvalKvCache>(std::move(inner), shape, score, pool);
+    auto cache = std::make_unique<EvalKvCache>(std::move(inner), shape, score, pool, candidates);
     const std::size_t token = static_cast<std::size_t>(shape.num_kv_heads) * shape.head_dim;
     for (int l = 0; l < shape.num_layers; ++l) {
       cache->append(l, 0, length - 1, k.data() + static_cast<std::size_t>(l) * length * token,
@@ -300,6 +301,26 @@ TEST(MiniDecoder_QualityProbe, TokenRulesScoreByTheirDefinition) {
       for (std::int32_t b : ids) EXPECT_TRUE(b >= 0 && b < closed);
     }
   }
+  // The two-stage rules: with every block a candidate they select what mxfp4_mass selects;
+  // with one candidate, only block 0 and that candidate can be chosen, and both are.
+  auto full = bed.make(select_options(2, bed.window, bed.block), ProbeScore::kMxfp4Mass, pool);
+  bed.step(*full, pool);
+  for (ProbeScore s : {ProbeScore::kQuestMxfp4Mass, ProbeScore::kMeanKMxfp4Mass}) {
+    auto all = bed.make(select_options(2, bed.window, bed.block), s, pool, closed);
+    bed.step(*all, pool);
+    EXPECT_EQ(all->inner().last_step().selected, full->inner().last_step().selected)
+        << to_string(s);
+    auto one = bed.make(select_options(3, bed.window, bed.block), s, pool, 1);
+    bed.step(*one, pool);
+    for (const auto& ids : one->inner().last_step().selected) {
+      ASSERT_GE(ids.size(), 1u);
+      EXPECT_NE(std::find(ids.begin(), ids.end(), 0), ids.end()) << to_string(s);
+    }
+  }
+  EXPECT_EQ(parse_probe_score("quest_mxfp4_mass"), ProbeScore::kQuestMxfp4Mass);
+  EXPECT_EQ(EvalConfig::parse("name=t;scoring=meank_mxfp4_mass;candidates=16").scoring(),
+            "meank_mxfp4_mass/c16");
+  EXPECT_THROW(EvalConfig::parse("name=t;scoring=meank_mxfp4_mass;candidates=0"), Error);
   EXPECT_THROW(parse_probe_score("best"), Error);
   KvOptions ring = select_options(1, bed.window, bed.block);
   ring.mode = "recent_only";
