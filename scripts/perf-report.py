@@ -19,7 +19,18 @@ def load_benchmarks(d):
         # Google Benchmark writes bare nan / inf for empty counters; make them JSON.
         text = re.sub(r":\s*-?nan\b", ": NaN", text)
         text = re.sub(r":\s*(-?)inf\b", r": \1Infinity", text)
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            # A binary cut off by its timeout leaves an unterminated file: keep every complete
+            # row (each ends with a 4-space "}") and say so.
+            cut = text.rfind("\n    }")
+            if cut < 0:
+                print(f"{os.path.basename(path)}: no complete row", file=sys.stderr)
+                continue
+            data = json.loads(text[:cut] + "\n    }\n  ]\n}")
+            print(f"{os.path.basename(path)}: cut off by its timeout; "
+                  f"{len(data.get('benchmarks', []))} complete rows kept", file=sys.stderr)
         for b in data.get("benchmarks", []):
             if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
                 continue

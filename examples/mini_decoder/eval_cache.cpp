@@ -206,68 +206,73 @@ void EvalKvCache::score_blocks(int layer, int position, const ScoresView& out) c
   const int old = std::max(0, length - window_);
   const int closed = old / block_;
   const std::size_t row = static_cast<std::size_t>(hkv) * d;
+  const float* keys = keys_.data() + static_cast<std::size_t>(layer) * shape_.capacity * row;
   const float* mxkeys = mxfp4_keys_.empty() ? nullptr
                                             : mxfp4_keys_.data() + static_cast<std::size_t>(layer) *
                                                                        shape_.capacity * row;
-  const float* keys = keys_.data() + static_cast<std::size_t>(layer) * shape_.capacity * row;
-  std::vector<double> lg(static_cast<std::size_t>(length));
+  // The two-stage rules' first stage per kv head: the candidate blocks (block 0 among them).
+  std::vector<std::vector<char>> candidate(static_cast<std::size_t>(hkv));
+  if (two_stage(score_)) {
+    pool_.parallel_for(hkv, [&](int h, int) {
+      candidate[static_cast<std::size_t>(h)] = first_stage(keys, h, closed);
+    });
+  }
+  // Each query head's score of every closed block, then their sum over the group.
+  const bool mass = score_ == ProbeScore::kOracleMass || score_ == ProbeScore::kMxfp4Mass ||
+                    two_stage(score_);
+  std::vector<double> per_head(static_cast<std::size_t>(hq) * closed, 0.0);
+  pool_.parallel_for(hq, [&](int g, int) {
+    const int h = g / group;
+    const double* exact_logit = e.logit.data() + static_cast<std::size_t>(g) * length;
+    const double* l = exact_logit;
+    std::vector<double> lg;
+    if (mxkeys != nullptr) {  // closed blocks' logits from the mxfp4 keys, the rest exact
+      lg.assign(exact_logit, exact_logit + length);
+      const float* qg = e.q.data() + static_cast<std::size_t>(g) * d;
+      for (int i = 0; i < closed * block_; ++i) {
+        const float* k = mxkeys + static_cast<std::size_t>(i) * row + static_cast<std::size_t>(h) * d;
+        double dot = 0.0;
+        for (int c = 0; c < d; ++c) dot += static_cast<double>(qg[c]) * k[c];
+        lg[static_cast<std::size_t>(i)] = static_cast<double>(scale_) * dot;
+      }
+      l = lg.data();
+    }
+    double* acc = per_head.data() + static_cast<std::size_t>(g) * closed;
+    if (mass) {
+      const double* w = e.prob.data() + static_cast<std::size_t>(g) * length;  // the oracle's
+      std::vector<double> q_prob;
+      if (score_ != ProbeScore::kOracleMass) {  // the softmax the rounded logits give
+        double mx = -std::numeric_limits<double>::infinity();
+        for (int i = 0; i < length; ++i) mx = std::max(mx, l[i]);
+        q_prob.resize(static_cast<std::size_t>(length));
+        double z = 0.0;
+        for (int i = 0; i < length; ++i)
+          z += (q_prob[static_cast<std::size_t>(i)] = std::exp(l[i] - mx));
+        for (double& x : q_prob) x /= z;
+        w = q_prob.data();
+      }
+      for (int j = 0; j < closed; ++j) {
+        double m = 0.0;
+        for (int i = j * block_; i < (j + 1) * block_; ++i) m += w[i];
+        acc[j] = m;
+      }
+    } else {
+      for (int j = 0; j < closed; ++j) {
+        double m = -std::numeric_limits<double>::infinity();
+        for (int i = j * block_; i < (j + 1) * block_; ++i) m = std::max(m, l[i]);
+        acc[j] = m;
+      }
+    }
+  });
   for (int h = 0; h < hkv; ++h) {
     out.num_valid[h] = closed;
     float* sc = out.scores + static_cast<std::size_t>(h) * out.max_blocks;
-    std::vector<double> acc(static_cast<std::size_t>(closed), 0.0);
-    // The two-stage rules' first stage: the candidate blocks (block 0 always among them).
-    std::vector<char> candidate;
-    if (two_stage(score_)) candidate = first_stage(keys, h, closed);
-    for (int g = h * group; g < (h + 1) * group; ++g) {
-      const double* exact_logit = e.logit.data() + static_cast<std::size_t>(g) * length;
-      const double* p = e.prob.data() + static_cast<std::size_t>(g) * length;
-      const double* l = exact_logit;
-      if (mxkeys != nullptr) {  // closed blocks' logits from the mxfp4 keys, the rest exact
-        const float* qg = e.q.data() + static_cast<std::size_t>(g) * d;
-        for (int i = 0; i < length; ++i) {
-          if (i < closed * block_) {
-            const float* k =
-                mxkeys + static_cast<std::size_t>(i) * row + static_cast<std::size_t>(h) * d;
-            double dot = 0.0;
-            for (int c = 0; c < d; ++c) dot += static_cast<double>(qg[c]) * k[c];
-            lg[static_cast<std::size_t>(i)] = static_cast<double>(scale_) * dot;
-          } else {
-            lg[static_cast<std::size_t>(i)] = exact_logit[i];
-          }
-        }
-        l = lg.data();
-      }
-      const bool mass = score_ == ProbeScore::kOracleMass || score_ == ProbeScore::kMxfp4Mass ||
-                        two_stage(score_);
-      if (mass) {
-        const double* w = p;  // the oracle: the exact probabilities
-        std::vector<double> q_prob;
-        if (score_ != ProbeScore::kOracleMass) {  // the softmax the rounded logits give
-          double mx = -std::numeric_limits<double>::infinity();
-          for (int i = 0; i < length; ++i) mx = std::max(mx, l[i]);
-          q_prob.resize(static_cast<std::size_t>(length));
-          double z = 0.0;
-          for (int i = 0; i < length; ++i)
-            z += (q_prob[static_cast<std::size_t>(i)] = std::exp(l[i] - mx));
-          for (double& x : q_prob) x /= z;
-          w = q_prob.data();
-        }
-        for (int j = 0; j < closed; ++j) {
-          double m = 0.0;
-          for (int i = j * block_; i < (j + 1) * block_; ++i) m += w[i];
-          acc[static_cast<std::size_t>(j)] += m;
-        }
-      } else {
-        for (int j = 0; j < closed; ++j) {
-          double m = -std::numeric_limits<double>::infinity();
-          for (int i = j * block_; i < (j + 1) * block_; ++i) m = std::max(m, l[i]);
-          acc[static_cast<std::size_t>(j)] += m;
-        }
-      }
-    }
+    const std::vector<char>& kept = candidate[static_cast<std::size_t>(h)];
     for (int j = 0; j < closed; ++j) {
-      const bool kept = candidate.empty() || candidate[static_cast<std::size_t>(j)];
-      sc[j] = kept ? static_cast<float>(acc[static_cast<std::size_t>(j)]) : -1.0f;
+      double sum = 0.0;  // in head order, as before: the same float for the same inputs
+      for (int g = h * group; g < (h + 1) * group; ++g)
+        sum += per_head[static_cast<std::size_t>(g) * closed + j];
+      sc[j] = kept.empty() || kept[static_cast<std::size_t>(j)] ? static_cast<float>(sum) : -1.0f;
     }
   }
 }
