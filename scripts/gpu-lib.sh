@@ -117,8 +117,11 @@ quality_window() {
   local tag=$1 model=$2 text=$3 name=$4 start=$5 end=$6 configs=$7 jsonl=${8:-$out/$1.jsonl} l
   [ -x build-gpu/examples/mini_decoder/quality_eval ] || build
   l=$(left)
+  # --time-limit: the rows of the positions reached are written even when the window does not
+  # fit the call (timeout is the backstop).
   timeout $(( l - 10 )) build-gpu/examples/mini_decoder/quality_eval --model "$model" \
     --text-file "$text" --text-name "$name" --start "$start" --end "$end" --bucket 512 \
+    --time-limit $(( l - 40 )) \
     --device cuda --configs-file "$configs" --jsonl "$jsonl" --note "kvc $rev" \
     > "$out/$tag.log" 2>&1
   say "$tag: rc=$? $(grep -E 'done' "$out/$tag.log" | tail -1)"

@@ -1,6 +1,8 @@
 // quality_eval: kvc's teacher-forced quality harness on a real model (teacher_forced.h,
 // docs/quality.md). Prints a table on stderr and appends one JSON line per configuration.
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <ctime>
 #include <exception>
@@ -47,6 +49,10 @@ const char* kUsage =
     "  --chunk N          dense reference chunk (default 256)\n"
     "  --device D         auto (default) | cpu | cuda: where the model and kvc run\n"
     "  --threads N        threads (default: all)\n"
+    "  --time-limit S     end within S seconds of evaluation (default 0: none): a chunk\n"
+    "                     starts only if it ends in time at the previous chunk's pace;\n"
+    "                     the rows then cover the positions reached (end = start + steps,\n"
+    "                     time_limited = true)\n"
     "  --jsonl PATH       append one JSON line per configuration\n"
     "  --note TEXT        free text recorded in every row\n";
 
@@ -110,6 +116,13 @@ Options parse(const std::vector<std::string>& args) {
       o.device = value();
     } else if (a == "--threads") {
       o.threads = to_int(a, value());
+    } else if (a == "--time-limit") {
+      const std::string v = value();
+      char* end = nullptr;
+      o.run.time_limit_s = std::strtod(v.c_str(), &end);
+      KVC_CHECK(end != v.c_str() && *end == '\0' && std::isfinite(o.run.time_limit_s) &&
+                    o.run.time_limit_s >= 0.0,
+                "--time-limit = '", v, "' is not a number of seconds >= 0");
     } else if (a == "--jsonl") {
       o.jsonl = value();
     } else if (a == "--note") {
@@ -186,7 +199,8 @@ int run(const Options& o) {
     std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
     std::ostringstream extra;
     extra << "\"model\":" << quoted(model_name) << ",\"text\":" << quoted(o.text_name)
-          << ",\"start\":" << o.run.start << ",\"end\":" << o.run.end
+          << ",\"start\":" << o.run.start
+          << ",\"end\":" << (results.empty() ? o.run.end : o.run.start + results[0].steps)
           << ",\"bucket\":" << o.run.bucket << ",\"device\":\"" << (on_cuda ? "cuda" : "cpu")
           << "\",\"date\":\"" << date << "\",\"note\":" << quoted(o.note);
     for (const EvalResult& r : results) std::fprintf(f, "%s\n", r.to_json(extra.str()).c_str());

@@ -243,6 +243,7 @@ std::string EvalResult::to_json(const std::string& extra) const {
      << ",\"read_fraction\":" << json_number(read_fraction())
      << ",\"kl_by_bucket\":" << json_array(kl_by_bucket)
      << ",\"top1_by_bucket\":" << json_array(top1_by_bucket)
+     << ",\"time_limited\":" << (time_limited ? "true" : "false")
      << ",\"seconds_per_step\":" << json_number(seconds_per_step) << "}";
   return js.str();
 }
@@ -337,7 +338,18 @@ std::vector<EvalResult> run_teacher_forced(Decoder& model, const std::vector<int
   std::vector<float> dense_logits, kvc_logits(static_cast<std::size_t>(vocab));
   std::vector<double> lp_dense, lp_kvc;
   const auto t_eval = Clock::now();
+  bool time_limited = false;
+  double last_chunk_s = 0.0;  // the previous chunk's time: the pace the limit is judged by
   for (int a = o.start; a < o.end; a += o.chunk) {
+    const double elapsed = seconds_since(t_eval);
+    if (o.time_limit_s > 0.0 && a > o.start && elapsed + last_chunk_s > o.time_limit_s) {
+      time_limited = true;
+      if (o.log) {
+        std::fprintf(stderr, "[quality_eval] time limit of %.0f s reached at position %d\n",
+                     o.time_limit_s, a);
+      }
+      break;
+    }
     const int w = std::min(o.chunk, o.end - a);
     ForwardOptions all = fo;
     all.all_logits = true;
@@ -398,6 +410,7 @@ std::vector<EvalResult> run_teacher_forced(Decoder& model, const std::vector<int
       }
       m.seconds += seconds_since(t0);
     }
+    last_chunk_s = seconds_since(t_eval) - elapsed;
     if (o.log) {
       std::fprintf(stderr, "[quality_eval] positions [%d, %d) done, %.0f s\n", a, a + w,
                    seconds_since(t_eval));
@@ -421,7 +434,8 @@ std::vector<EvalResult> run_teacher_forced(Decoder& model, const std::vector<int
     r.bytes_attended_per_step = m.bytes_attended / steps;
     r.bytes_scoring_per_step = m.bytes_scoring / steps;
     r.bytes_dense_per_step = m.bytes_dense / steps;
-    for (std::size_t b = 0; b < buckets; ++b) {
+    r.time_limited = time_limited;
+    for (std::size_t b = 0; b < buckets && m.steps_bucket[b] > 0.0; ++b) {
       r.kl_by_bucket.push_back(m.kl_bucket[b] / m.steps_bucket[b]);
       r.top1_by_bucket.push_back(m.top1_bucket[b] / m.steps_bucket[b]);
     }

@@ -55,6 +55,10 @@ struct EvalRunOptions {
   int bucket = 512;  ///< positions per curve bucket
   int chunk = 256;   ///< dense reference chunk
   bool log = false;  ///< progress on stderr
+  /// Seconds of evaluation within which the run should end (0: none): a chunk starts only if,
+  /// at the previous chunk's pace, it ends within the limit. The results then cover
+  /// [start, start + steps): a run under a deadline still returns what it measured.
+  double time_limit_s = 0.0;
 };
 
 /// What one configuration measured over the evaluated positions.
@@ -70,8 +74,9 @@ struct EvalResult {
   double bytes_attended_per_step = 0.0;      ///< K/V bytes the attention read (all layers)
   double bytes_scoring_per_step = 0.0;       ///< bytes block scoring read (all layers)
   double bytes_dense_per_step = 0.0;         ///< what dense f16 attention reads (all layers)
-  std::vector<double> kl_by_bucket;          ///< mean KL per bucket of positions
-  std::vector<double> top1_by_bucket;        ///< top-1 agreement per bucket
+  std::vector<double> kl_by_bucket;          ///< mean KL per bucket of positions (reached)
+  std::vector<double> top1_by_bucket;        ///< top-1 agreement per bucket (buckets reached)
+  bool time_limited = false;                 ///< the time limit ended the run before `end`
   double seconds_per_step = 0.0;             ///< wall time of this configuration per position
   /// (bytes_attended + bytes_scoring) / bytes_dense.
   double read_fraction() const;

@@ -381,6 +381,20 @@ TEST(MiniDecoder_QualityEval, TinyModelEndToEnd) {
   // The dense kvc control: f16 rounding only; every token attended. Its KL over random tokens
   // reached 1.25e-3 in one of 30 runs (a fresh seed each), so the bound is 5e-3: a control that
   // lost tokens is orders of magnitude above it (the ring's KL is checked to exceed it below).
+  EXPECT_FALSE(r[0].time_limited);
+  // A time limit every chunk exceeds: the first chunk runs, then the run ends with what it has.
+  EvalRunOptions cut = o;
+  cut.time_limit_s = 1e-9;
+  const std::vector<EvalResult> rc = run_teacher_forced(model, ids, {configs[0], configs[2]}, cut,
+                                                        pool);
+  ASSERT_EQ(rc.size(), 2u);
+  for (const EvalResult& x : rc) {
+    EXPECT_TRUE(x.time_limited);
+    EXPECT_EQ(x.steps, cut.chunk);
+    EXPECT_EQ(x.kl_by_bucket.size(), 1u);  // positions 150-165: the first bucket only
+    EXPECT_TRUE(std::isfinite(x.mean_kl));
+    EXPECT_NE(x.to_json("").find("\"time_limited\":true"), std::string::npos);
+  }
   EXPECT_LT(r[0].mean_kl, 5e-3);
   // Top-1 over random tokens of a random tiny model: the leading logits are often near ties,
   // so f16 rounding flips some argmaxes (3 of 50 steps, 0.94, in one CI run of 2026-12-01);
