@@ -19,9 +19,9 @@ namespace {
 
 constexpr int kHq = 32, kHkv = 8, kD = 128;
 
-// The attended budget: ring tokens, old block size, selected blocks per kv head. 0 is the
-// library's (ring 1024 + 8 x 32); 1 and 2 attend the same 1280 tokens in the shapes the quality
-// sweep found better (docs/quality.md: ring 256 + 32 x 32; ring 1024 + 16 x 16).
+// The attended budget: ring tokens, old block size, selected blocks per kv head, the same 1280
+// tokens in three shapes (docs/quality.md): 0 ring 1024 + 8 x 32 (the library's default until
+// 2026-12-02), 1 ring 256 + 32 x 32 (default_block_select() since), 2 ring 1024 + 16 x 16.
 struct Budget {
   int ring, block, top;
 };

@@ -22,10 +22,16 @@ HBM_TBPS = 4.6
 # name, kvc benchmark prefix, anchor row, anchor field, fixed bytes (None: the counters), note.
 ROWS = [
     ("step_B1_N128K", "BM_DecodeStep/1/131072/0/1/0/", "torch_block_select_B1_N128K", "graph_us",
-     None, "kvc's default step: token mass over the mxfp4 index copy, top 8 x 32 + ring 1024, "
-     "fp16k_q4v; anchor: the PyTorch block-select step (graph replay)"),
+     None, "the issue's shape: token mass over the mxfp4 index copy, top 8 x 32 + ring 1024, "
+     "fp16k_q4v (the library's default until 2026-12-02); anchor: the PyTorch block-select step "
+     "(graph replay)"),
     ("step_B8_N128K", "BM_DecodeStep/8/131072/0/1/0/", "torch_block_select_B8_N128K", "graph_us",
      None, "as step_B1_N128K"),
+    ("step_default_B1_N128K", "BM_DecodeStep/1/131072/0/1/1/", "torch_block_select_B1_N128K",
+     "graph_us", None, "default_block_select() since 2026-12-02: the same scorer over ring 256 + "
+     "top 32 x 32 (the same 1280 attended tokens)"),
+    ("step_default_B8_N128K", "BM_DecodeStep/8/131072/0/1/1/", "torch_block_select_B8_N128K",
+     "graph_us", None, "as step_default_B1_N128K"),
     ("step_meank_B1_N128K", "BM_DecodeStep/1/131072/0/0/0/", "torch_block_select_B1_N128K",
      "graph_us", None, "mean-K f32 summaries (the PyTorch step scores by mean K too)"),
     ("step_meank_B8_N128K", "BM_DecodeStep/8/131072/0/0/0/", "torch_block_select_B8_N128K",

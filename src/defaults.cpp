@@ -13,7 +13,7 @@ BlockSelectConfig default_block_select(int num_q_heads, int num_kv_heads, int he
   s.head_dim = head_dim;
   s.max_slots = max_slots;
   s.max_context = max_context;
-  s.recent_window = std::max(1, std::min(1024, max_context));
+  s.recent_window = std::max(1, std::min(256, max_context));
   s.block_size = 32;
   s.dtype = dtype;
   s.old_format = Format::kFp16kQ4v;
@@ -33,7 +33,7 @@ BlockSelectConfig default_block_select(int num_q_heads, int num_kv_heads, int he
   i.max_blocks_per_slot = s.max_blocks_per_slot();
   i.validate();
 
-  c.policy = SelectPolicy::topk(8);
+  c.policy = SelectPolicy::topk(32);
   c.policy.validate();
 
   AttentionConfig& a = c.attention;

@@ -82,8 +82,8 @@ class KvCache {
 struct KvOptions {
   std::string mode = "dense";   ///< --kv-mode: one of modes()
   std::string format = "";      ///< --kv-format: f32 (dense only), f16, q8, fp16k_q4v; "" = default
-  int top_blocks = 8;           ///< --top-blocks: selected old blocks per query, >= 1
-  int recent_window = 1024;     ///< --recent-window: exact recent tokens, a multiple of block size
+  int top_blocks = 32;          ///< --top-blocks: selected old blocks per query, >= 1
+  int recent_window = 256;      ///< --recent-window: exact recent tokens, a multiple of block size
   int block_size = 32;          ///< --block-size: 16, 32, 64 or 128
   std::string policy = "topk";  ///< --kv-policy: one of policies()
   std::string scoring = "token_mass";  ///< --kv-scoring: block score, one of scorings()

@@ -20,7 +20,7 @@ using testing::random_bits16;
 
 TEST(Cpu_Defaults, TheDocumentedConfiguration) {
   const BlockSelectConfig c = default_block_select(32, 8, 128, 131072, 4, DType::kBF16);
-  EXPECT_EQ(c.store.recent_window, 1024);
+  EXPECT_EQ(c.store.recent_window, 256);
   EXPECT_EQ(c.store.block_size, 32);
   EXPECT_EQ(c.store.old_format, Format::kFp16kQ4v);
   EXPECT_EQ(c.store.dtype, DType::kBF16);
@@ -31,10 +31,10 @@ TEST(Cpu_Defaults, TheDocumentedConfiguration) {
   EXPECT_EQ(c.index.max_blocks_per_slot, c.store.max_blocks_per_slot());
   EXPECT_EQ(c.index.dtype, DType::kBF16);
   EXPECT_EQ(c.policy.kind, SelectPolicy::Kind::kTopK);
-  EXPECT_EQ(c.policy.k, 8);
+  EXPECT_EQ(c.policy.k, 32);
   EXPECT_EQ(c.attention.mode, AttentionMode::kBlockSelectExact);
   // A context shorter than the ring: the ring shrinks to it.
-  EXPECT_EQ(default_block_select(9, 3, 64, 300).store.recent_window, 300);
+  EXPECT_EQ(default_block_select(9, 3, 64, 200).store.recent_window, 200);
   EXPECT_THROW(default_block_select(9, 3, 48, 4096), Error);   // head_dim
   EXPECT_THROW(default_block_select(10, 3, 64, 4096), Error);  // Hq not a multiple of Hkv
   EXPECT_THROW(default_block_select(9, 3, 64, 0), Error);      // context
@@ -87,20 +87,22 @@ TEST(Cpu_Defaults, FindsTheDilutedNeedleMeanKeysMiss) {
   };
   BlockIndexConfig mean_k = c.index;
   mean_k.score = SummaryScore::kMeanK;
-  EXPECT_GE(rank_of_needle(mean_k), 8);   // mean K misses it at top 8
+  const int top = c.policy.k;
+  EXPECT_GE(rank_of_needle(mean_k), top);  // mean K misses it at the default's top k
   EXPECT_EQ(rank_of_needle(c.index), 0);  // the default ranks it first in every kv head
   // And the whole default path selects it and attends (every output element written).
   std::vector<float> scores(static_cast<std::size_t>(hkv) * maxb);
-  std::vector<std::int32_t> valid(hkv), ids(static_cast<std::size_t>(hkv) * 8), counts(hkv);
+  std::vector<std::int32_t> valid(hkv), ids(static_cast<std::size_t>(hkv) * top), counts(hkv);
   BlockIndex::create(c.index, Device::cpu())
       ->score(*store, {slot}, qv, ScoresView{scores.data(), valid.data(), hkv, maxb});
-  SelectionView selection{ids.data(), counts.data(), hkv, 8, false};
+  SelectionView selection{ids.data(), counts.data(), hkv, top, false};
   Selector::create(Device::cpu())
       ->select(ScoresView{scores.data(), valid.data(), hkv, maxb}, c.policy, selection);
   for (int h = 0; h < hkv; ++h) {
-    ASSERT_EQ(counts[h], 8);
+    ASSERT_EQ(counts[h], top);
     bool found = false;
-    for (int i = 0; i < 8; ++i) found = found || ids[static_cast<std::size_t>(h) * 8 + i] == block;
+    for (int i = 0; i < top; ++i)
+      found = found || ids[static_cast<std::size_t>(h) * top + i] == block;
     EXPECT_TRUE(found) << "kv head " << h;
   }
   std::vector<float> out(static_cast<std::size_t>(hq) * d, NAN);

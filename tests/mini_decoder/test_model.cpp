@@ -295,7 +295,7 @@ TEST(MiniDecoder_KvOptions, ValidateAndWiring) {
     if (f == "policy") b.policy = "random";
     if (f == "scoring") b.scoring = "mean_v";
     if (f == "delta") b.delta = -1.0f;
-    if (f == "max_blocks") b.max_blocks = 3;  // below --top-blocks = 8
+    if (f == "max_blocks") b.max_blocks = 3;  // below --top-blocks = 32
     if (f == "p") b.p = 0.0f;
     if (f == "representatives") b.representatives = 33;  // above --block-size = 32
     if (f == "prefill") b.prefill = "sparse";
@@ -373,7 +373,7 @@ TEST(MiniDecoder_Cli, ParsesAndRejects) {
                                   "--kv-delta",
                                   "0.5",
                                   "--kv-max-blocks",
-                                  "12",
+                                  "48",
                                   "--kv-p",
                                   "0.8",
                                   "--kv-representatives",
@@ -399,7 +399,11 @@ TEST(MiniDecoder_Cli, ParsesAndRejects) {
             "quest");
   EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt", "x", "--kv-scoring", "max"}), Error);
   EXPECT_FLOAT_EQ(k.kv.delta, 0.5f);
-  EXPECT_EQ(k.kv.effective_max_blocks(), 12);
+  EXPECT_EQ(k.kv.effective_max_blocks(), 48);  // at least the default --top-blocks 32
+  // The flag defaults are default_block_select()'s shape (kvc/defaults.h).
+  const KvOptions plain = parse_cli(V{"--model", "m", "--prompt", "x"}).kv;
+  EXPECT_EQ(plain.recent_window, 256);
+  EXPECT_EQ(plain.top_blocks, 32);
   EXPECT_FLOAT_EQ(k.kv.p, 0.8f);
   EXPECT_EQ(k.kv.representatives, 2);
   EXPECT_EQ(k.kv.prefill, "compressed");
