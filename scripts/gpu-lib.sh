@@ -128,18 +128,62 @@ quality_window() {
   sed -n '/^config/,$p' "$out/$tag.log" >> "$out/summary.txt"
 }
 
-# [lengths] [extra real_retrieval args...]: the SmolLM2 retrieval prompts on the GPU (top 8,
-# fp16k_q4v, kvc's default scoring) into $out/retrieval/ under the call's deadline.
-retrieval_gpu() {
-  local lengths=$1 l
-  shift
+# name model-file lengths [extra real_retrieval args...]: the retrieval prompts through a model
+# on the GPU (fp16k_q4v, top-k policy, kvc's default scoring) into $out/retrieval/results-name.jsonl
+# (name "": results.jsonl) under the call's deadline.
+retrieval_run() {
+  local name=$1 model=$2 lengths=$3 l
+  shift 3
   [ -x build-gpu/examples/mini_decoder/real_retrieval ] || build
-  join_smollm2 || return 1
   l=$(left)
-  KVC_MODEL=$PWD/$smollm2 timeout $(( l - 10 )) scripts/real-retrieval --gpu --out "$out/retrieval" \
-    -- --lengths "$lengths" --top-blocks 8 --formats fp16k_q4v --policies topk "$@" \
-    > "$out/retrieval.log" 2>&1
-  say "retrieval: rc=$? $(tail -2 "$out/retrieval.log" | tr '\n' ' ')"
+  (( l < 60 )) && { say "retrieval ${name:-default}: not run (deadline)"; return; }
+  KVC_MODEL=$PWD/$model timeout $(( l - 20 )) scripts/real-retrieval --gpu --out "$out/retrieval" \
+    ${name:+--name "$name"} -- --lengths "$lengths" --formats fp16k_q4v --policies topk "$@" \
+    > "$out/retrieval${name:+-$name}.log" 2>&1
+  say "retrieval ${name:-default}: rc=$? $(tail -2 "$out/retrieval${name:+-$name}.log" | tr '\n' ' ')"
+}
+
+# [lengths] [extra real_retrieval args...]: the SmolLM2 retrieval prompts on the GPU, top 8.
+retrieval_gpu() {
+  local lengths=$1
+  shift
+  join_smollm2 || return 1
+  retrieval_run "" $smollm2 "$lengths" --top-blocks 8 "$@"
+}
+
+# The benchmark rows' medians into $out/medians.txt, and the same-run tables of
+# scripts/perf-report.py into $out/performance_table.md.
+report() {
+  grep -hE '_median' "$out"/*.log | awk '{print $1, $2, $3}' | sed 's/manual_time_median//' > "$out/medians.txt"
+  python3 scripts/perf-report.py "$out" > "$out/performance_table.md" 2>&1
+}
+
+# DeepSeek-V4's PyTorch step and every peer anchor (PyTorch, FlashInfer, CUB; the bundle carried
+# as .anchors/p1, .anchors/p2) with what the call has left, then report.
+anchors_and_report() {
+  local l
+  OUT="$out" timeout 60 python3 benchmarks/anchors/dsv4_anchors.py > "$out/dsv4_anchors.log" 2>&1
+  say "dsv4 anchors: rc=$?"
+  l=$(left)
+  ANCHORS="torch flashinfer_decode flashinfer_topk cub" DEADLINE=$(( l - 15 )) \
+    benchmarks/anchors/run-anchors.sh "$out" > "$out/run-anchors.out" 2>&1
+  say "peer anchors: rc=$? $(tail -2 "$out/run-anchors.out" | tr '\n' ' ')"
+  report
+}
+
+# kvc's rows of the performance page and every anchor in one call, so every ratio is a same-run
+# ratio (docs/performance.md). The dense decode rows are a call of their own: sharing one with
+# the 20 block-select rows, they were cut off by its limit (seventh session).
+same_run_final() {
+  [ -x build-gpu/benchmarks/step_bench ] || build
+  bench 60 step_bench .
+  bench 50 index_bench 'BM_Score/h32x8x128/B(1|8)/N131072/(token_ma.*/mxfp4/sum/|mean_k/f(32|16)/sum/fast)'
+  bench 50 attention_bench '^BM_BlockSelectExact/0/(1|8|32)/3/'
+  bench 30 attention_bench '^BM_DenseDecode/0/(1|8)/131072/' -dense
+  bench 45 topk_bench "${TOPK_FILTER:-BM_TopKDecode/(1|8|64)/(4096|32768)/(8|64)/|BM_TopK/(1|64)/(131072|262144)/2048/}"
+  bench 35 store_bench 'BM_AppendStep/|BM_Ingest/'
+  bench 45 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|4)/0/0/0/|BM_Dsv4TopK|BM_Dsv4CsaDecode|BM_Dsv4HcaDecode'
+  anchors_and_report
 }
 
 # Packs $out into $OUT/results.tar.gz (the device tool brings it back) and prints the summary.

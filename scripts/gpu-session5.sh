@@ -86,14 +86,7 @@ case "${1:-build}" in
     bench 50 topk_bench "${TOPK_FILTER:-BM_TopKDecode/(1|8|64)/(4096|32768)/(8|64)/|BM_TopK/(1|64)/(131072|262144)/2048/}"
     bench 40 store_bench 'BM_AppendStep|BM_Ingest'
     bench 50 dsv4_bench 'BM_Dsv4IndexDecode|BM_Dsv4TopK|BM_Dsv4CsaDecode|BM_Dsv4HcaDecode'
-    OUT="$out" timeout 60 python3 benchmarks/anchors/dsv4_anchors.py > "$out/dsv4_anchors.log" 2>&1
-    say "dsv4 anchors: rc=$?"
-    l=$(left)
-    ANCHORS="torch flashinfer_decode flashinfer_topk cub" DEADLINE=$(( l - 15 )) \
-      benchmarks/anchors/run-anchors.sh "$out" > "$out/run-anchors.out" 2>&1
-    say "peer anchors: rc=$? $(tail -2 "$out/run-anchors.out" | tr '\n' ' ')"
-    grep -hE '_median' "$out"/*.log | awk '{print $1, $2, $3}' | sed 's/manual_time_median//' > "$out/medians.txt"
-    python3 scripts/perf-report.py "$out" > "$out/performance_table.md" 2>&1
+    anchors_and_report
     ;;
   *) echo "gpu-session5.sh: build, carry, gemma, sweep, retrieval, tests, w2, final1, final2" >&2; exit 2 ;;
 esac

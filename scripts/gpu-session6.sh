@@ -48,22 +48,7 @@ case "${1:-tests}" in
       docs/quality/configs-sweep-b.txt
     ;;
   final)
-    # kvc's rows and every anchor in one call, so every ratio is a same-run ratio.
-    [ -x build-gpu/benchmarks/step_bench ] || build
-    bench 60 step_bench .
-    bench 50 index_bench 'BM_Score/h32x8x128/B(1|8)/N131072/(token_ma.*/mxfp4/sum/|mean_k/f(32|16)/sum/fast)'
-    bench 70 attention_bench '^BM_BlockSelectExact/0/(1|8|32)/3/|^BM_DenseDecode/0/(1|8)/131072/'
-    bench 45 topk_bench "${TOPK_FILTER:-BM_TopKDecode/(1|8|64)/(4096|32768)/(8|64)/|BM_TopK/(1|64)/(131072|262144)/2048/}"
-    bench 35 store_bench 'BM_AppendStep/|BM_Ingest/'
-    bench 45 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|4)/0/0/0/|BM_Dsv4TopK|BM_Dsv4CsaDecode|BM_Dsv4HcaDecode'
-    OUT="$out" timeout 60 python3 benchmarks/anchors/dsv4_anchors.py > "$out/dsv4_anchors.log" 2>&1
-    say "dsv4 anchors: rc=$?"
-    l=$(left)
-    ANCHORS="torch flashinfer_decode flashinfer_topk cub" DEADLINE=$(( l - 15 )) \
-      benchmarks/anchors/run-anchors.sh "$out" > "$out/run-anchors.out" 2>&1
-    say "peer anchors: rc=$? $(tail -2 "$out/run-anchors.out" | tr '\n' ' ')"
-    grep -hE '_median' "$out"/*.log | awk '{print $1, $2, $3}' | sed 's/manual_time_median//' > "$out/medians.txt"
-    python3 scripts/perf-report.py "$out" > "$out/performance_table.md" 2>&1
+    same_run_final
     ;;
   step-torch)
     # The decode step and attention rows beside the PyTorch anchor alone (no bundle to carry).
@@ -72,8 +57,7 @@ case "${1:-tests}" in
     l=$(left)
     ANCHORS="torch" DEADLINE=$(( l - 10 )) benchmarks/anchors/run-anchors.sh "$out" > "$out/run-anchors.out" 2>&1
     say "torch anchor: rc=$? $(tail -2 "$out/run-anchors.out" | tr '\n' ' ')"
-    grep -hE '_median' "$out"/*.log | awk '{print $1, $2, $3}' | sed 's/manual_time_median//' > "$out/medians.txt"
-    python3 scripts/perf-report.py "$out" > "$out/performance_table.md" 2>&1
+    report
     ;;
   *) echo "gpu-session6.sh: tests, variants, retrieval, sweep-b, final, step-torch" >&2; exit 2 ;;
 esac
