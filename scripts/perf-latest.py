@@ -10,12 +10,15 @@ floor_us is the row's bytes at 4.6 TB/s: from the benchmark's own counters (floo
 bytes / MB_read, or bytes_per_second x time), else the fixed byte count given below.
 """
 import argparse
+import importlib.util
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-perf_report = __import__("perf-report")
+# perf-report.py's loaders (its file name is not an importable module name).
+_spec = importlib.util.spec_from_file_location(
+    "perf_report", os.path.join(os.path.dirname(os.path.abspath(__file__)), "perf-report.py"))
+perf_report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(perf_report)
 
 HBM_TBPS = 4.6
 
@@ -69,23 +72,6 @@ ROWS = [
 ]
 
 
-def load_anchors(d):
-    anchors = {}
-    for fname in ("torch_anchors.json", "dsv4_anchors.json"):
-        path = os.path.join(d, fname)
-        if os.path.exists(path):
-            for r in json.load(open(path)).get("rows", []):
-                anchors[r["name"]] = r
-    path = os.path.join(d, "anchors.json")
-    if os.path.exists(path):
-        for entry in json.load(open(path)).get("anchors", {}).values():
-            result = entry.get("result")
-            if isinstance(result, dict):
-                for r in result.get("rows", []):
-                    anchors.setdefault(r["name"], r)
-    return anchors
-
-
 def floor_of(row, fixed):
     if fixed is not None:
         return fixed / (HBM_TBPS * 1e6)
@@ -103,7 +89,7 @@ def main():
     ap.add_argument("--out", default="docs/perf-data/latest.json")
     a = ap.parse_args()
     bench = perf_report.load_benchmarks(a.run_dir)
-    anchors = load_anchors(a.run_dir)
+    anchors, _, _ = perf_report.load_anchors(a.run_dir)
     rows = []
     for name, prefix, anchor, field, fixed, note in ROWS:
         k = next((bench[n] for n in bench if n.startswith(prefix)), None)

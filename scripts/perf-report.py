@@ -14,7 +14,7 @@ import sys
 
 def load_benchmarks(d):
     rows = {}
-    for path in sorted(glob.glob(os.path.join(d, "*_bench.json"))):
+    for path in sorted(glob.glob(os.path.join(d, "*_bench*.json"))):
         text = open(path).read()
         # Google Benchmark writes bare nan / inf for empty counters; make them JSON.
         text = re.sub(r":\s*-?nan\b", ": NaN", text)
@@ -44,14 +44,13 @@ def load_benchmarks(d):
     return rows
 
 
-def main():
-    d = sys.argv[1] if len(sys.argv) > 1 else "."
-    bench = load_benchmarks(d)
-    anchors = {}
-    meta = {}
-    # The PyTorch anchors' own file (torch_anchors.py), DeepSeek-V4's (dsv4_anchors.py), and the
-    # peers' combined file of benchmarks/anchors/run-anchors.sh (anchors.json: one entry per
-    # anchor, each with its own rows); a row keeps the name its anchor gave it.
+def load_anchors(d):
+    """Every anchor row of a run: {name: row + "source"}, the first metadata found (GPU, torch
+    version) and each peer's (status, reason). The PyTorch anchors' own file (torch_anchors.py),
+    DeepSeek-V4's (dsv4_anchors.py), and the peers' combined file of
+    benchmarks/anchors/run-anchors.sh (anchors.json: one entry per anchor, each with its own rows);
+    a row keeps the name its anchor gave it."""
+    anchors, meta, peer_status = {}, {}, {}
     for fname in ("torch_anchors.json", "dsv4_anchors.json"):
         path = os.path.join(d, fname)
         if os.path.exists(path):
@@ -59,7 +58,6 @@ def main():
             meta = meta or {k: v for k, v in a.items() if k != "rows"}
             anchors.update({r["name"]: dict(r, source=fname) for r in a.get("rows", [])})
     peers_path = os.path.join(d, "anchors.json")
-    peer_status = {}
     if os.path.exists(peers_path):
         for name, entry in json.load(open(peers_path)).get("anchors", {}).items():
             peer_status[name] = (entry.get("status"), entry.get("reason", ""))
@@ -68,6 +66,13 @@ def main():
                 meta = meta or {k: v for k, v in result.items() if k != "rows"}
                 for r in result.get("rows", []):
                     anchors.setdefault(r["name"], dict(r, source=name))
+    return anchors, meta, peer_status
+
+
+def main():
+    d = sys.argv[1] if len(sys.argv) > 1 else "."
+    bench = load_benchmarks(d)
+    anchors, meta, peer_status = load_anchors(d)
     if meta:
         print(f"GPU: {meta.get('gpu')} ({meta.get('sms')} SMs), PyTorch {meta.get('torch')}\n")
     print("| benchmark | label | median µs | GB/s | fraction of 4.6 TB/s |")
