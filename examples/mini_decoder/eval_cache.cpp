@@ -98,6 +98,9 @@ EvalKvCache::EvalKvCache(std::unique_ptr<KvcKvCache> inner, const KvShape& shape
               " is not a multiple of the mxfp4 group ", formats::kMxfp4Group);
     mxfp4_keys_.assign(n, 0.0f);
   }
+  if (two_stage(score_)) {
+    block_summaries_.resize(static_cast<std::size_t>(shape.num_layers) * shape.num_kv_heads);
+  }
   exact_ = std::make_unique<Exact>();
   inner_->enable_stats(true);
   if (score_ != ProbeScore::kNone) {
@@ -126,6 +129,11 @@ void EvalKvCache::shadow(int layer, int pos0, int count, const float* k) {
             ") outside the capacity ", shape_.capacity);
   const std::size_t row = static_cast<std::size_t>(hkv) * d;
   const std::size_t base = (static_cast<std::size_t>(layer) * shape_.capacity + pos0) * row;
+  for (int h = 0; h < hkv && !block_summaries_.empty(); ++h) {  // summaries of rewritten blocks
+    std::vector<float>& sum = block_summaries_[static_cast<std::size_t>(layer) * hkv + h];
+    const std::size_t kept = static_cast<std::size_t>(pos0 / block_) * 3 * d;
+    if (sum.size() > kept) sum.resize(kept);
+  }
   std::vector<float> x(static_cast<std::size_t>(d));
   std::vector<std::uint8_t> packed(static_cast<std::size_t>(d / 2 + 1));
   std::vector<std::uint8_t> scales(static_cast<std::size_t>(d / formats::kMxfp4Group + 1));
@@ -206,7 +214,6 @@ void EvalKvCache::score_blocks(int layer, int position, const ScoresView& out) c
   const int old = std::max(0, length - window_);
   const int closed = old / block_;
   const std::size_t row = static_cast<std::size_t>(hkv) * d;
-  const float* keys = keys_.data() + static_cast<std::size_t>(layer) * shape_.capacity * row;
   const float* mxkeys = mxfp4_keys_.empty() ? nullptr
                                             : mxfp4_keys_.data() + static_cast<std::size_t>(layer) *
                                                                        shape_.capacity * row;
@@ -214,7 +221,7 @@ void EvalKvCache::score_blocks(int layer, int position, const ScoresView& out) c
   std::vector<std::vector<char>> candidate(static_cast<std::size_t>(hkv));
   if (two_stage(score_)) {
     pool_.parallel_for(hkv, [&](int h, int) {
-      candidate[static_cast<std::size_t>(h)] = first_stage(keys, h, closed);
+      candidate[static_cast<std::size_t>(h)] = first_stage(layer, h, closed);
     });
   }
   // Each query head's score of every closed block, then their sum over the group.
@@ -277,17 +284,23 @@ void EvalKvCache::score_blocks(int layer, int position, const ScoresView& out) c
   }
 }
 
-std::vector<char> EvalKvCache::first_stage(const float* keys, int h, int closed) const {
+std::vector<char> EvalKvCache::first_stage(int layer, int h, int closed) const {
   const Exact& e = *exact_;
   const int hkv = shape_.num_kv_heads, d = shape_.head_dim;
   const int group = shape_.num_q_heads / hkv;
   const std::size_t row = static_cast<std::size_t>(hkv) * d;
-  std::vector<double> bound(static_cast<std::size_t>(closed), 0.0);
-  std::vector<float> lo(static_cast<std::size_t>(d)), hi(lo.size()), mean(lo.size());
-  for (int j = 0; j < closed; ++j) {
-    std::fill(lo.begin(), lo.end(), std::numeric_limits<float>::infinity());
-    std::fill(hi.begin(), hi.end(), -std::numeric_limits<float>::infinity());
-    std::fill(mean.begin(), mean.end(), 0.0f);
+  const float* keys = keys_.data() + static_cast<std::size_t>(layer) * shape_.capacity * row;
+  // The summaries of the blocks closed since the last call (lo, hi, mean of each dim).
+  std::vector<float>& sum = block_summaries_[static_cast<std::size_t>(layer) * hkv + h];
+  const std::size_t per_block = 3 * static_cast<std::size_t>(d);
+  for (int j = static_cast<int>(sum.size() / per_block); j < closed; ++j) {
+    sum.resize((static_cast<std::size_t>(j) + 1) * per_block);
+    float* lo = sum.data() + static_cast<std::size_t>(j) * per_block;
+    float* hi = lo + d;
+    float* mean = hi + d;
+    std::fill(lo, lo + d, std::numeric_limits<float>::infinity());
+    std::fill(hi, hi + d, -std::numeric_limits<float>::infinity());
+    std::fill(mean, mean + d, 0.0f);
     for (int i = j * block_; i < (j + 1) * block_; ++i) {
       const float* k = keys + static_cast<std::size_t>(i) * row + static_cast<std::size_t>(h) * d;
       for (int c = 0; c < d; ++c) {
@@ -296,6 +309,12 @@ std::vector<char> EvalKvCache::first_stage(const float* keys, int h, int closed)
         mean[c] += k[c] / static_cast<float>(block_);
       }
     }
+  }
+  std::vector<double> bound(static_cast<std::size_t>(closed), 0.0);
+  for (int j = 0; j < closed; ++j) {
+    const float* lo = sum.data() + static_cast<std::size_t>(j) * per_block;
+    const float* hi = lo + d;
+    const float* mean = hi + d;
     double s = 0.0;
     for (int g = h * group; g < (h + 1) * group; ++g) {
       const float* qg = e.q.data() + static_cast<std::size_t>(g) * d;

@@ -99,8 +99,8 @@ class EvalKvCache final : public KvCache {
   // Exact softmax of the query at `position` of `layer` (q: [Hq][d] f32, not yet rounded).
   void measure(int layer, int position, const float* q);
   void score_blocks(int layer, int position, const ScoresView& out) const;
-  // The two-stage rules' candidate mask over kv head h's `closed` blocks (keys: the layer's).
-  std::vector<char> first_stage(const float* keys, int h, int closed) const;
+  // The two-stage rules' candidate mask over kv head h's `closed` blocks of `layer`.
+  std::vector<char> first_stage(int layer, int h, int closed) const;
   void record_recall(int layer, int position);
   void begin_step(int position);
 
@@ -114,6 +114,10 @@ class EvalKvCache final : public KvCache {
   float scale_ = 0.0f;
   std::vector<float> keys_;        // [layer][capacity][Hkv][d], f16-rounded
   std::vector<float> mxfp4_keys_;  // the same through mxfp4 (the mxfp4 rules only)
+  // The two-stage rules' first-stage summaries of the closed blocks, [layer * Hkv + h] each
+  // [block][lo, hi, mean][d]: a closed block's keys never change, so each block is summarised
+  // once (shadow() drops the blocks a rewrite reaches); mutable: filled by score_blocks().
+  mutable std::vector<std::vector<float>> block_summaries_;
   std::vector<float> staging_;     // device copies of K / q on their way to the host
   std::unique_ptr<Exact> exact_;
   int exact_layer_ = -1;
