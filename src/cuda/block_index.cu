@@ -7,6 +7,8 @@
 #include "device_buffer.h"
 #include "index/score.cuh"
 #include "index/score_fast.cuh"
+#include "index/score_rows.cuh"
+#include "index/summary_variant.h"
 #include "index/token_fast.cuh"
 #include "index/token_score.cuh"
 #include "index/token_variant.h"
@@ -256,10 +258,33 @@ cudaError_t launch_fast_summary(bool quest, dim3 grid, std::size_t smem, const F
   return cudaGetLastError();
 }
 
-// kMeanK / kQuestMinMax with the byte-floor kernel (kernels/index/score_fast.cuh).
+template <int D, bool kQuest>
+cudaError_t launch_summary_rows(int group, int owned, int batch_tokens, const FastScoreParams& p,
+                                cudaStream_t stream) {
+  const int ch = rows_head_chunk(group);
+  const int per_cta = kRowsWarps * rows_per_warp(D, kQuest, ch);
+  const dim3 grid(owned > 0 ? (owned + per_cta - 1) / per_cta : 1, p.s.num_kv_heads,
+                  batch_tokens);
+  if (ch == 4) {
+    summary_rows_kernel<D, kQuest, 4><<<grid, kRowsThreads, 0, stream>>>(p);
+  } else {
+    summary_rows_kernel<D, kQuest, 8><<<grid, kRowsThreads, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t launch_summary_rows(bool quest, int group, int owned, int batch_tokens,
+                                const FastScoreParams& p, cudaStream_t stream) {
+  return quest ? launch_summary_rows<D, true>(group, owned, batch_tokens, p, stream)
+               : launch_summary_rows<D, false>(group, owned, batch_tokens, p, stream);
+}
+
+// kMeanK / kQuestMinMax with the byte-floor kernels (kernels/index/score_fast.cuh, score_rows.cuh;
+// `which` as kernels/index/summary_variant.h describes it).
 cudaError_t fast_summary_scores(const StoreView& s, const BlockIndexConfig& c,
                                 const std::int32_t* d_slots, int batch, int tokens, const void* d_q,
-                                const ScoresView& out, cudaStream_t stream) {
+                                const ScoresView& out, SummaryKernels which, cudaStream_t stream) {
   FastScoreParams p;
   p.s = s;
   p.slots = d_slots;
@@ -274,12 +299,30 @@ cudaError_t fast_summary_scores(const StoreView& s, const BlockIndexConfig& c,
   p.shared = c.shared_across_heads;
   p.q_bf16 = c.dtype == DType::kBF16;
   const int owned = store::owned_count(s.max_blocks_per_slot, s.num_shards, s.shard_index);
+  const bool quest = c.score == SummaryScore::kQuestMinMax;
+  if (which == SummaryKernels::kAuto) {
+    which = auto_summary_kernels(c.shared_across_heads, s.summary_dtype);
+  }
+  if (which == SummaryKernels::kWarpPerRow) {
+    if (c.shared_across_heads) return cudaErrorNotSupported;
+    switch (c.head_dim) {
+      case 64:
+        return launch_summary_rows<64>(quest, p.group, owned, batch * tokens, p, stream);
+      case 128:
+        return launch_summary_rows<128>(quest, p.group, owned, batch * tokens, p, stream);
+      case 256:
+        return launch_summary_rows<256>(quest, p.group, owned, batch * tokens, p, stream);
+      case 512:
+        return launch_summary_rows<512>(quest, p.group, owned, batch * tokens, p, stream);
+      default:
+        return cudaErrorInvalidValue;
+    }
+  }
   const dim3 grid(owned > 0 ? (owned + p.nb - 1) / p.nb : 1, batch * tokens);
   const std::size_t smem =
       (static_cast<std::size_t>(c.num_q_heads) * c.head_dim +
        (c.shared_across_heads ? static_cast<std::size_t>(c.num_kv_heads) * p.nb : 0)) *
       4;
-  const bool quest = c.score == SummaryScore::kQuestMinMax;
   switch (c.head_dim) {
     case 64:
       return launch_fast_summary<64>(quest, grid, smem, p, stream);
@@ -293,6 +336,10 @@ cudaError_t fast_summary_scores(const StoreView& s, const BlockIndexConfig& c,
       return cudaErrorInvalidValue;
   }
 }
+
+cudaError_t general_summary_scores(const StoreView& s, const BlockIndexConfig& c,
+                                   const std::int32_t* d_slots, int batch, int tokens,
+                                   const void* d_q, const ScoresView& out, cudaStream_t stream);
 
 }  // namespace
 
@@ -332,7 +379,35 @@ cudaError_t index_detail::block_scores_with(TokenKernels which, const StoreView&
     return token_scores(s, c, d_slots, batch, tokens, d_q, out, d_workspace, workspace_bytes, fast,
                         which, stream);
   }
-  if (fast) return fast_summary_scores(s, c, d_slots, batch, tokens, d_q, out, stream);
+  if (fast) {
+    return fast_summary_scores(s, c, d_slots, batch, tokens, d_q, out, SummaryKernels::kAuto,
+                               stream);
+  }
+  return general_summary_scores(s, c, d_slots, batch, tokens, d_q, out, stream);
+}
+
+cudaError_t index_detail::summary_scores_with(SummaryKernels which, const StoreView& s,
+                                              const BlockIndexConfig& c,
+                                              const std::int32_t* d_slots, int batch, int tokens,
+                                              const void* d_q, const ScoresView& out,
+                                              cudaStream_t stream) {
+  if (batch <= 0 || tokens <= 0) return cudaSuccess;
+  if (is_token_score(c.score)) return cudaErrorInvalidValue;
+  if (c.kernel == IndexKernel::kFast && !detail::fast_kernel_serves(c, s.index_format)) {
+    return cudaErrorInvalidValue;
+  }
+  if (detail::uses_fast_kernel(c, s.index_format)) {
+    return fast_summary_scores(s, c, d_slots, batch, tokens, d_q, out, which, stream);
+  }
+  return general_summary_scores(s, c, d_slots, batch, tokens, d_q, out, stream);
+}
+
+namespace {
+
+// kMeanK / kQuestMinMax with the general kernel (kernels/index/score.cuh).
+cudaError_t general_summary_scores(const StoreView& s, const BlockIndexConfig& c,
+                                   const std::int32_t* d_slots, int batch, int tokens,
+                                   const void* d_q, const ScoresView& out, cudaStream_t stream) {
   ScoreParams p;
   p.s = s;
   p.slots = d_slots;
@@ -370,6 +445,8 @@ cudaError_t index_detail::block_scores_with(TokenKernels which, const StoreView&
   }
   return cudaGetLastError();
 }
+
+}  // namespace
 
 }  // namespace kernels
 

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <tuple>
 #include <vector>
 
 #include "common/cuda_test_util.h"
 #include "common/random.h"
+#include "index/summary_variant.h"
 #include "kvc/core/error.h"
 #include "kvc/index/block_index.h"
 #include "kvc/select/selector.h"
@@ -74,7 +76,21 @@ TEST_P(Cuda_BlockIndex_MatchesCpu, Scores) {
   BlockIndex::create(c, Device::cpu())
       ->score(*cpu, slots, TensorView::contiguous(q.data(), qt, {batch, T, c.num_q_heads, d}),
               ScoresView{cs.data(), cv.data(), rows, maxb});
-  for (const IndexKernel kernel : {IndexKernel::kGeneral, IndexKernel::kFast}) {
+  // The byte-floor kernel keeps the token's queries (and shared rows' partials) in 48 KiB.
+  const int nb = hkv >= 8 ? 32 : 32 * (8 / hkv);
+  const bool fast_serves = c.num_q_heads * d + (shared ? hkv * nb : 0) <= 12288;
+  using kernels::index_detail::SummaryKernels;
+  DeviceArray<std::int32_t> dslots(slots);
+  // 0, 1: BlockIndex with the general and the fast kernel (the library's choice); 2, 3: the
+  // byte-floor kernel's variants pinned (kernels/index/summary_variant.h) through the kernel layer.
+  for (int run = 0; run < 4; ++run) {
+    const IndexKernel kernel = run == 0 ? IndexKernel::kGeneral : IndexKernel::kFast;
+    const SummaryKernels pinned =
+        run == 2 ? SummaryKernels::kThreadPerRow : SummaryKernels::kWarpPerRow;
+    const std::string what = run < 2 ? to_string(kernel)
+                             : run == 2 ? std::string("fast, thread per row")
+                                        : std::string("fast, warp per row");
+    SCOPED_TRACE(what);
     DeviceArray<float> gs(static_cast<std::size_t>(rows) * maxb);
     DeviceArray<std::int32_t> gv(rows);
     gs.fill_bytes(0xff);  // poisoned: the rows are read back whole, past each row's valid blocks
@@ -83,20 +99,37 @@ TEST_P(Cuda_BlockIndex_MatchesCpu, Scores) {
     ck.kernel = kernel;
     auto gi = BlockIndex::create(ck, Device::cuda(0));
     const auto qdev = TensorView::contiguous(dq.get(), qt, {batch, T, c.num_q_heads, d}, Device::cuda(0));
-    // The byte-floor kernel keeps the token's queries (and shared rows' partials) in 48 KiB.
-    const int nb = hkv >= 8 ? 32 : 32 * (8 / hkv);
-    const bool fast_serves = c.num_q_heads * d + (shared ? hkv * nb : 0) <= 12288;
+    const ScoresView gout{gs.get(), gv.get(), rows, maxb};
     if (kernel == IndexKernel::kFast && !fast_serves) {
-      EXPECT_THROW(gi->score(*gpu, slots, qdev, ScoresView{gs.get(), gv.get(), rows, maxb}), Error);
+      if (run == 1) {
+        EXPECT_THROW(gi->score(*gpu, slots, qdev, gout), Error);
+      } else {
+        EXPECT_EQ(kernels::index_detail::summary_scores_with(pinned, gpu->view(), ck, dslots.get(),
+                                                             batch, T, dq.get(), gout, nullptr),
+                  cudaErrorInvalidValue);
+      }
       continue;
     }
-    gi->score(*gpu, slots, qdev, ScoresView{gs.get(), gv.get(), rows, maxb});
+    if (run < 2) {
+      gi->score(*gpu, slots, qdev, gout);
+    } else {
+      const cudaError_t e = kernels::index_detail::summary_scores_with(
+          pinned, gpu->view(), ck, dslots.get(), batch, T, dq.get(), gout, nullptr);
+      if (shared && pinned == SummaryKernels::kWarpPerRow) {
+        // The warp-per-row kernel serves rows per kv head only; nothing is written.
+        EXPECT_EQ(e, cudaErrorNotSupported);
+        KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+        for (auto v : gv.download()) ASSERT_EQ(v, -1) << "written by a refused call";
+        continue;
+      }
+      ASSERT_EQ(e, cudaSuccess);
+    }
     KVC_ASSERT_CUDA(cudaDeviceSynchronize());
     const auto hs = gs.download();
     const auto hv = gv.download();
     double max_rel = 0;
     for (int r = 0; r < rows; ++r) {
-      ASSERT_EQ(hv[r], cv[r]) << "row " << r << " " << to_string(kernel);
+      ASSERT_EQ(hv[r], cv[r]) << "row " << r;
       for (int j = 0; j < cv[r]; ++j) {
         const double a = hs[static_cast<std::size_t>(r) * maxb + j],
                      b = cs[static_cast<std::size_t>(r) * maxb + j];
@@ -113,10 +146,10 @@ TEST_P(Cuda_BlockIndex_MatchesCpu, Scores) {
       if (rep.cutoff_margin > 1e-3f) {
         std::sort(ia.begin(), ia.end());
         std::sort(ib.begin(), ib.end());
-        EXPECT_EQ(ia, ib) << "row " << r << " " << to_string(kernel);
+        EXPECT_EQ(ia, ib) << "row " << r;
       }
     }
-    EXPECT_LT(max_rel, 1e-4) << to_string(kernel);
+    EXPECT_LT(max_rel, 1e-4);
   }
 }
 

@@ -151,6 +151,41 @@ KVC_HD float summary_at(const StoreView& s, const void* a, std::size_t i) {
                             s.summary_dtype == DType::kBF16);
 }
 
+/// Elements [0, N) of a 16-bit array (`p`, N-aligned; bf16 when `bf16`, else f16) as float,
+/// exact: on the device with one 4-, 8- or 16-byte load per 8 elements (N a power of two >= 2),
+/// on the host element by element. load_summaries' 16-bit path, and 16-bit query rows.
+template <int N>
+KVC_HD void load_bits16_as_float(const std::uint16_t* p, bool bf16, float (&f)[N]) {
+#if defined(__CUDA_ARCH__)
+  static_assert(N >= 2 && (N & (N - 1)) == 0, "N must be a power of two >= 2");
+  constexpr int kWords = N / 2;  // 32-bit words, two elements each (element 2w in the low half)
+  std::uint32_t w[kWords];
+  if constexpr (N % 8 == 0) {
+#pragma unroll
+    for (int k = 0; k < kWords; k += 4) {
+      const uint4 x = __ldg(reinterpret_cast<const uint4*>(p) + k / 4);
+      w[k] = x.x;
+      w[k + 1] = x.y;
+      w[k + 2] = x.z;
+      w[k + 3] = x.w;
+    }
+  } else if constexpr (N == 4) {
+    const uint2 x = __ldg(reinterpret_cast<const uint2*>(p));
+    w[0] = x.x;
+    w[1] = x.y;
+  } else {
+    w[0] = __ldg(reinterpret_cast<const unsigned int*>(p));
+  }
+#pragma unroll
+  for (int k = 0; k < kWords; ++k) {
+    f[2 * k] = summary16_to_float(static_cast<std::uint16_t>(w[k] & 0xffffu), bf16);
+    f[2 * k + 1] = summary16_to_float(static_cast<std::uint16_t>(w[k] >> 16), bf16);
+  }
+#else
+  for (int k = 0; k < N; ++k) f[k] = summary16_to_float(p[k], bf16);
+#endif
+}
+
 /// Elements [i, i + N) of a summary array as float (the same values as summary_at). On the device
 /// with vector loads: i must be a multiple of N and N a power of two >= 2 (8- or 16-byte loads
 /// for 16-bit summaries with N >= 4 / 8, float2 / float4 for f32).
@@ -176,31 +211,8 @@ KVC_HD void load_summaries(const StoreView& s, const void* a, std::size_t i, flo
     }
     return;
   }
-  const bool bf = s.summary_dtype == DType::kBF16;
-  const std::uint16_t* p = static_cast<const std::uint16_t*>(a) + i;
-  constexpr int kWords = N / 2;  // 32-bit words, two elements each (element 2w in the low half)
-  std::uint32_t w[kWords];
-  if constexpr (N % 8 == 0) {
-#pragma unroll
-    for (int k = 0; k < kWords; k += 4) {
-      const uint4 x = __ldg(reinterpret_cast<const uint4*>(p) + k / 4);
-      w[k] = x.x;
-      w[k + 1] = x.y;
-      w[k + 2] = x.z;
-      w[k + 3] = x.w;
-    }
-  } else if constexpr (N == 4) {
-    const uint2 x = __ldg(reinterpret_cast<const uint2*>(p));
-    w[0] = x.x;
-    w[1] = x.y;
-  } else {
-    w[0] = __ldg(reinterpret_cast<const unsigned int*>(p));
-  }
-#pragma unroll
-  for (int k = 0; k < kWords; ++k) {
-    f[2 * k] = summary16_to_float(static_cast<std::uint16_t>(w[k] & 0xffffu), bf);
-    f[2 * k + 1] = summary16_to_float(static_cast<std::uint16_t>(w[k] >> 16), bf);
-  }
+  load_bits16_as_float<N>(static_cast<const std::uint16_t*>(a) + i,
+                          s.summary_dtype == DType::kBF16, f);
 #else
   for (int k = 0; k < N; ++k) f[k] = summary_at(s, a, i + static_cast<std::size_t>(k));
 #endif
