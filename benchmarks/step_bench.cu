@@ -236,6 +236,74 @@ BENCHMARK(BM_DecodeStep)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
+// The launch floor of a step made of `kernels` kernels: the same number of empty kernels (a grid
+// of 264 CTAs of 256 threads, two per SM, as the step's scoring grid) captured into a graph and
+// timed as BM_DecodeStep times a step (chained: 16 steps in one graph, time per step; or one
+// graph launch per step). pdl 1 launches each kernel after the first as a programmatic
+// dependent (it waits with griddepcontrol.wait before returning, as the step's kernels do before
+// reading their predecessor's output). What no kernel of the step can go below on this GPU: the
+// B1 rows' per-kernel times are set against it in docs/performance.md.
+__global__ void empty_step_kernel(int* sink) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+  if (sink != nullptr && threadIdx.x == 0 && blockIdx.x == 0) *sink = 1;
+}
+
+cudaError_t enqueue_empty_step(int kernels, bool pdl, cudaStream_t stream) {
+  for (int k = 0; k < kernels; ++k) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(264);
+    cfg.blockDim = dim3(256);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = pdl && k > 0 ? 1 : 0;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, empty_step_kernel, static_cast<int*>(nullptr));
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+void BM_LaunchFloor(benchmark::State& state) {
+  const int kernels = static_cast<int>(state.range(0));
+  const bool pdl = state.range(1) != 0;
+  const bool chained = state.range(2) == 0;
+  constexpr int kChain = 16;
+  cudaStream_t stream = nullptr;
+  KVC_BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t g;
+  KVC_BENCH_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  for (int s = 0; s < (chained ? kChain : 1); ++s) {
+    KVC_BENCH_CUDA(enqueue_empty_step(kernels, pdl, stream));
+  }
+  KVC_BENCH_CUDA(cudaStreamEndCapture(stream, &g));
+  cudaGraphExec_t e;
+  KVC_BENCH_CUDA(cudaGraphInstantiate(&e, g, 0));
+  cudaGraphDestroy(g);
+  for (int w = 0; w < 3; ++w) KVC_BENCH_CUDA(cudaGraphLaunch(e, stream));
+  KVC_BENCH_CUDA(cudaStreamSynchronize(stream));
+  for (auto _ : state) {
+    bench::EventTimer timer(state, stream, chained ? kChain : 1);
+    KVC_BENCH_CUDA(cudaGraphLaunch(e, stream));
+  }
+  cudaGraphExecDestroy(e);
+  cudaStreamDestroy(stream);
+}
+// Args: kernels per step, pdl (0 / 1), 0 = steps chained in one graph / 1 = one launch per step.
+BENCHMARK(BM_LaunchFloor)
+    ->Args({1, 0, 0})
+    ->Args({1, 0, 1})
+    ->Args({5, 0, 0})
+    ->Args({5, 1, 0})
+    ->Args({5, 0, 1})
+    ->Args({5, 1, 1})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
 }  // namespace
 }  // namespace kvc
 

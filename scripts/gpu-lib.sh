@@ -52,19 +52,35 @@ gtests() {
   grep -E '^\[  FAILED  \]' "$out/gtests-$1.log" | head -10 >> "$out/summary.txt"
 }
 
-# name binary benchmark-filter kernel-regex [extra ncu args]: one ncu report (text) of one launch.
+# The stall reasons ncu's WarpStateStats section charts but does not print: cycles per issued
+# instruction each reason accounts for, per warp (profile's NCU_STALLS=1 adds them).
+ncu_stall_metrics() {
+  local r m=""
+  for r in long_scoreboard short_scoreboard wait math_pipe_throttle mio_throttle lg_throttle \
+    barrier membar not_selected selected no_instruction dispatch_stall tex_throttle drain \
+    sleeping branch_resolving imc_miss misc; do
+    m+="${m:+,}smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio"
+  done
+  echo "$m"
+}
+
+# name binary benchmark-filter kernel-regex [extra ncu args]: one ncu report (text) of
+# NCU_COUNT (default 1) launches after NCU_SKIP (default 2) of the kernels matching the regex;
+# NCU_STALLS=1 adds the stall reasons (ncu_stall_metrics), NCU_LIMIT the timeout (default 60 s).
 profile() {
-  local l name=$1 bin=$2 filter=$3 kernel=$4
+  local l name=$1 bin=$2 filter=$3 kernel=$4 extra=()
   shift 4
   l=$(left)
   (( l < 40 )) && { say "ncu $name: not run (deadline)"; return; }
-  timeout 60 ncu --target-processes all -k "regex:$kernel" --launch-skip 2 --launch-count 1 \
+  [ "${NCU_STALLS:-0}" = 1 ] && extra=(--metrics "$(ncu_stall_metrics)")
+  timeout "${NCU_LIMIT:-60}" ncu --target-processes all -k "regex:$kernel" \
+    --launch-skip "${NCU_SKIP:-2}" --launch-count "${NCU_COUNT:-1}" \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-    --section InstructionStats "$@" \
+    --section InstructionStats "${extra[@]}" "$@" \
     build-gpu/benchmarks/$bin --benchmark_filter="$filter" --benchmark_min_time=1x \
     --benchmark_repetitions=1 > "$out/ncu-$name.txt" 2>&1
-  say "ncu $name: rc=$? $(grep -E '^ +Duration' "$out/ncu-$name.txt" | head -1 | tr -s ' ')"
+  say "ncu $name: rc=$? $(grep -E '^ +Duration' "$out/ncu-$name.txt" | tr -s ' ' | tr '\n' ';')"
 }
 
 # limit binary filter [tag]: one benchmark binary's matching rows (medians of BENCH_REPS,
