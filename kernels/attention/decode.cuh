@@ -201,28 +201,8 @@ struct LaneWords {
                                                  : E / 2;
 };
 
-/// Loads N consecutive 32-bit words (N * 4 bytes, aligned to min(16, N * 4)) through the
-/// read-only path.
-template <int N>
-__device__ __forceinline__ void load_words(const std::uint8_t* p, std::uint32_t (&w)[N]) {
-  if constexpr (N % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < N; i += 4) {
-      const uint4 x = __ldg(reinterpret_cast<const uint4*>(p) + i / 4);
-      w[i] = x.x;
-      w[i + 1] = x.y;
-      w[i + 2] = x.z;
-      w[i + 3] = x.w;
-    }
-  } else if constexpr (N == 2) {
-    const uint2 x = __ldg(reinterpret_cast<const uint2*>(p));
-    w[0] = x.x;
-    w[1] = x.y;
-  } else {
-    static_assert(N == 1, "lane loads are 4, 8 or a multiple of 16 bytes");
-    w[0] = __ldg(reinterpret_cast<const unsigned int*>(p));
-  }
-}
+// Lane loads: store::load_words (kvc/store/block_codec.h).
+using store::load_words;
 
 /// 2N 16-bit values (low half = even element) to float.
 template <bool kBf16, int N>

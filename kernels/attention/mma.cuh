@@ -251,7 +251,7 @@ struct TileData {
   float vsc[2];
 };
 
-/// Loads the N-byte run (4, 8 or 16 bytes) at p into w[0 .. N / 4) (decode.cuh's load_words).
+/// Loads the N-byte run (4, 8 or 16 bytes) at p into w[0 .. N / 4) (store::load_words).
 template <int N>
 __device__ __forceinline__ void load_run(const std::uint8_t* p, std::uint32_t* w) {
   load_words<N / 4>(p, *reinterpret_cast<std::uint32_t(*)[N / 4]>(w));

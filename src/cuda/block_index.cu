@@ -337,73 +337,6 @@ cudaError_t fast_summary_scores(const StoreView& s, const BlockIndexConfig& c,
   }
 }
 
-cudaError_t general_summary_scores(const StoreView& s, const BlockIndexConfig& c,
-                                   const std::int32_t* d_slots, int batch, int tokens,
-                                   const void* d_q, const ScoresView& out, cudaStream_t stream);
-
-}  // namespace
-
-cudaError_t block_scores_workspace_size(std::size_t& bytes, const BlockIndexConfig& c, int batch,
-                                        int tokens, int max_blocks_per_slot) {
-  bytes = 0;
-  if (batch < 0 || tokens < 0 || max_blocks_per_slot < 0) return cudaErrorInvalidValue;
-  if (c.score != SummaryScore::kTokenMass) return cudaSuccess;
-  bytes = TokenMassLayout(c.rows(batch, tokens), row_heads(c), max_blocks_per_slot).total;
-  return cudaSuccess;
-}
-
-cudaError_t block_scores(const StoreView& s, const BlockIndexConfig& c, const std::int32_t* d_slots,
-                         int batch, int tokens, const void* d_q, const ScoresView& out,
-                         cudaStream_t stream) {
-  return block_scores(s, c, d_slots, batch, tokens, d_q, out, nullptr, 0, stream);
-}
-
-cudaError_t block_scores(const StoreView& s, const BlockIndexConfig& c, const std::int32_t* d_slots,
-                         int batch, int tokens, const void* d_q, const ScoresView& out,
-                         void* d_workspace, std::size_t workspace_bytes, cudaStream_t stream) {
-  return index_detail::block_scores_with(index_detail::TokenKernels::kAuto, s, c, d_slots, batch,
-                                         tokens, d_q, out, d_workspace, workspace_bytes, stream);
-}
-
-cudaError_t index_detail::block_scores_with(TokenKernels which, const StoreView& s,
-                                            const BlockIndexConfig& c, const std::int32_t* d_slots,
-                                            int batch, int tokens, const void* d_q,
-                                            const ScoresView& out, void* d_workspace,
-                                            std::size_t workspace_bytes, cudaStream_t stream) {
-  if (batch <= 0 || tokens <= 0) return cudaSuccess;
-  if (c.kernel == IndexKernel::kFast && !detail::fast_kernel_serves(c, s.index_format)) {
-    return cudaErrorInvalidValue;
-  }
-  const bool fast = detail::uses_fast_kernel(c, s.index_format);
-  if (is_token_score(c.score)) {
-    return token_scores(s, c, d_slots, batch, tokens, d_q, out, d_workspace, workspace_bytes, fast,
-                        which, stream);
-  }
-  if (fast) {
-    return fast_summary_scores(s, c, d_slots, batch, tokens, d_q, out, SummaryKernels::kAuto,
-                               stream);
-  }
-  return general_summary_scores(s, c, d_slots, batch, tokens, d_q, out, stream);
-}
-
-cudaError_t index_detail::summary_scores_with(SummaryKernels which, const StoreView& s,
-                                              const BlockIndexConfig& c,
-                                              const std::int32_t* d_slots, int batch, int tokens,
-                                              const void* d_q, const ScoresView& out,
-                                              cudaStream_t stream) {
-  if (batch <= 0 || tokens <= 0) return cudaSuccess;
-  if (is_token_score(c.score)) return cudaErrorInvalidValue;
-  if (c.kernel == IndexKernel::kFast && !detail::fast_kernel_serves(c, s.index_format)) {
-    return cudaErrorInvalidValue;
-  }
-  if (detail::uses_fast_kernel(c, s.index_format)) {
-    return fast_summary_scores(s, c, d_slots, batch, tokens, d_q, out, which, stream);
-  }
-  return general_summary_scores(s, c, d_slots, batch, tokens, d_q, out, stream);
-}
-
-namespace {
-
 // kMeanK / kQuestMinMax with the general kernel (kernels/index/score.cuh).
 cudaError_t general_summary_scores(const StoreView& s, const BlockIndexConfig& c,
                                    const std::int32_t* d_slots, int batch, int tokens,
@@ -447,6 +380,61 @@ cudaError_t general_summary_scores(const StoreView& s, const BlockIndexConfig& c
 }
 
 }  // namespace
+
+cudaError_t block_scores_workspace_size(std::size_t& bytes, const BlockIndexConfig& c, int batch,
+                                        int tokens, int max_blocks_per_slot) {
+  bytes = 0;
+  if (batch < 0 || tokens < 0 || max_blocks_per_slot < 0) return cudaErrorInvalidValue;
+  if (c.score != SummaryScore::kTokenMass) return cudaSuccess;
+  bytes = TokenMassLayout(c.rows(batch, tokens), row_heads(c), max_blocks_per_slot).total;
+  return cudaSuccess;
+}
+
+cudaError_t block_scores(const StoreView& s, const BlockIndexConfig& c, const std::int32_t* d_slots,
+                         int batch, int tokens, const void* d_q, const ScoresView& out,
+                         cudaStream_t stream) {
+  return block_scores(s, c, d_slots, batch, tokens, d_q, out, nullptr, 0, stream);
+}
+
+cudaError_t block_scores(const StoreView& s, const BlockIndexConfig& c, const std::int32_t* d_slots,
+                         int batch, int tokens, const void* d_q, const ScoresView& out,
+                         void* d_workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+  return index_detail::block_scores_with(index_detail::TokenKernels::kAuto, s, c, d_slots, batch,
+                                         tokens, d_q, out, d_workspace, workspace_bytes, stream);
+}
+
+cudaError_t index_detail::block_scores_with(TokenKernels which, const StoreView& s,
+                                            const BlockIndexConfig& c, const std::int32_t* d_slots,
+                                            int batch, int tokens, const void* d_q,
+                                            const ScoresView& out, void* d_workspace,
+                                            std::size_t workspace_bytes, cudaStream_t stream) {
+  if (!is_token_score(c.score)) {
+    return summary_scores_with(SummaryKernels::kAuto, s, c, d_slots, batch, tokens, d_q, out,
+                               stream);
+  }
+  if (batch <= 0 || tokens <= 0) return cudaSuccess;
+  if (c.kernel == IndexKernel::kFast && !detail::fast_kernel_serves(c, s.index_format)) {
+    return cudaErrorInvalidValue;
+  }
+  return token_scores(s, c, d_slots, batch, tokens, d_q, out, d_workspace, workspace_bytes,
+                      detail::uses_fast_kernel(c, s.index_format), which, stream);
+}
+
+cudaError_t index_detail::summary_scores_with(SummaryKernels which, const StoreView& s,
+                                              const BlockIndexConfig& c,
+                                              const std::int32_t* d_slots, int batch, int tokens,
+                                              const void* d_q, const ScoresView& out,
+                                              cudaStream_t stream) {
+  if (batch <= 0 || tokens <= 0) return cudaSuccess;
+  if (is_token_score(c.score)) return cudaErrorInvalidValue;
+  if (c.kernel == IndexKernel::kFast && !detail::fast_kernel_serves(c, s.index_format)) {
+    return cudaErrorInvalidValue;
+  }
+  if (detail::uses_fast_kernel(c, s.index_format)) {
+    return fast_summary_scores(s, c, d_slots, batch, tokens, d_q, out, which, stream);
+  }
+  return general_summary_scores(s, c, d_slots, batch, tokens, d_q, out, stream);
+}
 
 }  // namespace kernels
 

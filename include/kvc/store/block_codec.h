@@ -151,6 +151,31 @@ KVC_HD float summary_at(const StoreView& s, const void* a, std::size_t i) {
                             s.summary_dtype == DType::kBF16);
 }
 
+#if defined(__CUDACC__)
+/// Loads N consecutive 32-bit words (N * 4 bytes, aligned to min(16, N * 4)) through the
+/// read-only path.
+template <int N>
+__device__ __forceinline__ void load_words(const std::uint8_t* p, std::uint32_t (&w)[N]) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      const uint4 x = __ldg(reinterpret_cast<const uint4*>(p) + i / 4);
+      w[i] = x.x;
+      w[i + 1] = x.y;
+      w[i + 2] = x.z;
+      w[i + 3] = x.w;
+    }
+  } else if constexpr (N == 2) {
+    const uint2 x = __ldg(reinterpret_cast<const uint2*>(p));
+    w[0] = x.x;
+    w[1] = x.y;
+  } else {
+    static_assert(N == 1, "lane loads are 4, 8 or a multiple of 16 bytes");
+    w[0] = __ldg(reinterpret_cast<const unsigned int*>(p));
+  }
+}
+#endif
+
 /// Elements [0, N) of a 16-bit array (`p`, N-aligned; bf16 when `bf16`, else f16) as float,
 /// exact: on the device with one 4-, 8- or 16-byte load per 8 elements (N a power of two >= 2),
 /// on the host element by element. load_summaries' 16-bit path, and 16-bit query rows.
@@ -160,22 +185,7 @@ KVC_HD void load_bits16_as_float(const std::uint16_t* p, bool bf16, float (&f)[N
   static_assert(N >= 2 && (N & (N - 1)) == 0, "N must be a power of two >= 2");
   constexpr int kWords = N / 2;  // 32-bit words, two elements each (element 2w in the low half)
   std::uint32_t w[kWords];
-  if constexpr (N % 8 == 0) {
-#pragma unroll
-    for (int k = 0; k < kWords; k += 4) {
-      const uint4 x = __ldg(reinterpret_cast<const uint4*>(p) + k / 4);
-      w[k] = x.x;
-      w[k + 1] = x.y;
-      w[k + 2] = x.z;
-      w[k + 3] = x.w;
-    }
-  } else if constexpr (N == 4) {
-    const uint2 x = __ldg(reinterpret_cast<const uint2*>(p));
-    w[0] = x.x;
-    w[1] = x.y;
-  } else {
-    w[0] = __ldg(reinterpret_cast<const unsigned int*>(p));
-  }
+  load_words<kWords>(reinterpret_cast<const std::uint8_t*>(p), w);
 #pragma unroll
   for (int k = 0; k < kWords; ++k) {
     f[2 * k] = summary16_to_float(static_cast<std::uint16_t>(w[k] & 0xffffu), bf16);
