@@ -12,11 +12,12 @@
 // shape), fast-stream8 / -stream4 / -stream2 (pinned), fast-stream_tc (tensor-core ring),
 // fast-stream_lean, fast-stream_async / -stream_async4 (cp.async staging) and
 // fast-block_per_warp (the chunk-kernel variants of kernels/index/token_variant.h, so one run
-// compares them); the summary scores' fast rows also come as fast-thread_row and fast-warp_row
-// (sum only: the variants of kernels/index/summary_variant.h pinned), e.g.
+// compares them); the summary scores' fast rows also come as fast-thread_row, fast-warp_row,
+// fast-tensor_core and fast-tensor_core1 / -tensor_core4 (its tiles per warp pinned; sum only:
+// the variants of kernels/index/summary_variant.h pinned), e.g.
 // 'BM_Score/h32x8x128/B(1|8)/N131072/token_ma.*/mxfp4/sum/fast.*'. Rows are registered grouped by
 // the store they read, so each store is built once. Select rows with --benchmark_filter, e.g.
-// 'BM_Score/h32x8x128/B8/N131072/.*' or '.*/mean_k/f16/.*'; the whole grid is 12 cells x 51
+// 'BM_Score/h32x8x128/B8/N131072/.*' or '.*/mean_k/f16/.*'; the whole grid is 12 cells x 60
 // rows.
 //
 // Counters: bytes = what the score must read from the store (summaries; or every closed block's
@@ -65,6 +66,9 @@ struct Variant {
     const std::string k = to_string(kernel);
     if (summary_kernels == SummaryKernels::kThreadPerRow) return k + "-thread_row";
     if (summary_kernels == SummaryKernels::kWarpPerRow) return k + "-warp_row";
+    if (summary_kernels == SummaryKernels::kTensorCore) return k + "-tensor_core";
+    if (summary_kernels == SummaryKernels::kTensorCoreTiles1) return k + "-tensor_core1";
+    if (summary_kernels == SummaryKernels::kTensorCoreTiles4) return k + "-tensor_core4";
     if (token_kernels == TokenKernels::kStream) return k + "-stream";
     if (token_kernels == TokenKernels::kStream8) return k + "-stream8";
     if (token_kernels == TokenKernels::kStream4) return k + "-stream4";
@@ -207,9 +211,8 @@ void run_row(benchmark::State& state, int shape, int batch, int ctx, const Varia
   const ScoresView out{scores, valid, rows, maxb};
   const bool ran = bench::time_graph_calls(state, bed.sets, [&](int set, cudaStream_t stream) {
     if (!is_token_score(v.score)) {
-      return kernels::index_detail::summary_scores_with(v.summary_kernels, view, ic,
-                                                        bed.d_slots + set * batch, batch, 1, q,
-                                                        out, stream);
+      return kernels::index_detail::summary_scores_with(
+          v.summary_kernels, view, ic, bed.d_slots + set * batch, batch, 1, q, out, stream);
     }
     return kernels::index_detail::block_scores_with(v.token_kernels, view, ic,
                                                     bed.d_slots + set * batch, batch, 1, q, out, ws,
@@ -242,11 +245,13 @@ std::vector<Variant> variants() {
         v.push_back(
             {score, TokenKeys::kOldBlocks, summary, Format::kMxfp4, agg, IndexKernel::kFast});
       }
-      // The byte-floor kernel's two variants pinned (kernels/index/summary_variant.h).
+      // The byte-floor kernel's three variants pinned (kernels/index/summary_variant.h).
       using kernels::index_detail::SummaryKernels;
-      for (SummaryKernels sk : {SummaryKernels::kThreadPerRow, SummaryKernels::kWarpPerRow}) {
-        Variant pinned{score, TokenKeys::kOldBlocks, summary, Format::kMxfp4, GqaAggregate::kSum,
-                       IndexKernel::kFast};
+      for (SummaryKernels sk :
+           {SummaryKernels::kThreadPerRow, SummaryKernels::kWarpPerRow, SummaryKernels::kTensorCore,
+            SummaryKernels::kTensorCoreTiles1, SummaryKernels::kTensorCoreTiles4}) {
+        Variant pinned{score,          TokenKeys::kOldBlocks, summary,
+                       Format::kMxfp4, GqaAggregate::kSum,    IndexKernel::kFast};
         pinned.summary_kernels = sk;
         v.push_back(pinned);
       }

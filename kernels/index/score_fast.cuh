@@ -37,7 +37,8 @@ struct FastScoreParams {
   int tokens;       // T
   int num_q_heads;  // Hq
   int group;        // G
-  int nb;           // blocks per CTA (multiple of 32; detail::fast_summary_blocks_per_cta)
+  int nb;           // blocks per CTA (multiple of 32; detail::fast_summary_blocks_per_cta), or
+                    // tiles per warp (summary_mma_kernel: mma_summary_tiles_per_warp)
   float scale;
   bool aggregate_max, shared, q_bf16;
 };

@@ -7,6 +7,7 @@
 #include "device_buffer.h"
 #include "index/score.cuh"
 #include "index/score_fast.cuh"
+#include "index/score_mma.cuh"
 #include "index/score_rows.cuh"
 #include "index/summary_variant.h"
 #include "index/token_fast.cuh"
@@ -263,8 +264,7 @@ cudaError_t launch_summary_rows(int group, int owned, int batch_tokens, const Fa
                                 cudaStream_t stream) {
   const int ch = rows_head_chunk(group);
   const int per_cta = kRowsWarps * rows_per_warp(D, kQuest, ch);
-  const dim3 grid(owned > 0 ? (owned + per_cta - 1) / per_cta : 1, p.s.num_kv_heads,
-                  batch_tokens);
+  const dim3 grid(owned > 0 ? (owned + per_cta - 1) / per_cta : 1, p.s.num_kv_heads, batch_tokens);
   if (ch == 4) {
     summary_rows_kernel<D, kQuest, 4><<<grid, kRowsThreads, 0, stream>>>(p);
   } else {
@@ -280,8 +280,38 @@ cudaError_t launch_summary_rows(bool quest, int group, int owned, int batch_toke
                : launch_summary_rows<D, false>(group, owned, batch_tokens, p, stream);
 }
 
-// kMeanK / kQuestMinMax with the byte-floor kernels (kernels/index/score_fast.cuh, score_rows.cuh;
-// `which` as kernels/index/summary_variant.h describes it).
+template <int D, bool kQuest>
+cudaError_t launch_summary_mma(SummaryMath math, int tiles_per_warp, int owned, int batch,
+                               FastScoreParams p, cudaStream_t stream) {
+  const long long row_tiles = (owned + kMmaScoreRows - 1) / kMmaScoreRows;
+  p.nb = tiles_per_warp > 0 ? tiles_per_warp
+                            : mma_summary_tiles_per_warp(row_tiles * p.s.num_kv_heads * batch);
+  const long long per_cta = static_cast<long long>(kMmaScoreWarps) * p.nb;
+  const dim3 grid(row_tiles > 0 ? static_cast<unsigned>((row_tiles + per_cta - 1) / per_cta) : 1u,
+                  p.s.num_kv_heads, batch);
+  switch (math) {
+    case SummaryMath::kF16:
+      summary_mma_kernel<D, kQuest, SummaryMath::kF16><<<grid, kMmaScoreThreads, 0, stream>>>(p);
+      break;
+    case SummaryMath::kBF16:
+      summary_mma_kernel<D, kQuest, SummaryMath::kBF16><<<grid, kMmaScoreThreads, 0, stream>>>(p);
+      break;
+    case SummaryMath::kTf32:
+      summary_mma_kernel<D, kQuest, SummaryMath::kTf32><<<grid, kMmaScoreThreads, 0, stream>>>(p);
+      break;
+  }
+  return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t launch_summary_mma(bool quest, SummaryMath math, int tiles_per_warp, int owned,
+                               int batch, const FastScoreParams& p, cudaStream_t stream) {
+  return quest ? launch_summary_mma<D, true>(math, tiles_per_warp, owned, batch, p, stream)
+               : launch_summary_mma<D, false>(math, tiles_per_warp, owned, batch, p, stream);
+}
+
+// kMeanK / kQuestMinMax with the byte-floor kernels (kernels/index/score_fast.cuh, score_rows.cuh,
+// score_mma.cuh; `which` as kernels/index/summary_variant.h describes it).
 cudaError_t fast_summary_scores(const StoreView& s, const BlockIndexConfig& c,
                                 const std::int32_t* d_slots, int batch, int tokens, const void* d_q,
                                 const ScoresView& out, SummaryKernels which, cudaStream_t stream) {
@@ -301,7 +331,20 @@ cudaError_t fast_summary_scores(const StoreView& s, const BlockIndexConfig& c,
   const int owned = store::owned_count(s.max_blocks_per_slot, s.num_shards, s.shard_index);
   const bool quest = c.score == SummaryScore::kQuestMinMax;
   if (which == SummaryKernels::kAuto) {
-    which = auto_summary_kernels(c.shared_across_heads, s.summary_dtype);
+    which = auto_summary_kernels(c.shared_across_heads, c.head_dim, s.summary_dtype, c.dtype);
+  }
+  if (which == SummaryKernels::kTensorCore || which == SummaryKernels::kTensorCoreTiles1 ||
+      which == SummaryKernels::kTensorCoreTiles4) {
+    SummaryMath math = SummaryMath::kF16;
+    if (!tensor_core_summary_serves(c.shared_across_heads, c.head_dim, s.summary_dtype, c.dtype) ||
+        !mma_summary_math(s.summary_dtype, c.dtype, math)) {
+      return cudaErrorNotSupported;
+    }
+    const int tiles = which == SummaryKernels::kTensorCoreTiles1   ? 1
+                      : which == SummaryKernels::kTensorCoreTiles4 ? 4
+                                                                   : 0;
+    return c.head_dim == 64 ? launch_summary_mma<64>(quest, math, tiles, owned, batch, p, stream)
+                            : launch_summary_mma<128>(quest, math, tiles, owned, batch, p, stream);
   }
   if (which == SummaryKernels::kWarpPerRow) {
     if (c.shared_across_heads) return cudaErrorNotSupported;

@@ -81,15 +81,18 @@ TEST_P(Cuda_BlockIndex_MatchesCpu, Scores) {
   const bool fast_serves = c.num_q_heads * d + (shared ? hkv * nb : 0) <= 12288;
   using kernels::index_detail::SummaryKernels;
   DeviceArray<std::int32_t> dslots(slots);
-  // 0, 1: BlockIndex with the general and the fast kernel (the library's choice); 2, 3: the
+  // 0, 1: BlockIndex with the general and the fast kernel (the library's choice); 2 and on: the
   // byte-floor kernel's variants pinned (kernels/index/summary_variant.h) through the kernel layer.
-  for (int run = 0; run < 4; ++run) {
+  const SummaryKernels variants[] = {SummaryKernels::kThreadPerRow, SummaryKernels::kWarpPerRow,
+                                     SummaryKernels::kTensorCore, SummaryKernels::kTensorCoreTiles1,
+                                     SummaryKernels::kTensorCoreTiles4};
+  const char* variant_names[] = {"fast, thread per row", "fast, warp per row", "fast, tensor cores",
+                                 "fast, tensor cores, 1 tile per warp",
+                                 "fast, tensor cores, 4 tiles per warp"};
+  for (int run = 0; run < 7; ++run) {
     const IndexKernel kernel = run == 0 ? IndexKernel::kGeneral : IndexKernel::kFast;
-    const SummaryKernels pinned =
-        run == 2 ? SummaryKernels::kThreadPerRow : SummaryKernels::kWarpPerRow;
-    const std::string what = run < 2 ? to_string(kernel)
-                             : run == 2 ? std::string("fast, thread per row")
-                                        : std::string("fast, warp per row");
+    const SummaryKernels pinned = run < 2 ? SummaryKernels::kAuto : variants[run - 2];
+    const std::string what = run < 2 ? to_string(kernel) : std::string(variant_names[run - 2]);
     SCOPED_TRACE(what);
     DeviceArray<float> gs(static_cast<std::size_t>(rows) * maxb);
     DeviceArray<std::int32_t> gv(rows);
@@ -98,7 +101,8 @@ TEST_P(Cuda_BlockIndex_MatchesCpu, Scores) {
     BlockIndexConfig ck = c;
     ck.kernel = kernel;
     auto gi = BlockIndex::create(ck, Device::cuda(0));
-    const auto qdev = TensorView::contiguous(dq.get(), qt, {batch, T, c.num_q_heads, d}, Device::cuda(0));
+    const auto qdev =
+        TensorView::contiguous(dq.get(), qt, {batch, T, c.num_q_heads, d}, Device::cuda(0));
     const ScoresView gout{gs.get(), gv.get(), rows, maxb};
     if (kernel == IndexKernel::kFast && !fast_serves) {
       if (run == 1) {
@@ -115,8 +119,13 @@ TEST_P(Cuda_BlockIndex_MatchesCpu, Scores) {
     } else {
       const cudaError_t e = kernels::index_detail::summary_scores_with(
           pinned, gpu->view(), ck, dslots.get(), batch, T, dq.get(), gout, nullptr);
-      if (shared && pinned == SummaryKernels::kWarpPerRow) {
-        // The warp-per-row kernel serves rows per kv head only; nothing is written.
+      const bool refused =
+          (shared && pinned == SummaryKernels::kWarpPerRow) ||
+          (pinned != SummaryKernels::kThreadPerRow && pinned != SummaryKernels::kWarpPerRow &&
+           !kernels::index_detail::tensor_core_summary_serves(shared, d, summary, qt));
+      if (refused) {
+        // The warp-per-row kernel serves rows per kv head only, the tensor-core kernel also
+        // head_dim 64 / 128 only; nothing is written.
         EXPECT_EQ(e, cudaErrorNotSupported);
         KVC_ASSERT_CUDA(cudaDeviceSynchronize());
         for (auto v : gv.download()) ASSERT_EQ(v, -1) << "written by a refused call";
@@ -180,7 +189,126 @@ INSTANTIATE_TEST_SUITE_P(
         // More kv heads than one CTA's threads take at once (items loop), and an odd count.
         std::make_tuple(16, 2, 64, SummaryScore::kMeanK, GqaAggregate::kSum, true, 1, DType::kF16),
         std::make_tuple(5, 2, 128, SummaryScore::kQuestMinMax, GqaAggregate::kMax, false, 2,
-                        DType::kF32)));
+                        DType::kF32),
+        // A group past one mma's 8 query heads (two chunks: 8 + 4), bf16 Quest, two tokens.
+        std::make_tuple(2, 12, 64, SummaryScore::kQuestMinMax, GqaAggregate::kSum, false, 2,
+                        DType::kBF16)));
+
+// The tensor-core kernel on summaries holding NaN and infinities (keys with NaN, +inf and -inf in
+// some blocks, and one query element infinite): every score is the CPU's, NaN where the CPU's is
+// NaN, the same infinity where it is infinite, within the comparison's tolerance elsewhere. The
+// kernel recomputes a non-finite dot product with the reference's arithmetic
+// (kernels/index/score_mma.cuh), which this checks for each of its three maths and both rules.
+class Cuda_BlockIndex_TensorCoreNonFinite
+    : public ::testing::TestWithParam<std::tuple<SummaryScore, DType>> {};
+
+TEST_P(Cuda_BlockIndex_TensorCoreNonFinite, FollowsCpu) {
+  KVC_REQUIRE_GPU();
+  const auto [score, summary] = GetParam();
+  const int hkv = 2, group = 4, d = 128, len = 1500;
+  KvStoreConfig sc;
+  sc.num_kv_heads = hkv;
+  sc.head_dim = d;
+  sc.max_slots = 2;
+  sc.max_context = 2048;
+  sc.recent_window = 64;
+  sc.block_size = 16;
+  sc.old_format = Format::kFp16kQ4v;
+  sc.summaries = kSummaryMeanK | kSummaryMinMaxK;
+  sc.summary_dtype = summary;
+  const DType qt = summary == DType::kBF16 ? DType::kBF16 : DType::kF16;
+  sc.dtype = qt;
+  auto cpu = KvStore::create(sc, Device::cpu());
+  auto gpu = KvStore::create(sc, Device::cuda(0));
+  const std::size_t token = static_cast<std::size_t>(hkv) * d;
+  auto k = random_bits16(len * token, qt, 5, 1.0f);
+  auto v = random_bits16(len * token, qt, 6);
+  const bool bf16 = qt == DType::kBF16;
+  const std::uint16_t nan = bf16 ? 0x7fc0 : 0x7e00, pinf = bf16 ? 0x7f80 : 0x7c00,
+                      ninf = bf16 ? 0xff80 : 0xfc00;
+  // Token 16 j + 3 of block j, head j % 2, dim (7 j) % d: NaN, +inf or -inf for a third of the
+  // blocks each in blocks 3, 6, 9, ...; the other blocks stay finite.
+  for (int j = 3; j * 16 + 3 < len - 64; j += 3) {
+    const std::size_t at = static_cast<std::size_t>(j * 16 + 3) * token +
+                           static_cast<std::size_t>(j % 2) * d +
+                           static_cast<std::size_t>(7 * j) % d;
+    k[at] = j % 9 == 3 ? nan : j % 9 == 6 ? pinf : ninf;
+  }
+  DeviceArray<std::uint16_t> dk(k), dv(v);
+  cpu->open_slot();
+  gpu->open_slot();
+  cpu->ingest(0, TensorView::contiguous(k.data(), qt, {len, hkv, d}),
+              TensorView::contiguous(v.data(), qt, {len, hkv, d}));
+  gpu->ingest(0, TensorView::contiguous(dk.get(), qt, {len, hkv, d}, Device::cuda(0)),
+              TensorView::contiguous(dv.get(), qt, {len, hkv, d}, Device::cuda(0)));
+  BlockIndexConfig c;
+  c.num_kv_heads = hkv;
+  c.num_q_heads = hkv * group;
+  c.head_dim = d;
+  c.score = score;
+  c.max_batch = 1;
+  c.dtype = qt;
+  auto q = random_bits16(static_cast<std::size_t>(c.num_q_heads) * d, qt, 77);
+  q[5 * d + 11] = pinf;  // head 5 (kv head 1): every dot product of its rows is inf or NaN
+  DeviceArray<std::uint16_t> dq(q);
+  const std::vector<int> slots{0};
+  DeviceArray<std::int32_t> dslots(slots);
+  const int rows = c.rows(1, 1), maxb = sc.max_blocks_per_slot();
+  std::vector<float> cs(static_cast<std::size_t>(rows) * maxb, 0.0f);
+  std::vector<std::int32_t> cv(rows);
+  BlockIndex::create(c, Device::cpu())
+      ->score(*cpu, slots, TensorView::contiguous(q.data(), qt, {1, 1, c.num_q_heads, d}),
+              ScoresView{cs.data(), cv.data(), rows, maxb});
+  // One tile per warp (this call's size) and four (the unrolled, double-buffered loop).
+  for (const auto which : {kernels::index_detail::SummaryKernels::kTensorCore,
+                           kernels::index_detail::SummaryKernels::kTensorCoreTiles4}) {
+    SCOPED_TRACE(static_cast<int>(which));
+    DeviceArray<float> gs(static_cast<std::size_t>(rows) * maxb);
+    DeviceArray<std::int32_t> gv(rows);
+    gs.fill_bytes(0xff);
+    gv.fill_bytes(0xff);
+    ASSERT_EQ(kernels::index_detail::summary_scores_with(
+                  which, gpu->view(), c, dslots.get(), 1, 1, dq.get(),
+                  ScoresView{gs.get(), gv.get(), rows, maxb}, nullptr),
+              cudaSuccess);
+    KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+    const auto hs = gs.download();
+    const auto hv = gv.download();
+    int non_finite = 0;
+    double max_rel = 0;
+    for (int r = 0; r < rows; ++r) {
+      ASSERT_EQ(hv[r], cv[r]) << "row " << r;
+      for (int j = 0; j < cv[r]; ++j) {
+        const float a = hs[static_cast<std::size_t>(r) * maxb + j],
+                    b = cs[static_cast<std::size_t>(r) * maxb + j];
+        ASSERT_EQ(std::isnan(a), std::isnan(b))
+            << "row " << r << " block " << j << ": " << a << " vs " << b;
+        if (std::isnan(b)) {
+          ++non_finite;
+          continue;
+        }
+        if (std::isinf(b)) {
+          ++non_finite;
+          ASSERT_EQ(a, b) << "row " << r << " block " << j;
+          continue;
+        }
+        ASSERT_TRUE(std::isfinite(a)) << "row " << r << " block " << j;
+        max_rel = std::max(max_rel, std::abs(static_cast<double>(a) - b) / (1.0 + std::abs(b)));
+      }
+    }
+    EXPECT_GT(non_finite, 0);  // the non-finite keys and the query reach scores
+    EXPECT_LT(max_rel, 1e-4);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Maths, Cuda_BlockIndex_TensorCoreNonFinite,
+    ::testing::Values(std::make_tuple(SummaryScore::kMeanK, DType::kF16),
+                      std::make_tuple(SummaryScore::kQuestMinMax, DType::kF16),
+                      std::make_tuple(SummaryScore::kMeanK, DType::kBF16),
+                      std::make_tuple(SummaryScore::kQuestMinMax, DType::kBF16),
+                      std::make_tuple(SummaryScore::kMeanK, DType::kF32),
+                      std::make_tuple(SummaryScore::kQuestMinMax, DType::kF32)));
 
 }  // namespace
 }  // namespace kvc

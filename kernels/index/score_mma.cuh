@@ -1,0 +1,387 @@
+// Summary scores (kMeanK, kQuestMinMax) on tensor cores: the kernel that
+// SummaryKernels::kTensorCore names (kernels/index/summary_variant.h), for rows per kv head
+// (shared_across_heads false), head_dim 64 or 128, and summaries whose type the queries can meet
+// exactly in one mma: f16 summaries with f16 queries, bf16 with bf16, f32 with either
+// (mma_summary_math).
+//
+// Why: the CUDA-core kernels spend their issue slots on the multiply-adds and the reductions of
+// each row (summary_rows_kernel: ~75 SASS instructions per row of d = 128, issue-bound at 54 % of
+// the H200's issue slots and 48 % of its bandwidth at B8 N128K; docs/performance.md, eighth
+// session). A score is a product of the rows with the kv head's query heads, so the mma does the
+// multiply-adds and the reductions over the head dims at once: a warp takes 16 rows (closed
+// blocks j0 .. j0 + 15 of one kv head) as the A operand (M = 16 rows, K = head dims) against the
+// query heads as B (N = 8 heads; heads past the group are zero), and its accumulators are the 16 x
+// 8 dot products.
+//
+// Operands, lane (g, t) = (lane / 4, lane % 4), rows g and g + 8 of the tile: the lane loads the
+// 16-byte runs [64 i + 16 t, +16) of its two rows (i < d * bytes / 64), so a warp load is 8 rows x
+// 64 contiguous bytes, and the head dims are permuted inside each run so that the run's words are
+// the lane's fragment registers (a sum over dims does not depend on their order; the query
+// fragments are the same runs of the query rows, so the products pair the same dims):
+//   f16 / bf16, m16n8k16: run i holds dims 32 i + 8 t + [0, 8): words x, y are k-step 2 i's
+//     (k columns 2t, 2t + 1 and 2t + 8, 2t + 9), words z, w k-step 2 i + 1's.
+//   f32, m16n8k8 tf32: run i holds dims 16 i + 4 t + [0, 4): x, y are k-step 2 i's (k columns t,
+//     t + 4), z, w k-step 2 i + 1's. The queries are exact in tf32 (16-bit values); each summary
+//     element is split into hi = x with its low 13 fraction bits cleared and lo = x - hi (exact in
+//     f32; the mma reads its top 19 bits), two mma per k-step, so a product carries ~21 bits of
+//     the summary.
+// Quest: q·max where q >= 0 and q·min where q < 0 is the reference's max(q·min, q·max) for min <=
+// max, so the score is two products: the max rows with the query's non-negative part and the min
+// rows with its negative part (split by the sign bit, so a NaN query element stays in one part).
+//
+// Exactness and non-finite values: f16 / bf16 products are exact and the tf32 split keeps ~2^-21 of
+// each element, then everything is summed in f32 in the mma's order (the CPU comparison's
+// tolerance covers the order, as it does for the other kernels). Wherever a dot product comes out
+// non-finite (a NaN or an infinity among the row's summaries or the queries, or an overflow), the
+// lane that holds it recomputes it with the reference's arithmetic (fmaf in ascending dims; Quest's
+// max as the reference writes it), so NaN and infinities follow the CPU's rules exactly. The heads
+// of a row are then gathered over the lane quad and aggregated in ascending order with
+// p.scale * dot as the reference does (kSum: +, kMax: ref_max).
+//
+// Every query token of a batch entry is scored from the same registers (the rows are loaded once
+// per tile), a token's heads in chunks of 8. A warp takes p.nb consecutive tiles (1, 2 or 4:
+// mma_summary_tiles_per_warp), which spreads its setup (slot, lengths, the row addresses) over
+// more rows where the grid is large enough to fill the GPU anyway. Grid (chunks of
+// kMmaScoreWarps * p.nb tiles, kv heads, batch); no shared memory, no barrier.
+#pragma once
+
+#include <cstdint>
+
+#include "index/score_fast.cuh"
+#include "kvc/core/numeric.h"
+#include "kvc/select/selection.h"
+#include "kvc/store/block_codec.h"
+#include "kvc/store/kv_store.h"
+
+namespace kvc {
+namespace kernels {
+namespace index_detail {
+
+constexpr int kMmaScoreWarps = 4;
+constexpr int kMmaScoreThreads = 32 * kMmaScoreWarps;
+/// Rows (closed blocks of one kv head) one warp scores: the M of the mma.
+constexpr int kMmaScoreRows = 16;
+/// Query heads per mma: the N.
+constexpr int kMmaScoreCols = 8;
+/// Most tiles one warp takes (mma_summary_tiles_per_warp).
+constexpr int kMmaScoreMaxTiles = 4;
+
+/// How the tensor-core summary kernel multiplies: f16 or bf16 mma on 16-bit summaries of the
+/// queries' own type, tf32 with the two-term split on f32 summaries.
+enum class SummaryMath { kF16, kBF16, kTf32 };
+
+/// The tensor-core kernel's head dims.
+__host__ __device__ constexpr bool mma_summary_head_dim(int d) { return d == 64 || d == 128; }
+
+/// Tiles per warp for a call of `tiles` tiles in all (16 blocks of one kv head and batch entry
+/// each): the largest of 4, 2, 1 that still gives kMmaScoreMinWarps warps (about 16 per SM of the
+/// H200's 132), so small calls keep one tile per warp and every SM busy. Measured on the H200
+/// (index_bench, Hq 32 / Hkv 8 / d 128, N128K, docs/perf-data/2026-12-02-session9/pushed): B8
+/// (16256 tiles) f16 mean-K 37.4 / 33.4 / 30.3 us at 1 / 2 / 4 tiles per warp, f32 65.5 / 52.0 /
+/// 50.6; B1 (2032 tiles) f16 6.23 / 10.5 us at 1 / 4.
+constexpr int kMmaScoreMinWarps = 2048;
+inline int mma_summary_tiles_per_warp(long long tiles) {
+  for (int n = kMmaScoreMaxTiles; n > 1; n /= 2) {
+    if (tiles / n >= kMmaScoreMinWarps) return n;
+  }
+  return 1;
+}
+
+/// The math for summaries of `summary` read with queries of `query` (f16 or bf16); false where
+/// one mma cannot pair them exactly (16-bit summaries of the other 16-bit type than the queries).
+__host__ __device__ constexpr bool mma_summary_math(DType summary, DType query, SummaryMath& m) {
+  if (summary == DType::kF32) {
+    m = SummaryMath::kTf32;
+    return true;
+  }
+  if (summary != query) return false;
+  m = summary == DType::kBF16 ? SummaryMath::kBF16 : SummaryMath::kF16;
+  return true;
+}
+
+/// d += a * b, m16n8k16, f16 (kBF16 false) or bf16 operands, f32 accumulators.
+template <bool kBF16>
+__device__ __forceinline__ void summary_mma_16816(float (&d)[4], std::uint32_t a0, std::uint32_t a1,
+                                                  std::uint32_t a2, std::uint32_t a3,
+                                                  std::uint32_t b0, std::uint32_t b1) {
+  if constexpr (kBF16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+/// d += a * b, m16n8k8, tf32 operands (f32 bit patterns; the mma reads the top 19 bits).
+__device__ __forceinline__ void summary_mma_1688(float (&d)[4], std::uint32_t a0, std::uint32_t a1,
+                                                 std::uint32_t a2, std::uint32_t a3,
+                                                 std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/// 16 bytes through the read-only path, in program order with the kernel's other volatile asm
+/// (the mma): the next tile's loads are issued before this tile's mma and no earlier, so the
+/// unrolled tile loop keeps two tiles in registers, not all of them.
+__device__ __forceinline__ uint4 ldg_ordered(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+/// The high part of the tf32 split: x with its low 13 fraction bits cleared (the tf32 value the
+/// mma reads of it; infinities and NaN stay non-finite). Volatile, so that the split is formed
+/// where it is used: hoisted out of the kernel's token loop, the hi and lo words of a whole tile
+/// would not fit the registers. (cvt.rna.tf32.f32 is not one instruction on sm_90: ~8 integer
+/// operations per element in the SASS.)
+__device__ __forceinline__ std::uint32_t tf32_hi(std::uint32_t x) {
+  std::uint32_t y;
+  asm volatile("and.b32 %0, %1, 0xffffe000;" : "=r"(y) : "r"(x));
+  return y;
+}
+
+/// The low part: x - hi, exact in f32 (at most 13 significant bits below hi's); the mma reads its
+/// top 11, so hi + lo carries ~21 bits of x.
+__device__ __forceinline__ std::uint32_t tf32_lo(std::uint32_t x, std::uint32_t hi) {
+  return __float_as_uint(__fsub_rn(__uint_as_float(x), __uint_as_float(hi)));
+}
+
+/// The halves of a 16-bit pair word whose sign bit is set (kNeg) or clear (!kNeg); the others 0.
+template <bool kNeg>
+__device__ __forceinline__ std::uint32_t half_sign_part(std::uint32_t w) {
+  const std::uint32_t neg = ((w >> 15) & 0x00010001u) * 0xffffu;  // 0xffff per negative half
+  return kNeg ? (w & neg) : (w & ~neg);
+}
+
+/// f32 bits kept where the sign bit is set (kNeg) or clear (!kNeg), else 0.
+template <bool kNeg>
+__device__ __forceinline__ std::uint32_t float_sign_part(std::uint32_t x) {
+  const bool neg = (x >> 31) != 0;
+  return neg == kNeg ? x : 0u;
+}
+
+/// The reference's dot product of summary row `o` (elements [o, o + D) of `a`) with query row
+/// `q` (D 16-bit values), for the lanes whose mma result is not finite.
+template <int D, bool kQuest>
+__device__ __noinline__ float summary_dot_reference(const StoreView& s, std::size_t o,
+                                                    const std::uint16_t* q, bool q_bf16) {
+  float x = 0.0f;
+  for (int e = 0; e < D; ++e) {
+    const float qe = store::summary16_to_float(q[e], q_bf16);  // exact
+    if constexpr (kQuest) {
+      x += ref_max(qe * store::summary_at(s, s.min_k, o + e),
+                   qe * store::summary_at(s, s.max_k, o + e));
+    } else {
+      x = fmaf(qe, store::summary_at(s, s.mean_k, o + e), x);
+    }
+  }
+  return x;
+}
+
+/// See the file comment. D: 64 or 128; kQuest: min / max summaries; M: the mma.
+template <int D, bool kQuest, SummaryMath M>
+__global__ void __launch_bounds__(kMmaScoreThreads)
+    summary_mma_kernel(const __grid_constant__ FastScoreParams p) {
+  static_assert(mma_summary_head_dim(D), "head_dim 64 or 128");
+  constexpr bool kTf32 = M == SummaryMath::kTf32;
+  constexpr int kElemBytes = kTf32 ? 4 : 2;
+  constexpr int kRuns = D * kElemBytes / 64;  // 16-byte runs per lane per row
+  constexpr int kOps = kQuest ? 2 : 1;        // operand 0: mean (or min), 1: max
+  const unsigned full = 0xffffffffu;
+  const StoreView& s = p.s;
+  const int h = static_cast<int>(blockIdx.y);
+  const int b = static_cast<int>(blockIdx.z);
+  const int slot = p.slots[b];
+  const int L = s.lengths[slot];
+  const int hkv = s.num_kv_heads;
+  const int closed = store::owned_count(
+      L > s.recent_window ? (L - s.recent_window) / s.block_size : 0, s.num_shards, s.shard_index);
+  if (blockIdx.x == 0) {
+    for (int tok = static_cast<int>(threadIdx.x); tok < p.tokens; tok += blockDim.x) {
+      p.out.num_valid[(b * p.tokens + tok) * hkv + h] = closed;
+    }
+  }
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const std::int32_t* table =
+      s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot;
+  const int group = p.group;
+  // p.nb (<= kMmaScoreMaxTiles) consecutive tiles per warp: every tile's row offsets first (the
+  // block table's loads do not wait for one another), then the rows of tile k + 1 are loaded
+  // while tile k is scored where both fit the registers (kDouble).
+  const int first = (static_cast<int>(blockIdx.x) * kMmaScoreWarps + warp) * p.nb;
+  std::size_t oa[kMmaScoreMaxTiles], ob[kMmaScoreMaxTiles];
+#pragma unroll
+  for (int k = 0; k < kMmaScoreMaxTiles; ++k) {
+    const int ja = (first + k) * kMmaScoreRows + g, jb = ja + 8;
+    oa[k] = k < p.nb && ja < closed
+                ? store::block_head_index(s, table[store::owned_block_id(s, ja)], h) * D
+                : 0;
+    ob[k] = k < p.nb && jb < closed
+                ? store::block_head_index(s, table[store::owned_block_id(s, jb)], h) * D
+                : 0;
+  }
+  constexpr bool kDouble = kOps * kRuns <= 4;
+  uint4 xa[kDouble ? 2 : 1][kOps][kRuns], xb[kDouble ? 2 : 1][kOps][kRuns];
+  // Rows past the closed blocks are 0 (and never written).
+  const auto load_tile = [&](int k, uint4(&ra)[kOps][kRuns], uint4(&rb)[kOps][kRuns]) {
+    const int ja = (first + k) * kMmaScoreRows + g, jb = ja + 8;
+    const bool va = ja < closed, vb = jb < closed;
+#pragma unroll
+    for (int op = 0; op < kOps; ++op) {
+      const std::uint8_t* base =
+          static_cast<const std::uint8_t*>(kQuest ? (op == 0 ? s.min_k : s.max_k) : s.mean_k);
+#pragma unroll
+      for (int i = 0; i < kRuns; ++i) {
+        const std::size_t off = static_cast<std::size_t>(64 * i + 16 * t);
+        ra[op][i] = va ? ldg_ordered(base + oa[k] * kElemBytes + off) : make_uint4(0u, 0u, 0u, 0u);
+        rb[op][i] = vb ? ldg_ordered(base + ob[k] * kElemBytes + off) : make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+  };
+  if constexpr (kDouble) load_tile(0, xa[0], xb[0]);
+#pragma unroll(kDouble ? kMmaScoreMaxTiles : 1)
+  for (int k = 0; k < kMmaScoreMaxTiles; ++k) {
+    const int j0 = (first + k) * kMmaScoreRows;
+    if (k >= p.nb || j0 >= closed) return;  // warp-uniform
+    const int ja = j0 + g, jb = j0 + g + 8;
+    const bool va = ja < closed, vb = jb < closed;
+    const int cur = kDouble ? (k & 1) : 0;  // a constant once the loop is unrolled
+    if constexpr (kDouble) {
+      if (k + 1 < kMmaScoreMaxTiles && k + 1 < p.nb && j0 + kMmaScoreRows < closed) {
+        load_tile(k + 1, xa[cur ^ 1], xb[cur ^ 1]);
+      }
+    } else {
+      load_tile(k, xa[0], xb[0]);
+    }
+    for (int tok = 0; tok < p.tokens; ++tok) {
+      const int bt = b * p.tokens + tok;
+      const std::uint16_t* q_tok =
+          p.q +
+          (static_cast<std::size_t>(bt) * p.num_q_heads + static_cast<std::size_t>(h) * group) * D;
+      float agg_a = 0.0f, agg_b = 0.0f;
+      for (int c0 = 0; c0 < group; c0 += kMmaScoreCols) {
+        const int cn = group - c0 < kMmaScoreCols ? group - c0 : kMmaScoreCols;
+        const bool col = g < cn;  // this lane's B column is query head c0 + g
+        const std::uint16_t* qg = q_tok + static_cast<std::size_t>(c0 + (col ? g : 0)) * D;
+        // Two accumulator sets (even and odd k-steps): two shorter chains of dependent mma.
+        float acc2[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+        for (int i = 0; i < kRuns; ++i) {
+          if constexpr (kTf32) {
+            // Dims 16 i + 4 t + [0, 4) of the query head, exact in f32 (and so in tf32).
+            std::uint32_t qf[4] = {0u, 0u, 0u, 0u};
+            if (col) {
+              const uint2 w = __ldg(reinterpret_cast<const uint2*>(qg + 16 * i + 4 * t));
+              qf[0] = __float_as_uint(
+                  store::summary16_to_float(static_cast<std::uint16_t>(w.x & 0xffffu), p.q_bf16));
+              qf[1] = __float_as_uint(
+                  store::summary16_to_float(static_cast<std::uint16_t>(w.x >> 16), p.q_bf16));
+              qf[2] = __float_as_uint(
+                  store::summary16_to_float(static_cast<std::uint16_t>(w.y & 0xffffu), p.q_bf16));
+              qf[3] = __float_as_uint(
+                  store::summary16_to_float(static_cast<std::uint16_t>(w.y >> 16), p.q_bf16));
+            }
+#pragma unroll
+            for (int op = 0; op < kOps; ++op) {
+              std::uint32_t bq[4];
+#pragma unroll
+              for (int u = 0; u < 4; ++u) {
+                // Quest: the max rows (op 1) meet q >= 0, the min rows (op 0) q < 0.
+                bq[u] = !kQuest   ? qf[u]
+                        : op == 0 ? float_sign_part<true>(qf[u])
+                                  : float_sign_part<false>(qf[u]);
+              }
+              const std::uint32_t a[2][4] = {
+                  {xa[cur][op][i].x, xb[cur][op][i].x, xa[cur][op][i].y, xb[cur][op][i].y},
+                  {xa[cur][op][i].z, xb[cur][op][i].z, xa[cur][op][i].w, xb[cur][op][i].w}};
+#pragma unroll
+              for (int ks = 0; ks < 2; ++ks) {
+                std::uint32_t hi[4], lo[4];
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                  hi[r] = tf32_hi(a[ks][r]);
+                  lo[r] = tf32_lo(a[ks][r], hi[r]);
+                }
+                summary_mma_1688(acc2[ks], lo[0], lo[1], lo[2], lo[3], bq[2 * ks], bq[2 * ks + 1]);
+                summary_mma_1688(acc2[ks], hi[0], hi[1], hi[2], hi[3], bq[2 * ks], bq[2 * ks + 1]);
+              }
+            }
+          } else {
+            // Dims 32 i + 8 t + [0, 8) of the query head as four 16-bit pairs.
+            uint4 qw = make_uint4(0u, 0u, 0u, 0u);
+            if (col) qw = __ldg(reinterpret_cast<const uint4*>(qg + 32 * i + 8 * t));
+#pragma unroll
+            for (int op = 0; op < kOps; ++op) {
+              uint4 bq = qw;
+              if constexpr (kQuest) {
+                bq = op == 0 ? make_uint4(half_sign_part<true>(qw.x), half_sign_part<true>(qw.y),
+                                          half_sign_part<true>(qw.z), half_sign_part<true>(qw.w))
+                             : make_uint4(half_sign_part<false>(qw.x), half_sign_part<false>(qw.y),
+                                          half_sign_part<false>(qw.z), half_sign_part<false>(qw.w));
+              }
+              constexpr bool kB = M == SummaryMath::kBF16;
+              summary_mma_16816<kB>(acc2[0], xa[cur][op][i].x, xb[cur][op][i].x, xa[cur][op][i].y,
+                                    xb[cur][op][i].y, bq.x, bq.y);
+              summary_mma_16816<kB>(acc2[1], xa[cur][op][i].z, xb[cur][op][i].z, xa[cur][op][i].w,
+                                    xb[cur][op][i].w, bq.z, bq.w);
+            }
+          }
+        }
+        float acc[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[r] = acc2[0][r] + acc2[1][r];
+          // acc: (row g, head 2t), (row g, head 2t + 1), (row g + 8, head 2t), (row g + 8, 2t + 1).
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int head = 2 * t + (r & 1);
+          const bool row_ok = r < 2 ? va : vb;
+          if (head < cn && row_ok && !isfinite(acc[r])) {
+            acc[r] = summary_dot_reference<D, kQuest>(
+                s, r < 2 ? oa[k] : ob[k], q_tok + static_cast<std::size_t>(c0 + head) * D,
+                p.q_bf16);
+          }
+        }
+        // The chunk's heads of rows g and g + 8, ascending, in every lane of the quad.
+#pragma unroll
+        for (int c = 0; c < kMmaScoreCols; ++c) {
+          const int src = (g << 2) | (c >> 1);
+          const float ya = __shfl_sync(full, (c & 1) ? acc[1] : acc[0], src);
+          const float yb = __shfl_sync(full, (c & 1) ? acc[3] : acc[2], src);
+          if (c < cn) {
+            const float sa = p.scale * ya, sb = p.scale * yb;
+            if (c0 + c == 0) {
+              agg_a = sa;
+              agg_b = sb;
+            } else if (p.aggregate_max) {
+              agg_a = ref_max(agg_a, sa);
+              agg_b = ref_max(agg_b, sb);
+            } else {
+              agg_a += sa;
+              agg_b += sb;
+            }
+          }
+        }
+      }
+      float* out_row = p.out.scores + (static_cast<std::size_t>(bt) * hkv + h) * p.out.max_blocks;
+      if (t == 0 && va) out_row[ja] = agg_a;
+      if (t == 1 && vb) out_row[jb] = agg_b;
+    }
+  }
+}
+
+}  // namespace index_detail
+}  // namespace kernels
+}  // namespace kvc
