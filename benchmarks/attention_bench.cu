@@ -159,12 +159,13 @@ void BM_DenseDecode(benchmark::State& state) {
   void* ws = nullptr;
   const cudaError_t e = kernels::dense_attention_decode(nullptr, ws_bytes, p, nullptr);
   if (e == cudaSuccess) KVC_BENCH_CUDA(cudaMalloc(&ws, std::max<std::size_t>(ws_bytes, 1)));
-  const bool ran = e == cudaSuccess && bench::time_graph_calls(state, in.sets, [&](int s, cudaStream_t st) {
-                     attention::DenseParams ps = p;
-                     ps.k = in.k[s];
-                     ps.v = in.v[s];
-                     return kernels::dense_attention_decode(ws, ws_bytes, ps, st);
-                   });
+  const bool ran =
+      e == cudaSuccess && bench::time_graph_calls(state, in.sets, [&](int s, cudaStream_t st) {
+        attention::DenseParams ps = p;
+        ps.k = in.k[s];
+        ps.v = in.v[s];
+        return kernels::dense_attention_decode(ws, ws_bytes, ps, st);
+      });
   if (e != cudaSuccess) {
     state.SkipWithError((std::string("not run: ") + cudaGetErrorString(e)).c_str());
   }
@@ -316,11 +317,12 @@ void BM_BlockSelectExact(benchmark::State& state) {
   const cudaError_t e = kernels::attention_decode(nullptr, ws_bytes, p, nullptr);
   if (e == cudaSuccess) KVC_BENCH_CUDA(cudaMalloc(&ws, std::max<std::size_t>(ws_bytes, 1)));
   // One graph holds a decode for every rotation set in turn, as an engine replays its steps.
-  const bool ran = e == cudaSuccess && bench::time_graph_calls(state, in.sets, [&](int s, cudaStream_t st) {
-                     attention::AttentionParams ps = p;
-                     ps.slots = in.slots + s * batch;
-                     return kernels::attention_decode(ws, ws_bytes, ps, st);
-                   });
+  const bool ran =
+      e == cudaSuccess && bench::time_graph_calls(state, in.sets, [&](int s, cudaStream_t st) {
+        attention::AttentionParams ps = p;
+        ps.slots = in.slots + s * batch;
+        return kernels::attention_decode(ws, ws_bytes, ps, st);
+      });
   if (e != cudaSuccess) {
     state.SkipWithError((std::string("not run: ") + cudaGetErrorString(e)).c_str());
   }
@@ -339,7 +341,7 @@ void SelectArgs(benchmark::internal::Benchmark* b) {
   for (int batch : {1, 8}) {
     for (int path : {2, 4, 3, 1}) b->Args({0, batch, q4v, path, 0, 1});
     // Split choices of the tensor-core kernel (1: one chunk; <= 16: a cluster; 32: combine).
-    for (int splits : {1, 4, 8, 16, 32}) b->Args({0, batch, q4v, 2, splits, 1});
+    for (int splits : {1, 2, 4, 8, 16, 32}) b->Args({0, batch, q4v, 2, splits, 1});
   }
   for (int path : {2, 1}) b->Args({0, 32, q4v, path, 0, 1});
   // Verify: T = 4 query tokens.

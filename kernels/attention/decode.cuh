@@ -609,6 +609,9 @@ __device__ __forceinline__ void store2(void* out, std::size_t idx, int kind, flo
   }
 }
 
+/// Most CTAs of one row's cluster (16 needs the non-portable cluster size, which sm_90 has).
+constexpr int kClusterMaxCtas = 16;
+
 /// The partial states a CTA's kSlots producers (warps, or warp groups) leave for the merge.
 template <int D, int kGT, int kSlots = kWarps>
 struct MergeSmem {
@@ -617,6 +620,8 @@ struct MergeSmem {
   float l[kSlots][kGT];       // per producer: sum 2^(s - m)
   float cta_m[kGT];           // cluster mode: the CTA's merged state (acc in acc[0])
   float cta_l[kGT];
+  float in_m[kClusterMaxCtas][kGT];  // cluster mode, pushed merge: every CTA's cta_m / cta_l
+  float in_l[kClusterMaxCtas][kGT];
 };
 
 /// The merge of n partial states of one head over disjoint token sets, at 4 elements
@@ -675,8 +680,10 @@ __device__ __forceinline__ void store_merged(const DecodeParams& p, const Merged
 /// g < kGT, of the (sequence, query token) row bt) and writes the final rows (one chunk per
 /// row, or the chunks of a row as one cluster: the sink is added there) or the chunk's partial
 /// state for combine.cuh. In a cluster (p.cluster > 1: the row's chunks, ranked by chunk) each
-/// CTA first merges its producers into cta_m / cta_l / acc[0], then the CTAs read each other's
-/// states through distributed shared memory and each writes a share of the row's elements.
+/// CTA first merges its producers into cta_m / cta_l / acc[0]; then each CTA stores slice r of its
+/// state into CTA r's shared memory (distributed shared memory), and every CTA merges and writes
+/// its own slice of the row's elements after one more cluster barrier (or, where the spare slots
+/// cannot hold the slices, reads the other CTAs' states of its elements remotely).
 template <int D, int kGT, int kSlots = kWarps>
 __device__ __forceinline__ void finish_cta(const DecodeParams& p, MergeSmem<D, kGT, kSlots>& mg,
                                            int bt, int h, int first_gi, int chunk) {
@@ -709,9 +716,54 @@ __device__ __forceinline__ void finish_cta(const DecodeParams& p, MergeSmem<D, k
   if (!cluster) return;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
-  cl.sync();  // every CTA's state is in its shared memory
+  cl.sync();  // every CTA's state is in its shared memory, every CTA past its own merge
   const int n = p.cluster;
   const int rank = static_cast<int>(cl.block_rank());
+  // Pushed merge: the row's valid elements (the tile's heads below G) are cut into n slices of
+  // `per` float4s; each CTA stores its slice r of acc[0] (and its cta_m / cta_l) into CTA r's
+  // spare producer slots acc[1..] (free once every CTA is past its own merge: the barrier above)
+  // with remote stores, one more barrier makes them visible, and each CTA merges its own slice
+  // from its own shared memory in the same source order as the pulled merge below (the same
+  // arithmetic). Where the slots cannot hold n slices, the pulled merge runs: every CTA reads the
+  // n states of its elements remotely, which leaves the merge to the CTAs whose elements are
+  // valid (rank 0 alone for a tile of <= 4 heads of d 128) and takes a second barrier before
+  // any CTA may leave.
+  const int heads = p.G - first_gi < kGT ? p.G - first_gi : kGT;
+  const int valid4 = heads * D / 4;
+  const int per = (valid4 + n - 1) / n;
+  constexpr int kSpare = (kSlots - 1) * kGT * D;  // floats in acc[1..kSlots)
+  if (kSpare > 0 && n * per * 4 <= kSpare && n <= kClusterMaxCtas) {
+    for (int f4 = static_cast<int>(threadIdx.x); f4 < valid4; f4 += kThreads) {
+      const int owner = f4 / per, local = f4 - owner * per;
+      const int g = f4 * 4 / D, i = f4 * 4 % D;
+      const float4 v = *reinterpret_cast<const float4*>(&mg.acc[0][g][i]);
+      MergeSmem<D, kGT, kSlots>* r = cl.map_shared_rank(&mg, owner);
+      *reinterpret_cast<float4*>(&r->acc[1][0][0] + (rank * per + local) * 4) = v;
+    }
+    for (int x = static_cast<int>(threadIdx.x); x < n * heads; x += kThreads) {
+      const int owner = x / heads, g = x % heads;
+      MergeSmem<D, kGT, kSlots>* r = cl.map_shared_rank(&mg, owner);
+      r->in_m[rank][g] = mg.cta_m[g];
+      r->in_l[rank][g] = mg.cta_l[g];
+    }
+    cl.sync();  // every slice is in its owner's shared memory; nothing remote is read after it
+    const float* recv = &mg.acc[1][0][0];
+    for (int local = static_cast<int>(threadIdx.x); local < per; local += kThreads) {
+      const int f4 = rank * per + local;
+      if (f4 >= valid4) break;
+      const int g = f4 * 4 / D, i = f4 * 4 % D;
+      const int hq = h * p.G + first_gi + g;
+      const float sink = p.sink != nullptr ? p.sink[hq] * kLog2e : -INFINITY;
+      const MergedState ms = merge_sources(
+          n,
+          [&](int k) {
+            return StateRef{mg.in_m[k][g], mg.in_l[k][g], recv + (k * per + local) * 4};
+          },
+          0, sink);
+      store_merged(p, ms, static_cast<std::size_t>(bt) * p.Hq + hq, i, chunk, true, D);
+    }
+    return;
+  }
   for (int idx = (rank * kThreads + static_cast<int>(threadIdx.x)) * 4; idx < kGT * D;
        idx += n * kThreads * 4) {
     const int g = idx / D, i = idx % D;

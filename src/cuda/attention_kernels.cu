@@ -99,8 +99,12 @@ struct Plan {
   int cluster = 0;           // > 1: a row's chunks run as one cluster (no combine launch)
 };
 
-/// Most CTAs in a cluster (16 needs the non-portable cluster size, which sm_90 has).
-constexpr int kMaxCluster = 16;
+/// Most CTAs in a cluster (decode.cuh, whose merge holds that many states).
+constexpr int kMaxCluster = kClusterMaxCtas;
+/// Rows per chunk below which a chunk counts as short (split_rows).
+constexpr std::int64_t kShortChunkRows = 1024;
+/// CTAs per SM that calls of short chunks are held to (split_rows).
+constexpr int kShortChunkCtasPerSm = 2;
 
 /// Whether clusters of `size` CTAs (along grid.y) of `kernel` can be resident on the current
 /// device (cached per kernel and size). Allows the non-portable size on the kernel when needed.
@@ -160,9 +164,11 @@ bool warm_clusters(const void* kernel) {
 
 /// Cuts rows of `vlen` virtual entries into chunks for `plan.kernel` (plan.gt, plan.tiles set):
 /// about one wave of CTAs, chunks a multiple of `granule` rows and at least `min_rows` long,
-/// at most max_splits of them (0: no cap).
+/// at most max_splits of them (0: no cap); with `cap_short` (the tensor-core plan) short chunks
+/// are held to kShortChunkCtasPerSm CTAs per SM.
 cudaError_t split_rows(int num_q_heads, int num_kv_heads, int batch, int T, std::int64_t vlen,
-                       std::int64_t granule, std::int64_t min_rows, int max_splits, Plan& plan) {
+                       std::int64_t granule, std::int64_t min_rows, int max_splits, bool cap_short,
+                       Plan& plan) {
   if (plan.kernel == nullptr) return cudaErrorInvalidValue;
   plan.kv_ctas = static_cast<std::int64_t>(batch) * T * num_kv_heads * plan.tiles;
   plan.rows_q = static_cast<std::int64_t>(batch) * T * num_q_heads;
@@ -171,6 +177,20 @@ cudaError_t split_rows(int num_q_heads, int num_kv_heads, int batch, int T, std:
   KVC_CUDA_CALL(target_ctas(plan.kernel, target));
   std::int64_t chunks = std::max<std::int64_t>(1, target / std::max<std::int64_t>(plan.kv_ctas, 1));
   chunks = std::min(chunks, (vlen + min_rows - 1) / min_rows);
+  // Short chunks (a selection's few hundred rows) cost their CTA's fixed latency (the row's
+  // addresses, the merge) more than their bytes: past kShortChunkCtasPerSm CTAs per SM, fewer and
+  // longer chunks measured faster. H200, attention_bench block-select B8 N128K (ring 1024 + 8 x 32,
+  // 1312 rows, tensor cores): 6 chunks per row (384 CTAs, 3 per SM) 29.4-30.0 us, 4 chunks (256)
+  // 20.9 us; B1 (8 x 14 CTAs) and B32 (one chunk) are below the cap and unchanged
+  // (docs/perf-data/2026-12-02-session9/pushed).
+  if (cap_short && max_splits == 0 && vlen / chunks < kShortChunkRows) {
+    int sms = 0;
+    KVC_CUDA_CALL(sm_count(sms));
+    const std::int64_t cap = static_cast<std::int64_t>(sms) * kShortChunkCtasPerSm;
+    if (plan.kv_ctas * chunks > cap) {
+      chunks = std::max<std::int64_t>(1, cap / std::max<std::int64_t>(plan.kv_ctas, 1));
+    }
+  }
   chunks = std::min<std::int64_t>(chunks, kMaxChunks);
   if (max_splits > 0) chunks = std::min<std::int64_t>(chunks, max_splits);
   chunks = std::max<std::int64_t>(chunks, 1);
@@ -215,7 +235,8 @@ cudaError_t make_plan(int head_dim, int num_q_heads, int num_kv_heads, int batch
   plan.tiles = (group + plan.gt - 1) / plan.gt;
   plan.kernel = decode_kernel_for(head_dim, plan.gt, kind, bf16);
   const std::int64_t rpi = rows_per_iter(head_dim);
-  return split_rows(num_q_heads, num_kv_heads, batch, T, vlen, rpi, 2 * rpi, max_splits, plan);
+  return split_rows(num_q_heads, num_kv_heads, batch, T, vlen, rpi, 2 * rpi, max_splits, false,
+                    plan);
 }
 
 /// The tensor-core plan: head tiles of kMmaCols query heads, a virtual list of vlen16 rows (a
@@ -232,7 +253,7 @@ cudaError_t make_mma_plan(int head_dim, int num_q_heads, int num_kv_heads, int b
   plan.tiles = (group + kMmaCols - 1) / kMmaCols;
   plan.kernel = mma_kernel_for(head_dim, kind, bf16);
   return split_rows(num_q_heads, num_kv_heads, batch, T, vlen16, kMmaTile,
-                    kMmaTile * mma_groups(head_dim), max_splits, plan);
+                    kMmaTile * mma_groups(head_dim), max_splits, true, plan);
 }
 
 std::size_t align256(std::size_t n) { return (n + 255) / 256 * 256; }
