@@ -7,7 +7,8 @@
 #          under ncu with the stall reasons per SASS line (the next kernel to work on)
 #   pushed the summary kernel's tiles per warp and the attention kernels' pushed cluster merge:
 #          tests, memcheck, benchmark rows, ncu
-#   final  build; every test; the same-run table with every peer (carry .anchors/p1, p2)
+#   tests  build; every test; racecheck, synccheck, initcheck over the changed kernels' tests
+#   final  the same-run table with every peer (carry .anchors/p1, p2) on the warm machine
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=$PWD/gpu-out/session9
@@ -47,10 +48,21 @@ case "${1:-mma}" in
       '^BM_BlockSelectExact/0/8/3/3/0/1/' 'mma_decode'
     report
     ;;
-  final)
+  tests)
+    # Every test at the final code, then racecheck / synccheck / initcheck over the changed
+    # kernels' tests (the pushed cluster merge of the attention kernels, the tensor-core summary
+    # kernel; memcheck ran over both in the `pushed` call).
     build
-    GTEST_FILTER='*' all_tests 200
+    GTEST_FILTER='*' all_tests 220
     cp gpu-out/gpu-tests.log "$out/" 2>/dev/null
+    changed='*Cuda_AttentionMma*:*Cuda_Attention_Shapes*:*TensorCoreNonFinite*:*Cuda_BlockIndex_MatchesCpu*'
+    sanitize racecheck racecheck "$changed" 70
+    sanitize synccheck synccheck "$changed" 50
+    sanitize initcheck initcheck "$changed" 50
+    ;;
+  final)
+    # The same-run table with every peer (carry .anchors/p1 and p2), on the warm machine of the
+    # `tests` call (its build is reused).
     same_run_final
     ;;
   *) echo "gpu-session9.sh: mma, final" >&2; exit 2 ;;
