@@ -5,9 +5,9 @@
 // (mma_summary_math).
 //
 // Why: the CUDA-core kernels spend their issue slots on the multiply-adds and the reductions of
-// each row (summary_rows_kernel: ~75 SASS instructions per row of d = 128, issue-bound at 54 % of
-// the H200's issue slots and 48 % of its bandwidth at B8 N128K; docs/performance.md, eighth
-// session). A score is a product of the rows with the kv head's query heads, so the mma does the
+// each row (summary_rows_kernel: ~800 SASS instructions for a warp's 8 rows of d = 128, of which
+// 128 FFMA and ~125 for the butterfly; issue-bound at 54 % of the H200's issue slots and 48 % of
+// its bandwidth at B8 N128K; docs/performance.md, eighth session). A score is a product of the rows with the kv head's query heads, so the mma does the
 // multiply-adds and the reductions over the head dims at once: a warp takes 16 rows (closed
 // blocks j0 .. j0 + 15 of one kv head) as the A operand (M = 16 rows, K = head dims) against the
 // query heads as B (N = 8 heads; heads past the group are zero), and its accumulators are the 16 x
