@@ -1,7 +1,7 @@
 // The block_select_exact decode step of one layer (score + select + attend; the append is timed
 // separately in store_bench) replayed from a CUDA graph: Hq 32 / Hkv 8 / d 128, fp16k_q4v old
-// blocks of 32, ring 1024, top 8 (and two other budgets of the same 1280 tokens); scored by mean K or by kvc's default (token mass over an mxfp4
-// index copy). Compared in docs/performance.md with PyTorch SDPA dense decode
+// blocks of 32, ring 1024, top 8 (and two other budgets of the same 1280 tokens); scored by mean K
+// (f32 or f16 summaries) or by kvc's default (token mass over an mxfp4 index copy). Compared in docs/performance.md with PyTorch SDPA dense decode
 // and a PyTorch block-select step measured in the same run (benchmarks/anchors).
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
@@ -55,7 +55,8 @@ struct StepFixture {
 };
 
 // scorer 0: mean-K block summaries (f32); 1: kvc's default (kvc/defaults.h), token mass over an
-// mxfp4 index copy of every old token.
+// mxfp4 index copy of every old token; 2: mean-K over f16 summaries (KvStoreConfig::summary_dtype,
+// half the summary bytes; scored on tensor cores like f32, kernels/index/score_mma.cuh).
 std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer, int budget) {
   auto f = std::make_unique<StepFixture>();
   f->batch = batch;
@@ -72,6 +73,7 @@ std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer, int budge
   c.block_size = b.block;
   c.old_format = Format::kFp16kQ4v;
   c.max_context = ctx;
+  if (scorer == 2) c.summary_dtype = DType::kF16;
   const int blocks = c.max_blocks_per_slot();
   // Bytes one step must read per sequence: what the scorer reads (mean-K summaries of every
   // closed block; or the index copy of every old token, d/2 + d/32 B, and the ring's K for the
@@ -80,7 +82,7 @@ std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer, int budge
   const double old_tokens = ctx > c.recent_window ? ctx - c.recent_window : 0;
   const double scorer_bytes = scorer == 1
                                   ? old_tokens * (kD / 2.0 + kD / 32.0) + c.recent_window * kD * 2.0
-                                  : blocks * kD * 4.0;
+                                  : blocks * kD * (scorer == 2 ? 2.0 : 4.0);
   f->per_seq = static_cast<double>(kHkv) *
                (scorer_bytes + c.recent_window * kD * 4.0 +
                 (top + 1) * c.block_size * (kD * 2.0 + kD / 2.0 + 4.0));
@@ -206,7 +208,8 @@ void BM_DecodeStep(benchmark::State& state) {
   state.counters["sets"] = f.sets;
 }
 // Args: batch, context, 0 = steps chained in one graph (per-step time) / 1 = one launch per step,
-// scorer (0 mean K, 1 kvc's default token mass over mxfp4), budget (kBudgets).
+// scorer (0 mean K, 1 kvc's default token mass over mxfp4, 2 mean K over f16 summaries), budget
+// (kBudgets).
 BENCHMARK(BM_DecodeStep)
     ->Args({1, 32768, 0, 0, 0})
     ->Args({1, 131072, 0, 0, 0})
@@ -222,6 +225,9 @@ BENCHMARK(BM_DecodeStep)
     ->Args({8, 131072, 0, 1, 1})
     ->Args({1, 131072, 0, 1, 2})
     ->Args({8, 131072, 0, 1, 2})
+    ->Args({1, 131072, 0, 2, 0})
+    ->Args({8, 131072, 0, 2, 0})
+    ->Args({32, 32768, 0, 2, 0})
     // The rest of the issue's grid at this head shape (the largest stores last).
     ->Args({64, 32768, 0, 0, 0})
     ->Args({64, 32768, 0, 1, 0})
