@@ -2,16 +2,16 @@
 // SummaryKernels::kTensorCore names (kernels/index/summary_variant.h), for rows per kv head
 // (shared_across_heads false), head_dim 64 or 128, and summaries whose type the queries can meet
 // exactly in one mma: f16 summaries with f16 queries, bf16 with bf16, f32 with either
-// (mma_summary_math).
+// (tensor_core_summary_serves).
 //
 // Why: the CUDA-core kernels spend their issue slots on the multiply-adds and the reductions of
 // each row (summary_rows_kernel: ~800 SASS instructions for a warp's 8 rows of d = 128, of which
 // 128 FFMA and ~125 for the butterfly; issue-bound at 54 % of the H200's issue slots and 48 % of
-// its bandwidth at B8 N128K; docs/performance.md, eighth session). A score is a product of the rows with the kv head's query heads, so the mma does the
-// multiply-adds and the reductions over the head dims at once: a warp takes 16 rows (closed
-// blocks j0 .. j0 + 15 of one kv head) as the A operand (M = 16 rows, K = head dims) against the
-// query heads as B (N = 8 heads; heads past the group are zero), and its accumulators are the 16 x
-// 8 dot products.
+// its bandwidth at B8 N128K; docs/performance.md, eighth session). A score is a product of the rows
+// with the kv head's query heads, so the mma does the multiply-adds and the reductions over the
+// head dims at once: a warp takes 16 rows (closed blocks j0 .. j0 + 15 of one kv head) as the A
+// operand (M = 16 rows, K = head dims) against the query heads as B (N = 8 heads; heads past the
+// group are zero), and its accumulators are the 16 x 8 dot products.
 //
 // Operands, lane (g, t) = (lane / 4, lane % 4), rows g and g + 8 of the tile: the lane loads the
 // 16-byte runs [64 i + 16 t, +16) of its two rows (i < d * bytes / 64), so a warp load is 8 rows x
@@ -47,6 +47,7 @@
 
 #include <cstdint>
 
+#include "index/mma_ops.cuh"
 #include "index/score_fast.cuh"
 #include "kvc/core/numeric.h"
 #include "kvc/select/selection.h"
@@ -70,9 +71,6 @@ constexpr int kMmaScoreMaxTiles = 4;
 /// queries' own type, tf32 with the two-term split on f32 summaries.
 enum class SummaryMath { kF16, kBF16, kTf32 };
 
-/// The tensor-core kernel's head dims.
-__host__ __device__ constexpr bool mma_summary_head_dim(int d) { return d == 64 || d == 128; }
-
 /// Tiles per warp for a call of `tiles` tiles in all (16 blocks of one kv head and batch entry
 /// each): the largest of 4, 2, 1 that still gives kMmaScoreMinWarps warps (about 16 per SM of the
 /// H200's 132), so small calls keep one tile per warp and every SM busy. Measured on the H200
@@ -87,52 +85,9 @@ inline int mma_summary_tiles_per_warp(long long tiles) {
   return 1;
 }
 
-/// The math for summaries of `summary` read with queries of `query` (f16 or bf16); false where
-/// one mma cannot pair them exactly (16-bit summaries of the other 16-bit type than the queries).
-__host__ __device__ constexpr bool mma_summary_math(DType summary, DType query, SummaryMath& m) {
-  if (summary == DType::kF32) {
-    m = SummaryMath::kTf32;
-    return true;
-  }
-  if (summary != query) return false;
-  m = summary == DType::kBF16 ? SummaryMath::kBF16 : SummaryMath::kF16;
-  return true;
-}
-
-/// d += a * b, m16n8k16, f16 (kBF16 false) or bf16 operands, f32 accumulators.
-template <bool kBF16>
-__device__ __forceinline__ void summary_mma_16816(float (&d)[4], std::uint32_t a0, std::uint32_t a1,
-                                                  std::uint32_t a2, std::uint32_t a3,
-                                                  std::uint32_t b0, std::uint32_t b1) {
-  if constexpr (kBF16) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-  }
-}
-
-/// d += a * b, m16n8k8, tf32 operands (f32 bit patterns; the mma reads the top 19 bits).
-__device__ __forceinline__ void summary_mma_1688(float (&d)[4], std::uint32_t a0, std::uint32_t a1,
-                                                 std::uint32_t a2, std::uint32_t a3,
-                                                 std::uint32_t b0, std::uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 /// 16 bytes through the read-only path, in program order with the kernel's other volatile asm
-/// (the mma): the next tile's loads are issued before this tile's mma and no earlier, so the
-/// unrolled tile loop keeps two tiles in registers, not all of them.
+/// (the mma, mma_ops.cuh): in the unrolled tile loop the compiler cannot hoist a later tile's
+/// loads above an earlier tile's mma, which would hold more tiles in registers.
 __device__ __forceinline__ uint4 ldg_ordered(const void* p) {
   uint4 v;
   asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
@@ -194,7 +149,7 @@ __device__ __noinline__ float summary_dot_reference(const StoreView& s, std::siz
 template <int D, bool kQuest, SummaryMath M>
 __global__ void __launch_bounds__(kMmaScoreThreads)
     summary_mma_kernel(const __grid_constant__ FastScoreParams p) {
-  static_assert(mma_summary_head_dim(D), "head_dim 64 or 128");
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   constexpr bool kTf32 = M == SummaryMath::kTf32;
   constexpr int kElemBytes = kTf32 ? 4 : 2;
   constexpr int kRuns = D * kElemBytes / 64;  // 16-byte runs per lane per row
@@ -315,8 +270,8 @@ __global__ void __launch_bounds__(kMmaScoreThreads)
                   hi[r] = tf32_hi(a[ks][r]);
                   lo[r] = tf32_lo(a[ks][r], hi[r]);
                 }
-                summary_mma_1688(acc2[ks], lo[0], lo[1], lo[2], lo[3], bq[2 * ks], bq[2 * ks + 1]);
-                summary_mma_1688(acc2[ks], hi[0], hi[1], hi[2], hi[3], bq[2 * ks], bq[2 * ks + 1]);
+                mma_1688_tf32(acc2[ks], lo, bq[2 * ks], bq[2 * ks + 1]);
+                mma_1688_tf32(acc2[ks], hi, bq[2 * ks], bq[2 * ks + 1]);
               }
             }
           } else {
@@ -332,11 +287,11 @@ __global__ void __launch_bounds__(kMmaScoreThreads)
                              : make_uint4(half_sign_part<false>(qw.x), half_sign_part<false>(qw.y),
                                           half_sign_part<false>(qw.z), half_sign_part<false>(qw.w));
               }
-              constexpr bool kB = M == SummaryMath::kBF16;
-              summary_mma_16816<kB>(acc2[0], xa[cur][op][i].x, xb[cur][op][i].x, xa[cur][op][i].y,
-                                    xb[cur][op][i].y, bq.x, bq.y);
-              summary_mma_16816<kB>(acc2[1], xa[cur][op][i].z, xb[cur][op][i].z, xa[cur][op][i].w,
-                                    xb[cur][op][i].w, bq.z, bq.w);
+              const uint4 ra = xa[cur][op][i], rb = xb[cur][op][i];
+              const std::uint32_t a0[4] = {ra.x, rb.x, ra.y, rb.y};
+              const std::uint32_t a1[4] = {ra.z, rb.z, ra.w, rb.w};
+              mma_16816<M == SummaryMath::kBF16>(acc2[0], a0, bq.x, bq.y);
+              mma_16816<M == SummaryMath::kBF16>(acc2[1], a1, bq.z, bq.w);
             }
           }
         }

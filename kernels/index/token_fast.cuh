@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "index/mma_ops.cuh"
 #include "index/token_score.cuh"
 #include "index/token_variant.h"
 #include "kvc/formats/formats.h"
@@ -44,16 +45,6 @@ struct FastTokenTraits {
   static constexpr int kGroups = D / 32;
   static constexpr int kTiles = D / 16;
 };
-
-/// d += a * b for one m16n8k16 tile (row-major A, column-major B, f16 inputs, f32 accumulators).
-__device__ __forceinline__ void mma_16816(float (&d)[4], const std::uint32_t (&a)[4],
-                                          std::uint32_t b0, std::uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 /// The B fragments of one kv head: for k-tile kt, b[kt][0] holds slots (2t, 2t+1) and b[kt][1]
 /// slots (2t+8, 2t+9) of query head g = lane / 4 (zero when g >= cn), as f16x2.

@@ -335,11 +335,12 @@ cudaError_t fast_summary_scores(const StoreView& s, const BlockIndexConfig& c,
   }
   if (which == SummaryKernels::kTensorCore || which == SummaryKernels::kTensorCoreTiles1 ||
       which == SummaryKernels::kTensorCoreTiles4) {
-    SummaryMath math = SummaryMath::kF16;
-    if (!tensor_core_summary_serves(c.shared_across_heads, c.head_dim, s.summary_dtype, c.dtype) ||
-        !mma_summary_math(s.summary_dtype, c.dtype, math)) {
+    if (!tensor_core_summary_serves(c.shared_across_heads, c.head_dim, s.summary_dtype, c.dtype)) {
       return cudaErrorNotSupported;
     }
+    const SummaryMath math = s.summary_dtype == DType::kF32    ? SummaryMath::kTf32
+                             : s.summary_dtype == DType::kBF16 ? SummaryMath::kBF16
+                                                               : SummaryMath::kF16;
     const int tiles = which == SummaryKernels::kTensorCoreTiles1   ? 1
                       : which == SummaryKernels::kTensorCoreTiles4 ? 4
                                                                    : 0;
