@@ -22,6 +22,38 @@ namespace {
 using testing::DeviceArray;
 using testing::random_bits16;
 
+// The summary tests' store: fp16k_q4v blocks of 16, ring 64, mean K and min / max K summaries in
+// `summary`; its K / V (and the queries) are bf16 with bf16 summaries, f16 otherwise.
+KvStoreConfig summary_store_config(int hkv, int d, DType summary, int max_slots, int max_context) {
+  KvStoreConfig sc;
+  sc.num_kv_heads = hkv;
+  sc.head_dim = d;
+  sc.max_slots = max_slots;
+  sc.max_context = max_context;
+  sc.recent_window = 64;
+  sc.block_size = 16;
+  sc.old_format = Format::kFp16kQ4v;
+  sc.summaries = kSummaryMeanK | kSummaryMinMaxK;
+  sc.summary_dtype = summary;
+  sc.dtype = summary == DType::kBF16 ? DType::kBF16 : DType::kF16;
+  return sc;
+}
+
+// Opens the next slot of both stores and ingests the same `len` tokens of K / V (host arrays in
+// the stores' dtype) into each.
+void ingest_both(KvStore& cpu, KvStore& gpu, int slot, std::vector<std::uint16_t> k,
+                 std::vector<std::uint16_t> v, int len) {
+  const KvStoreConfig& sc = cpu.config();
+  const int hkv = sc.num_kv_heads, d = sc.head_dim;
+  DeviceArray<std::uint16_t> dk(k), dv(v);
+  cpu.open_slot();
+  gpu.open_slot();
+  cpu.ingest(slot, TensorView::contiguous(k.data(), sc.dtype, {len, hkv, d}),
+             TensorView::contiguous(v.data(), sc.dtype, {len, hkv, d}));
+  gpu.ingest(slot, TensorView::contiguous(dk.get(), sc.dtype, {len, hkv, d}, Device::cuda(0)),
+             TensorView::contiguous(dv.get(), sc.dtype, {len, hkv, d}, Device::cuda(0)));
+}
+
 class Cuda_BlockIndex_MatchesCpu
     : public ::testing::TestWithParam<
           std::tuple<int, int, int, SummaryScore, GqaAggregate, bool, int, DType>> {};
@@ -29,32 +61,15 @@ class Cuda_BlockIndex_MatchesCpu
 TEST_P(Cuda_BlockIndex_MatchesCpu, Scores) {
   KVC_REQUIRE_GPU();
   const auto [hkv, group, d, score, agg, shared, T, summary] = GetParam();
-  KvStoreConfig sc;
-  sc.num_kv_heads = hkv;
-  sc.head_dim = d;
-  sc.max_slots = 3;
-  sc.max_context = 3000;
-  sc.recent_window = 64;
-  sc.block_size = 16;
-  sc.old_format = Format::kFp16kQ4v;
-  sc.summaries = kSummaryMeanK | kSummaryMinMaxK;
-  sc.summary_dtype = summary;
-  const DType qt = summary == DType::kBF16 ? DType::kBF16 : DType::kF16;  // store and queries
-  sc.dtype = qt;
+  const KvStoreConfig sc = summary_store_config(hkv, d, summary, 3, 3000);
+  const DType qt = sc.dtype;  // store and queries
   auto cpu = KvStore::create(sc, Device::cpu());
   auto gpu = KvStore::create(sc, Device::cuda(0));
   const std::vector<int> lens{2900, 64, 1001};
   const std::size_t token = static_cast<std::size_t>(hkv) * d;
   for (int s = 0; s < 3; ++s) {
-    cpu->open_slot();
-    gpu->open_slot();
-    auto k = random_bits16(lens[s] * token, sc.dtype, 10 + s, 1.5f);
-    auto v = random_bits16(lens[s] * token, sc.dtype, 20 + s);
-    DeviceArray<std::uint16_t> dk(k), dv(v);
-    cpu->ingest(s, TensorView::contiguous(k.data(), sc.dtype, {lens[s], hkv, d}),
-                TensorView::contiguous(v.data(), sc.dtype, {lens[s], hkv, d}));
-    gpu->ingest(s, TensorView::contiguous(dk.get(), sc.dtype, {lens[s], hkv, d}, Device::cuda(0)),
-                TensorView::contiguous(dv.get(), sc.dtype, {lens[s], hkv, d}, Device::cuda(0)));
+    ingest_both(*cpu, *gpu, s, random_bits16(lens[s] * token, sc.dtype, 10 + s, 1.5f),
+                random_bits16(lens[s] * token, sc.dtype, 20 + s), lens[s]);
   }
   BlockIndexConfig c;
   c.num_kv_heads = hkv;
@@ -206,18 +221,8 @@ TEST_P(Cuda_BlockIndex_TensorCoreNonFinite, FollowsCpu) {
   KVC_REQUIRE_GPU();
   const auto [score, summary] = GetParam();
   const int hkv = 2, group = 4, d = 128, len = 1500;
-  KvStoreConfig sc;
-  sc.num_kv_heads = hkv;
-  sc.head_dim = d;
-  sc.max_slots = 2;
-  sc.max_context = 2048;
-  sc.recent_window = 64;
-  sc.block_size = 16;
-  sc.old_format = Format::kFp16kQ4v;
-  sc.summaries = kSummaryMeanK | kSummaryMinMaxK;
-  sc.summary_dtype = summary;
-  const DType qt = summary == DType::kBF16 ? DType::kBF16 : DType::kF16;
-  sc.dtype = qt;
+  const KvStoreConfig sc = summary_store_config(hkv, d, summary, 2, 2048);
+  const DType qt = sc.dtype;
   auto cpu = KvStore::create(sc, Device::cpu());
   auto gpu = KvStore::create(sc, Device::cuda(0));
   const std::size_t token = static_cast<std::size_t>(hkv) * d;
@@ -234,13 +239,7 @@ TEST_P(Cuda_BlockIndex_TensorCoreNonFinite, FollowsCpu) {
                            static_cast<std::size_t>(7 * j) % d;
     k[at] = j % 9 == 3 ? nan : j % 9 == 6 ? pinf : ninf;
   }
-  DeviceArray<std::uint16_t> dk(k), dv(v);
-  cpu->open_slot();
-  gpu->open_slot();
-  cpu->ingest(0, TensorView::contiguous(k.data(), qt, {len, hkv, d}),
-              TensorView::contiguous(v.data(), qt, {len, hkv, d}));
-  gpu->ingest(0, TensorView::contiguous(dk.get(), qt, {len, hkv, d}, Device::cuda(0)),
-              TensorView::contiguous(dv.get(), qt, {len, hkv, d}, Device::cuda(0)));
+  ingest_both(*cpu, *gpu, 0, k, v, len);
   BlockIndexConfig c;
   c.num_kv_heads = hkv;
   c.num_q_heads = hkv * group;
