@@ -36,6 +36,7 @@
 #include "kvc/dsv4/math.h"
 #include "kvc/formats/formats.h"
 #include "kvc/select/selection.h"
+#include "mbarrier.cuh"
 #include "pdl.cuh"
 
 namespace kvc {
@@ -464,41 +465,15 @@ constexpr int kStages = 6;                 // pages in flight per CTA
 constexpr int kStagedPages = 256;          // page pointers a CTA looks up ahead
 constexpr int kMaxStagedPageBytes = 4352;  // 64 entries of dim 128
 
-__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(std::uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
-}
-__device__ __forceinline__ void mbar_fence_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, std::uint32_t phase) {
-  std::uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, "
-        "0, p;\n}"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(phase)
-        : "memory");
-  }
-}
 /// Thread 0: copies `bytes` of a page into `dst` and signals `bar` when they land; a missing page
 /// (an engine table entry out of range) only arrives, and `valid` says so.
 __device__ __forceinline__ void issue_page(std::uint64_t* bar, void* dst, const std::uint8_t* src,
                                            int bytes) {
   if (src != nullptr) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
-                 "r"(bytes)
-                 : "memory");
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-            "r"(smem_addr(dst)),
-        "l"(src), "r"(bytes), "r"(smem_addr(bar))
-        : "memory");
+    mbar_arrive_expect_tx(bar, bytes);
+    bulk_copy_to_shared(dst, src, bytes, bar);
   } else {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+    mbar_arrive(bar);
   }
 }
 

@@ -43,6 +43,14 @@
 // mma_summary_tiles_per_warp), which spreads its setup (slot, lengths, the row addresses) over
 // more rows where the grid is large enough to fill the GPU anyway. Grid (chunks of
 // kMmaScoreWarps * p.nb tiles, kv heads, batch); no shared memory, no barrier.
+//
+// Tried and not kept (branch staged11; docs/performance.md, eleventh session): the same tiles
+// (score_mma_tile) through a ring of 3-4 tiles per warp in shared memory on a persistent grid,
+// filled by cp.async or by TMA bulk copies per row, so that more bytes are in flight. Slower at
+// every shape (H200, B8 N128K mean-K f16: 38.6 us with cp.async, 52.1 with bulk copies, against
+// 28.1): the rings' shared memory leaves 8-12 warps per SM, and each warp's tile is a chain of
+// ~450-700 dependent instructions (ncu: 7-9 cycles per issued instruction), so the kernel is
+// bound by its instruction latency per warp, not by the bytes in flight.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +61,7 @@
 #include "kvc/select/selection.h"
 #include "kvc/store/block_codec.h"
 #include "kvc/store/kv_store.h"
+#include "mbarrier.cuh"
 
 namespace kvc {
 namespace kernels {
@@ -145,6 +154,138 @@ __device__ __noinline__ float summary_dot_reference(const StoreView& s, std::siz
   return x;
 }
 
+/// Scores one tile (see the file comment): rows ja = j0 + g and jb = j0 + g + 8 of kv head h of
+/// batch entry b, va / vb where they are closed blocks, against every query token of b.
+/// rows(op, i, ra, rb) gives the lane's 16-byte run i of operand op of both rows (zeros for a
+/// row that is not valid); row_offset(second) the element offset of row jb (second) or ja in the
+/// summary arrays, which only the non-finite fallback reads.
+template <int D, bool kQuest, SummaryMath M, class Rows, class RowOffset>
+__device__ __forceinline__ void score_mma_tile(const FastScoreParams& p, int b, int h, int ja,
+                                               int jb, bool va, bool vb, const Rows& rows,
+                                               const RowOffset& row_offset) {
+  constexpr bool kTf32 = M == SummaryMath::kTf32;
+  constexpr int kRuns = D * (kTf32 ? 4 : 2) / 64;
+  constexpr int kOps = kQuest ? 2 : 1;
+  const unsigned full = 0xffffffffu;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int hkv = p.s.num_kv_heads;
+  const int group = p.group;
+  for (int tok = 0; tok < p.tokens; ++tok) {
+    const int bt = b * p.tokens + tok;
+    const std::uint16_t* q_tok =
+        p.q +
+        (static_cast<std::size_t>(bt) * p.num_q_heads + static_cast<std::size_t>(h) * group) * D;
+    float agg_a = 0.0f, agg_b = 0.0f;
+    for (int c0 = 0; c0 < group; c0 += kMmaScoreCols) {
+      const int cn = group - c0 < kMmaScoreCols ? group - c0 : kMmaScoreCols;
+      const bool col = g < cn;  // this lane's B column is query head c0 + g
+      const std::uint16_t* qg = q_tok + static_cast<std::size_t>(c0 + (col ? g : 0)) * D;
+      // Two accumulator sets (even and odd k-steps): two shorter chains of dependent mma.
+      float acc2[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+      for (int i = 0; i < kRuns; ++i) {
+        if constexpr (kTf32) {
+          // Dims 16 i + 4 t + [0, 4) of the query head, exact in f32 (and so in tf32).
+          std::uint32_t qf[4] = {0u, 0u, 0u, 0u};
+          if (col) {
+            const uint2 w = __ldg(reinterpret_cast<const uint2*>(qg + 16 * i + 4 * t));
+            qf[0] = __float_as_uint(
+                store::summary16_to_float(static_cast<std::uint16_t>(w.x & 0xffffu), p.q_bf16));
+            qf[1] = __float_as_uint(
+                store::summary16_to_float(static_cast<std::uint16_t>(w.x >> 16), p.q_bf16));
+            qf[2] = __float_as_uint(
+                store::summary16_to_float(static_cast<std::uint16_t>(w.y & 0xffffu), p.q_bf16));
+            qf[3] = __float_as_uint(
+                store::summary16_to_float(static_cast<std::uint16_t>(w.y >> 16), p.q_bf16));
+          }
+#pragma unroll
+          for (int op = 0; op < kOps; ++op) {
+            uint4 ra, rb;
+            rows(op, i, ra, rb);
+            std::uint32_t bq[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+              // Quest: the max rows (op 1) meet q >= 0, the min rows (op 0) q < 0.
+              bq[u] = !kQuest   ? qf[u]
+                      : op == 0 ? float_sign_part<true>(qf[u])
+                                : float_sign_part<false>(qf[u]);
+            }
+            const std::uint32_t a[2][4] = {{ra.x, rb.x, ra.y, rb.y}, {ra.z, rb.z, ra.w, rb.w}};
+#pragma unroll
+            for (int ks = 0; ks < 2; ++ks) {
+              std::uint32_t hi[4], lo[4];
+#pragma unroll
+              for (int r = 0; r < 4; ++r) {
+                hi[r] = tf32_hi(a[ks][r]);
+                lo[r] = tf32_lo(a[ks][r], hi[r]);
+              }
+              mma_1688_tf32(acc2[ks], lo, bq[2 * ks], bq[2 * ks + 1]);
+              mma_1688_tf32(acc2[ks], hi, bq[2 * ks], bq[2 * ks + 1]);
+            }
+          }
+        } else {
+          // Dims 32 i + 8 t + [0, 8) of the query head as four 16-bit pairs.
+          uint4 qw = make_uint4(0u, 0u, 0u, 0u);
+          if (col) qw = __ldg(reinterpret_cast<const uint4*>(qg + 32 * i + 8 * t));
+#pragma unroll
+          for (int op = 0; op < kOps; ++op) {
+            uint4 bq = qw;
+            if constexpr (kQuest) {
+              bq = op == 0 ? make_uint4(half_sign_part<true>(qw.x), half_sign_part<true>(qw.y),
+                                        half_sign_part<true>(qw.z), half_sign_part<true>(qw.w))
+                           : make_uint4(half_sign_part<false>(qw.x), half_sign_part<false>(qw.y),
+                                        half_sign_part<false>(qw.z), half_sign_part<false>(qw.w));
+            }
+            uint4 ra, rb;
+            rows(op, i, ra, rb);
+            const std::uint32_t a0[4] = {ra.x, rb.x, ra.y, rb.y};
+            const std::uint32_t a1[4] = {ra.z, rb.z, ra.w, rb.w};
+            mma_16816<M == SummaryMath::kBF16>(acc2[0], a0, bq.x, bq.y);
+            mma_16816<M == SummaryMath::kBF16>(acc2[1], a1, bq.z, bq.w);
+          }
+        }
+      }
+      float acc[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[r] = acc2[0][r] + acc2[1][r];
+        // acc: (row g, head 2t), (row g, head 2t + 1), (row g + 8, head 2t), (row g + 8, 2t + 1).
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int head = 2 * t + (r & 1);
+        const bool row_ok = r < 2 ? va : vb;
+        if (head < cn && row_ok && !isfinite(acc[r])) {
+          acc[r] = summary_dot_reference<D, kQuest>(
+              p.s, row_offset(r >= 2), q_tok + static_cast<std::size_t>(c0 + head) * D, p.q_bf16);
+        }
+      }
+      // The chunk's heads of rows g and g + 8, ascending, in every lane of the quad.
+#pragma unroll
+      for (int c = 0; c < kMmaScoreCols; ++c) {
+        const int src = (g << 2) | (c >> 1);
+        const float ya = __shfl_sync(full, (c & 1) ? acc[1] : acc[0], src);
+        const float yb = __shfl_sync(full, (c & 1) ? acc[3] : acc[2], src);
+        if (c < cn) {
+          const float sa = p.scale * ya, sb = p.scale * yb;
+          if (c0 + c == 0) {
+            agg_a = sa;
+            agg_b = sb;
+          } else if (p.aggregate_max) {
+            agg_a = ref_max(agg_a, sa);
+            agg_b = ref_max(agg_b, sb);
+          } else {
+            agg_a += sa;
+            agg_b += sb;
+          }
+        }
+      }
+    }
+    float* out_row = p.out.scores + (static_cast<std::size_t>(bt) * hkv + h) * p.out.max_blocks;
+    if (t == 0 && va) out_row[ja] = agg_a;
+    if (t == 1 && vb) out_row[jb] = agg_b;
+  }
+}
+
 /// See the file comment. D: 64 or 128; kQuest: min / max summaries; M: the mma.
 template <int D, bool kQuest, SummaryMath M>
 __global__ void __launch_bounds__(kMmaScoreThreads)
@@ -154,7 +295,6 @@ __global__ void __launch_bounds__(kMmaScoreThreads)
   constexpr int kElemBytes = kTf32 ? 4 : 2;
   constexpr int kRuns = D * kElemBytes / 64;  // 16-byte runs per lane per row
   constexpr int kOps = kQuest ? 2 : 1;        // operand 0: mean (or min), 1: max
-  const unsigned full = 0xffffffffu;
   const StoreView& s = p.s;
   const int h = static_cast<int>(blockIdx.y);
   const int b = static_cast<int>(blockIdx.z);
@@ -172,7 +312,6 @@ __global__ void __launch_bounds__(kMmaScoreThreads)
   const int g = lane >> 2, t = lane & 3;
   const std::int32_t* table =
       s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot;
-  const int group = p.group;
   // p.nb (<= kMmaScoreMaxTiles) consecutive tiles per warp: every tile's row offsets first (the
   // block table's loads do not wait for one another), then the rows of tile k + 1 are loaded
   // while tile k is scored where both fit the registers (kDouble).
@@ -221,119 +360,13 @@ __global__ void __launch_bounds__(kMmaScoreThreads)
     } else {
       load_tile(k, xa[0], xb[0]);
     }
-    for (int tok = 0; tok < p.tokens; ++tok) {
-      const int bt = b * p.tokens + tok;
-      const std::uint16_t* q_tok =
-          p.q +
-          (static_cast<std::size_t>(bt) * p.num_q_heads + static_cast<std::size_t>(h) * group) * D;
-      float agg_a = 0.0f, agg_b = 0.0f;
-      for (int c0 = 0; c0 < group; c0 += kMmaScoreCols) {
-        const int cn = group - c0 < kMmaScoreCols ? group - c0 : kMmaScoreCols;
-        const bool col = g < cn;  // this lane's B column is query head c0 + g
-        const std::uint16_t* qg = q_tok + static_cast<std::size_t>(c0 + (col ? g : 0)) * D;
-        // Two accumulator sets (even and odd k-steps): two shorter chains of dependent mma.
-        float acc2[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll
-        for (int i = 0; i < kRuns; ++i) {
-          if constexpr (kTf32) {
-            // Dims 16 i + 4 t + [0, 4) of the query head, exact in f32 (and so in tf32).
-            std::uint32_t qf[4] = {0u, 0u, 0u, 0u};
-            if (col) {
-              const uint2 w = __ldg(reinterpret_cast<const uint2*>(qg + 16 * i + 4 * t));
-              qf[0] = __float_as_uint(
-                  store::summary16_to_float(static_cast<std::uint16_t>(w.x & 0xffffu), p.q_bf16));
-              qf[1] = __float_as_uint(
-                  store::summary16_to_float(static_cast<std::uint16_t>(w.x >> 16), p.q_bf16));
-              qf[2] = __float_as_uint(
-                  store::summary16_to_float(static_cast<std::uint16_t>(w.y & 0xffffu), p.q_bf16));
-              qf[3] = __float_as_uint(
-                  store::summary16_to_float(static_cast<std::uint16_t>(w.y >> 16), p.q_bf16));
-            }
-#pragma unroll
-            for (int op = 0; op < kOps; ++op) {
-              std::uint32_t bq[4];
-#pragma unroll
-              for (int u = 0; u < 4; ++u) {
-                // Quest: the max rows (op 1) meet q >= 0, the min rows (op 0) q < 0.
-                bq[u] = !kQuest   ? qf[u]
-                        : op == 0 ? float_sign_part<true>(qf[u])
-                                  : float_sign_part<false>(qf[u]);
-              }
-              const std::uint32_t a[2][4] = {
-                  {xa[cur][op][i].x, xb[cur][op][i].x, xa[cur][op][i].y, xb[cur][op][i].y},
-                  {xa[cur][op][i].z, xb[cur][op][i].z, xa[cur][op][i].w, xb[cur][op][i].w}};
-#pragma unroll
-              for (int ks = 0; ks < 2; ++ks) {
-                std::uint32_t hi[4], lo[4];
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                  hi[r] = tf32_hi(a[ks][r]);
-                  lo[r] = tf32_lo(a[ks][r], hi[r]);
-                }
-                mma_1688_tf32(acc2[ks], lo, bq[2 * ks], bq[2 * ks + 1]);
-                mma_1688_tf32(acc2[ks], hi, bq[2 * ks], bq[2 * ks + 1]);
-              }
-            }
-          } else {
-            // Dims 32 i + 8 t + [0, 8) of the query head as four 16-bit pairs.
-            uint4 qw = make_uint4(0u, 0u, 0u, 0u);
-            if (col) qw = __ldg(reinterpret_cast<const uint4*>(qg + 32 * i + 8 * t));
-#pragma unroll
-            for (int op = 0; op < kOps; ++op) {
-              uint4 bq = qw;
-              if constexpr (kQuest) {
-                bq = op == 0 ? make_uint4(half_sign_part<true>(qw.x), half_sign_part<true>(qw.y),
-                                          half_sign_part<true>(qw.z), half_sign_part<true>(qw.w))
-                             : make_uint4(half_sign_part<false>(qw.x), half_sign_part<false>(qw.y),
-                                          half_sign_part<false>(qw.z), half_sign_part<false>(qw.w));
-              }
-              const uint4 ra = xa[cur][op][i], rb = xb[cur][op][i];
-              const std::uint32_t a0[4] = {ra.x, rb.x, ra.y, rb.y};
-              const std::uint32_t a1[4] = {ra.z, rb.z, ra.w, rb.w};
-              mma_16816<M == SummaryMath::kBF16>(acc2[0], a0, bq.x, bq.y);
-              mma_16816<M == SummaryMath::kBF16>(acc2[1], a1, bq.z, bq.w);
-            }
-          }
-        }
-        float acc[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc[r] = acc2[0][r] + acc2[1][r];
-          // acc: (row g, head 2t), (row g, head 2t + 1), (row g + 8, head 2t), (row g + 8, 2t + 1).
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int head = 2 * t + (r & 1);
-          const bool row_ok = r < 2 ? va : vb;
-          if (head < cn && row_ok && !isfinite(acc[r])) {
-            acc[r] = summary_dot_reference<D, kQuest>(
-                s, r < 2 ? oa[k] : ob[k], q_tok + static_cast<std::size_t>(c0 + head) * D,
-                p.q_bf16);
-          }
-        }
-        // The chunk's heads of rows g and g + 8, ascending, in every lane of the quad.
-#pragma unroll
-        for (int c = 0; c < kMmaScoreCols; ++c) {
-          const int src = (g << 2) | (c >> 1);
-          const float ya = __shfl_sync(full, (c & 1) ? acc[1] : acc[0], src);
-          const float yb = __shfl_sync(full, (c & 1) ? acc[3] : acc[2], src);
-          if (c < cn) {
-            const float sa = p.scale * ya, sb = p.scale * yb;
-            if (c0 + c == 0) {
-              agg_a = sa;
-              agg_b = sb;
-            } else if (p.aggregate_max) {
-              agg_a = ref_max(agg_a, sa);
-              agg_b = ref_max(agg_b, sb);
-            } else {
-              agg_a += sa;
-              agg_b += sb;
-            }
-          }
-        }
-      }
-      float* out_row = p.out.scores + (static_cast<std::size_t>(bt) * hkv + h) * p.out.max_blocks;
-      if (t == 0 && va) out_row[ja] = agg_a;
-      if (t == 1 && vb) out_row[jb] = agg_b;
-    }
+    score_mma_tile<D, kQuest, M>(
+        p, b, h, ja, jb, va, vb,
+        [&](int op, int i, uint4& ra, uint4& rb) {
+          ra = xa[cur][op][i];
+          rb = xb[cur][op][i];
+        },
+        [&](bool second) { return second ? ob[k] : oa[k]; });
   }
 }
 

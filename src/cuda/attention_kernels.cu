@@ -48,39 +48,15 @@ int head_tile(int group, int d) {
   return gt;
 }
 
-/// Resident CTAs per SM of `kernel` (cached: it depends only on the kernel and the device).
+/// Resident CTAs per SM of `kernel` (kThreads threads, static shared memory only).
 cudaError_t ctas_per_sm(const void* kernel, int& out) {
-  static std::mutex mu;
-  static std::unordered_map<const void*, int> cache;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    const auto it = cache.find(kernel);
-    if (it != cache.end()) {
-      out = it->second;
-      return cudaSuccess;
-    }
-  }
-  int n = 0;
-  KVC_CUDA_CALL(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, 0));
-  n = std::max(n, 1);
-  std::lock_guard<std::mutex> lock(mu);
-  cache[kernel] = n;
-  out = n;
-  return cudaSuccess;
-}
-
-cudaError_t sm_count(int& out) {
-  int dev = 0;
-  KVC_CUDA_CALL(cudaGetDevice(&dev));
-  KVC_CUDA_CALL(cudaDeviceGetAttribute(&out, cudaDevAttrMultiProcessorCount, dev));
-  out = std::max(out, 1);
-  return cudaSuccess;
+  return kvc::detail::resident_ctas_per_sm(kernel, kThreads, 0, out);
 }
 
 /// CTAs the plan aims for on the current device with `kernel`.
 cudaError_t target_ctas(const void* kernel, std::int64_t& out) {
   int sms = 0, occ = 0;
-  KVC_CUDA_CALL(sm_count(sms));
+  KVC_CUDA_CALL(kvc::detail::sm_count(sms));
   KVC_CUDA_CALL(ctas_per_sm(kernel, occ));
   out = static_cast<std::int64_t>(sms) * occ * kWaves;
   return cudaSuccess;
@@ -185,7 +161,7 @@ cudaError_t split_rows(int num_q_heads, int num_kv_heads, int batch, int T, std:
   // (docs/perf-data/2026-12-02-session9/pushed).
   if (cap_short && max_splits == 0 && vlen / chunks < kShortChunkRows) {
     int sms = 0;
-    KVC_CUDA_CALL(sm_count(sms));
+    KVC_CUDA_CALL(kvc::detail::sm_count(sms));
     const std::int64_t cap = static_cast<std::int64_t>(sms) * kShortChunkCtasPerSm;
     if (plan.kv_ctas * chunks > cap) {
       chunks = std::max<std::int64_t>(1, cap / std::max<std::int64_t>(plan.kv_ctas, 1));

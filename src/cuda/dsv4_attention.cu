@@ -14,6 +14,7 @@
 #include "kvc/core/error.h"
 #include "kvc/dsv4/sparse_attention.h"
 #include "kvc/kernels/dsv4_kernels.h"
+#include "launch.h"
 
 namespace kvc {
 namespace kernels {
@@ -22,10 +23,8 @@ namespace {
 using namespace dsv4_detail;
 
 int attn_sm_count() {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 132;
-  return n > 0 ? n : 132;
+  int n = 0;
+  return kvc::detail::sm_count(n) == cudaSuccess ? n : 132;
 }
 
 /// How a call splits: chunks per query row at most, splits and chunks per split.

@@ -27,10 +27,8 @@ using namespace dsv4_detail;
 constexpr int kIndexVariants = 8;
 
 int sm_count() {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 132;
-  return n > 0 ? n : 132;
+  int n = 0;
+  return kvc::detail::sm_count(n) == cudaSuccess ? n : 132;
 }
 
 /// Launches a score kernel as a programmatic dependent of the preparation kernel before it.
@@ -47,14 +45,10 @@ cudaError_t launch(Kernel kernel, dim3 grid, int smem, const IndexParams& p, cud
 template <class Kernel>
 int ctas_per_sm(Kernel kernel, int smem) {
   int n = 0;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
-          cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &n, kernel, kIndexThreads, static_cast<std::size_t>(smem)) != cudaSuccess ||
-      n < 1) {
-    return 2;
-  }
-  return n;
+  return kvc::detail::resident_ctas_per_sm(reinterpret_cast<const void*>(kernel), kIndexThreads,
+                                           static_cast<std::size_t>(smem), n) == cudaSuccess
+             ? n
+             : 2;
 }
 
 /// Calls pick(std::integral_constant<int, MT>) for MT = 1..4 (heads / 16), the kernels'

@@ -4,7 +4,11 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 namespace kvc {
 namespace detail {
@@ -27,6 +31,57 @@ cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std:
   config.attrs = &attribute;
   config.numAttrs = programmatic ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, static_cast<Args&&>(args)...);
+}
+
+/// The current device's SM count (at least 1).
+inline cudaError_t sm_count(int& out) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&out, cudaDevAttrMultiProcessorCount, dev);
+  if (e != cudaSuccess) return e;
+  out = std::max(out, 1);
+  return cudaSuccess;
+}
+
+/// CTAs of `kernel` with `threads` threads and `smem` bytes of dynamic shared memory resident on
+/// one SM of the current device (at least 1), after allowing the kernel at least that much
+/// dynamic shared memory (cudaFuncAttributeMaxDynamicSharedMemorySize, needed past 48 KB). Cached
+/// per device, kernel, threads and smem, which is all either depends on; a host call, so
+/// graph-capturable.
+inline cudaError_t resident_ctas_per_sm(const void* kernel, int threads, std::size_t smem,
+                                        int& out) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, int, std::size_t>, int> cache;
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const auto key = std::make_tuple(dev, kernel, threads, smem);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto it = cache.find(key);
+    if (it != cache.end()) {
+      out = it->second;
+      return cudaSuccess;
+    }
+  }
+  if (smem > 48 * 1024) {
+    // Only ever raised, so that a smaller call's entry never takes a cached larger one's room.
+    cudaFuncAttributes a;
+    e = cudaFuncGetAttributes(&a, kernel);
+    if (e == cudaSuccess && static_cast<std::size_t>(a.maxDynamicSharedSizeBytes) < smem) {
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(smem));
+    }
+    if (e != cudaSuccess) return e;
+  }
+  int n = 0;
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem);
+  if (e != cudaSuccess) return e;
+  n = std::max(n, 1);
+  std::lock_guard<std::mutex> lock(mu);
+  cache[key] = n;
+  out = n;
+  return cudaSuccess;
 }
 
 }  // namespace detail
