@@ -9,6 +9,8 @@
 #           Run three times over the staged kernel's three forms (cp.async ring, the same with the
 #           table entries a tile ahead, TMA bulk copies); all were slower than the register
 #           kernel and only the last is kept, on branch staged11, where this mode still runs
+#   epilogue build; the BlockIndex tests, the tensor-core summary rows (sum and max) and the
+#           mean-K step after the kSum epilogue became two xor shuffles; memcheck over BlockIndex
 #   final   build; every GPU test (the shared launch helpers and mbarrier header, the summary
 #           kernel's shared tile body); the mean-K step and the register kernel's rows again
 set -uo pipefail
@@ -38,6 +40,14 @@ case "${1:-staged}" in
     bench 60 index_bench 'BM_Score/h32x8x128/B8/N131072/(mean_k|quest)/f(32|16)/sum/fast-tensor_core/'
     report
     ;;
-  *) echo "gpu-session11.sh: staged | final" >&2; exit 2 ;;
+  epilogue)
+    build
+    gtests block-index '*Cuda_BlockIndex*' 90
+    bench 90 index_bench 'BM_Score/h32x8x128/(B(1|8)/N131072|B32/N32768)/(mean_k|quest)/f(32|16)/(sum/fast-tensor_core|max/fast)/'
+    bench 60 step_bench '^BM_DecodeStep/(1|8)/131072/0/(0|2)/0/|^BM_DecodeStep/32/32768/0/(0|2)/0/'
+    sanitize memcheck-index memcheck '*Cuda_BlockIndex_MatchesCpu*:*Cuda_BlockIndex_TensorCoreNonFinite*' 60
+    report
+    ;;
+  *) echo "gpu-session11.sh: staged | final | epilogue" >&2; exit 2 ;;
 esac
 finish

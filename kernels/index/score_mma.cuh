@@ -35,8 +35,10 @@
 // non-finite (a NaN or an infinity among the row's summaries or the queries, or an overflow), the
 // lane that holds it recomputes it with the reference's arithmetic (fmaf in ascending dims; Quest's
 // max as the reference writes it), so NaN and infinities follow the CPU's rules exactly. The heads
-// of a row are then gathered over the lane quad and aggregated in ascending order with
-// p.scale * dot as the reference does (kSum: +, kMax: ref_max).
+// of a row are then aggregated as p.scale * dot: kSum by each lane's two heads and two xor
+// shuffles over the quad (another order than the reference's, within rounding), kMax gathered
+// over the quad and taken in ascending order with ref_max as the reference does (the order
+// decides where a NaN goes).
 //
 // Every query token of a batch entry is scored from the same registers (the rows are loaded once
 // per tile), a token's heads in chunks of 8. A warp takes p.nb consecutive tiles (1, 2 or 4:
@@ -249,17 +251,37 @@ __device__ __forceinline__ void score_mma_tile(const FastScoreParams& p, int b, 
       float acc[4];
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[r] = acc2[0][r] + acc2[1][r];
-        // acc: (row g, head 2t), (row g, head 2t + 1), (row g + 8, head 2t), (row g + 8, 2t + 1).
+      // acc: (row g, head 2t), (row g, head 2t + 1), (row g + 8, head 2t), (row g + 8, 2t + 1).
+      // One test for the lane's four products; the reference's arithmetic for each that is not
+      // finite (a head past the chunk's or a row past the closed blocks is never used).
+      if (!(isfinite(acc[0]) && isfinite(acc[1]) && isfinite(acc[2]) && isfinite(acc[3]))) {
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int head = 2 * t + (r & 1);
-        const bool row_ok = r < 2 ? va : vb;
-        if (head < cn && row_ok && !isfinite(acc[r])) {
-          acc[r] = summary_dot_reference<D, kQuest>(
-              p.s, row_offset(r >= 2), q_tok + static_cast<std::size_t>(c0 + head) * D, p.q_bf16);
+        for (int r = 0; r < 4; ++r) {
+          const int head = 2 * t + (r & 1);
+          const bool row_ok = r < 2 ? va : vb;
+          if (head < cn && row_ok && !isfinite(acc[r])) {
+            acc[r] = summary_dot_reference<D, kQuest>(
+                p.s, row_offset(r >= 2), q_tok + static_cast<std::size_t>(c0 + head) * D, p.q_bf16);
+          }
         }
       }
-      // The chunk's heads of rows g and g + 8, ascending, in every lane of the quad.
+      if (!p.aggregate_max) {
+        // kSum: the lane's two heads, then the quad's (a sum in another order than the
+        // reference's ascending one: within the comparison's rounding tolerance, and NaN or an
+        // infinity reaches it in any order).
+        const bool h0 = 2 * t < cn, h1 = 2 * t + 1 < cn;
+        float sa = (h0 ? p.scale * acc[0] : 0.0f) + (h1 ? p.scale * acc[1] : 0.0f);
+        float sb = (h0 ? p.scale * acc[2] : 0.0f) + (h1 ? p.scale * acc[3] : 0.0f);
+        sa += __shfl_xor_sync(full, sa, 1);
+        sb += __shfl_xor_sync(full, sb, 1);
+        sa += __shfl_xor_sync(full, sa, 2);
+        sb += __shfl_xor_sync(full, sb, 2);
+        agg_a = c0 == 0 ? sa : agg_a + sa;
+        agg_b = c0 == 0 ? sb : agg_b + sb;
+        continue;
+      }
+      // kMax: the chunk's heads of rows g and g + 8, ascending, in every lane of the quad (the
+      // reference's order, which decides where a NaN goes).
 #pragma unroll
       for (int c = 0; c < kMmaScoreCols; ++c) {
         const int src = (g << 2) | (c >> 1);
@@ -270,12 +292,9 @@ __device__ __forceinline__ void score_mma_tile(const FastScoreParams& p, int b, 
           if (c0 + c == 0) {
             agg_a = sa;
             agg_b = sb;
-          } else if (p.aggregate_max) {
+          } else {
             agg_a = ref_max(agg_a, sa);
             agg_b = ref_max(agg_b, sb);
-          } else {
-            agg_a += sa;
-            agg_b += sb;
           }
         }
       }
