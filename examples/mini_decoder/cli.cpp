@@ -77,6 +77,8 @@ std::string usage() {
          "                        block is scored (token_*: from every old token's key;\n"
          "                        token_mass: its share of the dense softmax mass)\n"
          "  --kv-token-keys K     mxfp4 (default) | fp8 | old_blocks: the keys token_* read\n"
+         "  --kv-summary-dtype T  f32 (default) | f16: element type of the stored block\n"
+         "                        summaries (mean K, mean V, min/max K); f16 halves them\n"
          "  --kv-delta D          score window of threshold / score_cluster* (default 1)\n"
          "  --kv-max-blocks N     cap of threshold / score_cluster* / top_p (default 2 x top)\n"
          "  --kv-p P              softmax mass of top_p (default 0.9)\n"
@@ -157,6 +159,8 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
       o.kv.scoring = value();
     } else if (a == "--kv-token-keys") {
       o.kv.token_keys = value();
+    } else if (a == "--kv-summary-dtype") {
+      o.kv.summary_dtype = value();
     } else if (a == "--kv-delta") {
       o.kv.delta = parse_real(a, value());
     } else if (a == "--kv-max-blocks") {

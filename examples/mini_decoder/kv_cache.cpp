@@ -63,6 +63,11 @@ const std::vector<std::string>& KvOptions::token_key_sources() {
   return v;
 }
 
+const std::vector<std::string>& KvOptions::summary_dtypes() {
+  static const std::vector<std::string> v = {"f32", "f16"};
+  return v;
+}
+
 void KvOptions::validate() const {
   KVC_CHECK(contains(modes(), mode), "--kv-mode = '", mode, "' is not one of: ", join(modes()));
   KVC_CHECK(format.empty() || contains(formats(), format), "--kv-format = '", format,
@@ -84,6 +89,8 @@ void KvOptions::validate() const {
             "' is not one of: ", join(scorings()));
   KVC_CHECK(contains(token_key_sources(), token_keys), "--kv-token-keys = '", token_keys,
             "' is not one of: ", join(token_key_sources()));
+  KVC_CHECK(contains(summary_dtypes(), summary_dtype), "--kv-summary-dtype = '", summary_dtype,
+            "' is not one of: ", join(summary_dtypes()));
   KVC_CHECK(delta >= 0.0f, "--kv-delta = ", delta, " must be >= 0");
   KVC_CHECK(max_blocks == 0 || (max_blocks >= top_blocks && max_blocks <= 1 << 20),
             "--kv-max-blocks = ", max_blocks,

@@ -90,6 +90,9 @@ struct KvOptions {
   /// --kv-token-keys: the keys token_max / token_mass read: the store's mxfp4 or fp8 index copy
   /// of every old token's K, or the old blocks' own K (old_blocks: exact, the oracle's rule)
   std::string token_keys = "mxfp4";
+  /// --kv-summary-dtype: element type of the stored block summaries (mean K, mean V, min/max K),
+  /// one of summary_dtypes(); f16 halves their bytes (KvStoreConfig::summary_dtype)
+  std::string summary_dtype = "f32";
   float delta = 1.0f;       ///< --kv-delta: score window (threshold, score_cluster*), >= 0
   int max_blocks = 0;       ///< --kv-max-blocks: cap (threshold, score_cluster*, top_p); 0 = 2x
   float p = 0.9f;           ///< --kv-p: softmax mass of top_p, in (0, 1]
@@ -112,6 +115,9 @@ struct KvOptions {
   static const std::vector<std::string>& scorings();
   /// Key sources of the token scorings: mxfp4, fp8, old_blocks.
   static const std::vector<std::string>& token_key_sources();
+  /// Summary element types the CLI accepts: f32 and f16 (the store's own dtype; bf16 summaries
+  /// need a bf16 store, which the mini-decoder does not build).
+  static const std::vector<std::string>& summary_dtypes();
   /// True for token_max and token_mass.
   bool token_scoring() const { return scoring == "token_max" || scoring == "token_mass"; }
   /// Throws kvc::Error naming the first bad flag, its value and what is allowed.

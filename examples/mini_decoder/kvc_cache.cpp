@@ -39,6 +39,7 @@ KvStoreConfig store_config(const KvOptions& o, const KvShape& s) {
   c.old_format = parse_format(o.effective_format());
   c.summaries = uses_summaries(mode_of(o)) ? (kSummaryMeanK | kSummaryMeanV) : kSummaryMeanK;
   if (o.scoring == "quest") c.summaries |= kSummaryMinMaxK;
+  c.summary_dtype = o.summary_dtype == "f16" ? DType::kF16 : DType::kF32;
   if (uses_selection(mode_of(o)) && o.token_scoring() && o.token_keys != "old_blocks") {
     c.summaries |= kSummaryIndexKeys;
     c.index_format = o.token_keys == "fp8" ? Format::kFp8E4m3 : Format::kMxfp4;
@@ -545,6 +546,7 @@ std::string KvcKvCache::describe() const {
     if (options_.scoring != "mean_k") os << " by " << options_.scoring;
     if (options_.token_scoring()) os << " over " << options_.token_keys << " keys";
   }
+  if (options_.summary_dtype != "f32") os << "; " << options_.summary_dtype << " summaries";
   if (dense_layers_ > 0) os << "; first " << dense_layers_ << " layers dense";
   if (uses_summaries(mode_) && options_.representatives > 0) {
     os << ", " << options_.representatives << " representatives";

@@ -101,7 +101,7 @@ void print_step(const kvc::mini_decoder::KvcKvCache& cache, int step) {
 void print_footprint(const kvc::mini_decoder::KvCache& cache,
                      const kvc::mini_decoder::KvcKvCache* kvc_cache,
                      const kvc::mini_decoder::KvShape& shape, kvc::Format old_format,
-                     std::size_t dense_prefill_bytes) {
+                     const std::string& summary_dtype, std::size_t dense_prefill_bytes) {
   const std::size_t tokens = static_cast<std::size_t>(cache.length());
   const std::size_t per_token_f16 =
       static_cast<std::size_t>(shape.num_layers) * shape.num_kv_heads * shape.head_dim * 2 * 2;
@@ -128,7 +128,7 @@ void print_footprint(const kvc::mini_decoder::KvCache& cache,
   line(label_old_k(old_format), f.old_k);
   line(label_old_v(old_format), f.old_v);
   line("scales (fp32)", f.scales);
-  line("summaries (f32)", f.summaries);
+  line("summaries (" + summary_dtype + ")", f.summaries);
   if (f.index_keys > 0) line("index keys (mxfp4)", f.index_keys);
   line("tables", f.tables);
   line("allocated", f.total());
@@ -362,7 +362,7 @@ int run(const kvc::mini_decoder::CliOptions& o) {
   print_footprint(
       *cache, kvc_cache, shape,
       kvc::parse_format(o.kv.effective_format() == "f32" ? "f16" : o.kv.effective_format()),
-      dense_prefill_bytes);
+      o.kv.summary_dtype, dense_prefill_bytes);
   return 0;
 }
 

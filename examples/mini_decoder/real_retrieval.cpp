@@ -82,6 +82,8 @@ std::string usage() {
          "                         token_max, mean_k or quest (mini_decoder --kv-scoring)\n"
          "  --token-keys K         keys of token_mass / token_max: mxfp4 (default), fp8,\n"
          "                         old_blocks\n"
+         "  --summary-dtype T      element type of the block summaries of the kvc modes: f32\n"
+         "                         (default) or f16 (mini_decoder --kv-summary-dtype)\n"
          "  --no-dense-recent-only skip the dense_recent_only rows\n"
          "  --recent-window N      ring of the kvc modes (default 1024)\n"
          "  --block-size N         old block size (default 32)\n"
@@ -126,6 +128,8 @@ Options parse(const std::vector<std::string>& args) {
       r.scoring = value();
     } else if (a == "--token-keys") {
       r.token_keys = value();
+    } else if (a == "--summary-dtype") {
+      r.summary_dtype = value();
     } else if (a == "--no-dense-recent-only") {
       r.dense_recent_only = false;
     } else if (a == "--recent-window") {

@@ -215,6 +215,9 @@ RetrievalRow run_row(const PromptRun& run, const RetrievalMode& mode, bool dense
       << json_string(mode.label != "block_select_exact" ? ""
                      : mode.kv.token_scoring()          ? mode.kv.scoring + "/" + mode.kv.token_keys
                                                         : mode.kv.scoring)
+      << (mode.kv.is_reference() || mode.kv.summary_dtype == "f32"
+              ? std::string()
+              : ",\"summary_dtype\":" + json_string(mode.kv.summary_dtype))
       << ",\"recent_window\":" << (mode.kv.is_reference() ? 0 : o.recent_window)
       << ",\"block_size\":" << (mode.kv.is_reference() ? 0 : o.block_size)
       << ",\"pass\":" << (pass ? "true" : "false")
@@ -343,6 +346,7 @@ std::vector<RetrievalMode> retrieval_modes(const RetrievalSettings& s, bool on_c
   base.device = on_cuda ? "cuda" : "cpu";
   base.scoring = s.scoring;
   base.token_keys = s.token_keys;
+  base.summary_dtype = s.summary_dtype;
   if (s.dense_recent_only) {
     RetrievalMode r;
     r.label = "dense_recent_only";

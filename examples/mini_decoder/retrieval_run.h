@@ -40,6 +40,7 @@ struct RetrievalSettings {
   std::vector<std::string> policies = {"topk"};                   ///< selection policies
   std::string scoring = "token_mass";  ///< block scoring of block_select_exact
   std::string token_keys = "mxfp4";    ///< keys of the token scorings
+  std::string summary_dtype = "f32";   ///< element type of the kvc modes' block summaries
   bool dense_recent_only = true;       ///< add the dense_recent_only row
   int recent_window = 1024;            ///< ring of the kvc modes
   int block_size = 32;                 ///< old block size

@@ -84,7 +84,8 @@ double scoring_bytes(const EvalConfig& c, const KvShape& s, int closed) {
   }
   switch (c.probe) {
     case ProbeScore::kNone:
-      return blocks * d * 4.0 * (c.kv.scoring == "quest" ? 2.0 : 1.0);  // f32 summaries
+      return blocks * d * (c.kv.summary_dtype == "f16" ? 2.0 : 4.0) *
+             (c.kv.scoring == "quest" ? 2.0 : 1.0);  // the summaries' dtype
     case ProbeScore::kOracleMass:
       return blocks * b * d * 2.0 + ring_k;  // every old key in f16, and the ring's
     case ProbeScore::kExactMax:

@@ -398,6 +398,12 @@ TEST(MiniDecoder_Cli, ParsesAndRejects) {
   EXPECT_EQ(parse_cli(V{"--model", "m", "--prompt", "x", "--kv-scoring", "quest"}).kv.scoring,
             "quest");
   EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt", "x", "--kv-scoring", "max"}), Error);
+  EXPECT_EQ(k.kv.summary_dtype, "f32");  // the default
+  EXPECT_EQ(
+      parse_cli(V{"--model", "m", "--prompt", "x", "--kv-summary-dtype", "f16"}).kv.summary_dtype,
+      "f16");
+  EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt", "x", "--kv-summary-dtype", "bf16"}), Error);
+  EXPECT_THROW(parse_cli(V{"--model", "m", "--prompt", "x", "--kv-summary-dtype", "f8"}), Error);
   EXPECT_FLOAT_EQ(k.kv.delta, 0.5f);
   EXPECT_EQ(k.kv.effective_max_blocks(), 48);  // at least the default --top-blocks 32
   // The flag defaults are default_block_select()'s shape (kvc/defaults.h).
