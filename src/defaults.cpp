@@ -18,6 +18,7 @@ BlockSelectConfig default_block_select(int num_q_heads, int num_kv_heads, int he
   s.dtype = dtype;
   s.old_format = Format::kFp16kQ4v;
   s.summaries = kSummaryMeanK | kSummaryIndexKeys;
+  s.summary_dtype = dtype;  // half the summary bytes; see kvc/defaults.h
   s.index_format = Format::kMxfp4;
   s.validate();
 

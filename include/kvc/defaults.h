@@ -17,8 +17,16 @@
  *  of the index copy: d/2 + d/32 bytes per old token and kv head in the store and in every
  *  step's reads.
  *
+ *  The block summaries (mean K, which every store keeps) are stored in the 16-bit dtype, not
+ *  f32: the token-mass scorer does not read them, so they only cost memory and ingest bytes,
+ *  and where an engine switches the index to mean-K scoring over this store, f16 summaries gave
+ *  the same retrieval results as f32 (SmolLM2-135M, CPU, 12 tasks x 2K / 4K, fp16k_q4v top 4 / 8
+ *  / 16: status the same on 96 of 96 rows, 644 of 648 first-step selections the same as sets;
+ *  docs/retrieval-real/summary-dtype) and a faster step (H200, mean-K step B8 N128K 53.0 against
+ *  74.3 us; docs/performance.md, eleventh session).
+ *
  *  The struct defaults of KvStoreConfig, BlockIndexConfig and SelectPolicy stay the plain ones
- *  (mean K, top 8); this is the combination kvc recommends.
+ *  (mean K over f32 summaries, top 8); this is the combination kvc recommends.
  */
 #pragma once
 

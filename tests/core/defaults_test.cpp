@@ -26,6 +26,7 @@ TEST(Cpu_Defaults, TheDocumentedConfiguration) {
   EXPECT_EQ(c.store.dtype, DType::kBF16);
   EXPECT_TRUE(c.store.summaries & kSummaryIndexKeys);
   EXPECT_EQ(c.store.index_format, Format::kMxfp4);
+  EXPECT_EQ(c.store.summary_dtype, DType::kBF16);  // the store's own 16-bit dtype
   EXPECT_EQ(c.index.score, SummaryScore::kTokenMass);
   EXPECT_EQ(c.index.token_keys, TokenKeys::kIndexCopy);
   EXPECT_EQ(c.index.max_blocks_per_slot, c.store.max_blocks_per_slot());
