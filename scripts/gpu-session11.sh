@@ -11,6 +11,9 @@
 #           kernel and only the last is kept, on branch staged11, where this mode still runs
 #   epilogue build; the BlockIndex tests, the tensor-core summary rows (sum and max) and the
 #           mean-K step after the kSum epilogue became two xor shuffles; memcheck over BlockIndex
+#   kmax    build; the BlockIndex tests (the non-finite test now over both aggregates) and the
+#           kMax rows after its epilogue took the kSum form where no product is NaN; the GPU
+#           tests over default_block_select() (its summaries now in the 16-bit dtype)
 #   final   build; every GPU test (the shared launch helpers and mbarrier header, the summary
 #           kernel's shared tile body); the mean-K step and the register kernel's rows again
 set -uo pipefail
@@ -48,6 +51,13 @@ case "${1:-staged}" in
     sanitize memcheck-index memcheck '*Cuda_BlockIndex_MatchesCpu*:*Cuda_BlockIndex_TensorCoreNonFinite*' 60
     report
     ;;
-  *) echo "gpu-session11.sh: staged | final | epilogue" >&2; exit 2 ;;
+  kmax)
+    build
+    gtests block-index '*Cuda_BlockIndex*' 90
+    gtests defaults '*DecodeStep*:*Defaults*:*Layered*:*Parallel*' 60
+    bench 60 index_bench 'BM_Score/h32x8x128/(B(1|8)/N131072|B32/N32768)/mean_k/f(32|16)/max/fast/|BM_Score/h32x8x128/B8/N131072/(mean_k|quest)/f(32|16)/sum/fast-tensor_core/'
+    report
+    ;;
+  *) echo "gpu-session11.sh: staged | final | epilogue | kmax" >&2; exit 2 ;;
 esac
 finish

@@ -36,9 +36,9 @@
 // lane that holds it recomputes it with the reference's arithmetic (fmaf in ascending dims; Quest's
 // max as the reference writes it), so NaN and infinities follow the CPU's rules exactly. The heads
 // of a row are then aggregated as p.scale * dot: kSum by each lane's two heads and two xor
-// shuffles over the quad (another order than the reference's, within rounding), kMax gathered
-// over the quad and taken in ascending order with ref_max as the reference does (the order
-// decides where a NaN goes).
+// shuffles over the quad (another order than the reference's, within rounding), kMax the same
+// way where no product of the warp's tile is NaN, else gathered over the quad and taken in
+// ascending order with ref_max as the reference does (the order decides whether a NaN is kept).
 //
 // Every query token of a batch entry is scored from the same registers (the rows are loaded once
 // per tile), a token's heads in chunks of 8. A warp takes p.nb consecutive tiles (1, 2 or 4:
@@ -280,8 +280,25 @@ __device__ __forceinline__ void score_mma_tile(const FastScoreParams& p, int b, 
         agg_b = c0 == 0 ? sb : agg_b + sb;
         continue;
       }
-      // kMax: the chunk's heads of rows g and g + 8, ascending, in every lane of the quad (the
-      // reference's order, which decides where a NaN goes).
+      // kMax without a NaN among the warp's products: the lane's two heads, then the quad's (a
+      // max in any order is the reference's but for the sign of a zero).
+      const bool h0 = 2 * t < cn, h1 = 2 * t + 1 < cn;
+      const bool nan_here = (h0 && isnan(acc[0])) || (h1 && isnan(acc[1])) ||
+                            (h0 && isnan(acc[2])) || (h1 && isnan(acc[3]));
+      if (!__any_sync(full, nan_here)) {
+        const float none = -INFINITY;
+        float ma = ref_max(h0 ? p.scale * acc[0] : none, h1 ? p.scale * acc[1] : none);
+        float mb = ref_max(h0 ? p.scale * acc[2] : none, h1 ? p.scale * acc[3] : none);
+        ma = ref_max(ma, __shfl_xor_sync(full, ma, 1));
+        mb = ref_max(mb, __shfl_xor_sync(full, mb, 1));
+        ma = ref_max(ma, __shfl_xor_sync(full, ma, 2));
+        mb = ref_max(mb, __shfl_xor_sync(full, mb, 2));
+        agg_a = c0 == 0 ? ma : ref_max(agg_a, ma);
+        agg_b = c0 == 0 ? mb : ref_max(agg_b, mb);
+        continue;
+      }
+      // kMax with a NaN: the chunk's heads of rows g and g + 8, ascending, in every lane of the
+      // quad (the reference's order, which decides whether the NaN is kept).
 #pragma unroll
       for (int c = 0; c < kMmaScoreCols; ++c) {
         const int src = (g << 2) | (c >> 1);

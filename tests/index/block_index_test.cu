@@ -213,13 +213,14 @@ INSTANTIATE_TEST_SUITE_P(
 // some blocks, and one query element infinite): every score is the CPU's, NaN where the CPU's is
 // NaN, the same infinity where it is infinite, within the comparison's tolerance elsewhere. The
 // kernel recomputes a non-finite dot product with the reference's arithmetic
-// (kernels/index/score_mma.cuh), which this checks for each of its three maths and both rules.
+// (kernels/index/score_mma.cuh), which this checks for each of its three maths, both rules and
+// both head aggregates (kMax keeps or drops a head's NaN by the reference's order of heads).
 class Cuda_BlockIndex_TensorCoreNonFinite
-    : public ::testing::TestWithParam<std::tuple<SummaryScore, DType>> {};
+    : public ::testing::TestWithParam<std::tuple<SummaryScore, DType, GqaAggregate>> {};
 
 TEST_P(Cuda_BlockIndex_TensorCoreNonFinite, FollowsCpu) {
   KVC_REQUIRE_GPU();
-  const auto [score, summary] = GetParam();
+  const auto [score, summary, aggregate] = GetParam();
   const int hkv = 2, group = 4, d = 128, len = 1500;
   const KvStoreConfig sc = summary_store_config(hkv, d, summary, 2, 2048);
   const DType qt = sc.dtype;
@@ -245,6 +246,7 @@ TEST_P(Cuda_BlockIndex_TensorCoreNonFinite, FollowsCpu) {
   c.num_q_heads = hkv * group;
   c.head_dim = d;
   c.score = score;
+  c.aggregate = aggregate;
   c.max_batch = 1;
   c.dtype = qt;
   auto q = random_bits16(static_cast<std::size_t>(c.num_q_heads) * d, qt, 77);
@@ -302,12 +304,9 @@ TEST_P(Cuda_BlockIndex_TensorCoreNonFinite, FollowsCpu) {
 
 INSTANTIATE_TEST_SUITE_P(
     Maths, Cuda_BlockIndex_TensorCoreNonFinite,
-    ::testing::Values(std::make_tuple(SummaryScore::kMeanK, DType::kF16),
-                      std::make_tuple(SummaryScore::kQuestMinMax, DType::kF16),
-                      std::make_tuple(SummaryScore::kMeanK, DType::kBF16),
-                      std::make_tuple(SummaryScore::kQuestMinMax, DType::kBF16),
-                      std::make_tuple(SummaryScore::kMeanK, DType::kF32),
-                      std::make_tuple(SummaryScore::kQuestMinMax, DType::kF32)));
+    ::testing::Combine(::testing::Values(SummaryScore::kMeanK, SummaryScore::kQuestMinMax),
+                       ::testing::Values(DType::kF16, DType::kBF16, DType::kF32),
+                       ::testing::Values(GqaAggregate::kSum, GqaAggregate::kMax)));
 
 }  // namespace
 }  // namespace kvc
