@@ -1,6 +1,6 @@
 // Shared-memory barriers (mbarrier) and TMA bulk copies global -> shared, the one definition of
-// each PTX form for the kernels that stage data through shared memory (dsv4/index.cuh's staged
-// indexer, index/score_mma.cuh's staged summary kernel). sm_90.
+// each PTX form for the kernels that stage data through shared memory (today dsv4/index.cuh's
+// staged indexer). sm_90.
 #pragma once
 
 #include <cstdint>

@@ -47,7 +47,7 @@
 // kMmaScoreWarps * p.nb tiles, kv heads, batch); no shared memory, no barrier.
 //
 // Tried and not kept (branch staged11; docs/performance.md, eleventh session): the same tiles
-// (score_mma_tile) through a ring of 3-4 tiles per warp in shared memory on a persistent grid,
+// through a ring of 3-4 tiles per warp in shared memory on a persistent grid,
 // filled by cp.async or by TMA bulk copies per row, so that more bytes are in flight. Slower at
 // every shape (H200, B8 N128K mean-K f16: 38.6 us with cp.async, 52.1 with bulk copies, against
 // 28.1): the rings' shared memory leaves 8-12 warps per SM, and each warp's tile is a chain of
@@ -63,7 +63,6 @@
 #include "kvc/select/selection.h"
 #include "kvc/store/block_codec.h"
 #include "kvc/store/kv_store.h"
-#include "mbarrier.cuh"
 
 namespace kvc {
 namespace kernels {
@@ -156,18 +155,25 @@ __device__ __noinline__ float summary_dot_reference(const StoreView& s, std::siz
   return x;
 }
 
+/// f over the four lanes of a quad (lane ^ 1, then lane ^ 2), in every lane of it.
+template <class F>
+__device__ __forceinline__ float quad_fold(float v, F f) {
+  v = f(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return f(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
 /// Scores one tile (see the file comment): rows ja = j0 + g and jb = j0 + g + 8 of kv head h of
-/// batch entry b, va / vb where they are closed blocks, against every query token of b.
-/// rows(op, i, ra, rb) gives the lane's 16-byte run i of operand op of both rows (zeros for a
-/// row that is not valid); row_offset(second) the element offset of row jb (second) or ja in the
-/// summary arrays, which only the non-finite fallback reads.
-template <int D, bool kQuest, SummaryMath M, class Rows, class RowOffset>
+/// batch entry b, va / vb where they are closed blocks, against every query token of b. xa / xb:
+/// the lane's 16-byte runs of both rows, per operand (zeros for a row that is not valid); oa /
+/// ob: their element offsets in the summary arrays, which only the non-finite fallback reads.
+template <int D, bool kQuest, SummaryMath M, int kOps, int kRuns>
 __device__ __forceinline__ void score_mma_tile(const FastScoreParams& p, int b, int h, int ja,
-                                               int jb, bool va, bool vb, const Rows& rows,
-                                               const RowOffset& row_offset) {
+                                               int jb, bool va, bool vb,
+                                               const uint4 (&xa)[kOps][kRuns],
+                                               const uint4 (&xb)[kOps][kRuns], std::size_t oa,
+                                               std::size_t ob) {
   constexpr bool kTf32 = M == SummaryMath::kTf32;
-  constexpr int kRuns = D * (kTf32 ? 4 : 2) / 64;
-  constexpr int kOps = kQuest ? 2 : 1;
+  static_assert(kRuns == D * (kTf32 ? 4 : 2) / 64 && kOps == (kQuest ? 2 : 1), "the tile's runs");
   const unsigned full = 0xffffffffu;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -203,8 +209,7 @@ __device__ __forceinline__ void score_mma_tile(const FastScoreParams& p, int b, 
           }
 #pragma unroll
           for (int op = 0; op < kOps; ++op) {
-            uint4 ra, rb;
-            rows(op, i, ra, rb);
+            const uint4 ra = xa[op][i], rb = xb[op][i];
             std::uint32_t bq[4];
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
@@ -239,8 +244,7 @@ __device__ __forceinline__ void score_mma_tile(const FastScoreParams& p, int b, 
                            : make_uint4(half_sign_part<false>(qw.x), half_sign_part<false>(qw.y),
                                         half_sign_part<false>(qw.z), half_sign_part<false>(qw.w));
             }
-            uint4 ra, rb;
-            rows(op, i, ra, rb);
+            const uint4 ra = xa[op][i], rb = xb[op][i];
             const std::uint32_t a0[4] = {ra.x, rb.x, ra.y, rb.y};
             const std::uint32_t a1[4] = {ra.z, rb.z, ra.w, rb.w};
             mma_16816<M == SummaryMath::kBF16>(acc2[0], a0, bq.x, bq.y);
@@ -261,7 +265,7 @@ __device__ __forceinline__ void score_mma_tile(const FastScoreParams& p, int b, 
           const bool row_ok = r < 2 ? va : vb;
           if (head < cn && row_ok && !isfinite(acc[r])) {
             acc[r] = summary_dot_reference<D, kQuest>(
-                p.s, row_offset(r >= 2), q_tok + static_cast<std::size_t>(c0 + head) * D, p.q_bf16);
+                p.s, r < 2 ? oa : ob, q_tok + static_cast<std::size_t>(c0 + head) * D, p.q_bf16);
           }
         }
       }
@@ -272,10 +276,9 @@ __device__ __forceinline__ void score_mma_tile(const FastScoreParams& p, int b, 
         const bool h0 = 2 * t < cn, h1 = 2 * t + 1 < cn;
         float sa = (h0 ? p.scale * acc[0] : 0.0f) + (h1 ? p.scale * acc[1] : 0.0f);
         float sb = (h0 ? p.scale * acc[2] : 0.0f) + (h1 ? p.scale * acc[3] : 0.0f);
-        sa += __shfl_xor_sync(full, sa, 1);
-        sb += __shfl_xor_sync(full, sb, 1);
-        sa += __shfl_xor_sync(full, sa, 2);
-        sb += __shfl_xor_sync(full, sb, 2);
+        const auto add = [](float x, float y) { return x + y; };
+        sa = quad_fold(sa, add);
+        sb = quad_fold(sb, add);
         agg_a = c0 == 0 ? sa : agg_a + sa;
         agg_b = c0 == 0 ? sb : agg_b + sb;
         continue;
@@ -289,10 +292,9 @@ __device__ __forceinline__ void score_mma_tile(const FastScoreParams& p, int b, 
         const float none = -INFINITY;
         float ma = ref_max(h0 ? p.scale * acc[0] : none, h1 ? p.scale * acc[1] : none);
         float mb = ref_max(h0 ? p.scale * acc[2] : none, h1 ? p.scale * acc[3] : none);
-        ma = ref_max(ma, __shfl_xor_sync(full, ma, 1));
-        mb = ref_max(mb, __shfl_xor_sync(full, mb, 1));
-        ma = ref_max(ma, __shfl_xor_sync(full, ma, 2));
-        mb = ref_max(mb, __shfl_xor_sync(full, mb, 2));
+        const auto larger = [](float x, float y) { return ref_max(x, y); };
+        ma = quad_fold(ma, larger);
+        mb = quad_fold(mb, larger);
         agg_a = c0 == 0 ? ma : ref_max(agg_a, ma);
         agg_b = c0 == 0 ? mb : ref_max(agg_b, mb);
         continue;
@@ -396,13 +398,7 @@ __global__ void __launch_bounds__(kMmaScoreThreads)
     } else {
       load_tile(k, xa[0], xb[0]);
     }
-    score_mma_tile<D, kQuest, M>(
-        p, b, h, ja, jb, va, vb,
-        [&](int op, int i, uint4& ra, uint4& rb) {
-          ra = xa[cur][op][i];
-          rb = xb[cur][op][i];
-        },
-        [&](bool second) { return second ? ob[k] : oa[k]; });
+    score_mma_tile<D, kQuest, M>(p, b, h, ja, jb, va, vb, xa[cur], xb[cur], oa[k], ob[k]);
   }
 }
 
