@@ -22,8 +22,9 @@
  *  and where an engine switches the index to mean-K scoring over this store, f16 summaries gave
  *  the same retrieval results as f32 (SmolLM2-135M, CPU, 12 tasks x 2K / 4K, fp16k_q4v top 4 / 8
  *  / 16: status the same on 96 of 96 rows, 644 of 648 first-step selections the same as sets;
- *  docs/retrieval-real/summary-dtype) and a faster step (H200, mean-K step B8 N128K 53.0 against
- *  74.3 us; docs/performance.md, eleventh session).
+ *  docs/retrieval-real/summary-dtype) and a faster mean-K step (H200, step_bench's mean-K rows,
+ *  ring 1024 + 8 x 32, B8 N128K: 53.0 us over f16 summaries against 74.3 over f32;
+ *  docs/performance.md, eleventh session).
  *
  *  The struct defaults of KvStoreConfig, BlockIndexConfig and SelectPolicy stay the plain ones
  *  (mean K over f32 summaries, top 8); this is the combination kvc recommends.

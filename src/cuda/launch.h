@@ -44,8 +44,9 @@ inline cudaError_t sm_count(int& out) {
 }
 
 /// CTAs of `kernel` with `threads` threads and `smem` bytes of dynamic shared memory resident on
-/// one SM of the current device (at least 1), after allowing the kernel at least that much
-/// dynamic shared memory (cudaFuncAttributeMaxDynamicSharedMemorySize, needed past 48 KB). Cached
+/// one SM of the current device (at least 1), after allowing the kernel that much dynamic shared
+/// memory (cudaFuncAttributeMaxDynamicSharedMemorySize, needed past 48 KB; a caller launching
+/// with another size sets its own before the launch, as the DSv4 indexer does). Cached
 /// per device, kernel, threads and smem, which is all either depends on; a host call, so
 /// graph-capturable.
 inline cudaError_t resident_ctas_per_sm(const void* kernel, int threads, std::size_t smem,
@@ -65,13 +66,8 @@ inline cudaError_t resident_ctas_per_sm(const void* kernel, int threads, std::si
     }
   }
   if (smem > 48 * 1024) {
-    // Only ever raised, so that a smaller call's entry never takes a cached larger one's room.
-    cudaFuncAttributes a;
-    e = cudaFuncGetAttributes(&a, kernel);
-    if (e == cudaSuccess && static_cast<std::size_t>(a.maxDynamicSharedSizeBytes) < smem) {
-      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(smem));
-    }
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem));
     if (e != cudaSuccess) return e;
   }
   int n = 0;
