@@ -205,6 +205,19 @@ same_run_final() {
   anchors_and_report
 }
 
+# tag args...: the spread top-k's phase probe (scripts/topk-trace-probe.cu, built once) on one
+# shape, its table into summary.txt.
+topk_trace() {
+  local tag=$1
+  shift
+  [ -x "$out/topk-trace-probe" ] ||
+    nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Iinclude -Isrc -o "$out/topk-trace-probe" \
+      scripts/topk-trace-probe.cu > "$out/probe-build.log" 2>&1 || { say "probe build failed"; return; }
+  timeout 60 "$out/topk-trace-probe" "$@" > "$out/trace-$tag.txt" 2>&1
+  say "trace $tag ($*): rc=$?"
+  cat "$out/trace-$tag.txt" >> "$out/summary.txt"
+}
+
 # Packs $out into $OUT/results.tar.gz (the device tool brings it back) and prints the summary.
 finish() {
   say "total $(( $(date +%s) - t0 )) s"
