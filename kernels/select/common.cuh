@@ -77,6 +77,7 @@ struct BlockTemp {
     BlockScanU64::TempStorage scan_u64;
     BlockReduceInt::TempStorage reduce_int;
     BlockReduceU64::TempStorage reduce_u64;
+    unsigned long long warp_u64[2][kThreads / 32];  // per-warp values (rank_select's extremes)
   };
   int bcast_int;
   unsigned long long bcast_u64;

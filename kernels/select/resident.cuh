@@ -20,7 +20,7 @@
 //    almost always unique), at most five (52-bit keys) on rows of heavy ties;
 // 3a. (gather, the built-in finish) every CTA appends its keys at or above the cut to the
 //    leader's buffer (one remote atomic per warp); one cluster barrier; the leader sorts the t
-//    keys (sort_ranked; up to kResidentCountRanks keys are placed by counting the keys above
+//    keys (merge_sort_ranked; up to kResidentCountRanks keys are placed by counting the keys above
 //    each instead) and writes topk's outputs or stage B's input;
 // 3b. (scatter, SelectTuning::resident_scatter) every CTA sorts its own kept keys (about t / C
 //    of them; by counting when few), one cluster barrier, copies every CTA's sorted list from
@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1)
     __syncthreads();
     const int mine = static_cast<int>(sh.top_count);
     if (mine > kResidentCountRanks) {
-      sort_ranked(sh.top, mine, sh.l.sort, sh.temp);
+      merge_sort_ranked(sh.top, mine, sh.l.sort, sh.temp);
     } else if (mine > 0) {
       place_by_counting(sh.top, mine, sh.l.placed);
       __syncthreads();
@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1)
   if (q != 0) return;
   const std::uint64_t* ranked = sh.top;
   if (target > kResidentCountRanks) {
-    sort_ranked(sh.top, target, sh.l.sort, sh.temp);
+    merge_sort_ranked(sh.top, target, sh.l.sort, sh.temp);
   } else if (target > 0) {  // a few keys: each one's rank is the number of keys above it
     place_by_counting(sh.top, target, sh.l.placed);
     __syncthreads();

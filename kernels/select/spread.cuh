@@ -36,6 +36,12 @@
 #include "select/common.cuh"
 #include "select/stream.cuh"
 
+// Phase marks for scripts/topk-trace-probe.cu, which defines the macro before including this
+// header to time each phase of a call; nothing in the library defines it.
+#ifndef KVC_SPREAD_MARK
+#define KVC_SPREAD_MARK(phase) ((void)0)
+#endif
+
 namespace kvc {
 namespace kernels {
 namespace select_detail {
@@ -48,6 +54,7 @@ constexpr int kSpreadCap = 16384;                // candidate keys a row's finis
 constexpr int kSpreadMaxPasses = 5;              // 12-bit digits of a <= 52-bit key
 constexpr int kSpreadMaxRows = 64;               // rows of a spread call (workspace bound)
 constexpr int kSpreadDefaultRows = 16;           // rows up to which the built-in choice spreads
+constexpr int kSpreadLoads = 16;                 // candidates per thread the finisher loads at once
 
 static_assert(kSpreadCap >= kStreamMaxRanks, "the candidates hold the row's top t");
 static_assert(kSpreadMaxPasses * kStreamDigitBits >= 52, "passes cover every key bit");
@@ -73,7 +80,7 @@ struct SpreadShared {
   unsigned hist[kStreamBins];  // this CTA's digit histogram; the row's, read back
   union {
     std::uint64_t cand[kSpreadCap];  // this CTA's candidates (staging); the finisher's all
-    StreamSort::TempStorage sort;
+    SortTemp sort;
   } u;
   std::uint64_t top[kStreamMaxRanks];  // the finisher's exact top t
   BlockTemp temp;
@@ -123,6 +130,7 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
     spread_topm_kernel(const __grid_constant__ SpreadParams sp) {
   extern __shared__ __align__(16) unsigned char spread_smem[];
   SpreadShared& sh = *reinterpret_cast<SpreadShared*>(spread_smem);
+  KVC_SPREAD_MARK(0);
   const TopmParams& p = sp.t;
   const int C = sp.ctas;
   const int row = static_cast<int>(blockIdx.x) / C;
@@ -160,8 +168,6 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
                  ? load4_bounded(bits, first + r * kSpreadTile + tid * 4, n, p.vector_loads)
                  : make_uint4(0u, 0u, 0u, 0u);
   }
-  cooperative_groups::this_grid().sync();  // every row's state is zero
-
   // f(valid, score_key, id) for each of this thread's elements, in a CTA-uniform sequence (f may
   // use warp collectives).
   auto visit = [&](auto&& f) {
@@ -190,26 +196,43 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
     }
   };
 
+  // This CTA's histogram (in sh.hist) of the w-bit digit below cut c's prefix (2^w bins).
+  auto local_hist = [&](const Cut& c, int w) {
+    const int nb = 1 << w;
+    const int shift = B - c.pbits - w;
+    for (int b = tid; b < nb; b += kSpreadThreads) sh.hist[b] = 0u;
+    __syncthreads();
+    visit([&](bool valid, std::uint32_t sk, int e) {
+      const std::uint64_t ck = codec.encode(sk, e);
+      const bool match = valid && (ck >> (B - c.pbits)) == c.prefix;
+      const int bin = match ? static_cast<int>(ck >> shift) & (nb - 1) : -1;
+      const unsigned peers = __match_any_sync(0xffffffffu, bin);
+      if (match && lane == __ffs(static_cast<int>(peers)) - 1) {
+        atomicAdd(&sh.hist[bin], static_cast<unsigned>(__popc(peers)));
+      }
+    });
+    __syncthreads();
+  };
+
+  // The first pass's digit needs nothing from the other CTAs: its histogram is made before the
+  // grid-wide barrier, so the loads' latency and the counting overlap the other CTAs' arrival.
+  Cut cut{0, 0, 0, n};
+  const auto digit_bits = [&](const Cut& c) {
+    return B - c.pbits < kStreamDigitBits ? B - c.pbits : kStreamDigitBits;
+  };
+  const bool first_pass = target > 0 && n > kSpreadCap;  // uniform over the row's CTAs
+  if (first_pass) local_hist(cut, digit_bits(cut));
+  cooperative_groups::this_grid().sync();  // every row's state is zero
+  KVC_SPREAD_MARK(1);
+
   if (target > 0) {  // uniform over the row's CTAs
     // --- 2. radix passes until the keys at or above the prefix fit the finisher --------------
-    Cut cut{0, 0, 0, n};
     int passes = 0;
     for (int pass = 0; cut.above + cut.eq > kSpreadCap; ++pass, ++passes) {
-      const int w = B - cut.pbits < kStreamDigitBits ? B - cut.pbits : kStreamDigitBits;
+      const int w = digit_bits(cut);
       const int nb = 1 << w;
-      const int shift = B - cut.pbits - w;
-      for (int b = tid; b < nb; b += kSpreadThreads) sh.hist[b] = 0u;
-      __syncthreads();
-      visit([&](bool valid, std::uint32_t sk, int e) {
-        const std::uint64_t ck = codec.encode(sk, e);
-        const bool match = valid && (ck >> (B - cut.pbits)) == cut.prefix;
-        const int bin = match ? static_cast<int>(ck >> shift) & (nb - 1) : -1;
-        const unsigned peers = __match_any_sync(0xffffffffu, bin);
-        if (match && lane == __ffs(static_cast<int>(peers)) - 1) {
-          atomicAdd(&sh.hist[bin], static_cast<unsigned>(__popc(peers)));
-        }
-      });
-      __syncthreads();
+      if (pass > 0) local_hist(cut, w);
+      KVC_SPREAD_MARK(2);
       unsigned* row_hist = st.hist[pass];
       for (int b = tid; b < nb; b += kSpreadThreads) {
         const unsigned v = sh.hist[b];
@@ -217,14 +240,16 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
       }
       if (pass + 1 < kSpreadMaxPasses) zero_share(st.hist[pass + 1]);
       spread_row_barrier(&st.arrived[pass], static_cast<unsigned>(C));
+      KVC_SPREAD_MARK(3);
       cut = spread_narrow(row_hist, w, cut, target, sh);
+      KVC_SPREAD_MARK(4);
     }
 
     // --- 3. the keys at or above the cut to the row's candidates; the last CTA finishes -------
     // With `next`, every CTA also histograms the next digit of its keys with the cut's prefix into
     // the row's histogram hist[passes] (zeroed before the last barrier, or before the grid sync
     // when no pass ran), so the finisher picks that digit without a pass over the candidates.
-    const int w2 = B - cut.pbits < kStreamDigitBits ? B - cut.pbits : kStreamDigitBits;
+    const int w2 = digit_bits(cut);
     const bool next = w2 > 0 && passes < kSpreadMaxPasses && cut.above + cut.eq > target;
     const int nb2 = next ? 1 << w2 : 0;
     const int shift2 = B - cut.pbits - w2;
@@ -248,14 +273,15 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
       }
     });
     __syncthreads();
+    KVC_SPREAD_MARK(5);
     const int mine = static_cast<int>(sh.count);
     if (tid == 0) sh.base = mine > 0 ? atomicAdd(&st.cand_count, static_cast<unsigned>(mine)) : 0u;
-    __syncthreads();
-    for (int j = tid; j < mine; j += kSpreadThreads) row_cand[sh.base + j] = sh.u.cand[j];
-    for (int b = tid; b < nb2; b += kSpreadThreads) {
+    for (int b = tid; b < nb2; b += kSpreadThreads) {  // while thread 0's atomic is in flight
       const unsigned v = sh.hist[b];
       if (v != 0u) atomicAdd(&st.hist[passes][b], v);
     }
+    __syncthreads();
+    for (int j = tid; j < mine; j += kSpreadThreads) row_cand[sh.base + j] = sh.u.cand[j];
     __syncthreads();
     if (tid == 0) {
       __threadfence();
@@ -263,38 +289,72 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
       if (sh.last) __threadfence();
     }
     __syncthreads();
+    KVC_SPREAD_MARK(6);
     if (sh.last == 0) return;
 
-    // Every CTA's appended keys and next-digit counts are now visible. The finisher narrows the
-    // cut by one digit from the row's counts, then keeps only the candidates at or above it.
-    const Cut fine = next ? spread_narrow(st.hist[passes], w2, cut, target, sh) : cut;
+    // Every CTA's appended keys and next-digit counts are now visible. The finisher loads the
+    // candidates (the first kSpreadLoads per thread before it narrows the cut, so that the loads
+    // overlap the narrowing), narrows the cut by one digit from the row's counts, keeps only the
+    // candidates at or above it (about t, not the several thousand keys of the cut's bin) and
+    // ranks them (rank_select; where it declines, an exact radix select and a sort).
     const int all = cut.above + cut.eq;
-    if (tid == 0) sh.count = 0u;
-    __syncthreads();
-    constexpr int kLoads = 4;  // loads in flight together: the candidates come from L2
-    for (int base = 0; base < all; base += kLoads * kSpreadThreads) {  // uniform trip count
-      std::uint64_t ck[kLoads];
+    std::uint64_t ahead[kSpreadLoads];
 #pragma unroll
-      for (int r = 0; r < kLoads; ++r) {
-        const int j = base + r * kSpreadThreads + tid;
-        ck[r] = j < all ? __ldcg(&row_cand[j]) : 0ull;
+    for (int r = 0; r < kSpreadLoads; ++r) {
+      const int j = r * kSpreadThreads + tid;
+      ahead[r] = j < all ? __ldcg(&row_cand[j]) : 0ull;
+    }
+    const Cut fine = next ? spread_narrow(st.hist[passes], w2, cut, target, sh) : cut;
+    KVC_SPREAD_MARK(7);
+    // Compaction by a block scan over each thread's kept count (not one shared counter per
+    // load: 16 rounds of a warp's atomic on one address serialise the CTA's 16 warps).
+    int kept = 0;  // uniform
+    auto keep = [&](int base) {
+      unsigned mask = 0u;
+#pragma unroll
+      for (int r = 0; r < kSpreadLoads; ++r) {
+        const bool take = base + r * kSpreadThreads + tid < all &&
+                          (ahead[r] >> (B - fine.pbits)) >= fine.prefix;
+        mask |= take ? 1u << r : 0u;
       }
+      int at = 0, total = 0;
+      BlockScanInt(sh.temp.scan_int).ExclusiveSum(__popc(mask), at, total);
+      at += kept;
 #pragma unroll
-      for (int r = 0; r < kLoads; ++r) {
+      for (int r = 0; r < kSpreadLoads; ++r) {
+        if ((mask >> r) & 1u) sh.u.cand[at++] = ahead[r];
+      }
+      kept += total;
+      __syncthreads();  // the scan's scratch is reused
+    };
+    keep(0);
+    for (int base = kSpreadLoads * kSpreadThreads; base < all;  // uniform trip count
+         base += kSpreadLoads * kSpreadThreads) {
+#pragma unroll
+      for (int r = 0; r < kSpreadLoads; ++r) {
         const int j = base + r * kSpreadThreads + tid;
-        const bool take = j < all && (ck[r] >> (B - fine.pbits)) >= fine.prefix;
-        const unsigned pos = warp_append_one(take, &sh.count);
-        if (take) sh.u.cand[pos] = ck[r];
+        ahead[r] = j < all ? __ldcg(&row_cand[j]) : 0ull;
+      }
+      keep(base);
+    }
+    KVC_SPREAD_MARK(8);
+    const int count = kept;  // fine.above + fine.eq: the candidates at or above the cut
+    if (count > kRankCap ||
+        !rank_select(sh.u.cand, count, target, sh.top, sh.u.cand, sh.hist, sh.temp)) {
+      const Cut exact = refine_cut(sh.u.cand, count, B, fine, target, target, sh.hist, sh.temp);
+      KVC_SPREAD_MARK(9);
+      if (tid == 0) sh.count = 0u;
+      __syncthreads();
+      append_above(sh.u.cand, count, B, exact, sh.top, &sh.count);
+      __syncthreads();
+      KVC_SPREAD_MARK(10);
+      if (count > kRankCap) {
+        sort_ranked(sh.top, target, sh.u.sort, sh.temp);
+      } else {  // rank_select declined these keys' superset
+        merge_sort_ranked(sh.top, target, sh.u.sort.merge, sh.temp);
       }
     }
-    __syncthreads();
-    const int count = fine.above + fine.eq;  // the candidates kept
-    const Cut exact = refine_cut(sh.u.cand, count, B, fine, target, target, sh.hist, sh.temp);
-    if (tid == 0) sh.count = 0u;
-    __syncthreads();
-    append_above(sh.u.cand, count, B, exact, sh.top, &sh.count);
-    __syncthreads();
-    sort_ranked(sh.top, target, sh.u.sort, sh.temp);
+    KVC_SPREAD_MARK(11);
   } else if (c != 0) {
     return;  // an empty row: CTA 0 writes it
   }
@@ -306,6 +366,7 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
     std::uint64_t* out = p.topm + static_cast<std::size_t>(row) * p.m;
     for (int r = tid; r < target; r += kSpreadThreads) out[r] = sh.top[r];
   }
+  KVC_SPREAD_MARK(12);
 }
 
 }  // namespace select_detail

@@ -53,6 +53,7 @@ static_assert(kStreamKeep >= kStreamMaxRanks, "a compaction keeps the t needed")
 static_assert(kStreamDefaultTrigger > kStreamKeep, "a compaction frees room");
 static_assert(kStreamSortItems * kStreamThreads + 1 >= kStreamMaxRanks, "the sort holds t - 1");
 static_assert(kStreamKeep <= kStreamCap, "the leader's buffer holds the gathered keys");
+static_assert(kStreamKeep <= kStreamBins, "rank_select takes the gathered keys");
 
 struct StreamParams {
   TopmParams t;  // the stage-A parameters (need_mass unsupported here)
@@ -62,6 +63,25 @@ struct StreamParams {
 
 using StreamSort = cub::BlockMergeSort<unsigned long long, kStreamThreads, kStreamSortItems>;
 
+// Phase marks of rank_select for scripts/topk-trace-probe.cu (see KVC_SPREAD_MARK in
+// spread.cuh); nothing in the library defines it.
+#ifndef KVC_RANK_MARK
+#define KVC_RANK_MARK(phase) ((void)0)
+#endif
+
+constexpr int kRankCap = kStreamBins;  // keys rank_select takes: 8 per thread
+constexpr int kRankPer = kRankCap / kStreamThreads;
+constexpr int kRankBucketMax = 64;  // keys of one bucket rank_select compares pairwise
+
+/// Scratch of sort_ranked: rank_select's, then (if it declines) the merge sort's.
+union SortTemp {
+  struct {
+    std::uint64_t tmp[kRankCap];
+    unsigned hist[kStreamBins];
+  } rank;
+  StreamSort::TempStorage merge;
+};
+
 struct StreamShared {
   std::uint64_t buf[kStreamCap];    // this CTA's candidates; the leader's exact top t at the end
   std::uint64_t kept[kStreamKeep];  // a compaction's survivors; the leader's gathered keys
@@ -70,7 +90,7 @@ struct StreamShared {
       unsigned hist[kStreamBins];      // this CTA's digit histogram
       unsigned chist[2][kStreamBins];  // leader: the row's digit histograms (double-buffered)
     } h;
-    StreamSort::TempStorage sort;
+    SortTemp sort;
   } u;
   BlockTemp temp;
   unsigned count;        // keys in buf
@@ -159,12 +179,124 @@ __device__ __forceinline__ void append_above(const std::uint64_t* X, int count, 
   }
 }
 
-/// Sorts keys[0, t) (t <= kStreamMaxRanks, distinct) into rank order, in place: the smallest
-/// goes last when t exceeds the sort's 2048, the rest through cub::BlockMergeSort (scratch
-/// sort_temp and temp, shared). Every thread of the CTA calls it after a barrier that made keys
-/// visible; it ends with a barrier.
-__device__ __forceinline__ void sort_ranked(std::uint64_t* keys, int t,
-                                            StreamSort::TempStorage& sort_temp, BlockTemp& temp) {
+/// The top `target` of the distinct keys X[0, count) (1 <= target <= count <= kRankCap), in rank
+/// order, into out[0, target), by counting instead of sorting: each key's bucket is its offset
+/// from the smallest key, shifted so that the largest falls in bucket kStreamBins - 1; the
+/// buckets' counts, scanned in descending order, place each bucket, and a key's rank is its
+/// bucket's place plus the keys of its bucket that are larger (compared pairwise, through the
+/// keys scattered to tmp[0, count) by bucket). Returns false, with out unwritten, when some
+/// bucket holds more than kRankBucketMax keys (clustered keys beside a distant one): the caller
+/// then sorts. out may alias X, tmp may alias X, out and tmp may not alias each other; hist
+/// (kStreamBins, shared) aliases neither; every thread of the CTA calls it after a barrier that
+/// made X visible; it ends with a barrier. Seven barriers and one block scan in all: the call
+/// is latency-bound (the spread finisher's ~2100 keys).
+__device__ __forceinline__ bool rank_select(const std::uint64_t* X, int count, int target,
+                                            std::uint64_t* out, std::uint64_t* tmp,
+                                            unsigned* hist, BlockTemp& temp) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
+  const int per = (count + kStreamThreads - 1) / kStreamThreads;  // slots in use (uniform)
+  std::uint64_t v[kRankPer];
+  unsigned long long lo = ~0ull, hi = 0ull;
+#pragma unroll
+  for (int i = 0; i < kRankPer; ++i) {
+    const int j = tid + i * kStreamThreads;
+    v[i] = 0ull;
+    if (i < per && j < count) {
+      v[i] = X[j];
+      lo = v[i] < lo ? v[i] : lo;
+      hi = v[i] > hi ? v[i] : hi;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const unsigned long long l = __shfl_xor_sync(0xffffffffu, lo, o);
+    const unsigned long long h = __shfl_xor_sync(0xffffffffu, hi, o);
+    lo = l < lo ? l : lo;
+    hi = h > hi ? h : hi;
+  }
+  if (lane == 0) {
+    temp.warp_u64[0][warp] = lo;
+    temp.warp_u64[1][warp] = hi;
+  }
+  if (tid == 0) temp.bcast_int = 0;  // set where some bucket is too wide
+  for (int b = tid; b < kStreamBins; b += kStreamThreads) hist[b] = 0u;
+  __syncthreads();  // 1: the warps' extremes, hist zero, every X read done
+#pragma unroll
+  for (int w = 0; w < kStreamThreads / 32; ++w) {
+    const unsigned long long l = temp.warp_u64[0][w], h = temp.warp_u64[1][w];
+    lo = l < lo ? l : lo;
+    hi = h > hi ? h : hi;
+  }
+  const unsigned long long range = hi - lo;
+  const int len = 64 - __clzll(static_cast<long long>(range));  // bits of the range
+  const int shift = len > kStreamDigitBits ? len - kStreamDigitBits : 0;
+  int bin[kRankPer];
+  unsigned slot[kRankPer];
+#pragma unroll
+  for (int i = 0; i < kRankPer; ++i) {
+    bin[i] = 0;
+    slot[i] = 0u;
+    if (i < per && tid + i * kStreamThreads < count) {
+      bin[i] = static_cast<int>((v[i] - lo) >> shift);  // < kStreamBins
+      slot[i] = atomicAdd(&hist[bin[i]], 1u);
+    }
+  }
+  __syncthreads();  // 2: the counts (and every read of temp.warp_u64, which the scan reuses)
+  KVC_RANK_MARK(13);
+  // Bucket places in descending bucket order: thread t owns positions [8t, 8t + 8), position p
+  // being bucket kStreamBins - 1 - p, and replaces their counts with their places (no barrier
+  // between: no other thread reads them until barrier 3).
+  constexpr int kPer = kStreamBins / kStreamThreads;
+  unsigned c[kPer];
+  int local = 0;
+  bool wide = false;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    c[j] = hist[kStreamBins - 1 - (tid * kPer + j)];
+    local += static_cast<int>(c[j]);
+    wide = wide || c[j] > static_cast<unsigned>(kRankBucketMax);
+  }
+  int run = 0;
+  BlockScanInt(temp.scan_int).ExclusiveSum(local, run);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    hist[kStreamBins - 1 - (tid * kPer + j)] = static_cast<unsigned>(run);
+    run += static_cast<int>(c[j]);
+  }
+  if (wide) temp.bcast_int = 1;
+  __syncthreads();  // 3: the places and the flag
+  if (temp.bcast_int != 0) {
+    __syncthreads();  // 4': every thread has read the flag before anyone reuses temp
+    return false;     // uniform
+  }
+#pragma unroll
+  for (int i = 0; i < kRankPer; ++i) {
+    if (i < per && tid + i * kStreamThreads < count) tmp[hist[bin[i]] + slot[i]] = v[i];
+  }
+  __syncthreads();  // 4: the keys by bucket
+  KVC_RANK_MARK(14);
+#pragma unroll
+  for (int i = 0; i < kRankPer; ++i) {
+    if (i < per && tid + i * kStreamThreads < count) {
+      const int b = bin[i];
+      const int begin = static_cast<int>(hist[b]);
+      const int end = b == 0 ? count : static_cast<int>(hist[b - 1]);
+      int r = begin;
+      for (int j = begin; j < end; ++j) r += tmp[j] > v[i] ? 1 : 0;
+      if (r < target) out[r] = v[i];  // out is not tmp; X was read before barrier 1
+    }
+  }
+  __syncthreads();  // 5: out complete
+  return true;
+}
+
+/// Sorts keys[0, t) (t <= kStreamMaxRanks, distinct) into rank order, in place, with
+/// cub::BlockMergeSort (the smallest placed last when t exceeds the sort's 2048). Every thread of
+/// the CTA calls it after a barrier that made keys visible; it ends with a barrier.
+__device__ __forceinline__ void merge_sort_ranked(std::uint64_t* keys, int t,
+                                                  StreamSort::TempStorage& sort_temp,
+                                                  BlockTemp& temp) {
   const int tid = static_cast<int>(threadIdx.x);
   constexpr int kSortCap = kStreamSortItems * kStreamThreads;
   int s = t;
@@ -198,6 +330,15 @@ __device__ __forceinline__ void sort_ranked(std::uint64_t* keys, int t,
     if (j < s) keys[j] = v[i];
   }
   __syncthreads();
+}
+
+/// Sorts keys[0, t) (t <= kStreamMaxRanks, distinct) into rank order, in place: rank_select,
+/// or merge_sort_ranked where it declines. Same calling rules as merge_sort_ranked.
+__device__ __forceinline__ void sort_ranked(std::uint64_t* keys, int t, SortTemp& sort_temp,
+                                            BlockTemp& temp) {
+  if (t <= 1) return;
+  if (rank_select(keys, t, t, keys, sort_temp.rank.tmp, sort_temp.rank.hist, temp)) return;
+  merge_sort_ranked(keys, t, sort_temp.merge, temp);
 }
 
 /// The streaming stage A, see the file comment. Grid: Q * rows CTAs in clusters of Q (Q = 1
@@ -343,8 +484,15 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
 
   // --- the row's exact top t ---------------------------------------------------------------
   std::uint64_t* result = sh.buf;  // the leader's, at the end
+  bool ranked = false;             // result holds the top t in rank order already
+  bool declined = false;           // rank_select declined this row's keys (the sort will too)
   if (num_ctas == 1) {
-    if (target > 0) {
+    if (target > 0 && static_cast<int>(sh.count) <= kRankCap) {
+      const int count = static_cast<int>(sh.count);
+      ranked = rank_select(sh.buf, count, target, sh.buf, sh.kept, sh.u.h.hist, sh.temp);
+      declined = !ranked;
+    }
+    if (target > 0 && !ranked) {
       const int count = static_cast<int>(sh.count);
       const Cut c = local_cut(sh.buf, count, B, target, target, sh);
       append_above(sh.buf, count, B, c, sh.kept, &sh.kept_count);
@@ -403,17 +551,27 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
       append_above(sh.buf, count, B, c, lead.kept, &lead.kept_count);
       cluster.sync();  // C: the leader holds the row's candidates; the others are done
       if (q != 0) return;
-      const int gathered = static_cast<int>(sh.kept_count);
-      const Cut e = local_cut(sh.kept, gathered, B, target, target, sh);
-      if (tid == 0) sh.count = 0u;
-      __syncthreads();
-      append_above(sh.kept, gathered, B, e, sh.buf, &sh.count);
-      __syncthreads();
+      const int gathered = static_cast<int>(sh.kept_count);  // <= kStreamKeep = kRankCap
+      ranked = rank_select(sh.kept, gathered, target, sh.buf, sh.kept, sh.u.h.hist, sh.temp);
+      declined = !ranked;
+      if (!ranked) {
+        const Cut e = local_cut(sh.kept, gathered, B, target, target, sh);
+        if (tid == 0) sh.count = 0u;
+        __syncthreads();
+        append_above(sh.kept, gathered, B, e, sh.buf, &sh.count);
+        __syncthreads();
+      }
     }
   }
 
   // --- leader: the top t in rank order, then topk's outputs or stage B's input --------------
-  if (target > 0) sort_ranked(result, target, sh.u.sort, sh.temp);
+  if (target > 0 && !ranked) {
+    if (declined) {
+      merge_sort_ranked(result, target, sh.u.sort.merge, sh.temp);
+    } else {
+      sort_ranked(result, target, sh.u.sort, sh.temp);
+    }
+  }
   if (p.direct_topk) {
     write_topk_row<kStreamThreads>(p, row, n, result);
   } else {

@@ -683,6 +683,75 @@ TEST(Cuda_Selector_Spread, EveryVariantEveryPolicyMatchesCpu) {
   }
 }
 
+// Rows for the finishers' counting rank (rank_select, kernels/select/stream.cuh): its buckets
+// are the offsets from the smallest candidate key, scaled to the largest, so one distant best
+// block crowds the rest into few buckets. Row 0: a distant best block and 4000 blocks within
+// 4000 ulps (one bucket: the finisher falls back to its sort); row 1: a distant best block and
+// groups of 40 blocks, 2^18 ulps apart (buckets of up to 40 keys, compared pairwise); row 2: the
+// groups without the distant block; row 3: 2100 blocks on consecutive floats and ties below.
+Batch bucket_batch(Gen& gen, int max_blocks) {
+  Batch b;
+  b.rows = 4;
+  b.max_blocks = max_blocks;
+  b.scores.assign(static_cast<std::size_t>(b.rows) * max_blocks, 0.0f);
+  b.num_valid.assign(static_cast<std::size_t>(b.rows), max_blocks);
+  auto at_ulps = [](float base, std::uint32_t ulps) {
+    std::uint32_t u;
+    std::memcpy(&u, &base, 4);
+    u += ulps;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  for (int r = 0; r < b.rows; ++r) {
+    float* row = b.scores.data() + static_cast<std::size_t>(r) * max_blocks;
+    for (int j = 0; j < max_blocks; ++j) row[j] = 0.25f * static_cast<float>(gen.uniform(0, 3));
+    std::vector<int> ids(static_cast<std::size_t>(max_blocks));
+    for (int j = 0; j < max_blocks; ++j) ids[j] = j;
+    for (int j = 0; j < 4200; ++j) std::swap(ids[j], ids[gen.uniform(j, max_blocks - 1)]);
+    switch (r) {
+      case 0:
+        for (int j = 0; j < 4000; ++j) row[ids[j]] = at_ulps(1.0f, static_cast<std::uint32_t>(j));
+        row[ids[4000]] = 1e30f;
+        break;
+      case 1:
+      case 2:
+        for (int j = 0; j < 4000; ++j) {
+          row[ids[j]] = at_ulps(1.0f, static_cast<std::uint32_t>((j / 40) << 18) + j % 40);
+        }
+        if (r == 1) row[ids[4000]] = 1e30f;
+        break;
+      default:
+        for (int j = 0; j < 2100; ++j) row[ids[j]] = at_ulps(2.0f, static_cast<std::uint32_t>(j));
+        break;
+    }
+  }
+  return b;
+}
+
+// The counting rank of the spread and streaming finishers on the rows above, beside the sort it
+// falls back to: every CTA count of the spread path, the streaming path, k 512 / 2048.
+TEST(Cuda_Selector_Spread, CountingRankAndItsFallbackMatchCpu) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  for (int max_blocks : {16385, capped(131072)}) {
+    SCOPED_TRACE("max_blocks " + std::to_string(max_blocks));
+    const Batch b = bucket_batch(gen, max_blocks);
+    for (int variant = 0; variant < 4; ++variant) {
+      kernels::select_detail::SelectTuning tuning;
+      tuning.force_spread = variant < 3;
+      tuning.spread_ctas = variant == 1 ? 1 : variant == 2 ? 16 : 0;
+      tuning.no_spread = variant == 3;
+      SCOPED_TRACE("variant " + std::to_string(variant));
+      for (int k : {512, 2048}) {
+        check_policy_tuned(gen, b, SelectPolicy::topk(k), tuning);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
 // The built-in choice around its boundaries (16 / 17 rows, 16384 / 16385 blocks, 64 / 65 rows with
 // the spread path forced: 65 rows take the streaming path) and the streaming path pinned where
 // the built-in choice spreads (no_spread).
