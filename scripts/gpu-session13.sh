@@ -8,9 +8,10 @@
 #          benchmarks/anchors/cub_topk_anchor.cu against the nvidia-cuda-cccl 13.3 headers; carry
 #          build-anchor) and torch.topk; memcheck over the spread and streaming tests, racecheck
 #          and synccheck over the counting-rank test
-#   final  build; every test (GPU, CPU, mini-decoder) through gpu-check; the same traces at
-#          131072 / 262144; topk_bench / dsv4_bench's large-k rows; torch.topk; memcheck over the
-#          spread and streaming tests, racecheck over the spread tests
+#   final  build; the Selector and DeepSeek-V4 GPU tests (what uses the changed kernels); the traces at 131072 /
+#          262144 (the row candidate bound of 32768, the finisher's loads of the next digit's
+#          counts first); topk_bench / dsv4_bench's large-k rows; torch.topk; memcheck over the
+#          spread tests, racecheck over the counting-rank test
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=$PWD/gpu-out/session13
@@ -61,16 +62,16 @@ case "${1:-rank}" in
     ;;
   final)
     build
-    all_tests 240
+    gtests select-dsv4 '*Cuda_Selector*:*Cuda_Dsv4*' 120
     topk_trace u131k-2048 131072 2048 0
-    topk_trace u131k-512 131072 512 0
     topk_trace t131k-2048 131072 2048 2
     topk_trace u262k-2048 262144 2048 0
-    bench 60 topk_bench 'BM_TopK/(1|4|64)/(131072|262144)/(512|2048)/'
-    bench 40 dsv4_bench 'BM_Dsv4TopK/(1|8)/262144/(512|2048)/0/0/'
+    topk_trace g262k-2048 262144 2048 1
+    bench 50 topk_bench 'BM_TopK/(1|4|64)/(131072|262144)/(512|2048)/'
+    bench 30 dsv4_bench 'BM_Dsv4TopK/(1|8)/262144/(512|2048)/0/0/'
     torch_topk
-    sanitize memcheck-select memcheck '*Cuda_Selector_Spread*:*Cuda_Selector_Stream*' 90
-    sanitize racecheck-spread racecheck '*Cuda_Selector_Spread*' 60
+    sanitize memcheck-spread memcheck '*Cuda_Selector_Spread*' 50
+    sanitize racecheck-rank racecheck '*Cuda_Selector_Spread.CountingRank*' 40
     report
     ;;
   *) echo "gpu-session13.sh: rank | final" >&2; exit 2 ;;
