@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
       KVC_SPREAD_MARK(10);
       if (count > kRankCap) {
         sort_ranked(sh.top, target, sh.u.sort, sh.temp);
-      } else {  // rank_select declined these keys' superset
+      } else {  // rank_select declined their superset: not tried again (not measured)
         merge_sort_ranked(sh.top, target, sh.u.sort.merge, sh.temp);
       }
     }

@@ -13,9 +13,10 @@
 //   CTA filters by the largest T any CTA of the row has published;
 // - at the end a cluster-wide 12-bit radix select over the CTAs' buffers (histograms pushed into
 //   the leader through distributed shared memory) narrows the row's candidates to at most
-//   kStreamKeep, which the leader gathers, selects exactly the top t of (radix select), and sorts
-//   (cub::BlockMergeSort, the smallest key placed last by hand so that t = 2^11 + 1 fits 4 keys
-//   per thread).
+//   kStreamKeep, which the leader gathers and ranks (rank_select: by counting, the top t in rank
+//   order); where rank_select declines (a bucket of more than kRankBucketMax keys), a radix
+//   select of the exact top t and cub::BlockMergeSort (the smallest key placed last by hand so
+//   that t = 2^11 + 1 fits 4 keys per thread).
 //
 // topk in score order writes its ids and report here; other policies get the top t keys in
 // `topm` for policy_kernel. The expected work past the single read is small: the buffer grows by
@@ -188,7 +189,7 @@ __device__ __forceinline__ void append_above(const std::uint64_t* X, int count, 
 /// bucket holds more than kRankBucketMax keys (clustered keys beside a distant one): the caller
 /// then sorts. out may alias X, tmp may alias X, out and tmp may not alias each other; hist
 /// (kStreamBins, shared) aliases neither; every thread of the CTA calls it after a barrier that
-/// made X visible; it ends with a barrier. Seven barriers and one block scan in all: the call
+/// made X visible; it ends with a barrier. Five barriers and one block scan in all: the call
 /// is latency-bound (the spread finisher's ~2100 keys).
 __device__ __forceinline__ bool rank_select(const std::uint64_t* X, int count, int target,
                                             std::uint64_t* out, std::uint64_t* tmp,
@@ -485,7 +486,8 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
   // --- the row's exact top t ---------------------------------------------------------------
   std::uint64_t* result = sh.buf;  // the leader's, at the end
   bool ranked = false;             // result holds the top t in rank order already
-  bool declined = false;           // rank_select declined this row's keys (the sort will too)
+  bool declined = false;  // rank_select declined this row's keys: the top t go to the merge sort
+                          // (a second counting attempt on them was not measured)
   if (num_ctas == 1) {
     if (target > 0 && static_cast<int>(sh.count) <= kRankCap) {
       const int count = static_cast<int>(sh.count);
