@@ -13,7 +13,9 @@ if(NOT KVC_WITH_CUDA STREQUAL "OFF")
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      set(CMAKE_CUDA_ARCHITECTURES 90 CACHE STRING "CUDA architectures")
+      # 90a: Hopper's arch-specific features (wgmma, used by the DSv4 indexer); code built for
+      # 90a runs on compute capability 9.0 only. Pass e.g. "90" or "80;90a" to choose others.
+      set(CMAKE_CUDA_ARCHITECTURES 90a CACHE STRING "CUDA architectures")
     endif()
     enable_language(CUDA)
     set(CMAKE_CUDA_STANDARD 17)

@@ -43,6 +43,28 @@ inline cudaError_t sm_count(int& out) {
   return cudaSuccess;
 }
 
+/// Whether the current device is compute capability 9.0 (Hopper, where this build's sm_90a code
+/// runs); cached per device.
+inline cudaError_t device_is_sm90(bool& out) {
+  static std::mutex mu;
+  static std::map<int, bool> cache;
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = cache.find(dev);
+  if (it != cache.end()) {
+    out = it->second;
+    return cudaSuccess;
+  }
+  int major = 0, minor = 0;
+  e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (e != cudaSuccess) return e;
+  out = cache[dev] = major == 9 && minor == 0;
+  return cudaSuccess;
+}
+
 /// CTAs of `kernel` with `threads` threads and `smem` bytes of dynamic shared memory resident on
 /// one SM of the current device (at least 1), after allowing the kernel that much dynamic shared
 /// memory (cudaFuncAttributeMaxDynamicSharedMemorySize, needed past 48 KB; a caller launching
