@@ -10,7 +10,9 @@
 #include "device_buffer.h"
 #include "dsv4/index.cuh"
 #include "dsv4/index_stream.cuh"
+#include "dsv4/index_wgmma.cuh"
 #include "dsv4_internal.h"
+#include "kvc/config.h"
 #include "kvc/core/cuda_check.h"
 #include "kvc/core/error.h"
 #include "kvc/dsv4/indexer.h"
@@ -24,7 +26,29 @@ namespace {
 using namespace dsv4_detail;
 
 /// The largest mxfp4 score-kernel variant (Dsv4IndexArgs::variant).
-constexpr int kIndexVariants = 8;
+constexpr int kIndexVariants = 9;
+
+/// Whether variant 9 (warpgroup mma, sm_90a) can run here: this build has sm_90a code and no
+/// plain sm_90 code that the runtime could pick instead (KVC_CUDA_SM90A, set by CMake), and the
+/// device is compute capability 9.0.
+bool wgmma_available() {
+#if KVC_CUDA_SM90A
+  bool sm90 = false;
+  return kvc::detail::device_is_sm90(sm90) == cudaSuccess && sm90;
+#else
+  return false;
+#endif
+}
+
+/// Whether variant 9 takes these keys: mxfp4, 64 heads of dim 128, pages of 8, 16, 32 or 64
+/// entries (a unit of 64 entries is whole pages).
+bool wgmma_fits(const dsv4::EntryStoreView& keys, const dsv4::IndexerConfig& c) {
+  const int pe = keys.layout.page_entries;
+  return c.key_format == dsv4::EntryFormat::kMxfp4 && c.num_heads == 64 && c.head_dim == 128 &&
+         pe >= 8 && pe <= kWgUnit && kWgUnit % pe == 0 &&
+         keys.layout.page_bytes * static_cast<std::size_t>(kWgUnit / pe) <=
+             static_cast<std::size_t>(kMaxStagedPageBytes);
+}
 
 int sm_count() {
   int n = 0;
@@ -125,10 +149,11 @@ cudaError_t launch_lean_variant(int variant, int MT, dim3 grid, const IndexParam
   return launch_mxfp4_lean<D, 0>(MT, grid, p, stream, occupancy);
 }
 
-/// Resident CTAs per SM of the mxfp4 score kernel of `variant` (2 for the staged and register
-/// kernels, whose launch bounds ask for 2).
-int mxfp4_ctas_per_sm(int D, int MT, int variant) {
+/// Resident CTAs per SM of the mxfp4 score kernel of `variant` at `tp` tokens per pass (2 for the
+/// staged and register kernels, whose launch bounds ask for 2).
+int mxfp4_ctas_per_sm(int D, int MT, int variant, int tp) {
   if (variant < 3) return 2;
+  if (variant == 9) return ctas_per_sm(mxfp4_score_wgmma_kernel, WgSmem(tp).bytes);
   int n = 2;
   const IndexParams unused{};
   if (D == 128) {
@@ -145,6 +170,7 @@ int mxfp4_ctas_per_sm(int D, int MT, int variant) {
 template <int D>
 cudaError_t launch_mxfp4(int MT, int variant, dim3 grid, const IndexParams& p,
                          cudaStream_t stream) {
+  if (variant == 9) return launch(mxfp4_score_wgmma_kernel, grid, WgSmem(p.tp).bytes, p, stream);
   if (variant >= 3) return launch_lean_variant<D>(variant, MT, grid, p, stream);
   if (variant == 1) {
     switch (MT) {
@@ -239,31 +265,34 @@ cudaError_t dsv4_index_score(void* d_temp, std::size_t& temp_bytes,
   const int octets = (keys.max_entries + 7) / 8;
   const bool fits = keys.layout.page_bytes <= static_cast<std::size_t>(kMaxStagedPageBytes) &&
                     keys.layout.page_entries % 8 == 0;
+  const bool wgmma = mx && wgmma_fits(keys, c) && wgmma_available();
   if (a.variant < 0 || a.variant > kIndexVariants) return cudaErrorInvalidValue;
   if ((a.variant == 1 || a.variant >= 3) && !fits) return cudaErrorInvalidValue;
+  if (a.variant == 9 && !wgmma) return cudaErrorInvalidValue;
   const bool staged = mx && a.variant != 2 && fits;
-  // The kernel run: 0 picks the page streams in the zero-start folded form (8) when a page fits
-  // and the call has fewer than 8 query tokens, the page streams with shared unpacking (7) for
-  // longer calls (prefill chunks), else register prefetch. Measured on the H200
-  // (docs/perf-data/2026-12-01-session6, 131072 entries, 64 heads, mxfp4): B1 T1 / B8 T1 /
-  // B1 T4 / B8 T4 13.3 / 57.8 / 30.4 / 191 us for 8 against 14.5 / 72.1 / 33.2 / 215 for the lean
-  // staged kernel (3), the choice before it; T 64: 357 us for 7 against 428 for 3.
-  const int variant = a.variant != 0 ? a.variant
-                                     : (!staged                       ? 2
-                                        : a.T >= kStreamPrefillTokens ? 7
-                                                                      : 8);
-  const int resident = mx ? mxfp4_ctas_per_sm(c.head_dim, c.num_heads / 16, variant) : 2;
+  // The kernel run: 0 picks, where a page fits, the page streams in the zero-start folded form
+  // (8) for one or two query tokens, the warpgroup-mma kernel (9) from three on where it runs,
+  // else the page streams with shared unpacking (7) from 8 tokens on (prefill chunks) and 8
+  // below; where a page does not fit, register prefetch (2). Measured on the H200 (131072
+  // entries, 64 heads, mxfp4; docs/perf-data/2026-12-03-session14/final): see docs/dsv4.md.
+  const int variant = a.variant != 0                ? a.variant
+                      : !staged                     ? 2
+                      : wgmma && a.T >= 3           ? 9
+                      : a.T >= kStreamPrefillTokens ? 7
+                                                    : 8;
   const int pages = (keys.max_entries + keys.layout.page_entries - 1) / keys.layout.page_entries;
   for (int t0 = 0; t0 < a.T; t0 += tc) {
     p.t0 = t0;
     p.tc = std::min(tc, a.T - t0);
-    // Tokens per CTA pass: 1, 2 or 4; variant 7 takes 8 when the launch has at least 8 (one
-    // stream of 8 token warps per CTA: each page unpacked once for 8 tokens, for prefills).
-    p.tp = !mx                                            ? kIndexMaxTokens
-           : p.tc == 1                                    ? 1
-           : p.tc == 2                                    ? 2
-           : variant == 7 && p.tc >= kStreamPrefillTokens ? kStreamPrefillTokens
-                                                          : kIndexMaxTokens;
+    // Tokens per CTA pass: 1, 2 or 4; variants 7 and 9 take 8 when the launch has at least 8
+    // (variant 7: one stream of 8 token warps per CTA; both unpack each page once for 8 tokens,
+    // for prefills).
+    p.tp = !mx                                                              ? kIndexMaxTokens
+           : p.tc == 1                                                      ? 1
+           : p.tc == 2                                                      ? 2
+           : (variant == 7 || variant == 9) && p.tc >= kStreamPrefillTokens ? kStreamPrefillTokens
+                                                                            : kIndexMaxTokens;
+    const int resident = mx ? mxfp4_ctas_per_sm(c.head_dim, c.num_heads / 16, variant, p.tp) : 2;
     const int passes = (p.tc + p.tp - 1) / p.tp;
     if (passes > 65535) return cudaErrorInvalidValue;
     const dim3 prep_grid(static_cast<unsigned>(a.batch * p.tc), static_cast<unsigned>(c.num_heads));
@@ -273,7 +302,9 @@ cudaError_t dsv4_index_score(void* d_temp, std::size_t& temp_bytes,
     // stream (stream_count(tp) of them per CTA).
     const int per_cta = mx ? kIndexWarps / p.tp : kIndexWarps;
     const int streams = stream_count(p.tp);
+    const int units = (keys.max_entries + kWgUnit - 1) / kWgUnit;
     const int needed = !staged        ? std::max(1, (octets + per_cta - 1) / per_cta)
+                       : variant == 9 ? std::max(1, (units + kWgGroups - 1) / kWgGroups)
                        : variant >= 6 ? std::max(1, (pages + streams - 1) / streams)
                                       : std::max(1, pages);
     const long long target = std::max<long long>(1, static_cast<long long>(resident) * sm_count() /

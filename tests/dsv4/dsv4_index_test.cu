@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dsv4_cuda_testbed.h"
+#include "kvc/config.h"
 #include "kvc/dsv4/dsv4.h"
 #include "kvc/kernels/dsv4_kernels.h"
 #include "kvc/select/selector.h"
@@ -108,8 +109,25 @@ int count_score_diffs(const std::vector<float>& got, const std::vector<float>& w
 /// The mxfp4 score kernels dsv4_index_score can run (0 automatic, 1 staged, 2 register
 /// prefetch, 3 lean, 4 lean in pairs of pages, 5 lean with each key unpacked once per pass,
 /// 6 page streams, 7 page streams with each page unpacked once per pass, 8 page streams
-/// unrolled).
-constexpr int kMxfp4Variants[] = {1, 2, 3, 4, 5, 6, 7, 8};
+/// unrolled, 9 warpgroup tensor cores).
+constexpr int kMxfp4Variants[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+
+/// Whether this build and device run variant 9 (sm_90a code, a compute capability 9.0 device).
+bool wgmma_here() {
+  int dev = 0, major = 0, minor = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  return KVC_CUDA_SM90A != 0 && major == 9 && minor == 0;
+}
+
+/// Whether dsv4_index_score takes `variant` for these keys (variant 9: 64 heads of dim 128, pages
+/// of 8..64 entries dividing 64, and wgmma_here; the others: every shape these tests build).
+bool variant_runs(int variant, const EntryStore& keys, const IndexerConfig& c) {
+  if (variant != 9) return true;
+  const int pe = keys.view().layout.page_entries;
+  return c.num_heads == 64 && c.head_dim == 128 && pe >= 8 && 64 % pe == 0 && wgmma_here();
+}
 
 struct Shape {
   EntryFormat f;
@@ -172,6 +190,7 @@ TEST_P(Cuda_Dsv4_Indexer, ScoresMatchCpuBitForBit) {
   if (sh.f == EntryFormat::kMxfp4) {
     // Every score kernel through the kernel layer: the CPU's bits.
     for (int variant : kMxfp4Variants) {
+      if (!variant_runs(variant, *keys.gpu, c)) continue;
       std::vector<std::int32_t> nv;
       const auto sv = kernel_layer_scores(*keys.gpu, c, g, variant, nv);
       EXPECT_EQ(nv, nv_cpu) << "variant " << variant;
@@ -272,7 +291,8 @@ TEST(Cuda_Dsv4_Indexer, EveryMxfp4KernelMatchesCpuOnSmallPagesAndFallbacks) {
       g.weights = dw.v;
       g.rope_cos = dcs.v;
       g.rope_sin = dsn.v;
-      for (int variant : {0, 1, 2, 3, 4, 5, 6, 7, 8}) {
+      for (int variant : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}) {
+        if (!variant_runs(variant, *keys.gpu, c)) continue;
         std::vector<std::int32_t> nv;
         const auto sv = kernel_layer_scores(*keys.gpu, c, g, variant, nv);
         EXPECT_EQ(nv, nv_cpu) << "variant " << variant;
@@ -283,39 +303,103 @@ TEST(Cuda_Dsv4_Indexer, EveryMxfp4KernelMatchesCpuOnSmallPagesAndFallbacks) {
   }
 }
 
+/// Kernel-layer arguments of one query token of one sequence: meta = {slot, length} on the
+/// device.
+kernels::Dsv4IndexArgs one_token_args(const std::int32_t* meta, const std::uint16_t* q,
+                                      const float* w, ScoresView out) {
+  kernels::Dsv4IndexArgs a;
+  a.slots = meta;
+  a.lengths = meta + 1;
+  a.batch = 1;
+  a.T = 1;
+  a.q = q;
+  a.weights = w;
+  a.out = out;
+  return a;
+}
+
+/// One query token of one sequence (slot 0, 1200 tokens: 300 entries) through the kernel layer,
+/// random bf16 query and weights, for the tests of which variants run where.
+struct OneTokenCall {
+  DeviceArray<std::int32_t> meta;
+  DeviceArray<std::uint16_t> q;
+  DeviceArray<float> w, scores;
+  DeviceArray<std::int32_t> nv;
+  std::size_t temp_bytes;
+  DeviceArray<unsigned char> temp;
+  kernels::Dsv4IndexArgs args;
+  /// The workspace of one token (the query needs only the batch, T and the config).
+  static std::size_t workspace(const EntryStore& keys, const IndexerConfig& c) {
+    kernels::Dsv4IndexArgs a;
+    a.batch = 1;
+    a.T = 1;
+    std::size_t bytes = 0;
+    EXPECT_EQ(kernels::dsv4_index_score(nullptr, bytes, keys.view(), c, a, nullptr), cudaSuccess);
+    return std::max<std::size_t>(bytes, 1);
+  }
+  OneTokenCall(const EntryStore& keys, const IndexerConfig& c)
+      : meta(std::vector<std::int32_t>{0, 1200}),
+        q(random_bf16_bits(static_cast<std::size_t>(c.num_heads) * c.head_dim, 4, 1.0f)),
+        w(random_floats(c.num_heads, 5, 0.02f)),
+        scores(512),
+        nv(1),
+        temp_bytes(workspace(keys, c)),
+        temp(temp_bytes),
+        args(one_token_args(meta.get(), q.get(), w.get(),
+                            ScoresView{scores.get(), nv.get(), 1, 512})) {}
+  /// dsv4_index_score's answer for `variant`.
+  cudaError_t run(const EntryStore& keys, const IndexerConfig& c, int variant) {
+    args.variant = variant;
+    return kernels::dsv4_index_score(temp.get(), temp_bytes, keys.view(), c, args, nullptr);
+  }
+};
+
 TEST(Cuda_Dsv4_Indexer, StagedVariantsRejectPagesThatDoNotFit) {
   KVC_REQUIRE_GPU();
-  // 128 entries of dim 128 make an 8704-byte page: the staged kernels (1, 3 to 8) refuse it, the
-  // register kernel (2) and the automatic choice (0) run; 9 is no variant.
+  // 128 entries of dim 128 make an 8704-byte page: the staged kernels (1, 3 to 9) refuse it, the
+  // register kernel (2) and the automatic choice (0) run; 10 is no variant.
   IndexerConfig c;
   c.max_batch = 1;
   c.max_query_tokens = 1;
   c.query_rope = false;
   KeyPair keys(EntryFormat::kMxfp4, 128, 1, {300}, 3, 4 * 512, 128);
-  const std::vector<std::int32_t> meta{0, 1200};
-  DeviceArray<std::int32_t> dmeta(meta);
-  DeviceArray<std::uint16_t> dq(random_bf16_bits(64 * 128, 4, 1.0f));
-  DeviceArray<float> dw(random_floats(64, 5, 0.02f)), dsc(512);
-  DeviceArray<std::int32_t> dnv(1);
-  kernels::Dsv4IndexArgs ka;
-  ka.slots = dmeta.get();
-  ka.lengths = dmeta.get() + 1;
-  ka.batch = 1;
-  ka.T = 1;
-  ka.q = dq.get();
-  ka.weights = dw.get();
-  ka.out = ScoresView{dsc.get(), dnv.get(), 1, 512};
-  std::size_t tb = 0;
-  ASSERT_EQ(kernels::dsv4_index_score(nullptr, tb, keys.gpu->view(), c, ka, nullptr), cudaSuccess);
-  DeviceArray<unsigned char> temp(std::max<std::size_t>(tb, 1));
-  for (int variant : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, -1}) {
-    ka.variant = variant;
-    const cudaError_t e =
-        kernels::dsv4_index_score(temp.get(), tb, keys.gpu->view(), c, ka, nullptr);
-    EXPECT_EQ(e, variant == 0 || variant == 2 ? cudaSuccess : cudaErrorInvalidValue)
+  OneTokenCall call(*keys.gpu, c);
+  for (int variant : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, -1}) {
+    EXPECT_EQ(call.run(*keys.gpu, c, variant),
+              variant == 0 || variant == 2 ? cudaSuccess : cudaErrorInvalidValue)
         << "variant " << variant;
   }
   KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+}
+
+TEST(Cuda_Dsv4_Indexer, WgmmaVariantRunsOnlyWhereItFits) {
+  KVC_REQUIRE_GPU();
+  // Variant 9 takes 64 heads of dim 128 on pages dividing 64 entries, on an sm_90a build and a
+  // compute capability 9.0 device; 48 heads, dim 64 or pages of 128 entries are refused before
+  // any launch (cudaErrorInvalidValue), and the automatic choice still runs them.
+  struct Case {
+    int heads, dim, page_entries;
+    bool fits;
+  };
+  for (const Case& k : {Case{64, 128, 64, true}, Case{64, 128, 16, true}, Case{48, 128, 64, false},
+                        Case{32, 64, 64, false}, Case{64, 128, 128, false}}) {
+    SCOPED_TRACE("heads " + std::to_string(k.heads) + ", dim " + std::to_string(k.dim) + ", page " +
+                 std::to_string(k.page_entries));
+    IndexerConfig c;
+    c.num_heads = k.heads;
+    c.head_dim = k.dim;
+    c.rope_dim = std::min(64, k.dim);
+    c.max_batch = 1;
+    c.max_query_tokens = 1;
+    c.query_rope = false;
+    KeyPair keys(EntryFormat::kMxfp4, k.dim, 1, {300}, 9, 4 * 512, k.page_entries);
+    OneTokenCall call(*keys.gpu, c);
+    const bool runs = k.fits && wgmma_here();
+    EXPECT_EQ(call.run(*keys.gpu, c, 9), runs ? cudaSuccess : cudaErrorInvalidValue);
+    EXPECT_EQ(variant_runs(9, *keys.gpu, c), runs);
+    EXPECT_EQ(call.run(*keys.gpu, c, 0), cudaSuccess);
+    KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+  }
 }
 
 TEST(Cuda_Dsv4_Indexer, GoldenV4Prefill) {
@@ -356,6 +440,7 @@ TEST(Cuda_Dsv4_Indexer, GoldenV4Prefill) {
   // Every score kernel on the golden prefill (64 tokens: variant 7 in passes of 8), from
   // poisoned outputs: the CPU's bits on every visible entry.
   for (int variant : kMxfp4Variants) {
+    if (!variant_runs(variant, *kgpu, ic)) continue;
     std::vector<std::int32_t> nv;
     const auto sv = kernel_layer_scores(*kgpu, ic, g, variant, nv);
     EXPECT_EQ(nv, n1) << "variant " << variant;
@@ -659,14 +744,8 @@ TEST(Cuda_Dsv4_Pipeline, GraphReplayAndNoAllocationOver1000Steps) {
   KVC_ASSERT_CUDA(cudaStreamCreate(&s));
   const std::vector<std::int32_t> hmeta{0, 1008};
   DeviceArray<std::int32_t> meta(hmeta);
-  kernels::Dsv4IndexArgs ka;
-  ka.slots = meta.get();
-  ka.lengths = meta.get() + 1;
-  ka.batch = 1;
-  ka.T = 1;
-  ka.q = qi.get();
-  ka.weights = w.get();
-  ka.out = ScoresView{scores.get(), nv.get(), 1, 2048};
+  const kernels::Dsv4IndexArgs ka =
+      one_token_args(meta.get(), qi.get(), w.get(), ScoresView{scores.get(), nv.get(), 1, 2048});
   kernels::Dsv4AttentionArgs kb;
   kb.slots = meta.get();
   kb.lengths = meta.get() + 1;
