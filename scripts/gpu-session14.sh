@@ -10,6 +10,8 @@
 #   final  the same build; every DSv4 GPU test; variants 0 / 8 / 9 at B1 / B8, T1 to T4, and 0 / 7 /
 #          9 at the 64-token prefill; memcheck over the indexer tests, racecheck / synccheck /
 #          initcheck over the tests that run variant 9
+#   phys   the CUDA tests only; the DSv4 store tests (dsv4_physical_entries against the host
+#          function) and memcheck over the new one
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=$PWD/gpu-out/session14
@@ -52,6 +54,11 @@ case "${1:-wg}" in
     sanitize initcheck-wgmma initcheck '*Cuda_Dsv4_Indexer.WgmmaVariant*:*Cuda_Dsv4_Indexer*h64_d128_t4*' 60
     report
     ;;
-  *) echo "gpu-session14.sh: wg | prof | final" >&2; exit 2 ;;
+  phys)
+    build_targets kvc_cuda_tests
+    gtests store '*Cuda_Dsv4_Store*:*Cuda_Dsv4_Indexer.WgmmaVariant*' 60
+    sanitize memcheck-phys memcheck '*Cuda_Dsv4_Store.PhysicalEntries*' 60
+    ;;
+  *) echo "gpu-session14.sh: wg | prof | final | phys" >&2; exit 2 ;;
 esac
 finish

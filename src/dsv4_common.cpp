@@ -585,6 +585,43 @@ std::unique_ptr<EntryStore> EntryStore::create_on_pages(const EntryStoreConfig& 
 #endif
 }
 
+namespace {
+
+void check_physical_entries(const EntryStoreView& v, int T, const SelectionView& in,
+                            int out_pitch) {
+  KVC_CHECK(T >= 1, "physical_entries: T = ", T, " must be >= 1");
+  KVC_CHECK(in.rows >= 0 && in.rows % T == 0, "physical_entries: in.rows = ", in.rows,
+            " must be a multiple of T = ", T);
+  KVC_CHECK(in.max_selected >= 0 && out_pitch >= in.max_selected,
+            "physical_entries: out_pitch = ", out_pitch,
+            " must be >= in.max_selected = ", in.max_selected);
+  KVC_CHECK(static_cast<std::int64_t>(v.num_pages) * v.layout.page_entries <=
+                std::numeric_limits<std::int32_t>::max(),
+            "physical_entries: num_pages x page_entries = ",
+            static_cast<std::int64_t>(v.num_pages) * v.layout.page_entries,
+            " pool rows must be <= 2^31 - 1 (int32 indices)");
+}
+
+}  // namespace
+
+void physical_entries(const EntryStoreView& v, const std::int32_t* slots, int T,
+                      const SelectionView& in, std::int32_t* out, int out_pitch) {
+  check_physical_entries(v, T, in, out_pitch);
+  if (in.rows == 0 || in.max_selected == 0) return;
+  KVC_CHECK(slots != nullptr && in.ids != nullptr && out != nullptr,
+            "physical_entries: slots, in.ids and out must not be null");
+  for (int b = 0; b < in.rows / T; ++b) {
+    KVC_CHECK(slots[b] >= 0 && slots[b] < v.max_slots, "physical_entries: slots[", b,
+              "] = ", slots[b], " must be in [0, max_slots = ", v.max_slots, ")");
+  }
+  for (int r = 0; r < in.rows; ++r) {
+    for (int i = 0; i < in.max_selected; ++i) {
+      out[static_cast<std::size_t>(r) * out_pitch + i] = physical_entry(
+          v, slots[r / T], in.ids[static_cast<std::size_t>(r) * in.max_selected + i]);
+    }
+  }
+}
+
 std::vector<float> EntryStore::read_entry(int slot, int e) const {
   const EntryStoreConfig& c = config();
   KVC_CHECK(slot >= 0 && slot < c.max_slots, "slot = ", slot,

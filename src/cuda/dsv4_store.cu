@@ -51,6 +51,42 @@ cudaError_t dsv4_store_write(const dsv4::EntryStoreView& s, const std::int32_t* 
 
 namespace {
 
+constexpr int kPhysicalThreads = 256;
+
+/// Grid (rows, column blocks): one id per thread.
+__global__ void physical_entries_kernel(const dsv4::EntryStoreView s, const std::int32_t* slots,
+                                        int T, const std::int32_t* ids, int k, std::int32_t* out,
+                                        int out_pitch) {
+  const int i = static_cast<int>(blockIdx.y) * kPhysicalThreads + static_cast<int>(threadIdx.x);
+  const std::size_t r = blockIdx.x;
+  if (i >= k) return;
+  out[r * out_pitch + i] =
+      dsv4::physical_entry(s, slots[r / static_cast<std::size_t>(T)], ids[r * k + i]);
+}
+
+}  // namespace
+
+cudaError_t dsv4_physical_entries(const dsv4::EntryStoreView& s, const std::int32_t* d_slots, int T,
+                                  const SelectionView& in, std::int32_t* d_out, int out_pitch,
+                                  cudaStream_t stream) {
+  if (T < 1 || in.rows < 0 || in.rows % T != 0 || in.max_selected < 0 ||
+      out_pitch < in.max_selected ||
+      static_cast<long long>(s.num_pages) * s.layout.page_entries > 2147483647LL) {
+    return cudaErrorInvalidValue;
+  }
+  if (in.rows == 0 || in.max_selected == 0) return cudaSuccess;
+  const int column_blocks = (in.max_selected + kPhysicalThreads - 1) / kPhysicalThreads;
+  if (d_slots == nullptr || in.ids == nullptr || d_out == nullptr || column_blocks > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  const dim3 grid(static_cast<unsigned>(in.rows), static_cast<unsigned>(column_blocks));
+  physical_entries_kernel<<<grid, kPhysicalThreads, 0, stream>>>(s, d_slots, T, in.ids,
+                                                                 in.max_selected, d_out, out_pitch);
+  return cudaGetLastError();
+}
+
+namespace {
+
 /// One CTA per row: the butterflies of hadamard_inplace in shared memory.
 __global__ void hadamard_kernel(const void* x, bool x_bf16, void* y, bool y_bf16, int d) {
   __shared__ float v[128];

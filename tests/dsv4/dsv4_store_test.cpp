@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "dsv4_testbed.h"
@@ -121,18 +123,33 @@ TEST(Cpu_Dsv4_Store, WindowRingKeepsTheLastWTokens) {
   EXPECT_EQ(ring->footprint().entries, 128);
 }
 
-TEST(Cpu_Dsv4_Store, EnginePagesAreUsedAsGivenAndNeverAssigned) {
+/// An engine's pages for a CPU mxfp4 store of 2 slots x 200 entries: 5 pages of 64 entries (the
+/// pool filled with `fill`) and the table slot 0 -> pages 3, 1, -1, -1; slot 1 -> 4, 0, 2, -1
+/// (pitch 5).
+struct EnginePages {
   EntryStoreConfig c;
-  c.format = EntryFormat::kMxfp4;
-  c.dim = 128;
-  c.max_slots = 2;
-  c.max_entries = 200;
-  c.page_entries = 64;
-  const int pages = 5;
-  std::vector<std::uint8_t> pool(pages * c.page_bytes(), 0xcd);
-  // The engine's table: slot 0 -> pages 3, 1, -1, -1; slot 1 -> 4, 0, 2, -1 (pitch 5).
+  static constexpr int kPages = 5, kPitch = 5;
+  std::vector<std::uint8_t> pool;
   std::vector<std::int32_t> table{3, 1, -1, -1, -1, 4, 0, 2, -1, -1};
-  auto s = EntryStore::create_on_pages(c, Device::cpu(), pool.data(), pages, table.data(), 5);
+  std::unique_ptr<EntryStore> store;
+  explicit EnginePages(std::uint8_t fill) {
+    c.format = EntryFormat::kMxfp4;
+    c.dim = 128;
+    c.max_slots = 2;
+    c.max_entries = 200;
+    c.page_entries = 64;
+    pool.assign(kPages * c.page_bytes(), fill);
+    store =
+        EntryStore::create_on_pages(c, Device::cpu(), pool.data(), kPages, table.data(), kPitch);
+  }
+};
+
+TEST(Cpu_Dsv4_Store, EnginePagesAreUsedAsGivenAndNeverAssigned) {
+  EnginePages e(0xcd);
+  const EntryStoreConfig& c = e.c;
+  std::vector<std::uint8_t>& pool = e.pool;
+  std::vector<std::int32_t>& table = e.table;
+  EntryStore* s = e.store.get();
   EXPECT_TRUE(s->engine_pages());
   auto x = round_to_bf16(random_floats(130 * 128, 3));
   s->append({1}, host_view(x, DType::kF32, {1, 130, 128}));
@@ -156,6 +173,86 @@ TEST(Cpu_Dsv4_Store, EnginePagesAreUsedAsGivenAndNeverAssigned) {
   s->reset(0);
   EXPECT_EQ(s->count(0), 0);
   EXPECT_EQ(table[0], 3);  // never freed by kvc
+}
+
+TEST(Cpu_Dsv4_Store, PhysicalEntriesAddressTheEntriesPages) {
+  // Engine pages in shuffled order, a slot with an unmapped third page, a window ring: every
+  // selected entry maps to the pool row (page id x N + offset) whose bytes decode to it; -1, a
+  // negative id, an entry not held (past the count, an overwritten ring token) and an unmapped
+  // page give -1.
+  EnginePages ep(0);
+  const EntryStoreConfig& c = ep.c;
+  std::vector<std::uint8_t>& pool = ep.pool;
+  std::vector<std::int32_t>& table = ep.table;
+  EntryStore* s = ep.store.get();
+  auto x = round_to_bf16(random_floats(150 * 128, 3));
+  s->append({1}, host_view(x, DType::kF32, {1, 150, 128}));
+  s->append({0}, host_view(x, DType::kF32, {1, 100, 128}));
+  // Rows (b, t) of T = 2 tokens: sequence 0 is slot 1, sequence 1 slot 0.
+  const int T = 2, k = 6;
+  const std::vector<std::int32_t> slots{1, 0};
+  std::vector<std::int32_t> ids{0,   63,  64, 149, -1,  150,  // slot 1: 150 is not held
+                                70,  129, -7, 5,   199, 148,  // slot 1
+                                0,   99,  64, 100, -1,  3,    // slot 0: 100 is not held
+                                127, 1,   2,  3,   4,   5};   // slot 0
+  const SelectionView sel{ids.data(), nullptr, 4, k};
+  std::vector<std::int32_t> out(4 * 8, -9);
+  physical_entries(s->view(), slots.data(), T, sel, out.data(), 8);
+  const PageLayout l = c.layout();
+  for (int r = 0; r < 4; ++r) {
+    const int slot = slots[r / T];
+    for (int i = 0; i < k; ++i) {
+      const int e = ids[r * k + i], got = out[r * 8 + i];
+      if (e < 0 || e >= s->count(slot)) {
+        EXPECT_EQ(got, -1) << r << " " << i;
+        continue;
+      }
+      ASSERT_GE(got, 0) << r << " " << i;
+      EXPECT_EQ(got, table[slot * 5 + e / 64] * 64 + e % 64);
+      std::vector<float> v(128);
+      for (int j = 0; j < 128; ++j)
+        v[j] = decode_element(l, pool.data() + (got / 64) * c.page_bytes(), got % 64, j);
+      EXPECT_TRUE(same_bits(v, s->read_entry(slot, e))) << "entry " << e << " of slot " << slot;
+    }
+    EXPECT_EQ(out[r * 8 + 6], -9);  // past max_selected: untouched
+  }
+  // An unmapped page: slot 1's second column made -1 in the engine's table.
+  table[5 + 1] = -1;
+  std::vector<std::int32_t> one{70}, o1{-9};
+  physical_entries(s->view(), slots.data(), 1, SelectionView{one.data(), nullptr, 1, 1}, o1.data(),
+                   1);
+  EXPECT_EQ(o1[0], -1);
+  table[5 + 1] = 0;
+  // The window ring: token p in row p % W; the tokens before the last W are gone.
+  auto ring = EntryStore::create(EntryStoreConfig::window_ring(EntryFormat::kBf16, 512, 128, 1),
+                                 Device::cpu());
+  auto y = round_to_bf16(random_floats(300 * 512, 5));
+  ring->append({0}, host_view(y, DType::kF32, {1, 300, 512}));
+  const EntryStoreView rv = ring->view();
+  std::vector<std::int32_t> tok{299, 172, 171, 0, 300}, ro(5);
+  const std::vector<std::int32_t> s0{0};
+  physical_entries(rv, s0.data(), 1, SelectionView{tok.data(), nullptr, 1, 5}, ro.data(), 5);
+  const int pe = rv.layout.page_entries;
+  for (int i = 0; i < 2; ++i) {
+    const int row = tok[i] % 128;
+    EXPECT_EQ(ro[i], rv.block_table[row / pe] * pe + row % pe);
+  }
+  EXPECT_EQ(ro[2], -1);  // 171 < 300 - 128
+  EXPECT_EQ(ro[3], -1);
+  EXPECT_EQ(ro[4], -1);  // not seen yet
+  // Bad arguments: kvc::Error naming them, nothing written.
+  std::vector<std::int32_t> poison(4 * 8, -9);
+  auto bad = [&](int TT, SelectionView in, int pitch, const std::int32_t* sl,
+                 const std::vector<std::string>& words) {
+    expect_error([&] { physical_entries(s->view(), sl, TT, in, poison.data(), pitch); }, words);
+    EXPECT_EQ(poison, std::vector<std::int32_t>(4 * 8, -9));
+  };
+  bad(0, sel, 8, slots.data(), {"T = 0"});
+  bad(3, sel, 8, slots.data(), {"in.rows = 4", "T = 3"});
+  bad(T, sel, 5, slots.data(), {"out_pitch = 5", "max_selected = 6"});
+  const std::vector<std::int32_t> bad_slots{1, 2};
+  bad(T, sel, 8, bad_slots.data(), {"slots[1] = 2", "max_slots = 2"});
+  bad(T, sel, 8, nullptr, {"null"});
 }
 
 TEST(Cpu_Dsv4_Store, CapacityErrorsChangeNothing) {

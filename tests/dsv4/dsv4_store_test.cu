@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -93,6 +94,64 @@ TEST(Cuda_Dsv4_Store, EnginePagesWriteWhereTheTableSays) {
   cpu->append({1}, host_view(x, DType::kF32, {1, 100, 512}));
   EXPECT_EQ(pool.download(), hpool);  // the same bytes in the same engine pages
   EXPECT_EQ(dtable.download(), table);
+}
+
+TEST(Cuda_Dsv4_Store, PhysicalEntriesMatchTheHost) {
+  KVC_REQUIRE_GPU();
+  // A kvc-owned CUDA store (pages assigned as appends come), 3 sequences x T = 3 rows of 700
+  // random ids in [-2, 600) (some past a slot's count), into a poisoned output wider than the
+  // selection: the host function's values over the store's host view, the padding untouched.
+  auto c = EntryStoreConfig::compressed(EntryFormat::kModel1Fp8, 512, 4, 4 * 1024, 4);
+  c.page_entries = 64;
+  auto gpu = EntryStore::create(c, Device::cuda(0));
+  for (int slot : {2, 0, 3}) {
+    const int n = 100 + 150 * slot;
+    auto x = round_to_bf16(random_floats(static_cast<std::size_t>(n) * 512, 7 + slot));
+    DeviceTensor<float> d(x, DType::kF32, {1, n, 512});
+    gpu->append({slot}, d.v);
+  }
+  const int T = 3, B = 3, k = 700, pitch = 704, rows = B * T;
+  const std::vector<std::int32_t> slots{3, 0, 2};
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(rows) * k);
+  const auto r = random_floats(ids.size(), 11, 1.0f);
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    ids[i] = static_cast<std::int32_t>(std::fabs(r[i]) * 300.0f) % 602 - 2;
+  DeviceArray<std::int32_t> dslots(slots), dids(ids), dout(static_cast<std::size_t>(rows) * pitch);
+  dout.fill_bytes(0x7f);
+  const SelectionView dsel{dids.get(), nullptr, rows, k};
+  KVC_ASSERT_CUDA(kernels::dsv4_physical_entries(gpu->view(), dslots.get(), T, dsel, dout.get(),
+                                                 pitch, nullptr));
+  const auto got = dout.download();
+  std::vector<std::uint8_t> buffer;
+  const EntryStoreView hv = gpu->host_view(buffer);
+  std::vector<std::int32_t> want(got.size(), 0x7f7f7f7f);
+  physical_entries(hv, slots.data(), T, SelectionView{ids.data(), nullptr, rows, k}, want.data(),
+                   pitch);
+  EXPECT_EQ(got, want);
+  int mapped = 0, none = 0;
+  for (int v : want) {
+    if (v == 0x7f7f7f7f) continue;  // padding
+    ++(v >= 0 ? mapped : none);
+  }
+  EXPECT_GT(mapped, 1000);
+  EXPECT_GT(none, 100);
+  // Bad arguments: cudaErrorInvalidValue before any launch, nothing written.
+  dout.fill_bytes(0x7f);
+  const EntryStoreView v = gpu->view();
+  EXPECT_EQ(kernels::dsv4_physical_entries(v, dslots.get(), 0, dsel, dout.get(), pitch, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::dsv4_physical_entries(v, dslots.get(), 2, dsel, dout.get(), pitch, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::dsv4_physical_entries(v, dslots.get(), T, dsel, dout.get(), k - 1, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::dsv4_physical_entries(v, nullptr, T, dsel, dout.get(), pitch, nullptr),
+            cudaErrorInvalidValue);
+  EntryStoreView huge = v;
+  huge.num_pages = 1 << 30;  // 2^36 pool rows: past int32
+  EXPECT_EQ(kernels::dsv4_physical_entries(huge, dslots.get(), T, dsel, dout.get(), pitch, nullptr),
+            cudaErrorInvalidValue);
+  KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+  EXPECT_EQ(dout.download(), std::vector<std::int32_t>(got.size(), 0x7f7f7f7f));
 }
 
 TEST(Cuda_Dsv4_Hadamard, MatchesCpuBitForBit) {

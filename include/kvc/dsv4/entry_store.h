@@ -34,6 +34,7 @@
 #include "kvc/core/tensor.h"
 #include "kvc/core/types.h"
 #include "kvc/dsv4/entry_format.h"
+#include "kvc/select/selection.h"
 
 namespace kvc {
 namespace dsv4 {
@@ -134,6 +135,43 @@ KVC_HD std::uint8_t* page_of(const EntryStoreView& v, int slot, int row) {
   if (id < 0 || id >= v.num_pages) return nullptr;
   return v.pool + static_cast<std::size_t>(id) * v.layout.page_bytes;
 }
+
+/// The pool row of entry (or ring token) `e` of `slot`: page id x page_entries + the row's offset
+/// in its page, the index FlashMLA's sparse attention and DeepGEMM's paged kernels take into a
+/// pool viewed as [num_pages x page_entries] rows. -1 for a negative e, a slot outside
+/// [0, max_slots), an entry the slot does not hold (e >= its count, or for a ring a token more
+/// than max_entries before it), or a row whose page id is not in [0, num_pages). The caller
+/// keeps num_pages x page_entries <= 2^31 - 1 (physical_entries checks it).
+/// @param[in] v     the store
+/// @param[in] slot  the slot
+/// @param[in] e     entry index (ring: token position)
+KVC_HD std::int32_t physical_entry(const EntryStoreView& v, int slot, int e) {
+  if (e < 0 || slot < 0 || slot >= v.max_slots) return -1;
+  const int count = v.counts[slot];
+  if (e >= count || (v.ring && e < count - v.max_entries) || (!v.ring && e >= v.max_entries)) {
+    return -1;
+  }
+  const int row = entry_row(v, e), pe = v.layout.page_entries;
+  const std::int32_t id =
+      v.block_table[static_cast<std::size_t>(slot) * v.block_table_pitch + row / pe];
+  return id < 0 || id >= v.num_pages ? -1 : id * pe + row % pe;
+}
+
+/// out[r, i] = physical_entry(v, slots[r / T], in.ids[r, i]) for every row r < in.rows and
+/// i < in.max_selected (-1 stays -1): a selection over entries (select_topk of the indexer's
+/// scores) as the pool rows an engine hands to FlashMLA's sparse kernels with kvc's pages. On
+/// the host, over a host-readable view (a CPU store's view(), or EntryStore::host_view);
+/// kernels::dsv4_physical_entries is the device version, the same values. Throws kvc::Error,
+/// writing nothing, for T < 1, in.rows not a multiple of T, out_pitch < in.max_selected, a null
+/// pointer, a slot outside [0, max_slots), or a pool of more than 2^31 - 1 rows.
+/// @param[in]  v          the store (host-readable)
+/// @param[in]  slots      [in.rows / T] the slot of each sequence
+/// @param[in]  T          rows per sequence (query tokens)
+/// @param[in]  in         the selection: ids [in.rows, in.max_selected] (entry indices, -1 none)
+/// @param[out] out        [in.rows, out_pitch] pool rows
+/// @param[in]  out_pitch  row pitch of out, >= in.max_selected
+void physical_entries(const EntryStoreView& v, const std::int32_t* slots, int T,
+                      const SelectionView& in, std::int32_t* out, int out_pitch);
 
 /// A paged store of entries with a CPU and a CUDA implementation behind one interface. Methods
 /// that fail throw kvc::Error and leave the store unchanged. Slots exist from construction (count

@@ -64,6 +64,24 @@ cudaError_t dsv4_store_write(const dsv4::EntryStoreView& s, const std::int32_t* 
 
 // --- the Walsh–Hadamard transform ---------------------------------------------------------------
 
+/// d_out[r, i] = dsv4::physical_entry(s, d_slots[r / T], in.ids[r, i]) for every row
+/// r < in.rows and i < in.max_selected: a selection over entries as pool rows (page id x
+/// page_entries + offset), the indices FlashMLA's sparse kernels take into kvc's pages; -1 for
+/// -1, an entry the slot does not hold, an unmapped page or a slot out of range. The same
+/// values as dsv4::physical_entries on the host. Graph-capturable; allocates nothing.
+/// cudaErrorInvalidValue, before any launch, for T < 1, in.rows not a multiple of T,
+/// out_pitch < in.max_selected, a null pointer or a pool of more than 2^31 - 1 rows.
+/// @param[in]  s          the store (device pointers)
+/// @param[in]  d_slots    [in.rows / T] the slot of each sequence
+/// @param[in]  T          rows per sequence
+/// @param[in]  in         the selection (device ids)
+/// @param[out] d_out      [in.rows, out_pitch] pool rows
+/// @param[in]  out_pitch  row pitch of d_out, >= in.max_selected
+/// @param[in]  stream     stream the work is ordered on
+cudaError_t dsv4_physical_entries(const dsv4::EntryStoreView& s, const std::int32_t* d_slots, int T,
+                                  const SelectionView& in, std::int32_t* d_out, int out_pitch,
+                                  cudaStream_t stream);
+
 /// y[r] = hadamard_inplace(x[r]) (kvc/dsv4/math.h) for `rows` rows of `d` (64 or 128) elements,
 /// x f32 or bf16, y f32 (the scaled transform) or bf16 (rounded); bit-identical to the CPU.
 /// @param[in]  d_x      [rows, d] input
