@@ -9,7 +9,9 @@
 //   2 stores: an EntryStore driven by arbitrary append / reserve / reset calls (bad slots,
 //     duplicates, wrong widths and dtypes, capacity) either succeeds or throws kvc::Error with
 //     every byte, count and free page as before; a twin fed the same entries one at a time holds
-//     the same bytes; the footprint and the free stack agree with the counts;
+//     the same bytes; the footprint and the free stack agree with the counts; physical_entries
+//     over arbitrary ids maps exactly the held entries to their pages' rows (or throws for bad
+//     arguments, writing nothing);
 //   3 compressor: a Compressor fed arbitrary chunks (and its store) equals a twin fed the same
 //     tokens one at a time, bit for bit (entries, states, stored bytes); a failed call changes
 //     neither state nor store.
@@ -240,6 +242,56 @@ void check_store(const EntryStore& s) {
              "footprint in_use %zu entries %lld", f.in_use, static_cast<long long>(f.entries));
 }
 
+/// physical_entries over arbitrary ids, slots and shapes: bad arguments throw a well-formed error
+/// and write nothing; otherwise an id maps to -1 exactly when the slot does not hold it, and else
+/// to the pool row of the page and offset page_of / entry_row name.
+void check_physical(Input& in, const EntryStore& s) {
+  // One byte per choice, and an exhausted input (zero bytes) still makes a valid call.
+  const EntryStoreView v = s.view();
+  const std::uint8_t tb = in.u8(), rb = in.u8(), kb = in.u8(), pb = in.u8();
+  const int T = tb == 255 ? 0 : 1 + tb % 3, rows = rb == 255 ? 0 : 1 + rb % 4;
+  const int k = kb == 255 ? 0 : 1 + kb % 6, pitch = k + (pb == 255 ? -1 : pb % 2);
+  std::vector<std::int32_t> slots(4), ids(static_cast<std::size_t>(rows) * k);
+  for (auto& x : slots) {
+    const std::uint8_t b = in.u8();
+    x = b == 255 ? -1 : b == 254 ? v.max_slots : b % v.max_slots;
+  }
+  const int span = v.max_entries + 40;  // ids past every count, and -1 / -2
+  for (auto& x : ids) {
+    const int e = (in.u8() | (in.u8() << 8)) % (span + 2);
+    x = e < span ? e : e - span - 2;
+  }
+  const std::size_t n = static_cast<std::size_t>(rows) * std::max(pitch, 0);
+  std::vector<std::int32_t> out(n + 1, -9);
+  const SelectionView sel{ids.data(), nullptr, rows, k};
+  if (!accepts([&] { physical_entries(v, slots.data(), T, sel, out.data(), pitch); })) {
+    FUZZ_CHECK(std::all_of(out.begin(), out.end(), [](std::int32_t x) { return x == -9; }),
+               "a refused physical_entries wrote");
+    return;
+  }
+  FUZZ_CHECK(T >= 1 && rows % T == 0 && pitch >= k, "physical_entries accepted T %d rows %d", T,
+             rows);
+  for (int r = 0; r < rows; ++r) {
+    const int slot = slots[r / T];
+    for (int i = 0; i < k; ++i) {
+      const int e = ids[static_cast<std::size_t>(r) * k + i];
+      const std::int32_t got = out[static_cast<std::size_t>(r) * pitch + i];
+      const int count = s.count(slot);
+      const bool held = e >= 0 && e < count && (!v.ring || e >= count - v.max_entries);
+      if (!held) {
+        FUZZ_CHECK(got == -1, "slot %d id %d not held but mapped to %d", slot, e, got);
+        continue;
+      }
+      const int row = entry_row(v, e), pe = v.layout.page_entries;
+      const std::uint8_t* page = page_of(v, slot, row);
+      FUZZ_CHECK(got >= 0 && page == v.pool + static_cast<std::size_t>(got / pe) * v.layout.page_bytes &&
+                     got % pe == row % pe,
+                 "slot %d id %d mapped to %d", slot, e, got);
+    }
+  }
+  FUZZ_CHECK(out[n] == -9, "physical_entries wrote past its rows");
+}
+
 template <class Op>
 bool guarded_store(EntryStore& s, Op op) {
   const auto bytes = contents(s);
@@ -308,6 +360,7 @@ void fuzz_store(Input& in) {
       b->reset(slot);
     }
     check_store(*a);
+    check_physical(in, *a);
     FUZZ_CHECK(contents(*a) == contents(*b), "chunked and one-at-a-time stores differ");
     FUZZ_CHECK(tables(*a) == tables(*b), "chunked and one-at-a-time tables differ");
   }
