@@ -29,8 +29,9 @@
 //
 // Measured on the H200 (docs/dsv4.md): faster than variant 8 from three query tokens on (B8 T4
 // 157 against 191 us) and than variant 7 for prefill (T 64: 264 against 356 us), slower at one
-// token (B1 13.2 against 15.7 us): the exact fp32 head sum, the unpacking and the scale records
-// cost the same in both, and one token's unit is a lockstep chain across the warpgroup.
+// token (B1: 15.7 against variant 8's 13.2 us): the exact fp32 head sum, the unpacking and the
+// scale records cost the same in both, and one token's unit is a lockstep chain across the
+// warpgroup.
 #pragma once
 
 #include <cstdint>
@@ -196,8 +197,6 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_wgmma_kernel(con
   const std::int32_t* table =
       p.keys.block_table + static_cast<std::size_t>(srl.slot) * p.keys.block_table_pitch;
   const bool producer = tid % 128 == 0;
-  // Page q of unit u: its pool address, or null when it is past the pass's bound (not looked up)
-  // or missing (an engine table entry out of range).
   // Page q of unit u: its pool address, or null when it is past the pass's bound (not looked up)
   // or missing (an engine table entry out of range).
   auto unit_page = [&](int u, int q) -> const std::uint8_t* {

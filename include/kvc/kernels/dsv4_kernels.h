@@ -62,8 +62,6 @@ cudaError_t dsv4_store_reset(const dsv4::EntryStoreView& s, const std::int32_t* 
 cudaError_t dsv4_store_write(const dsv4::EntryStoreView& s, const std::int32_t* d_slots, int n,
                              int T, const void* d_x, bool x_bf16, cudaStream_t stream);
 
-// --- the Walsh–Hadamard transform ---------------------------------------------------------------
-
 /// d_out[r, i] = dsv4::physical_entry(s, d_slots[r / T], in.ids[r, i]) for every row
 /// r < in.rows and i < in.max_selected: a selection over entries as pool rows (page id x
 /// page_entries + offset), the indices FlashMLA's sparse kernels take into kvc's pages; -1 for
@@ -81,6 +79,8 @@ cudaError_t dsv4_store_write(const dsv4::EntryStoreView& s, const std::int32_t* 
 cudaError_t dsv4_physical_entries(const dsv4::EntryStoreView& s, const std::int32_t* d_slots, int T,
                                   const SelectionView& in, std::int32_t* d_out, int out_pitch,
                                   cudaStream_t stream);
+
+// --- the Walsh–Hadamard transform ---------------------------------------------------------------
 
 /// y[r] = hadamard_inplace(x[r]) (kvc/dsv4/math.h) for `rows` rows of `d` (64 or 128) elements,
 /// x f32 or bf16, y f32 (the scaled transform) or bf16 (rounded); bit-identical to the CPU.
