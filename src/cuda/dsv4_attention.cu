@@ -1,8 +1,9 @@
-// SparseAttention on CUDA: the dsv4_sparse_attention launcher (two-phase workspace) and the
-// object, which allocates the workspace bound at construction.
+// SparseAttention on CUDA: the dsv4_sparse_attention launcher (two-phase workspace, the split
+// rule, the kernel choice) and the object, which allocates the workspace bound at construction.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -27,12 +28,66 @@ int attn_sm_count() {
   return kvc::detail::sm_count(n) == cudaSuccess ? n : 132;
 }
 
+/// Which kernels and split rule run (set_sparse_attention_variant): 0 automatic, 1 the kernels
+/// before the pipelined ones, 10 + k the pipelined ones with at least k chunks per split.
+std::atomic<int> g_variant{0};
+
 /// How a call splits: chunks per query row at most, splits and chunks per split.
 struct Split {
   int chunks = 0, splits = 1, cps = 1;
 };
 
-Split make_split(int max_rows, long long rows, int head_groups, int sms) {
+/// One more chunk per CTA costs about as much as this many CTAs' partials written and read
+/// back. D = 512 (both sides scale with D): a chunk is 64 heads x 64 rows x 512 x 2 x 3 FLOP
+/// (S, P_hi V, P_lo V) = 12.6 MFLOP = 3072 mma.m16n8k16 per SM, ~3 us at mma.sync's ~2/3 of the
+/// H200's tensor rate (its next chunk's gather is hidden behind it); a CTA's partials are
+/// 64 x 512 x 4 B = 128 KB written and 128 KB read back, and one wave of them moves at the L2's
+/// rate (~5 TB/s), ~0.05 us per CTA. 3 / 0.05 = 60. An estimate, not a measurement: variants
+/// 11, 12, ... time the neighbours of the choice.
+constexpr long long kChunkCostInPartials = 60;
+
+/// The split of a call: of the chunks-per-split counts cps that keep the grid in one wave
+/// (splits x rows x head groups <= SMs; one split when rows x head groups alone exceed the SMs),
+/// the one of least cost(cps) = cps x kChunkCostInPartials + splits x rows x head groups (the
+/// second term 0 for one split), fewest splits on ties. At 64 heads, 1M tokens: HCA B1 130
+/// chunks -> 2 per split, 65 splits (cost 185; 1 per split: 190); HCA B8 -> 9 per split, 15
+/// splits x 8 rows (the fewest that fit); CSA B1 / B8 10 chunks -> 1 per split, 10 splits. With
+/// min_cps > 0 (a benchmark variant): the fewest chunks per split in one wave, at least min_cps.
+/// Either way there are several splits only where splits x rows x head groups <= SMs, the bound
+/// the object's workspace is sized by.
+Split make_split(int max_rows, long long rows, int head_groups, int sms, int min_cps) {
+  Split s;
+  s.chunks = std::max(1, (max_rows + kAttnRows - 1) / kAttnRows);
+  const long long ctas = std::max<long long>(1, rows * head_groups);
+  const long long fill = std::max<long long>(1, sms / ctas);  // splits that fit in one wave
+  const int most = static_cast<int>(std::min<long long>(s.chunks, fill));
+  const auto with_splits = [&](int want) {
+    Split r = s;
+    r.cps = (s.chunks + want - 1) / want;
+    r.splits = (s.chunks + r.cps - 1) / r.cps;  // <= want
+    return r;
+  };
+  if (min_cps > 0) {
+    Split r = with_splits(most);
+    if (r.cps < min_cps) r = with_splits(std::max(1, (s.chunks + min_cps - 1) / min_cps));
+    return r;
+  }
+  Split best = with_splits(1);
+  long long best_cost = best.cps * kChunkCostInPartials;
+  for (int want = 2; want <= most; ++want) {
+    const Split r = with_splits(want);
+    const long long cost = r.cps * kChunkCostInPartials + (r.splits > 1 ? r.splits * ctas : 0);
+    if (cost < best_cost) {
+      best = r;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+/// The split rule of the kernels before the pipelined ones (variant 1): as many splits as fill
+/// the SMs, one chunk each where there are enough SMs.
+Split make_split_v1(int max_rows, long long rows, int head_groups, int sms) {
   Split s;
   s.chunks = std::max(1, (max_rows + kAttnRows - 1) / kAttnRows);
   const long long fill = std::max<long long>(1, sms / std::max<long long>(1, rows * head_groups));
@@ -51,18 +106,42 @@ std::size_t part_bytes(const Split& s, long long rows, int H, int D) {
   return align256(n * D * 4) + 2 * align256(n * 4);
 }
 
-template <int D>
+/// The pipelined kernel, grid (rows, splits, head groups), then (several splits) the combine as
+/// its programmatic dependent, grid (D / 128, H, rows).
+template <int D, bool kStaged>
 cudaError_t run(const AttnParams& p, const Split& s, int rows, int head_groups,
                 cudaStream_t stream) {
-  const int smem = attn_smem_bytes(D);
-  KVC_CUDA_CALL(
-      cudaFuncSetAttribute(attention_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  attention_kernel<D><<<dim3(static_cast<unsigned>(s.splits), static_cast<unsigned>(rows),
-                             static_cast<unsigned>(head_groups)),
-                        kAttnThreads, static_cast<std::size_t>(smem), stream>>>(p);
+  constexpr int smem = AttnSmem<D, kStaged>::kBytes;
+  KVC_CUDA_CALL(cudaFuncSetAttribute(attention_kernel<D, kStaged>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  attention_kernel<D, kStaged><<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(s.splits),
+                                      static_cast<unsigned>(head_groups)),
+                                 kAttnThreads, static_cast<std::size_t>(smem), stream>>>(p);
   KVC_CUDA_CALL(cudaGetLastError());
   if (s.splits > 1) {
-    combine_kernel<D>
+    KVC_CUDA_CALL(kvc::detail::launch_kernel(
+        combine_kernel<D>,
+        dim3(D / kCombineDims, static_cast<unsigned>(p.H), static_cast<unsigned>(rows)),
+        dim3(kCombineThreads), static_cast<std::size_t>(combine_smem_bytes(s.splits)), true, stream,
+        p));
+  }
+  return cudaSuccess;
+}
+
+/// The kernels before the pipelined ones (variant 1): grid (splits, rows, head groups), then the
+/// serial combine, grid (H, rows).
+template <int D>
+cudaError_t run_v1(const AttnParams& p, const Split& s, int rows, int head_groups,
+                   cudaStream_t stream) {
+  const int smem = v1::smem_bytes(D);
+  KVC_CUDA_CALL(cudaFuncSetAttribute(v1::attention_kernel<D>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  v1::attention_kernel<D><<<dim3(static_cast<unsigned>(s.splits), static_cast<unsigned>(rows),
+                                 static_cast<unsigned>(head_groups)),
+                            kAttnThreads, static_cast<std::size_t>(smem), stream>>>(p);
+  KVC_CUDA_CALL(cudaGetLastError());
+  if (s.splits > 1) {
+    v1::combine_kernel<D>
         <<<dim3(static_cast<unsigned>(p.H), static_cast<unsigned>(rows)), D / 4, 0, stream>>>(p);
     KVC_CUDA_CALL(cudaGetLastError());
   }
@@ -77,9 +156,12 @@ cudaError_t dsv4_sparse_attention(void* d_temp, std::size_t& temp_bytes,
                                   const dsv4::SparseAttentionConfig& c, const Dsv4AttentionArgs& a,
                                   cudaStream_t stream) {
   const int D = c.head_dim;
+  const auto usable = [D](const dsv4::EntryStoreView& v) {
+    return v.layout.dim == D && (v.layout.format == dsv4::EntryFormat::kBf16 ||
+                                 (v.layout.format == dsv4::EntryFormat::kModel1Fp8 && D == 512));
+  };
   if ((D != 128 && D != 512) || a.batch < 0 || a.T < 0 || c.num_heads < 1 || c.num_heads > 128 ||
-      ring.layout.dim != D || entries.layout.dim != D || !ring.ring ||
-      ring.max_entries != c.window ||
+      !usable(ring) || !usable(entries) || !ring.ring || ring.max_entries != c.window ||
       (!c.hca && (a.indices_pitch < 0 || (a.indices_pitch > 0 && a.indices == nullptr)))) {
     return cudaErrorInvalidValue;
   }
@@ -91,7 +173,10 @@ cudaError_t dsv4_sparse_attention(void* d_temp, std::size_t& temp_bytes,
   }
   const int head_groups = (c.num_heads + kAttnHeads - 1) / kAttnHeads;
   const int max_rows = c.window + (c.hca ? entries.max_entries : a.indices_pitch);
-  const Split s = make_split(max_rows, rows, head_groups, attn_sm_count());
+  const int variant = g_variant.load(std::memory_order_relaxed);
+  const Split s = variant == 1 ? make_split_v1(max_rows, rows, head_groups, attn_sm_count())
+                               : make_split(max_rows, rows, head_groups, attn_sm_count(),
+                                            variant >= 10 ? variant - 10 : 0);
   const std::size_t need = part_bytes(s, rows, c.num_heads, D);
   if (d_temp == nullptr) {
     temp_bytes = need;
@@ -131,9 +216,25 @@ cudaError_t dsv4_sparse_attention(void* d_temp, std::size_t& temp_bytes,
     p.part_m = reinterpret_cast<float*>(base + align256(n * D * 4));
     p.part_l = reinterpret_cast<float*>(base + align256(n * D * 4) + align256(n * 4));
   }
-  return D == 512 ? run<512>(p, s, static_cast<int>(rows), head_groups, stream)
-                  : run<128>(p, s, static_cast<int>(rows), head_groups, stream);
+  const int r = static_cast<int>(rows);
+  if (variant == 1) {
+    return D == 512 ? run_v1<512>(p, s, r, head_groups, stream)
+                    : run_v1<128>(p, s, r, head_groups, stream);
+  }
+  if (D == 128) return run<128, false>(p, s, r, head_groups, stream);
+  const bool model1 = ring.layout.format == dsv4::EntryFormat::kModel1Fp8 ||
+                      entries.layout.format == dsv4::EntryFormat::kModel1Fp8;
+  return model1 ? run<512, true>(p, s, r, head_groups, stream)
+                : run<512, false>(p, s, r, head_groups, stream);
 }
+
+namespace dsv4_detail {
+
+void set_sparse_attention_variant(int variant) {
+  g_variant.store(variant, std::memory_order_relaxed);
+}
+
+}  // namespace dsv4_detail
 
 }  // namespace kernels
 
@@ -151,8 +252,10 @@ class CudaSparseAttention final : public SparseAttention {
               "SparseAttentionConfig: head_dim = ", c.head_dim, " must be 128 or 512 on CUDA");
     DeviceGuard guard(device_.index);
     staging_ = DeviceBuffer(8 * static_cast<std::size_t>(c.max_batch));
-    // The workspace of the largest split call: splits * rows * head groups never exceeds the SM
-    // count when there is more than one split (make_split), whatever the store.
+    // The workspace of the largest split call: with more than one split, splits * rows * head
+    // groups never exceeds the SM count (make_split keeps the grid in one wave: splits <=
+    // SMs / (rows * head groups); make_split_v1 too), so splits * rows * H <= SMs * H, whatever
+    // the store or the variant.
     int dev = 0, sms = 0;
     KVC_CUDA_THROW(cudaGetDevice(&dev));
     KVC_CUDA_THROW(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
