@@ -25,9 +25,11 @@
 //   (no spread), 2 the spread path (session 4's built-in), 8 / 16 the resident path with 8 / 16
 //   CTAs per row, 1016 with 16 CTAs and the scattered finish>: kvc::kernels::select, topk(k),
 //   score order.
-// BM_Dsv4CsaDecode/<batch>/<format 0 bf16, 1 MODEL1 FP8>/<timing>: 64 heads x 512, window 128 +
-//   top-512 entries of 262144 (1M tokens, ratio 4).
-// BM_Dsv4HcaDecode/<batch>/<format>/<timing>: window 128 + all 8192 entries (1M tokens, ratio 128).
+// BM_Dsv4CsaDecode/<batch>/<format 0 bf16, 1 MODEL1 FP8>/<timing>/<variant>: 64 heads x 512,
+//   window 128 + top-512 entries of 262144 (1M tokens, ratio 4); variant 0 the library's
+//   choice, 1 the kernels before the pipelined ones, 10 + k at least k chunks per split.
+// BM_Dsv4HcaDecode/<batch>/<format>/<timing>/<variant>: window 128 + all 8192 entries (1M tokens,
+//   ratio 128).
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -424,11 +426,26 @@ void BM_Dsv4TopK(benchmark::State& state) {
 
 // --- sparse attention -----------------------------------------------------------------------
 
-/// CSA (top-k ids) or HCA (every visible entry) decode at 1M tokens: B sequences, one query token.
+}  // namespace
+namespace kernels {
+namespace dsv4_detail {
+// src/cuda/dsv4_attention.cu: which kernels and split rule dsv4_sparse_attention runs (0
+// automatic, 1 the kernels before the pipelined ones, 10 + k at least k chunks per split).
+void set_sparse_attention_variant(int variant);
+}  // namespace dsv4_detail
+}  // namespace kernels
+namespace {
+
+/// CSA (top-k ids) or HCA (every visible entry) decode at 1M tokens: B sequences, one query token,
+/// with attention variant range(3) (set for the run, automatic after).
 void run_attention(benchmark::State& state, bool hca) {
   const int B = static_cast<int>(state.range(0));
   const EntryFormat fmt = state.range(1) == 0 ? EntryFormat::kBf16 : EntryFormat::kModel1Fp8;
   const bool lone = state.range(2) != 0;
+  struct Variant {
+    explicit Variant(int v) { kernels::dsv4_detail::set_sparse_attention_variant(v); }
+    ~Variant() { kernels::dsv4_detail::set_sparse_attention_variant(0); }
+  } variant(static_cast<int>(state.range(3)));
   const int H = 64, d = 512, W = 128, K = 512, ratio = hca ? 128 : 4;
   const std::int64_t context = 1 << 20;
   const int entries = static_cast<int>(context / ratio);
@@ -582,17 +599,26 @@ BENCHMARK(BM_Dsv4TopK)
       }
     })
     ->Apply(Timed);
-BENCHMARK(BM_Dsv4CsaDecode)
-    ->Args({1, 1, 0})
-    ->Args({1, 1, 1})
-    ->Args({8, 1, 0})
-    ->Args({1, 0, 0})
-    ->Apply(Timed);
+// <batch>/<format>/<timing>/<variant 0 automatic, 1 the kernels before the pipelined ones (one
+// chunk in flight per CTA, the serial combine), 10 + k the pipelined ones with at least k chunks
+// per split>: the same rows for 0 and 1 (before / after in one run), and HCA B1's neighbours of
+// the automatic split (2 chunks per split): 1, 4 and 8.
+void AttentionShapes(benchmark::internal::Benchmark* b) {
+  for (int variant : {0, 1}) {
+    b->Args({1, 1, 0, variant});
+    b->Args({1, 1, 1, variant});
+    b->Args({8, 1, 0, variant});
+    b->Args({1, 0, 0, variant});
+    b->Args({8, 0, 0, variant});
+  }
+}
+BENCHMARK(BM_Dsv4CsaDecode)->Apply(AttentionShapes)->Apply(Timed);
 BENCHMARK(BM_Dsv4HcaDecode)
-    ->Args({1, 1, 0})
-    ->Args({1, 1, 1})
-    ->Args({8, 1, 0})
-    ->Args({1, 0, 0})
+    ->Apply(AttentionShapes)
+    ->Args({1, 1, 0, 11})
+    ->Args({1, 1, 0, 14})
+    ->Args({1, 1, 0, 18})
+    ->Args({1, 0, 0, 11})
     ->Apply(Timed);
 
 }  // namespace

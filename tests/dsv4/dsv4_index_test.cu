@@ -509,6 +509,24 @@ TEST(Cuda_Dsv4_TopK, SpreadPathMatchesCpuAtIndexerShapes) {
 
 // --- sparse attention ------------------------------------------------------------------------
 
+}  // namespace
+}  // namespace dsv4
+namespace kernels {
+namespace dsv4_detail {
+// src/cuda/dsv4_attention.cu: which kernels and split rule dsv4_sparse_attention runs (0
+// automatic, 1 the kernels before the pipelined ones, 10 + k at least k chunks per split).
+void set_sparse_attention_variant(int variant);
+}  // namespace dsv4_detail
+}  // namespace kernels
+namespace dsv4 {
+namespace {
+
+/// Sets the attention variant for one scope, back to automatic after.
+struct AttentionVariant {
+  explicit AttentionVariant(int v) { kernels::dsv4_detail::set_sparse_attention_variant(v); }
+  ~AttentionVariant() { kernels::dsv4_detail::set_sparse_attention_variant(0); }
+};
+
 struct AttnShape {
   const char* name;
   EntryFormat f;
@@ -516,60 +534,74 @@ struct AttnShape {
   bool hca;
   int B, T, C;  // batch, query tokens, chunk rows
   bool out_bf16;
+  int K;                    // CSA: index row width
+  std::int64_t L0, L1, L2;  // L of sequences 0..2 (0: 300 + 517 b, or 20000 + 9000 b)
 };
 
 class Cuda_Dsv4_Attention : public ::testing::TestWithParam<AttnShape> {};
 
+// Every case runs the automatic split (0), the kernels before the pipelined ones (1), one chunk
+// per split where the GPU has room (11) and at least four (14) or eight (18); each against the
+// CPU reference, and each through the kernel layer too with a NaN-poisoned workspace and every
+// -1 id replaced by an out-of-range one (< -1, >= the visible count): the same bits.
 TEST_P(Cuda_Dsv4_Attention, MatchesCpuWithin1e3) {
   KVC_REQUIRE_GPU();
   const AttnShape k = GetParam();
-  const int d = k.D, W = 128, K = 40;
-  const auto rc = EntryStoreConfig::window_ring(k.f, d, W, k.B + 1);
-  const auto ec = EntryStoreConfig::compressed(k.f, d, k.ratio, 1 << 18, k.B + 1);
+  const int d = k.D, W = 128, K = k.K, B = k.B, T = k.T;
+  std::vector<std::int64_t> lengths;
+  for (int b = 0; b < B; ++b) {
+    const std::int64_t given = b == 0 ? k.L0 : b == 1 ? k.L1 : b == 2 ? k.L2 : 0;
+    lengths.push_back(given > 0 ? given : k.ratio == 4 ? 300 + 517 * b : 20000 + 9000 * b);
+  }
+  const std::int64_t max_len = *std::max_element(lengths.begin(), lengths.end());
+  const auto rc = EntryStoreConfig::window_ring(k.f, d, W, B + 1);
+  const auto ec = EntryStoreConfig::compressed(k.f, d, k.ratio,
+                                               std::max<std::int64_t>(1 << 18, max_len), B + 1);
   auto ring_c = EntryStore::create(rc, Device::cpu()),
        ring_g = EntryStore::create(rc, Device::cuda(0));
   auto ent_c = EntryStore::create(ec, Device::cpu()),
        ent_g = EntryStore::create(ec, Device::cuda(0));
   std::vector<int> slots;
-  std::vector<std::int64_t> lengths;
-  for (int b = 0; b < k.B; ++b) {
-    const int slot = k.B - b;  // distinct, not in order
+  for (int b = 0; b < B; ++b) {
+    const int slot = B - b;  // distinct, not in order
     slots.push_back(slot);
-    const std::int64_t L = k.ratio == 4 ? 300 + 517 * b : 20000 + 9000 * b;
-    lengths.push_back(L);
-    const std::int64_t R = L - k.C;
+    const std::int64_t L = lengths[b], R = L - k.C;
+    // Only the last W ring rows matter: R - 300 tokens reserved (not written), 300 fresh ones.
+    if (R > 300) {
+      ring_c->reserve({slot}, {static_cast<int>(R - 300)});
+      ring_g->reserve({slot}, {static_cast<int>(R - 300)});
+    }
     auto toks = round_to_bf16(
         random_floats(static_cast<std::size_t>(std::min<std::int64_t>(R, 300)) * d, 10 + b));
-    // Only the last W ring rows matter: feed R tokens as R - 300 copies + 300 fresh ones.
-    std::vector<float> pad(static_cast<std::size_t>(std::max<std::int64_t>(0, R - 300)) * d, 0.25f);
-    if (!pad.empty()) {
-      const std::int64_t n = static_cast<std::int64_t>(pad.size()) / d;
-      ring_c->append({slot}, host_view(pad, DType::kF32, {1, n, d}));
-      DeviceTensor<float> dp(pad, DType::kF32, {1, n, d});
-      ring_g->append({slot}, dp.v);
-    }
     const std::int64_t nt = static_cast<std::int64_t>(toks.size()) / d;
-    ring_c->append({slot}, host_view(toks, DType::kF32, {1, nt, d}));
-    DeviceTensor<float> dt(toks, DType::kF32, {1, nt, d});
-    ring_g->append({slot}, dt.v);
+    if (nt > 0) {
+      ring_c->append({slot}, host_view(toks, DType::kF32, {1, nt, d}));
+      DeviceTensor<float> dt(toks, DType::kF32, {1, nt, d});
+      ring_g->append({slot}, dt.v);
+    }
     const int n = static_cast<int>(L / k.ratio);
-    auto e = round_to_bf16(random_floats(static_cast<std::size_t>(n) * d, 20 + b));
-    ent_c->append({slot}, host_view(e, DType::kF32, {1, n, d}));
-    DeviceTensor<float> de(e, DType::kF32, {1, n, d});
-    ent_g->append({slot}, de.v);
+    if (n > 0) {
+      auto e = round_to_bf16(random_floats(static_cast<std::size_t>(n) * d, 20 + b));
+      ent_c->append({slot}, host_view(e, DType::kF32, {1, n, d}));
+      DeviceTensor<float> de(e, DType::kF32, {1, n, d});
+      ent_g->append({slot}, de.v);
+    }
   }
-  const int B = k.B, T = k.T;
   auto q = random_bf16_bits(static_cast<std::size_t>(B) * T * k.H * d, 30, 1.0f);
   auto chunk = random_bf16_bits(static_cast<std::size_t>(B) * std::max(1, k.C) * d, 31, 1.0f);
   auto sink = random_floats(k.H, 32, 1.0f);
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(B) * T * K, -1);
+  // Ids in [0, visible) (duplicates too) in the first 2 x visible columns but every seventh, -1
+  // elsewhere: short sequences get whole chunks of -1.
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(B) * T * K, -1), bad_ids = ids;
   std::mt19937 rng(4);
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
       const int visible = static_cast<int>((lengths[b] - T + t + 1) / k.ratio);
       for (int i = 0; i < K; ++i) {
-        if (i % 7 != 3 && visible > 0)
-          ids[(static_cast<std::size_t>(b) * T + t) * K + i] = static_cast<int>(rng() % visible);
+        const std::size_t at = (static_cast<std::size_t>(b) * T + t) * K + i;
+        if (i % 7 != 3 && i < 2 * visible) ids[at] = static_cast<int>(rng() % visible);
+        const std::int32_t out_of_range[4] = {-7, visible, visible + 1000, 2147483647};
+        bad_ids[at] = ids[at] >= 0 ? ids[at] : out_of_range[i % 4];
       }
     }
   }
@@ -595,12 +627,13 @@ TEST_P(Cuda_Dsv4_Attention, MatchesCpuWithin1e3) {
   SparseAttention::create(c, Device::cpu())->forward(*ring_c, *ent_c, a);
   DeviceTensor<std::uint16_t> dq(q, DType::kBF16, {B, T, k.H, d});
   DeviceTensor<std::uint16_t> dch(chunk, DType::kBF16, {B, std::max(1, k.C), d});
-  DeviceArray<std::int32_t> did(ids);
-  DeviceArray<float> dsink(sink), dlse(lse_c.size());
-  DeviceArray<float> dout_f(nout);
-  DeviceArray<std::uint16_t> dout_b(nout);
-  dout_f.fill_bytes(0xff);
-  dout_b.fill_bytes(0xff);
+  DeviceArray<std::int32_t> did(ids), dbad(bad_ids);
+  DeviceArray<float> dsink(sink), dlse(lse_c.size()), dlse2(lse_c.size());
+  DeviceArray<float> dout_f(nout), dout_f2(nout);
+  DeviceArray<std::uint16_t> dout_b(nout), dout_b2(nout);
+  std::vector<std::int32_t> meta(slots.begin(), slots.end());
+  for (std::int64_t L : lengths) meta.push_back(static_cast<std::int32_t>(L));
+  DeviceArray<std::int32_t> dmeta(meta);
   SparseAttentionArgs g = a;
   g.q = dq.v;
   if (k.C > 0)
@@ -612,42 +645,111 @@ TEST_P(Cuda_Dsv4_Attention, MatchesCpuWithin1e3) {
               ? TensorView::contiguous(dout_b.get(), DType::kBF16, {B, T, k.H, d}, Device::cuda(0))
               : TensorView::contiguous(dout_f.get(), DType::kF32, {B, T, k.H, d}, Device::cuda(0));
   g.lse = TensorView::contiguous(dlse.get(), DType::kF32, {B, T, k.H}, Device::cuda(0));
-  SparseAttention::create(c, Device::cuda(0))->forward(*ring_g, *ent_g, g);
-  KVC_ASSERT_CUDA(cudaDeviceSynchronize());
-  std::vector<float> og(nout);
-  if (k.out_bf16) {
-    const auto b = dout_b.download();
-    for (std::size_t i = 0; i < nout; ++i) og[i] = bf16_bits_to_float(b[i]);
-  } else {
-    og = dout_f.download();
+  auto attn = SparseAttention::create(c, Device::cuda(0));
+  for (const int variant : {0, 1, 11, 14, 18}) {
+    SCOPED_TRACE(::testing::Message() << "variant " << variant);
+    const AttentionVariant scope(variant);
+    dout_f.fill_bytes(0xff);
+    dout_b.fill_bytes(0xff);
+    dlse.fill_bytes(0xff);
+    attn->forward(*ring_g, *ent_g, g);
+    KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+    std::vector<float> og(nout);
+    if (k.out_bf16) {
+      const auto ob = dout_b.download();
+      for (std::size_t i = 0; i < nout; ++i) og[i] = bf16_bits_to_float(ob[i]);
+    } else {
+      og = dout_f.download();
+    }
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < nout; ++i) {
+      ASSERT_FALSE(std::isnan(og[i])) << "element " << i;
+      const double ref = k.out_bf16 ? round_bf16(out_c[i]) : out_c[i];
+      num += (og[i] - ref) * (og[i] - ref);
+      den += ref * ref;
+    }
+    const double rel = std::sqrt(num / den);
+    EXPECT_LT(rel, k.out_bf16 ? 2e-3 : 1e-3) << "relative L2";
+    if (!k.out_bf16)
+      EXPECT_LT(rel, 1e-4) << "relative L2 with f32 out (P split in two bf16 halves)";
+    const auto lg = dlse.download();
+    for (std::size_t i = 0; i < lg.size(); ++i) EXPECT_NEAR(lg[i], lse_c[i], 1e-3) << "lse " << i;
+
+    // The kernel layer: poisoned workspace, out-of-range ids for the -1 ones; the same bits.
+    kernels::Dsv4AttentionArgs ka;
+    ka.slots = dmeta.get();
+    ka.lengths = dmeta.get() + B;
+    ka.batch = B;
+    ka.T = T;
+    ka.q = dq.a.get();
+    ka.chunk = k.C > 0 ? dch.a.get() : nullptr;
+    ka.chunk_rows = k.C;
+    ka.indices = k.hca ? nullptr : dbad.get();
+    ka.indices_pitch = k.hca ? 0 : K;
+    ka.sink = dsink.get();
+    ka.out = k.out_bf16 ? static_cast<void*>(dout_b2.get()) : static_cast<void*>(dout_f2.get());
+    ka.out_bf16 = k.out_bf16;
+    ka.lse = dlse2.get();
+    std::size_t tb = 0;
+    KVC_ASSERT_CUDA(
+        kernels::dsv4_sparse_attention(nullptr, tb, ring_g->view(), ent_g->view(), c, ka, nullptr));
+    DeviceArray<unsigned char> temp(std::max<std::size_t>(tb, 1));
+    temp.fill_bytes(0xff);
+    dout_f2.fill_bytes(0xff);
+    dout_b2.fill_bytes(0xff);
+    dlse2.fill_bytes(0xff);
+    KVC_ASSERT_CUDA(kernels::dsv4_sparse_attention(temp.get(), tb, ring_g->view(), ent_g->view(), c,
+                                                   ka, nullptr));
+    KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+    if (k.out_bf16) {
+      EXPECT_EQ(dout_b2.download(), dout_b.download()) << "kernel layer, bf16 out";
+    } else {
+      const auto o1 = dout_f.download(), o2 = dout_f2.download();
+      int diffs = 0;
+      for (std::size_t i = 0; i < nout; ++i) diffs += float_bits(o1[i]) != float_bits(o2[i]);
+      EXPECT_EQ(diffs, 0) << "kernel layer, f32 out";
+    }
+    const auto l1 = dlse.download(), l2 = dlse2.download();
+    int ldiffs = 0;
+    for (std::size_t i = 0; i < l1.size(); ++i) ldiffs += float_bits(l1[i]) != float_bits(l2[i]);
+    EXPECT_EQ(ldiffs, 0) << "kernel layer, lse";
   }
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < nout; ++i) {
-    ASSERT_FALSE(std::isnan(og[i])) << "element " << i;
-    const double ref = k.out_bf16 ? round_bf16(out_c[i]) : out_c[i];
-    num += (og[i] - ref) * (og[i] - ref);
-    den += ref * ref;
-  }
-  const double rel = std::sqrt(num / den);
-  EXPECT_LT(rel, k.out_bf16 ? 2e-3 : 1e-3) << "relative L2";
-  if (!k.out_bf16) EXPECT_LT(rel, 1e-4) << "relative L2 with f32 out (P split in two bf16 halves)";
-  const auto lg = dlse.download();
-  for (std::size_t i = 0; i < lg.size(); ++i) EXPECT_NEAR(lg[i], lse_c[i], 1e-3) << "lse " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, Cuda_Dsv4_Attention,
     ::testing::Values(
-        AttnShape{"csa_bf16_h64_b2_decode", EntryFormat::kBf16, 64, 512, 4, false, 2, 1, 0, false},
+        AttnShape{"csa_bf16_h64_b2_decode", EntryFormat::kBf16, 64, 512, 4, false, 2, 1, 0, false,
+                  40, 0, 0, 0},
         AttnShape{"csa_model1_h64_b3_t2", EntryFormat::kModel1Fp8, 64, 512, 4, false, 3, 2, 2,
-                  false},
+                  false, 40, 0, 0, 0},
         AttnShape{"csa_model1_h128_bf16out", EntryFormat::kModel1Fp8, 128, 512, 4, false, 1, 1, 1,
-                  true},
-        AttnShape{"hca_bf16_h64_b1", EntryFormat::kBf16, 64, 512, 128, true, 1, 1, 0, false},
-        AttnShape{"hca_model1_h8_b2_t3", EntryFormat::kModel1Fp8, 8, 512, 128, true, 2, 3, 3,
-                  false},
+                  true, 40, 0, 0, 0},
+        AttnShape{"hca_bf16_h64_b1", EntryFormat::kBf16, 64, 512, 128, true, 1, 1, 0, false, 40, 0,
+                  0, 0},
+        AttnShape{"hca_model1_h8_b2_t3", EntryFormat::kModel1Fp8, 8, 512, 128, true, 2, 3, 3, false,
+                  40, 0, 0, 0},
         AttnShape{"csa_bf16_d128_h16_prefill", EntryFormat::kBf16, 16, 128, 4, false, 1, 70, 70,
-                  false}),
+                  false, 40, 0, 0, 0},
+        // 8192 entries + 128 window rows at B1 (130 chunks: automatic 65 splits of 2, variant 11
+        // 130 of 1, 14 33 of 4, 18 17 of 8): many chunks per split, the combine over many splits.
+        AttnShape{"hca_model1_h64_b1_8192_entries", EntryFormat::kModel1Fp8, 64, 512, 128, true, 1,
+                  1, 0, false, 40, std::int64_t{1} << 20, 0, 0},
+        AttnShape{"hca_bf16_h64_b1_3125_entries", EntryFormat::kBf16, 64, 512, 128, true, 1, 1, 0,
+                  false, 40, 400000, 0, 0},
+        // The full 512-id row at B1 (10 chunks).
+        AttnShape{"csa_model1_h64_b1_k512", EntryFormat::kModel1Fp8, 64, 512, 4, false, 1, 1, 0,
+                  false, 512, 200000, 0, 0},
+        AttnShape{"csa_bf16_h64_b1_k512", EntryFormat::kBf16, 64, 512, 4, false, 1, 1, 0, false,
+                  512, 200000, 0, 0},
+        // Short sequences beside a long one: splits with no chunk (HCA), chunks of -1 ids only
+        // (CSA), windows shorter than W, a sequence with no visible entry; T > 1 with a chunk.
+        AttnShape{"hca_model1_h64_b3_ragged", EntryFormat::kModel1Fp8, 64, 512, 128, true, 3, 1, 0,
+                  false, 40, 300000, 700, 5},
+        AttnShape{"hca_bf16_h64_b3_t4_ragged", EntryFormat::kBf16, 64, 512, 128, true, 3, 4, 4,
+                  false, 40, 150000, 900, 6},
+        AttnShape{"csa_model1_h64_b2_t4_k512_ragged", EntryFormat::kModel1Fp8, 64, 512, 4, false, 2,
+                  4, 4, false, 512, 50000, 40, 0}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // --- the kernel layer in a CUDA graph, and no allocation per step ------------------------------
