@@ -7,14 +7,14 @@
 // Row names: BM_Score/<shape>/B<batch>/N<context>/<score>/<source>/<aggregate>/<kernel>, where
 // source is the summary dtype (f32, f16, bf16) of mean_k and quest, or the key source of the token
 // scores (old_blocks, mxfp4, fp8), and kernel is general or fast (a fast row that does not serve
-// the shape is skipped with its reason); the token scores' fast rows come ten times: fast (the
+// the shape is skipped with its reason); the token scores' fast rows come eleven times: fast (the
 // library's choice, TokenKernels::kAuto), fast-stream (its blocks per warp chosen from the
 // shape), fast-stream8 / -stream4 / -stream2 (pinned), fast-stream_tc (tensor-core ring),
-// fast-stream_lean, fast-stream_async / -stream_async4 (cp.async staging) and
-// fast-block_per_warp (the chunk-kernel variants of kernels/index/token_variant.h, so one run
-// compares them); the summary scores' fast rows also come as fast-thread_row, fast-warp_row,
-// fast-tensor_core and fast-tensor_core1 / -tensor_core4 (its tiles per warp pinned; sum only:
-// the variants of kernels/index/summary_variant.h pinned), e.g.
+// fast-stream_lean, fast-stream_rows / -stream_rows4 / -stream_rows8 (cp.async staging of whole
+// rows, ldmatrix) and fast-block_per_warp (the chunk-kernel variants of
+// kernels/index/token_variant.h, so one run compares them); the summary scores' fast rows also come
+// as fast-thread_row, fast-warp_row, fast-tensor_core and fast-tensor_core1 / -tensor_core4 (its
+// tiles per warp pinned; sum only: the variants of kernels/index/summary_variant.h pinned), e.g.
 // 'BM_Score/h32x8x128/B(1|8)/N131072/token_ma.*/mxfp4/sum/fast.*'. Rows are registered grouped by
 // the store they read, so each store is built once. Select rows with --benchmark_filter, e.g.
 // 'BM_Score/h32x8x128/B8/N131072/.*' or '.*/mean_k/f16/.*'; the whole grid is 12 cells x 60
@@ -75,8 +75,9 @@ struct Variant {
     if (token_kernels == TokenKernels::kStream2) return k + "-stream2";
     if (token_kernels == TokenKernels::kStreamTc) return k + "-stream_tc";
     if (token_kernels == TokenKernels::kStreamLean) return k + "-stream_lean";
-    if (token_kernels == TokenKernels::kStreamAsync) return k + "-stream_async";
-    if (token_kernels == TokenKernels::kStreamAsync4) return k + "-stream_async4";
+    if (token_kernels == TokenKernels::kStreamRows) return k + "-stream_rows";
+    if (token_kernels == TokenKernels::kStreamRows4) return k + "-stream_rows4";
+    if (token_kernels == TokenKernels::kStreamRows8) return k + "-stream_rows8";
     if (token_kernels == TokenKernels::kBlockPerWarp) return k + "-block_per_warp";
     return k;
   }
@@ -268,7 +269,8 @@ std::vector<Variant> variants() {
     for (TokenKernels tk :
          {TokenKernels::kStream, TokenKernels::kStream8, TokenKernels::kStream4,
           TokenKernels::kStream2, TokenKernels::kStreamTc, TokenKernels::kStreamLean,
-          TokenKernels::kStreamAsync, TokenKernels::kStreamAsync4, TokenKernels::kBlockPerWarp}) {
+          TokenKernels::kStreamRows, TokenKernels::kStreamRows4, TokenKernels::kStreamRows8,
+          TokenKernels::kBlockPerWarp}) {
       v.push_back({score, TokenKeys::kIndexCopy, DType::kF32, Format::kMxfp4, GqaAggregate::kSum,
                    IndexKernel::kFast, tk});
     }

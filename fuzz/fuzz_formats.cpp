@@ -7,9 +7,11 @@
 //   - encoders: a non-finite vector gets a NaN scale (0xFF per mxfp4 group), zero payload and
 //     NaN decodes; an all-zero vector gets scale +0 and decodes to zeros; any other finite vector
 //     gets a finite scale > 0, finite decodes, |error| <= scale/2 (q8, int4) and the e2m1/e4m3
-//     relative bound; encoding twice gives the same bits.
+//     relative bound; encoding twice gives the same bits; mxfp4's payload rearranged into the
+//     index copy's words (mxfp4_to_index_words) decodes to the same bits.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -221,6 +223,16 @@ void check_encoders(Input& in) {
       mxfp4_encode(x.data(), n, p.data(), sc.data());
       mxfp4_encode(x.data(), n, p2.data(), sc2.data());
       FUZZ_CHECK(p == p2 && sc == sc2, "mxfp4_encode not deterministic");
+      // The index copy's rearranged words decode to the same bits.
+      std::vector<std::uint32_t> words(n / 8);
+      std::memcpy(words.data(), p.data(), n / 2);
+      mxfp4_to_index_words(reinterpret_cast<std::uint8_t*>(words.data()), n);
+      for (int i = 0; i < n; ++i) {
+        FUZZ_CHECK(same_bits(mxfp4_index_decode(reinterpret_cast<const std::uint8_t*>(words.data()),
+                                                sc.data(), i),
+                             mxfp4_decode(p.data(), sc.data(), i)),
+                   "index-copy word of element %d decodes differently", i);
+      }
       for (int g = 0; g < groups; ++g) {
         const int b = g * kMxfp4Group, e = b + kMxfp4Group;
         const bool gnf = any_nonfinite(x, b, e), gz = all_zero(x, b, e);

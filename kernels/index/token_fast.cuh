@@ -11,8 +11,10 @@
 //
 // Unpacking in registers, no table: an e2m1 code c = s|e1 e0 m placed as f16 bits
 // ((c & 7) << 9) | ((c & 8) << 12) is exactly its value times 2^-14 (code 1, 0.5, lands on the f16
-// subnormal 2^-15), so one word w of 8 codes gives four f16x2 registers with two shifts and
-// two masks each; the 2^14 goes into the group scale. The k order inside a group is permuted so
+// subnormal 2^-15), so one index-copy word w of 8 codes (magnitudes and signs apart, formats.h's
+// mxfp4_index_place) gives four f16x2 registers with six masks and five shifts
+// (index_math::index_word_to_f16x2); the 2^14 goes into the group scale. The k order inside a
+// group is permuted so
 // that each register is one of those four: lane quad t reads word t of the group (elements
 // 8t .. 8t + 7) and
 //   k-tile 0 of the group: slots (2t, 2t+1) = elements (8t+0, 8t+4), slots (2t+8, 2t+9) = (8t+1,
@@ -26,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "async_copy.cuh"
 #include "index/mma_ops.cuh"
 #include "index/token_score.cuh"
 #include "index/token_variant.h"
@@ -160,8 +163,8 @@ __device__ __forceinline__ void score_fixed_block(const TokenScoreParams& p,
 #pragma unroll
     for (int grp = 0; grp < Tr::kGroups; ++grp) {
       std::uint32_t ra[4], rb[4];
-      index_math::e2m1_word_to_f16x2(w[mt][0][grp], ra);
-      index_math::e2m1_word_to_f16x2(w[mt][1][grp], rb);
+      index_math::index_word_to_f16x2(w[mt][0][grp], ra);
+      index_math::index_word_to_f16x2(w[mt][1][grp], rb);
       float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       const std::uint32_t a0[4] = {ra[0], rb[0], ra[1], rb[1]};
       const std::uint32_t a1[4] = {ra[2], rb[2], ra[3], rb[3]};
@@ -241,8 +244,8 @@ __global__ void __launch_bounds__(kTokThreads)
                                               keys + tb * kRowBytes + 16 * grp + 4 * t)
                                         : 0u;
             std::uint32_t ra[4], rb[4];
-            index_math::e2m1_word_to_f16x2(wa, ra);
-            index_math::e2m1_word_to_f16x2(wb, rb);
+            index_math::index_word_to_f16x2(wa, ra);
+            index_math::index_word_to_f16x2(wb, rb);
             float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             const std::uint32_t a0[4] = {ra[0], rb[0], ra[1], rb[1]};
             const std::uint32_t a1[4] = {ra[2], rb[2], ra[3], rb[3]};
@@ -312,7 +315,7 @@ __global__ void __launch_bounds__(kTokThreads)
 //     query B fragments once per kv head (and checked finite with one vote);
 //   - the warp walks its blocks in slabs of 32 tokens (16 for blocks of 16): the next slab's key
 //     and scale words (20 per lane at d 128) are loaded before the current slab is unpacked
-//     (e2m1_word_to_f16x2_bytes) and multiplied, so two slabs are in flight per warp;
+//     (index_word_to_f16x2) and multiplied, so two slabs are in flight per warp;
 //   - each group's partial dot products are scaled with one FFMA by 2^(e - 113) built from the
 //     scale byte (ue8m0_times_16384; exact);
 //   - fast path, chosen per block by one vote: when the queries are finite and every scale byte
@@ -337,9 +340,11 @@ __global__ void __launch_bounds__(kTokThreads)
 //   - kLoop = kLoopLean (kStreamLean): the softmax scale is folded into each group's factor (one
 //     integer multiply-add builds scale * 2^(e - 113) from the byte, stream_lean_safe_add) and the
 //     slab vote tests the OR of the slab's scale words once;
-//   - kLoop = kLoopAsync (kStreamAsync, kStreamAsync4): kLoopLean's math on slabs that each lane
-//     copies into its warp's ring of p.async_stages shared-memory stages with cp.async (the same
-//     words load_slab reads), p.async_stages - 1 slabs ahead, then reads back with 16-byte loads.
+//   - kLoop = kLoopRows (kStreamRows, the library's choice): kLoopLean's math on slabs whose pool
+//     rows each warp copies whole (16 bytes per cp.async) into its ring of kRowsStages
+//     shared-memory stages, two slabs ahead, and reads back with ldmatrix (RowsStage). Until
+//     2026-12-04 a kLoopAsync (kStreamAsync / kStreamAsync4) staged each lane's own words with
+//     4-byte copies: 12-18 % slower than kLoopLean in three runs, removed.
 
 /// Most closed blocks one warp of a streaming chunk CTA scores (p.blocks_per_cta / kTokWarps is
 /// 2, 4 or 8).
@@ -362,6 +367,32 @@ inline int stream_blocks_per_warp(int rows, int owned) {
   }
   return kStreamMinBlocksPerWarp;
 }
+/// What starting a streaming chunk CTA costs, in blocks of one warp's work: the block table and
+/// query fragments, the pipeline's fill, the merge of the warps' normalisers.
+constexpr int kStreamCtaOverhead = 4;
+
+/// Blocks per warp for a call with `rows` score rows of `owned` closed blocks at most, `ring` ring
+/// CTAs per row and `slots` CTAs of the kernel resident on the device at once: of 8, 4 and 2 the
+/// one whose waves of CTAs cost least, a CTA costing its blocks per warp plus
+/// kStreamCtaOverhead; ties to the larger. With the 264 slots of two CTAs per SM it orders 8, 4, 2
+/// as the H200 measured them (see kStreamMinChunkCtas: B1 36 : 40 : 48 against 53.5 : 60.2 :
+/// 75.6 us, B8 216 : 264 : 384 against 296 : 351 : 473).
+inline int rows_blocks_per_warp(int rows, int owned, int ring, long long slots) {
+  int best = kStreamMaxBlocksPerWarp;
+  long long best_cost = -1;
+  for (int bpw = kStreamMaxBlocksPerWarp; bpw >= kStreamMinBlocksPerWarp; bpw /= 2) {
+    const long long ctas =
+        static_cast<long long>(rows) * (ring + (owned + kTokWarps * bpw - 1) / (kTokWarps * bpw));
+    const long long waves = (ctas + slots - 1) / (slots > 0 ? slots : 1);
+    const long long cost = waves * (bpw + kStreamCtaOverhead);
+    if (best_cost < 0 || cost < best_cost) {
+      best = bpw;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
 /// Ring CTAs per row of the streaming variant (mass rule): the exact tokens split among them.
 constexpr int kStreamRingParts = 4;
 /// Ring CTAs per row where they run on tensor cores (kStreamTc, kStreamLean): 8 x 8 warps of 16
@@ -372,6 +403,14 @@ constexpr int kStreamTcRingParts = 8;
 __device__ __forceinline__ float ex2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/// log2 x with the hardware approximation (MUFU.LG2) and no subnormal rescaling: for normal x the
+/// same value __logf's code path takes (it rescales subnormal inputs only).
+__device__ __forceinline__ float lg2_approx(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
 
@@ -411,116 +450,123 @@ __device__ __forceinline__ void load_slab(StreamSlab<D, kS>& b, const std::uint8
 
 /// The chunk loop of token_stream_kernel (its template argument kLoop). kLoopF16: kStream's;
 /// kLoopLean: kStreamLean's (scale folded into the group factor, one OR'd byte test per slab);
-/// kLoopAsync: kStreamAsync's (kLoopLean's math on slabs staged in shared memory by cp.async,
-/// p.async_stages - 1 slabs ahead, so the loads in flight hold no registers).
-constexpr int kLoopF16 = 0, kLoopLean = 1, kLoopAsync = 2;
+/// kLoopRows: kStreamRows' (kLoopLean's math on slabs whose pool rows a warp copies whole, 16
+/// bytes per cp.async, into its ring of kRowsStages shared-memory stages two slabs ahead, read back
+/// with ldmatrix; no registers hold the loads in flight, so three CTAs fit an SM).
+constexpr int kLoopF16 = 0, kLoopLean = 1, kLoopRows = 2;
 
-/// Words of one lane's slab in a kLoopAsync stage: the key words w[mt][r][grp], then the scale
-/// words sc[mt][r], padded to whole 16-byte vectors (lane strides of 80 / 48 bytes keep the
-/// 16-byte reads free of bank conflicts at d 128 / 64 with 32-token slabs).
+/// One stage of a kLoopRows ring (kStreamRows): a slab's kS index-copy rows as they lie in the
+/// pool, D / 2 code bytes each at a pitch of kRowStride bytes (16 bytes of padding: the eight rows
+/// an ldmatrix reads then start on eight distinct 4-bank groups, 20 or 12 banks apart), then the
+/// kS scale records (D / 32 bytes each) back to back. Every piece is 16 bytes, copied by one
+/// cp.async; consecutive lanes copy consecutive pieces of the pool (coalesced).
 template <int D, int kS>
-struct AsyncSlabWords {
-  static constexpr int kKeys = StreamSlab<D, kS>::kMT * 2 * (D / 32);
-  static constexpr int kScales = StreamSlab<D, kS>::kMT * 2;
-  static constexpr int kPadded = (kKeys + kScales + 3) / 4 * 4;
+struct RowsStage {
+  static constexpr int kRowBytes = D / 2;
+  static constexpr int kRowStride = kRowBytes + 16;
+  static constexpr int kScaleBytes = D / 32;
+  static constexpr int kScaleOffset = kS * kRowStride;
+  static constexpr int kBytes = kScaleOffset + kS * kScaleBytes;
+  static constexpr int kCodePieces = kS * kRowBytes / 16;
+  static constexpr int kScalePieces = kS * kScaleBytes / 16;
+  static_assert(kCodePieces % 32 == 0 && kScalePieces >= 1 && kScalePieces <= 32 &&
+                    (kS * kScaleBytes) % 16 == 0 && kBytes % 16 == 0,
+                "a slab's rows and scale records are whole 16-byte pieces");
 };
 
-/// Most stages of the kLoopAsync ring (kStreamAsync4).
-constexpr int kAsyncMaxStages = 4;
+/// Stages of a warp's kLoopRows ring: the slab being read, and two in flight.
+constexpr int kRowsStages = 3;
 
-/// Dynamic shared memory of a kLoopAsync chunk CTA with `stages` stages per warp.
+/// Dynamic shared memory of a kLoopRows chunk CTA.
 template <int D, int kS>
-constexpr std::size_t async_smem_bytes(int stages) {
-  return static_cast<std::size_t>(kTokWarps) * stages * 32 * AsyncSlabWords<D, kS>::kPadded * 4;
+constexpr std::size_t rows_smem_bytes() {
+  return static_cast<std::size_t>(kTokWarps) * kRowsStages * RowsStage<D, kS>::kBytes;
 }
-// Two chunk CTAs per SM (the register bound) must fit the H200's 228 KB with the deepest ring and
-// the kernel's static shared memory (under 8 KB) beside it.
-static_assert(2 * (async_smem_bytes<128, 32>(kAsyncMaxStages) + 8 * 1024) <= 228 * 1024,
-              "two kLoopAsync CTAs per SM");
+// Three chunk CTAs per SM (kLoopRows' register bound) must fit the H200's 228 KB with the
+// kernel's static shared memory (under 8 KB) and the 1 KB the runtime reserves per CTA.
+static_assert(3 * (rows_smem_bytes<128, 32>() + 9 * 1024) <= 228 * 1024,
+              "three kLoopRows CTAs per SM");
 
-/// Issues the cp.async copies of one lane's slab words (the words load_slab reads, from the same
-/// addresses) into `dst` (this lane's words of one stage, in shared memory).
+/// A lane's fixed offsets into every stage of its warp's kLoopRows ring (shared-memory
+/// addresses of stage 0; stage k adds k * RowsStage::kBytes): where its cp.async pieces go, and
+/// the rows its ldmatrix and scale loads read.
+struct RowsLane {
+  std::uint32_t copy_code;   // piece `lane` of the codes (piece lane + 32 i lands kRowStride * 32 i
+                             // / (kRowBytes / 16) further)
+  std::uint32_t copy_scale;  // piece `lane` of the scale records (lanes < kScalePieces)
+  std::uint32_t read_code;   // row lane % 8 of matrix lane / 8 of the first ldmatrix
+  std::uint32_t read_scale;  // the scale record of token g
+};
+
 template <int D, int kS>
-__device__ __forceinline__ void issue_slab_async(std::uint32_t* dst, const std::uint8_t* keys,
-                                                 const std::uint8_t* scales) {
-  constexpr int kRowBytes = D / 2, kScaleBytes = D / 32;
-  using Words = AsyncSlabWords<D, kS>;
-  const std::uint32_t base = static_cast<std::uint32_t>(__cvta_generic_to_shared(dst));
+__device__ __forceinline__ RowsLane rows_lane(const void* ring, int lane) {
+  using St = RowsStage<D, kS>;
+  constexpr int kPiecesPerRow = St::kRowBytes / 16;
+  const std::uint32_t base = smem_addr(ring);
+  const int m = lane / 8, j = lane % 8;
+  RowsLane l;
+  l.copy_code = base + (lane / kPiecesPerRow) * St::kRowStride + (lane % kPiecesPerRow) * 16;
+  l.copy_scale = base + St::kScaleOffset + 16 * lane;
+  // D 128: matrix m is group m of rows 8 r + j; D 64: group m % 2 of rows 8 (m / 2) + j.
+  l.read_code = D / 32 == 4 ? base + j * St::kRowStride + 16 * m
+                            : base + (8 * (m / 2) + j) * St::kRowStride + 16 * (m % 2);
+  l.read_scale = base + St::kScaleOffset + (lane / 4) * St::kScaleBytes;
+  return l;
+}
+
+/// Issues (and commits as one group) the cp.async copies of one slab into the stage at offset
+/// `stage` (bytes) of the ring: `keys` and `scales` point at the slab's first index-copy row and
+/// its scale record in the pool (16-byte aligned: rows start at multiples of kS). Warp-uniform.
+template <int D, int kS>
+__device__ __forceinline__ void issue_slab_rows(const RowsLane& l, std::uint32_t stage,
+                                                const std::uint8_t* keys,
+                                                const std::uint8_t* scales, int lane) {
+  using St = RowsStage<D, kS>;
+  constexpr int kRowsPerRound = 32 / (St::kRowBytes / 16);  // rows 32 pieces cover
+  const std::uint8_t* src = keys + 16 * lane;
+  const std::uint32_t dst = l.copy_code + stage;
+#pragma unroll
+  for (int i = 0; i < St::kCodePieces / 32; ++i) {
+    cp_async_16(dst + i * kRowsPerRound * St::kRowStride, src + 512 * i);
+  }
+  if (lane < St::kScalePieces) cp_async_16(l.copy_scale + stage, scales + 16 * lane);
+  cp_async_commit();
+}
+
+/// Reads one slab from the stage at offset `stage` into the words load_slab would have loaded: an
+/// ldmatrix of four 8-row matrices gives lane (g, t) word t of each matrix's row g, so the matrices
+/// are the D / 32 groups (16 bytes each) of rows 16 mt + 8 r + 0 .. 7 (D 128: one ldmatrix per
+/// (mt, r); D 64: the two groups of both r in one). The scale records are plain 32- / 16-bit
+/// loads.
+template <int D, int kS>
+__device__ __forceinline__ void read_slab_rows(StreamSlab<D, kS>& b, const RowsLane& l,
+                                               std::uint32_t stage) {
+  using St = RowsStage<D, kS>;
 #pragma unroll
   for (int mt = 0; mt < StreamSlab<D, kS>::kMT; ++mt) {
+    if constexpr (D / 32 == 4) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int tok = 16 * mt + 8 * r;
-#pragma unroll
-      for (int grp = 0; grp < D / 32; ++grp) {
-        const int wi = (mt * 2 + r) * (D / 32) + grp;
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(base + 4 * wi),
-                     "l"(keys + tok * kRowBytes + 16 * grp)
-                     : "memory");
+      for (int r = 0; r < 2; ++r) {
+        ldmatrix_x4(b.w[mt][r], l.read_code + stage + (16 * mt + 8 * r) * St::kRowStride);
       }
-      // d 64 has two scale bytes per token, below cp.async's 4: the aligned word holding them
-      // (and a neighbour's; read_slab_smem keeps this token's half).
-      const std::uint8_t* sc = scales + tok * kScaleBytes;
-      if constexpr (kScaleBytes == 2) {
-        sc = reinterpret_cast<const std::uint8_t*>(reinterpret_cast<std::uintptr_t>(sc) &
-                                                   ~static_cast<std::uintptr_t>(3));
-      }
-      asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(
-                       base + 4 * (Words::kKeys + mt * 2 + r)),
-                   "l"(sc)
-                   : "memory");
+    } else {
+      std::uint32_t x[4];
+      ldmatrix_x4(x, l.read_code + stage + 16 * mt * St::kRowStride);
+      b.w[mt][0][0] = x[0];
+      b.w[mt][0][1] = x[1];
+      b.w[mt][1][0] = x[2];
+      b.w[mt][1][1] = x[3];
     }
-  }
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-/// An empty cp.async group (keeps the count of groups per slab uniform at the pipeline's end).
-__device__ __forceinline__ void commit_empty_async() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-/// Waits until at most `pending` of this thread's cp.async groups are still in flight
-/// (0 .. kAsyncMaxStages - 1).
-__device__ __forceinline__ void wait_async(int pending) {
-  switch (pending) {
-    case 0:
-      asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-      break;
-    case 1:
-      asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-      break;
-    case 2:
-      asm volatile("cp.async.wait_group 2;\n" ::: "memory");
-      break;
-    default:
-      asm volatile("cp.async.wait_group 3;\n" ::: "memory");
-      break;
-  }
-}
-
-/// Reads one lane's slab words back from its stage (16-byte reads); d 64 keeps the 16 bits at
-/// `sc_shift` (0 or 16) of each scale word (issue_slab_async copied the aligned word).
-template <int D, int kS>
-__device__ __forceinline__ void read_slab_smem(StreamSlab<D, kS>& b, const std::uint32_t* src,
-                                               int sc_shift) {
-  using Words = AsyncSlabWords<D, kS>;
-  std::uint32_t v[Words::kPadded];
-#pragma unroll
-  for (int i = 0; i < Words::kPadded / 4; ++i) {
-    const uint4 x = reinterpret_cast<const uint4*>(src)[i];
-    v[4 * i] = x.x;
-    v[4 * i + 1] = x.y;
-    v[4 * i + 2] = x.z;
-    v[4 * i + 3] = x.w;
-  }
-#pragma unroll
-  for (int mt = 0; mt < StreamSlab<D, kS>::kMT; ++mt) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-#pragma unroll
-      for (int grp = 0; grp < D / 32; ++grp) b.w[mt][r][grp] = v[(mt * 2 + r) * (D / 32) + grp];
-      const std::uint32_t sc = v[Words::kKeys + mt * 2 + r];
-      b.sc[mt][r] = D / 32 == 4 ? sc : (sc >> sc_shift) & 0xffffu;
+      const std::uint32_t a = l.read_scale + stage + (16 * mt + 8 * r) * St::kScaleBytes;
+      if constexpr (St::kScaleBytes == 4) {
+        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(b.sc[mt][r]) : "r"(a));
+      } else {
+        unsigned short v;
+        asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(a));
+        b.sc[mt][r] = v;
+      }
     }
   }
 }
@@ -567,7 +613,9 @@ __device__ __forceinline__ std::uint32_t slab_unsafe_or(const StreamSlab<D, kS>&
 template <int D, int kS, bool kExact, bool kFolded = false>
 __device__ __forceinline__ void slab_logits(const StreamSlab<D, kS>& b,
                                             const std::uint32_t (&qb)[D / 16][2], float scale,
-                                            std::uint32_t scale_bits, float (*l)[4]) {
+                                            std::uint32_t scale_bits,
+                                            const index_math::IndexUnpackShifts& unpack,
+                                            float (*l)[4]) {
   static_assert(!(kExact && kFolded), "the exact scaling multiplies by the scale at the end");
 #pragma unroll
   for (int mt = 0; mt < StreamSlab<D, kS>::kMT; ++mt) {
@@ -575,8 +623,8 @@ __device__ __forceinline__ void slab_logits(const StreamSlab<D, kS>& b,
 #pragma unroll
     for (int grp = 0; grp < D / 32; ++grp) {
       std::uint32_t ra[4], rb[4];
-      index_math::e2m1_word_to_f16x2_bytes(b.w[mt][0][grp], ra);
-      index_math::e2m1_word_to_f16x2_bytes(b.w[mt][1][grp], rb);
+      index_math::index_word_to_f16x2(b.w[mt][0][grp], ra, unpack);
+      index_math::index_word_to_f16x2(b.w[mt][1][grp], rb, unpack);
       float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       const std::uint32_t a0[4] = {ra[0], rb[0], ra[1], rb[1]};
       const std::uint32_t a1[4] = {ra[2], rb[2], ra[3], rb[3]};
@@ -773,9 +821,9 @@ __device__ __noinline__ void exact_part_tc(const TokenScoreParams& p, float* q_s
 }
 
 template <int D, int kB, int kLoop>
-__global__ void __launch_bounds__(kTokThreads, 2)
+__global__ void __launch_bounds__(kTokThreads, kLoop == kLoopRows ? 3 : 2)
     token_stream_kernel(const __grid_constant__ TokenScoreParams p) {
-  constexpr bool kLean = kLoop != kLoopF16, kAsync = kLoop == kLoopAsync;
+  constexpr bool kLean = kLoop != kLoopF16, kRows = kLoop == kLoopRows;
   static_assert(kB == 16 || kB == 32 || kB == 64, "the streaming scorer serves blocks of 16/32/64");
   using Tr = FastTokenTraits<D>;
   constexpr int kS = kB < 32 ? kB : 32;  // tokens per slab
@@ -785,7 +833,7 @@ __global__ void __launch_bounds__(kTokThreads, 2)
   __shared__ __align__(16) float q_smem[kTokHeads * D];  // ring CTAs
   __shared__ float red[2 * kTokWarps * kTokHeads];       // per-warp states (ring and chunk CTAs)
   __shared__ float agg[kTokWarps * kStreamMaxBlocksPerWarp];  // max rule: heads aggregated
-  extern __shared__ uint4 async_stages[];  // kLoopAsync: [warp][stage][lane][words]
+  extern __shared__ uint4 rows_stages[];  // kLoopRows: [warp][kRowsStages] RowsStage
   const StoreView& s = p.s;
   const TokenRow r = token_row(p, D);
   if (blockIdx.x == 0 && threadIdx.x == 0) p.out.num_valid[r.row] = r.closed;
@@ -830,31 +878,27 @@ __global__ void __launch_bounds__(kTokThreads, 2)
     float zm = index_math::neg_inf(), zs = 0.0f;  // head `head` over the warp's blocks
     StreamSlab<D, kS> buf;
     std::size_t row_next = 0;  // first index-copy row of the next block
-    // kLoopAsync: slab q (block q / kSlabs) goes to stage q % stages of this warp's ring.
-    const int stages = p.async_stages, nslab = nb * kSlabs;
-    std::uint32_t* ring_words =
-        reinterpret_cast<std::uint32_t*>(async_stages) +
-        static_cast<std::size_t>(warp) * stages * 32 * AsyncSlabWords<D, kS>::kPadded;
-    auto lane_stage = [&](int stage) {
-      return ring_words + (stage * 32 + lane) * AsyncSlabWords<D, kS>::kPadded;
-    };
+    // kLoopRows: slab q (block q / kSlabs) goes to stage q % kRowsStages of this warp's ring.
+    const int nslab = nb * kSlabs;
+    const RowsLane rows_at = rows_lane<D, kS>(
+        reinterpret_cast<std::uint8_t*>(rows_stages) +
+            static_cast<std::size_t>(warp) * kRowsStages * RowsStage<D, kS>::kBytes,
+        lane);
     auto issue = [&](int q, int stage) {  // warp-uniform; slab q < nslab into `stage`
       const std::size_t row0 =
           store::old_row_index(s, __shfl_sync(full, pb_lane, q / kSlabs), h, 0) +
           static_cast<std::size_t>(q % kSlabs) * kS;
-      issue_slab_async<D, kS>(lane_stage(stage), lane_keys + row0 * kRowBytes,
-                              lane_scales + row0 * kScaleBytes);
+      issue_slab_rows<D, kS>(rows_at, stage * RowsStage<D, kS>::kBytes,
+                             s.index_k + row0 * kRowBytes, s.index_k_scale + row0 * kScaleBytes,
+                             lane);
     };
-    int stage_rd = 0, stage_wr = stages - 1;  // kLoopAsync: the next stage to read / to fill
-    // d 64: where this lane's two scale bytes sit in the aligned word issue_slab_async copies
-    // (rows start at multiples of 32 bytes of scales, so only the lane's own offset matters).
-    const int sc_shift = (reinterpret_cast<std::uintptr_t>(lane_scales) & 2u) ? 16 : 0;
-    if constexpr (kAsync) {
-      for (int q = 0; q < stages - 1; ++q) {
+    int stage_rd = 0, stage_wr = kRowsStages - 1;  // kLoopRows: the next stage to read / to fill
+    if constexpr (kRows) {
+      for (int q = 0; q < kRowsStages - 1; ++q) {
         if (q < nslab) {
           issue(q, q);
         } else {
-          commit_empty_async();
+          cp_async_commit();
         }
       }
     } else if (nb > 0) {
@@ -866,7 +910,7 @@ __global__ void __launch_bounds__(kTokThreads, 2)
 #pragma unroll 1
     for (int i = 0; i < nb; ++i) {
       const std::size_t row = row_next;
-      if (!kAsync && i + 1 < nb) {
+      if (!kRows && i + 1 < nb) {
         row_next = store::old_row_index(s, __shfl_sync(full, pb_lane, i + 1), h, 0);
       }
       float l[kMT][4];
@@ -874,19 +918,22 @@ __global__ void __launch_bounds__(kTokThreads, 2)
 #pragma unroll
       for (int sl = 0; sl < kSlabs; ++sl) {
         StreamSlab<D, kS> cur;
-        if constexpr (kAsync) {
-          // Slab q + stages - 1 into the stage slab q - 1 was read from (its words are in
-          // registers and used), then wait for slab q (this lane's own words: no barrier).
+        if constexpr (kRows) {
+          // Slab q + 2 into the stage slab q - 1 was read from (after a barrier of the warp: every
+          // lane's reads of it are done), then wait for this lane's copies of slab q and make the
+          // warp's copies visible to every lane before reading rows others copied.
           const int q = i * kSlabs + sl;
-          if (q + stages - 1 < nslab) {
-            issue(q + stages - 1, stage_wr);
+          __syncwarp();  // every lane's scale loads of slab q - 1 are done too
+          if (q + kRowsStages - 1 < nslab) {
+            issue(q + kRowsStages - 1, stage_wr);
           } else {
-            commit_empty_async();
+            cp_async_commit();
           }
-          stage_wr = stage_wr + 1 == stages ? 0 : stage_wr + 1;
-          wait_async(stages - 1);
-          read_slab_smem<D, kS>(cur, lane_stage(stage_rd), sc_shift);
-          stage_rd = stage_rd + 1 == stages ? 0 : stage_rd + 1;
+          stage_wr = stage_wr + 1 == kRowsStages ? 0 : stage_wr + 1;
+          cp_async_wait<kRowsStages - 1>();
+          __syncwarp();
+          read_slab_rows<D, kS>(cur, rows_at, stage_rd * RowsStage<D, kS>::kBytes);
+          stage_rd = stage_rd + 1 == kRowsStages ? 0 : stage_rd + 1;
         } else {
           cur = buf;
           if (sl + 1 < kSlabs) {
@@ -903,9 +950,9 @@ __global__ void __launch_bounds__(kTokThreads, 2)
             kLean ? slab_unsafe_or<D, kS>(cur, p.safe_add) : slab_unsafe<D, kS>(cur, p.safe_add);
         const bool safe = p.safe_add != 0u && !__any_sync(full, unsafe != 0u);
         if (safe) {
-          slab_logits<D, kS, false, kLean>(cur, qb, p.scale, p.scale_bits, &l[sl * kSM]);
+          slab_logits<D, kS, false, kLean>(cur, qb, p.scale, p.scale_bits, p.unpack, &l[sl * kSM]);
         } else {
-          slab_logits<D, kS, true>(cur, qb, p.scale, p.scale_bits, &l[sl * kSM]);
+          slab_logits<D, kS, true>(cur, qb, p.scale, p.scale_bits, p.unpack, &l[sl * kSM]);
         }
         fast = fast && safe;
       }
@@ -953,7 +1000,9 @@ __global__ void __launch_bounds__(kTokThreads, 2)
         const bool hn = mine ? nan[1] : nan[0];
         float v;
         if (fast) {
-          v = hm + __logf(hs);
+          // hs >= 1 (the lane holding the block's max added exp(0)): no subnormal to rescale, so
+          // this is __logf's value, ln 2 * log2 hs, fused with the add as __logf's code fuses it.
+          v = fmaf(lg2_approx(hs), 0.693147182464599609375f, hm);
           merge_finite(zm, zs, hm, hs);
         } else {
           const index_math::LogSumExp b{hm, hs};

@@ -71,14 +71,16 @@ struct TokenScoreParams {
   std::uint32_t safe_add;
   // kStreamLean: stream_scale_bits(scale) (the softmax scale times 2^-113 as float bits).
   std::uint32_t scale_bits;
+  // The index-copy unpacking's shifts as multipliers (the defaults; from the parameters, so that
+  // they run as integer multiplies beside the logic operations).
+  index_math::IndexUnpackShifts unpack;
   int tokens;       // T
   int num_q_heads;  // Hq
   int group;        // G
   int heads;        // query heads of a row: G, or Hq when shared
   float scale;
   bool mass, aggregate_max, shared, q_bf16;
-  bool ring_tc;      // streaming kernel: ring CTAs on tensor cores (exact_part_tc)
-  int async_stages;  // streaming kernel, kLoopAsync: stages of each warp's cp.async ring (2..4)
+  bool ring_tc;  // streaming kernel: ring CTAs on tensor cores (exact_part_tc)
 };
 
 /// A 16-bit float as float: exact, with the hardware conversion (same values as
@@ -119,7 +121,7 @@ __device__ __forceinline__ void load8(const KeyRow& r, int e0, bool bf, float (&
     const float s = formats::ue8m0_to_float(r.sc[e0 / formats::kMxfp4Group]);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const unsigned nib = (w >> (4 * i)) & 0xfu;  // element e0 + i (even elements low nibble)
+      const unsigned nib = formats::mxfp4_index_code(w, i);  // element e0 + i (index-copy word)
       const float mag = formats::e2m1_magnitude(nib);
       f[i] = fmul_rn((nib & 8u) ? -mag : mag, s);
     }

@@ -49,32 +49,43 @@ enum class TokenKernels {
   /// byte test per slab over the OR of its scale words (conservative: a slab it fails takes the
   /// exact path).
   kStreamLean,
-  /// kStreamLean with each warp's slabs staged in shared memory by cp.async, two slabs ahead (three
-  /// stages; the loads in flight hold no registers, so twice as many are in flight as kStream's
-  /// one slab ahead, without the register copies per slab: 114 registers against 124 at d 128).
-  kStreamAsync,
-  /// kStreamAsync three slabs ahead (four stages).
-  kStreamAsync4,
+  /// kStreamLean's math and ring CTAs with each warp's slabs copied as whole pool rows (16 bytes
+  /// per cp.async, coalesced) into a padded ring of kRowsStages shared-memory stages two slabs
+  /// ahead, read back with ldmatrix in the fragment order (kLoopRows): no registers hold loads in
+  /// flight, and three chunk CTAs fit an SM (__launch_bounds__ 3). Blocks per warp (8, 4 or 2)
+  /// from the call's shape and the CTAs resident on the device (rows_blocks_per_warp).
+  kStreamRows,
+  /// kStreamRows with 4 blocks per warp whatever the shape.
+  kStreamRows4,
+  /// kStreamRows with 8 blocks per warp whatever the shape.
+  kStreamRows8,
   /// token_fast_kernel: a warp per (block, kv head), 16 blocks per chunk CTA, one ring CTA (the
   /// kernel before issue 12's token-mass rewrite, kept for comparison).
   kBlockPerWarp,
 };
 
-/// What kAuto means today: the lean streaming kernel, the fastest variant of the H200 run of
-/// docs/perf-data/2026-12-01-session6 (h32x8x128 N128K, token_mass B1 / B8 52.1 / 297 us against
-/// kStream's 54.2 / 302, token_max 36.0 / 248 against 36.7 / 253; the cp.async variants slower:
-/// 58.6 / 345 and 60.8 / 357), bit-identical to it (every token-score test against the CPU).
-constexpr TokenKernels kAutoTokenKernels = TokenKernels::kStreamLean;
+/// What kAuto means today: the streaming kernel with whole-row staging, the fastest variant at
+/// B8 of the H200 run of docs/perf-data/2026-12-04-session15/second (h32x8x128 N128K token_mass
+/// B8 263 us against kStreamLean's 284, token_max 218 against 228; SmolLM2's shape B1 / B8 19.9 /
+/// 78.2 against 22.9 / 87.0; h32x8x128 B1 51.3 against 49.3, the one row where kStreamLean leads),
+/// bit-identical to it in its arithmetic (every token-score test against the CPU). Before
+/// 2026-12-04: kStreamLean (docs/perf-data/2026-12-01-session6).
+constexpr TokenKernels kAutoTokenKernels = TokenKernels::kStreamRows;
 
-/// True for the variants whose ring CTAs run on tensor cores and whose finish kernel is a
-/// programmatic dependent launch (kStreamTc, kStreamLean, kStreamAsync, kStreamAsync4).
-inline bool uses_ring_tc(TokenKernels v) {
-  return v == TokenKernels::kStreamTc || v == TokenKernels::kStreamLean ||
-         v == TokenKernels::kStreamAsync || v == TokenKernels::kStreamAsync4;
+/// True for the variants with the kLoopRows chunk loop (kStreamRows, kStreamRows4, kStreamRows8).
+inline bool uses_rows(TokenKernels v) {
+  return v == TokenKernels::kStreamRows || v == TokenKernels::kStreamRows4 ||
+         v == TokenKernels::kStreamRows8;
 }
 
-/// True for the streaming variants (kStream, kStream8, kStream4, kStream2, kStreamTc,
-/// kStreamLean, kStreamAsync, kStreamAsync4).
+/// True for the variants whose ring CTAs run on tensor cores and whose finish kernel is a
+/// programmatic dependent launch (kStreamTc, kStreamLean, the kStreamRows variants).
+inline bool uses_ring_tc(TokenKernels v) {
+  return v == TokenKernels::kStreamTc || v == TokenKernels::kStreamLean || uses_rows(v);
+}
+
+/// True for the streaming variants (kStream, kStream8, kStream4, kStream2, and those whose ring
+/// CTAs run on tensor cores).
 inline bool is_stream(TokenKernels v) {
   return v == TokenKernels::kStream || v == TokenKernels::kStream8 || v == TokenKernels::kStream4 ||
          v == TokenKernels::kStream2 || uses_ring_tc(v);

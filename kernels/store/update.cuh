@@ -119,9 +119,10 @@ __device__ __forceinline__ float thread_abs_max(const std::uint16_t* x, int d, b
 }
 
 // Encodes old row `row`'s K (`ks`, 16-bit) into the index copy (kSummaryIndexKeys) with the
-// element-level pieces of formats.h's mxfp4 / fp8_e4m3 codec, bit-identical to
-// store::encode_index_row. mxfp4: blockDim.x and d are multiples of 32, so each warp holds whole
-// 32-element groups (lane l: element 32g + l) and reduces the group's amax with shuffles.
+// element-level pieces of formats.h's mxfp4 / fp8_e4m3 codec (mxfp4 codes in index-copy words),
+// bit-identical to store::encode_index_row. mxfp4: blockDim.x and d are multiples of 32, so each
+// warp holds whole 32-element groups (lane l: element 32g + l) and reduces the group's amax with
+// shuffles.
 __device__ __forceinline__ void encode_index_row(const StoreView& s, std::size_t row,
                                                  const std::uint16_t* ks, bool bf, float* red) {
   const unsigned full = 0xffffffffu;
@@ -141,8 +142,13 @@ __device__ __forceinline__ void encode_index_row(const StoreView& s, std::size_t
       const float amax = bad ? formats::quiet_nan() : a;  // abs_max of the group
       const std::uint8_t byte = formats::mxfp4_scale_byte(amax);
       const unsigned code = (byte == 0xffu || amax == 0.0f) ? 0u : formats::mxfp4_code(x, byte);
-      const unsigned hi = __shfl_down_sync(full, code, 1);
-      if ((i & 1) == 0) p[i / 2] = static_cast<std::uint8_t>(code | (hi << 4));
+      // The index-copy word of elements 8w .. 8w + 7: each lane's code placed, OR-ed over the 8
+      // lanes (consecutive i).
+      std::uint32_t word = formats::mxfp4_index_place(code, i % 8);
+      word |= __shfl_xor_sync(full, word, 1);
+      word |= __shfl_xor_sync(full, word, 2);
+      word |= __shfl_xor_sync(full, word, 4);
+      if ((i % 8) == 0) *reinterpret_cast<std::uint32_t*>(p + i / 2) = word;
       if ((i % formats::kMxfp4Group) == 0) sc[i / formats::kMxfp4Group] = byte;
     }
   } else {
@@ -436,11 +442,15 @@ __device__ __forceinline__ float encode_q4(const float (&x)[E], float amax,
   return scale;
 }
 
-/// mxfp4 codes of the lane's elements (E / 2 bytes) and the scale byte of its 32-element group
-/// (the group's lanes reduce `magnitude`), as formats::mxfp4_encode (amax_floor 0).
+/// mxfp4 codes of the lane's elements and the scale byte of its 32-element group (the group's
+/// lanes reduce `magnitude`), as formats::mxfp4_encode (amax_floor 0), placed as the index copy
+/// stores them (formats::mxfp4_index_place; the lane's elements start at E * lane): E >= 8, the
+/// lane's E / 8 words; E = 4, the 16-bit half of a word its 4 codes fill (bits 0 .. 15 of w[0]);
+/// E = 2, the same half, complete in the even lane of each pair (the pair's codes combined with
+/// one shuffle).
 template <int E>
 __device__ __forceinline__ std::uint8_t encode_mxfp4(const float (&x)[E], std::uint32_t magnitude,
-                                                     std::uint32_t (&w)[(E + 7) / 8]) {
+                                                     std::uint32_t (&w)[(E + 7) / 8], int lane) {
   static_assert(formats::kMxfp4Group % E == 0, "a lane's elements lie in one group");
 #pragma unroll
   for (int o = 1; o < formats::kMxfp4Group / E; o <<= 1) {
@@ -453,9 +463,16 @@ __device__ __forceinline__ std::uint8_t encode_mxfp4(const float (&x)[E], std::u
 #pragma unroll
   for (int k = 0; k < (E + 7) / 8; ++k) w[k] = 0;
   if (!zero) {
+    // E < 8: the lane's first element is at i0 = E * lane, so its codes sit at slots
+    // (E * lane + e) % 4 of one half.
+    const int slot0 = E >= 8 ? 0 : (E * lane) % 4;
 #pragma unroll
-    for (int e = 0; e < E; ++e) w[e / 8] |= formats::mxfp4_code(x[e], byte) << (4 * (e % 8));
+    for (int e = 0; e < E; ++e) {
+      w[e / 8] |=
+          formats::mxfp4_index_place(formats::mxfp4_code(x[e], byte), E >= 8 ? e % 8 : slot0 + e);
+    }
   }
+  if constexpr (E == 2) w[0] |= __shfl_xor_sync(kFullMask, w[0], 1);
   return byte;
 }
 
@@ -522,8 +539,12 @@ __device__ __forceinline__ void encode_row(const StoreView& s, std::size_t row, 
       std::uint8_t* sc = s.index_k_scale + row * store::index_scale_bytes(s);
       if (mx) {
         std::uint32_t w[(E + 7) / 8];
-        const std::uint8_t byte = encode_mxfp4<E>(x, magnitude, w);
-        store_packed<E / 2>(ip + i0 / 2, w);
+        const std::uint8_t byte = encode_mxfp4<E>(x, magnitude, w, lane);
+        if constexpr (E == 2) {
+          if (lane % 2 == 0) store_packed<2>(ip + i0 / 2, w);  // the pair's half-word
+        } else {
+          store_packed<E / 2>(ip + i0 / 2, w);
+        }
         if (i0 % formats::kMxfp4Group == 0) sc[i0 / formats::kMxfp4Group] = byte;
       } else {
         std::uint32_t w[(E + 3) / 4];

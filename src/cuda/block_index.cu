@@ -93,20 +93,19 @@ cudaError_t launch_token_fast(int block_size, dim3 grid, const TokenScoreParams&
   return cudaGetLastError();
 }
 
-// One streaming kernel instantiation: kLoopAsync launches take the dynamic shared memory of
-// p.async_stages stages (the kernel's limit on the current device raised first, always to the
-// deepest ring's need so that no earlier launch or captured graph is undercut: a host-side
-// attribute, no stream work, so a captured graph holds only the launch).
+// One streaming kernel instantiation: kLoopRows launches take the dynamic shared memory of their
+// stages (the kernel's limit on the current device raised first: a host-side attribute, no stream
+// work, so a captured graph holds only the launch).
 template <int D, int kB, int kLoop>
 cudaError_t launch_stream_instance(dim3 grid, const TokenScoreParams& p, cudaStream_t stream) {
   constexpr int kS = kB < 32 ? kB : 32;
   std::size_t smem = 0;
-  if constexpr (kLoop == kLoopAsync) {
-    const cudaError_t raised = cudaFuncSetAttribute(
-        token_stream_kernel<D, kB, kLoop>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        static_cast<int>(async_smem_bytes<D, kS>(kAsyncMaxStages)));
+  if constexpr (kLoop == kLoopRows) {
+    smem = rows_smem_bytes<D, kS>();
+    const cudaError_t raised =
+        cudaFuncSetAttribute(token_stream_kernel<D, kB, kLoop>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (raised != cudaSuccess) return raised;
-    smem = async_smem_bytes<D, kS>(p.async_stages);
   }
   token_stream_kernel<D, kB, kLoop><<<grid, kTokThreads, smem, stream>>>(p);
   return cudaGetLastError();
@@ -135,10 +134,34 @@ cudaError_t launch_token_stream(int loop, int block_size, dim3 grid, const Token
   switch (loop) {
     case kLoopLean:
       return launch_token_stream<D, kLoopLean>(block_size, grid, p, stream);
-    case kLoopAsync:
-      return launch_token_stream<D, kLoopAsync>(block_size, grid, p, stream);
+    case kLoopRows:
+      return launch_token_stream<D, kLoopRows>(block_size, grid, p, stream);
     default:
       return launch_token_stream<D, kLoopF16>(block_size, grid, p, stream);
+  }
+}
+
+// CTAs of the kLoopRows chunk kernel for head_dim D and blocks of `block_size` tokens resident on
+// one SM of the current device (cached).
+template <int D, int kB>
+cudaError_t rows_resident_ctas(int& out) {
+  constexpr int kS = kB < 32 ? kB : 32;
+  return kvc::detail::resident_ctas_per_sm(
+      reinterpret_cast<const void*>(token_stream_kernel<D, kB, kLoopRows>), kTokThreads,
+      rows_smem_bytes<D, kS>(), out);
+}
+
+template <int D>
+cudaError_t rows_resident_ctas(int block_size, int& out) {
+  switch (block_size) {
+    case 16:
+      return rows_resident_ctas<D, 16>(out);
+    case 32:
+      return rows_resident_ctas<D, 32>(out);
+    case 64:
+      return rows_resident_ctas<D, 64>(out);
+    default:
+      return cudaErrorNotSupported;
   }
 }
 
@@ -195,17 +218,24 @@ cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const st
   const int owned = store::owned_count(s.max_blocks_per_slot, s.num_shards, s.shard_index);
   p.ring_tc = streaming && uses_ring_tc(which);
   p.ring_parts = p.ring_tc ? kStreamTcRingParts : streaming ? kStreamRingParts : 1;
-  const bool async = which == TokenKernels::kStreamAsync || which == TokenKernels::kStreamAsync4;
   const int loop = !streaming                           ? kLoopF16
-                   : async                              ? kLoopAsync
+                   : uses_rows(which)                   ? kLoopRows
                    : which == TokenKernels::kStreamLean ? kLoopLean
                                                         : kLoopF16;
   const bool lean = loop != kLoopF16;
-  p.async_stages = which == TokenKernels::kStreamAsync4 ? 4 : 3;
-  const int bpw = which == TokenKernels::kStream8   ? 8
-                  : which == TokenKernels::kStream4 ? 4
-                  : which == TokenKernels::kStream2 ? 2
-                                                    : stream_blocks_per_warp(rows, owned);
+  int bpw = which == TokenKernels::kStream8 || which == TokenKernels::kStreamRows8   ? 8
+            : which == TokenKernels::kStream4 || which == TokenKernels::kStreamRows4 ? 4
+            : which == TokenKernels::kStream2                                        ? 2
+                                              : stream_blocks_per_warp(rows, owned);
+  if (which == TokenKernels::kStreamRows) {
+    int per_sm = 0, sms = 0;
+    cudaError_t q = c.head_dim == 64 ? rows_resident_ctas<64>(s.block_size, per_sm)
+                                     : rows_resident_ctas<128>(s.block_size, per_sm);
+    if (q == cudaSuccess) q = kvc::detail::sm_count(sms);
+    if (q != cudaSuccess) return q;
+    bpw = rows_blocks_per_warp(rows, owned, p.mass ? kStreamTcRingParts : 0,
+                               static_cast<long long>(per_sm) * sms);
+  }
   p.blocks_per_cta = streaming ? kTokWarps * bpw : kTokBlocksPerCta;
   p.safe_add =
       lean ? stream_lean_safe_add(c.head_dim, p.scale) : stream_safe_add(c.head_dim, p.scale);

@@ -9,7 +9,9 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -763,6 +765,51 @@ TEST(Formats_Mxfp4, ValuesNearFloatMaxSaturate) {
   EXPECT_EQ(formats::mxfp4_code(6.0f * Pow2(125), 252), 0x7u);  // 6 * 2^125 is finite
   EXPECT_EQ(formats::mxfp4_code(FLT_MAX, 254), 0x3u);           // 1.99 → 2, capped to 1.5
   EXPECT_EQ(formats::mxfp4_code(-FLT_MAX, 254), 0xbu);
+}
+
+// The index copy's words (formats.h, mxfp4_index_place): the 8 code positions take disjoint bits
+// that cover the word; golden words; placing and reading back every code at every position; the
+// word of mxfp4_encode's packed word reads back the same codes; and mxfp4_index_decode of the
+// rearranged payload equals mxfp4_decode of the original on random vectors.
+TEST(Formats_Mxfp4, IndexCopyWords) {
+  std::uint32_t used = 0;
+  for (int k = 0; k < 8; ++k) {
+    const std::uint32_t bits = formats::mxfp4_index_place(15u, k);
+    EXPECT_EQ(__builtin_popcount(bits), 4) << k;
+    EXPECT_EQ(used & bits, 0u) << k;
+    used |= bits;
+    for (unsigned c = 0; c < 16; ++c) {
+      ASSERT_EQ(formats::mxfp4_index_code(formats::mxfp4_index_place(c, k), k), c) << k;
+    }
+  }
+  EXPECT_EQ(used, 0xffffffffu);
+  // Magnitudes at 3s, signs at 13, 14, 12, 15 of each half: code 0 = -6 (0xf) is bits 0-2 and 13.
+  EXPECT_EQ(formats::mxfp4_index_word(0x0000000fu), 0x00002007u);
+  EXPECT_EQ(formats::mxfp4_index_word(0x0000f000u), 0x00008e00u);  // code 3: bits 9-11 and 15
+  EXPECT_EQ(formats::mxfp4_index_word(0x00f00000u), 0x40380000u);  // code 5: bits 19-21 and 30
+  EXPECT_EQ(formats::mxfp4_index_word(0x76543210u), 0x0fac0688u);  // codes 0 .. 7, all positive
+  EXPECT_EQ(formats::mxfp4_index_word(0xfedcba98u), 0xffacf688u);  // the same, all negative
+  std::mt19937 rng(7);
+  for (int i = 0; i < 100000; ++i) {
+    const std::uint32_t w = static_cast<std::uint32_t>(rng());
+    const std::uint32_t iw = formats::mxfp4_index_word(w);
+    for (int k = 0; k < 8; ++k) ASSERT_EQ(formats::mxfp4_index_code(iw, k), (w >> (4 * k)) & 0xfu);
+  }
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int n = 32 * (1 + trial % 4);
+    std::vector<float> x(n);
+    for (float& v : x) v = dist(rng) * (trial % 3 == 0 ? 1e-30f : 1.0f);
+    std::vector<std::uint8_t> packed(n / 2), scales(n / 32);
+    formats::mxfp4_encode(x.data(), n, packed.data(), scales.data());
+    std::vector<std::uint8_t> words = packed;
+    formats::mxfp4_to_index_words(words.data(), n);
+    for (int i = 0; i < n; ++i) {
+      const float a = formats::mxfp4_decode(packed.data(), scales.data(), i);
+      const float b = formats::mxfp4_index_decode(words.data(), scales.data(), i);
+      ASSERT_EQ(std::memcmp(&a, &b, 4), 0) << trial << " " << i;
+    }
+  }
 }
 
 // --- fp8 e4m3 -----------------------------------------------------------------------------------

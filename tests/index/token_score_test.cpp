@@ -431,9 +431,10 @@ TEST(Cpu_BlockIndex_TokenScores, BadArgumentsAreNamed) {
 
 // The tensor-core token scorer's data path, emulated on the host with the m16n8k16 fragment
 // layouts (A: a0 (row g, k 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..); B: b0
-// (k 2t..2t+1, col g), b1 (k 2t+8..): lane = 4g + t): the fragments built from the packed codes
-// and the permuted queries cover every (token, element) pair once, and per mxfp4 group the
-// product times 2^14 * 2^e is the dot product of the decoded keys with the queries.
+// (k 2t..2t+1, col g), b1 (k 2t+8..): lane = 4g + t): the fragments built from the index-copy
+// words and the permuted queries cover every (token, element) pair once, and per mxfp4 group the
+// product times 2^14 * 2^e is the dot product of the decoded keys (mxfp4_decode of mxfp4_encode's
+// payload) with the queries.
 TEST(Cpu_BlockIndex_TokenFastPath, FragmentsReproduceTheDotProduct) {
   constexpr int D = 128, kTok = 16, kHeads = 8;
   std::mt19937 rng(11);
@@ -444,6 +445,8 @@ TEST(Cpu_BlockIndex_TokenFastPath, FragmentsReproduceTheDotProduct) {
     for (int e = 0; e < D; ++e) x[e] = dist(rng) * (e % 32 == 0 ? 8.0f : 1.0f);
     formats::mxfp4_encode(x.data(), D, payload.data() + m * D / 2, scales.data() + m * D / 32);
   }
+  std::vector<std::uint8_t> index_words = payload;  // as the index copy stores them
+  for (int m = 0; m < kTok; ++m) formats::mxfp4_to_index_words(index_words.data() + m * D / 2, D);
   std::vector<std::uint16_t> q(kHeads * D);
   for (auto& v : q) v = float_to_half_bits(dist(rng));
   for (int grp = 0; grp < D / 32; ++grp) {
@@ -454,11 +457,11 @@ TEST(Cpu_BlockIndex_TokenFastPath, FragmentsReproduceTheDotProduct) {
       std::uint32_t ra[4], rb[4];
       auto word = [&](int row) {
         std::uint32_t w;
-        std::memcpy(&w, payload.data() + row * D / 2 + 16 * grp + 4 * t, 4);
+        std::memcpy(&w, index_words.data() + row * D / 2 + 16 * grp + 4 * t, 4);
         return w;
       };
-      index_math::e2m1_word_to_f16x2(word(g), ra);
-      index_math::e2m1_word_to_f16x2(word(g + 8), rb);
+      index_math::index_word_to_f16x2(word(g), ra);
+      index_math::index_word_to_f16x2(word(g + 8), rb);
       for (int half = 0; half < 2; ++half) {  // k-tile 2 grp + half, columns 16 half + slot
         const std::uint32_t a[4] = {ra[2 * half], rb[2 * half], ra[2 * half + 1], rb[2 * half + 1]};
         for (int k = 0; k < 4; ++k) {
@@ -501,38 +504,38 @@ TEST(Cpu_BlockIndex_TokenFastPath, FragmentsReproduceTheDotProduct) {
   }
 }
 
-// The streaming scorer's unpacking (two byte-words, then one byte permutation per f16x2 word)
-// gives the same bits as e2m1_word_to_f16x2: every code in every position over random other
-// codes, and random words.
-TEST(Cpu_BlockIndex_TokenFastPath, ByteUnpackEqualsShiftUnpack) {
+// The scorer's unpacking of an index-copy word: half k / 4 of register k % 4 is code k's value
+// times 2^-14, exactly (the sign of zero included), for every code in every position over random
+// other codes, and for random words.
+TEST(Cpu_BlockIndex_TokenFastPath, IndexWordUnpackIsTheCodesTimes2ToTheMinus14) {
   std::mt19937 rng(23);
-  auto same = [](std::uint32_t w) {
-    std::uint32_t a[4], b[4];
-    index_math::e2m1_word_to_f16x2(w, a);
-    index_math::e2m1_word_to_f16x2_bytes(w, b);
-    for (int i = 0; i < 4; ++i) {
-      if (a[i] != b[i])
-        return ::testing::AssertionFailure() << "word " << std::hex << w << " reg " << i;
+  auto check = [](std::uint32_t w) {
+    std::uint32_t r[4];
+    index_math::index_word_to_f16x2(w, r);
+    for (int k = 0; k < 8; ++k) {
+      const unsigned c = formats::mxfp4_index_code(w, k);
+      const float want = ((c & 8u) ? -1.0f : 1.0f) * formats::e2m1_magnitude(c) / 16384.0f;
+      const std::uint16_t h = static_cast<std::uint16_t>(r[k % 4] >> (16 * (k / 4)));
+      const float got = half_bits_to_float(h);
+      if (got != want || std::signbit(got) != std::signbit(want)) {
+        return ::testing::AssertionFailure() << "word " << std::hex << w << " code " << std::dec
+                                             << k << ": " << got << " vs " << want;
+      }
     }
     return ::testing::AssertionSuccess();
   };
-  for (int pos = 0; pos < 8; ++pos) {
-    for (std::uint32_t code = 0; code < 16; ++code) {
+  for (int k = 0; k < 8; ++k) {
+    for (unsigned code = 0; code < 16; ++code) {
+      const std::uint32_t others = formats::mxfp4_index_word(static_cast<std::uint32_t>(rng()));
       const std::uint32_t w =
-          (static_cast<std::uint32_t>(rng()) & ~(0xfu << (4 * pos))) | (code << (4 * pos));
-      ASSERT_TRUE(same(w));
+          (others & ~formats::mxfp4_index_place(15u, k)) | formats::mxfp4_index_place(code, k);
+      ASSERT_EQ(formats::mxfp4_index_code(w, k), code);
+      ASSERT_TRUE(check(w));
     }
   }
-  for (int i = 0; i < 200000; ++i) ASSERT_TRUE(same(static_cast<std::uint32_t>(rng())));
-  ASSERT_TRUE(same(0u));
-  ASSERT_TRUE(same(0xffffffffu));
-  // And the f16 halves are the decoded codes times 2^-14.
-  std::uint32_t r[4];
-  index_math::e2m1_word_to_f16x2_bytes(0x76543210u, r);
-  for (int c = 0; c < 8; ++c) {
-    const std::uint16_t h = static_cast<std::uint16_t>(r[c % 4] >> (16 * (c / 4)));
-    EXPECT_EQ(half_bits_to_float(h), formats::e2m1_magnitude(c) / 16384.0f) << "code " << c;
-  }
+  for (int i = 0; i < 200000; ++i) ASSERT_TRUE(check(static_cast<std::uint32_t>(rng())));
+  ASSERT_TRUE(check(0u));
+  ASSERT_TRUE(check(0xffffffffu));
 }
 
 // 16384 * 2^(e - 127) built from the bits equals 16384 * ue8m0_to_float(e) for every byte the

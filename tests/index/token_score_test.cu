@@ -69,10 +69,12 @@ const char* variant_name(TokenKernels v) {
       return "stream_tc";
     case TokenKernels::kStreamLean:
       return "stream_lean";
-    case TokenKernels::kStreamAsync:
-      return "stream_async";
-    case TokenKernels::kStreamAsync4:
-      return "stream_async4";
+    case TokenKernels::kStreamRows:
+      return "stream_rows";
+    case TokenKernels::kStreamRows4:
+      return "stream_rows4";
+    case TokenKernels::kStreamRows8:
+      return "stream_rows8";
     case TokenKernels::kBlockPerWarp:
       return "block_per_warp";
   }
@@ -80,11 +82,11 @@ const char* variant_name(TokenKernels v) {
 }
 
 // Every chunk-kernel variant the GPU tests compare with the CPU reference.
-constexpr TokenKernels kAllTokenKernels[] = {
-    TokenKernels::kAuto,        TokenKernels::kBlockPerWarp, TokenKernels::kStream,
-    TokenKernels::kStream8,     TokenKernels::kStream4,      TokenKernels::kStream2,
-    TokenKernels::kStreamTc,    TokenKernels::kStreamLean,   TokenKernels::kStreamAsync,
-    TokenKernels::kStreamAsync4};
+constexpr TokenKernels kAllTokenKernels[] = {TokenKernels::kAuto,       TokenKernels::kBlockPerWarp,
+                                             TokenKernels::kStream,     TokenKernels::kStream8,
+                                             TokenKernels::kStream4,    TokenKernels::kStream2,
+                                             TokenKernels::kStreamTc,   TokenKernels::kStreamLean,
+                                             TokenKernels::kStreamRows, TokenKernels::kStreamRows8};
 
 // What one GPU scoring call returned.
 struct GpuScores {
@@ -360,7 +362,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Sets scale byte `group` of index-copy row (pool block, head, row) to `byte` in the store (host
 // or device memory), and that group's 16 payload bytes to one nonzero code `code` at its first
-// element, so that the decoded key stays finite (and small enough that no logit overflows).
+// element (in index-copy words), so that the decoded key stays finite (and small enough that no
+// logit overflows).
 void poke_group(const KvStore& store, int pool_block, int head, int row, int group,
                 std::uint8_t byte, std::uint8_t code) {
   const StoreView v = store.view();
@@ -369,7 +372,8 @@ void poke_group(const KvStore& store, int pool_block, int head, int row, int gro
   std::uint8_t* sc = v.index_k_scale + r * scales + group;
   std::uint8_t* pl = v.index_k + r * payload + 16 * group;
   std::vector<std::uint8_t> words(16, 0);
-  words[0] = code;
+  const std::uint32_t first = formats::mxfp4_index_place(code, 0);
+  std::memcpy(words.data(), &first, 4);
   if (store.device().is_cuda()) {
     ASSERT_EQ(cudaMemcpy(sc, &byte, 1, cudaMemcpyHostToDevice), cudaSuccess);
     ASSERT_EQ(cudaMemcpy(pl, words.data(), 16, cudaMemcpyHostToDevice), cudaSuccess);

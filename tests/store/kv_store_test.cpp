@@ -215,7 +215,7 @@ TEST(Cpu_KvStore, ContentsMatchRecomputation) {
 }
 
 // The index copy of K holds, for every old token, formats.h's encoding of the token's original
-// 16-bit K (mxfp4 or fp8_e4m3), and index_k_at decodes it.
+// 16-bit K (mxfp4, its codes in index-copy words; or fp8_e4m3), and index_k_at decodes it.
 TEST(Cpu_KvStore, IndexCopyIsTheCodecOfTheOriginalK) {
   for (Format index : {Format::kMxfp4, Format::kFp8E4m3}) {
     for (Format fmt : {Format::kQ8, Format::kFp16kQ4v}) {
@@ -248,7 +248,9 @@ TEST(Cpu_KvStore, IndexCopyIsTheCodecOfTheOriginalK) {
           }
           const int pb = sv.block_table[s * sv.max_blocks_per_slot + p / c.block_size];
           const std::size_t r = store::old_row_index(sv, pb, h, p % c.block_size);
-          ASSERT_EQ(std::memcmp(sv.index_k + r * pb_bytes, payload.data(), pb_bytes), 0)
+          std::vector<std::uint8_t> stored = payload;  // mxfp4: codes in index-copy words
+          if (index == Format::kMxfp4) formats::mxfp4_to_index_words(stored.data(), d);
+          ASSERT_EQ(std::memcmp(sv.index_k + r * pb_bytes, stored.data(), pb_bytes), 0)
               << "token " << p << " head " << h;
           ASSERT_EQ(std::memcmp(sv.index_k_scale + r * sc_bytes, scales.data(), sc_bytes), 0);
           for (int i = 0; i < d; ++i) {

@@ -336,6 +336,71 @@ KVC_HD float mxfp4_decode(const std::uint8_t* packed, const std::uint8_t* scales
   return fmul_rn(v, ue8m0_to_float(scales[i / kMxfp4Group]));
 }
 
+// --- mxfp4 words of kvc's index copy of K ---------------------------------------------------
+//
+// The index copy of K (KvStore with kSummaryIndexKeys and index_format = kMxfp4) keeps the codes
+// and scale bytes of mxfp4_encode, but each 32-bit word of 8 codes (elements 8w .. 8w + 7 of a row;
+// mxfp4_encode's word has code k in bits 4k .. 4k + 3) holds magnitudes and signs apart: code k
+// (half h = k / 4, slot s = k % 4) has its 3-bit magnitude at bits 16h + 3s .. 16h + 3s + 2 and its
+// sign at bit 16h + mxfp4_index_sign_bit(s) (13, 14, 12, 15). The tensor-core token scorer turns
+// such a word into its four f16x2 mma operands (codes k and k + 4 each) with six logic operations
+// and five shifts that can run as integer multiplies (index_math::index_word_to_f16x2), against ten
+// logic operations for mxfp4_encode's nibbles; the scorer is bound by the integer pipe that runs
+// the logic.
+
+/// Bit of slot s's sign within its 16-bit half of an index-copy word: 13, 14, 12, 15 for s = 0 ..
+/// 3 (nibble s of 0xFCED).
+KVC_HD int mxfp4_index_sign_bit(int s) { return static_cast<int>((0xFCEDu >> (4 * s)) & 0xfu); }
+
+/// Code k (0 .. 7, an e2m1 code: sign bit 3, magnitude bits 0 .. 2) placed where an index-copy
+/// word holds it (the other bits 0).
+/// @param[in] code  e2m1 code (low 4 bits used)
+/// @param[in] k     its position in the word's 8 elements
+KVC_HD std::uint32_t mxfp4_index_place(unsigned code, int k) {
+  const int base = 16 * (k / 4);
+  return ((code & 7u) << (base + 3 * (k % 4))) |
+         (((code >> 3) & 1u) << (base + mxfp4_index_sign_bit(k % 4)));
+}
+
+/// Code k (0 .. 7) of an index-copy word, as an e2m1 code.
+/// @param[in] word  the index-copy word
+/// @param[in] k     element position in the word
+KVC_HD unsigned mxfp4_index_code(std::uint32_t word, int k) {
+  const int base = 16 * (k / 4);
+  return ((word >> (base + 3 * (k % 4))) & 7u) |
+         (((word >> (base + mxfp4_index_sign_bit(k % 4))) & 1u) << 3);
+}
+
+/// The index-copy word of mxfp4_encode's packed word `packed` (code k in bits 4k .. 4k + 3).
+/// @param[in] packed  8 codes as mxfp4_encode packs them
+KVC_HD std::uint32_t mxfp4_index_word(std::uint32_t packed) {
+  std::uint32_t w = 0u;
+  for (int k = 0; k < 8; ++k) w |= mxfp4_index_place((packed >> (4 * k)) & 0xfu, k);
+  return w;
+}
+
+/// Rewrites the `n / 8` words of an mxfp4_encode payload of `n` values (n a multiple of 32,
+/// `packed` 4-byte aligned) in place as index-copy words.
+/// @param[in,out] packed  n / 2 bytes
+/// @param[in]     n       number of values
+KVC_HD void mxfp4_to_index_words(std::uint8_t* packed, int n) {
+  auto* w = reinterpret_cast<std::uint32_t*>(packed);
+  for (int i = 0; i < n / 8; ++i) w[i] = mxfp4_index_word(w[i]);
+}
+
+/// Decodes element `i` of an index-copy row (mxfp4 payload in index-copy words): the value
+/// mxfp4_decode gives for the same element of mxfp4_encode's payload.
+/// @param[in] packed  the row's `n / 2` bytes (4-byte aligned)
+/// @param[in] scales  the row's `n / 32` scale bytes
+/// @param[in] i       element index
+KVC_HD float mxfp4_index_decode(const std::uint8_t* packed, const std::uint8_t* scales, int i) {
+  const std::uint32_t word = reinterpret_cast<const std::uint32_t*>(packed)[i / 8];
+  const unsigned nib = mxfp4_index_code(word, i % 8);
+  const float mag = e2m1_magnitude(nib);
+  const float v = (nib & 8u) ? -mag : mag;
+  return fmul_rn(v, ue8m0_to_float(scales[i / kMxfp4Group]));
+}
+
 // --- fp8 e4m3 (OCP "e4m3fn": no infinities, max 448), one fp32 scale per vector ---------------
 
 /// Largest magnitude of e4m3.

@@ -74,56 +74,31 @@ KVC_HD float log_share(float lse, float z) {
   return lse == z ? 0.0f : lse - z;
 }
 
-/// Four f16x2 words (as raw bits) from one word `w` of 8 packed e2m1 codes (code n in bits
-/// 4n..4n+3): r[0] = (code 0, code 4), r[1] = (1, 5), r[2] = (2, 6), r[3] = (3, 7), low half
-/// first. Each half is the code's value times 2^-14, exactly: f16 bits ((c & 7) << 9) |
-/// ((c & 8) << 12), where code 1 (0.5) lands on the f16 subnormal 2^-15. The tensor-core token
-/// scorer (kernels/index/token_fast.cuh) unpacks mxfp4 keys this way in registers.
-/// @param[in]  w  eight codes
+/// The powers of two index_word_to_f16x2 shifts by, as multipliers: a kernel that passes them in
+/// from its parameters (values the compiler cannot see) gets its shifts as integer multiplies,
+/// which run beside the logic operations instead of on the same pipe (sm_90).
+struct IndexUnpackShifts {
+  std::uint32_t s9 = 1u << 9, s6 = 1u << 6, s3 = 1u << 3, s2 = 1u << 2, s1 = 1u << 1;
+};
+
+/// The four f16x2 words (as raw bits) of one index-copy word `w` (8 e2m1 codes, formats.h's
+/// mxfp4_index_place layout): r[i] = (code i, code i + 4), low half first, each the code's value
+/// times 2^-14 exactly: f16 bits (magnitude << 9) | (sign << 15), where code 1 (0.5) lands on the
+/// f16 subnormal 2^-15. Slots 3 and 2 (magnitudes at bits 9 / 6, signs at 15 / 12 of each half)
+/// need one mask each, after a shift of 3 for slot 2; slots 0 and 1 two masks and two shifts: six
+/// logic operations and five shifts (`x` holds them as multipliers, IndexUnpackShifts). The
+/// tensor-core token scorer (kernels/index/token_fast.cuh) unpacks the index copy this way in
+/// registers.
+/// @param[in]  w  eight codes in an index-copy word
 /// @param[out] r  the four f16x2 words
-KVC_HD void e2m1_word_to_f16x2(std::uint32_t w, std::uint32_t (&r)[4]) {
-  r[0] = ((w << 9) & 0x0e000e00u) | ((w << 12) & 0x80008000u);
-  r[1] = ((w << 5) & 0x0e000e00u) | ((w << 8) & 0x80008000u);
-  r[2] = ((w << 1) & 0x0e000e00u) | ((w << 4) & 0x80008000u);
-  r[3] = ((w >> 3) & 0x0e000e00u) | (w & 0x80008000u);
-}
-
-/// Bytes `sel` of the pair (x, y) as __byte_perm does it (byte i of the result is byte
-/// (sel >> 4i) & 7 of the 8-byte value y:x; the sign-replicate mode is not used): one PRMT on the
-/// device, the same bytes on the host.
-/// @param[in] x    bytes 0..3
-/// @param[in] y    bytes 4..7
-/// @param[in] sel  four byte selectors, one per nibble
-KVC_HD std::uint32_t byte_perm(std::uint32_t x, std::uint32_t y, std::uint32_t sel) {
-#if defined(__CUDA_ARCH__)
-  return __byte_perm(x, y, sel);
-#else
-  const std::uint64_t v = (static_cast<std::uint64_t>(y) << 32) | x;
-  std::uint32_t r = 0u;
-  for (int i = 0; i < 4; ++i) {
-    r |= static_cast<std::uint32_t>((v >> (8 * ((sel >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
-  }
-  return r;
-#endif
-}
-
-/// The same four f16x2 words as e2m1_word_to_f16x2, bit for bit, in fewer operations: the codes
-/// are first spread into two byte-words, one byte per code laid out as the high byte of its f16
-/// half ([s 0 0 0 e1 e0 m 0]): P_even = codes 0, 2, 4, 6 (the low nibbles) and P_odd = codes
-/// 1, 3, 5, 7 (the high nibbles); each f16x2 word is then one byte permutation that places two of
-/// those bytes as the high bytes of its halves over zero low bytes (about 11 operations per word
-/// instead of 16). The streaming token scorer (kernels/index/token_fast.cuh) unpacks this way.
-/// @param[in]  w  eight codes (code n in bits 4n..4n+3)
-/// @param[out] r  the four f16x2 words: (code 0, 4), (1, 5), (2, 6), (3, 7), low half first
-KVC_HD void e2m1_word_to_f16x2_bytes(std::uint32_t w, std::uint32_t (&r)[4]) {
-  // Low nibble c of byte k: c & 7 to bits 1..3, c & 8 to bit 7; the high nibble likewise.
-  const std::uint32_t even = ((w << 1) & 0x0e0e0e0eu) | ((w << 4) & 0x80808080u);
-  const std::uint32_t odd = ((w >> 3) & 0x0e0e0e0eu) | (w & 0x80808080u);
-  // Selector nibble 4 picks byte 0 of the zero word (the halves' low bytes).
-  r[0] = byte_perm(even, 0u, 0x2404u);  // bytes 0, 2 of even: codes 0, 4
-  r[1] = byte_perm(odd, 0u, 0x2404u);   // codes 1, 5
-  r[2] = byte_perm(even, 0u, 0x3414u);  // bytes 1, 3 of even: codes 2, 6
-  r[3] = byte_perm(odd, 0u, 0x3414u);   // codes 3, 7
+/// @param[in]  x  the shifts as multipliers (the defaults, or the same values from a kernel's
+///                parameters)
+KVC_HD void index_word_to_f16x2(std::uint32_t w, std::uint32_t (&r)[4],
+                                const IndexUnpackShifts& x = IndexUnpackShifts{}) {
+  r[0] = ((w * x.s9) & 0x0e000e00u) | ((w * x.s2) & 0x80008000u);
+  r[1] = ((w * x.s6) & 0x0e000e00u) | ((w * x.s1) & 0x80008000u);
+  r[2] = (w * x.s3) & 0x8e008e00u;
+  r[3] = w & 0x8e008e00u;
 }
 
 /// 16384 * 2^(byte - 127) as a float, built from the bits: 2^(byte - 113) is a normal float for
@@ -135,7 +110,7 @@ KVC_HD float ue8m0_times_16384(std::uint32_t byte) { return bits_float((byte + 1
 /// The key element held by k slot `slot` (0..15) of k-tile `kt` (16 elements each) in the
 /// tensor-core token scorer's permuted order: the 32 elements of mxfp4 group kt / 2 fill k-tiles
 /// 2g and 2g + 1; lane quad t of an m16n8k16 fragment reads code word t of the group (elements
-/// 8t .. 8t + 7), whose e2m1_word_to_f16x2 words are slots (2t, 2t+1) and (2t+8, 2t+9): words 0
+/// 8t .. 8t + 7), whose index_word_to_f16x2 words are slots (2t, 2t+1) and (2t+8, 2t+9): words 0
 /// and 1 in the group's first k-tile, 2 and 3 in its second.
 /// @param[in] kt    k-tile
 /// @param[in] slot  k slot within the tile

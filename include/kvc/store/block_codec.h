@@ -100,18 +100,19 @@ KVC_HD std::size_t index_scale_bytes(const StoreView& s) {
 }
 
 /// Element i of the index copy of old K at (pool block, head, row), decoded (needs
-/// kSummaryIndexKeys): mxfp4 rn(±e2m1 * 2^e), fp8_e4m3 rn(e4m3 * scale); NaN for a row (an
-/// mxfp4 group) whose 16-bit K held a NaN or ±inf.
+/// kSummaryIndexKeys): mxfp4 rn(±e2m1 * 2^e) (codes in index-copy words, formats.h), fp8_e4m3
+/// rn(e4m3 * scale); NaN for a row (an mxfp4 group) whose 16-bit K held a NaN or ±inf.
 KVC_HD float index_k_at(const StoreView& s, int pool_block, int head, int row, int i) {
   const std::size_t r = old_row_index(s, pool_block, head, row);
   const std::uint8_t* p = s.index_k + r * index_payload_bytes(s);
   const std::uint8_t* sc = s.index_k_scale + r * index_scale_bytes(s);
-  if (s.index_format == Format::kMxfp4) return formats::mxfp4_decode(p, sc, i);
+  if (s.index_format == Format::kMxfp4) return formats::mxfp4_index_decode(p, sc, i);
   return formats::fp8_e4m3_decode(p[i], *reinterpret_cast<const float*>(sc));
 }
 
 /// Encodes one token of one head (`k`: head_dim floats, the token's 16-bit K) into row `row` of
-/// (pool block, head) of the index copy, with the formats.h codec of s.index_format.
+/// (pool block, head) of the index copy, with the formats.h codec of s.index_format (mxfp4: its
+/// codes rearranged into index-copy words).
 KVC_HD void encode_index_row(const StoreView& s, int pool_block, int head, int row,
                              const float* k) {
   const std::size_t r = old_row_index(s, pool_block, head, row);
@@ -119,6 +120,7 @@ KVC_HD void encode_index_row(const StoreView& s, int pool_block, int head, int r
   std::uint8_t* sc = s.index_k_scale + r * index_scale_bytes(s);
   if (s.index_format == Format::kMxfp4) {
     formats::mxfp4_encode(k, s.head_dim, p, sc);
+    formats::mxfp4_to_index_words(p, s.head_dim);
   } else {
     *reinterpret_cast<float*>(sc) = formats::fp8_e4m3_encode(k, s.head_dim, p);
   }
