@@ -41,6 +41,7 @@
 
 #include <cstdint>
 
+#include "async_copy.cuh"
 #include "kvc/core/numeric.h"
 #include "kvc/dsv4/entry_format.h"
 #include "kvc/dsv4/entry_store.h"
@@ -95,20 +96,16 @@ __device__ __forceinline__ int swz(int row, int col, int D) {
   return row * D + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
 }
 
-__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
+// The shared-memory forms this file uses, over the one definition of each PTX form in
+// kernels/async_copy.cuh and kernels/mbarrier.cuh.
+__device__ __forceinline__ std::uint32_t smem_u32(const void* p) { return smem_addr(p); }
 
 __device__ __forceinline__ void ldsm_x4(std::uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
+  ldmatrix_x4(r, smem_addr(p));
 }
 
 __device__ __forceinline__ void ldsm_x4_t(std::uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
+  ldmatrix_x4_trans(r, smem_addr(p));
 }
 
 /// The lane index, read so that the compiler recomputes what derives from it where it is used
@@ -125,20 +122,6 @@ __device__ __forceinline__ int thread_here() {
   int tid;
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
   return tid;
-}
-
-/// ldmatrix x4 from a shared-memory address (as smem_u32 gives it).
-__device__ __forceinline__ void ldsm_x4_at(std::uint32_t (&r)[4], std::uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-/// ldmatrix x4 .trans from a shared-memory address.
-__device__ __forceinline__ void ldsm_x4_t_at(std::uint32_t (&r)[4], std::uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
 }
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const std::uint32_t (&a)[4],
@@ -181,23 +164,16 @@ __device__ __forceinline__ void e4m3x2_to_float2(std::uint32_t codes, float& lo,
 
 /// cp.async of 16 bytes (zero-filled when !valid: nothing is read then).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
+  cp_async_16_zfill(smem_addr(dst), src, valid);
 }
 /// cp.async of 8 bytes.
 __device__ __forceinline__ void cp_async8(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_u32(dst)), "l"(src));
+  cp_async_8(smem_addr(dst), src);
 }
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-/// Waits until at most kPending of this thread's committed groups are in flight.
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
-}
+/// Closes the thread's group and waits for all of its copies.
 __device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+  cp_async_commit();
+  cp_async_wait<0>();
 }
 
 /// Rows attended by query row (b, t): n_window window tokens from p0, then entries.
@@ -570,10 +546,10 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
 #pragma unroll
         for (int v = 0; v < 4; ++v) {
           std::uint32_t a[4], bq[4];
-          ldsm_x4_at(a, q_row + ((32 * v) ^ a_key));
+          ldmatrix_x4(a, q_row + ((32 * v) ^ a_key));
 #pragma unroll
           for (int nn = 0; nn < 2; ++nn) {
-            ldsm_x4_at(bq, k_row + ((32 * v) ^ k_key) + nn * 16 * D * 2);
+            ldmatrix_x4(bq, k_row + ((32 * v) ^ k_key) + nn * 16 * D * 2);
             mma_bf16(s[2 * nn], a, bq[0], bq[1]);
             mma_bf16(s[2 * nn + 1], a, bq[2], bq[3]);
           }
@@ -653,15 +629,15 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
       for (int kk = 0; kk < kAttnRows / 16; ++kk) {
         std::uint32_t ah[4], al[4];
         const std::uint32_t pk = p_row + ((32 * kk) ^ a_key);
-        ldsm_x4_at(ah, pk);
-        ldsm_x4_at(al, pk + (Smem::kPLo - Smem::kPHi));
+        ldmatrix_x4(ah, pk);
+        ldmatrix_x4(al, pk + (Smem::kPLo - Smem::kPHi));
 #pragma unroll
         for (int j = 0; j < NT / 8; ++j) {
 #pragma unroll
           for (int m = 0; m < 4; ++m) {
             const int n = 8 * j + 2 * m;
             std::uint32_t bv[4];
-            ldsm_x4_t_at(bv, v_row + ((32 * m) ^ a_key) + 2 * (16 * kk * D + 64 * j));
+            ldmatrix_x4_trans(bv, v_row + ((32 * m) ^ a_key) + 2 * (16 * kk * D + 64 * j));
             mma_bf16(o[n], ah, bv[0], bv[1]);
             mma_bf16(o[n], al, bv[0], bv[1]);
             mma_bf16(o[n + 1], ah, bv[2], bv[3]);
