@@ -15,6 +15,17 @@ build() {
   say "build: rc=$? at $(( $(date +%s) - t0 )) s"
 }
 
+# targets...: only these targets (a session script's build), configured as gpu-check configures
+# build-gpu.
+build_targets() {
+  { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVC_WITH_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90a -DKVC_BUILD_EXAMPLES=ON -DKVC_BUILD_BENCHMARKS=ON \
+      -DKVC_BUILD_TESTS=ON > "$out/configure.log" 2>&1 &&
+    cmake --build build-gpu -j "$(nproc)" --target "$@" > "$out/build.log" 2>&1; }
+  say "build $*: rc=$? at $(( $(date +%s) - t0 )) s"
+  grep -E "error" "$out/build.log" | head -20 >> "$out/summary.txt"
+}
+
 # [limit]: every test through gpu-check (GPU, CPU, mini-decoder; GTEST_FILTER narrows the GPU
 # ones), its summary and failed tests into summary.txt.
 all_tests() {

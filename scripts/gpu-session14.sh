@@ -17,16 +17,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=$PWD/gpu-out/session14
 source scripts/gpu-lib.sh
 
-# The targets a mode needs, configured as gpu-check configures build-gpu.
-build_targets() {
-  { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVC_WITH_CUDA=ON \
-      -DCMAKE_CUDA_ARCHITECTURES=90a -DKVC_BUILD_EXAMPLES=ON -DKVC_BUILD_BENCHMARKS=ON \
-      -DKVC_BUILD_TESTS=ON > "$out/configure.log" 2>&1 &&
-    cmake --build build-gpu -j "$(nproc)" --target "$@" > "$out/build.log" 2>&1; }
-  say "build $*: rc=$? at $(( $(date +%s) - t0 )) s"
-  grep -E "error" "$out/build.log" | head -20 >> "$out/summary.txt"
-}
-
 case "${1:-wg}" in
   wg)
     build_targets kvc_cuda_tests dsv4_bench
