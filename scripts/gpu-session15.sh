@@ -17,6 +17,8 @@
 #          sparse-attention shapes; step_bench's default and mean-K rows with PyTorch's SDPA and
 #          block-select step (benchmarks/anchors/torch_anchors.py) in the same call; dsv4_bench's
 #          CSA / HCA rows (new and old kernels) with dsv4_anchors.py
+#   prof   Nsight Compute of the pipelined sparse attention (and its combine) at HCA B1 / B8 and
+#          CSA B1, MODEL1 entries, 1M tokens
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=$PWD/gpu-out/session15
@@ -69,6 +71,14 @@ case "${1:-first}" in
       'Cuda_BlockIndex_TokenScores.ExtremeScales*:*Cuda_Dsv4_Attention*hca_model1_h8*' 60
     report
     ;;
-  *) echo "gpu-session15.sh: first | second | final" >&2; exit 2 ;;
+  prof)
+    build_targets dsv4_bench
+    NCU_STALLS=1 NCU_COUNT=2 profile hca-b1 dsv4_bench 'BM_Dsv4HcaDecode/1/1/0/0/' \
+      'attention_kernel|combine_kernel'
+    NCU_STALLS=1 NCU_COUNT=2 profile csa-b1 dsv4_bench 'BM_Dsv4CsaDecode/1/1/0/0/' \
+      'attention_kernel|combine_kernel'
+    NCU_STALLS=1 profile hca-b8 dsv4_bench 'BM_Dsv4HcaDecode/8/1/0/0/' 'attention_kernel'
+    ;;
+  *) echo "gpu-session15.sh: first | second | final | prof" >&2; exit 2 ;;
 esac
 finish
