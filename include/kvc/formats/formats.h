@@ -348,8 +348,8 @@ KVC_HD float mxfp4_decode(const std::uint8_t* packed, const std::uint8_t* scales
 // logic operations for mxfp4_encode's nibbles; the scorer is bound by the integer pipe that runs
 // the logic.
 
-/// Bit of slot s's sign within its 16-bit half of an index-copy word: 13, 14, 12, 15 for s = 0 ..
-/// 3 (nibble s of 0xFCED).
+/// Bit of slot s's sign within its 16-bit half of an index-copy word: 13, 14, 12, 15 for s = 0,
+/// 1, 2, 3 (nibble s of 0xFCED).
 KVC_HD int mxfp4_index_sign_bit(int s) { return static_cast<int>((0xFCEDu >> (4 * s)) & 0xfu); }
 
 /// Code k (0 .. 7, an e2m1 code: sign bit 3, magnitude bits 0 .. 2) placed where an index-copy

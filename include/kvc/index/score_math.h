@@ -78,7 +78,11 @@ KVC_HD float log_share(float lse, float z) {
 /// from its parameters (values the compiler cannot see) gets its shifts as integer multiplies,
 /// which run beside the logic operations instead of on the same pipe (sm_90).
 struct IndexUnpackShifts {
-  std::uint32_t s9 = 1u << 9, s6 = 1u << 6, s3 = 1u << 3, s2 = 1u << 2, s1 = 1u << 1;
+  std::uint32_t s9 = 1u << 9;  ///< slot 0's magnitude to bits 9 .. 11 of each half
+  std::uint32_t s6 = 1u << 6;  ///< slot 1's magnitude
+  std::uint32_t s3 = 1u << 3;  ///< slot 2's magnitude and sign
+  std::uint32_t s2 = 1u << 2;  ///< slot 0's sign to bit 15
+  std::uint32_t s1 = 1u << 1;  ///< slot 1's sign
 };
 
 /// The four f16x2 words (as raw bits) of one index-copy word `w` (8 e2m1 codes, formats.h's
