@@ -28,8 +28,8 @@ int attn_sm_count() {
   return kvc::detail::sm_count(n) == cudaSuccess ? n : 132;
 }
 
-/// Which kernels and split rule run (set_sparse_attention_variant): 0 automatic, 1 the kernels
-/// before the pipelined ones, 10 + k the pipelined ones with at least k chunks per split.
+/// Which split rule runs (set_sparse_attention_variant): 0 automatic, 10 + k at least k chunks per
+/// split.
 std::atomic<int> g_variant{0};
 
 /// How a call splits: chunks per query row at most, splits and chunks per split.
@@ -85,18 +85,6 @@ Split make_split(int max_rows, long long rows, int head_groups, int sms, int min
   return best;
 }
 
-/// The split rule of the kernels before the pipelined ones (variant 1): as many splits as fill
-/// the SMs, one chunk each where there are enough SMs.
-Split make_split_v1(int max_rows, long long rows, int head_groups, int sms) {
-  Split s;
-  s.chunks = std::max(1, (max_rows + kAttnRows - 1) / kAttnRows);
-  const long long fill = std::max<long long>(1, sms / std::max<long long>(1, rows * head_groups));
-  s.splits = static_cast<int>(std::min<long long>(s.chunks, fill));
-  s.cps = (s.chunks + s.splits - 1) / s.splits;
-  s.splits = (s.chunks + s.cps - 1) / s.cps;
-  return s;
-}
-
 std::size_t align256(std::size_t x) { return (x + 255) / 256 * 256; }
 
 /// Workspace bytes of a split call (0 for one split).
@@ -128,26 +116,6 @@ cudaError_t run(const AttnParams& p, const Split& s, int rows, int head_groups,
   return cudaSuccess;
 }
 
-/// The kernels before the pipelined ones (variant 1): grid (splits, rows, head groups), then the
-/// serial combine, grid (H, rows).
-template <int D>
-cudaError_t run_v1(const AttnParams& p, const Split& s, int rows, int head_groups,
-                   cudaStream_t stream) {
-  const int smem = v1::smem_bytes(D);
-  KVC_CUDA_CALL(cudaFuncSetAttribute(v1::attention_kernel<D>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  v1::attention_kernel<D><<<dim3(static_cast<unsigned>(s.splits), static_cast<unsigned>(rows),
-                                 static_cast<unsigned>(head_groups)),
-                            kAttnThreads, static_cast<std::size_t>(smem), stream>>>(p);
-  KVC_CUDA_CALL(cudaGetLastError());
-  if (s.splits > 1) {
-    v1::combine_kernel<D>
-        <<<dim3(static_cast<unsigned>(p.H), static_cast<unsigned>(rows)), D / 4, 0, stream>>>(p);
-    KVC_CUDA_CALL(cudaGetLastError());
-  }
-  return cudaSuccess;
-}
-
 }  // namespace
 
 cudaError_t dsv4_sparse_attention(void* d_temp, std::size_t& temp_bytes,
@@ -174,9 +142,8 @@ cudaError_t dsv4_sparse_attention(void* d_temp, std::size_t& temp_bytes,
   const int head_groups = (c.num_heads + kAttnHeads - 1) / kAttnHeads;
   const int max_rows = c.window + (c.hca ? entries.max_entries : a.indices_pitch);
   const int variant = g_variant.load(std::memory_order_relaxed);
-  const Split s = variant == 1 ? make_split_v1(max_rows, rows, head_groups, attn_sm_count())
-                               : make_split(max_rows, rows, head_groups, attn_sm_count(),
-                                            variant >= 10 ? variant - 10 : 0);
+  const Split s =
+      make_split(max_rows, rows, head_groups, attn_sm_count(), variant >= 10 ? variant - 10 : 0);
   const std::size_t need = part_bytes(s, rows, c.num_heads, D);
   if (d_temp == nullptr) {
     temp_bytes = need;
@@ -217,10 +184,6 @@ cudaError_t dsv4_sparse_attention(void* d_temp, std::size_t& temp_bytes,
     p.part_l = reinterpret_cast<float*>(base + align256(n * D * 4) + align256(n * 4));
   }
   const int r = static_cast<int>(rows);
-  if (variant == 1) {
-    return D == 512 ? run_v1<512>(p, s, r, head_groups, stream)
-                    : run_v1<128>(p, s, r, head_groups, stream);
-  }
   if (D == 128) return run<128, false>(p, s, r, head_groups, stream);
   const bool model1 = ring.layout.format == dsv4::EntryFormat::kModel1Fp8 ||
                       entries.layout.format == dsv4::EntryFormat::kModel1Fp8;
@@ -254,8 +217,8 @@ class CudaSparseAttention final : public SparseAttention {
     staging_ = DeviceBuffer(8 * static_cast<std::size_t>(c.max_batch));
     // The workspace of the largest split call: with more than one split, splits * rows * head
     // groups never exceeds the SM count (make_split keeps the grid in one wave: splits <=
-    // SMs / (rows * head groups); make_split_v1 too), so splits * rows * H <= SMs * H, whatever
-    // the store or the variant.
+    // SMs / (rows * head groups)), so splits * rows * H <= SMs * H, whatever the store or the
+    // variant.
     int dev = 0, sms = 0;
     KVC_CUDA_THROW(cudaGetDevice(&dev));
     KVC_CUDA_THROW(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
