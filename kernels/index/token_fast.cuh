@@ -1000,8 +1000,9 @@ __global__ void __launch_bounds__(kTokThreads, kLoop == kLoopRows ? 3 : 2)
         const bool hn = mine ? nan[1] : nan[0];
         float v;
         if (fast) {
-          // hs >= 1 (the lane holding the block's max added exp(0)): no subnormal to rescale, so
-          // this is __logf's value, ln 2 * log2 hs, fused with the add as __logf's code fuses it.
+          // hs is about 1 or more (the lane holding the block's max added 2^(rounding error of
+          // m log2 e) ~ 1): no subnormal to rescale, so this is __logf's value, ln 2 * log2 hs,
+          // fused with the add as __logf's code fuses it.
           v = fmaf(lg2_approx(hs), 0.693147182464599609375f, hm);
           merge_finite(zm, zs, hm, hs);
         } else {

@@ -121,9 +121,8 @@ __device__ __forceinline__ void load8(const KeyRow& r, int e0, bool bf, float (&
     const float s = formats::ue8m0_to_float(r.sc[e0 / formats::kMxfp4Group]);
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const unsigned nib = formats::mxfp4_index_code(w, i);  // element e0 + i (index-copy word)
-      const float mag = formats::e2m1_magnitude(nib);
-      f[i] = fmul_rn((nib & 8u) ? -mag : mag, s);
+      // Element e0 + i of the index-copy word.
+      f[i] = fmul_rn(formats::e2m1_value(formats::mxfp4_index_code(w, i)), s);
     }
   } else {
     const uint2 w = *reinterpret_cast<const uint2*>(r.p + e0);

@@ -227,13 +227,13 @@ cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const st
             : which == TokenKernels::kStream4 || which == TokenKernels::kStreamRows4 ? 4
             : which == TokenKernels::kStream2                                        ? 2
                                               : stream_blocks_per_warp(rows, owned);
-  if (which == TokenKernels::kStreamRows) {
+  if (streaming && which == TokenKernels::kStreamRows) {
     int per_sm = 0, sms = 0;
     cudaError_t q = c.head_dim == 64 ? rows_resident_ctas<64>(s.block_size, per_sm)
                                      : rows_resident_ctas<128>(s.block_size, per_sm);
     if (q == cudaSuccess) q = kvc::detail::sm_count(sms);
     if (q != cudaSuccess) return q;
-    bpw = rows_blocks_per_warp(rows, owned, p.mass ? kStreamTcRingParts : 0,
+    bpw = rows_blocks_per_warp(rows, owned, p.mass ? p.ring_parts : 0,
                                static_cast<long long>(per_sm) * sms);
   }
   p.blocks_per_cta = streaming ? kTokWarps * bpw : kTokBlocksPerCta;

@@ -202,6 +202,13 @@ KVC_HD float e2m1_magnitude(unsigned code) {
   }
 }
 
+/// The signed e2m1 value of `code` (bit 3 the sign; code 8 is -0).
+/// @param[in] code  e2m1 code; bits 0..3 are read
+KVC_HD float e2m1_value(unsigned code) {
+  const float mag = e2m1_magnitude(code);
+  return (code & 8u) ? -mag : mag;
+}
+
 /// Nearest e2m1 code of `v` (already divided by the scale), ties to the even code, saturating at
 /// ±6; anything that rounds to zero (including -0 and small negatives) encodes as +0 (code 0).
 /// @param[in] v  a finite value
@@ -331,9 +338,7 @@ KVC_HD void mxfp4_encode(const float* x, int n, std::uint8_t* packed, std::uint8
 KVC_HD float mxfp4_decode(const std::uint8_t* packed, const std::uint8_t* scales, int i) {
   const unsigned byte = packed[i >> 1];
   const unsigned nib = (i & 1) ? (byte >> 4) : (byte & 0xfu);
-  const float mag = e2m1_magnitude(nib);
-  const float v = (nib & 8u) ? -mag : mag;
-  return fmul_rn(v, ue8m0_to_float(scales[i / kMxfp4Group]));
+  return fmul_rn(e2m1_value(nib), ue8m0_to_float(scales[i / kMxfp4Group]));
 }
 
 // --- mxfp4 words of kvc's index copy of K ---------------------------------------------------
@@ -345,8 +350,8 @@ KVC_HD float mxfp4_decode(const std::uint8_t* packed, const std::uint8_t* scales
 // sign at bit 16h + mxfp4_index_sign_bit(s) (13, 14, 12, 15). The tensor-core token scorer turns
 // such a word into its four f16x2 mma operands (codes k and k + 4 each) with six logic operations
 // and five shifts that can run as integer multiplies (index_math::index_word_to_f16x2), against ten
-// logic operations for mxfp4_encode's nibbles; the scorer is bound by the integer pipe that runs
-// the logic.
+// logic operations for mxfp4_encode's nibbles; with those the scorer was bound by the integer
+// pipe that runs the logic (docs/performance.md, 2026-12-04).
 
 /// Bit of slot s's sign within its 16-bit half of an index-copy word: 13, 14, 12, 15 for s = 0,
 /// 1, 2, 3 (nibble s of 0xFCED).
@@ -395,10 +400,8 @@ KVC_HD void mxfp4_to_index_words(std::uint8_t* packed, int n) {
 /// @param[in] i       element index
 KVC_HD float mxfp4_index_decode(const std::uint8_t* packed, const std::uint8_t* scales, int i) {
   const std::uint32_t word = reinterpret_cast<const std::uint32_t*>(packed)[i / 8];
-  const unsigned nib = mxfp4_index_code(word, i % 8);
-  const float mag = e2m1_magnitude(nib);
-  const float v = (nib & 8u) ? -mag : mag;
-  return fmul_rn(v, ue8m0_to_float(scales[i / kMxfp4Group]));
+  return fmul_rn(e2m1_value(mxfp4_index_code(word, i % 8)),
+                 ue8m0_to_float(scales[i / kMxfp4Group]));
 }
 
 // --- fp8 e4m3 (OCP "e4m3fn": no infinities, max 448), one fp32 scale per vector ---------------
