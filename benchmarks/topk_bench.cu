@@ -20,11 +20,13 @@
 // select instead of the streaming path; 1QT (three digits) = the streaming path with Q CTAs
 // per row and compaction trigger T (0: 12288 keys, 1: 8192, 2: 6144); 3 = the streaming path
 // where the built-in choice spreads (the old path); 5 = the spread path wherever it applies
-// (kernels/select/spread.cuh); 1000 + Q = the spread path with Q CTAs per row; 6 = session 4's
-// built-in choice (no resident path: the spread path where it spread); 2000 + C = the resident
-// path (kernels/select/resident.cuh) with C CTAs per row (2000: its built-in count); + 1000:
-// with programmatic dependent launch; + 2000: finished by the scattered ranking (4000 + C, and
-// 5000 + C with PDL).
+// (kernels/select/spread.cuh); 7 = the spread path without its sampled cut (the exact radix
+// passes only: the spread path before 2026-12-04); 8 = the spread path with the sampled cut
+// whatever the rows (the built-in choice samples from 2 rows on); 1000 + Q = the spread path with Q
+// CTAs per row; 6 = session 4's built-in choice (no resident path: the spread path where it
+// spread); 2000 + C = the resident path (kernels/select/resident.cuh) with C CTAs per row (2000:
+// its built-in count); + 1000: with programmatic dependent launch; + 2000: finished by the
+// scattered ranking (4000 + C, and 5000 + C with PDL).
 //
 // BM_TopKDecode/<rows>/<n>/<k>/<variant> compares the decode path (kernels/select/decode.cuh)
 // with the small path on decode shapes: variant 0 = the small path (the built-in choice before
@@ -283,6 +285,9 @@ void BM_TopKVariant(benchmark::State& state) {
     tuning.no_spread = true;
   } else if (variant == 5) {
     tuning.force_spread = true;
+  } else if (variant == 7 || variant == 8) {
+    tuning.force_spread = true;
+    tuning.spread_sample = variant == 7 ? 2 : 1;
   } else if (variant == 6) {
     tuning.no_resident = true;
   } else if (variant >= 2000) {
@@ -439,16 +444,20 @@ BENCHMARK(BM_TopKVariant)
     })
     ->Apply(Timed);
 // The spread path against the streaming path (the old choice) on the large-k shapes: built in
-// (5), streaming (3), and the spread path with fewer CTAs per row than the built-in choice.
+// (5), without its sampled cut (7), with it on one row (8), streaming (3), and the spread path with
+// fewer CTAs per row than the built-in choice.
 BENCHMARK(BM_TopKVariant)
     ->Apply([](benchmark::internal::Benchmark* b) {
-      const int shapes[][3] = {{1, 131072, 2048}, {1, 262144, 2048},  {1, 262144, 1024},
-                               {1, 262144, 512},  {4, 262144, 512},   {4, 262144, 1024},
-                               {4, 262144, 2048}, {16, 131072, 2048}, {64, 131072, 2048},
-                               {64, 262144, 2048}};
+      const int shapes[][3] = {{1, 131072, 2048},  {1, 262144, 2048},  {1, 262144, 1024},
+                               {1, 262144, 512},   {4, 262144, 512},   {4, 262144, 1024},
+                               {4, 262144, 2048},  {16, 131072, 2048}, {64, 131072, 2048},
+                               {64, 262144, 2048}, {32, 65536, 2048},  {64, 32768, 2048},
+                               {64, 32768, 512}};
       for (const auto& sh : shapes) {
         b->Args({sh[0], sh[1], sh[2], 3});
         b->Args({sh[0], sh[1], sh[2], 5});
+        b->Args({sh[0], sh[1], sh[2], 7});
+        if (sh[0] == 1) b->Args({sh[0], sh[1], sh[2], 8});
         if (sh[0] == 1) {
           b->Args({sh[0], sh[1], sh[2], 1000 + 16});
           b->Args({sh[0], sh[1], sh[2], 1000 + 32});

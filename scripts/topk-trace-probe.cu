@@ -5,18 +5,19 @@
 // of a CUDA graph of back-to-back launches over rotating inputs (sets spanning more than L2).
 // It checks the ids against a CPU top-k of every traced input.
 //   usage: topk-trace-probe N K [dist: 0 uniform, 1 gaussian, 2 heavy ties] [ctas (0: auto)]
+//          [sample: 1 the sampled cut (the library's choice), 0 the exact passes only]
 //   build: nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Iinclude -Isrc -o probe \
 //          scripts/topk-trace-probe.cu
 #include <cstdint>
 
-__device__ unsigned long long g_trace[256][16];
+__device__ unsigned long long g_trace[256][24];
 __device__ __forceinline__ void trace_mark(int phase) {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   g_trace[blockIdx.x][phase] = t;
 }
-#define KVC_SPREAD_MARK(phase) \
-  do {                         \
+#define KVC_SPREAD_MARK(phase)               \
+  do {                                       \
     if (threadIdx.x == 0) trace_mark(phase); \
   } while (0)
 #define KVC_RANK_MARK(phase) KVC_SPREAD_MARK(phase)
@@ -31,13 +32,13 @@ __device__ __forceinline__ void trace_mark(int phase) {
 
 using namespace kvc::kernels::select_detail;
 
-#define CK(x)                                                                          \
-  do {                                                                                 \
-    cudaError_t e_ = (x);                                                              \
-    if (e_ != cudaSuccess) {                                                           \
+#define CK(x)                                                                        \
+  do {                                                                               \
+    cudaError_t e_ = (x);                                                            \
+    if (e_ != cudaSuccess) {                                                         \
       std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                    \
-    }                                                                                  \
+      std::exit(1);                                                                  \
+    }                                                                                \
   } while (0)
 
 int main(int argc, char** argv) {
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   const int K = argc > 2 ? std::atoi(argv[2]) : 2048;
   const int dist = argc > 3 ? std::atoi(argv[3]) : 0;
   int ctas = argc > 4 ? std::atoi(argv[4]) : 0;
+  const bool sample = argc > 5 ? std::atoi(argv[5]) != 0 : true;
   const std::size_t set_bytes = static_cast<std::size_t>(N) * 4;
   const int sets = static_cast<int>(std::max<std::size_t>(8, (128u << 20) / set_bytes));
   std::vector<float> h(static_cast<std::size_t>(N) * sets);
@@ -52,7 +54,9 @@ int main(int argc, char** argv) {
   std::uniform_real_distribution<float> uni(0.f, 1.f);
   std::normal_distribution<float> gau(0.f, 1.f);
   for (auto& v : h) {
-    v = dist == 0 ? uni(rng) : dist == 1 ? gau(rng) : static_cast<float>(static_cast<int>(uni(rng) * 64));
+    v = dist == 0   ? uni(rng)
+        : dist == 1 ? gau(rng)
+                    : static_cast<float>(static_cast<int>(uni(rng) * 64));
   }
   float* d_scores;
   CK(cudaMalloc(&d_scores, h.size() * 4));
@@ -83,7 +87,8 @@ int main(int argc, char** argv) {
   const int smem = static_cast<int>(sizeof(SpreadShared));
   CK(cudaFuncSetAttribute(spread_topm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int per_sm = 0, sms = 0;
-  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, spread_topm_kernel, kSpreadThreads, smem));
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, spread_topm_kernel, kSpreadThreads,
+                                                   smem));
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int tiles_total = (N + kSpreadTile - 1) / kSpreadTile;
   if (ctas == 0) ctas = std::min(tiles_total, per_sm * sms);
@@ -92,6 +97,7 @@ int main(int argc, char** argv) {
   sp.ctas = (tiles_total + sp.tiles - 1) / sp.tiles;
   sp.state = d_state;
   sp.cand = d_cand;
+  sp.sample = sample;
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   auto launch = [&](int set) {
@@ -111,56 +117,60 @@ int main(int argc, char** argv) {
   };
 
   // Traced single launches, each checked against the CPU.
-  constexpr int kPhases = 15;
+  constexpr int kPhases = 21;
   // Phase 1 includes the first pass's local histogram (made before the grid-wide barrier);
   // 9 and 10 are reached only where the counting rank declines (the radix select and the sort);
   // 13 and 14 are inside the counting rank (rank_select: buckets counted, keys scattered), after
-  // 8 and before 11.
-  const char* names[kPhases] = {"entry",       "grid sync",    "pass histogram", "row barrier",
-                                "pass narrow", "append",       "done counter",   "fin narrow",
-                                "fin filter",  "fb refine",    "fb append",      "fin rank",
-                                "end (written)", "rank counted", "rank scattered"};
+  // 8 and before 11; 15 to 17 are the sampled cut's (cut made, before 1; candidates appended;
+  // the row's count known), after which 7 and 8 are the finisher's; 18 and 19 inside the cut (the
+  // last pass's histogram made, its digit picked; 20: the last pass's bins zeroed, on the first
+  // pass also the sample written).
+  const char* names[kPhases] = {"entry",         "grid sync",    "pass histogram", "row barrier",
+                                "pass narrow",   "append",       "done counter",   "fin narrow",
+                                "fin filter",    "fb refine",    "fb append",      "fin rank",
+                                "end (written)", "rank counted", "rank scattered", "sample cut",
+                                "sample append", "sample count", "sample hist", "sample pick",
+                                "sample bins zero"};
   // Per phase: when the last CTA, the median CTA and the finisher reached it.
   std::vector<std::vector<double>> last(kPhases), mid(kPhases), own(kPhases);
   std::vector<double> skew;
   int bad = 0;
   for (int it = 0; it < 12; ++it) {
     const int set = it % sets;
-    std::vector<unsigned long long> zero(256 * 16, 0);
+    std::vector<unsigned long long> zero(256 * 24, 0);
     CK(cudaMemcpyToSymbol(g_trace, zero.data(), zero.size() * 8));
     launch(set);
     CK(cudaStreamSynchronize(st));
-    std::vector<unsigned long long> tr(256 * 16);
+    std::vector<unsigned long long> tr(256 * 24);
     CK(cudaMemcpyFromSymbol(tr.data(), g_trace, tr.size() * 8));
     unsigned long long t0 = ~0ull, e_max = 0;
     for (int c = 0; c < sp.ctas; ++c) {
-      t0 = std::min(t0, tr[c * 16]);
-      e_max = std::max(e_max, tr[c * 16]);
+      t0 = std::min(t0, tr[c * 24]);
+      e_max = std::max(e_max, tr[c * 24]);
     }
     skew.push_back((e_max - t0) * 1e-3);
     int fin = -1;  // the finisher: the CTA that reached the finisher's first mark
     for (int c = 0; c < sp.ctas; ++c) {
-      if (tr[c * 16 + 7] != 0) fin = c;
+      if (tr[c * 24 + 7] != 0) fin = c;
     }
     for (int ph = 0; ph < kPhases; ++ph) {
       std::vector<unsigned long long> at;
       for (int c = 0; c < sp.ctas; ++c) {
-        if (tr[c * 16 + ph] != 0) at.push_back(tr[c * 16 + ph]);
+        if (tr[c * 24 + ph] != 0) at.push_back(tr[c * 24 + ph]);
       }
       if (at.empty()) continue;
       std::sort(at.begin(), at.end());
       last[ph].push_back((at.back() - t0) * 1e-3);
       mid[ph].push_back((at[at.size() / 2] - t0) * 1e-3);
-      if (fin >= 0 && tr[fin * 16 + ph] != 0) own[ph].push_back((tr[fin * 16 + ph] - t0) * 1e-3);
+      if (fin >= 0 && tr[fin * 24 + ph] != 0) own[ph].push_back((tr[fin * 24 + ph] - t0) * 1e-3);
     }
     std::vector<std::int32_t> ids(K);
     CK(cudaMemcpy(ids.data(), d_ids, K * 4, cudaMemcpyDeviceToHost));
     std::vector<int> ref(N);
     for (int i = 0; i < N; ++i) ref[i] = i;
     const float* row = h.data() + static_cast<std::size_t>(set) * N;
-    std::partial_sort(ref.begin(), ref.begin() + K, ref.end(), [&](int a, int b) {
-      return row[a] != row[b] ? row[a] > row[b] : a < b;
-    });
+    std::partial_sort(ref.begin(), ref.begin() + K, ref.end(),
+                      [&](int a, int b) { return row[a] != row[b] ? row[a] > row[b] : a < b; });
     for (int i = 0; i < K; ++i) bad += ids[i] != ref[i];
   }
   auto median = [](std::vector<double> v) {

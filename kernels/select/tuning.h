@@ -5,8 +5,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstddef>
 
+#include "kvc/core/macros.h"
 #include "kvc/select/selection.h"
 #include "kvc/select/selector.h"
 
@@ -35,11 +37,15 @@ struct SelectTuning {
   /// call's rows, at most one per 2048 blocks). Setting it takes the spread path wherever it
   /// applies. A grid that would not fit the device at once: cudaErrorInvalidValue.
   int spread_ctas = 0;
-  /// Take the spread path wherever it applies (the built-in choice: at most 16 rows of more
+  /// Take the spread path wherever it applies (the built-in choice: at most 64 rows of more
   /// than 16384 blocks).
   bool force_spread = false;
   /// Never take the spread path (the streaming path runs instead), for comparison.
   bool no_spread = false;
+  /// Spread path's sampled cut: 0 the built-in choice (calls of at least kSpreadSampleMinRows
+  /// rows), 1 every call, 2 none (every row of more than 16384 valid scores takes the exact radix
+  /// passes at once, as before the sample), for comparison.
+  int spread_sample = 0;
   /// Decode path (kernels/select/decode.cuh: topk with k <= 64, rows <= 32768 blocks, one CTA
   /// per row): threads per CTA, 256, 512 or 1024 (0: the built-in choice, decode_threads_for);
   /// setting it takes the decode path wherever it applies. A row longer than 32 scores per
@@ -71,6 +77,39 @@ struct SelectTuning {
   /// the top t) instead of the gather into one CTA that sorts all t.
   bool resident_scatter = false;
 };
+
+// The spread path's sampled cut (kernels/select/spread.cuh): before its CTAs count anything
+// together, each reads the same sample of its row, kSpreadSampleSegments segments of
+// kSpreadSampleRun consecutive scores spread evenly over the row, and cuts it between sample
+// ranks spread_sample_ranks(...). Here so that the tests can build rows that the sample misjudges.
+constexpr int kSpreadSampleSegments = 1024;
+constexpr int kSpreadSampleRun = 8;  // scores per segment: one 32-byte sector, two 16-byte loads
+constexpr int kSpreadSample = kSpreadSampleSegments * kSpreadSampleRun;
+
+/// First score of sample segment g (0 <= g < kSpreadSampleSegments) of a row of n > 16384 valid
+/// scores: g n / 1024 rounded down to a multiple of 4 (16-byte loads). Consecutive segments lie at
+/// least 13 scores apart, so the 8 scores of each are distinct and below n.
+KVC_HD constexpr int spread_sample_start(int g, int n) {
+  return static_cast<int>((static_cast<long long>(g) * n / kSpreadSampleSegments) & ~3LL);
+}
+
+/// The sample ranks [lo, hi] between which the spread path cuts its sample of a row of n > 16384
+/// valid scores to keep the top `target`: r0 = ceil(target S / n) (S = kSpreadSample) is where
+/// the row's target-th key falls in the sample on average; lo = r0 + ceil(4 sqrt(r0)) + 8. With
+/// independent scores the row's keys at or above the sample's r-th largest number about r n / S
+/// with a standard deviation of about sqrt(r) n / S, so a cut at lo keeps fewer than target keys
+/// (the exact passes then run) only beyond 4 standard deviations; hi = lo + lo / 4 + 8 bounds
+/// the radix passes over the sample. 1 x 131072, k 2048: lo 181 (about 2900 candidates).
+struct SpreadSampleRanks {
+  int lo, hi;
+};
+KVC_HD SpreadSampleRanks spread_sample_ranks(int target, int n) {
+  const long long r0 = (static_cast<long long>(target) * kSpreadSample + n - 1) / n;
+  const long long lo = r0 + static_cast<long long>(ceilf(4.0f * sqrtf(static_cast<float>(r0)))) + 8;
+  const long long hi = lo + lo / 4 + 8;
+  return {static_cast<int>(lo < kSpreadSample ? lo : kSpreadSample),
+          static_cast<int>(hi < kSpreadSample ? hi : kSpreadSample)};
+}
 
 /// The resident path's built-in CTAs per row for `rows` rows of `max_blocks` blocks on a device
 /// of `sms` multiprocessors: as many as spread the call's rows over the device (sms / rows), at

@@ -412,9 +412,10 @@ int spread_capacity(int smem) {
 
 /// The spread path over `rows` rows with `ctas` CTAs per row (0: as many as the device holds at
 /// once over the call's rows, at most one per tile of the row); a tile count per CTA that leaves
-/// no CTA empty. cudaErrorInvalidValue when the grid would not fit the device at once.
-cudaError_t launch_spread(const TopmParams& tp, int rows, int ctas, const Workspace& ws,
-                          cudaStream_t stream) {
+/// no CTA empty; `sample`: rows of more than kSpreadCap valid blocks try the sampled cut first.
+/// cudaErrorInvalidValue when the grid would not fit the device at once.
+cudaError_t launch_spread(const TopmParams& tp, int rows, int ctas, bool sample,
+                          const Workspace& ws, cudaStream_t stream) {
   const int smem = static_cast<int>(sizeof(SpreadShared));
   KVC_CUDA_CALL(
       cudaFuncSetAttribute(spread_topm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -431,6 +432,7 @@ cudaError_t launch_spread(const TopmParams& tp, int rows, int ctas, const Worksp
   sp.ctas = (tiles_total + sp.tiles - 1) / sp.tiles;
   sp.state = ws.spread_state;
   sp.cand = ws.spread_cand;
+  sp.sample = sample;
   if (static_cast<long long>(rows) * sp.ctas > capacity) return cudaErrorInvalidValue;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(sp.ctas) * static_cast<unsigned>(rows), 1, 1);
@@ -664,7 +666,10 @@ cudaError_t select_tuned(void* d_temp, std::size_t& temp_bytes, const ScoresView
         const int items = tuning.small_items != 0 ? tuning.small_items : small_items_for(N);
         KVC_CUDA_CALL(launch_small_items(items, tp, s.rows, stream));
       } else if (spread) {
-        KVC_CUDA_CALL(launch_spread(tp, s.rows, tuning.spread_ctas, ws, stream));
+        KVC_CUDA_CALL(launch_spread(tp, s.rows, tuning.spread_ctas,
+                                    tuning.spread_sample == 1 || (tuning.spread_sample == 0 &&
+                                                                  s.rows >= kSpreadSampleMinRows),
+                                    ws, stream));
       } else if (streamed) {
         const int ctas = tuning.stream_ctas != 0 ? tuning.stream_ctas : stream_ctas_for(N, s.rows);
         const int trigger =

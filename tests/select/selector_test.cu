@@ -649,11 +649,17 @@ TEST(Cuda_Selector_Spread, EveryVariantEveryPolicyMatchesCpu) {
   const Kind spread_kinds[] = {Kind::kTopK,         Kind::kNeighbors,           Kind::kThreshold,
                                Kind::kAnchor,       Kind::kAnchorNeighbors,     Kind::kExplicit,
                                Kind::kScoreCluster, Kind::kScoreClusterAdaptive};
-  for (int ctas : {0, 1, 3, 16}) {
+  struct Variant {
+    int ctas;
+    bool exact;  // the exact passes only (no sampled cut)
+  };
+  for (const Variant v : {Variant{0, false}, Variant{1, false}, Variant{3, false},
+                          Variant{16, false}, Variant{0, true}, Variant{16, true}}) {
     kernels::select_detail::SelectTuning tuning;
     tuning.force_spread = true;
-    tuning.spread_ctas = ctas;
-    SCOPED_TRACE("spread ctas " + std::to_string(ctas));
+    tuning.spread_ctas = v.ctas;
+    tuning.spread_sample = v.exact ? 2 : 1;
+    SCOPED_TRACE("spread ctas " + std::to_string(v.ctas) + (v.exact ? " exact" : " sampled"));
     for (int max_blocks :
          {300, 2048, 16384, 16385, 40001, capped(65536 + 4), capped(131072), capped(262144)}) {
       SCOPED_TRACE("max_blocks " + std::to_string(max_blocks));
@@ -752,8 +758,60 @@ TEST(Cuda_Selector_Spread, CountingRankAndItsFallbackMatchCpu) {
   }
 }
 
-// The built-in choice around its boundaries (16 / 17 rows, 16384 / 16385 blocks, 64 / 65 rows with
-// the spread path forced: 65 rows take the streaming path) and the streaming path pinned where
+// Rows whose sample (tuning.h: spread_sample_start) misleads the spread path's sampled cut, so that
+// every CTA of the row falls back to the exact passes; beside them rows where the cut holds.
+// Row 0: the sampled segments above every other score, so the cut keeps at most hi < target keys.
+// Row 1: the sampled segments below every other score, so the cut keeps all the others, more than
+// the 16384 the finisher holds (with one CTA per row, more than one CTA stages). Row 2: uniform
+// scores (the cut holds). Row 3: one score everywhere (the cut falls between ids).
+Batch misleading_sample_batch(Gen& gen, int n) {
+  Batch b;
+  b.rows = 4;
+  b.max_blocks = n;
+  b.scores.assign(static_cast<std::size_t>(b.rows) * n, 0.0f);
+  b.num_valid.assign(static_cast<std::size_t>(b.rows), n);
+  std::vector<char> in_sample(static_cast<std::size_t>(n), 0);
+  for (int g = 0; g < kernels::select_detail::kSpreadSampleSegments; ++g) {
+    const int at = kernels::select_detail::spread_sample_start(g, n);
+    for (int i = 0; i < kernels::select_detail::kSpreadSampleRun; ++i) in_sample[at + i] = 1;
+  }
+  for (int j = 0; j < n; ++j) {
+    const float noise = static_cast<float>(gen.uniform(0, 1 << 20)) * 0x1p-21f;
+    b.scores[j] = (in_sample[j] ? 2.0f : 1.0f) + noise;
+    b.scores[n + j] = (in_sample[j] ? -1.0f : 1.0f) + noise;
+    b.scores[2 * static_cast<std::size_t>(n) + j] = noise;
+    b.scores[3 * static_cast<std::size_t>(n) + j] = 0.5f;
+  }
+  return b;
+}
+
+TEST(Cuda_Selector_Spread, MisleadingSampleFallsBackToExactPasses) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  for (int n : {40001, capped(131072)}) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    // The rows do what the comment says only if the cut of row 0 keeps fewer than k keys and
+    // row 1's non-sampled scores outnumber the finisher's candidates.
+    ASSERT_GT(n - kernels::select_detail::kSpreadSample, 16384);
+    const Batch b = misleading_sample_batch(gen, n);
+    for (int ctas : {0, 1, 16}) {
+      kernels::select_detail::SelectTuning tuning;
+      tuning.force_spread = true;
+      tuning.spread_ctas = ctas;
+      tuning.spread_sample = 1;
+      SCOPED_TRACE("spread ctas " + std::to_string(ctas));
+      for (int k : {512, 2048}) {
+        ASSERT_LT(kernels::select_detail::spread_sample_ranks(k, n).hi, k);
+        check_policy_tuned(gen, b, SelectPolicy::topk(k), tuning);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+// The built-in choice around its boundaries (64 / 65 rows, 16384 / 16385 blocks, and 64 / 65 rows
+// with the spread path forced: 65 rows take the streaming path) and the streaming path pinned where
 // the built-in choice spreads (no_spread).
 TEST(Cuda_Selector_Spread, DispatchBoundariesMatchCpu) {
   KVC_REQUIRE_GPU();
@@ -763,8 +821,8 @@ TEST(Cuda_Selector_Spread, DispatchBoundariesMatchCpu) {
   struct Case {
     int rows, max_blocks;
   };
-  for (const Case& c : {Case{1, capped(131072)}, Case{1, capped(262144)}, Case{16, 16385},
-                        Case{17, 16385}, Case{16, 16384}, Case{5, capped(262144)}}) {
+  for (const Case& c : {Case{1, capped(131072)}, Case{1, capped(262144)}, Case{64, 16385},
+                        Case{65, 16385}, Case{64, 16384}, Case{5, capped(262144)}}) {
     SCOPED_TRACE("rows " + std::to_string(c.rows) + " max_blocks " + std::to_string(c.max_blocks));
     const Batch b = make_batch(gen, c.rows, c.max_blocks, gen.style());
     check_policy(gen, *sel, b, SelectPolicy::topk(2048));
