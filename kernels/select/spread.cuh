@@ -555,19 +555,7 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
     const int count = kept;  // fine.above + fine.eq: the candidates at or above the cut
     if (count > kRankCap ||
         !rank_select(sh.u.cand, count, target, sh.top, sh.u.cand, sh.hist, sh.temp)) {
-      // After the sampled cut, every candidate is at or above it: the radix select starts from its
-      // prefix (tied scores: one pass where from scratch took five, 10 us at 1 x 131072) when the
-      // target-th key has that prefix.
-      Cut from = fine;
-      if (!exact_passes) {
-        int above = 0;
-        for (int j = tid; j < count; j += kSpreadThreads) {
-          above += (sh.u.cand[j] >> (B - scut.pbits)) > scut.prefix ? 1 : 0;
-        }
-        above = block_sum(above, sh.temp);
-        if (above < target) from = Cut{scut.prefix, scut.pbits, above, count - above};
-      }
-      const Cut exact = refine_cut(sh.u.cand, count, B, from, target, target, sh.hist, sh.temp);
+      const Cut exact = refine_cut(sh.u.cand, count, B, fine, target, target, sh.hist, sh.temp);
       KVC_SPREAD_MARK(9);
       if (tid == 0) sh.count = 0u;
       __syncthreads();
