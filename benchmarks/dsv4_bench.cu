@@ -22,13 +22,14 @@
 //   131072 entries x 64 index heads x 128 dims per sequence (the issue's <= 5 us target is
 //   mxfp4, B1 T1).
 // BM_Dsv4TopK/<rows>/<entries>/<k>/<timing>/<variant 0 the built-in path, 1 the streaming path
-//   (no spread), 2 the spread path (session 4's built-in), 8 / 16 the resident path with 8 / 16
+//   (no spread), 2 the spread path (session 4's built-in), 3 the spread path without its sampled
+//   cut (the built-in path before 2026-12-04), 4 with it whatever the rows, 8 / 16 the resident path with 8 / 16
 //   CTAs per row, 1016 with 16 CTAs and the scattered finish>: kvc::kernels::select, topk(k),
 //   score order.
 // BM_Dsv4CsaDecode/<batch>/<format 0 bf16, 1 MODEL1 FP8>/<timing>/<variant>: 64 heads x 512,
-//   window 128 + top-512 entries of 262144 (1M tokens, ratio 4); variant 0 the library's
-//   choice, 10 + k at least k chunks per split (the kernels before the pipelined ones, variant 1
-//   until 2026-12-04, are gone: docs/dsv4.md has the same-run comparison).
+//   window 128 + top-512 entries of 262144 (1M tokens, ratio 4); variant % 100 the split rule
+//   (0 the library's, 10 + k at least k chunks per split), variant / 100 the kernel (0 the
+//   library's choice, 1 the 8-warp kernel, 2 the 16-warp kernel).
 // BM_Dsv4HcaDecode/<batch>/<format>/<timing>/<variant>: window 128 + all 8192 entries (1M tokens,
 //   ratio 128).
 #include <benchmark/benchmark.h>
@@ -379,6 +380,7 @@ void BM_Dsv4TopK(benchmark::State& state) {
   const int variant = static_cast<int>(state.range(4));
   tuning.no_spread = variant == 1;
   tuning.no_resident = variant == 2;
+  tuning.spread_sample = variant == 3 ? 2 : variant == 4 ? 1 : 0;
   tuning.resident_ctas = variant >= 8 ? variant % 1000 : 0;
   tuning.resident_scatter = variant >= 1000;
   const std::size_t set_floats = static_cast<std::size_t>(rows) * n;
@@ -430,8 +432,9 @@ void BM_Dsv4TopK(benchmark::State& state) {
 }  // namespace
 namespace kernels {
 namespace dsv4_detail {
-// src/cuda/dsv4_attention.cu: which split rule dsv4_sparse_attention runs (0 automatic, 10 + k at
-// least k chunks per split).
+// src/cuda/dsv4_attention.cu: which split rule (variant % 100: 0 automatic, 10 + k at least k
+// chunks per split) and kernel (variant / 100: 0 the library's choice, 1 the 8-warp kernel, 2 the
+// 16-warp kernel) dsv4_sparse_attention runs.
 void set_sparse_attention_variant(int variant);
 }  // namespace dsv4_detail
 }  // namespace kernels
@@ -591,7 +594,7 @@ BENCHMARK(BM_Dsv4IndexDecode)->Apply(IndexShapes)->Apply(Timed);
 BENCHMARK(BM_Dsv4IndexProbe)->Arg(0)->Arg(1)->Arg(2)->Arg(3)->Arg(4)->Arg(6)->Apply(Timed);
 BENCHMARK(BM_Dsv4TopK)
     ->Apply([](benchmark::internal::Benchmark* b) {
-      for (int variant : {0, 1, 2, 8, 16, 1016}) {
+      for (int variant : {0, 1, 2, 3, 4, 8, 16, 1016}) {
         b->Args({1, 262144, 2048, 0, variant});
         b->Args({1, 262144, 2048, 1, variant});
         b->Args({8, 262144, 2048, 0, variant});
@@ -600,24 +603,30 @@ BENCHMARK(BM_Dsv4TopK)
       }
     })
     ->Apply(Timed);
-// <batch>/<format>/<timing>/<variant 0 automatic, 1 the kernels before the pipelined ones (one
-// chunk in flight per CTA, the serial combine), 10 + k the pipelined ones with at least k chunks
-// per split>: the same rows for 0 and 1 (before / after in one run), and HCA B1's neighbours of
-// the automatic split (2 chunks per split): 1, 4 and 8.
+// <batch>/<format>/<timing>/<variant: split rule + 100 x kernel, as above>: the same rows for
+// the library's choice (0), the 8-warp kernel (100) and the 16-warp kernel (200), before / after
+// in one run; for HCA B1 the neighbours of the automatic split (2 chunks per split): 1, 4 and 8
+// chunks per split with either kernel.
 void AttentionShapes(benchmark::internal::Benchmark* b) {
-  b->Args({1, 1, 0, 0});
-  b->Args({1, 1, 1, 0});
-  b->Args({8, 1, 0, 0});
-  b->Args({1, 0, 0, 0});
-  b->Args({8, 0, 0, 0});
+  for (int variant : {0, 100, 200}) {
+    b->Args({1, 1, 0, variant});
+    b->Args({1, 1, 1, variant});
+    b->Args({8, 1, 0, variant});
+    b->Args({1, 0, 0, variant});
+    b->Args({8, 0, 0, variant});
+  }
 }
 BENCHMARK(BM_Dsv4CsaDecode)->Apply(AttentionShapes)->Apply(Timed);
 BENCHMARK(BM_Dsv4HcaDecode)
     ->Apply(AttentionShapes)
-    ->Args({1, 1, 0, 11})
-    ->Args({1, 1, 0, 14})
-    ->Args({1, 1, 0, 18})
-    ->Args({1, 0, 0, 11})
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      for (int kernel : {100, 200}) {
+        b->Args({1, 1, 0, kernel + 11});
+        b->Args({1, 1, 0, kernel + 14});
+        b->Args({1, 1, 0, kernel + 18});
+        b->Args({1, 0, 0, kernel + 11});
+      }
+    })
     ->Apply(Timed);
 
 }  // namespace

@@ -1,9 +1,10 @@
 // DeepSeek-V4 sparse attention (CSA / HCA) on bf16 tensor cores (kvc/dsv4/sparse_attention.h).
 //
-// One CTA of 8 warps per (query row, split, group of 64 heads). A query row attends n_rows rows:
-// first its window tokens max(0, p - W + 1) .. p (from the ring, or the chunk for tokens not yet
-// in it), then its entries (the index row's ids, -1 and out-of-range ids masked; or, HCA, every
-// visible entry). Rows go in chunks of 64; split s takes chunks [s cps, (s + 1) cps) of its row.
+// One CTA of 8 or 16 warps (two forms of one kernel, below) per (query row, split, group of 64
+// heads). A query row attends n_rows rows: first its window tokens max(0, p - W + 1) .. p (from
+// the ring, or the chunk for tokens not yet in it), then its entries (the index row's ids, -1
+// and out-of-range ids masked; or, HCA, every visible entry). Rows go in chunks of 64; split s
+// takes chunks [s cps, (s + 1) cps) of its row.
 //
 // Per chunk, in three stages that overlap across chunks (a software pipeline, two chunks deep):
 //  1. look-up (warps 0 and 1, one row per thread): where each row lives. Chunk c + 2's dependent
@@ -19,17 +20,26 @@
 //     P 16 KB = 218 KB of the 227 KB an SM offers; two bf16 row buffers (bf16 stores): 64 + 128
 //     + 16 = 208 KB. bf16 rows (the prefill chunk's window rows) in a MODEL1 call are copied into
 //     the row buffer at the top of their own chunk (not ahead);
-//  3. compute: S = Q K^T for 64 heads x 64 rows (mma m16n8k16 bf16, fp32 accumulation; warp w
-//     takes heads 16 (w % 4) .. + 15 and rows 32 (w / 4) .. + 31); online softmax in base 2
-//     (logits times scale log2 e; the two warps of a head tile exchange row maxima through
-//     shared memory and each keeps the running sum of its 32 rows, added once at the end);
-//     P = 2^(l - m) stored as two bf16 halves hi = bf16(P), lo = bf16(P - hi), so P V keeps ~16
-//     bits of P (relative L2 ~1e-5, not bf16's ~1e-3); O = alpha O + P_hi V + P_lo V (warp w:
-//     heads 16 (w % 4) .., dims (w / 4) D/2 .., V by ldmatrix.trans).
-// Barriers per chunk: 3 (bf16 rows) or 4 (MODEL1: one more after the dequantisation). O holds
-// 128 fp32 registers per thread (64 heads x 512 / 256 threads), so what lives across the chunk
-// loop is kept small: per-query state in shared memory, ldmatrix addresses as a row base plus
-// an xor key, the running row sums in shared memory (241 registers, no local memory).
+//  3. compute: S = Q K^T for 64 heads x 64 rows (mma m16n8k16 bf16, fp32 accumulation; with
+//     G = warps / 4 row groups, warp w takes heads 16 (w % 4) .. + 15 and rows 64 / G (w / 4)
+//     ..); online softmax in base 2 (logits times scale log2 e; the G warps of a head tile
+//     exchange row maxima through shared memory and each keeps the running sum of its rows,
+//     added once at the end); P = 2^(l - m) stored as two bf16 halves hi = bf16(P),
+//     lo = bf16(P - hi), so P V keeps ~16 bits of P (relative L2 ~1e-5, not bf16's ~1e-3);
+//     O = alpha O + P_hi V + P_lo V (warp w: heads 16 (w % 4) .., dims D / G (w / 4) .., V by
+//     ldmatrix.trans).
+// Barriers per chunk: 3 (bf16 rows) or 4 (MODEL1: one more after the dequantisation).
+// The 8-warp form: O holds 128 fp32 registers per thread (64 heads x 512 / 256 threads), so what
+// lives across the chunk loop is kept small: per-query state in shared memory, ldmatrix
+// addresses as a row base plus an xor key, the running row sums in shared memory (241
+// registers, no local memory). One CTA per SM is 2 warps per scheduler, which the Nsight profile
+// (docs/dsv4.md, 2026-12-04) found latency bound: 14-28 % of issue slots, DRAM 3-7 %.
+// The 16-warp form (D = 512): 4 warps per scheduler; O holds 64 registers per thread, 128 in all
+// (no local memory), so each chunk reads the warp's place and its ldmatrix keys anew instead of
+// keeping them; S keeps two accumulators per n-tile (even / odd k-steps: 4 chains of mma per
+// warp, not 2); the dequantisation gives each thread one 8-element piece of 8 rows, so its
+// offsets and scale byte are fixed and the rows' loads go out together (dequantise_rows_by_piece:
+// ~40 instructions a piece, not ~60); and a warp whose alphas are all 1 skips rescaling O.
 // The split's (O, m, l) either finish the row directly (one split: the sink joins the
 // denominator, lse = (m + log2 l) ln 2) or go to the workspace for combine_kernel, which merges
 // the splits of one (row, head, 128 dims) in parallel: 4 warps over the splits, a float4 per lane,
@@ -54,19 +64,22 @@ namespace dsv4_detail {
 
 using dsv4::EntryStoreView;
 
-constexpr int kAttnThreads = 256;
-constexpr int kAttnRows = 64;   // rows per chunk
-constexpr int kAttnHeads = 64;  // heads per CTA
+constexpr int kNarrowWarps = 8;  // attention_kernel's 8-warp form: O 128 registers per thread
+constexpr int kWideWarps = 16;   // its 16-warp form: O 64 registers per thread, <= 128 in all
+constexpr int kAttnRows = 64;    // rows per chunk
+constexpr int kAttnHeads = 64;   // heads per CTA
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kModel1Stage = 592;  // staging bytes per MODEL1 row: 576 payload + 8 scales + pad
 constexpr int kCombineThreads = 128;
 constexpr int kCombineDims = 128;  // dims per combine CTA: a float4 per lane
 
-/// Which split rule kvc::kernels::dsv4_sparse_attention runs from now on (defined in
-/// src/cuda/dsv4_attention.cu; for the benchmark's split rows and the tests, process-wide, not for
-/// concurrent calls that want different ones): 0 automatic, 10 + k the fewest chunks per split
-/// that keep one wave, at least k (11: as many splits as fill the SMs).
+/// Which split rule and kernel kvc::kernels::dsv4_sparse_attention runs from now on (defined in
+/// src/cuda/dsv4_attention.cu; for the benchmark's rows and the tests, process-wide, not for
+/// concurrent calls that want different ones). variant % 100 is the split rule: 0 automatic,
+/// 10 + k the fewest chunks per split that keep one wave, at least k (11: as many splits as fill
+/// the SMs). variant / 100 is the kernel at D = 512: 0 the library's choice, 1 the 8-warp kernel,
+/// 2 the 16-warp kernel (D = 128 always runs the 8-warp one). E.g. 214: 16 warps, >= 4 chunks.
 void set_sparse_attention_variant(int variant);
 
 struct AttnParams {
@@ -293,7 +306,7 @@ __device__ __forceinline__ void lookup_finish(const AttnParams& p, const LookupC
       k = s.layout.format == dsv4::EntryFormat::kModel1Fp8 ? kRowModel1 : kRowBf16;
     }
   }
-  const int row = threadIdx.x;
+  const int row = thread_here();
   src[row] = r;
   kind[row] = static_cast<std::int8_t>(k);
   const std::uint32_t valid = __ballot_sync(0xffffffffu, k != kRowNone);
@@ -304,8 +317,9 @@ __device__ __forceinline__ void lookup_finish(const AttnParams& p, const LookupC
   }
 }
 
-/// Shared memory of attention_kernel<D, kStaged> (byte offsets).
-template <int D, bool kStaged>
+/// Shared memory of attention_kernel<D, kStaged, kWarps> (byte offsets); kGroups = kWarps / 4
+/// row groups exchange row maxima and keep running sums.
+template <int D, bool kStaged, int kGroups>
 struct AttnSmem {
   static constexpr int kKvBuffers = kStaged ? 1 : 2;
   static constexpr int kQ = 0;                                         // [64 heads][D] bf16
@@ -313,9 +327,9 @@ struct AttnSmem {
   static constexpr int kStage = kKv + kKvBuffers * kAttnRows * D * 2;  // [2][64][592] raw
   static constexpr int kPHi = kStage + (kStaged ? 2 * kAttnRows * kModel1Stage : 0);
   static constexpr int kPLo = kPHi + kAttnHeads * kAttnRows * 2;   // [64][64] bf16 each
-  static constexpr int kRedM = kPLo + kAttnHeads * kAttnRows * 2;  // [2][64] f32
-  static constexpr int kRedL = kRedM + 2 * kAttnHeads * 4;         // [2][64] f32
-  static constexpr int kSrc = kRedL + 2 * kAttnHeads * 4;          // [2][64] RowPtr
+  static constexpr int kRedM = kPLo + kAttnHeads * kAttnRows * 2;  // [kGroups][64] f32
+  static constexpr int kRedL = kRedM + kGroups * kAttnHeads * 4;   // [kGroups][64] f32
+  static constexpr int kSrc = kRedL + kGroups * kAttnHeads * 4;    // [2][64] RowPtr
   static constexpr int kKind = kSrc + 2 * kAttnRows * static_cast<int>(sizeof(RowPtr));
   static constexpr int kMask = kKind + 2 * kAttnRows;  // [2][valid lo, hi, bf16 lo, hi] u32
   static constexpr int kCtx = kMask + 2 * 4 * 4;       // LookupCtx
@@ -324,20 +338,22 @@ struct AttnSmem {
 
 /// The largest dynamic shared memory an sm_90 CTA may have (227 KB).
 constexpr int kMaxSmemPerCta = 232448;
-static_assert(AttnSmem<512, true>::kBytes <= kMaxSmemPerCta, "MODEL1 layout over budget");
-static_assert(AttnSmem<512, false>::kBytes <= kMaxSmemPerCta, "bf16 layout over budget");
+static_assert(AttnSmem<512, true, kWideWarps / 4>::kBytes <= kMaxSmemPerCta,
+              "MODEL1 layout over budget");
+static_assert(AttnSmem<512, false, kWideWarps / 4>::kBytes <= kMaxSmemPerCta,
+              "bf16 layout over budget");
 
 /// Issues the cp.async copies of one chunk's rows: kStaged, the MODEL1 rows' raw bytes to the
 /// staging buffer (payload 36 x 16 B, scale record 8 B); else every row to bf16 buffer `kv`
 /// (masked rows zero-filled, nothing read).
-template <int D, bool kStaged>
+template <int D, bool kStaged, int kThreads>
 __device__ __forceinline__ void issue_rows(const RowPtr* src, const std::int8_t* kind,
                                            std::uint16_t* kv, unsigned char* stage,
                                            const void* any) {
   constexpr int CH = D / 8;
   if constexpr (kStaged) {
     constexpr int kPieces = dsv4::kModel1PayloadBytes / 16 + 1;  // 37
-    for (int idx = thread_here(); idx < kAttnRows * kPieces; idx += kAttnThreads) {
+    for (int idx = thread_here(); idx < kAttnRows * kPieces; idx += kThreads) {
       const int r = idx / kPieces, c = idx % kPieces;
       if (kind[r] != kRowModel1) continue;
       if (c < kPieces - 1) {
@@ -347,7 +363,7 @@ __device__ __forceinline__ void issue_rows(const RowPtr* src, const std::int8_t*
       }
     }
   } else {
-    for (int idx = thread_here(); idx < kAttnRows * CH; idx += kAttnThreads) {
+    for (int idx = thread_here(); idx < kAttnRows * CH; idx += kThreads) {
       const int r = idx / CH, c = idx % CH;
       const bool ok = kind[r] == kRowBf16;
       cp_async16(kv + swz(r, c * 8, D),
@@ -357,22 +373,38 @@ __device__ __forceinline__ void issue_rows(const RowPtr* src, const std::int8_t*
 }
 
 /// Staged chunks: the bf16 rows (a prefill chunk's window rows) straight to the row buffer.
-template <int D>
+template <int D, int kThreads>
 __device__ __forceinline__ void issue_bf16_rows(const RowPtr* src, const std::int8_t* kind,
                                                 std::uint16_t* kv) {
   constexpr int CH = D / 8;
-  for (int idx = thread_here(); idx < kAttnRows * CH; idx += kAttnThreads) {
+  for (int idx = thread_here(); idx < kAttnRows * CH; idx += kThreads) {
     const int r = idx / CH, c = idx % CH;
     if (kind[r] == kRowBf16) cp_async16(kv + swz(r, c * 8, D), src[r].payload + c * 16, true);
   }
 }
 
+/// Eight MODEL1 e4m3 codes (bytes of `codes` in element order) times their block's scale `sc`,
+/// as eight bf16 in a uint4: fp8_e4m3_decode(code, sc) = rn(e4m3_to_float(code) * sc), then bf16
+/// round to nearest even.
+__device__ __forceinline__ uint4 model1_piece_bf16(uint2 codes, float sc) {
+  float f[8];
+  e4m3x2_to_float2(codes.x, f[0], f[1]);
+  e4m3x2_to_float2(codes.x >> 16, f[2], f[3]);
+  e4m3x2_to_float2(codes.y, f[4], f[5]);
+  e4m3x2_to_float2(codes.y >> 16, f[6], f[7]);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) f[e] = fmul_rn(f[e], sc);
+  return make_uint4(pack_bf16_rn(f[0], f[1]), pack_bf16_rn(f[2], f[3]), pack_bf16_rn(f[4], f[5]),
+                    pack_bf16_rn(f[6], f[7]));
+}
+
 /// Staged chunks: MODEL1 rows from the staging buffer to bf16 (exact), masked rows to zero.
-/// A warp covers half a row (32 pieces of 8 elements), so the row kind is warp-uniform.
+/// A warp covers half a row (32 pieces of 8 elements), so the row kind is warp-uniform. The
+/// 8-warp kernel's form.
 __device__ __forceinline__ void dequantise_rows(const std::int8_t* kind, const unsigned char* stage,
                                                 std::uint16_t* kv) {
   constexpr int D = dsv4::kModel1Dim, CH = D / 8;
-  for (int idx = thread_here(); idx < kAttnRows * CH; idx += kAttnThreads) {
+  for (int idx = thread_here(); idx < kAttnRows * CH; idx += 32 * kNarrowWarps) {
     const int r = idx / CH, c = idx % CH;
     const int k = kind[r];
     if (k == kRowBf16) continue;
@@ -380,19 +412,9 @@ __device__ __forceinline__ void dequantise_rows(const std::int8_t* kind, const u
     if (k == kRowModel1) {
       const unsigned char* st = stage + r * kModel1Stage;
       if (c * 8 < dsv4::kModel1NopeDim) {
-        const uint2 codes = *reinterpret_cast<const uint2*>(st + c * 8);
-        // fp8_e4m3_decode(code, sc) = rn(e4m3_to_float(code) * sc).
-        const float sc =
-            formats::ue8m0_to_float(st[dsv4::kModel1PayloadBytes + (c * 8) / dsv4::kModel1Block]);
-        float f[8];
-        e4m3x2_to_float2(codes.x, f[0], f[1]);
-        e4m3x2_to_float2(codes.x >> 16, f[2], f[3]);
-        e4m3x2_to_float2(codes.y, f[4], f[5]);
-        e4m3x2_to_float2(codes.y >> 16, f[6], f[7]);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) f[e] = fmul_rn(f[e], sc);
-        v = make_uint4(pack_bf16_rn(f[0], f[1]), pack_bf16_rn(f[2], f[3]), pack_bf16_rn(f[4], f[5]),
-                       pack_bf16_rn(f[6], f[7]));
+        v = model1_piece_bf16(
+            *reinterpret_cast<const uint2*>(st + c * 8),
+            formats::ue8m0_to_float(st[dsv4::kModel1PayloadBytes + (c * 8) / dsv4::kModel1Block]));
       } else {
         v = *reinterpret_cast<const uint4*>(st + dsv4::kModel1NopeDim +
                                             (c * 8 - dsv4::kModel1NopeDim) * 2);
@@ -402,15 +424,80 @@ __device__ __forceinline__ void dequantise_rows(const std::int8_t* kind, const u
   }
 }
 
+/// Where thread `tid` of attention_kernel works: heads 16 mt .. of the CTA's 64, row (S) and dim
+/// (P V) group grp; g = lane / 4 and tq = lane % 4 (an mma fragment's row and column pair).
+struct WarpPlace {
+  int mt, grp, g, tq;
+};
+
+__device__ __forceinline__ WarpPlace warp_place(int tid) {
+  return WarpPlace{tid / 32 % 4, tid / 128, tid % 32 / 4, tid % 4};
+}
+
+/// The 16-warp kernel's dequantise_rows (the same conversion, the same bits), laid out so that
+/// what a thread needs is fixed for the chunk: thread t takes piece c = t % 64 (8 elements) of
+/// rows t / 64 + 8 k, k < 8, so its scale byte, its offsets and its swizzle key (row % 8 = t / 64)
+/// are loop-invariant; the row kinds come from the chunk's bit masks, and every row's loads are
+/// unconditional (the staging buffer is always readable) so the 8 rows' loads can be in flight
+/// at once. MODEL1 rows are converted, masked rows zeroed, bf16 rows left to their copies.
+template <int kThreads>
+__device__ __forceinline__ void dequantise_rows_by_piece(const std::uint32_t* mask,
+                                                         const unsigned char* stage,
+                                                         std::uint16_t* kv) {
+  constexpr int D = dsv4::kModel1Dim, CH = D / 8;
+  constexpr int kStep = kThreads / CH, kIters = kAttnRows / kStep;
+  static_assert(kStep == 8 && kIters == 8, "row % 8 is the thread's, rows < 32 are k < 4");
+  const int t = thread_here(), c = t % CH, r0 = t / CH;
+  const std::uint32_t valid[2] = {mask[0], mask[1]};
+  const std::uint32_t m1[2] = {mask[0] & ~mask[2], mask[1] & ~mask[3]};
+  const unsigned char* st = stage + r0 * kModel1Stage;
+  std::uint16_t* out = kv + swz(r0, c * 8, D);
+  if (c * 8 < dsv4::kModel1NopeDim) {
+    const int scale_at = dsv4::kModel1PayloadBytes + (c * 8) / dsv4::kModel1Block;
+#pragma unroll
+    for (int k = 0; k < kIters; ++k) {
+      const std::uint32_t bit = 1u << (r0 + kStep * (k % 4));
+      const unsigned char* row = st + k * kStep * kModel1Stage;
+      const uint4 piece = model1_piece_bf16(*reinterpret_cast<const uint2*>(row + c * 8),
+                                            formats::ue8m0_to_float(row[scale_at]));
+      const uint4 v = (m1[k / 4] & bit) ? piece : make_uint4(0u, 0u, 0u, 0u);
+      if ((m1[k / 4] & bit) || !(valid[k / 4] & bit))
+        *reinterpret_cast<uint4*>(out + k * kStep * D) = v;
+    }
+  } else {
+    const int at = dsv4::kModel1NopeDim + (c * 8 - dsv4::kModel1NopeDim) * 2;
+#pragma unroll
+    for (int k = 0; k < kIters; ++k) {
+      const std::uint32_t bit = 1u << (r0 + kStep * (k % 4));
+      uint4 v = *reinterpret_cast<const uint4*>(st + k * kStep * kModel1Stage + at);
+      if (!(m1[k / 4] & bit)) v = make_uint4(0u, 0u, 0u, 0u);
+      if ((m1[k / 4] & bit) || !(valid[k / 4] & bit))
+        *reinterpret_cast<uint4*>(out + k * kStep * D) = v;
+    }
+  }
+}
+
 /// The attention of one (query row, split, head group); see the file comment. kStaged: MODEL1
-/// rows (either store) through the staging buffers; else bf16 rows double-buffered.
-template <int D, bool kStaged>
-__global__ void __launch_bounds__(kAttnThreads, 1)
+/// rows (either store) through the staging buffers; else bf16 rows double-buffered. kWarps 8
+/// (kNarrowWarps) or 16 (kWideWarps, D = 512): the warps form kWarps / 4 row groups for S (warp
+/// w: heads 16 (w % 4) .., rows 64 / G (w / 4) ..) and as many dim groups for P V (dims
+/// D / G (w / 4) ..), G = kWarps / 4; the 16-warp form also keeps two S accumulators per n-tile
+/// (even and odd k-steps, added after), dequantises by dequantise_rows_by_piece and skips the
+/// rescale of O where every alpha of the warp is 1.
+template <int D, bool kStaged, int kWarps>
+__global__ void __launch_bounds__(32 * kWarps, 1)
     attention_kernel(const __grid_constant__ AttnParams p) {
   static_assert(!kStaged || D == dsv4::kModel1Dim, "MODEL1 rows have 512 dims");
-  using Smem = AttnSmem<D, kStaged>;
-  constexpr int NT = D / 2 / 8;  // O n-tiles per warp
-  constexpr int CH = D / 8;      // 16-byte chunks per row
+  static_assert(kWarps == kNarrowWarps || (kWarps == kWideWarps && D == 512), "8 or 16 warps");
+  constexpr bool kWide = kWarps == kWideWarps;
+  constexpr int kThreads = 32 * kWarps;
+  constexpr int G = kWarps / 4;      // row groups (S) and dim groups (P V)
+  constexpr int GR = kAttnRows / G;  // rows per group: 32 or 16
+  constexpr int SN = GR / 8;         // S n-tiles per warp: 4 or 2
+  constexpr int SK = kWide ? 2 : 1;  // S accumulators per n-tile
+  constexpr int NT = D / G / 8;      // O n-tiles per warp
+  constexpr int CH = D / 8;          // 16-byte chunks per row
+  using Smem = AttnSmem<D, kStaged, G>;
   extern __shared__ __align__(16) unsigned char smem[];
   std::uint16_t* q_s = reinterpret_cast<std::uint16_t*>(smem + Smem::kQ);
   std::uint16_t* kv_base = reinterpret_cast<std::uint16_t*>(smem + Smem::kKv);
@@ -427,12 +514,10 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
   // The combine (a programmatic dependent) may be scheduled now; it waits for this grid's end.
   pdl_launch_dependents();
 
-  const int qrow_i = blockIdx.x, split = blockIdx.y, hg = blockIdx.z;
+  const int qrow_i = blockIdx.x, split = blockIdx.y;
   const int b = qrow_i / p.T, t = qrow_i % p.T;
   const std::size_t qrow = static_cast<std::size_t>(qrow_i);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, tq = lane % 4;
-  const int mt = warp % 4, half = warp / 4;
+  const WarpPlace at = warp_place(threadIdx.x);
   const bool looker = threadIdx.x < kAttnRows;  // warps 0 and 1: the row look-ups
 
   // The split's chunks [c0, c1); chunk c's rows use buffers c % 2. The look-ups read the query's
@@ -449,16 +534,16 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
       ctx_s->chunk = p.chunk + static_cast<std::size_t>(b) * p.chunk_rows * D;
       ctx_s->c1 = c1;
     }
-    if (threadIdx.x < 2 * kAttnHeads) red_l[threadIdx.x] = 0.0f;
+    if (threadIdx.x < G * kAttnHeads) red_l[threadIdx.x] = 0.0f;
   }
   __syncthreads();
   const LookupCtx& ctx = *ctx_s;
 
   // Q: 64 heads (zero past H) x D, swizzled, by cp.async (waited for with the first chunk).
   if (c0 < c1) {
-    for (int idx = threadIdx.x; idx < kAttnHeads * CH; idx += kAttnThreads) {
+    for (int idx = threadIdx.x; idx < kAttnHeads * CH; idx += kThreads) {
       const int h = idx / CH, c = idx % CH;
-      const int head = hg * kAttnHeads + h;
+      const int head = static_cast<int>(blockIdx.z) * kAttnHeads + h;
       const bool ok = head < p.H;
       cp_async16(q_s + swz(h, c * 8, D), p.q + (qrow * p.H + (ok ? head : 0)) * D + c * 8, ok);
     }
@@ -477,17 +562,17 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
   __syncthreads();
   if (c0 < c1) {
     const int b0 = c0 & 1;
-    issue_rows<D, kStaged>(src_s + b0 * kAttnRows, kind_s + b0 * kAttnRows,
-                           kv_base + (kStaged ? 0 : b0 * kAttnRows * D),
-                           stage + b0 * kAttnRows * kModel1Stage, p.q);
+    issue_rows<D, kStaged, kThreads>(src_s + b0 * kAttnRows, kind_s + b0 * kAttnRows,
+                                     kv_base + (kStaged ? 0 : b0 * kAttnRows * D),
+                                     stage + b0 * kAttnRows * kModel1Stage, p.q);
   }
   cp_async_commit();
 
   float o[NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  // Running maxima (the same in the two warps of a head tile); the running sums of each warp's
-  // 32 rows are in red_l, one thread per (head, warp) updating its own slot.
+  // Running maxima (the same in the G warps of a head tile); the running sums of each warp's
+  // GR rows are in red_l, one thread per (head, warp) updating its own slot.
   float m_run[2] = {-INFINITY, -INFINITY};
 
   for (int chunk = c0; chunk < ctx.c1; ++chunk) {
@@ -499,19 +584,20 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
     const std::uint32_t* mask = mask_s + buf * 4;
     if constexpr (kStaged) {
       if ((mask[2] | mask[3]) != 0u) {
-        issue_bf16_rows<D>(src_s + buf * kAttnRows, kind_s + buf * kAttnRows, kv_base);
+        issue_bf16_rows<D, kThreads>(src_s + buf * kAttnRows, kind_s + buf * kAttnRows, kv_base);
       }
       cp_async_commit();
       if (chunk + 1 < ctx.c1) {
-        issue_rows<D, true>(src_s + (buf ^ 1) * kAttnRows, kind_s + (buf ^ 1) * kAttnRows, kv_base,
-                            stage + (buf ^ 1) * kAttnRows * kModel1Stage, p.q);
+        issue_rows<D, true, kThreads>(src_s + (buf ^ 1) * kAttnRows, kind_s + (buf ^ 1) * kAttnRows,
+                                      kv_base, stage + (buf ^ 1) * kAttnRows * kModel1Stage, p.q);
       }
       cp_async_commit();
       cp_async_wait<1>();  // this chunk's bf16 rows, not the next chunk's staging
     } else {
       if (chunk + 1 < ctx.c1) {
-        issue_rows<D, false>(src_s + (buf ^ 1) * kAttnRows, kind_s + (buf ^ 1) * kAttnRows,
-                             kv_base + (buf ^ 1) * kAttnRows * D, stage, p.q);
+        issue_rows<D, false, kThreads>(src_s + (buf ^ 1) * kAttnRows,
+                                       kind_s + (buf ^ 1) * kAttnRows,
+                                       kv_base + (buf ^ 1) * kAttnRows * D, stage, p.q);
       }
       cp_async_commit();
     }
@@ -520,26 +606,38 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
     RowLookup look{RowLookup::kNone, 0, -1};
     if (ahead) look = lookup_start(p, ctx, (chunk + 2) * kAttnRows + threadIdx.x);
     if constexpr (kStaged) {
-      dequantise_rows(kind_s + buf * kAttnRows, stage + buf * kAttnRows * kModel1Stage, kv_base);
+      if constexpr (kWide) {
+        dequantise_rows_by_piece<kThreads>(mask, stage + buf * kAttnRows * kModel1Stage, kv_base);
+      } else {
+        dequantise_rows(kind_s + buf * kAttnRows, stage + buf * kAttnRows * kModel1Stage, kv_base);
+      }
       __syncthreads();
     }
     const std::uint16_t* kv_s = kStaged ? kv_base : kv_base + buf * kAttnRows * D;
 
-    // S = Q K^T: heads 16 mt.., rows 32 half.. (4 n-tiles of 8). Swizzled addresses as 32-bit
+    // S = Q K^T: heads 16 mt.., rows GR grp.. (SN n-tiles of 8). Swizzled addresses as 32-bit
     // shared addresses: every ldmatrix row here has row % 8 == lane % 8 = x, and the 16-byte
     // piece 8 u + 2 v + c (v < 4, c < 2 a lane bit) sits at piece 8 u + ((2 v + c) ^ x), i.e.
     // byte 128 u + (32 v ^ 16 (c ^ x)): a row base and an xor key per operand (registers are
     // for O).
     const int ln = lane_here(), x = ln % 8, i4 = ln / 8;
+    // The wide form reads its place anew in each chunk rather than keeping it (registers are
+    // for O).
+    const WarpPlace wp = kWide ? warp_place(thread_here()) : at;
+    const int mt = wp.mt, grp = wp.grp, g = wp.g, tq = wp.tq;
     const std::uint32_t kv_addr = smem_u32(kv_s);
     const std::uint32_t a_key = 16 * ((i4 / 2) ^ x);  // Q, P (c = lane / 16) and V (c = i4 / 2)
-    float s[4][4];
-#pragma unroll
-    for (int n = 0; n < 4; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    float s[SN][4];
     {
+      float sa[SK][SN][4];
+#pragma unroll
+      for (int k = 0; k < SK; ++k) {
+#pragma unroll
+        for (int n = 0; n < SN; ++n) sa[k][n][0] = sa[k][n][1] = sa[k][n][2] = sa[k][n][3] = 0.0f;
+      }
       const std::uint32_t k_key = 16 * ((i4 % 2) ^ x);
       std::uint32_t q_row = smem_u32(q_s) + 2 * (16 * mt + ln % 16) * D;
-      std::uint32_t k_row = kv_addr + 2 * (32 * half + (i4 / 2) * 8 + x) * D;
+      std::uint32_t k_row = kv_addr + 2 * (GR * grp + (i4 / 2) * 8 + x) * D;
 #pragma unroll 1
       for (int u = 0; u < D / 64; ++u, q_row += 128, k_row += 128) {  // k-steps 4 u .. 4 u + 3
 #pragma unroll
@@ -547,23 +645,29 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
           std::uint32_t a[4], bq[4];
           ldmatrix_x4(a, q_row + ((32 * v) ^ a_key));
 #pragma unroll
-          for (int nn = 0; nn < 2; ++nn) {
+          for (int nn = 0; nn < SN / 2; ++nn) {
             ldmatrix_x4(bq, k_row + ((32 * v) ^ k_key) + nn * 16 * D * 2);
-            mma_bf16(s[2 * nn], a, bq[0], bq[1]);
-            mma_bf16(s[2 * nn + 1], a, bq[2], bq[3]);
+            mma_bf16(sa[v % SK][2 * nn], a, bq[0], bq[1]);
+            mma_bf16(sa[v % SK][2 * nn + 1], a, bq[2], bq[3]);
           }
         }
+      }
+#pragma unroll
+      for (int n = 0; n < SN; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          s[n][e] = SK == 2 ? sa[0][n][e] + sa[SK - 1][n][e] : sa[0][n][e];
       }
     }
     if (ahead) lookup_table(p, ctx, look);
     // Scale, mask, row maxima (rows g and g + 8 of the tile).
-    const std::uint32_t valid = mask[half];
+    const std::uint32_t valid = G == 2 ? mask[grp] : mask[grp / 2] >> (GR * (grp % 2));
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
+    for (int n = 0; n < SN; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int col = 8 * n + 2 * tq + (e & 1);  // in this warp's 32 rows
+        const int col = 8 * n + 2 * tq + (e & 1);  // in this warp's GR rows
         s[n][e] = (valid >> col) & 1u ? s[n][e] * p.scale_log2 : -INFINITY;
         mx[e / 2] = fmaxf(mx[e / 2], s[n][e]);
       }
@@ -574,21 +678,24 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
     }
     if (tq == 0) {
-      red_m[half * kAttnHeads + 16 * mt + g] = mx[0];
-      red_m[half * kAttnHeads + 16 * mt + g + 8] = mx[1];
+      red_m[grp * kAttnHeads + 16 * mt + g] = mx[0];
+      red_m[grp * kAttnHeads + 16 * mt + g + 8] = mx[1];
     }
     __syncthreads();
     float m_new[2], alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int h = 16 * mt + g + 8 * r;
-      m_new[r] = fmaxf(m_run[r], fmaxf(red_m[h], red_m[kAttnHeads + h]));
+      float m = red_m[h];
+#pragma unroll
+      for (int k = 1; k < G; ++k) m = fmaxf(m, red_m[k * kAttnHeads + h]);
+      m_new[r] = fmaxf(m_run[r], m);
       alpha[r] = m_new[r] == -INFINITY ? 1.0f : exp2f(m_run[r] - m_new[r]);
       m_run[r] = m_new[r];
     }
     float sum[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
+    for (int n = 0; n < SN; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; e += 2) {
         const int r = e / 2;
@@ -596,7 +703,7 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
         const float p1 = m_new[r] == -INFINITY ? 0.0f : exp2f(s[n][e + 1] - m_new[r]);
         sum[r] += p0 + p1;
         const int h = 16 * mt + g + 8 * r;
-        const int col = 32 * half + 8 * n + 2 * tq;
+        const int col = GR * grp + 8 * n + 2 * tq;
         const std::uint32_t hi = pack_bf16_rn(p0, p1);
         const float h0 = __uint_as_float(hi << 16), h1 = __uint_as_float(hi & 0xffff0000u);
         *reinterpret_cast<std::uint32_t*>(ph_s + swz(h, col, kAttnRows)) = hi;
@@ -608,26 +715,32 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
     for (int r = 0; r < 2; ++r) {
       sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
       sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
-      float* l_slot = red_l + half * kAttnHeads + 16 * mt + g + 8 * r;
+      float* l_slot = red_l + grp * kAttnHeads + 16 * mt + g + 8 * r;
       if (tq == 0) *l_slot = *l_slot * alpha[r] + sum[r];
     }
     __syncthreads();
+    // O *= alpha (exact where alpha is 1: the wide form skips it when the whole warp's are).
+    if (!kWide || __any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      o[n][0] *= alpha[0];
-      o[n][1] *= alpha[0];
-      o[n][2] *= alpha[1];
-      o[n][3] *= alpha[1];
+      for (int n = 0; n < NT; ++n) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+      }
     }
-    // O += P V over the 64 rows: dims half * D/2 + 8 n, n = 8 j + 2 m: V's piece half D/16 +
+    // O += P V over the 64 rows: dims grp * D/G + 8 n, n = 8 j + 2 m: V's piece grp D/(8 G) +
     // 8 j + ((2 m + i4 / 2) ^ x), P's piece (2 kk + lane / 16) ^ x, the same xor key.
     {
-      const std::uint32_t v_row = kv_addr + 2 * (((i4 % 2) * 8 + x) * D + 8 * half * (D / 16));
-      const std::uint32_t p_row = smem_u32(ph_s) + 2 * (16 * mt + ln % 16) * kAttnRows;
+      // The wide form's lane-derived key anew (not kept from S).
+      const int lp = kWide ? lane_here() : ln;
+      const std::uint32_t pv_key = kWide ? 16 * ((lp / 16) ^ (lp % 8)) : a_key;
+      const std::uint32_t v_row = kv_addr + 2 * (((lp / 8 % 2) * 8 + lp % 8) * D + grp * (D / G));
+      const std::uint32_t p_row = smem_u32(ph_s) + 2 * (16 * mt + lp % 16) * kAttnRows;
 #pragma unroll
       for (int kk = 0; kk < kAttnRows / 16; ++kk) {
         std::uint32_t ah[4], al[4];
-        const std::uint32_t pk = p_row + ((32 * kk) ^ a_key);
+        const std::uint32_t pk = p_row + ((32 * kk) ^ pv_key);
         ldmatrix_x4(ah, pk);
         ldmatrix_x4(al, pk + (Smem::kPLo - Smem::kPHi));
 #pragma unroll
@@ -636,7 +749,7 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
           for (int m = 0; m < 4; ++m) {
             const int n = 8 * j + 2 * m;
             std::uint32_t bv[4];
-            ldmatrix_x4_trans(bv, v_row + ((32 * m) ^ a_key) + 2 * (16 * kk * D + 64 * j));
+            ldmatrix_x4_trans(bv, v_row + ((32 * m) ^ pv_key) + 2 * (16 * kk * D + 64 * j));
             mma_bf16(o[n], ah, bv[0], bv[1]);
             mma_bf16(o[n], al, bv[0], bv[1]);
             mma_bf16(o[n + 1], ah, bv[2], bv[3]);
@@ -651,7 +764,9 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
                        mask_s + buf * 4);
     }
   }
-  __syncthreads();  // the running sums of both warps of each head tile
+  __syncthreads();  // the running sums of the G warps of each head tile
+  const int mt = at.mt, grp = at.grp, g = at.g, tq = at.tq, hg = blockIdx.z;
+  const std::size_t row = blockIdx.x;  // qrow, read anew (not kept across the loop)
 
   // Finish: one split writes the row; several write partials for combine_kernel (a split with
   // no chunk writes only m = -inf, which the combine skips without reading its O).
@@ -660,8 +775,10 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
     const int hl = 16 * mt + g + 8 * r;
     const int head = hg * kAttnHeads + hl;
     if (head >= p.H) continue;
-    const float l_sum = red_l[hl] + red_l[kAttnHeads + hl];
-    const std::size_t oh = (qrow * p.H + head) * D;
+    float l_sum = red_l[hl];
+#pragma unroll
+    for (int k = 1; k < G; ++k) l_sum += red_l[k * kAttnHeads + hl];
+    const std::size_t oh = (row * p.H + head) * D;
     if (p.splits == 1) {
       const float s2 = p.sink != nullptr ? p.sink[head] * kLog2e : -INFINITY;
       const float M = fmaxf(m_run[r], s2);
@@ -674,7 +791,7 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
           denom > 0.0f ? (m_run[r] == -INFINITY ? 0.0f : exp2f(m_run[r] - M)) / denom : 0.0f;
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
-        const int dim = half * (D / 2) + 8 * n + 2 * tq;
+        const int dim = grp * (D / G) + 8 * n + 2 * tq;
         const float v0 = o[n][2 * r] * f, v1 = o[n][2 * r + 1] * f;
         if (p.out_bf16) {
           *reinterpret_cast<std::uint32_t*>(static_cast<std::uint16_t*>(p.out) + oh + dim) =
@@ -683,21 +800,21 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
           *reinterpret_cast<float2*>(static_cast<float*>(p.out) + oh + dim) = make_float2(v0, v1);
         }
       }
-      if (p.lse != nullptr && half == 0 && tq == 0) {
-        p.lse[qrow * p.H + head] = denom > 0.0f ? (M + log2f(denom)) * kLn2 : -INFINITY;
+      if (p.lse != nullptr && grp == 0 && tq == 0) {
+        p.lse[row * p.H + head] = denom > 0.0f ? (M + log2f(denom)) * kLn2 : -INFINITY;
       }
     } else {
       const std::size_t rows = gridDim.x;
-      const std::size_t ph = (static_cast<std::size_t>(split) * rows + qrow) * p.H + head;
+      const std::size_t ph = (static_cast<std::size_t>(split) * rows + row) * p.H + head;
       if (c0 < ctx.c1) {
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-          const int dim = half * (D / 2) + 8 * n + 2 * tq;
+          const int dim = grp * (D / G) + 8 * n + 2 * tq;
           *reinterpret_cast<float2*>(p.part_o + ph * D + dim) =
               make_float2(o[n][2 * r], o[n][2 * r + 1]);
         }
       }
-      if (half == 0 && tq == 0) {
+      if (grp == 0 && tq == 0) {
         p.part_m[ph] = m_run[r];
         p.part_l[ph] = l_sum;
       }

@@ -28,8 +28,9 @@ int attn_sm_count() {
   return kvc::detail::sm_count(n) == cudaSuccess ? n : 132;
 }
 
-/// Which split rule runs (set_sparse_attention_variant): 0 automatic, 10 + k at least k chunks per
-/// split.
+/// Which variant runs (set_sparse_attention_variant): the split rule (variant % 100: 0 automatic,
+/// 10 + k at least k chunks per split) and the kernel (variant / 100: 0 the library's choice,
+/// 1 the 8-warp kernel, 2 the 16-warp kernel).
 std::atomic<int> g_variant{0};
 
 /// How a call splits: chunks per query row at most, splits and chunks per split.
@@ -95,17 +96,17 @@ std::size_t part_bytes(const Split& s, long long rows, int H, int D) {
   return align256(n * D * 4) + 2 * align256(n * 4);
 }
 
-/// The pipelined kernel, grid (rows, splits, head groups), then (several splits) the combine as
-/// its programmatic dependent, grid (D / 128, H, rows).
-template <int D, bool kStaged>
+/// The pipelined kernel with kWarps warps, grid (rows, splits, head groups), then (several
+/// splits) the combine as its programmatic dependent, grid (D / 128, H, rows).
+template <int D, bool kStaged, int kWarps>
 cudaError_t run(const AttnParams& p, const Split& s, int rows, int head_groups,
                 cudaStream_t stream) {
-  constexpr int smem = AttnSmem<D, kStaged>::kBytes;
-  KVC_CUDA_CALL(cudaFuncSetAttribute(attention_kernel<D, kStaged>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  attention_kernel<D, kStaged><<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(s.splits),
-                                      static_cast<unsigned>(head_groups)),
-                                 kAttnThreads, static_cast<std::size_t>(smem), stream>>>(p);
+  constexpr int smem = AttnSmem<D, kStaged, kWarps / 4>::kBytes;
+  const auto kernel = attention_kernel<D, kStaged, kWarps>;
+  KVC_CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(s.splits),
+                static_cast<unsigned>(head_groups)),
+           32 * kWarps, static_cast<std::size_t>(smem), stream>>>(p);
   KVC_CUDA_CALL(cudaGetLastError());
   if (s.splits > 1) {
     KVC_CUDA_CALL(kvc::detail::launch_kernel(
@@ -115,6 +116,14 @@ cudaError_t run(const AttnParams& p, const Split& s, int rows, int head_groups,
         p));
   }
   return cudaSuccess;
+}
+
+/// D = 512: the 16-warp kernel (wide) or the 8-warp one.
+template <bool kStaged>
+cudaError_t run512(const AttnParams& p, const Split& s, int rows, int head_groups, bool wide,
+                   cudaStream_t stream) {
+  return wide ? run<512, kStaged, kWideWarps>(p, s, rows, head_groups, stream)
+              : run<512, kStaged, kNarrowWarps>(p, s, rows, head_groups, stream);
 }
 
 }  // namespace
@@ -143,8 +152,9 @@ cudaError_t dsv4_sparse_attention(void* d_temp, std::size_t& temp_bytes,
   const int head_groups = (c.num_heads + kAttnHeads - 1) / kAttnHeads;
   const int max_rows = c.window + (c.hca ? entries.max_entries : a.indices_pitch);
   const int variant = g_variant.load(std::memory_order_relaxed);
-  const Split s =
-      make_split(max_rows, rows, head_groups, attn_sm_count(), variant >= 10 ? variant - 10 : 0);
+  const int split_rule = variant % 100, kernel = variant / 100;
+  const Split s = make_split(max_rows, rows, head_groups, attn_sm_count(),
+                             split_rule >= 10 ? split_rule - 10 : 0);
   const std::size_t need = part_bytes(s, rows, c.num_heads, D);
   if (d_temp == nullptr) {
     temp_bytes = need;
@@ -185,11 +195,16 @@ cudaError_t dsv4_sparse_attention(void* d_temp, std::size_t& temp_bytes,
     p.part_l = reinterpret_cast<float*>(base + align256(n * D * 4) + align256(n * 4));
   }
   const int r = static_cast<int>(rows);
-  if (D == 128) return run<128, false>(p, s, r, head_groups, stream);
+  if (D == 128) return run<128, false, kNarrowWarps>(p, s, r, head_groups, stream);
   const bool model1 = ring.layout.format == dsv4::EntryFormat::kModel1Fp8 ||
                       entries.layout.format == dsv4::EntryFormat::kModel1Fp8;
-  return model1 ? run<512, true>(p, s, r, head_groups, stream)
-                : run<512, false>(p, s, r, head_groups, stream);
+  // The library's choice (kernel 0): 16 warps for MODEL1 rows, 8 for bf16 ones. Measured on the
+  // H200 (2026-12-04, docs/dsv4.md; 1M tokens, 16 vs 8 warps): MODEL1 CSA B1 17.3 vs 18.2 us,
+  // B8 22.4 vs 23.3, HCA B1 27.9 vs 30.2, B8 92.2 vs 102; bf16 slower with 16 (CSA B1 16.3 vs
+  // 15.6, HCA B8 81.9 vs 76.4): its rows need no dequantisation, the 16-warp form's main saving.
+  const bool wide = kernel == 2 || (kernel == 0 && model1);
+  return model1 ? run512<true>(p, s, r, head_groups, wide, stream)
+                : run512<false>(p, s, r, head_groups, wide, stream);
 }
 
 namespace dsv4_detail {

@@ -513,8 +513,9 @@ TEST(Cuda_Dsv4_TopK, SpreadPathMatchesCpuAtIndexerShapes) {
 }  // namespace dsv4
 namespace kernels {
 namespace dsv4_detail {
-// src/cuda/dsv4_attention.cu: which split rule dsv4_sparse_attention runs (0 automatic, 10 + k
-// at least k chunks per split).
+// src/cuda/dsv4_attention.cu: which split rule (variant % 100: 0 automatic, 10 + k at least k
+// chunks per split) and kernel (variant / 100: 0 the library's choice, 1 the 8-warp kernel, 2 the
+// 16-warp kernel) dsv4_sparse_attention runs.
 void set_sparse_attention_variant(int variant);
 }  // namespace dsv4_detail
 }  // namespace kernels
@@ -540,10 +541,11 @@ struct AttnShape {
 
 class Cuda_Dsv4_Attention : public ::testing::TestWithParam<AttnShape> {};
 
-// Every case runs the automatic split (0), the kernels before the pipelined ones (1), one chunk
-// per split where the GPU has room (11) and at least four (14) or eight (18); each against the
-// CPU reference, and each through the kernel layer too with a NaN-poisoned workspace and every
-// -1 id replaced by an out-of-range one (< -1, >= the visible count): the same bits.
+// Every case runs, with the library's kernel, the automatic split (0), one chunk per split where
+// the GPU has room (11) and at least four (14) or eight (18); the 8-warp kernel (100) and the
+// 16-warp kernel (200, and 211 / 214 / 218 with those splits; D = 128 runs the 8-warp one); each
+// against the CPU reference, and each through the kernel layer too with a NaN-poisoned workspace
+// and every -1 id replaced by an out-of-range one (< -1, >= the visible count): the same bits.
 TEST_P(Cuda_Dsv4_Attention, MatchesCpuWithin1e3) {
   KVC_REQUIRE_GPU();
   const AttnShape k = GetParam();
@@ -646,7 +648,7 @@ TEST_P(Cuda_Dsv4_Attention, MatchesCpuWithin1e3) {
               : TensorView::contiguous(dout_f.get(), DType::kF32, {B, T, k.H, d}, Device::cuda(0));
   g.lse = TensorView::contiguous(dlse.get(), DType::kF32, {B, T, k.H}, Device::cuda(0));
   auto attn = SparseAttention::create(c, Device::cuda(0));
-  for (const int variant : {0, 11, 14, 18}) {
+  for (const int variant : {0, 11, 14, 18, 100, 200, 211, 214, 218}) {
     SCOPED_TRACE(::testing::Message() << "variant " << variant);
     const AttentionVariant scope(variant);
     dout_f.fill_bytes(0xff);
