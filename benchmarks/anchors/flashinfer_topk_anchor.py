@@ -39,6 +39,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."),
                                                   "flashinfer_topk_anchor.json"))
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--large", action="store_true", help="the large-k shapes only (LARGE)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
@@ -57,7 +58,7 @@ def main():
     doc.update(flashinfer=fi.version, flashinfer_import=fi.import_mode,
                flashinfer_full_import_error=fi.full_import_error)
     torch.manual_seed(0)
-    shapes = [DECODE[0], LARGE[0]] if args.quick else DECODE + LARGE
+    shapes = [DECODE[0], LARGE[0]] if args.quick else LARGE if args.large else DECODE + LARGE
     for rows, n, k in shapes:
         set_bytes = rows * n * 4
         sets = [torch.randn(rows, n, device=dev) for _ in range(n_sets(set_bytes))]

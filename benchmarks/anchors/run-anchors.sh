@@ -15,6 +15,8 @@
 #   ANCHORS_ALLOW_JIT=1  let FlashInfer JIT-compile a module the bundle lacks (minutes each;
 #             needs the full package with its headers); default off, so a miss fails its rows
 #   ANCHORS_KEEP_FILES=1 also copy each anchor's own JSON and log into OUT_DIR (more files)
+#   FLASHINFER_TOPK_ARGS extra arguments of flashinfer_topk_anchor.py (e.g. --large: the large-k
+#             shapes only)
 # Writes two files (the device returns at most 8 per call):
 #   anchors.json  {"meta": {...}, "anchors": {name: {"status", "reason", "seconds", "rc",
 #                 "result": the anchor's own JSON}}}
@@ -74,7 +76,7 @@ for name in ${ANCHORS:-flashinfer_decode flashinfer_topk cub deepselect torch}; 
   case $name in
     torch) run_one torch 240 sh -c "OUT='$work' '$py' '$here/torch_anchors.py' && mv '$work/torch_anchors.json' '$work/torch.json'" ;;
     flashinfer_decode) run_one flashinfer_decode 240 sh -c "OUT='$work' '$py' '$here/flashinfer_anchors.py' && mv '$work/flashinfer_anchors.json' '$work/flashinfer_decode.json'" ;;
-    flashinfer_topk) run_one flashinfer_topk 300 "$py" "$here/flashinfer_topk_anchor.py" --out "$work/flashinfer_topk.json" ;;
+    flashinfer_topk) run_one flashinfer_topk 300 "$py" "$here/flashinfer_topk_anchor.py" --out "$work/flashinfer_topk.json" ${FLASHINFER_TOPK_ARGS:-} ;;
     deepselect)
       if [ -n "${DEEPSELECT_SRC:-}" ]; then
         run_one deepselect 840 sh -c "'$here/deepselect_anchor.sh' '$DEEPSELECT_SRC' '$work/ds' && cp '$work/ds/deepselect_anchor.json' '$work/deepselect.json'"
