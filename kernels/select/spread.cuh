@@ -19,8 +19,7 @@
 //    target. Otherwise (a sample the row does not resemble) every CTA of the row goes on to the
 //    exact passes below, as if no sample had been taken; so does a row whose sample cut would
 //    split tied scores (before the barrier: no keys appended). The sample replaces a row-wide
-//    histogram, a row barrier and the finisher's narrowing by one barrier-free cut per CTA. Calls
-//    of fewer than kSpreadSampleMinRows rows skip it (SpreadParams::sample);
+//    histogram, a row barrier and the finisher's narrowing by one barrier-free cut per CTA;
 // 3. exact radix passes, only while the row's keys at or above the current prefix exceed kSpreadCap
 // =
 //    16384 (none for rows of at most kSpreadCap valid blocks): each CTA histograms the next 12-bit
@@ -69,11 +68,6 @@ constexpr int kSpreadMaxPasses = 5;              // 12-bit digits of a <= 52-bit
 constexpr int kSpreadMaxRows = 64;               // rows of a spread call (workspace bound)
 constexpr int kSpreadDefaultRows = 64;           // rows up to which the built-in choice spreads
 constexpr int kSpreadLoads = 16;                 // candidates per thread the finisher loads at once
-/// Calls of at least this many rows take the sampled cut by default. A single row's cut costs
-/// about what it saves (H200, 2026-12-04, k 2048: 1 x 131072 20.0 against 21.7 us exact, 1 x 262144
-/// 21.9 against 22.2, DeepSeek-V4's 1 x 262144 23.1 against 22.3); from two rows on it wins
-/// (8 x 262144 31.9 against 43.6 us, 64 x 32768 26.6 against 44.6).
-constexpr int kSpreadSampleMinRows = 2;
 
 static_assert(kSpreadCap >= kStreamMaxRanks, "the candidates hold the row's top t");
 static_assert(kSpreadMaxPasses * kStreamDigitBits >= 52, "passes cover every key bit");

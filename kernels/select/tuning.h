@@ -42,10 +42,9 @@ struct SelectTuning {
   bool force_spread = false;
   /// Never take the spread path (the streaming path runs instead), for comparison.
   bool no_spread = false;
-  /// Spread path's sampled cut: 0 the built-in choice (calls of at least kSpreadSampleMinRows
-  /// rows), 1 every call, 2 none (every row of more than 16384 valid scores takes the exact radix
-  /// passes at once, as before the sample), for comparison.
-  int spread_sample = 0;
+  /// Spread path: skip the sampled cut (every row of more than 16384 valid scores takes the
+  /// exact radix passes at once, as before the sample), for comparison.
+  bool spread_exact = false;
   /// Decode path (kernels/select/decode.cuh: topk with k <= 64, rows <= 32768 blocks, one CTA
   /// per row): threads per CTA, 256, 512 or 1024 (0: the built-in choice, decode_threads_for);
   /// setting it takes the decode path wherever it applies. A row longer than 32 scores per

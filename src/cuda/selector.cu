@@ -666,10 +666,8 @@ cudaError_t select_tuned(void* d_temp, std::size_t& temp_bytes, const ScoresView
         const int items = tuning.small_items != 0 ? tuning.small_items : small_items_for(N);
         KVC_CUDA_CALL(launch_small_items(items, tp, s.rows, stream));
       } else if (spread) {
-        KVC_CUDA_CALL(launch_spread(tp, s.rows, tuning.spread_ctas,
-                                    tuning.spread_sample == 1 || (tuning.spread_sample == 0 &&
-                                                                  s.rows >= kSpreadSampleMinRows),
-                                    ws, stream));
+        KVC_CUDA_CALL(
+            launch_spread(tp, s.rows, tuning.spread_ctas, !tuning.spread_exact, ws, stream));
       } else if (streamed) {
         const int ctas = tuning.stream_ctas != 0 ? tuning.stream_ctas : stream_ctas_for(N, s.rows);
         const int trigger =

@@ -658,7 +658,7 @@ TEST(Cuda_Selector_Spread, EveryVariantEveryPolicyMatchesCpu) {
     kernels::select_detail::SelectTuning tuning;
     tuning.force_spread = true;
     tuning.spread_ctas = v.ctas;
-    tuning.spread_sample = v.exact ? 2 : 1;
+    tuning.spread_exact = v.exact;
     SCOPED_TRACE("spread ctas " + std::to_string(v.ctas) + (v.exact ? " exact" : " sampled"));
     for (int max_blocks :
          {300, 2048, 16384, 16385, 40001, capped(65536 + 4), capped(131072), capped(262144)}) {
@@ -799,7 +799,6 @@ TEST(Cuda_Selector_Spread, MisleadingSampleFallsBackToExactPasses) {
       kernels::select_detail::SelectTuning tuning;
       tuning.force_spread = true;
       tuning.spread_ctas = ctas;
-      tuning.spread_sample = 1;
       SCOPED_TRACE("spread ctas " + std::to_string(ctas));
       for (int k : {512, 2048}) {
         ASSERT_LT(kernels::select_detail::spread_sample_ranks(k, n).hi, k);

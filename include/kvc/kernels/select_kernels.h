@@ -8,9 +8,10 @@
  *  For decode-size selections (m <= 65, rows of up to 65536 blocks) one CTA, or a cluster of up
  *  to 8, per row finds a threshold from its threads' maxima and ranks the few blocks above it;
  *  for large top-k (m <= 2049, not top_p) one CTA or a cluster per row streams the scores past a
- *  rising threshold and selects among the few it keeps, or, for calls of at most 16 rows of more
+ *  rising threshold and selects among the few it keeps, or, for calls of at most 64 rows of more
  *  than 16384 blocks, a cooperative grid of up to 128 CTAs per row narrows the row's candidates
- *  (the spread path); up to m = kSelectMaxRanks one
+ *  (the spread path; from two rows on through a cut of a sample of each row, checked exactly);
+ *  up to m = kSelectMaxRanks one
  *  thread-block cluster per row (up to 8 CTAs) radix-selects the top m in registers (the *fast
  *  path*); on the *sort path* every row is sorted in full
  *  (cub::DeviceSegmentedRadixSort) — taken when m would exceed kSelectMaxRanks, when
