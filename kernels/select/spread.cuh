@@ -14,17 +14,19 @@
 //    8, evenly spaced; tuning.h) and cuts it by radix passes in shared memory between sample ranks
 //    lo and hi (spread_sample_ranks: about 1.4 target of the row's keys at or above the cut). After
 //    the barrier each CTA appends its keys at or above that cut to the row's candidates and
-//    arrives at a row counter; the last CTA to arrive finishes (step 3's finisher) when the row
+//    arrives at a row counter; the last CTA to arrive finishes (step 4's finisher) when the row
 //    holds between target and kSpreadCap such keys, which is exact: those keys include the top
 //    target. Otherwise (a sample the row does not resemble) every CTA of the row goes on to the
-//    exact passes below, as if no sample had been taken; so does a row whose sample cut would
-//    split tied scores (before the barrier: no keys appended). The sample replaces a row-wide
+//    exact passes below, as if no sample had been taken; so does a row whose sample still holds
+//    more than hi keys at or above a prefix of every score bit and 4 id bits (heavy ties such as
+//    a constant row; before the barrier: no keys appended). Lighter ties do take the cut, and
+//    the finisher's counting rank then declines (1 x 131072 k 2048 with 64 tied levels: 44.8 us
+//    against 29.9 with the exact passes, H200 2026-12-04). The sample replaces a row-wide
 //    histogram, a row barrier and the finisher's narrowing by one barrier-free cut per CTA;
-// 3. exact radix passes, only while the row's keys at or above the current prefix exceed kSpreadCap
-// =
-//    16384 (none for rows of at most kSpreadCap valid blocks): each CTA histograms the next 12-bit
-//    digit of its keys in shared memory (warp-aggregated atomics: heavy ties do not serialise),
-//    adds the non-zero bins to the row's histogram in global memory, zeroes its share of the
+// 3. exact radix passes, only while the row's keys at or above the current prefix exceed
+//    kSpreadCap = 16384 (none for rows of at most kSpreadCap valid blocks): each CTA histograms
+//    the next 12-bit digit of its keys in shared memory (warp-aggregated atomics: heavy ties do
+//    not serialise), adds the non-zero bins to the row's histogram in global memory, zeroes its share of the
 //    next pass's, and arrives at the pass's row barrier; then every CTA reads the row's histogram
 //    and picks the same digit (no second barrier to broadcast a decision). Normal rows of 262144
 //    scores need one pass (the digit holding the 2048-th key holds a few thousand keys, about
@@ -199,9 +201,10 @@ __device__ __forceinline__ DigitPick find_digit_from_top(const unsigned* bins, i
 /// The sampled cut of a row of n > kSpreadCap valid scores (step 2 of the file comment): a cut
 /// with between lo and hi of the sample's keys at or above it, into `c`. Reads the sample into
 /// sh.u.cand (its order does not matter) and histograms it with warp_hist_add. Returns false
-/// (c unusable) where the cut would have to split tied scores (every score bit of the prefix
-/// taken): the row then takes the exact passes, whose finisher handles ties better than the
-/// sampled cut's candidates do (1 x 131072 with 64 score levels: 45 us sampled, 28.5 exact).
+/// (c unusable) where a further pass would be needed after the prefix took every score bit
+/// (after the third pass: 32 score bits and 4 id bits): ties that heavy (a constant row) go to
+/// the exact passes at once. Lighter ties (64 levels) are cut here and cost the finisher its
+/// counting rank (see the file comment).
 /// Every thread of the CTA calls it; every thread gets the same answer.
 __device__ __forceinline__ bool spread_sample_cut(const std::uint32_t* bits, int n, int target,
                                                   const KeyCodec& codec, bool vector_loads,
