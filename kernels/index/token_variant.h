@@ -24,7 +24,7 @@ namespace index_detail {
 /// (detail::uses_fast_kernel: mxfp4 index copy, f16 queries, head_dim 64 / 128, G <= 8). Every
 /// other call (the general kernel, other scores) runs the same kernels whatever the variant.
 enum class TokenKernels {
-  /// The library's choice (kAutoTokenKernels): kStreamLean where the streaming kernels serve the
+  /// The library's choice: kAutoTokenKernels (kStreamRows) where the streaming kernels serve the
   /// block size, else kBlockPerWarp.
   kAuto,
   /// token_stream_kernel (kernels/index/token_fast.cuh): 2, 4 or 8 blocks per warp (8 warps per
