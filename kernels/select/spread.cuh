@@ -113,6 +113,16 @@ struct SpreadShared {
   int last;        // this CTA is the row's finisher
 };
 
+/// Spins (one thread) until *counter, an arrival count in global memory, reaches `expected`.
+__device__ __forceinline__ void spread_wait_arrivals(const unsigned* counter, unsigned expected) {
+  unsigned v = 0u;
+  for (;;) {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+    if (v >= expected) break;
+    __nanosleep(32);
+  }
+}
+
 /// Waits, with the CTA, until `expected` CTAs have arrived at `counter` (this one included):
 /// every write of the CTA before the call is visible to every arrived CTA after it.
 __device__ __forceinline__ void spread_row_barrier(unsigned* counter, unsigned expected) {
@@ -120,12 +130,7 @@ __device__ __forceinline__ void spread_row_barrier(unsigned* counter, unsigned e
   if (threadIdx.x == 0) {
     __threadfence();
     atomicAdd(counter, 1u);
-    unsigned v = 0u;
-    for (;;) {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
-      if (v >= expected) break;
-      __nanosleep(32);
-    }
+    spread_wait_arrivals(counter, expected);
     __threadfence();
   }
   __syncthreads();
@@ -406,15 +411,7 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
         __threadfence();
         const unsigned before = atomicAdd(&st.sample_arrived, 1u);
         if (before + 1u < static_cast<unsigned>(C)) {
-          unsigned v = 0u;
-          for (;;) {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
-                         : "=r"(v)
-                         : "l"(&st.sample_arrived)
-                         : "memory");
-            if (v >= static_cast<unsigned>(C)) break;
-            __nanosleep(32);
-          }
+          spread_wait_arrivals(&st.sample_arrived, static_cast<unsigned>(C));
         }
         __threadfence();
         sh.last = before + 1u == static_cast<unsigned>(C) ? 1 : 0;
