@@ -23,7 +23,9 @@
 //   mxfp4, B1 T1).
 // BM_Dsv4TopK/<rows>/<entries>/<k>/<timing>/<variant 0 the built-in path, 1 the streaming path
 //   (no spread), 2 the spread path (session 4's built-in), 3 the spread path without its sampled
-//   cut (the built-in path before 2026-12-04), 8 / 16 the resident path with 8 / 16
+//   cut (the built-in path before 2026-12-04), 4 the spread path finished by one CTA per row
+//   (the built-in path of the sixteenth session), 5 the spread path with its sample cut by
+//   radix passes, 8 / 16 the resident path with 8 / 16
 //   CTAs per row, 1016 with 16 CTAs and the scattered finish>: kvc::kernels::select, topk(k),
 //   score order.
 // BM_Dsv4CsaDecode/<batch>/<format 0 bf16, 1 MODEL1 FP8>/<timing>/<variant>: 64 heads x 512,
@@ -381,6 +383,8 @@ void BM_Dsv4TopK(benchmark::State& state) {
   tuning.no_spread = variant == 1;
   tuning.no_resident = variant == 2;
   tuning.spread_exact = variant == 3;
+  tuning.spread_one_finisher = variant == 4;
+  tuning.spread_radix_sample = variant == 5;
   tuning.resident_ctas = variant >= 8 ? variant % 1000 : 0;
   tuning.resident_scatter = variant >= 1000;
   const std::size_t set_floats = static_cast<std::size_t>(rows) * n;
@@ -594,7 +598,7 @@ BENCHMARK(BM_Dsv4IndexDecode)->Apply(IndexShapes)->Apply(Timed);
 BENCHMARK(BM_Dsv4IndexProbe)->Arg(0)->Arg(1)->Arg(2)->Arg(3)->Arg(4)->Arg(6)->Apply(Timed);
 BENCHMARK(BM_Dsv4TopK)
     ->Apply([](benchmark::internal::Benchmark* b) {
-      for (int variant : {0, 1, 2, 3, 8, 16, 1016}) {
+      for (int variant : {0, 1, 2, 3, 4, 5, 8, 16, 1016}) {
         b->Args({1, 262144, 2048, 0, variant});
         b->Args({1, 262144, 2048, 1, variant});
         b->Args({8, 262144, 2048, 0, variant});

@@ -21,7 +21,10 @@
 // per row and compaction trigger T (0: 12288 keys, 1: 8192, 2: 6144); 3 = the streaming path
 // where the built-in choice spreads (the old path); 5 = the spread path wherever it applies
 // (kernels/select/spread.cuh); 7 = the spread path without its sampled cut (the exact radix
-// passes only: the spread path before 2026-12-04); 1000 + Q = the spread path with Q
+// passes only: the spread path before 2026-12-04); 9 = the spread path with its sampled cut's
+// candidates ranked by one CTA per row (the sixteenth session's finish); 10 = the spread path
+// with its sample cut by radix passes (not key-range buckets); 1000 + Q = the spread
+// path with Q
 // CTAs per row; 6 = session 4's built-in choice (no resident path: the spread path where it
 // spread); 2000 + C = the resident path (kernels/select/resident.cuh) with C CTAs per row (2000:
 // its built-in count); + 1000: with programmatic dependent launch; + 2000: finished by the
@@ -287,6 +290,12 @@ void BM_TopKVariant(benchmark::State& state) {
   } else if (variant == 7) {
     tuning.force_spread = true;
     tuning.spread_exact = true;
+  } else if (variant == 9) {
+    tuning.force_spread = true;
+    tuning.spread_one_finisher = true;
+  } else if (variant == 10) {
+    tuning.force_spread = true;
+    tuning.spread_radix_sample = true;
   } else if (variant == 6) {
     tuning.no_resident = true;
   } else if (variant >= 2000) {
@@ -443,7 +452,9 @@ BENCHMARK(BM_TopKVariant)
     })
     ->Apply(Timed);
 // The spread path against the streaming path (the old choice) on the large-k shapes: built in
-// (5), without its sampled cut (7), streaming (3), and the spread path with
+// (5), without its sampled cut (7), finished by one CTA per row (9), its sample cut by radix
+// passes (10), streaming (3), and the
+// spread path with
 // fewer CTAs per row than the built-in choice.
 BENCHMARK(BM_TopKVariant)
     ->Apply([](benchmark::internal::Benchmark* b) {
@@ -456,6 +467,8 @@ BENCHMARK(BM_TopKVariant)
         b->Args({sh[0], sh[1], sh[2], 3});
         b->Args({sh[0], sh[1], sh[2], 5});
         b->Args({sh[0], sh[1], sh[2], 7});
+        b->Args({sh[0], sh[1], sh[2], 9});
+        b->Args({sh[0], sh[1], sh[2], 10});
         if (sh[0] == 1) {
           b->Args({sh[0], sh[1], sh[2], 1000 + 16});
           b->Args({sh[0], sh[1], sh[2], 1000 + 32});

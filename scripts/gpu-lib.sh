@@ -212,7 +212,7 @@ same_run_final() {
   bench 30 attention_bench '^BM_DenseDecode/0/(1|8)/131072/' -dense
   bench 45 topk_bench "${TOPK_FILTER:-BM_TopKDecode/(1|8|64)/(4096|32768)/(8|64)/|BM_TopK/(1|64)/(131072|262144)/2048/}"
   bench 35 store_bench 'BM_AppendStep/|BM_Ingest/'
-  bench 45 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|4)/0/0/0/|BM_Dsv4TopK|BM_Dsv4CsaDecode|BM_Dsv4HcaDecode'
+  bench 60 dsv4_bench "${DSV4_FILTER:-BM_Dsv4IndexDecode/(1|8)/(1|4)/0/0/0/|BM_Dsv4TopK|BM_Dsv4CsaDecode|BM_Dsv4HcaDecode}"
   anchors_and_report
 }
 

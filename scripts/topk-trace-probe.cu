@@ -6,6 +6,9 @@
 // It checks the ids against a CPU top-k of every traced input.
 //   usage: topk-trace-probe N K [dist: 0 uniform, 1 gaussian, 2 heavy ties] [ctas (0: auto)]
 //          [sample: 1 the sampled cut (the library's choice), 0 the exact passes only]
+//          [share: 1 every CTA ranks its share of the cut's candidates (the library's choice),
+//           0 the last CTA ranks them all] [range: 1 the sample cut by key-range buckets (the
+//           library's choice), 0 by radix passes]
 //   build: nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Iinclude -Isrc -o probe \
 //          scripts/topk-trace-probe.cu
 #include <cstdint>
@@ -47,6 +50,7 @@ int main(int argc, char** argv) {
   const int dist = argc > 3 ? std::atoi(argv[3]) : 0;
   int ctas = argc > 4 ? std::atoi(argv[4]) : 0;
   const bool sample = argc > 5 ? std::atoi(argv[5]) != 0 : true;
+  const bool share = argc > 6 ? std::atoi(argv[6]) != 0 : true;
   const std::size_t set_bytes = static_cast<std::size_t>(N) * 4;
   const int sets = static_cast<int>(std::max<std::size_t>(8, (128u << 20) / set_bytes));
   std::vector<float> h(static_cast<std::size_t>(N) * sets);
@@ -98,6 +102,8 @@ int main(int argc, char** argv) {
   sp.state = d_state;
   sp.cand = d_cand;
   sp.sample = sample;
+  sp.share = share;
+  sp.range_cut = argc > 7 ? std::atoi(argv[7]) != 0 : true;
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   auto launch = [&](int set) {
@@ -124,7 +130,8 @@ int main(int argc, char** argv) {
   // 8 and before 11; 15 to 17 are the sampled cut's (cut made, before 1; candidates appended;
   // the row's count known), after which 7 and 8 are the finisher's; 18 and 19 inside the cut (the
   // last pass's histogram made, its digit picked; 20: the last pass's bins zeroed, on the first
-  // pass also the sample written).
+  // pass also the sample written). With the shared finish every CTA reaches 13, 14 (inside
+  // bucket_by_rank) and 12 (its share written) after 17.
   const char* names[kPhases] = {"entry",         "grid sync",    "pass histogram", "row barrier",
                                 "pass narrow",   "append",       "done counter",   "fin narrow",
                                 "fin filter",    "fb refine",    "fb append",      "fin rank",

@@ -309,6 +309,25 @@ __device__ __forceinline__ void write_topk_counts(const TopmParams& p, int row, 
   if (rep.final_counts != nullptr) rep.final_counts[row] = L;
 }
 
+/// What a topk row selecting L ids writes regardless of the ranking: the -1 padding of its ids
+/// and of the report's base ids from L on, the report's added ids (all -1), and the counts
+/// (thread 0). Every thread of one kBlock-thread CTA of the row calls it.
+template <int kBlock>
+__device__ __forceinline__ void write_topk_padding(const TopmParams& p, int row, int L) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const SelectionReport& rep = p.report;
+  const std::size_t rep_row = static_cast<std::size_t>(row) * rep.pitch;
+  std::int32_t* ids = p.out_ids + static_cast<std::size_t>(row) * p.max_selected;
+  for (int i = L + tid; i < p.max_selected; i += kBlock) ids[i] = -1;
+  if (rep.base_ids != nullptr) {
+    for (int i = L + tid; i < rep.pitch; i += kBlock) rep.base_ids[rep_row + i] = -1;
+  }
+  if (rep.added_ids != nullptr) {
+    for (int i = tid; i < rep.pitch; i += kBlock) rep.added_ids[rep_row + i] = -1;
+  }
+  if (tid == 0) write_topk_counts(p, row, L);
+}
+
 /// Stage B of topk(k) fused into stage A, for one row: from T[0, min(k + 1, n)), the row's top
 /// keys in rank order, the selected ids in p.order, the count, the -1 padding and the report
 /// (the same definitions as policy_kernel: base = the selection, nothing added). Every thread of

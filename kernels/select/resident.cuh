@@ -338,16 +338,7 @@ __global__ void __launch_bounds__(kResidentThreads, 1)
           if (rank == L - 1) lead.special[1] = x;
           if (rank == L) lead.special[2] = x;
         });
-    if (p.direct_topk && q == 0) {  // what does not depend on the ranking
-      for (int i = L + tid; i < p.max_selected; i += kResidentThreads) ids[i] = -1;
-      if (rep.base_ids != nullptr) {
-        for (int i = L + tid; i < rep.pitch; i += kResidentThreads) rep.base_ids[rep_row + i] = -1;
-      }
-      if (rep.added_ids != nullptr) {
-        for (int i = tid; i < rep.pitch; i += kResidentThreads) rep.added_ids[rep_row + i] = -1;
-      }
-      if (tid == 0) write_topk_counts(p, row, L);
-    }
+    if (p.direct_topk && q == 0) write_topk_padding<kResidentThreads>(p, row, L);
     cluster.sync();  // Z: the special keys are in the leader; no CTA's memory is used past here
     if (q != 0 || !p.direct_topk || tid != 0) return;
     const float nan = bits_float(0x7fc00000u);

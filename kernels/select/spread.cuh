@@ -11,18 +11,23 @@
 //    call, so replays of a captured graph stay correct;
 // 2. a sampled cut (rows of more than kSpreadCap valid blocks): before the grid-wide barrier every
 //    CTA of the row reads the same sample of it (kSpreadSample = 8192 scores in 1024 segments of
-//    8, evenly spaced; tuning.h) and cuts it by radix passes in shared memory between sample ranks
-//    lo and hi (spread_sample_ranks: about 1.4 target of the row's keys at or above the cut). After
+//    8, evenly spaced; tuning.h) and cuts it in shared memory between sample ranks lo and hi
+//    (spread_sample_ranks: about 1.4 target of the row's keys at or above the cut), by buckets of
+//    equal key ranges below the sample's top (spread_sample_cut; radix passes where hi exceeds
+//    the CTA's threads). After
 //    the barrier each CTA appends its keys at or above that cut to the row's candidates and
-//    arrives at a row counter; the last CTA to arrive finishes (step 4's finisher) when the row
-//    holds between target and kSpreadCap such keys, which is exact: those keys include the top
-//    target. Otherwise (a sample the row does not resemble) every CTA of the row goes on to the
-//    exact passes below, as if no sample had been taken; so does a row whose sample still holds
-//    more than hi keys at or above a prefix of every score bit and 4 id bits (heavy ties such as
-//    a constant row; before the barrier: no keys appended). Lighter ties do take the cut, and
-//    the finisher's counting rank then declines (1 x 131072 k 2048 with 64 tied levels: 44.8 us
-//    against 29.9 with the exact passes, H200 2026-12-04). The sample replaces a row-wide
-//    histogram, a row barrier and the finisher's narrowing by one barrier-free cut per CTA;
+//    arrives at a row counter. When the row holds between target and kSpreadCap such keys (which
+//    is exact: those keys include the top target), every CTA learns the row's count there and,
+//    up to kShareCap keys, ranks its share of them (spread_share_finish: each CTA buckets all the
+//    candidates and writes the outputs of its share's ranks), else the last CTA to arrive
+//    finishes alone (step 4's finisher). Otherwise (a sample the row does not resemble) every
+//    CTA of the row goes on to the exact passes below, as if no sample had been taken; so does a
+//    row whose sample cut would split tied scores (before the barrier, no keys appended). Ties
+//    the cut does not split can still crowd the counting rank's buckets: then the last CTA
+//    ranks by a radix select and a sort (1 x 131072 k 2048 with 64 tied levels: 38.7 us against
+//    29.9 with the exact passes, H200 2026-12-04). The sample replaces a
+//    row-wide histogram, a row barrier and the finisher's narrowing by one barrier-free cut per
+//    CTA;
 // 3. exact radix passes, only while the row's keys at or above the current prefix exceed
 //    kSpreadCap = 16384 (none for rows of at most kSpreadCap valid blocks): each CTA histograms
 //    the next 12-bit digit of its keys in shared memory (warp-aggregated atomics: heavy ties do
@@ -70,11 +75,14 @@ constexpr int kSpreadMaxPasses = 5;              // 12-bit digits of a <= 52-bit
 constexpr int kSpreadMaxRows = 64;               // rows of a spread call (workspace bound)
 constexpr int kSpreadDefaultRows = 64;           // rows up to which the built-in choice spreads
 constexpr int kSpreadLoads = 16;                 // candidates per thread the finisher loads at once
+constexpr int kSharePer = 16;                    // candidates per thread of the shared finish
+constexpr int kShareCap = kSharePer * kSpreadThreads;  // candidates the shared finish ranks
 
 static_assert(kSpreadCap >= kStreamMaxRanks, "the candidates hold the row's top t");
 static_assert(kSpreadMaxPasses * kStreamDigitBits >= 52, "passes cover every key bit");
 
 static_assert(kSpreadSample <= kSpreadCap, "the sample fits the candidate staging buffer");
+static_assert(kShareCap <= kSpreadCap, "the shared finish buckets its keys in the staging buffer");
 static_assert(kSpreadSampleSegments % kSpreadThreads == 0, "every thread reads whole segments");
 static_assert(kSpreadSampleRun == 8, "a segment is two 16-byte loads");
 
@@ -97,6 +105,10 @@ struct SpreadParams {
   SpreadRowState* state;  // [rows]
   std::uint64_t* cand;    // [rows, kSpreadCap]
   bool sample;            // rows of more than kSpreadCap valid blocks try the sampled cut first
+  bool share;             // the sampled cut's candidates ranked by every CTA of the row, each its
+                          // share (spread_share_finish), not by the last to arrive alone
+  bool range_cut;         // the sample cut by key-range buckets where hi <= kSpreadThreads, not
+                          // by radix passes (spread_sample_cut)
 };
 
 struct SpreadShared {
@@ -154,49 +166,58 @@ __device__ __forceinline__ Cut spread_narrow(const unsigned* row_hist, int w, Cu
   return c;
 }
 
-/// find_digit for a `need` near the largest digits (the sampled cut's): warp 0 scans the bins
-/// from the largest digit down, 256 at a time, and stops in the chunk that holds the need-th key;
-/// one CTA barrier in all, not a block scan's. The same answer as find_digit (1 <= need <=
-/// sum(bins)). Every thread of the CTA calls it; the caller writes t.pick again only after a
-/// barrier.
+/// find_digit for the sampled cut: every warp sums its 256 of the 2^w bins (warp w the
+/// positions [256 w, 256 w + 256) in descending digit order, 8 per lane) and publishes the
+/// total; then every thread finds the warp whose positions hold the need-th key, and that warp's
+/// lanes scan their own counts to the digit. Two CTA barriers, no serial scan over the bins (a
+/// single warp walking them from the top took up to 1.7 us on the H200 where the need-th key lay
+/// deep). The same answer as find_digit (1 <= need <= sum(bins), nb <= 8 kSpreadThreads). Every
+/// thread of the CTA calls it; the caller writes t.pick again only after a barrier.
 __device__ __forceinline__ DigitPick find_digit_from_top(const unsigned* bins, int nb, int need,
                                                          BlockTemp& t) {
-  constexpr int kPer = 8;  // bins per lane and chunk
-  if (threadIdx.x < 32u) {
-    const int lane = static_cast<int>(threadIdx.x);
-    int run = 0;                                     // keys of the chunks above
-    for (int top = 0; top < nb; top += 32 * kPer) {  // positions in descending digit order
-      unsigned c[kPer];
-      int local = 0;
+  constexpr int kPer = 8;                    // positions per lane
+  constexpr int kWarps = kSpreadThreads / 32;
+  static_assert(kWarps * 32 * kPer >= kStreamBins, "the warps cover every bin");
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int first = warp * 32 * kPer + lane * kPer;  // this lane's first position
+  unsigned c[kPer];
+  int local = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    c[j] = first + j < nb ? bins[nb - 1 - (first + j)] : 0u;
+    local += static_cast<int>(c[j]);
+  }
+  int incl = local;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) t.warp_u64[0][warp] = static_cast<unsigned long long>(incl);
+  __syncthreads();  // the warps' totals
+  int run = 0;      // keys at positions before this warp's
+  int hit = -1;     // the warp whose positions hold the need-th key (uniform)
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const int total = static_cast<int>(t.warp_u64[0][w]);
+    if (hit < 0) {
+      if (run + total >= need) {
+        hit = w;
+      } else {
+        run += total;
+      }
+    }
+  }
+  if (warp == hit) {
+    const unsigned reach = __ballot_sync(0xffffffffu, run + incl >= need);
+    if (lane == __ffs(static_cast<int>(reach)) - 1) {
+      int r = run + incl - local;
 #pragma unroll
       for (int j = 0; j < kPer; ++j) {
-        const int pos = top + lane * kPer + j;
-        c[j] = pos < nb ? bins[nb - 1 - pos] : 0u;
-        local += static_cast<int>(c[j]);
+        const int cj = static_cast<int>(c[j]);
+        if (r < need && need <= r + cj) t.pick = DigitPick{nb - 1 - (first + j), r, cj};
+        r += cj;
       }
-      int incl = local;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += v;
-      }
-      const int total = __shfl_sync(0xffffffffu, incl, 31);
-      if (run + total >= need) {  // uniform over the warp
-        const unsigned hit = __ballot_sync(0xffffffffu, run + incl >= need);
-        if (lane == __ffs(static_cast<int>(hit)) - 1) {
-          int r = run + incl - local;
-#pragma unroll
-          for (int j = 0; j < kPer; ++j) {
-            const int cj = static_cast<int>(c[j]);
-            if (r < need && need <= r + cj) {
-              t.pick = DigitPick{nb - 1 - (top + lane * kPer + j), r, cj};
-            }
-            r += cj;
-          }
-        }
-        break;
-      }
-      run += total;
     }
   }
   __syncthreads();
@@ -205,18 +226,28 @@ __device__ __forceinline__ DigitPick find_digit_from_top(const unsigned* bins, i
 
 /// The sampled cut of a row of n > kSpreadCap valid scores (step 2 of the file comment): a cut
 /// with between lo and hi of the sample's keys at or above it, into `c`. Reads the sample into
-/// sh.u.cand (its order does not matter) and histograms it with warp_hist_add. Returns false
-/// (c unusable) where a further pass would be needed after the prefix took every score bit
-/// (after the third pass: 32 score bits and 4 id bits): ties that heavy (a constant row) go to
-/// the exact passes at once. Lighter ties (64 levels) are cut here and cost the finisher its
-/// counting rank (see the file comment).
-/// Every thread of the CTA calls it; every thread gets the same answer.
+/// sh.u.cand (its order does not matter) and cuts it, where hi <= kSpreadThreads, by key ranges:
+/// every thread's largest key is at least T, the smallest of them, so at least kSpreadThreads >=
+/// hi keys lie in [T, M] (M the sample's largest key); that span, its top raised to the end of
+/// M's score (M | id_mask), is cut into 4096 equal buckets of 2^s keys (s >= id_bits), the
+/// bucket holding the lo-th key picked, and a bucket holding too many is cut again into 4096
+/// (s - 12, at least id_bits). Bucket edges fall between scores, so the cut never splits tied
+/// scores; it is c.prefix = the bucket's smallest key with c.pbits = B (a full-key threshold).
+/// Linear buckets spread the sample's top keys where radix digits of the float bits crowd them
+/// into a few bins (uniform scores in [0, 1): half of them in 8 of the first digit's bins, whose
+/// shared-memory atomics serialise), and one pass usually suffices. Rows with hi > kSpreadThreads
+/// (target above 1/16 of the row), and every row without `range_cut`, are cut by 12-bit radix
+/// passes over the keys' bits, which stop before a pass would take id bits. Returns false (c unusable) where tied scores hold more than
+/// hi - lo sample keys at the cut: such rows go to the exact passes, where a cut between tied
+/// keys would leave the finisher's counting rank a bucket of ties it declines. Every thread of
+/// the CTA calls it; every thread gets the same answer.
 __device__ __forceinline__ bool spread_sample_cut(const std::uint32_t* bits, int n, int target,
                                                   const KeyCodec& codec, bool vector_loads,
-                                                  SpreadShared& sh, Cut& c) {
+                                                  bool range_cut, SpreadShared& sh, Cut& c) {
   constexpr int kPer = kSpreadSampleSegments / kSpreadThreads;
   constexpr int kKeys = kSpreadSample / kSpreadThreads;  // per thread
   const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31, warp = tid >> 5;
   const int B = codec.bits;
   uint4 u[kPer][2];
   int at[kPer];
@@ -229,6 +260,7 @@ __device__ __forceinline__ bool spread_sample_cut(const std::uint32_t* bits, int
   // Key j of thread tid at sh.u.cand[j * kSpreadThreads + tid]: consecutive threads, consecutive
   // words.
   std::uint64_t* X = sh.u.cand;
+  unsigned long long mine = 0ull;  // this thread's largest key
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
 #pragma unroll
@@ -236,21 +268,74 @@ __device__ __forceinline__ bool spread_sample_cut(const std::uint32_t* bits, int
       const uint4& v = u[i][h];
       const int e = at[i] + 4 * h;
       const int j = (i * 2 + h) * 4;
-      X[(j + 0) * kSpreadThreads + tid] = codec.encode(select_rules::score_key(bits_float(v.x)), e);
-      X[(j + 1) * kSpreadThreads + tid] =
-          codec.encode(select_rules::score_key(bits_float(v.y)), e + 1);
-      X[(j + 2) * kSpreadThreads + tid] =
-          codec.encode(select_rules::score_key(bits_float(v.z)), e + 2);
-      X[(j + 3) * kSpreadThreads + tid] =
-          codec.encode(select_rules::score_key(bits_float(v.w)), e + 3);
+      const std::uint32_t w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const std::uint64_t ck = codec.encode(select_rules::score_key(bits_float(w4[q])), e + q);
+        X[(j + q) * kSpreadThreads + tid] = ck;
+        mine = ck > mine ? ck : mine;
+      }
     }
   }
   const SpreadSampleRanks r = spread_sample_ranks(target, n);
-  const int score_bits = B - codec.id_bits;
   c = Cut{0, 0, 0, kSpreadSample};
+  if (range_cut && r.hi <= kSpreadThreads) {  // uniform
+    unsigned long long top = mine, low = mine;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const unsigned long long t = __shfl_xor_sync(0xffffffffu, top, o);
+      const unsigned long long f = __shfl_xor_sync(0xffffffffu, low, o);
+      top = t > top ? t : top;
+      low = f < low ? f : low;
+    }
+    if (lane == 0) {
+      sh.temp.warp_u64[0][warp] = top;
+      sh.temp.warp_u64[1][warp] = low;
+    }
+    __syncthreads();  // the warps' extremes (and the sample written)
+#pragma unroll
+    for (int w = 0; w < kSpreadThreads / 32; ++w) {
+      const unsigned long long t = sh.temp.warp_u64[0][w], f = sh.temp.warp_u64[1][w];
+      top = t > top ? t : top;
+      low = f < low ? f : low;
+    }
+    const int idb = codec.id_bits;
+    unsigned long long base = top | codec.id_mask;  // bucket 0's largest key
+    const int span_bits = 64 - __clzll(static_cast<long long>(base - low));
+    int s = span_bits - kStreamDigitBits > idb ? span_bits - kStreamDigitBits : idb;
+    for (;;) {  // uniform
+      for (int b = tid; b < kStreamBins; b += kSpreadThreads) sh.hist[b] = 0u;
+      __syncthreads();  // the bins zero; every read of the extremes done
+      KVC_SPREAD_MARK(20);
+#pragma unroll
+      for (int i = 0; i < kKeys; ++i) {
+        const std::uint64_t ck = X[i * kSpreadThreads + tid];
+        const unsigned long long q = (base - ck) >> s;  // bucket, from the top
+        warp_hist_add(sh.hist,
+                      ck <= base && q < kStreamBins ? kStreamBins - 1 - static_cast<int>(q) : -1);
+      }
+      __syncthreads();
+      KVC_SPREAD_MARK(18);
+      const DigitPick pick = find_digit_from_top(sh.hist, kStreamBins, r.lo - c.above, sh.temp);
+      const unsigned long long q = static_cast<unsigned long long>(kStreamBins - 1 - pick.digit);
+      c.above += pick.before;
+      c.eq = pick.count;
+      KVC_SPREAD_MARK(19);
+      if (c.above + c.eq <= r.hi) {
+        const unsigned long long width = (q + 1) << s;  // keys from base down through bucket q
+        c.prefix = width > base ? 0ull : base - width + 1;
+        c.pbits = B;
+        return true;
+      }
+      if (s == idb) return false;  // one score's keys (ties) exceed hi
+      base -= q << s;
+      s = s - kStreamDigitBits > idb ? s - kStreamDigitBits : idb;
+    }
+  }
+  const int score_bits = B - codec.id_bits;
   while (c.above + c.eq > r.hi) {  // uniform
-    if (c.pbits >= score_bits) return false;
     const int w = B - c.pbits < kStreamDigitBits ? B - c.pbits : kStreamDigitBits;
+    if (c.pbits + w > score_bits) return false;  // the pass would split tied scores by id
     const int nb = 1 << w;
     const int shift = B - c.pbits - w;
     for (int b = tid; b < nb; b += kSpreadThreads) sh.hist[b] = 0u;
@@ -270,6 +355,90 @@ __device__ __forceinline__ bool spread_sample_cut(const std::uint32_t* bits, int
     c.above += pick.before;
     c.eq = pick.count;
     KVC_SPREAD_MARK(19);
+  }
+  return true;
+}
+
+/// The sampled cut's finish shared by the row's C CTAs (step 2 of the file comment): after the
+/// arrival every CTA loads all `total` candidates of the row (target <= total <= kShareCap),
+/// buckets them (bucket_by_rank) and ranks its share, candidates [c S, c S + S) with
+/// S = ceil(total / C), writing each key of rank below target straight to its place in the
+/// outputs: topk's ids and report in score order, or stage B's input. CTA 0 writes the padding
+/// and the counts; the CTA holding rank L - 1 (L = min(k, n) ids selected) the cutoff margin and
+/// the score spread, finding rank L's key as the largest candidate below it (the candidates hold
+/// the top target > L keys where L < n). Returns false, with nothing written, where
+/// bucket_by_rank declines (every CTA of the row holds the same keys: the same answer) or where
+/// topk selects nothing (L = 0). Every thread of the CTA calls it.
+__device__ __forceinline__ bool spread_share_finish(const TopmParams& p, int row, int n,
+                                                    int target, int total, int c, int C,
+                                                    const std::uint64_t* row_cand,
+                                                    SpreadShared& sh) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int L = p.k < n ? p.k : n;
+  if (p.direct_topk && L == 0) return false;  // uniform
+  RankBuckets<kSharePer> b;
+  if (!bucket_by_rank<kSharePer>([&](int j) { return __ldcg(&row_cand[j]); }, total, sh.u.cand,
+                                 sh.hist, sh.temp, b)) {
+    return false;  // uniform
+  }
+  const int share = (total + C - 1) / C;
+  const int j0 = c * share;
+  const int j1 = j0 + share < total ? j0 + share : total;
+  const KeyCodec codec = p.codec;
+  if (!p.direct_topk) {
+    std::uint64_t* out = p.topm + static_cast<std::size_t>(row) * p.m;
+#pragma unroll
+    for (int i = 0; i < kSharePer; ++i) {
+      const int j = tid + i * kSpreadThreads;
+      if (i < b.per && j >= j0 && j < j1) {
+        const int r = bucket_rank(b, i, total, sh.u.cand, sh.hist);
+        if (r < target) out[r] = b.v[i];
+      }
+    }
+    return true;
+  }
+  std::int32_t* ids = p.out_ids + static_cast<std::size_t>(row) * p.max_selected;
+  const SelectionReport& rep = p.report;
+  const std::size_t rep_row = static_cast<std::size_t>(row) * rep.pitch;
+  // bucket_by_rank returned with sh.temp.bcast_int = 0; the holder of rank L - 1 sets it.
+#pragma unroll
+  for (int i = 0; i < kSharePer; ++i) {
+    const int j = tid + i * kSpreadThreads;
+    if (i < b.per && j >= j0 && j < j1) {
+      const int r = bucket_rank(b, i, total, sh.u.cand, sh.hist);
+      if (r < L) {
+        const int id = codec.id(b.v[i]);
+        ids[r] = id;
+        if (rep.base_ids != nullptr && r < rep.pitch) rep.base_ids[rep_row + r] = id;
+      }
+      if (r == L - 1) {
+        sh.temp.bcast_u64 = b.v[i];
+        sh.temp.bcast_int = 1;
+      }
+    }
+  }
+  if (c == 0) write_topk_padding<kSpreadThreads>(p, row, L);
+  if (rep.cutoff_margin == nullptr && rep.score_spread == nullptr) return true;  // uniform
+  __syncthreads();
+  if (sh.temp.bcast_int == 0) return true;  // uniform: another CTA holds rank L - 1
+  const std::uint64_t last = sh.temp.bcast_u64;
+  unsigned long long below = 0ull;
+#pragma unroll
+  for (int i = 0; i < kSharePer; ++i) {
+    if (i < b.per && tid + i * kSpreadThreads < total && b.v[i] < last && b.v[i] > below) {
+      below = b.v[i];
+    }
+  }
+  below = BlockReduceU64(sh.temp.reduce_u64).Reduce(below, MaxOp());
+  if (tid == 0) {
+    if (rep.cutoff_margin != nullptr) {
+      rep.cutoff_margin[row] = L >= n ? bits_float(0x7f800000u)
+                                      : select_rules::score_gap(codec.score(last),
+                                                                codec.score(below));
+    }
+    if (rep.score_spread != nullptr) {
+      rep.score_spread[row] = select_rules::score_gap(codec.score(b.high), codec.score(last));
+    }
   }
   return true;
 }
@@ -376,7 +545,7 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
   Cut scut{0, 0, 0, 0};
   bool sampled = first_pass && sp.sample;
   if (sampled) {
-    sampled = spread_sample_cut(bits, n, target, codec, p.vector_loads, sh, scut);
+    sampled = spread_sample_cut(bits, n, target, codec, p.vector_loads, sp.range_cut, sh, scut);
     KVC_SPREAD_MARK(15);
   }
   if (first_pass && !sampled) local_hist(cut, digit_bits(cut));
@@ -421,6 +590,11 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
       const unsigned total = sh.total;
       KVC_SPREAD_MARK(17);
       if (total >= static_cast<unsigned>(target) && total <= static_cast<unsigned>(kSpreadCap)) {
+        if (sp.share && total <= static_cast<unsigned>(kShareCap) &&
+            spread_share_finish(p, row, n, target, static_cast<int>(total), c, C, row_cand, sh)) {
+          KVC_SPREAD_MARK(12);
+          return;
+        }
         if (sh.last == 0) return;
         exact_passes = false;
         cut = Cut{0, 0, 0, static_cast<int>(total)};

@@ -196,33 +196,41 @@ __device__ __forceinline__ void append_above(const std::uint64_t* X, int count, 
   }
 }
 
-/// The top `target` of the distinct keys X[0, count) (1 <= target <= count <= kRankCap), in rank
-/// order, into out[0, target), by counting instead of sorting: each key's bucket is its offset
-/// from the smallest key, shifted so that the largest falls in bucket kStreamBins - 1; the
-/// buckets' counts, scanned in descending order, place each bucket, and a key's rank is its
-/// bucket's place plus the keys of its bucket that are larger (compared pairwise, through the
-/// keys scattered to tmp[0, count) by bucket). Returns false, with out unwritten, when some
-/// bucket holds more than kRankBucketMax keys (clustered keys beside a distant one): the caller
-/// then sorts. out may alias X, tmp may alias X, out and tmp may not alias each other; hist
-/// (kStreamBins, shared) aliases neither; every thread of the CTA calls it after a barrier that
-/// made X visible; it ends with a barrier. Five barriers and one block scan in all: the call
-/// is latency-bound (the spread finisher's ~2100 keys).
-__device__ __forceinline__ bool rank_select(const std::uint64_t* X, int count, int target,
-                                            std::uint64_t* out, std::uint64_t* tmp,
-                                            unsigned* hist, BlockTemp& temp) {
+/// Distinct keys held kPer per thread (key j at thread j % kStreamThreads, slot j /
+/// kStreamThreads), bucketed for ranking by counting: each key's bucket is its offset from the
+/// smallest key, shifted so that the largest falls in bucket kStreamBins - 1.
+template <int kPer>
+struct RankBuckets {
+  std::uint64_t v[kPer];    // the keys (slots past the count hold 0)
+  unsigned at[kPer];        // bucket << 16 | the key's slot within its bucket (< 2^16 keys)
+  int per;                  // slots in use: ceil(count / kStreamThreads), uniform
+  unsigned long long high;  // the largest key (every thread)
+};
+
+/// Loads `count` distinct keys (1 <= count <= kPer * kStreamThreads; load(j) returns key j) into
+/// b and buckets them: on return hist[q] (kStreamBins, shared) is the place of bucket q (the
+/// keys in larger buckets) and tmp[place, place + bucket size) its keys, in any order. Returns
+/// false, with hist and tmp unusable, when some bucket holds more than kRankBucketMax keys
+/// (clustered keys beside a distant one). tmp may alias the loads' source (every load happens
+/// before the first barrier); hist does not alias tmp. Every thread of the CTA calls it; four
+/// barriers and one block scan; it ends with a barrier.
+template <int kPer, class Load>
+__device__ __forceinline__ bool bucket_by_rank(Load&& load, int count, std::uint64_t* tmp,
+                                               unsigned* hist, BlockTemp& temp,
+                                               RankBuckets<kPer>& b) {
+  static_assert(kPer * kStreamThreads < (1 << 16), "a bucket slot fits 16 bits");
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31, warp = tid >> 5;
-  const int per = (count + kStreamThreads - 1) / kStreamThreads;  // slots in use (uniform)
-  std::uint64_t v[kRankPer];
+  b.per = (count + kStreamThreads - 1) / kStreamThreads;
   unsigned long long lo = ~0ull, hi = 0ull;
 #pragma unroll
-  for (int i = 0; i < kRankPer; ++i) {
+  for (int i = 0; i < kPer; ++i) {
     const int j = tid + i * kStreamThreads;
-    v[i] = 0ull;
-    if (i < per && j < count) {
-      v[i] = X[j];
-      lo = v[i] < lo ? v[i] : lo;
-      hi = v[i] > hi ? v[i] : hi;
+    b.v[i] = 0ull;
+    if (i < b.per && j < count) {
+      b.v[i] = load(j);
+      lo = b.v[i] < lo ? b.v[i] : lo;
+      hi = b.v[i] > hi ? b.v[i] : hi;
     }
   }
 #pragma unroll
@@ -237,26 +245,24 @@ __device__ __forceinline__ bool rank_select(const std::uint64_t* X, int count, i
     temp.warp_u64[1][warp] = hi;
   }
   if (tid == 0) temp.bcast_int = 0;  // set where some bucket is too wide
-  for (int b = tid; b < kStreamBins; b += kStreamThreads) hist[b] = 0u;
-  __syncthreads();  // 1: the warps' extremes, hist zero, every X read done
+  for (int q = tid; q < kStreamBins; q += kStreamThreads) hist[q] = 0u;
+  __syncthreads();  // 1: the warps' extremes, hist zero, every load done
 #pragma unroll
   for (int w = 0; w < kStreamThreads / 32; ++w) {
     const unsigned long long l = temp.warp_u64[0][w], h = temp.warp_u64[1][w];
     lo = l < lo ? l : lo;
     hi = h > hi ? h : hi;
   }
+  b.high = hi;
   const unsigned long long range = hi - lo;
   const int len = 64 - __clzll(static_cast<long long>(range));  // bits of the range
   const int shift = len > kStreamDigitBits ? len - kStreamDigitBits : 0;
-  int bin[kRankPer];
-  unsigned slot[kRankPer];
 #pragma unroll
-  for (int i = 0; i < kRankPer; ++i) {
-    bin[i] = 0;
-    slot[i] = 0u;
-    if (i < per && tid + i * kStreamThreads < count) {
-      bin[i] = static_cast<int>((v[i] - lo) >> shift);  // < kStreamBins
-      slot[i] = atomicAdd(&hist[bin[i]], 1u);
+  for (int i = 0; i < kPer; ++i) {
+    b.at[i] = 0u;
+    if (i < b.per && tid + i * kStreamThreads < count) {
+      const unsigned q = static_cast<unsigned>((b.v[i] - lo) >> shift);  // < kStreamBins
+      b.at[i] = q << 16 | atomicAdd(&hist[q], 1u);
     }
   }
   __syncthreads();  // 2: the counts (and every read of temp.warp_u64, which the scan reuses)
@@ -264,21 +270,21 @@ __device__ __forceinline__ bool rank_select(const std::uint64_t* X, int count, i
   // Bucket places in descending bucket order: thread t owns positions [8t, 8t + 8), position p
   // being bucket kStreamBins - 1 - p, and replaces their counts with their places (no barrier
   // between: no other thread reads them until barrier 3).
-  constexpr int kPer = kStreamBins / kStreamThreads;
-  unsigned c[kPer];
+  constexpr int kBins = kStreamBins / kStreamThreads;
+  unsigned c[kBins];
   int local = 0;
   bool wide = false;
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    c[j] = hist[kStreamBins - 1 - (tid * kPer + j)];
+  for (int j = 0; j < kBins; ++j) {
+    c[j] = hist[kStreamBins - 1 - (tid * kBins + j)];
     local += static_cast<int>(c[j]);
     wide = wide || c[j] > static_cast<unsigned>(kRankBucketMax);
   }
   int run = 0;
   BlockScanInt(temp.scan_int).ExclusiveSum(local, run);
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    hist[kStreamBins - 1 - (tid * kPer + j)] = static_cast<unsigned>(run);
+  for (int j = 0; j < kBins; ++j) {
+    hist[kStreamBins - 1 - (tid * kBins + j)] = static_cast<unsigned>(run);
     run += static_cast<int>(c[j]);
   }
   if (wide) temp.bcast_int = 1;
@@ -288,20 +294,49 @@ __device__ __forceinline__ bool rank_select(const std::uint64_t* X, int count, i
     return false;     // uniform
   }
 #pragma unroll
-  for (int i = 0; i < kRankPer; ++i) {
-    if (i < per && tid + i * kStreamThreads < count) tmp[hist[bin[i]] + slot[i]] = v[i];
+  for (int i = 0; i < kPer; ++i) {
+    if (i < b.per && tid + i * kStreamThreads < count) {
+      tmp[hist[b.at[i] >> 16] + (b.at[i] & 0xffffu)] = b.v[i];
+    }
   }
   __syncthreads();  // 4: the keys by bucket
   KVC_RANK_MARK(14);
+  return true;
+}
+
+/// The rank (keys larger, among all `count`) of this thread's key in slot i of b, after
+/// bucket_by_rank returned true: its bucket's place plus the larger keys of its bucket, compared
+/// pairwise through tmp.
+template <int kPer>
+__device__ __forceinline__ int bucket_rank(const RankBuckets<kPer>& b, int i, int count,
+                                           const std::uint64_t* tmp, const unsigned* hist) {
+  const int q = static_cast<int>(b.at[i] >> 16);
+  const int begin = static_cast<int>(hist[q]);
+  const int end = q == 0 ? count : static_cast<int>(hist[q - 1]);
+  int r = begin;
+  for (int j = begin; j < end; ++j) r += tmp[j] > b.v[i] ? 1 : 0;
+  return r;
+}
+
+/// The top `target` of the distinct keys X[0, count) (1 <= target <= count <= kRankCap), in rank
+/// order, into out[0, target), by counting instead of sorting (bucket_by_rank, then each key at
+/// its rank). Returns false, with out unwritten, when bucket_by_rank declines: the caller then
+/// sorts. out may alias X, tmp may alias X, out and tmp may not alias each other; hist
+/// (kStreamBins, shared) aliases neither; every thread of the CTA calls it after a barrier that
+/// made X visible; it ends with a barrier. Five barriers and one block scan in all: the call
+/// is latency-bound (the spread finisher's ~2100 keys).
+__device__ __forceinline__ bool rank_select(const std::uint64_t* X, int count, int target,
+                                            std::uint64_t* out, std::uint64_t* tmp,
+                                            unsigned* hist, BlockTemp& temp) {
+  RankBuckets<kRankPer> b;
+  if (!bucket_by_rank<kRankPer>([&](int j) { return X[j]; }, count, tmp, hist, temp, b)) {
+    return false;
+  }
 #pragma unroll
   for (int i = 0; i < kRankPer; ++i) {
-    if (i < per && tid + i * kStreamThreads < count) {
-      const int b = bin[i];
-      const int begin = static_cast<int>(hist[b]);
-      const int end = b == 0 ? count : static_cast<int>(hist[b - 1]);
-      int r = begin;
-      for (int j = begin; j < end; ++j) r += tmp[j] > v[i] ? 1 : 0;
-      if (r < target) out[r] = v[i];  // out is not tmp; X was read before barrier 1
+    if (i < b.per && static_cast<int>(threadIdx.x) + i * kStreamThreads < count) {
+      const int r = bucket_rank(b, i, count, tmp, hist);
+      if (r < target) out[r] = b.v[i];  // out is not tmp; X was read before barrier 1
     }
   }
   __syncthreads();  // 5: out complete

@@ -45,6 +45,12 @@ struct SelectTuning {
   /// Spread path: skip the sampled cut (every row of more than 16384 valid scores takes the
   /// exact radix passes at once, as before the sample), for comparison.
   bool spread_exact = false;
+  /// Spread path: the sampled cut's candidates ranked by the row's last CTA alone (the finish
+  /// before spread_share_finish), for comparison.
+  bool spread_one_finisher = false;
+  /// Spread path: the sample cut by 12-bit radix passes over the keys' bits on every row (the
+  /// cut before the key-range buckets of spread_sample_cut), for comparison.
+  bool spread_radix_sample = false;
   /// Decode path (kernels/select/decode.cuh: topk with k <= 64, rows <= 32768 blocks, one CTA
   /// per row): threads per CTA, 256, 512 or 1024 (0: the built-in choice, decode_threads_for);
   /// setting it takes the decode path wherever it applies. A row longer than 32 scores per

@@ -412,10 +412,12 @@ int spread_capacity(int smem) {
 
 /// The spread path over `rows` rows with `ctas` CTAs per row (0: as many as the device holds at
 /// once over the call's rows, at most one per tile of the row); a tile count per CTA that leaves
-/// no CTA empty; `sample`: rows of more than kSpreadCap valid blocks try the sampled cut first.
+/// no CTA empty; `sample`: rows of more than kSpreadCap valid blocks try the sampled cut first;
+/// `share`: every CTA of a row ranks its share of the cut's candidates (spread_share_finish);
+/// `range_cut`: the sample cut by key-range buckets where it applies (spread_sample_cut).
 /// cudaErrorInvalidValue when the grid would not fit the device at once.
-cudaError_t launch_spread(const TopmParams& tp, int rows, int ctas, bool sample,
-                          const Workspace& ws, cudaStream_t stream) {
+cudaError_t launch_spread(const TopmParams& tp, int rows, int ctas, bool sample, bool share,
+                          bool range_cut, const Workspace& ws, cudaStream_t stream) {
   const int smem = static_cast<int>(sizeof(SpreadShared));
   KVC_CUDA_CALL(
       cudaFuncSetAttribute(spread_topm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -433,6 +435,8 @@ cudaError_t launch_spread(const TopmParams& tp, int rows, int ctas, bool sample,
   sp.state = ws.spread_state;
   sp.cand = ws.spread_cand;
   sp.sample = sample;
+  sp.share = share;
+  sp.range_cut = range_cut;
   if (static_cast<long long>(rows) * sp.ctas > capacity) return cudaErrorInvalidValue;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(sp.ctas) * static_cast<unsigned>(rows), 1, 1);
@@ -667,7 +671,8 @@ cudaError_t select_tuned(void* d_temp, std::size_t& temp_bytes, const ScoresView
         KVC_CUDA_CALL(launch_small_items(items, tp, s.rows, stream));
       } else if (spread) {
         KVC_CUDA_CALL(
-            launch_spread(tp, s.rows, tuning.spread_ctas, !tuning.spread_exact, ws, stream));
+            launch_spread(tp, s.rows, tuning.spread_ctas, !tuning.spread_exact,
+                          !tuning.spread_one_finisher, !tuning.spread_radix_sample, ws, stream));
       } else if (streamed) {
         const int ctas = tuning.stream_ctas != 0 ? tuning.stream_ctas : stream_ctas_for(N, s.rows);
         const int trigger =

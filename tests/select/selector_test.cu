@@ -459,6 +459,66 @@ void check_policy_tuned(Gen& gen, const Batch& b, SelectPolicy p,
   }
 }
 
+// The report's fields in any subset (none at all: the ranking counts only; the base ids alone;
+// the margin alone; the spread alone; everything) for topk(k) over b with `tuning`: the fields
+// given match the CPU, the ones left null are never written (they stay poisoned).
+void check_report_subsets(const Batch& b, int k,
+                          const kernels::select_detail::SelectTuning& tuning) {
+  const int poison = 0x5a5a5a5a;
+  const int pitch = std::min(k, b.max_blocks);
+  const Result cpu = run_cpu(b, SelectPolicy::topk(k), pitch, pitch);
+  DeviceBatch d(b, pitch, pitch);
+  for (int subset = 0; subset < 5; ++subset) {
+    SCOPED_TRACE("max_blocks " + std::to_string(b.max_blocks) + " k " + std::to_string(k) +
+                 " subset " + std::to_string(subset));
+    d.poison();
+    KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+    SelectionReport rep;
+    rep.rows = b.rows;
+    rep.pitch = pitch;
+    if (subset == 1 || subset == 4) rep.base_ids = d.base_ids.get();
+    if (subset == 2 || subset == 4) rep.cutoff_margin = d.margin.get();
+    if (subset == 3 || subset == 4) rep.score_spread = d.spread.get();
+    if (subset == 4) rep.final_counts = d.final_counts.get();
+    std::size_t bytes = 0;
+    ASSERT_EQ(kernels::select_detail::select_tuned(nullptr, bytes, d.in(), SelectPolicy::topk(k),
+                                                   d.out(), subset == 0 ? nullptr : &rep, tuning,
+                                                   nullptr),
+              cudaSuccess);
+    DeviceArray<unsigned char> ws(std::max<std::size_t>(bytes, 1));
+    ASSERT_EQ(kernels::select_detail::select_tuned(ws.get(), bytes, d.in(), SelectPolicy::topk(k),
+                                                   d.out(), subset == 0 ? nullptr : &rep, tuning,
+                                                   nullptr),
+              cudaSuccess);
+    KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+    const Result gpu = d.download();
+    ASSERT_EQ(gpu.ids, cpu.ids);
+    ASSERT_EQ(gpu.counts, cpu.counts);
+    for (int r = 0; r < b.rows; ++r) {
+      SCOPED_TRACE("row " + std::to_string(r));
+      for (int i = 0; i < pitch; ++i) {
+        const std::size_t at = static_cast<std::size_t>(r) * pitch + i;
+        EXPECT_EQ(gpu.rep.base_ids[at], rep.base_ids ? cpu.rep.base_ids[at] : poison);
+        EXPECT_EQ(gpu.rep.added_ids[at], poison);
+      }
+      if (rep.cutoff_margin != nullptr) {
+        EXPECT_TRUE(same_float(gpu.rep.cutoff_margin[r], cpu.rep.cutoff_margin[r]));
+      } else {
+        EXPECT_EQ(float_bits(gpu.rep.cutoff_margin[r]), static_cast<std::uint32_t>(poison));
+      }
+      if (rep.score_spread != nullptr) {
+        EXPECT_TRUE(same_float(gpu.rep.score_spread[r], cpu.rep.score_spread[r]));
+      } else {
+        EXPECT_EQ(float_bits(gpu.rep.score_spread[r]), static_cast<std::uint32_t>(poison));
+      }
+      EXPECT_EQ(gpu.rep.final_counts[r], rep.final_counts ? cpu.rep.final_counts[r] : poison);
+      EXPECT_EQ(gpu.rep.base_counts[r], poison);
+      EXPECT_EQ(gpu.rep.added_counts[r], poison);
+    }
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
 // --- every policy, every order, random rows --------------------------------------------------
 
 TEST(Cuda_Selector_Random, EveryPolicyEveryOrderMatchesCpu) {
@@ -652,14 +712,23 @@ TEST(Cuda_Selector_Spread, EveryVariantEveryPolicyMatchesCpu) {
   struct Variant {
     int ctas;
     bool exact;  // the exact passes only (no sampled cut)
+    bool one;    // the cut's candidates ranked by one CTA per row (not shared)
+    bool radix;  // the sample cut by radix passes (not key-range buckets)
   };
-  for (const Variant v : {Variant{0, false}, Variant{1, false}, Variant{3, false},
-                          Variant{16, false}, Variant{0, true}, Variant{16, true}}) {
+  for (const Variant v :
+       {Variant{0, false, false, false}, Variant{1, false, false, false},
+        Variant{3, false, false, false}, Variant{16, false, false, false},
+        Variant{0, false, true, false}, Variant{16, false, true, true},
+        Variant{0, false, false, true}, Variant{0, true, false, false},
+        Variant{16, true, false, false}}) {
     kernels::select_detail::SelectTuning tuning;
     tuning.force_spread = true;
     tuning.spread_ctas = v.ctas;
     tuning.spread_exact = v.exact;
-    SCOPED_TRACE("spread ctas " + std::to_string(v.ctas) + (v.exact ? " exact" : " sampled"));
+    tuning.spread_one_finisher = v.one;
+    tuning.spread_radix_sample = v.radix;
+    SCOPED_TRACE("spread ctas " + std::to_string(v.ctas) + (v.exact ? " exact" : " sampled") +
+                 (v.one ? " one finisher" : "") + (v.radix ? " radix sample cut" : ""));
     for (int max_blocks :
          {300, 2048, 16384, 16385, 40001, capped(65536 + 4), capped(131072), capped(262144)}) {
       SCOPED_TRACE("max_blocks " + std::to_string(max_blocks));
@@ -736,7 +805,8 @@ Batch bucket_batch(Gen& gen, int max_blocks) {
 }
 
 // The counting rank of the spread and streaming finishers on the rows above, beside the sort it
-// falls back to: every CTA count of the spread path, the streaming path, k 512 / 2048.
+// falls back to: every CTA count of the spread path (its cut's candidates ranked by every CTA of
+// the row, and by one), the streaming path, k 512 / 2048.
 TEST(Cuda_Selector_Spread, CountingRankAndItsFallbackMatchCpu) {
   KVC_REQUIRE_GPU();
   Gen gen;
@@ -744,11 +814,12 @@ TEST(Cuda_Selector_Spread, CountingRankAndItsFallbackMatchCpu) {
   for (int max_blocks : {16385, capped(131072)}) {
     SCOPED_TRACE("max_blocks " + std::to_string(max_blocks));
     const Batch b = bucket_batch(gen, max_blocks);
-    for (int variant = 0; variant < 4; ++variant) {
+    for (int variant = 0; variant < 5; ++variant) {
       kernels::select_detail::SelectTuning tuning;
-      tuning.force_spread = variant < 3;
+      tuning.force_spread = variant != 3;
       tuning.spread_ctas = variant == 1 ? 1 : variant == 2 ? 16 : 0;
       tuning.no_spread = variant == 3;
+      tuning.spread_one_finisher = variant == 4;
       SCOPED_TRACE("variant " + std::to_string(variant));
       for (int k : {512, 2048}) {
         check_policy_tuned(gen, b, SelectPolicy::topk(k), tuning);
@@ -795,14 +866,41 @@ TEST(Cuda_Selector_Spread, MisleadingSampleFallsBackToExactPasses) {
     // row 1's non-sampled scores outnumber the finisher's candidates.
     ASSERT_GT(n - kernels::select_detail::kSpreadSample, 16384);
     const Batch b = misleading_sample_batch(gen, n);
-    for (int ctas : {0, 1, 16}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      const int ctas = variant == 1 ? 1 : variant == 2 ? 16 : 0;
       kernels::select_detail::SelectTuning tuning;
       tuning.force_spread = true;
       tuning.spread_ctas = ctas;
-      SCOPED_TRACE("spread ctas " + std::to_string(ctas));
+      tuning.spread_radix_sample = variant == 3;
+      SCOPED_TRACE("spread ctas " + std::to_string(ctas) + (variant == 3 ? " radix cut" : ""));
       for (int k : {512, 2048}) {
         ASSERT_LT(kernels::select_detail::spread_sample_ranks(k, n).hi, k);
         check_policy_tuned(gen, b, SelectPolicy::topk(k), tuning);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+// The spread path's finishes of its sampled cut with the report in any subset
+// (check_report_subsets): the candidates ranked by every CTA of the row (spread_share_finish,
+// whose holder of rank k - 1 writes the margin and the spread), by one, and the exact passes;
+// 1 and 16 CTAs and the built-in count, k 65 / 2048 (the margin's rank k among the candidates).
+TEST(Cuda_Selector_Spread, ReportSubsetsMatchCpu) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  for (int max_blocks : {40001, capped(131072)}) {
+    const Batch b = make_batch(gen, 3, max_blocks, gen.style());
+    for (int variant = 0; variant < 5; ++variant) {
+      kernels::select_detail::SelectTuning tuning;
+      tuning.force_spread = true;
+      tuning.spread_ctas = variant == 1 ? 1 : variant == 2 ? 16 : 0;
+      tuning.spread_one_finisher = variant == 3;
+      tuning.spread_exact = variant == 4;
+      SCOPED_TRACE("variant " + std::to_string(variant));
+      for (int k : {65, 2048}) {
+        check_report_subsets(b, k, tuning);
         if (HasFatalFailure()) return;
       }
     }
@@ -1211,70 +1309,15 @@ TEST(Cuda_Selector_Decode, NumValidIsClampedOnTheDevice) {
   }
 }
 
-// The report's fields in any subset (none at all: the ranking counts only; the base ids alone;
-// the margin alone; the spread alone; everything): the fields given match the CPU, the ones left
-// null are never written (they stay poisoned).
 TEST(Cuda_Selector_Decode, AnySubsetOfTheReportMatchesCpu) {
   KVC_REQUIRE_GPU();
   Gen gen;
   SCOPED_TRACE("seed " + std::to_string(gen.seed()));
-  const int poison = 0x5a5a5a5a;
   for (int max_blocks : {1000, 4096, capped(32768)}) {
     for (int k : {1, 8, 64}) {
       const Batch b = make_batch(gen, 6, max_blocks, gen.style());
-      const int pitch = std::min(k, max_blocks);
-      const Result cpu = run_cpu(b, SelectPolicy::topk(k), pitch, pitch);
-      DeviceBatch d(b, pitch, pitch);
-      for (int subset = 0; subset < 5; ++subset) {
-        SCOPED_TRACE("max_blocks " + std::to_string(max_blocks) + " k " + std::to_string(k) +
-                     " subset " + std::to_string(subset));
-        d.poison();
-        KVC_ASSERT_CUDA(cudaDeviceSynchronize());
-        SelectionReport rep;
-        rep.rows = b.rows;
-        rep.pitch = pitch;
-        if (subset == 1 || subset == 4) rep.base_ids = d.base_ids.get();
-        if (subset == 2 || subset == 4) rep.cutoff_margin = d.margin.get();
-        if (subset == 3 || subset == 4) rep.score_spread = d.spread.get();
-        if (subset == 4) rep.final_counts = d.final_counts.get();
-        std::size_t bytes = 0;
-        const auto tuning = decode_tuning(0, false);
-        ASSERT_EQ(kernels::select_detail::select_tuned(
-                      nullptr, bytes, d.in(), SelectPolicy::topk(k), d.out(),
-                      subset == 0 ? nullptr : &rep, tuning, nullptr),
-                  cudaSuccess);
-        DeviceArray<unsigned char> ws(std::max<std::size_t>(bytes, 1));
-        ASSERT_EQ(kernels::select_detail::select_tuned(
-                      ws.get(), bytes, d.in(), SelectPolicy::topk(k), d.out(),
-                      subset == 0 ? nullptr : &rep, tuning, nullptr),
-                  cudaSuccess);
-        KVC_ASSERT_CUDA(cudaDeviceSynchronize());
-        const Result gpu = d.download();
-        ASSERT_EQ(gpu.ids, cpu.ids);
-        ASSERT_EQ(gpu.counts, cpu.counts);
-        for (int r = 0; r < b.rows; ++r) {
-          SCOPED_TRACE("row " + std::to_string(r));
-          for (int i = 0; i < pitch; ++i) {
-            const std::size_t at = static_cast<std::size_t>(r) * pitch + i;
-            EXPECT_EQ(gpu.rep.base_ids[at], rep.base_ids ? cpu.rep.base_ids[at] : poison);
-            EXPECT_EQ(gpu.rep.added_ids[at], poison);
-          }
-          if (rep.cutoff_margin != nullptr) {
-            EXPECT_TRUE(same_float(gpu.rep.cutoff_margin[r], cpu.rep.cutoff_margin[r]));
-          } else {
-            EXPECT_EQ(float_bits(gpu.rep.cutoff_margin[r]), static_cast<std::uint32_t>(poison));
-          }
-          if (rep.score_spread != nullptr) {
-            EXPECT_TRUE(same_float(gpu.rep.score_spread[r], cpu.rep.score_spread[r]));
-          } else {
-            EXPECT_EQ(float_bits(gpu.rep.score_spread[r]), static_cast<std::uint32_t>(poison));
-          }
-          EXPECT_EQ(gpu.rep.final_counts[r], rep.final_counts ? cpu.rep.final_counts[r] : poison);
-          EXPECT_EQ(gpu.rep.base_counts[r], poison);
-          EXPECT_EQ(gpu.rep.added_counts[r], poison);
-        }
-        if (HasFatalFailure()) return;
-      }
+      check_report_subsets(b, k, decode_tuning(0, false));
+      if (HasFatalFailure()) return;
     }
   }
 }
