@@ -47,6 +47,16 @@ ROWS = [
      "graph_us", 1 * 131072 * 8 * 128 * 2 * 2, "Hq 32 / Hkv 8 / d 128, f16 K and V; the library's path (tensor cores, no L2 prefetch: KernelPath::kAuto's choice; the benchmark registers no path-0 row)"),
     ("dense_B8_N128K", "BM_DenseDecode/0/8/131072/3/", "flashinfer_decode_fp16_tc_B8_N128K",
      "graph_us", 8 * 131072 * 8 * 128 * 2 * 2, "Hq 32 / Hkv 8 / d 128, f16 K and V"),
+    ("dense_B1_N128K_vs_sdpa", "BM_DenseDecode/0/1/131072/3/", "sdpa_decode_B1_N128K", "us",
+     1 * 131072 * 8 * 128 * 2 * 2, "as dense_B1_N128K, against PyTorch SDPA (the issue's dense "
+     "anchor)"),
+    ("dense_B8_N128K_vs_sdpa", "BM_DenseDecode/0/8/131072/3/", "sdpa_decode_B8_N128K", "us",
+     8 * 131072 * 8 * 128 * 2 * 2, "as dense_B8_N128K, against PyTorch SDPA"),
+    ("dense_B8_N128K_vs_flashinfer_cuda", "BM_DenseDecode/0/8/131072/3/",
+     "flashinfer_decode_fp16_cuda_B8_N128K", "graph_us", 8 * 131072 * 8 * 128 * 2 * 2,
+     "as dense_B8_N128K, against FlashInfer's paged decode without tensor cores (its tensor-core "
+     "decode needs the prefill module, which an anchor bundle built with FI_MODULES='topk "
+     "decode_fp16 decode_fp8' lacks)"),
     ("attn_select_B1_N128K", "BM_BlockSelectExact/0/1/3/3/0/1/", None, None, None,
      "the library's path (tensor cores, no L2 prefetch), top 8 x 32 + ring 1024, fp16k_q4v"),
     ("attn_select_B8_N128K", "BM_BlockSelectExact/0/8/3/3/0/1/", None, None, None,
