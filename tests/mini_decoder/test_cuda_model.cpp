@@ -315,9 +315,16 @@ TEST(MiniDecoder_Cuda, RejectsHostCachesBadTokensAndKvOnCpu) {
 }
 
 // CPU model + kvc on the CPU against CUDA model + kvc on the device, the program's default
-// "dense prefill, compressed decode": the same modes over (nearly) the same K/V.
+// "dense prefill, compressed decode": the same modes over (nearly) the same K/V. The model and
+// tokens come from a traced seed (KVC_TEST_SEED reproduces a run): on an H200 (2026-12-04) one
+// run in 40 failed, block_select_exact fp16k_q4v differing by up to 5.1 logits, the near tie of
+// block scores the tolerance comment below describes.
 TEST(MiniDecoder_Cuda, TinyModelKvcOnDeviceMatchesKvcOnCpu) {
   SKIP_WITHOUT_DEVICE();
+  const unsigned seed = test_seed();
+  rng().seed(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (KVC_TEST_SEED=" + std::to_string(seed) +
+               " repeats this run)");
   ThreadPool pool(2);
   const Tiny t = tiny64();
   testing::TempFile file(tiny_model(t));

@@ -23,6 +23,15 @@ inline std::mt19937& rng() {
   return r;
 }
 
+/// A seed for one test's draws (rng().seed(test_seed()), traced by the test): KVC_TEST_SEED when
+/// set, to reproduce a failure, else a fresh one.
+inline unsigned test_seed() {
+  if (const char* s = std::getenv("KVC_TEST_SEED")) {
+    return static_cast<unsigned>(std::strtoul(s, nullptr, 10));
+  }
+  return std::random_device{}();
+}
+
 inline std::vector<float> random_vec(std::size_t n, float lo = -1.0f, float hi = 1.0f) {
   std::uniform_real_distribution<float> d(lo, hi);
   std::vector<float> v(n);
