@@ -14,9 +14,8 @@
 //    8, evenly spaced; tuning.h) and cuts it in shared memory between sample ranks lo and hi
 //    (spread_sample_ranks: about 1.4 target of the row's keys at or above the cut), by buckets of
 //    equal key ranges below the sample's top (spread_sample_cut; radix passes where hi exceeds
-//    the CTA's threads). After
-//    the barrier each CTA appends its keys at or above that cut to the row's candidates and
-//    arrives at a row counter. When the row holds between target and kSpreadCap such keys (which
+//    the CTA's threads). After the barrier each CTA appends its keys at or above that cut to the
+//    row's candidates and arrives at a row counter. When the row holds between target and kSpreadCap such keys (which
 //    is exact: those keys include the top target), every CTA learns the row's count there and,
 //    up to kShareCap keys, ranks its share of them (spread_share_finish: each CTA buckets all the
 //    candidates and writes the outputs of its share's ranks), else the last CTA to arrive
@@ -25,9 +24,8 @@
 //    row whose sample cut would split tied scores (before the barrier, no keys appended). Ties
 //    the cut does not split can still crowd the counting rank's buckets: then the last CTA
 //    ranks by a radix select and a sort (1 x 131072 k 2048 with 64 tied levels: 41.0 us against
-//    29.9 with the exact passes, H200 2026-12-04). The sample replaces a
-//    row-wide histogram, a row barrier and the finisher's narrowing by one barrier-free cut per
-//    CTA;
+//    29.9 with the exact passes, H200 2026-12-04). The sample replaces a row-wide histogram, a
+//    row barrier and the finisher's narrowing by one barrier-free cut per CTA;
 // 3. exact radix passes, only while the row's keys at or above the current prefix exceed
 //    kSpreadCap = 16384 (none for rows of at most kSpreadCap valid blocks): each CTA histograms
 //    the next 12-bit digit of its keys in shared memory (warp-aggregated atomics: heavy ties do
@@ -237,10 +235,11 @@ __device__ __forceinline__ DigitPick find_digit_from_top(const unsigned* bins, i
 /// into a few bins (uniform scores in [0, 1): half of them in 8 of the first digit's bins, whose
 /// shared-memory atomics serialise), and one pass usually suffices. Rows with hi > kSpreadThreads
 /// (target above 1/16 of the row), and every row without `range_cut`, are cut by 12-bit radix
-/// passes over the keys' bits, which stop before a pass would take id bits. Returns false (c unusable) where tied scores hold more than
-/// hi - lo sample keys at the cut: such rows go to the exact passes, where a cut between tied
-/// keys would leave the finisher's counting rank a bucket of ties it declines. Every thread of
-/// the CTA calls it; every thread gets the same answer.
+/// passes over the keys' bits, which stop before a pass would take id bits. Returns false (c
+/// unusable) where only a cut between one score's keys would do (ties holding more sample keys
+/// than hi leaves room for): such rows go to the exact passes, where such a cut would leave the
+/// finisher's counting rank a bucket of ties it declines. Every thread of the CTA calls it;
+/// every thread gets the same answer.
 __device__ __forceinline__ bool spread_sample_cut(const std::uint32_t* bits, int n, int target,
                                                   const KeyCodec& codec, bool vector_loads,
                                                   bool range_cut, SpreadShared& sh, Cut& c) {
