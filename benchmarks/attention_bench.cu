@@ -3,7 +3,8 @@
 // more than twice the L2, data are random and never zero, and the time of one call is the
 // graph's time over the sets (CUDA events). Rows name the kernel (`path`: 0 chosen by shape,
 // 1 CUDA cores, 2 tensor cores, 3 tensor cores without L2 prefetch, 4 tensor cores without the
-// software pipeline of the ring / plain tiles; kvc/kernels/
+// software pipeline of the ring / plain tiles, 5 the selected ids read after the length, 6 a
+// programmatic dependent launch; kvc/kernels/
 // attention_kernels.h KernelPath) and the split (`splits`: AttentionParams::max_splits, 0
 // automatic, <= 16 one cluster per row, more a combine launch), so one run measures old against
 // new and several splits; a (shape, path) the tensor-core kernel does not serve is skipped with
@@ -339,7 +340,7 @@ void SelectArgs(benchmark::internal::Benchmark* b) {
             f16 = static_cast<int>(Format::kF16);
   // Args: shape, batch, format, path, splits, T. The main rows first.
   for (int batch : {1, 8}) {
-    for (int path : {2, 4, 3, 1}) b->Args({0, batch, q4v, path, 0, 1});
+    for (int path : {3, 5, 6, 2, 4, 1}) b->Args({0, batch, q4v, path, 0, 1});
     // Split choices of the tensor-core kernel (1: one chunk; <= 16: a cluster; 32: combine).
     for (int splits : {1, 2, 4, 8, 16, 32}) b->Args({0, batch, q4v, 2, splits, 1});
   }

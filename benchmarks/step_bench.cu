@@ -57,12 +57,13 @@ struct StepFixture {
 // scorer 0: mean-K block summaries (f32); 1: kvc's default (kvc/defaults.h), token mass over an
 // mxfp4 index copy of every old token; 2: mean-K over f16 summaries (KvStoreConfig::summary_dtype,
 // half the summary bytes; scored on tensor cores like f32, kernels/index/score_mma.cuh).
-std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer, int budget) {
+std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer, int budget_arg) {
   auto f = std::make_unique<StepFixture>();
   f->batch = batch;
   f->ctx = ctx;
   f->scorer = scorer;
-  f->budget = budget;
+  f->budget = budget_arg;
+  const int budget = budget_arg % 10, attention_path = budget_arg / 10;
   const Budget b = kBudgets[budget];
   const int top = b.top;
   const BlockSelectConfig defaults = default_block_select(kHq, kHkv, kD, ctx, 1);
@@ -155,6 +156,7 @@ std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer, int budge
     a.attention.head_dim = kD;
     a.attention.scale = 1.0f / 11.3137085f;
     a.attention.mode = AttentionMode::kBlockSelectExact;
+    a.attention.kernel_path = attention_path;
     a.attention_workspace = attn_ws;
     a.attention_workspace_bytes = attn_bytes;
     steps.push_back(a);
@@ -209,7 +211,9 @@ void BM_DecodeStep(benchmark::State& state) {
 }
 // Args: batch, context, 0 = steps chained in one graph (per-step time) / 1 = one launch per step,
 // scorer (0 mean K, 1 kvc's default token mass over mxfp4, 2 mean K over f16 summaries), budget
-// (kBudgets).
+// (kBudgets) + 10 x the attention's KernelPath (kvc/kernels/attention_kernels.h: 0 the library's
+// choice; the rows with 50 / 60 run it with the selected ids read after the length / launched as
+// a programmatic dependent of the selector, for comparison in the same run).
 BENCHMARK(BM_DecodeStep)
     ->Args({1, 32768, 0, 0, 0})
     ->Args({1, 131072, 0, 0, 0})
@@ -228,6 +232,13 @@ BENCHMARK(BM_DecodeStep)
     ->Args({1, 131072, 0, 2, 0})
     ->Args({8, 131072, 0, 2, 0})
     ->Args({32, 32768, 0, 2, 0})
+    ->Args({1, 131072, 0, 0, 50})
+    ->Args({1, 131072, 0, 0, 60})
+    ->Args({8, 131072, 0, 0, 50})
+    ->Args({8, 131072, 0, 0, 60})
+    ->Args({1, 131072, 0, 2, 60})
+    ->Args({8, 131072, 0, 2, 60})
+    ->Args({8, 131072, 0, 1, 60})
     // The rest of the issue's grid at this head shape (the largest stores last).
     ->Args({64, 32768, 0, 0, 0})
     ->Args({64, 32768, 0, 1, 0})

@@ -139,6 +139,8 @@ struct DecodeParams {
   int cluster;      // > 1: the chunks of a row run as one cluster of that many CTAs (no combine)
   int prefetch;     // tensor-core kernel: L2 prefetch of a warp group's next ring / plain tile
   int pipeline;     // tensor-core kernel: the ring / plain-cache run software-pipelined
+  int early_ids;    // tensor-core kernel: selected ids and their block-table entries loaded
+                    // before the length arrives (else after it, the order before 2026-12-04)
   float* part_out;  // [batch * T * Hq, num_chunks, d] (num_chunks > 1)
   float* part_lse;  // [batch * T * Hq, num_chunks]
 };
@@ -805,6 +807,13 @@ __device__ __forceinline__ CtaCoords cta_coords(const DecodeParams& p) {
   return k;
 }
 
+/// The selection row of a CTA's (sequence, query token, kv head): one per kv head, or one per
+/// query token when the selection is shared across heads.
+__device__ __forceinline__ std::size_t selection_row(const DecodeParams& p, const CtaCoords& cta) {
+  return p.sel.shared_across_heads ? static_cast<std::size_t>(cta.bt)
+                                   : static_cast<std::size_t>(cta.bt) * p.Hkv + cta.h;
+}
+
 /// First half of init_row_ctx: the row's coordinates and what needs only the slot (ring rows,
 /// block-table row, plain-cache rows); issues the length and selection-count loads into c.len /
 /// c.sel_count without using them, so a kernel can issue reads before it waits for them.
@@ -838,9 +847,7 @@ __device__ __forceinline__ void init_row_addr(const DecodeParams& p, const CtaCo
   c.len = s.lengths[c.slot];
   if (p.mode == static_cast<int>(AttentionMode::kBlockSelectExact) ||
       p.mode == static_cast<int>(AttentionMode::kBlockSelectLossy)) {
-    const std::size_t sel_row = p.sel.shared_across_heads
-                                    ? static_cast<std::size_t>(c.bt)
-                                    : static_cast<std::size_t>(c.bt) * p.Hkv + c.h;
+    const std::size_t sel_row = selection_row(p, cta);
     c.sel_count = p.sel.max_selected > 0 ? p.sel.counts[sel_row] : 0;
     c.sel_ids = p.sel.ids + sel_row * p.sel.max_selected;
   }
@@ -899,8 +906,10 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(D, kGT))
   constexpr int E = Tr::kE;
   constexpr RowKind kOldRK = old_row_kind<kOld>();
   __shared__ DecodeSmem<D, kGT> sm;
-  // Let the combine launch (programmatic dependent launch) get ready while this grid runs; it
-  // waits for this grid's completion before reading anything.
+  // Launched as a programmatic dependent: wait for the previous kernel's writes. Then let the
+  // combine launch (programmatic dependent launch) get ready while this grid runs; it waits for
+  // this grid's completion before reading anything.
+  pdl_wait();
   pdl_launch_dependents();
 
   const CtaCoords cta = cta_coords(p);

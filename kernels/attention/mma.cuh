@@ -688,20 +688,6 @@ struct MmaWarp {
   }
 };
 
-/// The start of a tensor-core CTA: lets the dependent combine launch get ready (programmatic
-/// dependent launch: it waits for this grid's completion before reading anything), and returns
-/// blockIdx's coordinates with `c` filled by what needs only the slot (init_row_addr) and the
-/// padded ring and block lengths of the virtual list.
-template <int D>
-__device__ __forceinline__ CtaCoords mma_cta_begin(const DecodeParams& p, MmaCtx& c) {
-  pdl_launch_dependents();
-  const CtaCoords cta = cta_coords(p);
-  init_row_addr<D>(p, cta, c);
-  c.W16 = p.plain ? 0 : static_cast<int>(round16(p.s.recent_window));
-  c.B16 = p.plain ? 0 : static_cast<int>(round16(p.s.block_size));
-  return cta;
-}
-
 /// Loads the query heads of a CTA's column tile: lane (g, cc) holds head column col0 + g (zeros
 /// past the group), dims dim0 + [32 j + 8 cc, +8) of its warp's slice of S dims (starting
 /// off16 bytes into a 16-bit row), the B operand of the QK mma.
@@ -737,19 +723,90 @@ __device__ __forceinline__ bool selected_range(const DecodeParams& p, const MmaC
   return true;
 }
 
+/// How many selected indices one thread stages at most (a chunk reads at most kMaxList).
+constexpr int kIdsPerThread = kMaxList / kThreads;
+
+/// The selected indices and block-table entries a chunk may read, loaded before the row's
+/// length arrives (p.early_ids): thread tid holds indices lo + tid + j kThreads <= hi.
+struct SelectedPrefetch {
+  int lo = 0, hi = -1;        // the indices, for max_selected selected blocks
+  int id[kIdsPerThread];      // the selected block ids as stored
+  int pb[kIdsPerThread];      // table[id] where id is inside the table row, else -1
+};
+
+/// Issues the first loads of `f` for a chunk [c0, c1) of a kBlockSelectExact row (p.early_ids):
+/// every selected id the chunk could read with max_selected selected blocks (a selection row is
+/// max_selected long, so they are readable whatever the count). Needs only blockIdx, so it runs
+/// before the slot arrives; lookup_selected_blocks then reads their block-table entries, and
+/// stage_selected_ids masks both once the length and count are known: the ids, the table and
+/// the length in two round trips instead of four (slot, then length, then ids, then table).
+__device__ __forceinline__ void load_selected_ids(const DecodeParams& p, const CtaCoords& cta,
+                                                  const MmaCtx& c, SelectedPrefetch& f) {
+  if (!p.early_ids || p.plain || p.mode != static_cast<int>(AttentionMode::kBlockSelectExact) ||
+      cta.c1 <= c.W16 + c.B16) {
+    return;
+  }
+  if (!selected_range(p, c, cta.c0, cta.c1, p.sel.max_selected, f.lo, f.hi)) f.hi = -1;
+  const std::int32_t* ids = p.sel.ids + selection_row(p, cta) * p.sel.max_selected;
+#pragma unroll
+  for (int j = 0; j < kIdsPerThread; ++j) {
+    const int i = f.lo + static_cast<int>(threadIdx.x) + j * kThreads;
+    f.id[j] = i <= f.hi ? ids[i] : -1;
+  }
+}
+
+/// The block-table entries of the ids load_selected_ids loaded, for every id inside the slot's
+/// table row (whatever `closed` is; -1 for the others). Needs the slot (c.table).
+__device__ __forceinline__ void lookup_selected_blocks(const DecodeParams& p, const MmaCtx& c,
+                                                       SelectedPrefetch& f) {
+  const int table_len = p.s.max_blocks_per_slot;
+#pragma unroll
+  for (int j = 0; j < kIdsPerThread; ++j) {
+    f.pb[j] = f.hi >= 0 && f.id[j] >= 0 && f.id[j] < table_len ? c.table[f.id[j]] : -1;
+  }
+}
+
+/// The start of a tensor-core CTA: waits for the previous kernel where this one was launched as
+/// its programmatic dependent, lets the dependent combine launch get ready (it waits for this
+/// grid's completion before reading anything), issues the selected ids' loads
+/// (load_selected_ids) and returns blockIdx's coordinates with `c` filled by what needs only
+/// the slot (init_row_addr) and the padded ring and block lengths of the virtual list.
+template <int D>
+__device__ __forceinline__ CtaCoords mma_cta_begin(const DecodeParams& p, MmaCtx& c,
+                                                   SelectedPrefetch& selected) {
+  pdl_wait();  // launched as a programmatic dependent: the previous kernel's writes are visible
+  pdl_launch_dependents();
+  const CtaCoords cta = cta_coords(p);
+  c.W16 = p.plain ? 0 : static_cast<int>(round16(p.s.recent_window));
+  c.B16 = p.plain ? 0 : static_cast<int>(round16(p.s.block_size));
+  load_selected_ids(p, cta, c, selected);  // before the slot's load: nothing waits for it
+  init_row_addr<D>(p, cta, c);
+  return cta;
+}
+
 /// Stages in `list` the pool ids of the selected blocks a chunk [c0, c1) of a kBlockSelectExact
 /// row reads (-1: an id skipped, outside [0, closed)) and sets c.list_lo; only a chunk that
 /// reaches the selected blocks waits for the selection (uniform; ends with a barrier then).
+/// With p.early_ids the ids and table entries come from `f` (load_selected_ids and
+/// lookup_selected_blocks), masked here by the count and `closed`: the same list.
 __device__ __forceinline__ void stage_selected_ids(const DecodeParams& p, MmaCtx& c, int* list,
-                                                   int c0, int c1) {
+                                                   int c0, int c1, const SelectedPrefetch& f) {
   if (p.plain || p.mode != static_cast<int>(AttentionMode::kBlockSelectExact)) return;
   if (c1 <= c.W16 + c.B16) return;
   int lo = 0, hi = -1;
   if (selected_range(p, c, c0, c1, c.sel_count, lo, hi)) {
     c.list_lo = lo;
-    for (int i = lo + static_cast<int>(threadIdx.x); i <= hi; i += kThreads) {
-      const int id = c.sel_ids[i];
-      list[i - lo] = id >= 0 && id < c.closed ? c.table[id] : -1;
+    if (p.early_ids) {  // f.lo == lo: the first index does not depend on the count
+#pragma unroll
+      for (int j = 0; j < kIdsPerThread; ++j) {
+        const int i = lo + static_cast<int>(threadIdx.x) + j * kThreads;
+        if (i <= hi) list[i - lo] = f.id[j] >= 0 && f.id[j] < c.closed ? f.pb[j] : -1;
+      }
+    } else {
+      for (int i = lo + static_cast<int>(threadIdx.x); i <= hi; i += kThreads) {
+        const int id = c.sel_ids[i];
+        list[i - lo] = id >= 0 && id < c.closed ? c.table[id] : -1;
+      }
     }
   }
   __syncthreads();
@@ -823,7 +880,8 @@ __global__ void __launch_bounds__(kThreads, 3)
   using Sh16 = MmaShape<S, OldKind::k16>;
   __shared__ MmaSmem<D> sm;
   MmaCtx c;
-  const CtaCoords cta = mma_cta_begin<D>(p, c);
+  SelectedPrefetch selected;
+  const CtaCoords cta = mma_cta_begin<D>(p, c, selected);
   const int chunk = cta.chunk, c0 = cta.c0, c1 = cta.c1;
   const MmaWarp<D, F> wp;
   const int group = wp.group, slice = wp.slice, dim0 = wp.dim0;
@@ -868,9 +926,10 @@ __global__ void __launch_bounds__(kThreads, 3)
 
   std::uint32_t q[Sh16::kQW];
   mma_load_query<D, S>(p, c, col0, off16, q);
+  lookup_selected_blocks(p, c, selected);
 
   init_row_range(p, c);  // the first wait for the length
-  stage_selected_ids(p, c, sm.u.list, c0, c1);
+  stage_selected_ids(p, c, sm.u.list, c0, c1, selected);
 
   // --- the group's tiles: every kGroups-th tile of the chunk ---
   MmaState<S> st;

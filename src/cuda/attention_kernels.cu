@@ -321,6 +321,8 @@ cudaError_t choose_mma(int path, bool serves, int group, bool& use_mma) {
     case KernelPath::kTensorCores:
     case KernelPath::kTensorCoresNoPrefetch:
     case KernelPath::kTensorCoresUnpipelined:
+    case KernelPath::kTensorCoresLateIds:
+    case KernelPath::kTensorCoresProgrammatic:
       use_mma = serves;
       return serves ? cudaSuccess : cudaErrorNotSupported;
   }
@@ -334,6 +336,12 @@ cudaError_t choose_mma(int path, bool serves, int group, bool& use_mma) {
 bool prefetches(int path) {
   return path == static_cast<int>(KernelPath::kTensorCores) ||
          path == static_cast<int>(KernelPath::kTensorCoresUnpipelined);
+}
+
+/// Whether the decode kernel is launched as a programmatic dependent of the kernel before it
+/// (its kernels wait in pdl_wait before any read): kTensorCoresProgrammatic only, see there why.
+bool launches_programmatic(int path) {
+  return path == static_cast<int>(KernelPath::kTensorCoresProgrammatic);
 }
 
 /// Launches the combine as a programmatic dependent of the decode grid (its launch overlaps the
@@ -350,33 +358,47 @@ cudaError_t launch_combine(void (*kernel)(CombineParams), unsigned blocks, const
   return cudaGetLastError();
 }
 
-/// Launches the decode kernel and, with more than one chunk per row, the combine.
-cudaError_t run(const Plan& plan, DecodeParams& dp, int head_dim, cudaStream_t stream) {
+/// Launches the decode kernel (as a programmatic dependent of the kernel before it where
+/// `programmatic`: its launch overlaps that kernel's tail, and it waits in pdl_wait before
+/// reading anything) and, with more than one chunk per row, the combine.
+cudaError_t run(const Plan& plan, DecodeParams& dp, int head_dim, bool programmatic,
+                cudaStream_t stream) {
   dp.tiles = plan.tiles;
   dp.vlen = plan.vlen;
   dp.chunk = plan.chunk;
   dp.num_chunks = plan.num_chunks;
   dp.cluster = plan.cluster;
   void* args[] = {&dp};
-  const dim3 grid(static_cast<unsigned>(plan.kv_ctas), static_cast<unsigned>(plan.num_chunks));
+  cudaLaunchConfig_t config = {};
+  config.gridDim =
+      dim3(static_cast<unsigned>(plan.kv_ctas), static_cast<unsigned>(plan.num_chunks));
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
   if (plan.cluster > 1) {
     // The chunks of a row (grid.y) form one cluster and merge in distributed shared memory.
-    cudaLaunchConfig_t config = {};
-    config.gridDim = grid;
-    config.blockDim = dim3(kThreads);
-    config.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = static_cast<unsigned>(plan.cluster);
-    attr[0].val.clusterDim.z = 1;
-    config.attrs = attr;
-    config.numAttrs = 1;
-    KVC_CUDA_CALL(cudaLaunchKernelExC(&config, plan.kernel, args));
-    return cudaGetLastError();
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = 1;
+    attr[n].val.clusterDim.y = static_cast<unsigned>(plan.cluster);
+    attr[n].val.clusterDim.z = 1;
+    ++n;
   }
-  KVC_CUDA_CALL(cudaLaunchKernel(plan.kernel, grid, dim3(kThreads), args, 0, stream));
-  if (plan.num_chunks > 1) {
+  if (programmatic) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  config.attrs = attr;
+  config.numAttrs = n;
+  cudaError_t e = cudaLaunchKernelExC(&config, plan.kernel, args);
+  if (e != cudaSuccess && programmatic) {
+    cudaGetLastError();  // not supported here: clear it and launch in stream order
+    config.numAttrs = n - 1;
+    e = cudaLaunchKernelExC(&config, plan.kernel, args);
+  }
+  KVC_CUDA_CALL(e);
+  if (plan.num_chunks > 1 && plan.cluster <= 1) {
     CombineParams cp;
     cp.part_out = dp.part_out;
     cp.part_lse = dp.part_lse;
@@ -501,7 +523,8 @@ cudaError_t attention_decode(void* d_workspace, std::size_t& workspace_bytes,
               p.num_q_heads, p.num_kv_heads, p.scale);
   dp.prefetch = prefetches(p.kernel_path);
   dp.pipeline = p.kernel_path != static_cast<int>(KernelPath::kTensorCoresUnpipelined);
-  return run(plan, dp, p.head_dim, stream);
+  dp.early_ids = p.kernel_path != static_cast<int>(KernelPath::kTensorCoresLateIds);
+  return run(plan, dp, p.head_dim, launches_programmatic(p.kernel_path), stream);
 }
 
 cudaError_t dense_attention_decode(void* d_workspace, std::size_t& workspace_bytes,
@@ -544,7 +567,8 @@ cudaError_t dense_attention_decode(void* d_workspace, std::size_t& workspace_byt
               p.num_q_heads, p.num_kv_heads, p.scale);
   dp.prefetch = prefetches(p.kernel_path);
   dp.pipeline = p.kernel_path != static_cast<int>(KernelPath::kTensorCoresUnpipelined);
-  return run(plan, dp, p.head_dim, stream);
+  dp.early_ids = p.kernel_path != static_cast<int>(KernelPath::kTensorCoresLateIds);
+  return run(plan, dp, p.head_dim, launches_programmatic(p.kernel_path), stream);
 }
 
 cudaError_t merge_states(const float* d_out_a, const float* d_lse_a, const float* d_out_b,

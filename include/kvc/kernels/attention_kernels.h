@@ -58,6 +58,17 @@ enum class KernelPath : int {
   /// (each tile's loads issued just before the tile is computed; for benchmarks: what the
   /// pipeline buys).
   kTensorCoresUnpipelined = 4,
+  /// kTensorCoresNoPrefetch with the selected blocks' ids and block-table entries read only
+  /// after the row's length arrived (the order before 2026-12-04; for benchmarks: what reading
+  /// them together with the slot buys).
+  kTensorCoresLateIds = 5,
+  /// kTensorCoresNoPrefetch launched as a programmatic dependent of the kernel before it (its
+  /// CTAs scheduled while that kernel runs, waiting in griddepcontrol.wait before any read).
+  /// Measured on the H200 (2026-12-04): 0.8 us faster than a plain launch for block-select
+  /// attention launched back to back at B1 N128K, but the whole decode step slower behind the
+  /// selector (B1 28.5 against 27.1 us, B8 84.4 against 74.2), so the other paths launch in
+  /// plain stream order; for benchmarks.
+  kTensorCoresProgrammatic = 6,
 };
 
 /// Bytes of workspace that suffice for any attention_decode or dense_attention_decode call with
