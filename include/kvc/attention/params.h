@@ -46,8 +46,8 @@ struct AttentionParams {
   int max_splits = 0;  ///< CUDA: most split-K chunks per row (0: automatic); the CPU ignores it
   /// CUDA: which kernel runs the call (kvc/kernels/attention_kernels.h, KernelPath: 0 chosen by
   /// shape, 1 CUDA cores, 2 tensor cores, 3 tensor cores without L2 prefetch, 4 unpipelined,
-  /// 5 selected ids read after the length, 6 a programmatic dependent launch); for tests and benchmarks. The
-  /// CPU ignores it.
+  /// 5 selected ids read after the length, 6 a programmatic dependent launch); for tests and
+  /// benchmarks. The CPU ignores it.
   int kernel_path = 0;
 };
 
