@@ -10,7 +10,9 @@
 //   magnitudes' bits, an mxfp4 group's a butterfly over its 32 / E lanes. An update of up to
 //   kFusedMaxEntries entries plans inside its own kernels (every CTA finds its own pool pops;
 //   the last CTA to finish publishes lengths and the free count): a count-1 append is ONE
-//   launch (append_kernel), a chunk two (rows_kernel, ring_copy_kernel);
+//   launch (append_kernel and its one-round / lean forms), a chunk two (block_rows_kernel — a
+//   warp per (block, head), the block's rows in order, its summary summed in registers; the
+//   library's choice since 2026-12-04 — or rows_kernel, then ring_copy_kernel);
 // - the legacy kernels (plan_kernel, quantise_kernel, summarise_kernel, ring_kernel): a CTA per
 //   row with block reductions through shared memory, four launches per update.
 #pragma once
@@ -466,10 +468,12 @@ __device__ __forceinline__ std::uint8_t encode_mxfp4(const float (&x)[E], std::u
     // E < 8: the lane's first element is at i0 = E * lane, so its codes sit at slots
     // (E * lane + e) % 4 of one half.
     const int slot0 = E >= 8 ? 0 : (E * lane) % 4;
+    const float inv = formats::mxfp4_inverse_scale(byte);
+    const unsigned cap = formats::e2m1_max_finite_code(byte);
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      w[e / 8] |=
-          formats::mxfp4_index_place(formats::mxfp4_code(x[e], byte), E >= 8 ? e % 8 : slot0 + e);
+      w[e / 8] |= formats::mxfp4_index_place(formats::mxfp4_code_scaled(x[e], inv, cap),
+                                             E >= 8 ? e % 8 : slot0 + e);
     }
   }
   if constexpr (E == 2) w[0] |= __shfl_xor_sync(kFullMask, w[0], 1);
@@ -494,6 +498,50 @@ __device__ __forceinline__ float encode_fp8(const float (&x)[E], float amax,
   return scale;
 }
 
+/// What encode_row needs of the store's row format, computed once per kernel rather than per row:
+/// the bytes of an old K row, V row, index-copy row and its scales, and the format's cases.
+struct OldRowLayout {
+  std::size_t k_bytes, v_bytes, index_bytes, index_scale_bytes;
+  bool bf16;   ///< 16-bit inputs are bf16
+  bool q8;     ///< old_format kQ8 (K and V quantised)
+  bool q4v;    ///< old_format kFp16kQ4v (V quantised to int4)
+  bool index;  ///< the store keeps the index copy of K
+  bool mxfp4;  ///< ... in mxfp4 (else fp8_e4m3)
+
+  __device__ __forceinline__ static OldRowLayout of(const StoreView& s) {
+    OldRowLayout l;
+    l.k_bytes = store::k_row_bytes(s);
+    l.v_bytes = store::v_row_bytes(s);
+    l.index_bytes = store::index_payload_bytes(s);
+    l.index_scale_bytes = store::index_scale_bytes(s);
+    l.bf16 = store::is_bf16(s);
+    l.q8 = s.old_format == Format::kQ8;
+    l.q4v = s.old_format == Format::kFp16kQ4v;
+    l.index = (s.summaries & kSummaryIndexKeys) != 0;
+    l.mxfp4 = s.index_format == Format::kMxfp4;
+    return l;
+  }
+};
+
+/// OldRowLayout of a store in kvc's default format (kvc/defaults.h: fp16k_q4v old blocks with the
+/// mxfp4 index copy of K) with the format's cases as compile-time constants, so that a kernel
+/// instantiated with it carries none of the other formats' branches (block_rows_kernel).
+struct Fp16kQ4vMxfp4Layout : OldRowLayout {
+  static constexpr bool q8 = false;
+  static constexpr bool q4v = true;
+  static constexpr bool index = true;
+  static constexpr bool mxfp4 = true;
+
+  __device__ __forceinline__ explicit Fp16kQ4vMxfp4Layout(const OldRowLayout& l)
+      : OldRowLayout(l) {}
+
+  /// True when the store is in this format.
+  KVC_HD static bool serves(const StoreView& s) {
+    return s.old_format == Format::kFp16kQ4v && (s.summaries & kSummaryIndexKeys) != 0 &&
+           s.index_format == Format::kMxfp4;
+  }
+};
+
 /// Where encode_row also writes a row's stored K (payload and scale) and, when `v` is not null,
 /// its stored V: a block's rows staged in shared memory for its summary (StagedRows). All null:
 /// nothing staged.
@@ -504,18 +552,57 @@ struct RowStage {
   float* v_scale = nullptr;   ///< one float (q8, fp16k_q4v)
 };
 
+/// The stored bytes of N (2 or 4) consecutive elements of one old row and the row's scale: up to
+/// 8 bytes in w (N bytes of q8, N / 2 of int4, 2N of a 16-bit format), loaded or built before
+/// they are decoded, so that several rows can be in flight at once.
+struct StoredPiece {
+  std::uint32_t w[2];
+  float scale;
+};
+
+/// One lane's share of an old row as encode_row stored it, kept in registers: K's payload words
+/// (16-bit K: the input words; q8: the codes) and scale, V's (16-bit V: the input words; q8: the
+/// codes; int4: the nibbles) and scale; a scale is 0 where the format has none.
+template <int E>
+struct EncodedLane {
+  std::uint32_t k[E / 2];
+  std::uint32_t v[E / 2];
+  float k_scale = 0.0f;
+  float v_scale = 0.0f;
+
+  /// Piece g (elements [N g, N g + N) of the lane's E, N = 2 or 4) of K (value = false) or V, as
+  /// load_old reads the same bytes from the pool (f: the store's OldRowLayout).
+  template <int N, class Layout>
+  __device__ __forceinline__ StoredPiece piece(const Layout& f, bool value, int g) const {
+    const std::uint32_t* w = value ? v : k;
+    StoredPiece x{{0u, 0u}, value ? v_scale : k_scale};
+    if (f.q8) {  // N bytes
+      x.w[0] = N == 4 ? w[g] : (w[g / 2] >> (16 * (g % 2))) & 0xffffu;
+    } else if (value && f.q4v) {  // N nibbles
+      x.w[0] =
+          N == 4 ? (w[g / 2] >> (16 * (g % 2))) & 0xffffu : (w[g / 4] >> (8 * (g % 4))) & 0xffu;
+    } else {  // 2N bytes of 16-bit elements
+#pragma unroll
+      for (int i = 0; i < N / 2; ++i) x.w[i] = w[g * (N / 2) + i];
+    }
+    return x;
+  }
+};
+
 /// Encodes one token of one head (this lane's share `k`, `v` of its 16-bit K and V) into old row
 /// `row` (payload and scales) and, with kSummaryIndexKeys, its K into the index copy: the
 /// reference's encode_old_row. Every lane of the warp calls it with the same row. The same
-/// stored bytes also go to `stage` where its pointers are set.
-template <int E>
-__device__ __forceinline__ void encode_row(const StoreView& s, std::size_t row, const LaneRow<E>& k,
-                                           const LaneRow<E>& v, int lane,
-                                           const RowStage& stage = RowStage{}) {
-  const bool bf = store::is_bf16(s);
+/// stored bytes also go to `stage` where its pointers are set, and the lane's share of them to
+/// `kept` when it is not null.
+template <int E, class Layout>
+__device__ __forceinline__ void encode_row(const StoreView& s, const Layout& f, std::size_t row,
+                                           const LaneRow<E>& k, const LaneRow<E>& v, int lane,
+                                           const RowStage& stage = RowStage{},
+                                           EncodedLane<E>* kept = nullptr) {
+  const bool bf = f.bf16;
   const int i0 = E * lane;
-  std::uint8_t* kp = s.old_k + row * store::k_row_bytes(s);
-  std::uint8_t* vp = s.old_v + row * store::v_row_bytes(s);
+  std::uint8_t* kp = s.old_k + row * f.k_bytes;
+  std::uint8_t* vp = s.old_v + row * f.v_bytes;
   // NB payload bytes at byte `at` of the K (V) row, and of its staged copy.
   auto put_k = [&](auto nb, int at, const std::uint32_t* w) {
     store_packed<decltype(nb)::value>(kp + at, w);
@@ -526,17 +613,17 @@ __device__ __forceinline__ void encode_row(const StoreView& s, std::size_t row, 
     if (stage.v != nullptr) store_packed<decltype(nb)::value>(stage.v + at, w);
   };
   using std::integral_constant;
-  const bool q8 = s.old_format == Format::kQ8;
-  const bool index = (s.summaries & kSummaryIndexKeys) != 0;
+  const bool q8 = f.q8;
+  const bool index = f.index;
   if (q8 || index) {
     float x[E];
     unpack(k, bf, x);
     const std::uint32_t magnitude = lane_magnitude(x);
-    const bool mx = s.index_format == Format::kMxfp4;
+    const bool mx = f.mxfp4;
     const float amax = (q8 || (index && !mx)) ? amax_from_bits(warp_max(magnitude)) : 0.0f;
     if (index) {
-      std::uint8_t* ip = s.index_k + row * store::index_payload_bytes(s);
-      std::uint8_t* sc = s.index_k_scale + row * store::index_scale_bytes(s);
+      std::uint8_t* ip = s.index_k + row * f.index_bytes;
+      std::uint8_t* sc = s.index_k_scale + row * f.index_scale_bytes;
       if (mx) {
         std::uint32_t w[(E + 7) / 8];
         const std::uint8_t byte = encode_mxfp4<E>(x, magnitude, w, lane);
@@ -557,14 +644,25 @@ __device__ __forceinline__ void encode_row(const StoreView& s, std::size_t row, 
       std::uint32_t w[(E + 3) / 4];
       const float scale = encode_q8<E>(x, amax, w);
       put_k(integral_constant<int, E>{}, i0, w);
+      if (kept != nullptr) {
+#pragma unroll
+        for (int i = 0; i < (E + 3) / 4; ++i) kept->k[i] = w[i];
+        kept->k_scale = scale;
+      }
       if (lane == 0) {
         s.old_k_scale[row] = scale;
         if (stage.k != nullptr) *stage.k_scale = scale;
       }
     }
   }
-  if (!q8) put_k(integral_constant<int, 2 * E>{}, 2 * i0, k.w);
-  if (q8 || s.old_format == Format::kFp16kQ4v) {
+  if (!q8) {
+    put_k(integral_constant<int, 2 * E>{}, 2 * i0, k.w);
+    if (kept != nullptr) {
+#pragma unroll
+      for (int i = 0; i < E / 2; ++i) kept->k[i] = k.w[i];
+    }
+  }
+  if (q8 || f.q4v) {
     float x[E];
     unpack(v, bf, x);
     const float amax = amax_from_bits(warp_max(lane_magnitude(x)));
@@ -573,17 +671,30 @@ __device__ __forceinline__ void encode_row(const StoreView& s, std::size_t row, 
       std::uint32_t w[(E + 3) / 4];
       scale = encode_q8<E>(x, amax, w);
       put_v(integral_constant<int, E>{}, i0, w);
+      if (kept != nullptr) {
+#pragma unroll
+        for (int i = 0; i < (E + 3) / 4; ++i) kept->v[i] = w[i];
+      }
     } else {
       std::uint32_t w[(E + 7) / 8];
       scale = encode_q4<E>(x, amax, w);
       put_v(integral_constant<int, E / 2>{}, i0 / 2, w);
+      if (kept != nullptr) {
+#pragma unroll
+        for (int i = 0; i < (E + 7) / 8; ++i) kept->v[i] = w[i];
+      }
     }
+    if (kept != nullptr) kept->v_scale = scale;
     if (lane == 0) {
       s.old_v_scale[row] = scale;
       if (stage.v != nullptr) *stage.v_scale = scale;
     }
   } else {
     put_v(integral_constant<int, 2 * E>{}, 2 * i0, v.w);
+    if (kept != nullptr) {
+#pragma unroll
+      for (int i = 0; i < E / 2; ++i) kept->v[i] = v.w[i];
+    }
   }
 }
 
@@ -591,14 +702,6 @@ __device__ __forceinline__ void encode_row(const StoreView& s, std::size_t row, 
 KVC_HD int touched_blocks(int count, int block_size) {
   return (count + block_size - 2) / block_size + 1;
 }
-
-/// The stored bytes of elements [i0, i0 + 4) of one old row (i0 a multiple of 4) and the row's
-/// scale: a 4-byte (q8), 2-byte (int4) or 8-byte (16-bit) piece in w, loaded before it is decoded
-/// so that several rows' loads can be in flight at once.
-struct Stored4 {
-  std::uint32_t w[2];
-  float scale;
-};
 
 /// One stored old row as summarise_rows reads it: its K and V payloads and their scales (a
 /// scale pointer is null where the format has none).
@@ -640,48 +743,103 @@ struct StagedRows {
   }
 };
 
-/// Elements [i0, i0 + 4) of the stored K (value = false) or V (true) of `row` (one 2-, 4- or
-/// 8-byte load and the scale).
-__device__ __forceinline__ Stored4 load_old4(const StoreView& s, bool value, const StoredRow& row,
-                                             int i0) {
+/// Elements [i0, i0 + N) of the stored K (value = false) or V (true) of `row` (N = 2 or 4; one
+/// load of N, N / 2 or 2N bytes, and the scale).
+template <int N>
+__device__ __forceinline__ StoredPiece load_old(const StoreView& s, bool value,
+                                                const StoredRow& row, int i0) {
+  static_assert(N == 2 || N == 4, "pieces of 2 or 4 elements");
   const std::uint8_t* p = value ? row.v : row.k;
-  Stored4 x{{0u, 0u}, 0.0f};
+  StoredPiece x{{0u, 0u}, 0.0f};
   if (s.old_format == Format::kQ8) {
-    x.w[0] = *reinterpret_cast<const std::uint32_t*>(p + i0);
+    x.w[0] = N == 4 ? *reinterpret_cast<const std::uint32_t*>(p + i0)
+                    : *reinterpret_cast<const std::uint16_t*>(p + i0);
     x.scale = value ? *row.v_scale : *row.k_scale;
   } else if (value && s.old_format == Format::kFp16kQ4v) {
-    x.w[0] = *reinterpret_cast<const std::uint16_t*>(p + i0 / 2);
+    x.w[0] = N == 4 ? *reinterpret_cast<const std::uint16_t*>(p + i0 / 2) : p[i0 / 2];
     x.scale = *row.v_scale;
   } else {  // f16 and bf16; fp16k_q4v's K is in the 16-bit dtype
-    load_packed<8>(p + 2 * i0, x.w);
+    load_packed<2 * N>(p + 2 * i0, x.w);
   }
   return x;
 }
 
-/// The elements of load_old4 dequantised as store::old_k_at / store::old_v_at do.
-__device__ __forceinline__ void decode_old4(const StoreView& s, bool value, const Stored4& in,
-                                            float (&x)[4]) {
-  if (s.old_format == Format::kQ8) {
+/// The elements of a StoredPiece dequantised as store::old_k_at / store::old_v_at do, for the
+/// store's OldRowLayout f.
+template <int N, class Layout>
+__device__ __forceinline__ void decode_old(const Layout& f, bool value, const StoredPiece& in,
+                                           float (&x)[N]) {
+  if (f.q8) {
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
+    for (int n = 0; n < N; ++n) {
       x[n] = formats::q8_decode(static_cast<std::int8_t>((in.w[0] >> (8 * n)) & 0xffu), in.scale);
     }
-  } else if (value && s.old_format == Format::kFp16kQ4v) {
+  } else if (value && f.q4v) {
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
+    for (int n = 0; n < N; ++n) {
       x[n] = fmul_rn(static_cast<float>(formats::q4_code(in.w[0] >> (4 * n))), in.scale);
     }
   } else {
-    LaneRow<4> w;
-    w.w[0] = in.w[0];
-    w.w[1] = in.w[1];
-    unpack(w, store::is_bf16(s), x);
+    LaneRow<N> w;
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) w.w[k] = in.w[k];
+    unpack(w, f.bf16, x);
   }
 }
 
-/// store::summarise_element for elements [i0, i0 + 4) of (pool block pb, head h) at once: the
-/// same row-order sums (fadd_rn from 0), mean = fdiv_rn(sum, B), NaN-propagating min / max, and
-/// store_summary, with one vector load per row and array instead of one per element; row t read
+/// store::summarise_element for N consecutive elements of one (block, head), fed the block's
+/// rows in row order (t = 0, 1, ..., B - 1): the same row-order sums (fadd_rn from 0),
+/// NaN-propagating min / max and, in store(), mean = fdiv_rn(sum, B) and store_summary.
+template <int N>
+struct SummarySums {
+  float sum_k[N], sum_v[N], mn[N], mx[N];
+
+  __device__ __forceinline__ SummarySums() {
+#pragma unroll
+    for (int n = 0; n < N; ++n) sum_k[n] = sum_v[n] = mn[n] = mx[n] = 0.0f;
+  }
+
+  /// Row t's stored K piece `k` and (mean V kept) V piece `v` (f: the store's OldRowLayout).
+  template <class Layout>
+  __device__ __forceinline__ void add(const StoreView& s, const Layout& f, int t,
+                                      const StoredPiece& k, const StoredPiece& v) {
+    float kv[N];
+    decode_old<N>(f, false, k, kv);
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      sum_k[n] = fadd_rn(sum_k[n], kv[n]);
+      if (s.summaries & kSummaryMinMaxK) {  // a NaN anywhere in the block makes min and max NaN
+        if (t == 0 || is_nan(kv[n]) || (!is_nan(mn[n]) && kv[n] < mn[n])) mn[n] = kv[n];
+        if (t == 0 || is_nan(kv[n]) || (!is_nan(mx[n]) && kv[n] > mx[n])) mx[n] = kv[n];
+      }
+    }
+    if (s.summaries & kSummaryMeanV) {
+      float vv[N];
+      decode_old<N>(f, true, v, vv);
+#pragma unroll
+      for (int n = 0; n < N; ++n) sum_v[n] = fadd_rn(sum_v[n], vv[n]);
+    }
+  }
+
+  /// The summaries of elements [i0, i0 + N) of (pool block pb, head h).
+  __device__ __forceinline__ void store(const StoreView& s, int pb, int h, int i0) const {
+    const float b = static_cast<float>(s.block_size);
+    const std::size_t o = store::block_head_index(s, pb, h) * s.head_dim + i0;
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      store::store_summary(s, s.mean_k, o + n, fdiv_rn(sum_k[n], b));
+      if (s.summaries & kSummaryMeanV)
+        store::store_summary(s, s.mean_v, o + n, fdiv_rn(sum_v[n], b));
+      if (s.summaries & kSummaryMinMaxK) {
+        store::store_summary(s, s.min_k, o + n, mn[n]);
+        store::store_summary(s, s.max_k, o + n, mx[n]);
+      }
+    }
+  }
+};
+
+/// store::summarise_element for elements [i0, i0 + 4) of (pool block pb, head h) at once
+/// (SummarySums), with one vector load per row and array instead of one per element; row t read
 /// where rows(t) says (PoolRows: the pool; StagedRows: shared memory). kAhead rows' loads are
 /// issued before the first of them is summed (1: one row at a time, each load waited for; the
 /// arithmetic and its order are the same for every kAhead).
@@ -689,53 +847,25 @@ template <int kAhead, class Rows>
 __device__ __forceinline__ void summarise_rows(const StoreView& s, const Rows& rows, int pb, int h,
                                                int i0) {
   const bool mean_v = (s.summaries & kSummaryMeanV) != 0;
-  const bool min_max = (s.summaries & kSummaryMinMaxK) != 0;
-  float sum_k[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sum_v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  float mn[4] = {0.0f, 0.0f, 0.0f, 0.0f}, mx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const OldRowLayout f = OldRowLayout::of(s);
+  SummarySums<4> sums;
   const int B = s.block_size;
   for (int t0 = 0; t0 < B; t0 += kAhead) {
-    Stored4 ks[kAhead], vs[kAhead];
+    StoredPiece ks[kAhead], vs[kAhead];
 #pragma unroll
     for (int j = 0; j < kAhead; ++j) {
       if (t0 + j < B) {
         const StoredRow r = rows(t0 + j);
-        ks[j] = load_old4(s, false, r, i0);
-        if (mean_v) vs[j] = load_old4(s, true, r, i0);
+        ks[j] = load_old<4>(s, false, r, i0);
+        if (mean_v) vs[j] = load_old<4>(s, true, r, i0);
       }
     }
 #pragma unroll
     for (int j = 0; j < kAhead; ++j) {
-      const int t = t0 + j;
-      if (t >= B) continue;
-      float kv[4];
-      decode_old4(s, false, ks[j], kv);
-#pragma unroll
-      for (int n = 0; n < 4; ++n) {
-        sum_k[n] = fadd_rn(sum_k[n], kv[n]);
-        if (min_max) {  // a NaN anywhere in the block makes min and max NaN (never hidden)
-          if (t == 0 || is_nan(kv[n]) || (!is_nan(mn[n]) && kv[n] < mn[n])) mn[n] = kv[n];
-          if (t == 0 || is_nan(kv[n]) || (!is_nan(mx[n]) && kv[n] > mx[n])) mx[n] = kv[n];
-        }
-      }
-      if (mean_v) {
-        float vv[4];
-        decode_old4(s, true, vs[j], vv);
-#pragma unroll
-        for (int n = 0; n < 4; ++n) sum_v[n] = fadd_rn(sum_v[n], vv[n]);
-      }
+      if (t0 + j < B) sums.add(s, f, t0 + j, ks[j], vs[j]);
     }
   }
-  const float b = static_cast<float>(B);
-  const std::size_t o = store::block_head_index(s, pb, h) * s.head_dim + i0;
-#pragma unroll
-  for (int n = 0; n < 4; ++n) {
-    store::store_summary(s, s.mean_k, o + n, fdiv_rn(sum_k[n], b));
-    if (mean_v) store::store_summary(s, s.mean_v, o + n, fdiv_rn(sum_v[n], b));
-    if (min_max) {
-      store::store_summary(s, s.min_k, o + n, mn[n]);
-      store::store_summary(s, s.max_k, o + n, mx[n]);
-    }
-  }
+  sums.store(s, pb, h, i0);
 }
 
 /// summarise_rows over the pool's rows of (pool block pb, head h).
@@ -821,6 +951,43 @@ constexpr int staged_batch() {
 /// shared memory answers fast, and registers bound the CTAs per SM).
 constexpr int kStagedAhead = 4;
 
+/// Old block c (0 .. touched - 1) of the blocks a chunk update of `count` tokens to a slot of
+/// length L touches: block b, the old tokens [p_begin, p_end) the update adds to it, and whether
+/// the update closes it; `writes` is false where it adds none or another shard owns the block.
+struct ChunkBlock {
+  int b, p_begin, p_end;
+  bool closes, writes;
+
+  __device__ __forceinline__ ChunkBlock(const StoreView& s, int L, int count, int c) {
+    const int B = s.block_size;
+    const int o0 = old_tokens(s, L), o1 = old_tokens(s, L + count);
+    b = o0 / B + c;
+    p_begin = o0 > b * B ? o0 : b * B;
+    p_end = o1 < b * B + B ? o1 : b * B + B;
+    closes = b < o1 / B;
+    writes = p_begin < p_end && store::owns_block(s, b);
+  }
+
+  /// Its pool block for entry e (slot `slot`): with `plan` a block that starts with this update
+  /// takes free_blocks[top - 1 - rank] (rank: the pops of the entries before, then the block's
+  /// place among the entry's new owned blocks; the host mirror's order), recorded in the block
+  /// table where `record`; else the block table's. Every lane of the warp calls it (pops_before).
+  __device__ __forceinline__ int pool_block(const StoreView& s, const std::int32_t* slots, int e,
+                                            int slot, int L, int count, bool plan, int top,
+                                            int lane, bool record) const {
+    std::int32_t* entry =
+        s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot + b;
+    const int begin = (old_tokens(s, L) + s.block_size - 1) / s.block_size;  // opened earlier
+    if (!plan || b < begin) return *entry;
+    const int rank = pops_before(s, slots, e, count, lane) +
+                     store::owned_count(b, s.num_shards, s.shard_index) -
+                     store::owned_count(begin, s.num_shards, s.shard_index);
+    const int pb = s.free_blocks[top - 1 - rank];
+    if (record) *entry = pb;
+    return pb;
+  }
+};
+
 // Quantises the tokens that leave the ring and summarises the blocks that close: a CTA per
 // (entry, block touched, head), grid (entries * touched_blocks(count, B) * Hkv, 1, layers), the
 // head fastest. Layer z is at_layer(s0, ls, z) with its input at k + z * ls.kv. plan = false
@@ -859,24 +1026,11 @@ __global__ void __launch_bounds__(kStaged ? 32 * kStagedWarps : 32 * kFastWarps,
   const int top = plan ? *s.free_count : 0;
   const int L = plan ? s.lengths[slot] : s.update_scratch[e];
   const int B = s.block_size, W = s.recent_window, d = s.head_dim;
-  const int o0 = old_tokens(s, L), o1 = old_tokens(s, L + count);
-  const int b = o0 / B + c;
-  const int p_begin = o0 > b * B ? o0 : b * B;
-  const int p_end = o1 < b * B + B ? o1 : b * B + B;
-  if (p_begin < p_end && store::owns_block(s, b)) {  // not another shard's block
-    std::int32_t* entry =
-        s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot + b;
-    const int begin = (o0 + B - 1) / B;  // blocks before it were opened by earlier updates
-    int pb;
-    if (plan && b >= begin) {
-      const int rank = pops_before(s, slots, e, count, lane) +
-                       store::owned_count(b, s.num_shards, s.shard_index) -
-                       store::owned_count(begin, s.num_shards, s.shard_index);
-      pb = s.free_blocks[top - 1 - rank];
-      if (h == 0 && threadIdx.x == 0) *entry = pb;
-    } else {
-      pb = *entry;
-    }
+  const ChunkBlock blk(s, L, count, c);
+  const int b = blk.b, p_begin = blk.p_begin, p_end = blk.p_end;
+  if (blk.writes) {
+    const int pb =
+        blk.pool_block(s, slots, e, slot, L, count, plan, top, lane, h == 0 && threadIdx.x == 0);
     const int warps = static_cast<int>(blockDim.x) / 32;
     const auto* ring_k = static_cast<const std::uint16_t*>(s.ring_k);
     const auto* ring_v = static_cast<const std::uint16_t*>(s.ring_v);
@@ -884,7 +1038,7 @@ __global__ void __launch_bounds__(kStaged ? 32 * kStagedWarps : 32 * kFastWarps,
       if (p < L) return ring + store::ring_row_index(s, slot, h, p % W) * d;
       return in + ((static_cast<std::size_t>(e) * count + (p - L)) * s.num_kv_heads + h) * d;
     };
-    const bool closes = b < o1 / B;
+    const bool closes = blk.closes;
     if constexpr (!kStaged) {
       int p = p_begin + static_cast<int>(threadIdx.x) / 32;
       LaneRow<E> kr, vr;
@@ -899,7 +1053,7 @@ __global__ void __launch_bounds__(kStaged ? 32 * kStagedWarps : 32 * kFastWarps,
           kn = load_lane<E>(source(next, ring_k, k), lane);
           vn = load_lane<E>(source(next, ring_v, v), lane);
         }
-        encode_row<E>(s, store::old_row_index(s, pb, h, p % B), kr, vr, lane);
+        encode_row<E>(s, OldRowLayout::of(s), store::old_row_index(s, pb, h, p % B), kr, vr, lane);
         kr = kn;
         vr = vn;
       }
@@ -943,7 +1097,8 @@ __global__ void __launch_bounds__(kStaged ? 32 * kStagedWarps : 32 * kFastWarps,
             at.k_scale = stage_ks + t;
             at.v_scale = stage_vs + t;
           }
-          encode_row<E>(s, store::old_row_index(s, pb, h, t), kr[j], vr[j], lane, at);
+          encode_row<E>(s, OldRowLayout::of(s), store::old_row_index(s, pb, h, t), kr[j], vr[j],
+                        lane, at);
         }
       }
       if (closes) {  // the block closes: its rows are complete once every warp is done
@@ -966,6 +1121,137 @@ __global__ void __launch_bounds__(kStaged ? 32 * kStagedWarps : 32 * kFastWarps,
     if (c == 0 && h == 0 && threadIdx.x == 0) s.update_scratch[e] = L;
     publish_update(s, slots, entries, count, top);
   }
+}
+
+/// Warps per CTA of block_rows_kernel.
+constexpr int kBlockRowsWarps = 4;
+
+/// CTAs per SM block_rows_kernel<E, Layout> is compiled for (its __launch_bounds__): 5 (at most
+/// 102 registers) for the default format's layout at E <= 4, where ptxas fits it without spills
+/// (103 registers unbounded, 4 CTAs per SM), else 1 (no bound).
+template <int E, class Layout>
+constexpr int block_rows_min_ctas() {
+  return E <= 4 && std::is_same<Layout, Fp16kQ4vMxfp4Layout>::value ? 5 : 1;
+}
+
+/// Rows whose K and V loads a warp of block_rows_kernel issues together, and keeps in flight
+/// while it encodes the rows before them (lane elements E, 2 <= E <= 16): 32 bytes of K and 32
+/// of V per lane.
+template <int E>
+constexpr int block_rows_batch() {
+  return 8 / E > 0 ? 8 / E : 1;
+}
+
+// Quantises the tokens that leave the ring and summarises the blocks that close, a WARP per
+// (entry, block touched, head): unit u = blockIdx.x * kBlockRowsWarps + warp of entries * touched
+// * Hkv, the head fastest; layer z is at_layer(s0, ls, z) with its input at k + z * ls.kv. The
+// warp encodes its block's new rows in row order, block_rows_batch<E>() rows' loads in flight
+// ahead of the ones it encodes, and when the block closes sums its summary from the rows it
+// encoded (kept in registers: EncodedLane) after the block's earlier rows (written by earlier
+// updates) from the pool: the row-order sums of store::summarise_element without reading the new
+// rows back. plan as in rows_kernel (false: the plan ran before, lengths in update_scratch;
+// true: the kernel pops its own blocks and its last CTA publishes). Layout: OldRowLayout (any
+// format, its cases tested at run time) or Fp16kQ4vMxfp4Layout (the default format's, fixed at
+// compile time). Bit-identical to rows_kernel and the CPU reference.
+template <int E, class Layout>
+__global__ void __launch_bounds__(32 * kBlockRowsWarps, block_rows_min_ctas<E, Layout>())
+    block_rows_kernel(StoreView s0, LayerStrides ls, const std::int32_t* slots, int entries,
+                      int count, int touched, const std::uint16_t* k, const std::uint16_t* v,
+                      bool plan) {
+  constexpr int N = E >= 4 ? 4 : 2;  // elements of a summary piece
+  constexpr int P = E / N;           // pieces per lane
+  constexpr int R = block_rows_batch<E>();
+  const StoreView s = at_layer(s0, ls, blockIdx.z);
+  k += ls.kv * blockIdx.z;
+  v += ls.kv * blockIdx.z;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int H = s.num_kv_heads;
+  const long long u = static_cast<long long>(blockIdx.x) * kBlockRowsWarps + threadIdx.x / 32;
+  const int top = plan ? *s.free_count : 0;
+  if (u < static_cast<long long>(entries) * touched * H) {
+    const int h = static_cast<int>(u % H);
+    const int e = static_cast<int>(u / H / touched), c = static_cast<int>(u / H % touched);
+    const int slot = slots[e];
+    const int L = plan ? s.lengths[slot] : s.update_scratch[e];
+    const int B = s.block_size, W = s.recent_window, d = s.head_dim;
+    const ChunkBlock blk(s, L, count, c);
+    const int b = blk.b, p_begin = blk.p_begin, p_end = blk.p_end;
+    if (blk.writes) {
+      const int pb =
+          blk.pool_block(s, slots, e, slot, L, count, plan, top, lane, h == 0 && lane == 0);
+      const bool closes = blk.closes;
+      const bool mean_v = (s.summaries & kSummaryMeanV) != 0;
+      const Layout layout{OldRowLayout::of(s)};
+      const std::size_t row0 = store::old_row_index(s, pb, h, 0);
+      SummarySums<N> sums[P];
+      if (closes) {  // the rows of earlier updates, from the pool, first
+        const PoolRows pool{&s, pb, h};
+#pragma unroll 1
+        for (int t = 0; t < p_begin - b * B; ++t) {
+          const StoredRow r = pool(t);
+#pragma unroll
+          for (int g = 0; g < P; ++g) {
+            const int i0 = E * lane + N * g;
+            const StoredPiece kp = load_old<N>(s, false, r, i0);
+            const StoredPiece vp = mean_v ? load_old<N>(s, true, r, i0) : StoredPiece{};
+            sums[g].add(s, layout, t, kp, vp);
+          }
+        }
+      }
+      const auto* ring_k = static_cast<const std::uint16_t*>(s.ring_k);
+      const auto* ring_v = static_cast<const std::uint16_t*>(s.ring_v);
+      auto source = [&](int p, const std::uint16_t* ring, const std::uint16_t* in) {
+        if (p < L) return ring + store::ring_row_index(s, slot, h, p % W) * d;
+        return in + ((static_cast<std::size_t>(e) * count + (p - L)) * H + h) * d;
+      };
+      LaneRow<E> kr[R], vr[R];
+#pragma unroll
+      for (int j = 0; j < R; ++j) {
+        if (p_begin + j < p_end) {
+          kr[j] = load_lane<E>(source(p_begin + j, ring_k, k), lane);
+          vr[j] = load_lane<E>(source(p_begin + j, ring_v, v), lane);
+        }
+      }
+      for (int p0 = p_begin; p0 < p_end; p0 += R) {
+        LaneRow<E> kn[R], vn[R];
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+          kn[j] = kr[j];
+          vn[j] = vr[j];
+          if (p0 + R + j < p_end) {
+            kn[j] = load_lane<E>(source(p0 + R + j, ring_k, k), lane);
+            vn[j] = load_lane<E>(source(p0 + R + j, ring_v, v), lane);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+          const int p = p0 + j;
+          if (p >= p_end) break;
+          const int t = p - b * B;
+          EncodedLane<E> kept;
+          encode_row<E>(s, layout, row0 + t, kr[j], vr[j], lane, RowStage{}, &kept);
+          if (closes) {
+#pragma unroll
+            for (int g = 0; g < P; ++g) {
+              sums[g].add(s, layout, t, kept.template piece<N>(layout, false, g),
+                          kept.template piece<N>(layout, true, g));
+            }
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < R; ++j) {
+          kr[j] = kn[j];
+          vr[j] = vn[j];
+        }
+      }
+      if (closes) {
+#pragma unroll
+        for (int g = 0; g < P; ++g) sums[g].store(s, pb, h, E * lane + N * g);
+      }
+    }
+    if (plan && c == 0 && h == 0 && lane == 0) s.update_scratch[e] = L;
+  }
+  if (plan) publish_update(s, slots, entries, count, top);
 }
 
 // New ring rows: positions [max(L, L + count - W), L + count) of every entry (L from
@@ -1043,7 +1329,7 @@ __global__ void __launch_bounds__(32 * kFastWarps)
       } else {
         pb = *entry;
       }
-      encode_row<E>(s, store::old_row_index(s, pb, h, q % B), ko, vo, lane);
+      encode_row<E>(s, OldRowLayout::of(s), store::old_row_index(s, pb, h, q % B), ko, vo, lane);
       if ((q + 1) % B == 0) {  // the block closes: its last row is this warp's
         __syncwarp();
         for (int i0 = 4 * lane; i0 < d; i0 += 4 * 32) summarise4<1>(s, pb, h, i0);
@@ -1210,7 +1496,7 @@ __device__ __forceinline__ void append_row(const StoreView& s, int slot, int L, 
   }
   if (!quantise) return;
   if (fresh >= 0 && h == 0 && lane == 0) *entry = pb;
-  encode_row<E>(s, store::old_row_index(s, pb, h, q % B), ko, vo, lane);
+  encode_row<E>(s, OldRowLayout::of(s), store::old_row_index(s, pb, h, q % B), ko, vo, lane);
   if ((q + 1) % B == 0) {  // the block closes: its last row is this warp's
     __syncwarp();
     for (int i0 = 4 * lane; i0 < d; i0 += 4 * 32) summarise4<kAhead>(s, pb, h, i0);

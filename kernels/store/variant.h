@@ -43,9 +43,9 @@ KVC_HD std::size_t stage_bytes(const StoreView& s) {
 
 /// Which kernels an update runs (kernels/store/update.cuh).
 enum class StoreKernels {
-  /// The library's choice: kLeanPdl's append where it applies (an update's count 1; kFused's
-  /// self-planning for count > 1), kRows otherwise (kLegacy for K/V that are not 16-byte
-  /// aligned); a planned write of count 1 is kOneRound's single launch.
+  /// The library's choice: count 1 is kLeanPdl's append where it applies, count > 1 kBlockRows's
+  /// kernels (kLegacy's for K/V that are not 16-byte aligned); a planned write of count 1 is
+  /// kOneRound's single launch.
   kAuto,
   /// The update plans inside its own kernels: count 1 is one launch (append_kernel), count > 1
   /// two (rows_kernel planning for itself, ring_copy_kernel). Applies to at most
@@ -83,6 +83,11 @@ enum class StoreKernels {
   kLean,
   /// kLean's kernels launched as programmatic dependents (as kOneRoundPdl).
   kLeanPdl,
+  /// Count > 1: block_rows_kernel (kernels/store/update.cuh: a warp per (block, head) encodes the
+  /// block's new rows in order and sums a closing block's summary in registers, no read-back),
+  /// planning for itself where kFused applies (else after plan_kernel), then the ring copy.
+  /// Count 1: as kAuto. The library's choice for count > 1 since 2026-12-04.
+  kBlockRows,
   /// Count > 1: plan_kernel, then the staged rows kernel with the plan given (no done-counter:
   /// no CTA waits on an atomic before it exits) and the ring copy, three launches, on any view
   /// (no done-counter needed; K/V that are not 16-byte aligned run kLegacy's kernels). Count 1:

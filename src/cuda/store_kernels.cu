@@ -57,15 +57,33 @@ cudaError_t write_legacy(const StoreView& s, const LayerStrides& ls, unsigned z,
   return cudaGetLastError();
 }
 
-// rows_kernel + ring_copy_kernel; plan: rows_kernel plans for itself (store_update of one layer
-// with s.update_counter set), else the plan ran before. staged: the staged rows kernel
-// (rows_kernel<E, true>, StoreKernels::kLean), its closing blocks staged in shared memory where
-// stage_bytes(s) fits kMaxStageBytes.
+// Which kernel encodes the rows of a count > 1 update.
+enum class RowKernel {
+  kWarpPerRow,  // rows_kernel<E, false>: a CTA per (block, head), a warp per row
+  kStaged,      // rows_kernel<E, true>: closing blocks staged in shared memory
+  kBlock,       // block_rows_kernel: a warp per (block, head), summaries in registers
+};
+
+RowKernel row_kernel(StoreKernels which) {
+  if (which == StoreKernels::kAuto || which == StoreKernels::kBlockRows) return RowKernel::kBlock;
+  if (which == StoreKernels::kLean || which == StoreKernels::kLeanPdl ||
+      which == StoreKernels::kStaged) {
+    return RowKernel::kStaged;
+  }
+  return RowKernel::kWarpPerRow;
+}
+
+// The row kernel `kind` + ring_copy_kernel; plan: the row kernel plans for itself (store_update
+// of one layer with s.update_counter set), else the plan ran before. kStaged: the closing blocks
+// staged in shared memory where stage_bytes(s) fits kMaxStageBytes.
 cudaError_t write_rows(const StoreView& s, const LayerStrides& ls, unsigned z,
                        const std::int32_t* d_slots, int entries, int count, const std::uint16_t* k,
-                       const std::uint16_t* v, bool plan, bool staged, cudaStream_t stream) {
+                       const std::uint16_t* v, bool plan, RowKernel kind, cudaStream_t stream) {
   const int touched = touched_blocks(count, s.block_size);
-  const long long ctas = static_cast<long long>(entries) * touched * s.num_kv_heads;
+  const long long units = static_cast<long long>(entries) * touched * s.num_kv_heads;
+  const bool staged = kind == RowKernel::kStaged;
+  const long long ctas =
+      kind == RowKernel::kBlock ? (units + kBlockRowsWarps - 1) / kBlockRowsWarps : units;
   if (ctas > 0x7fffffffLL) return cudaErrorInvalidValue;
   // Rows per CTA are at most min(B, count): no more warps than that.
   const int most = staged ? kStagedWarps : kFastWarps;
@@ -75,7 +93,13 @@ cudaError_t write_rows(const StoreView& s, const LayerStrides& ls, unsigned z,
   const std::size_t smem = staged && stage_bytes(s) <= kMaxStageBytes ? stage_bytes(s) : 0;
   KVC_CUDA_CALL(with_lane_elements(s.head_dim, [&](auto lane_elems) {
     constexpr int kE = decltype(lane_elems)::value;
-    if (staged) {
+    if (kind == RowKernel::kBlock && Fp16kQ4vMxfp4Layout::serves(s)) {
+      block_rows_kernel<kE, Fp16kQ4vMxfp4Layout><<<grid, 32 * kBlockRowsWarps, 0, stream>>>(
+          s, ls, d_slots, entries, count, touched, k, v, plan);
+    } else if (kind == RowKernel::kBlock) {
+      block_rows_kernel<kE, OldRowLayout><<<grid, 32 * kBlockRowsWarps, 0, stream>>>(
+          s, ls, d_slots, entries, count, touched, k, v, plan);
+    } else if (staged) {
       rows_kernel<kE, true><<<grid, 32 * warps, smem, stream>>>(s, ls, d_slots, entries, count,
                                                                 touched, k, v, plan, smem > 0);
     } else {
@@ -135,8 +159,9 @@ bool lean(StoreKernels which) {
 }
 
 bool one_round(StoreKernels which) {
-  return which == StoreKernels::kAuto || which == StoreKernels::kOneRound ||
-         which == StoreKernels::kOneRoundWide || which == StoreKernels::kOneRoundPdl || lean(which);
+  return which == StoreKernels::kAuto || which == StoreKernels::kBlockRows ||
+         which == StoreKernels::kOneRound || which == StoreKernels::kOneRoundWide ||
+         which == StoreKernels::kOneRoundPdl || lean(which);
 }
 
 bool programmatic(StoreKernels which) {
@@ -182,10 +207,11 @@ cudaError_t store_write_layers_with(StoreKernels which, const StoreView& s, cons
                           stream);
   }
   if (which == StoreKernels::kLegacy ||
-      ((which == StoreKernels::kAuto || lean(which)) && !aligned16(k, v, ls.kv))) {
+      ((which == StoreKernels::kAuto || which == StoreKernels::kBlockRows || lean(which)) &&
+       !aligned16(k, v, ls.kv))) {
     return write_legacy(s, ls, z, d_slots, entries, count, k, v, stream);
   }
-  return write_rows(s, ls, z, d_slots, entries, count, k, v, false, lean(which), stream);
+  return write_rows(s, ls, z, d_slots, entries, count, k, v, false, row_kernel(which), stream);
 }
 
 cudaError_t store_update_with(StoreKernels which, const StoreView& s, const std::int32_t* d_slots,
@@ -210,16 +236,18 @@ cudaError_t store_update_with(StoreKernels which, const StoreView& s, const std:
     const auto* k = static_cast<const std::uint16_t*>(d_k);
     const auto* v = static_cast<const std::uint16_t*>(d_v);
     if (count > 1) {
-      return write_rows(s, LayerStrides{}, 1, d_slots, entries, count, k, v, true, lean(which),
-                        stream);
+      return write_rows(s, LayerStrides{}, 1, d_slots, entries, count, k, v, true,
+                        row_kernel(which), stream);
     }
     if (which == StoreKernels::kLean) return append_lean<false>(s, d_slots, entries, k, v, stream);
     // kAuto: the lean append as a programmatic dependent, the fastest count-1 set on the H200
     // (store_bench BM_AppendStep, bf16 d128, docs/perf-data/2026-12-01-session6: B1 / B8 / B64
     // 3.00 / 3.60 / 4.14 us against 3.54 / 4.54 / 5.48 for kOneRoundWide, the choice before it,
     // and 3.46 / 3.95 / 4.84 for kLean).
-    if (which == StoreKernels::kLeanPdl || which == StoreKernels::kAuto)
+    if (which == StoreKernels::kLeanPdl || which == StoreKernels::kAuto ||
+        which == StoreKernels::kBlockRows) {
       return append_lean<true>(s, d_slots, entries, k, v, stream);
+    }
     if (which == StoreKernels::kOneRoundWide)
       return append_once<16, false>(s, d_slots, entries, k, v, stream);
     if (which == StoreKernels::kOneRoundPdl)

@@ -59,6 +59,8 @@ const char* name_of(StoreKernels k) {
       return "lean-pdl";
     case StoreKernels::kStaged:
       return "staged";
+    case StoreKernels::kBlockRows:
+      return "block-rows";
     default:
       return "legacy";
   }
@@ -237,8 +239,9 @@ TEST_P(Cuda_StoreUpdate_Formats, EveryKernelSetMatchesCpu) {
   const auto [f, t] = format;
   KvStoreConfig c = small_config(f, t, d, index);
   if (d == 128) c.summary_dtype = t;  // 16-bit summaries, rounded once
-  for (StoreKernels k : {StoreKernels::kFused, StoreKernels::kOneRound, StoreKernels::kRows,
-                         StoreKernels::kLegacy, StoreKernels::kLean, StoreKernels::kStaged}) {
+  for (StoreKernels k :
+       {StoreKernels::kFused, StoreKernels::kOneRound, StoreKernels::kRows, StoreKernels::kLegacy,
+        StoreKernels::kLean, StoreKernels::kStaged, StoreKernels::kBlockRows}) {
     ingest_then_append(c, k, 99u + static_cast<std::uint32_t>(d));
   }
   Twin planned(c, StoreKernels::kAuto, false);  // plan + the planned count-1 write
@@ -317,8 +320,9 @@ TEST(Cuda_StoreUpdate, ShardsMatchCpu) {
     c.num_shards = 3;
     c.shard_index = shard;
     c.block_size = 4;
-    for (StoreKernels k : {StoreKernels::kFused, StoreKernels::kOneRound, StoreKernels::kRows,
-                           StoreKernels::kLegacy, StoreKernels::kLean, StoreKernels::kStaged}) {
+    for (StoreKernels k :
+         {StoreKernels::kFused, StoreKernels::kOneRound, StoreKernels::kRows, StoreKernels::kLegacy,
+          StoreKernels::kLean, StoreKernels::kStaged, StoreKernels::kBlockRows}) {
       ingest_then_append(c, k, 7u + shard);
     }
     for (StoreKernels k : {StoreKernels::kFused, StoreKernels::kOneRound,
@@ -341,9 +345,9 @@ TEST(Cuda_StoreUpdate, NonFiniteZeroAndExtremeRowsMatchCpu) {
   KVC_REQUIRE_GPU();
   for (const Format f : {Format::kQ8, Format::kFp16kQ4v}) {
     for (const Format index : {Format::kMxfp4, Format::kFp8E4m3}) {
-      for (StoreKernels k :
-           {StoreKernels::kFused, StoreKernels::kOneRound, StoreKernels::kAuto, StoreKernels::kRows,
-            StoreKernels::kLegacy, StoreKernels::kLean, StoreKernels::kStaged}) {
+      for (StoreKernels k : {StoreKernels::kFused, StoreKernels::kOneRound, StoreKernels::kAuto,
+                             StoreKernels::kRows, StoreKernels::kLegacy, StoreKernels::kLean,
+                             StoreKernels::kStaged, StoreKernels::kBlockRows}) {
         const DType t = f == Format::kQ8 ? DType::kBF16 : DType::kF16;
         KvStoreConfig c = small_config(f, t, 128, index);
         Twin twin(c, k, k != StoreKernels::kAuto);  // kAuto: plan + the planned count-1 write
@@ -374,6 +378,34 @@ TEST(Cuda_StoreUpdate, NonFiniteZeroAndExtremeRowsMatchCpu) {
         }
         twin.expect_equal(std::string(to_string(f)) + " / " + to_string(index));
       }
+    }
+  }
+}
+
+// Blocks of 32 at head_dim 128 (the benchmarks' geometry, where block_rows_kernel keeps two rows'
+// loads in flight ahead of the row it encodes): chunks that start mid-block (the block's earlier
+// rows summed from the pool first), end mid-block, span a ring of 64 and many blocks, with the
+// index copy, in every format; the library's choice, the block-rows set and the warp-per-row set
+// before it.
+TEST(Cuda_StoreUpdate, ChunksIntoBlocksOf32MatchCpu) {
+  KVC_REQUIRE_GPU();
+  for (const auto& [f, t, index] : {std::make_tuple(Format::kFp16kQ4v, DType::kF16, Format::kMxfp4),
+                                    std::make_tuple(Format::kQ8, DType::kBF16, Format::kFp8E4m3),
+                                    std::make_tuple(Format::kF16, DType::kF16, Format::kF16),
+                                    std::make_tuple(Format::kBF16, DType::kBF16, Format::kMxfp4)}) {
+    KvStoreConfig c = small_config(f, t, 128, index);
+    c.block_size = 32;
+    c.recent_window = 64;
+    c.max_context = 1200;
+    for (StoreKernels k : {StoreKernels::kAuto, StoreKernels::kBlockRows, StoreKernels::kFused}) {
+      Twin twin(c, k);
+      std::mt19937 rng(17);
+      twin.random_update({0}, 64 + 45, rng);  // past the ring: one block closes, one open (13)
+      twin.random_update({0}, 300, rng);      // from row 13 of the open block through 9 more
+      twin.random_update({1}, 999, rng);      // into an empty slot, 29 blocks and an open one
+      twin.random_update({2}, 77, rng);
+      twin.random_update({2}, 2, rng);  // two rows, one of them closes nothing
+      twin.expect_equal(std::string(to_string(f)) + " / " + to_string(index));
     }
   }
 }

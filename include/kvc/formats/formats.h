@@ -215,24 +215,13 @@ KVC_HD float e2m1_value(unsigned code) {
 KVC_HD unsigned e2m1_encode(float v) {
   const unsigned sign = v < 0.0f ? 8u : 0u;
   const float a = v < 0.0f ? -v : v;
-  unsigned c;
-  // Midpoints between consecutive magnitudes; at a tie the even code wins.
-  if (a <= 0.25f)
-    c = 0;
-  else if (a < 0.75f)
-    c = 1;
-  else if (a <= 1.25f)
-    c = 2;
-  else if (a < 1.75f)
-    c = 3;
-  else if (a <= 2.5f)
-    c = 4;
-  else if (a < 3.5f)
-    c = 5;
-  else if (a <= 5.0f)
-    c = 6;
-  else
-    c = 7;
+  // The code is the number of midpoints between consecutive magnitudes below a; at a tie the even
+  // code wins (strict for the midpoints above an even code, inclusive above an odd one). A count
+  // of comparisons, not a chain of branches: the GPU encoders run it for every element.
+  const unsigned c = static_cast<unsigned>(a > 0.25f) + static_cast<unsigned>(a >= 0.75f) +
+                     static_cast<unsigned>(a > 1.25f) + static_cast<unsigned>(a >= 1.75f) +
+                     static_cast<unsigned>(a > 2.5f) + static_cast<unsigned>(a >= 3.5f) +
+                     static_cast<unsigned>(a > 5.0f);
   return c == 0 ? 0u : (sign | c);
 }
 
@@ -284,6 +273,23 @@ KVC_HD unsigned e2m1_max_finite_code(std::uint8_t byte) {
   return byte <= 252u ? 7u : byte == 253u ? 5u : 3u;
 }
 
+/// 2^-e exactly, the factor mxfp4_code scales an element of a group with scale byte `byte`
+/// (2^e, byte = e + 127, not 0xFF) by: ue8m0_to_float(254 - byte).
+/// @param[in] byte  the group's scale byte, not 0xFF
+KVC_HD float mxfp4_inverse_scale(std::uint8_t byte) {
+  return ue8m0_to_float(static_cast<std::uint8_t>(254u - byte));
+}
+
+/// mxfp4_code with the group's pieces computed once: `inv` = mxfp4_inverse_scale(byte), `cap` =
+/// e2m1_max_finite_code(byte).
+/// @param[in] x    the element, finite
+/// @param[in] inv  2^-e of the group's scale byte
+/// @param[in] cap  largest finite magnitude code of the group's scale byte
+KVC_HD unsigned mxfp4_code_scaled(float x, float inv, unsigned cap) {
+  const unsigned c = e2m1_encode(fmul_rn(x, inv));
+  return (c & 7u) > cap ? ((c & 8u) | cap) : c;
+}
+
 /// The e2m1 code of element `x` of a finite, non-zero group with scale byte `byte` (from
 /// mxfp4_scale_byte): `e2m1_encode(rn(x * 2^-e))`, saturated to e2m1_max_finite_code(byte) so
 /// that no finite value decodes to ±inf. The saturation only acts for byte 253 (amax ≥ 1.75 *
@@ -292,10 +298,7 @@ KVC_HD unsigned e2m1_max_finite_code(std::uint8_t byte) {
 /// @param[in] x     the element, finite
 /// @param[in] byte  the group's scale byte, not 0xFF
 KVC_HD unsigned mxfp4_code(float x, std::uint8_t byte) {
-  const float inv = ue8m0_to_float(static_cast<std::uint8_t>(254u - byte));  // 2^-e exactly
-  const unsigned c = e2m1_encode(fmul_rn(x, inv));
-  const unsigned cap = e2m1_max_finite_code(byte);
-  return (c & 7u) > cap ? ((c & 8u) | cap) : c;
+  return mxfp4_code_scaled(x, mxfp4_inverse_scale(byte), e2m1_max_finite_code(byte));
 }
 
 /// Encodes `n` values (n a multiple of 32) as `n/2` bytes of packed e2m1 (even element in the low
