@@ -57,6 +57,12 @@ cudaError_t write_legacy(const StoreView& s, const LayerStrides& ls, unsigned z,
   return cudaGetLastError();
 }
 
+// The staged rows kernel writes count > 1.
+bool lean(StoreKernels which) {
+  return which == StoreKernels::kLean || which == StoreKernels::kLeanPdl ||
+         which == StoreKernels::kStaged;
+}
+
 // Which kernel encodes the rows of a count > 1 update.
 enum class RowKernel {
   kWarpPerRow,  // rows_kernel<E, false>: a CTA per (block, head), a warp per row
@@ -66,11 +72,7 @@ enum class RowKernel {
 
 RowKernel row_kernel(StoreKernels which) {
   if (which == StoreKernels::kAuto || which == StoreKernels::kBlockRows) return RowKernel::kBlock;
-  if (which == StoreKernels::kLean || which == StoreKernels::kLeanPdl ||
-      which == StoreKernels::kStaged) {
-    return RowKernel::kStaged;
-  }
-  return RowKernel::kWarpPerRow;
+  return lean(which) ? RowKernel::kStaged : RowKernel::kWarpPerRow;
 }
 
 // The row kernel `kind` + ring_copy_kernel; plan: the row kernel plans for itself (store_update
@@ -150,12 +152,6 @@ cudaError_t append_lean(const StoreView& s, const std::int32_t* d_slots, int ent
         append_lean_kernel<decltype(lane_elems)::value, kProgrammatic>, dim3(ctas),
         dim3(32 * (kLeanRowWarps + 1)), 0, kProgrammatic, stream, s, d_slots, entries, k, v);
   });
-}
-
-// The staged rows kernel writes count > 1.
-bool lean(StoreKernels which) {
-  return which == StoreKernels::kLean || which == StoreKernels::kLeanPdl ||
-         which == StoreKernels::kStaged;
 }
 
 bool one_round(StoreKernels which) {
