@@ -744,18 +744,18 @@ struct StagedRows {
 };
 
 /// Elements [i0, i0 + N) of the stored K (value = false) or V (true) of `row` (N = 2 or 4; one
-/// load of N, N / 2 or 2N bytes, and the scale).
-template <int N>
-__device__ __forceinline__ StoredPiece load_old(const StoreView& s, bool value,
-                                                const StoredRow& row, int i0) {
+/// load of N, N / 2 or 2N bytes, and the scale), for the store's OldRowLayout f.
+template <int N, class Layout>
+__device__ __forceinline__ StoredPiece load_old(const Layout& f, bool value, const StoredRow& row,
+                                                int i0) {
   static_assert(N == 2 || N == 4, "pieces of 2 or 4 elements");
   const std::uint8_t* p = value ? row.v : row.k;
   StoredPiece x{{0u, 0u}, 0.0f};
-  if (s.old_format == Format::kQ8) {
+  if (f.q8) {
     x.w[0] = N == 4 ? *reinterpret_cast<const std::uint32_t*>(p + i0)
                     : *reinterpret_cast<const std::uint16_t*>(p + i0);
     x.scale = value ? *row.v_scale : *row.k_scale;
-  } else if (value && s.old_format == Format::kFp16kQ4v) {
+  } else if (value && f.q4v) {
     x.w[0] = N == 4 ? *reinterpret_cast<const std::uint16_t*>(p + i0 / 2) : p[i0 / 2];
     x.scale = *row.v_scale;
   } else {  // f16 and bf16; fp16k_q4v's K is in the 16-bit dtype
@@ -856,8 +856,8 @@ __device__ __forceinline__ void summarise_rows(const StoreView& s, const Rows& r
     for (int j = 0; j < kAhead; ++j) {
       if (t0 + j < B) {
         const StoredRow r = rows(t0 + j);
-        ks[j] = load_old<4>(s, false, r, i0);
-        if (mean_v) vs[j] = load_old<4>(s, true, r, i0);
+        ks[j] = load_old<4>(f, false, r, i0);
+        if (mean_v) vs[j] = load_old<4>(f, true, r, i0);
       }
     }
 #pragma unroll
@@ -1192,8 +1192,8 @@ __global__ void __launch_bounds__(32 * kBlockRowsWarps, block_rows_min_ctas<E, L
 #pragma unroll
           for (int g = 0; g < P; ++g) {
             const int i0 = E * lane + N * g;
-            const StoredPiece kp = load_old<N>(s, false, r, i0);
-            const StoredPiece vp = mean_v ? load_old<N>(s, true, r, i0) : StoredPiece{};
+            const StoredPiece kp = load_old<N>(layout, false, r, i0);
+            const StoredPiece vp = mean_v ? load_old<N>(layout, true, r, i0) : StoredPiece{};
             sums[g].add(s, layout, t, kp, vp);
           }
         }
