@@ -18,6 +18,10 @@
 #           (Fp16kQ4vMxfp4Layout: its cases fixed at compile time, 96 registers, 5 CTAs per SM)
 #   all     the committed kernels (after ChunkBlock took the two row kernels' shared setup):
 #           every GPU test (kvc_cuda_tests) and BM_Ingest 16K (0, 3) again
+#   append  (branch wip/append-layout, not run yet) the count-1 append with the default format's
+#           layout fixed at compile time (kAuto) against the generic one (kLeanPdl, set 8): the
+#           store tests; BM_AppendStep sets 0 and 8 at B1 / B8 / B64, with and without the copy;
+#           memcheck / synccheck over the append tests
 #   prof    Nsight Compute of block_rows_kernel<4> in BM_Ingest 16K fp16k_q4v with and without
 #           the index copy (stall reasons), and its per-instruction source counters with it
 set -uo pipefail
@@ -73,6 +77,14 @@ case "${1:-ingest}" in
     BENCH_REPS=5 bench 50 store_bench '^BM_Ingest/T:16384/.*/kernels:(0|3)/'
     report
     ;;
+  append)
+    build_targets kvc_cuda_tests store_bench
+    gtests store "$store_tests" 120
+    BENCH_REPS=5 bench 60 store_bench '^BM_AppendStep/.*/kernels:(0|8)/'
+    sanitize memcheck memcheck '*Cuda_StoreUpdate.AppendBatchesOfEverySizeMatchCpu*' 90
+    sanitize synccheck synccheck '*Cuda_StoreUpdate.AppendBatchesOfEverySizeMatchCpu*' 90
+    report
+    ;;
   prof)
     build_targets store_bench
     for ix in 1 0; do
@@ -86,6 +98,6 @@ case "${1:-ingest}" in
       --benchmark_min_time=1x --benchmark_repetitions=1 > "$out/ncu-source-ingest.csv" 2>&1
     say "ncu source ingest: rc=$? $(wc -l < "$out/ncu-source-ingest.csv") lines"
     ;;
-  *) echo "gpu-session19.sh: ingest | ingest2 | ingest3 | all | prof" >&2; exit 2 ;;
+  *) echo "gpu-session19.sh: ingest | ingest2 | ingest3 | all | append | prof" >&2; exit 2 ;;
 esac
 finish

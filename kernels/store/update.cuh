@@ -843,11 +843,11 @@ struct SummarySums {
 /// where rows(t) says (PoolRows: the pool; StagedRows: shared memory). kAhead rows' loads are
 /// issued before the first of them is summed (1: one row at a time, each load waited for; the
 /// arithmetic and its order are the same for every kAhead).
-template <int kAhead, class Rows>
+template <int kAhead, class Rows, class Layout = OldRowLayout>
 __device__ __forceinline__ void summarise_rows(const StoreView& s, const Rows& rows, int pb, int h,
                                                int i0) {
   const bool mean_v = (s.summaries & kSummaryMeanV) != 0;
-  const OldRowLayout f = OldRowLayout::of(s);
+  const Layout f{OldRowLayout::of(s)};
   SummarySums<4> sums;
   const int B = s.block_size;
   for (int t0 = 0; t0 < B; t0 += kAhead) {
@@ -869,9 +869,9 @@ __device__ __forceinline__ void summarise_rows(const StoreView& s, const Rows& r
 }
 
 /// summarise_rows over the pool's rows of (pool block pb, head h).
-template <int kAhead = 1>
+template <int kAhead = 1, class Layout = OldRowLayout>
 __device__ __forceinline__ void summarise4(const StoreView& s, int pb, int h, int i0) {
-  summarise_rows<kAhead>(s, PoolRows{&s, pb, h}, pb, h, i0);
+  summarise_rows<kAhead, PoolRows, Layout>(s, PoolRows{&s, pb, h}, pb, h, i0);
 }
 
 /// Pool blocks an update of `count` tokens to a slot of length L pops: the blocks this store
@@ -1467,8 +1467,9 @@ __device__ __forceinline__ void publish_after_reads(const StoreView& s, const En
 /// encoded into its old row when the store owns its block, on page `fresh` when the block starts
 /// and the caller popped one (the head-0 warp records it in the table), else on the table's; it
 /// is also copied to the 16-bit rows spill_k / spill_v when they are not null. A block that
-/// closes is summarised by the warp, kAhead rows' loads in flight at a time.
-template <int E, int kAhead>
+/// closes is summarised by the warp, kAhead rows' loads in flight at a time. Layout: the store's
+/// row layout type (OldRowLayout, or Fp16kQ4vMxfp4Layout where it serves the store).
+template <int E, int kAhead, class Layout = OldRowLayout>
 __device__ __forceinline__ void append_row(const StoreView& s, int slot, int L, int h, int lane,
                                            int fresh, const LaneRow<E>& kn, const LaneRow<E>& vn,
                                            std::uint16_t* spill_k, std::uint16_t* spill_v) {
@@ -1496,17 +1497,18 @@ __device__ __forceinline__ void append_row(const StoreView& s, int slot, int L, 
   }
   if (!quantise) return;
   if (fresh >= 0 && h == 0 && lane == 0) *entry = pb;
-  encode_row<E>(s, OldRowLayout::of(s), store::old_row_index(s, pb, h, q % B), ko, vo, lane);
+  encode_row<E>(s, Layout{OldRowLayout::of(s)}, store::old_row_index(s, pb, h, q % B), ko, vo,
+                lane);
   if ((q + 1) % B == 0) {  // the block closes: its last row is this warp's
     __syncwarp();
-    for (int i0 = 4 * lane; i0 < d; i0 += 4 * 32) summarise4<kAhead>(s, pb, h, i0);
+    for (int i0 = 4 * lane; i0 < d; i0 += 4 * 32) summarise4<kAhead, Layout>(s, pb, h, i0);
   }
 }
 
 /// Entry e's row of head h in a self-planned count-1 append once round 1 is in `sh`
 /// (AppendEntries or LeanEntries): the page its leaving token starts, popped in the entries'
 /// order, then append_row, and the entry's length before the update into s.update_scratch.
-template <int E, class Entries>
+template <int E, class Entries, class Layout = OldRowLayout>
 __device__ __forceinline__ void append_entry_row(const StoreView& s, const Entries& sh, int e,
                                                  int h, int lane, const LaneRow<E>& kn,
                                                  const LaneRow<E>& vn) {
@@ -1516,7 +1518,7 @@ __device__ __forceinline__ void append_entry_row(const StoreView& s, const Entri
   if (q >= 0 && q % s.block_size == 0 && store::owns_block(s, q / s.block_size)) {
     fresh = s.free_blocks[sh.top - 1 - pops_below(sh, e, lane)];
   }
-  append_row<E, kSummaryAhead>(s, slot, L, h, lane, fresh, kn, vn, nullptr, nullptr);
+  append_row<E, kSummaryAhead, Layout>(s, slot, L, h, lane, fresh, kn, vn, nullptr, nullptr);
   if (h == 0 && lane == 0) s.update_scratch[e] = L;
 }
 
@@ -1622,8 +1624,8 @@ __device__ __forceinline__ void read_lean_entries(const StoreView& s, const std:
 // kFusedMaxEntries, s.max_slots <= kLeanMaxSlots, s.update_counter set; kLeanRowWarps row warps
 // per CTA (warp w of the grid's row warps serves (entry w / Hkv, head w % Hkv)) and one
 // publishing warp. Bit-identical to append_once_kernel and the CPU reference. kProgrammatic:
-// launched as a programmatic dependent (wait_for_previous_kernel).
-template <int E, bool kProgrammatic>
+// launched as a programmatic dependent (wait_for_previous_kernel). Layout: as append_row.
+template <int E, bool kProgrammatic, class Layout = OldRowLayout>
 __global__ void __launch_bounds__(32 * (kLeanRowWarps + 1), 1)
     append_lean_kernel(StoreView s, const std::int32_t* slots, int entries, const std::uint16_t* k,
                        const std::uint16_t* v) {
@@ -1644,7 +1646,7 @@ __global__ void __launch_bounds__(32 * (kLeanRowWarps + 1), 1)
   if (warp == kLeanRowWarps) {
     publish_after_reads(s, sh, entries, lane);
   } else if (row) {
-    append_entry_row<E>(s, sh, e, h, lane, kn, vn);
+    append_entry_row<E, LeanEntries, Layout>(s, sh, e, h, lane, kn, vn);
   }
 }
 

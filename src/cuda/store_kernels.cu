@@ -138,19 +138,28 @@ cudaError_t append_once(const StoreView& s, const std::int32_t* d_slots, int ent
   });
 }
 
-// append_lean_kernel (or, past kLeanMaxSlots slots, append_once_kernel with 16-warp CTAs).
+// append_lean_kernel (or, past kLeanMaxSlots slots, append_once_kernel with 16-warp CTAs);
+// with `format_layout` (the library's choice), the default format's instantiation
+// (Fp16kQ4vMxfp4Layout) where it serves the store.
 template <bool kProgrammatic>
 cudaError_t append_lean(const StoreView& s, const std::int32_t* d_slots, int entries,
-                        const std::uint16_t* k, const std::uint16_t* v, cudaStream_t stream) {
+                        const std::uint16_t* k, const std::uint16_t* v, cudaStream_t stream,
+                        bool format_layout = false) {
   if (s.max_slots > kLeanMaxSlots) {
     return append_once<16, kProgrammatic>(s, d_slots, entries, k, v, stream);
   }
   const int warps = entries * s.num_kv_heads;
   const unsigned ctas = static_cast<unsigned>((warps + kLeanRowWarps - 1) / kLeanRowWarps);
+  const bool fixed = format_layout && Fp16kQ4vMxfp4Layout::serves(s);
   return with_lane_elements(s.head_dim, [&](auto lane_elems) {
-    return kvc::detail::launch_kernel(
-        append_lean_kernel<decltype(lane_elems)::value, kProgrammatic>, dim3(ctas),
-        dim3(32 * (kLeanRowWarps + 1)), 0, kProgrammatic, stream, s, d_slots, entries, k, v);
+    constexpr int kE = decltype(lane_elems)::value;
+    return fixed ? kvc::detail::launch_kernel(
+                       append_lean_kernel<kE, kProgrammatic, Fp16kQ4vMxfp4Layout>, dim3(ctas),
+                       dim3(32 * (kLeanRowWarps + 1)), 0, kProgrammatic, stream, s, d_slots,
+                       entries, k, v)
+                 : kvc::detail::launch_kernel(append_lean_kernel<kE, kProgrammatic>, dim3(ctas),
+                                              dim3(32 * (kLeanRowWarps + 1)), 0, kProgrammatic,
+                                              stream, s, d_slots, entries, k, v);
   });
 }
 
@@ -240,9 +249,10 @@ cudaError_t store_update_with(StoreKernels which, const StoreView& s, const std:
     // (store_bench BM_AppendStep, bf16 d128, docs/perf-data/2026-12-01-session6: B1 / B8 / B64
     // 3.00 / 3.60 / 4.14 us against 3.54 / 4.54 / 5.48 for kOneRoundWide, the choice before it,
     // and 3.46 / 3.95 / 4.84 for kLean).
-    if (which == StoreKernels::kLeanPdl || which == StoreKernels::kAuto ||
-        which == StoreKernels::kBlockRows) {
+    if (which == StoreKernels::kLeanPdl)
       return append_lean<true>(s, d_slots, entries, k, v, stream);
+    if (which == StoreKernels::kAuto || which == StoreKernels::kBlockRows) {
+      return append_lean<true>(s, d_slots, entries, k, v, stream, true);
     }
     if (which == StoreKernels::kOneRoundWide)
       return append_once<16, false>(s, d_slots, entries, k, v, stream);
