@@ -66,11 +66,11 @@ inline cudaError_t device_is_sm90(bool& out) {
 }
 
 /// CTAs of `kernel` with `threads` threads and `smem` bytes of dynamic shared memory resident on
-/// one SM of the current device (at least 1), after allowing the kernel that much dynamic shared
-/// memory (cudaFuncAttributeMaxDynamicSharedMemorySize, needed past 48 KB; a caller launching
-/// with another size sets its own before the launch, as the DSv4 indexer does). Cached
-/// per device, kernel, threads and smem, which is all either depends on; a host call, so
-/// graph-capturable.
+/// one SM of the current device (at least 1), after allowing the kernel at least that much
+/// dynamic shared memory (cudaFuncAttributeMaxDynamicSharedMemorySize, needed past 48 KB; only
+/// ever raised, so that a query for a smaller size never takes back what a launch of a larger
+/// one was allowed). Cached per device, kernel, threads and smem, which is all either depends
+/// on; a host call, so graph-capturable.
 inline cudaError_t resident_ctas_per_sm(const void* kernel, int threads, std::size_t smem,
                                         int& out) {
   static std::mutex mu;
@@ -88,9 +88,14 @@ inline cudaError_t resident_ctas_per_sm(const void* kernel, int threads, std::si
     }
   }
   if (smem > 48 * 1024) {
-    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(smem));
+    cudaFuncAttributes attr{};
+    e = cudaFuncGetAttributes(&attr, kernel);
     if (e != cudaSuccess) return e;
+    if (static_cast<std::size_t>(attr.maxDynamicSharedSizeBytes) < smem) {
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(smem));
+      if (e != cudaSuccess) return e;
+    }
   }
   int n = 0;
   e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem);
