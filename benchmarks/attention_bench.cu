@@ -50,7 +50,12 @@ constexpr HeadShape kShapes[] = {
     {32, 8, 128, "32/8/128"}, {9, 3, 64, "9/3/64"}, {64, 1, 512, "64/1/512"}};
 
 const char* path_name(int path) {
-  return path == 4   ? "tensor cores, unpipelined"
+  return path == 9   ? "tensor cores, staged x4"
+         : path == 8 ? "tensor cores, staged x2"
+         : path == 7 ? "tensor cores, staged x3"
+         : path == 6 ? "tensor cores, programmatic"
+         : path == 5 ? "tensor cores, ids after the length"
+         : path == 4 ? "tensor cores, unpipelined"
          : path == 3 ? "tensor cores, no prefetch"
          : path == 2 ? "tensor cores"
          : path == 1 ? "cuda cores"
@@ -178,17 +183,17 @@ void BM_DenseDecode(benchmark::State& state) {
 }
 
 void DenseArgs(benchmark::internal::Benchmark* b) {
-  // The main shape first (tensor cores, without prefetch, CUDA cores), then the others.
+  // The main shape first (kAuto; tensor cores: register-pipelined without prefetch, staged with
+  // 3 / 2 / 4 slots per warp, with prefetch, unpipelined; CUDA cores), then the others.
   for (auto [batch, n] : {std::pair{8, 131072}, std::pair{1, 131072}, std::pair{1, 32768}}) {
-    for (int path : {2, 4, 3, 1}) b->Args({0, batch, n, path});
+    for (int path : {0, 3, 7, 8, 9, 2, 4, 1}) b->Args({0, batch, n, path});
   }
   for (int shape : {1, 2}) {
     for (auto [batch, n] : {std::pair{8, 131072}, std::pair{1, 131072}, std::pair{1, 32768}}) {
-      for (int path : {2, 1}) b->Args({shape, batch, n, path});
+      for (int path : {0, 3, 7, 9, 1}) b->Args({shape, batch, n, path});
     }
   }
-  b->Args({0, 32, 32768, 2});
-  b->Args({0, 32, 32768, 1});
+  for (int path : {0, 3, 7, 9, 1}) b->Args({0, 32, 32768, path});
 }
 
 /// A store of `batch * sets` sequences of N = 128K tokens (ring 1024, blocks of 32) and a
@@ -340,24 +345,24 @@ void SelectArgs(benchmark::internal::Benchmark* b) {
             f16 = static_cast<int>(Format::kF16);
   // Args: shape, batch, format, path, splits, T. The main rows first.
   for (int batch : {1, 8}) {
-    for (int path : {3, 5, 6, 2, 4, 1}) b->Args({0, batch, q4v, path, 0, 1});
+    for (int path : {0, 3, 7, 8, 9, 5, 6, 2, 4, 1}) b->Args({0, batch, q4v, path, 0, 1});
     // Split choices of the tensor-core kernel (1: one chunk; <= 16: a cluster; 32: combine).
     for (int splits : {1, 2, 4, 8, 16, 32}) b->Args({0, batch, q4v, 2, splits, 1});
   }
-  for (int path : {2, 1}) b->Args({0, 32, q4v, path, 0, 1});
+  for (int path : {0, 3, 7, 9, 1}) b->Args({0, 32, q4v, path, 0, 1});
   // Verify: T = 4 query tokens.
   for (int batch : {1, 8}) {
-    for (int path : {2, 1}) b->Args({0, batch, q4v, path, 0, 4});
+    for (int path : {0, 3, 7, 9, 1}) b->Args({0, batch, q4v, path, 0, 4});
   }
   // The other head shapes, and the other formats on the main shape.
   for (int shape : {1, 2}) {
     for (int batch : {1, 8, 32}) {
-      for (int path : {2, 1}) b->Args({shape, batch, q4v, path, 0, 1});
+      for (int path : {0, 3, 7, 9, 1}) b->Args({shape, batch, q4v, path, 0, 1});
     }
   }
   for (int format : {q8, f16}) {
     for (int batch : {1, 8}) {
-      for (int path : {2, 1}) b->Args({0, batch, format, path, 0, 1});
+      for (int path : {0, 3, 7, 9, 1}) b->Args({0, batch, format, path, 0, 1});
     }
   }
 }

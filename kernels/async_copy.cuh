@@ -2,7 +2,8 @@
 // shared memory (ldmatrix): the one definition of each PTX form for the kernels that stage rows
 // through a shared-memory ring and read them back in mma fragment order (the streaming token
 // scorer's kLoopRows, kernels/index/token_fast.cuh; DeepSeek-V4's sparse attention,
-// kernels/dsv4/attention.cuh). The TMA bulk forms are in mbarrier.cuh.
+// kernels/dsv4/attention.cuh; the staged decode attention, kernels/attention/mma.cuh). The TMA
+// bulk forms are in mbarrier.cuh.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +30,11 @@ __device__ __forceinline__ void cp_async_16_zfill(std::uint32_t dst, const void*
 /// Copies 8 bytes (both addresses 8-byte aligned) through L1 (.ca; cp.async.cg takes 16 only).
 __device__ __forceinline__ void cp_async_8(std::uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
+/// Copies 4 bytes (both addresses 4-byte aligned) through L1 (.ca).
+__device__ __forceinline__ void cp_async_4(std::uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
 /// Closes the thread's current group of cp.async copies (an empty group when none were issued).

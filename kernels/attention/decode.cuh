@@ -141,6 +141,7 @@ struct DecodeParams {
   int pipeline;     // tensor-core kernel: the ring / plain-cache run software-pipelined
   int early_ids;    // tensor-core kernel: selected ids and their block-table entries loaded
                     // before the length arrives (else after it, the order before 2026-12-04)
+  int stages;       // staged tensor-core kernel: slots per warp (mma.cuh, mma_run_staged)
   float* part_out;  // [batch * T * Hq, num_chunks, d] (num_chunks > 1)
   float* part_lse;  // [batch * T * Hq, num_chunks]
 };

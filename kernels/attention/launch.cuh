@@ -54,41 +54,61 @@ const void* decode_kernel_d128(int gt, OldKind kind, bool bf16);
 const void* decode_kernel_d256(int gt, OldKind kind, bool bf16);
 const void* decode_kernel_d512(int gt, OldKind kind, bool bf16);
 
-/// The tensor-core kernel for (D, kind, bf16). Instantiate only in its own file.
+/// The tensor-core kernel for (D, kind, bf16, staged), or null (a staged kernel where
+/// !staged_head_dim(D)). Instantiate only in its own file.
 template <int D>
-const void* mma_kernel_table(OldKind kind, bool bf16) {
-  switch (kind) {
-    case OldKind::k16:
-      return bf16 ? mma_kernel_ptr<D, OldKind::k16, true>()
-                  : mma_kernel_ptr<D, OldKind::k16, false>();
-    case OldKind::kQ8:
-      return bf16 ? mma_kernel_ptr<D, OldKind::kQ8, true>()
-                  : mma_kernel_ptr<D, OldKind::kQ8, false>();
-    case OldKind::kQ4v:
-      return bf16 ? mma_kernel_ptr<D, OldKind::kQ4v, true>()
-                  : mma_kernel_ptr<D, OldKind::kQ4v, false>();
-  }
+const void* mma_kernel_table(OldKind kind, bool bf16, bool staged) {
+#define KVC_MMA_KINDS(STAGED)                                          \
+  switch (kind) {                                                      \
+    case OldKind::k16:                                                 \
+      return bf16 ? mma_kernel_ptr<D, OldKind::k16, true, STAGED>()    \
+                  : mma_kernel_ptr<D, OldKind::k16, false, STAGED>();  \
+    case OldKind::kQ8:                                                 \
+      return bf16 ? mma_kernel_ptr<D, OldKind::kQ8, true, STAGED>()    \
+                  : mma_kernel_ptr<D, OldKind::kQ8, false, STAGED>();  \
+    case OldKind::kQ4v:                                                \
+      return bf16 ? mma_kernel_ptr<D, OldKind::kQ4v, true, STAGED>()   \
+                  : mma_kernel_ptr<D, OldKind::kQ4v, false, STAGED>(); \
+  }                                                                    \
   return nullptr;
+  if (staged) {
+    KVC_MMA_KINDS(true)
+  }
+  KVC_MMA_KINDS(false)
+#undef KVC_MMA_KINDS
 }
 
-const void* mma_kernel_d64(OldKind kind, bool bf16);
-const void* mma_kernel_d128(OldKind kind, bool bf16);
-const void* mma_kernel_d256(OldKind kind, bool bf16);
-const void* mma_kernel_d512(OldKind kind, bool bf16);
+const void* mma_kernel_d64(OldKind kind, bool bf16, bool staged);
+const void* mma_kernel_d128(OldKind kind, bool bf16, bool staged);
+const void* mma_kernel_d256(OldKind kind, bool bf16, bool staged);
+const void* mma_kernel_d512(OldKind kind, bool bf16, bool staged);
 
 /// The tensor-core kernel for a runtime head_dim, or null.
-inline const void* mma_kernel_for(int head_dim, OldKind kind, bool bf16) {
+inline const void* mma_kernel_for(int head_dim, OldKind kind, bool bf16, bool staged) {
   switch (head_dim) {
     case 64:
-      return mma_kernel_d64(kind, bf16);
+      return mma_kernel_d64(kind, bf16, staged);
     case 128:
-      return mma_kernel_d128(kind, bf16);
+      return mma_kernel_d128(kind, bf16, staged);
     case 256:
-      return mma_kernel_d256(kind, bf16);
+      return mma_kernel_d256(kind, bf16, staged);
     case 512:
-      return mma_kernel_d512(kind, bf16);
+      return mma_kernel_d512(kind, bf16, staged);
     default:
       return nullptr;
+  }
+}
+
+/// Dynamic shared-memory bytes of the staged tensor-core kernel for a runtime head_dim with
+/// `stages` slots per warp (StagedSmem), or 0 where it is not built (staged_head_dim).
+inline std::size_t mma_staged_smem_bytes(int head_dim, int stages) {
+  switch (head_dim) {
+    case 64:
+      return StagedSmem<64>::bytes(stages);
+    case 128:
+      return StagedSmem<128>::bytes(stages);
+    default:
+      return 0;
   }
 }
 

@@ -10,10 +10,12 @@
 // Per 16-token tile a warp computes, with the 8 query heads as the mma N dimension:
 //   S^T [16 tokens x 8 heads] = K [16 x d] . Q^T [d x 8]     (M = tokens, K = head dims)
 //   O^T [d x 8 heads]        += V^T [d x 16] . P^T [16 x 8]   (M = head dims, K = tokens)
-// K and V are loaded from global memory straight into the registers of the mma fragments (no
-// shared-memory staging) and dequantised there; the head dims are permuted so that every lane
-// loads whole 16-, 8- or 4-byte runs of a row (a sum over dims does not depend on their order,
-// and the output permutation is undone when O is written):
+// K and V are loaded from global memory straight into the registers of the mma fragments and
+// dequantised there (the staged kernel, head_dim 64 / 128, first copies each warp's tiles into
+// its own shared-memory slots with cp.async, several tiles in flight, and reads them back into
+// the same registers: "tiles staged through shared memory" below); the head dims are permuted
+// so that every lane loads whole 16-, 8- or 4-byte runs of a row (a sum over dims does not
+// depend on their order, and the output permutation is undone when O is written):
 //   QK, step s (16 dims): lane (g, c) = (lane / 4, lane % 4) holds, for token rows g and g + 8
 //     and for query head g, the dims 32 (s / 2) + 8 c + 4 (s % 2) + {0, 1} (fragment k columns
 //     2c, 2c + 1) and + {2, 3} (k columns 2c + 8, 2c + 9): the 16-byte run [32 j + 8 c, +8) of a
@@ -43,6 +45,7 @@
 
 #include <cstdint>
 
+#include "async_copy.cuh"
 #include "attention/decode.cuh"
 
 namespace kvc {
@@ -671,6 +674,343 @@ __device__ __forceinline__ void mma_run(int v, int end, Rows&& rows, Next&& next
   }
 }
 
+// --- tiles staged through shared memory --------------------------------------------------------
+//
+// The staged kernel (mma_decode_kernel with kStaged) keeps `stages` tiles of each warp in flight
+// without holding them in registers: the warp copies a tile with cp.async into its own slot of a
+// ring in shared memory and reads it back into the registers mma_load would have filled once the
+// copies have landed (cp.async.wait_group, then __syncwarp: lanes read bytes other lanes copied).
+// No CTA barrier per tile. Lane l works out the addresses of the tile's row l % 16 (one row
+// look-up per lane instead of six) and the copies take the others' from it by shuffles.
+//
+// 16-bit row slices (the ring, the plain cache, f16 / bf16 old rows, fp16k_q4v's K) are copied
+// coalesced: the tile's 16 rows of RB = 2S bytes in 16-byte chunks, lane l taking chunks 32 i + l,
+// so each copy instruction reads whole rows (whole 128-byte lines; the mma fragment order, 8 rows
+// x 64 bytes per instruction, measured 13 % below the line order in a load probe on the H200,
+// scripts/load-pattern-probe.cu). Chunk k of row r lies at chunk k ^ swizzle(r) of the row in
+// shared memory, so that the fragment reads (K: row g, chunk 4 j + c; V: rows 2 c + .., chunk
+// 8 h + g) hit 8 distinct 16-byte bank groups per quarter warp. Quantised rows (q8 K and V,
+// int4 V) keep the fragment order, each lane copying its own runs ([run][lane]), and every
+// lane copies the scales of its fragment rows.
+
+/// Most shared-memory stages per warp of the staged kernel (DecodeParams::stages, 1 .. 4).
+constexpr int kMaxStages = 4;
+
+/// One warp's slot of one staged tile for a slice of S head dims in row format F: K, V, then
+/// the scales (K rows g, g + 8; V scales of the same tokens) as [scale][lane].
+template <int S, OldKind F>
+struct StageSlot {
+  using Sh = MmaShape<S, F>;
+  static constexpr bool kK16 = F != OldKind::kQ8;  // K rows are 16-bit
+  static constexpr bool kV16 = F == OldKind::k16;  // V rows are 16-bit
+  static constexpr int kChunks16 = S / 8;          // 16-byte chunks of a 16-bit row slice
+  static constexpr int kKBytes = kK16 ? kMmaTile * 2 * S : 2 * Sh::kKC * 32 * Sh::kKRunBytes;
+  static constexpr int kVOff = kKBytes;
+  static constexpr int kVBytes = kV16 ? kMmaTile * 2 * S : 4 * Sh::kVC * 32 * Sh::kVRunBytes;
+  static constexpr int kScaleOff = kVOff + kVBytes;
+  static constexpr int kBytes = kScaleOff + 4 * 32 * 4;
+};
+
+/// Bytes of one warp's slot for a head_dim D kernel: the largest format's (16-bit rows), so that
+/// the ring run and the old-row run of a warp use the same slots.
+template <int D>
+constexpr int stage_slot_bytes() {
+  return StageSlot<MmaSplit<D>::kSlice, OldKind::k16>::kBytes;
+}
+
+/// Head dims the staged kernel is built for: up to 128, where one warp holds a tile's whole head
+/// dims (the split-dims kernels' partial-logit barriers are not combined with it).
+constexpr bool staged_head_dim(int d) { return d == 64 || d == 128; }
+
+/// The staged kernel's dynamic shared memory: the CTA's merge state, the staged selected ids
+/// (kMaxList), then the warps' slots (warp w's slot i at kSlotsOff + (w * stages + i) * slot
+/// bytes). The merge state has its own bytes: no shared memory that an asynchronous copy wrote
+/// is written again by another thread or another CTA of the cluster.
+template <int D>
+struct StagedSmem {
+  static_assert(MmaSplit<D>::kSplit == 1, "the staged kernel: a warp holds the head dims");
+  using Merge = MergeSmem<D, kMmaCols, MmaSplit<D>::kGroups>;
+  static constexpr std::size_t kListOff = (sizeof(Merge) + 127) / 128 * 128;
+  static constexpr std::size_t kSlotsOff = kListOff + kMaxList * sizeof(int);
+  /// Dynamic shared-memory bytes for `stages` slots per warp.
+  static constexpr std::size_t bytes(int stages) {
+    return kSlotsOff + static_cast<std::size_t>(kWarps) * stages * stage_slot_bytes<D>();
+  }
+};
+
+/// The chunk (16 bytes) of row r's slice where its chunk k is stored: k ^ (((r & 1) << 2) ^
+/// (r & 6)), a permutation of the row's chunks (at least 8 of them).
+__device__ __forceinline__ int swizzle16(int r, int k) { return k ^ (((r & 1) << 2) ^ (r & 6)); }
+
+/// Copies N bytes (4, 8 or 16) of a lane's run from `src` to shared memory `dst` with cp.async,
+/// or stores N zero bytes there where the row is not read.
+template <int N>
+__device__ __forceinline__ void stage_run(std::uint8_t* dst, const std::uint8_t* src, bool load) {
+  if (load) {
+    if constexpr (N == 16) {
+      cp_async_16(smem_addr(dst), src);
+    } else if constexpr (N == 8) {
+      cp_async_8(smem_addr(dst), src);
+    } else {
+      cp_async_4(smem_addr(dst), src);
+    }
+  } else if constexpr (N == 16) {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);
+  } else if constexpr (N == 8) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(0u, 0u);
+  } else {
+    *reinterpret_cast<std::uint32_t*>(dst) = 0u;
+  }
+}
+
+/// Reads N bytes (4, 8 or 16) at shared memory `src` into w[0 .. N / 4).
+template <int N>
+__device__ __forceinline__ void unstage_run(const std::uint8_t* src, std::uint32_t* w) {
+  if constexpr (N == 16) {
+    const uint4 x = *reinterpret_cast<const uint4*>(src);
+    w[0] = x.x;
+    w[1] = x.y;
+    w[2] = x.z;
+    w[3] = x.w;
+  } else if constexpr (N == 8) {
+    const uint2 x = *reinterpret_cast<const uint2*>(src);
+    w[0] = x.x;
+    w[1] = x.y;
+  } else {
+    w[0] = *reinterpret_cast<const std::uint32_t*>(src);
+  }
+}
+
+/// Lane `from`'s 64-bit value x for every lane (two shuffles).
+__device__ __forceinline__ std::uint64_t shfl64(std::uint64_t x, int from) {
+  const unsigned lo = __shfl_sync(0xffffffffu, static_cast<unsigned>(x), from);
+  const unsigned hi = __shfl_sync(0xffffffffu, static_cast<unsigned>(x >> 32), from);
+  return static_cast<std::uint64_t>(hi) << 32 | lo;
+}
+
+/// Row `from`'s start (a pointer held by the lane that looked row `from` up) for every lane.
+__device__ __forceinline__ const std::uint8_t* shfl_ptr(const std::uint8_t* p, int from) {
+  return reinterpret_cast<const std::uint8_t*>(shfl64(reinterpret_cast<std::uintptr_t>(p), from));
+}
+
+/// Copies the tile's 16 rows of a 16-bit slice (2S bytes at byte `off` of each row; row r
+/// starts at lane r's `row`, read where bit r of `loads` is set, else zero-filled) coalesced
+/// and swizzled into `dst`.
+template <int S>
+__device__ __forceinline__ void stage_rows16(std::uint8_t* dst, const std::uint8_t* row,
+                                             unsigned loads, int off) {
+  constexpr int kChunks = S / 8;  // per row
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < kMmaTile * kChunks / 32; ++i) {
+    const int q = 32 * i + lane;
+    const int r = q / kChunks, k = q % kChunks;
+    const std::uint8_t* src = shfl_ptr(row, r);
+    stage_run<16>(dst + (r * kChunks + swizzle16(r, k)) * 16, src + off + 16 * k,
+                  (loads >> r & 1u) != 0);
+  }
+}
+
+/// The bits of the tile's rows 0 .. 15 for which `x` holds in lane (row).
+__device__ __forceinline__ unsigned tile_bits(bool x) {
+  return __ballot_sync(0xffffffffu, x) & 0xffffu;
+}
+
+/// Issues the copies of one tile into `slot`: lane l passes the addresses of the tile's row
+/// l % 16 (`mine`, from the run's row look-up); returns the tile's mask in unpack_mask's bits.
+template <int S, OldKind F>
+__device__ __forceinline__ std::uint32_t stage_tile(const MmaRow& mine, std::uint8_t* slot,
+                                                    const float* k_scales, const float* v_scales,
+                                                    int k_off, int v_off) {
+  using Sh = MmaShape<S, F>;
+  using L = StageSlot<S, F>;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4, c = lane % 4;
+  const unsigned loads = tile_bits(mine.load), oks = tile_bits(mine.ok);
+  // K: rows g, g + 8 of the fragment.
+  if constexpr (L::kK16) {
+    stage_rows16<S>(slot, mine.k, loads, k_off);
+  } else {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const std::uint8_t* row = shfl_ptr(mine.k, g + 8 * r);
+#pragma unroll
+      for (int j = 0; j < Sh::kKC; ++j) {
+        stage_run<Sh::kKRunBytes>(slot + ((r * Sh::kKC + j) * 32 + lane) * Sh::kKRunBytes,
+                                  row + k_off + j * (Sh::kKRunBytes * 4) + c * Sh::kKRunBytes,
+                                  (loads >> (g + 8 * r) & 1u) != 0);
+      }
+    }
+  }
+  // V: tokens 2c, 2c + 1, 2c + 8, 2c + 9 of the fragment.
+  if constexpr (L::kV16) {
+    stage_rows16<S>(slot + L::kVOff, mine.v, loads, v_off);
+  } else {
+#pragma unroll
+    for (int rr = 0; rr < 4; ++rr) {
+      const int t = 2 * c + (rr & 1) + 8 * (rr >> 1);
+      const std::uint8_t* row = shfl_ptr(mine.v, t);
+#pragma unroll
+      for (int h = 0; h < Sh::kVC; ++h) {
+        stage_run<Sh::kVRunBytes>(
+            slot + L::kVOff + ((rr * Sh::kVC + h) * 32 + lane) * Sh::kVRunBytes,
+            row + v_off + h * (Sh::kVRunBytes * 8) + g * Sh::kVRunBytes, (loads >> t & 1u) != 0);
+      }
+    }
+  }
+  // Scales of the K-row tokens g, g + 8 (1 where the format or the row has none).
+  if constexpr (F == OldKind::kQ8 || F == OldKind::kQ4v) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const std::size_t row = shfl64(mine.r, g + 8 * r);
+      const bool load = (loads >> (g + 8 * r) & 1u) != 0;
+      std::uint8_t* ks = slot + L::kScaleOff + (r * 32 + lane) * 4;
+      std::uint8_t* vs = slot + L::kScaleOff + ((2 + r) * 32 + lane) * 4;
+      if constexpr (F == OldKind::kQ8) {
+        if (load) {
+          cp_async_4(smem_addr(ks), k_scales + row);
+        } else {
+          *reinterpret_cast<float*>(ks) = 1.0f;
+        }
+      }
+      if (load) {
+        cp_async_4(smem_addr(vs), v_scales + row);
+      } else {
+        *reinterpret_cast<float*>(vs) = 1.0f;
+      }
+    }
+  }
+  return (oks >> g & 1u) | (oks >> (g + 8) & 1u) << 1 | (oks >> (2 * c) & 1u) << 2 |
+         (oks >> (2 * c + 1) & 1u) << 3 | (oks >> (2 * c + 8) & 1u) << 4 |
+         (oks >> (2 * c + 9) & 1u) << 5;
+}
+
+/// Reads a lane's share of a staged tile back into the registers mma_load would have filled.
+template <int S, OldKind F>
+__device__ __forceinline__ void unstage_tile(const std::uint8_t* slot, TileData<S, F>& td) {
+  using Sh = MmaShape<S, F>;
+  using L = StageSlot<S, F>;
+  constexpr int kChunks = L::kChunks16;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int j = 0; j < Sh::kKC; ++j) {
+      const std::uint8_t* src;
+      if constexpr (L::kK16) {
+        const int row = g + 8 * r;
+        src = slot + (row * kChunks + swizzle16(row, 4 * j + c)) * 16;
+      } else {
+        src = slot + ((r * Sh::kKC + j) * 32 + lane) * Sh::kKRunBytes;
+      }
+      unstage_run<Sh::kKRunBytes>(src, &td.kr[r][j * (Sh::kKRunBytes / 4)]);
+    }
+    td.ksc[r] = F == OldKind::kQ8
+                    ? *reinterpret_cast<const float*>(slot + L::kScaleOff + (r * 32 + lane) * 4)
+                    : 1.0f;
+    td.vsc[r] =
+        F == OldKind::kQ8 || F == OldKind::kQ4v
+            ? *reinterpret_cast<const float*>(slot + L::kScaleOff + ((2 + r) * 32 + lane) * 4)
+            : 1.0f;
+  }
+#pragma unroll
+  for (int rr = 0; rr < 4; ++rr) {
+#pragma unroll
+    for (int h = 0; h < Sh::kVC; ++h) {
+      const std::uint8_t* src;
+      if constexpr (L::kV16) {
+        const int row = 2 * c + (rr & 1) + 8 * (rr >> 1);
+        src = slot + L::kVOff + (row * kChunks + swizzle16(row, 8 * h + g)) * 16;
+      } else {
+        src = slot + L::kVOff + ((rr * Sh::kVC + h) * 32 + lane) * Sh::kVRunBytes;
+      }
+      unstage_run<Sh::kVRunBytes>(src, &td.vr[rr][h * (Sh::kVRunBytes / 4)]);
+    }
+  }
+}
+
+/// The tile mask of pack bits (K rows 0, 1; V rows 0 .. 3, as stage_tile returns them).
+__device__ __forceinline__ TileMask unpack_mask(std::uint32_t m) {
+  TileMask tm;
+  tm.kok[0] = (m & 1u) != 0;
+  tm.kok[1] = (m & 2u) != 0;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) tm.vok[r] = (m >> (2 + r) & 1u) != 0;
+  return tm;
+}
+
+/// Waits until at most `pending` (0 .. kMaxStages - 1) of the thread's cp.async groups are in
+/// flight.
+__device__ __forceinline__ void cp_async_wait_at_most(int pending) {
+  switch (pending) {
+    case 0:
+      cp_async_wait<0>();
+      break;
+    case 1:
+      cp_async_wait<1>();
+      break;
+    case 2:
+      cp_async_wait<2>();
+      break;
+    default:
+      cp_async_wait<3>();
+      break;
+  }
+}
+
+/// Attends a run of a warp group's tiles in one row format F (the tiles v, next(v), ... below
+/// end; `row_at(v, i)` looks up token i of tile v) through the warp's `stages` slots (1 ..
+/// kMaxStages, kSlotBytes apart from `slots`): the first `stages` tiles are staged at once; each
+/// tile, once its copies have landed, is read into registers and computed, and its slot then
+/// takes the tile `stages` ahead. The masks of the staged tiles wait in a queue of 6-bit fields.
+/// Ends with every copy of the warp complete and read. Warp-uniform over the group.
+template <int S, int kSlotBytes, OldKind F, bool kBf16, class RowAt, class Next, class Sum>
+__device__ __forceinline__ void mma_run_staged(int v, int end, RowAt&& row_at, Next&& next,
+                                               std::uint8_t* slots, int stages,
+                                               const float* k_scales, const float* v_scales,
+                                               int k_off, int v_off,
+                                               const std::uint32_t (&q)[S / 8], float scale_log2,
+                                               MmaState<S>& st, Sum& sum) {
+  static_assert(StageSlot<S, F>::kBytes <= kSlotBytes, "a slot holds the format's tile");
+  const int lane = threadIdx.x % 32;
+  const auto stage = [&](int at, std::uint8_t* slot) {
+    return stage_tile<S, F>(row_at(at, lane % kMmaTile), slot, k_scales, v_scales, k_off, v_off);
+  };
+  std::uint32_t masks = 0;  // the staged tiles' masks, the oldest in the low bits
+  int pending = 0;          // tiles staged and not yet computed
+  for (int i = 0; i < stages; ++i) {
+    if (v < end) {
+      masks |= stage(v, slots + i * kSlotBytes) << (6 * i);
+      ++pending;
+      v = next(v);
+    }
+    cp_async_commit();  // empty past the run's end: every iteration waits on the same count
+  }
+  int slot = 0;
+  while (pending > 0) {
+    cp_async_wait_at_most(stages - 1);  // this lane's copies of the oldest staged tile landed
+    __syncwarp();                       // and every other lane's
+    TileData<S, F> td;
+    unstage_tile<S, F>(slots + slot * kSlotBytes, td);
+    const TileMask tm = unpack_mask(masks & 63u);
+    masks >>= 6;
+    --pending;
+    mma_compute<S, F, kBf16>(td, tm, q, scale_log2, st, sum);
+    // Every lane's reads of the slot are done (their values used above) before it is refilled.
+    __syncwarp();
+    if (v < end) {
+      masks |= stage(v, slots + slot * kSlotBytes) << (6 * (stages - 1));
+      ++pending;
+      v = next(v);
+    }
+    cp_async_commit();
+    slot = slot + 1 == stages ? 0 : slot + 1;
+  }
+  cp_async_wait<0>();
+  __syncwarp();
+}
+
 /// A warp's share of a tensor-core CTA: its warp group (which tiles it attends), its slice of
 /// the head dims [dim0, dim0 + kSlice), and the slice's byte offsets in a 16-bit row (off16) and
 /// in the K / V rows of old format F (k_off, v_off).
@@ -872,13 +1212,44 @@ struct MmaSmem {
   float4 slice_sums[MmaSplit<D>::kSplit > 1 ? 2 * kWarps * 32 : 1];  // SliceSum's buffers
 };
 
-template <int D, OldKind F, bool kBf16>
+/// Shared memory of the unstaged kernel (static; the staged kernel's is StagedSmem).
+template <int D>
+__device__ __forceinline__ MmaSmem<D>& mma_static_smem() {
+  __shared__ MmaSmem<D> sm;
+  return sm;
+}
+
+/// kStaged: the staged kernel (staged_head_dim(D); its ring / plain and old-row runs through
+/// mma_run_staged with p.stages slots per warp in dynamic shared memory,
+/// StagedSmem<D>::bytes(p.stages); no early first tile, no prefetch); else the
+/// register-pipelined kernel. Both are held to 168 registers (ptxas fits both without spills at
+/// d 128); the staged kernel's shared memory then allows 2 CTAs per SM with 2 or 3 slots per warp
+/// at d 128, 1 with 4.
+template <int D, OldKind F, bool kBf16, bool kStaged>
 __global__ void __launch_bounds__(kThreads, 3)
     mma_decode_kernel(const __grid_constant__ DecodeParams p) {
   using Sp = MmaSplit<D>;
   constexpr int S = Sp::kSlice;
   using Sh16 = MmaShape<S, OldKind::k16>;
-  __shared__ MmaSmem<D> sm;
+  using Merge = MergeSmem<D, kMmaCols, Sp::kGroups>;
+  extern __shared__ __align__(128) std::uint8_t dynamic_smem[];
+  int* list;
+  float4* slice_sums;
+  Merge* merge;
+  std::uint8_t* slots = nullptr;  // kStaged: this warp's stage slots
+  if constexpr (kStaged) {
+    using Ss = StagedSmem<D>;
+    merge = reinterpret_cast<Merge*>(dynamic_smem);
+    list = reinterpret_cast<int*>(dynamic_smem + Ss::kListOff);
+    slice_sums = nullptr;  // one warp per tile: no partial logits to sum
+    slots = dynamic_smem + Ss::kSlotsOff +
+            static_cast<std::size_t>(threadIdx.x / 32) * p.stages * stage_slot_bytes<D>();
+  } else {
+    MmaSmem<D>& sm = mma_static_smem<D>();
+    list = sm.u.list;
+    slice_sums = sm.slice_sums;
+    merge = &sm.u.merge;
+  }
   MmaCtx c;
   SelectedPrefetch selected;
   const CtaCoords cta = mma_cta_begin<D>(p, c, selected);
@@ -887,13 +1258,15 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int group = wp.group, slice = wp.slice, dim0 = wp.dim0;
   const int off16 = wp.off16, k_off = wp.k_off, v_off = wp.v_off;
   const int col0 = cta.tile * kMmaCols;
-  SliceSum<Sp::kSplit> sum{sm.slice_sums, group, slice, 0};
+  SliceSum<Sp::kSplit> sum{slice_sums, group, slice, 0};
   constexpr int kStep = Sp::kGroups * kMmaTile;  // rows between a group's tiles
 
   // The group's first tile, when it is ring or plain rows, is read before anything waits for
   // the length (the rows are always allocated; its mask comes after): one round trip less.
   const int v_first = c0 + group * kMmaTile;
-  const bool early = v_first < c1 && (p.plain || (v_first < c.W16 && store::owns_ring(p.s)));
+  // The group's 16-bit run: the plain cache, or the ring where this store attends it.
+  const bool run16 = v_first < c1 && (p.plain || (v_first < c.W16 && store::owns_ring(p.s)));
+  const bool early = !kStaged && run16;
   // The loads and mask of the 16-bit tile at v: plain-cache rows, or ring rows.
   const auto rows16 = [&](int v, TileLoad& tl, TileMask& tm) {
     if (p.plain) {
@@ -929,21 +1302,31 @@ __global__ void __launch_bounds__(kThreads, 3)
   lookup_selected_blocks(p, c, selected);
 
   init_row_range(p, c);  // the first wait for the length
-  stage_selected_ids(p, c, sm.u.list, c0, c1, selected);
+  stage_selected_ids(p, c, list, c0, c1, selected);
 
   // --- the group's tiles: every kGroups-th tile of the chunk ---
   MmaState<S> st;
   mma_state_init(st);
   const AttentionMode mode = static_cast<AttentionMode>(p.mode);
   int v_rest = v_first + (early ? kStep : 0);  // the first tile the loop below attends
-  if (early && p.pipeline) {
-    // The group's 16-bit run (the plain cache, or the ring), software-pipelined (mma_run).
-    const int run_end = p.plain ? c1 : (c1 < c.W16 ? c1 : c.W16);
-    const auto next16 = [&](int v) {
-      v += kStep;
-      while (p.plain && v < run_end && plain_hidden(v)) v += kStep;
-      return v;
+  const int run_end = p.plain ? c1 : (c1 < c.W16 ? c1 : c.W16);
+  const auto next16 = [&](int v) {  // the group's next 16-bit tile with anything visible
+    v += kStep;
+    while (p.plain && v < run_end && plain_hidden(v)) v += kStep;
+    return v;
+  };
+  if (kStaged && run16) {
+    // The 16-bit run through the warp's stage slots (mma_run_staged).
+    const int v = p.plain && plain_hidden(v_first) ? next16(v_first) : v_first;
+    const auto row16 = [&](int at, int i) {
+      return p.plain ? plain_row<D>(p, c, at + i) : ring_row<D>(p, c, at + i);
     };
+    mma_run_staged<S, stage_slot_bytes<D>(), OldKind::k16, kBf16>(v, run_end, row16, next16, slots,
+                                                                  p.stages, nullptr, nullptr, off16,
+                                                                  off16, q, p.scale_log2, st, sum);
+    v_rest = v_first + (run_end - v_first + kStep - 1) / kStep * kStep;
+  } else if (early && p.pipeline) {
+    // The group's 16-bit run (the plain cache, or the ring), software-pipelined (mma_run).
     TileLoad unused;
     TileMask tm;
     rows16(v_first, unused, tm);  // the first tile was loaded early; its mask now
@@ -968,9 +1351,9 @@ __global__ void __launch_bounds__(kThreads, 3)
   };
   const auto rows_old = [&](int v0, TileLoad& tl, TileMask& tm) {
     tile_rows<F>(
-        p, [&](int i) { return list_old_row<D, F>(p, c, sm.u.list, v0 + i); }, tl, tm);
+        p, [&](int i) { return list_old_row<D, F>(p, c, list, v0 + i); }, tl, tm);
   };
-  if (p.pipeline && !p.plain) {
+  if ((kStaged || p.pipeline) && !p.plain) {
     // The old rows (open block and selected blocks, or the dense old positions) of the group,
     // software-pipelined too; tiles with nothing attended are skipped.
     const auto next_old = [&](int v0) {
@@ -981,7 +1364,12 @@ __global__ void __launch_bounds__(kThreads, 3)
     int v = v_rest;
     if (v < c.W16) v += (c.W16 - v + kStep - 1) / kStep * kStep;  // a shard store: no ring
     if (v < c1 && skip_old(v)) v = next_old(v);
-    if (v < c1) {
+    if (kStaged) {
+      const auto row_old = [&](int at, int i) { return list_old_row<D, F>(p, c, list, at + i); };
+      mma_run_staged<S, stage_slot_bytes<D>(), F, kBf16>(v, c1, row_old, next_old, slots, p.stages,
+                                                         p.s.old_k_scale, p.s.old_v_scale, k_off,
+                                                         v_off, q, p.scale_log2, st, sum);
+    } else if (v < c1) {
       TileLoad tl;
       TileMask tm;
       rows_old(v, tl, tm);
@@ -1013,14 +1401,19 @@ __global__ void __launch_bounds__(kThreads, 3)
     }
   }
 
-  mma_store_group_state<D, S>(st, sm.u.merge, group, slice, dim0);
-  finish_cta<D, kMmaCols, Sp::kGroups>(p, sm.u.merge, c.bt, c.h, col0, chunk);
+  mma_store_group_state<D, S>(st, *merge, group, slice, dim0);
+  finish_cta<D, kMmaCols, Sp::kGroups>(p, *merge, c.bt, c.h, col0, chunk);
 }
 
-/// The tensor-core kernel for (D, F, kBf16) as a function pointer (instantiates it).
-template <int D, OldKind F, bool kBf16>
+/// The tensor-core kernel for (D, F, kBf16, kStaged) as a function pointer (instantiates it), or
+/// null for a staged kernel of a head dim it is not built for.
+template <int D, OldKind F, bool kBf16, bool kStaged>
 const void* mma_kernel_ptr() {
-  return reinterpret_cast<const void*>(&mma_decode_kernel<D, F, kBf16>);
+  if constexpr (kStaged && !staged_head_dim(D)) {
+    return nullptr;
+  } else {
+    return reinterpret_cast<const void*>(&mma_decode_kernel<D, F, kBf16, kStaged>);
+  }
 }
 
 }  // namespace attention_detail

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <mutex>
-#include <unordered_map>
 
 #include "attention/combine.cuh"
 #include "attention/launch.cuh"
@@ -48,16 +48,17 @@ int head_tile(int group, int d) {
   return gt;
 }
 
-/// Resident CTAs per SM of `kernel` (kThreads threads, static shared memory only).
-cudaError_t ctas_per_sm(const void* kernel, int& out) {
-  return kvc::detail::resident_ctas_per_sm(kernel, kThreads, 0, out);
+/// Resident CTAs per SM of `kernel` (kThreads threads, `smem` bytes of dynamic shared memory).
+cudaError_t ctas_per_sm(const void* kernel, std::size_t smem, int& out) {
+  return kvc::detail::resident_ctas_per_sm(kernel, kThreads, smem, out);
 }
 
-/// CTAs the plan aims for on the current device with `kernel`.
-cudaError_t target_ctas(const void* kernel, std::int64_t& out) {
+/// CTAs the plan aims for on the current device with `kernel` and `smem` bytes of dynamic
+/// shared memory.
+cudaError_t target_ctas(const void* kernel, std::size_t smem, std::int64_t& out) {
   int sms = 0, occ = 0;
   KVC_CUDA_CALL(kvc::detail::sm_count(sms));
-  KVC_CUDA_CALL(ctas_per_sm(kernel, occ));
+  KVC_CUDA_CALL(ctas_per_sm(kernel, smem, occ));
   out = static_cast<std::int64_t>(sms) * occ * kWaves;
   return cudaSuccess;
 }
@@ -73,6 +74,8 @@ struct Plan {
   std::int64_t kv_ctas = 0;  // grid.x = batch * T * Hkv * tiles
   std::int64_t rows_q = 0;   // batch * T * Hq
   int cluster = 0;           // > 1: a row's chunks run as one cluster (no combine launch)
+  int stages = 0;            // the staged tensor-core kernel's slots per warp (0: not staged)
+  std::size_t smem = 0;      // its dynamic shared memory (StagedSmem)
 };
 
 /// Most CTAs in a cluster (decode.cuh, whose merge holds that many states).
@@ -82,14 +85,17 @@ constexpr std::int64_t kShortChunkRows = 1024;
 /// CTAs per SM that calls of short chunks are held to (split_rows).
 constexpr int kShortChunkCtasPerSm = 2;
 
-/// Whether clusters of `size` CTAs (along grid.y) of `kernel` can be resident on the current
-/// device (cached per kernel and size). Allows the non-portable size on the kernel when needed.
-cudaError_t cluster_fits(const void* kernel, int size, bool& fits) {
+/// Whether clusters of `size` CTAs (along grid.y) of `kernel` with `smem` bytes of dynamic
+/// shared memory each can be resident on the current device (cached per kernel, smem and size).
+/// Allows the non-portable size on the kernel when needed.
+cudaError_t cluster_fits(const void* kernel, int size, std::size_t smem, bool& fits) {
   static std::mutex mu;
-  static std::unordered_map<const void*, std::uint64_t> cache;  // bit s: tried, bit 32 + s: fits
+  // bit s: tried, bit 32 + s: fits
+  static std::map<std::pair<const void*, std::size_t>, std::uint64_t> cache;
+  const auto key = std::make_pair(kernel, smem);
   {
     std::lock_guard<std::mutex> lock(mu);
-    const auto it = cache.find(kernel);
+    const auto it = cache.find(key);
     if (it != cache.end() && ((it->second >> size) & 1u)) {
       fits = (it->second >> (32 + size)) & 1u;
       return cudaSuccess;
@@ -107,6 +113,7 @@ cudaError_t cluster_fits(const void* kernel, int size, bool& fits) {
       cudaLaunchConfig_t config = {};
       config.gridDim = dim3(1, static_cast<unsigned>(size));
       config.blockDim = dim3(kThreads);
+      config.dynamicSmemBytes = smem;
       cudaLaunchAttribute attr[1];
       attr[0].id = cudaLaunchAttributeClusterDimension;
       attr[0].val.clusterDim.x = 1;
@@ -122,18 +129,18 @@ cudaError_t cluster_fits(const void* kernel, int size, bool& fits) {
     fits = ok;
   }
   std::lock_guard<std::mutex> lock(mu);
-  std::uint64_t& bits = cache[kernel];
+  std::uint64_t& bits = cache[key];
   bits |= std::uint64_t{1} << size;
   if (fits) bits |= std::uint64_t{1} << (32 + size);
   return cudaSuccess;
 }
 
-/// Answers cluster_fits for every cluster size of `kernel` now, so that later calls (and graph
-/// captures) find them cached. False on a CUDA error.
-bool warm_clusters(const void* kernel) {
+/// Answers cluster_fits for every cluster size of `kernel` with `smem` bytes of dynamic shared
+/// memory now, so that later calls (and graph captures) find them cached. False on a CUDA error.
+bool warm_clusters(const void* kernel, std::size_t smem = 0) {
   for (int size = 2; size <= kMaxCluster; ++size) {
     bool fits = false;
-    if (cluster_fits(kernel, size, fits) != cudaSuccess) return false;
+    if (cluster_fits(kernel, size, smem, fits) != cudaSuccess) return false;
   }
   return true;
 }
@@ -150,7 +157,7 @@ cudaError_t split_rows(int num_q_heads, int num_kv_heads, int batch, int T, std:
   plan.rows_q = static_cast<std::int64_t>(batch) * T * num_q_heads;
   if (plan.kv_ctas > INT32_MAX) return cudaErrorInvalidValue;
   std::int64_t target = 0;
-  KVC_CUDA_CALL(target_ctas(plan.kernel, target));
+  KVC_CUDA_CALL(target_ctas(plan.kernel, plan.smem, target));
   std::int64_t chunks = std::max<std::int64_t>(1, target / std::max<std::int64_t>(plan.kv_ctas, 1));
   chunks = std::min(chunks, (vlen + min_rows - 1) / min_rows);
   // Short chunks (a selection's few hundred rows) cost their CTA's fixed latency (the row's
@@ -188,7 +195,9 @@ cudaError_t split_rows(int num_q_heads, int num_kv_heads, int batch, int T, std:
   if (want > 1 && want <= kMaxCluster) {
     cut(want);
     bool fits = false;
-    if (plan.num_chunks > 1) KVC_CUDA_CALL(cluster_fits(plan.kernel, plan.num_chunks, fits));
+    if (plan.num_chunks > 1) {
+      KVC_CUDA_CALL(cluster_fits(plan.kernel, plan.num_chunks, plan.smem, fits));
+    }
     if (fits) {
       plan.cluster = plan.num_chunks;
       return cudaSuccess;
@@ -215,10 +224,17 @@ cudaError_t make_plan(int head_dim, int num_q_heads, int num_kv_heads, int batch
                     plan);
 }
 
+/// grid.x of the tensor-core plan: batch * T * Hkv * head tiles of kMmaCols query heads.
+std::int64_t mma_kv_ctas(int batch, int T, int num_q_heads, int num_kv_heads) {
+  const int group = num_q_heads / std::max(num_kv_heads, 1);
+  return static_cast<std::int64_t>(batch) * T * num_kv_heads * ((group + kMmaCols - 1) / kMmaCols);
+}
+
 /// The tensor-core plan: head tiles of kMmaCols query heads, a virtual list of vlen16 rows (a
-/// multiple of 16, mma.cuh), chunks of whole 16-row tiles, at least one tile per warp group.
+/// multiple of 16, mma.cuh), chunks of whole 16-row tiles, at least one tile per warp group;
+/// `stages` > 0: the staged kernel with that many slots per warp.
 cudaError_t make_mma_plan(int head_dim, int num_q_heads, int num_kv_heads, int batch, int T,
-                          std::int64_t vlen16, OldKind kind, bool bf16, int max_splits,
+                          std::int64_t vlen16, OldKind kind, bool bf16, int max_splits, int stages,
                           Plan& plan) {
   if (!mma_head_dim(head_dim) || num_kv_heads < 1 || num_q_heads % num_kv_heads != 0 ||
       vlen16 < kMmaTile || vlen16 % kMmaTile != 0 || vlen16 > (1ll << 30)) {
@@ -227,7 +243,12 @@ cudaError_t make_mma_plan(int head_dim, int num_q_heads, int num_kv_heads, int b
   const int group = num_q_heads / num_kv_heads;
   plan.gt = kMmaCols;
   plan.tiles = (group + kMmaCols - 1) / kMmaCols;
-  plan.kernel = mma_kernel_for(head_dim, kind, bf16);
+  plan.kernel = mma_kernel_for(head_dim, kind, bf16, stages > 0);
+  if (stages > 0) {
+    if (plan.kernel == nullptr || stages > kMaxStages) return cudaErrorInvalidValue;
+    plan.stages = stages;
+    plan.smem = mma_staged_smem_bytes(head_dim, stages);
+  }
   return split_rows(num_q_heads, num_kv_heads, batch, T, vlen16, kMmaTile,
                     kMmaTile * mma_groups(head_dim), max_splits, true, plan);
 }
@@ -300,9 +321,26 @@ std::int64_t mma_store_vlen(const attention::AttentionParams& p) {
   }
 }
 
-/// Whether the tensor-core kernel serves a call: head_dim 64..512, q in the cache's 16-bit
-/// dtype, a mode it implements, and a selection small enough to stage (max_selected pool ids).
-bool mma_serves(int head_dim, DType q_dtype, DType kv_dtype, bool mode_ok, int max_selected) {
+/// Slots per warp of the staged tensor-core kernel for a KernelPath, 0 for the others.
+int staged_slots(int path) {
+  switch (static_cast<KernelPath>(path)) {
+    case KernelPath::kTensorCoresStaged:
+      return 3;
+    case KernelPath::kTensorCoresStaged2:
+      return 2;
+    case KernelPath::kTensorCoresStaged4:
+      return 4;
+    default:
+      return 0;
+  }
+}
+
+/// Whether the tensor-core kernel of KernelPath `path` serves a call: head_dim 64..512 (the
+/// staged kernel: 64 or 128), q in the cache's 16-bit dtype, a mode it implements, and a
+/// selection small enough to stage (max_selected pool ids).
+bool mma_serves(int path, int head_dim, DType q_dtype, DType kv_dtype, bool mode_ok,
+                int max_selected) {
+  if (staged_slots(path) > 0 && !staged_head_dim(head_dim)) return false;
   return mma_head_dim(head_dim) && q_dtype == kv_dtype && mode_ok && max_selected <= kMaxList;
 }
 
@@ -323,6 +361,9 @@ cudaError_t choose_mma(int path, bool serves, int group, bool& use_mma) {
     case KernelPath::kTensorCoresUnpipelined:
     case KernelPath::kTensorCoresLateIds:
     case KernelPath::kTensorCoresProgrammatic:
+    case KernelPath::kTensorCoresStaged:
+    case KernelPath::kTensorCoresStaged2:
+    case KernelPath::kTensorCoresStaged4:
       use_mma = serves;
       return serves ? cudaSuccess : cudaErrorNotSupported;
   }
@@ -336,6 +377,30 @@ cudaError_t choose_mma(int path, bool serves, int group, bool& use_mma) {
 bool prefetches(int path) {
   return path == static_cast<int>(KernelPath::kTensorCores) ||
          path == static_cast<int>(KernelPath::kTensorCoresUnpipelined);
+}
+
+/// Slots per warp the staged tensor-core kernel gets under kAuto, 0 for the register-pipelined
+/// kernel; `kv_ctas` = batch * T * Hkv * head tiles. Measured on the H200
+/// (docs/perf-data/2026-12-04-session20, same calls, paths 3 against 7): with three slots the
+/// staged kernel runs one CTA per SM at d 128 (three at d 64), so it wins where such CTAs have
+/// long rows to stream, one query token each: d 64 (9/3/64 select B1 / B8 / B32 7.9 / 9.6 / 16.9
+/// against 9.6 / 11.0 / 21.6 us) and d 128 rows numbering between a quarter of the SMs and the
+/// SMs (32/8/128 select B8 18.4 against 20.4 us, dense B8 N128K 1050 against 1320 us). It loses
+/// at d 128 B1 (16.3 against 11.4 us), B32 (52.3 against 49.2) and T 4. (Two slots at d 128 B1
+/// measured 9.8 against 11.4 us, path 8; not yet run as kAuto's choice.)
+int auto_staged_slots(int head_dim, int T, std::int64_t kv_ctas) {
+  if (T != 1 || !staged_head_dim(head_dim)) return 0;
+  if (head_dim == 64) return 3;
+  int sms = 0;
+  if (kvc::detail::sm_count(sms) != cudaSuccess) return 0;
+  return kv_ctas * 4 > sms && kv_ctas <= sms ? 3 : 0;
+}
+
+/// The staged kernel's slots per warp for a call (0: the register-pipelined kernel): the
+/// KernelPath's, or kAuto's choice where tensor cores serve it.
+int call_staged_slots(int path, bool use_mma, int head_dim, int T, std::int64_t kv_ctas) {
+  if (static_cast<KernelPath>(path) != KernelPath::kAuto) return staged_slots(path);
+  return use_mma ? auto_staged_slots(head_dim, T, kv_ctas) : 0;
 }
 
 /// Whether the decode kernel is launched as a programmatic dependent of the kernel before it
@@ -368,11 +433,13 @@ cudaError_t run(const Plan& plan, DecodeParams& dp, int head_dim, bool programma
   dp.chunk = plan.chunk;
   dp.num_chunks = plan.num_chunks;
   dp.cluster = plan.cluster;
+  dp.stages = plan.stages;
   void* args[] = {&dp};
   cudaLaunchConfig_t config = {};
   config.gridDim =
       dim3(static_cast<unsigned>(plan.kv_ctas), static_cast<unsigned>(plan.num_chunks));
   config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = plan.smem;
   config.stream = stream;
   cudaLaunchAttribute attr[2];
   unsigned n = 0;
@@ -455,7 +522,7 @@ std::size_t attention_workspace_upper_bound(int num_q_heads, int num_kv_heads, i
     for (bool bf16 : {false, true}) {
       const void* k = decode_kernel_for(head_dim, gt, kind, bf16);
       std::int64_t t = 0;
-      if (k == nullptr || target_ctas(k, t) != cudaSuccess || !warm_clusters(k)) return 0;
+      if (k == nullptr || target_ctas(k, 0, t) != cudaSuccess || !warm_clusters(k)) return 0;
       target = std::max(target, t);
     }
   }
@@ -465,10 +532,19 @@ std::size_t attention_workspace_upper_bound(int num_q_heads, int num_kv_heads, i
   if (mma_head_dim(head_dim)) {
     for (OldKind kind : {OldKind::k16, OldKind::kQ8, OldKind::kQ4v}) {
       for (bool bf16 : {false, true}) {
-        const void* k = mma_kernel_for(head_dim, kind, bf16);
+        const void* k = mma_kernel_for(head_dim, kind, bf16, false);
         std::int64_t t = 0;
-        if (k == nullptr || target_ctas(k, t) != cudaSuccess || !warm_clusters(k)) return 0;
+        if (k == nullptr || target_ctas(k, 0, t) != cudaSuccess || !warm_clusters(k)) return 0;
         n = std::max(n, static_cast<std::size_t>(t) * kMmaCols);
+        // The staged kernel where it is built, at every slot count a KernelPath asks for (the
+        // fewest slots give the most CTAs per SM); its clusters warmed too.
+        const void* ks = mma_kernel_for(head_dim, kind, bf16, true);
+        if (ks == nullptr) continue;
+        for (int slots : {2, 3, 4}) {
+          const std::size_t smem = mma_staged_smem_bytes(head_dim, slots);
+          if (target_ctas(ks, smem, t) != cudaSuccess || !warm_clusters(ks, smem)) return 0;
+          n = std::max(n, static_cast<std::size_t>(t) * kMmaCols);
+        }
       }
     }
   }
@@ -481,16 +557,20 @@ cudaError_t attention_decode(void* d_workspace, std::size_t& workspace_bytes,
     if (d_workspace == nullptr) workspace_bytes = 0;
     return cudaSuccess;
   }
-  const bool serves = mma_serves(p.head_dim, p.q_dtype, p.store.dtype, mma_store_vlen(p) > 0,
-                                 uses_selection(p.mode) ? p.selection.max_selected : 0);
+  const bool serves =
+      mma_serves(p.kernel_path, p.head_dim, p.q_dtype, p.store.dtype, mma_store_vlen(p) > 0,
+                 uses_selection(p.mode) ? p.selection.max_selected : 0);
   bool use_mma = false;
   KVC_CUDA_CALL(
       choose_mma(p.kernel_path, serves, p.num_q_heads / std::max(p.num_kv_heads, 1), use_mma));
   Plan plan;
   if (use_mma) {
-    KVC_CUDA_CALL(make_mma_plan(p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch,
-                                p.num_query_tokens, mma_store_vlen(p), old_kind(p.store.old_format),
-                                p.store.dtype == DType::kBF16, p.max_splits, plan));
+    KVC_CUDA_CALL(make_mma_plan(
+        p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch, p.num_query_tokens, mma_store_vlen(p),
+        old_kind(p.store.old_format), p.store.dtype == DType::kBF16, p.max_splits,
+        call_staged_slots(p.kernel_path, use_mma, p.head_dim, p.num_query_tokens,
+                          mma_kv_ctas(p.batch, p.num_query_tokens, p.num_q_heads, p.num_kv_heads)),
+        plan));
   } else {
     KVC_CUDA_CALL(make_plan(p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch, p.num_query_tokens,
                             store_vlen(p), old_kind(p.store.old_format),
@@ -533,15 +613,18 @@ cudaError_t dense_attention_decode(void* d_workspace, std::size_t& workspace_byt
     if (d_workspace == nullptr) workspace_bytes = 0;
     return cudaSuccess;
   }
-  const bool serves = mma_serves(p.head_dim, p.q_dtype, p.kv_dtype, true, 0);
+  const bool serves = mma_serves(p.kernel_path, p.head_dim, p.q_dtype, p.kv_dtype, true, 0);
   bool use_mma = false;
   KVC_CUDA_CALL(
       choose_mma(p.kernel_path, serves, p.num_q_heads / std::max(p.num_kv_heads, 1), use_mma));
   Plan plan;
   if (use_mma) {
-    KVC_CUDA_CALL(make_mma_plan(p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch,
-                                p.num_query_tokens, round16(p.capacity), OldKind::k16,
-                                p.kv_dtype == DType::kBF16, p.max_splits, plan));
+    KVC_CUDA_CALL(make_mma_plan(
+        p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch, p.num_query_tokens, round16(p.capacity),
+        OldKind::k16, p.kv_dtype == DType::kBF16, p.max_splits,
+        call_staged_slots(p.kernel_path, use_mma, p.head_dim, p.num_query_tokens,
+                          mma_kv_ctas(p.batch, p.num_query_tokens, p.num_q_heads, p.num_kv_heads)),
+        plan));
   } else {
     KVC_CUDA_CALL(make_plan(p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch, p.num_query_tokens,
                             p.capacity, OldKind::k16, p.kv_dtype == DType::kBF16, p.max_splits,

@@ -405,6 +405,12 @@ std::string path_label(kernels::KernelPath path) {
       return " [tensor cores, ids after the length]";
     case kernels::KernelPath::kTensorCoresProgrammatic:
       return " [tensor cores, programmatic launch]";
+    case kernels::KernelPath::kTensorCoresStaged:
+      return " [tensor cores, staged x3]";
+    case kernels::KernelPath::kTensorCoresStaged2:
+      return " [tensor cores, staged x2]";
+    case kernels::KernelPath::kTensorCoresStaged4:
+      return " [tensor cores, staged x4]";
     case kernels::KernelPath::kCudaCores:
       return " [cuda cores]";
     default:
@@ -412,14 +418,22 @@ std::string path_label(kernels::KernelPath path) {
   }
 }
 
-/// The kernel layer with each of `paths` forced, f32 out and the config's 16-bit out, against
-/// the CPU backend.
+/// True for the staged tensor-core kernel's paths (head_dim 64 and 128 only).
+bool staged_path(kernels::KernelPath path) {
+  return path == kernels::KernelPath::kTensorCoresStaged ||
+         path == kernels::KernelPath::kTensorCoresStaged2 ||
+         path == kernels::KernelPath::kTensorCoresStaged4;
+}
+
+/// The kernel layer with each of `paths` forced (the staged kernel where it is built), f32 out
+/// and the config's 16-bit out, against the CPU backend.
 void check_paths(const Case& c, const std::string& name,
                  std::initializer_list<kernels::KernelPath> paths) {
   Bed bed(c);
   const AttentionConfig cfg = bed.config();
   const Result want32 = bed.cpu(cfg, DType::kF32);
   for (kernels::KernelPath path : paths) {
+    if (staged_path(path) && c.head_dim > 128) continue;  // NotSupportedWhereItDoesNotApply
     const std::string what = name + path_label(path);
     expect_close(bed.kernel(cfg, DType::kF32, path, c.max_splits), want32, c.head_dim, kTol,
                  what + " f32 out");
@@ -429,6 +443,8 @@ void check_paths(const Case& c, const std::string& name,
 }
 
 constexpr auto kMma = kernels::KernelPath::kTensorCores;
+/// The staged tensor-core kernel (tiles through per-warp shared-memory slots).
+constexpr auto kStaged = kernels::KernelPath::kTensorCoresStaged;
 /// The head dims the tensor-core kernel serves (d > 128: the dims split over 2 or 4 warps).
 constexpr int kHeadDims[] = {128, 64, 256, 512};
 constexpr auto kSimt = kernels::KernelPath::kCudaCores;
@@ -1161,8 +1177,8 @@ TEST(Cuda_AttentionMma, ModesFormatsDtypes) {
       c.seed = 300 + i;
       const std::string name = std::string(to_string(m)) + "/" + to_string(f.format) + "/" +
                                to_string(f.store_dtype) + " T" + std::to_string(c.T);
-      check_paths(c, name + " (one chunk)", {kMma, kSimt});
-      check_paths(split_case(c), name + " (split)", {kMma, kSimt});
+      check_paths(c, name + " (one chunk)", {kMma, kStaged, kSimt});
+      check_paths(split_case(c), name + " (split)", {kMma, kStaged, kSimt});
       ++i;
     }
   }
@@ -1183,7 +1199,7 @@ TEST(Cuda_AttentionMma, GroupsAndHeadDims) {
       c.lengths = {3, 151, 420};
       c.seed = 400 + i;
       select_q4v_or_dense_q8(c, i % 2 == 0);
-      check_paths(c, "d" + std::to_string(d) + " g" + std::to_string(g), {kMma});
+      check_paths(c, "d" + std::to_string(d) + " g" + std::to_string(g), {kMma, kStaged});
       ++i;
     }
   }
@@ -1208,11 +1224,11 @@ TEST(Cuda_AttentionMma, VerifyT1To8) {
     c.format = formats[T % 3].format;
     c.store_dtype = c.dtype = formats[T % 3].store_dtype;
     c.seed = 500 + T;
-    check_paths(c, "select T " + std::to_string(T), {kMma});
+    check_paths(c, "select T " + std::to_string(T), {kMma, kStaged});
     c.mode = AttentionMode::kDenseRecentOnly;
-    check_paths(c, "dense_recent_only T " + std::to_string(T), {kMma});
+    check_paths(c, "dense_recent_only T " + std::to_string(T), {kMma, kStaged});
     c.mode = AttentionMode::kDense;
-    check_paths(c, "dense T " + std::to_string(T), {kMma});
+    check_paths(c, "dense T " + std::to_string(T), {kMma, kStaged});
   }
 }
 
@@ -1227,7 +1243,8 @@ TEST(Cuda_AttentionMma, SplitExtremes) {
       c.T = 3;
       c.sink = true;
       c.seed = 600 + splits;
-      check_paths(c, std::string(to_string(m)) + " max_splits " + std::to_string(splits), {kMma});
+      check_paths(c, std::string(to_string(m)) + " max_splits " + std::to_string(splits),
+                  {kMma, kStaged});
     }
   }
 }
@@ -1248,14 +1265,17 @@ TEST(Cuda_AttentionMma, ClusterAndCombineMergesAgree) {
     c.sink = true;
     c.max_splits = splits;
     c.seed = 650 + splits;
-    check_paths(c, "select max_splits " + std::to_string(splits),
-                {kMma, kSimt, kernels::KernelPath::kTensorCoresNoPrefetch,
-                 kernels::KernelPath::kTensorCoresUnpipelined,
-                 kernels::KernelPath::kTensorCoresLateIds,
-                 kernels::KernelPath::kTensorCoresProgrammatic});
+    check_paths(
+        c, "select max_splits " + std::to_string(splits),
+        {kMma, kSimt, kernels::KernelPath::kTensorCoresNoPrefetch,
+         kernels::KernelPath::kTensorCoresUnpipelined, kernels::KernelPath::kTensorCoresLateIds,
+         kernels::KernelPath::kTensorCoresProgrammatic, kStaged,
+         kernels::KernelPath::kTensorCoresStaged2, kernels::KernelPath::kTensorCoresStaged4});
     c.mode = AttentionMode::kDense;
     c.format = Format::kQ8;
-    check_paths(c, "dense max_splits " + std::to_string(splits), {kMma, kSimt});
+    check_paths(c, "dense max_splits " + std::to_string(splits),
+                {kMma, kSimt, kStaged, kernels::KernelPath::kTensorCoresStaged2,
+                 kernels::KernelPath::kTensorCoresStaged4});
   }
 }
 
@@ -1395,11 +1415,13 @@ TEST(Cuda_AttentionMma, StaleNanRowsAreNotAttended) {
                 random_bits16(n * token, DType::kF16, 92, 1.0f), n);
       for (AttentionMode m :
            {AttentionMode::kBlockSelectExact, AttentionMode::kDense, AttentionMode::kRecentOnly}) {
-        Result cpu, gpu;
-        nan_decode(st, 4, m, kMma, cpu, gpu);
-        expect_close(gpu, cpu, sc.head_dim, kTol,
-                     std::string("stale NaN, ") + to_string(f) + " " + to_string(m) + ", " +
-                         std::to_string(n) + " tokens");
+        for (kernels::KernelPath path : {kMma, kStaged}) {
+          Result cpu, gpu;
+          nan_decode(st, 4, m, path, cpu, gpu);
+          expect_close(gpu, cpu, sc.head_dim, kTol,
+                       std::string("stale NaN, ") + to_string(f) + " " + to_string(m) + ", " +
+                           std::to_string(n) + " tokens" + path_label(path));
+        }
       }
     }
   }
@@ -1428,26 +1450,27 @@ TEST(Cuda_AttentionMma, NanDataPropagatesLikeTheCpu) {
     hit[20 * token + 3] = 0x7e00u;
     st.ingest(k, v, n);
     for (AttentionMode m : {AttentionMode::kDense, AttentionMode::kRecentOnly}) {
-      Result cpu, gpu;
-      nan_decode(st, 4, m, kMma, cpu, gpu);
-      for (std::size_t i = 0; i < cpu.out.size(); ++i) {
-        ASSERT_EQ(std::isnan(gpu.out[i]), std::isnan(cpu.out[i]))
-            << (in_k ? "K" : "V") << " " << to_string(m) << " element " << i;
-        if (!std::isnan(cpu.out[i])) {
-          ASSERT_NEAR(gpu.out[i], cpu.out[i], 1e-3 * std::max(1.0, std::abs(cpu.out[i])));
+      for (kernels::KernelPath path : {kMma, kStaged}) {
+        Result cpu, gpu;
+        nan_decode(st, 4, m, path, cpu, gpu);
+        for (std::size_t i = 0; i < cpu.out.size(); ++i) {
+          ASSERT_EQ(std::isnan(gpu.out[i]), std::isnan(cpu.out[i]))
+              << (in_k ? "K" : "V") << " " << to_string(m) << path_label(path) << " element " << i;
+          if (!std::isnan(cpu.out[i])) {
+            ASSERT_NEAR(gpu.out[i], cpu.out[i], 1e-3 * std::max(1.0, std::abs(cpu.out[i])));
+          }
         }
-      }
-      for (std::size_t i = 0; i < cpu.lse.size(); ++i) {
-        ASSERT_EQ(std::isnan(gpu.lse[i]), std::isnan(cpu.lse[i])) << "lse " << i;
+        for (std::size_t i = 0; i < cpu.lse.size(); ++i) {
+          ASSERT_EQ(std::isnan(gpu.lse[i]), std::isnan(cpu.lse[i])) << "lse " << i;
+        }
       }
     }
   }
 }
 
-// Dense over a plain cache through the kernel layer with each kernel forced (NaN past the
+// Dense over a plain cache through the kernel layer with each of `paths` forced (NaN past the
 // lengths, windows, sinks, T up to 8, groups 1..128).
-TEST(Cuda_AttentionMma, DensePlainCache) {
-  KVC_REQUIRE_GPU();
+void check_dense_plain_cache(std::initializer_list<kernels::KernelPath> paths) {
   struct P {
     int d, g, T, window;
     DType dt;
@@ -1506,8 +1529,8 @@ TEST(Cuda_AttentionMma, DensePlainCache) {
     AttentionBackend::create(cfg, Device::cpu())->dense_decode(a);
     const Result want{std::vector<double>(out.begin(), out.end()),
                       std::vector<double>(lse.begin(), lse.end())};
-    for (kernels::KernelPath path : {kMma, kSimt, kernels::KernelPath::kTensorCoresNoPrefetch,
-                                     kernels::KernelPath::kTensorCoresUnpipelined}) {
+    for (kernels::KernelPath path : paths) {
+      if (staged_path(path) && d > 128) continue;  // NotSupportedWhereItDoesNotApply
       DeviceArray<float> dout(n_out + 64), dlse(lse.size() + 64);
       dout.fill_bytes(0xff);
       dlse.fill_bytes(0xff);
@@ -1538,14 +1561,29 @@ TEST(Cuda_AttentionMma, DensePlainCache) {
   }
 }
 
+TEST(Cuda_AttentionMma, DensePlainCache) {
+  KVC_REQUIRE_GPU();
+  check_dense_plain_cache({kMma, kSimt, kernels::KernelPath::kTensorCoresNoPrefetch,
+                           kernels::KernelPath::kTensorCoresUnpipelined});
+}
+
+// The staged kernel with two, three and four slots per warp on the same cases (its own test, so
+// that a sanitizer can be run on it alone).
+TEST(Cuda_AttentionMma, DensePlainCacheStaged) {
+  KVC_REQUIRE_GPU();
+  check_dense_plain_cache({kStaged, kernels::KernelPath::kTensorCoresStaged2,
+                           kernels::KernelPath::kTensorCoresStaged4});
+}
+
 // Tensor cores asked where they do not apply: cudaErrorNotSupported, nothing launched.
 TEST(Cuda_AttentionMma, NotSupportedWhereItDoesNotApply) {
   KVC_REQUIRE_GPU();
-  for (int which = 0; which < 3; ++which) {
+  for (int which = 0; which < 4; ++which) {
     Case c;
     if (which == 0) c.top = 600;  // max_selected past the 512 pool ids one CTA stages
     if (which == 1) c.mode = AttentionMode::kBlockSummary;
     if (which == 2) c.dtype = DType::kBF16;  // q bf16, store f16
+    if (which == 3) c.head_dim = 256;        // the staged kernel: head_dim 64 and 128 only
     c.reps = which == 1 ? 1 : 0;
     Bed bed(c);
     attention::AttentionParams p;
@@ -1559,7 +1597,7 @@ TEST(Cuda_AttentionMma, NotSupportedWhereItDoesNotApply) {
     p.mode = c.mode;
     p.q_dtype = c.dtype;
     p.selection = bed.args(true).selection;  // max_selected = top
-    p.kernel_path = static_cast<int>(kMma);
+    p.kernel_path = static_cast<int>(which == 3 ? kStaged : kMma);
     std::size_t bytes = 0;
     EXPECT_EQ(kernels::attention_decode(nullptr, bytes, p, nullptr), cudaErrorNotSupported)
         << which;

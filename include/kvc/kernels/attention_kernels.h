@@ -42,8 +42,11 @@ namespace kernels {
 /// Which kernel attention_decode / dense_attention_decode run (AttentionParams::kernel_path,
 /// DenseParams::kernel_path).
 enum class KernelPath : int {
-  /// By shape: the tensor-core kernel where it applies and the GQA group is >= 3 (software-
-  /// pipelined, without the L2 prefetch: kTensorCoresNoPrefetch), else the CUDA-core kernel.
+  /// By shape: the tensor-core kernel where it applies and the GQA group is >= 3, else the
+  /// CUDA-core kernel. The tensor-core kernel is the staged one (kTensorCoresStaged) for one
+  /// query token at head_dim 64, and at head_dim 128 where the rows (batch * Hkv * head tiles)
+  /// number more than a quarter of the SMs and at most the SMs; else the register-pipelined one
+  /// without the L2 prefetch (kTensorCoresNoPrefetch).
   kAuto = 0,
   /// The CUDA-core kernel (every shape and mode).
   kCudaCores = 1,
@@ -69,6 +72,15 @@ enum class KernelPath : int {
   /// selector (B1 28.5 against 27.1 us, B8 84.4 against 74.2), so the other paths launch in
   /// plain stream order; for benchmarks.
   kTensorCoresProgrammatic = 6,
+  /// The staged tensor-core kernel (head_dim 64 or 128; elsewhere cudaErrorNotSupported): each
+  /// warp keeps three tiles of K and V in flight through its own slots in shared memory
+  /// (cp.async, 16-bit rows copied whole and swizzled; no CTA barrier per tile) instead of one
+  /// tile ahead in registers.
+  kTensorCoresStaged = 7,
+  /// kTensorCoresStaged with two slots per warp (for benchmarks).
+  kTensorCoresStaged2 = 8,
+  /// kTensorCoresStaged with four slots per warp (for benchmarks).
+  kTensorCoresStaged4 = 9,
 };
 
 /// Bytes of workspace that suffice for any attention_decode or dense_attention_decode call with
