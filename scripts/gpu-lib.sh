@@ -206,10 +206,11 @@ same_run_final() {
   bench 60 step_bench .
   # The library's own rows only (the ninth session's wider filters were cut off by their limits
   # before the B8 rows: the variants are registered first): the scorers' library choice, and
-  # select attention on its library path at B1 / B8 / B32 with B8's pinned splits 2 and 4.
+  # select attention on its library path (kAuto, path 0) beside the register-pipelined kernel
+  # (path 3) at B1 / B8 / B32 with B8's pinned splits 2 and 4; dense likewise.
   bench 50 index_bench 'BM_Score/h32x8x128/B(1|8)/N131072/(token_ma(ss|x)/mxfp4/sum/fast/|(mean_k|quest)/f(32|16)/sum/fast/)'
-  bench 50 attention_bench '^BM_BlockSelectExact/0/(1|8|32)/3/3/0/1/|^BM_BlockSelectExact/0/8/3/2/(2|4)/1/'
-  bench 30 attention_bench '^BM_DenseDecode/0/(1|8)/131072/' -dense
+  bench 50 attention_bench '^BM_BlockSelectExact/0/(1|8|32)/3/(0|3)/0/1/|^BM_BlockSelectExact/0/8/3/2/(2|4)/1/'
+  bench 30 attention_bench '^BM_DenseDecode/0/(1|8)/131072/(0|3)/' -dense
   bench 45 topk_bench "${TOPK_FILTER:-BM_TopKDecode/(1|8|64)/(4096|32768)/(8|64)/|BM_TopK/(1|64)/(131072|262144)/2048/}"
   bench 35 store_bench 'BM_AppendStep/|BM_Ingest/'
   bench 60 dsv4_bench "${DSV4_FILTER:-BM_Dsv4IndexDecode/(1|8)/(1|4)/0/0/0/|BM_Dsv4TopK|BM_Dsv4CsaDecode|BM_Dsv4HcaDecode}"
