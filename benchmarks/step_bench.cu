@@ -213,7 +213,8 @@ void BM_DecodeStep(benchmark::State& state) {
 // scorer (0 mean K, 1 kvc's default token mass over mxfp4, 2 mean K over f16 summaries), budget
 // (kBudgets) + 10 x the attention's KernelPath (kvc/kernels/attention_kernels.h: 0 the library's
 // choice; the rows with 50 / 60 run it with the selected ids read after the length / launched as
-// a programmatic dependent of the selector, for comparison in the same run).
+// a programmatic dependent of the selector, 30 with the register-pipelined tensor-core kernel
+// where kAuto now takes the staged one at B8, for comparison in the same run).
 BENCHMARK(BM_DecodeStep)
     ->Args({1, 32768, 0, 0, 0})
     ->Args({1, 131072, 0, 0, 0})
@@ -238,6 +239,8 @@ BENCHMARK(BM_DecodeStep)
     ->Args({8, 131072, 0, 0, 60})
     ->Args({1, 131072, 0, 2, 60})
     ->Args({8, 131072, 0, 2, 60})
+    ->Args({8, 131072, 0, 0, 30})
+    ->Args({8, 131072, 0, 2, 30})
     ->Args({8, 131072, 0, 1, 60})
     // The rest of the issue's grid at this head shape (the largest stores last).
     ->Args({64, 32768, 0, 0, 0})
