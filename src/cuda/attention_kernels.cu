@@ -224,17 +224,42 @@ cudaError_t make_plan(int head_dim, int num_q_heads, int num_kv_heads, int batch
                     plan);
 }
 
-/// grid.x of the tensor-core plan: batch * T * Hkv * head tiles of kMmaCols query heads.
-std::int64_t mma_kv_ctas(int batch, int T, int num_q_heads, int num_kv_heads) {
-  const int group = num_q_heads / std::max(num_kv_heads, 1);
-  return static_cast<std::int64_t>(batch) * T * num_kv_heads * ((group + kMmaCols - 1) / kMmaCols);
+/// Slots per warp of the staged tensor-core kernel for a KernelPath, 0 for the others.
+int staged_slots(int path) {
+  switch (static_cast<KernelPath>(path)) {
+    case KernelPath::kTensorCoresStaged:
+      return 3;
+    case KernelPath::kTensorCoresStaged2:
+      return 2;
+    case KernelPath::kTensorCoresStaged4:
+      return 4;
+    default:
+      return 0;
+  }
+}
+
+/// Slots per warp the staged tensor-core kernel gets under kAuto, 0 for the register-pipelined
+/// kernel; `kv_ctas` = batch * T * Hkv * head tiles. Measured on the H200
+/// (docs/perf-data/2026-12-04-session20, same calls, paths 3 against 7): with three slots the
+/// staged kernel runs one CTA per SM at d 128 (three at d 64), so it wins where such CTAs have
+/// long rows to stream, one query token each: d 64 (9/3/64 select B1 / B8 / B32 7.9 / 9.6 / 16.9
+/// against 9.6 / 11.0 / 21.6 us) and d 128 rows numbering between a quarter of the SMs and the
+/// SMs (32/8/128 select B8 18.4 against 20.4 us, dense B8 N128K 1050 against 1320 us). It loses
+/// at d 128 B1 (16.3 against 11.4 us), B32 (52.3 against 49.2) and T 4. (Two slots at d 128 B1
+/// measured 9.8 against 11.4 us, path 8; not yet run as kAuto's choice.)
+int auto_staged_slots(int head_dim, int T, std::int64_t kv_ctas) {
+  if (T != 1 || !staged_head_dim(head_dim)) return 0;
+  if (head_dim == 64) return 3;
+  int sms = 0;
+  if (kvc::detail::sm_count(sms) != cudaSuccess) return 0;
+  return kv_ctas * 4 > sms && kv_ctas <= sms ? 3 : 0;
 }
 
 /// The tensor-core plan: head tiles of kMmaCols query heads, a virtual list of vlen16 rows (a
-/// multiple of 16, mma.cuh), chunks of whole 16-row tiles, at least one tile per warp group;
-/// `stages` > 0: the staged kernel with that many slots per warp.
+/// multiple of 16, mma.cuh), chunks of whole 16-row tiles, at least one tile per warp group; the
+/// staged kernel where KernelPath `path` asks for it (kAuto: auto_staged_slots).
 cudaError_t make_mma_plan(int head_dim, int num_q_heads, int num_kv_heads, int batch, int T,
-                          std::int64_t vlen16, OldKind kind, bool bf16, int max_splits, int stages,
+                          std::int64_t vlen16, OldKind kind, bool bf16, int max_splits, int path,
                           Plan& plan) {
   if (!mma_head_dim(head_dim) || num_kv_heads < 1 || num_q_heads % num_kv_heads != 0 ||
       vlen16 < kMmaTile || vlen16 % kMmaTile != 0 || vlen16 > (1ll << 30)) {
@@ -243,6 +268,11 @@ cudaError_t make_mma_plan(int head_dim, int num_q_heads, int num_kv_heads, int b
   const int group = num_q_heads / num_kv_heads;
   plan.gt = kMmaCols;
   plan.tiles = (group + kMmaCols - 1) / kMmaCols;
+  const int stages =
+      static_cast<KernelPath>(path) == KernelPath::kAuto
+          ? auto_staged_slots(head_dim, T,
+                              static_cast<std::int64_t>(batch) * T * num_kv_heads * plan.tiles)
+          : staged_slots(path);
   plan.kernel = mma_kernel_for(head_dim, kind, bf16, stages > 0);
   if (stages > 0) {
     if (plan.kernel == nullptr || stages > kMaxStages) return cudaErrorInvalidValue;
@@ -321,20 +351,6 @@ std::int64_t mma_store_vlen(const attention::AttentionParams& p) {
   }
 }
 
-/// Slots per warp of the staged tensor-core kernel for a KernelPath, 0 for the others.
-int staged_slots(int path) {
-  switch (static_cast<KernelPath>(path)) {
-    case KernelPath::kTensorCoresStaged:
-      return 3;
-    case KernelPath::kTensorCoresStaged2:
-      return 2;
-    case KernelPath::kTensorCoresStaged4:
-      return 4;
-    default:
-      return 0;
-  }
-}
-
 /// Whether the tensor-core kernel of KernelPath `path` serves a call: head_dim 64..512 (the
 /// staged kernel: 64 or 128), q in the cache's 16-bit dtype, a mode it implements, and a
 /// selection small enough to stage (max_selected pool ids).
@@ -377,30 +393,6 @@ cudaError_t choose_mma(int path, bool serves, int group, bool& use_mma) {
 bool prefetches(int path) {
   return path == static_cast<int>(KernelPath::kTensorCores) ||
          path == static_cast<int>(KernelPath::kTensorCoresUnpipelined);
-}
-
-/// Slots per warp the staged tensor-core kernel gets under kAuto, 0 for the register-pipelined
-/// kernel; `kv_ctas` = batch * T * Hkv * head tiles. Measured on the H200
-/// (docs/perf-data/2026-12-04-session20, same calls, paths 3 against 7): with three slots the
-/// staged kernel runs one CTA per SM at d 128 (three at d 64), so it wins where such CTAs have
-/// long rows to stream, one query token each: d 64 (9/3/64 select B1 / B8 / B32 7.9 / 9.6 / 16.9
-/// against 9.6 / 11.0 / 21.6 us) and d 128 rows numbering between a quarter of the SMs and the
-/// SMs (32/8/128 select B8 18.4 against 20.4 us, dense B8 N128K 1050 against 1320 us). It loses
-/// at d 128 B1 (16.3 against 11.4 us), B32 (52.3 against 49.2) and T 4. (Two slots at d 128 B1
-/// measured 9.8 against 11.4 us, path 8; not yet run as kAuto's choice.)
-int auto_staged_slots(int head_dim, int T, std::int64_t kv_ctas) {
-  if (T != 1 || !staged_head_dim(head_dim)) return 0;
-  if (head_dim == 64) return 3;
-  int sms = 0;
-  if (kvc::detail::sm_count(sms) != cudaSuccess) return 0;
-  return kv_ctas * 4 > sms && kv_ctas <= sms ? 3 : 0;
-}
-
-/// The staged kernel's slots per warp for a call (0: the register-pipelined kernel): the
-/// KernelPath's, or kAuto's choice where tensor cores serve it.
-int call_staged_slots(int path, bool use_mma, int head_dim, int T, std::int64_t kv_ctas) {
-  if (static_cast<KernelPath>(path) != KernelPath::kAuto) return staged_slots(path);
-  return use_mma ? auto_staged_slots(head_dim, T, kv_ctas) : 0;
 }
 
 /// Whether the decode kernel is launched as a programmatic dependent of the kernel before it
@@ -565,12 +557,9 @@ cudaError_t attention_decode(void* d_workspace, std::size_t& workspace_bytes,
       choose_mma(p.kernel_path, serves, p.num_q_heads / std::max(p.num_kv_heads, 1), use_mma));
   Plan plan;
   if (use_mma) {
-    KVC_CUDA_CALL(make_mma_plan(
-        p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch, p.num_query_tokens, mma_store_vlen(p),
-        old_kind(p.store.old_format), p.store.dtype == DType::kBF16, p.max_splits,
-        call_staged_slots(p.kernel_path, use_mma, p.head_dim, p.num_query_tokens,
-                          mma_kv_ctas(p.batch, p.num_query_tokens, p.num_q_heads, p.num_kv_heads)),
-        plan));
+    KVC_CUDA_CALL(make_mma_plan(p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch,
+                                p.num_query_tokens, mma_store_vlen(p), old_kind(p.store.old_format),
+                                p.store.dtype == DType::kBF16, p.max_splits, p.kernel_path, plan));
   } else {
     KVC_CUDA_CALL(make_plan(p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch, p.num_query_tokens,
                             store_vlen(p), old_kind(p.store.old_format),
@@ -619,12 +608,9 @@ cudaError_t dense_attention_decode(void* d_workspace, std::size_t& workspace_byt
       choose_mma(p.kernel_path, serves, p.num_q_heads / std::max(p.num_kv_heads, 1), use_mma));
   Plan plan;
   if (use_mma) {
-    KVC_CUDA_CALL(make_mma_plan(
-        p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch, p.num_query_tokens, round16(p.capacity),
-        OldKind::k16, p.kv_dtype == DType::kBF16, p.max_splits,
-        call_staged_slots(p.kernel_path, use_mma, p.head_dim, p.num_query_tokens,
-                          mma_kv_ctas(p.batch, p.num_query_tokens, p.num_q_heads, p.num_kv_heads)),
-        plan));
+    KVC_CUDA_CALL(make_mma_plan(p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch,
+                                p.num_query_tokens, round16(p.capacity), OldKind::k16,
+                                p.kv_dtype == DType::kBF16, p.max_splits, p.kernel_path, plan));
   } else {
     KVC_CUDA_CALL(make_plan(p.head_dim, p.num_q_heads, p.num_kv_heads, p.batch, p.num_query_tokens,
                             p.capacity, OldKind::k16, p.kv_dtype == DType::kBF16, p.max_splits,
