@@ -245,14 +245,15 @@ int staged_slots(int path) {
 /// long rows to stream, one query token each: d 64 (9/3/64 select B1 / B8 / B32 7.9 / 9.6 / 16.9
 /// against 9.6 / 11.0 / 21.6 us) and d 128 rows numbering between a quarter of the SMs and the
 /// SMs (32/8/128 select B8 18.4 against 20.4 us, dense B8 N128K 1050 against 1320 us). It loses
-/// at d 128 B1 (16.3 against 11.4 us), B32 (52.3 against 49.2) and T 4. (Two slots at d 128 B1
-/// measured 9.8 against 11.4 us, path 8; not yet run as kAuto's choice.)
+/// at d 128 B32 (52.3 against 49.2) and T 4. At d 128 B1 three slots lose (16.3 against 11.4
+/// us) but two slots (two CTAs per SM) win: 9.8 against 11.4 us (path 8, three calls).
 int auto_staged_slots(int head_dim, int T, std::int64_t kv_ctas) {
   if (T != 1 || !staged_head_dim(head_dim)) return 0;
   if (head_dim == 64) return 3;
   int sms = 0;
   if (kvc::detail::sm_count(sms) != cudaSuccess) return 0;
-  return kv_ctas * 4 > sms && kv_ctas <= sms ? 3 : 0;
+  if (kv_ctas * 4 <= sms) return 2;
+  return kv_ctas <= sms ? 3 : 0;
 }
 
 /// The tensor-core plan: head tiles of kMmaCols query heads, a virtual list of vlen16 rows (a
