@@ -69,6 +69,7 @@ struct Variant {
     if (summary_kernels == SummaryKernels::kTensorCore) return k + "-tensor_core";
     if (summary_kernels == SummaryKernels::kTensorCoreTiles1) return k + "-tensor_core1";
     if (summary_kernels == SummaryKernels::kTensorCoreTiles4) return k + "-tensor_core4";
+    if (summary_kernels == SummaryKernels::kTensorCoreQueryPerTile) return k + "-tensor_core_qtile";
     if (token_kernels == TokenKernels::kStream) return k + "-stream";
     if (token_kernels == TokenKernels::kStream8) return k + "-stream8";
     if (token_kernels == TokenKernels::kStream4) return k + "-stream4";
@@ -250,7 +251,8 @@ std::vector<Variant> variants() {
       using kernels::index_detail::SummaryKernels;
       for (SummaryKernels sk :
            {SummaryKernels::kThreadPerRow, SummaryKernels::kWarpPerRow, SummaryKernels::kTensorCore,
-            SummaryKernels::kTensorCoreTiles1, SummaryKernels::kTensorCoreTiles4}) {
+            SummaryKernels::kTensorCoreTiles1, SummaryKernels::kTensorCoreTiles4,
+            SummaryKernels::kTensorCoreQueryPerTile}) {
         Variant pinned{score,          TokenKeys::kOldBlocks, summary,
                        Format::kMxfp4, GqaAggregate::kSum,    IndexKernel::kFast};
         pinned.summary_kernels = sk;

@@ -41,6 +41,9 @@ struct FastScoreParams {
                     // tiles per warp (summary_mma_kernel: mma_summary_tiles_per_warp)
   float scale;
   bool aggregate_max, shared, q_bf16;
+  // summary_mma_kernel only: load the query fragments per tile even for one token and one chunk
+  // of heads (the form before 2026-12-04; SummaryKernels::kTensorCoreQueryPerTile).
+  bool query_per_tile = false;
 };
 
 /// The CPU reference's max (std::max(a, b) = a < b ? b : a).

@@ -41,10 +41,15 @@
 // ascending order with ref_max as the reference does (the order decides whether a NaN is kept).
 //
 // Every query token of a batch entry is scored from the same registers (the rows are loaded once
-// per tile), a token's heads in chunks of 8. A warp takes p.nb consecutive tiles (1, 2 or 4:
-// mma_summary_tiles_per_warp), which spreads its setup (slot, lengths, the row addresses) over
-// more rows where the grid is large enough to fill the GPU anyway. Grid (chunks of
-// kMmaScoreWarps * p.nb tiles, kv heads, batch); no shared memory, no barrier.
+// per tile), a token's heads in chunks of 8. With one token and at most 8 heads per kv head
+// (decode) the lane's query fragments are loaded once per warp, before the rows; otherwise per
+// tile, token and chunk (which put an L1 / L2 round trip in front of each tile's mma: ncu at B8
+// N128K mean-K f16, 2026-12-04, 32 % fewer instructions once they were hoisted). A warp takes
+// p.nb consecutive tiles (1, 2 or 4: mma_summary_tiles_per_warp), which spreads its setup (slot,
+// lengths, the row addresses) over more rows where the grid is large enough to fill the GPU
+// anyway; one tile per warp and more are two instantiations with their own register budgets
+// (mma_score_ctas_per_sm). Grid (chunks of kMmaScoreWarps * p.nb tiles, kv heads, batch); no
+// shared memory, no barrier.
 //
 // Tried and not kept (branch staged11; docs/performance.md, eleventh session): the same tiles
 // through a ring of 3-4 tiles per warp in shared memory on a persistent grid,
@@ -56,6 +61,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "index/mma_ops.cuh"
 #include "index/score_fast.cuh"
@@ -82,13 +88,19 @@ constexpr int kMmaScoreMaxTiles = 4;
 enum class SummaryMath { kF16, kBF16, kTf32 };
 
 /// Tiles per warp for a call of `tiles` tiles in all (16 blocks of one kv head and batch entry
-/// each): the largest of 4, 2, 1 that still gives kMmaScoreMinWarps warps (about 16 per SM of the
-/// H200's 132), so small calls keep one tile per warp and every SM busy. Measured on the H200
-/// (index_bench, Hq 32 / Hkv 8 / d 128, N128K, docs/perf-data/2026-12-02-session9/pushed): B8
-/// (16256 tiles) f16 mean-K 37.4 / 33.4 / 30.3 us at 1 / 2 / 4 tiles per warp, f32 65.5 / 52.0 /
-/// 50.6; B1 (2032 tiles) f16 6.23 / 10.5 us at 1 / 4.
+/// each) with the mma `math`, Quest or mean K: one for Quest over 16-bit summaries; else the
+/// largest of 4, 2, 1 that still gives kMmaScoreMinWarps warps (about 16 per SM of the H200's
+/// 132), so small calls keep one tile per warp and every SM busy. One tile per warp runs the
+/// single-tile instantiation (no double buffer, 84-120 registers, four to six CTAs per SM), more
+/// the double-buffered one (up to 168 registers, three CTAs per SM). Measured on the H200
+/// (index_bench, Hq 32 / Hkv 8 / d 128, N128K, sum, docs/perf-data/2026-12-04-session21/score2),
+/// one / four tiles per warp: B8 (16256 tiles) mean-K f16 24.7 / 24.9 us, f32 55.4 / 47.9, Quest
+/// f16 37.7 / 40.9; B1 (2032 tiles) mean-K f16 5.32 / 6.81, f32 9.33 / 11.4, Quest f16 7.54 /
+/// 9.26. (With one instantiation at 128 registers, session 9: B8 f16 mean-K 37.4 / 33.4 / 30.3 us
+/// at 1 / 2 / 4 tiles per warp.)
 constexpr int kMmaScoreMinWarps = 2048;
-inline int mma_summary_tiles_per_warp(long long tiles) {
+inline int mma_summary_tiles_per_warp(long long tiles, SummaryMath math, bool quest) {
+  if (quest && math != SummaryMath::kTf32) return 1;
   for (int n = kMmaScoreMaxTiles; n > 1; n /= 2) {
     if (tiles / n >= kMmaScoreMinWarps) return n;
   }
@@ -162,16 +174,37 @@ __device__ __forceinline__ float quad_fold(float v, F f) {
   return f(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
+/// The lane's B fragment words of run i (see the file comment) of query head row `qg` (`col`:
+/// the lane's column is a head of the chunk; else zeros): f16 / bf16, dims 32 i + 8 t + [0, 8)
+/// as four 16-bit pairs; tf32, dims 16 i + 4 t + [0, 4) as four f32 (exact: 16-bit values).
+template <SummaryMath M>
+__device__ __forceinline__ uint4 query_run(const FastScoreParams& p, const std::uint16_t* qg,
+                                           bool col, int i, int t) {
+  if (!col) return make_uint4(0u, 0u, 0u, 0u);
+  if constexpr (M == SummaryMath::kTf32) {
+    const uint2 w = __ldg(reinterpret_cast<const uint2*>(qg + 16 * i + 4 * t));
+    const auto f = [&](std::uint32_t bits) {
+      return __float_as_uint(store::summary16_to_float(static_cast<std::uint16_t>(bits), p.q_bf16));
+    };
+    return make_uint4(f(w.x & 0xffffu), f(w.x >> 16), f(w.y & 0xffffu), f(w.y >> 16));
+  } else {
+    return __ldg(reinterpret_cast<const uint4*>(qg + 32 * i + 8 * t));
+  }
+}
+
 /// Scores one tile (see the file comment): rows ja = j0 + g and jb = j0 + g + 8 of kv head h of
 /// batch entry b, va / vb where they are closed blocks, against every query token of b. xa / xb:
 /// the lane's 16-byte runs of both rows, per operand (zeros for a row that is not valid); oa /
 /// ob: their element offsets in the summary arrays, which only the non-finite fallback reads.
-template <int D, bool kQuest, SummaryMath M, int kOps, int kRuns>
+/// kPre: one token and one chunk of heads (decode with a group of at most 8), whose B fragments
+/// the kernel loaded once into `qpre` (query_run); otherwise each tile loads them per token and
+/// chunk (`qpre` unused).
+template <int D, bool kQuest, SummaryMath M, bool kPre, int kOps, int kRuns>
 __device__ __forceinline__ void score_mma_tile(const FastScoreParams& p, int b, int h, int ja,
                                                int jb, bool va, bool vb,
                                                const uint4 (&xa)[kOps][kRuns],
                                                const uint4 (&xb)[kOps][kRuns], std::size_t oa,
-                                               std::size_t ob) {
+                                               std::size_t ob, const uint4 (&qpre)[kRuns]) {
   constexpr bool kTf32 = M == SummaryMath::kTf32;
   static_assert(kRuns == D * (kTf32 ? 4 : 2) / 64 && kOps == (kQuest ? 2 : 1), "the tile's runs");
   const unsigned full = 0xffffffffu;
@@ -179,13 +212,14 @@ __device__ __forceinline__ void score_mma_tile(const FastScoreParams& p, int b, 
   const int g = lane >> 2, t = lane & 3;
   const int hkv = p.s.num_kv_heads;
   const int group = p.group;
-  for (int tok = 0; tok < p.tokens; ++tok) {
+  const int tokens = kPre ? 1 : p.tokens;
+  for (int tok = 0; tok < tokens; ++tok) {
     const int bt = b * p.tokens + tok;
     const std::uint16_t* q_tok =
         p.q +
         (static_cast<std::size_t>(bt) * p.num_q_heads + static_cast<std::size_t>(h) * group) * D;
     float agg_a = 0.0f, agg_b = 0.0f;
-    for (int c0 = 0; c0 < group; c0 += kMmaScoreCols) {
+    for (int c0 = 0; c0 < (kPre ? 1 : group); c0 += kMmaScoreCols) {
       const int cn = group - c0 < kMmaScoreCols ? group - c0 : kMmaScoreCols;
       const bool col = g < cn;  // this lane's B column is query head c0 + g
       const std::uint16_t* qg = q_tok + static_cast<std::size_t>(c0 + (col ? g : 0)) * D;
@@ -195,18 +229,8 @@ __device__ __forceinline__ void score_mma_tile(const FastScoreParams& p, int b, 
       for (int i = 0; i < kRuns; ++i) {
         if constexpr (kTf32) {
           // Dims 16 i + 4 t + [0, 4) of the query head, exact in f32 (and so in tf32).
-          std::uint32_t qf[4] = {0u, 0u, 0u, 0u};
-          if (col) {
-            const uint2 w = __ldg(reinterpret_cast<const uint2*>(qg + 16 * i + 4 * t));
-            qf[0] = __float_as_uint(
-                store::summary16_to_float(static_cast<std::uint16_t>(w.x & 0xffffu), p.q_bf16));
-            qf[1] = __float_as_uint(
-                store::summary16_to_float(static_cast<std::uint16_t>(w.x >> 16), p.q_bf16));
-            qf[2] = __float_as_uint(
-                store::summary16_to_float(static_cast<std::uint16_t>(w.y & 0xffffu), p.q_bf16));
-            qf[3] = __float_as_uint(
-                store::summary16_to_float(static_cast<std::uint16_t>(w.y >> 16), p.q_bf16));
-          }
+          const uint4 qv = kPre ? qpre[i] : query_run<M>(p, qg, col, i, t);
+          const std::uint32_t qf[4] = {qv.x, qv.y, qv.z, qv.w};
 #pragma unroll
           for (int op = 0; op < kOps; ++op) {
             const uint4 ra = xa[op][i], rb = xb[op][i];
@@ -233,8 +257,7 @@ __device__ __forceinline__ void score_mma_tile(const FastScoreParams& p, int b, 
           }
         } else {
           // Dims 32 i + 8 t + [0, 8) of the query head as four 16-bit pairs.
-          uint4 qw = make_uint4(0u, 0u, 0u, 0u);
-          if (col) qw = __ldg(reinterpret_cast<const uint4*>(qg + 32 * i + 8 * t));
+          const uint4 qw = kPre ? qpre[i] : query_run<M>(p, qg, col, i, t);
 #pragma unroll
           for (int op = 0; op < kOps; ++op) {
             uint4 bq = qw;
@@ -324,10 +347,18 @@ __device__ __forceinline__ void score_mma_tile(const FastScoreParams& p, int b, 
   }
 }
 
-/// See the file comment. D: 64 or 128; kQuest: min / max summaries; M: the mma.
-template <int D, bool kQuest, SummaryMath M>
-__global__ void __launch_bounds__(kMmaScoreThreads)
+/// Resident CTAs per SM the register budget of summary_mma_kernel<..., kMaxTiles> aims at: four
+/// (16 warps, at most 128 registers) for one tile per warp; three (at most 168) for the
+/// double-buffered loop over up to four tiles, whose two tiles, query fragments and pool blocks
+/// spilled at 128 registers (ptxas, sm_90a, 2026-12-04).
+constexpr int mma_score_ctas_per_sm(int max_tiles) { return max_tiles == 1 ? 4 : 3; }
+
+/// See the file comment. D: 64 or 128; kQuest: min / max summaries; M: the mma; kMaxTiles: the
+/// most tiles per warp (p.nb), 1 or kMmaScoreMaxTiles.
+template <int D, bool kQuest, SummaryMath M, int kMaxTiles>
+__global__ void __launch_bounds__(kMmaScoreThreads, mma_score_ctas_per_sm(kMaxTiles))
     summary_mma_kernel(const __grid_constant__ FastScoreParams p) {
+  static_assert(kMaxTiles == 1 || kMaxTiles == kMmaScoreMaxTiles, "one tile or the most");
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   constexpr bool kTf32 = M == SummaryMath::kTf32;
   constexpr int kElemBytes = kTf32 ? 4 : 2;
@@ -350,27 +381,27 @@ __global__ void __launch_bounds__(kMmaScoreThreads)
   const int g = lane >> 2, t = lane & 3;
   const std::int32_t* table =
       s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot;
-  // p.nb (<= kMmaScoreMaxTiles) consecutive tiles per warp: every tile's row offsets first (the
+  // p.nb (<= kMaxTiles) consecutive tiles per warp: every tile's pool blocks first (the
   // block table's loads do not wait for one another), then the rows of tile k + 1 are loaded
   // while tile k is scored where both fit the registers (kDouble).
   const int first = (static_cast<int>(blockIdx.x) * kMmaScoreWarps + warp) * p.nb;
-  std::size_t oa[kMmaScoreMaxTiles], ob[kMmaScoreMaxTiles];
+  int blk_a[kMaxTiles], blk_b[kMaxTiles];  // pool blocks of rows g, g + 8
 #pragma unroll
-  for (int k = 0; k < kMmaScoreMaxTiles; ++k) {
+  for (int k = 0; k < kMaxTiles; ++k) {
     const int ja = (first + k) * kMmaScoreRows + g, jb = ja + 8;
-    oa[k] = k < p.nb && ja < closed
-                ? store::block_head_index(s, table[store::owned_block_id(s, ja)], h) * D
-                : 0;
-    ob[k] = k < p.nb && jb < closed
-                ? store::block_head_index(s, table[store::owned_block_id(s, jb)], h) * D
-                : 0;
+    blk_a[k] = k < p.nb && ja < closed ? table[store::owned_block_id(s, ja)] : 0;
+    blk_b[k] = k < p.nb && jb < closed ? table[store::owned_block_id(s, jb)] : 0;
   }
-  constexpr bool kDouble = kOps * kRuns <= 4;
+  // Element offset of a row's summary (kept as the pool block: half the registers).
+  const auto row_offset = [&](int blk) { return store::block_head_index(s, blk, h) * D; };
+  constexpr bool kDouble = kMaxTiles > 1 && kOps * kRuns <= 4;
   uint4 xa[kDouble ? 2 : 1][kOps][kRuns], xb[kDouble ? 2 : 1][kOps][kRuns];
   // Rows past the closed blocks are 0 (and never written).
   const auto load_tile = [&](int k, uint4(&ra)[kOps][kRuns], uint4(&rb)[kOps][kRuns]) {
     const int ja = (first + k) * kMmaScoreRows + g, jb = ja + 8;
     const bool va = ja < closed, vb = jb < closed;
+    const std::size_t oa = row_offset(blk_a[k]) * kElemBytes;
+    const std::size_t ob = row_offset(blk_b[k]) * kElemBytes;
 #pragma unroll
     for (int op = 0; op < kOps; ++op) {
       const std::uint8_t* base =
@@ -378,27 +409,50 @@ __global__ void __launch_bounds__(kMmaScoreThreads)
 #pragma unroll
       for (int i = 0; i < kRuns; ++i) {
         const std::size_t off = static_cast<std::size_t>(64 * i + 16 * t);
-        ra[op][i] = va ? ldg_ordered(base + oa[k] * kElemBytes + off) : make_uint4(0u, 0u, 0u, 0u);
-        rb[op][i] = vb ? ldg_ordered(base + ob[k] * kElemBytes + off) : make_uint4(0u, 0u, 0u, 0u);
+        ra[op][i] = va ? ldg_ordered(base + oa + off) : make_uint4(0u, 0u, 0u, 0u);
+        rb[op][i] = vb ? ldg_ordered(base + ob + off) : make_uint4(0u, 0u, 0u, 0u);
       }
     }
   };
-  if constexpr (kDouble) load_tile(0, xa[0], xb[0]);
-#pragma unroll(kDouble ? kMmaScoreMaxTiles : 1)
-  for (int k = 0; k < kMmaScoreMaxTiles; ++k) {
-    const int j0 = (first + k) * kMmaScoreRows;
-    if (k >= p.nb || j0 >= closed) return;  // warp-uniform
-    const int ja = j0 + g, jb = j0 + g + 8;
-    const bool va = ja < closed, vb = jb < closed;
-    const int cur = kDouble ? (k & 1) : 0;  // a constant once the loop is unrolled
-    if constexpr (kDouble) {
-      if (k + 1 < kMmaScoreMaxTiles && k + 1 < p.nb && j0 + kMmaScoreRows < closed) {
-        load_tile(k + 1, xa[cur ^ 1], xb[cur ^ 1]);
+  // One query token and one chunk of at most 8 heads (decode): the B fragments are the same for
+  // every tile, so the lane loads its own once, before the rows (loaded per tile, they were a
+  // dependent round trip in front of each tile's mma: ncu, docs/performance.md, twenty-first
+  // session). p.query_per_tile keeps the per-tile loads, for comparison.
+  uint4 qpre[kRuns];
+  const bool pre = p.tokens == 1 && p.group <= kMmaScoreCols && !p.query_per_tile;
+  if (pre) {
+    const bool col = g < p.group;
+    const std::uint16_t* qg = p.q + (static_cast<std::size_t>(b) * p.num_q_heads +
+                                     static_cast<std::size_t>(h) * p.group + (col ? g : 0)) *
+                                        D;
+#pragma unroll
+    for (int i = 0; i < kRuns; ++i) qpre[i] = query_run<M>(p, qg, col, i, t);
+  }
+  const auto tiles = [&](auto pre_tag) {
+    constexpr bool kPre = decltype(pre_tag)::value;
+    if constexpr (kDouble) load_tile(0, xa[0], xb[0]);
+#pragma unroll(kDouble ? kMaxTiles : 1)
+    for (int k = 0; k < kMaxTiles; ++k) {
+      const int j0 = (first + k) * kMmaScoreRows;
+      if (k >= p.nb || j0 >= closed) return;  // warp-uniform
+      const int ja = j0 + g, jb = j0 + g + 8;
+      const bool va = ja < closed, vb = jb < closed;
+      const int cur = kDouble ? (k & 1) : 0;  // a constant once the loop is unrolled
+      if constexpr (kDouble) {
+        if (k + 1 < kMaxTiles && k + 1 < p.nb && j0 + kMmaScoreRows < closed) {
+          load_tile(k + 1, xa[cur ^ 1], xb[cur ^ 1]);
+        }
+      } else {
+        load_tile(k, xa[0], xb[0]);
       }
-    } else {
-      load_tile(k, xa[0], xb[0]);
+      score_mma_tile<D, kQuest, M, kPre>(p, b, h, ja, jb, va, vb, xa[cur], xb[cur],
+                                         row_offset(blk_a[k]), row_offset(blk_b[k]), qpre);
     }
-    score_mma_tile<D, kQuest, M>(p, b, h, ja, jb, va, vb, xa[cur], xb[cur], oa[k], ob[k]);
+  };
+  if (pre) {
+    tiles(std::true_type{});
+  } else {
+    tiles(std::false_type{});
   }
 }
 

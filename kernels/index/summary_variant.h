@@ -39,6 +39,9 @@ enum class SummaryKernels {
   kTensorCoreTiles1,
   /// kTensorCore with four tiles per warp, for comparison.
   kTensorCoreTiles4,
+  /// kTensorCore with the query fragments loaded per tile even for one token and one chunk of
+  /// heads, as before 2026-12-04 (FastScoreParams::query_per_tile), for comparison.
+  kTensorCoreQueryPerTile,
 };
 
 /// True when the tensor-core summary kernel serves a call with rows per kv head or not

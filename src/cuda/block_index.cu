@@ -314,20 +314,27 @@ template <int D, bool kQuest>
 cudaError_t launch_summary_mma(SummaryMath math, int tiles_per_warp, int owned, int batch,
                                FastScoreParams p, cudaStream_t stream) {
   const long long row_tiles = (owned + kMmaScoreRows - 1) / kMmaScoreRows;
-  p.nb = tiles_per_warp > 0 ? tiles_per_warp
-                            : mma_summary_tiles_per_warp(row_tiles * p.s.num_kv_heads * batch);
+  p.nb = tiles_per_warp > 0
+             ? tiles_per_warp
+             : mma_summary_tiles_per_warp(row_tiles * p.s.num_kv_heads * batch, math, kQuest);
   const long long per_cta = static_cast<long long>(kMmaScoreWarps) * p.nb;
   const dim3 grid(row_tiles > 0 ? static_cast<unsigned>((row_tiles + per_cta - 1) / per_cta) : 1u,
                   p.s.num_kv_heads, batch);
+  const auto launch = [&](auto kernel_one, auto kernel_more) {
+    (p.nb == 1 ? kernel_one : kernel_more)<<<grid, kMmaScoreThreads, 0, stream>>>(p);
+  };
   switch (math) {
     case SummaryMath::kF16:
-      summary_mma_kernel<D, kQuest, SummaryMath::kF16><<<grid, kMmaScoreThreads, 0, stream>>>(p);
+      launch(summary_mma_kernel<D, kQuest, SummaryMath::kF16, 1>,
+             summary_mma_kernel<D, kQuest, SummaryMath::kF16, kMmaScoreMaxTiles>);
       break;
     case SummaryMath::kBF16:
-      summary_mma_kernel<D, kQuest, SummaryMath::kBF16><<<grid, kMmaScoreThreads, 0, stream>>>(p);
+      launch(summary_mma_kernel<D, kQuest, SummaryMath::kBF16, 1>,
+             summary_mma_kernel<D, kQuest, SummaryMath::kBF16, kMmaScoreMaxTiles>);
       break;
     case SummaryMath::kTf32:
-      summary_mma_kernel<D, kQuest, SummaryMath::kTf32><<<grid, kMmaScoreThreads, 0, stream>>>(p);
+      launch(summary_mma_kernel<D, kQuest, SummaryMath::kTf32, 1>,
+             summary_mma_kernel<D, kQuest, SummaryMath::kTf32, kMmaScoreMaxTiles>);
       break;
   }
   return cudaGetLastError();
@@ -364,7 +371,8 @@ cudaError_t fast_summary_scores(const StoreView& s, const BlockIndexConfig& c,
     which = auto_summary_kernels(c.shared_across_heads, c.head_dim, s.summary_dtype, c.dtype);
   }
   if (which == SummaryKernels::kTensorCore || which == SummaryKernels::kTensorCoreTiles1 ||
-      which == SummaryKernels::kTensorCoreTiles4) {
+      which == SummaryKernels::kTensorCoreTiles4 ||
+      which == SummaryKernels::kTensorCoreQueryPerTile) {
     if (!tensor_core_summary_serves(c.shared_across_heads, c.head_dim, s.summary_dtype, c.dtype)) {
       return cudaErrorNotSupported;
     }
@@ -374,6 +382,7 @@ cudaError_t fast_summary_scores(const StoreView& s, const BlockIndexConfig& c,
     const int tiles = which == SummaryKernels::kTensorCoreTiles1   ? 1
                       : which == SummaryKernels::kTensorCoreTiles4 ? 4
                                                                    : 0;
+    p.query_per_tile = which == SummaryKernels::kTensorCoreQueryPerTile;
     return c.head_dim == 64 ? launch_summary_mma<64>(quest, math, tiles, owned, batch, p, stream)
                             : launch_summary_mma<128>(quest, math, tiles, owned, batch, p, stream);
   }

@@ -100,11 +100,13 @@ TEST_P(Cuda_BlockIndex_MatchesCpu, Scores) {
   // byte-floor kernel's variants pinned (kernels/index/summary_variant.h) through the kernel layer.
   const SummaryKernels variants[] = {SummaryKernels::kThreadPerRow, SummaryKernels::kWarpPerRow,
                                      SummaryKernels::kTensorCore, SummaryKernels::kTensorCoreTiles1,
-                                     SummaryKernels::kTensorCoreTiles4};
+                                     SummaryKernels::kTensorCoreTiles4,
+                                     SummaryKernels::kTensorCoreQueryPerTile};
   const char* variant_names[] = {"fast, thread per row", "fast, warp per row", "fast, tensor cores",
                                  "fast, tensor cores, 1 tile per warp",
-                                 "fast, tensor cores, 4 tiles per warp"};
-  for (int run = 0; run < 7; ++run) {
+                                 "fast, tensor cores, 4 tiles per warp",
+                                 "fast, tensor cores, query fragments per tile"};
+  for (int run = 0; run < 8; ++run) {
     const IndexKernel kernel = run == 0 ? IndexKernel::kGeneral : IndexKernel::kFast;
     const SummaryKernels pinned = run < 2 ? SummaryKernels::kAuto : variants[run - 2];
     const std::string what = run < 2 ? to_string(kernel) : std::string(variant_names[run - 2]);
