@@ -92,6 +92,10 @@ def main():
         for n, r in anchors.items():
             graph = f"{r['graph_us']:.1f}" if r.get("graph_us") else ""
             tbps = f"{r['tbps']:.2f}" if r.get("tbps") else ""
+            if "us" not in r:  # a row the anchor could not run (e.g. a module the bundle lacks)
+                why = str(r.get("error", "no time")).replace("|", "/")
+                print(f"| `{n}` | {r['source']} | not run: {why} | | |")
+                continue
             print(f"| `{n}` | {r['source']} | {r['us']:.1f} | {graph} | {tbps} |")
     # Same-run comparisons: (kvc benchmark name prefix, anchor name, what).
     pairs = json.load(open(os.path.join(os.path.dirname(__file__), "perf-pairs.json")))

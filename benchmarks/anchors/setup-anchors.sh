@@ -9,10 +9,18 @@
 # HOW THE BUNDLE TRAVELS (device `run` calls, from the repository root; the tree that travels,
 # tracked files included (~20 MB), must stay under 64 MiB; .anchors/p1/MANIFEST lists sizes):
 #   one call     carry [".anchors/p1"]    command: benchmarks/anchors/run-anchors.sh
-#                p1 (~35 MB): FlashInfer with its prebuilt sm_90a modules, the tvm-ffi and CCCL
+#                p1 (~32 MB): FlashInfer with its prebuilt sm_90a modules, the tvm-ffi and CCCL
 #                wheels, the CUB binary. Add ".anchors/p2" (~10 MB, FlashInfer's JIT sources) when
 #                p1's MANIFEST lists a module as not prebuilt, or to be safe: setup then compiles
 #                what its check finds missing on the GPU machine (minutes, inside the deadline).
+#                Since the tracked tree reached ~35 MB (2026-12-04) p1 no longer fits one call
+#                beside it; run the anchors in two calls, each with the pieces its anchors use:
+#                [".anchors/p1/flashinfer-sm90a.tar.xz", ".anchors/p1/wheels/apache_tvm_ffi-*.whl"
+#                (the exact file name), ".anchors/p1/MANIFEST"] with
+#                ANCHORS="flashinfer_decode flashinfer_topk", and [".anchors/p1/wheels",
+#                ".anchors/p1/bin", ".anchors/p1/MANIFEST"] with ANCHORS="torch cub". A piece
+#                carried by an earlier call was gone after a later call carried other paths of
+#                .anchors/p1 (twenty-first session), so do not count on it staying.
 #   split bundle make-anchor-bundle.sh splits any piece over 60 MB into .partNN files, one per
 #                folder .anchors/p3, p4, ... Then, back to back so the machine stays warm, each
 #                call carries one [".anchors/pN"] and runs
