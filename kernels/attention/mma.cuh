@@ -47,6 +47,7 @@
 
 #include "async_copy.cuh"
 #include "attention/decode.cuh"
+#include "packed_words.cuh"
 
 namespace kvc {
 namespace kernels {
@@ -763,24 +764,6 @@ __device__ __forceinline__ void stage_run(std::uint8_t* dst, const std::uint8_t*
   }
 }
 
-/// Reads N bytes (4, 8 or 16) at shared memory `src` into w[0 .. N / 4).
-template <int N>
-__device__ __forceinline__ void unstage_run(const std::uint8_t* src, std::uint32_t* w) {
-  if constexpr (N == 16) {
-    const uint4 x = *reinterpret_cast<const uint4*>(src);
-    w[0] = x.x;
-    w[1] = x.y;
-    w[2] = x.z;
-    w[3] = x.w;
-  } else if constexpr (N == 8) {
-    const uint2 x = *reinterpret_cast<const uint2*>(src);
-    w[0] = x.x;
-    w[1] = x.y;
-  } else {
-    w[0] = *reinterpret_cast<const std::uint32_t*>(src);
-  }
-}
-
 /// Lane `from`'s 64-bit value x for every lane (two shuffles).
 __device__ __forceinline__ std::uint64_t shfl64(std::uint64_t x, int from) {
   const unsigned lo = __shfl_sync(0xffffffffu, static_cast<unsigned>(x), from);
@@ -904,7 +887,7 @@ __device__ __forceinline__ void unstage_tile(const std::uint8_t* slot, TileData<
       } else {
         src = slot + ((r * Sh::kKC + j) * 32 + lane) * Sh::kKRunBytes;
       }
-      unstage_run<Sh::kKRunBytes>(src, &td.kr[r][j * (Sh::kKRunBytes / 4)]);
+      load_packed<Sh::kKRunBytes>(src, &td.kr[r][j * (Sh::kKRunBytes / 4)]);
     }
     td.ksc[r] = F == OldKind::kQ8
                     ? *reinterpret_cast<const float*>(slot + L::kScaleOff + (r * 32 + lane) * 4)
@@ -925,7 +908,7 @@ __device__ __forceinline__ void unstage_tile(const std::uint8_t* slot, TileData<
       } else {
         src = slot + L::kVOff + ((rr * Sh::kVC + h) * 32 + lane) * Sh::kVRunBytes;
       }
-      unstage_run<Sh::kVRunBytes>(src, &td.vr[rr][h * (Sh::kVRunBytes / 4)]);
+      load_packed<Sh::kVRunBytes>(src, &td.vr[rr][h * (Sh::kVRunBytes / 4)]);
     }
   }
 }
