@@ -372,25 +372,35 @@ __global__ void __launch_bounds__(kMmaScoreThreads, mma_score_ctas_per_sm(kMaxTi
   const int hkv = s.num_kv_heads;
   const int closed = store::owned_count(
       L > s.recent_window ? (L - s.recent_window) / s.block_size : 0, s.num_shards, s.shard_index);
-  if (blockIdx.x == 0) {
-    for (int tok = static_cast<int>(threadIdx.x); tok < p.tokens; tok += blockDim.x) {
-      p.out.num_valid[(b * p.tokens + tok) * hkv + h] = closed;
-    }
-  }
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, t = lane & 3;
   const std::int32_t* table =
       s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot;
   // p.nb (<= kMaxTiles) consecutive tiles per warp: every tile's pool blocks first (the
-  // block table's loads do not wait for one another), then the rows of tile k + 1 are loaded
-  // while tile k is scored where both fit the registers (kDouble).
+  // block table's loads do not wait for one another, nor for the length: any block the store
+  // could own is inside the table's row, and the rows past the closed blocks are dropped once
+  // the length has arrived), then the rows of tile k + 1 are loaded while tile k is scored where
+  // both fit the registers (kDouble).
+  const int owned = store::owned_count(s.max_blocks_per_slot, s.num_shards, s.shard_index);
   const int first = (static_cast<int>(blockIdx.x) * kMmaScoreWarps + warp) * p.nb;
   int blk_a[kMaxTiles], blk_b[kMaxTiles];  // pool blocks of rows g, g + 8
 #pragma unroll
   for (int k = 0; k < kMaxTiles; ++k) {
     const int ja = (first + k) * kMmaScoreRows + g, jb = ja + 8;
-    blk_a[k] = k < p.nb && ja < closed ? table[store::owned_block_id(s, ja)] : 0;
-    blk_b[k] = k < p.nb && jb < closed ? table[store::owned_block_id(s, jb)] : 0;
+    blk_a[k] = k < p.nb && ja < owned ? table[store::owned_block_id(s, ja)] : 0;
+    blk_b[k] = k < p.nb && jb < owned ? table[store::owned_block_id(s, jb)] : 0;
+  }
+  // (After the table's loads: a store before them would hold them behind the length.)
+  if (blockIdx.x == 0) {
+    for (int tok = static_cast<int>(threadIdx.x); tok < p.tokens; tok += blockDim.x) {
+      p.out.num_valid[(b * p.tokens + tok) * hkv + h] = closed;
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kMaxTiles; ++k) {
+    const int ja = (first + k) * kMmaScoreRows + g, jb = ja + 8;
+    blk_a[k] = ja < closed ? blk_a[k] : 0;
+    blk_b[k] = jb < closed ? blk_b[k] : 0;
   }
   // Element offset of a row's summary (kept as the pool block: half the registers).
   const auto row_offset = [&](int blk) { return store::block_head_index(s, blk, h) * D; };
