@@ -18,6 +18,11 @@
 #           needs is built; the block-index and decode-step GPU tests; the summary rows with
 #           one / four tiles per warp pinned and the per-tile query loads; the decode steps;
 #           memcheck / initcheck over the block-index tests
+#   check   the block table's loads beside the length in the summary scorer, and load_packed
+#           shared by the store and the staged attention (its SASS unchanged): the block-index,
+#           decode-step, staged-attention and store-update GPU tests; the summary rows (one /
+#           four tiles per warp pinned) and the steps at N128K; memcheck over the block-index
+#           tests (DEADLINE=300: the session's last device minutes)
 #   final1  the same-run table's kvc rows (same_run_kvc in scripts/gpu-lib.sh; carry
 #           .anchors/p1/flashinfer-sm90a.tar.xz), then, back to back on the same warm machine,
 #   final2  its anchors and report (anchors_and_report; carry the rest of .anchors/p1): the
@@ -64,6 +69,15 @@ case "${1:-verify}" in
     sanitize initcheck initcheck '*Cuda_BlockIndex_MatchesCpu*:*TensorCoreNonFinite*' 40
     report
     ;;
+  check)
+    build_targets kvc_cuda_tests index_bench step_bench
+    gtests check '*Cuda_BlockIndex*:*DecodeStep*:*Cuda_AttentionMma.DensePlainCacheStaged*:*Cuda_AttentionMma.SplitExtremes*:*Cuda_StoreUpdate*' 90
+    BENCH_REPS=3 bench 40 index_bench \
+      'BM_Score/h32x8x128/B(1|8)/N131072/(mean_k/f16/sum/fast(|-tensor_core1|-tensor_core4)|mean_k/f32/sum/fast|quest/f16/sum/fast)/|BM_Score/smollm2/B8/N131072/mean_k/f16/sum/fast(|-tensor_core1|-tensor_core4)/'
+    bench 30 step_bench 'BM_DecodeStep/(1|8)/131072/0/(0|2)/0/'
+    sanitize memcheck memcheck '*Cuda_BlockIndex*' 50
+    report
+    ;;
   final1)
     build_targets kvc_cuda_tests index_bench step_bench attention_bench topk_bench store_bench \
       dsv4_bench
@@ -75,6 +89,6 @@ case "${1:-verify}" in
   final2)
     anchors_and_report
     ;;
-  *) echo "gpu-session21.sh: verify | score | score2 | final1 | final2" >&2; exit 2 ;;
+  *) echo "gpu-session21.sh: verify | score | score2 | check | final1 | final2" >&2; exit 2 ;;
 esac
 finish
