@@ -88,19 +88,20 @@ constexpr int kMmaScoreMaxTiles = 4;
 enum class SummaryMath { kF16, kBF16, kTf32 };
 
 /// Tiles per warp for a call of `tiles` tiles in all (16 blocks of one kv head and batch entry
-/// each) with the mma `math`, Quest or mean K: one for Quest over 16-bit summaries; else the
+/// each) with the mma `math`: one for 16-bit summaries (mean K and Quest); for f32 summaries the
 /// largest of 4, 2, 1 that still gives kMmaScoreMinWarps warps (about 16 per SM of the H200's
 /// 132), so small calls keep one tile per warp and every SM busy. One tile per warp runs the
 /// single-tile instantiation (no double buffer, 84-120 registers, four to six CTAs per SM), more
 /// the double-buffered one (up to 168 registers, three CTAs per SM). Measured on the H200
-/// (index_bench, Hq 32 / Hkv 8 / d 128, N128K, sum, docs/perf-data/2026-12-04-session21/score2),
-/// one / four tiles per warp: B8 (16256 tiles) mean-K f16 24.7 / 24.9 us, f32 55.4 / 47.9, Quest
-/// f16 37.7 / 40.9; B1 (2032 tiles) mean-K f16 5.32 / 6.81, f32 9.33 / 11.4, Quest f16 7.54 /
-/// 9.26. (With one instantiation at 128 registers, session 9: B8 f16 mean-K 37.4 / 33.4 / 30.3 us
-/// at 1 / 2 / 4 tiles per warp.)
+/// (index_bench, sum, N128K, one / four tiles per warp pinned, same call;
+/// docs/perf-data/2026-12-04-session21/check and score2): Hq 32 / Hkv 8 / d 128 B8 (16256 tiles)
+/// mean-K f16 22.5 / 24.2 us, Quest f16 37.7 / 40.9, mean-K f32 55.4 / 47.9; B1 (2032 tiles)
+/// mean-K f16 5.38 / 6.36, f32 9.33 / 11.4; Hq 9 / Hkv 3 / d 64 B8 mean-K f16 7.47 / 7.20 (two
+/// tiles, the earlier rule's choice there: 8.32). (With one instantiation at 128 registers,
+/// session 9: B8 f16 mean-K 37.4 / 33.4 / 30.3 us at 1 / 2 / 4 tiles per warp.)
 constexpr int kMmaScoreMinWarps = 2048;
-inline int mma_summary_tiles_per_warp(long long tiles, SummaryMath math, bool quest) {
-  if (quest && math != SummaryMath::kTf32) return 1;
+inline int mma_summary_tiles_per_warp(long long tiles, SummaryMath math) {
+  if (math != SummaryMath::kTf32) return 1;
   for (int n = kMmaScoreMaxTiles; n > 1; n /= 2) {
     if (tiles / n >= kMmaScoreMinWarps) return n;
   }

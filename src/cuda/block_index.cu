@@ -316,7 +316,7 @@ cudaError_t launch_summary_mma(SummaryMath math, int tiles_per_warp, int owned, 
   const long long row_tiles = (owned + kMmaScoreRows - 1) / kMmaScoreRows;
   p.nb = tiles_per_warp > 0
              ? tiles_per_warp
-             : mma_summary_tiles_per_warp(row_tiles * p.s.num_kv_heads * batch, math, kQuest);
+             : mma_summary_tiles_per_warp(row_tiles * p.s.num_kv_heads * batch, math);
   const long long per_cta = static_cast<long long>(kMmaScoreWarps) * p.nb;
   const dim3 grid(row_tiles > 0 ? static_cast<unsigned>((row_tiles + per_cta - 1) / per_cta) : 1u,
                   p.s.num_kv_heads, batch);
