@@ -33,7 +33,7 @@ enum class SummaryKernels {
   /// 8 query heads per mma.sync (f16 / bf16, or tf32 with a two-term split for f32 summaries).
   /// Serves rows per kv head, head_dim 64 or 128, and summaries of the queries' 16-bit type or
   /// f32 (tensor_core_summary_serves); another call returns cudaErrorNotSupported. Its tiles per
-  /// warp follow the call's size (mma_summary_tiles_per_warp).
+  /// warp follow the summary dtype and the call's size (mma_summary_tiles_per_warp).
   kTensorCore,
   /// kTensorCore with one tile (16 rows) per warp, for comparison.
   kTensorCoreTiles1,
