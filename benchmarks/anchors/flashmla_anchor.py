@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""FlashMLA's SM90 sparse FP8 decode (deepseek-ai/FlashMLA, `flash_mla_with_kvcache` with MODEL1
+FP8 pages) as the anchor of kvc's DeepSeek-V4 sparse attention (benchmarks/dsv4_bench.cu,
+BM_Dsv4CsaDecode / BM_Dsv4HcaDecode with format 1 = MODEL1 FP8), on the same shapes: one decode
+token per sequence, 64 query heads, d 512 (K = V, the last 64 dims bf16 RoPE), scale 512^-0.5,
+a per-head sink, the 128-token window ring plus the compressed entries of a 1M-token context:
+CSA 512 entries of 262144 (ratio 4) picked by an index row, HCA every entry of 8192 (ratio 128).
+
+Inputs are laid out as FlashMLA's MODEL1_FP8Sparse pages, which are also kvc's MODEL1 pages byte
+for byte (docs/dsv4.md): 64 rows per page, [64 x (448 e4m3 | 64 bf16)] [64 x (7 ue8m0 + 1 pad)],
+zero-padded to 37,440 bytes. FlashMLA's main cache holds the window (128 indices per query) and its
+extra cache the entries (512 or 8192 indices), as its MODEL1 test configurations do; indices are
+physical rows (page * 64 + offset). Codes are random finite e4m3 values, scales near 1, RoPE dims
+random bf16: never zeros, never NaN.
+
+Timed like torch_anchors.py / dsv4_anchors.py (their median_us / graph_us / n_sets: CUDA events,
+warm-up, median, one CUDA graph per input set, sets rotated so their rows span 2x the 60 MB L2).
+Writes $OUT/flashmla.json (or --out) and prints a table. Needs the flash_mla package (built by
+benchmarks/anchors/flashmla_anchor.sh) on PYTHONPATH and a Hopper GPU.
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_anchors import graph_us, median_us, n_sets  # noqa: E402
+
+D = 512
+D_NOPE = 448
+WINDOW = 128
+HEADS = 64
+PAGE = 64  # rows per page
+ROW_BYTES = 584  # 448 e4m3 + 128 bf16 bytes + 7 ue8m0 + 1 pad
+PAGE_BYTES = 37440  # 64 x 584 = 37376, padded to a multiple of 576
+HBM_TBPS = 4.6
+
+
+def model1_pages(num_pages, dev, gen):
+    """num_pages MODEL1 FP8 pages of random finite rows, as FlashMLA's k_cache view
+    (num_pages, 64, 1, 584) of a (num_pages, 37440) byte array."""
+    raw = torch.zeros(num_pages, PAGE_BYTES, dtype=torch.uint8, device=dev)
+    rows = raw[:, : PAGE * (D_NOPE + 128)].view(num_pages, PAGE, D_NOPE + 128)
+    # e4m3 codes 0x00..0x7e with a random sign: every finite value, never the NaN codes 0x7f / 0xff.
+    mag = torch.randint(0, 0x7F, (num_pages, PAGE, D_NOPE), device=dev, generator=gen, dtype=torch.int32)
+    sign = torch.randint(0, 2, (num_pages, PAGE, D_NOPE), device=dev, generator=gen, dtype=torch.int32) << 7
+    rows[:, :, :D_NOPE] = (mag | sign).to(torch.uint8)
+    rope = torch.randn(num_pages, PAGE, 64, device=dev, generator=gen).to(torch.bfloat16)
+    rows[:, :, D_NOPE:] = rope.view(torch.uint8).view(num_pages, PAGE, 128)
+    scales = raw[:, PAGE * (D_NOPE + 128) : PAGE * (D_NOPE + 128) + PAGE * 8].view(num_pages, PAGE, 8)
+    # ue8m0 bytes 2^-3 .. 2^3 (127 = 1.0); byte 7 of each record stays 0.
+    scales[:, :, :7] = torch.randint(124, 131, (num_pages, PAGE, 7), device=dev, generator=gen,
+                                     dtype=torch.int32).to(torch.uint8)
+    return raw.view(torch.float8_e4m3fn)[:, : PAGE * ROW_BYTES].view(num_pages, PAGE, 1, ROW_BYTES)
+
+
+def bytes_read(b, entries_read):
+    """Rows the step reads (window + entries, 584 bytes each) plus the bf16 queries and outputs."""
+    return b * ((WINDOW + entries_read) * ROW_BYTES + HEADS * D * 2 * 2)
+
+
+def make_sets(b, k, entries, dev, gen):
+    """Input sets for one shape. CSA (k given): one shared entry cache of b x entries rows; each
+    set its own queries, window pages and k distinct random entries per sequence. HCA (k None):
+    each set its own entry pages (every entry is read) and window pages."""
+    entry_pages = entries // PAGE
+    touched = entries if k is None else k
+    count = n_sets(bytes_read(b, touched))
+    shared = model1_pages(b * entry_pages, dev, gen) if k is not None else None
+    sink = torch.randn(HEADS, device=dev, generator=gen)
+    sets = []
+    for _ in range(count):
+        q = torch.randn(b, 1, HEADS, D, device=dev, generator=gen).to(torch.bfloat16)
+        window = model1_pages(b * (WINDOW // PAGE), dev, gen)
+        # Window: sequence i's 128 tokens are its two pages, in order.
+        win_idx = (torch.arange(b, device=dev)[:, None] * WINDOW +
+                   torch.arange(WINDOW, device=dev)[None, :]).to(torch.int32).view(b, 1, WINDOW)
+        if k is None:
+            ent = model1_pages(b * entry_pages, dev, gen)
+            ent_idx = torch.arange(b * entries, device=dev, dtype=torch.int32).view(b, 1, entries)
+        else:
+            ent = shared
+            picks = torch.stack([torch.randperm(entries, device=dev, generator=gen)[:k].sort().values
+                                 for _ in range(b)])
+            ent_idx = (picks + torch.arange(b, device=dev)[:, None] * entries).to(torch.int32).view(b, 1, k)
+        sets.append(dict(q=q, window=window, win_idx=win_idx, ent=ent, ent_idx=ent_idx))
+    return sets, sink
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "flashmla.json"))
+    args = ap.parse_args()
+    try:
+        import flash_mla  # noqa: F401
+    except Exception as e:  # the anchor records why it could not run
+        json.dump(dict(skipped=f"flash_mla is not importable: {type(e).__name__}: {e}", rows=[]),
+                  open(args.out, "w"))
+        print(f"SKIPPED: flash_mla is not importable ({e})")
+        return 0
+    from flash_mla import flash_mla_with_kvcache, get_mla_metadata
+
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(dev)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    rows = []
+    cases = [("csa_decode_1M", b, 512, (1 << 20) // 4) for b in (1, 8)]
+    cases += [("hca_decode_1M", b, None, (1 << 20) // 128) for b in (1, 8)]
+    for name, b, k, entries in cases:
+        sets, sink = make_sets(b, k, entries, dev, gen)
+        meta, _ = get_mla_metadata()  # one schedule for every set: the same shapes and lengths
+
+        def step(s):
+            return flash_mla_with_kvcache(
+                s["q"], s["window"], None, None, D, meta, None, softmax_scale=D ** -0.5,
+                is_fp8_kvcache=True, indices=s["win_idx"], attn_sink=sink,
+                extra_k_cache=s["ent"], extra_indices_in_kvcache=s["ent_idx"])
+
+        torch.cuda.synchronize()
+        t, tmin = median_us(step, sets)
+        tg, tgmin = graph_us(step, sets)
+        touched = entries if k is None else k
+        nbytes = bytes_read(b, touched)
+        rows.append(dict(name=f"flashmla_{name}_B{b}", us=t, us_min=tmin, graph_us=tg, graph_us_min=tgmin,
+                         bytes=nbytes, hbm_frac=nbytes / (tg * 1e-6) / (HBM_TBPS * 1e12), batch=b,
+                         heads=HEADS, rows_per_query=WINDOW + touched, sets=len(sets),
+                         layout="MODEL1_FP8Sparse, window as the main cache, entries as the extra"))
+        del sets
+        torch.cuda.empty_cache()
+    doc = dict(gpu=props.name, sms=props.multi_processor_count, torch=torch.__version__,
+               flash_mla=getattr(sys.modules["flash_mla"], "__version__", None), rows=rows)
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"{'anchor':32s} {'median us':>10s} {'graph us':>10s}  rows/query")
+    for r in rows:
+        print(f"{r['name']:32s} {r['us']:10.1f} {r['graph_us']:10.1f}  {r['rows_per_query']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
