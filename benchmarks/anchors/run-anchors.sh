@@ -7,15 +7,17 @@
 #
 # Usage: benchmarks/anchors/run-anchors.sh [OUT_DIR]          (default $OUT, else ./anchors-out)
 # Environment:
-#   ANCHORS   which, in order (default all but flashmla): flashinfer_decode flashinfer_topk cub
-#             deepselect torch, and flashmla (FlashMLA's SM90 sparse FP8 decode against kvc's
-#             DeepSeek-V4 attention: builds from .anchors/flashmla, or $FLASHMLA_BUNDLE, first;
-#             benchmarks/anchors/flashmla_anchor.sh; its build log lands in OUT_DIR)
+#   ANCHORS   which, in order (default all but flashmla and deepgemm): flashinfer_decode
+#             flashinfer_topk cub deepselect torch; flashmla (FlashMLA's SM90 sparse FP8 decode
+#             against kvc's DeepSeek-V4 attention: builds from .anchors/flashmla, or
+#             $FLASHMLA_BUNDLE, first; flashmla_anchor.sh) and deepgemm (DeepGEMM's SM90 FP8
+#             paged MQA logits against kvc's indexer decode: builds from .anchors/deepgemm, or
+#             $DEEPGEMM_BUNDLE; deepgemm_anchor.sh); their build logs land in OUT_DIR
 #   DEADLINE  seconds for the whole script (default 540); an anchor gets
 #             min(its timeout, the time left - 20 s) and none starts with under 40 s left
 #   T_<name>  one anchor's timeout in seconds (defaults: torch 240, flashinfer_decode 240,
 #             flashinfer_topk 300, deepselect 240 (+600 when it builds from source), cub 240,
-#             flashmla 600)
+#             flashmla 600, deepgemm 600)
 #   ANCHORS_ALLOW_JIT=1  let FlashInfer JIT-compile a module the bundle lacks (minutes each;
 #             needs the full package with its headers); default off, so a miss fails its rows
 #   ANCHORS_KEEP_FILES=1 also copy each anchor's own JSON and log into OUT_DIR (more files)
@@ -90,8 +92,9 @@ for name in ${ANCHORS:-flashinfer_decode flashinfer_topk cub deepselect torch}; 
           "$py" "$here/deepselect_anchor.py" --out "$work/deepselect.json"
       fi ;;
     cub) run_one cub 240 sh -c "'$here/cub_topk_anchor.sh' '$work/cubdir' && cp '$work/cubdir/cub_topk_anchor.json' '$work/cub.json'" ;;
-    # FlashMLA builds from its source bundle first (minutes): not in the default list.
+    # FlashMLA and DeepGEMM build from their source bundles first (minutes): not in the default list.
     flashmla) run_one flashmla 600 sh -c "'$here/flashmla_anchor.sh' '${FLASHMLA_BUNDLE:-$repo/.anchors/flashmla}' '$work/fm'; rc=\$?; cp '$work/fm/flashmla_build.log' '$out/flashmla_build.log' 2>/dev/null; [ \$rc -eq 0 ] && cp '$work/fm/flashmla.json' '$work/flashmla.json'" ;;
+    deepgemm) run_one deepgemm 600 sh -c "'$here/deepgemm_anchor.sh' '${DEEPGEMM_BUNDLE:-$repo/.anchors/deepgemm}' '$work/dg'; rc=\$?; cp '$work/dg/deepgemm_build.log' '$out/deepgemm_build.log' 2>/dev/null; [ \$rc -eq 0 ] && cp '$work/dg/deepgemm.json' '$work/deepgemm.json'" ;;
     *) echo "=== $name: unknown anchor" >> "$log" ;;
   esac
   # A file name the device returns must be plain: copy the per-anchor files only when asked.
