@@ -9,7 +9,9 @@ fp32 logits, fp32 head weights.
 The key cache is DeepGEMM's fused fp8 page (blocks, 64, 1, 132): [64 x 128 e4m3][64 x fp32 scale]
 per page, which is kvc's kFp8Scaled page byte for byte (docs/dsv4.md). Codes are random finite
 e4m3 values, scales powers of two near 1: never zeros, never NaN. Each set has its own keys,
-queries and weights (a key is read once per call), its block table a random permutation.
+queries and weights (a key is read once per call), its block table a random permutation. Before
+timing, each shape's first logits row is checked against a float32 reference from the quantized
+keys (relative L2 below 1e-3, recorded in the JSON).
 
 Timed like torch_anchors.py (its median_us / graph_us / n_sets: CUDA events, warm-up, median,
 one CUDA graph per input set, sets rotated past 2x the 60 MB L2). Writes $OUT/deepgemm.json (or
@@ -42,6 +44,17 @@ def fp8_pages(num_blocks, dev, gen):
     exps = torch.randint(-3, 4, (num_blocks, BLOCK_KV), device=dev, generator=gen).float()
     raw[:, BLOCK_KV * DIM :] = torch.exp2(exps).view(torch.uint8).view(num_blocks, BLOCK_KV * 4)
     return raw.view(num_blocks, BLOCK_KV, 1, DIM + 4)
+
+
+def reference_logits(s, i):
+    """Sequence i's logits in float32 from the quantized keys and query: sum over heads of
+    w_h * relu(q_h . k_j) with k_j = its e4m3 codes x its scale (DeepGEMM's definition)."""
+    raw = s["kv"].view(-1, BLOCK_KV * (DIM + 4))[s["table"][i].long()]  # [blocks, 8448] in order
+    codes = raw[:, : BLOCK_KV * DIM].contiguous().view(torch.float8_e4m3fn).float().view(-1, DIM)
+    sf = raw[:, BLOCK_KV * DIM :].contiguous().view(torch.float32).reshape(-1)
+    k = codes * sf[:, None]  # [KEYS, DIM]
+    q = s["q"][i, 0].float()  # [HEADS, DIM]
+    return (torch.relu(q @ k.T) * s["w"][i][:, None]).sum(dim=0)
 
 
 def bytes_read(b):
@@ -82,7 +95,15 @@ def main():
                 (s["q"], None), s["kv"], s["w"], s["lens"], s["table"], s["meta"], KEYS,
                 clean_logits=False, logits_dtype=torch.float)
 
-        step(sets[0])  # the JIT compile, outside the timed region
+        # The JIT compile happens here, outside the timed region; and the call computes what
+        # kvc's indexer does: its first sequence's logits against the float32 reference (a
+        # wrong layout or block order gives an error near 1).
+        logits = step(sets[0])
+        ref = reference_logits(sets[0], 0)
+        err = float((logits[0].float() - ref).norm() / ref.norm())
+        if not err < 1e-3:
+            raise SystemExit(f"deepgemm_anchor: B{b}: logits against the reference: relative L2 "
+                             f"{err:.3g} (bound 1e-3)")
         torch.cuda.synchronize()
         t, tmin = median_us(step, sets)
         tg, tgmin = graph_us(step, sets)
@@ -90,7 +111,7 @@ def main():
         rows.append(dict(name=f"deepgemm_fp8_paged_mqa_logits_B{b}_T1_N131072", us=t, us_min=tmin,
                          graph_us=tg, graph_us_min=tgmin, bytes=nbytes,
                          hbm_frac=nbytes / (tg * 1e-6) / (HBM_TBPS * 1e12), batch=b, heads=HEADS,
-                         dim=DIM, keys=KEYS, sets=len(sets)))
+                         dim=DIM, keys=KEYS, sets=len(sets), rel_l2_vs_reference=err))
         del sets
         torch.cuda.empty_cache()
     doc = dict(gpu=props.name, sms=props.multi_processor_count, torch=torch.__version__,

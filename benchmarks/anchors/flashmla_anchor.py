@@ -11,7 +11,8 @@ for byte (docs/dsv4.md): 64 rows per page, [64 x (448 e4m3 | 64 bf16)] [64 x (7 
 zero-padded to 37,440 bytes. FlashMLA's main cache holds the window (128 indices per query) and its
 extra cache the entries (512 or 8192 indices), as its MODEL1 test configurations do; indices are
 physical rows (page * 64 + offset). Codes are random finite e4m3 values, scales near 1, RoPE dims
-random bf16: never zeros, never NaN.
+random bf16: never zeros, never NaN. Before timing, each shape's output is checked against a
+float32 reference over the dequantized rows (relative L2 below 2e-2, recorded in the JSON).
 
 Timed like torch_anchors.py / dsv4_anchors.py (their median_us / graph_us / n_sets: CUDA events,
 warm-up, median, one CUDA graph per input set, sets rotated so their rows span 2x the 60 MB L2).
@@ -39,8 +40,8 @@ HBM_TBPS = 4.6
 
 
 def model1_pages(num_pages, dev, gen):
-    """num_pages MODEL1 FP8 pages of random finite rows, as FlashMLA's k_cache view
-    (num_pages, 64, 1, 584) of a (num_pages, 37440) byte array."""
+    """num_pages MODEL1 FP8 pages of random finite rows: the (num_pages, 37440) bytes and
+    FlashMLA's k_cache view (num_pages, 64, 1, 584) of them."""
     raw = torch.zeros(num_pages, PAGE_BYTES, dtype=torch.uint8, device=dev)
     rows = raw[:, : PAGE * (D_NOPE + 128)].view(num_pages, PAGE, D_NOPE + 128)
     # e4m3 codes 0x00..0x7e with a random sign: every finite value, never the NaN codes 0x7f / 0xff.
@@ -53,7 +54,40 @@ def model1_pages(num_pages, dev, gen):
     # ue8m0 bytes 2^-3 .. 2^3 (127 = 1.0); byte 7 of each record stays 0.
     scales[:, :, :7] = torch.randint(124, 131, (num_pages, PAGE, 7), device=dev, generator=gen,
                                      dtype=torch.int32).to(torch.uint8)
-    return raw.view(torch.float8_e4m3fn)[:, : PAGE * ROW_BYTES].view(num_pages, PAGE, 1, ROW_BYTES)
+    return raw, raw.view(torch.float8_e4m3fn)[:, : PAGE * ROW_BYTES].view(num_pages, PAGE, 1, ROW_BYTES)
+
+
+def dequantize_rows(raw, rows):
+    """Rows (physical ids page * 64 + offset, a 1-D tensor) of MODEL1 pages `raw` as float32
+    [len(rows), 512]: e4m3 code x 2^(scale byte - 127) per block of 64 dims, then the bf16 RoPE."""
+    page, off = rows // PAGE, rows % PAGE
+    base = off * (D_NOPE + 128)
+    cols = torch.arange(D_NOPE + 128, device=raw.device)
+    payload = raw[page[:, None], base[:, None] + cols[None, :]]  # [n, 576] bytes
+    codes = payload[:, :D_NOPE].contiguous().view(torch.float8_e4m3fn).float()
+    rope = payload[:, D_NOPE:].contiguous().view(torch.bfloat16).float()
+    sbase = PAGE * (D_NOPE + 128) + off * 8
+    sbytes = raw[page[:, None], sbase[:, None] + torch.arange(7, device=raw.device)[None, :]]
+    scale = torch.exp2(sbytes.float() - 127.0)  # [n, 7]
+    nope = (codes.view(-1, 7, 64) * scale[:, :, None]).view(-1, D_NOPE)
+    return torch.cat([nope, rope], dim=1)
+
+
+def reference(s, sink):
+    """The step in float32 from the dequantized rows: one softmax over the window and the
+    entries, the sink in the denominator only; out [b, 1, H, 512]."""
+    b = s["q"].shape[0]
+    outs = []
+    for i in range(b):
+        rows = torch.cat([dequantize_rows(s["window_raw"], s["win_idx"][i, 0].long()),
+                          dequantize_rows(s["ent_raw"], s["ent_idx"][i, 0].long())])
+        q = s["q"][i, 0].float()  # [H, 512]
+        logits = (q @ rows.T) * D ** -0.5
+        m = torch.maximum(logits.amax(dim=-1), sink)
+        p = torch.exp(logits - m[:, None])
+        den = p.sum(dim=-1) + torch.exp(sink - m)
+        outs.append((p @ rows) / den[:, None])
+    return torch.stack(outs)[:, None]
 
 
 def bytes_read(b, entries_read):
@@ -68,24 +102,25 @@ def make_sets(b, k, entries, dev, gen):
     entry_pages = entries // PAGE
     touched = entries if k is None else k
     count = n_sets(bytes_read(b, touched))
-    shared = model1_pages(b * entry_pages, dev, gen) if k is not None else None
+    shared_raw, shared = model1_pages(b * entry_pages, dev, gen) if k is not None else (None, None)
     sink = torch.randn(HEADS, device=dev, generator=gen)
     sets = []
     for _ in range(count):
         q = torch.randn(b, 1, HEADS, D, device=dev, generator=gen).to(torch.bfloat16)
-        window = model1_pages(b * (WINDOW // PAGE), dev, gen)
+        window_raw, window = model1_pages(b * (WINDOW // PAGE), dev, gen)
         # Window: sequence i's 128 tokens are its two pages, in order.
         win_idx = (torch.arange(b, device=dev)[:, None] * WINDOW +
                    torch.arange(WINDOW, device=dev)[None, :]).to(torch.int32).view(b, 1, WINDOW)
         if k is None:
-            ent = model1_pages(b * entry_pages, dev, gen)
+            ent_raw, ent = model1_pages(b * entry_pages, dev, gen)
             ent_idx = torch.arange(b * entries, device=dev, dtype=torch.int32).view(b, 1, entries)
         else:
-            ent = shared
+            ent_raw, ent = shared_raw, shared
             picks = torch.stack([torch.randperm(entries, device=dev, generator=gen)[:k].sort().values
                                  for _ in range(b)])
             ent_idx = (picks + torch.arange(b, device=dev)[:, None] * entries).to(torch.int32).view(b, 1, k)
-        sets.append(dict(q=q, window=window, win_idx=win_idx, ent=ent, ent_idx=ent_idx))
+        sets.append(dict(q=q, window=window, window_raw=window_raw, win_idx=win_idx, ent=ent,
+                         ent_raw=ent_raw, ent_idx=ent_idx))
     return sets, sink
 
 
@@ -118,6 +153,14 @@ def main():
                 is_fp8_kvcache=True, indices=s["win_idx"], attn_sink=sink,
                 extra_k_cache=s["ent"], extra_indices_in_kvcache=s["ent_idx"])
 
+        # The call computes what kvc's sparse attention does: its output against the float32
+        # reference over the dequantized rows (a wrong index mapping gives an error near 1).
+        out, _ = step(sets[0])
+        ref = reference(sets[0], sink)
+        err = float((out.float() - ref).norm() / ref.norm())
+        if not err < 2e-2:
+            raise SystemExit(f"flashmla_anchor: {name} B{b}: output against the reference: "
+                             f"relative L2 {err:.3g} (bound 2e-2)")
         torch.cuda.synchronize()
         t, tmin = median_us(step, sets)
         tg, tgmin = graph_us(step, sets)
@@ -126,6 +169,7 @@ def main():
         rows.append(dict(name=f"flashmla_{name}_B{b}", us=t, us_min=tmin, graph_us=tg, graph_us_min=tgmin,
                          bytes=nbytes, hbm_frac=nbytes / (tg * 1e-6) / (HBM_TBPS * 1e12), batch=b,
                          heads=HEADS, rows_per_query=WINDOW + touched, sets=len(sets),
+                         rel_l2_vs_reference=err,
                          layout="MODEL1_FP8Sparse, window as the main cache, entries as the extra"))
         del sets
         torch.cuda.empty_cache()
