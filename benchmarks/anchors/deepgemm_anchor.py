@@ -26,7 +26,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_anchors import graph_us, median_us, n_sets  # noqa: E402
+from torch_anchors import graph_us, import_or_skip, median_us, n_sets  # noqa: E402
 
 HEADS = 64
 DIM = 128
@@ -66,12 +66,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "deepgemm.json"))
     args = ap.parse_args()
-    try:
-        import deep_gemm
-    except Exception as e:  # the anchor records why it could not run
-        json.dump(dict(skipped=f"deep_gemm is not importable: {type(e).__name__}: {e}", rows=[]),
-                  open(args.out, "w"))
-        print(f"SKIPPED: deep_gemm is not importable ({e})")
+    deep_gemm = import_or_skip("deep_gemm", args.out)
+    if deep_gemm is None:
         return 0
 
     dev = torch.device("cuda")

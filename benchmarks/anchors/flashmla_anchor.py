@@ -27,7 +27,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_anchors import graph_us, median_us, n_sets  # noqa: E402
+from torch_anchors import graph_us, import_or_skip, median_us, n_sets  # noqa: E402
 
 D = 512
 D_NOPE = 448
@@ -128,14 +128,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "flashmla.json"))
     args = ap.parse_args()
-    try:
-        import flash_mla  # noqa: F401
-    except Exception as e:  # the anchor records why it could not run
-        json.dump(dict(skipped=f"flash_mla is not importable: {type(e).__name__}: {e}", rows=[]),
-                  open(args.out, "w"))
-        print(f"SKIPPED: flash_mla is not importable ({e})")
+    flash_mla = import_or_skip("flash_mla", args.out)
+    if flash_mla is None:
         return 0
-    from flash_mla import flash_mla_with_kvcache, get_mla_metadata
+    flash_mla_with_kvcache, get_mla_metadata = flash_mla.flash_mla_with_kvcache, flash_mla.get_mla_metadata
 
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
@@ -174,7 +170,7 @@ def main():
         del sets
         torch.cuda.empty_cache()
     doc = dict(gpu=props.name, sms=props.multi_processor_count, torch=torch.__version__,
-               flash_mla=getattr(sys.modules["flash_mla"], "__version__", None), rows=rows)
+               flash_mla=getattr(flash_mla, "__version__", None), rows=rows)
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
     print(f"{'anchor':32s} {'median us':>10s} {'graph us':>10s}  rows/query")

@@ -5,6 +5,7 @@ Times with CUDA events on the current stream, warm-up first, median of many repe
 rotates among input sets whose total exceeds the L2 cache so no timing reads cached data.
 Writes JSON to $OUT/torch_anchors.json (or ./torch_anchors.json) and prints a table.
 """
+import importlib
 import json
 import math
 import os
@@ -52,6 +53,19 @@ def graph_us(fn, sets, reps=100):
 
 def n_sets(bytes_per_set):
     return max(2, math.ceil(2 * L2_BYTES / max(bytes_per_set, 1)))
+
+
+def import_or_skip(module, out_path):
+    """A peer's module, or None after writing {"skipped": why, "rows": []} to out_path, which
+    benchmarks/anchors/run-anchors.sh records as the anchor's reason for not running."""
+    try:
+        return importlib.import_module(module)
+    except Exception as e:  # any failure to load the peer is the anchor's reason
+        why = f"{module} is not importable: {type(e).__name__}: {e}"
+        with open(out_path, "w") as f:
+            json.dump(dict(skipped=why, rows=[]), f)
+        print(f"SKIPPED: {why}")
+        return None
 
 
 def main():
