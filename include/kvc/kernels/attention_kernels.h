@@ -43,10 +43,11 @@ namespace kernels {
 /// DenseParams::kernel_path).
 enum class KernelPath : int {
   /// By shape: the tensor-core kernel where it applies and the GQA group is >= 3, else the
-  /// CUDA-core kernel. The tensor-core kernel is the staged one (kTensorCoresStaged) for one
-  /// query token at head_dim 64, and at head_dim 128 where the rows (batch * Hkv * head tiles)
-  /// number more than a quarter of the SMs and at most the SMs; else the register-pipelined one
-  /// without the L2 prefetch (kTensorCoresNoPrefetch).
+  /// CUDA-core kernel. The tensor-core kernel is the staged one for one query token: three
+  /// slots (kTensorCoresStaged) at head_dim 64, and at head_dim 128 where the rows (batch * Hkv
+  /// * head tiles) number more than a quarter of the SMs and at most the SMs; two slots
+  /// (kTensorCoresStaged2) at head_dim 128 where they number at most a quarter of the SMs (B1).
+  /// Elsewhere the register-pipelined one without the L2 prefetch (kTensorCoresNoPrefetch).
   kAuto = 0,
   /// The CUDA-core kernel (every shape and mode).
   kCudaCores = 1,
