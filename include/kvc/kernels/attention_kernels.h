@@ -78,7 +78,8 @@ enum class KernelPath : int {
   /// (cp.async, 16-bit rows copied whole and swizzled; no CTA barrier per tile) instead of one
   /// tile ahead in registers.
   kTensorCoresStaged = 7,
-  /// kTensorCoresStaged with two slots per warp (for benchmarks).
+  /// kTensorCoresStaged with two slots per warp (kAuto's choice at head_dim 128 where the rows
+  /// number at most a quarter of the SMs).
   kTensorCoresStaged2 = 8,
   /// kTensorCoresStaged with four slots per warp (for benchmarks).
   kTensorCoresStaged4 = 9,
