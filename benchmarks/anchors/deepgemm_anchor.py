@@ -19,20 +19,18 @@ one CUDA graph per input set, sets rotated past 2x the 60 MB L2). Writes $OUT/de
 Hopper GPU; DeepGEMM compiles its kernels at first use (nvcc, outside the timed region).
 """
 import argparse
-import json
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_anchors import graph_us, import_or_skip, median_us, n_sets  # noqa: E402
+from torch_anchors import import_or_skip, n_sets, timed_row, write_rows  # noqa: E402
 
 HEADS = 64
 DIM = 128
 BLOCK_KV = 64
 KEYS = 131072
-HBM_TBPS = 4.6
 
 
 def fp8_pages(num_blocks, dev, gen):
@@ -71,7 +69,6 @@ def main():
         return 0
 
     dev = torch.device("cuda")
-    props = torch.cuda.get_device_properties(dev)
     gen = torch.Generator(device=dev).manual_seed(0)
     blocks = KEYS // BLOCK_KV
     rows = []
@@ -101,22 +98,12 @@ def main():
             raise SystemExit(f"deepgemm_anchor: B{b}: logits against the reference: relative L2 "
                              f"{err:.3g} (bound 1e-3)")
         torch.cuda.synchronize()
-        t, tmin = median_us(step, sets)
-        tg, tgmin = graph_us(step, sets)
-        nbytes = bytes_read(b)
-        rows.append(dict(name=f"deepgemm_fp8_paged_mqa_logits_B{b}_T1_N131072", us=t, us_min=tmin,
-                         graph_us=tg, graph_us_min=tgmin, bytes=nbytes,
-                         hbm_frac=nbytes / (tg * 1e-6) / (HBM_TBPS * 1e12), batch=b, heads=HEADS,
-                         dim=DIM, keys=KEYS, sets=len(sets), rel_l2_vs_reference=err))
+        rows.append(timed_row(f"deepgemm_fp8_paged_mqa_logits_B{b}_T1_N131072", step, sets,
+                              bytes_read(b), batch=b, heads=HEADS, dim=DIM, keys=KEYS,
+                              sets=len(sets), rel_l2_vs_reference=err))
         del sets
         torch.cuda.empty_cache()
-    doc = dict(gpu=props.name, sms=props.multi_processor_count, torch=torch.__version__,
-               deep_gemm=getattr(deep_gemm, "__version__", None), rows=rows)
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
-    print(f"{'anchor':44s} {'median us':>10s} {'graph us':>10s}")
-    for r in rows:
-        print(f"{r['name']:44s} {r['us']:10.1f} {r['graph_us']:10.1f}")
+    write_rows(args.out, rows, deep_gemm=getattr(deep_gemm, "__version__", None))
     return 0
 
 

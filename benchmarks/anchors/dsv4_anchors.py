@@ -14,7 +14,6 @@ input sets rotated past the 60 MB L2). Writes $OUT/dsv4_anchors.json and prints 
   python3 benchmarks/anchors/dsv4_anchors.py --check    # the step against a float64 loop (CPU)
 """
 import argparse
-import json
 import math
 import os
 import sys
@@ -22,11 +21,10 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_anchors import graph_us, median_us, n_sets  # noqa: E402
+from torch_anchors import n_sets, timed_row, write_rows  # noqa: E402
 
 D = 512
 WINDOW = 128
-HBM_TBPS = 4.6
 
 
 def make_set(b, h, entries, k, dev, gen, ent=None):
@@ -112,7 +110,6 @@ def main():
         return check()
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
-    props = torch.cuda.get_device_properties(dev)
     rows = []
     cases = [("csa_decode_1M", b, 512, (1 << 20) // 4) for b in (1, 8)]
     cases += [("hca_decode_1M", b, None, (1 << 20) // 128) for b in (1, 8)]
@@ -124,21 +121,11 @@ def main():
         if k is not None:
             shared = torch.randn(b, entries, D, device=dev, generator=gen).to(torch.bfloat16)
         sets = [make_set(b, 64, entries, k, dev, gen, shared) for _ in range(n_sets(bytes_read(b, 64, touched)))]
-        t, tmin = median_us(decode_step, sets)
-        tg, tgmin = graph_us(decode_step, sets)
-        nbytes = bytes_read(b, 64, touched)
-        rows.append(dict(name=f"torch_{name}_B{b}", us=t, us_min=tmin, graph_us=tg, graph_us_min=tgmin,
-                         bytes=nbytes, hbm_frac=nbytes / (tg * 1e-6) / (HBM_TBPS * 1e12), batch=b,
-                         heads=64, rows_per_query=touched))
+        rows.append(timed_row(f"torch_{name}_B{b}", decode_step, sets, bytes_read(b, 64, touched),
+                              batch=b, heads=64, rows_per_query=touched))
         del sets, shared
         torch.cuda.empty_cache()
-    out = dict(gpu=props.name, sms=props.multi_processor_count, torch=torch.__version__, rows=rows)
-    path = os.path.join(os.environ.get("OUT", "."), "dsv4_anchors.json")
-    with open(path, "w") as f:
-        json.dump(out, f, indent=1)
-    print(f"{'anchor':28s} {'median us':>10s} {'graph us':>10s}  rows/query")
-    for r in rows:
-        print(f"{r['name']:28s} {r['us']:10.1f} {r['graph_us']:10.1f}  {r['rows_per_query']}")
+    write_rows(os.path.join(os.environ.get("OUT", "."), "dsv4_anchors.json"), rows)
     return 0
 
 

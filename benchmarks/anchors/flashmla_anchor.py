@@ -20,14 +20,13 @@ Writes $OUT/flashmla.json (or --out) and prints a table. Needs the flash_mla pac
 benchmarks/anchors/flashmla_anchor.sh) on PYTHONPATH and a Hopper GPU.
 """
 import argparse
-import json
 import os
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_anchors import graph_us, import_or_skip, median_us, n_sets  # noqa: E402
+from torch_anchors import import_or_skip, n_sets, timed_row, write_rows  # noqa: E402
 
 D = 512
 D_NOPE = 448
@@ -36,7 +35,6 @@ HEADS = 64
 PAGE = 64  # rows per page
 ROW_BYTES = 584  # 448 e4m3 + 128 bf16 bytes + 7 ue8m0 + 1 pad
 PAGE_BYTES = 37440  # 64 x 584 = 37376, padded to a multiple of 576
-HBM_TBPS = 4.6
 
 
 def model1_pages(num_pages, dev, gen):
@@ -134,7 +132,6 @@ def main():
     flash_mla_with_kvcache, get_mla_metadata = flash_mla.flash_mla_with_kvcache, flash_mla.get_mla_metadata
 
     dev = torch.device("cuda")
-    props = torch.cuda.get_device_properties(dev)
     gen = torch.Generator(device=dev).manual_seed(0)
     rows = []
     cases = [("csa_decode_1M", b, 512, (1 << 20) // 4) for b in (1, 8)]
@@ -158,24 +155,14 @@ def main():
             raise SystemExit(f"flashmla_anchor: {name} B{b}: output against the reference: "
                              f"relative L2 {err:.3g} (bound 2e-2)")
         torch.cuda.synchronize()
-        t, tmin = median_us(step, sets)
-        tg, tgmin = graph_us(step, sets)
         touched = entries if k is None else k
-        nbytes = bytes_read(b, touched)
-        rows.append(dict(name=f"flashmla_{name}_B{b}", us=t, us_min=tmin, graph_us=tg, graph_us_min=tgmin,
-                         bytes=nbytes, hbm_frac=nbytes / (tg * 1e-6) / (HBM_TBPS * 1e12), batch=b,
-                         heads=HEADS, rows_per_query=WINDOW + touched, sets=len(sets),
-                         rel_l2_vs_reference=err,
-                         layout="MODEL1_FP8Sparse, window as the main cache, entries as the extra"))
+        rows.append(timed_row(f"flashmla_{name}_B{b}", step, sets, bytes_read(b, touched), batch=b,
+                              heads=HEADS, rows_per_query=WINDOW + touched, sets=len(sets),
+                              rel_l2_vs_reference=err,
+                              layout="MODEL1_FP8Sparse, window as the main cache, entries as the extra"))
         del sets
         torch.cuda.empty_cache()
-    doc = dict(gpu=props.name, sms=props.multi_processor_count, torch=torch.__version__,
-               flash_mla=getattr(flash_mla, "__version__", None), rows=rows)
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
-    print(f"{'anchor':32s} {'median us':>10s} {'graph us':>10s}  rows/query")
-    for r in rows:
-        print(f"{r['name']:32s} {r['us']:10.1f} {r['graph_us']:10.1f}  {r['rows_per_query']}")
+    write_rows(args.out, rows, flash_mla=getattr(flash_mla, "__version__", None))
     return 0
 
 

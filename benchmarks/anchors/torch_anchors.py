@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 L2_BYTES = 60 * 2**20
+HBM_TBPS = 4.6  # the H200's read bandwidth the fractions are of
 
 
 def median_us(fn, sets, warmup=10, reps=100):
@@ -53,6 +54,28 @@ def graph_us(fn, sets, reps=100):
 
 def n_sets(bytes_per_set):
     return max(2, math.ceil(2 * L2_BYTES / max(bytes_per_set, 1)))
+
+
+def timed_row(name, fn, sets, nbytes, **fields):
+    """One anchor row: median_us and graph_us of fn over `sets`, the bytes a call moves and the
+    fraction of 4.6 TB/s the graph replay reaches, plus the caller's fields."""
+    t, tmin = median_us(fn, sets)
+    tg, tgmin = graph_us(fn, sets)
+    return dict(name=name, us=t, us_min=tmin, graph_us=tg, graph_us_min=tgmin, bytes=nbytes,
+                hbm_frac=nbytes / (tg * 1e-6) / (HBM_TBPS * 1e12), **fields)
+
+
+def write_rows(path, rows, **meta):
+    """Writes {gpu, sms, torch, meta..., rows} to path (JSON) and prints each row's times."""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    doc = dict(gpu=props.name, sms=props.multi_processor_count, torch=torch.__version__, **meta,
+               rows=rows)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    width = max([len(r["name"]) for r in rows] + [6])
+    print(f"{'anchor':{width}s} {'median us':>10s} {'graph us':>10s}")
+    for r in rows:
+        print(f"{r['name']:{width}s} {r['us']:10.1f} {r['graph_us']:10.1f}")
 
 
 def import_or_skip(module, out_path):
