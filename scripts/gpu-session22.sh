@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Device calls of the twenty-second session, 2026-12-04 (each under the 10-minute limit; results
+# in $OUT, helpers in scripts/gpu-lib.sh):
+#   peers   the FlashMLA and DeepGEMM anchors' first run (carry [".anchors/flashmla",
+#           ".anchors/deepgemm"]): both build in the background (only-build) while kvc's
+#           dsv4_bench and index_bench build; then both anchors (reusing those builds), kvc's
+#           DeepSeek-V4 rows they compare with (CSA / HCA decode bf16 and MODEL1 FP8, the indexer
+#           decode mxfp4 and fp8 at B1 / B8 T1), the PyTorch DeepSeek-V4 anchor (dsv4_anchors.py,
+#           first run since torch_anchors.py's shared helpers), and the summary scorer's one-tile
+#           rule as kAuto (mean K / Quest f16 at B8 / B32)
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out=$PWD/gpu-out/session22
+source scripts/gpu-lib.sh
+
+case "${1:-peers}" in
+  peers)
+    export MAX_JOBS=8 FLASHMLA_ONLY_BUILD=1 DEEPGEMM_ONLY_BUILD=1
+    ( s=$(date +%s); timeout 400 benchmarks/anchors/flashmla_anchor.sh .anchors/flashmla "$out/fm" \
+        > "$out/flashmla-build-step.log" 2>&1
+      echo "flashmla build: rc=$? in $(( $(date +%s) - s )) s" >> "$out/anchor-builds.txt" ) &
+    ( s=$(date +%s); timeout 400 benchmarks/anchors/deepgemm_anchor.sh .anchors/deepgemm "$out/dg" \
+        > "$out/deepgemm-build-step.log" 2>&1
+      echo "deepgemm build: rc=$? in $(( $(date +%s) - s )) s" >> "$out/anchor-builds.txt" ) &
+    build_targets dsv4_bench index_bench
+    wait
+    cat "$out/anchor-builds.txt" >> "$out/summary.txt"
+    tail -5 "$out"/fm/flashmla_build.log "$out"/dg/deepgemm_build.log >> "$out/summary.txt" 2>/dev/null
+    unset FLASHMLA_ONLY_BUILD DEEPGEMM_ONLY_BUILD
+    l=$(left)
+    FLASHMLA_REUSE=1 DEEPGEMM_REUSE=1 ANCHORS="flashmla deepgemm" DEADLINE=$(( l - 120 )) \
+      T_flashmla=150 T_deepgemm=150 benchmarks/anchors/run-anchors.sh "$out" > "$out/run-anchors.out" 2>&1
+    say "peer anchors: rc=$? $(tail -3 "$out/run-anchors.out" | tr '\n' ' ')"
+    bench 40 dsv4_bench 'BM_Dsv4(Csa|Hca)Decode/(1|8)/(0|1)/0/0/|BM_Dsv4IndexDecode/(1|8)/1/(0|1)/0/0/'
+    OUT="$out" timeout 50 python3 benchmarks/anchors/dsv4_anchors.py > "$out/dsv4_anchors.log" 2>&1
+    say "dsv4 anchors: rc=$? $(tail -2 "$out/dsv4_anchors.log" | tr '\n' ' ')"
+    BENCH_REPS=3 bench 40 index_bench \
+      'BM_Score/h32x8x128/B(8|32)/N(131072|32768)/(mean_k|quest)/f16/sum/fast/|BM_Score/smollm2/B8/N131072/mean_k/f16/sum/fast/'
+    report
+    ;;
+  *) echo "gpu-session22.sh: peers" >&2; exit 2 ;;
+esac
+finish
