@@ -67,6 +67,10 @@ def main():
     deep_gemm = import_or_skip("deep_gemm", args.out)
     if deep_gemm is None:
         return 0
+    # Progress on stderr: where a crash happens (the first run died of a segmentation fault).
+    def stage(what):
+        print(f"deepgemm_anchor: {what}", file=sys.stderr, flush=True)
+    stage(f"imported deep_gemm {getattr(deep_gemm, '__version__', '?')}, {deep_gemm.get_num_sms()} SMs")
 
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -80,6 +84,7 @@ def main():
             kv = fp8_pages(b * blocks, dev, gen)
             table = torch.randperm(b * blocks, device=dev, generator=gen).to(torch.int32).view(b, blocks)
             lens = torch.full((b, 1), KEYS, dtype=torch.int32, device=dev)
+            stage(f"B{b}: set {len(sets)}: schedule metadata")
             meta = deep_gemm.get_paged_mqa_logits_metadata(lens, BLOCK_KV, deep_gemm.get_num_sms())
             sets.append(dict(q=q, w=w, kv=kv, table=table, lens=lens, meta=meta))
 
@@ -91,7 +96,10 @@ def main():
         # The JIT compile happens here, outside the timed region; and the call computes what
         # kvc's indexer does: its first sequence's logits against the float32 reference (a
         # wrong layout or block order gives an error near 1).
+        stage(f"B{b}: first call (JIT compile)")
         logits = step(sets[0])
+        torch.cuda.synchronize()
+        stage(f"B{b}: checking against the reference")
         ref = reference_logits(sets[0], 0)
         err = float((logits[0].float() - ref).norm() / ref.norm())
         if not err < 1e-3:

@@ -61,4 +61,11 @@ else
   echo "deepgemm_anchor: built and installed in $(( $(date +%s) - start )) s" | tee -a "$log"
 fi
 [ "${DEEPGEMM_ONLY_BUILD:-0}" = 1 ] && exit 0
-PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" "$py" "$here/deepgemm_anchor.py" --out "$out/deepgemm.json"
+# Its kernels compile at the first call into DG_JIT_CACHE_DIR (default $HOME/.deep_gemm). The first
+# run on the H200 (2026-12-04) died of a segmentation fault 14 s in, with no Python trace:
+# faulthandler prints the Python stack of a fatal signal, DG_JIT_DEBUG=1 (DEEPGEMM_DEBUG=1) the
+# JIT's steps.
+export DG_JIT_CACHE_DIR="${DG_JIT_CACHE_DIR:-$work/jit-cache}"
+[ "${DEEPGEMM_DEBUG:-0}" = 1 ] && export DG_JIT_DEBUG=1
+PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" "$py" -X faulthandler "$here/deepgemm_anchor.py" \
+  --out "$out/deepgemm.json"

@@ -16,7 +16,8 @@
 #                | xz > cutlass-<rev>-include.tar.xz
 #   OUT_DIR  where flashmla.json and the build log go (default $OUT, else .)
 # Environment: FLASHMLA_REUSE=1 keeps a previous build in /tmp/flashmla-build (a second call on
-# the same warm machine); FLASHMLA_ONLY_BUILD=1 stops after the build.
+# the same warm machine), or finishes an unfinished one there; FLASHMLA_ONLY_BUILD=1 stops after
+# the build.
 #
 # Needs on that machine, and downloads nothing: python3 with torch (CUDA), setuptools and ninja
 # (torch's extension builder), nvcc >= 12.3 and a C++20 host compiler. FlashMLA's setup.py builds
@@ -46,13 +47,24 @@ command -v nvcc >/dev/null || fail "no nvcc"
 command -v ninja >/dev/null || "$py" -c "import ninja" 2>/dev/null ||
   echo "flashmla_anchor: no ninja; torch builds the extension serially (slow)" | tee -a "$log"
 
+# CUTLASS's headers include <cuda/std/...>, which CUDA 13 keeps under include/cccl: nvcc finds
+# it, the host compiler of FlashMLA's C++ sources (api.cpp) does not (the first run on the H200,
+# 2026-12-04, failed there after 23 of 24 objects).
+cuda_home="${CUDA_HOME:-/usr/local/cuda}"
+export CPLUS_INCLUDE_PATH="$cuda_home/include/cccl:$cuda_home/include${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
+
 if [ "${FLASHMLA_REUSE:-0}" = 1 ] && ls "$work"/FlashMLA/flash_mla/cuda*.so >/dev/null 2>&1; then
   echo "flashmla_anchor: reusing the build in $work" >> "$log"
 else
-  rm -rf "$work" && mkdir -p "$work"
-  tar -xJf "$src_tar" -C "$work" || fail "cannot unpack $src_tar"
-  rm -rf "$work/FlashMLA/csrc/cutlass"
-  tar -xJf "$cutlass_tar" -C "$work/FlashMLA/csrc" || fail "cannot unpack $cutlass_tar"
+  if [ "${FLASHMLA_REUSE:-0}" = 1 ] && [ -f "$work/FlashMLA/setup.py" ]; then
+    # An unfinished build on this machine: ninja compiles only what is missing.
+    echo "flashmla_anchor: resuming the build in $work" | tee -a "$log"
+  else
+    rm -rf "$work" && mkdir -p "$work"
+    tar -xJf "$src_tar" -C "$work" || fail "cannot unpack $src_tar"
+    rm -rf "$work/FlashMLA/csrc/cutlass"
+    tar -xJf "$cutlass_tar" -C "$work/FlashMLA/csrc" || fail "cannot unpack $cutlass_tar"
+  fi
   start=$(date +%s)
   (cd "$work/FlashMLA" &&
     FLASH_MLA_DISABLE_SM100=1 MAX_JOBS="${MAX_JOBS:-$(nproc)}" NVCC_THREADS="${NVCC_THREADS:-4}" \
@@ -61,5 +73,5 @@ else
   echo "flashmla_anchor: built in $(( $(date +%s) - start )) s" | tee -a "$log"
 fi
 [ "${FLASHMLA_ONLY_BUILD:-0}" = 1 ] && exit 0
-PYTHONPATH="$work/FlashMLA${PYTHONPATH:+:$PYTHONPATH}" "$py" "$here/flashmla_anchor.py" \
+PYTHONPATH="$work/FlashMLA${PYTHONPATH:+:$PYTHONPATH}" "$py" -X faulthandler "$here/flashmla_anchor.py" \
   --out "$out/flashmla.json"
