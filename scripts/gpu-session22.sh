@@ -8,6 +8,10 @@
 #           decode mxfp4 and fp8 at B1 / B8 T1), the PyTorch DeepSeek-V4 anchor (dsv4_anchors.py,
 #           first run since torch_anchors.py's shared helpers), and the summary scorer's one-tile
 #           rule as kAuto (mean K / Quest f16 at B8 / B32)
+#   fp8     the same anchors again (FlashMLA's host compile given CUDA 13's cccl headers;
+#           DeepGEMM under faulthandler) and the fp8 indexer's score kernel with eight heads'
+#           chains interleaved per lane: the DeepSeek-V4 indexer GPU tests, memcheck over the fp8
+#           ones, the indexer rows (mxfp4 and fp8, B1 / B8, T1 / T4) beside DeepGEMM's
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=$PWD/gpu-out/session22
@@ -38,6 +42,27 @@ case "${1:-peers}" in
       'BM_Score/h32x8x128/B(8|32)/N(131072|32768)/(mean_k|quest)/f16/sum/fast/|BM_Score/smollm2/B8/N131072/mean_k/f16/sum/fast/'
     report
     ;;
-  *) echo "gpu-session22.sh: peers" >&2; exit 2 ;;
+  fp8)
+    export MAX_JOBS=10 FLASHMLA_ONLY_BUILD=1 DEEPGEMM_ONLY_BUILD=1
+    ( s=$(date +%s); timeout 330 benchmarks/anchors/flashmla_anchor.sh .anchors/flashmla "$out/fm" \
+        > "$out/flashmla-build-step.log" 2>&1
+      echo "flashmla build: rc=$? in $(( $(date +%s) - s )) s" >> "$out/anchor-builds.txt" ) &
+    ( s=$(date +%s); timeout 330 benchmarks/anchors/deepgemm_anchor.sh .anchors/deepgemm "$out/dg" \
+        > "$out/deepgemm-build-step.log" 2>&1
+      echo "deepgemm build: rc=$? in $(( $(date +%s) - s )) s" >> "$out/anchor-builds.txt" ) &
+    build_targets kvc_cuda_tests dsv4_bench
+    gtests dsv4 '*Cuda_Dsv4_Indexer*' 120
+    wait
+    cat "$out/anchor-builds.txt" >> "$out/summary.txt"
+    unset FLASHMLA_ONLY_BUILD DEEPGEMM_ONLY_BUILD
+    bench 60 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|4)/(0|1)/0/0/|BM_Dsv4(Csa|Hca)Decode/(1|8)/(0|1)/0/0/'
+    l=$(left)
+    FLASHMLA_REUSE=1 DEEPGEMM_REUSE=1 ANCHORS="deepgemm flashmla" DEADLINE=$(( l - 50 )) \
+      T_flashmla=200 T_deepgemm=150 benchmarks/anchors/run-anchors.sh "$out" > "$out/run-anchors.out" 2>&1
+    say "peer anchors: rc=$? $(tail -3 "$out/run-anchors.out" | tr '\n' ' ')"
+    sanitize memcheck memcheck '*Cuda_Dsv4_Indexer.ScoresMatchCpuBitForBit/fp8*' 40
+    report
+    ;;
+  *) echo "gpu-session22.sh: peers | fp8" >&2; exit 2 ;;
 esac
 finish

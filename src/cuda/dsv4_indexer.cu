@@ -292,7 +292,10 @@ cudaError_t dsv4_index_score(void* d_temp, std::size_t& temp_bytes,
            : p.tc == 2                                                      ? 2
            : (variant == 7 || variant == 9) && p.tc >= kStreamPrefillTokens ? kStreamPrefillTokens
                                                                             : kIndexMaxTokens;
-    const int resident = mx ? mxfp4_ctas_per_sm(c.head_dim, c.num_heads / 16, variant, p.tp) : 2;
+    const int resident = mx ? mxfp4_ctas_per_sm(c.head_dim, c.num_heads / 16, variant, p.tp)
+                         : c.head_dim == 128
+                             ? ctas_per_sm(fp8_score_kernel<128>, static_cast<int>(row_bytes))
+                             : ctas_per_sm(fp8_score_kernel<64>, static_cast<int>(row_bytes));
     const int passes = (p.tc + p.tp - 1) / p.tp;
     if (passes > 65535) return cudaErrorInvalidValue;
     const dim3 prep_grid(static_cast<unsigned>(a.batch * p.tc), static_cast<unsigned>(c.num_heads));

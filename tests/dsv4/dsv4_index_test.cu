@@ -225,7 +225,7 @@ INSTANTIATE_TEST_SUITE_P(
         Shape{EntryFormat::kMxfp4, 48, 128, 3}, Shape{EntryFormat::kMxfp4, 16, 64, 1},
         Shape{EntryFormat::kMxfp4, 32, 64, 4}, Shape{EntryFormat::kMxfp4, 32, 64, 16},
         Shape{EntryFormat::kFp8Scaled, 64, 128, 1}, Shape{EntryFormat::kFp8Scaled, 64, 128, 3},
-        Shape{EntryFormat::kFp8Scaled, 16, 64, 2}),
+        Shape{EntryFormat::kFp8Scaled, 16, 64, 2}, Shape{EntryFormat::kFp8Scaled, 48, 128, 5}),
     [](const auto& info) {
       return std::string(to_string(info.param.f)) + "_h" + std::to_string(info.param.H) + "_d" +
              std::to_string(info.param.D) + "_t" + std::to_string(info.param.T);
