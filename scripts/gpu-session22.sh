@@ -12,6 +12,10 @@
 #           DeepGEMM under faulthandler) and the fp8 indexer's score kernel with eight heads'
 #           chains interleaved per lane: the DeepSeek-V4 indexer GPU tests, memcheck over the fp8
 #           ones, the indexer rows (mxfp4 and fp8, B1 / B8, T1 / T4) beside DeepGEMM's
+#   fp8b    the same with the fp8 score kernel taking a key per lane (every query value a
+#           shared-memory broadcast; `fp8` measured 160 us, bound by shared-memory wavefronts),
+#           the anchors' fixes (timed_row's `sets` field; DeepGEMM's JIT log and NVRTC on a
+#           crash), and Nsight Compute of the fp8 kernel at B1 T1
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=$PWD/gpu-out/session22
@@ -42,7 +46,7 @@ case "${1:-peers}" in
       'BM_Score/h32x8x128/B(8|32)/N(131072|32768)/(mean_k|quest)/f16/sum/fast/|BM_Score/smollm2/B8/N131072/mean_k/f16/sum/fast/'
     report
     ;;
-  fp8)
+  fp8 | fp8b)
     export MAX_JOBS=10 FLASHMLA_ONLY_BUILD=1 DEEPGEMM_ONLY_BUILD=1
     ( s=$(date +%s); timeout 330 benchmarks/anchors/flashmla_anchor.sh .anchors/flashmla "$out/fm" \
         > "$out/flashmla-build-step.log" 2>&1
@@ -61,8 +65,9 @@ case "${1:-peers}" in
       T_flashmla=200 T_deepgemm=150 benchmarks/anchors/run-anchors.sh "$out" > "$out/run-anchors.out" 2>&1
     say "peer anchors: rc=$? $(tail -3 "$out/run-anchors.out" | tr '\n' ' ')"
     sanitize memcheck memcheck '*Cuda_Dsv4_Indexer.ScoresMatchCpuBitForBit/fp8*' 40
+    [ "$1" = fp8b ] && NCU_SKIP=3 profile fp8-b1 dsv4_bench 'BM_Dsv4IndexDecode/1/1/1/0/0/' 'fp8_score'
     report
     ;;
-  *) echo "gpu-session22.sh: peers | fp8" >&2; exit 2 ;;
+  *) echo "gpu-session22.sh: peers | fp8 | fp8b" >&2; exit 2 ;;
 esac
 finish

@@ -67,5 +67,20 @@ fi
 # JIT's steps.
 export DG_JIT_CACHE_DIR="${DG_JIT_CACHE_DIR:-$work/jit-cache}"
 [ "${DEEPGEMM_DEBUG:-0}" = 1 ] && export DG_JIT_DEBUG=1
-PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" "$py" -X faulthandler "$here/deepgemm_anchor.py" \
-  --out "$out/deepgemm.json"
+run_anchor() {
+  PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" "$py" -X faulthandler "$here/deepgemm_anchor.py" \
+    --out "$out/deepgemm.json"
+}
+run_anchor
+rc=$?
+if [ $rc -eq 139 ] || [ $rc -eq 134 ]; then
+  # The second run (2026-12-04) died inside get_paged_mqa_logits_metadata, the first call that
+  # JIT-compiles a kernel (its nvcc path parses `nvcc --version` with std::regex): once more with
+  # the JIT's log, then through NVRTC instead of nvcc.
+  echo "deepgemm_anchor: exit $rc; again with DG_JIT_DEBUG=1" >&2
+  DG_JIT_DEBUG=1 run_anchor 2>&1 | tail -40 >&2
+  echo "deepgemm_anchor: and with DG_JIT_USE_NVRTC=1" >&2
+  DG_JIT_USE_NVRTC=1 run_anchor
+  rc=$?
+fi
+exit $rc

@@ -56,9 +56,11 @@ def n_sets(bytes_per_set):
     return max(2, math.ceil(2 * L2_BYTES / max(bytes_per_set, 1)))
 
 
-def timed_row(name, fn, sets, nbytes, **fields):
+def timed_row(name, fn, sets, nbytes, /, **fields):
     """One anchor row: median_us and graph_us of fn over `sets`, the bytes a call moves and the
-    fraction of 4.6 TB/s the graph replay reaches, plus the caller's fields."""
+    fraction of 4.6 TB/s the graph replay reaches, plus the caller's fields (positional-only
+    parameters, so that a field may be called `sets`: the FlashMLA and DeepGEMM rows record how
+    many input sets they rotate)."""
     t, tmin = median_us(fn, sets)
     tg, tgmin = graph_us(fn, sets)
     return dict(name=name, us=t, us_min=tmin, graph_us=tg, graph_us_min=tgmin, bytes=nbytes,

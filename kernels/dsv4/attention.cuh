@@ -52,6 +52,7 @@
 #include <cstdint>
 
 #include "async_copy.cuh"
+#include "formats/e4m3.cuh"
 #include "kvc/core/numeric.h"
 #include "kvc/dsv4/entry_format.h"
 #include "kvc/dsv4/entry_store.h"
@@ -158,20 +159,6 @@ __device__ __forceinline__ std::uint32_t pack_bf16_rn(float lo, float hi) {
   std::uint32_t r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
-}
-
-/// Two e4m3 codes (the low byte first) as floats, exactly.
-__device__ __forceinline__ void e4m3x2_to_float2(std::uint32_t codes, float& lo, float& hi) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  std::uint32_t h2;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(static_cast<std::uint16_t>(codes)));
-  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, h;\n}"
-      : "=f"(lo), "=f"(hi)
-      : "r"(h2));
-#else
-  lo = formats::e4m3_to_float(static_cast<std::uint8_t>(codes & 0xffu));
-  hi = formats::e4m3_to_float(static_cast<std::uint8_t>((codes >> 8) & 0xffu));
-#endif
 }
 
 /// cp.async of 16 bytes (zero-filled when !valid: nothing is read then).

@@ -28,6 +28,7 @@
 
 #include <cstdint>
 
+#include "formats/e4m3.cuh"
 #include "formats/mxfp4_unpack.cuh"
 #include "kvc/core/numeric.h"
 #include "kvc/dsv4/entry_format.h"
@@ -1226,14 +1227,25 @@ __global__ void __launch_bounds__(kPrepMaxThreads) prep_fp8_kernel(const IndexPa
         fmul_rn(p.w[row * H + h], formats::ue8m0_to_float(byte));
 }
 
-/// Query heads whose quarter sums the fp8 score kernel's lanes accumulate together (the
+/// Query heads whose quarter sums one lane of the fp8 score kernel accumulates together (the
 /// indexer's head counts are multiples of 16).
 constexpr int kFp8HeadGroup = 8;
+/// Keys one warp of the fp8 score kernel scores at a time: a key per lane.
+constexpr int kFp8WarpKeys = 32;
 
-/// Scoring, fp8 keys: four lanes per key (a quarter each), grid (CTAs, batch, passes).
+/// Scoring, fp8 keys, on CUDA cores in the CPU reference's order (fp8_dot: four quarter sums of
+/// sequential fmas, then (p0 + p1) + (p2 + p3); combine_heads_fp8 over the heads ascending).
+/// Grid (CTAs, batch, passes); a warp takes kFp8WarpKeys consecutive keys, a key per lane, and
+/// walks the heads kFp8HeadGroup at a time: for each quarter it decodes the key's Q codes
+/// (hardware e4m3 -> f16 -> float, exact) and runs the group's Q-fma chains side by side, every
+/// query value a shared-memory broadcast (all lanes read the same address). The earlier form,
+/// four lanes per key (a quarter each), read four addresses per instruction: 300 us (one head at
+/// a time) and 160 us (eight heads) at 131072 keys x 64 heads, B1 T1, on the H200, bound by
+/// shared-memory wavefronts.
 template <int D>
 __global__ void __launch_bounds__(kIndexThreads) fp8_score_kernel(const IndexParams p) {
   constexpr int Q = D / 4;
+  constexpr int HG = kFp8HeadGroup;
   extern __shared__ __align__(16) unsigned char smem[];
   const int H = p.heads;
   const Fp8Row L(H, D);
@@ -1242,7 +1254,6 @@ __global__ void __launch_bounds__(kIndexThreads) fp8_score_kernel(const IndexPar
   const int slot = p.slots[b];
   const long long Lb = p.lengths[b];
   const int count = p.keys.counts[slot];
-  const int g = lane / 4, r = lane % 4;
   const int N = p.keys.layout.page_entries;
   pdl_wait();
   for (int tt = 0; tt < p.tp; ++tt) {
@@ -1263,58 +1274,56 @@ __global__ void __launch_bounds__(kIndexThreads) fp8_score_kernel(const IndexPar
     const int vis = static_cast<int>(vis_ll < count ? vis_ll : count);
     if (blockIdx.x == 0 && threadIdx.x == 0) p.num_valid[row] = vis;
     float* out_row = p.scores + row * static_cast<std::size_t>(p.pitch);
-    for (int o = blockIdx.x * kIndexWarps + warp; o * 8 < vis; o += gridDim.x * kIndexWarps) {
-      const int j = o * 8 + g;
-      const std::uint8_t* page = dsv4::page_of(p.keys, slot, o * 8);
-      float k[Q];
-      float ks = 0.0f;
-      const bool have = page != nullptr && j < vis;
-      if (have) {
-        const std::uint8_t* kp = page + static_cast<std::size_t>(j % N) * D + r * Q;
-#pragma unroll
-        for (int i = 0; i < Q; i += 16) {
-          const uint4 u = __ldg(reinterpret_cast<const uint4*>(kp + i));
-          const std::uint32_t wv[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-          for (int c = 0; c < 16; ++c)
-            k[i + c] =
-                formats::e4m3_to_float(static_cast<std::uint8_t>(wv[c / 4] >> (8 * (c % 4))));
-        }
-        ks = dsv4::fp8_scaled_scale(page + p.keys.layout.scale_offset +
-                                    static_cast<std::size_t>(j % N) * 4);
-      } else {
-#pragma unroll
-        for (int i = 0; i < Q; ++i) k[i] = 0.0f;
-      }
-      // kFp8HeadGroup heads at a time: their quarter sums are independent chains of Q fmas, so
-      // the lane interleaves them (each chain's order, and so its bits, is the CPU's); one
-      // head's chain alone left the lane waiting on each fma's latency (300 us at 131072 keys x
-      // 64 heads, B1 T1, on the H200).
+    for (int o = blockIdx.x * kIndexWarps + warp; o * kFp8WarpKeys < vis;
+         o += gridDim.x * kIndexWarps) {
+      const int j = o * kFp8WarpKeys + lane;
+      const std::uint8_t* page = j < vis ? dsv4::page_of(p.keys, slot, j) : nullptr;
+      const bool have = page != nullptr;
+      const std::uint8_t* kp = have ? page + static_cast<std::size_t>(j % N) * D : nullptr;
+      const float ks = have ? dsv4::fp8_scaled_scale(page + p.keys.layout.scale_offset +
+                                                     static_cast<std::size_t>(j % N) * 4)
+                            : 0.0f;
       float acc = 0.0f;
-      for (int h0 = 0; h0 < H; h0 += kFp8HeadGroup) {
-        float part[kFp8HeadGroup];
+      for (int h0 = 0; h0 < H; h0 += HG) {
+        float part[4][HG];
 #pragma unroll
-        for (int hh = 0; hh < kFp8HeadGroup; ++hh) part[hh] = 0.0f;
-        const float* q0 = qf + static_cast<std::size_t>(h0) * 4 * (Q + 8) + r * (Q + 8);
+        for (int r = 0; r < 4; ++r) {
+          // The key's quarter r (zeros for a lane without a key: its score is not written).
+          float k[Q];
 #pragma unroll
-        for (int i = 0; i < Q; i += 4) {
+          for (int i = 0; i < Q; i += 16) {
+            const uint4 u = have ? __ldg(reinterpret_cast<const uint4*>(kp + r * Q + i))
+                                 : make_uint4(0u, 0u, 0u, 0u);
+            const std::uint32_t wv[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-          for (int hh = 0; hh < kFp8HeadGroup; ++hh) {
-            const float4 qv = *reinterpret_cast<const float4*>(q0 + hh * 4 * (Q + 8) + i);
-            part[hh] = __fmaf_rn(qv.x, k[i], part[hh]);
-            part[hh] = __fmaf_rn(qv.y, k[i + 1], part[hh]);
-            part[hh] = __fmaf_rn(qv.z, k[i + 2], part[hh]);
-            part[hh] = __fmaf_rn(qv.w, k[i + 3], part[hh]);
+            for (int c = 0; c < 4; ++c) {
+              e4m3x2_to_float2(wv[c], k[i + 4 * c], k[i + 4 * c + 1]);
+              e4m3x2_to_float2(wv[c] >> 16, k[i + 4 * c + 2], k[i + 4 * c + 3]);
+            }
+          }
+          const float* q0 = qf + static_cast<std::size_t>(h0) * 4 * (Q + 8) + r * (Q + 8);
+#pragma unroll
+          for (int hh = 0; hh < HG; ++hh) part[r][hh] = 0.0f;
+#pragma unroll
+          for (int i = 0; i < Q; i += 4) {
+#pragma unroll
+            for (int hh = 0; hh < HG; ++hh) {
+              const float4 qv = *reinterpret_cast<const float4*>(q0 + hh * 4 * (Q + 8) + i);
+              part[r][hh] = __fmaf_rn(qv.x, k[i], part[r][hh]);
+              part[r][hh] = __fmaf_rn(qv.y, k[i + 1], part[r][hh]);
+              part[r][hh] = __fmaf_rn(qv.z, k[i + 2], part[r][hh]);
+              part[r][hh] = __fmaf_rn(qv.w, k[i + 3], part[r][hh]);
+            }
           }
         }
 #pragma unroll
-        for (int hh = 0; hh < kFp8HeadGroup; ++hh) {
-          float dsum = __fadd_rn(part[hh], __shfl_xor_sync(0xffffffffu, part[hh], 1));
-          dsum = __fadd_rn(dsum, __shfl_xor_sync(0xffffffffu, dsum, 2));
+        for (int hh = 0; hh < HG; ++hh) {
+          const float dsum =
+              __fadd_rn(__fadd_rn(part[0][hh], part[1][hh]), __fadd_rn(part[2][hh], part[3][hh]));
           acc = __fmaf_rn(dsv4::relu_keep_nan(dsum), weff[h0 + hh], acc);
         }
       }
-      if (r == 0 && have) out_row[j] = fmul_rn(acc, ks);
+      if (have) out_row[j] = fmul_rn(acc, ks);
     }
   }
 }

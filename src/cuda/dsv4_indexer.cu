@@ -302,11 +302,13 @@ cudaError_t dsv4_index_score(void* d_temp, std::size_t& temp_bytes,
     // Enough CTAs to fill every resident slot of the device once (twice over for the staged and
     // register kernels), never more than the longest row needs.
     // The staged kernels take a page per CTA and round, the page-stream kernels (6 to 8) one per
-    // stream (stream_count(tp) of them per CTA).
+    // stream (stream_count(tp) of them per CTA), the fp8 kernel kFp8WarpKeys keys per warp.
     const int per_cta = mx ? kIndexWarps / p.tp : kIndexWarps;
     const int streams = stream_count(p.tp);
     const int units = (keys.max_entries + kWgUnit - 1) / kWgUnit;
-    const int needed = !staged        ? std::max(1, (octets + per_cta - 1) / per_cta)
+    const int fp8_units = (keys.max_entries + kFp8WarpKeys - 1) / kFp8WarpKeys;
+    const int needed = !mx            ? std::max(1, (fp8_units + per_cta - 1) / per_cta)
+                       : !staged      ? std::max(1, (octets + per_cta - 1) / per_cta)
                        : variant == 9 ? std::max(1, (units + kWgGroups - 1) / kWgGroups)
                        : variant >= 6 ? std::max(1, (pages + streams - 1) / streams)
                                       : std::max(1, pages);
