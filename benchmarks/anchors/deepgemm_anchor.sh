@@ -74,11 +74,20 @@ run_anchor() {
 run_anchor
 rc=$?
 if [ $rc -eq 139 ] || [ $rc -eq 134 ]; then
-  # The second run (2026-12-04) died inside get_paged_mqa_logits_metadata, the first call that
-  # JIT-compiles a kernel (its nvcc path parses `nvcc --version` with std::regex): once more with
-  # the JIT's log, then through NVRTC instead of nvcc.
+  # The runs of 2026-12-04 died inside get_paged_mqa_logits_metadata, the first call that
+  # JIT-compiles a kernel, NVRTC or nvcc alike, before the JIT printed anything (its log is C
+  # stdio: line-buffered here by stdbuf); under gdb, where the machine has it, the native stack.
   echo "deepgemm_anchor: exit $rc; again with DG_JIT_DEBUG=1" >&2
-  DG_JIT_DEBUG=1 run_anchor 2>&1 | tail -40 >&2
+  DG_JIT_DEBUG=1 PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" stdbuf -oL -eL "$py" -X faulthandler \
+    "$here/deepgemm_anchor.py" --out "$out/deepgemm.json" 2>&1 | tail -60 >&2
+  if command -v gdb >/dev/null; then
+    echo "deepgemm_anchor: under gdb" >&2
+    PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" timeout 120 gdb -q -batch -ex run -ex bt \
+      -ex "info sharedlibrary" --args "$py" "$here/deepgemm_anchor.py" --out "$out/deepgemm.json" \
+      2>&1 | grep -vE "^\[(New|Thread) " | tail -80 >&2
+  else
+    echo "deepgemm_anchor: no gdb on this machine" >&2
+  fi
   echo "deepgemm_anchor: and with DG_JIT_USE_NVRTC=1" >&2
   DG_JIT_USE_NVRTC=1 run_anchor
   rc=$?
