@@ -1232,8 +1232,6 @@ __global__ void __launch_bounds__(kPrepMaxThreads) prep_fp8_kernel(const IndexPa
 constexpr int kFp8HeadGroup = 8;
 /// Keys one warp of the fp8 score kernel scores at a time: a key per lane.
 constexpr int kFp8WarpKeys = 32;
-/// Resident CTAs per SM the fp8 score kernel is compiled for (at most 85 registers).
-constexpr int kFp8CtasPerSm = 3;
 
 /// Scoring, fp8 keys, on CUDA cores in the CPU reference's order (fp8_dot: four quarter sums of
 /// sequential fmas, then (p0 + p1) + (p2 + p3); combine_heads_fp8 over the heads ascending).
@@ -1243,10 +1241,11 @@ constexpr int kFp8CtasPerSm = 3;
 /// query value a shared-memory broadcast (all lanes read the same address). The earlier form,
 /// four lanes per key (a quarter each), read four addresses per instruction: 300 us (one head at
 /// a time) and 160 us (eight heads) at 131072 keys x 64 heads, B1 T1, on the H200, bound by
-/// shared-memory wavefronts.
+/// shared-memory wavefronts; this form 101 us (108 registers, two CTAs per SM, 53 % of issue
+/// slots busy, shared-memory latency its first stall). Holding the quarter as f16x2 words for
+/// three CTAs per SM (80 registers, a few spills) measured 116 us.
 template <int D>
-__global__ void __launch_bounds__(kIndexThreads, kFp8CtasPerSm)
-    fp8_score_kernel(const IndexParams p) {
+__global__ void __launch_bounds__(kIndexThreads) fp8_score_kernel(const IndexParams p) {
   constexpr int Q = D / 4;
   constexpr int HG = kFp8HeadGroup;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -1291,35 +1290,31 @@ __global__ void __launch_bounds__(kIndexThreads, kFp8CtasPerSm)
         float part[4][HG];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          // The key's quarter r as f16x2 words (exact; zeros for a lane without a key: its score
-          // is not written), each pair turned into floats where the fmas use it: the quarter
-          // held as floats took 108 registers, two CTAs per SM, and left the LDS latency
-          // exposed (Nsight, `fp8b`: 53 % of issue slots busy, short scoreboard first).
-          std::uint32_t kh[Q / 2];
+          // The key's quarter r (zeros for a lane without a key: its score is not written).
+          float k[Q];
 #pragma unroll
           for (int i = 0; i < Q; i += 16) {
             const uint4 u = have ? __ldg(reinterpret_cast<const uint4*>(kp + r * Q + i))
                                  : make_uint4(0u, 0u, 0u, 0u);
             const std::uint32_t wv[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-            for (int c = 0; c < 4; ++c)
-              mxfp4::e4m3x4_to_half2x2(wv[c], kh[i / 2 + 2 * c], kh[i / 2 + 2 * c + 1]);
+            for (int c = 0; c < 4; ++c) {
+              e4m3x2_to_float2(wv[c], k[i + 4 * c], k[i + 4 * c + 1]);
+              e4m3x2_to_float2(wv[c] >> 16, k[i + 4 * c + 2], k[i + 4 * c + 3]);
+            }
           }
           const float* q0 = qf + static_cast<std::size_t>(h0) * 4 * (Q + 8) + r * (Q + 8);
 #pragma unroll
           for (int hh = 0; hh < HG; ++hh) part[r][hh] = 0.0f;
 #pragma unroll
           for (int i = 0; i < Q; i += 4) {
-            float k[4];
-            half2_bits_to_float2(kh[i / 2], k[0], k[1]);
-            half2_bits_to_float2(kh[i / 2 + 1], k[2], k[3]);
 #pragma unroll
             for (int hh = 0; hh < HG; ++hh) {
               const float4 qv = *reinterpret_cast<const float4*>(q0 + hh * 4 * (Q + 8) + i);
-              part[r][hh] = __fmaf_rn(qv.x, k[0], part[r][hh]);
-              part[r][hh] = __fmaf_rn(qv.y, k[1], part[r][hh]);
-              part[r][hh] = __fmaf_rn(qv.z, k[2], part[r][hh]);
-              part[r][hh] = __fmaf_rn(qv.w, k[3], part[r][hh]);
+              part[r][hh] = __fmaf_rn(qv.x, k[i], part[r][hh]);
+              part[r][hh] = __fmaf_rn(qv.y, k[i + 1], part[r][hh]);
+              part[r][hh] = __fmaf_rn(qv.z, k[i + 2], part[r][hh]);
+              part[r][hh] = __fmaf_rn(qv.w, k[i + 3], part[r][hh]);
             }
           }
         }
