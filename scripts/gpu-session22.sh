@@ -19,6 +19,9 @@
 #   fp8c    the fp8 kernel holding its key quarter as f16x2 words (at most 85 registers, three
 #           CTAs per SM; `fp8b`: 101 us, 108 registers, 53 % of issue slots busy), and DeepGEMM's
 #           crash under stdbuf / gdb; FlashMLA not rebuilt (its rows are `fp8b`'s)
+#   dense   evidence for the dense B8 miss (0.94x SDPA): Nsight Compute of kAuto's staged
+#           tensor-core kernel (three slots) at B8 N128K, never profiled since its whole-row
+#           copies, and of SDPA's kernel on the same shape, with the dense rows beside it
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=$PWD/gpu-out/session22
@@ -73,6 +76,18 @@ case "${1:-peers}" in
     [ "$1" != fp8 ] && NCU_SKIP=3 profile fp8-b1 dsv4_bench 'BM_Dsv4IndexDecode/1/1/1/0/0/' 'fp8_score'
     report
     ;;
-  *) echo "gpu-session22.sh: peers | fp8 | fp8b | fp8c" >&2; exit 2 ;;
+  dense)
+    build_targets attention_bench
+    BENCH_REPS=3 bench 60 attention_bench '^BM_DenseDecode/0/8/131072/(0|3|7)/'
+    NCU_STALLS=1 NCU_SKIP=2 profile dense-b8-auto attention_bench '^BM_DenseDecode/0/8/131072/0/' \
+      'mma_decode'
+    timeout 90 ncu --target-processes all -k 'regex:flash|fmha|attn|attention' --launch-skip 3 \
+      --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
+      --section WarpStateStats --section MemoryWorkloadAnalysis --metrics "$(ncu_stall_metrics)" \
+      python3 scripts/sdpa-probe.py > "$out/ncu-sdpa-b8.txt" 2>&1
+    say "ncu sdpa: rc=$? $(grep -E '^ +Duration' "$out/ncu-sdpa-b8.txt" | tr -s ' ' | tr '\n' ';')"
+    report
+    ;;
+  *) echo "gpu-session22.sh: peers | fp8 | fp8b | fp8c | dense" >&2; exit 2 ;;
 esac
 finish
