@@ -79,6 +79,21 @@ ROWS = [
      "bf16 entries, window 128 + top 512 of 262144, 64 heads x 512"),
     ("dsv4_hca_B1_1M", "BM_Dsv4HcaDecode/1/0/0/", "torch_hca_decode_1M_B1", "graph_us", None,
      "bf16 entries, window 128 + all 8192 entries"),
+    # The peers of issue #13 (ANCHORS="flashmla deepgemm"; first run 2026-12-04, session 22).
+    ("dsv4_csa_model1_B1_1M", "BM_Dsv4CsaDecode/1/1/0/0/", "flashmla_csa_decode_1M_B1",
+     "graph_us", None, "MODEL1 FP8 entries (FlashMLA's MODEL1_FP8Sparse pages), window 128 + "
+     "top 512 of 262144, 64 heads x 512; anchor: FlashMLA's SM90 sparse FP8 decode"),
+    ("dsv4_csa_model1_B8_1M", "BM_Dsv4CsaDecode/8/1/0/0/", "flashmla_csa_decode_1M_B8",
+     "graph_us", None, "as dsv4_csa_model1_B1_1M"),
+    ("dsv4_hca_model1_B1_1M", "BM_Dsv4HcaDecode/1/1/0/0/", "flashmla_hca_decode_1M_B1",
+     "graph_us", None, "MODEL1 FP8 entries, window 128 + all 8192 entries; anchor as "
+     "dsv4_csa_model1_B1_1M"),
+    ("dsv4_hca_model1_B8_1M", "BM_Dsv4HcaDecode/8/1/0/0/", "flashmla_hca_decode_1M_B8",
+     "graph_us", None, "as dsv4_hca_model1_B1_1M"),
+    ("dsv4_index_fp8_B1_T1", "BM_Dsv4IndexDecode/1/1/1/0/0/",
+     "deepgemm_fp8_paged_mqa_logits_B1_T1_N131072", "graph_us", 131072 * 132,
+     "131072 fp8 + scale keys x 64 heads, one query token (DeepSeek-V3.2's format); anchor: "
+     "DeepGEMM's SM90 fp8 paged MQA logits"),
 ]
 
 
