@@ -22,6 +22,11 @@
 #   dense   evidence for the dense B8 miss (0.94x SDPA): Nsight Compute of kAuto's staged
 #           tensor-core kernel (three slots) at B8 N128K, never profiled since its whole-row
 #           copies, and of SDPA's kernel on the same shape, with the dense rows beside it
+#   slots   the same kernel at B8 with two / three / four slots per warp (paths 8 / 7 / 9): `dense`
+#           found kAuto's three slots at one CTA of 4 warps per SM (124 KB of shared memory),
+#           issue-latency bound (1.32 ms at ncu's base clocks against 998 us in the benchmark);
+#           two slots leave room for two CTAs per SM. Nsight of path 8 (DEADLINE=260: the
+#           session's last device minutes)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=$PWD/gpu-out/session22
@@ -88,6 +93,13 @@ case "${1:-peers}" in
     say "ncu sdpa: rc=$? $(grep -E '^ +Duration' "$out/ncu-sdpa-b8.txt" | tr -s ' ' | tr '\n' ';')"
     report
     ;;
-  *) echo "gpu-session22.sh: peers | fp8 | fp8b | fp8c | dense" >&2; exit 2 ;;
+  slots)
+    build_targets attention_bench
+    BENCH_REPS=3 bench 50 attention_bench '^BM_DenseDecode/0/8/131072/(7|8|9)/'
+    NCU_STALLS=1 NCU_SKIP=2 profile dense-b8-p8 attention_bench '^BM_DenseDecode/0/8/131072/8/' \
+      'mma_decode'
+    report
+    ;;
+  *) echo "gpu-session22.sh: peers | fp8 | fp8b | fp8c | dense | slots" >&2; exit 2 ;;
 esac
 finish
