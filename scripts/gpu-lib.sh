@@ -185,6 +185,20 @@ report() {
   python3 scripts/perf-report.py "$out" > "$out/performance_table.md" 2>&1
 }
 
+# name limit: builds a peer anchor that compiles from source (flashmla or deepgemm, from
+# .anchors/<name>) in the background, only the build (its log under $out/<name>), under a timeout;
+# its time into $out/anchor-builds.txt. `wait` for it, then run it with <NAME>_REUSE=1 through
+# run-anchors.sh (the FlashMLA and DeepGEMM builds take 100-210 s on the H200's 16 cores).
+peer_build_bg() {
+  local name=$1 limit=$2 upper
+  upper=$(echo "$name" | tr '[:lower:]' '[:upper:]')
+  ( s=$(date +%s)
+    env "${upper}_ONLY_BUILD=1" MAX_JOBS="${MAX_JOBS:-8}" timeout "$limit" \
+      "benchmarks/anchors/${name}_anchor.sh" ".anchors/$name" "$out/$name" \
+      > "$out/$name-build-step.log" 2>&1
+    echo "$name build: rc=$? in $(( $(date +%s) - s )) s" >> "$out/anchor-builds.txt" ) &
+}
+
 # DeepSeek-V4's PyTorch step and every peer anchor (PyTorch, FlashInfer, CUB; the bundle carried
 # as .anchors/p1, .anchors/p2) with what the call has left, then report.
 anchors_and_report() {

@@ -34,18 +34,13 @@ source scripts/gpu-lib.sh
 
 case "${1:-peers}" in
   peers)
-    export MAX_JOBS=8 FLASHMLA_ONLY_BUILD=1 DEEPGEMM_ONLY_BUILD=1
-    ( s=$(date +%s); timeout 400 benchmarks/anchors/flashmla_anchor.sh .anchors/flashmla "$out/fm" \
-        > "$out/flashmla-build-step.log" 2>&1
-      echo "flashmla build: rc=$? in $(( $(date +%s) - s )) s" >> "$out/anchor-builds.txt" ) &
-    ( s=$(date +%s); timeout 400 benchmarks/anchors/deepgemm_anchor.sh .anchors/deepgemm "$out/dg" \
-        > "$out/deepgemm-build-step.log" 2>&1
-      echo "deepgemm build: rc=$? in $(( $(date +%s) - s )) s" >> "$out/anchor-builds.txt" ) &
+    MAX_JOBS=8 peer_build_bg flashmla 400
+    MAX_JOBS=8 peer_build_bg deepgemm 400
     build_targets dsv4_bench index_bench
     wait
     cat "$out/anchor-builds.txt" >> "$out/summary.txt"
-    tail -5 "$out"/fm/flashmla_build.log "$out"/dg/deepgemm_build.log >> "$out/summary.txt" 2>/dev/null
-    unset FLASHMLA_ONLY_BUILD DEEPGEMM_ONLY_BUILD
+    tail -5 "$out"/flashmla/flashmla_build.log "$out"/deepgemm/deepgemm_build.log \
+      >> "$out/summary.txt" 2>/dev/null
     l=$(left)
     FLASHMLA_REUSE=1 DEEPGEMM_REUSE=1 ANCHORS="flashmla deepgemm" DEADLINE=$(( l - 120 )) \
       T_flashmla=150 T_deepgemm=150 benchmarks/anchors/run-anchors.sh "$out" > "$out/run-anchors.out" 2>&1
@@ -58,20 +53,14 @@ case "${1:-peers}" in
     report
     ;;
   fp8 | fp8b | fp8c)
-    export MAX_JOBS=10 FLASHMLA_ONLY_BUILD=1 DEEPGEMM_ONLY_BUILD=1
     peers="deepgemm flashmla"
     [ "$1" = fp8c ] && peers=deepgemm
-    [ "$1" != fp8c ] && ( s=$(date +%s); timeout 330 benchmarks/anchors/flashmla_anchor.sh .anchors/flashmla "$out/fm" \
-        > "$out/flashmla-build-step.log" 2>&1
-      echo "flashmla build: rc=$? in $(( $(date +%s) - s )) s" >> "$out/anchor-builds.txt" ) &
-    ( s=$(date +%s); timeout 330 benchmarks/anchors/deepgemm_anchor.sh .anchors/deepgemm "$out/dg" \
-        > "$out/deepgemm-build-step.log" 2>&1
-      echo "deepgemm build: rc=$? in $(( $(date +%s) - s )) s" >> "$out/anchor-builds.txt" ) &
+    [ "$1" != fp8c ] && MAX_JOBS=10 peer_build_bg flashmla 330
+    MAX_JOBS=10 peer_build_bg deepgemm 330
     build_targets kvc_cuda_tests dsv4_bench
     gtests dsv4 '*Cuda_Dsv4_Indexer*' 120
     wait
     cat "$out/anchor-builds.txt" >> "$out/summary.txt"
-    unset FLASHMLA_ONLY_BUILD DEEPGEMM_ONLY_BUILD
     bench 60 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|4)/(0|1)/0/0/|BM_Dsv4(Csa|Hca)Decode/(1|8)/(0|1)/0/0/'
     l=$(left)
     FLASHMLA_REUSE=1 DEEPGEMM_REUSE=1 ANCHORS="$peers" DEADLINE=$(( l - 50 )) \
