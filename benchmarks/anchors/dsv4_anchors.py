@@ -25,6 +25,10 @@ from torch_anchors import n_sets, timed_row, write_rows  # noqa: E402
 
 D = 512
 WINDOW = 128
+# dsv4_bench's decode shapes at 1M tokens of context: (name, batch, k, entries); k = None is HCA
+# (every entry of 2^20 / 128), else CSA's k of 2^20 / 4. FlashMLA's anchor times the same.
+DECODE_CASES = ([("csa_decode_1M", b, 512, (1 << 20) // 4) for b in (1, 8)] +
+                [("hca_decode_1M", b, None, (1 << 20) // 128) for b in (1, 8)])
 
 
 def make_set(b, h, entries, k, dev, gen, ent=None):
@@ -111,9 +115,7 @@ def main():
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     rows = []
-    cases = [("csa_decode_1M", b, 512, (1 << 20) // 4) for b in (1, 8)]
-    cases += [("hca_decode_1M", b, None, (1 << 20) // 128) for b in (1, 8)]
-    for name, b, k, entries in cases:
+    for name, b, k, entries in DECODE_CASES:
         touched = WINDOW + (entries if k is None else k)
         # Sets rotate past L2 by the rows a step reads: CSA sets share one entry tensor (1M
         # tokens) and differ in queries, rings and random indices; HCA sets own their entries.

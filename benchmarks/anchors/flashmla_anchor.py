@@ -26,6 +26,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dsv4_anchors import DECODE_CASES  # noqa: E402
 from torch_anchors import import_or_skip, n_sets, timed_row, write_rows  # noqa: E402
 
 D = 512
@@ -134,9 +135,7 @@ def main():
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     rows = []
-    cases = [("csa_decode_1M", b, 512, (1 << 20) // 4) for b in (1, 8)]
-    cases += [("hca_decode_1M", b, None, (1 << 20) // 128) for b in (1, 8)]
-    for name, b, k, entries in cases:
+    for name, b, k, entries in DECODE_CASES:
         sets, sink = make_sets(b, k, entries, dev, gen)
         meta, _ = get_mla_metadata()  # one schedule for every set: the same shapes and lengths
 
