@@ -94,6 +94,17 @@ profile() {
   say "ncu $name: rc=$? $(grep -E '^ +Duration' "$out/ncu-$name.txt" | tr -s ' ' | tr '\n' ';')"
 }
 
+# name: Nsight Compute of PyTorch SDPA's kernel on the dense decode shape (B8 N128K, Hq 32 / Hkv 8 /
+# d 128; scripts/sdpa-probe.py), the same sections and stall counters as profile's, into
+# $out/ncu-<name>.txt.
+profile_sdpa() {
+  timeout 90 ncu --target-processes all -k 'regex:flash|fmha|attn|attention' --launch-skip 3 \
+    --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section MemoryWorkloadAnalysis --metrics "$(ncu_stall_metrics)" \
+    python3 scripts/sdpa-probe.py > "$out/ncu-$1.txt" 2>&1
+  say "ncu $1: rc=$? $(grep -E '^ +Duration' "$out/ncu-$1.txt" | tr -s ' ' | tr '\n' ';')"
+}
+
 # limit binary filter [tag]: one benchmark binary's matching rows (medians of BENCH_REPS,
 # default 3, at BENCH_TIME, default 0.05s) into JSON, at most `limit` seconds (and what the
 # deadline leaves).

@@ -60,11 +60,7 @@ case "${1:-attn}" in
       NCU_STALLS=1 NCU_SKIP=2 profile "dense-b8-p$path" attention_bench \
         "^BM_DenseDecode/0/8/131072/$path/" 'mma_decode'
     done
-    timeout 90 ncu --target-processes all -k 'regex:flash|fmha|attn|attention' --launch-skip 3 \
-      --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
-      --section WarpStateStats --section MemoryWorkloadAnalysis --metrics "$(ncu_stall_metrics)" \
-      python3 scripts/sdpa-probe.py > "$out/ncu-sdpa-b8.txt" 2>&1
-    say "ncu sdpa: rc=$? $(grep -E '^ +Duration' "$out/ncu-sdpa-b8.txt" | tr -s ' ' | tr '\n' ';')"
+    profile_sdpa sdpa-b8
     sanitize racecheck-plain racecheck '*Cuda_AttentionMma.DensePlainCache*' 60
     report
     ;;

@@ -75,11 +75,7 @@ case "${1:-peers}" in
     BENCH_REPS=3 bench 60 attention_bench '^BM_DenseDecode/0/8/131072/(0|3|7)/'
     NCU_STALLS=1 NCU_SKIP=2 profile dense-b8-auto attention_bench '^BM_DenseDecode/0/8/131072/0/' \
       'mma_decode'
-    timeout 90 ncu --target-processes all -k 'regex:flash|fmha|attn|attention' --launch-skip 3 \
-      --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \
-      --section WarpStateStats --section MemoryWorkloadAnalysis --metrics "$(ncu_stall_metrics)" \
-      python3 scripts/sdpa-probe.py > "$out/ncu-sdpa-b8.txt" 2>&1
-    say "ncu sdpa: rc=$? $(grep -E '^ +Duration' "$out/ncu-sdpa-b8.txt" | tr -s ' ' | tr '\n' ';')"
+    profile_sdpa sdpa-b8
     report
     ;;
   slots)
