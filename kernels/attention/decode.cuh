@@ -616,15 +616,18 @@ __device__ __forceinline__ void store2(void* out, std::size_t idx, int kind, flo
 constexpr int kClusterMaxCtas = 16;
 
 /// The partial states a CTA's kSlots producers (warps, or warp groups) leave for the merge.
-template <int D, int kGT, int kSlots = kWarps>
+/// A cluster of at most kPushCtas CTAs merges by pushing (finish_cta), a larger one by pulling
+/// (no in_m / in_l needed): kPushCtas below kClusterMaxCtas trades the larger clusters' faster
+/// merge for 64 bytes per CTA per query head of the tile (the staged kernel's fit, StagedSmem).
+template <int D, int kGT, int kSlots = kWarps, int kPushCtas = kClusterMaxCtas>
 struct MergeSmem {
   float acc[kSlots][kGT][D];  // per producer: sum 2^(s - m) v, unnormalised
   float m[kSlots][kGT];       // per producer: running max (log2 units)
   float l[kSlots][kGT];       // per producer: sum 2^(s - m)
   float cta_m[kGT];           // cluster mode: the CTA's merged state (acc in acc[0])
   float cta_l[kGT];
-  float in_m[kClusterMaxCtas][kGT];  // cluster mode, pushed merge: every CTA's cta_m / cta_l
-  float in_l[kClusterMaxCtas][kGT];
+  float in_m[kPushCtas][kGT];  // cluster mode, pushed merge: every CTA's cta_m / cta_l
+  float in_l[kPushCtas][kGT];
 };
 
 /// The merge of n partial states of one head over disjoint token sets, at 4 elements
@@ -687,9 +690,11 @@ __device__ __forceinline__ void store_merged(const DecodeParams& p, const Merged
 /// state into CTA r's shared memory (distributed shared memory), and every CTA merges and writes
 /// its own slice of the row's elements after one more cluster barrier (or, where the spare slots
 /// cannot hold the slices, reads the other CTAs' states of its elements remotely).
-template <int D, int kGT, int kSlots = kWarps>
-__device__ __forceinline__ void finish_cta(const DecodeParams& p, MergeSmem<D, kGT, kSlots>& mg,
-                                           int bt, int h, int first_gi, int chunk) {
+template <int D, int kGT, int kSlots = kWarps, int kPushCtas = kClusterMaxCtas>
+__device__ __forceinline__ void finish_cta(const DecodeParams& p,
+                                           MergeSmem<D, kGT, kSlots, kPushCtas>& mg, int bt, int h,
+                                           int first_gi, int chunk) {
+  using Merge = MergeSmem<D, kGT, kSlots, kPushCtas>;
   const bool one_chunk = p.num_chunks == 1;
   const bool cluster = p.cluster > 1;
   for (int idx = threadIdx.x * 4; idx < kGT * D; idx += kThreads * 4) {
@@ -735,17 +740,17 @@ __device__ __forceinline__ void finish_cta(const DecodeParams& p, MergeSmem<D, k
   const int valid4 = heads * D / 4;
   const int per = (valid4 + n - 1) / n;
   constexpr int kSpare = (kSlots - 1) * kGT * D;  // floats in acc[1..kSlots)
-  if (kSpare > 0 && n * per * 4 <= kSpare && n <= kClusterMaxCtas) {
+  if (kSpare > 0 && n * per * 4 <= kSpare && n <= kPushCtas) {
     for (int f4 = static_cast<int>(threadIdx.x); f4 < valid4; f4 += kThreads) {
       const int owner = f4 / per, local = f4 - owner * per;
       const int g = f4 * 4 / D, i = f4 * 4 % D;
       const float4 v = *reinterpret_cast<const float4*>(&mg.acc[0][g][i]);
-      MergeSmem<D, kGT, kSlots>* r = cl.map_shared_rank(&mg, owner);
+      Merge* r = cl.map_shared_rank(&mg, owner);
       *reinterpret_cast<float4*>(&r->acc[1][0][0] + (rank * per + local) * 4) = v;
     }
     for (int x = static_cast<int>(threadIdx.x); x < n * heads; x += kThreads) {
       const int owner = x / heads, g = x % heads;
-      MergeSmem<D, kGT, kSlots>* r = cl.map_shared_rank(&mg, owner);
+      Merge* r = cl.map_shared_rank(&mg, owner);
       r->in_m[rank][g] = mg.cta_m[g];
       r->in_l[rank][g] = mg.cta_l[g];
     }
@@ -777,7 +782,7 @@ __device__ __forceinline__ void finish_cta(const DecodeParams& p, MergeSmem<D, k
     const MergedState ms = merge_sources(
         n,
         [&](int k) {
-          const MergeSmem<D, kGT, kSlots>* r = cl.map_shared_rank(&mg, k);
+          const Merge* r = cl.map_shared_rank(&mg, k);
           return StateRef{r->cta_m[g], r->cta_l[g], r->acc[0][g]};
         },
         i, sink);

@@ -697,8 +697,9 @@ __device__ __forceinline__ void mma_run(int v, int end, Rows&& rows, Next&& next
 /// Most shared-memory stages per warp of the staged kernel (DecodeParams::stages, 1 .. 4).
 constexpr int kMaxStages = 4;
 
-/// One warp's slot of one staged tile for a slice of S head dims in row format F: K, V, then
-/// the scales (K rows g, g + 8; V scales of the same tokens) as [scale][lane].
+/// One warp's slot of one staged tile for a slice of S head dims in row format F: K, V, then,
+/// for the quantised formats, the scales (K rows g, g + 8; V scales of the same tokens) as
+/// [scale][lane]. 16-bit rows have no scales and no scale bytes.
 template <int S, OldKind F>
 struct StageSlot {
   using Sh = MmaShape<S, F>;
@@ -709,35 +710,51 @@ struct StageSlot {
   static constexpr int kVOff = kKBytes;
   static constexpr int kVBytes = kV16 ? kMmaTile * 2 * S : 4 * Sh::kVC * 32 * Sh::kVRunBytes;
   static constexpr int kScaleOff = kVOff + kVBytes;
-  static constexpr int kBytes = kScaleOff + 4 * 32 * 4;
+  static constexpr int kBytes = kScaleOff + (F == OldKind::k16 ? 0 : 4 * 32 * 4);
 };
 
-/// Bytes of one warp's slot for a head_dim D kernel: the largest format's (16-bit rows), so that
-/// the ring run and the old-row run of a warp use the same slots.
+/// Bytes of one warp's slot for a head_dim D kernel: the largest format's, so that the ring run
+/// (16-bit rows) and the old-row run of a warp use the same slots. At d 128 that is the 16-bit
+/// tile, 8 KB: the q8 and fp16k_q4v tiles with their scales are 4.5 and 5.5 KB.
 template <int D>
 constexpr int stage_slot_bytes() {
-  return StageSlot<MmaSplit<D>::kSlice, OldKind::k16>::kBytes;
+  constexpr int S = MmaSplit<D>::kSlice;
+  constexpr int a = StageSlot<S, OldKind::k16>::kBytes, b = StageSlot<S, OldKind::kQ8>::kBytes;
+  constexpr int c = StageSlot<S, OldKind::kQ4v>::kBytes;
+  return a > b ? (a > c ? a : c) : (b > c ? b : c);
 }
 
 /// Head dims the staged kernel is built for: up to 128, where one warp holds a tile's whole head
 /// dims (the split-dims kernels' partial-logit barriers are not combined with it).
 constexpr bool staged_head_dim(int d) { return d == 64 || d == 128; }
 
-/// The staged kernel's dynamic shared memory: the CTA's merge state, the staged selected ids
-/// (kMaxList), then the warps' slots (warp w's slot i at kSlotsOff + (w * stages + i) * slot
-/// bytes). The merge state has its own bytes: no shared memory that an asynchronous copy wrote
-/// is written again by another thread or another CTA of the cluster.
+/// The staged kernel's clusters merge by pushing up to 8 CTAs, by pulling beyond (MergeSmem).
+constexpr int kStagedPushCtas = 8;
+
+/// The staged kernel's dynamic shared memory: the staged selected ids (kMaxList) and, over the
+/// same bytes, the CTA's merge state (written once every warp has read its last id: the barrier
+/// in mma_store_group_state, as in the unstaged kernel's MmaSmem), then the warps' slots (warp
+/// w's slot i at kSlotsOff + (w * stages + i) * slot bytes). The slots have their own bytes: no
+/// shared memory that an asynchronous copy wrote is written again by another thread or another
+/// CTA of the cluster. At d 128 three slots per warp take 115584 B, so that two CTAs fit an SM
+/// (the H200's 228 KB, 1 KB of it reserved per CTA).
 template <int D>
 struct StagedSmem {
   static_assert(MmaSplit<D>::kSplit == 1, "the staged kernel: a warp holds the head dims");
-  using Merge = MergeSmem<D, kMmaCols, MmaSplit<D>::kGroups>;
-  static constexpr std::size_t kListOff = (sizeof(Merge) + 127) / 128 * 128;
-  static constexpr std::size_t kSlotsOff = kListOff + kMaxList * sizeof(int);
+  using Merge = MergeSmem<D, kMmaCols, MmaSplit<D>::kGroups, kStagedPushCtas>;
+  static constexpr std::size_t kListOff = 0;
+  static constexpr std::size_t kUnion = sizeof(Merge) > kMaxList * sizeof(int)
+                                            ? sizeof(Merge)
+                                            : kMaxList * sizeof(int);
+  static constexpr std::size_t kSlotsOff = (kUnion + 127) / 128 * 128;
   /// Dynamic shared-memory bytes for `stages` slots per warp.
   static constexpr std::size_t bytes(int stages) {
     return kSlotsOff + static_cast<std::size_t>(kWarps) * stages * stage_slot_bytes<D>();
   }
 };
+static_assert(2 * (StagedSmem<128>::bytes(3) + 1024) <= 228 * 1024,
+              "d 128, three slots per warp: two CTAs per SM of an sm_90 (228 KB, 1 KB reserved "
+              "per CTA)");
 
 /// The chunk (16 bytes) of row r's slice where its chunk k is stored: k ^ (((r & 1) << 2) ^
 /// (r & 6)), a permutation of the row's chunks (at least 8 of them).
@@ -1052,9 +1069,9 @@ constexpr int kIdsPerThread = kMaxList / kThreads;
 /// The selected indices and block-table entries a chunk may read, loaded before the row's
 /// length arrives (p.early_ids): thread tid holds indices lo + tid + j kThreads <= hi.
 struct SelectedPrefetch {
-  int lo = 0, hi = -1;        // the indices, for max_selected selected blocks
-  int id[kIdsPerThread];      // the selected block ids as stored
-  int pb[kIdsPerThread];      // table[id] where id is inside the table row, else -1
+  int lo = 0, hi = -1;    // the indices, for max_selected selected blocks
+  int id[kIdsPerThread];  // the selected block ids as stored
+  int pb[kIdsPerThread];  // table[id] where id is inside the table row, else -1
 };
 
 /// Issues the first loads of `f` for a chunk [c0, c1) of a kBlockSelectExact row (p.early_ids):
@@ -1214,7 +1231,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   using Sp = MmaSplit<D>;
   constexpr int S = Sp::kSlice;
   using Sh16 = MmaShape<S, OldKind::k16>;
-  using Merge = MergeSmem<D, kMmaCols, Sp::kGroups>;
+  using Merge = MergeSmem<D, kMmaCols, Sp::kGroups, kStaged ? kStagedPushCtas : kClusterMaxCtas>;
   extern __shared__ __align__(128) std::uint8_t dynamic_smem[];
   int* list;
   float4* slice_sums;
