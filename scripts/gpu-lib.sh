@@ -210,6 +210,16 @@ peer_build_bg() {
     echo "$name build: rc=$? in $(( $(date +%s) - s )) s" >> "$out/anchor-builds.txt" ) &
 }
 
+# PyTorch's anchors alone (SDPA dense decode, the PyTorch block-select step, torch.topk; ~10 s)
+# with what the call has left, for the same-call ratio of a kvc row.
+torch_anchors() {
+  local l
+  l=$(left)
+  ANCHORS="torch" DEADLINE=$(( l - 10 )) benchmarks/anchors/run-anchors.sh "$out" \
+    > "$out/run-anchors.out" 2>&1
+  say "torch anchors: rc=$? $(tail -2 "$out/run-anchors.out" | tr '\n' ' ')"
+}
+
 # DeepSeek-V4's PyTorch step and every peer anchor (PyTorch, FlashInfer, CUB; the bundle carried
 # as .anchors/p1, .anchors/p2) with what the call has left, then report.
 anchors_and_report() {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <tuple>
 
 #include "attention/combine.cuh"
 #include "attention/launch.cuh"
@@ -85,31 +86,33 @@ constexpr std::int64_t kShortChunkRows = 1024;
 /// CTAs per SM that calls of short chunks are held to (split_rows).
 constexpr int kShortChunkCtasPerSm = 2;
 
-/// Whether clusters of `size` CTAs (along grid.y) of `kernel` with `smem` bytes of dynamic
-/// shared memory each can be resident on the current device (cached per kernel, smem and size).
-/// Allows the non-portable size on the kernel when needed.
-cudaError_t cluster_fits(const void* kernel, int size, std::size_t smem, bool& fits) {
+/// How many clusters of `size` CTAs (along grid.y) of `kernel` with `smem` bytes of dynamic
+/// shared memory each can be resident at once on the current device (0: none; cached per kernel,
+/// smem and size). A grid of more clusters than that runs in more than one wave: clusters are
+/// placed whole within a GPC, so at two CTAs per SM of the H200 its 132 SMs hold fewer than the
+/// 64 clusters of 4 CTAs that 256 CTAs would suggest. Allows the non-portable size on the kernel
+/// when needed.
+cudaError_t cluster_capacity(const void* kernel, int size, std::size_t smem, int& clusters) {
   static std::mutex mu;
-  // bit s: tried, bit 32 + s: fits
-  static std::map<std::pair<const void*, std::size_t>, std::uint64_t> cache;
-  const auto key = std::make_pair(kernel, smem);
+  static std::map<std::tuple<const void*, std::size_t, int>, int> cache;
+  const auto key = std::make_tuple(kernel, smem, size);
   {
     std::lock_guard<std::mutex> lock(mu);
     const auto it = cache.find(key);
-    if (it != cache.end() && ((it->second >> size) & 1u)) {
-      fits = (it->second >> (32 + size)) & 1u;
+    if (it != cache.end()) {
+      clusters = it->second;
       return cudaSuccess;
     }
   }
-  fits = false;
+  clusters = 0;
   int dev = 0, major = 0;
   KVC_CUDA_CALL(cudaGetDevice(&dev));
   KVC_CUDA_CALL(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   if (major >= 9) {
-    bool ok = size <= 8 ||
-              cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) ==
-                  cudaSuccess;
-    if (ok) {
+    const bool allowed =
+        size <= 8 || cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed,
+                                          1) == cudaSuccess;
+    if (allowed) {
       cudaLaunchConfig_t config = {};
       config.gridDim = dim3(1, static_cast<unsigned>(size));
       config.blockDim = dim3(kThreads);
@@ -121,26 +124,23 @@ cudaError_t cluster_fits(const void* kernel, int size, std::size_t smem, bool& f
       attr[0].val.clusterDim.z = 1;
       config.attrs = attr;
       config.numAttrs = 1;
-      int clusters = 0;
-      ok =
-          cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) == cudaSuccess && clusters > 0;
+      int n = 0;
+      if (cudaOccupancyMaxActiveClusters(&n, kernel, &config) == cudaSuccess) clusters = n;
     }
     cudaGetLastError();  // a refusal is an answer, not an error of the call
-    fits = ok;
   }
   std::lock_guard<std::mutex> lock(mu);
-  std::uint64_t& bits = cache[key];
-  bits |= std::uint64_t{1} << size;
-  if (fits) bits |= std::uint64_t{1} << (32 + size);
+  cache[key] = clusters;
   return cudaSuccess;
 }
 
-/// Answers cluster_fits for every cluster size of `kernel` with `smem` bytes of dynamic shared
-/// memory now, so that later calls (and graph captures) find them cached. False on a CUDA error.
+/// Answers cluster_capacity for every cluster size of `kernel` with `smem` bytes of dynamic
+/// shared memory now, so that later calls (and graph captures) find them cached. False on a CUDA
+/// error.
 bool warm_clusters(const void* kernel, std::size_t smem = 0) {
   for (int size = 2; size <= kMaxCluster; ++size) {
-    bool fits = false;
-    if (cluster_fits(kernel, size, smem, fits) != cudaSuccess) return false;
+    int clusters = 0;
+    if (cluster_capacity(kernel, size, smem, clusters) != cudaSuccess) return false;
   }
   return true;
 }
@@ -148,10 +148,10 @@ bool warm_clusters(const void* kernel, std::size_t smem = 0) {
 /// Cuts rows of `vlen` virtual entries into chunks for `plan.kernel` (plan.gt, plan.tiles set):
 /// about one wave of CTAs, chunks a multiple of `granule` rows and at least `min_rows` long,
 /// at most max_splits of them (0: no cap); with `cap_short` (the tensor-core plan) short chunks
-/// are held to kShortChunkCtasPerSm CTAs per SM.
+/// are held to kShortChunkCtasPerSm CTAs per SM; clusters of at most `max_cluster` CTAs.
 cudaError_t split_rows(int num_q_heads, int num_kv_heads, int batch, int T, std::int64_t vlen,
                        std::int64_t granule, std::int64_t min_rows, int max_splits, bool cap_short,
-                       Plan& plan) {
+                       int max_cluster, Plan& plan) {
   if (plan.kernel == nullptr) return cudaErrorInvalidValue;
   plan.kv_ctas = static_cast<std::int64_t>(batch) * T * num_kv_heads * plan.tiles;
   plan.rows_q = static_cast<std::int64_t>(batch) * T * num_q_heads;
@@ -185,23 +185,31 @@ cudaError_t split_rows(int num_q_heads, int num_kv_heads, int batch, int T, std:
     plan.num_chunks = static_cast<int>((vlen + chunk - 1) / chunk);
   };
   // A split row runs as one cluster (no combine launch, no partial states in memory) when its
-  // chunks fit one; a short row that wants more chunks than that takes kMaxCluster of them
-  // (each CTA then has at most 4 minimal chunks of work: latency, not bandwidth, bounds it).
+  // chunks fit one and every row's cluster is resident at once (one wave: a cluster left for a
+  // second wave doubles its row's time); a short row that wants more chunks than that takes
+  // max_cluster of them (each CTA then has at most 4 minimal chunks of work: latency, not
+  // bandwidth, bounds it). Where the clusters do not all fit, short chunks take fewer, longer
+  // chunks in smaller clusters that do, and long ones (bandwidth-bound) keep their chunks and
+  // merge through the combine launch. H200, dense B8 N128K (Hq 32 / Hkv 8 / d 128) on the staged
+  // kernel at two CTAs per SM: 64 clusters of 4 ran at 55 % of the SMs' active cycles (Nsight:
+  // executed IPC 1.26 elapsed against 2.27 active; docs/perf-data/2026-12-04-session23).
   std::int64_t want = chunks;
-  if (want > kMaxCluster && max_splits == 0 && vlen <= 4 * kMaxCluster * min_rows) {
-    want = kMaxCluster;
+  if (want > max_cluster && max_splits == 0 && vlen <= 4 * max_cluster * min_rows) {
+    want = max_cluster;
   }
   plan.cluster = 0;
-  if (want > 1 && want <= kMaxCluster) {
-    cut(want);
-    bool fits = false;
-    if (plan.num_chunks > 1) {
-      KVC_CUDA_CALL(cluster_fits(plan.kernel, plan.num_chunks, plan.smem, fits));
-    }
-    if (fits) {
+  const bool short_chunks = vlen / std::max<std::int64_t>(want, 1) < kShortChunkRows;
+  for (std::int64_t n = std::min<std::int64_t>(want, max_cluster); n > 1 && want <= max_cluster;
+       --n) {
+    cut(n);
+    if (plan.num_chunks < 2) break;
+    int clusters = 0;
+    KVC_CUDA_CALL(cluster_capacity(plan.kernel, plan.num_chunks, plan.smem, clusters));
+    if (clusters >= plan.kv_ctas) {
       plan.cluster = plan.num_chunks;
       return cudaSuccess;
     }
+    if (!short_chunks || max_splits > 0) break;
   }
   cut(chunks);
   return cudaSuccess;
@@ -221,7 +229,7 @@ cudaError_t make_plan(int head_dim, int num_q_heads, int num_kv_heads, int batch
   plan.kernel = decode_kernel_for(head_dim, plan.gt, kind, bf16);
   const std::int64_t rpi = rows_per_iter(head_dim);
   return split_rows(num_q_heads, num_kv_heads, batch, T, vlen, rpi, 2 * rpi, max_splits, false,
-                    plan);
+                    kMaxCluster, plan);
 }
 
 /// Slots per warp of the staged tensor-core kernel for a KernelPath, 0 for the others.
@@ -239,22 +247,13 @@ int staged_slots(int path) {
 }
 
 /// Slots per warp the staged tensor-core kernel gets under kAuto, 0 for the register-pipelined
-/// kernel; `kv_ctas` = batch * T * Hkv * head tiles. Measured on the H200
-/// (docs/perf-data/2026-12-04-session20, same calls, paths 3 against 7): with three slots the
-/// staged kernel runs one CTA per SM at d 128 (three at d 64), so it wins where such CTAs have
-/// long rows to stream, one query token each: d 64 (9/3/64 select B1 / B8 / B32 7.9 / 9.6 / 16.9
-/// against 9.6 / 11.0 / 21.6 us) and d 128 rows numbering between a quarter of the SMs and the
-/// SMs (32/8/128 select B8 18.4 against 20.4 us, dense B8 N128K 1050 against 1320 us). It loses
-/// at d 128 B32 (52.3 against 49.2) and T 4. At d 128 B1 three slots lose (16.3 against 11.4
-/// us) but two slots (two CTAs per SM) win: 9.8 against 11.4 us (path 8, three calls).
-int auto_staged_slots(int head_dim, int T, std::int64_t kv_ctas) {
-  if (T != 1 || !staged_head_dim(head_dim)) return 0;
-  if (head_dim == 64) return 3;
-  int sms = 0;
-  if (kvc::detail::sm_count(sms) != cudaSuccess) return 0;
-  if (kv_ctas * 4 <= sms) return 2;
-  return kv_ctas <= sms ? 3 : 0;
-}
+/// kernel: three for one query token at head_dim 64 and 128 (two CTAs per SM at d 128 since
+/// 2026-12-04, StagedSmem), the register-pipelined kernel for verify (T > 1). Measured on the
+/// H200 (docs/perf-data/2026-12-04-session23/clusters, same call, three slots against the
+/// register-pipelined kernel, path 7 against 3): 32/8/128 dense B8 N128K 950 / 950 us, B1 134 /
+/// 137, B32 N32K 952 / 969; select B8 18.4 / 20.5, B32 45.3 / 49.2. Earlier (session 20): d 64
+/// select B1 / B8 / B32 7.9 / 9.6 / 16.9 against 9.6 / 11.0 / 21.6 us; T 4 loses.
+int auto_staged_slots(int head_dim, int T) { return T == 1 && staged_head_dim(head_dim) ? 3 : 0; }
 
 /// The tensor-core plan: head tiles of kMmaCols query heads, a virtual list of vlen16 rows (a
 /// multiple of 16, mma.cuh), chunks of whole 16-row tiles, at least one tile per warp group; the
@@ -269,19 +268,21 @@ cudaError_t make_mma_plan(int head_dim, int num_q_heads, int num_kv_heads, int b
   const int group = num_q_heads / num_kv_heads;
   plan.gt = kMmaCols;
   plan.tiles = (group + kMmaCols - 1) / kMmaCols;
-  const int stages =
-      static_cast<KernelPath>(path) == KernelPath::kAuto
-          ? auto_staged_slots(head_dim, T,
-                              static_cast<std::int64_t>(batch) * T * num_kv_heads * plan.tiles)
-          : staged_slots(path);
+  const int stages = static_cast<KernelPath>(path) == KernelPath::kAuto
+                         ? auto_staged_slots(head_dim, T)
+                         : staged_slots(path);
   plan.kernel = mma_kernel_for(head_dim, kind, bf16, stages > 0);
   if (stages > 0) {
     if (plan.kernel == nullptr || stages > kMaxStages) return cudaErrorInvalidValue;
     plan.stages = stages;
     plan.smem = mma_staged_smem_bytes(head_dim, stages);
   }
+  // The staged kernel's clusters stay within its pushed merge (StagedSmem). H200, select B1
+  // N128K on two slots: 16-CTA clusters merging by pulling 12.9 us, 8-CTA clusters pushing 9.6
+  // (docs/perf-data/2026-12-04-session23, `clusters` and `final`).
   return split_rows(num_q_heads, num_kv_heads, batch, T, vlen16, kMmaTile,
-                    kMmaTile * mma_groups(head_dim), max_splits, true, plan);
+                    kMmaTile * mma_groups(head_dim), max_splits, true,
+                    stages > 0 ? kStagedPushCtas : kMaxCluster, plan);
 }
 
 std::size_t align256(std::size_t n) { return (n + 255) / 256 * 256; }
