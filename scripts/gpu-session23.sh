@@ -19,6 +19,10 @@
 #           in `clusters`): the attention rows of every path that kAuto chose between, d 64 and
 #           verify, the decode step (step_bench), SDPA in the same call, the attention GPU tests
 #           and racecheck over the staged ones
+#   probe   the session's last device seconds: scripts/cluster-capacity-probe.cu (clusters of
+#           1-16 CTAs resident at once at one, two and three CTAs per SM; copied to $OUT at once),
+#           then kAuto's block-select B1 / B8 and dense B8 rows with two slots at d 128 where the
+#           rows number at most the SMs (the rule chosen from `clusters` / `final`'s pinned rows)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=$PWD/gpu-out/session23
@@ -63,6 +67,16 @@ case "${1:-slots}" in
       '*Cuda_AttentionMma.DensePlainCacheStaged*:*Cuda_AttentionMma.SplitExtremes*' 60
     report
     ;;
-  *) echo "gpu-session23.sh: slots | clusters | final" >&2; exit 2 ;;
+  probe)
+    nvcc -O3 -arch=sm_90a -o "$out/cluster-probe" scripts/cluster-capacity-probe.cu &&
+      "$out/cluster-probe" > "$out/cluster-capacity.txt" 2>&1
+    say "cluster probe: rc=$?"
+    cat "$out/cluster-capacity.txt" >> "$out/summary.txt"
+    [ -n "${OUT:-}" ] && cp "$out/cluster-capacity.txt" "$OUT/"
+    build_targets attention_bench
+    bench 40 attention_bench '^BM_BlockSelectExact/0/(1|8)/3/0/0/1/|^BM_DenseDecode/0/8/131072/0/'
+    report
+    ;;
+  *) echo "gpu-session23.sh: slots | clusters | final | probe" >&2; exit 2 ;;
 esac
 finish

@@ -247,13 +247,22 @@ int staged_slots(int path) {
 }
 
 /// Slots per warp the staged tensor-core kernel gets under kAuto, 0 for the register-pipelined
-/// kernel: three for one query token at head_dim 64 and 128 (two CTAs per SM at d 128 since
-/// 2026-12-04, StagedSmem), the register-pipelined kernel for verify (T > 1). Measured on the
-/// H200 (docs/perf-data/2026-12-04-session23/clusters, same call, three slots against the
-/// register-pipelined kernel, path 7 against 3): 32/8/128 dense B8 N128K 950 / 950 us, B1 134 /
-/// 137, B32 N32K 952 / 969; select B8 18.4 / 20.5, B32 45.3 / 49.2. Earlier (session 20): d 64
-/// select B1 / B8 / B32 7.9 / 9.6 / 16.9 against 9.6 / 11.0 / 21.6 us; T 4 loses.
-int auto_staged_slots(int head_dim, int T) { return T == 1 && staged_head_dim(head_dim) ? 3 : 0; }
+/// kernel; `kv_ctas` = batch * T * Hkv * head tiles. For one query token at head_dim 64 and 128
+/// the staged kernel (two CTAs per SM at d 128 with two or three slots since 2026-12-04,
+/// StagedSmem): two slots at d 128 where the rows number at most the SMs, three elsewhere; the
+/// register-pipelined kernel for verify (T > 1). Measured on the H200 (docs/perf-data/
+/// 2026-12-04-session23, `clusters` and `final`, same calls; two / three slots / register-
+/// pipelined, path 8 / 7 / 3): 32/8/128 select B8 N128K 18.0 / 18.4 / 20.5 and 17.9 / 19.3 / 20.4
+/// us, B1 9.59 / 9.55 / 11.7, B32 - / 45.8 / 49.2; dense B8 N128K 949 / 950 / 950, B1 133 / 134
+/// / 137, B32 N32K - / 952 / 969. Earlier (session 20): d 64 select B1 / B8 / B32 7.9 / 9.6 /
+/// 16.9 against 9.6 / 11.0 / 21.6 us on three slots; T 4 loses.
+int auto_staged_slots(int head_dim, int T, std::int64_t kv_ctas) {
+  if (T != 1 || !staged_head_dim(head_dim)) return 0;
+  if (head_dim == 64) return 3;
+  int sms = 0;
+  if (kvc::detail::sm_count(sms) != cudaSuccess) return 0;
+  return kv_ctas <= sms ? 2 : 3;
+}
 
 /// The tensor-core plan: head tiles of kMmaCols query heads, a virtual list of vlen16 rows (a
 /// multiple of 16, mma.cuh), chunks of whole 16-row tiles, at least one tile per warp group; the
@@ -268,9 +277,11 @@ cudaError_t make_mma_plan(int head_dim, int num_q_heads, int num_kv_heads, int b
   const int group = num_q_heads / num_kv_heads;
   plan.gt = kMmaCols;
   plan.tiles = (group + kMmaCols - 1) / kMmaCols;
-  const int stages = static_cast<KernelPath>(path) == KernelPath::kAuto
-                         ? auto_staged_slots(head_dim, T)
-                         : staged_slots(path);
+  const int stages =
+      static_cast<KernelPath>(path) == KernelPath::kAuto
+          ? auto_staged_slots(head_dim, T,
+                              static_cast<std::int64_t>(batch) * T * num_kv_heads * plan.tiles)
+          : staged_slots(path);
   plan.kernel = mma_kernel_for(head_dim, kind, bf16, stages > 0);
   if (stages > 0) {
     if (plan.kernel == nullptr || stages > kMaxStages) return cudaErrorInvalidValue;

@@ -43,9 +43,11 @@ namespace kernels {
 /// DenseParams::kernel_path).
 enum class KernelPath : int {
   /// By shape: the tensor-core kernel where it applies and the GQA group is >= 3, else the
-  /// CUDA-core kernel. The tensor-core kernel is the staged one with three slots
-  /// (kTensorCoresStaged) for one query token at head_dim 64 and 128, elsewhere the
-  /// register-pipelined one without the L2 prefetch (kTensorCoresNoPrefetch).
+  /// CUDA-core kernel. The tensor-core kernel is the staged one for one query token at head_dim
+  /// 64 and 128: two slots (kTensorCoresStaged2) at head_dim 128 where the rows (batch * Hkv *
+  /// head tiles) number at most the SMs, three (kTensorCoresStaged) elsewhere; for verify and
+  /// larger head dims the register-pipelined one without the L2 prefetch
+  /// (kTensorCoresNoPrefetch).
   kAuto = 0,
   /// The CUDA-core kernel (every shape and mode).
   kCudaCores = 1,
@@ -76,8 +78,8 @@ enum class KernelPath : int {
   /// (cp.async, 16-bit rows copied whole and swizzled; no CTA barrier per tile) instead of one
   /// tile ahead in registers.
   kTensorCoresStaged = 7,
-  /// kTensorCoresStaged with two slots per warp (for benchmarks; at head_dim 128 two and three
-  /// slots both run two CTAs per SM).
+  /// kTensorCoresStaged with two slots per warp (kAuto's choice at head_dim 128 where the rows
+  /// number at most the SMs; at head_dim 128 two and three slots both run two CTAs per SM).
   kTensorCoresStaged2 = 8,
   /// kTensorCoresStaged with four slots per warp (for benchmarks).
   kTensorCoresStaged4 = 9,
