@@ -352,8 +352,10 @@ void SelectArgs(benchmark::internal::Benchmark* b) {
   // Args: shape, batch, format, path, splits, T. The main rows first.
   for (int batch : {1, 8}) {
     for (int path : {0, 3, 7, 8, 9, 5, 6, 2, 4, 1}) b->Args({0, batch, q4v, path, 0, 1});
-    // Split choices of the tensor-core kernel (1: one chunk; <= 16: a cluster; 32: combine).
+    // Split choices of the tensor-core kernel (1: one chunk; <= 16: a cluster; 32: combine), and
+    // of the staged kernel on two slots (kAuto's at d 128 up to B8; clusters of at most 8).
     for (int splits : {1, 2, 4, 8, 16, 32}) b->Args({0, batch, q4v, 2, splits, 1});
+    for (int splits : {2, 4, 8, 32}) b->Args({0, batch, q4v, 8, splits, 1});
   }
   for (int path : {0, 3, 7, 9, 1}) b->Args({0, 32, q4v, path, 0, 1});
   // Verify: T = 4 query tokens.
