@@ -191,8 +191,9 @@ cudaError_t split_rows(int num_q_heads, int num_kv_heads, int batch, int T, std:
   // bandwidth, bounds it). Where the clusters do not all fit, short chunks take fewer, longer
   // chunks in smaller clusters that do, and long ones (bandwidth-bound) keep their chunks and
   // merge through the combine launch. H200, dense B8 N128K (Hq 32 / Hkv 8 / d 128) on the staged
-  // kernel at two CTAs per SM: 64 clusters of 4 ran at 55 % of the SMs' active cycles (Nsight:
-  // executed IPC 1.26 elapsed against 2.27 active; docs/perf-data/2026-12-04-session23).
+  // kernel at two CTAs per SM: 64 clusters of 4 (62 fit at once) kept the SMs active 55 % of the
+  // elapsed cycles (Nsight: executed IPC 1.26 elapsed against 2.27 active), 1.54 ms; merged by
+  // the combine, 0.96 ms (docs/perf-data/2026-12-04-session23, `slots` and `clusters`).
   std::int64_t want = chunks;
   if (want > max_cluster && max_splits == 0 && vlen <= 4 * max_cluster * min_rows) {
     want = max_cluster;
