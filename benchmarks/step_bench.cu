@@ -1,11 +1,13 @@
 // The block_select_exact decode step of one layer (score + select + attend; the append is timed
 // separately in store_bench) replayed from a CUDA graph: Hq 32 / Hkv 8 / d 128, fp16k_q4v old
 // blocks of 32, ring 1024, top 8 (and two other budgets of the same 1280 tokens); scored by mean K
-// (f32 or f16 summaries) or by kvc's default (token mass over an mxfp4 index copy). Compared in docs/performance.md with PyTorch SDPA dense decode
-// and a PyTorch block-select step measured in the same run (benchmarks/anchors).
+// (f32 or f16 summaries) or by kvc's default (token mass over an mxfp4 index copy). Compared in
+// docs/performance.md with PyTorch SDPA dense decode and a PyTorch block-select step measured in
+// the same run (benchmarks/anchors).
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -56,7 +58,10 @@ struct StepFixture {
 
 // scorer 0: mean-K block summaries (f32); 1: kvc's default (kvc/defaults.h), token mass over an
 // mxfp4 index copy of every old token; 2: mean-K over f16 summaries (KvStoreConfig::summary_dtype,
-// half the summary bytes; scored on tensor cores like f32, kernels/index/score_mma.cuh).
+// half the summary bytes; scored on tensor cores like f32, kernels/index/score_mma.cuh); 3 and 4:
+// the default's token mass in two stages (BlockIndexConfig::candidates 128 and 64) after mean K
+// over f16 summaries, reading the index copy of the candidates' tokens only.
+constexpr int kTwoStageCandidates[] = {128, 64};
 std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer, int budget_arg) {
   auto f = std::make_unique<StepFixture>();
   f->batch = batch;
@@ -67,26 +72,32 @@ std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer, int budge
   const Budget b = kBudgets[budget];
   const int top = b.top;
   const BlockSelectConfig defaults = default_block_select(kHq, kHkv, kD, ctx, 1);
-  KvStoreConfig c = scorer == 1 ? defaults.store : KvStoreConfig{};
+  const bool token_mass = scorer == 1 || scorer >= 3;
+  const int candidates = scorer >= 3 ? kTwoStageCandidates[scorer - 3] : 0;
+  KvStoreConfig c = token_mass ? defaults.store : KvStoreConfig{};
   c.num_kv_heads = kHkv;
   c.head_dim = kD;
   c.recent_window = b.ring;
   c.block_size = b.block;
   c.old_format = Format::kFp16kQ4v;
   c.max_context = ctx;
-  if (scorer == 2) c.summary_dtype = DType::kF16;
+  if (scorer == 2 || scorer >= 3) c.summary_dtype = DType::kF16;
   const int blocks = c.max_blocks_per_slot();
   // Bytes one step must read per sequence: what the scorer reads (mean-K summaries of every
   // closed block; or the index copy of every old token, d/2 + d/32 B, and the ring's K for the
   // mass normaliser), the ring, the selected blocks (K fp16, V int4 + scale) and the open block
   // (at most B - 1 rows).
+  // Two stages read every block's f16 mean K, then the index copy of the candidates (and block 0).
   const double old_tokens = ctx > c.recent_window ? ctx - c.recent_window : 0;
-  const double scorer_bytes = scorer == 1
-                                  ? old_tokens * (kD / 2.0 + kD / 32.0) + c.recent_window * kD * 2.0
-                                  : blocks * kD * (scorer == 2 ? 2.0 : 4.0);
-  f->per_seq = static_cast<double>(kHkv) *
-               (scorer_bytes + c.recent_window * kD * 4.0 +
-                (top + 1) * c.block_size * (kD * 2.0 + kD / 2.0 + 4.0));
+  const double closed = old_tokens / c.block_size;
+  const double index_key = kD / 2.0 + kD / 32.0, ring_k = c.recent_window * kD * 2.0;
+  const double scorer_bytes =
+      scorer == 1   ? old_tokens * index_key + ring_k
+      : scorer >= 3 ? closed * kD * 2.0 +
+                          std::min(closed, candidates + 1.0) * c.block_size * index_key + ring_k
+                    : blocks * kD * (scorer == 2 ? 2.0 : 4.0);
+  f->per_seq = static_cast<double>(kHkv) * (scorer_bytes + c.recent_window * kD * 4.0 +
+                                            (top + 1) * c.block_size * (kD * 2.0 + kD / 2.0 + 4.0));
   const int sets = bench::rotation(static_cast<std::size_t>(f->per_seq * batch));
   f->sets = sets;
   c.max_slots = batch * sets;
@@ -104,7 +115,8 @@ std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer, int budge
   cudaFree(k);
   cudaFree(v);
 
-  BlockIndexConfig ic = scorer == 1 ? defaults.index : BlockIndexConfig{};
+  BlockIndexConfig ic = token_mass ? defaults.index : BlockIndexConfig{};
+  ic.candidates = candidates;
   ic.num_q_heads = kHq;
   ic.num_kv_heads = kHkv;
   ic.head_dim = kD;
@@ -115,7 +127,8 @@ std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer, int budge
   for (int s = 0; s < c.max_slots; ++s) all[s] = s;
   auto* d_slots = f->alloc<std::int32_t>(all.size() * 4);
   KVC_BENCH_CUDA(cudaMemcpy(d_slots, all.data(), all.size() * 4, cudaMemcpyHostToDevice));
-  std::uint16_t* q = bench::random_device_bits16(static_cast<std::size_t>(batch) * kHq * kD, false, 13);
+  std::uint16_t* q =
+      bench::random_device_bits16(static_cast<std::size_t>(batch) * kHq * kD, false, 13);
   f->buffers.push_back(q);
   auto* scores = f->alloc<float>(static_cast<std::size_t>(rows) * blocks * 4);
   auto* valid = f->alloc<std::int32_t>(rows * 4);
@@ -210,7 +223,8 @@ void BM_DecodeStep(benchmark::State& state) {
   state.counters["sets"] = f.sets;
 }
 // Args: batch, context, 0 = steps chained in one graph (per-step time) / 1 = one launch per step,
-// scorer (0 mean K, 1 kvc's default token mass over mxfp4, 2 mean K over f16 summaries), budget
+// scorer (0 mean K, 1 kvc's default token mass over mxfp4, 2 mean K over f16 summaries, 3 / 4 the
+// default's token mass in two stages of 128 / 64 candidates), budget
 // (kBudgets) + 10 x the attention's KernelPath (kvc/kernels/attention_kernels.h: 0 the library's
 // choice; the rows with 50 / 60 run it with the selected ids read after the length / launched as
 // a programmatic dependent of the selector, 30 with the register-pipelined tensor-core kernel
@@ -233,6 +247,14 @@ BENCHMARK(BM_DecodeStep)
     ->Args({1, 131072, 0, 2, 0})
     ->Args({8, 131072, 0, 2, 0})
     ->Args({32, 32768, 0, 2, 0})
+    ->Args({1, 131072, 0, 3, 1})
+    ->Args({8, 131072, 0, 3, 1})
+    ->Args({32, 32768, 0, 3, 1})
+    ->Args({1, 131072, 0, 4, 1})
+    ->Args({8, 131072, 0, 4, 1})
+    ->Args({1, 131072, 0, 3, 0})
+    ->Args({8, 131072, 0, 3, 0})
+    ->Args({32, 32768, 0, 3, 0})
     ->Args({1, 131072, 0, 0, 50})
     ->Args({1, 131072, 0, 0, 60})
     ->Args({8, 131072, 0, 0, 50})

@@ -2,42 +2,56 @@
 #include <cmath>
 #include <vector>
 
+#include "index_impl.h"
 #include "kvc/config.h"
 #include "kvc/core/error.h"
 #include "kvc/index/block_index.h"
-#include "index_impl.h"
 
 namespace kvc {
 
 void BlockIndexConfig::validate() const {
   KVC_CHECK(num_kv_heads >= 1 && num_kv_heads <= 256, "num_kv_heads = ", num_kv_heads,
             " must be in [1, 256]");
-  KVC_CHECK(num_q_heads >= num_kv_heads && num_q_heads % num_kv_heads == 0, "num_q_heads = ",
-            num_q_heads, " must be a multiple of num_kv_heads = ", num_kv_heads);
-  KVC_CHECK(num_q_heads / num_kv_heads <= 128, "group size num_q_heads / num_kv_heads = ",
-            num_q_heads / num_kv_heads, " must be <= 128");
+  KVC_CHECK(num_q_heads >= num_kv_heads && num_q_heads % num_kv_heads == 0,
+            "num_q_heads = ", num_q_heads, " must be a multiple of num_kv_heads = ", num_kv_heads);
+  KVC_CHECK(num_q_heads / num_kv_heads <= 128,
+            "group size num_q_heads / num_kv_heads = ", num_q_heads / num_kv_heads,
+            " must be <= 128");
   KVC_CHECK(head_dim == 64 || head_dim == 128 || head_dim == 256 || head_dim == 512,
             "head_dim = ", head_dim, " must be 64, 128, 256 or 512");
   KVC_CHECK(dtype == DType::kF16 || dtype == DType::kBF16, "dtype = ", to_string(dtype),
             " must be f16 or bf16");
-  KVC_CHECK(std::isfinite(softmax_scale) && softmax_scale >= 0.0f, "softmax_scale = ",
-            softmax_scale, " must be finite and >= 0 (0: 1/sqrt(head_dim))");
-  KVC_CHECK(max_query_tokens >= 1 && max_query_tokens <= 64, "max_query_tokens = ",
-            max_query_tokens, " must be in [1, 64]");
+  KVC_CHECK(std::isfinite(softmax_scale) && softmax_scale >= 0.0f,
+            "softmax_scale = ", softmax_scale, " must be finite and >= 0 (0: 1/sqrt(head_dim))");
+  KVC_CHECK(max_query_tokens >= 1 && max_query_tokens <= 64,
+            "max_query_tokens = ", max_query_tokens, " must be in [1, 64]");
   KVC_CHECK(max_batch >= 1 && max_batch <= 65536, "max_batch = ", max_batch,
             " must be in [1, 65536]");
-  KVC_CHECK(score == SummaryScore::kMeanK || score == SummaryScore::kQuestMinMax ||
-                is_token_score(score),
-            "score = ", static_cast<int>(score), " is not a SummaryScore");
-  KVC_CHECK(aggregate == GqaAggregate::kSum || aggregate == GqaAggregate::kMax, "aggregate = ",
-            static_cast<int>(aggregate), " is not a GqaAggregate");
+  KVC_CHECK(
+      score == SummaryScore::kMeanK || score == SummaryScore::kQuestMinMax || is_token_score(score),
+      "score = ", static_cast<int>(score), " is not a SummaryScore");
+  KVC_CHECK(aggregate == GqaAggregate::kSum || aggregate == GqaAggregate::kMax,
+            "aggregate = ", static_cast<int>(aggregate), " is not a GqaAggregate");
   KVC_CHECK(kernel == IndexKernel::kAuto || kernel == IndexKernel::kGeneral ||
                 kernel == IndexKernel::kFast,
             "kernel = ", static_cast<int>(kernel), " is not an IndexKernel");
   KVC_CHECK(token_keys == TokenKeys::kOldBlocks || token_keys == TokenKeys::kIndexCopy,
             "token_keys = ", static_cast<int>(token_keys), " is not a TokenKeys");
-  KVC_CHECK(max_blocks_per_slot >= 0 && max_blocks_per_slot <= (1 << 24), "max_blocks_per_slot = ",
-            max_blocks_per_slot, " must be in [0, 2^24]");
+  KVC_CHECK(max_blocks_per_slot >= 0 && max_blocks_per_slot <= (1 << 24),
+            "max_blocks_per_slot = ", max_blocks_per_slot, " must be in [0, 2^24]");
+  KVC_CHECK(candidates >= 0 && candidates <= kMaxCandidates, "candidates = ", candidates,
+            " must be in [0, ", kMaxCandidates, "]");
+  KVC_CHECK(candidates == 0 || score == SummaryScore::kTokenMass, "candidates = ", candidates,
+            " (two-stage scoring) needs score = token_mass, not ", to_string(score));
+  KVC_CHECK(candidates == 0 || candidate_score == SummaryScore::kMeanK ||
+                candidate_score == SummaryScore::kQuestMinMax,
+            "candidate_score = ", static_cast<int>(candidate_score),
+            " must be kMeanK or kQuestMinMax (a summary score)");
+  KVC_CHECK(candidates == 0 || kernel != IndexKernel::kFast, "candidates = ", candidates,
+            " (two-stage scoring) runs the general token kernel; kernel = fast does not serve it");
+  KVC_CHECK(candidates == 0 || max_blocks_per_slot <= (1 << 20), "candidates = ", candidates,
+            " (two-stage scoring) ranks rows of up to 2^20 blocks; max_blocks_per_slot = ",
+            max_blocks_per_slot);
   if (score == SummaryScore::kTokenMass) {
     // The CUDA index's scratch: every row's head scores of every block, plus per-chunk partials.
     const long double rows = static_cast<long double>(max_batch) * max_query_tokens *
@@ -104,14 +118,20 @@ bool fast_kernel_serves(const BlockIndexConfig& c, Format index_format) {
             : 0;
     return static_cast<long long>(c.num_q_heads) * c.head_dim + partials <= kFastSummarySmemFloats;
   }
-  return c.token_keys == TokenKeys::kIndexCopy && index_format == Format::kMxfp4 &&
-         c.dtype == DType::kF16 &&
+  return c.candidates == 0 && c.token_keys == TokenKeys::kIndexCopy &&
+         index_format == Format::kMxfp4 && c.dtype == DType::kF16 &&
          (c.head_dim == 64 || c.head_dim == 128) && c.num_q_heads / c.num_kv_heads <= 8;
 }
 
 bool uses_fast_kernel(const BlockIndexConfig& c, Format index_format) {
   return c.kernel == IndexKernel::kFast ||
          (c.kernel == IndexKernel::kAuto && fast_kernel_serves(c, index_format));
+}
+
+SelectPolicy candidate_policy(const BlockIndexConfig& c) {
+  SelectPolicy policy = SelectPolicy::anchor(c.candidates, {0});
+  policy.order = SelectPolicy::Order::kChronological;
+  return policy;
 }
 
 int validate_score_args(const BlockIndexConfig& c, const KvStore& store,
@@ -127,25 +147,34 @@ int validate_score_args(const BlockIndexConfig& c, const KvStore& store,
   KVC_CHECK(c.score != SummaryScore::kQuestMinMax || (sc.summaries & kSummaryMinMaxK),
             "score = kQuestMinMax needs a store with kSummaryMinMaxK (summaries = ", sc.summaries,
             ")");
+  KVC_CHECK(c.candidates == 0 || c.candidate_score != SummaryScore::kQuestMinMax ||
+                (sc.summaries & kSummaryMinMaxK),
+            "candidate_score = kQuestMinMax needs a store with kSummaryMinMaxK (summaries = ",
+            sc.summaries, ")");
   if (is_token_score(c.score) && c.token_keys == TokenKeys::kIndexCopy) {
     KVC_CHECK((sc.summaries & kSummaryIndexKeys) != 0, "score = ", to_string(c.score),
               " with token_keys = index_copy needs a store with kSummaryIndexKeys (summaries = ",
               sc.summaries, ")");
   }
   if (c.score == SummaryScore::kTokenMass) {
-    KVC_CHECK(sc.num_shards == 1, "score = token_mass needs an unsharded store (num_shards = ",
-              sc.num_shards, "): its normaliser spans every block of the sequence");
-    KVC_CHECK(sc.max_blocks_per_slot() <= c.max_blocks_per_slot, "store max_blocks_per_slot = ",
-              sc.max_blocks_per_slot(), " exceeds the index's max_blocks_per_slot = ",
-              c.max_blocks_per_slot,
+    KVC_CHECK(c.candidates == 0 || out.max_blocks <= c.max_blocks_per_slot,
+              "out.max_blocks = ", out.max_blocks,
+              " exceeds the index's max_blocks_per_slot = ", c.max_blocks_per_slot,
+              " (two-stage scoring sizes its selection scratch from it)");
+    KVC_CHECK(sc.num_shards == 1,
+              "score = token_mass needs an unsharded store (num_shards = ", sc.num_shards,
+              "): its normaliser spans every block of the sequence");
+    KVC_CHECK(sc.max_blocks_per_slot() <= c.max_blocks_per_slot,
+              "store max_blocks_per_slot = ", sc.max_blocks_per_slot(),
+              " exceeds the index's max_blocks_per_slot = ", c.max_blocks_per_slot,
               " (score = token_mass sizes its scratch from BlockIndexConfig::max_blocks_per_slot)");
   }
-  KVC_CHECK(!device.is_cuda() || c.kernel != IndexKernel::kFast ||
-                fast_kernel_serves(c, sc.index_format),
-            "kernel = fast does not serve score = ", to_string(c.score), " (token_keys = ",
-            to_string(c.token_keys), ", index_format = ", to_string(sc.index_format),
-            ", Hq = ", c.num_q_heads, ", Hkv = ", c.num_kv_heads, ", head_dim = ", c.head_dim,
-            "); use kernel = auto or general");
+  KVC_CHECK(
+      !device.is_cuda() || c.kernel != IndexKernel::kFast || fast_kernel_serves(c, sc.index_format),
+      "kernel = fast does not serve score = ", to_string(c.score),
+      " (token_keys = ", to_string(c.token_keys), ", index_format = ", to_string(sc.index_format),
+      ", Hq = ", c.num_q_heads, ", Hkv = ", c.num_kv_heads, ", head_dim = ", c.head_dim,
+      "); use kernel = auto or general");
   const int batch = static_cast<int>(slots.size());
   KVC_CHECK(batch >= 1 && batch <= c.max_batch, "slots.size() = ", batch, " must be in [1, ",
             c.max_batch, "]");
@@ -160,8 +189,8 @@ int validate_score_args(const BlockIndexConfig& c, const KvStore& store,
   }
   KVC_CHECK(out.scores != nullptr && out.num_valid != nullptr,
             "out.scores and out.num_valid must be non-null");
-  KVC_CHECK(out.rows == c.rows(batch, T), "out.rows = ", out.rows, " must be ",
-            c.rows(batch, T), " (batch x T", c.shared_across_heads ? "" : " x num_kv_heads", ")");
+  KVC_CHECK(out.rows == c.rows(batch, T), "out.rows = ", out.rows, " must be ", c.rows(batch, T),
+            " (batch x T", c.shared_across_heads ? "" : " x num_kv_heads", ")");
   if (sc.num_shards > 1) {  // a shard's rows hold its own blocks only
     KVC_CHECK(out.max_blocks >= sc.owned_blocks_per_slot(), "out.max_blocks = ", out.max_blocks,
               " must be >= the store's owned_blocks_per_slot = ", sc.owned_blocks_per_slot(),

@@ -4,6 +4,7 @@
 
 #include "kvc/core/types.h"
 #include "kvc/index/block_index.h"
+#include "kvc/select/selector.h"
 
 namespace kvc {
 namespace detail {
@@ -25,6 +26,12 @@ bool fast_kernel_serves(const BlockIndexConfig& c, Format index_format);
 /// True when a call with `c` runs the fast kernel: kFast always (validated to serve), kAuto when
 /// it serves, kGeneral never.
 bool uses_fast_kernel(const BlockIndexConfig& c, Format index_format);
+
+/// The first stage of two-stage scoring (c.candidates > 0) as a Selector policy: the best
+/// c.candidates blocks of the first-stage scores and block 0 (SelectPolicy::anchor), listed in
+/// ascending block order. The CPU index applies it with select_row, the CUDA index with the
+/// select kernels, so that both keep the same candidates for the same first-stage scores.
+SelectPolicy candidate_policy(const BlockIndexConfig& c);
 
 }  // namespace detail
 }  // namespace kvc

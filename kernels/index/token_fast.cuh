@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(kTokThreads)
       }
     }
   }
-  chunk_epilogue(p, r, j0, agg);
+  chunk_epilogue(p, r, j0, r.closed, agg);
 }
 
 // ---- The streaming variant (TokenKernels::kStream, kernels/index/token_variant.h) -------------
@@ -1016,8 +1016,7 @@ __global__ void __launch_bounds__(kTokThreads, kLoop == kLoopRows ? 3 : 2)
           }
         }
         if (g < 2 && head < cn) {
-          p.lse[(static_cast<std::size_t>(r.row) * p.heads + hh * p.group + head) *
-                    s.max_blocks_per_slot +
+          p.lse[(static_cast<std::size_t>(r.row) * p.heads + hh * p.group + head) * p.lse_pitch +
                 j] = v;
         }
       } else {

@@ -19,6 +19,12 @@
 // folds the row's partials into Z_g per head, then thread j turns block j's lse_g(j) into
 // log_share(lse_g(j), Z_g) and aggregates the heads (ascending): LogSumExp (kSum) or nan_max.
 //
+// Two stages (p.cand not null; the general kernel only): a chunk CTA owns kTokBlocksPerCta
+// consecutive entries of the row's candidate list instead of consecutive blocks, the lse values
+// and the finish kernel follow the entries, and the candidates' scores land at their block ids;
+// every other closed block scores -inf (written by the chunk kernel before the finish kernel
+// writes the candidates').
+//
 // Launch shapes depend only on the batch, T and s.max_blocks_per_slot (graph-capturable); CTAs
 // past a row's closed blocks return at once, and the finish kernel reads only the partials of
 // the CTAs that ran.
@@ -78,6 +84,15 @@ struct TokenScoreParams {
   int num_q_heads;  // Hq
   int group;        // G
   int heads;        // query heads of a row: G, or Hq when shared
+  int lse_pitch;    // lse row pitch: s.max_blocks_per_slot, or cand_pitch with two stages
+  // Two stages (BlockIndexConfig::candidates > 0; else null): the row's candidate blocks in
+  // ascending order, cand[row * cand_pitch + e] for entries e < cand_count[row]. The chunk CTAs
+  // and the finish kernel then walk entries instead of block ids (lse and the chunks hold
+  // entries), and the CTAs first set every closed block's score to -inf, which the finish
+  // kernel overwrites for the candidates.
+  const std::int32_t* cand;
+  const std::int32_t* cand_count;
+  int cand_pitch;
   float scale;
   bool mass, aggregate_max, shared, q_bf16;
   bool ring_tc;  // streaming kernel: ring CTAs on tensor cores (exact_part_tc)
@@ -359,15 +374,16 @@ __device__ __forceinline__ void record_head(const TokenScoreParams& p, const Tok
   if (!p.mass) {
     agg[jj] = gl == 0 ? max : p.aggregate_max ? index_math::nan_max(agg[jj], max) : agg[jj] + max;
   } else {
-    p.lse[(static_cast<std::size_t>(r.row) * p.heads + gl) * p.s.max_blocks_per_slot + j] =
+    p.lse[(static_cast<std::size_t>(r.row) * p.heads + gl) * p.lse_pitch + j] =
         nan ? formats::quiet_nan() : lse.value();
   }
 }
 
-/// The end of a chunk CTA (after its blocks): the max rule writes the row's scores from agg, the
-/// mass rule the CTA's partial normaliser per head (partial 1 + blockIdx.x).
+/// The end of a chunk CTA (after its blocks, or its candidate entries: `n` of them in the row,
+/// r.closed in one stage): the max rule writes the row's scores from agg, the mass rule the
+/// CTA's partial normaliser per head (partial ring_parts + blockIdx.x).
 __device__ __forceinline__ void chunk_epilogue(const TokenScoreParams& p, const TokenRow& r, int j0,
-                                               const float* agg) {
+                                               int n, const float* agg) {
   __syncthreads();  // agg, and this CTA's lse writes, are complete and visible to the CTA
   if (!p.mass) {
     for (int jj = threadIdx.x; jj < kTokBlocksPerCta; jj += blockDim.x) {
@@ -379,9 +395,8 @@ __device__ __forceinline__ void chunk_epilogue(const TokenScoreParams& p, const 
   }
   for (int gl = threadIdx.x; gl < p.heads; gl += blockDim.x) {
     index_math::LogSumExp z;
-    const float* lse =
-        p.lse + (static_cast<std::size_t>(r.row) * p.heads + gl) * p.s.max_blocks_per_slot;
-    for (int jj = 0; jj < kTokBlocksPerCta && j0 + jj < r.closed; ++jj) {
+    const float* lse = p.lse + (static_cast<std::size_t>(r.row) * p.heads + gl) * p.lse_pitch;
+    for (int jj = 0; jj < kTokBlocksPerCta && j0 + jj < n; ++jj) {
       const float v = lse[j0 + jj];
       if (!is_nan(v)) z.add(v);
     }
@@ -399,13 +414,22 @@ __global__ void __launch_bounds__(kTokThreads)
   const StoreView& s = p.s;
   const TokenRow r = token_row(p, D);
   if (blockIdx.x == 0 && threadIdx.x == 0) p.out.num_valid[r.row] = r.closed;
+  int n = r.closed;  // entries the chunk CTAs score: blocks, or the row's candidates
+  if (p.cand != nullptr) {
+    n = p.cand_count[r.row];
+    float* scores = p.out.scores + static_cast<std::size_t>(r.row) * p.out.max_blocks;
+    for (int j = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); j < r.closed;
+         j += static_cast<int>(gridDim.x * blockDim.x)) {
+      scores[j] = index_math::neg_inf();
+    }
+  }
   const int chunk_ctas = static_cast<int>(gridDim.x) - (p.mass ? 1 : 0);
   if (p.mass && static_cast<int>(blockIdx.x) == chunk_ctas) {
     exact_part<D>(p, r, q_smem, red, 0, 1);
     return;
   }
   const int j0 = static_cast<int>(blockIdx.x) * kTokBlocksPerCta;
-  if (j0 >= r.closed) return;
+  if (j0 >= n) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const bool kbf = store::is_bf16(s);
   for (int hh = 0; hh < r.h_count; ++hh) {
@@ -415,9 +439,11 @@ __global__ void __launch_bounds__(kTokThreads)
       const int gl0 = hh * p.group + c0;  // row-local index of the chunk's first head
       stage_queries<D>(p, r, gl0, cn, q_smem);
       for (int jj = warp; jj < kTokBlocksPerCta; jj += kTokWarps) {
-        const int j = j0 + jj;
-        if (j >= r.closed) break;
-        const int pb = r.table[store::owned_block_id(s, j)];
+        const int j = j0 + jj;  // the entry: a block id, or a position in the candidate list
+        if (j >= n) break;
+        const int block =
+            p.cand != nullptr ? p.cand[static_cast<std::size_t>(r.row) * p.cand_pitch + j] : j;
+        const int pb = r.table[store::owned_block_id(s, block)];
         HeadStates st;
         st.reset();
         for (int t0 = 0; t0 < s.block_size; t0 += 32) {
@@ -445,7 +471,7 @@ __global__ void __launch_bounds__(kTokThreads)
       }
     }
   }
-  chunk_epilogue(p, r, j0, agg);
+  chunk_epilogue(p, r, j0, n, agg);
 }
 
 __global__ void __launch_bounds__(kFinishThreads)
@@ -462,8 +488,9 @@ __global__ void __launch_bounds__(kFinishThreads)
   const int L = s.lengths[p.slots[b]];
   const int old = L > s.recent_window ? L - s.recent_window : 0;
   const int closed = store::owned_count(old / s.block_size, s.num_shards, s.shard_index);
-  if (static_cast<int>(blockIdx.x) * kFinishThreads >= closed) return;
-  const int parts_used = p.ring_parts + (closed + p.blocks_per_cta - 1) / p.blocks_per_cta;
+  const int n = p.cand != nullptr ? p.cand_count[row] : closed;  // entries: blocks or candidates
+  if (static_cast<int>(blockIdx.x) * kFinishThreads >= n) return;
+  const int parts_used = p.ring_parts + (n + p.blocks_per_cta - 1) / p.blocks_per_cta;
   const int j = blockIdx.x * kFinishThreads + threadIdx.x;
   float acc = 0.0f;
   index_math::LogSumExp sum;
@@ -490,12 +517,11 @@ __global__ void __launch_bounds__(kFinishThreads)
       if (lane == 0) z_smem[k] = z.value();
     }
     __syncthreads();
-    if (j < closed) {
+    if (j < n) {
       for (int k = 0; k < cn; ++k) {
         const int gl = gc + k;
         const float v = index_math::log_share(
-            p.lse[(static_cast<std::size_t>(row) * p.heads + gl) * s.max_blocks_per_slot + j],
-            z_smem[k]);
+            p.lse[(static_cast<std::size_t>(row) * p.heads + gl) * p.lse_pitch + j], z_smem[k]);
         if (p.aggregate_max) {
           acc = gl == 0 ? v : index_math::nan_max(acc, v);
         } else if (is_nan(v)) {
@@ -506,11 +532,13 @@ __global__ void __launch_bounds__(kFinishThreads)
       }
     }
   }
-  if (j < closed) {
-    p.out.scores[static_cast<std::size_t>(row) * p.out.max_blocks + j] = p.aggregate_max ? acc
-                                                                         : nan
-                                                                             ? formats::quiet_nan()
-                                                                             : sum.value();
+  if (j < n) {
+    const int block =
+        p.cand != nullptr ? p.cand[static_cast<std::size_t>(row) * p.cand_pitch + j] : j;
+    p.out.scores[static_cast<std::size_t>(row) * p.out.max_blocks + block] =
+        p.aggregate_max ? acc
+        : nan           ? formats::quiet_nan()
+                        : sum.value();
   }
 }
 

@@ -18,6 +18,7 @@
 #include "kvc/core/error.h"
 #include "kvc/index/block_index.h"
 #include "kvc/kernels/index_kernels.h"
+#include "kvc/kernels/select_kernels.h"
 #include "launch.h"
 
 namespace kvc {
@@ -44,6 +45,28 @@ struct TokenMassLayout {
     lse_bytes = static_cast<std::size_t>(rows) * heads * max_blocks * 4;
     partial_offset = (lse_bytes + 255) / 256 * 256;
     total = partial_offset + static_cast<std::size_t>(rows) * parts * heads * 4;
+  }
+};
+
+// The two-stage kTokenMass scratch (BlockIndexConfig::candidates = C > 0) of `rows` rows of
+// `heads` heads whose scores have a pitch of `max_blocks`: the token stage's lse values and
+// partials over the C + 1 candidate entries of a row (TokenMassLayout), then the first stage's
+// selection (ids [rows, C + 1], counts [rows]) and the select kernels' workspace, each 256-byte
+// aligned. `status` is the select kernels' answer for the bound (cudaErrorInvalidValue beyond
+// their limits).
+struct TwoStageLayout {
+  TokenMassLayout mass;
+  std::size_t ids_offset = 0, counts_offset = 0, select_offset = 0, select_bytes = 0, total = 0;
+  cudaError_t status = cudaSuccess;
+  TwoStageLayout(int rows, int heads, int candidates, int max_blocks)
+      : mass(rows, heads, candidates + 1) {
+    const auto align = [](std::size_t x) { return (x + 255) / 256 * 256; };
+    const std::size_t pitch = static_cast<std::size_t>(candidates) + 1;
+    ids_offset = align(mass.total);
+    counts_offset = align(ids_offset + static_cast<std::size_t>(rows) * pitch * 4);
+    select_offset = align(counts_offset + static_cast<std::size_t>(rows) * 4);
+    status = select_workspace_bound(select_bytes, rows, max_blocks, candidates + 1);
+    total = select_offset + select_bytes;
   }
 };
 
@@ -173,6 +196,57 @@ cudaError_t launch_token_finish(dim3 grid, const TokenScoreParams& p, bool pdl,
                                     stream, p);
 }
 
+// The general token kernel for any head_dim the index takes.
+cudaError_t launch_general_token_kernel(int head_dim, KeyKind kind, dim3 grid,
+                                        const TokenScoreParams& p, cudaStream_t stream) {
+  switch (head_dim) {
+    case 64:
+      return launch_token_kernel<64>(kind, grid, p, stream);
+    case 128:
+      return launch_token_kernel<128>(kind, grid, p, stream);
+    case 256:
+      return launch_token_kernel<256>(kind, grid, p, stream);
+    case 512:
+      return launch_token_kernel<512>(kind, grid, p, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+// Where the token scores read each old token's K.
+KeyKind token_key_kind(const StoreView& s, const BlockIndexConfig& c) {
+  return c.token_keys == TokenKeys::kIndexCopy
+             ? (s.index_format == Format::kMxfp4 ? KeyKind::kMxfp4 : KeyKind::kFp8)
+         : s.old_format == Format::kQ8 ? KeyKind::kQ8
+                                       : KeyKind::k16;
+}
+
+// The token kernels' parameters every launch shares (one stage: lse rows of
+// s.max_blocks_per_slot blocks, no candidate list); the caller sets the workspace and the chunking.
+TokenScoreParams token_params(const StoreView& s, const BlockIndexConfig& c,
+                              const std::int32_t* d_slots, int tokens, const void* d_q,
+                              const ScoresView& out) {
+  TokenScoreParams p;
+  p.s = s;
+  p.slots = d_slots;
+  p.q = static_cast<const std::uint16_t*>(d_q);
+  p.out = out;
+  p.tokens = tokens;
+  p.num_q_heads = c.num_q_heads;
+  p.group = c.num_q_heads / c.num_kv_heads;
+  p.heads = row_heads(c);
+  p.lse_pitch = s.max_blocks_per_slot;
+  p.cand = nullptr;
+  p.cand_count = nullptr;
+  p.cand_pitch = 0;
+  p.scale = c.scale();
+  p.mass = c.score == SummaryScore::kTokenMass;
+  p.aggregate_max = c.aggregate == GqaAggregate::kMax;
+  p.shared = c.shared_across_heads;
+  p.q_bf16 = c.dtype == DType::kBF16;
+  return p;
+}
+
 // kTokenMax / kTokenMass: the token kernel, then (mass) the finish kernel. `fast`: the
 // tensor-core scorer serves the call, with the chunk kernel `which`.
 cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const std::int32_t* d_slots,
@@ -186,20 +260,7 @@ cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const st
   }
   const bool streaming = fast && is_stream(which);
   if (streaming && !stream_serves_block_size(s.block_size)) return cudaErrorNotSupported;
-  TokenScoreParams p;
-  p.s = s;
-  p.slots = d_slots;
-  p.q = static_cast<const std::uint16_t*>(d_q);
-  p.out = out;
-  p.tokens = tokens;
-  p.num_q_heads = c.num_q_heads;
-  p.group = c.num_q_heads / c.num_kv_heads;
-  p.heads = row_heads(c);
-  p.scale = c.scale();
-  p.mass = c.score == SummaryScore::kTokenMass;
-  p.aggregate_max = c.aggregate == GqaAggregate::kMax;
-  p.shared = c.shared_across_heads;
-  p.q_bf16 = c.dtype == DType::kBF16;
+  TokenScoreParams p = token_params(s, c, d_slots, tokens, d_q, out);
   const int rows = c.rows(batch, tokens);
   const TokenMassLayout layout(rows, p.heads, s.max_blocks_per_slot);
   p.parts = layout.parts;
@@ -211,10 +272,7 @@ cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const st
     p.partial =
         reinterpret_cast<float*>(static_cast<std::uint8_t*>(d_workspace) + layout.partial_offset);
   }
-  const KeyKind kind = c.token_keys == TokenKeys::kIndexCopy
-                           ? (s.index_format == Format::kMxfp4 ? KeyKind::kMxfp4 : KeyKind::kFp8)
-                       : s.old_format == Format::kQ8 ? KeyKind::kQ8
-                                                     : KeyKind::k16;
+  const KeyKind kind = token_key_kind(s, c);
   const int owned = store::owned_count(s.max_blocks_per_slot, s.num_shards, s.shard_index);
   p.ring_tc = streaming && uses_ring_tc(which);
   p.ring_parts = p.ring_tc ? kStreamTcRingParts : streaming ? kStreamRingParts : 1;
@@ -256,26 +314,65 @@ cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const st
       e = launch_token_fast<128>(s.block_size, grid, p, stream);
     }
   } else {
-    switch (c.head_dim) {
-      case 64:
-        e = launch_token_kernel<64>(kind, grid, p, stream);
-        break;
-      case 128:
-        e = launch_token_kernel<128>(kind, grid, p, stream);
-        break;
-      case 256:
-        e = launch_token_kernel<256>(kind, grid, p, stream);
-        break;
-      case 512:
-        e = launch_token_kernel<512>(kind, grid, p, stream);
-        break;
-      default:
-        return cudaErrorInvalidValue;
-    }
+    e = launch_general_token_kernel(c.head_dim, kind, grid, p, stream);
   }
   if (e != cudaSuccess || !p.mass) return e;
   const int finish_x = owned > 0 ? (owned + kFinishThreads - 1) / kFinishThreads : 1;
   return launch_token_finish(dim3(finish_x, rows), p, p.ring_tc, stream);
+}
+
+// Two-stage kTokenMass (c.candidates > 0): the first stage's summary scores into `out`, its
+// selection of candidates (detail::candidate_policy: the best c.candidates and block 0,
+// ascending) by the select kernels, then the general token kernel over the candidates only
+// (it also sets every closed block's score to -inf) and the finish kernel, which writes the
+// candidates' scores. Four launches, all shapes from the batch, T and the store's pitch.
+cudaError_t two_stage_scores(const StoreView& s, const BlockIndexConfig& c,
+                             const std::int32_t* d_slots, int batch, int tokens, const void* d_q,
+                             const ScoresView& out, void* d_workspace, std::size_t workspace_bytes,
+                             cudaStream_t stream) {
+  const int rows = c.rows(batch, tokens);
+  const int pitch = c.candidates + 1;
+  const TwoStageLayout layout(rows, row_heads(c), c.candidates, out.max_blocks);
+  if (d_workspace == nullptr || layout.status != cudaSuccess || workspace_bytes < layout.total) {
+    return cudaErrorInvalidValue;
+  }
+  auto* base = static_cast<std::uint8_t*>(d_workspace);
+  BlockIndexConfig first = c;
+  first.score = c.candidate_score;
+  first.candidates = 0;
+  first.kernel = IndexKernel::kAuto;  // c.kernel names the token stage's kernels
+  cudaError_t e = summary_scores_with(SummaryKernels::kAuto, s, first, d_slots, batch, tokens, d_q,
+                                      out, stream);
+  if (e != cudaSuccess) return e;
+  SelectionView candidates;
+  candidates.ids = reinterpret_cast<std::int32_t*>(base + layout.ids_offset);
+  candidates.counts = reinterpret_cast<std::int32_t*>(base + layout.counts_offset);
+  candidates.rows = rows;
+  candidates.max_selected = pitch;
+  candidates.shared_across_heads = c.shared_across_heads;
+  std::size_t select_bytes = layout.select_bytes;
+  e = kernels::select(base + layout.select_offset, select_bytes, out, detail::candidate_policy(c),
+                      candidates, nullptr, stream);
+  if (e != cudaSuccess) return e;
+  TokenScoreParams p = token_params(s, c, d_slots, tokens, d_q, out);
+  p.lse = reinterpret_cast<float*>(base);
+  p.partial = reinterpret_cast<float*>(base + layout.mass.partial_offset);
+  p.parts = layout.mass.parts;
+  p.ring_parts = 1;
+  p.ring_tc = false;
+  p.blocks_per_cta = kTokBlocksPerCta;
+  p.safe_add = 0;  // the streaming kernels' fields: unused by the general kernel
+  p.scale_bits = 0;
+  p.lse_pitch = pitch;
+  p.cand = candidates.ids;
+  p.cand_count = candidates.counts;
+  p.cand_pitch = pitch;
+  const int chunks = (pitch + kTokBlocksPerCta - 1) / kTokBlocksPerCta;
+  e = launch_general_token_kernel(c.head_dim, token_key_kind(s, c), dim3(chunks + 1, rows), p,
+                                  stream);
+  if (e != cudaSuccess) return e;
+  return launch_token_finish(dim3((pitch + kFinishThreads - 1) / kFinishThreads, rows), p, false,
+                             stream);
 }
 
 template <int D>
@@ -469,6 +566,12 @@ cudaError_t block_scores_workspace_size(std::size_t& bytes, const BlockIndexConf
   bytes = 0;
   if (batch < 0 || tokens < 0 || max_blocks_per_slot < 0) return cudaErrorInvalidValue;
   if (c.score != SummaryScore::kTokenMass) return cudaSuccess;
+  if (c.candidates > 0) {
+    const TwoStageLayout layout(c.rows(batch, tokens), row_heads(c), c.candidates,
+                                max_blocks_per_slot);
+    bytes = layout.total;
+    return layout.status;
+  }
   bytes = TokenMassLayout(c.rows(batch, tokens), row_heads(c), max_blocks_per_slot).total;
   return cudaSuccess;
 }
@@ -498,6 +601,10 @@ cudaError_t index_detail::block_scores_with(TokenKernels which, const StoreView&
   if (batch <= 0 || tokens <= 0) return cudaSuccess;
   if (c.kernel == IndexKernel::kFast && !detail::fast_kernel_serves(c, s.index_format)) {
     return cudaErrorInvalidValue;
+  }
+  if (c.score == SummaryScore::kTokenMass && c.candidates > 0) {
+    return two_stage_scores(s, c, d_slots, batch, tokens, d_q, out, d_workspace, workspace_bytes,
+                            stream);
   }
   return token_scores(s, c, d_slots, batch, tokens, d_q, out, d_workspace, workspace_bytes,
                       detail::uses_fast_kernel(c, s.index_format), which, stream);

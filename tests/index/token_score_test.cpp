@@ -89,10 +89,24 @@ std::vector<float> run_scores(BlockIndex& index, const KvStore& store,
   return scores;
 }
 
-// float64 oracle of one row straight from the definitions in kvc/index/block_index.h.
+// Runs fn, which must throw a kvc::Error whose message contains `word`.
+template <class Fn>
+void expect_error(Fn fn, const char* word) {
+  try {
+    fn();
+    ADD_FAILURE() << "no throw for " << word;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
+  }
+}
+
+// float64 oracle of one row straight from the definitions in kvc/index/block_index.h. With
+// `candidates` (two stages: in[j] = 1 for a candidate block), only the candidates' tokens enter
+// the mass rule's normaliser and every other block's score is -inf.
 std::vector<double> oracle_row(const StoreView& s, const BlockIndexConfig& c, int slot, int T,
                                int t, int row_in_token, const std::vector<std::uint16_t>& q,
-                               std::size_t q_token_offset) {
+                               std::size_t q_token_offset,
+                               const std::vector<char>* candidates = nullptr) {
   const int d = c.head_dim, G = c.num_q_heads / c.num_kv_heads, B = s.block_size,
             W = s.recent_window;
   const int L = s.lengths[slot], old = std::max(0, L - W), closed = old / B, pos = L - T + t;
@@ -108,12 +122,14 @@ std::vector<double> oracle_row(const StoreView& s, const BlockIndexConfig& c, in
       acc += static_cast<double>(bits16_to_float(q[q_token_offset + g * d + e], bf)) * key(e);
     return c.scale() * acc;
   };
+  auto scored = [&](int j) { return candidates == nullptr || (*candidates)[j] != 0; };
   std::vector<double> out(closed, 0.0);
   for (int g = g0; g < g1; ++g) {
     const int h = g / G;
     std::vector<std::vector<double>> l(closed);
     std::vector<double> exact;
     for (int j = 0; j < closed; ++j) {
+      if (!scored(j)) continue;
       for (int i = 0; i < B; ++i) {
         l[j].push_back(logit(g, [&](int e) {
           return c.token_keys == TokenKeys::kIndexCopy ? store::index_k_at(s, table[j], h, i, e)
@@ -153,6 +169,8 @@ std::vector<double> oracle_row(const StoreView& s, const BlockIndexConfig& c, in
   }
   if (mass)
     for (double& v : out) v = std::log(v);  // log Σ_g p_g, or max_g log p_g
+  for (int j = 0; j < closed; ++j)
+    if (!scored(j)) out[j] = -std::numeric_limits<double>::infinity();
   return out;
 }
 
@@ -232,6 +250,201 @@ INSTANTIATE_TEST_SUITE_P(
              (k.agg == GqaAggregate::kSum ? "_sum" : "_max") + (k.shared ? "_shared" : "") + "_g" +
              std::to_string(k.group) + "_t" + std::to_string(k.T);
     });
+
+// Two-stage token mass (BlockIndexConfig::candidates): the candidates are the Selector's
+// anchor(C, {0}) pick from the first-stage scores of the same row (a BlockIndex with that
+// summary score alone), and every score matches the float64 oracle restricted to them: the
+// candidates' shares of a normaliser over the ring, the open block and the candidates, -inf
+// elsewhere.
+struct TwoStageCase {
+  Format old_format;
+  TokenKeys keys;
+  SummaryScore first;
+  GqaAggregate agg;
+  bool shared;
+  int group;
+  int T;
+  int candidates;
+};
+
+void PrintTo(const TwoStageCase& k, std::ostream* os) {
+  *os << to_string(k.first) << " c" << k.candidates << " " << to_string(k.old_format) << " "
+      << to_string(k.keys);
+}
+
+class Cpu_BlockIndex_TwoStage : public ::testing::TestWithParam<TwoStageCase> {};
+
+TEST_P(Cpu_BlockIndex_TwoStage, MatchFloat64OracleOverTheFirstStagesCandidates) {
+  const TwoStageCase k = GetParam();
+  const int hkv = 2, d = 64;
+  // 34 closed blocks; none; 4 (fewer than the candidates: every block is one); 1.
+  TokenFixture fx(k.old_format, Format::kMxfp4, hkv, d, {300, 24, 61, 32});
+  const int maxb = fx.sc.max_blocks_per_slot();
+  BlockIndexConfig c = token_config(hkv, k.group, d, SummaryScore::kTokenMass, k.agg, k.shared, k.T,
+                                    k.keys, 4, maxb);
+  c.candidates = k.candidates;
+  c.candidate_score = k.first;
+  BlockIndexConfig f = c;  // the first stage alone
+  f.score = k.first;
+  f.candidates = 0;
+  const std::vector<int> slots{2, 0, 3, 1};
+  auto q = random_bits16(slots.size() * k.T * c.num_q_heads * d, DType::kF16, 23);
+  std::vector<std::int32_t> valid, first_valid;
+  const auto scores = run_scores(*BlockIndex::create(c, Device::cpu()), *fx.store, slots, q, valid);
+  const auto first =
+      run_scores(*BlockIndex::create(f, Device::cpu()), *fx.store, slots, q, first_valid);
+  const StoreView s = fx.store->view();
+  const int per_token = k.shared ? 1 : hkv;
+  int reduced_rows = 0;  // rows where the candidates are fewer than the closed blocks
+  for (int b = 0; b < 4; ++b) {
+    for (int t = 0; t < k.T; ++t) {
+      for (int r = 0; r < per_token; ++r) {
+        const int row = (b * k.T + t) * per_token + r;
+        const int closed = fx.store->num_closed_blocks(slots[b]);
+        ASSERT_EQ(valid[row], closed);
+        std::vector<std::int32_t> ids(static_cast<std::size_t>(k.candidates) + 1, -1);
+        const int n =
+            select_row(first.data() + static_cast<std::size_t>(row) * maxb, closed,
+                       SelectPolicy::anchor(k.candidates, {0}), ids.data(), k.candidates + 1);
+        std::vector<char> in(static_cast<std::size_t>(closed), 0);
+        for (int i = 0; i < n; ++i) in[static_cast<std::size_t>(ids[i])] = 1;
+        if (closed > 0) ASSERT_EQ(in[0], 1);
+        if (n < closed) ++reduced_rows;
+        const auto want =
+            oracle_row(s, c, slots[b], k.T, t, r, q,
+                       static_cast<std::size_t>(b * k.T + t) * c.num_q_heads * d, &in);
+        for (int j = 0; j < closed; ++j) {
+          const float got = scores[static_cast<std::size_t>(row) * maxb + j];
+          if (!in[static_cast<std::size_t>(j)]) {
+            EXPECT_EQ(got, -std::numeric_limits<float>::infinity()) << "row " << row << " j " << j;
+            continue;
+          }
+          ASSERT_NEAR(got, want[j], 2e-4 * (1 + std::abs(want[j])))
+              << "b " << b << " t " << t << " r " << r << " j " << j;
+        }
+        if (closed < maxb)
+          EXPECT_EQ(scores[static_cast<std::size_t>(row) * maxb + closed], -12345.0f);
+      }
+    }
+  }
+  EXPECT_GT(reduced_rows, 0);  // the first stage left blocks out somewhere
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, Cpu_BlockIndex_TwoStage,
+    ::testing::Values(TwoStageCase{Format::kFp16kQ4v, TokenKeys::kIndexCopy, SummaryScore::kMeanK,
+                                   GqaAggregate::kSum, false, 3, 1, 5},
+                      TwoStageCase{Format::kF16, TokenKeys::kOldBlocks, SummaryScore::kQuestMinMax,
+                                   GqaAggregate::kMax, false, 2, 2, 4},
+                      TwoStageCase{Format::kQ8, TokenKeys::kIndexCopy, SummaryScore::kMeanK,
+                                   GqaAggregate::kSum, true, 2, 1, 7},
+                      TwoStageCase{Format::kFp16kQ4v, TokenKeys::kIndexCopy,
+                                   SummaryScore::kQuestMinMax, GqaAggregate::kSum, false, 1, 3, 1}),
+    [](const ::testing::TestParamInfo<TwoStageCase>& info) {
+      const TwoStageCase& k = info.param;
+      return std::string(to_string(k.first)) + "_c" + std::to_string(k.candidates) + "_" +
+             to_string(k.old_format) + "_" + to_string(k.keys) +
+             (k.agg == GqaAggregate::kSum ? "_sum" : "_max") + (k.shared ? "_shared" : "") + "_g" +
+             std::to_string(k.group) + "_t" + std::to_string(k.T);
+    });
+
+// A row of at most `candidates` closed blocks keeps every block: two stages give exactly the
+// one-stage scores (the same float32 order), for any first-stage score.
+TEST(Cpu_BlockIndex_TwoStage, EveryBlockACandidateIsOneStage) {
+  TokenFixture fx(Format::kFp16kQ4v, Format::kMxfp4, 2, 64, {200, 90});  // 22 and 8 closed blocks
+  const int maxb = fx.sc.max_blocks_per_slot();
+  BlockIndexConfig c = token_config(2, 3, 64, SummaryScore::kTokenMass, GqaAggregate::kSum, false,
+                                    1, TokenKeys::kIndexCopy, 2, maxb);
+  auto q = random_bits16(2 * 6 * 64, DType::kF16, 31);
+  std::vector<std::int32_t> valid, two_valid;
+  const auto one = run_scores(*BlockIndex::create(c, Device::cpu()), *fx.store, {0, 1}, q, valid);
+  for (const int candidates : {22, 23, kMaxCandidates}) {
+    for (const SummaryScore first : {SummaryScore::kMeanK, SummaryScore::kQuestMinMax}) {
+      BlockIndexConfig t = c;
+      t.candidates = candidates;
+      t.candidate_score = first;
+      const auto two =
+          run_scores(*BlockIndex::create(t, Device::cpu()), *fx.store, {0, 1}, q, two_valid);
+      EXPECT_EQ(two_valid, valid);
+      EXPECT_EQ(0, std::memcmp(two.data(), one.data(), one.size() * sizeof(float)))
+          << "candidates " << candidates << " " << to_string(first);
+    }
+  }
+}
+
+// One query head per kv head: a candidate's two-stage score is its one-stage score plus the
+// same constant for every candidate of the row (the log of the normaliser's ratio), so the
+// second stage ranks the candidates exactly as one stage would.
+TEST(Cpu_BlockIndex_TwoStage, RanksTheCandidatesAsOneStageDoes) {
+  TokenFixture fx(Format::kF16, Format::kMxfp4, 1, 128, {400}, 40, 16);  // 22 closed blocks
+  const int maxb = fx.sc.max_blocks_per_slot();
+  BlockIndexConfig c = token_config(1, 1, 128, SummaryScore::kTokenMass, GqaAggregate::kSum, false,
+                                    1, TokenKeys::kOldBlocks, 1, maxb);
+  auto q = random_bits16(128, DType::kF16, 41, 2.0f);
+  std::vector<std::int32_t> valid;
+  const auto one = run_scores(*BlockIndex::create(c, Device::cpu()), *fx.store, {0}, q, valid);
+  c.candidates = 6;
+  const auto two = run_scores(*BlockIndex::create(c, Device::cpu()), *fx.store, {0}, q, valid);
+  ASSERT_EQ(valid[0], 22);
+  double shift = 0.0;
+  int seen = 0;
+  for (int j = 0; j < 22; ++j) {
+    if (std::isinf(two[j])) continue;
+    const double d = static_cast<double>(two[j]) - one[j];
+    if (seen++ == 0) shift = d;
+    EXPECT_NEAR(d, shift, 1e-5) << "block " << j;
+  }
+  EXPECT_GE(seen, 6);
+  EXPECT_LE(seen, 7);
+  EXPECT_GT(shift, 0.0);  // a smaller normaliser: larger shares
+}
+
+TEST(Cpu_BlockIndex_TwoStage, BadArgumentsAreNamed) {
+  TokenFixture fx(Format::kFp16kQ4v, Format::kMxfp4, 2, 64, {100});
+  const int maxb = fx.sc.max_blocks_per_slot();
+  BlockIndexConfig c = token_config(2, 2, 64, SummaryScore::kTokenMass, GqaAggregate::kSum, false,
+                                    1, TokenKeys::kIndexCopy, 1, maxb);
+  c.candidates = -1;
+  expect_error([&] { c.validate(); }, "candidates = -1");
+  c.candidates = kMaxCandidates + 1;
+  expect_error([&] { c.validate(); }, "candidates = 4096");
+  c.candidates = 4;
+  c.score = SummaryScore::kTokenMax;
+  expect_error([&] { c.validate(); }, "needs score = token_mass");
+  c.score = SummaryScore::kTokenMass;
+  c.candidate_score = SummaryScore::kTokenMass;
+  expect_error([&] { c.validate(); }, "candidate_score = 3");
+  c.candidate_score = SummaryScore::kQuestMinMax;
+  c.kernel = IndexKernel::kFast;
+  expect_error([&] { c.validate(); }, "kernel = fast");
+  c.kernel = IndexKernel::kAuto;
+  c.max_blocks_per_slot = (1 << 20) + 1;
+  expect_error([&] { c.validate(); }, "2^20");
+  c.max_blocks_per_slot = maxb;
+  EXPECT_NO_THROW(c.validate());
+  // At the call: a Quest first stage needs min/max K; the selection scratch bounds the pitch.
+  KvStoreConfig no_minmax = fx.sc;
+  no_minmax.summaries = kSummaryMeanK | kSummaryIndexKeys;
+  auto plain = KvStore::create(no_minmax, Device::cpu());
+  plain->open_slot();
+  auto q = random_bits16(4 * 64, DType::kF16, 1);
+  const auto qv = TensorView::contiguous(q.data(), DType::kF16, {1, 1, 4, 64});
+  std::vector<float> scores(static_cast<std::size_t>(2) * (maxb + 1), 7.0f);
+  std::vector<std::int32_t> valid(2, -3);
+  auto quest = BlockIndex::create(c, Device::cpu());
+  expect_error(
+      [&] {
+        quest->score(*plain, {0}, qv, ScoresView{scores.data(), valid.data(), 2, maxb});
+      },
+      "candidate_score = kQuestMinMax needs a store with kSummaryMinMaxK");
+  expect_error(
+      [&] {
+        quest->score(*fx.store, {0}, qv, ScoresView{scores.data(), valid.data(), 2, maxb + 1});
+      },
+      "out.max_blocks = ");
+  for (float v : scores) EXPECT_EQ(v, 7.0f);  // refused before anything was written
+  for (std::int32_t v : valid) EXPECT_EQ(v, -3);
+}
 
 // With the old blocks' f16 K and one query head per kv head, exp(score) is the block's share of
 // the dense attention: the shares plus the ring's and the open block's sum to one, and ranking
@@ -365,14 +578,6 @@ TEST(Cpu_BlockIndex_TokenScores, NonFiniteRules) {
 }
 
 TEST(Cpu_BlockIndex_TokenScores, BadArgumentsAreNamed) {
-  auto expect = [](auto fn, const char* word) {
-    try {
-      fn();
-      ADD_FAILURE() << "no throw for " << word;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
-    }
-  };
   TokenFixture fx(Format::kQ8, Format::kMxfp4, 2, 64, {100});
   const int maxb = fx.sc.max_blocks_per_slot();
   auto q = random_bits16(4 * 64, DType::kF16, 1);
@@ -389,13 +594,13 @@ TEST(Cpu_BlockIndex_TokenScores, BadArgumentsAreNamed) {
       BlockIndex::create(token_config(2, 2, 64, SummaryScore::kTokenMax, GqaAggregate::kSum, false,
                                       1, TokenKeys::kIndexCopy, 1, 0),
                          Device::cpu());
-  expect([&] { from_copy->score(*no_copy, {0}, qv, out); }, "kSummaryIndexKeys");
+  expect_error([&] { from_copy->score(*no_copy, {0}, qv, out); }, "kSummaryIndexKeys");
   // The mass rule: scratch sized by max_blocks_per_slot, no shards.
   auto small =
       BlockIndex::create(token_config(2, 2, 64, SummaryScore::kTokenMass, GqaAggregate::kSum, false,
                                       1, TokenKeys::kOldBlocks, 1, maxb - 1),
                          Device::cpu());
-  expect([&] { small->score(*fx.store, {0}, qv, out); }, "max_blocks_per_slot = ");
+  expect_error([&] { small->score(*fx.store, {0}, qv, out); }, "max_blocks_per_slot = ");
   KvStoreConfig shard = fx.sc;
   shard.num_shards = 2;
   auto sharded = KvStore::create(shard, Device::cpu());
@@ -404,7 +609,7 @@ TEST(Cpu_BlockIndex_TokenScores, BadArgumentsAreNamed) {
       BlockIndex::create(token_config(2, 2, 64, SummaryScore::kTokenMass, GqaAggregate::kSum, false,
                                       1, TokenKeys::kOldBlocks, 1, maxb),
                          Device::cpu());
-  expect([&] { mass->score(*sharded, {0}, qv, out); }, "num_shards = 2");
+  expect_error([&] { mass->score(*sharded, {0}, qv, out); }, "num_shards = 2");
   // The token max works on a shard (each block's score is its own).
   auto tmax = BlockIndex::create(token_config(2, 2, 64, SummaryScore::kTokenMax, GqaAggregate::kSum,
                                               false, 1, TokenKeys::kOldBlocks, 1, 0),
@@ -413,16 +618,16 @@ TEST(Cpu_BlockIndex_TokenScores, BadArgumentsAreNamed) {
   BlockIndexConfig c = token_config(2, 2, 64, SummaryScore::kTokenMass, GqaAggregate::kSum, false,
                                     1, TokenKeys::kOldBlocks, 1, 0);
   c.max_blocks_per_slot = -1;
-  expect([&] { c.validate(); }, "max_blocks_per_slot = -1");
+  expect_error([&] { c.validate(); }, "max_blocks_per_slot = -1");
   c.max_blocks_per_slot = 0;
   c.token_keys = static_cast<TokenKeys>(7);
-  expect([&] { c.validate(); }, "token_keys = 7");
+  expect_error([&] { c.validate(); }, "token_keys = 7");
   c.token_keys = TokenKeys::kOldBlocks;
   c.score = static_cast<SummaryScore>(9);
-  expect([&] { c.validate(); }, "score = 9");
+  expect_error([&] { c.validate(); }, "score = 9");
   c.score = SummaryScore::kTokenMax;
   c.kernel = static_cast<IndexKernel>(5);
-  expect([&] { c.validate(); }, "kernel = 5");
+  expect_error([&] { c.validate(); }, "kernel = 5");
   // The CPU reference ignores the CUDA kernel choice, kFast included.
   c.kernel = IndexKernel::kFast;
   auto cpu_fast = BlockIndex::create(c, Device::cpu());

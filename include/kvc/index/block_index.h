@@ -24,6 +24,12 @@
  *  NaN logit makes its block's head score NaN, which the Selector ranks last; NaN logits are left
  *  out of every normaliser; +inf logits take the whole mass).
  *
+ *  Two-stage token mass (BlockIndexConfig::candidates > 0): a summary score (mean K or Quest)
+ *  first keeps a few candidate blocks per row, and only those blocks' keys are read; the
+ *  normaliser Z_g then spans the ring rows, the open block and the candidates, and the other
+ *  blocks score -inf. It reads a fraction of the keys one stage reads, at a cost in quality that
+ *  docs/quality.md measures.
+ *
  *  A shard store (KvStoreConfig::num_shards > 1) is scored over the closed blocks it owns only:
  *  entry j of a row is logical block j * num_shards + shard_index, and num_valid is the number
  *  of owned closed blocks. Ids a Selector picks from such a row are these local entries; the
@@ -54,6 +60,10 @@ enum class TokenKeys {
   kIndexCopy,  ///< the store's index copy (kSummaryIndexKeys: mxfp4 or fp8_e4m3)
 };
 
+/// Most first-stage candidates of two-stage scoring (BlockIndexConfig::candidates): the CUDA
+/// index ranks them with the Selector's top-k path, which keeps up to 4096 ranks per row.
+constexpr int kMaxCandidates = 4095;
+
 /// Which CUDA kernels a BlockIndex launches (the CPU reference ignores it).
 enum class IndexKernel {
   kAuto,     ///< the byte-floor kernels where they serve the call, else the general ones
@@ -80,22 +90,34 @@ enum class GqaAggregate {
 
 /// Shape and scoring rule of a BlockIndex.
 struct BlockIndexConfig {
-  int num_q_heads = 32;        ///< Hq (a multiple of num_kv_heads)
-  int num_kv_heads = 8;        ///< Hkv (must equal the store's)
-  int head_dim = 128;          ///< d (must equal the store's)
-  DType dtype = DType::kF16;   ///< query dtype: f16 or bf16
+  int num_q_heads = 32;                         ///< Hq (a multiple of num_kv_heads)
+  int num_kv_heads = 8;                         ///< Hkv (must equal the store's)
+  int head_dim = 128;                           ///< d (must equal the store's)
+  DType dtype = DType::kF16;                    ///< query dtype: f16 or bf16
   SummaryScore score = SummaryScore::kMeanK;    ///< summary used
   GqaAggregate aggregate = GqaAggregate::kSum;  ///< head aggregation
-  bool shared_across_heads = false;  ///< one score row per (b, t) for all kv heads
-  float softmax_scale = 0.0f;  ///< scale of q·k; 0 means 1/sqrt(head_dim)
-  int max_query_tokens = 1;    ///< T: query tokens per sequence (multi-token verify)
-  int max_batch = 1;           ///< largest batch a call may pass
+  bool shared_across_heads = false;             ///< one score row per (b, t) for all kv heads
+  float softmax_scale = 0.0f;                   ///< scale of q·k; 0 means 1/sqrt(head_dim)
+  int max_query_tokens = 1;  ///< T: query tokens per sequence (multi-token verify)
+  int max_batch = 1;         ///< largest batch a call may pass
   /// Key source of kTokenMax / kTokenMass (ignored by the summary scores).
   TokenKeys token_keys = TokenKeys::kOldBlocks;
   /// kTokenMass only: the largest KvStoreConfig::max_blocks_per_slot() of a store this index
   /// scores, 0..2^24. The CUDA index keeps every head's block scores of a call in scratch sized
   /// from it at construction; a store with more blocks per slot is refused (kvc::Error).
   int max_blocks_per_slot = 0;
+  /// kTokenMass only: two-stage scoring when > 0 (0, the default: every closed block is read).
+  /// A first stage scores every closed block of a row by `candidate_score` from the store's
+  /// summaries (as a BlockIndex with that score would, heads aggregated by `aggregate`) and keeps
+  /// the `candidates` best in the Selector's rank order (score descending, NaN last, ties to the
+  /// lower id) and block 0; the token mass then reads only those blocks' keys, its normaliser Z_g
+  /// spans the visible ring rows, the open block's rows and those blocks, and every other closed
+  /// block scores -inf. A row with at most `candidates` closed blocks is scored exactly as in
+  /// one stage. In [0, kMaxCandidates]; give it at least the Selector's k, or blocks scoring
+  /// -inf fill the rest of the selection.
+  int candidates = 0;
+  /// The first stage's score (two stages only): kMeanK or kQuestMinMax.
+  SummaryScore candidate_score = SummaryScore::kMeanK;
   /// CUDA kernel choice (kvc/kernels/index_kernels.h says which kernel serves what).
   IndexKernel kernel = IndexKernel::kAuto;
 
@@ -121,7 +143,8 @@ class BlockIndex {
 
   /// Scores the closed blocks of each sequence. Throws kvc::Error, before anything runs, for a
   /// store that lacks what the score reads (kSummaryMinMaxK for kQuestMinMax, kSummaryIndexKeys
-  /// for TokenKeys::kIndexCopy), for kTokenMass on a shard store (its normaliser spans every
+  /// for TokenKeys::kIndexCopy; kSummaryMinMaxK for a kQuestMinMax first stage), for kTokenMass
+  /// on a shard store (its normaliser spans every
   /// shard's blocks) or on a store with more than config().max_blocks_per_slot blocks per slot.
   /// @param[in] store   the layer's store (same device; Hkv and d must match the config)
   /// @param[in] slots   batch of open slots (host)

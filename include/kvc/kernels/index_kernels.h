@@ -39,21 +39,28 @@ cudaError_t block_scores(const StoreView& s, const BlockIndexConfig& config,
 /// Bytes of scratch block_scores needs for `config` and a call of `batch` sequences of
 /// `tokens` query tokens over a store with `max_blocks_per_slot` blocks per slot: 0 unless
 /// config.score is kTokenMass (per row: every query head's log-sum-exp of every block, and one
-/// partial normaliser per head and CTA). Allocates and launches nothing.
+/// partial normaliser per head and CTA; with two stages, config.candidates > 0, the same over
+/// the row's candidates only, the candidate lists and the select kernels' workspace for score
+/// rows of a pitch up to `max_blocks_per_slot`). Allocates and launches nothing.
 /// @param[out] bytes               the scratch size
 /// @param[in]  config              index configuration (validated by the caller)
 /// @param[in]  batch               sequences
 /// @param[in]  tokens              query tokens per sequence (T)
 /// @param[in]  max_blocks_per_slot the store's StoreView::max_blocks_per_slot
-/// @return cudaErrorInvalidValue for negative sizes, else cudaSuccess
+/// @return cudaErrorInvalidValue for negative sizes or (two stages) sizes beyond the select
+///         kernels' limits, else cudaSuccess
 cudaError_t block_scores_workspace_size(std::size_t& bytes, const BlockIndexConfig& config,
                                         int batch, int tokens, int max_blocks_per_slot);
 
 /// block_scores with scratch memory: required (at least block_scores_workspace_size bytes for
 /// s.max_blocks_per_slot, 256-byte aligned) when config.score is kTokenMass, ignored otherwise.
 /// The kTokenMass launch is two kernels (token scores and partial normalisers, then the
-/// per-block shares); both read the lengths on the device. Returns cudaErrorInvalidValue, before
-/// any launch, for a missing or short workspace.
+/// per-block shares); both read the lengths on the device. Two-stage kTokenMass
+/// (config.candidates > 0) is four: the first stage's summary scores (written to `out`), the
+/// select kernels' choice of candidates (kvc/kernels/select_kernels.h), then the general token
+/// kernel over the candidates and the shares; it needs a workspace sized for a
+/// max_blocks_per_slot of at least out.max_blocks. Returns cudaErrorInvalidValue, before any
+/// launch, for a missing or short workspace.
 /// @param[in] s                the store (device pointers)
 /// @param[in] config           index configuration (validated by the caller)
 /// @param[in] d_slots          [batch] slot ids on the device
