@@ -77,6 +77,10 @@ std::string usage() {
          "                        block is scored (token_*: from every old token's key;\n"
          "                        token_mass: its share of the dense softmax mass)\n"
          "  --kv-token-keys K     mxfp4 (default) | fp8 | old_blocks: the keys token_* read\n"
+         "  --kv-candidates C     token_mass in two stages: a summary score keeps the C best\n"
+         "                        blocks and block 0, and only their keys are read (0:\n"
+         "                        one stage, the default)\n"
+         "  --kv-candidate-scoring S  mean_k (default) | quest: the first stage's score\n"
          "  --kv-summary-dtype T  f32 (default) | f16: element type of the stored block\n"
          "                        summaries (mean K, mean V, min/max K); f16 halves them\n"
          "  --kv-delta D          score window of threshold / score_cluster* (default 1)\n"
@@ -159,6 +163,10 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
       o.kv.scoring = value();
     } else if (a == "--kv-token-keys") {
       o.kv.token_keys = value();
+    } else if (a == "--kv-candidates") {
+      o.kv.candidates = static_cast<int>(parse_integer(a, value(), -kIntMax, kIntMax));
+    } else if (a == "--kv-candidate-scoring") {
+      o.kv.candidate_scoring = value();
     } else if (a == "--kv-summary-dtype") {
       o.kv.summary_dtype = value();
     } else if (a == "--kv-delta") {

@@ -83,8 +83,13 @@ struct EvalKvCache::Exact {
 };
 
 EvalKvCache::EvalKvCache(std::unique_ptr<KvcKvCache> inner, const KvShape& shape, ProbeScore score,
-                         ThreadPool& pool, int candidates)
-    : inner_(std::move(inner)), shape_(shape), score_(score), pool_(pool), candidates_(candidates) {
+                         ThreadPool& pool, int candidates, bool candidate_normaliser)
+    : inner_(std::move(inner)),
+      shape_(shape),
+      score_(score),
+      pool_(pool),
+      candidates_(candidates),
+      candidate_normaliser_(candidate_normaliser) {
   KVC_CHECK(inner_ != nullptr, "eval cache: no kvc cache given");
   KVC_CHECK(candidates_ >= 1, "eval cache: candidates = ", candidates_, " is below 1");
   window_ = inner_->recent_window();
@@ -118,6 +123,9 @@ std::string EvalKvCache::describe() const {
   std::ostringstream os;
   os << inner_->describe();
   if (score_ != ProbeScore::kNone) os << "; blocks scored by the probe: " << to_string(score_);
+  if (two_stage(score_))
+    os << " (" << candidates_ << " candidates, normaliser over "
+       << (candidate_normaliser_ ? "the candidates, open block and ring" : "every token") << ")";
   return os.str();
 }
 
@@ -225,8 +233,8 @@ void EvalKvCache::score_blocks(int layer, int position, const ScoresView& out) c
     });
   }
   // Each query head's score of every closed block, then their sum over the group.
-  const bool mass = score_ == ProbeScore::kOracleMass || score_ == ProbeScore::kMxfp4Mass ||
-                    two_stage(score_);
+  const bool mass =
+      score_ == ProbeScore::kOracleMass || score_ == ProbeScore::kMxfp4Mass || two_stage(score_);
   std::vector<double> per_head(static_cast<std::size_t>(hq) * closed, 0.0);
   pool_.parallel_for(hq, [&](int g, int) {
     const int h = g / group;
@@ -237,7 +245,8 @@ void EvalKvCache::score_blocks(int layer, int position, const ScoresView& out) c
       lg.assign(exact_logit, exact_logit + length);
       const float* qg = e.q.data() + static_cast<std::size_t>(g) * d;
       for (int i = 0; i < closed * block_; ++i) {
-        const float* k = mxkeys + static_cast<std::size_t>(i) * row + static_cast<std::size_t>(h) * d;
+        const float* k =
+            mxkeys + static_cast<std::size_t>(i) * row + static_cast<std::size_t>(h) * d;
         double dot = 0.0;
         for (int c = 0; c < d; ++c) dot += static_cast<double>(qg[c]) * k[c];
         lg[static_cast<std::size_t>(i)] = static_cast<double>(scale_) * dot;
@@ -249,12 +258,20 @@ void EvalKvCache::score_blocks(int layer, int position, const ScoresView& out) c
       const double* w = e.prob.data() + static_cast<std::size_t>(g) * length;  // the oracle's
       std::vector<double> q_prob;
       if (score_ != ProbeScore::kOracleMass) {  // the softmax the rounded logits give
+        // Which tokens the normaliser spans: all of them, or (a two-stage kernel's view) the
+        // candidates' tokens, the open block and the ring; the rest get no mass.
+        const std::vector<char>& kept = candidate[static_cast<std::size_t>(h)];
+        const bool restrict = candidate_normaliser_ && !kept.empty();
+        auto counted = [&](int i) {
+          return !restrict || i >= closed * block_ || kept[static_cast<std::size_t>(i / block_)];
+        };
         double mx = -std::numeric_limits<double>::infinity();
-        for (int i = 0; i < length; ++i) mx = std::max(mx, l[i]);
-        q_prob.resize(static_cast<std::size_t>(length));
+        for (int i = 0; i < length; ++i)
+          if (counted(i)) mx = std::max(mx, l[i]);
+        q_prob.assign(static_cast<std::size_t>(length), 0.0);
         double z = 0.0;
         for (int i = 0; i < length; ++i)
-          z += (q_prob[static_cast<std::size_t>(i)] = std::exp(l[i] - mx));
+          if (counted(i)) z += (q_prob[static_cast<std::size_t>(i)] = std::exp(l[i] - mx));
         for (double& x : q_prob) x /= z;
         w = q_prob.data();
       }
@@ -334,7 +351,8 @@ std::vector<char> EvalKvCache::first_stage(int layer, int h, int closed) const {
     return x > y || (x == y && a < b);
   });
   std::vector<char> in(static_cast<std::size_t>(closed), 0);
-  for (int r = 0; r < keep; ++r) in[static_cast<std::size_t>(order[static_cast<std::size_t>(r)])] = 1;
+  for (int r = 0; r < keep; ++r)
+    in[static_cast<std::size_t>(order[static_cast<std::size_t>(r)])] = 1;
   if (closed > 0) in[0] = 1;  // the attention sink
   return in;
 }

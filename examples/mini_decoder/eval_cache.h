@@ -69,8 +69,12 @@ class EvalKvCache final : public KvCache {
   /// @param[in] score block-scoring rule to substitute for the BlockIndex (kNone: keep it)
   /// @param[in] pool  threads for the exact attention (shared with the model; never used by the
   ///                  model and the probe at the same time)
+  /// @param[in] candidates the two-stage rules' first-stage blocks (block 0 is added)
+  /// @param[in] candidate_normaliser the two-stage rules' softmax normaliser spans only what a
+  ///                  two-stage kernel reads (the candidates' tokens, the open block and the
+  ///                  ring) instead of every visible token
   EvalKvCache(std::unique_ptr<KvcKvCache> inner, const KvShape& shape, ProbeScore score,
-              ThreadPool& pool, int candidates = 64);
+              ThreadPool& pool, int candidates = 64, bool candidate_normaliser = false);
   ~EvalKvCache() override;
 
   int length() const override { return inner_->length(); }
@@ -108,7 +112,8 @@ class EvalKvCache final : public KvCache {
   KvShape shape_;
   ProbeScore score_;
   ThreadPool& pool_;
-  int candidates_ = 64;  // first-stage blocks kept by the two-stage rules
+  int candidates_ = 64;                // first-stage blocks kept by the two-stage rules
+  bool candidate_normaliser_ = false;  // their normaliser: the candidates, open block and ring
   int window_ = 0;
   int block_ = 0;
   float scale_ = 0.0f;
@@ -118,7 +123,7 @@ class EvalKvCache final : public KvCache {
   // [block][lo, hi, mean][d]: a closed block's keys never change, so each block is summarised
   // once (shadow() drops the blocks a rewrite reaches); mutable: filled by score_blocks().
   mutable std::vector<std::vector<float>> block_summaries_;
-  std::vector<float> staging_;     // device copies of K / q on their way to the host
+  std::vector<float> staging_;  // device copies of K / q on their way to the host
   std::unique_ptr<Exact> exact_;
   int exact_layer_ = -1;
   ProbeStep step_;

@@ -7,6 +7,7 @@
 
 #include "kernels.h"
 #include "kvc/core/error.h"
+#include "kvc/index/block_index.h"
 #include "kvc_cache.h"
 #include "thread_pool.h"
 
@@ -89,6 +90,12 @@ void KvOptions::validate() const {
             "' is not one of: ", join(scorings()));
   KVC_CHECK(contains(token_key_sources(), token_keys), "--kv-token-keys = '", token_keys,
             "' is not one of: ", join(token_key_sources()));
+  KVC_CHECK(candidates >= 0 && candidates <= kMaxCandidates, "--kv-candidates = ", candidates,
+            " must be in [0, ", kMaxCandidates, "]");
+  KVC_CHECK(candidates == 0 || scoring == "token_mass", "--kv-candidates = ", candidates,
+            " (two stages) needs --kv-scoring = token_mass, not ", scoring);
+  KVC_CHECK(candidate_scoring == "mean_k" || candidate_scoring == "quest",
+            "--kv-candidate-scoring = '", candidate_scoring, "' is not one of: mean_k, quest");
   KVC_CHECK(contains(summary_dtypes(), summary_dtype), "--kv-summary-dtype = '", summary_dtype,
             "' is not one of: ", join(summary_dtypes()));
   KVC_CHECK(delta >= 0.0f, "--kv-delta = ", delta, " must be >= 0");

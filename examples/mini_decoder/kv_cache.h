@@ -90,6 +90,11 @@ struct KvOptions {
   /// --kv-token-keys: the keys token_max / token_mass read: the store's mxfp4 or fp8 index copy
   /// of every old token's K, or the old blocks' own K (old_blocks: exact, the oracle's rule)
   std::string token_keys = "mxfp4";
+  /// --kv-candidates: token_mass in two stages when > 0: a summary score first keeps this many
+  /// blocks (and block 0) per kv head, and only their keys are read (BlockIndexConfig::candidates)
+  int candidates = 0;
+  /// --kv-candidate-scoring: the first stage's score, mean_k or quest
+  std::string candidate_scoring = "mean_k";
   /// --kv-summary-dtype: element type of the stored block summaries (mean K, mean V, min/max K),
   /// one of summary_dtypes(); f16 halves their bytes (KvStoreConfig::summary_dtype)
   std::string summary_dtype = "f32";

@@ -38,7 +38,8 @@ KvStoreConfig store_config(const KvOptions& o, const KvShape& s) {
   c.dtype = DType::kF16;
   c.old_format = parse_format(o.effective_format());
   c.summaries = uses_summaries(mode_of(o)) ? (kSummaryMeanK | kSummaryMeanV) : kSummaryMeanK;
-  if (o.scoring == "quest") c.summaries |= kSummaryMinMaxK;
+  if (o.scoring == "quest" || (o.candidates > 0 && o.candidate_scoring == "quest"))
+    c.summaries |= kSummaryMinMaxK;
   c.summary_dtype = o.summary_dtype == "f16" ? DType::kF16 : DType::kF32;
   if (uses_selection(mode_of(o)) && o.token_scoring() && o.token_keys != "old_blocks") {
     c.summaries |= kSummaryIndexKeys;
@@ -58,6 +59,9 @@ BlockIndexConfig index_config(const KvOptions& o, const KvShape& s, int max_quer
             : o.scoring == "token_mass" ? SummaryScore::kTokenMass
                                         : SummaryScore::kMeanK;
   c.token_keys = o.token_keys == "old_blocks" ? TokenKeys::kOldBlocks : TokenKeys::kIndexCopy;
+  c.candidates = o.candidates;
+  c.candidate_score =
+      o.candidate_scoring == "quest" ? SummaryScore::kQuestMinMax : SummaryScore::kMeanK;
   c.max_blocks_per_slot = store_config(o, s).max_blocks_per_slot();
   c.aggregate = GqaAggregate::kSum;
   c.max_query_tokens = max_query_tokens;
@@ -545,6 +549,9 @@ std::string KvcKvCache::describe() const {
     os << ", " << to_string(policy_.kind) << " " << options_.top_blocks;
     if (options_.scoring != "mean_k") os << " by " << options_.scoring;
     if (options_.token_scoring()) os << " over " << options_.token_keys << " keys";
+    if (options_.candidates > 0)
+      os << " of the " << options_.candidates << " best blocks by " << options_.candidate_scoring
+         << " (two stages)";
   }
   if (options_.summary_dtype != "f32") os << "; " << options_.summary_dtype << " summaries";
   if (dense_layers_ > 0) os << "; first " << dense_layers_ << " layers dense";

@@ -2,8 +2,8 @@
 // docs/quality.md). Prints a table on stderr and appends one JSON line per configuration.
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <exception>
 #include <fstream>
@@ -39,11 +39,16 @@ const char* kUsage =
     "                     have at least N + 1 tokens\n"
     "  --config SPEC      a configuration 'key=value;...' (repeat the flag): name (required),\n"
     "                     mode, format, top, window, block, policy, scoring, delta, max_blocks,\n"
-    "                     p, dense_layers, candidates. scoring: mean_k | quest (kvc's\n"
+    "                     p, dense_layers, candidates, candidate_scoring, normaliser.\n"
+    "                     candidates with scoring=token_mass: kvc's two stages (first\n"
+    "                     stage candidate_scoring = mean_k | quest). scoring: mean_k | quest "
+    "(kvc's\n"
     "                     BlockIndex) or a probe rule: oracle | mxfp4_mass | exact_max |\n"
     "                     mxfp4_max |\n"
     "                     quest_mxfp4_mass | meank_mxfp4_mass (two stages: the first keeps\n"
-    "                     'candidates' blocks, default 64, and block 0)\n"
+    "                     'candidates' blocks, default 64, and block 0; normaliser all\n"
+    "                     (default) | candidates: their softmax spans every token, or\n"
+    "                     only the candidates' tokens, the open block and the ring)\n"
     "  --configs-file F   one SPEC per line ('#' starts a comment line)\n"
     "  --bucket N         positions per curve bucket (default 512)\n"
     "  --chunk N          dense reference chunk (default 256)\n"

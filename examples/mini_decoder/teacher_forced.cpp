@@ -25,7 +25,6 @@ namespace kvc {
 namespace mini_decoder {
 namespace {
 
-
 std::string trim(const std::string& s) {
   const auto b = s.find_first_not_of(" \t\r\n");
   if (b == std::string::npos) return "";
@@ -80,6 +79,12 @@ double scoring_bytes(const EvalConfig& c, const KvShape& s, int closed) {
     const double key = c.kv.token_keys == "old_blocks" ? d * 2.0  // fp16k_q4v / f16 K
                        : c.kv.token_keys == "fp8"      ? d + 4.0
                                                        : mxfp4;
+    if (c.kv.candidates > 0) {  // two stages: every summary, then the candidates' keys
+      const double summary = d * (c.kv.summary_dtype == "f16" ? 2.0 : 4.0) *
+                             (c.kv.candidate_scoring == "quest" ? 2.0 : 1.0);
+      const double kept = std::min<double>(closed, c.kv.candidates + 1.0) * s.num_kv_heads;
+      return blocks * summary + kept * b * key + ring_k;
+    }
     return blocks * b * key + (c.kv.scoring == "token_mass" ? ring_k : 0.0);
   }
   switch (c.probe) {
@@ -152,6 +157,7 @@ EvalConfig EvalConfig::parse(const std::string& spec) {
   c.kv.mode = "block_select_exact";
   std::stringstream ss(spec);
   std::string item;
+  bool candidates_given = false;
   while (std::getline(ss, item, ';')) {
     item = trim(item);
     if (item.empty()) continue;
@@ -185,6 +191,13 @@ EvalConfig EvalConfig::parse(const std::string& spec) {
     } else if (key == "candidates") {
       c.candidates = to_int(key, v);
       KVC_CHECK(c.candidates >= 1, "config candidates = ", c.candidates, " is below 1");
+      candidates_given = true;
+    } else if (key == "candidate_scoring") {
+      c.kv.candidate_scoring = v;
+    } else if (key == "normaliser") {
+      KVC_CHECK(v == "all" || v == "candidates", "config normaliser = '", v,
+                "' is not all or candidates");
+      c.candidate_normaliser = v == "candidates";
     } else if (key == "delta") {
       c.kv.delta = to_float(key, v);
     } else if (key == "max_blocks") {
@@ -198,9 +211,12 @@ EvalConfig EvalConfig::parse(const std::string& spec) {
     } else {
       KVC_CHECK(false, "config key '", key,
                 "' is unknown (name, mode, format, top, window, block, policy, scoring, delta, "
-                "max_blocks, p, dense_layers, device, token_keys, candidates)");
+                "max_blocks, p, dense_layers, device, token_keys, candidates, candidate_scoring, "
+                "normaliser)");
     }
   }
+  // 'candidates' with kvc's own token_mass: the BlockIndex's two stages (else the probe's).
+  if (candidates_given && c.probe == ProbeScore::kNone) c.kv.candidates = c.candidates;
   KVC_CHECK(!c.name.empty(), "config '", spec, "' has no name=");
   KVC_CHECK(!c.kv.is_reference(), "config ", c.name,
             ": dense f32 is the reference itself; use format=f16 for a dense kvc control");
@@ -213,8 +229,12 @@ EvalConfig EvalConfig::parse(const std::string& spec) {
 
 std::string EvalConfig::scoring() const {
   if (probe == ProbeScore::kQuestMxfp4Mass || probe == ProbeScore::kMeanKMxfp4Mass)
-    return std::string(to_string(probe)) + "/c" + std::to_string(candidates);
+    return std::string(to_string(probe)) + "/c" + std::to_string(candidates) +
+           (candidate_normaliser ? "/zc" : "");
   if (probe != ProbeScore::kNone) return to_string(probe);
+  if (kv.candidates > 0)
+    return kv.scoring + "/" + kv.token_keys + "/" + kv.candidate_scoring + "-c" +
+           std::to_string(kv.candidates);
   return kv.token_scoring() ? kv.scoring + "/" + kv.token_keys : kv.scoring;
 }
 
@@ -312,7 +332,7 @@ std::vector<EvalResult> run_teacher_forced(Decoder& model, const std::vector<int
       run.cache = std::move(inner);
     } else {
       auto probe = std::make_unique<EvalKvCache>(std::move(inner), shape, cfg.probe, pool,
-                                                 cfg.candidates);
+                                                 cfg.candidates, cfg.candidate_normaliser);
       run.probe = probe.get();
       run.cache = std::move(probe);
     }

@@ -67,9 +67,10 @@ struct ProbeBed {
   }
 
   std::unique_ptr<EvalKvCache> make(const KvOptions& o, ProbeScore score, ThreadPool& pool,
-                                    int candidates = 64) const {
+                                    int candidates = 64, bool candidate_normaliser = false) const {
     auto inner = std::make_unique<KvcKvCache>(o, shape, Device::cpu());
-    auto cache = std::make_unique<EvalKvCache>(std::move(inner), shape, score, pool, candidates);
+    auto cache = std::make_unique<EvalKvCache>(std::move(inner), shape, score, pool, candidates,
+                                               candidate_normaliser);
     const std::size_t token = static_cast<std::size_t>(shape.num_kv_heads) * shape.head_dim;
     for (int l = 0; l < shape.num_layers; ++l) {
       cache->append(l, 0, length - 1, k.data() + static_cast<std::size_t>(l) * length * token,
@@ -198,6 +199,22 @@ TEST(MiniDecoder_QualityProbe, KvcRecallFromLseEqualsTheProbes) {
   }
 }
 
+// Steps both caches once and expects the same block sets selected in every (layer, kv head) row.
+void expect_same_selections(const ProbeBed& bed, EvalKvCache& lib, EvalKvCache& probe,
+                            ThreadPool& pool) {
+  bed.step(lib, pool);
+  bed.step(probe, pool);
+  const auto& a = lib.inner().last_step().selected;
+  const auto& b = probe.inner().last_step().selected;
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t r = 0; r < a.size(); ++r) {
+    std::vector<std::int32_t> x = a[r], y = b[r];
+    std::sort(x.begin(), x.end());
+    std::sort(y.begin(), y.end());
+    EXPECT_EQ(x, y) << "row " << r;
+  }
+}
+
 TEST(MiniDecoder_QualityProbe, LibraryTokenMassSelectsTheOraclesBlocks) {
   // kvc's kTokenMass over the old blocks' own K is the oracle's rule: the same selection as the
   // probe's exact oracle (float32 in kvc, float64 in the probe; random inputs have no near ties
@@ -214,17 +231,29 @@ TEST(MiniDecoder_QualityProbe, LibraryTokenMassSelectsTheOraclesBlocks) {
       auto probe = bed.make(
           select_options(top, bed.window, bed.block),
           std::string(keys) == "mxfp4" ? ProbeScore::kMxfp4Mass : ProbeScore::kOracleMass, pool);
-      bed.step(*lib, pool);
-      bed.step(*probe, pool);
-      const auto& a = lib->inner().last_step().selected;
-      const auto& b = probe->inner().last_step().selected;
-      ASSERT_EQ(a.size(), b.size());
-      for (std::size_t r = 0; r < a.size(); ++r) {
-        std::vector<std::int32_t> x = a[r], y = b[r];
-        std::sort(x.begin(), x.end());
-        std::sort(y.begin(), y.end());
-        EXPECT_EQ(x, y) << "top " << top << " row " << r;
-      }
+      SCOPED_TRACE("top " + std::to_string(top));
+      expect_same_selections(bed, *lib, *probe, pool);
+    }
+  }
+}
+
+TEST(MiniDecoder_QualityProbe, LibraryTwoStagesSelectTheProbesTwoStageBlocks) {
+  // kvc's two-stage token mass (BlockIndexConfig::candidates, mean-K first) is the probe's
+  // meank_mxfp4_mass rule with the normaliser over what it reads: the same candidates (the best
+  // mean-K blocks and block 0), the same mxfp4 keys, the same selection.
+  ThreadPool pool(2);
+  ProbeBed bed;  // 6 closed blocks
+  for (int candidates : {1, 2, 4}) {
+    for (int top : {1, 2}) {
+      KvOptions o = select_options(top, bed.window, bed.block);
+      o.scoring = "token_mass";
+      o.token_keys = "mxfp4";
+      o.candidates = candidates;
+      auto lib = bed.make(o, ProbeScore::kNone, pool);
+      auto probe = bed.make(select_options(top, bed.window, bed.block), ProbeScore::kMeanKMxfp4Mass,
+                            pool, candidates, true);
+      SCOPED_TRACE("candidates " + std::to_string(candidates) + " top " + std::to_string(top));
+      expect_same_selections(bed, *lib, *probe, pool);
     }
   }
 }
@@ -385,8 +414,8 @@ TEST(MiniDecoder_QualityEval, TinyModelEndToEnd) {
   // A time limit every chunk exceeds: the first chunk runs, then the run ends with what it has.
   EvalRunOptions cut = o;
   cut.time_limit_s = 1e-9;
-  const std::vector<EvalResult> rc = run_teacher_forced(model, ids, {configs[0], configs[2]}, cut,
-                                                        pool);
+  const std::vector<EvalResult> rc =
+      run_teacher_forced(model, ids, {configs[0], configs[2]}, cut, pool);
   ASSERT_EQ(rc.size(), 2u);
   for (const EvalResult& x : rc) {
     EXPECT_TRUE(x.time_limited);
