@@ -37,15 +37,27 @@ void bind_core(nb::module_& m) {
   nb::enum_<RepresentativePolicy>(m, "RepresentativePolicy")
       .value("last", RepresentativePolicy::kLast)
       .value("stride", RepresentativePolicy::kStride);
-  nb::enum_<SummaryScore>(m, "SummaryScore", "Which summary a block is scored with.")
+  nb::enum_<SummaryScore>(m, "SummaryScore",
+                          "Which summary (or token-level rule) a block is scored with.")
       .value("mean_k", SummaryScore::kMeanK)
-      .value("quest_min_max", SummaryScore::kQuestMinMax);
+      .value("quest_min_max", SummaryScore::kQuestMinMax)
+      .value("token_max", SummaryScore::kTokenMax)
+      .value("token_mass", SummaryScore::kTokenMass);
+  nb::enum_<TokenKeys>(m, "TokenKeys", "Where the token-level scores read each old token's K.")
+      .value("old_blocks", TokenKeys::kOldBlocks)
+      .value("index_copy", TokenKeys::kIndexCopy);
+  nb::enum_<IndexKernel>(m, "IndexKernel", "Which CUDA kernels a BlockIndex launches.")
+      .value("auto", IndexKernel::kAuto)
+      .value("general", IndexKernel::kGeneral)
+      .value("fast", IndexKernel::kFast);
   nb::enum_<GqaAggregate>(m, "GqaAggregate", "How the query heads of a row combine.")
       .value("sum", GqaAggregate::kSum)
       .value("max", GqaAggregate::kMax);
   m.attr("SUMMARY_MEAN_K") = static_cast<std::uint32_t>(kSummaryMeanK);
   m.attr("SUMMARY_MEAN_V") = static_cast<std::uint32_t>(kSummaryMeanV);
   m.attr("SUMMARY_MIN_MAX_K") = static_cast<std::uint32_t>(kSummaryMinMaxK);
+  m.attr("SUMMARY_INDEX_KEYS") = static_cast<std::uint32_t>(kSummaryIndexKeys);
+  m.attr("MAX_CANDIDATES") = kMaxCandidates;
 
   m.def("uses_selection", &uses_selection, nb::arg("mode"),
         "True for the modes that read a selection (block_select_lossy, block_select_exact).");
@@ -71,6 +83,8 @@ void bind_core(nb::module_& m) {
       .def_rw("old_format", &KvStoreConfig::old_format)
       .def_rw("num_pool_blocks", &KvStoreConfig::num_pool_blocks)
       .def_rw("summaries", &KvStoreConfig::summaries)
+      .def_rw("summary_dtype", &KvStoreConfig::summary_dtype)
+      .def_rw("index_format", &KvStoreConfig::index_format)
       .def_rw("num_shards", &KvStoreConfig::num_shards)
       .def_rw("shard_index", &KvStoreConfig::shard_index)
       .def("max_blocks_per_slot", &KvStoreConfig::max_blocks_per_slot)
@@ -90,6 +104,11 @@ void bind_core(nb::module_& m) {
       .def_rw("softmax_scale", &BlockIndexConfig::softmax_scale)
       .def_rw("max_query_tokens", &BlockIndexConfig::max_query_tokens)
       .def_rw("max_batch", &BlockIndexConfig::max_batch)
+      .def_rw("token_keys", &BlockIndexConfig::token_keys)
+      .def_rw("max_blocks_per_slot", &BlockIndexConfig::max_blocks_per_slot)
+      .def_rw("candidates", &BlockIndexConfig::candidates)
+      .def_rw("candidate_score", &BlockIndexConfig::candidate_score)
+      .def_rw("kernel", &BlockIndexConfig::kernel)
       .def("rows", &BlockIndexConfig::rows, nb::arg("batch"), nb::arg("tokens"))
       .def("scale", &BlockIndexConfig::scale)
       .def("validate", &BlockIndexConfig::validate);

@@ -48,6 +48,36 @@ def test_mean_k_scores_match_numpy(rng):
                 assert abs(scores[row, j] - want) <= 1e-4 * max(1.0, abs(want))
 
 
+def test_token_mass_in_two_stages(rng):
+    """kvc's default scorer (token mass over the mxfp4 index copy), one and two stages: the
+    candidates are a mean-K index's top 5 and block 0 (select_row of an anchor policy), every
+    other block scores -inf, and with every block a candidate the scores are one stage's."""
+    s, _, _ = filled_store(rng, [300, 70], max_context=320,
+                           summaries=kvc.SUMMARY_MEAN_K | kvc.SUMMARY_INDEX_KEYS)
+    assert s.config.index_format == kvc.Format.mxfp4
+    mb = s.config.max_blocks_per_slot()
+    shape = dict(num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, max_batch=2)
+    mass = dict(score=kvc.SummaryScore.token_mass, token_keys=kvc.TokenKeys.index_copy,
+                max_blocks_per_slot=mb, **shape)
+    q = randn(rng, (2, 1, HQ, D))
+    one, nv = kvc.BlockIndex(kvc.BlockIndexConfig(**mass)).score(s, [0, 1], q)
+    first, _ = kvc.BlockIndex(kvc.BlockIndexConfig(**shape)).score(s, [0, 1], q)
+    two, nv2 = kvc.BlockIndex(kvc.BlockIndexConfig(candidates=5, **mass)).score(s, [0, 1], q)
+    assert list(nv2) == list(nv) == [34, 34, 5, 5]
+    for r in range(4):
+        n = nv[r]
+        kept = set(kvc.select_row(first[r, :n].copy(), kvc.SelectPolicy.anchor(5, [0])))
+        assert {j for j in range(n) if np.isfinite(two[r, j])} == kept
+        assert all(two[r, j] == -np.inf for j in range(n) if j not in kept)
+        assert 0 in kept and len(kept) <= 6
+    every, _ = kvc.BlockIndex(kvc.BlockIndexConfig(candidates=kvc.MAX_CANDIDATES,
+                                                   **mass)).score(s, [0, 1], q)
+    for r in range(4):
+        assert np.array_equal(every[r, :nv[r]], one[r, :nv[r]])
+    expect_error(lambda: kvc.BlockIndexConfig(candidates=3, **shape).validate(),
+                 "candidates = 3", "token_mass")
+
+
 def test_selector_topk_matches_argsort_with_ties(rng):
     rows, n = 5, 37
     scores = rng.integers(-4, 4, size=(rows, n)).astype(np.float32)  # many ties

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Device calls prepared in the twenty-fourth session, 2026-12-04, when no GPU was lent: the
+# first session with a device runs them (each under the 10-minute limit; results in $OUT,
+# helpers in scripts/gpu-lib.sh):
+#   twostage  two-stage token mass (BlockIndexConfig::candidates; written without a GPU): its GPU
+#             tests and every token-score GPU test (the general and finish kernels changed),
+#             the four compute-sanitizer tools over the two-stage tests, then the decode step
+#             with one and two stages (step_bench scorers 1, 3 and 4) beside PyTorch's anchors
+#   final     the same-run table (kvc's rows, then every peer anchor in the same call) for
+#             docs/perf-data/latest.json, and the staged attention's pinned-split rows at B1 / B8
+#             (two slots, splits 2 / 4 / 8 / 32) registered in the twenty-third session
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out=$PWD/gpu-out/session24
+source scripts/gpu-lib.sh
+
+case "${1:-twostage}" in
+  twostage)
+    build_targets kvc_cuda_tests step_bench
+    gtests twostage '*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*' 150
+    two='*Cuda_BlockIndex_TwoStage*'
+    sanitize memcheck memcheck "$two" 60
+    sanitize racecheck racecheck "$two" 60
+    sanitize initcheck initcheck "$two" 60
+    sanitize synccheck synccheck "$two" 40
+    bench 90 step_bench '/(1|8)/131072/0/(1|3|4)/(0|1)/|/32/32768/0/(1|3)/(0|1)/'
+    torch_anchors
+    report
+    ;;
+  final)
+    same_run_kvc
+    bench 40 attention_bench '^BM_BlockSelectExact/0/(1|8)/3/8/(2|4|8|32)/1/'
+    anchors_and_report
+    ;;
+  *) echo "gpu-session24.sh: twostage | final" >&2; exit 2 ;;
+esac
+finish
