@@ -269,6 +269,28 @@ def dsv4():
     write("dsv4", "compressor_r128", comp128)
 
 
+def block_index():
+    # fuzz_block_index.cpp: the store (kv heads - 1, block flag (1: 8), window / block - 1, old
+    # format pick (0 f16, 1 q8, 2 fp16k_q4v), min/max flag, index-copy flag, mxfp4 flag), two
+    # sequences (length, specials count), then the index (group - 1, score byte, sum flag,
+    # shared flag, old-blocks flag, max T - 1, store-pitch flag, small-candidates flag and byte,
+    # candidate score byte, auto-kernel flag, T - 1, two-slots flag, pitch flag) and the queries.
+    def seed(old, minmax, score, shared, keys_old, candidates, first, t):
+        store = u8(1) + u8(1) + u8(1) + u8(old) + u8(minmax) + u8(1) + u8(1)
+        store += rng(150) + u8(0) + rng(90) + u8(0)
+        index = u8(1) + u8(score) + u8(1) + u8(shared) + u8(keys_old) + u8(t - 1) + u8(1)
+        index += u8(1) + u8(candidates) + u8(first) + u8(1) + u8(t - 1) + u8(1) + u8(0)
+        queries = b"".join(u16(0x3000 + (i * 37) % 0x1000 | (0x8000 if i % 3 == 0 else 0))
+                           for i in range(2 * t * 4 * 64))
+        return store + index + queries
+
+    write("block_index", "two_stage_mean_k", seed(2, 1, 3, 0, 0, 4, 0, 1))
+    write("block_index", "two_stage_quest_shared", seed(2, 1, 3, 1, 0, 3, 1, 2))
+    write("block_index", "two_stage_old_blocks_q8", seed(1, 0, 3, 0, 1, 6, 0, 1))
+    write("block_index", "one_stage_token_max", seed(0, 1, 2, 0, 0, 0, 0, 3))
+    write("block_index", "quest", seed(2, 1, 1, 0, 0, 0, 0, 1))
+
+
 if __name__ == "__main__":
     formats()
     store_config()
@@ -276,3 +298,4 @@ if __name__ == "__main__":
     planner()
     gguf()
     dsv4()
+    block_index()
