@@ -118,9 +118,13 @@ bool fast_kernel_serves(const BlockIndexConfig& c, Format index_format) {
             : 0;
     return static_cast<long long>(c.num_q_heads) * c.head_dim + partials <= kFastSummarySmemFloats;
   }
-  return c.candidates == 0 && c.token_keys == TokenKeys::kIndexCopy &&
-         index_format == Format::kMxfp4 && c.dtype == DType::kF16 &&
-         (c.head_dim == 64 || c.head_dim == 128) && c.num_q_heads / c.num_kv_heads <= 8;
+  return c.candidates == 0 && token_tensor_cores_serve(c, index_format);
+}
+
+bool token_tensor_cores_serve(const BlockIndexConfig& c, Format index_format) {
+  return c.token_keys == TokenKeys::kIndexCopy && index_format == Format::kMxfp4 &&
+         c.dtype == DType::kF16 && (c.head_dim == 64 || c.head_dim == 128) &&
+         c.num_q_heads / c.num_kv_heads <= 8;
 }
 
 bool uses_fast_kernel(const BlockIndexConfig& c, Format index_format) {

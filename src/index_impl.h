@@ -23,6 +23,11 @@ int fast_summary_blocks_per_cta(int num_kv_heads);
 /// G <= 8 (tensor cores, kernels/index/token_fast.cuh).
 bool fast_kernel_serves(const BlockIndexConfig& c, Format index_format);
 
+/// True when the tensor-core token kernel (kernels/index/token_fast.cuh) can score `c`'s tokens:
+/// an mxfp4 index copy, f16 queries, head_dim 64 or 128, G <= 8. fast_kernel_serves adds that
+/// one stage reads every block (two stages run it by their own rule: kAuto and this).
+bool token_tensor_cores_serve(const BlockIndexConfig& c, Format index_format);
+
 /// True when a call with `c` runs the fast kernel: kFast always (validated to serve), kAuto when
 /// it serves, kGeneral never.
 bool uses_fast_kernel(const BlockIndexConfig& c, Format index_format);

@@ -193,13 +193,14 @@ __global__ void __launch_bounds__(kTokThreads)
   const StoreView& s = p.s;
   const TokenRow r = token_row(p, D);
   if (blockIdx.x == 0 && threadIdx.x == 0) p.out.num_valid[r.row] = r.closed;
+  const int n = chunk_entries(p, r);  // closed blocks, or (two stages) candidates
   const int chunk_ctas = static_cast<int>(gridDim.x) - (p.mass ? 1 : 0);
   if (p.mass && static_cast<int>(blockIdx.x) == chunk_ctas) {
     exact_part<D>(p, r, q_smem, red, 0, 1);
     return;
   }
   const int j0 = static_cast<int>(blockIdx.x) * kTokBlocksPerCta;
-  if (j0 >= r.closed) return;
+  if (j0 >= n) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int B = s.block_size, cn = p.group;  // G <= 8: one chunk of heads per kv head
   constexpr std::size_t kRowBytes = D / 2, kScaleBytes = D / 32;
@@ -208,9 +209,9 @@ __global__ void __launch_bounds__(kTokThreads)
     std::uint32_t qb[Tr::kTiles][2];
     load_query_fragments<D>(r.q_row + static_cast<std::size_t>(hh) * p.group * D, cn, qb);
     for (int jj = warp; jj < kTokBlocksPerCta; jj += kTokWarps) {
-      const int j = j0 + jj;
-      if (j >= r.closed) break;
-      const int pb = r.table[store::owned_block_id(s, j)];
+      const int j = j0 + jj;  // the entry: a block id, or a position in the candidate list
+      if (j >= n) break;
+      const int pb = r.table[store::owned_block_id(s, entry_block(p, r, j))];
       const std::size_t row0 = store::old_row_index(s, pb, h, 0);
       const std::uint8_t* keys = s.index_k + row0 * kRowBytes;
       const std::uint8_t* scales = s.index_k_scale + row0 * kScaleBytes;
@@ -302,7 +303,7 @@ __global__ void __launch_bounds__(kTokThreads)
       }
     }
   }
-  chunk_epilogue(p, r, j0, r.closed, agg);
+  chunk_epilogue(p, r, j0, n, agg);
 }
 
 // ---- The streaming variant (TokenKernels::kStream, kernels/index/token_variant.h) -------------

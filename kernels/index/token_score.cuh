@@ -405,6 +405,24 @@ __device__ __forceinline__ void chunk_epilogue(const TokenScoreParams& p, const 
   }
 }
 
+/// The entries a row's chunk CTAs score: its closed blocks, or with two stages (p.cand) its
+/// candidates, after every closed block's score is set to -inf (the CTAs of the row share the
+/// writes; the finish kernel overwrites the candidates').
+__device__ __forceinline__ int chunk_entries(const TokenScoreParams& p, const TokenRow& r) {
+  if (p.cand == nullptr) return r.closed;
+  float* scores = p.out.scores + static_cast<std::size_t>(r.row) * p.out.max_blocks;
+  for (int j = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); j < r.closed;
+       j += static_cast<int>(gridDim.x * blockDim.x)) {
+    scores[j] = index_math::neg_inf();
+  }
+  return p.cand_count[r.row];
+}
+
+/// The block id of a row's entry j (chunk_entries): j itself, or the row's j-th candidate.
+__device__ __forceinline__ int entry_block(const TokenScoreParams& p, const TokenRow& r, int j) {
+  return p.cand != nullptr ? p.cand[static_cast<std::size_t>(r.row) * p.cand_pitch + j] : j;
+}
+
 template <KeyKind KK, int D>
 __global__ void __launch_bounds__(kTokThreads)
     token_score_kernel(const __grid_constant__ TokenScoreParams p) {
@@ -414,15 +432,7 @@ __global__ void __launch_bounds__(kTokThreads)
   const StoreView& s = p.s;
   const TokenRow r = token_row(p, D);
   if (blockIdx.x == 0 && threadIdx.x == 0) p.out.num_valid[r.row] = r.closed;
-  int n = r.closed;  // entries the chunk CTAs score: blocks, or the row's candidates
-  if (p.cand != nullptr) {
-    n = p.cand_count[r.row];
-    float* scores = p.out.scores + static_cast<std::size_t>(r.row) * p.out.max_blocks;
-    for (int j = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); j < r.closed;
-         j += static_cast<int>(gridDim.x * blockDim.x)) {
-      scores[j] = index_math::neg_inf();
-    }
-  }
+  const int n = chunk_entries(p, r);
   const int chunk_ctas = static_cast<int>(gridDim.x) - (p.mass ? 1 : 0);
   if (p.mass && static_cast<int>(blockIdx.x) == chunk_ctas) {
     exact_part<D>(p, r, q_smem, red, 0, 1);
@@ -441,9 +451,7 @@ __global__ void __launch_bounds__(kTokThreads)
       for (int jj = warp; jj < kTokBlocksPerCta; jj += kTokWarps) {
         const int j = j0 + jj;  // the entry: a block id, or a position in the candidate list
         if (j >= n) break;
-        const int block =
-            p.cand != nullptr ? p.cand[static_cast<std::size_t>(r.row) * p.cand_pitch + j] : j;
-        const int pb = r.table[store::owned_block_id(s, block)];
+        const int pb = r.table[store::owned_block_id(s, entry_block(p, r, j))];
         HeadStates st;
         st.reset();
         for (int t0 = 0; t0 < s.block_size; t0 += 32) {

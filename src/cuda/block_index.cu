@@ -323,9 +323,10 @@ cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const st
 
 // Two-stage kTokenMass (c.candidates > 0): the first stage's summary scores into `out`, its
 // selection of candidates (detail::candidate_policy: the best c.candidates and block 0,
-// ascending) by the select kernels, then the general token kernel over the candidates only
-// (it also sets every closed block's score to -inf) and the finish kernel, which writes the
-// candidates' scores. Four launches, all shapes from the batch, T and the store's pitch.
+// ascending) by the select kernels, then a chunk kernel over the candidates only (the tensor-core
+// one under kAuto where it serves, else the general one; either first sets every closed block's
+// score to -inf) and the finish kernel, which writes the candidates' scores. Four launches, all
+// shapes from the batch, T and the store's pitch.
 cudaError_t two_stage_scores(const StoreView& s, const BlockIndexConfig& c,
                              const std::int32_t* d_slots, int batch, int tokens, const void* d_q,
                              const ScoresView& out, void* d_workspace, std::size_t workspace_bytes,
@@ -368,8 +369,13 @@ cudaError_t two_stage_scores(const StoreView& s, const BlockIndexConfig& c,
   p.cand_count = candidates.counts;
   p.cand_pitch = pitch;
   const int chunks = (pitch + kTokBlocksPerCta - 1) / kTokBlocksPerCta;
-  e = launch_general_token_kernel(c.head_dim, token_key_kind(s, c), dim3(chunks + 1, rows), p,
-                                  stream);
+  const dim3 grid(chunks + 1, rows);
+  if (c.kernel == IndexKernel::kAuto && detail::token_tensor_cores_serve(c, s.index_format)) {
+    e = c.head_dim == 64 ? launch_token_fast<64>(s.block_size, grid, p, stream)
+                         : launch_token_fast<128>(s.block_size, grid, p, stream);
+  } else {
+    e = launch_general_token_kernel(c.head_dim, token_key_kind(s, c), grid, p, stream);
+  }
   if (e != cudaSuccess) return e;
   return launch_token_finish(dim3((pitch + kFinishThreads - 1) / kFinishThreads, rows), p, false,
                              stream);

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -99,6 +100,48 @@ BlockIndexConfig two_stage_config(const TwoStageCase& k, int max_blocks) {
   return c;
 }
 
+// The GPU's two-stage scores (`g`, `gvalid`) against the CPU's (`cs`, `cv`; its first-stage
+// scores `fs`): equal valid counts; wherever the first stage's cut is not a near-tie, -inf at the
+// same blocks and the candidates' scores within 2e-5 relative; the poison past each row's closed
+// blocks intact.
+void expect_matches_cpu(const std::vector<float>& g, const std::vector<std::int32_t>& gvalid,
+                        const std::vector<float>& cs, const std::vector<std::int32_t>& cv,
+                        const std::vector<float>& fs, int candidates, int rows, int maxb) {
+  const SelectPolicy policy = SelectPolicy::anchor(candidates, {0});
+  int compared = 0, reduced = 0;
+  double max_rel = 0.0;
+  for (int r = 0; r < rows; ++r) {
+    ASSERT_EQ(gvalid[r], cv[r]) << "row " << r;
+    const int closed = cv[r];
+    RowReport rep;
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(candidates) + 1);
+    const int n = select_row(fs.data() + static_cast<std::size_t>(r) * maxb, closed, policy,
+                             ids.data(), candidates + 1, &rep);
+    if (n < closed) {
+      ++reduced;
+      if (!(rep.cutoff_margin > 1e-3f)) continue;  // a near-tie at the first stage's cut
+    }
+    ++compared;
+    const float* a = g.data() + static_cast<std::size_t>(r) * maxb;
+    const float* b = cs.data() + static_cast<std::size_t>(r) * maxb;
+    for (int j = 0; j < closed; ++j) {
+      ASSERT_EQ(std::isinf(a[j]), std::isinf(b[j])) << "row " << r << " block " << j;
+      ASSERT_FALSE(std::isnan(a[j])) << "row " << r << " block " << j;
+      if (std::isinf(b[j])) {
+        EXPECT_EQ(a[j], b[j]) << "row " << r << " block " << j;
+        continue;
+      }
+      max_rel =
+          std::max(max_rel, std::abs(static_cast<double>(a[j]) - b[j]) / (1.0 + std::abs(b[j])));
+    }
+    // The poison past the row's closed blocks is untouched.
+    if (closed < maxb) EXPECT_TRUE(std::isnan(a[closed])) << "row " << r;
+  }
+  EXPECT_LT(max_rel, 2e-5);
+  EXPECT_GT(compared, 0);
+  EXPECT_GT(reduced, 0);  // the long sequence's rows leave blocks out
+}
+
 class Cuda_BlockIndex_TwoStage : public ::testing::TestWithParam<TwoStageCase> {};
 
 TEST_P(Cuda_BlockIndex_TwoStage, MatchCpu) {
@@ -123,52 +166,24 @@ TEST_P(Cuda_BlockIndex_TwoStage, MatchCpu) {
       ->score(*st.cpu, slots, qh, ScoresView{fs.data(), fv.data(), rows, maxb});
 
   DeviceArray<std::uint16_t> dq(q);
-  DeviceArray<float> gs(static_cast<std::size_t>(rows) * maxb);
-  DeviceArray<std::int32_t> gv(rows);
-  gs.fill_bytes(0xff);  // poisoned: NaN wherever nothing is written
-  gv.fill_bytes(0xff);
-  auto gi = BlockIndex::create(c, Device::cuda(0));
-  gi->score(
-      *st.gpu, slots,
-      TensorView::contiguous(dq.get(), k.dtype, {batch, k.T, c.num_q_heads, k.d}, Device::cuda(0)),
-      ScoresView{gs.get(), gv.get(), rows, maxb});
-  KVC_ASSERT_CUDA(cudaDeviceSynchronize());
-  const auto g = gs.download();
-  const auto gvalid = gv.download();
-
-  const SelectPolicy policy = SelectPolicy::anchor(k.candidates, {0});
-  int compared = 0, reduced = 0;
-  double max_rel = 0.0;
-  for (int r = 0; r < rows; ++r) {
-    ASSERT_EQ(gvalid[r], cv[r]) << "row " << r;
-    const int closed = cv[r];
-    RowReport rep;
-    std::vector<std::int32_t> ids(static_cast<std::size_t>(k.candidates) + 1);
-    const int n = select_row(fs.data() + static_cast<std::size_t>(r) * maxb, closed, policy,
-                             ids.data(), k.candidates + 1, &rep);
-    if (n < closed) {
-      ++reduced;
-      if (!(rep.cutoff_margin > 1e-3f)) continue;  // a near-tie at the first stage's cut
-    }
-    ++compared;
-    const float* a = g.data() + static_cast<std::size_t>(r) * maxb;
-    const float* b = cs.data() + static_cast<std::size_t>(r) * maxb;
-    for (int j = 0; j < closed; ++j) {
-      ASSERT_EQ(std::isinf(a[j]), std::isinf(b[j])) << "row " << r << " block " << j;
-      ASSERT_FALSE(std::isnan(a[j])) << "row " << r << " block " << j;
-      if (std::isinf(b[j])) {
-        EXPECT_EQ(a[j], b[j]) << "row " << r << " block " << j;
-        continue;
-      }
-      max_rel =
-          std::max(max_rel, std::abs(static_cast<double>(a[j]) - b[j]) / (1.0 + std::abs(b[j])));
-    }
-    // The poison past the row's closed blocks is untouched.
-    if (closed < maxb) EXPECT_TRUE(std::isnan(a[closed])) << "row " << r;
+  // kAuto runs the tensor-core token kernel where it serves (mxfp4 index copy, f16, d 64 / 128,
+  // G <= 8), kGeneral the general one.
+  for (const IndexKernel kernel : {IndexKernel::kAuto, IndexKernel::kGeneral}) {
+    SCOPED_TRACE(to_string(kernel));
+    BlockIndexConfig ck = c;
+    ck.kernel = kernel;
+    DeviceArray<float> gs(static_cast<std::size_t>(rows) * maxb);
+    DeviceArray<std::int32_t> gv(rows);
+    gs.fill_bytes(0xff);  // poisoned: NaN wherever nothing is written
+    gv.fill_bytes(0xff);
+    auto gi = BlockIndex::create(ck, Device::cuda(0));
+    gi->score(*st.gpu, slots,
+              TensorView::contiguous(dq.get(), k.dtype, {batch, k.T, c.num_q_heads, k.d},
+                                     Device::cuda(0)),
+              ScoresView{gs.get(), gv.get(), rows, maxb});
+    KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+    expect_matches_cpu(gs.download(), gv.download(), cs, cv, fs, k.candidates, rows, maxb);
   }
-  EXPECT_LT(max_rel, 2e-5);
-  EXPECT_GT(compared, 0);
-  EXPECT_GT(reduced, 0);  // the long sequence's rows leave blocks out
 }
 
 constexpr auto kSum = GqaAggregate::kSum;
