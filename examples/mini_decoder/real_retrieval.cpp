@@ -82,6 +82,9 @@ std::string usage() {
          "                         token_max, mean_k or quest (mini_decoder --kv-scoring)\n"
          "  --token-keys K         keys of token_mass / token_max: mxfp4 (default), fp8,\n"
          "                         old_blocks\n"
+         "  --candidates C         token_mass in two stages: the first keeps C blocks and\n"
+         "                         block 0 (mini_decoder --kv-candidates; default 0: one)\n"
+         "  --candidate-scoring S  the first stage's score: mean_k (default) or quest\n"
          "  --summary-dtype T      element type of the block summaries of the kvc modes: f32\n"
          "                         (default) or f16 (mini_decoder --kv-summary-dtype)\n"
          "  --no-dense-recent-only skip the dense_recent_only rows\n"
@@ -128,6 +131,10 @@ Options parse(const std::vector<std::string>& args) {
       r.scoring = value();
     } else if (a == "--token-keys") {
       r.token_keys = value();
+    } else if (a == "--candidates") {
+      r.candidates = std::stoi(value());
+    } else if (a == "--candidate-scoring") {
+      r.candidate_scoring = value();
     } else if (a == "--summary-dtype") {
       r.summary_dtype = value();
     } else if (a == "--no-dense-recent-only") {

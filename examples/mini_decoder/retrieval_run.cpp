@@ -215,6 +215,10 @@ RetrievalRow run_row(const PromptRun& run, const RetrievalMode& mode, bool dense
       << json_string(mode.label != "block_select_exact" ? ""
                      : mode.kv.token_scoring()          ? mode.kv.scoring + "/" + mode.kv.token_keys
                                                         : mode.kv.scoring)
+      << (mode.label == "block_select_exact" && mode.kv.candidates > 0
+              ? ",\"candidates\":" + std::to_string(mode.kv.candidates) +
+                    ",\"candidate_scoring\":" + json_string(mode.kv.candidate_scoring)
+              : std::string())
       << (mode.kv.is_reference() || mode.kv.summary_dtype == "f32"
               ? std::string()
               : ",\"summary_dtype\":" + json_string(mode.kv.summary_dtype))
@@ -346,6 +350,8 @@ std::vector<RetrievalMode> retrieval_modes(const RetrievalSettings& s, bool on_c
   base.device = on_cuda ? "cuda" : "cpu";
   base.scoring = s.scoring;
   base.token_keys = s.token_keys;
+  base.candidates = s.candidates;
+  base.candidate_scoring = s.candidate_scoring;
   base.summary_dtype = s.summary_dtype;
   if (s.dense_recent_only) {
     RetrievalMode r;

@@ -40,12 +40,14 @@ struct RetrievalSettings {
   std::vector<std::string> policies = {"topk"};                   ///< selection policies
   std::string scoring = "token_mass";  ///< block scoring of block_select_exact
   std::string token_keys = "mxfp4";    ///< keys of the token scorings
-  std::string summary_dtype = "f32";   ///< element type of the kvc modes' block summaries
-  bool dense_recent_only = true;       ///< add the dense_recent_only row
-  int recent_window = 1024;            ///< ring of the kvc modes
-  int block_size = 32;                 ///< old block size
-  int max_tokens = 24;                 ///< most answer tokens
-  int chunk = 256;                     ///< prompt tokens per batched step of the dense prefill
+  int candidates = 0;                  ///< token_mass in two stages: first-stage blocks (0: one)
+  std::string candidate_scoring = "mean_k";  ///< the first stage's score
+  std::string summary_dtype = "f32";         ///< element type of the kvc modes' block summaries
+  bool dense_recent_only = true;             ///< add the dense_recent_only row
+  int recent_window = 1024;                  ///< ring of the kvc modes
+  int block_size = 32;                       ///< old block size
+  int max_tokens = 24;                       ///< most answer tokens
+  int chunk = 256;  ///< prompt tokens per batched step of the dense prefill
   std::vector<int> capture_layers = {0, 15, 29};  ///< layers whose first-step selection is kept
   std::string note;                               ///< written into every row
 };
