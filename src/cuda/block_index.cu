@@ -362,7 +362,7 @@ cudaError_t two_stage_scores(const StoreView& s, const BlockIndexConfig& c,
   p.ring_parts = 1;
   p.ring_tc = false;
   p.blocks_per_cta = kTokBlocksPerCta;
-  p.safe_add = 0;  // the streaming kernels' fields: unused by the general kernel
+  p.safe_add = 0;  // the streaming kernels' fields: neither chunk kernel here reads them
   p.scale_bits = 0;
   p.lse_pitch = pitch;
   p.cand = candidates.ids;
