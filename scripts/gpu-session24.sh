@@ -9,9 +9,14 @@
 #   final     the same-run table (kvc's rows, then every peer anchor in the same call) for
 #             docs/perf-data/latest.json, and the staged attention's pinned-split rows at B1 / B8
 #             (two slots, splits 2 / 4 / 8 / 32) registered in the twenty-third session
+#   quality   SmolLM2 through the CUDA two-stage path on a real model: text B 6144-7168 with one
+#             and two stages (docs/quality/configs-smollm2-two-stage.txt), to set beside the CPU
+#             rows of the twenty-fourth session (docs/quality.md); needs models/smollm2.part-*
+#             carried by the calls before it (scripts/model-path says how a model travels)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=$PWD/gpu-out/session24
+rev="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 source scripts/gpu-lib.sh
 
 case "${1:-twostage}" in
@@ -32,6 +37,12 @@ case "${1:-twostage}" in
     bench 40 attention_bench '^BM_BlockSelectExact/0/(1|8)/3/8/(2|4|8|32)/1/'
     anchors_and_report
     ;;
-  *) echo "gpu-session24.sh: twostage | final" >&2; exit 2 ;;
+  quality)
+    build_targets quality_eval
+    join_smollm2 &&
+      quality_window smollm2-b-two-stage $smollm2 docs/quality/texts/text_b.md text_b 6144 7168 \
+        docs/quality/configs-smollm2-two-stage.txt
+    ;;
+  *) echo "gpu-session24.sh: twostage | final | quality" >&2; exit 2 ;;
 esac
 finish
