@@ -19,11 +19,11 @@
 // folds the row's partials into Z_g per head, then thread j turns block j's lse_g(j) into
 // log_share(lse_g(j), Z_g) and aggregates the heads (ascending): LogSumExp (kSum) or nan_max.
 //
-// Two stages (p.cand not null; the general kernel only): a chunk CTA owns kTokBlocksPerCta
-// consecutive entries of the row's candidate list instead of consecutive blocks, the lse values
-// and the finish kernel follow the entries, and the candidates' scores land at their block ids;
-// every other closed block scores -inf (written by the chunk kernel before the finish kernel
-// writes the candidates').
+// Two stages (p.cand not null; this kernel and token_fast_kernel): a chunk CTA owns
+// kTokBlocksPerCta consecutive entries of the row's candidate list instead of consecutive blocks,
+// the lse values and the finish kernel follow the entries, and the candidates' scores land at their
+// block ids; every other closed block scores -inf (written by the chunk kernel before the finish
+// kernel writes the candidates').
 //
 // Launch shapes depend only on the batch, T and s.max_blocks_per_slot (graph-capturable); CTAs
 // past a row's closed blocks return at once, and the finish kernel reads only the partials of
