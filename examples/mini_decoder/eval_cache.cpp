@@ -27,9 +27,15 @@ ProbeScore parse_probe_score(const std::string& name) {
   if (name == "exact_max") return ProbeScore::kExactMax;
   if (name == "quest_mxfp4_mass") return ProbeScore::kQuestMxfp4Mass;
   if (name == "meank_mxfp4_mass") return ProbeScore::kMeanKMxfp4Mass;
+  if (name == "meanvar_mxfp4_mass") return ProbeScore::kMeanVarMxfp4Mass;
+  if (name == "meanrange_mxfp4_mass") return ProbeScore::kMeanRangeMxfp4Mass;
+  if (name == "meansoft_mxfp4_mass") return ProbeScore::kMeanSoftMxfp4Mass;
+  if (name == "meanpeak_mxfp4_mass") return ProbeScore::kMeanPeakMxfp4Mass;
+  if (name == "questsoft_mxfp4_mass") return ProbeScore::kQuestSoftMxfp4Mass;
   KVC_CHECK(name == "mxfp4_max", "probe score = '", name,
             "' is not one of: none, oracle, mxfp4_mass, exact_max, mxfp4_max, quest_mxfp4_mass, "
-            "meank_mxfp4_mass");
+            "meank_mxfp4_mass, meanvar_mxfp4_mass, meanrange_mxfp4_mass, meansoft_mxfp4_mass, "
+            "meanpeak_mxfp4_mass, questsoft_mxfp4_mass");
   return ProbeScore::kMxfp4Max;
 }
 
@@ -49,18 +55,31 @@ const char* to_string(ProbeScore s) {
       return "quest_mxfp4_mass";
     case ProbeScore::kMeanKMxfp4Mass:
       return "meank_mxfp4_mass";
+    case ProbeScore::kMeanVarMxfp4Mass:
+      return "meanvar_mxfp4_mass";
+    case ProbeScore::kMeanRangeMxfp4Mass:
+      return "meanrange_mxfp4_mass";
+    case ProbeScore::kMeanSoftMxfp4Mass:
+      return "meansoft_mxfp4_mass";
+    case ProbeScore::kMeanPeakMxfp4Mass:
+      return "meanpeak_mxfp4_mass";
+    case ProbeScore::kQuestSoftMxfp4Mass:
+      return "questsoft_mxfp4_mass";
   }
   return "?";
 }
 
-namespace {
-
-bool two_stage(ProbeScore s) {
-  return s == ProbeScore::kQuestMxfp4Mass || s == ProbeScore::kMeanKMxfp4Mass;
+bool is_two_stage(ProbeScore s) {
+  return s == ProbeScore::kQuestMxfp4Mass || s == ProbeScore::kMeanKMxfp4Mass ||
+         s == ProbeScore::kMeanVarMxfp4Mass || s == ProbeScore::kMeanRangeMxfp4Mass ||
+         s == ProbeScore::kMeanSoftMxfp4Mass || s == ProbeScore::kMeanPeakMxfp4Mass ||
+         s == ProbeScore::kQuestSoftMxfp4Mass;
 }
 
+namespace {
+
 bool uses_mxfp4(ProbeScore s) {
-  return s == ProbeScore::kMxfp4Mass || s == ProbeScore::kMxfp4Max || two_stage(s);
+  return s == ProbeScore::kMxfp4Mass || s == ProbeScore::kMxfp4Max || is_two_stage(s);
 }
 
 float round_f16(float x) { return half_bits_to_float(float_to_half_bits(x)); }
@@ -103,7 +122,7 @@ EvalKvCache::EvalKvCache(std::unique_ptr<KvcKvCache> inner, const KvShape& shape
               " is not a multiple of the mxfp4 group ", formats::kMxfp4Group);
     mxfp4_keys_.assign(n, 0.0f);
   }
-  if (two_stage(score_)) {
+  if (is_two_stage(score_)) {
     block_summaries_.resize(static_cast<std::size_t>(shape.num_layers) * shape.num_kv_heads);
   }
   exact_ = std::make_unique<Exact>();
@@ -123,7 +142,7 @@ std::string EvalKvCache::describe() const {
   std::ostringstream os;
   os << inner_->describe();
   if (score_ != ProbeScore::kNone) os << "; blocks scored by the probe: " << to_string(score_);
-  if (two_stage(score_))
+  if (is_two_stage(score_))
     os << " (" << candidates_ << " candidates, normaliser over "
        << (candidate_normaliser_ ? "the candidates, open block and ring" : "every token") << ")";
   return os.str();
@@ -139,7 +158,7 @@ void EvalKvCache::shadow(int layer, int pos0, int count, const float* k) {
   const std::size_t base = (static_cast<std::size_t>(layer) * shape_.capacity + pos0) * row;
   for (int h = 0; h < hkv && !block_summaries_.empty(); ++h) {  // summaries of rewritten blocks
     std::vector<float>& sum = block_summaries_[static_cast<std::size_t>(layer) * hkv + h];
-    const std::size_t kept = static_cast<std::size_t>(pos0 / block_) * 3 * d;
+    const std::size_t kept = static_cast<std::size_t>(pos0 / block_) * kSummaryRows * d;
     if (sum.size() > kept) sum.resize(kept);
   }
   std::vector<float> x(static_cast<std::size_t>(d));
@@ -227,14 +246,14 @@ void EvalKvCache::score_blocks(int layer, int position, const ScoresView& out) c
                                                                        shape_.capacity * row;
   // The two-stage rules' first stage per kv head: the candidate blocks (block 0 among them).
   std::vector<std::vector<char>> candidate(static_cast<std::size_t>(hkv));
-  if (two_stage(score_)) {
+  if (is_two_stage(score_)) {
     pool_.parallel_for(hkv, [&](int h, int) {
       candidate[static_cast<std::size_t>(h)] = first_stage(layer, h, closed);
     });
   }
   // Each query head's score of every closed block, then their sum over the group.
   const bool mass =
-      score_ == ProbeScore::kOracleMass || score_ == ProbeScore::kMxfp4Mass || two_stage(score_);
+      score_ == ProbeScore::kOracleMass || score_ == ProbeScore::kMxfp4Mass || is_two_stage(score_);
   std::vector<double> per_head(static_cast<std::size_t>(hq) * closed, 0.0);
   pool_.parallel_for(hq, [&](int g, int) {
     const int h = g / group;
@@ -307,41 +326,91 @@ std::vector<char> EvalKvCache::first_stage(int layer, int h, int closed) const {
   const int group = shape_.num_q_heads / hkv;
   const std::size_t row = static_cast<std::size_t>(hkv) * d;
   const float* keys = keys_.data() + static_cast<std::size_t>(layer) * shape_.capacity * row;
-  // The summaries of the blocks closed since the last call (lo, hi, mean of each dim).
+  // The summaries of the blocks closed since the last call (lo, hi, mean, variance of each dim).
   std::vector<float>& sum = block_summaries_[static_cast<std::size_t>(layer) * hkv + h];
-  const std::size_t per_block = 3 * static_cast<std::size_t>(d);
+  const std::size_t per_block = kSummaryRows * static_cast<std::size_t>(d);
   for (int j = static_cast<int>(sum.size() / per_block); j < closed; ++j) {
     sum.resize((static_cast<std::size_t>(j) + 1) * per_block);
     float* lo = sum.data() + static_cast<std::size_t>(j) * per_block;
     float* hi = lo + d;
     float* mean = hi + d;
-    std::fill(lo, lo + d, std::numeric_limits<float>::infinity());
-    std::fill(hi, hi + d, -std::numeric_limits<float>::infinity());
-    std::fill(mean, mean + d, 0.0f);
+    float* var = mean + d;
+    float* peak = var + d;
+    int peak_token = j * block_;  // the block's key of the largest norm (the first on a tie)
+    double peak_norm = -1.0;
     for (int i = j * block_; i < (j + 1) * block_; ++i) {
       const float* k = keys + static_cast<std::size_t>(i) * row + static_cast<std::size_t>(h) * d;
-      for (int c = 0; c < d; ++c) {
-        lo[c] = std::min(lo[c], k[c]);
-        hi[c] = std::max(hi[c], k[c]);
-        mean[c] += k[c] / static_cast<float>(block_);
+      double n2 = 0.0;
+      for (int c = 0; c < d; ++c) n2 += static_cast<double>(k[c]) * k[c];
+      if (n2 > peak_norm) peak_norm = n2, peak_token = i;
+    }
+    std::copy_n(keys + static_cast<std::size_t>(peak_token) * row + static_cast<std::size_t>(h) * d,
+                d, peak);
+    for (int c = 0; c < d; ++c) {
+      float l = std::numeric_limits<float>::infinity(), u = -l, m = 0.0f;
+      double sx = 0.0, sxx = 0.0;
+      for (int i = j * block_; i < (j + 1) * block_; ++i) {
+        const float x = keys[static_cast<std::size_t>(i) * row + static_cast<std::size_t>(h) * d +
+                             static_cast<std::size_t>(c)];
+        l = std::min(l, x);
+        u = std::max(u, x);
+        m += x / static_cast<float>(block_);  // the order the committed rows were measured with
+        sx += x;
+        sxx += static_cast<double>(x) * x;
       }
+      const double mu = sx / block_;
+      lo[c] = l;
+      hi[c] = u;
+      mean[c] = m;
+      var[c] = static_cast<float>(std::max(0.0, sxx / block_ - mu * mu));
     }
   }
+  const bool soft = score_ != ProbeScore::kQuestMxfp4Mass && score_ != ProbeScore::kMeanKMxfp4Mass;
+  const double s = scale_;
   std::vector<double> bound(static_cast<std::size_t>(closed), 0.0);
-  for (int j = 0; j < closed; ++j) {
-    const float* lo = sum.data() + static_cast<std::size_t>(j) * per_block;
-    const float* hi = lo + d;
-    const float* mean = hi + d;
-    double s = 0.0;
-    for (int g = h * group; g < (h + 1) * group; ++g) {
-      const float* qg = e.q.data() + static_cast<std::size_t>(g) * d;
+  std::vector<double> est(soft ? static_cast<std::size_t>(closed) : 0);
+  for (int g = h * group; g < (h + 1) * group; ++g) {
+    const float* qg = e.q.data() + static_cast<std::size_t>(g) * d;
+    double top = -std::numeric_limits<double>::infinity();
+    for (int j = 0; j < closed; ++j) {
+      const float* lo = sum.data() + static_cast<std::size_t>(j) * per_block;
+      const float* hi = lo + d;
+      const float* mean = hi + d;
+      const float* var = mean + d;
+      const float* peak = var + d;
+      double quest = 0.0, dot = 0.0, spread = 0.0, peak_dot = 0.0;
       for (int c = 0; c < d; ++c) {
-        s += score_ == ProbeScore::kQuestMxfp4Mass
-                 ? std::max(static_cast<double>(qg[c]) * lo[c], static_cast<double>(qg[c]) * hi[c])
-                 : static_cast<double>(qg[c]) * mean[c];
+        const double q = qg[c];
+        quest += std::max(q * lo[c], q * hi[c]);
+        dot += q * mean[c];
+        const double v = score_ == ProbeScore::kMeanVarMxfp4Mass ? var[c]
+                         : score_ == ProbeScore::kMeanRangeMxfp4Mass
+                             ? 0.0625 * (static_cast<double>(hi[c]) - lo[c]) * (hi[c] - lo[c])
+                             : 0.0;
+        spread += q * q * v;
+        peak_dot += q * peak[c];
       }
+      if (!soft) {  // the heads' scores summed
+        bound[static_cast<std::size_t>(j)] += score_ == ProbeScore::kQuestMxfp4Mass ? quest : dot;
+        continue;
+      }
+      // log of the mean of exp(logit) over the block: to second order, never above the bound
+      // the block's largest logit cannot exceed; or the mean and the peak key's term; or Quest.
+      double x = std::min(s * dot + 0.5 * s * s * spread, s * quest);
+      if (score_ == ProbeScore::kQuestSoftMxfp4Mass) x = s * quest;
+      if (score_ == ProbeScore::kMeanPeakMxfp4Mass) {
+        const double a = s * dot, b = s * peak_dot, n = block_;
+        const double hi = std::max(a, b);
+        x = hi + std::log((1.0 - 1.0 / n) * std::exp(a - hi) + std::exp(b - hi) / n);
+      }
+      est[static_cast<std::size_t>(j)] = x;
+      top = std::max(top, x);
     }
-    bound[static_cast<std::size_t>(j)] = s;
+    if (!soft) continue;
+    double z = 0.0;
+    for (int j = 0; j < closed; ++j) z += std::exp(est[static_cast<std::size_t>(j)] - top);
+    for (int j = 0; j < closed; ++j)  // this head's share, summed over the group
+      bound[static_cast<std::size_t>(j)] += std::exp(est[static_cast<std::size_t>(j)] - top) / z;
   }
   std::vector<int> order(static_cast<std::size_t>(closed));
   for (int j = 0; j < closed; ++j) order[static_cast<std::size_t>(j)] = j;

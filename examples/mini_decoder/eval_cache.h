@@ -45,13 +45,30 @@ enum class ProbeScore {
   kQuestMxfp4Mass,
   /// The same with q · mean K (summed over the group's heads) as the first stage.
   kMeanKMxfp4Mass,
+  /// The same with each block's estimated share of the softmax mass as the first stage: per
+  /// query head, e(j) = s q · mean K + s²/2 · Σ_c q_c² var_c (the second-order cumulant of the
+  /// block's logits, var_c the per-dim variance of its keys), capped at s times Quest's bound,
+  /// softmax over the blocks; the group's heads summed.
+  kMeanVarMxfp4Mass,
+  /// The same with var_c estimated from the summaries a store keeps: ((max_c - min_c) / 4)².
+  kMeanRangeMxfp4Mass,
+  /// The same with var_c = 0: q · mean K, but the heads' softmax shares summed, not their logits.
+  kMeanSoftMxfp4Mass,
+  /// The same with e(j) = log((1 - 1/n) exp(s q · mean K) + exp(s q · k*) / n), k* the block's
+  /// key of the largest norm (n its tokens): the mean plus the one token most likely to spike.
+  kMeanPeakMxfp4Mass,
+  /// The same with e(j) = s times Quest's bound: Quest, the heads' softmax shares summed.
+  kQuestSoftMxfp4Mass,
 };
 
 /// Parses "none", "oracle", "mxfp4_mass", "exact_max", "mxfp4_max", "quest_mxfp4_mass",
-/// "meank_mxfp4_mass"; throws kvc::Error otherwise.
+/// "meank_mxfp4_mass", "meanvar_mxfp4_mass", "meanrange_mxfp4_mass", "meansoft_mxfp4_mass",
+/// "meanpeak_mxfp4_mass", "questsoft_mxfp4_mass"; throws kvc::Error otherwise.
 ProbeScore parse_probe_score(const std::string& name);
 /// The name parse_probe_score() reads.
 const char* to_string(ProbeScore s);
+/// True for the two-stage rules (a summary first stage keeps `candidates` blocks).
+bool is_two_stage(ProbeScore s);
 
 /// What the probe measured for the last single-token query, over all layers.
 struct ProbeStep {
@@ -120,10 +137,12 @@ class EvalKvCache final : public KvCache {
   std::vector<float> keys_;        // [layer][capacity][Hkv][d], f16-rounded
   std::vector<float> mxfp4_keys_;  // the same through mxfp4 (the mxfp4 rules only)
   // The two-stage rules' first-stage summaries of the closed blocks, [layer * Hkv + h] each
-  // [block][lo, hi, mean][d]: a closed block's keys never change, so each block is summarised
-  // once (shadow() drops the blocks a rewrite reaches); mutable: filled by score_blocks().
+  // [block][lo, hi, mean, variance, peak][d]: a closed block's keys never change, so each block is
+  // summarised once (shadow() drops the blocks a rewrite reaches); mutable: filled by
+  // score_blocks().
   mutable std::vector<std::vector<float>> block_summaries_;
-  std::vector<float> staging_;  // device copies of K / q on their way to the host
+  static constexpr int kSummaryRows = 5;  // lo, hi, mean, variance, the largest-norm key
+  std::vector<float> staging_;            // device copies of K / q on their way to the host
   std::unique_ptr<Exact> exact_;
   int exact_layer_ = -1;
   ProbeStep step_;

@@ -100,10 +100,23 @@ double scoring_bytes(const EvalConfig& c, const KvShape& s, int closed) {
     case ProbeScore::kMxfp4Max:
       return blocks * b * mxfp4;
     case ProbeScore::kQuestMxfp4Mass:
-    case ProbeScore::kMeanKMxfp4Mass: {
-      // f16 summaries of every closed block (min and max, or the mean), then the mxfp4 keys of
-      // the candidates and block 0, and the ring's keys.
-      const double summary = d * 2.0 * (c.probe == ProbeScore::kQuestMxfp4Mass ? 2.0 : 1.0);
+    case ProbeScore::kMeanKMxfp4Mass:
+    case ProbeScore::kMeanVarMxfp4Mass:
+    case ProbeScore::kMeanRangeMxfp4Mass:
+    case ProbeScore::kMeanSoftMxfp4Mass:
+    case ProbeScore::kMeanPeakMxfp4Mass:
+    case ProbeScore::kQuestSoftMxfp4Mass: {
+      // f16 summaries of every closed block (mean K: one vector; min and max, or the mean and
+      // the peak key: two; the mean, min and max: three; with the variance too: four), then the
+      // mxfp4 keys of the candidates and block 0, and the ring's keys.
+      const double vectors =
+          c.probe == ProbeScore::kMeanKMxfp4Mass || c.probe == ProbeScore::kMeanSoftMxfp4Mass ? 1.0
+          : c.probe == ProbeScore::kQuestMxfp4Mass || c.probe == ProbeScore::kQuestSoftMxfp4Mass ||
+                  c.probe == ProbeScore::kMeanPeakMxfp4Mass
+              ? 2.0
+          : c.probe == ProbeScore::kMeanRangeMxfp4Mass ? 3.0
+                                                       : 4.0;
+      const double summary = d * 2.0 * vectors;
       const double kept = std::min<double>(closed, c.candidates + 1.0) * s.num_kv_heads;
       return blocks * summary + kept * b * mxfp4 + ring_k;
     }
@@ -228,7 +241,7 @@ EvalConfig EvalConfig::parse(const std::string& spec) {
 }
 
 std::string EvalConfig::scoring() const {
-  if (probe == ProbeScore::kQuestMxfp4Mass || probe == ProbeScore::kMeanKMxfp4Mass)
+  if (is_two_stage(probe))
     return std::string(to_string(probe)) + "/c" + std::to_string(candidates) +
            (candidate_normaliser ? "/zc" : "");
   if (probe != ProbeScore::kNone) return to_string(probe);

@@ -42,8 +42,10 @@ struct EvalConfig {
   /// Parses "key=value;key=value...": name (required), mode (default block_select_exact),
   /// format, top, window, block, policy, scoring (mean_k | quest | token_max | token_mass:
   /// kvc's BlockIndex, the token ones over token_keys = mxfp4 | fp8 | old_blocks; oracle |
-  /// mxfp4_mass | exact_max | mxfp4_max | quest_mxfp4_mass | meank_mxfp4_mass: the probe's
-  /// rules), candidates (the two-stage rules' first-stage blocks: the probe's, or with
+  /// mxfp4_mass | exact_max | mxfp4_max | quest_mxfp4_mass | meank_mxfp4_mass |
+  /// meanvar_mxfp4_mass | meanrange_mxfp4_mass | meansoft_mxfp4_mass | meanpeak_mxfp4_mass |
+  /// questsoft_mxfp4_mass: the probe's rules), candidates (the two-stage rules' first-stage
+  /// blocks: the probe's, or with
   /// scoring = token_mass kvc's own two stages, BlockIndexConfig::candidates), candidate_scoring
   /// (kvc's first stage: mean_k | quest), normaliser (the probe's two-stage normaliser: all |
   /// candidates), delta, max_blocks, p,

@@ -334,7 +334,12 @@ TEST(MiniDecoder_QualityProbe, TokenRulesScoreByTheirDefinition) {
   // with one candidate, only block 0 and that candidate can be chosen, and both are.
   auto full = bed.make(select_options(2, bed.window, bed.block), ProbeScore::kMxfp4Mass, pool);
   bed.step(*full, pool);
-  for (ProbeScore s : {ProbeScore::kQuestMxfp4Mass, ProbeScore::kMeanKMxfp4Mass}) {
+  for (ProbeScore s :
+       {ProbeScore::kQuestMxfp4Mass, ProbeScore::kMeanKMxfp4Mass, ProbeScore::kMeanVarMxfp4Mass,
+        ProbeScore::kMeanRangeMxfp4Mass, ProbeScore::kMeanSoftMxfp4Mass,
+        ProbeScore::kMeanPeakMxfp4Mass, ProbeScore::kQuestSoftMxfp4Mass}) {
+    EXPECT_TRUE(is_two_stage(s));
+    EXPECT_EQ(parse_probe_score(to_string(s)), s);
     auto all = bed.make(select_options(2, bed.window, bed.block), s, pool, closed);
     bed.step(*all, pool);
     EXPECT_EQ(all->inner().last_step().selected, full->inner().last_step().selected)
