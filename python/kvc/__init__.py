@@ -4,7 +4,9 @@ A thin layer over the C++ objects (kvc._kvc, nanobind over DLPack): torch tensor
 and numpy arrays (CPU) pass without copies; bad arguments raise kvc.Error (a ValueError) with
 the C++ message. Methods that produce tensors allocate them with the library of their input
 (numpy in, numpy out; torch in, torch out on the same device) unless an `out` is given. Work on
-CUDA tensors is ordered on torch's current stream of their device.
+CUDA tensors is ordered on torch's current stream of their device. numpy has no bfloat16: kvc
+reads a uint16 numpy array as bfloat16 bit patterns (to_bf16_bits, from_bf16_bits). DeepSeek-V4's
+compressed attention is the submodule kvc.dsv4.
 """
 
 from . import _kvc
@@ -40,6 +42,8 @@ from ._kvc import (
     select_row,
     uses_selection,
 )
+from . import dsv4
+from ._arrays import from_bf16_bits, to_bf16_bits
 from ._objects import (
     AttentionBackend,
     BlockIndex,
@@ -86,9 +90,12 @@ __all__ = [
     "cuda_device_count",
     "cuda_enabled",
     "default_device",
+    "dsv4",
+    "from_bf16_bits",
     "merge_states",
     "merge_states_inplace",
     "planner",
     "select_row",
+    "to_bf16_bits",
     "uses_selection",
 ]

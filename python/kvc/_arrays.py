@@ -5,8 +5,10 @@ import sys
 
 import numpy as np
 
-# kvc dtype names -> numpy / torch dtype attribute names.
-_NUMPY = {"f16": "float16", "f32": "float32", "i32": "int32", "i8": "int8", "u8": "uint8"}
+# kvc dtype names -> numpy / torch dtype attribute names. numpy has no bfloat16: kvc reads a
+# uint16 numpy array as bfloat16 bit patterns (to_bf16_bits / from_bf16_bits convert).
+_NUMPY = {"f16": "float16", "bf16": "uint16", "f32": "float32", "i32": "int32", "i8": "int8",
+          "u8": "uint8"}
 _TORCH = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "i32": "int32",
           "i8": "int8", "u8": "uint8"}
 
@@ -53,6 +55,22 @@ def empty_like(like, shape, dtype):
     if dtype not in _NUMPY:
         raise TypeError(f"numpy has no dtype for kvc dtype {dtype}; use torch tensors")
     return np.empty(shape, dtype=_NUMPY[dtype])
+
+
+def to_bf16_bits(x):
+    """bfloat16 bit patterns (a uint16 numpy array) of the values of `x`, rounded to nearest even
+    as a float32 -> bfloat16 cast rounds; NaN stays NaN. kvc reads uint16 arrays as bfloat16."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+    nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    bits = np.where(nan, (u >> np.uint32(16)) | np.uint32(0x0040), rounded)
+    return bits.astype(np.uint16)
+
+
+def from_bf16_bits(bits):
+    """The float32 values of bfloat16 bit patterns (a uint16 array)."""
+    b = np.ascontiguousarray(bits, dtype=np.uint16)
+    return (b.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
 def stream_of(x):

@@ -32,12 +32,14 @@ DType dtype_of(nb::dlpack::dtype t, const char* name) {
   KVC_CHECK(t.lanes == 1, name, ": vector dtypes (lanes = ", int{t.lanes}, ") are not supported");
   if (code == Code::Float && t.bits == 16) return DType::kF16;
   if (code == Code::Bfloat && t.bits == 16) return DType::kBF16;
+  if (code == Code::UInt && t.bits == 16) return DType::kBF16;  // bf16 bits from numpy
   if (code == Code::Float && t.bits == 32) return DType::kF32;
   if (code == Code::Int && t.bits == 32) return DType::kI32;
   if (code == Code::Int && t.bits == 8) return DType::kI8;
   if (code == Code::UInt && t.bits == 8) return DType::kU8;
   KVC_CHECK(false, name, ".dtype (DLPack code ", int{t.code}, ", ", int{t.bits},
-            " bits) must be float16, bfloat16, float32, int32, int8 or uint8");
+            " bits) must be float16, bfloat16 (or its bits as uint16), float32, int32, int8 or "
+            "uint8");
   return DType::kF32;
 }
 

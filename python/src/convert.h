@@ -27,6 +27,7 @@ using OutArray = nb::ndarray<>;
 Device parse_device(const std::string& name);
 
 /// The kvc dtype of a DLPack dtype; throws kvc::Error naming `name` for one kvc has no name for.
+/// uint16 is read as bfloat16 bit patterns: numpy has no bfloat16.
 DType dtype_of(nb::dlpack::dtype t, const char* name);
 
 /// A TensorView of `a` (data, dtype, shape, element strides, device). Throws kvc::Error naming
@@ -58,6 +59,7 @@ void bind_store(nb::module_& m);
 void bind_compute(nb::module_& m);
 void bind_planner(nb::module_& m);
 void bind_layered(nb::module_& m);
+void bind_dsv4(nb::module_& m);
 
 }  // namespace python
 }  // namespace kvc

@@ -16,4 +16,5 @@ NB_MODULE(_kvc, m) {
   kvc::python::bind_compute(m);
   kvc::python::bind_planner(m);
   kvc::python::bind_layered(m);
+  kvc::python::bind_dsv4(m);
 }
