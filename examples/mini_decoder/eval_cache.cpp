@@ -102,15 +102,17 @@ struct EvalKvCache::Exact {
 };
 
 EvalKvCache::EvalKvCache(std::unique_ptr<KvcKvCache> inner, const KvShape& shape, ProbeScore score,
-                         ThreadPool& pool, int candidates, bool candidate_normaliser)
+                         ThreadPool& pool, int candidates, bool candidate_normaliser, int recent)
     : inner_(std::move(inner)),
       shape_(shape),
       score_(score),
       pool_(pool),
       candidates_(candidates),
-      candidate_normaliser_(candidate_normaliser) {
+      candidate_normaliser_(candidate_normaliser),
+      recent_(recent) {
   KVC_CHECK(inner_ != nullptr, "eval cache: no kvc cache given");
   KVC_CHECK(candidates_ >= 1, "eval cache: candidates = ", candidates_, " is below 1");
+  KVC_CHECK(recent_ >= 0, "eval cache: recent = ", recent_, " is negative");
   window_ = inner_->recent_window();
   block_ = inner_->store(0).config().block_size;
   scale_ = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
@@ -143,7 +145,9 @@ std::string EvalKvCache::describe() const {
   os << inner_->describe();
   if (score_ != ProbeScore::kNone) os << "; blocks scored by the probe: " << to_string(score_);
   if (is_two_stage(score_))
-    os << " (" << candidates_ << " candidates, normaliser over "
+    os << " (" << candidates_ << " candidates" << (recent_ > 0 ? " and the " : "")
+       << (recent_ > 0 ? std::to_string(recent_) + " most recent blocks" : "")
+       << ", normaliser over "
        << (candidate_normaliser_ ? "the candidates, open block and ring" : "every token") << ")";
   return os.str();
 }
@@ -423,6 +427,7 @@ std::vector<char> EvalKvCache::first_stage(int layer, int h, int closed) const {
   for (int r = 0; r < keep; ++r)
     in[static_cast<std::size_t>(order[static_cast<std::size_t>(r)])] = 1;
   if (closed > 0) in[0] = 1;  // the attention sink
+  for (int j = std::max(0, closed - recent_); j < closed; ++j) in[static_cast<std::size_t>(j)] = 1;
   return in;
 }
 

@@ -87,11 +87,13 @@ class EvalKvCache final : public KvCache {
   /// @param[in] pool  threads for the exact attention (shared with the model; never used by the
   ///                  model and the probe at the same time)
   /// @param[in] candidates the two-stage rules' first-stage blocks (block 0 is added)
+  /// @param[in] recent the two-stage rules also keep the `recent` most recent closed blocks
   /// @param[in] candidate_normaliser the two-stage rules' softmax normaliser spans only what a
   ///                  two-stage kernel reads (the candidates' tokens, the open block and the
   ///                  ring) instead of every visible token
   EvalKvCache(std::unique_ptr<KvcKvCache> inner, const KvShape& shape, ProbeScore score,
-              ThreadPool& pool, int candidates = 64, bool candidate_normaliser = false);
+              ThreadPool& pool, int candidates = 64, bool candidate_normaliser = false,
+              int recent = 0);
   ~EvalKvCache() override;
 
   int length() const override { return inner_->length(); }
@@ -131,6 +133,7 @@ class EvalKvCache final : public KvCache {
   ThreadPool& pool_;
   int candidates_ = 64;                // first-stage blocks kept by the two-stage rules
   bool candidate_normaliser_ = false;  // their normaliser: the candidates, open block and ring
+  int recent_ = 0;                     // most recent closed blocks the two-stage rules keep
   int window_ = 0;
   int block_ = 0;
   float scale_ = 0.0f;

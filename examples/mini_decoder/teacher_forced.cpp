@@ -117,7 +117,7 @@ double scoring_bytes(const EvalConfig& c, const KvShape& s, int closed) {
           : c.probe == ProbeScore::kMeanRangeMxfp4Mass ? 3.0
                                                        : 4.0;
       const double summary = d * 2.0 * vectors;
-      const double kept = std::min<double>(closed, c.candidates + 1.0) * s.num_kv_heads;
+      const double kept = std::min<double>(closed, c.candidates + 1.0 + c.recent) * s.num_kv_heads;
       return blocks * summary + kept * b * mxfp4 + ring_k;
     }
   }
@@ -211,6 +211,9 @@ EvalConfig EvalConfig::parse(const std::string& spec) {
       KVC_CHECK(v == "all" || v == "candidates", "config normaliser = '", v,
                 "' is not all or candidates");
       c.candidate_normaliser = v == "candidates";
+    } else if (key == "recent") {
+      c.recent = to_int(key, v);
+      KVC_CHECK(c.recent >= 0, "config recent = ", c.recent, " is negative");
     } else if (key == "delta") {
       c.kv.delta = to_float(key, v);
     } else if (key == "max_blocks") {
@@ -225,7 +228,7 @@ EvalConfig EvalConfig::parse(const std::string& spec) {
       KVC_CHECK(false, "config key '", key,
                 "' is unknown (name, mode, format, top, window, block, policy, scoring, delta, "
                 "max_blocks, p, dense_layers, device, token_keys, candidates, candidate_scoring, "
-                "normaliser)");
+                "normaliser, recent)");
     }
   }
   // 'candidates' with kvc's own token_mass: the BlockIndex's two stages (else the probe's).
@@ -243,7 +246,7 @@ EvalConfig EvalConfig::parse(const std::string& spec) {
 std::string EvalConfig::scoring() const {
   if (is_two_stage(probe))
     return std::string(to_string(probe)) + "/c" + std::to_string(candidates) +
-           (candidate_normaliser ? "/zc" : "");
+           (recent > 0 ? "/r" + std::to_string(recent) : "") + (candidate_normaliser ? "/zc" : "");
   if (probe != ProbeScore::kNone) return to_string(probe);
   if (kv.candidates > 0)
     return kv.scoring + "/" + kv.token_keys + "/" + kv.candidate_scoring + "-c" +
@@ -344,8 +347,9 @@ std::vector<EvalResult> run_teacher_forced(Decoder& model, const std::vector<int
       inner->enable_recall(true);
       run.cache = std::move(inner);
     } else {
-      auto probe = std::make_unique<EvalKvCache>(std::move(inner), shape, cfg.probe, pool,
-                                                 cfg.candidates, cfg.candidate_normaliser);
+      auto probe =
+          std::make_unique<EvalKvCache>(std::move(inner), shape, cfg.probe, pool, cfg.candidates,
+                                        cfg.candidate_normaliser, cfg.recent);
       run.probe = probe.get();
       run.cache = std::move(probe);
     }

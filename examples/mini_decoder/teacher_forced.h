@@ -38,6 +38,7 @@ struct EvalConfig {
   /// Their softmax normaliser: false, every visible token; true, only what a two-stage kernel
   /// reads (the candidates' tokens, the open block and the ring).
   bool candidate_normaliser = false;
+  int recent = 0;  ///< the probe's two-stage rules also keep this many most recent closed blocks
 
   /// Parses "key=value;key=value...": name (required), mode (default block_select_exact),
   /// format, top, window, block, policy, scoring (mean_k | quest | token_max | token_mass:
@@ -48,7 +49,8 @@ struct EvalConfig {
   /// blocks: the probe's, or with
   /// scoring = token_mass kvc's own two stages, BlockIndexConfig::candidates), candidate_scoring
   /// (kvc's first stage: mean_k | quest), normaliser (the probe's two-stage normaliser: all |
-  /// candidates), delta, max_blocks, p,
+  /// candidates), recent (the probe's two-stage rules also keep that many most recent closed
+  /// blocks), delta, max_blocks, p,
   /// dense_layers, device (where kvc runs beside the CPU model: auto | cpu | cuda). Throws
   /// kvc::Error naming a bad key or value.
   static EvalConfig parse(const std::string& spec);

@@ -67,10 +67,11 @@ struct ProbeBed {
   }
 
   std::unique_ptr<EvalKvCache> make(const KvOptions& o, ProbeScore score, ThreadPool& pool,
-                                    int candidates = 64, bool candidate_normaliser = false) const {
+                                    int candidates = 64, bool candidate_normaliser = false,
+                                    int recent = 0) const {
     auto inner = std::make_unique<KvcKvCache>(o, shape, Device::cpu());
     auto cache = std::make_unique<EvalKvCache>(std::move(inner), shape, score, pool, candidates,
-                                               candidate_normaliser);
+                                               candidate_normaliser, recent);
     const std::size_t token = static_cast<std::size_t>(shape.num_kv_heads) * shape.head_dim;
     for (int l = 0; l < shape.num_layers; ++l) {
       cache->append(l, 0, length - 1, k.data() + static_cast<std::size_t>(l) * length * token,
@@ -350,11 +351,23 @@ TEST(MiniDecoder_QualityProbe, TokenRulesScoreByTheirDefinition) {
       ASSERT_GE(ids.size(), 1u);
       EXPECT_NE(std::find(ids.begin(), ids.end(), 0), ids.end()) << to_string(s);
     }
+    // With the 2 most recent blocks kept too, four blocks are candidates and a top 4 takes
+    // them all: block 0 and the last two among them.
+    auto recent = bed.make(select_options(4, bed.window, bed.block), s, pool, 1, true, 2);
+    bed.step(*recent, pool);
+    for (const auto& ids : recent->inner().last_step().selected) {
+      ASSERT_EQ(ids.size(), 4u) << to_string(s);
+      for (std::int32_t b : {0, closed - 2, closed - 1})
+        EXPECT_NE(std::find(ids.begin(), ids.end(), b), ids.end()) << to_string(s) << " " << b;
+    }
   }
   EXPECT_EQ(parse_probe_score("quest_mxfp4_mass"), ProbeScore::kQuestMxfp4Mass);
   EXPECT_EQ(EvalConfig::parse("name=t;scoring=meank_mxfp4_mass;candidates=16").scoring(),
             "meank_mxfp4_mass/c16");
   EXPECT_THROW(EvalConfig::parse("name=t;scoring=meank_mxfp4_mass;candidates=0"), Error);
+  EXPECT_EQ(EvalConfig::parse("name=t;scoring=meank_mxfp4_mass;candidates=16;recent=8").scoring(),
+            "meank_mxfp4_mass/c16/r8");
+  EXPECT_THROW(EvalConfig::parse("name=t;scoring=meank_mxfp4_mass;recent=-1"), Error);
   EXPECT_THROW(parse_probe_score("best"), Error);
   KvOptions ring = select_options(1, bed.window, bed.block);
   ring.mode = "recent_only";
