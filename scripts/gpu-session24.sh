@@ -5,7 +5,9 @@
 #   twostage  two-stage token mass (BlockIndexConfig::candidates; written without a GPU): its GPU
 #             tests and every token-score GPU test (the general and finish kernels changed),
 #             the four compute-sanitizer tools over the two-stage tests, then the decode step
-#             with one and two stages (step_bench scorers 1, 3 and 4) beside PyTorch's anchors
+#             with one and two stages (step_bench scorers 1, 3 and 4) beside PyTorch's anchors,
+#             then the Python package's tests on the GPU (kvc.dsv4's CUDA objects against the
+#             CPU reference, twenty-fifth session; pytest_gpu builds the module into build-gpu)
 #   final     the same-run table (kvc's rows, then every peer anchor in the same call) for
 #             docs/perf-data/latest.json, and the staged attention's pinned-split rows at B1 / B8
 #             (two slots, splits 2 / 4 / 8 / 32) registered in the twenty-third session
@@ -30,6 +32,7 @@ case "${1:-twostage}" in
     sanitize synccheck synccheck "$two" 40
     bench 90 step_bench '/(1|8)/131072/0/(1|3|4)/(0|1)/|/32/32768/0/(1|3)/(0|1)/'
     torch_anchors
+    pytest_gpu tests/python/test_dsv4.py tests/python/test_gpu.py
     report
     ;;
   final)
