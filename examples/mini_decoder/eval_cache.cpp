@@ -32,10 +32,11 @@ ProbeScore parse_probe_score(const std::string& name) {
   if (name == "meansoft_mxfp4_mass") return ProbeScore::kMeanSoftMxfp4Mass;
   if (name == "meanpeak_mxfp4_mass") return ProbeScore::kMeanPeakMxfp4Mass;
   if (name == "questsoft_mxfp4_mass") return ProbeScore::kQuestSoftMxfp4Mass;
+  if (name == "stale_mxfp4_mass") return ProbeScore::kStaleMxfp4Mass;
   KVC_CHECK(name == "mxfp4_max", "probe score = '", name,
             "' is not one of: none, oracle, mxfp4_mass, exact_max, mxfp4_max, quest_mxfp4_mass, "
             "meank_mxfp4_mass, meanvar_mxfp4_mass, meanrange_mxfp4_mass, meansoft_mxfp4_mass, "
-            "meanpeak_mxfp4_mass, questsoft_mxfp4_mass");
+            "meanpeak_mxfp4_mass, questsoft_mxfp4_mass, stale_mxfp4_mass");
   return ProbeScore::kMxfp4Max;
 }
 
@@ -65,6 +66,8 @@ const char* to_string(ProbeScore s) {
       return "meanpeak_mxfp4_mass";
     case ProbeScore::kQuestSoftMxfp4Mass:
       return "questsoft_mxfp4_mass";
+    case ProbeScore::kStaleMxfp4Mass:
+      return "stale_mxfp4_mass";
   }
   return "?";
 }
@@ -73,7 +76,7 @@ bool is_two_stage(ProbeScore s) {
   return s == ProbeScore::kQuestMxfp4Mass || s == ProbeScore::kMeanKMxfp4Mass ||
          s == ProbeScore::kMeanVarMxfp4Mass || s == ProbeScore::kMeanRangeMxfp4Mass ||
          s == ProbeScore::kMeanSoftMxfp4Mass || s == ProbeScore::kMeanPeakMxfp4Mass ||
-         s == ProbeScore::kQuestSoftMxfp4Mass;
+         s == ProbeScore::kQuestSoftMxfp4Mass || s == ProbeScore::kStaleMxfp4Mass;
 }
 
 namespace {
@@ -102,17 +105,12 @@ struct EvalKvCache::Exact {
 };
 
 EvalKvCache::EvalKvCache(std::unique_ptr<KvcKvCache> inner, const KvShape& shape, ProbeScore score,
-                         ThreadPool& pool, int candidates, bool candidate_normaliser, int recent)
-    : inner_(std::move(inner)),
-      shape_(shape),
-      score_(score),
-      pool_(pool),
-      candidates_(candidates),
-      candidate_normaliser_(candidate_normaliser),
-      recent_(recent) {
+                         ThreadPool& pool, const TwoStageOptions& two_stage)
+    : inner_(std::move(inner)), shape_(shape), score_(score), pool_(pool), two_(two_stage) {
   KVC_CHECK(inner_ != nullptr, "eval cache: no kvc cache given");
-  KVC_CHECK(candidates_ >= 1, "eval cache: candidates = ", candidates_, " is below 1");
-  KVC_CHECK(recent_ >= 0, "eval cache: recent = ", recent_, " is negative");
+  KVC_CHECK(two_.candidates >= 1, "eval cache: candidates = ", two_.candidates, " is below 1");
+  KVC_CHECK(two_.recent >= 0, "eval cache: recent = ", two_.recent, " is negative");
+  KVC_CHECK(two_.refresh >= 1, "eval cache: refresh = ", two_.refresh, " is below 1");
   window_ = inner_->recent_window();
   block_ = inner_->store(0).config().block_size;
   scale_ = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
@@ -126,6 +124,9 @@ EvalKvCache::EvalKvCache(std::unique_ptr<KvcKvCache> inner, const KvShape& shape
   }
   if (is_two_stage(score_)) {
     block_summaries_.resize(static_cast<std::size_t>(shape.num_layers) * shape.num_kv_heads);
+    stale_position_.assign(static_cast<std::size_t>(shape.num_layers), -1);
+    stale_closed_.assign(static_cast<std::size_t>(shape.num_layers), 0);
+    stale_blocks_.resize(static_cast<std::size_t>(shape.num_layers) * shape.num_kv_heads);
   }
   exact_ = std::make_unique<Exact>();
   inner_->enable_stats(true);
@@ -145,10 +146,14 @@ std::string EvalKvCache::describe() const {
   os << inner_->describe();
   if (score_ != ProbeScore::kNone) os << "; blocks scored by the probe: " << to_string(score_);
   if (is_two_stage(score_))
-    os << " (" << candidates_ << " candidates" << (recent_ > 0 ? " and the " : "")
-       << (recent_ > 0 ? std::to_string(recent_) + " most recent blocks" : "")
+    os << " (" << two_.candidates << " candidates" << (two_.recent > 0 ? " and the " : "")
+       << (two_.recent > 0 ? std::to_string(two_.recent) + " most recent blocks" : "")
+       << (score_ == ProbeScore::kStaleMxfp4Mass
+               ? ", ranked afresh every " + std::to_string(two_.refresh) + " steps"
+               : "")
        << ", normaliser over "
-       << (candidate_normaliser_ ? "the candidates, open block and ring" : "every token") << ")";
+       << (two_.candidate_normaliser ? "the candidates, open block and ring" : "every token")
+       << ")";
   return os.str();
 }
 
@@ -250,9 +255,16 @@ void EvalKvCache::score_blocks(int layer, int position, const ScoresView& out) c
                                                                        shape_.capacity * row;
   // The two-stage rules' first stage per kv head: the candidate blocks (block 0 among them).
   std::vector<std::vector<char>> candidate(static_cast<std::size_t>(hkv));
-  if (is_two_stage(score_)) {
+  // kStaleMxfp4Mass ranks every block at a refresh step (no candidates: one stage) and keeps
+  // the best of that ranking for the steps up to the next one.
+  const std::size_t li = static_cast<std::size_t>(layer);
+  const bool refresh = score_ == ProbeScore::kStaleMxfp4Mass &&
+                       (stale_position_[li] < 0 || position - stale_position_[li] >= two_.refresh);
+  if (is_two_stage(score_) && !refresh) {
     pool_.parallel_for(hkv, [&](int h, int) {
-      candidate[static_cast<std::size_t>(h)] = first_stage(layer, h, closed);
+      candidate[static_cast<std::size_t>(h)] = score_ == ProbeScore::kStaleMxfp4Mass
+                                                   ? stale_candidates(layer, h, closed)
+                                                   : first_stage(layer, h, closed);
     });
   }
   // Each query head's score of every closed block, then their sum over the group.
@@ -284,7 +296,7 @@ void EvalKvCache::score_blocks(int layer, int position, const ScoresView& out) c
         // Which tokens the normaliser spans: all of them, or (a two-stage kernel's view) the
         // candidates' tokens, the open block and the ring; the rest get no mass.
         const std::vector<char>& kept = candidate[static_cast<std::size_t>(h)];
-        const bool restrict = candidate_normaliser_ && !kept.empty();
+        const bool restrict = two_.candidate_normaliser && !kept.empty();
         auto counted = [&](int i) {
           return !restrict || i >= closed * block_ || kept[static_cast<std::size_t>(i / block_)];
         };
@@ -321,7 +333,33 @@ void EvalKvCache::score_blocks(int layer, int position, const ScoresView& out) c
         sum += per_head[static_cast<std::size_t>(g) * closed + j];
       sc[j] = kept.empty() || kept[static_cast<std::size_t>(j)] ? static_cast<float>(sum) : -1.0f;
     }
+    if (refresh) {  // the best `candidates` of this full ranking, ties to the lower id
+      std::vector<int>& best = stale_blocks_[li * static_cast<std::size_t>(hkv) + h];
+      best.resize(static_cast<std::size_t>(closed));
+      for (int j = 0; j < closed; ++j) best[static_cast<std::size_t>(j)] = j;
+      const int keep = std::min(two_.candidates, closed);
+      std::partial_sort(best.begin(), best.begin() + keep, best.end(),
+                        [&](int a, int b) { return sc[a] > sc[b] || (sc[a] == sc[b] && a < b); });
+      best.resize(static_cast<std::size_t>(keep));
+    }
   }
+  if (refresh) {
+    stale_position_[li] = position;
+    stale_closed_[li] = closed;
+  }
+}
+
+std::vector<char> EvalKvCache::stale_candidates(int layer, int h, int closed) const {
+  const std::size_t li = static_cast<std::size_t>(layer);
+  std::vector<char> in(static_cast<std::size_t>(closed), 0);
+  for (int b : stale_blocks_[li * static_cast<std::size_t>(shape_.num_kv_heads) + h])
+    if (b < closed) in[static_cast<std::size_t>(b)] = 1;
+  for (int j = std::min(stale_closed_[li], closed); j < closed; ++j)  // closed since the ranking
+    in[static_cast<std::size_t>(j)] = 1;
+  for (int j = std::max(0, closed - two_.recent); j < closed; ++j)
+    in[static_cast<std::size_t>(j)] = 1;
+  if (closed > 0) in[0] = 1;  // the attention sink
+  return in;
 }
 
 std::vector<char> EvalKvCache::first_stage(int layer, int h, int closed) const {
@@ -418,7 +456,7 @@ std::vector<char> EvalKvCache::first_stage(int layer, int h, int closed) const {
   }
   std::vector<int> order(static_cast<std::size_t>(closed));
   for (int j = 0; j < closed; ++j) order[static_cast<std::size_t>(j)] = j;
-  const int keep = std::min(candidates_, closed);
+  const int keep = std::min(two_.candidates, closed);
   std::partial_sort(order.begin(), order.begin() + keep, order.end(), [&](int a, int b) {
     const double x = bound[static_cast<std::size_t>(a)], y = bound[static_cast<std::size_t>(b)];
     return x > y || (x == y && a < b);
@@ -427,7 +465,8 @@ std::vector<char> EvalKvCache::first_stage(int layer, int h, int closed) const {
   for (int r = 0; r < keep; ++r)
     in[static_cast<std::size_t>(order[static_cast<std::size_t>(r)])] = 1;
   if (closed > 0) in[0] = 1;  // the attention sink
-  for (int j = std::max(0, closed - recent_); j < closed; ++j) in[static_cast<std::size_t>(j)] = 1;
+  for (int j = std::max(0, closed - two_.recent); j < closed; ++j)
+    in[static_cast<std::size_t>(j)] = 1;
   return in;
 }
 

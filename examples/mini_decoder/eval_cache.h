@@ -59,11 +59,27 @@ enum class ProbeScore {
   kMeanPeakMxfp4Mass,
   /// The same with e(j) = s times Quest's bound: Quest, the heads' softmax shares summed.
   kQuestSoftMxfp4Mass,
+  /// Two stages whose first stage is a stale one-stage ranking: every `refresh` steps of a
+  /// layer (and at its first step) the blocks are scored by kMxfp4Mass over every block, and
+  /// the `candidates` best per kv head are kept; the steps in between rank, by kMxfp4Mass, only
+  /// those, block 0 and the blocks closed since.
+  kStaleMxfp4Mass,
+};
+
+/// The probe's two-stage settings (is_two_stage rules).
+struct TwoStageOptions {
+  int candidates = 64;  ///< first-stage blocks kept (block 0 is added)
+  /// The softmax normaliser spans only what a two-stage kernel reads (the candidates' tokens,
+  /// the open block and the ring) instead of every visible token.
+  bool candidate_normaliser = false;
+  int recent = 0;   ///< also keep this many most recent closed blocks
+  int refresh = 8;  ///< kStaleMxfp4Mass: steps between two full rankings, >= 1
 };
 
 /// Parses "none", "oracle", "mxfp4_mass", "exact_max", "mxfp4_max", "quest_mxfp4_mass",
 /// "meank_mxfp4_mass", "meanvar_mxfp4_mass", "meanrange_mxfp4_mass", "meansoft_mxfp4_mass",
-/// "meanpeak_mxfp4_mass", "questsoft_mxfp4_mass"; throws kvc::Error otherwise.
+/// "meanpeak_mxfp4_mass", "questsoft_mxfp4_mass", "stale_mxfp4_mass"; throws kvc::Error
+/// otherwise.
 ProbeScore parse_probe_score(const std::string& name);
 /// The name parse_probe_score() reads.
 const char* to_string(ProbeScore s);
@@ -86,14 +102,9 @@ class EvalKvCache final : public KvCache {
   /// @param[in] score block-scoring rule to substitute for the BlockIndex (kNone: keep it)
   /// @param[in] pool  threads for the exact attention (shared with the model; never used by the
   ///                  model and the probe at the same time)
-  /// @param[in] candidates the two-stage rules' first-stage blocks (block 0 is added)
-  /// @param[in] recent the two-stage rules also keep the `recent` most recent closed blocks
-  /// @param[in] candidate_normaliser the two-stage rules' softmax normaliser spans only what a
-  ///                  two-stage kernel reads (the candidates' tokens, the open block and the
-  ///                  ring) instead of every visible token
+  /// @param[in] two_stage the two-stage rules' settings
   EvalKvCache(std::unique_ptr<KvcKvCache> inner, const KvShape& shape, ProbeScore score,
-              ThreadPool& pool, int candidates = 64, bool candidate_normaliser = false,
-              int recent = 0);
+              ThreadPool& pool, const TwoStageOptions& two_stage = {});
   ~EvalKvCache() override;
 
   int length() const override { return inner_->length(); }
@@ -124,6 +135,9 @@ class EvalKvCache final : public KvCache {
   void score_blocks(int layer, int position, const ScoresView& out) const;
   // The two-stage rules' candidate mask over kv head h's `closed` blocks of `layer`.
   std::vector<char> first_stage(int layer, int h, int closed) const;
+  // kStaleMxfp4Mass's candidate mask: the last full ranking's best, the blocks closed since it,
+  // the most recent ones and block 0.
+  std::vector<char> stale_candidates(int layer, int h, int closed) const;
   void record_recall(int layer, int position);
   void begin_step(int position);
 
@@ -131,9 +145,11 @@ class EvalKvCache final : public KvCache {
   KvShape shape_;
   ProbeScore score_;
   ThreadPool& pool_;
-  int candidates_ = 64;                // first-stage blocks kept by the two-stage rules
-  bool candidate_normaliser_ = false;  // their normaliser: the candidates, open block and ring
-  int recent_ = 0;                     // most recent closed blocks the two-stage rules keep
+  TwoStageOptions two_;  // the two-stage rules' settings
+  // kStaleMxfp4Mass: per layer the position of its last full ranking (-1: none yet) and the
+  // closed blocks then; per [layer * Hkv + h] the blocks that ranking kept.
+  mutable std::vector<int> stale_position_, stale_closed_;
+  mutable std::vector<std::vector<int>> stale_blocks_;
   int window_ = 0;
   int block_ = 0;
   float scale_ = 0.0f;

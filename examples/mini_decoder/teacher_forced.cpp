@@ -117,8 +117,17 @@ double scoring_bytes(const EvalConfig& c, const KvShape& s, int closed) {
           : c.probe == ProbeScore::kMeanRangeMxfp4Mass ? 3.0
                                                        : 4.0;
       const double summary = d * 2.0 * vectors;
-      const double kept = std::min<double>(closed, c.candidates + 1.0 + c.recent) * s.num_kv_heads;
+      const TwoStageOptions& t = c.two_stage;
+      const double kept = std::min<double>(closed, t.candidates + 1.0 + t.recent) * s.num_kv_heads;
       return blocks * summary + kept * b * mxfp4 + ring_k;
+    }
+    case ProbeScore::kStaleMxfp4Mass: {
+      // Every refresh steps all the mxfp4 keys; in between those of the kept blocks, the
+      // blocks closed since (about refresh / 2 steps' worth of tokens / b on average, ignored
+      // here), block 0 and the recent ones: the mean over a period.
+      const TwoStageOptions& t = c.two_stage;
+      const double kept = std::min<double>(closed, t.candidates + 1.0 + t.recent) * s.num_kv_heads;
+      return (blocks * b * mxfp4 + (t.refresh - 1.0) * kept * b * mxfp4) / t.refresh + ring_k;
     }
   }
   return 0.0;
@@ -202,18 +211,22 @@ EvalConfig EvalConfig::parse(const std::string& spec) {
         KVC_CHECK(c.probe != ProbeScore::kNone, "config scoring = none: leave scoring out");
       }
     } else if (key == "candidates") {
-      c.candidates = to_int(key, v);
-      KVC_CHECK(c.candidates >= 1, "config candidates = ", c.candidates, " is below 1");
+      c.two_stage.candidates = to_int(key, v);
+      KVC_CHECK(c.two_stage.candidates >= 1, "config candidates = ", c.two_stage.candidates,
+                " is below 1");
       candidates_given = true;
     } else if (key == "candidate_scoring") {
       c.kv.candidate_scoring = v;
     } else if (key == "normaliser") {
       KVC_CHECK(v == "all" || v == "candidates", "config normaliser = '", v,
                 "' is not all or candidates");
-      c.candidate_normaliser = v == "candidates";
+      c.two_stage.candidate_normaliser = v == "candidates";
     } else if (key == "recent") {
-      c.recent = to_int(key, v);
-      KVC_CHECK(c.recent >= 0, "config recent = ", c.recent, " is negative");
+      c.two_stage.recent = to_int(key, v);
+      KVC_CHECK(c.two_stage.recent >= 0, "config recent = ", c.two_stage.recent, " is negative");
+    } else if (key == "refresh") {
+      c.two_stage.refresh = to_int(key, v);
+      KVC_CHECK(c.two_stage.refresh >= 1, "config refresh = ", c.two_stage.refresh, " is below 1");
     } else if (key == "delta") {
       c.kv.delta = to_float(key, v);
     } else if (key == "max_blocks") {
@@ -228,11 +241,11 @@ EvalConfig EvalConfig::parse(const std::string& spec) {
       KVC_CHECK(false, "config key '", key,
                 "' is unknown (name, mode, format, top, window, block, policy, scoring, delta, "
                 "max_blocks, p, dense_layers, device, token_keys, candidates, candidate_scoring, "
-                "normaliser, recent)");
+                "normaliser, recent, refresh)");
     }
   }
   // 'candidates' with kvc's own token_mass: the BlockIndex's two stages (else the probe's).
-  if (candidates_given && c.probe == ProbeScore::kNone) c.kv.candidates = c.candidates;
+  if (candidates_given && c.probe == ProbeScore::kNone) c.kv.candidates = c.two_stage.candidates;
   KVC_CHECK(!c.name.empty(), "config '", spec, "' has no name=");
   KVC_CHECK(!c.kv.is_reference(), "config ", c.name,
             ": dense f32 is the reference itself; use format=f16 for a dense kvc control");
@@ -245,8 +258,10 @@ EvalConfig EvalConfig::parse(const std::string& spec) {
 
 std::string EvalConfig::scoring() const {
   if (is_two_stage(probe))
-    return std::string(to_string(probe)) + "/c" + std::to_string(candidates) +
-           (recent > 0 ? "/r" + std::to_string(recent) : "") + (candidate_normaliser ? "/zc" : "");
+    return std::string(to_string(probe)) + "/c" + std::to_string(two_stage.candidates) +
+           (two_stage.recent > 0 ? "/r" + std::to_string(two_stage.recent) : "") +
+           (probe == ProbeScore::kStaleMxfp4Mass ? "/f" + std::to_string(two_stage.refresh) : "") +
+           (two_stage.candidate_normaliser ? "/zc" : "");
   if (probe != ProbeScore::kNone) return to_string(probe);
   if (kv.candidates > 0)
     return kv.scoring + "/" + kv.token_keys + "/" + kv.candidate_scoring + "-c" +
@@ -348,8 +363,7 @@ std::vector<EvalResult> run_teacher_forced(Decoder& model, const std::vector<int
       run.cache = std::move(inner);
     } else {
       auto probe =
-          std::make_unique<EvalKvCache>(std::move(inner), shape, cfg.probe, pool, cfg.candidates,
-                                        cfg.candidate_normaliser, cfg.recent);
+          std::make_unique<EvalKvCache>(std::move(inner), shape, cfg.probe, pool, cfg.two_stage);
       run.probe = probe.get();
       run.cache = std::move(probe);
     }

@@ -34,23 +34,21 @@ struct EvalConfig {
   std::string spec;                      ///< the spec it was parsed from
   KvOptions kv;                          ///< the kvc cache flags
   ProbeScore probe = ProbeScore::kNone;  ///< block scores from the probe instead of the index
-  int candidates = 64;                   ///< first-stage blocks of the probe's two-stage rules
-  /// Their softmax normaliser: false, every visible token; true, only what a two-stage kernel
-  /// reads (the candidates' tokens, the open block and the ring).
-  bool candidate_normaliser = false;
-  int recent = 0;  ///< the probe's two-stage rules also keep this many most recent closed blocks
+  /// The probe's two-stage rules' settings; `candidates` also sets kvc's own two stages
+  /// (KvOptions::candidates) with scoring = token_mass.
+  TwoStageOptions two_stage;
 
   /// Parses "key=value;key=value...": name (required), mode (default block_select_exact),
   /// format, top, window, block, policy, scoring (mean_k | quest | token_max | token_mass:
   /// kvc's BlockIndex, the token ones over token_keys = mxfp4 | fp8 | old_blocks; oracle |
   /// mxfp4_mass | exact_max | mxfp4_max | quest_mxfp4_mass | meank_mxfp4_mass |
   /// meanvar_mxfp4_mass | meanrange_mxfp4_mass | meansoft_mxfp4_mass | meanpeak_mxfp4_mass |
-  /// questsoft_mxfp4_mass: the probe's rules), candidates (the two-stage rules' first-stage
-  /// blocks: the probe's, or with
+  /// questsoft_mxfp4_mass | stale_mxfp4_mass: the probe's rules), candidates (the two-stage
+  /// rules' first-stage blocks: the probe's, or with
   /// scoring = token_mass kvc's own two stages, BlockIndexConfig::candidates), candidate_scoring
   /// (kvc's first stage: mean_k | quest), normaliser (the probe's two-stage normaliser: all |
   /// candidates), recent (the probe's two-stage rules also keep that many most recent closed
-  /// blocks), delta, max_blocks, p,
+  /// blocks), refresh (stale_mxfp4_mass: steps between full rankings), delta, max_blocks, p,
   /// dense_layers, device (where kvc runs beside the CPU model: auto | cpu | cuda). Throws
   /// kvc::Error naming a bad key or value.
   static EvalConfig parse(const std::string& spec);

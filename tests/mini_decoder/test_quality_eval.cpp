@@ -68,28 +68,36 @@ struct ProbeBed {
 
   std::unique_ptr<EvalKvCache> make(const KvOptions& o, ProbeScore score, ThreadPool& pool,
                                     int candidates = 64, bool candidate_normaliser = false,
-                                    int recent = 0) const {
+                                    int recent = 0, int refresh = 8, int held = 0) const {
     auto inner = std::make_unique<KvcKvCache>(o, shape, Device::cpu());
-    auto cache = std::make_unique<EvalKvCache>(std::move(inner), shape, score, pool, candidates,
-                                               candidate_normaliser, recent);
+    TwoStageOptions two;
+    two.candidates = candidates;
+    two.candidate_normaliser = candidate_normaliser;
+    two.recent = recent;
+    two.refresh = refresh;
+    auto cache = std::make_unique<EvalKvCache>(std::move(inner), shape, score, pool, two);
     const std::size_t token = static_cast<std::size_t>(shape.num_kv_heads) * shape.head_dim;
+    const int n = held > 0 ? held : length - 1;  // tokens held before the first step
     for (int l = 0; l < shape.num_layers; ++l) {
-      cache->append(l, 0, length - 1, k.data() + static_cast<std::size_t>(l) * length * token,
+      cache->append(l, 0, n, k.data() + static_cast<std::size_t>(l) * length * token,
                     v.data() + static_cast<std::size_t>(l) * length * token);
     }
-    cache->advance(length - 1);
+    cache->advance(n);
     return cache;
   }
 
   // Appends the last token and attends the query in every layer.
-  void step(EvalKvCache& cache, ThreadPool& pool) const {
+  void step(EvalKvCache& cache, ThreadPool& pool) const { step_at(cache, pool, length - 1); }
+
+  // One decode step of the token at `pos` (< length; the cache holds the tokens before it).
+  void step_at(EvalKvCache& cache, ThreadPool& pool, int pos) const {
     const std::size_t token = static_cast<std::size_t>(shape.num_kv_heads) * shape.head_dim;
     const std::size_t qn = static_cast<std::size_t>(shape.num_q_heads) * shape.head_dim;
     std::vector<float> out(qn);
     for (int l = 0; l < shape.num_layers; ++l) {
-      const std::size_t at = (static_cast<std::size_t>(l) * length + length - 1) * token;
-      cache.append(l, length - 1, 1, k.data() + at, v.data() + at);
-      cache.attend(l, length - 1, 1, q.data() + static_cast<std::size_t>(l) * qn, out.data(), pool);
+      const std::size_t at = (static_cast<std::size_t>(l) * length + pos) * token;
+      cache.append(l, pos, 1, k.data() + at, v.data() + at);
+      cache.attend(l, pos, 1, q.data() + static_cast<std::size_t>(l) * qn, out.data(), pool);
     }
     cache.advance(1);
   }
@@ -360,6 +368,43 @@ TEST(MiniDecoder_QualityProbe, TokenRulesScoreByTheirDefinition) {
       for (std::int32_t b : {0, closed - 2, closed - 1})
         EXPECT_NE(std::find(ids.begin(), ids.end(), b), ids.end()) << to_string(s) << " " << b;
     }
+  }
+  // The stale rule ranks every block at its first step (one stage) and, until `refresh` steps
+  // have passed, only the blocks that ranking kept (no block closes between these two steps).
+  {
+    const ProbeScore stale = ProbeScore::kStaleMxfp4Mass;
+    EXPECT_TRUE(is_two_stage(stale));
+    EXPECT_EQ(parse_probe_score("stale_mxfp4_mass"), stale);
+    auto full2 = bed.make(select_options(3, bed.window, bed.block), ProbeScore::kMxfp4Mass, pool,
+                          64, false, 0, 8, bed.length - 2);
+    auto every = bed.make(select_options(3, bed.window, bed.block), stale, pool, 1, true, 0, 1,
+                          bed.length - 2);
+    auto kept = bed.make(select_options(3, bed.window, bed.block), stale, pool, 1, true, 0, 8,
+                         bed.length - 2);
+    std::vector<std::vector<std::int32_t>> first;  // the full ranking's picks, best first
+    for (int pos : {bed.length - 2, bed.length - 1}) {
+      bed.step_at(*full2, pool, pos);
+      bed.step_at(*every, pool, pos);
+      bed.step_at(*kept, pool, pos);
+      EXPECT_EQ(every->inner().last_step().selected, full2->inner().last_step().selected) << pos;
+      if (first.empty()) {
+        first = full2->inner().last_step().selected;
+        EXPECT_EQ(kept->inner().last_step().selected, first);  // its refresh step: one stage
+      }
+    }
+    ASSERT_EQ((bed.length - 2 - bed.window) / bed.block, closed);  // no block closed between
+    const auto& second = kept->inner().last_step().selected;
+    ASSERT_EQ(second.size(), first.size());
+    for (std::size_t h = 0; h < second.size(); ++h) {  // block 0 and the one block kept
+      ASSERT_EQ(second[h].size(), 3u);
+      ASSERT_FALSE(first[h].empty());
+      for (std::int32_t b : {0, first[h][0]})
+        EXPECT_NE(std::find(second[h].begin(), second[h].end(), b), second[h].end()) << h;
+    }
+    EXPECT_EQ(
+        EvalConfig::parse("name=t;scoring=stale_mxfp4_mass;candidates=16;refresh=4").scoring(),
+        "stale_mxfp4_mass/c16/f4");
+    EXPECT_THROW(EvalConfig::parse("name=t;scoring=stale_mxfp4_mass;refresh=0"), Error);
   }
   EXPECT_EQ(parse_probe_score("quest_mxfp4_mass"), ProbeScore::kQuestMxfp4Mass);
   EXPECT_EQ(EvalConfig::parse("name=t;scoring=meank_mxfp4_mass;candidates=16").scoring(),
