@@ -148,6 +148,10 @@ std::string EvalKvCache::describe() const {
   if (is_two_stage(score_))
     os << " (" << two_.candidates << " candidates" << (two_.recent > 0 ? " and the " : "")
        << (two_.recent > 0 ? std::to_string(two_.recent) + " most recent blocks" : "")
+       << (two_.first_full_layer <= two_.last_full_layer
+               ? ", one stage in layers " + std::to_string(two_.first_full_layer) + "-" +
+                     std::to_string(two_.last_full_layer)
+               : "")
        << (score_ == ProbeScore::kStaleMxfp4Mass
                ? ", ranked afresh every " + std::to_string(two_.refresh) + " steps"
                : "")
@@ -260,7 +264,8 @@ void EvalKvCache::score_blocks(int layer, int position, const ScoresView& out) c
   const std::size_t li = static_cast<std::size_t>(layer);
   const bool refresh = score_ == ProbeScore::kStaleMxfp4Mass &&
                        (stale_position_[li] < 0 || position - stale_position_[li] >= two_.refresh);
-  if (is_two_stage(score_) && !refresh) {
+  const bool full_layer = layer >= two_.first_full_layer && layer <= two_.last_full_layer;
+  if (is_two_stage(score_) && !refresh && !full_layer) {
     pool_.parallel_for(hkv, [&](int h, int) {
       candidate[static_cast<std::size_t>(h)] = score_ == ProbeScore::kStaleMxfp4Mass
                                                    ? stale_candidates(layer, h, closed)

@@ -74,6 +74,10 @@ struct TwoStageOptions {
   bool candidate_normaliser = false;
   int recent = 0;   ///< also keep this many most recent closed blocks
   int refresh = 8;  ///< kStaleMxfp4Mass: steps between two full rankings, >= 1
+  /// Layers [first_full_layer, last_full_layer] are scored in one stage (every block a
+  /// candidate); empty when first_full_layer > last_full_layer (the default).
+  int first_full_layer = 0;
+  int last_full_layer = -1;
 };
 
 /// Parses "none", "oracle", "mxfp4_mass", "exact_max", "mxfp4_max", "quest_mxfp4_mass",

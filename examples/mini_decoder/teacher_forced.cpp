@@ -224,6 +224,15 @@ EvalConfig EvalConfig::parse(const std::string& spec) {
     } else if (key == "recent") {
       c.two_stage.recent = to_int(key, v);
       KVC_CHECK(c.two_stage.recent >= 0, "config recent = ", c.two_stage.recent, " is negative");
+    } else if (key == "full_layers") {
+      const std::size_t dash = v.find('-');
+      KVC_CHECK(dash != std::string::npos && dash > 0 && dash + 1 < v.size(),
+                "config full_layers = '", v, "' is not FIRST-LAST");
+      c.two_stage.first_full_layer = to_int(key, v.substr(0, dash));
+      c.two_stage.last_full_layer = to_int(key, v.substr(dash + 1));
+      KVC_CHECK(c.two_stage.first_full_layer >= 0 &&
+                    c.two_stage.first_full_layer <= c.two_stage.last_full_layer,
+                "config full_layers = '", v, "' is not FIRST-LAST with 0 <= FIRST <= LAST");
     } else if (key == "refresh") {
       c.two_stage.refresh = to_int(key, v);
       KVC_CHECK(c.two_stage.refresh >= 1, "config refresh = ", c.two_stage.refresh, " is below 1");
@@ -241,7 +250,7 @@ EvalConfig EvalConfig::parse(const std::string& spec) {
       KVC_CHECK(false, "config key '", key,
                 "' is unknown (name, mode, format, top, window, block, policy, scoring, delta, "
                 "max_blocks, p, dense_layers, device, token_keys, candidates, candidate_scoring, "
-                "normaliser, recent, refresh)");
+                "normaliser, recent, refresh, full_layers)");
     }
   }
   // 'candidates' with kvc's own token_mass: the BlockIndex's two stages (else the probe's).
@@ -261,6 +270,10 @@ std::string EvalConfig::scoring() const {
     return std::string(to_string(probe)) + "/c" + std::to_string(two_stage.candidates) +
            (two_stage.recent > 0 ? "/r" + std::to_string(two_stage.recent) : "") +
            (probe == ProbeScore::kStaleMxfp4Mass ? "/f" + std::to_string(two_stage.refresh) : "") +
+           (two_stage.first_full_layer <= two_stage.last_full_layer
+                ? "/l" + std::to_string(two_stage.first_full_layer) + "-" +
+                      std::to_string(two_stage.last_full_layer)
+                : "") +
            (two_stage.candidate_normaliser ? "/zc" : "");
   if (probe != ProbeScore::kNone) return to_string(probe);
   if (kv.candidates > 0)
@@ -456,8 +469,15 @@ std::vector<EvalResult> run_teacher_forced(Decoder& model, const std::vector<int
         }
         m.bytes_attended += static_cast<double>(run.kvc->last_step().bytes.total());
         const int closed = run.kvc->store(0).num_closed_blocks(0);
+        int full = 0;  // layers the probe's two-stage rules score in one stage
+        for (int l = run.kvc->dense_layers(); l < shape.num_layers; ++l)
+          full += is_two_stage(cfg.probe) && l >= cfg.two_stage.first_full_layer &&
+                  l <= cfg.two_stage.last_full_layer;
+        EvalConfig one_stage = cfg;
+        one_stage.probe = ProbeScore::kMxfp4Mass;
         const int scored_layers = shape.num_layers - run.kvc->dense_layers();
-        m.bytes_scoring += scored_layers * scoring_bytes(cfg, shape, closed);
+        m.bytes_scoring += (scored_layers - full) * scoring_bytes(cfg, shape, closed) +
+                           full * scoring_bytes(one_stage, shape, closed);
         m.bytes_dense += dense_bytes_per_token * (p + 1);
       }
       m.seconds += seconds_since(t0);

@@ -48,7 +48,8 @@ struct EvalConfig {
   /// scoring = token_mass kvc's own two stages, BlockIndexConfig::candidates), candidate_scoring
   /// (kvc's first stage: mean_k | quest), normaliser (the probe's two-stage normaliser: all |
   /// candidates), recent (the probe's two-stage rules also keep that many most recent closed
-  /// blocks), refresh (stale_mxfp4_mass: steps between full rankings), delta, max_blocks, p,
+  /// blocks), refresh (stale_mxfp4_mass: steps between full rankings), full_layers (FIRST-LAST:
+  /// layers the probe's two-stage rules score in one stage), delta, max_blocks, p,
   /// dense_layers, device (where kvc runs beside the CPU model: auto | cpu | cuda). Throws
   /// kvc::Error naming a bad key or value.
   static EvalConfig parse(const std::string& spec);

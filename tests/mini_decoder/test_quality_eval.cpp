@@ -46,6 +46,17 @@ KvOptions select_options(int top, int window, int block) {
 
 // A probe over `layers` layers filled with random K/V (some keys scaled up so that a few blocks
 // carry most of the mass), and one random query per layer at position `length` - 1.
+// The probe's two-stage settings.
+TwoStageOptions two_stage(int candidates, bool candidate_normaliser = false, int recent = 0,
+                          int refresh = 8) {
+  TwoStageOptions t;
+  t.candidates = candidates;
+  t.candidate_normaliser = candidate_normaliser;
+  t.recent = recent;
+  t.refresh = refresh;
+  return t;
+}
+
 struct ProbeBed {
   KvShape shape{2, 6, 2, 64, 400};
   int window = 64, block = 16;
@@ -66,15 +77,10 @@ struct ProbeBed {
     }
   }
 
+  // The probe over a kvc cache holding the bed's first `held` tokens (0: all but the last).
   std::unique_ptr<EvalKvCache> make(const KvOptions& o, ProbeScore score, ThreadPool& pool,
-                                    int candidates = 64, bool candidate_normaliser = false,
-                                    int recent = 0, int refresh = 8, int held = 0) const {
+                                    const TwoStageOptions& two = {}, int held = 0) const {
     auto inner = std::make_unique<KvcKvCache>(o, shape, Device::cpu());
-    TwoStageOptions two;
-    two.candidates = candidates;
-    two.candidate_normaliser = candidate_normaliser;
-    two.recent = recent;
-    two.refresh = refresh;
     auto cache = std::make_unique<EvalKvCache>(std::move(inner), shape, score, pool, two);
     const std::size_t token = static_cast<std::size_t>(shape.num_kv_heads) * shape.head_dim;
     const int n = held > 0 ? held : length - 1;  // tokens held before the first step
@@ -260,7 +266,7 @@ TEST(MiniDecoder_QualityProbe, LibraryTwoStagesSelectTheProbesTwoStageBlocks) {
       o.candidates = candidates;
       auto lib = bed.make(o, ProbeScore::kNone, pool);
       auto probe = bed.make(select_options(top, bed.window, bed.block), ProbeScore::kMeanKMxfp4Mass,
-                            pool, candidates, true);
+                            pool, two_stage(candidates, true));
       SCOPED_TRACE("candidates " + std::to_string(candidates) + " top " + std::to_string(top));
       expect_same_selections(bed, *lib, *probe, pool);
     }
@@ -349,11 +355,11 @@ TEST(MiniDecoder_QualityProbe, TokenRulesScoreByTheirDefinition) {
         ProbeScore::kMeanPeakMxfp4Mass, ProbeScore::kQuestSoftMxfp4Mass}) {
     EXPECT_TRUE(is_two_stage(s));
     EXPECT_EQ(parse_probe_score(to_string(s)), s);
-    auto all = bed.make(select_options(2, bed.window, bed.block), s, pool, closed);
+    auto all = bed.make(select_options(2, bed.window, bed.block), s, pool, two_stage(closed));
     bed.step(*all, pool);
     EXPECT_EQ(all->inner().last_step().selected, full->inner().last_step().selected)
         << to_string(s);
-    auto one = bed.make(select_options(3, bed.window, bed.block), s, pool, 1);
+    auto one = bed.make(select_options(3, bed.window, bed.block), s, pool, two_stage(1));
     bed.step(*one, pool);
     for (const auto& ids : one->inner().last_step().selected) {
       ASSERT_GE(ids.size(), 1u);
@@ -361,7 +367,8 @@ TEST(MiniDecoder_QualityProbe, TokenRulesScoreByTheirDefinition) {
     }
     // With the 2 most recent blocks kept too, four blocks are candidates and a top 4 takes
     // them all: block 0 and the last two among them.
-    auto recent = bed.make(select_options(4, bed.window, bed.block), s, pool, 1, true, 2);
+    auto recent =
+        bed.make(select_options(4, bed.window, bed.block), s, pool, two_stage(1, true, 2));
     bed.step(*recent, pool);
     for (const auto& ids : recent->inner().last_step().selected) {
       ASSERT_EQ(ids.size(), 4u) << to_string(s);
@@ -376,11 +383,11 @@ TEST(MiniDecoder_QualityProbe, TokenRulesScoreByTheirDefinition) {
     EXPECT_TRUE(is_two_stage(stale));
     EXPECT_EQ(parse_probe_score("stale_mxfp4_mass"), stale);
     auto full2 = bed.make(select_options(3, bed.window, bed.block), ProbeScore::kMxfp4Mass, pool,
-                          64, false, 0, 8, bed.length - 2);
-    auto every = bed.make(select_options(3, bed.window, bed.block), stale, pool, 1, true, 0, 1,
-                          bed.length - 2);
-    auto kept = bed.make(select_options(3, bed.window, bed.block), stale, pool, 1, true, 0, 8,
-                         bed.length - 2);
+                          {}, bed.length - 2);
+    auto every = bed.make(select_options(3, bed.window, bed.block), stale, pool,
+                          two_stage(1, true, 0, 1), bed.length - 2);
+    auto kept = bed.make(select_options(3, bed.window, bed.block), stale, pool,
+                         two_stage(1, true, 0, 8), bed.length - 2);
     std::vector<std::vector<std::int32_t>> first;  // the full ranking's picks, best first
     for (int pos : {bed.length - 2, bed.length - 1}) {
       bed.step_at(*full2, pool, pos);
@@ -405,6 +412,22 @@ TEST(MiniDecoder_QualityProbe, TokenRulesScoreByTheirDefinition) {
         EvalConfig::parse("name=t;scoring=stale_mxfp4_mass;candidates=16;refresh=4").scoring(),
         "stale_mxfp4_mass/c16/f4");
     EXPECT_THROW(EvalConfig::parse("name=t;scoring=stale_mxfp4_mass;refresh=0"), Error);
+    // Layers named one-stage rank every block: with the one layer of the bed among them, one
+    // candidate selects what mxfp4_mass selects.
+    TwoStageOptions all_full = two_stage(1, true);
+    all_full.first_full_layer = 0;
+    all_full.last_full_layer = bed.shape.num_layers - 1;
+    auto full_layers = bed.make(select_options(3, bed.window, bed.block),
+                                ProbeScore::kMeanKMxfp4Mass, pool, all_full);
+    auto reference =
+        bed.make(select_options(3, bed.window, bed.block), ProbeScore::kMxfp4Mass, pool);
+    bed.step(*full_layers, pool);
+    bed.step(*reference, pool);
+    EXPECT_EQ(full_layers->inner().last_step().selected, reference->inner().last_step().selected);
+    EXPECT_EQ(EvalConfig::parse("name=t;scoring=meank_mxfp4_mass;full_layers=3-10").scoring(),
+              "meank_mxfp4_mass/c64/l3-10");
+    EXPECT_THROW(EvalConfig::parse("name=t;scoring=meank_mxfp4_mass;full_layers=4-3"), Error);
+    EXPECT_THROW(EvalConfig::parse("name=t;scoring=meank_mxfp4_mass;full_layers=3"), Error);
   }
   EXPECT_EQ(parse_probe_score("quest_mxfp4_mass"), ProbeScore::kQuestMxfp4Mass);
   EXPECT_EQ(EvalConfig::parse("name=t;scoring=meank_mxfp4_mass;candidates=16").scoring(),
