@@ -34,11 +34,6 @@ class KvStore(_SlotObject):
         self.impl.ingest(int(slot), k, v)
 
 
-
-
-
-
-
 class BlockIndex:
     """Block scores from a store's summaries (kvc/index/block_index.h)."""
 
@@ -189,16 +184,9 @@ class LayeredCache(_SlotObject):
         self.impl.set_stream(stream_of(k))
         self.impl.ingest(int(slot), k, v)
 
-
-
-
     def layer(self, layer):
         """Layer `layer` as a read-only KvStore (pass it to BlockIndex.score, decode, ...)."""
         return self.impl.layer(int(layer))
-
-
-
-
 
     def block_table(self):
         """The block table [max_slots + 1, max_blocks_per_slot] int32 over the cache's own memory
