@@ -57,6 +57,15 @@ def empty_like(like, shape, dtype):
     return np.empty(shape, dtype=_NUMPY[dtype])
 
 
+def array_like(like, values, dtype):
+    """An array of `values` (a list) of kvc dtype name `dtype`, from the library and on the
+    device of `like`."""
+    if is_torch(like):
+        torch = sys.modules["torch"]
+        return torch.tensor(values, dtype=getattr(torch, _TORCH[dtype]), device=like.device)
+    return np.asarray(values, dtype=_NUMPY[dtype])
+
+
 def to_bf16_bits(x):
     """bfloat16 bit patterns (a uint16 numpy array) of the values of `x`, rounded to nearest even
     as a float32 -> bfloat16 cast rounds; NaN stays NaN. kvc reads uint16 arrays as bfloat16."""

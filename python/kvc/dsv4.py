@@ -19,7 +19,7 @@ A decode step of one CSA layer, all on one device::
 import numpy as np
 
 from . import _kvc
-from ._arrays import device_name, empty_like, is_torch, stream_of
+from ._arrays import array_like, device_name, empty_like, stream_of
 
 _d = _kvc.dsv4
 
@@ -37,13 +37,6 @@ MAX_ENTRIES_PER_SLOT = _d.MAX_ENTRIES_PER_SLOT
 
 def _slots(slots):
     return [int(s) for s in slots]
-
-
-def _host_int32(x):
-    """A host int32 numpy array of an array (a torch tensor is copied to the host)."""
-    if is_torch(x):
-        x = x.detach().cpu().numpy()
-    return np.ascontiguousarray(x, dtype=np.int32)
 
 
 class _Wrapped:
@@ -83,13 +76,15 @@ class EntryStore(_Wrapped):
         """Entry (ring: token) e of `slot`, decoded: a float32 numpy array of dim values."""
         return np.asarray(self.impl.read_entry(int(slot), int(e)), dtype=np.float32)
 
-    def physical_entries(self, slots, T, ids):
+    def physical_entries(self, slots, T, ids, out=None):
         """The pool rows (page id x page_entries + row in its page; -1 for none) of a selection
-        ids [len(slots) * T, k] over entries: the index rows FlashMLA's sparse kernels take with
-        kvc's pages. Returns a host int32 numpy array of ids' shape."""
-        ids = _host_int32(ids)
-        rows = self.impl.physical_entries(_slots(slots), int(T), ids)
-        return np.asarray(rows, dtype=np.int32).reshape(ids.shape)
+        ids [len(slots) * T, k] int32 over entries, on the store's device: the index rows
+        FlashMLA's sparse kernels take with kvc's pages. Returns out, int32 of ids' shape."""
+        if out is None:
+            out = empty_like(ids, ids.shape, "i32")
+        self.impl.set_stream(stream_of(ids))
+        self.impl.physical_entries(array_like(ids, _slots(slots), "i32"), int(T), ids, out)
+        return out
 
 
 class Compressor(_Wrapped):

@@ -10,9 +10,15 @@
 #include <utility>
 
 #include "convert.h"
+#include "kvc/config.h"
 #include "kvc/core/error.h"
 #include "kvc/dsv4/dsv4.h"
 #include "kvc/select/selector.h"
+#if KVC_CUDA_ENABLED
+#include <cuda_runtime_api.h>
+
+#include "kvc/kernels/dsv4_kernels.h"
+#endif
 #include "kwargs.h"
 
 namespace kvc {
@@ -142,28 +148,44 @@ void bind_entry_store(nb::module_& m) {
            "Entry (ring: token) e of `slot` decoded to floats (synchronises a CUDA store).")
       .def(
           "physical_entries",
-          [](const EntryStore& s, const std::vector<int>& slots, int T, const InArray& ids) {
-            const TensorView i = view_of(ids, "ids");
-            check_view(i, "ids", DType::kI32, {-1, -1}, Device::cpu(), 4);
-            KVC_CHECK(T >= 1 && i.shape[0] == static_cast<std::int64_t>(slots.size()) * T,
-                      "ids.shape[0] = ", i.shape[0], " must be len(slots) * T = ", slots.size(),
-                      " * ", T);
-            KVC_CHECK(i.shape[1] <= INT32_MAX, "ids.shape[1] = ", i.shape[1],
-                      " must be <= ", INT32_MAX);
+          [](const EntryStore& s, const InArray& slots, int T, const InArray& ids,
+             const OutArray& out) {
+            const Device dev = s.device();
+            const TensorView sv = view_of(slots, "slots");
+            check_view(sv, "slots", DType::kI32, {-1}, dev, 4);
+            const TensorView iv = view_of(ids, "ids");
+            check_view(iv, "ids", DType::kI32, {-1, -1}, dev, 4);
+            const TensorView ov = view_of(out, "out");
+            check_view(ov, "out", DType::kI32, {iv.shape[0], iv.shape[1]}, dev, 4);
+            KVC_CHECK(T >= 1 && iv.shape[0] == sv.shape[0] * T, "ids.shape[0] = ", iv.shape[0],
+                      " must be len(slots) * T = ", sv.shape[0], " * ", T);
+            KVC_CHECK(iv.shape[0] <= INT32_MAX && iv.shape[1] <= INT32_MAX, "ids.shape = [",
+                      iv.shape[0], ", ", iv.shape[1], "] must be below 2^31 each");
             SelectionView in;
-            in.ids = i.ptr<std::int32_t>();
-            in.rows = static_cast<int>(i.shape[0]);
-            in.max_selected = static_cast<int>(i.shape[1]);
-            std::vector<std::uint8_t> buffer;
-            const EntryStoreView v = s.host_view(buffer);
-            std::vector<std::int32_t> out(static_cast<std::size_t>(in.rows) * in.max_selected);
-            physical_entries(v, slots.data(), T, in, out.data(), in.max_selected);
-            return out;
+            in.ids = iv.ptr<std::int32_t>();
+            in.rows = static_cast<int>(iv.shape[0]);
+            in.max_selected = static_cast<int>(iv.shape[1]);
+            const EntryStoreView v = s.view();
+            if (dev.is_cpu()) {
+              physical_entries(v, sv.ptr<const std::int32_t>(), T, in, ov.ptr<std::int32_t>(),
+                               in.max_selected);
+              return;
+            }
+#if KVC_CUDA_ENABLED
+            // The device map: slots outside [0, max_slots) give -1 rows (they are not read back
+            // to be checked on the host).
+            const cudaError_t e = kernels::dsv4_physical_entries(
+                v, sv.ptr<const std::int32_t>(), T, in, ov.ptr<std::int32_t>(), in.max_selected,
+                static_cast<cudaStream_t>(s.stream()));
+            KVC_CHECK(e == cudaSuccess, "physical_entries: ", cudaGetErrorString(e));
+#else
+            KVC_CHECK(false, "physical_entries: kvc was built without CUDA");
+#endif
           },
-          nb::arg("slots"), nb::arg("T"), nb::arg("ids"),
-          "The pool rows (page id x page_entries + row in page; -1 for none) of a selection over "
-          "entries (host ids [len(slots) * T, k] int32), row-major: what FlashMLA's sparse "
-          "kernels take with kvc's pages.")
+          nb::arg("slots"), nb::arg("T"), nb::arg("ids"), nb::arg("out"),
+          "out[r, i] = the pool row (page id x page_entries + row in page; -1 for none) of entry "
+          "ids[r, i] of sequence r / T's slot: the index rows FlashMLA's sparse kernels take with "
+          "kvc's pages. slots [batch], ids and out [batch * T, k], int32 on the store's device.")
       .def(
           "set_stream", [](EntryStore& s, std::uintptr_t h) { s.set_stream(stream_of(h)); },
           nb::arg("stream"))
