@@ -221,3 +221,26 @@ def test_cuda_equals_the_cpu_reference():
     out_gpu, lse_gpu = attention_golden("cuda", to)
     out_gpu = out_gpu.cpu().numpy()
     assert np.linalg.norm(out_gpu - out_cpu) / np.linalg.norm(out_cpu) < 1e-4
+
+
+@requires_gpu
+def test_cuda_engine_pages_and_physical_entries(rng):
+    torch = torch_cuda()
+    cfg = dsv4.EntryStoreConfig.compressed(dsv4.EntryFormat.model1_fp8, 512, 4, 1024, 2)
+    cfg.page_entries = 16
+    x = rng.standard_normal((1, 40, 512)).astype(np.float32)
+    table = np.full((2, cfg.pages_per_slot()), -1, dtype=np.int32)
+    table[1, :3] = [4, 1, 2]
+    host = dsv4.EntryStore.on_pages(cfg, "cpu", np.zeros(6 * cfg.page_bytes(), np.uint8), table)
+    pool = torch.zeros(6 * cfg.page_bytes(), dtype=torch.uint8, device="cuda")
+    gpu = dsv4.EntryStore.on_pages(cfg, "cuda", pool, torch.from_numpy(table).cuda())
+    host.append([1], x)
+    gpu.append([1], torch.from_numpy(x).cuda())
+    for e in (0, 17, 39):
+        np.testing.assert_array_equal(gpu.read_entry(1, e), host.read_entry(1, e))
+    ids = np.array([[0, 15, 16, 39, 40, -1], [31, 32, 1, 2, 3, 4]], dtype=np.int32)
+    want = host.physical_entries([1, 1], 1, ids)
+    got = gpu.physical_entries([1, 1], 1, torch.from_numpy(ids).cuda())
+    assert got.is_cuda
+    np.testing.assert_array_equal(got.cpu().numpy(), want)
+    assert want[0].tolist() == [64, 64 + 15, 16, 32 + 7, -1, -1]
