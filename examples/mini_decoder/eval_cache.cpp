@@ -33,10 +33,11 @@ ProbeScore parse_probe_score(const std::string& name) {
   if (name == "meanpeak_mxfp4_mass") return ProbeScore::kMeanPeakMxfp4Mass;
   if (name == "questsoft_mxfp4_mass") return ProbeScore::kQuestSoftMxfp4Mass;
   if (name == "stale_mxfp4_mass") return ProbeScore::kStaleMxfp4Mass;
+  if (name == "peaks_mxfp4_mass") return ProbeScore::kPeaksMxfp4Mass;
   KVC_CHECK(name == "mxfp4_max", "probe score = '", name,
             "' is not one of: none, oracle, mxfp4_mass, exact_max, mxfp4_max, quest_mxfp4_mass, "
             "meank_mxfp4_mass, meanvar_mxfp4_mass, meanrange_mxfp4_mass, meansoft_mxfp4_mass, "
-            "meanpeak_mxfp4_mass, questsoft_mxfp4_mass, stale_mxfp4_mass");
+            "meanpeak_mxfp4_mass, questsoft_mxfp4_mass, stale_mxfp4_mass, peaks_mxfp4_mass");
   return ProbeScore::kMxfp4Max;
 }
 
@@ -68,6 +69,8 @@ const char* to_string(ProbeScore s) {
       return "questsoft_mxfp4_mass";
     case ProbeScore::kStaleMxfp4Mass:
       return "stale_mxfp4_mass";
+    case ProbeScore::kPeaksMxfp4Mass:
+      return "peaks_mxfp4_mass";
   }
   return "?";
 }
@@ -76,7 +79,8 @@ bool is_two_stage(ProbeScore s) {
   return s == ProbeScore::kQuestMxfp4Mass || s == ProbeScore::kMeanKMxfp4Mass ||
          s == ProbeScore::kMeanVarMxfp4Mass || s == ProbeScore::kMeanRangeMxfp4Mass ||
          s == ProbeScore::kMeanSoftMxfp4Mass || s == ProbeScore::kMeanPeakMxfp4Mass ||
-         s == ProbeScore::kQuestSoftMxfp4Mass || s == ProbeScore::kStaleMxfp4Mass;
+         s == ProbeScore::kQuestSoftMxfp4Mass || s == ProbeScore::kStaleMxfp4Mass ||
+         s == ProbeScore::kPeaksMxfp4Mass;
 }
 
 namespace {
@@ -111,8 +115,11 @@ EvalKvCache::EvalKvCache(std::unique_ptr<KvcKvCache> inner, const KvShape& shape
   KVC_CHECK(two_.candidates >= 1, "eval cache: candidates = ", two_.candidates, " is below 1");
   KVC_CHECK(two_.recent >= 0, "eval cache: recent = ", two_.recent, " is negative");
   KVC_CHECK(two_.refresh >= 1, "eval cache: refresh = ", two_.refresh, " is below 1");
+  KVC_CHECK(two_.peaks >= 1, "eval cache: peaks = ", two_.peaks, " is below 1");
   window_ = inner_->recent_window();
   block_ = inner_->store(0).config().block_size;
+  KVC_CHECK(two_.peaks <= block_, "eval cache: peaks = ", two_.peaks, " is above the block size ",
+            block_);
   scale_ = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
   const std::size_t n = static_cast<std::size_t>(shape.num_layers) * shape.capacity *
                         shape.num_kv_heads * shape.head_dim;
@@ -127,6 +134,7 @@ EvalKvCache::EvalKvCache(std::unique_ptr<KvcKvCache> inner, const KvShape& shape
     stale_position_.assign(static_cast<std::size_t>(shape.num_layers), -1);
     stale_closed_.assign(static_cast<std::size_t>(shape.num_layers), 0);
     stale_blocks_.resize(static_cast<std::size_t>(shape.num_layers) * shape.num_kv_heads);
+    block_peaks_.resize(static_cast<std::size_t>(shape.num_layers) * shape.num_kv_heads);
   }
   exact_ = std::make_unique<Exact>();
   inner_->enable_stats(true);
@@ -173,6 +181,9 @@ void EvalKvCache::shadow(int layer, int pos0, int count, const float* k) {
     std::vector<float>& sum = block_summaries_[static_cast<std::size_t>(layer) * hkv + h];
     const std::size_t kept = static_cast<std::size_t>(pos0 / block_) * kSummaryRows * d;
     if (sum.size() > kept) sum.resize(kept);
+    std::vector<int>& peaks = block_peaks_[static_cast<std::size_t>(layer) * hkv + h];
+    const std::size_t kept_peaks = static_cast<std::size_t>(pos0 / block_) * two_.peaks;
+    if (peaks.size() > kept_peaks) peaks.resize(kept_peaks);
   }
   std::vector<float> x(static_cast<std::size_t>(d));
   std::vector<std::uint8_t> packed(static_cast<std::size_t>(d / 2 + 1));
@@ -412,6 +423,23 @@ std::vector<char> EvalKvCache::first_stage(int layer, int h, int closed) const {
       var[c] = static_cast<float>(std::max(0.0, sxx / block_ - mu * mu));
     }
   }
+  // kPeaksMxfp4Mass: each new closed block's `peaks` keys of the largest norm (ties to the
+  // earlier token), chosen once as a store would when the block closes.
+  std::vector<int>& peaks = block_peaks_[static_cast<std::size_t>(layer) * hkv + h];
+  const int np = two_.peaks;
+  for (int j = static_cast<int>(peaks.size() / static_cast<std::size_t>(np));
+       score_ == ProbeScore::kPeaksMxfp4Mass && j < closed; ++j) {
+    std::vector<std::pair<double, int>> norms;
+    for (int i = j * block_; i < (j + 1) * block_; ++i) {
+      const float* k = keys + static_cast<std::size_t>(i) * row + static_cast<std::size_t>(h) * d;
+      double n2 = 0.0;
+      for (int c = 0; c < d; ++c) n2 += static_cast<double>(k[c]) * k[c];
+      norms.emplace_back(-n2, i);
+    }
+    std::partial_sort(norms.begin(), norms.begin() + np, norms.end());
+    for (int r = 0; r < np; ++r) peaks.push_back(norms[static_cast<std::size_t>(r)].second);
+  }
+  const float* mx = mxfp4_keys_.data() + static_cast<std::size_t>(layer) * shape_.capacity * row;
   const bool soft = score_ != ProbeScore::kQuestMxfp4Mass && score_ != ProbeScore::kMeanKMxfp4Mass;
   const double s = scale_;
   std::vector<double> bound(static_cast<std::size_t>(closed), 0.0);
@@ -449,6 +477,20 @@ std::vector<char> EvalKvCache::first_stage(int layer, int h, int closed) const {
         const double a = s * dot, b = s * peak_dot, n = block_;
         const double hi = std::max(a, b);
         x = hi + std::log((1.0 - 1.0 / n) * std::exp(a - hi) + std::exp(b - hi) / n);
+      }
+      if (score_ == ProbeScore::kPeaksMxfp4Mass) {  // log Σ exp over the peak keys
+        std::vector<double> l(static_cast<std::size_t>(np));
+        double m = -std::numeric_limits<double>::infinity();
+        for (int r = 0; r < np; ++r) {
+          const int i = peaks[static_cast<std::size_t>(j) * np + r];
+          const float* k = mx + static_cast<std::size_t>(i) * row + static_cast<std::size_t>(h) * d;
+          double dd = 0.0;
+          for (int c = 0; c < d; ++c) dd += static_cast<double>(qg[c]) * k[c];
+          m = std::max(m, l[static_cast<std::size_t>(r)] = s * dd);
+        }
+        double z = 0.0;
+        for (double v : l) z += std::exp(v - m);
+        x = m + std::log(z);
       }
       est[static_cast<std::size_t>(j)] = x;
       top = std::max(top, x);

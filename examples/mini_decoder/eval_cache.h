@@ -64,6 +64,9 @@ enum class ProbeScore {
   /// the `candidates` best per kv head are kept; the steps in between rank, by kMxfp4Mass, only
   /// those, block 0 and the blocks closed since.
   kStaleMxfp4Mass,
+  /// The same with e(j) = log Σ exp(s q · k_i) over the block's `peaks` keys of the largest norm
+  /// (through mxfp4; TwoStageOptions::peaks): a token mass over a few keys a block keeps.
+  kPeaksMxfp4Mass,
 };
 
 /// The probe's two-stage settings (is_two_stage rules).
@@ -74,6 +77,7 @@ struct TwoStageOptions {
   bool candidate_normaliser = false;
   int recent = 0;   ///< also keep this many most recent closed blocks
   int refresh = 8;  ///< kStaleMxfp4Mass: steps between two full rankings, >= 1
+  int peaks = 4;    ///< kPeaksMxfp4Mass: keys per block, 1..block size
   /// Layers [first_full_layer, last_full_layer] are scored in one stage (every block a
   /// candidate); empty when first_full_layer > last_full_layer (the default).
   int first_full_layer = 0;
@@ -82,8 +86,8 @@ struct TwoStageOptions {
 
 /// Parses "none", "oracle", "mxfp4_mass", "exact_max", "mxfp4_max", "quest_mxfp4_mass",
 /// "meank_mxfp4_mass", "meanvar_mxfp4_mass", "meanrange_mxfp4_mass", "meansoft_mxfp4_mass",
-/// "meanpeak_mxfp4_mass", "questsoft_mxfp4_mass", "stale_mxfp4_mass"; throws kvc::Error
-/// otherwise.
+/// "meanpeak_mxfp4_mass", "questsoft_mxfp4_mass", "stale_mxfp4_mass", "peaks_mxfp4_mass";
+/// throws kvc::Error otherwise.
 ProbeScore parse_probe_score(const std::string& name);
 /// The name parse_probe_score() reads.
 const char* to_string(ProbeScore s);
@@ -165,7 +169,10 @@ class EvalKvCache final : public KvCache {
   // score_blocks().
   mutable std::vector<std::vector<float>> block_summaries_;
   static constexpr int kSummaryRows = 5;  // lo, hi, mean, variance, the largest-norm key
-  std::vector<float> staging_;            // device copies of K / q on their way to the host
+  // kPeaksMxfp4Mass: per [layer * Hkv + h] the token ids of each closed block's `peaks` keys of
+  // the largest norm, [block][peaks]; filled by first_stage() like the summaries.
+  mutable std::vector<std::vector<int>> block_peaks_;
+  std::vector<float> staging_;  // device copies of K / q on their way to the host
   std::unique_ptr<Exact> exact_;
   int exact_layer_ = -1;
   ProbeStep step_;

@@ -121,6 +121,13 @@ double scoring_bytes(const EvalConfig& c, const KvShape& s, int closed) {
       const double kept = std::min<double>(closed, t.candidates + 1.0 + t.recent) * s.num_kv_heads;
       return blocks * summary + kept * b * mxfp4 + ring_k;
     }
+    case ProbeScore::kPeaksMxfp4Mass: {
+      // Each closed block's `peaks` mxfp4 keys (and their token ids, not counted), then the
+      // candidates' keys and the ring's.
+      const TwoStageOptions& t = c.two_stage;
+      const double kept = std::min<double>(closed, t.candidates + 1.0 + t.recent) * s.num_kv_heads;
+      return blocks * t.peaks * mxfp4 + kept * b * mxfp4 + ring_k;
+    }
     case ProbeScore::kStaleMxfp4Mass: {
       // Every refresh steps all the mxfp4 keys; in between those of the kept blocks, the
       // blocks closed since (about refresh / 2 steps' worth of tokens / b on average, ignored
@@ -233,6 +240,9 @@ EvalConfig EvalConfig::parse(const std::string& spec) {
       KVC_CHECK(c.two_stage.first_full_layer >= 0 &&
                     c.two_stage.first_full_layer <= c.two_stage.last_full_layer,
                 "config full_layers = '", v, "' is not FIRST-LAST with 0 <= FIRST <= LAST");
+    } else if (key == "peaks") {
+      c.two_stage.peaks = to_int(key, v);
+      KVC_CHECK(c.two_stage.peaks >= 1, "config peaks = ", c.two_stage.peaks, " is below 1");
     } else if (key == "refresh") {
       c.two_stage.refresh = to_int(key, v);
       KVC_CHECK(c.two_stage.refresh >= 1, "config refresh = ", c.two_stage.refresh, " is below 1");
@@ -250,7 +260,7 @@ EvalConfig EvalConfig::parse(const std::string& spec) {
       KVC_CHECK(false, "config key '", key,
                 "' is unknown (name, mode, format, top, window, block, policy, scoring, delta, "
                 "max_blocks, p, dense_layers, device, token_keys, candidates, candidate_scoring, "
-                "normaliser, recent, refresh, full_layers)");
+                "normaliser, recent, refresh, full_layers, peaks)");
     }
   }
   // 'candidates' with kvc's own token_mass: the BlockIndex's two stages (else the probe's).
@@ -270,6 +280,7 @@ std::string EvalConfig::scoring() const {
     return std::string(to_string(probe)) + "/c" + std::to_string(two_stage.candidates) +
            (two_stage.recent > 0 ? "/r" + std::to_string(two_stage.recent) : "") +
            (probe == ProbeScore::kStaleMxfp4Mass ? "/f" + std::to_string(two_stage.refresh) : "") +
+           (probe == ProbeScore::kPeaksMxfp4Mass ? "/p" + std::to_string(two_stage.peaks) : "") +
            (two_stage.first_full_layer <= two_stage.last_full_layer
                 ? "/l" + std::to_string(two_stage.first_full_layer) + "-" +
                       std::to_string(two_stage.last_full_layer)

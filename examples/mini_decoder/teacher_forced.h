@@ -43,13 +43,15 @@ struct EvalConfig {
   /// kvc's BlockIndex, the token ones over token_keys = mxfp4 | fp8 | old_blocks; oracle |
   /// mxfp4_mass | exact_max | mxfp4_max | quest_mxfp4_mass | meank_mxfp4_mass |
   /// meanvar_mxfp4_mass | meanrange_mxfp4_mass | meansoft_mxfp4_mass | meanpeak_mxfp4_mass |
-  /// questsoft_mxfp4_mass | stale_mxfp4_mass: the probe's rules), candidates (the two-stage
+  /// questsoft_mxfp4_mass | stale_mxfp4_mass | peaks_mxfp4_mass: the probe's rules), candidates
+  /// (the two-stage
   /// rules' first-stage blocks: the probe's, or with
   /// scoring = token_mass kvc's own two stages, BlockIndexConfig::candidates), candidate_scoring
   /// (kvc's first stage: mean_k | quest), normaliser (the probe's two-stage normaliser: all |
   /// candidates), recent (the probe's two-stage rules also keep that many most recent closed
   /// blocks), refresh (stale_mxfp4_mass: steps between full rankings), full_layers (FIRST-LAST:
-  /// layers the probe's two-stage rules score in one stage), delta, max_blocks, p,
+  /// layers the probe's two-stage rules score in one stage), peaks (peaks_mxfp4_mass: keys per
+  /// block), delta, max_blocks, p,
   /// dense_layers, device (where kvc runs beside the CPU model: auto | cpu | cuda). Throws
   /// kvc::Error naming a bad key or value.
   static EvalConfig parse(const std::string& spec);

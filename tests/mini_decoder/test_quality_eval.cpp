@@ -349,10 +349,10 @@ TEST(MiniDecoder_QualityProbe, TokenRulesScoreByTheirDefinition) {
   // with one candidate, only block 0 and that candidate can be chosen, and both are.
   auto full = bed.make(select_options(2, bed.window, bed.block), ProbeScore::kMxfp4Mass, pool);
   bed.step(*full, pool);
-  for (ProbeScore s :
-       {ProbeScore::kQuestMxfp4Mass, ProbeScore::kMeanKMxfp4Mass, ProbeScore::kMeanVarMxfp4Mass,
-        ProbeScore::kMeanRangeMxfp4Mass, ProbeScore::kMeanSoftMxfp4Mass,
-        ProbeScore::kMeanPeakMxfp4Mass, ProbeScore::kQuestSoftMxfp4Mass}) {
+  for (ProbeScore s : {ProbeScore::kQuestMxfp4Mass, ProbeScore::kMeanKMxfp4Mass,
+                       ProbeScore::kMeanVarMxfp4Mass, ProbeScore::kMeanRangeMxfp4Mass,
+                       ProbeScore::kMeanSoftMxfp4Mass, ProbeScore::kMeanPeakMxfp4Mass,
+                       ProbeScore::kQuestSoftMxfp4Mass, ProbeScore::kPeaksMxfp4Mass}) {
     EXPECT_TRUE(is_two_stage(s));
     EXPECT_EQ(parse_probe_score(to_string(s)), s);
     auto all = bed.make(select_options(2, bed.window, bed.block), s, pool, two_stage(closed));
@@ -428,6 +428,13 @@ TEST(MiniDecoder_QualityProbe, TokenRulesScoreByTheirDefinition) {
               "meank_mxfp4_mass/c64/l3-10");
     EXPECT_THROW(EvalConfig::parse("name=t;scoring=meank_mxfp4_mass;full_layers=4-3"), Error);
     EXPECT_THROW(EvalConfig::parse("name=t;scoring=meank_mxfp4_mass;full_layers=3"), Error);
+    EXPECT_EQ(EvalConfig::parse("name=t;scoring=peaks_mxfp4_mass;candidates=8;peaks=2").scoring(),
+              "peaks_mxfp4_mass/c8/p2");
+    TwoStageOptions too_many = two_stage(1);
+    too_many.peaks = bed.block + 1;
+    EXPECT_THROW(bed.make(select_options(3, bed.window, bed.block), ProbeScore::kPeaksMxfp4Mass,
+                          pool, too_many),
+                 Error);
   }
   EXPECT_EQ(parse_probe_score("quest_mxfp4_mass"), ProbeScore::kQuestMxfp4Mass);
   EXPECT_EQ(EvalConfig::parse("name=t;scoring=meank_mxfp4_mass;candidates=16").scoring(),
