@@ -20,18 +20,6 @@ namespace python {
 
 namespace {
 
-// A [n] f32 sink array on `device`, or null.
-const float* sink_pointer(const std::optional<InArray>& sink, int n, Device device) {
-  if (!sink) return nullptr;
-  const TensorView v = view_of(*sink, "sink");
-  check_view(v, "sink", DType::kF32, {n}, device, 4);
-  return v.ptr<const float>();
-}
-
-TensorView optional_view(const std::optional<OutArray>& a, const char* name) {
-  return a ? view_of(*a, name) : TensorView{};
-}
-
 void bind_policy(nb::module_& m) {
   auto policy = nb::class_<SelectPolicy>(
       m, "SelectPolicy", "Which blocks of a row to attend (kvc/select/selector.h).");
@@ -178,7 +166,7 @@ void bind_compute(nb::module_& m) {
                       "ids and counts must be given together (ids ", ids ? "given" : "None",
                       ", counts ", counts ? "given" : "None", ")");
             if (ids) args.selection = selection_view(*ids, *counts, shared, store.device());
-            args.sink = sink_pointer(sink, b.config().num_q_heads, b.device());
+            args.sink = optional_f32(sink, "sink", b.config().num_q_heads, b.device());
             nb::gil_scoped_release release;
             b.decode(store, args);
           },
@@ -200,7 +188,7 @@ void bind_compute(nb::module_& m) {
             args.window = window;
             args.out = view_of(out, "out");
             args.lse = optional_view(lse, "lse");
-            args.sink = sink_pointer(sink, b.config().num_q_heads, b.device());
+            args.sink = optional_f32(sink, "sink", b.config().num_q_heads, b.device());
             nb::gil_scoped_release release;
             b.dense_decode(args);
           },

@@ -28,16 +28,18 @@ namespace {
 
 using namespace dsv4;
 
-TensorView optional_view(const std::optional<InArray>& a, const char* name) {
-  return a ? view_of(*a, name) : TensorView{};
-}
-
-// A [n] f32 array on `device`, or null.
-const float* optional_f32(const std::optional<InArray>& a, const char* name, int n, Device device) {
-  if (!a) return nullptr;
-  const TensorView v = view_of(*a, name);
-  check_view(v, name, DType::kF32, {n}, device, 4);
-  return v.ptr<const float>();
+// Rows of entry ids without counts (every column is read): a contiguous int32 [rows, k] array
+// on `device`.
+SelectionView id_rows(const InArray& ids, const char* name, Device device) {
+  const TensorView v = view_of(ids, name);
+  check_view(v, name, DType::kI32, {-1, -1}, device, 4);
+  KVC_CHECK(v.shape[0] <= INT32_MAX && v.shape[1] <= INT32_MAX, name, ".shape = [", v.shape[0],
+            ", ", v.shape[1], "] must be below 2^31 each");
+  SelectionView s;
+  s.ids = v.ptr<std::int32_t>();
+  s.rows = static_cast<int>(v.shape[0]);
+  s.max_selected = static_cast<int>(v.shape[1]);
+  return s;
 }
 
 void bind_entry_store(nb::module_& m) {
@@ -153,18 +155,11 @@ void bind_entry_store(nb::module_& m) {
             const Device dev = s.device();
             const TensorView sv = view_of(slots, "slots");
             check_view(sv, "slots", DType::kI32, {-1}, dev, 4);
-            const TensorView iv = view_of(ids, "ids");
-            check_view(iv, "ids", DType::kI32, {-1, -1}, dev, 4);
+            const SelectionView in = id_rows(ids, "ids", dev);
             const TensorView ov = view_of(out, "out");
-            check_view(ov, "out", DType::kI32, {iv.shape[0], iv.shape[1]}, dev, 4);
-            KVC_CHECK(T >= 1 && iv.shape[0] == sv.shape[0] * T, "ids.shape[0] = ", iv.shape[0],
+            check_view(ov, "out", DType::kI32, {in.rows, in.max_selected}, dev, 4);
+            KVC_CHECK(T >= 1 && in.rows == sv.shape[0] * T, "ids.shape[0] = ", in.rows,
                       " must be len(slots) * T = ", sv.shape[0], " * ", T);
-            KVC_CHECK(iv.shape[0] <= INT32_MAX && iv.shape[1] <= INT32_MAX, "ids.shape = [",
-                      iv.shape[0], ", ", iv.shape[1], "] must be below 2^31 each");
-            SelectionView in;
-            in.ids = iv.ptr<std::int32_t>();
-            in.rows = static_cast<int>(iv.shape[0]);
-            in.max_selected = static_cast<int>(iv.shape[1]);
             const EntryStoreView v = s.view();
             if (dev.is_cpu()) {
               physical_entries(v, sv.ptr<const std::int32_t>(), T, in, ov.ptr<std::int32_t>(),
@@ -365,17 +360,9 @@ void bind_sparse_attention(nb::module_& m) {
             a.lengths = lengths;
             a.q = view_of(q, "q");
             a.out = view_of(out, "out");
-            a.lse = lse ? view_of(*lse, "lse") : TensorView{};
+            a.lse = optional_view(lse, "lse");
             a.window_chunk = optional_view(window_chunk, "window_chunk");
-            if (indices) {
-              const TensorView i = view_of(*indices, "indices");
-              check_view(i, "indices", DType::kI32, {-1, -1}, entries.device(), 4);
-              KVC_CHECK(i.shape[0] <= INT32_MAX && i.shape[1] <= INT32_MAX, "indices.shape = [",
-                        i.shape[0], ", ", i.shape[1], "] must be below 2^31 each");
-              a.indices.ids = i.ptr<std::int32_t>();
-              a.indices.rows = static_cast<int>(i.shape[0]);
-              a.indices.max_selected = static_cast<int>(i.shape[1]);
-            }
+            if (indices) a.indices = id_rows(*indices, "indices", entries.device());
             a.sink = optional_f32(sink, "sink", s.config().num_heads, entries.device());
             nb::gil_scoped_release release;
             s.forward(ring, entries, a);

@@ -122,6 +122,20 @@ SelectionView make_selection(const A& ids, const A& counts, bool shared, Device 
 TensorView view_of(const InArray& a, const char* name) { return make_view(a, name); }
 TensorView view_of(const OutArray& a, const char* name) { return make_view(a, name); }
 
+TensorView optional_view(const std::optional<InArray>& a, const char* name) {
+  return a ? view_of(*a, name) : TensorView{};
+}
+TensorView optional_view(const std::optional<OutArray>& a, const char* name) {
+  return a ? view_of(*a, name) : TensorView{};
+}
+
+const float* optional_f32(const std::optional<InArray>& a, const char* name, int n, Device device) {
+  if (!a) return nullptr;
+  const TensorView v = view_of(*a, name);
+  check_view(v, name, DType::kF32, {n}, device, 4);
+  return v.ptr<const float>();
+}
+
 ScoresView scores_view(const OutArray& scores, const OutArray& num_valid, Device device) {
   return make_scores(scores, num_valid, device);
 }

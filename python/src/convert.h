@@ -7,6 +7,7 @@
 #include <nanobind/ndarray.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "kvc/core/tensor.h"
@@ -35,6 +36,14 @@ DType dtype_of(nb::dlpack::dtype t, const char* name);
 TensorView view_of(const InArray& a, const char* name);
 /// The same for an output array.
 TensorView view_of(const OutArray& a, const char* name);
+
+/// view_of(a) for a given array, an empty view (data = null) for None.
+TensorView optional_view(const std::optional<InArray>& a, const char* name);
+/// The same for an output array.
+TensorView optional_view(const std::optional<OutArray>& a, const char* name);
+/// The data of a contiguous f32 [n] array on `device` (checked, naming `name`), or null for
+/// None: per-head sink logits.
+const float* optional_f32(const std::optional<InArray>& a, const char* name, int n, Device device);
 
 /// A cudaStream_t from Python's integer handle (0: the default stream).
 inline void* stream_of(std::uintptr_t handle) { return reinterpret_cast<void*>(handle); }
