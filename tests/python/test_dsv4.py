@@ -157,6 +157,13 @@ def test_engine_pages_and_physical_entries(rng):
     with pytest.raises(kvc.Error):
         store.append([1], rng.standard_normal((1, 20, 64)).astype(np.float32))
     assert store.count(1) == 20
+    # Engine memory that cannot serve the config is refused when the store is made.
+    with pytest.raises(kvc.Error, match="pool"):  # less than one page
+        dsv4.EntryStore.on_pages(cfg, "cpu", np.zeros(cfg.page_bytes() - 1, np.uint8), table)
+    with pytest.raises(kvc.Error, match="block_table"):  # a row per slot: 2, not 1
+        dsv4.EntryStore.on_pages(cfg, "cpu", pool, table[:1].copy())
+    with pytest.raises(kvc.Error, match="block_table"):  # fewer columns than pages_per_slot
+        dsv4.EntryStore.on_pages(cfg, "cpu", pool, table[:, :1].copy())
 
 
 def test_bad_input_raises_before_anything_changes(rng):
