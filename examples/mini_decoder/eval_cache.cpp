@@ -378,38 +378,26 @@ std::vector<char> EvalKvCache::stale_candidates(int layer, int h, int closed) co
   return in;
 }
 
-std::vector<char> EvalKvCache::first_stage(int layer, int h, int closed) const {
-  const Exact& e = *exact_;
+void EvalKvCache::summarise_new_blocks(int layer, int h, int closed) const {
   const int hkv = shape_.num_kv_heads, d = shape_.head_dim;
-  const int group = shape_.num_q_heads / hkv;
   const std::size_t row = static_cast<std::size_t>(hkv) * d;
-  const float* keys = keys_.data() + static_cast<std::size_t>(layer) * shape_.capacity * row;
-  // The summaries of the blocks closed since the last call (lo, hi, mean, variance of each dim).
+  const float* keys = keys_.data() + static_cast<std::size_t>(layer) * shape_.capacity * row +
+                      static_cast<std::size_t>(h) * d;
   std::vector<float>& sum = block_summaries_[static_cast<std::size_t>(layer) * hkv + h];
+  std::vector<int>& peaks = block_peaks_[static_cast<std::size_t>(layer) * hkv + h];
   const std::size_t per_block = kSummaryRows * static_cast<std::size_t>(d);
+  const int np = two_.peaks;
   for (int j = static_cast<int>(sum.size() / per_block); j < closed; ++j) {
     sum.resize((static_cast<std::size_t>(j) + 1) * per_block);
     float* lo = sum.data() + static_cast<std::size_t>(j) * per_block;
     float* hi = lo + d;
     float* mean = hi + d;
     float* var = mean + d;
-    float* peak = var + d;
-    int peak_token = j * block_;  // the block's key of the largest norm (the first on a tie)
-    double peak_norm = -1.0;
-    for (int i = j * block_; i < (j + 1) * block_; ++i) {
-      const float* k = keys + static_cast<std::size_t>(i) * row + static_cast<std::size_t>(h) * d;
-      double n2 = 0.0;
-      for (int c = 0; c < d; ++c) n2 += static_cast<double>(k[c]) * k[c];
-      if (n2 > peak_norm) peak_norm = n2, peak_token = i;
-    }
-    std::copy_n(keys + static_cast<std::size_t>(peak_token) * row + static_cast<std::size_t>(h) * d,
-                d, peak);
     for (int c = 0; c < d; ++c) {
       float l = std::numeric_limits<float>::infinity(), u = -l, m = 0.0f;
       double sx = 0.0, sxx = 0.0;
       for (int i = j * block_; i < (j + 1) * block_; ++i) {
-        const float x = keys[static_cast<std::size_t>(i) * row + static_cast<std::size_t>(h) * d +
-                             static_cast<std::size_t>(c)];
+        const float x = keys[static_cast<std::size_t>(i) * row + static_cast<std::size_t>(c)];
         l = std::min(l, x);
         u = std::max(u, x);
         m += x / static_cast<float>(block_);  // the order the committed rows were measured with
@@ -422,16 +410,11 @@ std::vector<char> EvalKvCache::first_stage(int layer, int h, int closed) const {
       mean[c] = m;
       var[c] = static_cast<float>(std::max(0.0, sxx / block_ - mu * mu));
     }
-  }
-  // kPeaksMxfp4Mass: each new closed block's `peaks` keys of the largest norm (ties to the
-  // earlier token), chosen once as a store would when the block closes.
-  std::vector<int>& peaks = block_peaks_[static_cast<std::size_t>(layer) * hkv + h];
-  const int np = two_.peaks;
-  for (int j = static_cast<int>(peaks.size() / static_cast<std::size_t>(np));
-       score_ == ProbeScore::kPeaksMxfp4Mass && j < closed; ++j) {
+    // The block's `peaks` keys of the largest norm, largest first (ties to the earlier token),
+    // chosen once as a store would when the block closes.
     std::vector<std::pair<double, int>> norms;
     for (int i = j * block_; i < (j + 1) * block_; ++i) {
-      const float* k = keys + static_cast<std::size_t>(i) * row + static_cast<std::size_t>(h) * d;
+      const float* k = keys + static_cast<std::size_t>(i) * row;
       double n2 = 0.0;
       for (int c = 0; c < d; ++c) n2 += static_cast<double>(k[c]) * k[c];
       norms.emplace_back(-n2, i);
@@ -439,66 +422,89 @@ std::vector<char> EvalKvCache::first_stage(int layer, int h, int closed) const {
     std::partial_sort(norms.begin(), norms.begin() + np, norms.end());
     for (int r = 0; r < np; ++r) peaks.push_back(norms[static_cast<std::size_t>(r)].second);
   }
-  const float* mx = mxfp4_keys_.data() + static_cast<std::size_t>(layer) * shape_.capacity * row;
-  const bool soft = score_ != ProbeScore::kQuestMxfp4Mass && score_ != ProbeScore::kMeanKMxfp4Mass;
+}
+
+double EvalKvCache::block_estimate(int layer, int h, int g, int j) const {
+  const int d = shape_.head_dim;
+  const std::size_t row = static_cast<std::size_t>(shape_.num_kv_heads) * d;
+  const std::size_t head = static_cast<std::size_t>(layer) * shape_.num_kv_heads + h;
+  const float* lo = block_summaries_[head].data() + static_cast<std::size_t>(j) * kSummaryRows * d;
+  const float* hi = lo + d;
+  const float* mean = hi + d;
+  const float* var = mean + d;
+  const float* qg = exact_->q.data() + static_cast<std::size_t>(g) * d;
   const double s = scale_;
+  // The logits of the block's peak keys (the exact keys for the mean-and-peak rule, the mxfp4
+  // ones for the token mass over the peaks).
+  const bool mxfp4_peaks = score_ == ProbeScore::kPeaksMxfp4Mass;
+  const int np = mxfp4_peaks ? two_.peaks : 1;
+  const float* keys = (mxfp4_peaks ? mxfp4_keys_ : keys_).data() +
+                      static_cast<std::size_t>(layer) * shape_.capacity * row +
+                      static_cast<std::size_t>(h) * d;
+  std::vector<double> peak_logit(static_cast<std::size_t>(np));
+  for (int r = 0; r < np; ++r) {
+    const int i = block_peaks_[head][static_cast<std::size_t>(j) * two_.peaks + r];
+    const float* k = keys + static_cast<std::size_t>(i) * row;
+    double dot = 0.0;
+    for (int c = 0; c < d; ++c) dot += static_cast<double>(qg[c]) * k[c];
+    peak_logit[static_cast<std::size_t>(r)] = s * dot;
+  }
+  double quest = 0.0, dot = 0.0, spread = 0.0;
+  for (int c = 0; c < d; ++c) {
+    const double q = qg[c];
+    quest += std::max(q * lo[c], q * hi[c]);
+    dot += q * mean[c];
+    const double v = score_ == ProbeScore::kMeanVarMxfp4Mass ? var[c]
+                     : score_ == ProbeScore::kMeanRangeMxfp4Mass
+                         ? 0.0625 * (static_cast<double>(hi[c]) - lo[c]) * (hi[c] - lo[c])
+                         : 0.0;
+    spread += q * q * v;
+  }
+  switch (score_) {
+    case ProbeScore::kQuestMxfp4Mass:  // the heads' raw scores, summed by the caller
+      return quest;
+    case ProbeScore::kMeanKMxfp4Mass:
+      return dot;
+    case ProbeScore::kQuestSoftMxfp4Mass:
+      return s * quest;
+    case ProbeScore::kMeanPeakMxfp4Mass: {  // log((1 - 1/n) e^a + e^b / n)
+      const double a = s * dot, b = peak_logit[0], n = block_, m = std::max(a, b);
+      return m + std::log((1.0 - 1.0 / n) * std::exp(a - m) + std::exp(b - m) / n);
+    }
+    case ProbeScore::kPeaksMxfp4Mass: {  // log Σ exp over the peak keys
+      const double m = *std::max_element(peak_logit.begin(), peak_logit.end());
+      double z = 0.0;
+      for (double v : peak_logit) z += std::exp(v - m);
+      return m + std::log(z);
+    }
+    default:  // the log-mean-exp of the block's logits to second order (spread 0: the mean
+              // alone), never above the bound its largest logit cannot exceed
+      return std::min(s * dot + 0.5 * s * s * spread, s * quest);
+  }
+}
+
+std::vector<char> EvalKvCache::first_stage(int layer, int h, int closed) const {
+  summarise_new_blocks(layer, h, closed);
+  const int group = shape_.num_q_heads / shape_.num_kv_heads;
+  // Mean K and Quest sum the heads' scores; the other rules turn each head's estimates into its
+  // softmax shares over the blocks and sum those.
+  const bool soft = score_ != ProbeScore::kQuestMxfp4Mass && score_ != ProbeScore::kMeanKMxfp4Mass;
   std::vector<double> bound(static_cast<std::size_t>(closed), 0.0);
-  std::vector<double> est(soft ? static_cast<std::size_t>(closed) : 0);
+  std::vector<double> est(static_cast<std::size_t>(closed));
   for (int g = h * group; g < (h + 1) * group; ++g) {
-    const float* qg = e.q.data() + static_cast<std::size_t>(g) * d;
     double top = -std::numeric_limits<double>::infinity();
     for (int j = 0; j < closed; ++j) {
-      const float* lo = sum.data() + static_cast<std::size_t>(j) * per_block;
-      const float* hi = lo + d;
-      const float* mean = hi + d;
-      const float* var = mean + d;
-      const float* peak = var + d;
-      double quest = 0.0, dot = 0.0, spread = 0.0, peak_dot = 0.0;
-      for (int c = 0; c < d; ++c) {
-        const double q = qg[c];
-        quest += std::max(q * lo[c], q * hi[c]);
-        dot += q * mean[c];
-        const double v = score_ == ProbeScore::kMeanVarMxfp4Mass ? var[c]
-                         : score_ == ProbeScore::kMeanRangeMxfp4Mass
-                             ? 0.0625 * (static_cast<double>(hi[c]) - lo[c]) * (hi[c] - lo[c])
-                             : 0.0;
-        spread += q * q * v;
-        peak_dot += q * peak[c];
-      }
-      if (!soft) {  // the heads' scores summed
-        bound[static_cast<std::size_t>(j)] += score_ == ProbeScore::kQuestMxfp4Mass ? quest : dot;
-        continue;
-      }
-      // log of the mean of exp(logit) over the block: to second order, never above the bound
-      // the block's largest logit cannot exceed; or the mean and the peak key's term; or Quest.
-      double x = std::min(s * dot + 0.5 * s * s * spread, s * quest);
-      if (score_ == ProbeScore::kQuestSoftMxfp4Mass) x = s * quest;
-      if (score_ == ProbeScore::kMeanPeakMxfp4Mass) {
-        const double a = s * dot, b = s * peak_dot, n = block_;
-        const double hi = std::max(a, b);
-        x = hi + std::log((1.0 - 1.0 / n) * std::exp(a - hi) + std::exp(b - hi) / n);
-      }
-      if (score_ == ProbeScore::kPeaksMxfp4Mass) {  // log Σ exp over the peak keys
-        std::vector<double> l(static_cast<std::size_t>(np));
-        double m = -std::numeric_limits<double>::infinity();
-        for (int r = 0; r < np; ++r) {
-          const int i = peaks[static_cast<std::size_t>(j) * np + r];
-          const float* k = mx + static_cast<std::size_t>(i) * row + static_cast<std::size_t>(h) * d;
-          double dd = 0.0;
-          for (int c = 0; c < d; ++c) dd += static_cast<double>(qg[c]) * k[c];
-          m = std::max(m, l[static_cast<std::size_t>(r)] = s * dd);
-        }
-        double z = 0.0;
-        for (double v : l) z += std::exp(v - m);
-        x = m + std::log(z);
-      }
-      est[static_cast<std::size_t>(j)] = x;
-      top = std::max(top, x);
+      est[static_cast<std::size_t>(j)] = block_estimate(layer, h, g, j);
+      top = std::max(top, est[static_cast<std::size_t>(j)]);
     }
-    if (!soft) continue;
+    if (!soft) {
+      for (int j = 0; j < closed; ++j)
+        bound[static_cast<std::size_t>(j)] += est[static_cast<std::size_t>(j)];
+      continue;
+    }
     double z = 0.0;
     for (int j = 0; j < closed; ++j) z += std::exp(est[static_cast<std::size_t>(j)] - top);
-    for (int j = 0; j < closed; ++j)  // this head's share, summed over the group
+    for (int j = 0; j < closed; ++j)
       bound[static_cast<std::size_t>(j)] += std::exp(est[static_cast<std::size_t>(j)] - top) / z;
   }
   std::vector<int> order(static_cast<std::size_t>(closed));

@@ -143,6 +143,10 @@ class EvalKvCache final : public KvCache {
   void score_blocks(int layer, int position, const ScoresView& out) const;
   // The two-stage rules' candidate mask over kv head h's `closed` blocks of `layer`.
   std::vector<char> first_stage(int layer, int h, int closed) const;
+  // The summaries and peak keys of kv head h's blocks closed since the last call.
+  void summarise_new_blocks(int layer, int h, int closed) const;
+  // Query head g's first-stage score of closed block j (the rule's estimate; see ProbeScore).
+  double block_estimate(int layer, int h, int g, int j) const;
   // kStaleMxfp4Mass's candidate mask: the last full ranking's best, the blocks closed since it,
   // the most recent ones and block 0.
   std::vector<char> stale_candidates(int layer, int h, int closed) const;
@@ -164,13 +168,13 @@ class EvalKvCache final : public KvCache {
   std::vector<float> keys_;        // [layer][capacity][Hkv][d], f16-rounded
   std::vector<float> mxfp4_keys_;  // the same through mxfp4 (the mxfp4 rules only)
   // The two-stage rules' first-stage summaries of the closed blocks, [layer * Hkv + h] each
-  // [block][lo, hi, mean, variance, peak][d]: a closed block's keys never change, so each block is
+  // [block][lo, hi, mean, variance][d]: a closed block's keys never change, so each block is
   // summarised once (shadow() drops the blocks a rewrite reaches); mutable: filled by
   // score_blocks().
   mutable std::vector<std::vector<float>> block_summaries_;
-  static constexpr int kSummaryRows = 5;  // lo, hi, mean, variance, the largest-norm key
-  // kPeaksMxfp4Mass: per [layer * Hkv + h] the token ids of each closed block's `peaks` keys of
-  // the largest norm, [block][peaks]; filled by first_stage() like the summaries.
+  static constexpr int kSummaryRows = 4;  // lo, hi, mean, variance
+  // Per [layer * Hkv + h] the token ids of each closed block's `peaks` keys of the largest norm,
+  // [block][peaks], largest first; filled by first_stage() like the summaries.
   mutable std::vector<std::vector<int>> block_peaks_;
   std::vector<float> staging_;  // device copies of K / q on their way to the host
   std::unique_ptr<Exact> exact_;
