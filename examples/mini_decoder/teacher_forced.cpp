@@ -484,11 +484,13 @@ std::vector<EvalResult> run_teacher_forced(Decoder& model, const std::vector<int
         for (int l = run.kvc->dense_layers(); l < shape.num_layers; ++l)
           full += is_two_stage(cfg.probe) && l >= cfg.two_stage.first_full_layer &&
                   l <= cfg.two_stage.last_full_layer;
-        EvalConfig one_stage = cfg;
-        one_stage.probe = ProbeScore::kMxfp4Mass;
         const int scored_layers = shape.num_layers - run.kvc->dense_layers();
-        m.bytes_scoring += (scored_layers - full) * scoring_bytes(cfg, shape, closed) +
-                           full * scoring_bytes(one_stage, shape, closed);
+        m.bytes_scoring += (scored_layers - full) * scoring_bytes(cfg, shape, closed);
+        if (full > 0) {  // those layers read what one stage reads
+          EvalConfig one_stage = cfg;
+          one_stage.probe = ProbeScore::kMxfp4Mass;
+          m.bytes_scoring += full * scoring_bytes(one_stage, shape, closed);
+        }
         m.bytes_dense += dense_bytes_per_token * (p + 1);
       }
       m.seconds += seconds_since(t0);
