@@ -251,3 +251,68 @@ def test_cuda_engine_pages_and_physical_entries(rng):
     assert got.is_cuda
     np.testing.assert_array_equal(got.cpu().numpy(), want)
     assert want[0].tolist() == [64, 64 + 15, 16, 32 + 7, -1, -1]
+
+
+def sparse_attention_reference(ring, entries, slots, lengths, q, ids, chunk, sink, scale, W):
+    """Float64 CSA attention from the stores' decoded rows (q, chunk: float arrays)."""
+    batch, T, H, d = q.shape
+    out, lse = np.zeros((batch, T, H, d)), np.zeros((batch, T, H))
+    for b, slot in enumerate(slots):
+        R = ring.count(slot)
+        for t in range(T):
+            p = lengths[b] - T + t
+            rows = [ring.read_entry(slot, tok) if tok < R else chunk[b, tok - R]
+                    for tok in range(max(0, p - W + 1), p + 1)]
+            rows += [entries.read_entry(slot, e) for e in ids[b * T + t] if e >= 0]
+            kv = np.asarray(rows, dtype=np.float64)
+            logits = scale * kv @ q[b, t].T.astype(np.float64)  # [rows, H]
+            m = np.maximum(logits.max(axis=0), sink)
+            w = np.exp(logits - m)
+            z = w.sum(axis=0) + np.exp(sink - m)
+            out[b, t] = (w.T @ kv) / z[:, None]
+            lse[b, t] = m + np.log(z)
+    return out, lse
+
+
+@pytest.mark.parametrize("T", [1, 3])
+def test_csa_attention_matches_a_float64_reference(rng, T):
+    H, d, W, ratio, k = 16, 128, 16, 4, 8
+    slots, lengths = [1, 0], [70, 53]
+    ring = dsv4.EntryStore(dsv4.EntryStoreConfig.window_ring(dsv4.EntryFormat.bf16, d, W, 2))
+    entries = dsv4.EntryStore(dsv4.EntryStoreConfig.compressed(dsv4.EntryFormat.bf16, d, ratio,
+                                                               256, 2))
+    # The ring holds every token before the queries' chunk (decode, T = 1: the query's token
+    # too, so no chunk); the entries those tokens complete.
+    chunk_len = T if T > 1 else 0
+    for slot, L in zip(slots, lengths):
+        before = L - chunk_len
+        ring.append([slot], kvc.to_bf16_bits(rng.standard_normal((1, before, d))))
+        entries.append([slot], rng.standard_normal((1, L // ratio, d)).astype(np.float32))
+    chunk = kvc.to_bf16_bits(rng.standard_normal((2, chunk_len, d))) if chunk_len else None
+    q = kvc.to_bf16_bits(rng.standard_normal((2, T, H, d)))
+    ids = np.full((2 * T, k), -1, np.int32)
+    for b, L in enumerate(lengths):
+        for t in range(T):
+            visible = (L - T + t + 1) // ratio
+            pick = rng.choice(visible, size=min(k - 2, visible), replace=False)
+            ids[b * T + t, :len(pick)] = pick  # the last two columns stay -1
+    sink = rng.standard_normal(H).astype(np.float32)
+    attn = dsv4.SparseAttention(dsv4.SparseAttentionConfig(
+        num_heads=H, head_dim=d, ratio=ratio, window=W, max_batch=2, max_query_tokens=T,
+        max_indices=k))
+    out, lse = attn.forward(ring, entries, slots, lengths, q, indices=ids, window_chunk=chunk,
+                            sink=sink, return_lse=True)
+    want, want_lse = sparse_attention_reference(
+        ring, entries, slots, lengths, kvc.from_bf16_bits(q).reshape(q.shape), ids,
+        kvc.from_bf16_bits(chunk).reshape(chunk.shape) if chunk is not None else None, sink,
+        attn.config.scale(), W)
+    assert np.linalg.norm(out - want) / np.linalg.norm(want) < 1e-5
+    np.testing.assert_allclose(lse, want_lse, rtol=0, atol=1e-4)
+    # An index past what a query can see is refused, with out untouched.
+    bad = ids.copy()
+    bad[0, 0] = lengths[0] // ratio + 5
+    out2 = np.full_like(out, 7.0)
+    with pytest.raises(kvc.Error):
+        attn.forward(ring, entries, slots, lengths, q, indices=bad, window_chunk=chunk,
+                     sink=sink, out=out2)
+    assert (out2 == 7.0).all()
