@@ -316,3 +316,34 @@ def test_csa_attention_matches_a_float64_reference(rng, T):
         attn.forward(ring, entries, slots, lengths, q, indices=bad, window_chunk=chunk,
                      sink=sink, out=out2)
     assert (out2 == 7.0).all()
+
+
+def test_compressor_returns_the_entries_it_stores(rng):
+    """return_entries gives each new entry after the epilogue (bf16 values, before the store's
+    quantisation): a bf16 store holds exactly them; rows past a slot's new entries are not
+    written."""
+    ratio, dim, T = 4, 64, 10
+    cfg = dsv4.CompressorConfig(ratio=ratio, head_dim=dim, max_slots=2, max_context=256,
+                                max_tokens=T, max_batch=2)
+    comp = dsv4.Compressor(cfg)
+    store = dsv4.EntryStore(dsv4.EntryStoreConfig.compressed(dsv4.EntryFormat.bf16, dim, ratio,
+                                                             256, 2))
+    w = cfg.width()
+    tables = dict(norm_weight=np.ones(dim, np.float32),
+                  rope_cos=np.ones((64, 32), np.float32), rope_sin=np.zeros((64, 32), np.float32))
+    ape = rng.standard_normal((ratio, w)).astype(np.float32)
+    comp.append([1], rng.standard_normal((1, 3, w)).astype(np.float32),
+                rng.standard_normal((1, 3, w)).astype(np.float32), ape, store=store, **tables)
+    out = np.full((2, T // ratio + 1, dim), 9.0, np.float32)
+    comp.append([0, 1], rng.standard_normal((2, T, w)).astype(np.float32),
+                rng.standard_normal((2, T, w)).astype(np.float32), ape, store=store, out=out,
+                **tables)
+    assert [store.count(0), store.count(1)] == [2, 3]  # 10 // 4 and 13 // 4 entries
+    for slot, new in [(0, [0, 1]), (1, [0, 1, 2])]:
+        for k, e in enumerate(new):
+            np.testing.assert_array_equal(out[slot, k], store.read_entry(slot, e))
+    assert (out[0, 2] == 9.0).all()  # slot 0 completed two entries: its third row untouched
+    again = comp.append([0], rng.standard_normal((1, 2, w)).astype(np.float32),
+                        rng.standard_normal((1, 2, w)).astype(np.float32), ape,
+                        return_entries=True, **tables)
+    assert again.shape == (1, 1, dim) and comp.length(0) == 12
