@@ -347,3 +347,32 @@ def test_compressor_returns_the_entries_it_stores(rng):
                         rng.standard_normal((1, 2, w)).astype(np.float32), ape,
                         return_entries=True, **tables)
     assert again.shape == (1, 1, dim) and comp.length(0) == 12
+
+
+def test_fp8_indexer_prefill_equals_v32_golden():
+    """DeepSeek-V3.2's fp8 indexer (one key per token, ratio 1) over 32 query tokens at once."""
+    c = "indexer_v32_fp8"
+    S, N, H, D = 32, 64, 64, 128  # the copied prefix: queries 0..31, all 64 keys
+    keys = dsv4.EntryStore(dsv4.EntryStoreConfig(format=dsv4.EntryFormat.fp8_scaled, dim=D,
+                                                 max_slots=1, max_entries=N))
+    keys.append([0], kvc.from_bf16_bits(golden(c, "k_rotated"))[None])
+    # V3.2's weights: bf16(w * 64^-1/2) * 128^-1/2 (the query's fp8 scale is kvc's).
+    w_raw = kvc.from_bf16_bits(golden(c, "w_raw"))
+    w = kvc.from_bf16_bits(kvc.to_bf16_bits(w_raw * np.float32(0.125))) * np.float32(128 ** -0.5)
+    idx = dsv4.Indexer(dsv4.IndexerConfig(key_format=dsv4.EntryFormat.fp8_scaled, ratio=1,
+                                          query_hadamard=False, max_query_tokens=S))
+    q = golden(c, "q_rotated")[:S].reshape(1, S, H, D)
+    scores, num_valid = idx.score(keys, [0], [S], q, w.reshape(1, S, H).astype(np.float32))
+    gold = golden(c, "scores_f32")
+    assert num_valid.tolist() == list(range(1, S + 1))  # causal: j <= t
+    for t in range(S):
+        g = gold[t, :t + 1]
+        np.testing.assert_allclose(scores[t, :t + 1], g, rtol=0, atol=2e-6 * np.abs(g).max())
+    ids, counts = dsv4.select_topk(kvc.Selector(), scores, num_valid, 16)
+    top = golden(c, "topk16_idx")
+    for t in range(S):  # the same set as DeepSeek's (-1 past the visible keys), up to ties
+        mine, theirs = set(ids[t].tolist()), set(top[t].tolist())
+        if mine != theirs:
+            cut = np.sort(gold[t, :t + 1])[::-1][min(15, t)]
+            tied = set(np.flatnonzero(np.abs(gold[t, :t + 1] - cut) <= 2e-6 * abs(cut)))
+            assert mine - theirs <= tied, t
