@@ -43,6 +43,13 @@ ROWS = [
      None, "the default step against SDPA dense decode"),
     ("step_B32_N32K", "BM_DecodeStep/32/32768/0/1/0/", None, None, None,
      "the default step; no anchor at this shape in the run"),
+    ("step_two_stage_B1_N128K", "BM_DecodeStep/1/131072/0/3/1/", "torch_block_select_B1_N128K",
+     "graph_us", None, "two-stage token mass (BlockIndexConfig::candidates = 128, f16 mean K "
+     "first) over ring 256 + top 32 x 32: the step's byte-floor route for the default scorer"),
+    ("step_two_stage_B8_N128K", "BM_DecodeStep/8/131072/0/3/1/", "torch_block_select_B8_N128K",
+     "graph_us", None, "as step_two_stage_B1_N128K"),
+    ("step_two_stage_B32_N32K", "BM_DecodeStep/32/32768/0/3/1/", None, None, None,
+     "as step_two_stage_B1_N128K; no anchor at this shape in the run"),
     ("dense_B1_N128K", "BM_DenseDecode/0/1/131072/0/", "flashinfer_decode_fp16_tc_B1_N128K",
      "graph_us", 1 * 131072 * 8 * 128 * 2 * 2, "Hq 32 / Hkv 8 / d 128, f16 K and V; the library's path (KernelPath::kAuto, path 0)"),
     ("dense_B8_N128K", "BM_DenseDecode/0/8/131072/0/", "flashinfer_decode_fp16_tc_B8_N128K",
