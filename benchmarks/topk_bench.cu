@@ -501,7 +501,23 @@ BENCHMARK(BM_TopKVariant)
     })
     ->Apply(Timed);
 
+// The two-stage scorer's candidate selection (BlockIndexConfig::candidates = 128 keeps 129
+// ranks): rows of 4096 and 32768 blocks (N128K and N1M at blocks of 32) and k 129, on the
+// built-in choice (0: the streaming path, since m > 65 leaves the decode and small paths), the
+// cluster top-m path (2: no streaming), the spread path (5) and the resident path (2000, its
+// built-in CTA count; 2008: 8 CTAs).
+BENCHMARK(BM_TopKVariant)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      for (int rows : {8, 64}) {
+        for (int n : {4096, 32768}) {
+          for (int variant : {0, 2, 5, 2000, 2008}) b->Args({rows, n, 129, variant});
+        }
+      }
+    })
+    ->Apply(Timed);
+
 }  // namespace
 }  // namespace kvc
 
 BENCHMARK_MAIN();
+

@@ -13,6 +13,7 @@
 #include "index/token_fast.cuh"
 #include "index/token_score.cuh"
 #include "index/token_variant.h"
+#include "select/tuning.h"
 #include "index_impl.h"
 #include "kvc/core/cuda_check.h"
 #include "kvc/core/error.h"
@@ -352,8 +353,15 @@ cudaError_t two_stage_scores(const StoreView& s, const BlockIndexConfig& c,
   candidates.max_selected = pitch;
   candidates.shared_across_heads = c.shared_across_heads;
   std::size_t select_bytes = layout.select_bytes;
-  e = kernels::select(base + layout.select_offset, select_bytes, out, detail::candidate_policy(c),
-                      candidates, nullptr, stream);
+  // The candidates keep C + 1 ranks, past the decode and small paths (k <= 64): the built-in
+  // choice is then the streaming path, made for rows of 131072 and more. The spread path is
+  // faster on these rows (topk_bench's BM_TopKVariant, k 129, H200, 2026-12-05: 8 x 4096 15.8
+  // against 25.1 us, 64 x 4096 16.2 against 25.9, 8 / 64 x 32768 the same); rows past its
+  // limit keep the built-in choice (the workspace does not depend on the tuning).
+  select_detail::SelectTuning spread;
+  spread.force_spread = true;
+  e = select_detail::select_tuned(base + layout.select_offset, select_bytes, out,
+                                  detail::candidate_policy(c), candidates, nullptr, spread, stream);
   if (e != cudaSuccess) return e;
   TokenScoreParams p = token_params(s, c, d_slots, tokens, d_q, out);
   p.lse = reinterpret_cast<float*>(base);
