@@ -194,9 +194,10 @@ __global__ void __launch_bounds__(kTokThreads)
   const TokenRow r = token_row(p, D);
   if (blockIdx.x == 0 && threadIdx.x == 0) p.out.num_valid[r.row] = r.closed;
   const int n = chunk_entries(p, r);  // closed blocks, or (two stages) candidates
-  const int chunk_ctas = static_cast<int>(gridDim.x) - (p.mass ? 1 : 0);
-  if (p.mass && static_cast<int>(blockIdx.x) == chunk_ctas) {
-    exact_part<D>(p, r, q_smem, red, 0, 1);
+  // The ring CTAs come last: p.ring_parts of them (mass rule), partials 0 .. ring_parts - 1.
+  const int chunk_ctas = static_cast<int>(gridDim.x) - (p.mass ? p.ring_parts : 0);
+  if (p.mass && static_cast<int>(blockIdx.x) >= chunk_ctas) {
+    exact_part<D>(p, r, q_smem, red, static_cast<int>(blockIdx.x) - chunk_ctas, p.ring_parts);
     return;
   }
   const int j0 = static_cast<int>(blockIdx.x) * kTokBlocksPerCta;

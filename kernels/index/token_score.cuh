@@ -1,7 +1,8 @@
 // Token-level block scores (kTokenMax, kTokenMass; kvc/index/block_index.h has the rule,
 // src/cpu/block_index.cpp the float32 reference).
 //
-// token_score_kernel: grid (chunk CTAs [+ 1 ring CTA for the mass rule], rows). A chunk CTA
+// token_score_kernel: grid (chunk CTAs [+ p.ring_parts ring CTAs for the mass rule: 1 in one
+// stage, kStreamRingParts with two stages], rows). A chunk CTA
 // owns kTokBlocksPerCta consecutive closed blocks of its row; for each kv head of the row and
 // each chunk of up to kTokHeads query heads of that kv head it stages the heads' queries in
 // shared memory (float), and each warp walks its blocks: lane i holds token t0 + i of the block,
@@ -11,8 +12,8 @@
 // reduces them with shuffles. The max rule aggregates the heads (ascending) per block in shared
 // memory and writes the row's scores. The mass rule writes lse_g(j) (NaN for a NaN logit) to
 // the workspace and, per head, the log-sum-exp of its blocks' non-NaN values as the CTA's
-// partial; the ring CTA writes partial 0: the log-sum-exp of the visible ring rows (positions
-// O..pos) and the open block's rows, read exactly from the store.
+// partial; ring CTA i writes partial i: the log-sum-exp of its share of the visible ring rows
+// (positions O..pos) and the open block's rows, read exactly from the store.
 //
 // token_mass_finish_kernel (mass rule only; may be a programmatic dependent launch, so it waits
 // for its predecessor first): grid (ceil(max_blocks / 256), rows); each CTA
@@ -433,9 +434,10 @@ __global__ void __launch_bounds__(kTokThreads)
   const TokenRow r = token_row(p, D);
   if (blockIdx.x == 0 && threadIdx.x == 0) p.out.num_valid[r.row] = r.closed;
   const int n = chunk_entries(p, r);
-  const int chunk_ctas = static_cast<int>(gridDim.x) - (p.mass ? 1 : 0);
-  if (p.mass && static_cast<int>(blockIdx.x) == chunk_ctas) {
-    exact_part<D>(p, r, q_smem, red, 0, 1);
+  // The ring CTAs come last: p.ring_parts of them (mass rule), partials 0 .. ring_parts - 1.
+  const int chunk_ctas = static_cast<int>(gridDim.x) - (p.mass ? p.ring_parts : 0);
+  if (p.mass && static_cast<int>(blockIdx.x) >= chunk_ctas) {
+    exact_part<D>(p, r, q_smem, red, static_cast<int>(blockIdx.x) - chunk_ctas, p.ring_parts);
     return;
   }
   const int j0 = static_cast<int>(blockIdx.x) * kTokBlocksPerCta;

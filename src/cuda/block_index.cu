@@ -1,6 +1,7 @@
 // BlockIndex on CUDA: launcher (kernel layer) and object.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -13,7 +14,6 @@
 #include "index/token_fast.cuh"
 #include "index/token_score.cuh"
 #include "index/token_variant.h"
-#include "select/tuning.h"
 #include "index_impl.h"
 #include "kvc/core/cuda_check.h"
 #include "kvc/core/error.h"
@@ -21,6 +21,7 @@
 #include "kvc/kernels/index_kernels.h"
 #include "kvc/kernels/select_kernels.h"
 #include "launch.h"
+#include "select/tuning.h"
 
 namespace kvc {
 namespace kernels {
@@ -31,14 +32,15 @@ using namespace index_detail;
 
 // The kTokenMass scratch of `rows` rows of `heads` heads over `max_blocks` blocks per slot: the
 // block lse values, then (256-byte aligned) the partial normalisers, as many per row as the
-// variant with the most needs (1 ring CTA + chunks of kTokBlocksPerCta, or kStreamRingParts /
-// kStreamTcRingParts + chunks of kTokWarps * kStreamMinBlocksPerWarp). One helper sizes and
-// carves, so the two cannot drift apart.
+// variant with the most needs (1 ring CTA + chunks of kTokBlocksPerCta in one stage,
+// kStreamRingParts of them with two stages, or kStreamRingParts / kStreamTcRingParts + chunks of
+// kTokWarps * kStreamMinBlocksPerWarp). One helper sizes and carves, so the two cannot drift
+// apart.
 struct TokenMassLayout {
   std::size_t lse_bytes = 0, partial_offset = 0, total = 0;
   int parts = 0;
   TokenMassLayout(int rows, int heads, int max_blocks) {
-    const int per_warp = 1 + (max_blocks + kTokBlocksPerCta - 1) / kTokBlocksPerCta;
+    const int per_warp = kStreamRingParts + (max_blocks + kTokBlocksPerCta - 1) / kTokBlocksPerCta;
     const int min_chunk = kTokWarps * kStreamMinBlocksPerWarp;
     const int ring = kStreamRingParts > kStreamTcRingParts ? kStreamRingParts : kStreamTcRingParts;
     const int stream = ring + (max_blocks + min_chunk - 1) / min_chunk;
@@ -367,7 +369,11 @@ cudaError_t two_stage_scores(const StoreView& s, const BlockIndexConfig& c,
   p.lse = reinterpret_cast<float*>(base);
   p.partial = reinterpret_cast<float*>(base + layout.mass.partial_offset);
   p.parts = layout.mass.parts;
-  p.ring_parts = 1;
+  // The exact rows (the ring, then the open block) over one CTA per kTokThreads ring rows, at
+  // most kStreamRingParts, as the streaming kernels split them. H200, 2026-12-05 (step_bench,
+  // 128 candidates): ring 1024 at B1 N128K 86.8 -> 62.7 us with four parts; with ring 256 four
+  // parts were no faster at B1 and slower at B32 (191 -> 201 us), so ring 256 keeps one.
+  p.ring_parts = std::min(kStreamRingParts, (s.recent_window + kTokThreads - 1) / kTokThreads);
   p.ring_tc = false;
   p.blocks_per_cta = kTokBlocksPerCta;
   p.safe_add = 0;  // the streaming kernels' fields: neither chunk kernel here reads them
@@ -377,7 +383,7 @@ cudaError_t two_stage_scores(const StoreView& s, const BlockIndexConfig& c,
   p.cand_count = candidates.counts;
   p.cand_pitch = pitch;
   const int chunks = (pitch + kTokBlocksPerCta - 1) / kTokBlocksPerCta;
-  const dim3 grid(chunks + 1, rows);
+  const dim3 grid(chunks + p.ring_parts, rows);
   if (c.kernel == IndexKernel::kAuto && detail::token_tensor_cores_serve(c, s.index_format)) {
     e = c.head_dim == 64 ? launch_token_fast<64>(s.block_size, grid, p, stream)
                          : launch_token_fast<128>(s.block_size, grid, p, stream);
