@@ -20,67 +20,57 @@
 namespace kvc {
 namespace mini_decoder {
 
+namespace {
+
+// Every probe rule: its name (parse_probe_score, to_string) and whether it runs in two stages.
+struct ProbeRule {
+  ProbeScore score;
+  const char* name;
+  bool two_stage;
+};
+constexpr ProbeRule kProbeRules[] = {
+    {ProbeScore::kNone, "none", false},
+    {ProbeScore::kOracleMass, "oracle", false},
+    {ProbeScore::kMxfp4Mass, "mxfp4_mass", false},
+    {ProbeScore::kExactMax, "exact_max", false},
+    {ProbeScore::kMxfp4Max, "mxfp4_max", false},
+    {ProbeScore::kQuestMxfp4Mass, "quest_mxfp4_mass", true},
+    {ProbeScore::kMeanKMxfp4Mass, "meank_mxfp4_mass", true},
+    {ProbeScore::kMeanVarMxfp4Mass, "meanvar_mxfp4_mass", true},
+    {ProbeScore::kMeanRangeMxfp4Mass, "meanrange_mxfp4_mass", true},
+    {ProbeScore::kMeanSoftMxfp4Mass, "meansoft_mxfp4_mass", true},
+    {ProbeScore::kMeanPeakMxfp4Mass, "meanpeak_mxfp4_mass", true},
+    {ProbeScore::kQuestSoftMxfp4Mass, "questsoft_mxfp4_mass", true},
+    {ProbeScore::kStaleMxfp4Mass, "stale_mxfp4_mass", true},
+    {ProbeScore::kPeaksMxfp4Mass, "peaks_mxfp4_mass", true},
+};
+
+const ProbeRule* rule_of(ProbeScore s) {
+  for (const ProbeRule& r : kProbeRules)
+    if (r.score == s) return &r;
+  return nullptr;
+}
+
+}  // namespace
+
 ProbeScore parse_probe_score(const std::string& name) {
-  if (name == "none") return ProbeScore::kNone;
-  if (name == "oracle") return ProbeScore::kOracleMass;
-  if (name == "mxfp4_mass") return ProbeScore::kMxfp4Mass;
-  if (name == "exact_max") return ProbeScore::kExactMax;
-  if (name == "quest_mxfp4_mass") return ProbeScore::kQuestMxfp4Mass;
-  if (name == "meank_mxfp4_mass") return ProbeScore::kMeanKMxfp4Mass;
-  if (name == "meanvar_mxfp4_mass") return ProbeScore::kMeanVarMxfp4Mass;
-  if (name == "meanrange_mxfp4_mass") return ProbeScore::kMeanRangeMxfp4Mass;
-  if (name == "meansoft_mxfp4_mass") return ProbeScore::kMeanSoftMxfp4Mass;
-  if (name == "meanpeak_mxfp4_mass") return ProbeScore::kMeanPeakMxfp4Mass;
-  if (name == "questsoft_mxfp4_mass") return ProbeScore::kQuestSoftMxfp4Mass;
-  if (name == "stale_mxfp4_mass") return ProbeScore::kStaleMxfp4Mass;
-  if (name == "peaks_mxfp4_mass") return ProbeScore::kPeaksMxfp4Mass;
-  KVC_CHECK(name == "mxfp4_max", "probe score = '", name,
-            "' is not one of: none, oracle, mxfp4_mass, exact_max, mxfp4_max, quest_mxfp4_mass, "
-            "meank_mxfp4_mass, meanvar_mxfp4_mass, meanrange_mxfp4_mass, meansoft_mxfp4_mass, "
-            "meanpeak_mxfp4_mass, questsoft_mxfp4_mass, stale_mxfp4_mass, peaks_mxfp4_mass");
-  return ProbeScore::kMxfp4Max;
+  std::string names;
+  for (const ProbeRule& r : kProbeRules) {
+    if (name == r.name) return r.score;
+    names += names.empty() ? r.name : std::string(", ") + r.name;
+  }
+  KVC_CHECK(false, "probe score = '", name, "' is not one of: ", names);
+  return ProbeScore::kNone;
 }
 
 const char* to_string(ProbeScore s) {
-  switch (s) {
-    case ProbeScore::kNone:
-      return "none";
-    case ProbeScore::kOracleMass:
-      return "oracle";
-    case ProbeScore::kMxfp4Mass:
-      return "mxfp4_mass";
-    case ProbeScore::kExactMax:
-      return "exact_max";
-    case ProbeScore::kMxfp4Max:
-      return "mxfp4_max";
-    case ProbeScore::kQuestMxfp4Mass:
-      return "quest_mxfp4_mass";
-    case ProbeScore::kMeanKMxfp4Mass:
-      return "meank_mxfp4_mass";
-    case ProbeScore::kMeanVarMxfp4Mass:
-      return "meanvar_mxfp4_mass";
-    case ProbeScore::kMeanRangeMxfp4Mass:
-      return "meanrange_mxfp4_mass";
-    case ProbeScore::kMeanSoftMxfp4Mass:
-      return "meansoft_mxfp4_mass";
-    case ProbeScore::kMeanPeakMxfp4Mass:
-      return "meanpeak_mxfp4_mass";
-    case ProbeScore::kQuestSoftMxfp4Mass:
-      return "questsoft_mxfp4_mass";
-    case ProbeScore::kStaleMxfp4Mass:
-      return "stale_mxfp4_mass";
-    case ProbeScore::kPeaksMxfp4Mass:
-      return "peaks_mxfp4_mass";
-  }
-  return "?";
+  const ProbeRule* r = rule_of(s);
+  return r != nullptr ? r->name : "?";
 }
 
 bool is_two_stage(ProbeScore s) {
-  return s == ProbeScore::kQuestMxfp4Mass || s == ProbeScore::kMeanKMxfp4Mass ||
-         s == ProbeScore::kMeanVarMxfp4Mass || s == ProbeScore::kMeanRangeMxfp4Mass ||
-         s == ProbeScore::kMeanSoftMxfp4Mass || s == ProbeScore::kMeanPeakMxfp4Mass ||
-         s == ProbeScore::kQuestSoftMxfp4Mass || s == ProbeScore::kStaleMxfp4Mass ||
-         s == ProbeScore::kPeaksMxfp4Mass;
+  const ProbeRule* r = rule_of(s);
+  return r != nullptr && r->two_stage;
 }
 
 namespace {
