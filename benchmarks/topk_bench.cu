@@ -145,7 +145,8 @@ enum class Timing { kInGraph, kLoneGraph };
 // One benchmark: topk(k) in `order` over rows x n, with `tuning`, timed as `timing` says
 // (floor_mode >= 0: the floor kernel of that mode instead of the top-k).
 void run_topk(benchmark::State& state, int rows, int n, int k, SelectPolicy::Order order,
-              const select_detail_tuning& tuning, Timing timing, int floor_mode = -1) {
+              const select_detail_tuning& tuning, Timing timing, int floor_mode = -1,
+              bool anchor = false) {
   const std::size_t set_floats = static_cast<std::size_t>(rows) * n;
   const std::size_t set_bytes = set_floats * sizeof(float);
   const int sets = std::min(bench::rotation(set_bytes), kMaxLaunchesPerGraph);
@@ -153,15 +154,18 @@ void run_topk(benchmark::State& state, int rows, int n, int k, SelectPolicy::Ord
   std::int32_t *valid = nullptr, *ids = nullptr, *counts = nullptr;
   KVC_BENCH_CUDA(cudaMalloc(&scores, set_bytes * sets));
   KVC_BENCH_CUDA(cudaMalloc(&valid, rows * sizeof(std::int32_t)));
-  KVC_BENCH_CUDA(cudaMalloc(&ids, static_cast<std::size_t>(rows) * k * sizeof(std::int32_t)));
+  const int max_selected = k + (anchor ? 1 : 0);
+  KVC_BENCH_CUDA(
+      cudaMalloc(&ids, static_cast<std::size_t>(rows) * max_selected * sizeof(std::int32_t)));
   KVC_BENCH_CUDA(cudaMalloc(&counts, rows * sizeof(std::int32_t)));
   fill_scores<<<1024, 256>>>(scores, set_floats * sets, 12345u);
   fill_int<<<(rows + 255) / 256, 256>>>(valid, rows, n);
   KVC_BENCH_CUDA(cudaGetLastError());
   KVC_BENCH_CUDA(cudaDeviceSynchronize());
 
-  const SelectPolicy policy = SelectPolicy::topk(k).in_order(order);
-  const SelectionView out{ids, counts, rows, k};
+  const SelectPolicy policy =
+      (anchor ? SelectPolicy::anchor(k, {0}) : SelectPolicy::topk(k)).in_order(order);
+  const SelectionView out{ids, counts, rows, max_selected};
   auto in = [&](int set) {
     return ScoresView{scores + static_cast<std::size_t>(set) * set_floats, valid, rows, n};
   };
@@ -331,6 +335,21 @@ void BM_TopKDecode(benchmark::State& state) {
            static_cast<int>(state.range(2)), SelectPolicy::Order::kScore, tuning, Timing::kInGraph);
 }
 
+// The set path (kernels/select/set.cuh) against the ranked paths on id-ordered selections:
+// policy 0 topk(k), 1 anchor(k, {0}) (the two-stage block index's candidates), chronological;
+// variant 0 the built-in choice, 1 the set path, 2 the ranked paths (no_set), 3 the spread path
+// (the two-stage block index's choice before the set path).
+void BM_TopKSet(benchmark::State& state) {
+  const int variant = static_cast<int>(state.range(4));
+  select_detail_tuning tuning;
+  tuning.force_set = variant == 1;
+  tuning.no_set = variant >= 2;
+  tuning.force_spread = variant == 3;
+  run_topk(state, static_cast<int>(state.range(0)), static_cast<int>(state.range(1)),
+           static_cast<int>(state.range(2)), SelectPolicy::Order::kChronological, tuning,
+           Timing::kInGraph, -1, state.range(3) == 1);
+}
+
 // mode: bit 0 read the row, bit 1 PDL.
 void BM_TopKFloor(benchmark::State& state) {
   run_topk(state, static_cast<int>(state.range(0)), static_cast<int>(state.range(1)),
@@ -426,6 +445,22 @@ BENCHMARK(BM_TopKDecode)
       }
     })
     ->Apply(DecodeTimed);
+// The set path on the two-stage candidates' shapes (8 / 64 rows x 4096, 32768 blocks, k 128
+// with block 0) and on decode-size top-k in id order (k 8 / 64), against the ranked paths.
+BENCHMARK(BM_TopKSet)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      for (int rows : {8, 64}) {
+        for (int n : {4096, 32768}) {
+          for (int variant : {1, 2, 3}) b->Args({rows, n, 128, 1, variant});
+          for (int k : {8, 64}) {
+            for (int variant : {1, 2}) b->Args({rows, n, k, 0, variant});
+          }
+        }
+      }
+      b->Args({1, 4096, 128, 1, 1});
+      b->Args({1, 4096, 128, 1, 2});
+    })
+    ->Apply(Timed);
 BENCHMARK(BM_TopKFloor)
     ->Apply([](benchmark::internal::Benchmark* b) {
       for (int rows : {1, 8, 64}) {
@@ -520,4 +555,3 @@ BENCHMARK(BM_TopKVariant)
 }  // namespace kvc
 
 BENCHMARK_MAIN();
-

@@ -276,6 +276,34 @@ __device__ __forceinline__ uint4 load4_bounded(const std::uint32_t* bits, int e,
   return u;
 }
 
+/// The raw bits of kItems scores of a row `src` of N into key[], item i holding element
+/// elem(i); items 4v .. 4v + 3 are consecutive elements from a multiple of 4 on. With
+/// `vector_loads` (src 16-byte aligned, N % 4 == 0) one 16-byte load per four items, else one
+/// load per item; elements past N read as 0 (callers mask them). L2 loads (__ldcg): the scores
+/// were written by the kernel before.
+template <int kItems, class Elem>
+__device__ __forceinline__ void load_row_bits(const float* src, int N, bool vector_loads, Elem elem,
+                                              std::uint32_t (&key)[kItems]) {
+  static_assert(kItems % 4 == 0, "whole float4s");
+  if (vector_loads) {  // N % 4 == 0: a float4 starting below N is whole
+    const uint4* src4 = reinterpret_cast<const uint4*>(src);
+#pragma unroll
+    for (int v = 0; v < kItems / 4; ++v) {
+      const int e = elem(4 * v);
+      uint4 u = make_uint4(0u, 0u, 0u, 0u);
+      if (e < N) u = __ldcg(src4 + (e >> 2));
+      key[4 * v] = u.x;
+      key[4 * v + 1] = u.y;
+      key[4 * v + 2] = u.z;
+      key[4 * v + 3] = u.w;
+    }
+  } else {
+    const std::uint32_t* bits = reinterpret_cast<const std::uint32_t*>(src);
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) key[i] = elem(i) < N ? __ldcg(bits + elem(i)) : 0u;
+  }
+}
+
 /// Stage A's parameters (both stage-A kernels: topm.cuh and small.cuh).
 struct TopmParams {
   const float* scores;            // [rows, max_blocks]

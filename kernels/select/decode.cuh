@@ -115,23 +115,7 @@ __global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_consta
   const float* src = p.scores + static_cast<std::size_t>(row) * N;
   auto elem = [&](int i) { return ((i >> 2) * kBlock + tid) * 4 + (i & 3); };
   std::uint32_t key[kItems];
-  if (p.vector_loads) {  // N % 4 == 0: a float4 starting below N is whole
-    const uint4* src4 = reinterpret_cast<const uint4*>(src);
-#pragma unroll
-    for (int v = 0; v < kItems / 4; ++v) {
-      const int e = elem(4 * v);
-      uint4 u = make_uint4(0u, 0u, 0u, 0u);
-      if (e < N) u = __ldcg(src4 + (e >> 2));
-      key[4 * v] = u.x;
-      key[4 * v + 1] = u.y;
-      key[4 * v + 2] = u.z;
-      key[4 * v + 3] = u.w;
-    }
-  } else {
-    const std::uint32_t* bits = reinterpret_cast<const std::uint32_t*>(src);
-#pragma unroll
-    for (int i = 0; i < kItems; ++i) key[i] = elem(i) < N ? __ldcg(bits + elem(i)) : 0u;
-  }
+  load_row_bits<kItems>(src, N, p.vector_loads, elem, key);
   if (tid == 0) {
     sh.cand_count = 0u;
     sh.regather_count = 0u;

@@ -63,6 +63,12 @@ struct SelectTuning {
   /// Launch the decode path with programmatic dependent launch (the kernel waits for its
   /// predecessor with griddepcontrol.wait and lets its successor launch early).
   bool decode_pdl = false;
+  /// Take the set path (kernels/select/set.cuh: topk and anchor listed in id order, no report,
+  /// rows of up to 32768 blocks, at most 16 anchors) wherever it applies (the built-in choice:
+  /// set_path_by_default).
+  bool force_set = false;
+  /// Never take the set path (the ranked paths run instead), for comparison.
+  bool no_set = false;
   /// Resident path (kernels/select/resident.cuh: m <= 2049 ranks, no top_p, rows of up to
   /// 262144 blocks held in the shared memory of a cluster): CTAs per row, 1..16 (0: the built-in
   /// choice, resident_ctas_for). Setting it takes the resident path wherever it applies, ahead of
@@ -150,6 +156,29 @@ constexpr int resident_seg_for(int max_blocks, int ctas) {
 constexpr bool decode_path_by_default(int rows, int max_blocks) {
   return max_blocks <= 8192 || rows > 8;
 }
+
+/// The set path's CTA (kernels/select/set.cuh): threads, scores per thread (4, 8, 16 or 32),
+/// the longest row, the anchors its parameters carry.
+constexpr int kSetThreads = 1024;
+constexpr int kSetMaxItems = 32;
+constexpr int kSetMaxBlocks = kSetThreads * kSetMaxItems;  // 32768
+constexpr int kSetMaxAnchors = 16;
+
+/// Scores per thread of the set path for rows of `max_blocks` blocks: the smallest of 4, 8, 16,
+/// 32 that covers the row with kSetThreads threads, or 0 when none does.
+constexpr int set_items_for(int max_blocks) {
+  for (int items = 4; items <= kSetMaxItems; items *= 2) {
+    if (static_cast<long long>(kSetThreads) * items >= max_blocks) return items;
+  }
+  return 0;
+}
+
+/// Whether the library's own calls take the set path (kernels/select/set.cuh, launched with
+/// programmatic dependent launch) for a call it serves that would keep m ranks on the ranked
+/// paths: where m exceeds the decode and small paths' 65 (k >= 65), which leaves one ranked CTA
+/// per row streaming the row or a spread grid ranking k + 1 candidates. Measured on the H200
+/// (topk_bench BM_TopKSet, docs/perf-data/2026-12-05-session26).
+constexpr bool set_path_by_default(int m) { return m > 65; }
 
 /// Threads per CTA of the decode path's built-in choice for rows of `max_blocks` blocks: 256 up
 /// to 4096 blocks (16 scores per thread), 512 up to 8192, 1024 up to 32768.

@@ -21,6 +21,7 @@
 #include "select/decode.cuh"
 #include "select/policy.cuh"
 #include "select/resident.cuh"
+#include "select/set.cuh"
 #include "select/small.cuh"
 #include "select/spread.cuh"
 #include "select/stream.cuh"
@@ -46,6 +47,11 @@ static_assert(decode_items_for(4096, decode_threads_for(4096)) == 16 &&
                       kDecodeMaxItems &&
                   decode_items_for(kDecodeMaxBlocks + 1, kDecodeMaxThreads) == 0,
               "the decode path's built-in choice fits every row it takes, and no longer one");
+
+static_assert(!set_path_by_default(kSmallMaxRanks) && set_path_by_default(kSmallMaxRanks + 1),
+              "the set path takes over where the small and decode paths end");
+static_assert(set_items_for(kSetMaxBlocks) == kSetMaxItems && set_items_for(kSetMaxBlocks + 1) == 0,
+              "the set path fits every row it takes, and no longer one");
 
 static_assert(resident_seg_for(kResidentMaxBlocks, resident_ctas_for(kResidentMaxBlocks, 1, 132,
                                                                      true)) <= kResidentMaxSeg &&
@@ -338,6 +344,24 @@ cudaError_t launch_decode(const TopmParams& tp, int rows, int threads, bool pdl,
   }
 }
 
+/// The set path (kernels/select/set.cuh) over `rows` rows, as a programmatic dependent launch
+/// when `pdl`. cudaErrorInvalidValue for a row longer than kSetMaxBlocks.
+cudaError_t launch_set(const SetParams& sp, int rows, bool pdl, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(rows)), block(kSetThreads);
+  switch (set_items_for(sp.max_blocks)) {
+    case 4:
+      return kvc::detail::launch_kernel(set_topk_kernel<4>, grid, block, 0, pdl, stream, sp);
+    case 8:
+      return kvc::detail::launch_kernel(set_topk_kernel<8>, grid, block, 0, pdl, stream, sp);
+    case 16:
+      return kvc::detail::launch_kernel(set_topk_kernel<16>, grid, block, 0, pdl, stream, sp);
+    case 32:
+      return kvc::detail::launch_kernel(set_topk_kernel<32>, grid, block, 0, pdl, stream, sp);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
 /// Multiprocessors of the current device (queried once per device; 132, an H100/H200's, when the
 /// query fails).
 int device_sms() {
@@ -607,6 +631,28 @@ cudaError_t select_tuned(void* d_temp, std::size_t& temp_bytes, const ScoresView
   if (s.rows == 0) return cudaSuccess;
 
   const int N = s.max_blocks;
+  // The set path: topk / anchor listed in id order with no report, rows of <= kSetMaxBlocks
+  // (kernels/select/set.cuh), where the built-in choice (set_path_by_default) or the tuning
+  // takes it. One launch, no workspace.
+  const bool set_fits = N > 0 && N <= kSetMaxBlocks && report == nullptr &&
+                        policy.order != SelectPolicy::Order::kScore &&
+                        (policy.kind == Kind::kTopK ||
+                         (policy.kind == Kind::kAnchor && pp.num_anchors <= kSetMaxAnchors));
+  if (set_fits && !tuning.no_set && (tuning.force_set || set_path_by_default(s.m))) {
+    SetParams sp{};
+    sp.scores = scores.scores;
+    sp.num_valid = scores.num_valid;
+    sp.max_blocks = N;
+    sp.vector_loads = N % 4 == 0 && reinterpret_cast<std::uintptr_t>(scores.scores) % 16 == 0;
+    sp.k = policy.k;
+    sp.descending = policy.order == SelectPolicy::Order::kDescending;
+    sp.num_anchors = policy.kind == Kind::kAnchor ? pp.num_anchors : 0;
+    for (int a = 0; a < sp.num_anchors; ++a) sp.anchors[a] = pp.ids[a];
+    sp.out_ids = out.ids;
+    sp.out_counts = out.counts;
+    sp.max_selected = out.max_selected;
+    return launch_set(sp, s.rows, true, stream);
+  }
   const KeyCodec codec = make_key_codec(N);
   const std::uint64_t* ranked = nullptr;
   int ranked_pitch = 0;
@@ -670,9 +716,9 @@ cudaError_t select_tuned(void* d_temp, std::size_t& temp_bytes, const ScoresView
         const int items = tuning.small_items != 0 ? tuning.small_items : small_items_for(N);
         KVC_CUDA_CALL(launch_small_items(items, tp, s.rows, stream));
       } else if (spread) {
-        KVC_CUDA_CALL(
-            launch_spread(tp, s.rows, tuning.spread_ctas, !tuning.spread_exact,
-                          !tuning.spread_one_finisher, !tuning.spread_radix_sample, ws, stream));
+        KVC_CUDA_CALL(launch_spread(tp, s.rows, tuning.spread_ctas, !tuning.spread_exact,
+                                    !tuning.spread_one_finisher, !tuning.spread_radix_sample, ws,
+                                    stream));
       } else if (streamed) {
         const int ctas = tuning.stream_ctas != 0 ? tuning.stream_ctas : stream_ctas_for(N, s.rows);
         const int trigger =

@@ -481,10 +481,10 @@ void check_report_subsets(const Batch& b, int k,
     if (subset == 3 || subset == 4) rep.score_spread = d.spread.get();
     if (subset == 4) rep.final_counts = d.final_counts.get();
     std::size_t bytes = 0;
-    ASSERT_EQ(kernels::select_detail::select_tuned(nullptr, bytes, d.in(), SelectPolicy::topk(k),
-                                                   d.out(), subset == 0 ? nullptr : &rep, tuning,
-                                                   nullptr),
-              cudaSuccess);
+    ASSERT_EQ(
+        kernels::select_detail::select_tuned(nullptr, bytes, d.in(), SelectPolicy::topk(k), d.out(),
+                                             subset == 0 ? nullptr : &rep, tuning, nullptr),
+        cudaSuccess);
     DeviceArray<unsigned char> ws(std::max<std::size_t>(bytes, 1));
     ASSERT_EQ(kernels::select_detail::select_tuned(ws.get(), bytes, d.in(), SelectPolicy::topk(k),
                                                    d.out(), subset == 0 ? nullptr : &rep, tuning,
@@ -715,12 +715,11 @@ TEST(Cuda_Selector_Spread, EveryVariantEveryPolicyMatchesCpu) {
     bool one;    // the cut's candidates ranked by one CTA per row (not shared)
     bool radix;  // the sample cut by radix passes (not key-range buckets)
   };
-  for (const Variant v :
-       {Variant{0, false, false, false}, Variant{1, false, false, false},
-        Variant{3, false, false, false}, Variant{16, false, false, false},
-        Variant{0, false, true, false}, Variant{16, false, true, true},
-        Variant{0, false, false, true}, Variant{0, true, false, false},
-        Variant{16, true, false, false}}) {
+  for (const Variant v : {Variant{0, false, false, false}, Variant{1, false, false, false},
+                          Variant{3, false, false, false}, Variant{16, false, false, false},
+                          Variant{0, false, true, false}, Variant{16, false, true, true},
+                          Variant{0, false, false, true}, Variant{0, true, false, false},
+                          Variant{16, true, false, false}}) {
     kernels::select_detail::SelectTuning tuning;
     tuning.force_spread = true;
     tuning.spread_ctas = v.ctas;
@@ -1134,6 +1133,19 @@ TEST(Cuda_Selector_Resident, VariantOutOfRangeIsRejected) {
 
 // --- the decode path (kernels/select/decode.cuh) ------------------------------------------------
 
+// A row length that needs exactly `items` scores per thread of a CTA covering `chunk` blocks
+// (chunk = threads x items): in (chunk / 2, chunk], from 1 for 4 items; a multiple of 4 for the
+// vector loads (`vector_len`), else not.
+int row_length_for_items(Gen& gen, int chunk, int items, bool vector_len) {
+  int n = gen.uniform(items == 4 ? 1 : chunk / 2 + 1, chunk);
+  if (vector_len) {
+    n = (n + 3) / 4 * 4;
+  } else if (n % 4 == 0) {
+    n = n == chunk ? chunk - 1 : n + 1;
+  }
+  return n;
+}
+
 kernels::select_detail::SelectTuning decode_tuning(int threads, bool pdl) {
   kernels::select_detail::SelectTuning t;
   t.force_decode = true;
@@ -1155,15 +1167,8 @@ TEST(Cuda_Selector_Decode, EveryVariantMatchesCpu) {
   const int ks[] = {0, 1, 2, 7, 8, 16, 33, 63, 64};
   for (int threads : {256, 512, 1024}) {
     for (int items : {4, 8, 16, 32}) {
-      const int chunk = threads * items;
-      const int lo = items == 4 ? 1 : chunk / 2 + 1;
       for (bool vector_len : {false, true}) {
-        int max_blocks = gen.uniform(lo, chunk);
-        if (vector_len) {
-          max_blocks = (max_blocks + 3) / 4 * 4;
-        } else if (max_blocks % 4 == 0) {
-          max_blocks = max_blocks == chunk ? chunk - 1 : max_blocks + 1;
-        }
+        const int max_blocks = row_length_for_items(gen, threads * items, items, vector_len);
         if (max_blocks > max_row_length()) continue;
         ASSERT_EQ(kernels::select_detail::decode_items_for(max_blocks, threads), items)
             << "max_blocks " << max_blocks;
@@ -1353,6 +1358,124 @@ TEST(Cuda_Selector_Decode, VariantOutOfRangeIsRejected) {
 
 // A pinned variant out of range (a small-path row needing more than 8 CTAs, a streaming path of
 // 9 CTAs or a trigger out of (4096, 12288]) is rejected before anything is written.
+// --- the set path (kernels/select/set.cuh) ---------------------------------------------------
+
+// select_tuned without a report (the set path serves no report) on pdl_stream(): the ids and
+// counts of every row equal the CPU's, in both id orders.
+void check_set_path(Gen& gen, const Batch& b, SelectPolicy p,
+                    const kernels::select_detail::SelectTuning& tuning) {
+  const int bound = p.max_output(b.max_blocks);
+  const int max_selected = bound + gen.uniform(0, 2);
+  DeviceBatch d(b, max_selected, bound);
+  for (Order o : {Order::kChronological, Order::kDescending}) {
+    p.order = o;
+    SCOPED_TRACE(describe(p) + " max_blocks=" + std::to_string(b.max_blocks) +
+                 " force_set=" + std::to_string(tuning.force_set));
+    const Result cpu = run_cpu(b, p, max_selected, bound);
+    d.poison();
+    KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+    std::size_t bytes = 0;
+    ASSERT_EQ(kernels::select_detail::select_tuned(nullptr, bytes, d.in(), p, d.out(), nullptr,
+                                                   tuning, pdl_stream()),
+              cudaSuccess);
+    DeviceArray<unsigned char> ws(std::max<std::size_t>(bytes, 1));
+    ASSERT_EQ(kernels::select_detail::select_tuned(ws.get(), bytes, d.in(), p, d.out(), nullptr,
+                                                   tuning, pdl_stream()),
+              cudaSuccess);
+    KVC_ASSERT_CUDA(cudaStreamSynchronize(pdl_stream()));
+    const Result gpu = d.download();
+    ASSERT_EQ(gpu.counts, cpu.counts);
+    for (int r = 0; r < b.rows; ++r) {
+      SCOPED_TRACE("row " + std::to_string(r));
+      const auto first = static_cast<std::ptrdiff_t>(r) * max_selected;
+      ASSERT_EQ(Ids(gpu.ids.begin() + first, gpu.ids.begin() + first + max_selected),
+                Ids(cpu.ids.begin() + first, cpu.ids.begin() + first + max_selected));
+    }
+  }
+}
+
+kernels::select_detail::SelectTuning set_tuning() {
+  kernels::select_detail::SelectTuning t;
+  t.force_set = true;
+  return t;
+}
+
+// Every instantiation (4, 8, 16, 32 scores per thread: a row length that needs exactly that
+// many, odd lengths on the scalar loads, multiples of 4 on the vector loads), k from 0 past n
+// (the radix passes, the early end of a pass, every valid block, none), topk and anchor with up
+// to six anchors (some past n or past the row), both id orders, every style (all-equal and
+// few-value rows tie at the cut: the lower ids win).
+TEST(Cuda_Selector_Set, EveryInstantiationMatchesCpu) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  using kernels::select_detail::kSetThreads;
+  for (int items : {4, 8, 16, 32}) {
+    for (bool vector_len : {false, true}) {
+      const int max_blocks = row_length_for_items(gen, kSetThreads * items, items, vector_len);
+      if (max_blocks > max_row_length()) continue;
+      ASSERT_EQ(kernels::select_detail::set_items_for(max_blocks), items)
+          << "max_blocks " << max_blocks;
+      for (int k : {0, 1, 8, 64, 65, 128, 129, 777, max_blocks - 1, max_blocks + 3}) {
+        if (k < 0) continue;
+        const Batch b = make_batch(gen, gen.uniform(4, 7), max_blocks, gen.style());
+        check_set_path(gen, b, SelectPolicy::topk(k), set_tuning());
+        if (HasFatalFailure()) return;
+        check_set_path(gen, b, SelectPolicy::anchor(k, gen.some_ids(max_blocks, gen.uniform(0, 6))),
+                       set_tuning());
+        if (HasFatalFailure()) return;
+      }
+      for (int st = 0; st < static_cast<int>(Style::kCount); ++st) {
+        SCOPED_TRACE("style " + std::to_string(st));
+        const Batch b = make_batch(gen, 4, max_blocks, static_cast<Style>(st));
+        check_set_path(gen, b, SelectPolicy::anchor(gen.uniform(0, 1) ? 128 : 40, {0}),
+                       set_tuning());
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+// The special rows (descending, ascending, all NaN, all +inf, sparse finite among NaN, all
+// equal; one row short by one, one half full) and the built-in choice on the two-stage block
+// index's call (anchor(128, {0}), chronological, no report: the set path) and on topk(300).
+// Calls the path does not serve (a report, score order, more than 16 anchors) take the ranked
+// paths with force_set, and still match.
+TEST(Cuda_Selector_Set, SpecialRowsAndBuiltInChoiceMatchCpu) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  for (int max_blocks : {1, 5, 4096, 8191, 32768}) {
+    if (max_blocks > max_row_length()) continue;
+    SCOPED_TRACE("special rows, max_blocks " + std::to_string(max_blocks));
+    const Batch b = special_batch(max_blocks);
+    for (int k : {1, 64, 129, 4000}) {
+      check_set_path(gen, b, SelectPolicy::topk(k), set_tuning());
+      if (HasFatalFailure()) return;
+      check_set_path(gen, b, SelectPolicy::anchor(k, {0, 3, max_blocks - 1}), set_tuning());
+      if (HasFatalFailure()) return;
+    }
+  }
+  for (int rows : {1, 8, 64}) {
+    for (int n : {4096, 32768}) {
+      if (n > max_row_length()) continue;
+      SCOPED_TRACE("rows " + std::to_string(rows) + " n " + std::to_string(n));
+      const Batch b = make_batch(gen, rows, n, Style::kNormal);
+      check_set_path(gen, b, SelectPolicy::anchor(128, {0}),
+                     kernels::select_detail::SelectTuning{});
+      if (HasFatalFailure()) return;
+      check_set_path(gen, b, SelectPolicy::topk(300), kernels::select_detail::SelectTuning{});
+      if (HasFatalFailure()) return;
+    }
+  }
+  const Batch b = make_batch(gen, 5, 3000, gen.style());
+  check_policy_tuned(gen, b, SelectPolicy::anchor(100, {0, 7}), set_tuning());  // a report
+  if (HasFatalFailure()) return;
+  Ids many(20);
+  for (int i = 0; i < 20; ++i) many[i] = 13 * i;
+  check_set_path(gen, b, SelectPolicy::anchor(100, many), set_tuning());
+}
+
 TEST(Cuda_Selector_Kernels, VariantOutOfRangeIsRejected) {
   KVC_REQUIRE_GPU();
   Gen gen;

@@ -3,7 +3,10 @@
  *  order, ids and report identical to the CPU reference (select_row), stream-ordered and
  *  graph-capturable.
  *
- *  Two stages per call. Stage A ranks each row, reading its scores once: its top m keys
+ *  topk and anchor (at most 16 anchors) listed in id order without a report, over rows of up to
+ *  32768 blocks, take one launch where they would keep more than 65 ranks: one CTA per row
+ *  radix-selects the top set without ranking it and lists it in id order (the set path). Other
+ *  calls run in two stages. Stage A ranks each row, reading its scores once: its top m keys
  *  ((score, id) in rank order, m = k + 1 for the top-k policies, max_blocks + 1 for the others).
  *  For decode-size selections (m <= 65, rows of up to 65536 blocks) one CTA, or a cluster of up
  *  to 8, per row finds a threshold from its threads' maxima and ranks the few blocks above it;
