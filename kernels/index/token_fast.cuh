@@ -191,6 +191,9 @@ __global__ void __launch_bounds__(kTokThreads)
   __shared__ float agg[kTokBlocksPerCta];                // max rule: heads aggregated so far
   __shared__ float red[2 * kTokWarps * kTokHeads];       // ring CTA
   const StoreView& s = p.s;
+  // The finish kernel, when launched as a programmatic dependent (two stages), may be scheduled
+  // now: it reads what this grid writes only after waiting for it.
+  pdl_launch_dependents();
   const TokenRow r = token_row(p, D);
   if (blockIdx.x == 0 && threadIdx.x == 0) p.out.num_valid[r.row] = r.closed;
   const int n = chunk_entries(p, r);  // closed blocks, or (two stages) candidates
@@ -200,7 +203,7 @@ __global__ void __launch_bounds__(kTokThreads)
     exact_part<D>(p, r, q_smem, red, static_cast<int>(blockIdx.x) - chunk_ctas, p.ring_parts);
     return;
   }
-  const int j0 = static_cast<int>(blockIdx.x) * kTokBlocksPerCta;
+  const int j0 = static_cast<int>(blockIdx.x) * p.blocks_per_cta;
   if (j0 >= n) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int B = s.block_size, cn = p.group;  // G <= 8: one chunk of heads per kv head
@@ -209,7 +212,7 @@ __global__ void __launch_bounds__(kTokThreads)
     const int h = r.h_first + hh;
     std::uint32_t qb[Tr::kTiles][2];
     load_query_fragments<D>(r.q_row + static_cast<std::size_t>(hh) * p.group * D, cn, qb);
-    for (int jj = warp; jj < kTokBlocksPerCta; jj += kTokWarps) {
+    for (int jj = warp; jj < p.blocks_per_cta; jj += kTokWarps) {
       const int j = j0 + jj;  // the entry: a block id, or a position in the candidate list
       if (j >= n) break;
       const int pb = r.table[store::owned_block_id(s, entry_block(p, r, j))];

@@ -21,7 +21,6 @@
 #include "kvc/kernels/index_kernels.h"
 #include "kvc/kernels/select_kernels.h"
 #include "launch.h"
-#include "select/tuning.h"
 
 namespace kvc {
 namespace kernels {
@@ -39,8 +38,8 @@ using namespace index_detail;
 struct TokenMassLayout {
   std::size_t lse_bytes = 0, partial_offset = 0, total = 0;
   int parts = 0;
-  TokenMassLayout(int rows, int heads, int max_blocks) {
-    const int per_warp = kStreamRingParts + (max_blocks + kTokBlocksPerCta - 1) / kTokBlocksPerCta;
+  TokenMassLayout(int rows, int heads, int max_blocks, int min_chunk_blocks = kTokBlocksPerCta) {
+    const int per_warp = kStreamRingParts + (max_blocks + min_chunk_blocks - 1) / min_chunk_blocks;
     const int min_chunk = kTokWarps * kStreamMinBlocksPerWarp;
     const int ring = kStreamRingParts > kStreamTcRingParts ? kStreamRingParts : kStreamTcRingParts;
     const int stream = ring + (max_blocks + min_chunk - 1) / min_chunk;
@@ -62,7 +61,7 @@ struct TwoStageLayout {
   std::size_t ids_offset = 0, counts_offset = 0, select_offset = 0, select_bytes = 0, total = 0;
   cudaError_t status = cudaSuccess;
   TwoStageLayout(int rows, int heads, int candidates, int max_blocks)
-      : mass(rows, heads, candidates + 1) {
+      : mass(rows, heads, candidates + 1, kTwoStageSmallChunk) {
     const auto align = [](std::size_t x) { return (x + 255) / 256 * 256; };
     const std::size_t pitch = static_cast<std::size_t>(candidates) + 1;
     ids_offset = align(mass.total);
@@ -355,15 +354,12 @@ cudaError_t two_stage_scores(const StoreView& s, const BlockIndexConfig& c,
   candidates.max_selected = pitch;
   candidates.shared_across_heads = c.shared_across_heads;
   std::size_t select_bytes = layout.select_bytes;
-  // The candidates keep C + 1 ranks, past the decode and small paths (k <= 64): the built-in
-  // choice is then the streaming path, made for rows of 131072 and more. The spread path is
-  // faster on these rows (topk_bench's BM_TopKVariant, k 129, H200, 2026-12-05: 8 x 4096 15.8
-  // against 25.1 us, 64 x 4096 16.2 against 25.9, 8 / 64 x 32768 the same); rows past its
-  // limit keep the built-in choice (the workspace does not depend on the tuning).
-  select_detail::SelectTuning spread;
-  spread.force_spread = true;
-  e = select_detail::select_tuned(base + layout.select_offset, select_bytes, out,
-                                  detail::candidate_policy(c), candidates, nullptr, spread, stream);
+  // The candidates in id order and no report: the set path (kernels/select/set.cuh) for rows of
+  // up to 32768 blocks, one CTA per row and no ranking. Before it, the spread path ranked 129
+  // keys per row and policy_kernel listed them: 30 us of a B1 N128K step under Nsight Compute
+  // on the H200 (2026-12-05), the streaming path before that 37 us.
+  e = select(base + layout.select_offset, select_bytes, out, detail::candidate_policy(c),
+             candidates, nullptr, stream);
   if (e != cudaSuccess) return e;
   TokenScoreParams p = token_params(s, c, d_slots, tokens, d_q, out);
   p.lse = reinterpret_cast<float*>(base);
@@ -375,23 +371,38 @@ cudaError_t two_stage_scores(const StoreView& s, const BlockIndexConfig& c,
   // parts were no faster at B1 and slower at B32 (191 -> 201 us), so ring 256 keeps one.
   p.ring_parts = std::min(kStreamRingParts, (s.recent_window + kTokThreads - 1) / kTokThreads);
   p.ring_tc = false;
-  p.blocks_per_cta = kTokBlocksPerCta;
   p.safe_add = 0;  // the streaming kernels' fields: neither chunk kernel here reads them
   p.scale_bits = 0;
   p.lse_pitch = pitch;
   p.cand = candidates.ids;
   p.cand_count = candidates.counts;
   p.cand_pitch = pitch;
-  const int chunks = (pitch + kTokBlocksPerCta - 1) / kTokBlocksPerCta;
+  const bool tensor_cores =
+      c.kernel == IndexKernel::kAuto && detail::token_tensor_cores_serve(c, s.index_format);
+  // Chunks of 16 candidates (two per warp), or of 8 (one per warp) where those CTAs fit the
+  // device at two per SM: a B1 step at N128K (8 rows, 129 candidates, one ring CTA) then runs
+  // 8 x 18 CTAs instead of 8 x 10 on the H200's 132 SMs, each walking one candidate per warp
+  // instead of two one after the other.
+  int sms = 0;
+  e = kvc::detail::sm_count(sms);
+  if (e != cudaSuccess) return e;
+  const long long small_grid =
+      static_cast<long long>(rows) *
+      ((pitch + kTwoStageSmallChunk - 1) / kTwoStageSmallChunk + p.ring_parts);
+  p.blocks_per_cta =
+      tensor_cores && small_grid <= 2LL * sms ? kTwoStageSmallChunk : kTokBlocksPerCta;
+  const int chunks = (pitch + p.blocks_per_cta - 1) / p.blocks_per_cta;
   const dim3 grid(chunks + p.ring_parts, rows);
-  if (c.kernel == IndexKernel::kAuto && detail::token_tensor_cores_serve(c, s.index_format)) {
+  if (tensor_cores) {
     e = c.head_dim == 64 ? launch_token_fast<64>(s.block_size, grid, p, stream)
                          : launch_token_fast<128>(s.block_size, grid, p, stream);
   } else {
     e = launch_general_token_kernel(c.head_dim, token_key_kind(s, c), grid, p, stream);
   }
   if (e != cudaSuccess) return e;
-  return launch_token_finish(dim3((pitch + kFinishThreads - 1) / kFinishThreads, rows), p, false,
+  // The finish as a programmatic dependent of the chunk kernel: it reads the length and the
+  // candidates before it waits.
+  return launch_token_finish(dim3((pitch + kFinishThreads - 1) / kFinishThreads, rows), p, true,
                              stream);
 }
 
