@@ -221,13 +221,14 @@ torch_anchors() {
 }
 
 # DeepSeek-V4's PyTorch step and every peer anchor (PyTorch, FlashInfer, CUB; the bundle carried
-# as .anchors/p1, .anchors/p2) with what the call has left, then report.
+# as .anchors/p1, .anchors/p2; $ANCHORS narrows them where the bundle travels in two calls, see
+# benchmarks/anchors/setup-anchors.sh) with what the call has left, then report.
 anchors_and_report() {
   local l
   OUT="$out" timeout 60 python3 benchmarks/anchors/dsv4_anchors.py > "$out/dsv4_anchors.log" 2>&1
   say "dsv4 anchors: rc=$?"
   l=$(left)
-  ANCHORS="torch flashinfer_decode flashinfer_topk cub" DEADLINE=$(( l - 15 )) \
+  ANCHORS="${ANCHORS:-torch flashinfer_decode flashinfer_topk cub}" DEADLINE=$(( l - 15 )) \
     benchmarks/anchors/run-anchors.sh "$out" > "$out/run-anchors.out" 2>&1
   say "peer anchors: rc=$? $(tail -2 "$out/run-anchors.out" | tr '\n' ' ')"
   report
