@@ -195,6 +195,10 @@ __global__ void __launch_bounds__(kSmallThreads)
     num_ctas = static_cast<int>(cluster.num_blocks());
     row = static_cast<int>(blockIdx.x) / num_ctas;
     lead = cluster.map_shared_rank(&sh, 0);
+    // A CTA may write into another's shared memory only once that CTA runs: arrive now, wait
+    // before the first remote write (compute-sanitizer racecheck flagged the entries' writes
+    // into a leader that "might not have entered yet").
+    cluster.barrier_arrive();
   }
   // A barrier over the row's CTAs, with release/acquire of shared and distributed memory.
   auto sync_row = [&] {
@@ -269,7 +273,8 @@ __global__ void __launch_bounds__(kSmallThreads)
   const int warps = kSmallWarps * num_ctas;
   const int rounds_row = small_rounds(target, warps);
   const int rounds_cta = kCluster ? small_rounds(target, kSmallWarps) : 0;
-  const int num_entries = warps * rounds_row;  // <= kSmallMaxEntries
+  const int num_entries = warps * rounds_row;                 // <= kSmallMaxEntries
+  if constexpr (kCluster) cg::this_cluster().barrier_wait();  // every CTA of the row runs
   {
     std::uint32_t v = tmax;
     const int slot = (q * kSmallWarps + warp) * rounds_row;
