@@ -11,6 +11,12 @@
 #             two-stage tests,
 #             topk_bench's set rows against the ranked paths, the step rows, Nsight Compute of
 #             the two-stage step at B1 and B8
+#   confirm   after setpath: the set path as the built-in choice on rows of up to 4096 blocks only
+#             (longer rows were slower than the ranked paths there), the two-stage chunks back to
+#             16, the small path's cluster CTAs waiting for each other before writing into the
+#             leader (racecheck in setpath): the same tests and the small path's, memcheck over
+#             the set and two-stage tests, racecheck over those and Cuda_Selector_Sets, the set
+#             and step rows, PyTorch's anchors
 #   final     the same-run table for latest.json: kvc's rows (with the set rows and the
 #             pinned-split attention rows), then PyTorch's and CUB's anchors in the same call
 #             (carry [".anchors/p1/wheels", ".anchors/p1/bin", ".anchors/p1/MANIFEST"])
@@ -66,10 +72,22 @@ case "${1:-baseline}" in
     NCU_SKIP=14 step_ncu two-stage-B8 'BM_DecodeStep/8/131072/0/3/1/'
     report
     ;;
+  confirm)
+    build_targets kvc_cuda_tests step_bench topk_bench
+    gtests set '*Cuda_Selector_Set*:*Cuda_Selector_Small*:*Cuda_Selector_Decode*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 100
+    sanitize memcheck memcheck '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*' 45
+    KVC_TEST_MAX_ROW=8192 sanitize racecheck racecheck '*Cuda_Selector_Set*:*Cuda_BlockIndex_TwoStage*' 60
+    bench 30 topk_bench 'BM_TopKSet/'
+    bench 70 step_bench '/(1|8)/131072/0/(1|2|3)/(0|1)/|/32/32768/0/(1|3)/(0|1)/'
+    torch_anchors
+    report
+    ;;
   final)
     build_targets kvc_cuda_tests step_bench index_bench attention_bench topk_bench store_bench \
       dsv4_bench
-    gtests set '*Cuda_Selector_Set*:*Cuda_BlockIndex_TwoStage*' 60
+    gtests set '*Cuda_Selector_Set.*:*Cuda_Selector_Decode*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 90
+    sanitize memcheck memcheck '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*' 60
+    sanitize racecheck racecheck '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*' 60
     same_run_kvc
     bench 30 topk_bench 'BM_TopKSet/' -set
     bench 40 attention_bench '^BM_BlockSelectExact/0/(1|8)/3/8/(2|4|8|32)/1/' -pinned
@@ -81,6 +99,6 @@ case "${1:-baseline}" in
       benchmarks/anchors/run-anchors.sh "$out" > "$out/run-anchors-flashinfer.out" 2>&1
     say "flashinfer anchors: rc=$? $(tail -2 "$out/run-anchors-flashinfer.out" | tr '\n' ' ')"
     ;;
-  *) echo "gpu-session26.sh: baseline | setpath | final | flashinfer" >&2; exit 2 ;;
+  *) echo "gpu-session26.sh: baseline | setpath | confirm | final | flashinfer" >&2; exit 2 ;;
 esac
 finish

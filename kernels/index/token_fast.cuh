@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(kTokThreads)
     exact_part<D>(p, r, q_smem, red, static_cast<int>(blockIdx.x) - chunk_ctas, p.ring_parts);
     return;
   }
-  const int j0 = static_cast<int>(blockIdx.x) * p.blocks_per_cta;
+  const int j0 = static_cast<int>(blockIdx.x) * kTokBlocksPerCta;
   if (j0 >= n) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int B = s.block_size, cn = p.group;  // G <= 8: one chunk of heads per kv head
@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(kTokThreads)
     const int h = r.h_first + hh;
     std::uint32_t qb[Tr::kTiles][2];
     load_query_fragments<D>(r.q_row + static_cast<std::size_t>(hh) * p.group * D, cn, qb);
-    for (int jj = warp; jj < p.blocks_per_cta; jj += kTokWarps) {
+    for (int jj = warp; jj < kTokBlocksPerCta; jj += kTokWarps) {
       const int j = j0 + jj;  // the entry: a block id, or a position in the candidate list
       if (j >= n) break;
       const int pb = r.table[store::owned_block_id(s, entry_block(p, r, j))];

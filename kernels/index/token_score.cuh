@@ -3,7 +3,7 @@
 //
 // token_score_kernel: grid (chunk CTAs [+ p.ring_parts ring CTAs for the mass rule: 1 in one
 // stage, kStreamRingParts with two stages], rows). A chunk CTA
-// owns p.blocks_per_cta consecutive closed blocks of its row; for each kv head of the row and
+// owns kTokBlocksPerCta consecutive closed blocks of its row; for each kv head of the row and
 // each chunk of up to kTokHeads query heads of that kv head it stages the heads' queries in
 // shared memory (float), and each warp walks its blocks: lane i holds token t0 + i of the block,
 // decodes its K row 8 elements at a time (16-bit, q8, mxfp4 or fp8_e4m3) in registers and
@@ -21,7 +21,7 @@
 // log_share(lse_g(j), Z_g) and aggregates the heads (ascending): LogSumExp (kSum) or nan_max.
 //
 // Two stages (p.cand not null; this kernel and token_fast_kernel): a chunk CTA owns
-// p.blocks_per_cta consecutive entries of the row's candidate list instead of consecutive blocks,
+// kTokBlocksPerCta consecutive entries of the row's candidate list instead of consecutive blocks,
 // the lse values and the finish kernel follow the entries, and the candidates' scores land at their
 // block ids; every other closed block scores -inf (written by the chunk kernel before the finish
 // kernel writes the candidates').
@@ -49,12 +49,8 @@ namespace index_detail {
 
 constexpr int kTokWarps = 8;
 constexpr int kTokThreads = kTokWarps * 32;
-/// Most closed blocks (or candidates) one chunk CTA of token_score_kernel / token_fast_kernel
-/// scores (TokenScoreParams::blocks_per_cta: 16, two per warp, except the two-stage calls that
-/// would leave most SMs idle, kTwoStageSmallChunk).
+/// Closed blocks one chunk CTA scores (kTokBlocksPerCta / kTokWarps per warp).
 constexpr int kTokBlocksPerCta = 16;
-/// The two-stage chunk of one candidate per warp (src/cuda/block_index.cu says when).
-constexpr int kTwoStageSmallChunk = kTokWarps;
 /// Query heads whose dot products a lane accumulates at once (registers).
 constexpr int kTokHeads = 8;
 constexpr int kTokMaxDim = 512;
@@ -75,8 +71,7 @@ struct TokenScoreParams {
   float* partial;      // [rows, parts, heads] (mass rule; else null)
   int parts;           // partials per row allocated: at least ring_parts + chunk CTAs per row
   int ring_parts;      // mass rule: partials 0 .. ring_parts - 1 are the ring CTAs'
-  int blocks_per_cta;  // entries a chunk CTA scores (partial ring_parts + its chunk); the chunk
-                       // kernels of token_score.cuh and token_fast_kernel: <= kTokBlocksPerCta
+  int blocks_per_cta;  // closed blocks a chunk CTA scores (partial ring_parts + its chunk)
   // Streaming kernel (token_fast.cuh): a block whose mxfp4 scale bytes are all at most
   // 255 - safe_add's byte has finite logits (stream_safe_add); safe_add is that byte splat over
   // the four bytes of a word.
@@ -392,7 +387,7 @@ __device__ __forceinline__ void chunk_epilogue(const TokenScoreParams& p, const 
                                                int n, const float* agg) {
   __syncthreads();  // agg, and this CTA's lse writes, are complete and visible to the CTA
   if (!p.mass) {
-    for (int jj = threadIdx.x; jj < p.blocks_per_cta; jj += blockDim.x) {
+    for (int jj = threadIdx.x; jj < kTokBlocksPerCta; jj += blockDim.x) {
       const int j = j0 + jj;
       if (j < r.closed)
         p.out.scores[static_cast<std::size_t>(r.row) * p.out.max_blocks + j] = agg[jj];
@@ -402,7 +397,7 @@ __device__ __forceinline__ void chunk_epilogue(const TokenScoreParams& p, const 
   for (int gl = threadIdx.x; gl < p.heads; gl += blockDim.x) {
     index_math::LogSumExp z;
     const float* lse = p.lse + (static_cast<std::size_t>(r.row) * p.heads + gl) * p.lse_pitch;
-    for (int jj = 0; jj < p.blocks_per_cta && j0 + jj < n; ++jj) {
+    for (int jj = 0; jj < kTokBlocksPerCta && j0 + jj < n; ++jj) {
       const float v = lse[j0 + jj];
       if (!is_nan(v)) z.add(v);
     }
@@ -445,7 +440,7 @@ __global__ void __launch_bounds__(kTokThreads)
     exact_part<D>(p, r, q_smem, red, static_cast<int>(blockIdx.x) - chunk_ctas, p.ring_parts);
     return;
   }
-  const int j0 = static_cast<int>(blockIdx.x) * p.blocks_per_cta;
+  const int j0 = static_cast<int>(blockIdx.x) * kTokBlocksPerCta;
   if (j0 >= n) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const bool kbf = store::is_bf16(s);
@@ -455,7 +450,7 @@ __global__ void __launch_bounds__(kTokThreads)
       const int cn = p.group - c0 < kTokHeads ? p.group - c0 : kTokHeads;
       const int gl0 = hh * p.group + c0;  // row-local index of the chunk's first head
       stage_queries<D>(p, r, gl0, cn, q_smem);
-      for (int jj = warp; jj < p.blocks_per_cta; jj += kTokWarps) {
+      for (int jj = warp; jj < kTokBlocksPerCta; jj += kTokWarps) {
         const int j = j0 + jj;  // the entry: a block id, or a position in the candidate list
         if (j >= n) break;
         const int pb = r.table[store::owned_block_id(s, entry_block(p, r, j))];

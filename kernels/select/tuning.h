@@ -175,10 +175,13 @@ constexpr int set_items_for(int max_blocks) {
 
 /// Whether the library's own calls take the set path (kernels/select/set.cuh, launched with
 /// programmatic dependent launch) for a call it serves that would keep m ranks on the ranked
-/// paths: where m exceeds the decode and small paths' 65 (k >= 65), which leaves one ranked CTA
-/// per row streaming the row or a spread grid ranking k + 1 candidates. Measured on the H200
-/// (topk_bench BM_TopKSet, docs/perf-data/2026-12-05-session26).
-constexpr bool set_path_by_default(int m) { return m > 65; }
+/// paths over rows of `max_blocks` blocks: where m exceeds the decode and small paths' 65
+/// (k >= 65), on rows of up to 4096 blocks. Measured on the H200 (topk_bench BM_TopKSet,
+/// docs/perf-data/2026-12-05-session26/setpath; anchor(128, {0}) in id order): 8 x 4096 6.82 us
+/// against 22.2 on the spread path and 31.3 on the streaming path (the ranked built-in choice);
+/// 64 x 4096 7.52 against 22.8; but 8 x 32768 31.3 against 25.9, and at k 8 / 64 the decode
+/// path stays faster (8 x 4096 k 8 4.36 against 6.36 us).
+constexpr bool set_path_by_default(int m, int max_blocks) { return m > 65 && max_blocks <= 4096; }
 
 /// Threads per CTA of the decode path's built-in choice for rows of `max_blocks` blocks: 256 up
 /// to 4096 blocks (16 scores per thread), 512 up to 8192, 1024 up to 32768.

@@ -21,6 +21,7 @@
 #include "kvc/kernels/index_kernels.h"
 #include "kvc/kernels/select_kernels.h"
 #include "launch.h"
+#include "select/tuning.h"
 
 namespace kvc {
 namespace kernels {
@@ -38,8 +39,8 @@ using namespace index_detail;
 struct TokenMassLayout {
   std::size_t lse_bytes = 0, partial_offset = 0, total = 0;
   int parts = 0;
-  TokenMassLayout(int rows, int heads, int max_blocks, int min_chunk_blocks = kTokBlocksPerCta) {
-    const int per_warp = kStreamRingParts + (max_blocks + min_chunk_blocks - 1) / min_chunk_blocks;
+  TokenMassLayout(int rows, int heads, int max_blocks) {
+    const int per_warp = kStreamRingParts + (max_blocks + kTokBlocksPerCta - 1) / kTokBlocksPerCta;
     const int min_chunk = kTokWarps * kStreamMinBlocksPerWarp;
     const int ring = kStreamRingParts > kStreamTcRingParts ? kStreamRingParts : kStreamTcRingParts;
     const int stream = ring + (max_blocks + min_chunk - 1) / min_chunk;
@@ -61,7 +62,7 @@ struct TwoStageLayout {
   std::size_t ids_offset = 0, counts_offset = 0, select_offset = 0, select_bytes = 0, total = 0;
   cudaError_t status = cudaSuccess;
   TwoStageLayout(int rows, int heads, int candidates, int max_blocks)
-      : mass(rows, heads, candidates + 1, kTwoStageSmallChunk) {
+      : mass(rows, heads, candidates + 1) {
     const auto align = [](std::size_t x) { return (x + 255) / 256 * 256; };
     const std::size_t pitch = static_cast<std::size_t>(candidates) + 1;
     ids_offset = align(mass.total);
@@ -354,12 +355,16 @@ cudaError_t two_stage_scores(const StoreView& s, const BlockIndexConfig& c,
   candidates.max_selected = pitch;
   candidates.shared_across_heads = c.shared_across_heads;
   std::size_t select_bytes = layout.select_bytes;
-  // The candidates in id order and no report: the set path (kernels/select/set.cuh) for rows of
-  // up to 32768 blocks, one CTA per row and no ranking. Before it, the spread path ranked 129
-  // keys per row and policy_kernel listed them: 30 us of a B1 N128K step under Nsight Compute
-  // on the H200 (2026-12-05), the streaming path before that 37 us.
-  e = select(base + layout.select_offset, select_bytes, out, detail::candidate_policy(c),
-             candidates, nullptr, stream);
+  // The candidates keep C + 1 ranks, past the decode and small paths (k <= 64). Rows of up to
+  // 4096 blocks take the set path (kernels/select/set.cuh: id order needs no ranks; in the
+  // select kernels' built-in choice), longer ones the spread path: topk_bench, H200,
+  // 2026-12-05, anchor(128, {0}) in id order: 8 x 4096 6.82 us on the set path against 22.2 on
+  // the spread path and 31.3 on the streaming path (the built-in ranked choice there); 8 x 32768
+  // 31.3 against 25.9. The workspace does not depend on the tuning.
+  select_detail::SelectTuning spread;
+  spread.force_spread = true;
+  e = select_detail::select_tuned(base + layout.select_offset, select_bytes, out,
+                                  detail::candidate_policy(c), candidates, nullptr, spread, stream);
   if (e != cudaSuccess) return e;
   TokenScoreParams p = token_params(s, c, d_slots, tokens, d_q, out);
   p.lse = reinterpret_cast<float*>(base);
@@ -377,23 +382,10 @@ cudaError_t two_stage_scores(const StoreView& s, const BlockIndexConfig& c,
   p.cand = candidates.ids;
   p.cand_count = candidates.counts;
   p.cand_pitch = pitch;
-  const bool tensor_cores =
-      c.kernel == IndexKernel::kAuto && detail::token_tensor_cores_serve(c, s.index_format);
-  // Chunks of 16 candidates (two per warp), or of 8 (one per warp) where those CTAs fit the
-  // device at two per SM: a B1 step at N128K (8 rows, 129 candidates, one ring CTA) then runs
-  // 8 x 18 CTAs instead of 8 x 10 on the H200's 132 SMs, each walking one candidate per warp
-  // instead of two one after the other.
-  int sms = 0;
-  e = kvc::detail::sm_count(sms);
-  if (e != cudaSuccess) return e;
-  const long long small_grid =
-      static_cast<long long>(rows) *
-      ((pitch + kTwoStageSmallChunk - 1) / kTwoStageSmallChunk + p.ring_parts);
-  p.blocks_per_cta =
-      tensor_cores && small_grid <= 2LL * sms ? kTwoStageSmallChunk : kTokBlocksPerCta;
-  const int chunks = (pitch + p.blocks_per_cta - 1) / p.blocks_per_cta;
+  p.blocks_per_cta = kTokBlocksPerCta;
+  const int chunks = (pitch + kTokBlocksPerCta - 1) / kTokBlocksPerCta;
   const dim3 grid(chunks + p.ring_parts, rows);
-  if (tensor_cores) {
+  if (c.kernel == IndexKernel::kAuto && detail::token_tensor_cores_serve(c, s.index_format)) {
     e = c.head_dim == 64 ? launch_token_fast<64>(s.block_size, grid, p, stream)
                          : launch_token_fast<128>(s.block_size, grid, p, stream);
   } else {

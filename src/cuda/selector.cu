@@ -48,7 +48,8 @@ static_assert(decode_items_for(4096, decode_threads_for(4096)) == 16 &&
                   decode_items_for(kDecodeMaxBlocks + 1, kDecodeMaxThreads) == 0,
               "the decode path's built-in choice fits every row it takes, and no longer one");
 
-static_assert(!set_path_by_default(kSmallMaxRanks) && set_path_by_default(kSmallMaxRanks + 1),
+static_assert(!set_path_by_default(kSmallMaxRanks, 4096) &&
+                  set_path_by_default(kSmallMaxRanks + 1, 4096),
               "the set path takes over where the small and decode paths end");
 static_assert(set_items_for(kSetMaxBlocks) == kSetMaxItems && set_items_for(kSetMaxBlocks + 1) == 0,
               "the set path fits every row it takes, and no longer one");
@@ -638,7 +639,7 @@ cudaError_t select_tuned(void* d_temp, std::size_t& temp_bytes, const ScoresView
                         policy.order != SelectPolicy::Order::kScore &&
                         (policy.kind == Kind::kTopK ||
                          (policy.kind == Kind::kAnchor && pp.num_anchors <= kSetMaxAnchors));
-  if (set_fits && !tuning.no_set && (tuning.force_set || set_path_by_default(s.m))) {
+  if (set_fits && !tuning.no_set && (tuning.force_set || set_path_by_default(s.m, N))) {
     SetParams sp{};
     sp.scores = scores.scores;
     sp.num_valid = scores.num_valid;

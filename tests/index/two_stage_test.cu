@@ -199,10 +199,6 @@ INSTANTIATE_TEST_SUITE_P(
         // The library's default shape: fp16k_q4v, an mxfp4 index copy, Hq 32 / Hkv 8 / d 128.
         TwoStageCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kMeanK, kSum, false, 8,
                      4, 128, 32, 1, 24},
-        // The same with 128 candidates (every closed block): 24 rows of 17 chunks of 8 would not
-        // fit two CTAs per SM, so the chunks hold 16 (the case above runs chunks of 8).
-        TwoStageCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kMeanK, kSum, false, 8,
-                     4, 128, 32, 1, 128},
         // SmolLM2's heads, Quest first, verify tokens, blocks of 16.
         TwoStageCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kQuest, kSum, false, 3,
                      3, 64, 16, 2, 13},

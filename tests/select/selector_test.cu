@@ -1438,7 +1438,8 @@ TEST(Cuda_Selector_Set, EveryInstantiationMatchesCpu) {
 
 // The special rows (descending, ascending, all NaN, all +inf, sparse finite among NaN, all
 // equal; one row short by one, one half full) and the built-in choice on the two-stage block
-// index's call (anchor(128, {0}), chronological, no report: the set path) and on topk(300).
+// index's call (anchor(128, {0}), chronological, no report: the set path on rows of 4096 blocks,
+// the ranked paths on rows of 32768) and on topk(300).
 // Calls the path does not serve (a report, score order, more than 16 anchors) take the ranked
 // paths with force_set, and still match.
 TEST(Cuda_Selector_Set, SpecialRowsAndBuiltInChoiceMatchCpu) {

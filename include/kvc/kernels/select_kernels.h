@@ -4,7 +4,7 @@
  *  graph-capturable.
  *
  *  topk and anchor (at most 16 anchors) listed in id order without a report, over rows of up to
- *  32768 blocks, take one launch where they would keep more than 65 ranks: one CTA per row
+ *  4096 blocks, take one launch where they would keep more than 65 ranks: one CTA per row
  *  radix-selects the top set without ranking it and lists it in id order (the set path). Other
  *  calls run in two stages. Stage A ranks each row, reading its scores once: its top m keys
  *  ((score, id) in rank order, m = k + 1 for the top-k policies, max_blocks + 1 for the others).
