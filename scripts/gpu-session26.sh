@@ -16,7 +16,7 @@
 #             16, the small path's cluster CTAs waiting for each other before writing into the
 #             leader (racecheck in setpath): the same tests and the small path's, memcheck over
 #             the set and two-stage tests, racecheck over those and Cuda_Selector_Sets, the set
-#             and step rows, PyTorch's anchors
+#             and step rows (what the remaining device time allows, in that order)
 #   final     the same-run table for latest.json: kvc's rows (with the set rows and the
 #             pinned-split attention rows), then PyTorch's and CUB's anchors in the same call
 #             (carry [".anchors/p1/wheels", ".anchors/p1/bin", ".anchors/p1/MANIFEST"])
@@ -75,11 +75,10 @@ case "${1:-baseline}" in
   confirm)
     build_targets kvc_cuda_tests step_bench topk_bench
     gtests set '*Cuda_Selector_Set*:*Cuda_Selector_Small*:*Cuda_Selector_Decode*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 100
-    sanitize memcheck memcheck '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*' 45
     KVC_TEST_MAX_ROW=8192 sanitize racecheck racecheck '*Cuda_Selector_Set*:*Cuda_BlockIndex_TwoStage*' 60
-    bench 30 topk_bench 'BM_TopKSet/'
-    bench 70 step_bench '/(1|8)/131072/0/(1|2|3)/(0|1)/|/32/32768/0/(1|3)/(0|1)/'
-    torch_anchors
+    bench 50 step_bench '/(1|8)/131072/0/(1|3)/1/|/32/32768/0/3/1/'
+    bench 25 topk_bench 'BM_TopKSet/(8|64)/4096/128/'
+    sanitize memcheck memcheck '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*' 45
     report
     ;;
   final)
