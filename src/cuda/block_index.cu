@@ -376,13 +376,13 @@ cudaError_t two_stage_scores(const StoreView& s, const BlockIndexConfig& c,
   // parts were no faster at B1 and slower at B32 (191 -> 201 us), so ring 256 keeps one.
   p.ring_parts = std::min(kStreamRingParts, (s.recent_window + kTokThreads - 1) / kTokThreads);
   p.ring_tc = false;
+  p.blocks_per_cta = kTokBlocksPerCta;
   p.safe_add = 0;  // the streaming kernels' fields: neither chunk kernel here reads them
   p.scale_bits = 0;
   p.lse_pitch = pitch;
   p.cand = candidates.ids;
   p.cand_count = candidates.counts;
   p.cand_pitch = pitch;
-  p.blocks_per_cta = kTokBlocksPerCta;
   const int chunks = (pitch + kTokBlocksPerCta - 1) / kTokBlocksPerCta;
   const dim3 grid(chunks + p.ring_parts, rows);
   if (c.kernel == IndexKernel::kAuto && detail::token_tensor_cores_serve(c, s.index_format)) {
