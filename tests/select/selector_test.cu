@@ -376,21 +376,27 @@ cudaStream_t pdl_stream() {
 }
 
 // The kernel layer with the variants pinned (select_detail::select_tuned), on the default
-// stream (pdl_stream() for decode_pdl), workspace from its own query.
+// stream (pdl_stream() for decode_pdl, and for calls without a report, which the set path may
+// take), workspace from its own query. `with_report` false: no report (its buffers stay
+// poisoned).
 Result run_gpu_tuned(DeviceBatch& d, const SelectPolicy& p,
-                     const kernels::select_detail::SelectTuning& tuning) {
+                     const kernels::select_detail::SelectTuning& tuning, bool with_report = true) {
   d.poison();
-  const cudaStream_t stream = tuning.decode_pdl || tuning.resident_pdl ? pdl_stream() : nullptr;
+  const cudaStream_t stream =
+      tuning.decode_pdl || tuning.resident_pdl || !with_report ? pdl_stream() : nullptr;
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the poison, before a non-blocking stream
   const ScoresView in = d.in();
   const SelectionView out = d.out();
   const SelectionReport rep = d.report();
+  const SelectionReport* report = with_report ? &rep : nullptr;
   std::size_t bytes = 0;
-  EXPECT_EQ(kernels::select_detail::select_tuned(nullptr, bytes, in, p, out, &rep, tuning, stream),
-            cudaSuccess);
+  EXPECT_EQ(
+      kernels::select_detail::select_tuned(nullptr, bytes, in, p, out, report, tuning, stream),
+      cudaSuccess);
   DeviceArray<unsigned char> ws(std::max<std::size_t>(bytes, 1));
-  EXPECT_EQ(kernels::select_detail::select_tuned(ws.get(), bytes, in, p, out, &rep, tuning, stream),
-            cudaSuccess);
+  EXPECT_EQ(
+      kernels::select_detail::select_tuned(ws.get(), bytes, in, p, out, report, tuning, stream),
+      cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return d.download();
 }
@@ -1356,12 +1362,10 @@ TEST(Cuda_Selector_Decode, VariantOutOfRangeIsRejected) {
   }
 }
 
-// A pinned variant out of range (a small-path row needing more than 8 CTAs, a streaming path of
-// 9 CTAs or a trigger out of (4096, 12288]) is rejected before anything is written.
 // --- the set path (kernels/select/set.cuh) ---------------------------------------------------
 
-// select_tuned without a report (the set path serves no report) on pdl_stream(): the ids and
-// counts of every row equal the CPU's, in both id orders.
+// select_tuned without a report (the set path serves no report): the ids and counts of every
+// row equal the CPU's, in both id orders.
 void check_set_path(Gen& gen, const Batch& b, SelectPolicy p,
                     const kernels::select_detail::SelectTuning& tuning) {
   const int bound = p.max_output(b.max_blocks);
@@ -1372,25 +1376,9 @@ void check_set_path(Gen& gen, const Batch& b, SelectPolicy p,
     SCOPED_TRACE(describe(p) + " max_blocks=" + std::to_string(b.max_blocks) +
                  " force_set=" + std::to_string(tuning.force_set));
     const Result cpu = run_cpu(b, p, max_selected, bound);
-    d.poison();
-    KVC_ASSERT_CUDA(cudaDeviceSynchronize());
-    std::size_t bytes = 0;
-    ASSERT_EQ(kernels::select_detail::select_tuned(nullptr, bytes, d.in(), p, d.out(), nullptr,
-                                                   tuning, pdl_stream()),
-              cudaSuccess);
-    DeviceArray<unsigned char> ws(std::max<std::size_t>(bytes, 1));
-    ASSERT_EQ(kernels::select_detail::select_tuned(ws.get(), bytes, d.in(), p, d.out(), nullptr,
-                                                   tuning, pdl_stream()),
-              cudaSuccess);
-    KVC_ASSERT_CUDA(cudaStreamSynchronize(pdl_stream()));
-    const Result gpu = d.download();
+    const Result gpu = run_gpu_tuned(d, p, tuning, false);
     ASSERT_EQ(gpu.counts, cpu.counts);
-    for (int r = 0; r < b.rows; ++r) {
-      SCOPED_TRACE("row " + std::to_string(r));
-      const auto first = static_cast<std::ptrdiff_t>(r) * max_selected;
-      ASSERT_EQ(Ids(gpu.ids.begin() + first, gpu.ids.begin() + first + max_selected),
-                Ids(cpu.ids.begin() + first, cpu.ids.begin() + first + max_selected));
-    }
+    ASSERT_EQ(gpu.ids, cpu.ids);
   }
 }
 
@@ -1477,6 +1465,8 @@ TEST(Cuda_Selector_Set, SpecialRowsAndBuiltInChoiceMatchCpu) {
   check_set_path(gen, b, SelectPolicy::anchor(100, many), set_tuning());
 }
 
+// A pinned variant out of range (a small-path row needing more than 8 CTAs, a streaming path of
+// 9 CTAs or a trigger out of (4096, 12288]) is rejected before anything is written.
 TEST(Cuda_Selector_Kernels, VariantOutOfRangeIsRejected) {
   KVC_REQUIRE_GPU();
   Gen gen;
