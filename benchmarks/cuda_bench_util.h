@@ -13,20 +13,14 @@
 #include <utility>
 #include <vector>
 
+#include "anchors/anchor_timing.cuh"
 #include "kvc/core/numeric.h"
 
 namespace kvc {
 namespace bench {
 
-#define KVC_BENCH_CUDA(expr)                                                              \
-  do {                                                                                    \
-    const cudaError_t e_ = (expr);                                                        \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #expr, cudaGetErrorString(e_), __FILE__, \
-                   __LINE__);                                                             \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
+/// Exits with the call, the error and the place when a CUDA call fails.
+#define KVC_BENCH_CUDA(expr) ANCHOR_CHECK(expr)
 
 /// Times one iteration of GPU work on `stream` with CUDA events (RAII, as cudf's timer).
 class EventTimer {
@@ -72,15 +66,7 @@ inline int rotation(std::size_t bytes_per_set) {
 
 namespace detail {
 
-/// A counter-based 32-bit hash (lowbias32): independent uniform bits per (seed, index).
-__host__ __device__ inline std::uint32_t hash32(std::uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352du;
-  x ^= x >> 15;
-  x *= 0x846ca68bu;
-  x ^= x >> 16;
-  return x;
-}
+using anchor::hash32;
 
 /// Normal(0, scale) 16-bit floats from Box-Muller over two hashed uniforms; a value that rounds
 /// to ±0 becomes the smallest normal of its sign, so no element is zero.
@@ -95,7 +81,8 @@ static __global__ void fill_normal_bits16(std::uint16_t* out, std::size_t n, boo
     const float u2 = static_cast<float>(b >> 8) * (1.0f / 16777216.0f);
     const float x = scale * sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
     std::uint16_t bits = float_to_bits16(x, bf16);
-    if ((bits & 0x7fffu) == 0) bits = static_cast<std::uint16_t>((bits & 0x8000u) | (bf16 ? 0x0080u : 0x0400u));
+    if ((bits & 0x7fffu) == 0)
+      bits = static_cast<std::uint16_t>((bits & 0x8000u) | (bf16 ? 0x0080u : 0x0400u));
     out[i] = bits;
   }
 }

@@ -59,14 +59,7 @@ using dsv4::EntryFormat;
 using dsv4::EntryStore;
 using dsv4::EntryStoreConfig;
 
-__device__ __forceinline__ std::uint32_t hash32(std::uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352du;
-  x ^= x >> 15;
-  x *= 0x846ca68bu;
-  x ^= x >> 16;
-  return x;
-}
+using anchor::hash32;
 
 /// Random page contents: payload bytes uniform (e4m3 NaN codes avoided), scale bytes in
 /// [126, 129] (mxfp4 / MODEL1) and fp32 power-of-two scales (fp8), every page of the pool.
@@ -117,14 +110,7 @@ __global__ void fill_f32(float* x, std::size_t n, std::uint32_t seed, float scal
   }
 }
 
-__global__ void hold_stream(unsigned long long ns) {
-  unsigned long long start = 0, now = 0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    __nanosleep(1000);
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
+using anchor::hold_stream;
 
 constexpr unsigned long long kHoldNs = 200000;
 constexpr int kMaxSets = 256;

@@ -54,44 +54,14 @@ namespace {
 
 using select_detail_tuning = kernels::select_detail::SelectTuning;
 
-__device__ __forceinline__ std::uint32_t hash32(std::uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352du;
-  x ^= x >> 15;
-  x *= 0x846ca68bu;
-  x ^= x >> 16;
-  return x;
-}
-
-// Irwin-Hall(4) of hashed uniforms, centred: roughly N(0, 0.58); never exactly 0.
-__global__ void fill_scores(float* out, std::size_t count, std::uint32_t seed) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    float s = 0.0f;
-    std::uint32_t h = static_cast<std::uint32_t>(i) * 4u + seed * 0x9e3779b9u;
-    for (int j = 0; j < 4; ++j) {
-      h = hash32(h + static_cast<std::uint32_t>(j) + static_cast<std::uint32_t>(i >> 32));
-      s += (static_cast<float>(h >> 8) + 0.5f) * (1.0f / 16777216.0f);
-    }
-    out[i] = s - 2.0f + 1e-7f;
-  }
-}
+using anchor::fill_scores;  // the anchors (benchmarks/anchors/) time the same scores
 
 __global__ void fill_int(std::int32_t* out, int count, int value) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < count) out[i] = value;
 }
 
-// Holds the stream for `ns` nanoseconds (globaltimer), so that what the host enqueues behind it
-// is queued before the GPU reaches it.
-__global__ void hold_stream(unsigned long long ns) {
-  unsigned long long start = 0, now = 0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    __nanosleep(1000);
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
+using anchor::hold_stream;  // so that what the host enqueues behind it is queued in time
 
 constexpr unsigned long long kHoldNs = 100000;  // 100 µs: longer than any enqueue here
 constexpr int kMaxLaunchesPerGraph = 1024;

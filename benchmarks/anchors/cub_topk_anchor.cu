@@ -22,49 +22,11 @@
 #include <cuda/iterator>
 #include <vector>
 
-#define CHECK(expr)                                                                            \
-  do {                                                                                         \
-    const cudaError_t e_ = (expr);                                                             \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #expr, cudaGetErrorString(e_), __FILE__, \
-                   __LINE__);                                                                  \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
+#include "anchor_timing.cuh"
 
 namespace {
 
-__device__ __forceinline__ std::uint32_t hash32(std::uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352du;
-  x ^= x >> 15;
-  x *= 0x846ca68bu;
-  x ^= x >> 16;
-  return x;
-}
-
-// The generator of topk_bench.cu: Irwin-Hall(4) of hashed uniforms, centred, never zero.
-__global__ void fill_scores(float* out, std::size_t count, std::uint32_t seed) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    float s = 0.0f;
-    std::uint32_t h = static_cast<std::uint32_t>(i) * 4u + seed * 0x9e3779b9u;
-    for (int j = 0; j < 4; ++j) {
-      h = hash32(h + static_cast<std::uint32_t>(j) + static_cast<std::uint32_t>(i >> 32));
-      s += (static_cast<float>(h >> 8) + 0.5f) * (1.0f / 16777216.0f);
-    }
-    out[i] = s - 2.0f + 1e-7f;
-  }
-}
-
-__global__ void hold_stream(unsigned long long ns) {
-  unsigned long long start = 0, now = 0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    __nanosleep(1000);
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
+using anchor::fill_scores;
 
 // Segment i of a [rows, pitch] array.
 template <class T>
@@ -78,21 +40,16 @@ template <int kMaxN, int kMaxK, bool kBatched>
 void run(int rows, int n, int k, bool first) {
   const std::size_t set_floats = static_cast<std::size_t>(rows) * n;
   const std::size_t set_bytes = set_floats * sizeof(float);
-  int dev = 0, l2 = 0;
-  CHECK(cudaGetDevice(&dev));
-  CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-  const int sets = static_cast<int>(std::min<std::size_t>(
-      1024,
-      std::max<std::size_t>(2, (2 * static_cast<std::size_t>(l2) + set_bytes - 1) / set_bytes)));
+  const int sets = anchor::sets_past_l2(set_bytes);
   float *scores = nullptr, *out_keys = nullptr;
   int* out_ids = nullptr;
-  CHECK(cudaMalloc(&scores, set_bytes * sets));
-  CHECK(cudaMalloc(&out_keys, static_cast<std::size_t>(rows) * k * sizeof(float)));
-  CHECK(cudaMalloc(&out_ids, static_cast<std::size_t>(rows) * k * sizeof(int)));
+  ANCHOR_CHECK(cudaMalloc(&scores, set_bytes * sets));
+  ANCHOR_CHECK(cudaMalloc(&out_keys, static_cast<std::size_t>(rows) * k * sizeof(float)));
+  ANCHOR_CHECK(cudaMalloc(&out_ids, static_cast<std::size_t>(rows) * k * sizeof(int)));
   fill_scores<<<1024, 256>>>(scores, set_floats * sets, 12345u);
-  CHECK(cudaGetLastError());
+  ANCHOR_CHECK(cudaGetLastError());
   cudaStream_t stream;
-  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  ANCHOR_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
 
   const auto env = cuda::std::execution::env{
       cuda::execution::require(cuda::execution::determinism::not_guaranteed,
@@ -114,59 +71,40 @@ void run(int rows, int n, int k, bool first) {
   };
   std::size_t temp_bytes = 0;
   if constexpr (kBatched) {
-    CHECK(cub::DeviceBatchedTopK::MaxPairs(nullptr, temp_bytes, keys_in(0), keys_out, ids_in,
-                                           ids_out, sizes, ks, rows, env));
+    ANCHOR_CHECK(cub::DeviceBatchedTopK::MaxPairs(nullptr, temp_bytes, keys_in(0), keys_out, ids_in,
+                                                  ids_out, sizes, ks, rows, env));
   } else {
-    CHECK(cub::DeviceTopK::MaxPairs(nullptr, temp_bytes, scores, out_keys,
-                                    cuda::counting_iterator<int>{0}, out_ids, n, k, env));
+    ANCHOR_CHECK(cub::DeviceTopK::MaxPairs(nullptr, temp_bytes, scores, out_keys,
+                                           cuda::counting_iterator<int>{0}, out_ids, n, k, env));
   }
   void* temp = nullptr;
-  CHECK(cudaMalloc(&temp, std::max<std::size_t>(temp_bytes, 1)));
+  ANCHOR_CHECK(cudaMalloc(&temp, std::max<std::size_t>(temp_bytes, 1)));
   auto launch = [&](int set) {
     if constexpr (kBatched) {
-      CHECK(cub::DeviceBatchedTopK::MaxPairs(temp, temp_bytes, keys_in(set), keys_out, ids_in,
-                                             ids_out, sizes, ks, rows, env));
+      ANCHOR_CHECK(cub::DeviceBatchedTopK::MaxPairs(temp, temp_bytes, keys_in(set), keys_out,
+                                                    ids_in, ids_out, sizes, ks, rows, env));
     } else {
       for (int r = 0; r < rows; ++r) {
         std::size_t bytes = temp_bytes;
         const float* row =
             scores + static_cast<std::size_t>(set) * set_floats + static_cast<std::size_t>(r) * n;
-        CHECK(cub::DeviceTopK::MaxPairs(
+        ANCHOR_CHECK(cub::DeviceTopK::MaxPairs(
             temp, bytes, row, out_keys + static_cast<std::size_t>(r) * k,
             cuda::counting_iterator<int>{0}, out_ids + static_cast<std::size_t>(r) * k, n, k, env));
       }
     }
   };
   launch(0);
-  CHECK(cudaStreamSynchronize(stream));
+  ANCHOR_CHECK(cudaStreamSynchronize(stream));
   cudaGraph_t graph;
-  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  ANCHOR_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   for (int s = 0; s < sets; ++s) launch(s);
-  CHECK(cudaStreamEndCapture(stream, &graph));
+  ANCHOR_CHECK(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec;
-  CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  CHECK(cudaGraphLaunch(exec, stream));
-  CHECK(cudaStreamSynchronize(stream));
-  cudaEvent_t start, stop;
-  CHECK(cudaEventCreate(&start));
-  CHECK(cudaEventCreate(&stop));
-  std::vector<double> means;
-  for (int rep = 0; rep < 5; ++rep) {
-    double sum = 0;
-    for (int it = 0; it < 30; ++it) {
-      hold_stream<<<1, 1, 0, stream>>>(100000ull);
-      CHECK(cudaEventRecord(start, stream));
-      CHECK(cudaGraphLaunch(exec, stream));
-      CHECK(cudaEventRecord(stop, stream));
-      CHECK(cudaEventSynchronize(stop));
-      float ms = 0;
-      CHECK(cudaEventElapsedTime(&ms, start, stop));
-      sum += ms * 1e3 / sets;
-    }
-    means.push_back(sum / 30);
-  }
-  std::sort(means.begin(), means.end());
-  const double us = means[2];
+  ANCHOR_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  ANCHOR_CHECK(cudaGraphLaunch(exec, stream));
+  ANCHOR_CHECK(cudaStreamSynchronize(stream));
+  const double us = anchor::replay_us(exec, stream, sets);
   const double bytes = static_cast<double>(set_bytes) + static_cast<double>(rows) * k * 8.0;
   std::printf(
       "%s {\"name\": \"cub_%s_%dx%d_k%d\", \"us\": %.3f, \"rows\": %d, \"n\": %d, "
@@ -176,8 +114,6 @@ void run(int rows, int n, int k, bool first) {
   std::fflush(stdout);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   cudaFree(scores);
   cudaFree(out_keys);
   cudaFree(out_ids);
@@ -189,7 +125,7 @@ void run(int rows, int n, int k, bool first) {
 
 int main() {
   cudaDeviceProp prop;
-  CHECK(cudaGetDeviceProperties(&prop, 0));
+  ANCHOR_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf(
       "{\"gpu\": \"%s\", \"cccl\": %d, \"method\": \"CUDA-graph replay of R launches behind "
       "a 100 us spin, per launch; median of 5 means of 30\", \"rows\": [\n",

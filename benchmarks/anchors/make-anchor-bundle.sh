@@ -24,6 +24,8 @@
 #   .anchors/p1/wheels/                  apache-tvm-ffi (flashinfer's one import that the GPU
 #                                        machine lacks) and nvidia-cuda-cccl 13.3 (CUB top-k headers)
 #   .anchors/p1/bin/cub_topk_anchor      cub_topk_anchor.cu built here with those headers, sm_90
+#   .anchors/p1/bin/deepselect_topk_anchor  deepselect_topk_anchor.cu built here for sm_90a, only when
+#                                        .anchors/DeepSelect holds a DeepSelect source tree
 #   .anchors/p1/MANIFEST                 versions, sizes and sha256 of the above
 #   .anchors/p2/flashinfer-jit-sources.tar.xz  optional: what FlashInfer's JIT needs to compile a
 #                                        module on the GPU machine (setup-anchors.sh does, for
@@ -112,6 +114,12 @@ inc=$(dirname "$(dirname "$(find "$work/cccl" -path '*/cub/version.cuh' | head -
 if [ ! "$out/bin/cub_topk_anchor" -nt "$here/cub_topk_anchor.cu" ]; then
   nice "$nvcc" -std=c++17 -arch=sm_90 -O3 --expt-relaxed-constexpr --extended-lambda -I"$inc" \
     "$here/cub_topk_anchor.cu" -o "$out/bin/cub_topk_anchor"
+fi
+# The DeepSelect fp32 top-k anchor binary, only when a DeepSelect source tree lies in .anchors/DeepSelect
+# (kept outside kvc's history; deepselect_topk_anchor.sh says what it needs). Without it the bundle is as before.
+if [ -d "$repo/.anchors/DeepSelect/csrc" ]; then
+  NVCC="$nvcc" "$here/deepselect_topk_anchor.sh" "$repo/.anchors/DeepSelect" "$out/bin/deepselect_topk_anchor" ||
+    echo "make-anchor-bundle: deepselect_topk_anchor did not build; the bundle lacks it"
 fi
 {
   echo "made $(date -u +%FT%TZ) on $(uname -n) by benchmarks/anchors/make-anchor-bundle.sh"
