@@ -74,6 +74,16 @@ ROWS = [
      "us", 1 * 131072 * 4, "f32 scores read once"),
     ("topk_64x262144_k2048", "BM_TopK/64/262144/2048/", "flashinfer_topk_unsorted_64x262144_k2048",
      "us", 64 * 262144 * 4, "f32 scores read once"),
+    # DeepSelect's fp32 kernel in kvc's harness (ANCHORS=deepselect_bin; the issue's "at least as
+    # fast as DeepSelect on the same shapes in the same run").
+    ("topk_64x131072_k2048_vs_deepselect", "BM_TopK/64/131072/2048/",
+     "deepselect_unsorted_64x131072_k2048", "us", 64 * 131072 * 4,
+     "anchor: DeepSelect's fp32 top-k (unsorted indices; benchmarks/anchors/"
+     "deepselect_topk_anchor.cu)"),
+    ("topk_1x131072_k2048_vs_deepselect", "BM_TopK/1/131072/2048/",
+     "deepselect_unsorted_1x131072_k2048", "us", 1 * 131072 * 4, "as above"),
+    ("topk_64x262144_k2048_vs_deepselect", "BM_TopK/64/262144/2048/",
+     "deepselect_unsorted_64x262144_k2048", "us", 64 * 262144 * 4, "as above"),
     ("ingest_16K", "BM_Ingest/T:16384/format:3/index:1/kernels:0/", None, None, None,
      "fp16k_q4v with the mxfp4 index copy (what the default scoring needs)"),
     ("append_B64", "BM_AppendStep/B:64/index:1/kernels:0/", None, None, None,

@@ -92,8 +92,9 @@ def main():
         for n, r in anchors.items():
             graph = f"{r['graph_us']:.1f}" if r.get("graph_us") else ""
             tbps = f"{r['tbps']:.2f}" if r.get("tbps") else ""
-            if "us" not in r:  # a row the anchor could not run (e.g. a module the bundle lacks)
-                why = str(r.get("error", "no time")).replace("|", "/")
+            if r.get("us") is None:  # a row the anchor could not run or check (e.g. a module
+                # the bundle lacks, or DeepSelect's output failing its check)
+                why = str(r.get("error") or r.get("reason") or "no time").replace("|", "/")
                 print(f"| `{n}` | {r['source']} | not run: {why} | | |")
                 continue
             print(f"| `{n}` | {r['source']} | {r['us']:.1f} | {graph} | {tbps} |")
