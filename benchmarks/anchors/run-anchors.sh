@@ -16,12 +16,16 @@
 #             deepselect_bin (DeepSelect's fp32 top-k kernel without torch: runs the carried binary
 #             .anchors/p*/bin/deepselect_topk_anchor, or $DEEPSELECT_TOPK_ANCHOR_BIN, built by
 #             deepselect_topk_anchor.sh; carry .anchors/p1/bin; DEEPSELECT_TOPK_ARGS passes e.g.
-#             "--mode unsorted --shapes large"; a shape whose check fails is a row with "us": null)
+#             "--mode unsorted --shapes large"; a shape whose check fails is a row with "us": null);
+#             flashmla_pages (FlashMLA's sparse FP8 decode over MODEL1 pages kvc wrote into
+#             engine-owned pools, against kvc's CUDA attention and a float32 reference:
+#             flashmla_kvc_pages.py; builds FlashMLA as flashmla does, or reuses that build; needs
+#             kvc's Python module in build-gpu/python: cmake -DKVC_BUILD_PYTHON=ON, target _kvc)
 #   DEADLINE  seconds for the whole script (default 540); an anchor gets
 #             min(its timeout, the time left - 20 s) and none starts with under 40 s left
 #   T_<name>  one anchor's timeout in seconds (defaults: torch 240, flashinfer_decode 240,
 #             flashinfer_topk 300, deepselect 240 (+600 when it builds from source), cub 240,
-#             flashmla 600, deepgemm 600, deepselect_bin 240)
+#             flashmla 600, deepgemm 600, deepselect_bin 240, flashmla_pages 600)
 #   ANCHORS_ALLOW_JIT=1  let FlashInfer JIT-compile a module the bundle lacks (minutes each;
 #             needs the full package with its headers); default off, so a miss fails its rows
 #   ANCHORS_KEEP_FILES=1 also copy each anchor's own JSON and log into OUT_DIR (more files)
@@ -102,6 +106,9 @@ for name in ${ANCHORS:-flashinfer_decode flashinfer_topk cub deepselect torch}; 
       run_one deepselect_bin 240 sh -c "if [ ! -f '$ds_bin' ]; then echo 'no deepselect_topk_anchor binary: build it with benchmarks/anchors/deepselect_topk_anchor.sh and carry .anchors/p1/bin'; exit 1; fi; cp '$ds_bin' '$work/deepselect_topk_anchor' && chmod +x '$work/deepselect_topk_anchor' && '$work/deepselect_topk_anchor' ${DEEPSELECT_TOPK_ARGS:-} > '$work/deepselect_bin.json'" ;;
     # FlashMLA and DeepGEMM build from their source bundles first (minutes): not in the default list.
     flashmla) run_one flashmla 600 sh -c "'$here/flashmla_anchor.sh' '${FLASHMLA_BUNDLE:-$repo/.anchors/flashmla}' '$work/fm'; rc=\$?; cp '$work/fm/flashmla_build.log' '$out/flashmla_build.log' 2>/dev/null; [ \$rc -eq 0 ] && cp '$work/fm/flashmla.json' '$work/flashmla.json'" ;;
+    flashmla_pages)
+      # FlashMLA's build (reused when the flashmla anchor built it in this call), then the check.
+      run_one flashmla_pages 600 sh -c "if [ ! -d '$repo/build-gpu/python/kvc' ]; then echo 'no kvc Python module in build-gpu/python (cmake -DKVC_BUILD_PYTHON=ON, target _kvc)'; exit 1; fi; FLASHMLA_REUSE=1 FLASHMLA_ONLY_BUILD=1 '$here/flashmla_anchor.sh' '${FLASHMLA_BUNDLE:-$repo/.anchors/flashmla}' '$work/fmp' || exit 1; PYTHONPATH='/tmp/flashmla-build/FlashMLA:$repo/build-gpu/python' '$py' -X faulthandler '$here/flashmla_kvc_pages.py' --out '$work/flashmla_pages.json'" ;;
     deepgemm) run_one deepgemm 600 sh -c "'$here/deepgemm_anchor.sh' '${DEEPGEMM_BUNDLE:-$repo/.anchors/deepgemm}' '$work/dg'; rc=\$?; cp '$work/dg/deepgemm_build.log' '$out/deepgemm_build.log' 2>/dev/null; [ \$rc -eq 0 ] && cp '$work/dg/deepgemm.json' '$work/deepgemm.json'" ;;
     *) echo "=== $name: unknown anchor" >> "$log" ;;
   esac
