@@ -5,6 +5,8 @@ DeepSeek's model.py; see their PROVENANCE.md), engine-owned pages, the bad-input
 
 import json
 import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -14,7 +16,8 @@ from kvc import dsv4
 
 from conftest import requires_gpu, torch_cuda
 
-GOLDEN = pathlib.Path(__file__).resolve().parent.parent / "dsv4" / "golden"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "dsv4" / "golden"
 MANIFEST = json.loads((GOLDEN / "manifest.json").read_text())
 _DTYPES = {"f32": np.float32, "bf16": np.uint16, "i32": np.int32, "u8": np.uint8}
 
@@ -182,6 +185,21 @@ def test_engine_pages_and_physical_entries(rng):
         dsv4.EntryStore.on_pages(cfg, "cpu", pool, table[:1].copy())
     with pytest.raises(kvc.Error, match="block_table"):  # fewer columns than pages_per_slot
         dsv4.EntryStore.on_pages(cfg, "cpu", pool, table[:, :1].copy())
+
+
+def test_engine_model1_pages_read_as_flashmla_reads_them(tmp_path):
+    """benchmarks/anchors/flashmla_kvc_pages.py --device cpu: kvc's attention over the MODEL1
+    pages it wrote into engine pools (shuffled block tables, a partial last page) equals a float32
+    reference that decodes the rows from the pool bytes alone at the pool rows physical_entries
+    gives, which are what FlashMLA reads; on the GPU machine the script adds FlashMLA itself."""
+    out = tmp_path / "pages.json"
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks/anchors/flashmla_kvc_pages.py"),
+                          "--device", "cpu", "--batch", "2", "--entries", "300", "--topk", "128",
+                          "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    checks = json.loads(out.read_text())["checks"]
+    assert checks["ring_physical_entries_equal_hand_map"]
+    assert checks["kvc_vs_reference_rel_l2"] < 1e-4 and checks["kvc_lse_max_abs_diff"] < 1e-3
 
 
 def test_bad_input_raises_before_anything_changes(rng):
