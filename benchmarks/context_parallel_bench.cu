@@ -95,8 +95,8 @@ void BM_ContextParallelStep(benchmark::State& state) {
   const int gpus = cuda_device_count();
   const int used = shards == 0 ? 1 : shards;
   if (gpus < used) {
-    state.SkipWithError(("needs " + std::to_string(used) + " GPUs, " + std::to_string(gpus) +
-                         " visible").c_str());
+    state.SkipWithError(
+        ("needs " + std::to_string(used) + " GPUs, " + std::to_string(gpus) + " visible").c_str());
     return;
   }
   if (shards > 0 && !nccl_available()) {
@@ -125,7 +125,8 @@ void BM_ContextParallelStep(benchmark::State& state) {
       KVC_BENCH_CUDA(cudaMalloc(&out, q_elems * 4));
       KVC_BENCH_CUDA(cudaMalloc(&lse, q_elems / kD * 4));
       std::uint16_t* q = bench::random_device_bits16(q_elems, false, 9);
-      const TensorView qv = TensorView::contiguous(q, DType::kF16, {batch, 1, kHq, kD}, Device::cuda(0));
+      const TensorView qv =
+          TensorView::contiguous(q, DType::kF16, {batch, 1, kHq, kD}, Device::cuda(0));
       const ScoresView sv{scores, valid, rows, maxb};
       SelectionView sel{ids, counts, rows, kTopK, false};
       DecodeArgs args;
@@ -141,13 +142,15 @@ void BM_ContextParallelStep(benchmark::State& state) {
         selector->select(sv, cfg.policy, sel);
         attention->decode(*store, args);
         sync_all(1);
-        state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        state.SetIterationTime(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       }
-      state.counters["blocks_per_gpu"] = static_cast<double>(batch) * ((context - kWindow) / kBlock);
+      state.counters["blocks_per_gpu"] =
+          static_cast<double>(batch) * ((context - kWindow) / kBlock);
       state.counters["link_bytes"] = 0;
-      for (void* p : {static_cast<void*>(scores), static_cast<void*>(valid), static_cast<void*>(ids),
-                      static_cast<void*>(counts), static_cast<void*>(out), static_cast<void*>(lse),
-                      static_cast<void*>(q)}) {
+      for (void* p : {static_cast<void*>(scores), static_cast<void*>(valid),
+                      static_cast<void*>(ids), static_cast<void*>(counts), static_cast<void*>(out),
+                      static_cast<void*>(lse), static_cast<void*>(q)}) {
         cudaFree(p);
       }
       return;
@@ -169,11 +172,14 @@ void BM_ContextParallelStep(benchmark::State& state) {
       float *out = nullptr, *lse = nullptr;
       KVC_BENCH_CUDA(cudaMalloc(&out, q_elems * 4));
       KVC_BENCH_CUDA(cudaMalloc(&lse, q_elems / kD * 4));
-      buffers.insert(buffers.end(), {static_cast<void*>(q), static_cast<void*>(out),
-                                     static_cast<void*>(lse)});
+      buffers.insert(buffers.end(),
+                     {static_cast<void*>(q), static_cast<void*>(out), static_cast<void*>(lse)});
       steps[static_cast<std::size_t>(r)] =
-          ShardStep{decoders.back().get(), stores.back().get(), comms[static_cast<std::size_t>(r)].get(),
-                    TensorView::contiguous(q, DType::kF16, {batch, 1, kHq, kD}, dev), nullptr,
+          ShardStep{decoders.back().get(),
+                    stores.back().get(),
+                    comms[static_cast<std::size_t>(r)].get(),
+                    TensorView::contiguous(q, DType::kF16, {batch, 1, kHq, kD}, dev),
+                    nullptr,
                     TensorView::contiguous(out, DType::kF32, {batch, 1, kHq, kD}, dev),
                     TensorView::contiguous(lse, DType::kF32, {batch, 1, kHq}, dev)};
     }
@@ -182,10 +188,11 @@ void BM_ContextParallelStep(benchmark::State& state) {
       const auto t0 = std::chrono::steady_clock::now();
       run_context_parallel_step(steps, slots);
       sync_all(shards);
-      state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      state.SetIterationTime(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
-    const double link = static_cast<double>(shards) *
-                        (decoders[0]->candidate_exchange().bytes + decoders[0]->state_exchange().bytes);
+    const double link = static_cast<double>(shards) * (decoders[0]->candidate_exchange().bytes +
+                                                       decoders[0]->state_exchange().bytes);
     state.counters["link_bytes"] = link;
     state.counters["blocks_per_gpu"] =
         static_cast<double>(batch) * stores[0]->config().owned_blocks((context - kWindow) / kBlock);

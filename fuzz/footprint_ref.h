@@ -60,10 +60,11 @@ inline WideFootprint wide_footprint(const KvStoreConfig& c) {
   w.ring = slots * hkv * W * d * 4;  // K and V, 2 bytes each
   w.old_k = rows * formats::k_payload_bytes(c.old_format, c.head_dim);
   w.old_v = rows * formats::v_payload_bytes(c.old_format, c.head_dim);
-  w.scales = rows * 4 * ((formats::has_k_scale(c.old_format) ? 1 : 0) +
-                         (formats::has_v_scale(c.old_format) ? 1 : 0));
-  const unsigned n = 1 + ((c.summaries & kSummaryMeanV) ? 1 : 0) +
-                     ((c.summaries & kSummaryMinMaxK) ? 2 : 0);
+  w.scales =
+      rows * 4 *
+      ((formats::has_k_scale(c.old_format) ? 1 : 0) + (formats::has_v_scale(c.old_format) ? 1 : 0));
+  const unsigned n =
+      1 + ((c.summaries & kSummaryMeanV) ? 1 : 0) + ((c.summaries & kSummaryMinMaxK) ? 2 : 0);
   w.summaries = pool * hkv * d * (c.summary_dtype == DType::kF32 ? 4 : 2) * n;
   // Index copy of K per old row (kSummaryIndexKeys): mxfp4 d/2 + d/32 B, fp8_e4m3 d + 4 B.
   if (c.summaries & kSummaryIndexKeys) {

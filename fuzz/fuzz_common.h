@@ -55,9 +55,10 @@ class Input {
   /// An int that is usually near the interesting range: a tag byte chooses a small value, one
   /// of the boundaries, or 4 raw bytes.
   int biased_int(int small_max) {
-    static const int kEdges[] = {0, 1, -1, 2, 31, 32, 33, 63, 64, 127, 128, 255, 256, 511, 512,
-                                 1023, 1024, 1025, 4096, 65535, 65536, 65537, 1 << 20, 1 << 29,
-                                 1 << 30, 0x7fffffff, -0x7fffffff - 1};
+    static const int kEdges[] = {
+        0,    1,     -1,    2,     31,      32,      33,      63,         64,
+        127,  128,   255,   256,   511,     512,     1023,    1024,       1025,
+        4096, 65535, 65536, 65537, 1 << 20, 1 << 29, 1 << 30, 0x7fffffff, -0x7fffffff - 1};
     const std::uint8_t tag = u8();
     if (tag < 160) return static_cast<int>(u8() % (small_max + 1));
     if (tag < 230) return pick(kEdges);
@@ -101,14 +102,14 @@ class Input {
 };
 
 /// Aborts with `what` when `cond` is false: a broken invariant is a finding.
-#define FUZZ_CHECK(cond, ...)                                                          \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
+#define FUZZ_CHECK(cond, ...)                                                                \
+  do {                                                                                       \
+    if (!(cond)) {                                                                           \
       std::fprintf(stderr, "FUZZ_CHECK failed at %s:%d: %s\n  ", __FILE__, __LINE__, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                                               \
-      std::fprintf(stderr, "\n");                                                      \
-      std::abort();                                                                    \
-    }                                                                                  \
+      std::fprintf(stderr, __VA_ARGS__);                                                     \
+      std::fprintf(stderr, "\n");                                                            \
+      std::abort();                                                                          \
+    }                                                                                        \
   } while (0)
 
 /// True when `e` looks like a kvc::Error produced by KVC_CHECK (a named message + location).

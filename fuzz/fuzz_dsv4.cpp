@@ -101,12 +101,15 @@ void fuzz_configs(Input& in) {
   const int ratio = in.flag() ? (in.flag() ? 4 : 128) : in.biased_int(130);
   const std::int64_t context = in.flag() ? std::int64_t{1} << 20 : in.biased_int(1 << 20);
   EntryStoreConfig made;
-  if (accepts([&] { made = EntryStoreConfig::compressed(c.format, c.dim, ratio, context, c.max_slots); })) {
+  if (accepts([&] {
+        made = EntryStoreConfig::compressed(c.format, c.dim, ratio, context, c.max_slots);
+      })) {
     FUZZ_CHECK(ratio == 4 || ratio == 128, "compressed() accepted ratio %d", ratio);
     FUZZ_CHECK(made.max_entries == context / ratio && !made.ring, "compressed() geometry");
   }
   const int window = in.biased_int(256);
-  if (accepts([&] { made = EntryStoreConfig::window_ring(c.format, c.dim, window, c.max_slots); })) {
+  if (accepts(
+          [&] { made = EntryStoreConfig::window_ring(c.format, c.dim, window, c.max_slots); })) {
     FUZZ_CHECK(made.ring && made.max_entries == window, "window_ring() geometry");
   }
   // The other configs: accept or throw a well-formed error.
@@ -164,7 +167,9 @@ void read_valid_format(Input& in, EntryFormat& f, int& dim) {
   }
 }
 
-bool same_or_nan(float a, float b) { return fuzz::same_bits(a, b) || (std::isnan(a) && std::isnan(b)); }
+bool same_or_nan(float a, float b) {
+  return fuzz::same_bits(a, b) || (std::isnan(a) && std::isnan(b));
+}
 
 void fuzz_codec(Input& in) {
   EntryFormat f;
@@ -175,7 +180,8 @@ void fuzz_codec(Input& in) {
   const int off = in.u8() % n;
   std::vector<float> x(static_cast<std::size_t>(dim));
   const float scale = std::ldexp(1.0f, static_cast<int>(in.u8() % 64) - 32);
-  for (auto& v : x) v = in.empty() ? 0.0f : (in.u8() < 40 ? in.biased_float() : scale * in.biased_float());
+  for (auto& v : x)
+    v = in.empty() ? 0.0f : (in.u8() < 40 ? in.biased_float() : scale * in.biased_float());
   std::vector<std::uint8_t> p1(l.page_bytes, 0x5a), p2(l.page_bytes, 0x5a), p3(l.page_bytes, 0x5a);
   encode_entry(l, x.data(), p1.data(), off);
   encode_entry(l, x.data(), p2.data(), off);
@@ -230,16 +236,17 @@ void check_store(const EntryStore& s) {
   std::int64_t pages = 0, rows = 0;
   for (int i = 0; i < c.max_slots; ++i) {
     const std::int64_t r = c.ring ? std::min(s.count(i), c.max_entries) : s.count(i);
-    FUZZ_CHECK(c.ring || r <= c.max_entries, "slot %d holds %lld > %d", i, static_cast<long long>(r),
-               c.max_entries);
+    FUZZ_CHECK(c.ring || r <= c.max_entries, "slot %d holds %lld > %d", i,
+               static_cast<long long>(r), c.max_entries);
     pages += (r + c.page_entries - 1) / c.page_entries;
     rows += r;
   }
   FUZZ_CHECK(pages + s.free_pages() == c.pool_pages(), "%lld pages used + %d free != %d",
              static_cast<long long>(pages), s.free_pages(), c.pool_pages());
   const EntryStoreFootprint f = s.footprint();
-  FUZZ_CHECK(f.entries == rows && f.in_use == f.tables + static_cast<std::size_t>(pages) * c.page_bytes(),
-             "footprint in_use %zu entries %lld", f.in_use, static_cast<long long>(f.entries));
+  FUZZ_CHECK(
+      f.entries == rows && f.in_use == f.tables + static_cast<std::size_t>(pages) * c.page_bytes(),
+      "footprint in_use %zu entries %lld", f.in_use, static_cast<long long>(f.entries));
 }
 
 /// physical_entries over arbitrary ids, slots and shapes: bad arguments throw a well-formed error
@@ -284,7 +291,8 @@ void check_physical(Input& in, const EntryStore& s) {
       }
       const int row = entry_row(v, e), pe = v.layout.page_entries;
       const std::uint8_t* page = page_of(v, slot, row);
-      FUZZ_CHECK(got >= 0 && page == v.pool + static_cast<std::size_t>(got / pe) * v.layout.page_bytes &&
+      FUZZ_CHECK(got >= 0 &&
+                     page == v.pool + static_cast<std::size_t>(got / pe) * v.layout.page_bytes &&
                      got % pe == row % pe,
                  "slot %d id %d mapped to %d", slot, e, got);
     }
@@ -301,7 +309,8 @@ bool guarded_store(EntryStore& s, Op op) {
     return true;
   } catch (const Error& e) {
     FUZZ_CHECK(fuzz::well_formed_error(e), "malformed error: %s", e.what());
-    FUZZ_CHECK(contents(s) == bytes && tables(s) == t, "a failed call changed the store: %s", e.what());
+    FUZZ_CHECK(contents(s) == bytes && tables(s) == t, "a failed call changed the store: %s",
+               e.what());
     return false;
   }
 }
@@ -332,7 +341,9 @@ void fuzz_store(Input& in) {
       const bool bf16 = in.flag();
       const std::size_t n = slots.size() * static_cast<std::size_t>(std::max(T, 0)) * width;
       std::vector<float> x(n);
-      for (auto& v : x) v = in.u8() < 8 ? in.biased_float() : static_cast<float>(static_cast<std::int8_t>(in.u8())) / 8;
+      for (auto& v : x)
+        v = in.u8() < 8 ? in.biased_float()
+                        : static_cast<float>(static_cast<std::int8_t>(in.u8())) / 8;
       std::vector<std::uint16_t> h(n);
       for (std::size_t i = 0; i < n; ++i) h[i] = float_to_bf16_bits(x[i]);
       const std::int64_t ns = static_cast<std::int64_t>(slots.size());
@@ -344,14 +355,16 @@ void fuzz_store(Input& in) {
       for (std::size_t i = 0; i < slots.size(); ++i) {
         for (int t = 0; t < T; ++t) {
           const std::size_t at = (i * T + t) * width;
-          const TensorView one = bf16 ? TensorView::contiguous(h.data() + at, DType::kBF16, {1, 1, width})
-                                      : TensorView::contiguous(x.data() + at, DType::kF32, {1, 1, width});
+          const TensorView one =
+              bf16 ? TensorView::contiguous(h.data() + at, DType::kBF16, {1, 1, width})
+                   : TensorView::contiguous(x.data() + at, DType::kF32, {1, 1, width});
           b->append({slots[i]}, one);
         }
       }
     } else if (op == 2) {
       std::vector<int> targets;
-      for (std::size_t i = 0; i < slots.size(); ++i) targets.push_back(static_cast<int>(in.range(-1, 90)));
+      for (std::size_t i = 0; i < slots.size(); ++i)
+        targets.push_back(static_cast<int>(in.range(-1, 90)));
       if (!guarded_store(*a, [&] { a->reserve(slots, targets); })) continue;
       b->reserve(slots, targets);
     } else {
@@ -389,7 +402,8 @@ void fuzz_compressor(Input& in) {
   c.validate();
   const int W = c.width(), m = c.ratio, d = c.head_dim;
   EntryFormat f = EntryFormat::kBf16;
-  if ((d == 64 || d == 128) && in.flag()) f = in.flag() ? EntryFormat::kMxfp4 : EntryFormat::kFp8Scaled;
+  if ((d == 64 || d == 128) && in.flag())
+    f = in.flag() ? EntryFormat::kMxfp4 : EntryFormat::kFp8Scaled;
   if (d == 512 && in.flag()) f = EntryFormat::kModel1Fp8;
   const bool with_store = in.flag();
   const EntryStoreConfig sc = EntryStoreConfig::compressed(f, d, m, c.max_context, c.max_slots);
@@ -404,7 +418,8 @@ void fuzz_compressor(Input& in) {
   for (auto& v : ape) v = next() / 4;
   for (auto& v : norm) v = 1 + next() / 8;
   const std::int64_t positions = c.max_context + 1;
-  std::vector<float> cos_t(static_cast<std::size_t>(positions) * (c.rope_dim / 2)), sin_t(cos_t.size());
+  std::vector<float> cos_t(static_cast<std::size_t>(positions) * (c.rope_dim / 2)),
+      sin_t(cos_t.size());
   for (std::size_t i = 0; i < cos_t.size(); ++i) {
     cos_t[i] = std::cos(0.01f * static_cast<float>(i));
     sin_t[i] = std::sin(0.01f * static_cast<float>(i));

@@ -153,8 +153,7 @@ void check_vector(const std::vector<float>& x, int n, float s, bool nonfinite, b
     const float d = decode(i);
     if (nonfinite || zero) {
       FUZZ_CHECK(!nonzero_code(i), "%s: code %d not zero", what, i);
-      FUZZ_CHECK(nonfinite ? std::isnan(d) : d == 0.0f, "%s: element %d decodes to %a", what, i,
-                 d);
+      FUZZ_CHECK(nonfinite ? std::isnan(d) : d == 0.0f, "%s: element %d decodes to %a", what, i, d);
     } else {
       FUZZ_CHECK(std::isfinite(d), "%s: x[%d] = %a decodes to %a (scale %a)", what, i, x[i], d, s);
     }
@@ -180,8 +179,9 @@ void check_encoders(Input& in) {
   for (int i = 0; i < n; ++i) {
     // Mostly raw/special floats; sometimes one magnitude scaled (extreme-range vectors).
     x[i] = in.biased_float();
-    if (fill & 1u) x[i] = std::ldexp(static_cast<float>(static_cast<std::int8_t>(in.u8())),
-                                     static_cast<int>(fill) - 140);
+    if (fill & 1u)
+      x[i] = std::ldexp(static_cast<float>(static_cast<std::int8_t>(in.u8())),
+                        static_cast<int>(fill) - 140);
   }
   const bool nonfinite = any_nonfinite(x, 0, n);
   const bool zero = all_zero(x, 0, n);
@@ -191,8 +191,9 @@ void check_encoders(Input& in) {
       const float s = q8_encode(x.data(), n, q.data());
       FUZZ_CHECK(same_bits_float(s, q8_encode(x.data(), n, q2.data())) && q == q2,
                  "q8_encode not deterministic");
-      check_vector(x, n, s, nonfinite, zero, "q8", [&](int i) { return q8_decode(q[i], s); },
-                   [&](int i) { return q[i] != 0; });
+      check_vector(
+          x, n, s, nonfinite, zero, "q8", [&](int i) { return q8_decode(q[i], s); },
+          [&](int i) { return q[i] != 0; });
       if (!nonfinite && !zero) {
         for (int i = 0; i < n; ++i) {
           FUZZ_CHECK(q[i] >= -127, "q8 code -128");
@@ -206,8 +207,9 @@ void check_encoders(Input& in) {
       const float s = q4_encode(x.data(), n, p.data());
       FUZZ_CHECK(same_bits_float(s, q4_encode(x.data(), n, p2.data())) && p == p2,
                  "q4_encode not deterministic");
-      check_vector(x, n, s, nonfinite, zero, "q4", [&](int i) { return q4_decode(p.data(), i, s); },
-                   [&](int i) { return ((p[i / 2] >> (4 * (i & 1))) & 0xfu) != 0; });
+      check_vector(
+          x, n, s, nonfinite, zero, "q4", [&](int i) { return q4_decode(p.data(), i, s); },
+          [&](int i) { return ((p[i / 2] >> (4 * (i & 1))) & 0xfu) != 0; });
       if (!nonfinite && !zero) {
         for (int i = 0; i < n; ++i) {
           const int code = q4_code((p[i / 2] >> (4 * (i & 1))) & 0xfu);
@@ -251,8 +253,8 @@ void check_encoders(Input& in) {
           }
           // The decoded value in double (no overflow): magnitude * 2^e.
           const unsigned nib = (p[i / 2] >> (4 * (i & 1))) & 0xfu;
-          const double dd = ((nib & 8u) ? -1.0 : 1.0) * e2m1_magnitude(nib) *
-                            std::ldexp(1.0, sc[g] - 127);
+          const double dd =
+              ((nib & 8u) ? -1.0 : 1.0) * e2m1_magnitude(nib) * std::ldexp(1.0, sc[g] - 127);
           // A finite group decodes to finite values (docs/formats.md, "Saturation at the top of
           // the float range"): elements whose nearest e2m1 would overflow are capped at the
           // largest finite code of the scale, 3 * 2^126 for byte 253.
@@ -291,9 +293,9 @@ void check_encoders(Input& in) {
       const float s = fp8_e4m3_encode(x.data(), n, q.data());
       FUZZ_CHECK(same_bits_float(s, fp8_e4m3_encode(x.data(), n, q2.data())) && q == q2,
                  "fp8_e4m3_encode not deterministic");
-      check_vector(x, n, s, nonfinite, zero, "fp8",
-                   [&](int i) { return fp8_e4m3_decode(q[i], s); },
-                   [&](int i) { return q[i] != 0; });
+      check_vector(
+          x, n, s, nonfinite, zero, "fp8", [&](int i) { return fp8_e4m3_decode(q[i], s); },
+          [&](int i) { return q[i] != 0; });
       if (!nonfinite && !zero) {
         for (int i = 0; i < n; ++i) {
           FUZZ_CHECK((q[i] & 0x7fu) != 0x7fu, "fp8 code %02x is NaN for x = %a", q[i], x[i]);

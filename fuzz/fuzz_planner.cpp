@@ -71,7 +71,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const int batch = in.biased_int(8);
 
   // The loose helpers never misbehave on any argument.
-  ok_or_error([&] { entry_bytes(static_cast<EntryFormat>(in.u8() % 3), in.biased_int(600), in.u8() % 5); });
+  ok_or_error(
+      [&] { entry_bytes(static_cast<EntryFormat>(in.u8() % 3), in.biased_int(600), in.u8() % 5); });
   ok_or_error([&] { indexer_key_bytes(static_cast<Format>(in.u8() % 7), in.biased_int(300)); });
 
   ModelFootprint f;

@@ -71,9 +71,15 @@ void check_row(const float* s, int n, const SelectPolicy& p, const std::int32_t*
     if (i == 0) continue;
     const int a = ids[i - 1], b = ids[i];
     switch (p.order) {
-      case Order::kScore: FUZZ_CHECK(ranks_above(s, a, b), "not in rank order: %d, %d", a, b); break;
-      case Order::kChronological: FUZZ_CHECK(a < b, "not ascending: %d, %d", a, b); break;
-      case Order::kDescending: FUZZ_CHECK(a > b, "not descending: %d, %d", a, b); break;
+      case Order::kScore:
+        FUZZ_CHECK(ranks_above(s, a, b), "not in rank order: %d, %d", a, b);
+        break;
+      case Order::kChronological:
+        FUZZ_CHECK(a < b, "not ascending: %d, %d", a, b);
+        break;
+      case Order::kDescending:
+        FUZZ_CHECK(a > b, "not descending: %d, %d", a, b);
+        break;
     }
   }
   std::vector<int> rank(static_cast<std::size_t>(n));
@@ -113,7 +119,8 @@ void check_row(const float* s, int n, const SelectPolicy& p, const std::int32_t*
       if (nb) {
         for (int r = 0; r < k; ++r) {
           const long long lo = std::max<long long>(0, rank[r] - static_cast<long long>(p.radius));
-          const long long hi = std::min<long long>(n - 1, rank[r] + static_cast<long long>(p.radius));
+          const long long hi =
+              std::min<long long>(n - 1, rank[r] + static_cast<long long>(p.radius));
           for (long long j = lo; j <= hi; ++j) allowed.insert(static_cast<int>(j));
         }
       }
@@ -196,12 +203,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     passed = false;
     for (auto v : ids) FUZZ_CHECK(v == 0x5a5a5a5a, "a rejected select() wrote ids");
     for (auto v : counts) FUZZ_CHECK(v == 0x5a5a5a5a, "a rejected select() wrote counts");
-    for (auto v : report.base_counts) FUZZ_CHECK(v == 0x5a5a5a5a, "a rejected select() wrote the report");
+    for (auto v : report.base_counts)
+      FUZZ_CHECK(v == 0x5a5a5a5a, "a rejected select() wrote the report");
   }
-  FUZZ_CHECK(passed == should_pass, "select() %s: policy ok %d, num_valid ok %d, pitch %d, bound %d",
+  FUZZ_CHECK(passed == should_pass,
+             "select() %s: policy ok %d, num_valid ok %d, pitch %d, bound %d",
              passed ? "accepted" : "rejected", policy_ok, nv_ok, pitch, bound);
-  FUZZ_CHECK(counts[rows] == 0x5a5a5a5a && ids[static_cast<std::size_t>(rows) * pitch] == 0x5a5a5a5a,
-             "select() wrote past the last row");
+  FUZZ_CHECK(
+      counts[rows] == 0x5a5a5a5a && ids[static_cast<std::size_t>(rows) * pitch] == 0x5a5a5a5a,
+      "select() wrote past the last row");
   if (!passed) return 0;
   for (int r = 0; r < rows; ++r) {
     const float* s = scores.data() + static_cast<std::size_t>(r) * max_blocks;
@@ -216,8 +226,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                "row %d: Selector differs from select_row", r);
     FUZZ_CHECK(ref.back() == 7, "select_row wrote past max_out");
     if (with_report) {
-      FUZZ_CHECK(report.final_counts[r] == c && report.base_counts[r] ==
-                     static_cast<int>(rr.base_ids.size()) &&
+      FUZZ_CHECK(report.final_counts[r] == c &&
+                     report.base_counts[r] == static_cast<int>(rr.base_ids.size()) &&
                      report.added_counts[r] == static_cast<int>(rr.added_ids.size()) &&
                      fuzz::same_bits(report.cutoff_margin[r], rr.cutoff_margin) &&
                      fuzz::same_bits(report.score_spread[r], rr.score_spread),

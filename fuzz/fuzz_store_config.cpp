@@ -139,8 +139,10 @@ void drive_store(const KvStoreConfig& c, Input& in) {
       std::vector<std::uint16_t> k(rows * token), v(rows * token);
       for (auto& x : k) x = next_bits(c.dtype);
       for (auto& x : v) x = next_bits(c.dtype);
-      const TensorView kv = TensorView::contiguous(k.data(), c.dtype, {T, c.num_kv_heads, c.head_dim});
-      const TensorView vv = TensorView::contiguous(v.data(), c.dtype, {T, c.num_kv_heads, c.head_dim});
+      const TensorView kv =
+          TensorView::contiguous(k.data(), c.dtype, {T, c.num_kv_heads, c.head_dim});
+      const TensorView vv =
+          TensorView::contiguous(v.data(), c.dtype, {T, c.num_kv_heads, c.head_dim});
       const bool ok = guarded(*a, [&] { a->ingest(slot, kv, vv); });
       if (ok) {
         for (int t = 0; t < T; ++t) {
@@ -159,8 +161,10 @@ void drive_store(const KvStoreConfig& c, Input& in) {
       for (auto& x : k) x = next_bits(c.dtype);
       for (auto& x : v) x = next_bits(c.dtype);
       const std::int64_t ns = static_cast<std::int64_t>(slots.size());
-      const TensorView kv = TensorView::contiguous(k.data(), c.dtype, {ns, c.num_kv_heads, c.head_dim});
-      const TensorView vv = TensorView::contiguous(v.data(), c.dtype, {ns, c.num_kv_heads, c.head_dim});
+      const TensorView kv =
+          TensorView::contiguous(k.data(), c.dtype, {ns, c.num_kv_heads, c.head_dim});
+      const TensorView vv =
+          TensorView::contiguous(v.data(), c.dtype, {ns, c.num_kv_heads, c.head_dim});
       const bool ok_a = guarded(*a, [&] { a->append(slots, kv, vv); });
       const bool ok_b = guarded(*b, [&] { b->append(slots, kv, vv); });
       FUZZ_CHECK(ok_a == ok_b, "append differs between twins");
@@ -233,17 +237,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (!fuzz::fits_size_t(w)) {
     // Finding 1 (docs/reliability.md): validate() must reject a config whose byte counts do not
     // fit size_t (they wrap and the store is created too small).
-    FUZZ_CHECK(!fuzz::strict_mode(), "validate() accepted a config whose footprint overflows "
-               "size_t: slots %d, Hkv %d, d %d, context %d, W %d, B %d, pool %d", c.max_slots,
-               c.num_kv_heads, c.head_dim, c.max_context, c.recent_window, c.block_size,
-               c.num_pool_blocks);
+    FUZZ_CHECK(!fuzz::strict_mode(),
+               "validate() accepted a config whose footprint overflows "
+               "size_t: slots %d, Hkv %d, d %d, context %d, W %d, B %d, pool %d",
+               c.max_slots, c.num_kv_heads, c.head_dim, c.max_context, c.recent_window,
+               c.block_size, c.num_pool_blocks);
     return 0;
   }
   if (threw) return 0;
-  FUZZ_CHECK(f.ring == w.ring && f.old_k == w.old_k && f.old_v == w.old_v &&
-                 f.scales == w.scales && f.summaries == w.summaries &&
-                 f.index_keys == w.index_keys && f.tables == w.tables &&
-                 f.dense_equivalent_capacity == w.dense_capacity,
+  FUZZ_CHECK(f.ring == w.ring && f.old_k == w.old_k && f.old_v == w.old_v && f.scales == w.scales &&
+                 f.summaries == w.summaries && f.index_keys == w.index_keys &&
+                 f.tables == w.tables && f.dense_equivalent_capacity == w.dense_capacity,
              "compute_footprint differs from the 128-bit recomputation");
   std::int64_t tokens = 0;
   for (int L : lengths) tokens += L;
@@ -254,9 +258,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
              "dense_equivalent_bytes");
   if (!pool_ok) {
     // Finding 2: accepted lengths that do not fit the pool (in_use then exceeds the capacity).
-    FUZZ_CHECK(!fuzz::strict_mode(), "compute_footprint accepted lengths that need %lld blocks "
-               "of a pool of %d (in_use %zu, total %zu)", static_cast<long long>(blocks_needed),
-               c.pool_blocks(), f.in_use, f.total());
+    FUZZ_CHECK(!fuzz::strict_mode(),
+               "compute_footprint accepted lengths that need %lld blocks "
+               "of a pool of %d (in_use %zu, total %zu)",
+               static_cast<long long>(blocks_needed), c.pool_blocks(), f.in_use, f.total());
   } else {
     FUZZ_CHECK(f.in_use <= f.total(), "in_use %zu > total %zu", f.in_use, f.total());
   }

@@ -23,8 +23,10 @@ __global__ void probe(float* out, int tiles0, int tiles1, int named) {
     const int parity = t & 1;
     buf[parity][group * 2 + slice][lane] = make_float4(s, s, s, s);
     if (named) {
-      if (group == 0) asm volatile("bar.sync 1, 64;" ::: "memory");
-      else asm volatile("bar.sync 2, 64;" ::: "memory");
+      if (group == 0)
+        asm volatile("bar.sync 1, 64;" ::: "memory");
+      else
+        asm volatile("bar.sync 2, 64;" ::: "memory");
     } else {
       __syncthreads();  // tiles0 == tiles1 in this mode
     }

@@ -132,11 +132,11 @@ int main(int argc, char** argv) {
   // last pass's histogram made, its digit picked; 20: the last pass's bins zeroed, on the first
   // pass also the sample written). With the shared finish every CTA reaches 13, 14 (inside
   // bucket_by_rank) and 12 (its share written) after 17.
-  const char* names[kPhases] = {"entry",         "grid sync",    "pass histogram", "row barrier",
-                                "pass narrow",   "append",       "done counter",   "fin narrow",
-                                "fin filter",    "fb refine",    "fb append",      "fin rank",
-                                "end (written)", "rank counted", "rank scattered", "sample cut",
-                                "sample append", "sample count", "sample hist", "sample pick",
+  const char* names[kPhases] = {"entry",           "grid sync",    "pass histogram", "row barrier",
+                                "pass narrow",     "append",       "done counter",   "fin narrow",
+                                "fin filter",      "fb refine",    "fb append",      "fin rank",
+                                "end (written)",   "rank counted", "rank scattered", "sample cut",
+                                "sample append",   "sample count", "sample hist",    "sample pick",
                                 "sample bins zero"};
   // Per phase: when the last CTA, the median CTA and the finisher reached it.
   std::vector<std::vector<double>> last(kPhases), mid(kPhases), own(kPhases);

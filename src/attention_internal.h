@@ -6,9 +6,9 @@
 #include <memory>
 #include <vector>
 
-#include "kvc/config.h"
 #include "kvc/attention/attention.h"
 #include "kvc/attention/params.h"
+#include "kvc/config.h"
 #include "kvc/store/kv_store.h"
 #include "kvc/telemetry/telemetry.h"
 
@@ -47,8 +47,7 @@ std::unique_ptr<AttentionBackend> create_cpu_backend(const AttentionConfig& conf
 
 #if KVC_CUDA_ENABLED
 /// The CUDA backend on `device` (present, checked by the caller).
-std::unique_ptr<AttentionBackend> create_cuda_backend(const AttentionConfig& config,
-                                                      Device device);
+std::unique_ptr<AttentionBackend> create_cuda_backend(const AttentionConfig& config, Device device);
 /// merge_states on CUDA views (shapes already checked): checks that `device` is present and that
 /// every pointer is memory it can read (names[i] in messages, in the order of the pointers), then
 /// merges n rows of d elements on `stream`; out may alias a or b.

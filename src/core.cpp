@@ -21,24 +21,36 @@ void throw_error(const char* file, int line, const char* condition, const std::s
 
 const char* to_string(DType t) {
   switch (t) {
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-    case DType::kF32: return "f32";
-    case DType::kI32: return "i32";
-    case DType::kI8: return "i8";
-    case DType::kU8: return "u8";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF32:
+      return "f32";
+    case DType::kI32:
+      return "i32";
+    case DType::kI8:
+      return "i8";
+    case DType::kU8:
+      return "u8";
   }
   return "?";
 }
 
 const char* to_string(Format f) {
   switch (f) {
-    case Format::kF16: return "f16";
-    case Format::kBF16: return "bf16";
-    case Format::kQ8: return "q8";
-    case Format::kFp16kQ4v: return "fp16k_q4v";
-    case Format::kMxfp4: return "mxfp4";
-    case Format::kFp8E4m3: return "fp8_e4m3";
+    case Format::kF16:
+      return "f16";
+    case Format::kBF16:
+      return "bf16";
+    case Format::kQ8:
+      return "q8";
+    case Format::kFp16kQ4v:
+      return "fp16k_q4v";
+    case Format::kMxfp4:
+      return "mxfp4";
+    case Format::kFp8E4m3:
+      return "fp8_e4m3";
   }
   return "?";
 }
@@ -48,8 +60,7 @@ Format parse_format(const std::string& name) {
                    Format::kFp8E4m3}) {
     if (name == to_string(f)) return f;
   }
-  KVC_CHECK(false, "format = '", name,
-            "' is not one of f16, bf16, q8, fp16k_q4v, mxfp4, fp8_e4m3");
+  KVC_CHECK(false, "format = '", name, "' is not one of f16, bf16, q8, fp16k_q4v, mxfp4, fp8_e4m3");
   return Format::kF16;
 }
 
@@ -63,8 +74,8 @@ int cuda_device_count() { return 0; }
 
 Device default_device() { return cuda_device_count() > 0 ? Device::cuda(0) : Device::cpu(); }
 
-TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list<std::int64_t> shape,
-                                  Device device) {
+TensorView TensorView::contiguous(void* data, DType dtype,
+                                  std::initializer_list<std::int64_t> shape, Device device) {
   KVC_CHECK(shape.size() <= static_cast<std::size_t>(kMaxDims), "rank = ", shape.size(),
             " exceeds kMaxDims = ", kMaxDims);
   TensorView v;

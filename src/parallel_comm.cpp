@@ -101,8 +101,7 @@ std::unique_ptr<ShardCommunicator> make_nccl_communicator(ncclComm_t) {
   return nullptr;
 }
 
-std::vector<std::unique_ptr<ShardCommunicator>> create_nccl_communicators(
-    const std::vector<int>&) {
+std::vector<std::unique_ptr<ShardCommunicator>> create_nccl_communicators(const std::vector<int>&) {
   KVC_CHECK(false, "create_nccl_communicators: kvc was built without NCCL (KVC_WITH_NCCL)");
   return {};
 }

@@ -57,10 +57,12 @@ void ContextParallelConfig::validate() const {
   index.validate();
   attention.validate();
   policy.validate();
-  KVC_CHECK(attention.num_q_heads == index.num_q_heads, "attention.num_q_heads = ",
-            attention.num_q_heads, " must equal index.num_q_heads = ", index.num_q_heads);
-  KVC_CHECK(attention.num_kv_heads == index.num_kv_heads, "attention.num_kv_heads = ",
-            attention.num_kv_heads, " must equal index.num_kv_heads = ", index.num_kv_heads);
+  KVC_CHECK(attention.num_q_heads == index.num_q_heads,
+            "attention.num_q_heads = ", attention.num_q_heads,
+            " must equal index.num_q_heads = ", index.num_q_heads);
+  KVC_CHECK(attention.num_kv_heads == index.num_kv_heads,
+            "attention.num_kv_heads = ", attention.num_kv_heads,
+            " must equal index.num_kv_heads = ", index.num_kv_heads);
   KVC_CHECK(attention.head_dim == index.head_dim, "attention.head_dim = ", attention.head_dim,
             " must equal index.head_dim = ", index.head_dim);
   KVC_CHECK(attention.dtype == index.dtype, "attention.dtype = ", to_string(attention.dtype),
@@ -87,9 +89,8 @@ std::unique_ptr<ContextParallelDecoder> ContextParallelDecoder::create(
 }
 
 void ContextParallelDecoder::decode(const KvStore& store, const std::vector<int>& slots,
-                                    const TensorView& q, const float* sink,
-                                    ShardCommunicator& comm, const TensorView& out,
-                                    const TensorView& lse) {
+                                    const TensorView& q, const float* sink, ShardCommunicator& comm,
+                                    const TensorView& out, const TensorView& lse) {
   select_local(store, slots, q);
   exchange_candidates(comm);
   select_global(store);
@@ -138,8 +139,8 @@ Sizes sizes_of(const ContextParallelConfig& c, const KvStoreConfig& store) {
   if (uses_selection(c.attention.mode)) {
     // M must be the same on every shard (the all-gather sends equal sizes): size it for the
     // largest shard, shard 0, which owns ceil(global_blocks / N) blocks per slot.
-    z.candidates = candidates_per_row(
-        c.policy, store::owned_count(z.global_blocks, store.num_shards, 0));
+    z.candidates =
+        candidates_per_row(c.policy, store::owned_count(z.global_blocks, store.num_shards, 0));
     z.global_selected = c.policy.max_output(z.global_blocks);
   }
   return z;
@@ -150,8 +151,9 @@ DecoderBase::DecoderBase(const ContextParallelConfig& config, const KvStoreConfi
     : config_(config), store_config_(store), device_(device) {
   config_.validate();
   store_config_.validate();
-  KVC_CHECK(store.num_kv_heads == config.index.num_kv_heads, "store num_kv_heads = ",
-            store.num_kv_heads, " must equal index.num_kv_heads = ", config.index.num_kv_heads);
+  KVC_CHECK(store.num_kv_heads == config.index.num_kv_heads,
+            "store num_kv_heads = ", store.num_kv_heads,
+            " must equal index.num_kv_heads = ", config.index.num_kv_heads);
   KVC_CHECK(store.head_dim == config.index.head_dim, "store head_dim = ", store.head_dim,
             " must equal index.head_dim = ", config.index.head_dim);
   KVC_CHECK(store.dtype == config.index.dtype, "store dtype = ", to_string(store.dtype),
@@ -176,9 +178,9 @@ void DecoderBase::set_stream(void* stream) {
 }
 
 void DecoderBase::expect_stage(Stage want, const char* step) const {
-  static const char* const kNames[] = {"none (start of a step)", "select_local",
-                                       "exchange_candidates",    "select_global",
-                                       "attend",                 "exchange_states"};
+  static const char* const kNames[] = {
+      "none (start of a step)", "select_local", "exchange_candidates",
+      "select_global",          "attend",       "exchange_states"};
   KVC_CHECK(stage_ == want, step, ": called after ", kNames[static_cast<int>(stage_)],
             "; it must follow ", kNames[static_cast<int>(want)],
             " (order: select_local, exchange_candidates, select_global, attend, "
@@ -206,14 +208,14 @@ void DecoderBase::select_local(const KvStore& store, const std::vector<int>& slo
   // A new step may start after a finished one (merge) or over an abandoned one.
   check_store(store, "select_local");
   const int batch = static_cast<int>(slots.size());
-  KVC_CHECK(batch >= 1 && batch <= config_.index.max_batch, "select_local: slots.size() = ",
-            batch, " must be in [1, index.max_batch = ", config_.index.max_batch, "]");
+  KVC_CHECK(batch >= 1 && batch <= config_.index.max_batch, "select_local: slots.size() = ", batch,
+            " must be in [1, index.max_batch = ", config_.index.max_batch, "]");
   KVC_CHECK(q.ndim == 4, "select_local: q.ndim = ", q.ndim, " must be 4 ([batch, T, Hq, d])");
   const int T = static_cast<int>(q.shape[1]);
   KVC_CHECK(T >= 1 && T <= config_.index.max_query_tokens, "select_local: q.shape[1] = T = ", T,
             " must be in [1, index.max_query_tokens = ", config_.index.max_query_tokens, "]");
-  check_view(q, "q", config_.index.dtype, {batch, T, config_.index.num_q_heads,
-                                           config_.index.head_dim}, device_);
+  check_view(q, "q", config_.index.dtype,
+             {batch, T, config_.index.num_q_heads, config_.index.head_dim}, device_);
   for (int b = 0; b < batch; ++b) {
     const int s = slots[static_cast<std::size_t>(b)];
     KVC_CHECK(store.is_open(s), "select_local: slots[", b, "] = ", s,
@@ -258,9 +260,9 @@ ExchangeBuffers DecoderBase::candidate_exchange() {
   ExchangeBuffers e;
   e.send = buf_.cand_send;
   e.recv = buf_.cand_recv;
-  e.bytes = selects_ ? static_cast<std::size_t>(shape_.rows) * sizes_.candidates *
-                           sizeof(BlockCandidate)
-                     : 0;
+  e.bytes = selects_
+                ? static_cast<std::size_t>(shape_.rows) * sizes_.candidates * sizeof(BlockCandidate)
+                : 0;
   return e;
 }
 
@@ -319,8 +321,8 @@ void DecoderBase::attend(const KvStore& store, const float* sink, Telemetry* tel
   if (selects_) args.selection = selection();
   args.sink = sink;
   args.out = TensorView::contiguous(buf_.state_send, DType::kF32, {B, T, Hq, d}, device_);
-  args.lse = TensorView::contiguous(buf_.state_send + shape_.q_rows * d, DType::kF32, {B, T, Hq},
-                                    device_);
+  args.lse =
+      TensorView::contiguous(buf_.state_send + shape_.q_rows * d, DType::kF32, {B, T, Hq}, device_);
   attention_->decode(store, args, telemetry);
   stage_ = Stage::kAttended;
 }
@@ -345,8 +347,8 @@ void DecoderBase::merge(const TensorView& out, const TensorView& lse) {
   expect_stage(Stage::kStates, "merge");
   const std::int64_t B = shape_.batch, T = shape_.tokens, Hq = config_.index.num_q_heads,
                      d = config_.index.head_dim;
-  KVC_CHECK(out.dtype == config_.attention.dtype || out.dtype == DType::kF32, "merge: out.dtype = ",
-            to_string(out.dtype), " must be the attention dtype ",
+  KVC_CHECK(out.dtype == config_.attention.dtype || out.dtype == DType::kF32,
+            "merge: out.dtype = ", to_string(out.dtype), " must be the attention dtype ",
             to_string(config_.attention.dtype), " or f32");
   check_view(out, "out", out.dtype, {B, T, Hq, d}, device_);
   if (lse.data != nullptr) check_view(lse, "lse", DType::kF32, {B, T, Hq}, device_, 4);

@@ -22,15 +22,15 @@ namespace parallel {
 
 /// Buffer sizes of a decoder, fixed at construction.
 struct Sizes {
-  int num_shards = 1;        ///< N
-  int shard_index = 0;       ///< this shard
-  int max_rows = 0;          ///< index rows for max_batch x max_query_tokens
-  int max_q_rows = 0;        ///< query rows (b, t, hq) for max_batch x max_query_tokens
-  int owned_blocks = 0;      ///< local score pitch: store.owned_blocks_per_slot()
-  int global_blocks = 0;     ///< global score pitch: store.max_blocks_per_slot()
-  int candidates = 0;        ///< M per row
-  int global_selected = 0;   ///< global selection pitch: policy.max_output(global_blocks)
-  int head_dim = 0;          ///< d
+  int num_shards = 1;       ///< N
+  int shard_index = 0;      ///< this shard
+  int max_rows = 0;         ///< index rows for max_batch x max_query_tokens
+  int max_q_rows = 0;       ///< query rows (b, t, hq) for max_batch x max_query_tokens
+  int owned_blocks = 0;     ///< local score pitch: store.owned_blocks_per_slot()
+  int global_blocks = 0;    ///< global score pitch: store.max_blocks_per_slot()
+  int candidates = 0;       ///< M per row
+  int global_selected = 0;  ///< global selection pitch: policy.max_output(global_blocks)
+  int head_dim = 0;         ///< d
 };
 
 /// Sizes of a decoder for `config` and `store` (both validated).
@@ -38,27 +38,27 @@ Sizes sizes_of(const ContextParallelConfig& config, const KvStoreConfig& store);
 
 /// Raw pointers to a decoder's buffers on its device.
 struct Buffers {
-  float* local_scores = nullptr;            ///< [max_rows, owned_blocks]
-  std::int32_t* local_valid = nullptr;      ///< [max_rows]
-  std::int32_t* local_ids = nullptr;        ///< [max_rows, candidates] local top-M (local ids)
-  std::int32_t* local_counts = nullptr;     ///< [max_rows]
-  BlockCandidate* cand_send = nullptr;      ///< [max_rows, candidates]
-  BlockCandidate* cand_recv = nullptr;      ///< [N, rows, candidates] (rows of the step)
-  float* global_scores = nullptr;           ///< [max_rows, global_blocks]
-  std::int32_t* global_valid = nullptr;     ///< [max_rows]
-  std::int32_t* global_ids = nullptr;       ///< [max_rows, global_selected]
-  std::int32_t* global_counts = nullptr;    ///< [max_rows]
-  float* state_send = nullptr;              ///< [max_q_rows * (d + 1)]: out then lse
-  float* state_recv = nullptr;              ///< [N * q_rows * (d + 1)] (q_rows of the step)
+  float* local_scores = nullptr;          ///< [max_rows, owned_blocks]
+  std::int32_t* local_valid = nullptr;    ///< [max_rows]
+  std::int32_t* local_ids = nullptr;      ///< [max_rows, candidates] local top-M (local ids)
+  std::int32_t* local_counts = nullptr;   ///< [max_rows]
+  BlockCandidate* cand_send = nullptr;    ///< [max_rows, candidates]
+  BlockCandidate* cand_recv = nullptr;    ///< [N, rows, candidates] (rows of the step)
+  float* global_scores = nullptr;         ///< [max_rows, global_blocks]
+  std::int32_t* global_valid = nullptr;   ///< [max_rows]
+  std::int32_t* global_ids = nullptr;     ///< [max_rows, global_selected]
+  std::int32_t* global_counts = nullptr;  ///< [max_rows]
+  float* state_send = nullptr;            ///< [max_q_rows * (d + 1)]: out then lse
+  float* state_recv = nullptr;            ///< [N * q_rows * (d + 1)] (q_rows of the step)
 };
 
 /// The geometry of one step, passed to the device hooks.
 struct StepShape {
-  int batch = 0;      ///< sequences
-  int tokens = 0;     ///< T
-  int rows = 0;       ///< index rows: batch * T * (Hkv or 1)
-  int q_rows = 0;     ///< batch * T * Hq
-  bool shared = false;  ///< rows are (b, t), one per sequence token
+  int batch = 0;                        ///< sequences
+  int tokens = 0;                       ///< T
+  int rows = 0;                         ///< index rows: batch * T * (Hkv or 1)
+  int q_rows = 0;                       ///< batch * T * Hq
+  bool shared = false;                  ///< rows are (b, t), one per sequence token
   const std::int32_t* slots = nullptr;  ///< [batch] the step's slots (host)
 };
 

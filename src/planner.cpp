@@ -72,7 +72,8 @@ std::string label_of(const LayerSpec& l) {
     case LayerKind::kBlockSelect:
       os << ' ' << to_string(l.block.old_format) << " W" << l.block.recent_window << " B"
          << l.block.block_size << ' ' << summaries_label(l.block.summaries);
-      if (l.block.summaries & kSummaryIndexKeys) os << "+indexK:" << to_string(l.block.index_format);
+      if (l.block.summaries & kSummaryIndexKeys)
+        os << "+indexK:" << to_string(l.block.index_format);
       if (l.block.summary_dtype != DType::kF32) os << ':' << to_string(l.block.summary_dtype);
       break;
     case LayerKind::kSlidingWindow:

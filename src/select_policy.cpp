@@ -357,8 +357,8 @@ std::unique_ptr<Selector> create_selector(Device device, const SelectorLimits* l
     KVC_CHECK(limits->max_blocks >= 0 && limits->max_blocks <= select_internal::kMaxBlocksCuda,
               "SelectorLimits: max_blocks = ", limits->max_blocks, " must be in [0, ",
               select_internal::kMaxBlocksCuda, "]");
-    KVC_CHECK(limits->max_selected >= 0, "SelectorLimits: max_selected = ",
-              limits->max_selected, " must be >= 0");
+    KVC_CHECK(limits->max_selected >= 0, "SelectorLimits: max_selected = ", limits->max_selected,
+              " must be >= 0");
   }
   if (device.is_cpu()) return select_internal::make_cpu_selector();
 #if KVC_CUDA_ENABLED

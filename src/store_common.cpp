@@ -62,8 +62,9 @@ void KvStoreConfig::validate() const {
             " must include kSummaryMeanK");
   KVC_CHECK((summaries & ~kSummaryAllBits) == 0, "summaries = ", summaries,
             " has unknown bits (valid: 0..", kSummaryAllBits, ")");
-  KVC_CHECK(summary_dtype == DType::kF32 || summary_dtype == dtype, "summary_dtype = ",
-            to_string(summary_dtype), " must be f32 or the store's dtype (", to_string(dtype), ")");
+  KVC_CHECK(summary_dtype == DType::kF32 || summary_dtype == dtype,
+            "summary_dtype = ", to_string(summary_dtype), " must be f32 or the store's dtype (",
+            to_string(dtype), ")");
   KVC_CHECK(index_format == Format::kMxfp4 || index_format == Format::kFp8E4m3,
             "index_format = ", to_string(index_format), " must be mxfp4 or fp8_e4m3");
   KVC_CHECK(num_shards >= 1 && num_shards <= 65536, "num_shards = ", num_shards,
@@ -96,11 +97,12 @@ void KvStoreConfig::validate() const {
       4.0L * (static_cast<long double>(max_slots) * (max_blocks_per_slot() + 1.0L) + pool + 1.0L);
   const long double dense = static_cast<long double>(max_slots) * max_context * hkv * d * 4.0L;
   constexpr long double kMaxBytes = 281474976710656.0L;  // 2^48 B = 256 TiB
-  KVC_CHECK(ring + old + tables <= kMaxBytes, "store size ", ring + old + tables,
-            " B (ring ", ring, " B + pool ", old, " B + tables ", tables,
+  KVC_CHECK(ring + old + tables <= kMaxBytes, "store size ", ring + old + tables, " B (ring ", ring,
+            " B + pool ", old, " B + tables ", tables,
             " B) must be <= 2^48 B; reduce max_slots, recent_window or num_pool_blocks");
-  KVC_CHECK(dense <= 4.0L * kMaxBytes * 1024.0L, "max_slots x max_context x num_kv_heads x head_dim = ",
-            dense / 4.0L, " elements is too large (dense-equivalent bytes must be <= 2^60)");
+  KVC_CHECK(dense <= 4.0L * kMaxBytes * 1024.0L,
+            "max_slots x max_context x num_kv_heads x head_dim = ", dense / 4.0L,
+            " elements is too large (dense-equivalent bytes must be <= 2^60)");
 }
 
 namespace {
@@ -123,10 +125,10 @@ Sizes sizes_of(const KvStoreConfig& c) {
                     : 0;
   int n = 1 + ((c.summaries & kSummaryMeanV) ? 1 : 0) + ((c.summaries & kSummaryMinMaxK) ? 2 : 0);
   z.summaries_block_head = (c.summary_dtype == DType::kF32 ? 4 : 2) * d * n;
-  z.per_block = static_cast<std::size_t>(c.num_kv_heads) *
-                (static_cast<std::size_t>(c.block_size) *
-                     (z.k_row + z.v_row + z.scales_row + z.index_row) +
-                 z.summaries_block_head);
+  z.per_block =
+      static_cast<std::size_t>(c.num_kv_heads) *
+      (static_cast<std::size_t>(c.block_size) * (z.k_row + z.v_row + z.scales_row + z.index_row) +
+       z.summaries_block_head);
   return z;
 }
 
@@ -134,8 +136,8 @@ Sizes sizes_of(const KvStoreConfig& c) {
 
 Footprint compute_footprint(const KvStoreConfig& c, const std::vector<int>& lengths) {
   c.validate();
-  KVC_CHECK(lengths.size() <= static_cast<std::size_t>(c.max_slots), "lengths.size() = ",
-            lengths.size(), " must be <= max_slots = ", c.max_slots);
+  KVC_CHECK(lengths.size() <= static_cast<std::size_t>(c.max_slots),
+            "lengths.size() = ", lengths.size(), " must be <= max_slots = ", c.max_slots);
   const Sizes z = sizes_of(c);
   const std::size_t pool = static_cast<std::size_t>(c.pool_blocks());
   const std::size_t hkv = static_cast<std::size_t>(c.num_kv_heads);
@@ -248,7 +250,8 @@ std::vector<SlotState> KvStore::snapshot() const {
         const std::size_t o = store::block_head_index(s, pb, h) * d;
         for (const void* a : {s.mean_k, s.mean_v, s.min_k, s.max_k}) {
           if (a == nullptr) continue;
-          for (std::size_t i = 0; i < d; ++i) st.summaries.push_back(store::summary_at(s, a, o + i));
+          for (std::size_t i = 0; i < d; ++i)
+            st.summaries.push_back(store::summary_at(s, a, o + i));
         }
       }
     }

@@ -43,8 +43,8 @@ HostStoreState::HostStoreState(const KvStoreConfig& config) : config_(config) {
 }
 
 void HostStoreState::check_open(int slot, const char* arg) const {
-  KVC_CHECK(slot >= 0 && slot < config_.max_slots, arg, " = ", slot, " must be in [0, max_slots = ",
-            config_.max_slots, ")");
+  KVC_CHECK(slot >= 0 && slot < config_.max_slots, arg, " = ", slot,
+            " must be in [0, max_slots = ", config_.max_slots, ")");
   KVC_CHECK(open[static_cast<std::size_t>(slot)] != 0, arg, " = ", slot,
             " is not an open slot (open_slot() first)");
 }
@@ -78,15 +78,13 @@ void HostStoreState::validate_update(const std::vector<int>& slots,
     seen[static_cast<std::size_t>(s)] = 1;
     const int L = lengths[static_cast<std::size_t>(s)];
     KVC_CHECK(counts[i] >= 0, "token count = ", counts[i], " must be >= 0");
-    KVC_CHECK(static_cast<long long>(L) + counts[i] <= config_.max_context, "slot ", s,
-              ": length ", L, " + ", counts[i], " new tokens = ",
-              static_cast<long long>(L) + counts[i], " exceeds max_context = ",
-              config_.max_context);
+    KVC_CHECK(static_cast<long long>(L) + counts[i] <= config_.max_context, "slot ", s, ": length ",
+              L, " + ", counts[i], " new tokens = ", static_cast<long long>(L) + counts[i],
+              " exceeds max_context = ", config_.max_context);
     need += blocks_starting(config_, update_span(config_, L, counts[i]));
   }
-  KVC_CHECK(need <= free_count, "pool exhausted: the update needs ", need,
-            " new blocks but only ", free_count, " of num_pool_blocks = ", config_.pool_blocks(),
-            " are free");
+  KVC_CHECK(need <= free_count, "pool exhausted: the update needs ", need, " new blocks but only ",
+            free_count, " of num_pool_blocks = ", config_.pool_blocks(), " are free");
 }
 
 void HostStoreState::allocate_blocks(const std::vector<int>& slots,
@@ -104,7 +102,8 @@ void HostStoreState::allocate_blocks(const std::vector<int>& slots,
 }
 
 void HostStoreState::finish_update(const std::vector<int>& slots, const std::vector<int>& counts) {
-  for (std::size_t i = 0; i < slots.size(); ++i) lengths[static_cast<std::size_t>(slots[i])] += counts[i];
+  for (std::size_t i = 0; i < slots.size(); ++i)
+    lengths[static_cast<std::size_t>(slots[i])] += counts[i];
 }
 
 void HostStoreState::reset(int slot) {

@@ -1,8 +1,8 @@
-// kvc_quality: the synthetic retrieval suite (docs/quality-synthetic.md). Builds caches with planted
-// needles at several lengths, runs every attention mode and format over them, writes one JSONL
-// row per (case, length, seed, format, mode, budget) and a markdown summary, and exits non-zero
-// when a claim fails (dense must pass every case, the recent-window modes must fail every case,
-// block_select_exact top 8 must pass every case dense passes).
+// kvc_quality: the synthetic retrieval suite (docs/quality-synthetic.md). Builds caches with
+// planted needles at several lengths, runs every attention mode and format over them, writes one
+// JSONL row per (case, length, seed, format, mode, budget) and a markdown summary, and exits
+// non-zero when a claim fails (dense must pass every case, the recent-window modes must fail every
+// case, block_select_exact top 8 must pass every case dense passes).
 #include <algorithm>
 #include <atomic>
 #include <chrono>

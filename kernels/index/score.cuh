@@ -23,10 +23,10 @@ struct ScoreParams {
   const std::int32_t* slots;  // [batch]
   const std::uint16_t* q;     // [batch, T, Hq, d]
   ScoresView out;
-  int tokens;                 // T
-  int num_q_heads;            // Hq
-  int group;                  // G = Hq / Hkv
-  int heads_per_chunk;        // query heads staged in shared memory at a time
+  int tokens;           // T
+  int num_q_heads;      // Hq
+  int group;            // G = Hq / Hkv
+  int heads_per_chunk;  // query heads staged in shared memory at a time
   float scale;
   bool quest, aggregate_max, shared, q_bf16;
 };
@@ -50,10 +50,11 @@ __global__ void __launch_bounds__(kWarps * 32) score_kernel(const ScoreParams p)
   if (j0 >= closed) return;
   const int h_first = p.shared ? 0 : row % rows_per_token;  // kv heads of the row
   const int h_count = p.shared ? s.num_kv_heads : 1;
-  const int g_first = h_first * p.group;                    // query heads of the row
+  const int g_first = h_first * p.group;  // query heads of the row
   const int g_count = h_count * p.group;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const std::int32_t* table = s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot;
+  const std::int32_t* table =
+      s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot;
   const std::uint16_t* q_row = p.q + (static_cast<std::size_t>(bt) * p.num_q_heads + g_first) * d;
 
   float acc[kBlocksPerCta / kWarps];
@@ -79,7 +80,8 @@ __global__ void __launch_bounds__(kWarps * 32) score_kernel(const ScoreParams p)
         const int g = c0 + gi;  // query head index within the row
         const int h = h_first + g / p.group;
         if (h != h_loaded) {
-          const std::size_t o = (static_cast<std::size_t>(pb) * s.num_kv_heads + h) * d + lane * kPer;
+          const std::size_t o =
+              (static_cast<std::size_t>(pb) * s.num_kv_heads + h) * d + lane * kPer;
           store::load_summaries<kPer>(s, p.quest ? s.min_k : s.mean_k, o, m);
           if (p.quest) store::load_summaries<kPer>(s, s.max_k, o, mx);
           h_loaded = h;

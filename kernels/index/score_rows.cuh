@@ -122,7 +122,8 @@ __global__ void __launch_bounds__(kRowsThreads)
   for (int k = 0; k < R; ++k) {
     const int pb = __shfl_sync(full, pb_lane, k);
     if (jw + k < closed) {  // warp-uniform
-      const std::size_t o = store::block_head_index(s, pb, h) * D + static_cast<std::size_t>(lane) * E;
+      const std::size_t o =
+          store::block_head_index(s, pb, h) * D + static_cast<std::size_t>(lane) * E;
       store::load_summaries<E>(s, kQuest ? s.min_k : s.mean_k, o, lo[k]);
       if constexpr (kQuest) store::load_summaries<E>(s, s.max_k, o, hi[k]);
     } else {
@@ -134,7 +135,8 @@ __global__ void __launch_bounds__(kRowsThreads)
     }
   }
   const std::uint16_t* q_kv =
-      p.q + (static_cast<std::size_t>(bt) * p.num_q_heads + static_cast<std::size_t>(h) * p.group) * D +
+      p.q +
+      (static_cast<std::size_t>(bt) * p.num_q_heads + static_cast<std::size_t>(h) * p.group) * D +
       static_cast<std::size_t>(lane) * E;
   const int idx = lane >> kShift;  // the (row, head) pair this lane ends each chunk with
   const int row = idx / CH;
@@ -145,8 +147,7 @@ __global__ void __launch_bounds__(kRowsThreads)
     for (int c = 0; c < CH; ++c) {
       float qv[E];
       if (c0 + c < p.group) {  // uniform
-        store::load_bits16_as_float<E>(q_kv + static_cast<std::size_t>(c0 + c) * D, p.q_bf16,
-                                       qv);
+        store::load_bits16_as_float<E>(q_kv + static_cast<std::size_t>(c0 + c) * D, p.q_bf16, qv);
       } else {
 #pragma unroll
         for (int e = 0; e < E; ++e) qv[e] = 0.0f;

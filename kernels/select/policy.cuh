@@ -35,8 +35,8 @@ struct PolicyParams {
   KeyCodec codec;                 // of N
   const std::uint64_t* ranked;    // [rows, ranked_pitch] stage A's keys in rank order
   int ranked_pitch;
-  int m;                          // fast path: ranks kept per row (min(m, n) are valid)
-  bool complete;                  // sort path: ranked holds all n keys of a row
+  int m;                           // fast path: ranks kept per row (min(m, n) are valid)
+  bool complete;                   // sort path: ranked holds all n keys of a row
   const unsigned long long* mass;  // [rows] top_p's softmax mass from stage A, or null
   SelectPolicy::Kind kind;
   SelectPolicy::Order order;
@@ -47,18 +47,18 @@ struct PolicyParams {
   int max_count;  // the policy's max_blocks (SelectPolicy::kNoLimit allowed)
   float top_p;
   float softmax_scale;
-  int num_anchors;  // ids[0, num_anchors)
-  int num_include;  // ids[num_anchors, + num_include)
-  int num_exclude;  // ids[num_anchors + num_include, + num_exclude)
+  int num_anchors;                  // ids[0, num_anchors)
+  int num_include;                  // ids[num_anchors, + num_include)
+  int num_exclude;                  // ids[num_anchors + num_include, + num_exclude)
   std::int32_t ids[kMaxPolicyIds];  // each list sorted, distinct, < N
   std::int32_t* out_ids;            // [rows, max_selected]
   std::int32_t* out_counts;         // [rows]
   int max_selected;
-  SelectionReport report;     // device pointers, any null
-  std::uint32_t* sel_bits;    // [rows, words] scratch: the selection as a bitmap of ids
-  std::uint32_t* hit_bits;    // [rows, words] scratch: the top-k hits
-  int words;                  // ceil(N / 32)
-  std::int32_t* hits;         // [rows, hits_pitch] scratch: hits sorted by id
+  SelectionReport report;   // device pointers, any null
+  std::uint32_t* sel_bits;  // [rows, words] scratch: the selection as a bitmap of ids
+  std::uint32_t* hit_bits;  // [rows, words] scratch: the top-k hits
+  int words;                // ceil(N / 32)
+  std::int32_t* hits;       // [rows, hits_pitch] scratch: hits sorted by id
   int hits_pitch;
 };
 
@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(kThreads) policy_kernel(const __grid_constant_
   int count = 0;        // |S|
   int added_count = 0;  // S minus the base
   bool has_low = false;
-  float low = 0.0f;     // score of the lowest-ranked selected block
+  float low = 0.0f;  // score of the lowest-ranked selected block
 
   if (!set_kind) {
     const int L = prefix_length(p, T, n, avail, row, temp);
@@ -314,8 +314,7 @@ __global__ void __launch_bounds__(kThreads) policy_kernel(const __grid_constant_
     if (p.order != Order::kScore) {
       const bool asc = p.order == Order::kChronological;
       compact_bits(
-          words_n, sel_word, [&](int pos, int id) { out[asc ? pos : count - 1 - pos] = id; },
-          temp);
+          words_n, sel_word, [&](int pos, int id) { out[asc ? pos : count - 1 - pos] = id; }, temp);
     } else if (p.complete) {
       compact_range(
           n, [&](int r) { return selected(id_at(r)); },

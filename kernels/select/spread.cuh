@@ -15,25 +15,25 @@
 //    (spread_sample_ranks: about 1.4 target of the row's keys at or above the cut), by buckets of
 //    equal key ranges below the sample's top (spread_sample_cut; radix passes where hi exceeds
 //    the CTA's threads). After the barrier each CTA appends its keys at or above that cut to the
-//    row's candidates and arrives at a row counter. When the row holds between target and kSpreadCap such keys (which
-//    is exact: those keys include the top target), every CTA learns the row's count there and,
-//    up to kShareCap keys, ranks its share of them (spread_share_finish: each CTA buckets all the
-//    candidates and writes the outputs of its share's ranks), else the last CTA to arrive
-//    finishes alone (step 4's finisher). Otherwise (a sample the row does not resemble) every
-//    CTA of the row goes on to the exact passes below, as if no sample had been taken; so does a
-//    row whose sample cut would split tied scores (before the barrier, no keys appended). Ties
-//    the cut does not split can still crowd the counting rank's buckets: then the last CTA
-//    ranks by a radix select and a sort (1 x 131072 k 2048 with 64 tied levels: 41.0 us against
-//    29.9 with the exact passes, H200 2026-12-04). The sample replaces a row-wide histogram, a
-//    row barrier and the finisher's narrowing by one barrier-free cut per CTA;
+//    row's candidates and arrives at a row counter. When the row holds between target and
+//    kSpreadCap such keys (which is exact: those keys include the top target), every CTA learns the
+//    row's count there and, up to kShareCap keys, ranks its share of them (spread_share_finish:
+//    each CTA buckets all the candidates and writes the outputs of its share's ranks), else the
+//    last CTA to arrive finishes alone (step 4's finisher). Otherwise (a sample the row does not
+//    resemble) every CTA of the row goes on to the exact passes below, as if no sample had been
+//    taken; so does a row whose sample cut would split tied scores (before the barrier, no keys
+//    appended). Ties the cut does not split can still crowd the counting rank's buckets: then the
+//    last CTA ranks by a radix select and a sort (1 x 131072 k 2048 with 64 tied levels: 41.0 us
+//    against 29.9 with the exact passes, H200 2026-12-04). The sample replaces a row-wide
+//    histogram, a row barrier and the finisher's narrowing by one barrier-free cut per CTA;
 // 3. exact radix passes, only while the row's keys at or above the current prefix exceed
 //    kSpreadCap = 16384 (none for rows of at most kSpreadCap valid blocks): each CTA histograms
 //    the next 12-bit digit of its keys in shared memory (warp-aggregated atomics: heavy ties do
-//    not serialise), adds the non-zero bins to the row's histogram in global memory, zeroes its share of the
-//    next pass's, and arrives at the pass's row barrier; then every CTA reads the row's histogram
-//    and picks the same digit (no second barrier to broadcast a decision). Normal rows of 262144
-//    scores need one pass (the digit holding the 2048-th key holds a few thousand keys, about
-//    8192 for uniform scores);
+//    not serialise), adds the non-zero bins to the row's histogram in global memory, zeroes its
+//    share of the next pass's, and arrives at the pass's row barrier; then every CTA reads the
+//    row's histogram and picks the same digit (no second barrier to broadcast a decision). Normal
+//    rows of 262144 scores need one pass (the digit holding the 2048-th key holds a few thousand
+//    keys, about 8192 for uniform scores);
 // 4. every CTA appends its keys at or above the cut to the row's candidate buffer (staged in
 //    shared memory, one global atomic per CTA) and adds the next digit of its keys with the cut's
 //    prefix to the row's next histogram; the last CTA of the row to arrive (atomic counter, no
@@ -173,7 +173,7 @@ __device__ __forceinline__ Cut spread_narrow(const unsigned* row_hist, int w, Cu
 /// thread of the CTA calls it; the caller writes t.pick again only after a barrier.
 __device__ __forceinline__ DigitPick find_digit_from_top(const unsigned* bins, int nb, int need,
                                                          BlockTemp& t) {
-  constexpr int kPer = 8;                    // positions per lane
+  constexpr int kPer = 8;  // positions per lane
   constexpr int kWarps = kSpreadThreads / 32;
   static_assert(kWarps * 32 * kPer >= kStreamBins, "the warps cover every bin");
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
@@ -368,8 +368,8 @@ __device__ __forceinline__ bool spread_sample_cut(const std::uint32_t* bits, int
 /// the top target > L keys where L < n). Returns false, with nothing written, where
 /// bucket_by_rank declines (every CTA of the row holds the same keys: the same answer) or where
 /// topk selects nothing (L = 0). Every thread of the CTA calls it.
-__device__ __forceinline__ bool spread_share_finish(const TopmParams& p, int row, int n,
-                                                    int target, int total, int c, int C,
+__device__ __forceinline__ bool spread_share_finish(const TopmParams& p, int row, int n, int target,
+                                                    int total, int c, int C,
                                                     const std::uint64_t* row_cand,
                                                     SpreadShared& sh) {
   const int tid = static_cast<int>(threadIdx.x);
@@ -431,9 +431,9 @@ __device__ __forceinline__ bool spread_share_finish(const TopmParams& p, int row
   below = BlockReduceU64(sh.temp.reduce_u64).Reduce(below, MaxOp());
   if (tid == 0) {
     if (rep.cutoff_margin != nullptr) {
-      rep.cutoff_margin[row] = L >= n ? bits_float(0x7f800000u)
-                                      : select_rules::score_gap(codec.score(last),
-                                                                codec.score(below));
+      rep.cutoff_margin[row] = L >= n
+                                   ? bits_float(0x7f800000u)
+                                   : select_rules::score_gap(codec.score(last), codec.score(below));
     }
     if (rep.score_spread != nullptr) {
       rep.score_spread[row] = select_rules::score_gap(codec.score(b.high), codec.score(last));

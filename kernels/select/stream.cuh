@@ -326,8 +326,8 @@ __device__ __forceinline__ int bucket_rank(const RankBuckets<kPer>& b, int i, in
 /// made X visible; it ends with a barrier. Five barriers and one block scan in all: the call
 /// is latency-bound (the spread finisher's ~2100 keys).
 __device__ __forceinline__ bool rank_select(const std::uint64_t* X, int count, int target,
-                                            std::uint64_t* out, std::uint64_t* tmp,
-                                            unsigned* hist, BlockTemp& temp) {
+                                            std::uint64_t* out, std::uint64_t* tmp, unsigned* hist,
+                                            BlockTemp& temp) {
   RankBuckets<kRankPer> b;
   if (!bucket_by_rank<kRankPer>([&](int j) { return X[j]; }, count, tmp, hist, temp, b)) {
     return false;

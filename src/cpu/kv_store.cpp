@@ -1,4 +1,6 @@
 // KvStore, CPU reference implementation: plain loops over host memory.
+#include "kvc/store/kv_store.h"
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -9,7 +11,6 @@
 #include "kvc/config.h"
 #include "kvc/core/error.h"
 #include "kvc/store/block_codec.h"
-#include "kvc/store/kv_store.h"
 #include "store_impl.h"
 #include "store_state.h"
 #include "store_update.h"
@@ -80,7 +81,9 @@ class CpuKvStore final : public KvStore {
   Footprint footprint() const override {
     std::vector<int> lens;
     for (int s = 0; s < config_.max_slots; ++s) {
-      lens.push_back(state_.open[static_cast<std::size_t>(s)] ? state_.lengths[static_cast<std::size_t>(s)] : 0);
+      lens.push_back(state_.open[static_cast<std::size_t>(s)]
+                         ? state_.lengths[static_cast<std::size_t>(s)]
+                         : 0);
     }
     return compute_footprint(config_, lens);
   }
@@ -111,8 +114,10 @@ class CpuKvStore final : public KvStore {
 
   void append(const std::vector<int>& slots, const TensorView& k, const TensorView& v) override {
     const std::int64_t n = static_cast<std::int64_t>(slots.size());
-    check_view(k, "k", config_.dtype, {n, config_.num_kv_heads, config_.head_dim}, Device::cpu(), 2);
-    check_view(v, "v", config_.dtype, {n, config_.num_kv_heads, config_.head_dim}, Device::cpu(), 2);
+    check_view(k, "k", config_.dtype, {n, config_.num_kv_heads, config_.head_dim}, Device::cpu(),
+               2);
+    check_view(v, "v", config_.dtype, {n, config_.num_kv_heads, config_.head_dim}, Device::cpu(),
+               2);
     const std::vector<int> counts(slots.size(), 1);
     state_.validate_update(slots, counts);
     const std::size_t token = static_cast<std::size_t>(config_.num_kv_heads) * config_.head_dim;
@@ -128,20 +133,24 @@ class CpuKvStore final : public KvStore {
     state_.check_open(slot, "slot");
     KVC_CHECK(k.ndim == 3, "k.ndim = ", k.ndim, " must be 3 ([T, num_kv_heads, head_dim])");
     const std::int64_t T = k.shape[0];
-    KVC_CHECK(T <= config_.max_context, "k.shape[0] = ", T, " exceeds max_context = ",
-              config_.max_context);
-    check_view(k, "k", config_.dtype, {T, config_.num_kv_heads, config_.head_dim}, Device::cpu(), 2);
-    check_view(v, "v", config_.dtype, {T, config_.num_kv_heads, config_.head_dim}, Device::cpu(), 2);
+    KVC_CHECK(T <= config_.max_context, "k.shape[0] = ", T,
+              " exceeds max_context = ", config_.max_context);
+    check_view(k, "k", config_.dtype, {T, config_.num_kv_heads, config_.head_dim}, Device::cpu(),
+               2);
+    check_view(v, "v", config_.dtype, {T, config_.num_kv_heads, config_.head_dim}, Device::cpu(),
+               2);
     const std::vector<int> slots{slot}, counts{static_cast<int>(T)};
     state_.validate_update(slots, counts);
     state_.allocate_blocks(slots, counts);
-    update_slot(slot, static_cast<int>(T), k.ptr<const std::uint16_t>(), v.ptr<const std::uint16_t>());
+    update_slot(slot, static_cast<int>(T), k.ptr<const std::uint16_t>(),
+                v.ptr<const std::uint16_t>());
     state_.finish_update(slots, counts);
   }
 
  private:
   std::size_t pool_rows() const {
-    return static_cast<std::size_t>(config_.pool_blocks()) * config_.num_kv_heads * config_.block_size;
+    return static_cast<std::size_t>(config_.pool_blocks()) * config_.num_kv_heads *
+           config_.block_size;
   }
   // Bytes of the index copy's payload (or its scales) for the whole pool; 0 when not kept.
   std::size_t index_bytes(bool scales) const {
@@ -164,8 +173,8 @@ class CpuKvStore final : public KvStore {
   KvStoreConfig config_;
   HostStoreState state_;
   Footprint footprint_;
-  HostBuffer ring_k_, ring_v_, old_k_, old_v_, k_scale_, v_scale_, mean_k_, mean_v_, min_k_,
-      max_k_, index_k_, index_k_scale_;
+  HostBuffer ring_k_, ring_v_, old_k_, old_v_, k_scale_, v_scale_, mean_k_, mean_v_, min_k_, max_k_,
+      index_k_, index_k_scale_;
   std::vector<float> scratch_;
 };
 

@@ -38,7 +38,8 @@ class DeviceBuffer {
   ~DeviceBuffer() {
     if (ptr_) cudaFree(ptr_);
   }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(o.bytes_) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept
+      : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(o.bytes_) {}
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
     std::swap(ptr_, o.ptr_);
     std::swap(bytes_, o.bytes_);

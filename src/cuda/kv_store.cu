@@ -86,7 +86,9 @@ class CudaKvStore final : public KvStore {
   Footprint footprint() const override {
     std::vector<int> lens;
     for (int s = 0; s < config_.max_slots; ++s) {
-      lens.push_back(mirror_.open[static_cast<std::size_t>(s)] ? mirror_.lengths[static_cast<std::size_t>(s)] : 0);
+      lens.push_back(mirror_.open[static_cast<std::size_t>(s)]
+                         ? mirror_.lengths[static_cast<std::size_t>(s)]
+                         : 0);
     }
     return compute_footprint(config_, lens);
   }
@@ -117,10 +119,10 @@ class CudaKvStore final : public KvStore {
   StoreView host_view(std::vector<std::uint8_t>& buffer) const override {
     DeviceGuard guard(device_.index);
     KVC_CUDA_THROW(cudaStreamSynchronize(stream_));
-    const DeviceBuffer* parts[] = {&lengths_, &table_,  &free_blocks_, &free_count_,
-                                   &ring_k_,  &ring_v_, &old_k_,       &old_v_,
-                                   &k_scale_, &v_scale_, &mean_k_,     &mean_v_,
-                                   &min_k_,   &max_k_,  &index_k_,     &index_k_scale_};
+    const DeviceBuffer* parts[] = {&lengths_, &table_,   &free_blocks_, &free_count_,
+                                   &ring_k_,  &ring_v_,  &old_k_,       &old_v_,
+                                   &k_scale_, &v_scale_, &mean_k_,      &mean_v_,
+                                   &min_k_,   &max_k_,   &index_k_,     &index_k_scale_};
     constexpr int kParts = sizeof(parts) / sizeof(parts[0]);
     std::size_t total = 0;
     for (const DeviceBuffer* p : parts) total += (p->bytes() + 63) / 64 * 64;
@@ -130,7 +132,8 @@ class CudaKvStore final : public KvStore {
     for (int i = 0; i < kParts; ++i) {
       host[i] = parts[i]->bytes() ? buffer.data() + at : nullptr;
       if (parts[i]->bytes()) {
-        KVC_CUDA_THROW(cudaMemcpy(host[i], parts[i]->as<void>(), parts[i]->bytes(), cudaMemcpyDeviceToHost));
+        KVC_CUDA_THROW(
+            cudaMemcpy(host[i], parts[i]->as<void>(), parts[i]->bytes(), cudaMemcpyDeviceToHost));
       }
       at += (parts[i]->bytes() + 63) / 64 * 64;
     }
@@ -160,7 +163,8 @@ class CudaKvStore final : public KvStore {
     copy_down(mirror_.lengths, lengths_);
     copy_down(mirror_.block_table, table_);
     copy_down(mirror_.free_blocks, free_blocks_);
-    KVC_CUDA_THROW(cudaMemcpy(&mirror_.free_count, free_count_.as<void>(), 4, cudaMemcpyDeviceToHost));
+    KVC_CUDA_THROW(
+        cudaMemcpy(&mirror_.free_count, free_count_.as<void>(), 4, cudaMemcpyDeviceToHost));
   }
 
   void append(const std::vector<int>& slots, const TensorView& k, const TensorView& v) override {
@@ -179,8 +183,8 @@ class CudaKvStore final : public KvStore {
     mirror_.check_open(slot, "slot");
     KVC_CHECK(k.ndim == 3, "k.ndim = ", k.ndim, " must be 3 ([T, num_kv_heads, head_dim])");
     const std::int64_t T = k.shape[0];
-    KVC_CHECK(T <= config_.max_context, "k.shape[0] = ", T, " exceeds max_context = ",
-              config_.max_context);
+    KVC_CHECK(T <= config_.max_context, "k.shape[0] = ", T,
+              " exceeds max_context = ", config_.max_context);
     check_view(k, "k", config_.dtype, {T, config_.num_kv_heads, config_.head_dim}, device_);
     check_view(v, "v", config_.dtype, {T, config_.num_kv_heads, config_.head_dim}, device_);
     const std::vector<int> slots{slot}, counts{static_cast<int>(T)};
@@ -217,10 +221,14 @@ class CudaKvStore final : public KvStore {
   }
 
   void upload_mirror() {
-    KVC_CUDA_THROW(cudaMemcpy(lengths_.as<void>(), mirror_.lengths.data(), mirror_.lengths.size() * 4, cudaMemcpyHostToDevice));
-    KVC_CUDA_THROW(cudaMemcpy(table_.as<void>(), mirror_.block_table.data(), mirror_.block_table.size() * 4, cudaMemcpyHostToDevice));
-    KVC_CUDA_THROW(cudaMemcpy(free_blocks_.as<void>(), mirror_.free_blocks.data(), mirror_.free_blocks.size() * 4, cudaMemcpyHostToDevice));
-    KVC_CUDA_THROW(cudaMemcpy(free_count_.as<void>(), &mirror_.free_count, 4, cudaMemcpyHostToDevice));
+    KVC_CUDA_THROW(cudaMemcpy(lengths_.as<void>(), mirror_.lengths.data(),
+                              mirror_.lengths.size() * 4, cudaMemcpyHostToDevice));
+    KVC_CUDA_THROW(cudaMemcpy(table_.as<void>(), mirror_.block_table.data(),
+                              mirror_.block_table.size() * 4, cudaMemcpyHostToDevice));
+    KVC_CUDA_THROW(cudaMemcpy(free_blocks_.as<void>(), mirror_.free_blocks.data(),
+                              mirror_.free_blocks.size() * 4, cudaMemcpyHostToDevice));
+    KVC_CUDA_THROW(
+        cudaMemcpy(free_count_.as<void>(), &mirror_.free_count, 4, cudaMemcpyHostToDevice));
   }
 
   static void copy_down(std::vector<std::int32_t>& dst, const DeviceBuffer& src) {

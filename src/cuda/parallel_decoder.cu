@@ -49,8 +49,8 @@ __global__ void __launch_bounds__(kThreads)
 // every shard's candidates at their logical ids (distinct across shards: no write conflicts).
 __global__ void __launch_bounds__(kThreads)
     build_rows_kernel(StoreView s, const std::int32_t* slots, int rows, int rows_per_seq,
-                      const BlockCandidate* recv, int num_shards, int M, float* scores,
-                      int pitch, std::int32_t* valid) {
+                      const BlockCandidate* recv, int num_shards, int M, float* scores, int pitch,
+                      std::int32_t* valid) {
   const int r = blockIdx.x;
   const int L = s.lengths[slots[r / rows_per_seq]];
   const int closed = L > s.recent_window ? (L - s.recent_window) / s.block_size : 0;

@@ -20,12 +20,11 @@
 #include "kvc/parallel/context_parallel.h"
 
 /// Evaluates an NCCL call and throws kvc::Error naming it and NCCL's error string on failure.
-#define KVC_NCCL_THROW(expr)                                                              \
-  do {                                                                                    \
-    const ncclResult_t kvc_nccl_err_ = (expr);                                            \
-    KVC_CHECK(kvc_nccl_err_ == ncclSuccess, #expr, " failed: ",                           \
-              ncclGetErrorString(kvc_nccl_err_), " (ncclResult_t ", static_cast<int>(kvc_nccl_err_), \
-              ")");                                                                       \
+#define KVC_NCCL_THROW(expr)                                                                       \
+  do {                                                                                             \
+    const ncclResult_t kvc_nccl_err_ = (expr);                                                     \
+    KVC_CHECK(kvc_nccl_err_ == ncclSuccess, #expr, " failed: ", ncclGetErrorString(kvc_nccl_err_), \
+              " (ncclResult_t ", static_cast<int>(kvc_nccl_err_), ")");                            \
   } while (0)
 
 namespace kvc {
@@ -51,8 +50,8 @@ class NcclCommunicator final : public ShardCommunicator {
     if (bytes == 0) return;
     KVC_CHECK(send != nullptr && recv != nullptr, "all_gather: send and recv must be non-null");
     detail::DeviceGuard guard(device_);
-    KVC_NCCL_THROW(ncclAllGather(send, recv, bytes, ncclUint8, comm_,
-                                 static_cast<cudaStream_t>(stream)));
+    KVC_NCCL_THROW(
+        ncclAllGather(send, recv, bytes, ncclUint8, comm_, static_cast<cudaStream_t>(stream)));
   }
 
   void begin_group() override { KVC_NCCL_THROW(ncclGroupStart()); }
@@ -79,10 +78,10 @@ std::vector<std::unique_ptr<ShardCommunicator>> create_nccl_communicators(
   const int present = cuda_device_count();
   KVC_CHECK(n >= 1, "create_nccl_communicators: devices is empty");
   for (int i = 0; i < n; ++i) {
-    KVC_CHECK(devices[static_cast<std::size_t>(i)] >= 0 &&
-                  devices[static_cast<std::size_t>(i)] < present,
-              "create_nccl_communicators: devices[", i, "] = ", devices[static_cast<std::size_t>(i)],
-              " is not present (CUDA devices: ", present, ")");
+    KVC_CHECK(
+        devices[static_cast<std::size_t>(i)] >= 0 && devices[static_cast<std::size_t>(i)] < present,
+        "create_nccl_communicators: devices[", i, "] = ", devices[static_cast<std::size_t>(i)],
+        " is not present (CUDA devices: ", present, ")");
     for (int j = 0; j < i; ++j) {
       KVC_CHECK(devices[static_cast<std::size_t>(i)] != devices[static_cast<std::size_t>(j)],
                 "create_nccl_communicators: device ", devices[static_cast<std::size_t>(i)],

@@ -1037,7 +1037,8 @@ TEST(Cpu_AttentionConfig, ValidationNamesTheField) {
   }
   expect_error([] { parse_attention_mode("sparse"); }, {"mode = 'sparse'"});
   // A CUDA device that is not present (or a build without CUDA) is named in the error.
-  expect_error([] { AttentionBackend::create(AttentionConfig{}, Device::cuda(999)); }, {"cuda:999"});
+  expect_error([] { AttentionBackend::create(AttentionConfig{}, Device::cuda(999)); },
+               {"cuda:999"});
   bad([](AttentionConfig& c) { c.max_batch = 0; }, "max_batch = 0");
   bad([](AttentionConfig& c) { c.max_splits = -1; }, "max_splits = -1");
 }

@@ -9,11 +9,11 @@
 
 #include "kvc/core/types.h"
 
-#define KVC_REQUIRE_GPU()                                                          \
-  do {                                                                             \
-    if (::kvc::cuda_device_count() == 0) {                                         \
+#define KVC_REQUIRE_GPU()                                                                      \
+  do {                                                                                         \
+    if (::kvc::cuda_device_count() == 0) {                                                     \
       GTEST_SKIP() << "no CUDA device: GPU test skipped (CPU reference covered by kvc_tests)"; \
-    }                                                                              \
+    }                                                                                          \
   } while (0)
 
 #define KVC_ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr

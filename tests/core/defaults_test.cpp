@@ -90,7 +90,7 @@ TEST(Cpu_Defaults, FindsTheDilutedNeedleMeanKeysMiss) {
   mean_k.score = SummaryScore::kMeanK;
   const int top = c.policy.k;
   EXPECT_GE(rank_of_needle(mean_k), top);  // mean K misses it at the default's top k
-  EXPECT_EQ(rank_of_needle(c.index), 0);  // the default ranks it first in every kv head
+  EXPECT_EQ(rank_of_needle(c.index), 0);   // the default ranks it first in every kv head
   // And the whole default path selects it and attends (every output element written).
   std::vector<float> scores(static_cast<std::size_t>(hkv) * maxb);
   std::vector<std::int32_t> valid(hkv), ids(static_cast<std::size_t>(hkv) * top), counts(hkv);

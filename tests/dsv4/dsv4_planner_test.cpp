@@ -46,7 +46,8 @@ TEST(Cpu_Dsv4_Planner, StoreFootprintsWithinHalfAPercentOfTheExactArithmetic) {
       Dsv4Options o;
       o.entry_format = fp8 ? planner::EntryFormat::kDsv4Fp8 : planner::EntryFormat::k16Bit;
       o.indexer_format = idx;
-      for (const planner::ModelSpec& m : {planner::deepseek_v4_flash(o), planner::deepseek_v4_pro(o)}) {
+      for (const planner::ModelSpec& m :
+           {planner::deepseek_v4_flash(o), planner::deepseek_v4_pro(o)}) {
         for (int batch : {1, 4}) {
           const ModelFootprint exact = planner::footprint(m, k1M, batch);
           const ModelFootprint stores = planner::dsv4_store_footprint(m, k1M, batch);
@@ -54,7 +55,8 @@ TEST(Cpu_Dsv4_Planner, StoreFootprintsWithinHalfAPercentOfTheExactArithmetic) {
           // Per component: pages of 64 divide 1M / 4 and 1M / 128; MODEL1 pads 64 B per page; the
           // stores add their tables.
           EXPECT_EQ(stores.components.entries >= exact.components.entries, true);
-          EXPECT_LE(static_cast<double>(stores.total), exact.total * 1.005) << m.name << " batch " << batch;
+          EXPECT_LE(static_cast<double>(stores.total), exact.total * 1.005)
+              << m.name << " batch " << batch;
           EXPECT_GE(stores.total, exact.total) << m.name;
           if (!fp8) EXPECT_EQ(stores.components.entries, exact.components.entries) << m.name;
           EXPECT_EQ(stores.components.indexer_keys, exact.components.indexer_keys) << m.name;
@@ -94,7 +96,8 @@ TEST(Cpu_Dsv4_Planner, LayerStoresAreTheObjectsConfigs) {
   EXPECT_EQ(b.ring, ring->footprint().pool);
   EXPECT_EQ(b.indexer_keys, keys->footprint().pool);
   EXPECT_EQ(b.entries, compute_footprint(s.entries).pool);
-  EXPECT_EQ(b.tables, ring->footprint().tables + keys->footprint().tables + compute_footprint(s.entries).tables);
+  EXPECT_EQ(b.tables, ring->footprint().tables + keys->footprint().tables +
+                          compute_footprint(s.entries).tables);
   // The CPU compressor's state: the same planes (host lengths are 8 bytes each, the device's 4).
   auto comp = Compressor::create(s.compressor, Device::cpu());
   EXPECT_EQ(comp->state_bytes() - 8 * 2, 2ull * 8 * 1024 * 4 * 2);
@@ -119,7 +122,8 @@ TEST(Cpu_Dsv4_Planner, PinnedTotalsAt1M) {
 TEST(Cpu_Dsv4_Planner, WhatTheStoresDoNotHold) {
   planner::ModelSpec m = planner::deepseek_v4_flash();
   m.num_kv_heads = 2;
-  expect_error([&] { planner::dsv4_store_footprint(m, k1M, 1); }, {"num_kv_heads = 2", "must be 1"});
+  expect_error([&] { planner::dsv4_store_footprint(m, k1M, 1); },
+               {"num_kv_heads = 2", "must be 1"});
   m = planner::deepseek_v4_flash();
   m.layers[1].compressed.ratio = 16;
   expect_error([&] { planner::dsv4_store_footprint(m, k1M, 1); }, {"layers[1]", "ratio = 16"});

@@ -1,5 +1,7 @@
 // BlockIndex on the CPU: scores against a float64 oracle, GQA sum/max, shared rows, Quest's
 // upper-bound property, and argument validation.
+#include "kvc/index/block_index.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,7 +11,6 @@
 
 #include "common/random.h"
 #include "kvc/core/error.h"
-#include "kvc/index/block_index.h"
 #include "kvc/store/block_codec.h"
 
 namespace kvc {
@@ -80,7 +81,8 @@ void check_against_oracle(SummaryScore score, GqaAggregate agg, bool shared, int
   const int maxb = fx.sc.max_blocks_per_slot();
   std::vector<float> scores(static_cast<std::size_t>(rows) * maxb, -12345.0f);
   std::vector<std::int32_t> valid(rows, -1);
-  index->score(*fx.store, slots, TensorView::contiguous(q.data(), DType::kF16, {4, T, c.num_q_heads, 64}),
+  index->score(*fx.store, slots,
+               TensorView::contiguous(q.data(), DType::kF16, {4, T, c.num_q_heads, 64}),
                ScoresView{scores.data(), valid.data(), rows, maxb});
   const StoreView s = fx.store->view();
   const double scale = 1.0 / 8.0;
@@ -100,7 +102,8 @@ void check_against_oracle(SummaryScore score, GqaAggregate agg, bool shared, int
             for (int i = 0; i < 64; ++i) {
               qd[i] = half_bits_to_float(q[((b * T + t) * c.num_q_heads + g) * 64 + i]);
             }
-            const double v = scale * oracle_head(s, pb, g / G, qd, score == SummaryScore::kQuestMinMax);
+            const double v =
+                scale * oracle_head(s, pb, g / G, qd, score == SummaryScore::kQuestMinMax);
             want = agg == GqaAggregate::kSum ? want + v : std::max(want, v);
           }
           ASSERT_NEAR(scores[row * maxb + j], want, 1e-4 * (1 + std::abs(want)))
@@ -111,11 +114,21 @@ void check_against_oracle(SummaryScore score, GqaAggregate agg, bool shared, int
   }
 }
 
-TEST(Cpu_BlockIndex, MeanK_Sum_PerHead) { check_against_oracle(SummaryScore::kMeanK, GqaAggregate::kSum, false, 4, 1); }
-TEST(Cpu_BlockIndex, MeanK_Max_PerHead_Verify3) { check_against_oracle(SummaryScore::kMeanK, GqaAggregate::kMax, false, 3, 3); }
-TEST(Cpu_BlockIndex, MeanK_Sum_Shared) { check_against_oracle(SummaryScore::kMeanK, GqaAggregate::kSum, true, 2, 2); }
-TEST(Cpu_BlockIndex, Quest_Max_PerHead) { check_against_oracle(SummaryScore::kQuestMinMax, GqaAggregate::kMax, false, 1, 1); }
-TEST(Cpu_BlockIndex, Quest_Sum_Shared_G128) { check_against_oracle(SummaryScore::kQuestMinMax, GqaAggregate::kSum, true, 128, 1); }
+TEST(Cpu_BlockIndex, MeanK_Sum_PerHead) {
+  check_against_oracle(SummaryScore::kMeanK, GqaAggregate::kSum, false, 4, 1);
+}
+TEST(Cpu_BlockIndex, MeanK_Max_PerHead_Verify3) {
+  check_against_oracle(SummaryScore::kMeanK, GqaAggregate::kMax, false, 3, 3);
+}
+TEST(Cpu_BlockIndex, MeanK_Sum_Shared) {
+  check_against_oracle(SummaryScore::kMeanK, GqaAggregate::kSum, true, 2, 2);
+}
+TEST(Cpu_BlockIndex, Quest_Max_PerHead) {
+  check_against_oracle(SummaryScore::kQuestMinMax, GqaAggregate::kMax, false, 1, 1);
+}
+TEST(Cpu_BlockIndex, Quest_Sum_Shared_G128) {
+  check_against_oracle(SummaryScore::kQuestMinMax, GqaAggregate::kSum, true, 128, 1);
+}
 
 // Quest's score bounds every key of the block from above: s·Σ max(q·min, q·max) ≥ s·q·k.
 TEST(Cpu_BlockIndex, QuestIsAnUpperBound) {
@@ -138,7 +151,8 @@ TEST(Cpu_BlockIndex, QuestIsAnUpperBound) {
       const int pb = s.block_table[j];
       for (int t = 0; t < s.block_size; ++t) {
         double dot = 0;
-        for (int i = 0; i < 128; ++i) dot += half_bits_to_float(q[i]) * store::old_k_at(s, pb, 0, t, i);
+        for (int i = 0; i < 128; ++i)
+          dot += half_bits_to_float(q[i]) * store::old_k_at(s, pb, 0, t, i);
         EXPECT_GE(scores[j] + 1e-4, dot * c.scale());
       }
     }
@@ -226,13 +240,33 @@ TEST(Cpu_BlockIndex, BadArgumentsAreNamed) {
       EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
     }
   };
-  expect([&] { index->score(*fx.store, {0}, qv, ScoresView{scores.data(), valid.data(), 1, 64}); }, "out.rows = 1");
-  expect([&] { index->score(*fx.store, {0}, qv, ScoresView{scores.data(), valid.data(), 2, 3}); }, "out.max_blocks = 3");
-  expect([&] { index->score(*fx.store, {1}, qv, ScoresView{scores.data(), valid.data(), 2, 64}); }, "slots[0] = 1");
+  expect(
+      [&] {
+        index->score(*fx.store, {0}, qv, ScoresView{scores.data(), valid.data(), 1, 64});
+      },
+      "out.rows = 1");
+  expect(
+      [&] {
+        index->score(*fx.store, {0}, qv, ScoresView{scores.data(), valid.data(), 2, 3});
+      },
+      "out.max_blocks = 3");
+  expect(
+      [&] {
+        index->score(*fx.store, {1}, qv, ScoresView{scores.data(), valid.data(), 2, 64});
+      },
+      "slots[0] = 1");
   auto q2 = TensorView::contiguous(q.data(), DType::kF16, {1, 2, 4, 64});
-  expect([&] { index->score(*fx.store, {0}, q2, ScoresView{scores.data(), valid.data(), 4, 64}); }, "max_query_tokens = 1");
+  expect(
+      [&] {
+        index->score(*fx.store, {0}, q2, ScoresView{scores.data(), valid.data(), 4, 64});
+      },
+      "max_query_tokens = 1");
   auto qbf = TensorView::contiguous(q.data(), DType::kBF16, {1, 1, 4, 64});
-  expect([&] { index->score(*fx.store, {0}, qbf, ScoresView{scores.data(), valid.data(), 2, 64}); }, "q.dtype = bf16");
+  expect(
+      [&] {
+        index->score(*fx.store, {0}, qbf, ScoresView{scores.data(), valid.data(), 2, 64});
+      },
+      "q.dtype = bf16");
   BlockIndexConfig quest = c;
   quest.score = SummaryScore::kQuestMinMax;
   KvStoreConfig sc = fx.sc;
@@ -240,7 +274,11 @@ TEST(Cpu_BlockIndex, BadArgumentsAreNamed) {
   auto plain = KvStore::create(sc, Device::cpu());
   plain->open_slot();
   auto qi = BlockIndex::create(quest, Device::cpu());
-  expect([&] { qi->score(*plain, {0}, qv, ScoresView{scores.data(), valid.data(), 2, 64}); }, "kSummaryMinMaxK");
+  expect(
+      [&] {
+        qi->score(*plain, {0}, qv, ScoresView{scores.data(), valid.data(), 2, 64});
+      },
+      "kSummaryMinMaxK");
   BlockIndexConfig badc = c;
   badc.num_q_heads = 6;
   badc.num_kv_heads = 4;

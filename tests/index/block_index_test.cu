@@ -98,11 +98,13 @@ TEST_P(Cuda_BlockIndex_MatchesCpu, Scores) {
   DeviceArray<std::int32_t> dslots(slots);
   // 0, 1: BlockIndex with the general and the fast kernel (the library's choice); 2 and on: the
   // byte-floor kernel's variants pinned (kernels/index/summary_variant.h) through the kernel layer.
-  const SummaryKernels variants[] = {SummaryKernels::kThreadPerRow, SummaryKernels::kWarpPerRow,
-                                     SummaryKernels::kTensorCore, SummaryKernels::kTensorCoreTiles1,
-                                     SummaryKernels::kTensorCoreTiles4,
-                                     SummaryKernels::kTensorCoreQueryPerTile};
-  const char* variant_names[] = {"fast, thread per row", "fast, warp per row", "fast, tensor cores",
+  const SummaryKernels variants[] = {
+      SummaryKernels::kThreadPerRow,     SummaryKernels::kWarpPerRow,
+      SummaryKernels::kTensorCore,       SummaryKernels::kTensorCoreTiles1,
+      SummaryKernels::kTensorCoreTiles4, SummaryKernels::kTensorCoreQueryPerTile};
+  const char* variant_names[] = {"fast, thread per row",
+                                 "fast, warp per row",
+                                 "fast, tensor cores",
                                  "fast, tensor cores, 1 tile per warp",
                                  "fast, tensor cores, 4 tiles per warp",
                                  "fast, tensor cores, query fragments per tile"};

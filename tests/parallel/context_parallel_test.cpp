@@ -4,6 +4,8 @@
 // global_order_is_exact); the merged (out, lse) equals its attention to float rounding in every
 // mode, for batches of sequences of different lengths, formats f16 / q8 / fp16k_q4v, verify
 // tokens and a sink; plus the loopback communicator, the step order and bad arguments.
+#include "kvc/parallel/context_parallel.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,7 +22,6 @@
 #include "kvc/attention/attention.h"
 #include "kvc/core/error.h"
 #include "kvc/index/block_index.h"
-#include "kvc/parallel/context_parallel.h"
 #include "kvc/select/selector.h"
 #include "kvc/store/block_codec.h"
 #include "kvc/store/kv_store.h"
@@ -93,16 +94,20 @@ struct Group {
     const std::int64_t T =
         static_cast<std::int64_t>(k.size()) / (base.num_kv_heads * base.head_dim);
     for (KvStore* s : all()) {
-      s->ingest(slot, TensorView::contiguous(k.data(), base.dtype, {T, base.num_kv_heads, base.head_dim}),
-                TensorView::contiguous(v.data(), base.dtype, {T, base.num_kv_heads, base.head_dim}));
+      s->ingest(
+          slot, TensorView::contiguous(k.data(), base.dtype, {T, base.num_kv_heads, base.head_dim}),
+          TensorView::contiguous(v.data(), base.dtype, {T, base.num_kv_heads, base.head_dim}));
     }
   }
   void append(const std::vector<int>& slots, std::vector<std::uint16_t>& k,
               std::vector<std::uint16_t>& v) {
     const std::int64_t n_slots = static_cast<std::int64_t>(slots.size());
     for (KvStore* s : all()) {
-      s->append(slots, TensorView::contiguous(k.data(), base.dtype, {n_slots, base.num_kv_heads, base.head_dim}),
-                TensorView::contiguous(v.data(), base.dtype, {n_slots, base.num_kv_heads, base.head_dim}));
+      s->append(
+          slots,
+          TensorView::contiguous(k.data(), base.dtype, {n_slots, base.num_kv_heads, base.head_dim}),
+          TensorView::contiguous(v.data(), base.dtype,
+                                 {n_slots, base.num_kv_heads, base.head_dim}));
     }
   }
 };
@@ -178,7 +183,8 @@ TEST(Cpu_Sharding_Config, OwnershipCountsAndValidation) {
   };
   bad([](KvStoreConfig& b) { b.num_shards = 0; }, "num_shards = 0");
   bad([](KvStoreConfig& b) { b.shard_index = 1; }, "shard_index = 1");
-  bad([](KvStoreConfig& b) {
+  bad(
+      [](KvStoreConfig& b) {
         b.num_shards = 4;
         b.shard_index = -1;
       },
@@ -206,9 +212,11 @@ void expect_shards_hold_the_blocks(Group& g) {
         for (int p = std::max(0, L - f.recent_window); p < L; ++p) {
           const std::size_t o = store::ring_row_index(f, slot, h, p % f.recent_window) * d * 2;
           ASSERT_EQ(std::memcmp(static_cast<const std::uint8_t*>(f.ring_k) + o,
-                                static_cast<const std::uint8_t*>(s.ring_k) + o, d * 2), 0);
+                                static_cast<const std::uint8_t*>(s.ring_k) + o, d * 2),
+                    0);
           ASSERT_EQ(std::memcmp(static_cast<const std::uint8_t*>(f.ring_v) + o,
-                                static_cast<const std::uint8_t*>(s.ring_v) + o, d * 2), 0);
+                                static_cast<const std::uint8_t*>(s.ring_v) + o, d * 2),
+                    0);
         }
       }
       const int old = std::max(0, L - f.recent_window);
@@ -227,13 +235,16 @@ void expect_shards_hold_the_blocks(Group& g) {
           const std::size_t sr = store::old_row_index(s, spb, h, 0);
           ASSERT_EQ(std::memcmp(f.old_k + fr * kb, s.old_k + sr * kb, rows * kb), 0);
           ASSERT_EQ(std::memcmp(f.old_v + fr * vb, s.old_v + sr * vb, rows * vb), 0);
-          if (f.old_k_scale) ASSERT_EQ(std::memcmp(f.old_k_scale + fr, s.old_k_scale + sr, rows * 4), 0);
-          if (f.old_v_scale) ASSERT_EQ(std::memcmp(f.old_v_scale + fr, s.old_v_scale + sr, rows * 4), 0);
+          if (f.old_k_scale)
+            ASSERT_EQ(std::memcmp(f.old_k_scale + fr, s.old_k_scale + sr, rows * 4), 0);
+          if (f.old_v_scale)
+            ASSERT_EQ(std::memcmp(f.old_v_scale + fr, s.old_v_scale + sr, rows * 4), 0);
           if (rows < B) continue;
           const std::size_t fo = store::block_head_index(f, fpb, h) * d;
           const std::size_t so = store::block_head_index(s, spb, h) * d;
-          for (const auto& pair : {std::make_pair(f.mean_k, s.mean_k), std::make_pair(f.mean_v, s.mean_v),
-                                   std::make_pair(f.min_k, s.min_k), std::make_pair(f.max_k, s.max_k)}) {
+          for (const auto& pair :
+               {std::make_pair(f.mean_k, s.mean_k), std::make_pair(f.mean_v, s.mean_v),
+                std::make_pair(f.min_k, s.min_k), std::make_pair(f.max_k, s.max_k)}) {
             const std::size_t eb = store::summary_elem_bytes(f);
             ASSERT_EQ(std::memcmp(static_cast<const std::uint8_t*>(pair.first) + fo * eb,
                                   static_cast<const std::uint8_t*>(pair.second) + so * eb, d * eb),
@@ -244,7 +255,8 @@ void expect_shards_hold_the_blocks(Group& g) {
       }
     }
     const KvStore& shard = *g.shards[static_cast<std::size_t>(r)];
-    EXPECT_EQ(shard.free_pool_blocks(), shard.config().pool_blocks() - held[static_cast<std::size_t>(r)]);
+    EXPECT_EQ(shard.free_pool_blocks(),
+              shard.config().pool_blocks() - held[static_cast<std::size_t>(r)]);
   }
 }
 
@@ -303,10 +315,12 @@ TEST(Cpu_Sharding_Store, PoolSizedForOwnedBlocksAndExhaustionNamed) {
             TensorView::contiguous(k.data(), DType::kF16, {52, 2, 64}));
   EXPECT_EQ(s->free_pool_blocks(), 0);
   auto k2 = random_bits16(4 * token, DType::kF16, 2);  // block 9 starts: a third owned block
-  expect_error([&] {
-    s->ingest(0, TensorView::contiguous(k2.data(), DType::kF16, {4, 2, 64}),
-              TensorView::contiguous(k2.data(), DType::kF16, {4, 2, 64}));
-  }, {"pool exhausted", "needs 1"});
+  expect_error(
+      [&] {
+        s->ingest(0, TensorView::contiguous(k2.data(), DType::kF16, {4, 2, 64}),
+                  TensorView::contiguous(k2.data(), DType::kF16, {4, 2, 64}));
+      },
+      {"pool exhausted", "needs 1"});
   EXPECT_EQ(s->length(0), 52);
 }
 
@@ -350,9 +364,12 @@ TEST(Cpu_Sharding_Index, LocalScoresAreTheUnshardedScoresOfOwnedBlocks) {
         // A score view sized for the unsharded store is accepted; one too small is named.
         std::vector<float> small(static_cast<std::size_t>(rows) * std::max(owned - 1, 1));
         if (owned > 1 && n > 1) {
-          expect_error([&] {
-            index->score(*g.shards[r], slots, qv, ScoresView{small.data(), sv.data(), rows, owned - 1});
-          }, {"owned_blocks_per_slot", "blocks this shard can own"});
+          expect_error(
+              [&] {
+                index->score(*g.shards[r], slots, qv,
+                             ScoresView{small.data(), sv.data(), rows, owned - 1});
+              },
+              {"owned_blocks_per_slot", "blocks this shard can own"});
         }
       }
     }
@@ -388,7 +405,7 @@ ContextParallelConfig cp_config(const SelectPolicy& policy, AttentionMode mode, 
 }
 
 struct Result {
-  Ids ids;               // [rows, pitch]
+  Ids ids;  // [rows, pitch]
   std::vector<int> counts;
   int pitch = 0;
   std::vector<float> out;  // [batch, T, Hq, d] f32
@@ -453,8 +470,7 @@ Sharded context_parallel(Group& g, const ContextParallelConfig& c, const std::ve
   sh.outs.assign(g.n, std::vector<float>(static_cast<std::size_t>(batch) * T * 4 * 64, kNaN));
   sh.lses.assign(g.n, std::vector<float>(static_cast<std::size_t>(batch) * T * 4, kNaN));
   for (int r = 0; r < g.n; ++r) {
-    sh.decoders.push_back(
-        ContextParallelDecoder::create(c, g.shards[r]->config(), Device::cpu()));
+    sh.decoders.push_back(ContextParallelDecoder::create(c, g.shards[r]->config(), Device::cpu()));
     ShardStep& s = steps[r];
     s.decoder = sh.decoders.back().get();
     s.store = g.shards[r].get();
@@ -545,14 +561,16 @@ void run_step_case(const StepCase& sc, AttentionMode mode, bool with_sink, std::
   const float* s = with_sink ? sink.data() : nullptr;
   const Result want = single_device(*g.full, c, slots, qv, s);
   std::vector<HostSelectionReport> reports;
-  const Sharded got = context_parallel(g, c, slots, qv, s, uses_selection(mode) ? &reports : nullptr);
+  const Sharded got =
+      context_parallel(g, c, slots, qv, s, uses_selection(mode) ? &reports : nullptr);
   const std::string what = std::string(to_string(sc.format)) + " N=" + std::to_string(sc.shards) +
                            " " + to_string(sc.policy.kind) + "/" + to_string(sc.policy.order) +
                            " mode " + to_string(mode) + (sc.shared ? " shared" : "") +
                            " T=" + std::to_string(sc.T);
   for (int r = 0; r < sc.shards; ++r) {
     if (uses_selection(mode)) {
-      expect_same_selection(want, *got.decoders[r], sc.policy, what + " shard " + std::to_string(r));
+      expect_same_selection(want, *got.decoders[r], sc.policy,
+                            what + " shard " + std::to_string(r));
       const HostSelectionReport& rep = reports[r];
       for (int row = 0; row < rep.rows; ++row) {
         const float a = rep.cutoff_margin[row], b = want.report.cutoff_margin[row];
@@ -582,8 +600,7 @@ void run_step_case(const StepCase& sc, AttentionMode mode, bool with_sink, std::
   }
 }
 
-class Cpu_ContextParallel_Exact
-    : public ::testing::TestWithParam<std::tuple<Format, int, int>> {};
+class Cpu_ContextParallel_Exact : public ::testing::TestWithParam<std::tuple<Format, int, int>> {};
 
 std::vector<SelectPolicy> policies() {
   using O = SelectPolicy::Order;
@@ -615,21 +632,22 @@ TEST_P(Cpu_ContextParallel_Exact, EveryPolicyMatchesOneStore) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(All, Cpu_ContextParallel_Exact,
-                         ::testing::Combine(::testing::Values(Format::kF16, Format::kQ8,
-                                                              Format::kFp16kQ4v),
-                                            ::testing::Values(1, 2, 3, 4),
-                                            ::testing::Values(0, 1, 2)));
+INSTANTIATE_TEST_SUITE_P(
+    All, Cpu_ContextParallel_Exact,
+    ::testing::Combine(::testing::Values(Format::kF16, Format::kQ8, Format::kFp16kQ4v),
+                       ::testing::Values(1, 2, 3, 4), ::testing::Values(0, 1, 2)));
 
 TEST(Cpu_ContextParallel_Modes, EveryAttentionModeMergesToOneStore) {
-  const AttentionMode modes[] = {AttentionMode::kDense,        AttentionMode::kDenseRecentOnly,
-                                 AttentionMode::kRecentOnly,   AttentionMode::kBlockSummary,
-                                 AttentionMode::kBlockSelectLossy, AttentionMode::kBlockSelectExact};
+  const AttentionMode modes[] = {AttentionMode::kDense,
+                                 AttentionMode::kDenseRecentOnly,
+                                 AttentionMode::kRecentOnly,
+                                 AttentionMode::kBlockSummary,
+                                 AttentionMode::kBlockSelectLossy,
+                                 AttentionMode::kBlockSelectExact};
   for (int n : {1, 2, 3, 4}) {
     for (AttentionMode m : modes) {
       for (int T : {1, 4}) {
-        run_step_case({Format::kFp16kQ4v, n, SelectPolicy::topk(6), false, T}, m, true,
-                      7 * n + T);
+        run_step_case({Format::kFp16kQ4v, n, SelectPolicy::topk(6), false, T}, m, true, 7 * n + T);
       }
     }
   }
@@ -677,9 +695,9 @@ TEST(Cpu_ContextParallel_Selection, TiesAndNaNScoresRankAsOnOneStore) {
 }
 
 TEST(Cpu_ContextParallel_Telemetry, ShardCountsAddUpToOneStore) {
-  for (AttentionMode m : {AttentionMode::kDense, AttentionMode::kDenseRecentOnly,
-                          AttentionMode::kBlockSummary, AttentionMode::kBlockSelectLossy,
-                          AttentionMode::kBlockSelectExact}) {
+  for (AttentionMode m :
+       {AttentionMode::kDense, AttentionMode::kDenseRecentOnly, AttentionMode::kBlockSummary,
+        AttentionMode::kBlockSelectLossy, AttentionMode::kBlockSelectExact}) {
     const int n = 3;
     Group g(store_config(Format::kQ8), n);
     fill(g, {170, 259, 9, 37, 404}, 8);
@@ -722,8 +740,8 @@ TEST(Cpu_ContextParallel, OutputInTheAttentionDtypeAndNoLse) {
   Group g(store_config(Format::kFp16kQ4v), 2);
   fill(g, {170, 259}, 2);
   const std::vector<int> slots{0, 1};
-  const ContextParallelConfig c = cp_config(SelectPolicy::topk(4), AttentionMode::kBlockSelectExact,
-                                            false, 1, 2);
+  const ContextParallelConfig c =
+      cp_config(SelectPolicy::topk(4), AttentionMode::kBlockSelectExact, false, 1, 2);
   auto q = random_bits16(2 * 4 * 64, DType::kF16, 3);
   const TensorView qv = TensorView::contiguous(q.data(), DType::kF16, {2, 1, 4, 64});
   const Result want = single_device(*g.full, c, slots, qv, nullptr);
@@ -733,9 +751,11 @@ TEST(Cpu_ContextParallel, OutputInTheAttentionDtypeAndNoLse) {
   std::vector<ShardStep> steps(2);
   for (int r = 0; r < 2; ++r) {
     dec.push_back(ContextParallelDecoder::create(c, g.shards[r]->config(), Device::cpu()));
-    steps[r] = ShardStep{dec[r].get(), g.shards[r].get(), comms[r].get(), qv, nullptr,
-                         TensorView::contiguous(outs[r].data(), DType::kF16, {2, 1, 4, 64}),
-                         TensorView{}};
+    steps[r] = ShardStep{
+        dec[r].get(),   g.shards[r].get(),
+        comms[r].get(), qv,
+        nullptr,        TensorView::contiguous(outs[r].data(), DType::kF16, {2, 1, 4, 64}),
+        TensorView{}};
   }
   run_context_parallel_step(steps, slots);
   for (std::size_t i = 0; i < want.out.size(); ++i) {
@@ -918,8 +938,10 @@ TEST(Cpu_ContextParallel, BadArgumentsAndStepOrderAreNamed) {
   };
   bad_config([](ContextParallelConfig& b) { b.attention.num_q_heads = 8; },
              "attention.num_q_heads = 8");
-  bad_config([](ContextParallelConfig& b) { b.attention.head_dim = 128; }, "attention.head_dim = 128");
-  bad_config([](ContextParallelConfig& b) { b.attention.dtype = DType::kBF16; }, "attention.dtype = bf16");
+  bad_config([](ContextParallelConfig& b) { b.attention.head_dim = 128; },
+             "attention.head_dim = 128");
+  bad_config([](ContextParallelConfig& b) { b.attention.dtype = DType::kBF16; },
+             "attention.dtype = bf16");
   bad_config([](ContextParallelConfig& b) { b.index.max_query_tokens = 2; },
              "attention.max_query_tokens = 1");
   bad_config([](ContextParallelConfig& b) { b.policy.k = -1; }, "k = -1");
@@ -945,8 +967,10 @@ TEST(Cpu_ContextParallel, BadArgumentsAndStepOrderAreNamed) {
   EXPECT_EQ(dec->candidate_exchange().bytes, static_cast<std::size_t>(c.index.rows(2, 1)) * 5 * 8);
   expect_error([&] { dec->exchange_candidates(*comms[1]); }, {"rank 1 of 2", "shard 0 of 2"});
   expect_error([&] { dec->exchange_candidates(*wrong[0]); }, {"rank 0 of 3"});
-  expect_error([&] { dec->attend(*g.shards[0], nullptr); }, {"attend", "must follow select_global"});
-  expect_error([&] { dec->merge(TensorView{}, TensorView{}); }, {"merge", "must follow exchange_states"});
+  expect_error([&] { dec->attend(*g.shards[0], nullptr); },
+               {"attend", "must follow select_global"});
+  expect_error([&] { dec->merge(TensorView{}, TensorView{}); },
+               {"merge", "must follow exchange_states"});
 
   std::vector<ShardStep> steps(2);
   auto dec1 = ContextParallelDecoder::create(c, g.shards[1]->config(), Device::cpu());
@@ -955,7 +979,8 @@ TEST(Cpu_ContextParallel, BadArgumentsAndStepOrderAreNamed) {
   expect_error([&] { run_context_parallel_step(steps, slots); },
                {"shards[0]", "shard_index = 1", "shard order"});
   steps.resize(1);
-  expect_error([&] { run_context_parallel_step(steps, slots); }, {"num_shards = 2", "shards.size() = 1"});
+  expect_error([&] { run_context_parallel_step(steps, slots); },
+               {"num_shards = 2", "shards.size() = 1"});
 }
 
 }  // namespace

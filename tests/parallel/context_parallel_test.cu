@@ -58,8 +58,10 @@ struct Feed {
                 TensorView::contiguous(v.data(), c.dtype, {n, c.num_kv_heads, c.head_dim}));
     }
     for (KvStore* s : gpu) {
-      s->ingest(slot, TensorView::contiguous(dk.get(), c.dtype, {n, c.num_kv_heads, c.head_dim}, s->device()),
-                TensorView::contiguous(dv.get(), c.dtype, {n, c.num_kv_heads, c.head_dim}, s->device()));
+      s->ingest(
+          slot,
+          TensorView::contiguous(dk.get(), c.dtype, {n, c.num_kv_heads, c.head_dim}, s->device()),
+          TensorView::contiguous(dv.get(), c.dtype, {n, c.num_kv_heads, c.head_dim}, s->device()));
     }
   }
   void append(const std::vector<int>& slots, std::mt19937& rng) {
@@ -73,16 +75,20 @@ struct Feed {
                 TensorView::contiguous(v.data(), c.dtype, {n, c.num_kv_heads, c.head_dim}));
     }
     for (KvStore* s : gpu) {
-      s->append(slots, TensorView::contiguous(dk.get(), c.dtype, {n, c.num_kv_heads, c.head_dim}, s->device()),
-                TensorView::contiguous(dv.get(), c.dtype, {n, c.num_kv_heads, c.head_dim}, s->device()));
+      s->append(
+          slots,
+          TensorView::contiguous(dk.get(), c.dtype, {n, c.num_kv_heads, c.head_dim}, s->device()),
+          TensorView::contiguous(dv.get(), c.dtype, {n, c.num_kv_heads, c.head_dim}, s->device()));
     }
   }
 };
 
 void fill_all(Feed& f, std::uint32_t seed) {
   std::mt19937 rng(seed);
-  for (KvStore* s : f.cpu) for (int i = 0; i < 4; ++i) s->open_slot();
-  for (KvStore* s : f.gpu) for (int i = 0; i < 4; ++i) s->open_slot();
+  for (KvStore* s : f.cpu)
+    for (int i = 0; i < 4; ++i) s->open_slot();
+  for (KvStore* s : f.gpu)
+    for (int i = 0; i < 4; ++i) s->open_slot();
   f.ingest(0, 2100, rng);
   f.ingest(1, 75, rng);
   f.ingest(2, 30, rng);
@@ -240,9 +246,14 @@ TEST(Cuda_ContextParallel_OneGpu, NStoresMatchOneStore) {
       outs.push_back(std::make_unique<DeviceArray<float>>(4 * 8 * 128));
       lses.push_back(std::make_unique<DeviceArray<float>>(4 * 8));
       outs.back()->fill_bytes(0xff);
-      steps[r] = ShardStep{dec[r].get(), gpu[r + 1].get(), comms[r].get(), qv, nullptr,
-                           TensorView::contiguous(outs[r]->get(), DType::kF32, {4, 1, 8, 128}, Device::cuda(0)),
-                           TensorView::contiguous(lses[r]->get(), DType::kF32, {4, 1, 8}, Device::cuda(0))};
+      steps[r] = ShardStep{
+          dec[r].get(),
+          gpu[r + 1].get(),
+          comms[r].get(),
+          qv,
+          nullptr,
+          TensorView::contiguous(outs[r]->get(), DType::kF32, {4, 1, 8, 128}, Device::cuda(0)),
+          TensorView::contiguous(lses[r]->get(), DType::kF32, {4, 1, 8}, Device::cuda(0))};
     }
     run_context_parallel_step(steps, slots);
     KVC_ASSERT_CUDA(cudaDeviceSynchronize());
@@ -259,7 +270,8 @@ TEST(Cuda_ContextParallel_OneGpu, NStoresMatchOneStore) {
       cudaMemcpy(ids.data(), gs.ids, ids.size() * 4, cudaMemcpyDeviceToHost);
       cudaMemcpy(counts.data(), gs.counts, rows * 4, cudaMemcpyDeviceToHost);
       for (int row = 0; row < rows; ++row) {
-        std::vector<std::int32_t> a(ids.begin() + row * pitch, ids.begin() + row * pitch + counts[row]);
+        std::vector<std::int32_t> a(ids.begin() + row * pitch,
+                                    ids.begin() + row * pitch + counts[row]);
         std::vector<std::int32_t> b(want_ids.begin() + row * pitch,
                                     want_ids.begin() + row * pitch + want_counts[row]);
         std::sort(a.begin(), a.end());  // neighbors in score order: the set is exact

@@ -47,8 +47,9 @@ void graph_replay_equals_objects(bool default_scoring) {
     auto v = random_bits16(prefill[s] * token, DType::kF16, 200 + s);
     DeviceArray<std::uint16_t> dk(k), dv(v);
     for (auto* st : {graph_store.get(), object_store.get()}) {
-      st->ingest(s, TensorView::contiguous(dk.get(), DType::kF16, {prefill[s], kHkv, kD}, Device::cuda(0)),
-                 TensorView::contiguous(dv.get(), DType::kF16, {prefill[s], kHkv, kD}, Device::cuda(0)));
+      st->ingest(
+          s, TensorView::contiguous(dk.get(), DType::kF16, {prefill[s], kHkv, kD}, Device::cuda(0)),
+          TensorView::contiguous(dv.get(), DType::kF16, {prefill[s], kHkv, kD}, Device::cuda(0)));
     }
   }
   // Every step's inputs, generated up front (never zeros).
@@ -77,8 +78,10 @@ void graph_replay_equals_objects(bool default_scoring) {
   const SelectPolicy policy = SelectPolicy::topk(kTop);
 
   // Kernel-layer buffers of the captured step.
-  DeviceArray<std::uint16_t> step_k(kBatch * token), step_v(kBatch * token), step_q(kBatch * kHq * kD);
-  DeviceArray<float> g_scores(static_cast<std::size_t>(rows) * maxb), o_scores(static_cast<std::size_t>(rows) * maxb);
+  DeviceArray<std::uint16_t> step_k(kBatch * token), step_v(kBatch * token),
+      step_q(kBatch * kHq * kD);
+  DeviceArray<float> g_scores(static_cast<std::size_t>(rows) * maxb),
+      o_scores(static_cast<std::size_t>(rows) * maxb);
   DeviceArray<std::int32_t> g_valid(rows), o_valid(rows), g_ids(rows * kTop), o_ids(rows * kTop),
       g_counts(rows), o_counts(rows);
   DeviceArray<std::uint16_t> g_out(kBatch * kHq * kD), o_out(kBatch * kHq * kD);
@@ -147,16 +150,23 @@ void graph_replay_equals_objects(bool default_scoring) {
   for (int step = 0; step < kSteps; ++step) {
     const std::size_t kv_off = static_cast<std::size_t>(step) * kBatch * token;
     const std::size_t q_off = static_cast<std::size_t>(step) * kBatch * kHq * kD;
-    KVC_ASSERT_CUDA(cudaMemcpyAsync(step_k.get(), d_all_k.get() + kv_off, kBatch * token * 2, cudaMemcpyDeviceToDevice, stream));
-    KVC_ASSERT_CUDA(cudaMemcpyAsync(step_v.get(), d_all_v.get() + kv_off, kBatch * token * 2, cudaMemcpyDeviceToDevice, stream));
-    KVC_ASSERT_CUDA(cudaMemcpyAsync(step_q.get(), d_all_q.get() + q_off, kBatch * kHq * kD * 2, cudaMemcpyDeviceToDevice, stream));
+    KVC_ASSERT_CUDA(cudaMemcpyAsync(step_k.get(), d_all_k.get() + kv_off, kBatch * token * 2,
+                                    cudaMemcpyDeviceToDevice, stream));
+    KVC_ASSERT_CUDA(cudaMemcpyAsync(step_v.get(), d_all_v.get() + kv_off, kBatch * token * 2,
+                                    cudaMemcpyDeviceToDevice, stream));
+    KVC_ASSERT_CUDA(cudaMemcpyAsync(step_q.get(), d_all_q.get() + q_off, kBatch * kHq * kD * 2,
+                                    cudaMemcpyDeviceToDevice, stream));
     KVC_ASSERT_CUDA(cudaGraphLaunch(exec, stream));
     // The same step through the objects.
     object_store->append(slot_list,
-                         TensorView::contiguous(d_all_k.get() + kv_off, DType::kF16, {kBatch, kHkv, kD}, Device::cuda(0)),
-                         TensorView::contiguous(d_all_v.get() + kv_off, DType::kF16, {kBatch, kHkv, kD}, Device::cuda(0)));
-    const TensorView q = TensorView::contiguous(d_all_q.get() + q_off, DType::kF16, {kBatch, 1, kHq, kD}, Device::cuda(0));
-    index->score(*object_store, slot_list, q, ScoresView{o_scores.get(), o_valid.get(), rows, maxb});
+                         TensorView::contiguous(d_all_k.get() + kv_off, DType::kF16,
+                                                {kBatch, kHkv, kD}, Device::cuda(0)),
+                         TensorView::contiguous(d_all_v.get() + kv_off, DType::kF16,
+                                                {kBatch, kHkv, kD}, Device::cuda(0)));
+    const TensorView q = TensorView::contiguous(d_all_q.get() + q_off, DType::kF16,
+                                                {kBatch, 1, kHq, kD}, Device::cuda(0));
+    index->score(*object_store, slot_list, q,
+                 ScoresView{o_scores.get(), o_valid.get(), rows, maxb});
     SelectionView sel{o_ids.get(), o_counts.get(), rows, kTop, false};
     selector->select(ScoresView{o_scores.get(), o_valid.get(), rows, maxb}, policy, sel);
     DecodeArgs d;

@@ -27,7 +27,8 @@ Geometry small_geometry() {
 }
 
 // An output [Hq, d] that is `w` times pattern `p` in every head plus `noise` of background.
-std::vector<float> output_with(const NeedleCase& c, const std::vector<std::pair<int, double>>& mix) {
+std::vector<float> output_with(const NeedleCase& c,
+                               const std::vector<std::pair<int, double>>& mix) {
   const int d = c.geo.head_dim;
   std::vector<float> out(static_cast<std::size_t>(c.geo.num_q_heads()) * d, 0.0f);
   for (int g = 0; g < c.geo.num_q_heads(); ++g)
@@ -109,7 +110,7 @@ TEST(Quality_Judge, PassesARecoveredNeedleAndFailsAMissingOne) {
   EXPECT_TRUE(evaluate(c, output_with(c, {{pat, 0.9}}), p).pass);
   EXPECT_NEAR(evaluate(c, output_with(c, {{pat, 0.9}, {other, 0.4}}), p).needle_coef_min, 0.9,
               1e-6);
-  EXPECT_TRUE(evaluate(c, output_with(c, {{pat, 0.5}}), p).pass);   // exactly the threshold
+  EXPECT_TRUE(evaluate(c, output_with(c, {{pat, 0.5}}), p).pass);  // exactly the threshold
   EXPECT_FALSE(evaluate(c, output_with(c, {{pat, 0.45}}), p).pass);
   EXPECT_FALSE(evaluate(c, output_with(c, {{other, 1.0}}), p).pass);
   std::vector<float> nan_out = output_with(c, {{pat, 0.9}});

@@ -297,41 +297,51 @@ TEST_F(Cpu_Reliability_BadInput, KvStoreConfigAndCreate) {
   std::vector<Row> rows = {
       {"head_dim 96", create_with([](KvStoreConfig& c) { c.head_dim = 96; }), {"head_dim = 96"}},
       {"head_dim 0", create_with([](KvStoreConfig& c) { c.head_dim = 0; }), {"head_dim = 0"}},
-      {"num_kv_heads 0", create_with([](KvStoreConfig& c) { c.num_kv_heads = 0; }),
+      {"num_kv_heads 0",
+       create_with([](KvStoreConfig& c) { c.num_kv_heads = 0; }),
        {"num_kv_heads = 0"}},
-      {"num_kv_heads 257", create_with([](KvStoreConfig& c) { c.num_kv_heads = 257; }),
+      {"num_kv_heads 257",
+       create_with([](KvStoreConfig& c) { c.num_kv_heads = 257; }),
        {"num_kv_heads = 257"}},
       {"max_slots 0", create_with([](KvStoreConfig& c) { c.max_slots = 0; }), {"max_slots = 0"}},
-      {"max_slots 65537", create_with([](KvStoreConfig& c) { c.max_slots = 65537; }),
+      {"max_slots 65537",
+       create_with([](KvStoreConfig& c) { c.max_slots = 65537; }),
        {"max_slots = 65537"}},
-      {"max_context 0", create_with([](KvStoreConfig& c) { c.max_context = 0; }),
+      {"max_context 0",
+       create_with([](KvStoreConfig& c) { c.max_context = 0; }),
        {"max_context = 0"}},
       {"recent_window past max_context",
-       create_with([](KvStoreConfig& c) { c.recent_window = 129; }), {"recent_window = 129"}},
-      {"recent_window 0", create_with([](KvStoreConfig& c) { c.recent_window = 0; }),
+       create_with([](KvStoreConfig& c) { c.recent_window = 129; }),
+       {"recent_window = 129"}},
+      {"recent_window 0",
+       create_with([](KvStoreConfig& c) { c.recent_window = 0; }),
        {"recent_window = 0"}},
-      {"block_size 0", create_with([](KvStoreConfig& c) { c.block_size = 0; }),
-       {"block_size = 0"}},
-      {"block_size 1025", create_with([](KvStoreConfig& c) { c.block_size = 1025; }),
+      {"block_size 0", create_with([](KvStoreConfig& c) { c.block_size = 0; }), {"block_size = 0"}},
+      {"block_size 1025",
+       create_with([](KvStoreConfig& c) { c.block_size = 1025; }),
        {"block_size = 1025"}},
-      {"dtype f32", create_with([](KvStoreConfig& c) { c.dtype = DType::kF32; }),
-       {"dtype = f32"}},
+      {"dtype f32", create_with([](KvStoreConfig& c) { c.dtype = DType::kF32; }), {"dtype = f32"}},
       {"old_format mxfp4 (key-only)",
        create_with([](KvStoreConfig& c) { c.old_format = Format::kMxfp4; }),
        {"old_format = mxfp4"}},
       {"old_format bf16 with dtype f16",
        create_with([](KvStoreConfig& c) { c.old_format = Format::kBF16; }),
        {"old_format = bf16"}},
-      {"num_pool_blocks -1", create_with([](KvStoreConfig& c) { c.num_pool_blocks = -1; }),
+      {"num_pool_blocks -1",
+       create_with([](KvStoreConfig& c) { c.num_pool_blocks = -1; }),
        {"num_pool_blocks = -1"}},
-      {"pool past 2^30", create_with([](KvStoreConfig& c) { c.num_pool_blocks = (1 << 30) + 1; }),
+      {"pool past 2^30",
+       create_with([](KvStoreConfig& c) { c.num_pool_blocks = (1 << 30) + 1; }),
        {"num_pool_blocks = 1073741825"}},
-      {"summaries without mean K", create_with([](KvStoreConfig& c) { c.summaries = 2; }),
+      {"summaries without mean K",
+       create_with([](KvStoreConfig& c) { c.summaries = 2; }),
        {"summaries = 2", "kSummaryMeanK"}},
-      {"summaries unknown bit", create_with([](KvStoreConfig& c) { c.summaries = 17; }),
+      {"summaries unknown bit",
+       create_with([](KvStoreConfig& c) { c.summaries = 17; }),
        {"summaries = 17"}},
       {"device without an implementation",
-       [this] { KvStore::create(mc_, Device::cuda(99)); }, {"device = cuda:99"}},
+       [this] { KvStore::create(mc_, Device::cuda(99)); },
+       {"device = cuda:99"}},
       // max_slots x Hkv x W x d x 4 = 2^16 x 2^8 x 2^29 x 2^9 x 4 = 2^64: the ring's size_t wraps
       // to 0 and the store would be created with a 0-byte ring (fuzz/crashes/store_config/).
       {"ring bytes overflow size_t",
@@ -392,7 +402,8 @@ TEST_F(Cpu_Reliability_BadInput, KvStoreSlotsAppendIngest) {
   strided.stride[0] = 2 * mc_.num_kv_heads * mc_.head_dim;  // a gap between tokens
   std::vector<Row> rows = {
       // open_slot / reset / free / length
-      {"open_slot with every slot open", [this] { full_->open_slot(); },
+      {"open_slot with every slot open",
+       [this] { full_->open_slot(); },
        {"all max_slots = 2 slots are open"}},
       {"reset slot -1", [this] { main_->reset(-1); }, {"slot = -1", "max_slots = 3"}},
       {"reset slot 3", [this] { main_->reset(3); }, {"slot = 3", "max_slots = 3"}},
@@ -400,11 +411,12 @@ TEST_F(Cpu_Reliability_BadInput, KvStoreSlotsAppendIngest) {
       {"free slot 7", [this] { main_->free(7); }, {"slot = 7"}},
       {"free closed slot", [this] { main_->free(2); }, {"slot = 2 is not an open slot"}},
       {"length of slot -1", [this] { (void)main_->length(-1); }, {"slot = -1"}},
-      {"length of a closed slot", [this] { (void)main_->length(2); },
+      {"length of a closed slot",
+       [this] { (void)main_->length(2); },
        {"slot = 2 is not an open slot"}},
-      {"num_closed_blocks of slot 9", [this] { (void)main_->num_closed_blocks(9); },
-       {"slot = 9"}},
-      {"open_block_tokens of a closed slot", [this] { (void)main_->open_block_tokens(2); },
+      {"num_closed_blocks of slot 9", [this] { (void)main_->num_closed_blocks(9); }, {"slot = 9"}},
+      {"open_block_tokens of a closed slot",
+       [this] { (void)main_->open_block_tokens(2); },
        {"slot = 2"}},
       // append
       {"append slot out of range", app({3}, k1, v1), {"slots[0] = 3", "max_slots = 3"}},
@@ -414,18 +426,22 @@ TEST_F(Cpu_Reliability_BadInput, KvStoreSlotsAppendIngest) {
       {"append k null", app({0}, null_data(k1), v1), {"k.data = null"}},
       {"append v null", app({0}, k1, null_data(v1)), {"v.data = null"}},
       {"append k misaligned", app({0}, shifted(k1, 1), v1), {"k.data", "aligned to 2"}},
-      {"append k dtype bf16", app({0}, with_dtype(k1, DType::kBF16), v1),
+      {"append k dtype bf16",
+       app({0}, with_dtype(k1, DType::kBF16), v1),
        {"k.dtype = bf16", "f16"}},
       {"append v dtype f32", app({0}, k1, with_dtype(v1, DType::kF32)), {"v.dtype = f32"}},
-      {"append k on cuda", app({0}, on_device(k1, Device::cuda(0)), v1),
+      {"append k on cuda",
+       app({0}, on_device(k1, Device::cuda(0)), v1),
        {"k.device = cuda:0", "cpu"}},
       {"append k heads 3", app({0}, k3d, v1), {"k.shape = [1, 3, 64]", "[1, 2, 64]"}},
       {"append k rows != slots", app({0}, k2, v2), {"k.shape = [2, 2, 64]", "[1, 2, 64]"}},
       {"append v rows != k rows", app({0, 1}, k2, v1), {"v.shape = [1, 2, 64]"}},
       {"append k not contiguous", app({0, 1}, strided, v2), {"k must be contiguous"}},
-      {"append past max_context", [&] { full_->append({0}, k1, v1); },
+      {"append past max_context",
+       [&] { full_->append({0}, k1, v1); },
        {"slot 0", "24 + 1", "exceeds max_context = 24"}},
-      {"append with the pool exhausted", [&] { full_->append({1}, k1, v1); },
+      {"append with the pool exhausted",
+       [&] { full_->append({1}, k1, v1); },
        {"pool exhausted", "needs 1 new blocks", "only 0"}},
       // ingest
       {"ingest slot 3", [&] { main_->ingest(3, k2, v2); }, {"slot = 3"}},
@@ -441,15 +457,18 @@ TEST_F(Cpu_Reliability_BadInput, KvStoreSlotsAppendIngest) {
          main_->ingest(0, kv(big, 129), kv(big, 129));
        },
        {"k.shape[0] = 129", "max_context = 128"}},
-      {"ingest past max_context", [&] { full_->ingest(0, k1, v1); },
+      {"ingest past max_context",
+       [&] { full_->ingest(0, k1, v1); },
        {"24 + 1", "exceeds max_context = 24"}},
       {"ingest with the pool exhausted", [&] { full_->ingest(1, k2, v2); }, {"pool exhausted"}},
       {"ingest v shorter than k", [&] { main_->ingest(0, k2, v1); }, {"v.shape = [1, 2, 64]"}},
       {"ingest k null", [&] { main_->ingest(0, null_data(k2), v2); }, {"k.data = null"}},
       {"ingest k misaligned", [&] { main_->ingest(0, shifted(k2, 1), v2); }, {"aligned to 2"}},
-      {"ingest k dtype i8", [&] { main_->ingest(0, with_dtype(k2, DType::kI8), v2); },
+      {"ingest k dtype i8",
+       [&] { main_->ingest(0, with_dtype(k2, DType::kI8), v2); },
        {"k.dtype = i8"}},
-      {"ingest v on cuda", [&] { main_->ingest(0, k2, on_device(v2, Device::cuda(1))); },
+      {"ingest v on cuda",
+       [&] { main_->ingest(0, k2, on_device(v2, Device::cuda(1))); },
        {"v.device = cuda:1"}},
       {"ingest negative token count",
        [&] {
@@ -459,12 +478,28 @@ TEST_F(Cpu_Reliability_BadInput, KvStoreSlotsAppendIngest) {
        },
        {"k.shape[0] = -1", "must be >= 0"}},
       {"append k rank 7 (past kMaxDims)",
-       app({0}, [&] { TensorView kn = k1; kn.ndim = 7; return kn; }(), v1),
+       app(
+           {0},
+           [&] {
+             TensorView kn = k1;
+             kn.ndim = 7;
+             return kn;
+           }(),
+           v1),
        {"k.ndim = 7", "kMaxDims = 5"}},
-      {"append k rank -1", app({0}, [&] { TensorView kn = k1; kn.ndim = -1; return kn; }(), v1),
+      {"append k rank -1",
+       app(
+           {0},
+           [&] {
+             TensorView kn = k1;
+             kn.ndim = -1;
+             return kn;
+           }(),
+           v1),
        {"k.ndim = -1"}},
       {"append k element count past 2^62",
-       app({0},
+       app(
+           {0},
            [&] {
              TensorView kn = k1;  // 1 x 2^61 x 2^10 elements
              kn.shape[1] = std::int64_t{1} << 61;
@@ -474,7 +509,12 @@ TEST_F(Cpu_Reliability_BadInput, KvStoreSlotsAppendIngest) {
            v1),
        {"k.shape = [1, 2305843009213693952, 1024]", "kMaxViewElements"}},
       {"append v negative head_dim extent",
-       app({0}, k1, [&] { TensorView vn = v1; vn.shape[2] = -64; return vn; }()),
+       app({0}, k1,
+           [&] {
+             TensorView vn = v1;
+             vn.shape[2] = -64;
+             return vn;
+           }()),
        {"v.shape[2] = -64", "must be >= 0"}},
   };
   run(rows);
@@ -482,9 +522,15 @@ TEST_F(Cpu_Reliability_BadInput, KvStoreSlotsAppendIngest) {
 
 TEST_F(Cpu_Reliability_BadInput, ComputeFootprint) {
   std::vector<Row> rows = {
-      {"more lengths than slots", [this] { compute_footprint(mc_, {1, 2, 3, 4}); },
+      {"more lengths than slots",
+       [this] {
+         compute_footprint(mc_, {1, 2, 3, 4});
+       },
        {"lengths.size() = 4", "max_slots = 3"}},
-      {"length past max_context", [this] { compute_footprint(mc_, {1, 129}); },
+      {"length past max_context",
+       [this] {
+         compute_footprint(mc_, {1, 129});
+       },
        {"lengths[1] = 129", "128"}},
       {"negative length", [this] { compute_footprint(mc_, {-1}); }, {"lengths[0] = -1"}},
       {"bad config",
@@ -530,9 +576,11 @@ TEST_F(Cpu_Reliability_BadInput, BlockIndex) {
   narrow.max_blocks = out.max_blocks - 1;
   null_scores.scores = nullptr;
   std::vector<Row> rows = {
-      {"create head_dim 96", create_with([](BlockIndexConfig& c) { c.head_dim = 96; }),
+      {"create head_dim 96",
+       create_with([](BlockIndexConfig& c) { c.head_dim = 96; }),
        {"head_dim = 96"}},
-      {"create Hq not a multiple of Hkv", create_with([](BlockIndexConfig& c) { c.num_q_heads = 5; }),
+      {"create Hq not a multiple of Hkv",
+       create_with([](BlockIndexConfig& c) { c.num_q_heads = 5; }),
        {"num_q_heads = 5", "num_kv_heads = 2"}},
       {"create group 129",
        create_with([](BlockIndexConfig& c) {
@@ -540,17 +588,23 @@ TEST_F(Cpu_Reliability_BadInput, BlockIndex) {
          c.num_q_heads = 129;
        }),
        {"group size", "129"}},
-      {"create dtype f32", create_with([](BlockIndexConfig& c) { c.dtype = DType::kF32; }),
+      {"create dtype f32",
+       create_with([](BlockIndexConfig& c) { c.dtype = DType::kF32; }),
        {"dtype = f32"}},
-      {"create softmax_scale NaN", create_with([](BlockIndexConfig& c) { c.softmax_scale = kNaN; }),
+      {"create softmax_scale NaN",
+       create_with([](BlockIndexConfig& c) { c.softmax_scale = kNaN; }),
        {"softmax_scale = nan"}},
-      {"create softmax_scale inf", create_with([](BlockIndexConfig& c) { c.softmax_scale = kInf; }),
+      {"create softmax_scale inf",
+       create_with([](BlockIndexConfig& c) { c.softmax_scale = kInf; }),
        {"softmax_scale = inf"}},
-      {"create softmax_scale -1", create_with([](BlockIndexConfig& c) { c.softmax_scale = -1; }),
+      {"create softmax_scale -1",
+       create_with([](BlockIndexConfig& c) { c.softmax_scale = -1; }),
        {"softmax_scale = -1"}},
       {"create max_query_tokens 0",
-       create_with([](BlockIndexConfig& c) { c.max_query_tokens = 0; }), {"max_query_tokens = 0"}},
-      {"create max_batch 0", create_with([](BlockIndexConfig& c) { c.max_batch = 0; }),
+       create_with([](BlockIndexConfig& c) { c.max_query_tokens = 0; }),
+       {"max_query_tokens = 0"}},
+      {"create max_batch 0",
+       create_with([](BlockIndexConfig& c) { c.max_batch = 0; }),
        {"max_batch = 0"}},
       {"score store with other Hkv",
        [&] {
@@ -575,15 +629,20 @@ TEST_F(Cpu_Reliability_BadInput, BlockIndex) {
        {"kQuestMinMax", "kSummaryMinMaxK"}},
       {"score no slots", score(*main_, {}, q, out), {"slots.size() = 0"}},
       {"score batch past max_batch", score(*main_, {0, 1, 0}, q, out), {"slots.size() = 3"}},
-      {"score q rank 3", score(*main_, {0}, view(q_.data(), DType::kF16, {1, 4, 64}), out),
+      {"score q rank 3",
+       score(*main_, {0}, view(q_.data(), DType::kF16, {1, 4, 64}), out),
        {"q.ndim = 3"}},
-      {"score T 0", score(*main_, {0}, view(q_.data(), DType::kF16, {1, 0, 4, 64}), out),
+      {"score T 0",
+       score(*main_, {0}, view(q_.data(), DType::kF16, {1, 0, 4, 64}), out),
        {"q.shape[1] = 0"}},
       {"score T past max_query_tokens",
-       score(*main_, {0}, view(q_.data(), DType::kF16, {1, 3, 4, 64}), out), {"q.shape[1] = 3"}},
-      {"score q dtype bf16", score(*main_, {0}, with_dtype(q, DType::kBF16), out),
+       score(*main_, {0}, view(q_.data(), DType::kF16, {1, 3, 4, 64}), out),
+       {"q.shape[1] = 3"}},
+      {"score q dtype bf16",
+       score(*main_, {0}, with_dtype(q, DType::kBF16), out),
        {"q.dtype = bf16"}},
-      {"score q Hq 2", score(*main_, {0}, view(q_.data(), DType::kF16, {1, 1, 2, 64}), out),
+      {"score q Hq 2",
+       score(*main_, {0}, view(q_.data(), DType::kF16, {1, 1, 2, 64}), out),
        {"q.shape = [1, 1, 2, 64]"}},
       {"score q null", score(*main_, {0}, null_data(q), out), {"q.data = null"}},
       {"score q misaligned", score(*main_, {0}, shifted(q, 2), out), {"q.data", "aligned to 16"}},
@@ -591,7 +650,8 @@ TEST_F(Cpu_Reliability_BadInput, BlockIndex) {
       {"score slot out of range", score(*main_, {7}, q, out), {"slots[0] = 7"}},
       {"score out.scores null", score(*main_, {0}, q, null_scores), {"out.scores"}},
       {"score out.rows wrong", score(*main_, {0}, q, rows3), {"out.rows = 3", "must be 2"}},
-      {"score out.max_blocks too small", score(*main_, {0}, q, narrow),
+      {"score out.max_blocks too small",
+       score(*main_, {0}, q, narrow),
        {"out.max_blocks = 13", "= 14"}},
   };
   run(rows);
@@ -605,33 +665,49 @@ TEST_F(Cpu_Reliability_BadInput, SelectPolicy) {
       {"neighbors radius -1", [] { SelectPolicy::neighbors(2, -1); }, {"radius = -1"}},
       {"threshold delta NaN", [] { SelectPolicy::threshold(kNaN); }, {"delta = NaN"}},
       {"threshold delta -1", [] { SelectPolicy::threshold(-1.0f); }, {"delta = -1"}},
-      {"threshold min > max", [] { SelectPolicy::threshold(0.5f, 5, 3); },
+      {"threshold min > max",
+       [] { SelectPolicy::threshold(0.5f, 5, 3); },
        {"min_blocks = 5", "max_blocks = 3"}},
       {"threshold max 0", [] { SelectPolicy::threshold(0.5f, 0, 0); }, {"max_blocks = 0"}},
-      {"anchor id -1", [] { SelectPolicy::anchor(2, {3, -1}); }, {"anchors[1] = -1"}},
-      {"anchor_neighbors radius -2", [] { SelectPolicy::anchor_neighbors(2, -2); },
+      {"anchor id -1",
+       [] {
+         SelectPolicy::anchor(2, {3, -1});
+       },
+       {"anchors[1] = -1"}},
+      {"anchor_neighbors radius -2",
+       [] { SelectPolicy::anchor_neighbors(2, -2); },
        {"radius = -2"}},
       {"explicit include -2", [] { SelectPolicy::explicit_set(1, {-2}); }, {"include[0] = -2"}},
-      {"explicit exclude -3", [] { SelectPolicy::explicit_set(1, {}, {0, -3}); },
+      {"explicit exclude -3",
+       [] {
+         SelectPolicy::explicit_set(1, {}, {0, -3});
+       },
        {"exclude[1] = -3"}},
       {"score_cluster k 0", [] { SelectPolicy::score_cluster(0, 1.0f, 4); }, {"k = 0"}},
-      {"score_cluster max < k", [] { SelectPolicy::score_cluster(4, 1.0f, 2); },
+      {"score_cluster max < k",
+       [] { SelectPolicy::score_cluster(4, 1.0f, 2); },
        {"max_blocks = 2", "k = 4"}},
       {"score_cluster delta inf is fine, -inf is not",
-       [] { SelectPolicy::score_cluster(4, -kInf, 8); }, {"delta = -inf"}},
-      {"adaptive min 0", [] { SelectPolicy::score_cluster_adaptive(0, 4, 1.0f); },
+       [] { SelectPolicy::score_cluster(4, -kInf, 8); },
+       {"delta = -inf"}},
+      {"adaptive min 0",
+       [] { SelectPolicy::score_cluster_adaptive(0, 4, 1.0f); },
        {"min_blocks = 0"}},
       {"top_p p 0", [] { SelectPolicy::top_p(0.0f); }, {"p = 0"}},
       {"top_p p 1.5", [] { SelectPolicy::top_p(1.5f); }, {"p = 1.5"}},
       {"top_p p NaN", [] { SelectPolicy::top_p(kNaN); }, {"p = nan"}},
-      {"top_p softmax_scale NaN", [] { SelectPolicy::top_p(0.9f, 1, 8, kNaN); },
+      {"top_p softmax_scale NaN",
+       [] { SelectPolicy::top_p(0.9f, 1, 8, kNaN); },
        {"softmax_scale = nan"}},
-      {"top_p softmax_scale inf", [] { SelectPolicy::top_p(0.9f, 1, 8, kInf); },
+      {"top_p softmax_scale inf",
+       [] { SelectPolicy::top_p(0.9f, 1, 8, kInf); },
        {"softmax_scale = inf"}},
-      {"top_p softmax_scale 0", [] { SelectPolicy::top_p(0.9f, 1, 8, 0.0f); },
+      {"top_p softmax_scale 0",
+       [] { SelectPolicy::top_p(0.9f, 1, 8, 0.0f); },
        {"softmax_scale = 0"}},
       {"in_order with an unknown order",
-       [] { SelectPolicy::topk(2).in_order(static_cast<SelectPolicy::Order>(7)); }, {"order = 7"}},
+       [] { SelectPolicy::topk(2).in_order(static_cast<SelectPolicy::Order>(7)); },
+       {"order = 7"}},
       {"unknown kind",
        [] {
          SelectPolicy p;
@@ -693,34 +769,43 @@ TEST_F(Cpu_Reliability_BadInput, Selector) {
       {"out.rows != scores.rows", sel(sv, top4, rows3), {"out.rows = 3", "scores.rows = 4"}},
       {"scores.rows -1", sel(neg_rows, top4, out), {"scores.rows = -1"}},
       {"scores.max_blocks -1", sel(neg_blocks, top4, out), {"scores.max_blocks = -1"}},
-      {"pitch below the policy bound", sel(sv, top4, pitch3),
+      {"pitch below the policy bound",
+       sel(sv, top4, pitch3),
        {"out.max_selected = 3", "4 blocks", "never truncated"}},
-      {"pitch below neighbors' bound", sel(sv, SelectPolicy::neighbors(2, 1), out),
+      {"pitch below neighbors' bound",
+       sel(sv, SelectPolicy::neighbors(2, 1), out),
        {"out.max_selected = 4", "6 blocks"}},
       {"pitch -1", sel(sv, top4, pitch_neg), {"out.max_selected = -1"}},
       {"num_valid null", sel(null_nv, top4, out), {"scores.num_valid = null"}},
       {"scores null", sel(null_scores, top4, out), {"scores.scores = null"}},
       {"out.ids null", sel(sv, top4, null_ids), {"out.ids = null"}},
       {"out.counts null", sel(sv, top4, null_counts), {"out.counts = null"}},
-      {"num_valid past max_blocks", sel(bad_nv, top4, out),
+      {"num_valid past max_blocks",
+       sel(bad_nv, top4, out),
        {"scores.num_valid[1] = 17", "max_blocks = 16"}},
       {"num_valid negative", sel(neg_nv, top4, out), {"scores.num_valid[2] = -1"}},
       {"report rows", sel(sv, top4, out, true, 3, 4), {"report.rows = 3"}},
-      {"report pitch", sel(sv, SelectPolicy::topk(8), wide, true, 4, 7),
+      {"report pitch",
+       sel(sv, SelectPolicy::topk(8), wide, true, 4, 7),
        {"report.pitch = 7", "8 blocks"}},
-      {"select_row num_valid -1", [&] { select_row(scores_.data(), -1, top4, row_out, 8); },
+      {"select_row num_valid -1",
+       [&] { select_row(scores_.data(), -1, top4, row_out, 8); },
        {"num_valid = -1"}},
-      {"select_row scores null", [&] { select_row(nullptr, 3, top4, row_out, 8); },
+      {"select_row scores null",
+       [&] { select_row(nullptr, 3, top4, row_out, 8); },
        {"scores = null"}},
-      {"select_row out null", [&] { select_row(scores_.data(), 3, top4, nullptr, 8); },
+      {"select_row out null",
+       [&] { select_row(scores_.data(), 3, top4, nullptr, 8); },
        {"out = null"}},
-      {"select_row max_out too small", [&] { select_row(scores_.data(), 9, top4, row_out, 3); },
+      {"select_row max_out too small",
+       [&] { select_row(scores_.data(), 9, top4, row_out, 3); },
        {"max_out = 3", "4 blocks"}},
   };
   run(rows);
 }
 
-// --- AttentionBackend ------------------------------------------------------------------------------
+// --- AttentionBackend
+// ------------------------------------------------------------------------------
 
 TEST_F(Cpu_Reliability_BadInput, AttentionCreateAndDecode) {
   AttentionConfig ac;
@@ -781,7 +866,11 @@ TEST_F(Cpu_Reliability_BadInput, AttentionCreateAndDecode) {
   auto backend_reps9 = AttentionBackend::create(other, Device::cpu());
   std::vector<std::uint16_t> big_q(17 * 4 * 64), big_out(17 * 4 * 64);
   std::vector<Row> rows = {
-      {"create Hq not a multiple", create_with([](AttentionConfig& c) { c.num_q_heads = 6; c.num_kv_heads = 4; }),
+      {"create Hq not a multiple",
+       create_with([](AttentionConfig& c) {
+         c.num_q_heads = 6;
+         c.num_kv_heads = 4;
+       }),
        {"num_q_heads = 6", "num_kv_heads = 4"}},
       {"create group 256",
        create_with([](AttentionConfig& c) {
@@ -789,19 +878,24 @@ TEST_F(Cpu_Reliability_BadInput, AttentionCreateAndDecode) {
          c.num_kv_heads = 1;
        }),
        {"group size", "256"}},
-      {"create head_dim 96", create_with([](AttentionConfig& c) { c.head_dim = 96; }),
+      {"create head_dim 96",
+       create_with([](AttentionConfig& c) { c.head_dim = 96; }),
        {"head_dim = 96"}},
-      {"create dtype f32", create_with([](AttentionConfig& c) { c.dtype = DType::kF32; }),
+      {"create dtype f32",
+       create_with([](AttentionConfig& c) { c.dtype = DType::kF32; }),
        {"dtype = f32"}},
-      {"create softmax_scale NaN", create_with([](AttentionConfig& c) { c.softmax_scale = kNaN; }),
+      {"create softmax_scale NaN",
+       create_with([](AttentionConfig& c) { c.softmax_scale = kNaN; }),
        {"softmax_scale = nan"}},
       {"create softmax_scale -inf",
-       create_with([](AttentionConfig& c) { c.softmax_scale = -kInf; }), {"softmax_scale = -inf"}},
+       create_with([](AttentionConfig& c) { c.softmax_scale = -kInf; }),
+       {"softmax_scale = -inf"}},
       {"create num_representatives 2000",
        create_with([](AttentionConfig& c) { c.num_representatives = 2000; }),
        {"num_representatives = 2000"}},
       {"create max_query_tokens 0",
-       create_with([](AttentionConfig& c) { c.max_query_tokens = 0; }), {"max_query_tokens = 0"}},
+       create_with([](AttentionConfig& c) { c.max_query_tokens = 0; }),
+       {"max_query_tokens = 0"}},
       {"create unknown mode",
        create_with([](AttentionConfig& c) { c.mode = static_cast<AttentionMode>(99); }),
        {"mode = 99"}},
@@ -810,28 +904,43 @@ TEST_F(Cpu_Reliability_BadInput, AttentionCreateAndDecode) {
          c.representative_policy = static_cast<RepresentativePolicy>(9);
        }),
        {"representative_policy = 9"}},
-      {"create on an absent device", [ac] { AttentionBackend::create(ac, Device::cuda(99)); },
+      {"create on an absent device",
+       [ac] { AttentionBackend::create(ac, Device::cuda(99)); },
        {"cuda:99"}},
-      {"store with other Hkv", dec([](DecodeArgs&) {}, backend_hkv1.get()),
+      {"store with other Hkv",
+       dec([](DecodeArgs&) {}, backend_hkv1.get()),
        {"store num_kv_heads = 2", "num_kv_heads = 1"}},
-      {"store with other head_dim", dec([](DecodeArgs&) {}, backend_d128.get()),
+      {"store with other head_dim",
+       dec([](DecodeArgs&) {}, backend_d128.get()),
        {"store head_dim = 64", "head_dim = 128"}},
       {"q dtype bf16", dec([](DecodeArgs& a) { a.q.dtype = DType::kBF16; }), {"q.dtype = bf16"}},
       {"q null", dec([](DecodeArgs& a) { a.q.data = nullptr; }), {"q.data = null"}},
-      {"q misaligned", dec([](DecodeArgs& a) { a.q = shifted(a.q, 2); }),
+      {"q misaligned",
+       dec([](DecodeArgs& a) { a.q = shifted(a.q, 2); }),
        {"q.data", "aligned to 16"}},
-      {"q on cuda", dec([](DecodeArgs& a) { a.q.device = Device::cuda(0); }),
+      {"q on cuda",
+       dec([](DecodeArgs& a) { a.q.device = Device::cuda(0); }),
        {"q.device = cuda:0"}},
       {"q Hq 2",
-       dec([&](DecodeArgs& a) { a.q = view(q_.data(), DType::kF16, {1, 1, 2, 64}); }),
+       dec([&](DecodeArgs& a) {
+         a.q = view(q_.data(), DType::kF16, {1, 1, 2, 64});
+       }),
        {"q.shape = [1, 1, 2, 64]"}},
       {"q batch != slots",
-       dec([&](DecodeArgs& a) { a.q = view(q_.data(), DType::kF16, {2, 1, 4, 64}); }),
+       dec([&](DecodeArgs& a) {
+         a.q = view(q_.data(), DType::kF16, {2, 1, 4, 64});
+       }),
        {"q.shape = [2, 1, 4, 64]"}},
-      {"T 0", dec([&](DecodeArgs& a) { a.q = view(q_.data(), DType::kF16, {1, 0, 4, 64}); }),
+      {"T 0",
+       dec([&](DecodeArgs& a) {
+         a.q = view(q_.data(), DType::kF16, {1, 0, 4, 64});
+       }),
        {"T = 0"}},
       {"T past max_query_tokens",
-       dec([&](DecodeArgs& a) { a.q = view(q_.data(), DType::kF16, {1, 3, 4, 64}); }), {"T = 3"}},
+       dec([&](DecodeArgs& a) {
+         a.q = view(q_.data(), DType::kF16, {1, 3, 4, 64});
+       }),
+       {"T = 3"}},
       {"T past the ring",
        dec(
            [&](DecodeArgs& a) {
@@ -841,17 +950,24 @@ TEST_F(Cpu_Reliability_BadInput, AttentionCreateAndDecode) {
            },
            backend_t32.get()),
        {"T = 17", "recent_window = 16"}},
-      {"out dtype i32", dec([](DecodeArgs& a) { a.out.dtype = DType::kI32; }),
-       {"out.dtype = i32"}},
-      {"out shape", dec([&](DecodeArgs& a) { a.out = view(attn_out_.data(), DType::kF16, {1, 1, 4, 32}); }),
+      {"out dtype i32", dec([](DecodeArgs& a) { a.out.dtype = DType::kI32; }), {"out.dtype = i32"}},
+      {"out shape",
+       dec([&](DecodeArgs& a) {
+         a.out = view(attn_out_.data(), DType::kF16, {1, 1, 4, 32});
+       }),
        {"out.shape = [1, 1, 4, 32]"}},
       {"out null", dec([](DecodeArgs& a) { a.out.data = nullptr; }), {"out.data = null"}},
       {"lse dtype f16", dec([](DecodeArgs& a) { a.lse.dtype = DType::kF16; }), {"lse.dtype = f16"}},
-      {"lse shape", dec([&](DecodeArgs& a) { a.lse = view(attn_lse_.data(), DType::kF32, {1, 4}); }),
+      {"lse shape",
+       dec([&](DecodeArgs& a) {
+         a.lse = view(attn_lse_.data(), DType::kF32, {1, 4});
+       }),
        {"lse.shape = [1, 4]"}},
-      {"slot out of range", dec([](DecodeArgs& a) { a.slots = {9}; }),
+      {"slot out of range",
+       dec([](DecodeArgs& a) { a.slots = {9}; }),
        {"slots[0] = 9", "max_slots = 3"}},
-      {"slot not open", dec([](DecodeArgs& a) { a.slots = {2}; }),
+      {"slot not open",
+       dec([](DecodeArgs& a) { a.slots = {2}; }),
        {"slots[0] = 2 is not an open slot"}},
       {"slot shorter than T",
        dec([&](DecodeArgs& a) {
@@ -862,20 +978,26 @@ TEST_F(Cpu_Reliability_BadInput, AttentionCreateAndDecode) {
          a.selection.rows = 4;
        }),
        {"slots[0] = 1 holds 1 tokens", "T = 2"}},
-      {"summary mode without mean V", dec([](DecodeArgs&) {}, backend_summary.get(), full_.get()),
+      {"summary mode without mean V",
+       dec([](DecodeArgs&) {}, backend_summary.get(), full_.get()),
        {"kSummaryMeanV"}},
-      {"representatives past block_size", dec([](DecodeArgs&) {}, backend_reps9.get()),
+      {"representatives past block_size",
+       dec([](DecodeArgs&) {}, backend_reps9.get()),
        {"num_representatives = 9", "block_size = 8"}},
-      {"selection rows", dec([](DecodeArgs& a) { a.selection.rows = 1; }),
+      {"selection rows",
+       dec([](DecodeArgs& a) { a.selection.rows = 1; }),
        {"selection.rows = 1", "must be 2"}},
       {"selection shared but rows per head",
        dec([](DecodeArgs& a) { a.selection.shared_across_heads = true; }),
        {"selection.rows = 2", "must be 1"}},
-      {"selection counts null", dec([](DecodeArgs& a) { a.selection.counts = nullptr; }),
+      {"selection counts null",
+       dec([](DecodeArgs& a) { a.selection.counts = nullptr; }),
        {"selection.counts = null"}},
-      {"selection ids null", dec([](DecodeArgs& a) { a.selection.ids = nullptr; }),
+      {"selection ids null",
+       dec([](DecodeArgs& a) { a.selection.ids = nullptr; }),
        {"selection.ids = null"}},
-      {"selection pitch -1", dec([](DecodeArgs& a) { a.selection.max_selected = -1; }),
+      {"selection pitch -1",
+       dec([](DecodeArgs& a) { a.selection.max_selected = -1; }),
        {"selection.max_selected = -1"}},
       {"selection count past pitch",
        dec([&](DecodeArgs& a) {
@@ -938,27 +1060,40 @@ TEST_F(Cpu_Reliability_BadInput, DenseDecode) {
     };
   };
   std::vector<Row> rows = {
-      {"lengths != q batch", dd([](DenseDecodeArgs& a) { a.lengths = {5, 5}; }),
+      {"lengths != q batch",
+       dd([](DenseDecodeArgs& a) {
+         a.lengths = {5, 5};
+       }),
        {"q.shape = [1, 1, 4, 64]", "[2, -1, 4, 64]"}},
-      {"k dtype f32", dd([](DenseDecodeArgs& a) { a.k.dtype = DType::kF32; }),
-       {"k.dtype = f32"}},
-      {"v dtype != k dtype", dd([](DenseDecodeArgs& a) { a.v.dtype = DType::kBF16; }),
+      {"k dtype f32", dd([](DenseDecodeArgs& a) { a.k.dtype = DType::kF32; }), {"k.dtype = f32"}},
+      {"v dtype != k dtype",
+       dd([](DenseDecodeArgs& a) { a.v.dtype = DType::kBF16; }),
        {"v.dtype = bf16", "f16"}},
       {"k Hkv 1",
-       dd([&](DenseDecodeArgs& a) { a.k = view(cache.data(), DType::kF16, {1, 1, 8, 64}); }),
+       dd([&](DenseDecodeArgs& a) {
+         a.k = view(cache.data(), DType::kF16, {1, 1, 8, 64});
+       }),
        {"k.shape = [1, 1, 8, 64]"}},
       {"v N != k N",
-       dd([&](DenseDecodeArgs& a) { a.v = view(cache.data(), DType::kF16, {1, 2, 7, 64}); }),
+       dd([&](DenseDecodeArgs& a) {
+         a.v = view(cache.data(), DType::kF16, {1, 2, 7, 64});
+       }),
        {"v.shape = [1, 2, 7, 64]"}},
       {"k null", dd([](DenseDecodeArgs& a) { a.k.data = nullptr; }), {"k.data = null"}},
-      {"v misaligned", dd([](DenseDecodeArgs& a) { a.v = shifted(a.v, 8); }),
+      {"v misaligned",
+       dd([](DenseDecodeArgs& a) { a.v = shifted(a.v, 8); }),
        {"v.data", "aligned to 16"}},
       {"window -1", dd([](DenseDecodeArgs& a) { a.window = -1; }), {"window = -1"}},
-      {"length below T", dd([](DenseDecodeArgs& a) { a.lengths = {0}; }),
+      {"length below T",
+       dd([](DenseDecodeArgs& a) { a.lengths = {0}; }),
        {"lengths[0] = 0", "T = 1"}},
-      {"length past N", dd([](DenseDecodeArgs& a) { a.lengths = {9}; }),
+      {"length past N",
+       dd([](DenseDecodeArgs& a) { a.lengths = {9}; }),
        {"lengths[0] = 9", "N = 8"}},
-      {"T 3", dd([&](DenseDecodeArgs& a) { a.q = view(q_.data(), DType::kF16, {1, 3, 4, 64}); }),
+      {"T 3",
+       dd([&](DenseDecodeArgs& a) {
+         a.q = view(q_.data(), DType::kF16, {1, 3, 4, 64});
+       }),
        {"T = 3"}},
       {"negative N",
        dd([&](DenseDecodeArgs& a) {
@@ -977,7 +1112,9 @@ TEST_F(Cpu_Reliability_BadInput, DenseDecode) {
        }),
        {"k.shape[2] = -4", "must be >= 0"}},
       {"q negative T",
-       dd([&](DenseDecodeArgs& a) { a.q = view(q_.data(), DType::kF16, {1, -1, 4, 64}); }),
+       dd([&](DenseDecodeArgs& a) {
+         a.q = view(q_.data(), DType::kF16, {1, -1, 4, 64});
+       }),
        {"q.shape[1] = -1", "must be >= 0"}},
   };
   run(rows);
@@ -1001,23 +1138,27 @@ TEST_F(Cpu_Reliability_BadInput, MergeStates) {
       {"out dtype f16", m(A, LA, Bv, LB, with_dtype(O, DType::kF16), L), {"out.dtype = f16"}},
       {"lse_b null", m(A, LA, Bv, null_data(LB), O, L), {"lse_b.data = null"}},
       {"out_b misaligned", m(A, LA, shifted(Bv, 2), LB, O, L), {"out_b.data", "aligned to 4"}},
-      {"out_b on another device", m(A, LA, on_device(Bv, Device::cuda(0)), LB, O, L),
+      {"out_b on another device",
+       m(A, LA, on_device(Bv, Device::cuda(0)), LB, O, L),
        {"out_b.device = cuda:0"}},
       {"in place: out rank 3",
-       [&] { merge_states_inplace(view(merge_out_.data(), DType::kF32, {2, 4, 64}), L, Bv, LB); },
+       [&] {
+         merge_states_inplace(view(merge_out_.data(), DType::kF32, {2, 4, 64}), L, Bv, LB);
+       },
        {"out.ndim = 3"}},
       {"in place: lse_b dtype",
-       [&] { merge_states_inplace(O, L, Bv, with_dtype(LB, DType::kI32)); }, {"lse_b.dtype = i32"}},
+       [&] { merge_states_inplace(O, L, Bv, with_dtype(LB, DType::kI32)); },
+       {"lse_b.dtype = i32"}},
   };
   run(rows);
 }
 
-// --- planner, names, views -------------------------------------------------------------------------
+// --- planner, names, views
+// -------------------------------------------------------------------------
 
 TEST_F(Cpu_Reliability_BadInput, PlannerAndParsing) {
   using namespace planner;
-  auto fp = [](std::function<void(ModelSpec&)> edit, std::int64_t context = 4096,
-               int batch = 1) {
+  auto fp = [](std::function<void(ModelSpec&)> edit, std::int64_t context = 4096, int batch = 1) {
     return [edit, context, batch] {
       ModelSpec m = smollm2_135m();
       edit(m);
@@ -1031,21 +1172,24 @@ TEST_F(Cpu_Reliability_BadInput, PlannerAndParsing) {
       {"batch 65537", fp(none, 4096, 65537), {"batch = 65537"}},
       {"context past the model's", fp(none, 8193), {"context = 8193", "max_context = 8192"}},
       {"context past the csa kind's",
-       fp([](ModelSpec& m) {
-         m = deepseek_v4_flash();
-         m.max_context = 0;
-       },
-          (1 << 20) + 1),
+       fp(
+           [](ModelSpec& m) {
+             m = deepseek_v4_flash();
+             m.max_context = 0;
+           },
+           (1 << 20) + 1),
        {"context = 1048577", "layer kind", "1048576"}},
       {"head_dim 96", fp([](ModelSpec& m) { m.head_dim = 96; }), {"head_dim = 96"}},
       {"num_kv_heads 0", fp([](ModelSpec& m) { m.num_kv_heads = 0; }), {"num_kv_heads = 0"}},
       {"kv_dtype f32", fp([](ModelSpec& m) { m.kv_dtype = DType::kF32; }), {"kv_dtype = f32"}},
       {"max_context -1", fp([](ModelSpec& m) { m.max_context = -1; }), {"max_context = -1"}},
       {"no layers", fp([](ModelSpec& m) { m.layers.clear(); }), {"layers is empty"}},
-      {"layer count 0", fp([](ModelSpec& m) { m.layers[0].count = 0; }),
+      {"layer count 0",
+       fp([](ModelSpec& m) { m.layers[0].count = 0; }),
        {"layers[0] (layer 0, dense).count = 0"}},
       {"unknown layer kind",
-       fp([](ModelSpec& m) { m.layers[0].kind = static_cast<LayerKind>(9); }), {".kind = 9"}},
+       fp([](ModelSpec& m) { m.layers[0].kind = static_cast<LayerKind>(9); }),
+       {".kind = 9"}},
       {"block_select old_format mxfp4",
        fp([](ModelSpec& m) {
          BlockSelectParams p;
@@ -1075,7 +1219,9 @@ TEST_F(Cpu_Reliability_BadInput, PlannerAndParsing) {
        }),
        {"layers[0]", "old_format = f16 needs dtype = f16"}},
       {"csa ratio 0",
-       fp([](ModelSpec& m) { m.layers = {LayerSpec::csa(1, EntryFormat::k16Bit, Format::kMxfp4, 128, 0)}; }),
+       fp([](ModelSpec& m) {
+         m.layers = {LayerSpec::csa(1, EntryFormat::k16Bit, Format::kMxfp4, 128, 0)};
+       }),
        {".compressed.ratio = 0"}},
       {"window 0",
        fp([](ModelSpec& m) { m.layers = {LayerSpec::sliding_window(1, EntryFormat::k16Bit, 0)}; }),
@@ -1090,42 +1236,51 @@ TEST_F(Cpu_Reliability_BadInput, PlannerAndParsing) {
        }),
        {".compressed.compressor_state_bytes = 9"}},
       {"mxfp4 indexer_dim 100",
-       fp([](ModelSpec& m) { m.layers = {LayerSpec::csa(1, EntryFormat::k16Bit, Format::kMxfp4, 100)}; }),
+       fp([](ModelSpec& m) {
+         m.layers = {LayerSpec::csa(1, EntryFormat::k16Bit, Format::kMxfp4, 100)};
+       }),
        {"indexer_dim = 100", "multiple of 32"}},
       {"indexer_format q8",
        fp([](ModelSpec& m) { m.layers = {LayerSpec::csa(1, EntryFormat::k16Bit, Format::kQ8)}; }),
        {"indexer_format = q8"}},
       {"bytes past 64 bits",
-       fp([](ModelSpec& m) {
-         m.num_kv_heads = 256;
-         m.head_dim = 512;
-         m.max_context = 0;
-       },
-          (std::int64_t{1} << 31) - 1, 65536),
+       fp(
+           [](ModelSpec& m) {
+             m.num_kv_heads = 256;
+             m.head_dim = 512;
+             m.max_context = 0;
+           },
+           (std::int64_t{1} << 31) - 1, 65536),
        {"does not fit 64 bits"}},
-      {"entry_bytes dsv4_fp8 head_dim 128", [] { entry_bytes(EntryFormat::kDsv4Fp8, 128, 2); },
+      {"entry_bytes dsv4_fp8 head_dim 128",
+       [] { entry_bytes(EntryFormat::kDsv4Fp8, 128, 2); },
        {"head_dim = 128"}},
-      {"entry_bytes 16bit of 4-byte elements", [] { entry_bytes(EntryFormat::k16Bit, 128, 4); },
+      {"entry_bytes 16bit of 4-byte elements",
+       [] { entry_bytes(EntryFormat::k16Bit, 128, 4); },
        {"kv_dtype_bytes = 4"}},
-      {"entry_bytes unknown format", [] { entry_bytes(static_cast<EntryFormat>(7), 512, 2); },
+      {"entry_bytes unknown format",
+       [] { entry_bytes(static_cast<EntryFormat>(7), 512, 2); },
        {"entry_format = 7"}},
-      {"entry_bytes head_dim 0", [] { entry_bytes(EntryFormat::k16Bit, 0, 2); },
-       {"head_dim = 0"}},
-      {"indexer_key_bytes q8", [] { indexer_key_bytes(Format::kQ8, 128); },
+      {"entry_bytes head_dim 0", [] { entry_bytes(EntryFormat::k16Bit, 0, 2); }, {"head_dim = 0"}},
+      {"indexer_key_bytes q8",
+       [] { indexer_key_bytes(Format::kQ8, 128); },
        {"indexer_format = q8"}},
-      {"indexer_key_bytes mxfp4 dim 48", [] { indexer_key_bytes(Format::kMxfp4, 48); },
+      {"indexer_key_bytes mxfp4 dim 48",
+       [] { indexer_key_bytes(Format::kMxfp4, 48); },
        {"indexer_dim = 48"}},
-      {"indexer_key_bytes dim 0", [] { indexer_key_bytes(Format::kFp8E4m3, 0); },
+      {"indexer_key_bytes dim 0",
+       [] { indexer_key_bytes(Format::kFp8E4m3, 0); },
        {"indexer_dim = 0"}},
-      {"store_config context 0", [] { store_config(smollm2_135m(), {}, 0, 1); },
-       {"context = 0"}},
+      {"store_config context 0", [] { store_config(smollm2_135m(), {}, 0, 1); }, {"context = 0"}},
       {"store_config batch 0", [] { store_config(smollm2_135m(), {}, 16, 0); }, {"batch = 0"}},
       {"parse_format unknown", [] { parse_format("q9"); }, {"format = 'q9'"}},
       {"parse_format empty", [] { parse_format(""); }, {"format = ''"}},
       {"parse_format wrong case", [] { parse_format("F16"); }, {"format = 'F16'"}},
       {"parse_attention_mode unknown", [] { parse_attention_mode("fast"); }, {"mode = 'fast'"}},
       {"TensorView rank 6",
-       [] { TensorView::contiguous(nullptr, DType::kF32, {1, 1, 1, 1, 1, 1}); },
+       [] {
+         TensorView::contiguous(nullptr, DType::kF32, {1, 1, 1, 1, 1, 1});
+       },
        {"rank = 6", "kMaxDims = 5"}},
   };
   run(rows);

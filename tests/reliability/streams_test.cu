@@ -60,15 +60,15 @@ std::unique_ptr<Inputs> make_inputs(Format f, DType t, std::uint32_t seed) {
     in->chunk_len.push_back(lens[i]);
     in->chunk_k.push_back(std::make_unique<DeviceArray<std::uint16_t>>(
         random_bits16(lens[i] * token, t, rng(), 2.0f)));
-    in->chunk_v.push_back(std::make_unique<DeviceArray<std::uint16_t>>(
-        random_bits16(lens[i] * token, t, rng())));
+    in->chunk_v.push_back(
+        std::make_unique<DeviceArray<std::uint16_t>>(random_bits16(lens[i] * token, t, rng())));
   }
   in->appends = 50;
   for (int i = 0; i < in->appends; ++i) {
-    in->app_k.push_back(std::make_unique<DeviceArray<std::uint16_t>>(
-        random_bits16(kSlots * token, t, rng())));
-    in->app_v.push_back(std::make_unique<DeviceArray<std::uint16_t>>(
-        random_bits16(kSlots * token, t, rng())));
+    in->app_k.push_back(
+        std::make_unique<DeviceArray<std::uint16_t>>(random_bits16(kSlots * token, t, rng())));
+    in->app_v.push_back(
+        std::make_unique<DeviceArray<std::uint16_t>>(random_bits16(kSlots * token, t, rng())));
   }
   in->q = std::make_unique<DeviceArray<std::uint16_t>>(random_bits16(kSlots * kHq * kD, t, rng()));
   cudaDeviceSynchronize();

@@ -1,6 +1,8 @@
 // KvStore on the CPU: config validation, append == ingest bit for bit, the ring/old-block/summary
 // contents against an independent recomputation, slot lifecycle, footprint, and bad input that
 // leaves the store unchanged.
+#include "kvc/store/kv_store.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,7 +17,6 @@
 #include "kvc/core/error.h"
 #include "kvc/formats/formats.h"
 #include "kvc/store/block_codec.h"
-#include "kvc/store/kv_store.h"
 
 namespace kvc {
 namespace {
@@ -75,7 +76,8 @@ TEST(Cpu_KvStoreConfig, ValidationNamesTheField) {
   bad([](KvStoreConfig& c) { c.index_format = Format::kQ8; }, "index_format = q8");
   bad([](KvStoreConfig& c) { c.summary_dtype = DType::kBF16; }, "summary_dtype = bf16");
   bad([](KvStoreConfig& c) { c.summary_dtype = DType::kI8; }, "summary_dtype = i8");
-  bad([](KvStoreConfig& c) {
+  bad(
+      [](KvStoreConfig& c) {
         c.summaries |= kSummaryIndexKeys;
         c.index_format = Format::kF16;
       },
@@ -115,8 +117,10 @@ TEST_P(Cpu_KvStore_AppendVsIngest, BitIdentical) {
   int done = 0;
   while (done < n) {
     const int chunk = std::min(n - done, static_cast<int>(rng() % 40));
-    auto kc = TensorView::contiguous(k.data() + done * token, dtype, {chunk, c.num_kv_heads, c.head_dim});
-    auto vc = TensorView::contiguous(v.data() + done * token, dtype, {chunk, c.num_kv_heads, c.head_dim});
+    auto kc =
+        TensorView::contiguous(k.data() + done * token, dtype, {chunk, c.num_kv_heads, c.head_dim});
+    auto vc =
+        TensorView::contiguous(v.data() + done * token, dtype, {chunk, c.num_kv_heads, c.head_dim});
     b->ingest(sb, kc, vc);
     done += chunk;
   }
@@ -147,71 +151,71 @@ INSTANTIATE_TEST_SUITE_P(
 // rows are the format's encoding of the original token, summaries are the block means/min/max.
 TEST(Cpu_KvStore, ContentsMatchRecomputation) {
   for (const DType summary : {DType::kF32, DType::kF16})
-  for (Format fmt : {Format::kF16, Format::kQ8, Format::kFp16kQ4v}) {
-    KvStoreConfig c = small_config(fmt);
-    c.summary_dtype = summary;
-    const int n = 77;
-    const std::size_t token = static_cast<std::size_t>(c.num_kv_heads) * c.head_dim;
-    auto k = random_bits16(n * token, c.dtype, 21, 3.0f);
-    auto v = random_bits16(n * token, c.dtype, 22, 0.5f);
-    auto store = KvStore::create(c, Device::cpu());
-    const int s = store->open_slot();
-    store->ingest(s, kv_view(k, c.dtype, n, c), kv_view(v, c.dtype, n, c));
-    const StoreView sv = store->view();
-    const int d = c.head_dim;
-    for (int h = 0; h < c.num_kv_heads; ++h) {
-      for (int p = n - c.recent_window; p < n; ++p) {
-        for (int i = 0; i < d; ++i) {
-          ASSERT_EQ(store::ring_k_at(sv, s, h, p % c.recent_window, i),
-                    half_bits_to_float(k[p * token + h * d + i]));
-          ASSERT_EQ(store::ring_v_at(sv, s, h, p % c.recent_window, i),
-                    half_bits_to_float(v[p * token + h * d + i]));
-        }
-      }
-      std::vector<float> x(d);
-      std::vector<std::int8_t> q8(d);
-      std::vector<std::uint8_t> q4(d / 2);
-      for (int p = 0; p < n - c.recent_window; ++p) {
-        const int pb = sv.block_table[s * sv.max_blocks_per_slot + p / c.block_size];
-        for (int i = 0; i < d; ++i) x[i] = half_bits_to_float(v[p * token + h * d + i]);
-        float vs = 0;
-        if (fmt == Format::kQ8) vs = formats::q8_encode(x.data(), d, q8.data());
-        if (fmt == Format::kFp16kQ4v) vs = formats::q4_encode(x.data(), d, q4.data());
-        for (int i = 0; i < d; ++i) {
-          const float want_v = fmt == Format::kQ8 ? formats::q8_decode(q8[i], vs)
-                               : fmt == Format::kFp16kQ4v ? formats::q4_decode(q4.data(), i, vs)
-                                                          : x[i];
-          ASSERT_EQ(store::old_v_at(sv, pb, h, p % c.block_size, i), want_v);
-        }
-      }
-      // Summaries of closed blocks, recomputed in double then compared loosely, and in the
-      // documented float order exactly.
-      for (int b = 0; b < store->num_closed_blocks(s); ++b) {
-        const int pb = sv.block_table[s * sv.max_blocks_per_slot + b];
-        for (int i = 0; i < d; ++i) {
-          float sum = 0, mn = 1e30f, mx = -1e30f;
-          double dsum = 0;
-          for (int t = 0; t < c.block_size; ++t) {
-            const float kv = store::old_k_at(sv, pb, h, t, i);
-            sum += kv;
-            dsum += kv;
-            mn = std::min(mn, kv);
-            mx = std::max(mx, kv);
+    for (Format fmt : {Format::kF16, Format::kQ8, Format::kFp16kQ4v}) {
+      KvStoreConfig c = small_config(fmt);
+      c.summary_dtype = summary;
+      const int n = 77;
+      const std::size_t token = static_cast<std::size_t>(c.num_kv_heads) * c.head_dim;
+      auto k = random_bits16(n * token, c.dtype, 21, 3.0f);
+      auto v = random_bits16(n * token, c.dtype, 22, 0.5f);
+      auto store = KvStore::create(c, Device::cpu());
+      const int s = store->open_slot();
+      store->ingest(s, kv_view(k, c.dtype, n, c), kv_view(v, c.dtype, n, c));
+      const StoreView sv = store->view();
+      const int d = c.head_dim;
+      for (int h = 0; h < c.num_kv_heads; ++h) {
+        for (int p = n - c.recent_window; p < n; ++p) {
+          for (int i = 0; i < d; ++i) {
+            ASSERT_EQ(store::ring_k_at(sv, s, h, p % c.recent_window, i),
+                      half_bits_to_float(k[p * token + h * d + i]));
+            ASSERT_EQ(store::ring_v_at(sv, s, h, p % c.recent_window, i),
+                      half_bits_to_float(v[p * token + h * d + i]));
           }
-          const std::size_t o = (static_cast<std::size_t>(pb) * c.num_kv_heads + h) * d + i;
-          // f32, or rounded once to f16 (round to nearest even) when stored.
-          auto stored = [&](float x) {
-            return summary == DType::kF32 ? x : half_bits_to_float(float_to_half_bits(x));
-          };
-          ASSERT_EQ(store::summary_at(sv, sv.mean_k, o), stored(sum / c.block_size));
-          ASSERT_NEAR(store::summary_at(sv, sv.mean_k, o), dsum / c.block_size,
-                      summary == DType::kF32 ? 1e-5 : 2e-3);
-          ASSERT_EQ(store::summary_at(sv, sv.min_k, o), stored(mn));
-          ASSERT_EQ(store::summary_at(sv, sv.max_k, o), stored(mx));
+        }
+        std::vector<float> x(d);
+        std::vector<std::int8_t> q8(d);
+        std::vector<std::uint8_t> q4(d / 2);
+        for (int p = 0; p < n - c.recent_window; ++p) {
+          const int pb = sv.block_table[s * sv.max_blocks_per_slot + p / c.block_size];
+          for (int i = 0; i < d; ++i) x[i] = half_bits_to_float(v[p * token + h * d + i]);
+          float vs = 0;
+          if (fmt == Format::kQ8) vs = formats::q8_encode(x.data(), d, q8.data());
+          if (fmt == Format::kFp16kQ4v) vs = formats::q4_encode(x.data(), d, q4.data());
+          for (int i = 0; i < d; ++i) {
+            const float want_v = fmt == Format::kQ8         ? formats::q8_decode(q8[i], vs)
+                                 : fmt == Format::kFp16kQ4v ? formats::q4_decode(q4.data(), i, vs)
+                                                            : x[i];
+            ASSERT_EQ(store::old_v_at(sv, pb, h, p % c.block_size, i), want_v);
+          }
+        }
+        // Summaries of closed blocks, recomputed in double then compared loosely, and in the
+        // documented float order exactly.
+        for (int b = 0; b < store->num_closed_blocks(s); ++b) {
+          const int pb = sv.block_table[s * sv.max_blocks_per_slot + b];
+          for (int i = 0; i < d; ++i) {
+            float sum = 0, mn = 1e30f, mx = -1e30f;
+            double dsum = 0;
+            for (int t = 0; t < c.block_size; ++t) {
+              const float kv = store::old_k_at(sv, pb, h, t, i);
+              sum += kv;
+              dsum += kv;
+              mn = std::min(mn, kv);
+              mx = std::max(mx, kv);
+            }
+            const std::size_t o = (static_cast<std::size_t>(pb) * c.num_kv_heads + h) * d + i;
+            // f32, or rounded once to f16 (round to nearest even) when stored.
+            auto stored = [&](float x) {
+              return summary == DType::kF32 ? x : half_bits_to_float(float_to_half_bits(x));
+            };
+            ASSERT_EQ(store::summary_at(sv, sv.mean_k, o), stored(sum / c.block_size));
+            ASSERT_NEAR(store::summary_at(sv, sv.mean_k, o), dsum / c.block_size,
+                        summary == DType::kF32 ? 1e-5 : 2e-3);
+            ASSERT_EQ(store::summary_at(sv, sv.min_k, o), stored(mn));
+            ASSERT_EQ(store::summary_at(sv, sv.max_k, o), stored(mx));
+          }
         }
       }
     }
-  }
 }
 
 // The index copy of K holds, for every old token, formats.h's encoding of the token's original
@@ -295,7 +299,8 @@ TEST(Cpu_KvStore, ShardKeepsTheIndexCopyOfItsBlocks) {
     const int wpb = w.block_table[b];
     const int rows = std::min(c.block_size, n - c.recent_window - b * c.block_size);
     for (int h = 0; h < c.num_kv_heads; ++h) {
-      const std::size_t wr = store::old_row_index(w, wpb, h, 0), sr = store::old_row_index(s, spb, h, 0);
+      const std::size_t wr = store::old_row_index(w, wpb, h, 0),
+                        sr = store::old_row_index(s, spb, h, 0);
       EXPECT_EQ(std::memcmp(w.index_k + wr * ib, s.index_k + sr * ib, rows * ib), 0) << b;
       EXPECT_EQ(std::memcmp(w.index_k_scale + wr * is, s.index_k_scale + sr * is, rows * is), 0);
     }
@@ -331,8 +336,10 @@ TEST(Cpu_KvStore, BatchAppendMatchesPerSlotIngest) {
     }
     batched->append(order, kv_view(kp, c.dtype, 3, c), kv_view(vp, c.dtype, 3, c));
     for (int s = 0; s < 3; ++s) {
-      auto kt = TensorView::contiguous(k.data() + s * token, c.dtype, {1, c.num_kv_heads, c.head_dim});
-      auto vt = TensorView::contiguous(v.data() + s * token, c.dtype, {1, c.num_kv_heads, c.head_dim});
+      auto kt =
+          TensorView::contiguous(k.data() + s * token, c.dtype, {1, c.num_kv_heads, c.head_dim});
+      auto vt =
+          TensorView::contiguous(v.data() + s * token, c.dtype, {1, c.num_kv_heads, c.head_dim});
       single->ingest(s, kt, vt);
     }
   }
@@ -434,7 +441,9 @@ TEST(Cpu_KvStore, BadInputLeavesStoreUnchanged) {
     EXPECT_EQ(store->free_pool_blocks(), free_before);
     EXPECT_EQ(store->footprint().in_use, fp_before.in_use);
   };
-  auto one = [&](DType t = DType::kF16) { return TensorView::contiguous(k.data(), t, {1, c.num_kv_heads, c.head_dim}); };
+  auto one = [&](DType t = DType::kF16) {
+    return TensorView::contiguous(k.data(), t, {1, c.num_kv_heads, c.head_dim});
+  };
   auto two = TensorView::contiguous(k.data(), c.dtype, {2, c.num_kv_heads, c.head_dim});
   expect_error([&] { store->append({7}, one(), one()); }, {"slots[0] = 7", "max_slots = 3"});
   unchanged();
@@ -486,8 +495,8 @@ TEST(Cpu_KvStore, NonFiniteInputIsLoudInTheOldBlock) {
   store->ingest(s, kv_view(k, c.dtype, 3, c), kv_view(v, c.dtype, 3, c));
   const StoreView sv = store->view();
   const int pb = sv.block_table[0];
-  EXPECT_TRUE(is_nan(store::old_k_at(sv, pb, 0, 0, 0)));   // whole token decodes NaN
-  EXPECT_FALSE(is_nan(store::old_k_at(sv, pb, 1, 0, 0)));  // other head is untouched
+  EXPECT_TRUE(is_nan(store::old_k_at(sv, pb, 0, 0, 0)));     // whole token decodes NaN
+  EXPECT_FALSE(is_nan(store::old_k_at(sv, pb, 1, 0, 0)));    // other head is untouched
   EXPECT_TRUE(is_nan(store::summary_at(sv, sv.mean_k, 0)));  // summary shows it
   EXPECT_TRUE(is_nan(store::summary_at(sv, sv.min_k, 0)));
   EXPECT_TRUE(is_nan(store::summary_at(sv, sv.max_k, 0)));

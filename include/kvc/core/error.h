@@ -38,9 +38,9 @@ std::string concat(Args&&... args) {
 /// Throws kvc::Error when `cond` is false. The remaining arguments are streamed into the message;
 /// by convention they name the argument, its value and the bound:
 /// `KVC_CHECK(slot < n, "slot = ", slot, " must be < max_slots = ", n)`.
-#define KVC_CHECK(cond, ...)                                                             \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
+#define KVC_CHECK(cond, ...)                                                                     \
+  do {                                                                                           \
+    if (!(cond)) {                                                                               \
       ::kvc::detail::throw_error(__FILE__, __LINE__, #cond, ::kvc::detail::concat(__VA_ARGS__)); \
-    }                                                                                    \
+    }                                                                                            \
   } while (0)

@@ -84,20 +84,20 @@ KVC_HD std::uint16_t float_to_half_bits(float f) {
   const std::uint32_t x = float_bits(f);
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   const std::uint32_t absx = x & 0x7fffffffu;
-  if (absx > 0x7f800000u) return 0x7e00u;                     // NaN
+  if (absx > 0x7f800000u) return 0x7e00u;                                      // NaN
   if (absx >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // ≥ 65520 → inf
-  if (absx < 0x38800000u) {                                    // below 2^-14: subnormal or zero
+  if (absx < 0x38800000u) {  // below 2^-14: subnormal or zero
     if (absx < 0x33000000u) return static_cast<std::uint16_t>(sign);  // < 2^-25 → ±0
-    const std::uint32_t e = absx >> 23;                        // 102..112
+    const std::uint32_t e = absx >> 23;                               // 102..112
     const std::uint32_t m = (absx & 0x7fffffu) | 0x800000u;
-    const std::uint32_t shift = 126u - e;                      // 14..24
+    const std::uint32_t shift = 126u - e;  // 14..24
     std::uint32_t r = m >> shift;
     const std::uint32_t rem = m & ((1u << shift) - 1u);
     const std::uint32_t half = 1u << (shift - 1u);
     if (rem > half || (rem == half && (r & 1u))) ++r;
     return static_cast<std::uint16_t>(sign | r);
   }
-  std::uint32_t r = ((absx - 0x38000000u) >> 13);              // rebias exponent 127 → 15
+  std::uint32_t r = ((absx - 0x38000000u) >> 13);  // rebias exponent 127 → 15
   const std::uint32_t rem = absx & 0x1fffu;
   if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) ++r;
   return static_cast<std::uint16_t>(sign | r);

@@ -20,12 +20,12 @@ constexpr std::int64_t kMaxViewElements = std::int64_t{1} << 62;
 
 /// A non-owning, strided view of memory on one device. Strides count elements, not bytes.
 struct TensorView {
-  void* data = nullptr;                    ///< first element (may be null only when empty)
-  DType dtype = DType::kF32;               ///< element type
-  int ndim = 0;                            ///< rank, 0..kMaxDims
+  void* data = nullptr;                         ///< first element (may be null only when empty)
+  DType dtype = DType::kF32;                    ///< element type
+  int ndim = 0;                                 ///< rank, 0..kMaxDims
   std::array<std::int64_t, kMaxDims> shape{};   ///< extent of each dimension
   std::array<std::int64_t, kMaxDims> stride{};  ///< element stride of each dimension
-  Device device = Device::cpu();           ///< where `data` lives
+  Device device = Device::cpu();                ///< where `data` lives
 
   /// A densely packed row-major view of `shape`.
   static TensorView contiguous(void* data, DType dtype, std::initializer_list<std::int64_t> shape,

@@ -40,12 +40,12 @@ const char* to_string(DType t);
 
 /// Storage format of KV payloads and indexer keys. docs/formats.md gives every byte.
 enum class Format : std::uint8_t {
-  kF16,        ///< K and V as IEEE binary16
-  kBF16,       ///< K and V as bfloat16
-  kQ8,         ///< K and V as int8, one fp32 scale per token per head each (amax/127)
-  kFp16kQ4v,   ///< K as 16-bit (the store's dtype), V as packed signed int4 + fp32 scale (amax/7)
-  kMxfp4,      ///< e2m1 values + one ue8m0 power-of-two scale per 32 elements (indexer keys)
-  kFp8E4m3,    ///< e4m3 values + one fp32 scale per token (amax/448) (indexer keys)
+  kF16,       ///< K and V as IEEE binary16
+  kBF16,      ///< K and V as bfloat16
+  kQ8,        ///< K and V as int8, one fp32 scale per token per head each (amax/127)
+  kFp16kQ4v,  ///< K as 16-bit (the store's dtype), V as packed signed int4 + fp32 scale (amax/7)
+  kMxfp4,     ///< e2m1 values + one ue8m0 power-of-two scale per 32 elements (indexer keys)
+  kFp8E4m3,   ///< e4m3 values + one fp32 scale per token (amax/448) (indexer keys)
 };
 
 /// Lower-case name of `f` ("f16", "bf16", "q8", "fp16k_q4v", "mxfp4", "fp8_e4m3").

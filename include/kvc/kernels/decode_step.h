@@ -119,10 +119,9 @@ inline cudaError_t block_scores_in_launches(const StoreView& s, const BlockIndex
     part.scores = out.scores + row0 * static_cast<std::size_t>(out.max_blocks);
     part.num_valid = out.num_valid + row0;
     part.rows = n * per_seq;
-    const cudaError_t e =
-        block_scores(s, config, d_slots + b0, n, 1,
-                     static_cast<const std::uint8_t*>(d_q) + b0 * q_seq, part, d_workspace,
-                     workspace_bytes, stream);
+    const cudaError_t e = block_scores(s, config, d_slots + b0, n, 1,
+                                       static_cast<const std::uint8_t*>(d_q) + b0 * q_seq, part,
+                                       d_workspace, workspace_bytes, stream);
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;

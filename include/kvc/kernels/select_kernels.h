@@ -21,9 +21,10 @@
  *  scores.max_blocks > kSelectMaxClusterBlocks, or when a set policy (neighbors, anchor*,
  *  explicit) can select more than kSelectMaxExtras blocks. Give threshold, score_cluster*,
  *  and top_p a max_blocks to stay on the fast path. Stage B applies the policy, one CTA per
- *  row; for topk stage A writes the ids itself (one launch). Launch shapes depend only on scores.rows, scores.max_blocks and the policy; num_valid is
- *  read on the device, and values outside [0, scores.max_blocks] are clamped into it (the CPU
- *  selector throws for them instead: checking would need a host synchronisation).
+ *  row; for topk stage A writes the ids itself (one launch). Launch shapes depend only on
+ * scores.rows, scores.max_blocks and the policy; num_valid is read on the device, and values
+ * outside [0, scores.max_blocks] are clamped into it (the CPU selector throws for them instead:
+ * checking would need a host synchronisation).
  *
  *  Scratch memory comes from the caller through a two-phase query: call with d_temp = null to
  *  get temp_bytes (nothing is launched), then again with a buffer of at least that size. The

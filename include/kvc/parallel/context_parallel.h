@@ -197,8 +197,7 @@ class ContextParallelDecoder {
   /// @param[in] store the shard's store
   /// @param[in] sink [Hq] sink logits or null (counted on shard 0 only)
   /// @param[out] telemetry what this shard attended, or null
-  virtual void attend(const KvStore& store, const float* sink,
-                      Telemetry* telemetry = nullptr) = 0;
+  virtual void attend(const KvStore& store, const float* sink, Telemetry* telemetry = nullptr) = 0;
   /// The state exchange of the current step: out [batch, T, Hq, d] f32 then lse [batch, T, Hq]
   /// f32, bytes = batch * T * Hq * (d + 1) * 4.
   virtual ExchangeBuffers state_exchange() = 0;

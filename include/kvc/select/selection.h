@@ -18,20 +18,20 @@ namespace kvc {
 /// with its num_valid. (From a shard store, entry j is the shard's j-th own closed block: see
 /// kvc/index/block_index.h.)
 struct ScoresView {
-  float* scores = nullptr;          ///< [rows, max_blocks]
+  float* scores = nullptr;            ///< [rows, max_blocks]
   std::int32_t* num_valid = nullptr;  ///< [rows] closed blocks of the row's sequence
-  int rows = 0;                     ///< rows
-  int max_blocks = 0;               ///< row pitch (max_blocks_per_slot of the store)
+  int rows = 0;                       ///< rows
+  int max_blocks = 0;                 ///< row pitch (max_blocks_per_slot of the store)
 };
 
 /// Selected logical block ids per row: ids[row * max_selected + i] for i < counts[row], in the
 /// order the policy asked for; the rest is -1. Ids are distinct and < the row's num_valid.
 struct SelectionView {
-  std::int32_t* ids = nullptr;      ///< [rows, max_selected]
-  std::int32_t* counts = nullptr;   ///< [rows]
-  int rows = 0;                     ///< rows
-  int max_selected = 0;             ///< row pitch
-  bool shared_across_heads = false; ///< rows are (b, t), one selection for all kv heads
+  std::int32_t* ids = nullptr;       ///< [rows, max_selected]
+  std::int32_t* counts = nullptr;    ///< [rows]
+  int rows = 0;                      ///< rows
+  int max_selected = 0;              ///< row pitch
+  bool shared_across_heads = false;  ///< rows are (b, t), one selection for all kv heads
 };
 
 }  // namespace kvc

@@ -246,8 +246,8 @@ int select_row(const float* scores, int num_valid, const SelectPolicy& policy, s
 /// allocates nothing. A call beyond them throws kvc::Error naming the argument. The CPU selector
 /// ignores them.
 struct SelectorLimits {
-  int max_rows = 0;      ///< most rows (ScoresView::rows) of one call, >= 0
-  int max_blocks = 0;    ///< largest ScoresView::max_blocks (row pitch), in [0, 2^20]
+  int max_rows = 0;    ///< most rows (ScoresView::rows) of one call, >= 0
+  int max_blocks = 0;  ///< largest ScoresView::max_blocks (row pitch), in [0, 2^20]
   /// Most ids a policy may select from a row of max_blocks blocks
   /// (policy.max_output(scores.max_blocks) <= max_selected), >= 0.
   int max_selected = 0;

@@ -223,8 +223,8 @@ KVC_HD void load_summaries(const StoreView& s, const void* a, std::size_t i, flo
     }
     return;
   }
-  load_bits16_as_float<N>(static_cast<const std::uint16_t*>(a) + i,
-                          s.summary_dtype == DType::kBF16, f);
+  load_bits16_as_float<N>(static_cast<const std::uint16_t*>(a) + i, s.summary_dtype == DType::kBF16,
+                          f);
 #else
   for (int k = 0; k < N; ++k) f[k] = summary_at(s, a, i + static_cast<std::size_t>(k));
 #endif

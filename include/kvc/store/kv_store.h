@@ -34,9 +34,9 @@ namespace kvc {
 
 /// Which summaries a store keeps per closed block and kv head (bit mask).
 enum SummaryBits : std::uint32_t {
-  kSummaryMeanK = 1u << 0,   ///< mean of K over the block's tokens (block scoring)
-  kSummaryMeanV = 1u << 1,   ///< mean of V (block_summary / block_select_lossy attention)
-  kSummaryMinMaxK = 1u << 2, ///< element-wise min and max of K (Quest's upper bound score)
+  kSummaryMeanK = 1u << 0,    ///< mean of K over the block's tokens (block scoring)
+  kSummaryMeanV = 1u << 1,    ///< mean of V (block_summary / block_select_lossy attention)
+  kSummaryMinMaxK = 1u << 2,  ///< element-wise min and max of K (Quest's upper bound score)
   /// A low-precision copy of every old token's K in KvStoreConfig::index_format (mxfp4 or
   /// fp8_e4m3), encoded from the token's 16-bit K when it leaves the ring, for token-level block
   /// scoring (kvc/index/block_index.h, TokenKeys::kIndexCopy). Kept per token, not per block.
@@ -49,13 +49,13 @@ constexpr std::uint32_t kSummaryAllBits =
 
 /// Geometry and formats of one layer's store. Validated by validate().
 struct KvStoreConfig {
-  int num_kv_heads = 8;          ///< kv heads of the layer (Hkv), 1..256
-  int head_dim = 128;            ///< d: 64, 128, 256 or 512
-  int max_slots = 1;             ///< sequence slots, 1..65536
-  int max_context = 8192;        ///< tokens one slot may hold, ≥ 1
-  int recent_window = 1024;      ///< W: exact tokens kept in the ring per slot, ≥ 1
-  int block_size = 32;           ///< B: tokens per old block, 1..1024
-  DType dtype = DType::kF16;     ///< dtype of incoming K/V and of the ring: f16 or bf16
+  int num_kv_heads = 8;                   ///< kv heads of the layer (Hkv), 1..256
+  int head_dim = 128;                     ///< d: 64, 128, 256 or 512
+  int max_slots = 1;                      ///< sequence slots, 1..65536
+  int max_context = 8192;                 ///< tokens one slot may hold, ≥ 1
+  int recent_window = 1024;               ///< W: exact tokens kept in the ring per slot, ≥ 1
+  int block_size = 32;                    ///< B: tokens per old block, 1..1024
+  DType dtype = DType::kF16;              ///< dtype of incoming K/V and of the ring: f16 or bf16
   Format old_format = Format::kFp16kQ4v;  ///< format of old blocks: f16, bf16, q8 or fp16k_q4v
   /// Pool blocks shared by all slots; 0 means max_slots * owned_blocks_per_slot() (never runs
   /// out; max_slots * max_blocks_per_slot() for an unsharded store).
@@ -97,13 +97,13 @@ struct KvStoreConfig {
 /// Bytes held by a store, by component. Capacity is what was allocated at construction; the
 /// dense-equivalent figures are what an f16/bf16 dense cache would hold for the same tokens.
 struct Footprint {
-  std::size_t ring = 0;           ///< recent ring, K and V
-  std::size_t old_k = 0;          ///< old-block K payload
-  std::size_t old_v = 0;          ///< old-block V payload
-  std::size_t scales = 0;         ///< per-token fp32 scales of old K and V
-  std::size_t summaries = 0;      ///< block summaries (mean K, mean V, min/max K)
-  std::size_t index_keys = 0;     ///< index copy of old K (kSummaryIndexKeys): payload + scales
-  std::size_t tables = 0;         ///< lengths, block tables and the pool's free list
+  std::size_t ring = 0;        ///< recent ring, K and V
+  std::size_t old_k = 0;       ///< old-block K payload
+  std::size_t old_v = 0;       ///< old-block V payload
+  std::size_t scales = 0;      ///< per-token fp32 scales of old K and V
+  std::size_t summaries = 0;   ///< block summaries (mean K, mean V, min/max K)
+  std::size_t index_keys = 0;  ///< index copy of old K (kSummaryIndexKeys): payload + scales
+  std::size_t tables = 0;      ///< lengths, block tables and the pool's free list
   /// Sum of all components (capacity bytes).
   std::size_t total() const {
     return ring + old_k + old_v + scales + summaries + index_keys + tables;
@@ -122,23 +122,23 @@ struct Footprint {
 /// Raw pointers and geometry of a store, as the kernels and the CPU reference read it. All
 /// pointers live on the store's device. Strides are implied by the geometry (row-major).
 struct StoreView {
-  int num_kv_heads = 0;         ///< Hkv
-  int head_dim = 0;             ///< d
-  int max_slots = 0;            ///< slots
-  int max_context = 0;          ///< tokens per slot
-  int recent_window = 0;        ///< W
-  int block_size = 0;           ///< B
-  int max_blocks_per_slot = 0;  ///< width of a block-table row
-  int num_pool_blocks = 0;      ///< pool size
-  DType dtype = DType::kF16;    ///< ring dtype (and fp16k_q4v's K dtype)
-  Format old_format = Format::kFp16kQ4v;  ///< old-block format
+  int num_kv_heads = 0;                     ///< Hkv
+  int head_dim = 0;                         ///< d
+  int max_slots = 0;                        ///< slots
+  int max_context = 0;                      ///< tokens per slot
+  int recent_window = 0;                    ///< W
+  int block_size = 0;                       ///< B
+  int max_blocks_per_slot = 0;              ///< width of a block-table row
+  int num_pool_blocks = 0;                  ///< pool size
+  DType dtype = DType::kF16;                ///< ring dtype (and fp16k_q4v's K dtype)
+  Format old_format = Format::kFp16kQ4v;    ///< old-block format
   std::uint32_t summaries = kSummaryMeanK;  ///< SummaryBits kept
   DType summary_dtype = DType::kF32;        ///< element type of the summaries (f32, f16, bf16)
   Format index_format = Format::kMxfp4;     ///< format of index_k (see KvStoreConfig)
-  int num_shards = 1;           ///< shards of the context (see KvStoreConfig::num_shards)
-  int shard_index = 0;          ///< this store's shard; it owns logical blocks b % num_shards == it
+  int num_shards = 1;   ///< shards of the context (see KvStoreConfig::num_shards)
+  int shard_index = 0;  ///< this store's shard; it owns logical blocks b % num_shards == it
 
-  std::int32_t* lengths = nullptr;      ///< [max_slots] tokens held per slot
+  std::int32_t* lengths = nullptr;  ///< [max_slots] tokens held per slot
   /// [max_slots, max_blocks_per_slot] pool id or -1, indexed by logical block (-1 for the
   /// blocks of other shards)
   std::int32_t* block_table = nullptr;
@@ -152,17 +152,17 @@ struct StoreView {
   /// CTA to finish publishes lengths and the free count and sets it back to 0. Null (the CPU, or
   /// a view an engine builds): store_update plans in a launch of its own instead.
   std::int32_t* update_counter = nullptr;
-  void* ring_k = nullptr;               ///< [max_slots, Hkv, W, d] dtype
-  void* ring_v = nullptr;               ///< [max_slots, Hkv, W, d] dtype
-  std::uint8_t* old_k = nullptr;        ///< [pool, Hkv, B, k_payload_bytes(old_format, d)]
-  std::uint8_t* old_v = nullptr;        ///< [pool, Hkv, B, v_payload_bytes(old_format, d)]
-  float* old_k_scale = nullptr;         ///< [pool, Hkv, B] (q8) or null
-  float* old_v_scale = nullptr;         ///< [pool, Hkv, B] (q8, fp16k_q4v) or null
+  void* ring_k = nullptr;         ///< [max_slots, Hkv, W, d] dtype
+  void* ring_v = nullptr;         ///< [max_slots, Hkv, W, d] dtype
+  std::uint8_t* old_k = nullptr;  ///< [pool, Hkv, B, k_payload_bytes(old_format, d)]
+  std::uint8_t* old_v = nullptr;  ///< [pool, Hkv, B, v_payload_bytes(old_format, d)]
+  float* old_k_scale = nullptr;   ///< [pool, Hkv, B] (q8) or null
+  float* old_v_scale = nullptr;   ///< [pool, Hkv, B] (q8, fp16k_q4v) or null
   /// [pool, Hkv, d] summary_dtype; read with store::summary_at / store::load_summaries
   void* mean_k = nullptr;
-  void* mean_v = nullptr;               ///< [pool, Hkv, d] summary_dtype, or null
-  void* min_k = nullptr;                ///< [pool, Hkv, d] summary_dtype, or null
-  void* max_k = nullptr;                ///< [pool, Hkv, d] summary_dtype, or null
+  void* mean_v = nullptr;  ///< [pool, Hkv, d] summary_dtype, or null
+  void* min_k = nullptr;   ///< [pool, Hkv, d] summary_dtype, or null
+  void* max_k = nullptr;   ///< [pool, Hkv, d] summary_dtype, or null
   /// [pool, Hkv, B, index_payload_bytes] index copy of old K (kSummaryIndexKeys) or null:
   /// mxfp4 d/2 B of packed e2m1, fp8_e4m3 d B of e4m3 (kvc/store/block_codec.h reads it)
   std::uint8_t* index_k = nullptr;
@@ -176,18 +176,18 @@ struct StoreView {
 /// rows limited to those in use (the open block's filled rows), blocks limited to those the
 /// store owns (all of them unless the store is a shard).
 struct SlotState {
-  bool open = false;                     ///< slot is open
-  int length = 0;                        ///< tokens held
-  std::vector<std::uint8_t> ring_k;      ///< ring K rows in use
-  std::vector<std::uint8_t> ring_v;      ///< ring V rows in use
-  std::vector<std::uint8_t> old_k;       ///< old K payload rows in use
-  std::vector<std::uint8_t> old_v;       ///< old V payload rows in use
-  std::vector<float> old_k_scale;        ///< old K scales in use
-  std::vector<float> old_v_scale;        ///< old V scales in use
+  bool open = false;                 ///< slot is open
+  int length = 0;                    ///< tokens held
+  std::vector<std::uint8_t> ring_k;  ///< ring K rows in use
+  std::vector<std::uint8_t> ring_v;  ///< ring V rows in use
+  std::vector<std::uint8_t> old_k;   ///< old K payload rows in use
+  std::vector<std::uint8_t> old_v;   ///< old V payload rows in use
+  std::vector<float> old_k_scale;    ///< old K scales in use
+  std::vector<float> old_v_scale;    ///< old V scales in use
   /// mean K, mean V, min K, max K of closed blocks (kept ones), as float (16-bit summaries are
   /// decoded exactly)
   std::vector<float> summaries;
-  std::vector<std::uint8_t> index_k;     ///< index-copy K payload rows in use (kSummaryIndexKeys)
+  std::vector<std::uint8_t> index_k;  ///< index-copy K payload rows in use (kSummaryIndexKeys)
   std::vector<std::uint8_t> index_k_scale;  ///< index-copy K scale bytes of those rows
   /// Field-by-field, bit-exact equality (NaN scales compare equal to themselves).
   bool operator==(const SlotState& o) const;

@@ -22,12 +22,12 @@ namespace {
 
 using testing::random_bits16;
 
-#define KVC_REQUIRE_GPUS(n)                                                                  \
-  do {                                                                                       \
-    if (::kvc::cuda_device_count() < (n)) {                                                  \
-      GTEST_SKIP() << "needs " << (n) << " CUDA devices, " << ::kvc::cuda_device_count()     \
-                   << " visible: multi-GPU NCCL test skipped";                               \
-    }                                                                                        \
+#define KVC_REQUIRE_GPUS(n)                                                              \
+  do {                                                                                   \
+    if (::kvc::cuda_device_count() < (n)) {                                              \
+      GTEST_SKIP() << "needs " << (n) << " CUDA devices, " << ::kvc::cuda_device_count() \
+                   << " visible: multi-GPU NCCL test skipped";                           \
+    }                                                                                    \
   } while (0)
 
 // A device buffer on a given GPU.
@@ -88,7 +88,8 @@ TEST(Nccl_Communicator, AllGatherAcrossEveryGpu) {
     recv.push_back(std::make_unique<Buffer>(r, n * count * 4));
   }
   comms[0]->begin_group();
-  for (int r = 0; r < n; ++r) comms[r]->all_gather(send[r]->get(), recv[r]->get(), count * 4, nullptr);
+  for (int r = 0; r < n; ++r)
+    comms[r]->all_gather(send[r]->get(), recv[r]->get(), count * 4, nullptr);
   comms[0]->end_group();
   for (int r = 0; r < n; ++r) {
     cudaSetDevice(r);
@@ -161,7 +162,8 @@ TEST(Nccl_ContextParallel, ShardsOnEveryGpuMatchOneGpu) {
   const std::vector<int> lengths{5800, 700, 90};
   const std::size_t token = 2 * 128;
   std::mt19937 rng(3);
-  for (auto& s : stores) for (int i = 0; i < 3; ++i) s->open_slot();
+  for (auto& s : stores)
+    for (int i = 0; i < 3; ++i) s->open_slot();
   for (int slot = 0; slot < 3; ++slot) {
     const int len = lengths[static_cast<std::size_t>(slot)];
     auto k = random_bits16(len * token, DType::kF16, rng(), 2.0f);
@@ -204,11 +206,14 @@ TEST(Nccl_ContextParallel, ShardsOnEveryGpuMatchOneGpu) {
     qs.back()->upload(q);
     outs.push_back(std::make_unique<Buffer>(r, 3 * 16 * 128 * 4));
     lses.push_back(std::make_unique<Buffer>(r, 3 * 16 * 4));
-    steps[r] = ShardStep{dec[r].get(), stores[1 + r].get(), comms[r].get(),
-                         TensorView::contiguous(qs[r]->get(), DType::kF16, {3, 1, 16, 128}, Device::cuda(r)),
-                         nullptr,
-                         TensorView::contiguous(outs[r]->get(), DType::kF32, {3, 1, 16, 128}, Device::cuda(r)),
-                         TensorView::contiguous(lses[r]->get(), DType::kF32, {3, 1, 16}, Device::cuda(r))};
+    steps[r] = ShardStep{
+        dec[r].get(),
+        stores[1 + r].get(),
+        comms[r].get(),
+        TensorView::contiguous(qs[r]->get(), DType::kF16, {3, 1, 16, 128}, Device::cuda(r)),
+        nullptr,
+        TensorView::contiguous(outs[r]->get(), DType::kF32, {3, 1, 16, 128}, Device::cuda(r)),
+        TensorView::contiguous(lses[r]->get(), DType::kF32, {3, 1, 16}, Device::cuda(r))};
   }
   for (int iter = 0; iter < 3; ++iter) run_context_parallel_step(steps, slots);  // repeatable
   for (int r = 0; r < n; ++r) {
