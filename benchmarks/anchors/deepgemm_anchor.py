@@ -111,7 +111,10 @@ def main():
                               sets=len(sets), rel_l2_vs_reference=err))
         del sets
         torch.cuda.empty_cache()
-    write_rows(args.out, rows, deep_gemm=getattr(deep_gemm, "__version__", None))
+    # deepgemm_anchor.sh's retry after a crash preloads the system libstdc++: a row from that run
+    # says so.
+    write_rows(args.out, rows, deep_gemm=getattr(deep_gemm, "__version__", None),
+               ld_preload=os.environ.get("LD_PRELOAD") or None)
     return 0
 
 
