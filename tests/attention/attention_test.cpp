@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/expect_error.h"
 #include "common/random.h"
 #include "kvc/attention/merge.h"
 #include "kvc/attention/params.h"
@@ -30,6 +31,7 @@
 namespace kvc {
 namespace {
 
+using testing::expect_error;
 using testing::random_bits16;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -59,20 +61,6 @@ struct Result {
   std::vector<double> out;  // [batch, T, Hq, d]
   std::vector<double> lse;  // [batch, T, Hq]
 };
-
-// Expects `fn` to throw kvc::Error whose message contains every string of `words`.
-template <class Fn>
-void expect_error(Fn&& fn, std::initializer_list<const char*> words) {
-  try {
-    fn();
-    ADD_FAILURE() << "no kvc::Error thrown";
-  } catch (const Error& e) {
-    for (const char* w : words) {
-      EXPECT_NE(std::string(e.what()).find(w), std::string::npos)
-          << "message lacks '" << w << "': " << e.what();
-    }
-  }
-}
 
 class Testbed {
  public:

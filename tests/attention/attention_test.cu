@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/cuda_test_util.h"
+#include "common/expect_error.h"
 #include "common/random.h"
 #include "kvc/attention/attention.h"
 #include "kvc/attention/merge.h"
@@ -34,6 +35,7 @@ namespace kvc {
 namespace {
 
 using testing::DeviceArray;
+using testing::expect_error;
 using testing::random_bits16;
 
 constexpr double kTol = 1e-3;  // DESIGN section 8: relative L2 per row
@@ -83,19 +85,6 @@ struct Result {
   std::vector<double> out;  // [batch, T, Hq, d]
   std::vector<double> lse;  // [batch, T, Hq]
 };
-
-template <class Fn>
-void expect_error(Fn&& fn, std::initializer_list<const char*> words) {
-  try {
-    fn();
-    ADD_FAILURE() << "no kvc::Error thrown";
-  } catch (const Error& e) {
-    for (const char* w : words) {
-      EXPECT_NE(std::string(e.what()).find(w), std::string::npos)
-          << "message lacks '" << w << "': " << e.what();
-    }
-  }
-}
 
 double element(const std::vector<std::uint8_t>& bytes, std::size_t i, DType t) {
   if (t == DType::kF32) {

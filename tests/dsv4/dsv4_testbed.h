@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/expect_error.h"
 #include "kvc/core/error.h"
 #include "kvc/core/numeric.h"
 #include "kvc/core/tensor.h"
@@ -173,16 +174,7 @@ struct GoldenV4Prefill {
   }
 };
 
-/// Expects `f` to throw kvc::Error whose message contains every one of `words`.
-inline void expect_error(const std::function<void()>& f, const std::vector<std::string>& words) {
-  try {
-    f();
-    ADD_FAILURE() << "expected kvc::Error naming " << (words.empty() ? "" : words[0]);
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    for (const auto& w : words) EXPECT_NE(m.find(w), std::string::npos) << "message: " << m;
-  }
-}
+using kvc::testing::expect_error;
 
 /// Every row held by every slot of a store, decoded (for nothing-changed checks).
 inline std::vector<float> store_contents(const EntryStore& s) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/expect_error.h"
 #include "common/random.h"
 #include "kvc/core/error.h"
 #include "kvc/formats/formats.h"
@@ -25,6 +26,7 @@
 namespace kvc {
 namespace {
 
+using testing::expect_error;
 using testing::random_bits16;
 
 // A store of `lens.size()` slots filled with random K/V (K scaled so that softmax is peaked).
@@ -87,17 +89,6 @@ std::vector<float> run_scores(BlockIndex& index, const KvStore& store,
               TensorView::contiguous(q.data(), c.dtype, {batch, T, c.num_q_heads, c.head_dim}),
               ScoresView{scores.data(), valid.data(), rows, maxb});
   return scores;
-}
-
-// Runs fn, which must throw a kvc::Error whose message contains `word`.
-template <class Fn>
-void expect_error(Fn fn, const char* word) {
-  try {
-    fn();
-    ADD_FAILURE() << "no throw for " << word;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
-  }
 }
 
 // float64 oracle of one row straight from the definitions in kvc/index/block_index.h. With

@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/expect_error.h"
 #include "common/random.h"
 #include "kvc/attention/attention.h"
 #include "kvc/core/error.h"
@@ -30,23 +31,11 @@
 namespace kvc {
 namespace {
 
+using testing::expect_error;
 using testing::random_bits16;
 using Ids = std::vector<std::int32_t>;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-template <class Fn>
-void expect_error(Fn&& fn, std::initializer_list<const char*> words) {
-  try {
-    fn();
-    ADD_FAILURE() << "no kvc::Error thrown";
-  } catch (const Error& e) {
-    for (const char* w : words) {
-      EXPECT_NE(std::string(e.what()).find(w), std::string::npos)
-          << "message lacks '" << w << "': " << e.what();
-    }
-  }
-}
 
 KvStoreConfig store_config(Format f, int num_shards = 1, int shard = 0) {
   KvStoreConfig c;

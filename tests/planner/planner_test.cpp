@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/expect_error.h"
 #include "kvc/core/error.h"
 #include "kvc/formats/formats.h"
 
@@ -17,20 +18,9 @@ namespace kvc {
 namespace planner {
 namespace {
 
+using kvc::testing::expect_error;
 constexpr std::int64_t k128K = 131072;
 constexpr std::int64_t k1M = 1048576;
-
-/// Runs `f`, expects kvc::Error, and expects every string of `parts` in its message.
-template <class F>
-void expect_error(F&& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no kvc::Error thrown; expected one mentioning '" << parts.front() << "'";
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    for (const std::string& p : parts) EXPECT_NE(m.find(p), std::string::npos) << m;
-  }
-}
 
 // --- sizes of one entry / key -------------------------------------------------------------------
 

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/cuda_test_util.h"
+#include "common/expect_error.h"
 #include "kvc/core/error.h"
 #include "kvc/core/numeric.h"
 #include "kvc/kernels/select_kernels.h"
@@ -32,6 +33,7 @@ namespace kvc {
 namespace {
 
 using testing::DeviceArray;
+using testing::expect_error;
 using Ids = std::vector<std::int32_t>;
 using Kind = SelectPolicy::Kind;
 using Order = SelectPolicy::Order;
@@ -1655,15 +1657,6 @@ TEST(Cuda_Selector_Graph, ReplayWithNewScoresMatchesUncaptured) {
 
 // --- object: limits, no allocation per call ------------------------------------------------------
 
-void expect_error_naming(const std::function<void()>& f, const std::string& what) {
-  try {
-    f();
-    ADD_FAILURE() << "no kvc::Error (expected one naming \"" << what << "\")";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-  }
-}
-
 TEST(Cuda_Selector_Limits, CallsBeyondTheLimitsThrowNamingTheArgument) {
   KVC_REQUIRE_GPU();
   Gen gen;
@@ -1672,11 +1665,11 @@ TEST(Cuda_Selector_Limits, CallsBeyondTheLimitsThrowNamingTheArgument) {
   ScoresView in = d.in();
   SelectionView out = d.out();
   auto sel = Selector::create(Device::cuda(0), SelectorLimits{3, 1000, 64});
-  expect_error_naming([&] { sel->select(in, SelectPolicy::topk(8), out); }, "max_rows = 3");
+  expect_error([&] { sel->select(in, SelectPolicy::topk(8), out); }, "max_rows = 3");
   sel = Selector::create(Device::cuda(0), SelectorLimits{4, 999, 64});
-  expect_error_naming([&] { sel->select(in, SelectPolicy::topk(8), out); }, "max_blocks = 999");
+  expect_error([&] { sel->select(in, SelectPolicy::topk(8), out); }, "max_blocks = 999");
   sel = Selector::create(Device::cuda(0), SelectorLimits{4, 1000, 16});
-  expect_error_naming([&] { sel->select(in, SelectPolicy::topk(32), out); }, "max_selected = 16");
+  expect_error([&] { sel->select(in, SelectPolicy::topk(32), out); }, "max_selected = 16");
   sel = Selector::create(Device::cuda(0), SelectorLimits{4, 1000, 1000});
   Ids many(1100);
   for (int i = 0; i < 1100; ++i) many[i] = i % 1000;  // 1000 distinct ids: they fit
@@ -1689,9 +1682,9 @@ TEST(Cuda_Selector_Limits, CallsBeyondTheLimitsThrowNamingTheArgument) {
   auto sel2 = Selector::create(Device::cuda(0));
   ScoresView big_in = big.in();
   SelectionView big_out = big.out();
-  expect_error_naming([&] { sel2->select(big_in, SelectPolicy::anchor(8, too_many), big_out); },
-                      "at most 1024");
-  expect_error_naming(
+  expect_error([&] { sel2->select(big_in, SelectPolicy::anchor(8, too_many), big_out); },
+               "at most 1024");
+  expect_error(
       [&] {
         Selector::create(Device::cuda(0), SelectorLimits{1, 1 << 21, 1});
       },

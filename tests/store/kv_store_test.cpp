@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/expect_error.h"
 #include "common/random.h"
 #include "kvc/core/error.h"
 #include "kvc/formats/formats.h"
@@ -21,6 +22,7 @@
 namespace kvc {
 namespace {
 
+using testing::expect_error;
 using testing::random_bits16;
 
 KvStoreConfig small_config(Format f = Format::kFp16kQ4v, DType t = DType::kF16) {
@@ -39,20 +41,6 @@ KvStoreConfig small_config(Format f = Format::kFp16kQ4v, DType t = DType::kF16) 
 
 TensorView kv_view(std::vector<std::uint16_t>& data, DType t, int tokens, const KvStoreConfig& c) {
   return TensorView::contiguous(data.data(), t, {tokens, c.num_kv_heads, c.head_dim});
-}
-
-// Expects `fn` to throw kvc::Error whose message contains every string of `words`.
-template <class Fn>
-void expect_error(Fn&& fn, std::initializer_list<const char*> words) {
-  try {
-    fn();
-    ADD_FAILURE() << "no kvc::Error thrown";
-  } catch (const Error& e) {
-    for (const char* w : words) {
-      EXPECT_NE(std::string(e.what()).find(w), std::string::npos)
-          << "message lacks '" << w << "': " << e.what();
-    }
-  }
 }
 
 TEST(Cpu_KvStoreConfig, ValidationNamesTheField) {
