@@ -113,19 +113,12 @@ cudaError_t cluster_capacity(const void* kernel, int size, std::size_t smem, int
         size <= 8 || cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed,
                                           1) == cudaSuccess;
     if (allowed) {
-      cudaLaunchConfig_t config = {};
-      config.gridDim = dim3(1, static_cast<unsigned>(size));
-      config.blockDim = dim3(kThreads);
-      config.dynamicSmemBytes = smem;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = 1;
-      attr[0].val.clusterDim.y = static_cast<unsigned>(size);
-      attr[0].val.clusterDim.z = 1;
-      config.attrs = attr;
-      config.numAttrs = 1;
+      kvc::detail::LaunchOptions o;
+      o.cluster = dim3(1, static_cast<unsigned>(size), 1);
+      const kvc::detail::LaunchConfig launch(dim3(1, static_cast<unsigned>(size)), dim3(kThreads),
+                                             smem, nullptr, o);
       int n = 0;
-      if (cudaOccupancyMaxActiveClusters(&n, kernel, &config) == cudaSuccess) clusters = n;
+      if (cudaOccupancyMaxActiveClusters(&n, kernel, &launch.config) == cudaSuccess) clusters = n;
     }
     cudaGetLastError();  // a refusal is an answer, not an error of the call
   }
@@ -441,34 +434,18 @@ cudaError_t run(const Plan& plan, DecodeParams& dp, int head_dim, bool programma
   dp.cluster = plan.cluster;
   dp.stages = plan.stages;
   void* args[] = {&dp};
-  cudaLaunchConfig_t config = {};
-  config.gridDim =
-      dim3(static_cast<unsigned>(plan.kv_ctas), static_cast<unsigned>(plan.num_chunks));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = plan.smem;
-  config.stream = stream;
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-  if (plan.cluster > 1) {
-    // The chunks of a row (grid.y) form one cluster and merge in distributed shared memory.
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = 1;
-    attr[n].val.clusterDim.y = static_cast<unsigned>(plan.cluster);
-    attr[n].val.clusterDim.z = 1;
-    ++n;
-  }
-  if (programmatic) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  config.attrs = attr;
-  config.numAttrs = n;
-  cudaError_t e = cudaLaunchKernelExC(&config, plan.kernel, args);
+  kvc::detail::LaunchOptions o;
+  // The chunks of a row (grid.y) form one cluster and merge in distributed shared memory.
+  if (plan.cluster > 1) o.cluster = dim3(1, static_cast<unsigned>(plan.cluster), 1);
+  o.programmatic = programmatic;
+  const kvc::detail::LaunchConfig launch(
+      dim3(static_cast<unsigned>(plan.kv_ctas), static_cast<unsigned>(plan.num_chunks)),
+      dim3(kThreads), plan.smem, stream, o);
+  cudaError_t e = cudaLaunchKernelExC(&launch.config, plan.kernel, args);
   if (e != cudaSuccess && programmatic) {
     cudaGetLastError();  // not supported here: clear it and launch in stream order
-    config.numAttrs = n - 1;
-    e = cudaLaunchKernelExC(&config, plan.kernel, args);
+    const kvc::detail::LaunchConfig plain = launch.without_programmatic();
+    e = cudaLaunchKernelExC(&plain.config, plan.kernel, args);
   }
   KVC_CUDA_CALL(e);
   if (plan.num_chunks > 1 && plan.cluster <= 1) {

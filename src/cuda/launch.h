@@ -1,5 +1,6 @@
-// Kernel launches with an optional programmatic dependency on the stream's previous kernel, the
-// host side of kernels/pdl.cuh (internal).
+// Kernel launches with clusters, cooperative grids or a programmatic dependency on the stream's
+// previous kernel (the host side of kernels/pdl.cuh), and the device queries the launchers size
+// them by (internal).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,24 +14,94 @@
 namespace kvc {
 namespace detail {
 
+/// What a launch asks for beyond its grid, block and shared memory.
+struct LaunchOptions {
+  /// CTAs per thread-block cluster (a cluster of one is still a cluster launch); x = 0: none.
+  dim3 cluster = dim3(0, 0, 0);
+  /// A programmatic dependent of the stream's previous kernel
+  /// (cudaLaunchAttributeProgrammaticStreamSerialization: it may be scheduled while that kernel
+  /// still runs, and waits for it in pdl_wait()); else plain stream order.
+  bool programmatic = false;
+  bool cooperative = false;  ///< a cooperative grid (all CTAs resident at once)
+};
+
+/// A cudaLaunchConfig_t with the attributes LaunchOptions asks for, which it owns (config.attrs
+/// points into the object, and a copy points into the copy): the one place the launches with
+/// clusters, programmatic dependence or cooperative grids fill one in.
+struct LaunchConfig {
+  cudaLaunchConfig_t config = {};
+  cudaLaunchAttribute attrs[3] = {};
+
+  LaunchConfig(dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
+               const LaunchOptions& o = LaunchOptions()) {
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    unsigned n = 0;
+    if (o.cluster.x > 0) {
+      attrs[n].id = cudaLaunchAttributeClusterDimension;
+      attrs[n].val.clusterDim.x = o.cluster.x;
+      attrs[n].val.clusterDim.y = o.cluster.y;
+      attrs[n].val.clusterDim.z = o.cluster.z;
+      ++n;
+    }
+    if (o.cooperative) {
+      attrs[n].id = cudaLaunchAttributeCooperative;
+      attrs[n].val.cooperative = 1;
+      ++n;
+    }
+    if (o.programmatic) {  // last, so that without_programmatic() can drop it
+      attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attrs[n].val.programmaticStreamSerializationAllowed = 1;
+      ++n;
+    }
+    config.attrs = attrs;
+    config.numAttrs = n;
+  }
+  LaunchConfig(const LaunchConfig& o) : config(o.config) { copy_attrs(o); }
+  LaunchConfig& operator=(const LaunchConfig& o) {
+    config = o.config;
+    copy_attrs(o);
+    return *this;
+  }
+
+  /// Whether the launch is a programmatic dependent.
+  bool programmatic() const {
+    return config.numAttrs > 0 &&
+           attrs[config.numAttrs - 1].id == cudaLaunchAttributeProgrammaticStreamSerialization;
+  }
+  /// The same launch in plain stream order (for a device or driver that refuses programmatic
+  /// dependence).
+  LaunchConfig without_programmatic() const {
+    LaunchConfig c(*this);
+    if (c.programmatic()) --c.config.numAttrs;
+    return c;
+  }
+
+ private:
+  void copy_attrs(const LaunchConfig& o) {
+    for (int i = 0; i < 3; ++i) attrs[i] = o.attrs[i];
+    config.attrs = attrs;
+  }
+};
+
+/// Launches `kernel` with `config` (LaunchConfig) and the kernel's arguments.
+template <class... Params, class... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), const LaunchConfig& config, Args&&... args) {
+  return cudaLaunchKernelEx(&config.config, kernel, static_cast<Args&&>(args)...);
+}
+
 /// Launches `kernel` on `stream` with `smem` bytes of dynamic shared memory; with `programmatic`
-/// as a programmatic dependent of the stream's previous kernel
-/// (cudaLaunchAttributeProgrammaticStreamSerialization: it may be scheduled while that kernel
-/// still runs, and waits for it in pdl_wait()), else in plain stream order.
+/// as a programmatic dependent of the stream's previous kernel (LaunchOptions::programmatic),
+/// else in plain stream order.
 template <class... Params, class... Args>
 cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
                           bool programmatic, cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = programmatic ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, static_cast<Args&&>(args)...);
+  LaunchOptions o;
+  o.programmatic = programmatic;
+  return launch_kernel(kernel, LaunchConfig(grid, block, smem, stream, o),
+                       static_cast<Args&&>(args)...);
 }
 
 /// The current device's SM count (at least 1).

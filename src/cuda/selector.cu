@@ -229,6 +229,18 @@ cudaError_t make_shape(const ScoresView& scores, const SelectPolicy& policy,
   return cudaSuccess;
 }
 
+/// The launch of `rows` rows of `ctas` CTAs each, a row's CTAs one cluster (along x), with
+/// `threads` threads and `smem` bytes of dynamic shared memory per CTA; a programmatic dependent
+/// of the stream's previous kernel when `pdl`.
+kvc::detail::LaunchConfig row_clusters(int rows, int ctas, int threads, std::size_t smem,
+                                       cudaStream_t stream, bool pdl = false) {
+  kvc::detail::LaunchOptions o;
+  o.cluster = dim3(static_cast<unsigned>(ctas), 1, 1);
+  o.programmatic = pdl;
+  return kvc::detail::LaunchConfig(dim3(static_cast<unsigned>(ctas) * static_cast<unsigned>(rows)),
+                                   dim3(static_cast<unsigned>(threads)), smem, stream, o);
+}
+
 template <int kItems>
 cudaError_t launch_topm(const TopmParams& tp, int rows, cudaStream_t stream) {
   constexpr int kChunk = kThreads * kItems;
@@ -239,19 +251,8 @@ cudaError_t launch_topm(const TopmParams& tp, int rows, cudaStream_t stream) {
   // All of the unified L1/shared memory as shared: two ~99 KB CTAs per SM for kItems <= 32.
   KVC_CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                      cudaSharedmemCarveoutMaxShared));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(ctas) * static_cast<unsigned>(rows), 1, 1);
-  cfg.blockDim = dim3(kThreads, 1, 1);
-  cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(ctas);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, tp);
+  return kvc::detail::launch_kernel(
+      kernel, row_clusters(rows, ctas, kThreads, static_cast<std::size_t>(smem), stream), tp);
 }
 
 /// Scores per thread of the small path for rows of N blocks: one CTA per row up to 4096 blocks,
@@ -272,19 +273,8 @@ cudaError_t launch_small(const TopmParams& tp, int rows, cudaStream_t stream) {
     small_topm_kernel<kItems, false><<<static_cast<unsigned>(rows), kSmallThreads, 0, stream>>>(tp);
     return cudaGetLastError();
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(ctas) * static_cast<unsigned>(rows), 1, 1);
-  cfg.blockDim = dim3(kSmallThreads, 1, 1);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(ctas);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, small_topm_kernel<kItems, true>, tp);
+  return kvc::detail::launch_kernel(small_topm_kernel<kItems, true>,
+                                    row_clusters(rows, ctas, kSmallThreads, 0, stream), tp);
 }
 
 cudaError_t launch_small_items(int items, const TopmParams& tp, int rows, cudaStream_t stream) {
@@ -400,19 +390,9 @@ cudaError_t launch_stream(const TopmParams& tp, int rows, int ctas, int trigger,
   const int smem = static_cast<int>(sizeof(StreamShared));
   KVC_CUDA_CALL(
       cudaFuncSetAttribute(stream_topm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(ctas) * static_cast<unsigned>(rows), 1, 1);
-  cfg.blockDim = dim3(kStreamThreads, 1, 1);
-  cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(ctas);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, stream_topm_kernel, sp);
+  return kvc::detail::launch_kernel(
+      stream_topm_kernel,
+      row_clusters(rows, ctas, kStreamThreads, static_cast<std::size_t>(smem), stream), sp);
 }
 
 /// CTAs of spread_topm_kernel (with `smem` bytes of shared memory) that fit the current device
@@ -463,23 +443,20 @@ cudaError_t launch_spread(const TopmParams& tp, int rows, int ctas, bool sample,
   sp.share = share;
   sp.range_cut = range_cut;
   if (static_cast<long long>(rows) * sp.ctas > capacity) return cudaErrorInvalidValue;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(sp.ctas) * static_cast<unsigned>(rows), 1, 1);
-  cfg.blockDim = dim3(kSpreadThreads, 1, 1);
-  cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, spread_topm_kernel, sp);
+  kvc::detail::LaunchOptions cooperative;
+  cooperative.cooperative = true;
+  return kvc::detail::launch_kernel(
+      spread_topm_kernel,
+      kvc::detail::LaunchConfig(dim3(static_cast<unsigned>(sp.ctas) * static_cast<unsigned>(rows)),
+                                dim3(kSpreadThreads), static_cast<std::size_t>(smem), stream,
+                                cooperative),
+      sp);
 }
 
 /// Sets the resident kernel's attributes (shared memory for the longest segment, clusters
-/// beyond the portable 8) and fills `cfg` for `rows` clusters of `ctas` CTAs holding `seg` scores.
-cudaError_t resident_config(int rows, int ctas, int seg, bool pdl, cudaLaunchAttribute* attr,
-                            cudaLaunchConfig_t& cfg, cudaStream_t stream) {
+/// beyond the portable 8); its launch for `rows` clusters of `ctas` CTAs holding `seg` scores is
+/// resident_launch().
+cudaError_t resident_attributes(int ctas) {
   KVC_CUDA_CALL(cudaFuncSetAttribute(resident_topm_kernel,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(resident_smem_bytes(kResidentMaxSeg))));
@@ -490,30 +467,24 @@ cudaError_t resident_config(int rows, int ctas, int seg, bool pdl, cudaLaunchAtt
     KVC_CUDA_CALL(cudaFuncSetAttribute(resident_topm_kernel,
                                        cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   }
-  cfg = cudaLaunchConfig_t{};
-  cfg.gridDim = dim3(static_cast<unsigned>(ctas) * static_cast<unsigned>(rows), 1, 1);
-  cfg.blockDim = dim3(kResidentThreads, 1, 1);
-  cfg.dynamicSmemBytes = resident_smem_bytes(seg);
-  cfg.stream = stream;
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(ctas);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 2 : 1;
   return cudaSuccess;
+}
+
+/// The resident kernel's launch: `rows` clusters of `ctas` CTAs holding `seg` scores each, with
+/// programmatic dependent launch when `pdl`.
+kvc::detail::LaunchConfig resident_launch(int rows, int ctas, int seg, bool pdl,
+                                          cudaStream_t stream) {
+  return row_clusters(rows, ctas, kResidentThreads, resident_smem_bytes(seg), stream, pdl);
 }
 
 /// Whether the current device schedules a cluster of `ctas` resident CTAs holding `seg` scores
 /// each (beyond 8 CTAs that depends on the device and the shared memory per CTA).
 bool resident_cluster_fits(int ctas, int seg) {
-  cudaLaunchAttribute attr[2];
-  cudaLaunchConfig_t cfg;
   int clusters = 0;
-  if (resident_config(1, ctas, seg, false, attr, cfg, nullptr) != cudaSuccess ||
-      cudaOccupancyMaxActiveClusters(&clusters, resident_topm_kernel, &cfg) != cudaSuccess) {
+  const kvc::detail::LaunchConfig launch = resident_launch(1, ctas, seg, false, nullptr);
+  if (resident_attributes(ctas) != cudaSuccess ||
+      cudaOccupancyMaxActiveClusters(&clusters, resident_topm_kernel, &launch.config) !=
+          cudaSuccess) {
     (void)cudaGetLastError();  // a refused query is an answer, not an error of the call
     return false;
   }
@@ -558,10 +529,9 @@ cudaError_t launch_resident(const TopmParams& tp, int rows, int ctas, bool pdl, 
   rp.t = tp;
   rp.seg = seg;
   rp.scatter = scatter;
-  cudaLaunchAttribute attr[2];
-  cudaLaunchConfig_t cfg;
-  KVC_CUDA_CALL(resident_config(rows, used, seg, pdl, attr, cfg, stream));
-  return cudaLaunchKernelEx(&cfg, resident_topm_kernel, rp);
+  KVC_CUDA_CALL(resident_attributes(used));
+  return kvc::detail::launch_kernel(resident_topm_kernel,
+                                    resident_launch(rows, used, seg, pdl, stream), rp);
 }
 
 }  // namespace
