@@ -1,5 +1,5 @@
 // expect_error: a test expects a call to throw kvc::Error whose message holds given words. The
-// one helper of every test target (the CPU, CUDA and DeepSeek-V4 suites had eight copies).
+// one helper of every test target (the CPU, CUDA and DeepSeek-V4 suites had nine copies).
 #pragma once
 
 #include <gtest/gtest.h>
