@@ -62,7 +62,8 @@ gtests() {
   timeout "$limit" build-gpu/tests/kvc_cuda_tests --gtest_filter="$2" > "$out/gtests-$1.log" 2>&1
   local rc=$?
   say "tests $1: rc=$rc $(grep -cE '^\[ +OK \]' "$out/gtests-$1.log") ok, $(grep -E '^\[  (PASSED|FAILED) ' "$out/gtests-$1.log" | tr '\n' ' ')"
-  grep -E '^\[  FAILED  \]' "$out/gtests-$1.log" | head -10 >> "$out/summary.txt"
+  # The per-test lines only (they end with the test's time), not gtest's closing list of them.
+  grep -E '^\[  FAILED  \] .*\([0-9]+ ms\)$' "$out/gtests-$1.log" | head -10 >> "$out/summary.txt"
 }
 
 # The stall reasons ncu's WarpStateStats section charts but does not print: cycles per issued
