@@ -194,8 +194,24 @@ __global__ void __launch_bounds__(kTokThreads)
   // The finish kernel, when launched as a programmatic dependent (two stages), may be scheduled
   // now: it reads what this grid writes only after waiting for it.
   pdl_launch_dependents();
+  static_assert(kTokBlocksPerCta % kTokWarps == 0, "whole entries per warp");
+  constexpr int kPerWarp = kTokBlocksPerCta / kTokWarps;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int j0 = static_cast<int>(blockIdx.x) * kTokBlocksPerCta;
+  // The warp's entries (jj = warp + i kTokWarps): with two stages their candidate block ids are
+  // loaded first, beside the slot's length (they do not depend on it): candidate -> block table
+  // -> keys is a chunk CTA's critical path. Positions past the row's count are read (the list's
+  // pitch is readable) and not used.
+  int entry[kPerWarp];
+#pragma unroll
+  for (int i = 0; i < kPerWarp; ++i) {
+    const int j = j0 + warp + i * kTokWarps;
+    entry[i] = p.cand == nullptr  ? j
+               : j < p.cand_pitch ? p.cand[static_cast<std::size_t>(blockIdx.y) * p.cand_pitch + j]
+                                  : 0;
+  }
   const TokenRow r = token_row(p, D);
-  if (blockIdx.x == 0 && threadIdx.x == 0) p.out.num_valid[r.row] = r.closed;
+  if (blockIdx.x == 0 && blockIdx.z == 0 && threadIdx.x == 0) p.out.num_valid[r.row] = r.closed;
   const int n = chunk_entries(p, r);  // closed blocks, or (two stages) candidates
   // The ring CTAs come last: p.ring_parts of them (mass rule), partials 0 .. ring_parts - 1.
   const int chunk_ctas = static_cast<int>(gridDim.x) - (p.mass ? p.ring_parts : 0);
@@ -203,19 +219,25 @@ __global__ void __launch_bounds__(kTokThreads)
     exact_part<D>(p, r, q_smem, red, static_cast<int>(blockIdx.x) - chunk_ctas, p.ring_parts);
     return;
   }
-  const int j0 = static_cast<int>(blockIdx.x) * kTokBlocksPerCta;
   if (j0 >= n) return;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  int pool_block[kPerWarp];  // the entries' pool blocks, for every kv head below
+#pragma unroll
+  for (int i = 0; i < kPerWarp; ++i) {
+    const int j = j0 + warp + i * kTokWarps;
+    pool_block[i] = j < n ? r.table[store::owned_block_id(s, entry[i])] : 0;
+  }
   const int B = s.block_size, cn = p.group;  // G <= 8: one chunk of heads per kv head
   constexpr std::size_t kRowBytes = D / 2, kScaleBytes = D / 32;
-  for (int hh = 0; hh < r.h_count; ++hh) {
+  for (int hh = r.hh_begin; hh < r.hh_end; ++hh) {
     const int h = r.h_first + hh;
     std::uint32_t qb[Tr::kTiles][2];
     load_query_fragments<D>(r.q_row + static_cast<std::size_t>(hh) * p.group * D, cn, qb);
-    for (int jj = warp; jj < kTokBlocksPerCta; jj += kTokWarps) {
+#pragma unroll
+    for (int i = 0; i < kPerWarp; ++i) {
+      const int jj = warp + i * kTokWarps;
       const int j = j0 + jj;  // the entry: a block id, or a position in the candidate list
       if (j >= n) break;
-      const int pb = r.table[store::owned_block_id(s, entry_block(p, r, j))];
+      const int pb = pool_block[i];
       const std::size_t row0 = store::old_row_index(s, pb, h, 0);
       const std::uint8_t* keys = s.index_k + row0 * kRowBytes;
       const std::uint8_t* scales = s.index_k_scale + row0 * kScaleBytes;
@@ -708,7 +730,7 @@ __device__ __noinline__ void exact_part_tc(const TokenScoreParams& p, float* q_s
   const auto* ring = static_cast<const std::uint8_t*>(s.ring_k);
   float* red_max = red;
   float* red_sum = red + kTokWarps * kTokHeads;
-  for (int hh = 0; hh < r.h_count; ++hh) {
+  for (int hh = r.hh_begin; hh < r.hh_end; ++hh) {
     const int h = r.h_first + hh;
     const int gl0 = hh * p.group;
     stage_queries<D>(p, r, gl0, cn, q_smem);  // for the per-token code
@@ -841,7 +863,7 @@ __global__ void __launch_bounds__(kTokThreads, kLoop == kLoopRows ? 3 : 2)
   extern __shared__ uint4 rows_stages[];  // kLoopRows: [warp][kRowsStages] RowsStage
   const StoreView& s = p.s;
   const TokenRow r = token_row(p, D);
-  if (blockIdx.x == 0 && threadIdx.x == 0) p.out.num_valid[r.row] = r.closed;
+  if (blockIdx.x == 0 && blockIdx.z == 0 && threadIdx.x == 0) p.out.num_valid[r.row] = r.closed;
   const int ring = p.mass ? p.ring_parts : 0;
   // A programmatic dependent (the finish kernel where p.ring_tc) may launch once every CTA of this
   // grid has started; it waits for this grid's completion before reading. A no-op without one.
@@ -870,7 +892,7 @@ __global__ void __launch_bounds__(kTokThreads, kLoop == kLoopRows ? 3 : 2)
   const std::uint8_t* lane_scales = s.index_k_scale + g * kScaleBytes;
   float* red_max = red;
   float* red_sum = red + kTokWarps * kTokHeads;
-  for (int hh = 0; hh < r.h_count; ++hh) {
+  for (int hh = r.hh_begin; hh < r.hh_end; ++hh) {
     const int h = r.h_first + hh;
     std::uint32_t qb[Tr::kTiles][2];
     load_query_fragments<D>(r.q_row + static_cast<std::size_t>(hh) * p.group * D, cn, qb);

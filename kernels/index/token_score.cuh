@@ -2,7 +2,8 @@
 // src/cpu/block_index.cpp the float32 reference).
 //
 // token_score_kernel: grid (chunk CTAs [+ p.ring_parts ring CTAs for the mass rule: 1 in one
-// stage, kStreamRingParts with two stages], rows). A chunk CTA
+// stage, kStreamRingParts with two stages], rows, kv-head parts: with two stages a shared row's
+// kv heads are spread over grid.z, one per CTA, see token_row). A chunk CTA
 // owns kTokBlocksPerCta consecutive closed blocks of its row; for each kv head of the row and
 // each chunk of up to kTokHeads query heads of that kv head it stages the heads' queries in
 // shared memory (float), and each warp walks its blocks: lane i holds token t0 + i of the block,
@@ -57,6 +58,10 @@ constexpr int kTokMaxDim = 512;
 constexpr int kFinishThreads = 256;
 /// Normalisers Z_g the finish kernel stages in shared memory per pass over the heads.
 constexpr int kFinishHeads = 1024;
+/// Heads whose lse values a finish thread loads at once (registers), and whose partials a warp
+/// of the finish kernel adds up at once.
+constexpr int kFinishLseBatch = 32;
+constexpr int kFinishPartBatch = 4;
 
 /// How a K row is stored: 16-bit (f16 / bf16 / fp16k_q4v old blocks, the ring), q8 old blocks,
 /// or the index copy (mxfp4, fp8_e4m3).
@@ -151,30 +156,42 @@ __device__ __forceinline__ void load8(const KeyRow& r, int e0, bool bf, float (&
   }
 }
 
-/// acc[c] = Σ_e q_c[e] * k[e] (e ascending) for the `cn` heads staged in q_smem [cn, D].
+/// acc[c] = Σ_e q_c[e] * k[e] (e ascending) for the `cn` heads staged in q_smem [cn, D]. The
+/// row's loads go out kDotBatch elements at a time, all before the first is used: one 16-byte load
+/// per 8 elements, each waited for before the next was issued, made the ring CTA of a decode step
+/// wait out 16 memory round trips per token at d 128 (the longest CTA of the two-stage token
+/// kernel at B1).
 template <KeyKind KK, int D>
 __device__ __forceinline__ void dot_heads(const KeyRow& r, bool bf, const float* q_smem, int cn,
                                           float (&acc)[kTokHeads]) {
+  constexpr int kDotBatch = D < 32 ? D : 32;
+  static_assert(D % kDotBatch == 0 && kDotBatch % 8 == 0, "whole batches of 8 elements");
 #pragma unroll
   for (int c = 0; c < kTokHeads; ++c) acc[c] = 0.0f;
-  for (int e0 = 0; e0 < D; e0 += 8) {
-    float f[8];
-    load8<KK>(r, e0, bf, f);
+#pragma unroll 1
+  for (int e1 = 0; e1 < D; e1 += kDotBatch) {
+    float f[kDotBatch / 8][8];
 #pragma unroll
-    for (int c = 0; c < kTokHeads; ++c) {
-      if (c < cn) {
-        const float4 a = *reinterpret_cast<const float4*>(q_smem + c * D + e0);
-        const float4 b = *reinterpret_cast<const float4*>(q_smem + c * D + e0 + 4);
-        float x = acc[c];
-        x = fmaf(a.x, f[0], x);
-        x = fmaf(a.y, f[1], x);
-        x = fmaf(a.z, f[2], x);
-        x = fmaf(a.w, f[3], x);
-        x = fmaf(b.x, f[4], x);
-        x = fmaf(b.y, f[5], x);
-        x = fmaf(b.z, f[6], x);
-        x = fmaf(b.w, f[7], x);
-        acc[c] = x;
+    for (int u = 0; u < kDotBatch / 8; ++u) load8<KK>(r, e1 + 8 * u, bf, f[u]);
+#pragma unroll
+    for (int u = 0; u < kDotBatch / 8; ++u) {
+      const int e0 = e1 + 8 * u;
+#pragma unroll
+      for (int c = 0; c < kTokHeads; ++c) {
+        if (c < cn) {
+          const float4 a = *reinterpret_cast<const float4*>(q_smem + c * D + e0);
+          const float4 b = *reinterpret_cast<const float4*>(q_smem + c * D + e0 + 4);
+          float x = acc[c];
+          x = fmaf(a.x, f[u][0], x);
+          x = fmaf(a.y, f[u][1], x);
+          x = fmaf(a.z, f[u][2], x);
+          x = fmaf(a.w, f[u][3], x);
+          x = fmaf(b.x, f[u][4], x);
+          x = fmaf(b.y, f[u][5], x);
+          x = fmaf(b.z, f[u][6], x);
+          x = fmaf(b.w, f[u][7], x);
+          acc[c] = x;
+        }
       }
     }
   }
@@ -249,12 +266,17 @@ struct HeadStates {
 /// The row a token-score CTA works on (blockIdx.y) and what its query sees.
 struct TokenRow {
   int row, bt, slot, old, closed;
-  int h_first, h_count;         // kv heads of the row
+  int h_first;                  // the row's first kv head (row-local kv head hh is h_first + hh)
+  int hh_begin, hh_end;         // the row-local kv heads this CTA scores (see token_row)
   int ring_count, exact_count;  // ring positions old..pos, then the open block's rows
   const std::int32_t* table;    // the slot's block-table row
   const std::uint16_t* q_row;   // the row's first query head
 };
 
+/// gridDim.z splits the kv heads of a shared row (p.shared, mass rule, two stages): CTA z scores
+/// row-local kv heads [z per, min((z + 1) per, Hkv)), per = ceil(Hkv / gridDim.z), and writes only
+/// their lse values and partials (the finish kernel reads every head's). A row of one kv head,
+/// or gridDim.z = 1, scores all of the row's heads.
 __device__ __forceinline__ TokenRow token_row(const TokenScoreParams& p, int head_dim) {
   const StoreView& s = p.s;
   TokenRow r;
@@ -267,7 +289,10 @@ __device__ __forceinline__ TokenRow token_row(const TokenScoreParams& p, int hea
   r.old = L > s.recent_window ? L - s.recent_window : 0;
   r.closed = store::owned_count(r.old / s.block_size, s.num_shards, s.shard_index);
   r.h_first = p.shared ? 0 : r.row % rows_per_token;
-  r.h_count = p.shared ? s.num_kv_heads : 1;
+  const int row_kv_heads = p.shared ? s.num_kv_heads : 1;
+  const int per = (row_kv_heads + static_cast<int>(gridDim.z) - 1) / static_cast<int>(gridDim.z);
+  r.hh_begin = static_cast<int>(blockIdx.z) * per;
+  r.hh_end = r.hh_begin + per < row_kv_heads ? r.hh_begin + per : row_kv_heads;
   const int pos = L - p.tokens + t;
   r.ring_count = pos >= r.old ? pos - r.old + 1 : 0;
   r.exact_count = r.ring_count + r.old % s.block_size;
@@ -339,7 +364,7 @@ __device__ __forceinline__ void exact_part(const TokenScoreParams& p, const Toke
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float* red_max = red;
   float* red_sum = red + kTokWarps * kTokHeads;
-  for (int hh = 0; hh < r.h_count; ++hh) {
+  for (int hh = r.hh_begin; hh < r.hh_end; ++hh) {
     const int h = r.h_first + hh;
     for (int c0 = 0; c0 < p.group; c0 += kTokHeads) {
       const int cn = p.group - c0 < kTokHeads ? p.group - c0 : kTokHeads;
@@ -394,7 +419,8 @@ __device__ __forceinline__ void chunk_epilogue(const TokenScoreParams& p, const 
     }
     return;
   }
-  for (int gl = threadIdx.x; gl < p.heads; gl += blockDim.x) {
+  const int gl_end = r.hh_end * p.group;  // this CTA's heads (token_row)
+  for (int gl = r.hh_begin * p.group + threadIdx.x; gl < gl_end; gl += blockDim.x) {
     index_math::LogSumExp z;
     const float* lse = p.lse + (static_cast<std::size_t>(r.row) * p.heads + gl) * p.lse_pitch;
     for (int jj = 0; jj < kTokBlocksPerCta && j0 + jj < n; ++jj) {
@@ -411,12 +437,14 @@ __device__ __forceinline__ void chunk_epilogue(const TokenScoreParams& p, const 
 /// writes; the finish kernel overwrites the candidates').
 __device__ __forceinline__ int chunk_entries(const TokenScoreParams& p, const TokenRow& r) {
   if (p.cand == nullptr) return r.closed;
+  const int count = p.cand_count[r.row];  // issued before the stores below, not after them
   float* scores = p.out.scores + static_cast<std::size_t>(r.row) * p.out.max_blocks;
-  for (int j = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); j < r.closed;
-       j += static_cast<int>(gridDim.x * blockDim.x)) {
+  const int cta = static_cast<int>(blockIdx.z * gridDim.x + blockIdx.x);
+  for (int j = cta * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x); j < r.closed;
+       j += static_cast<int>(gridDim.x * gridDim.z * blockDim.x)) {
     scores[j] = index_math::neg_inf();
   }
-  return p.cand_count[r.row];
+  return count;
 }
 
 /// The block id of a row's entry j (chunk_entries): j itself, or the row's j-th candidate.
@@ -432,7 +460,7 @@ __global__ void __launch_bounds__(kTokThreads)
   __shared__ float red[2 * kTokWarps * kTokHeads];       // ring CTA: per-warp states
   const StoreView& s = p.s;
   const TokenRow r = token_row(p, D);
-  if (blockIdx.x == 0 && threadIdx.x == 0) p.out.num_valid[r.row] = r.closed;
+  if (blockIdx.x == 0 && blockIdx.z == 0 && threadIdx.x == 0) p.out.num_valid[r.row] = r.closed;
   const int n = chunk_entries(p, r);
   // The ring CTAs come last: p.ring_parts of them (mass rule), partials 0 .. ring_parts - 1.
   const int chunk_ctas = static_cast<int>(gridDim.x) - (p.mass ? p.ring_parts : 0);
@@ -444,7 +472,7 @@ __global__ void __launch_bounds__(kTokThreads)
   if (j0 >= n) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const bool kbf = store::is_bf16(s);
-  for (int hh = 0; hh < r.h_count; ++hh) {
+  for (int hh = r.hh_begin; hh < r.hh_end; ++hh) {
     const int h = r.h_first + hh;
     for (int c0 = 0; c0 < p.group; c0 += kTokHeads) {
       const int cn = p.group - c0 < kTokHeads ? p.group - c0 : kTokHeads;
@@ -508,42 +536,71 @@ __global__ void __launch_bounds__(kFinishThreads)
   pdl_launch_dependents();
   if (static_cast<int>(blockIdx.x) * kFinishThreads >= n) return;
   const int parts_used = p.ring_parts + (n + p.blocks_per_cta - 1) / p.blocks_per_cta;
+  constexpr int kWarps = kFinishThreads / 32;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  // This thread's lse values, kFinishLseBatch heads per round trip: every load of a batch is
+  // issued before the first is used (one thread walking the heads load by load, each waiting for
+  // its L2 round trip, was most of this kernel's time at 32 heads).
+  const float* lse_j = p.lse + static_cast<std::size_t>(row) * p.heads * p.lse_pitch + j;
+  float v[kFinishLseBatch];
+  auto load_lse = [&](int gl0, int cn) {
+#pragma unroll
+    for (int u = 0; u < kFinishLseBatch; ++u) {
+      v[u] = j < n && u < cn ? lse_j[static_cast<std::size_t>(gl0 + u) * p.lse_pitch] : 0.0f;
+    }
+  };
   float acc = 0.0f;
   index_math::LogSumExp sum;
   bool nan = false;
   for (int gc = 0; gc < p.heads; gc += kFinishHeads) {
     const int cn = p.heads - gc < kFinishHeads ? p.heads - gc : kFinishHeads;
+    load_lse(gc, cn);  // independent of the normalisers: in flight while they are formed
     __syncthreads();
-    // A warp per head: its lanes add the partials (one per chunk CTA, 255 at 128K tokens) in
-    // parallel, then merge across the warp; one thread per head adding them in a chain was most
-    // of this kernel's time.
-    const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-    for (int k = warp; k < cn; k += kFinishThreads / 32) {
-      index_math::LogSumExp z;
+    // Z_g: a warp per head, kFinishPartBatch heads of a warp at once; its lanes add the
+    // partials (one per CTA that ran, 255 at 128K tokens in one stage) in parallel, then merge
+    // across the warp.
+    for (int k0 = warp; k0 < cn; k0 += kWarps * kFinishPartBatch) {
+      index_math::LogSumExp z[kFinishPartBatch];
       for (int part = lane; part < parts_used; part += 32) {
-        z.add(p.partial[(static_cast<std::size_t>(row) * p.parts + part) * p.heads + gc + k]);
+        const float* at = p.partial + (static_cast<std::size_t>(row) * p.parts + part) * p.heads;
+        float pv[kFinishPartBatch];
+#pragma unroll
+        for (int u = 0; u < kFinishPartBatch; ++u) {
+          const int k = k0 + u * kWarps;
+          pv[u] = k < cn ? at[gc + k] : index_math::neg_inf();
+        }
+#pragma unroll
+        for (int u = 0; u < kFinishPartBatch; ++u) z[u].add(pv[u]);
       }
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        index_math::LogSumExp other;
-        other.max = __shfl_xor_sync(0xffffffffu, z.max, o);
-        other.sum = __shfl_xor_sync(0xffffffffu, z.sum, o);
-        z.merge(other);
+      for (int u = 0; u < kFinishPartBatch; ++u) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+          index_math::LogSumExp other;
+          other.max = __shfl_xor_sync(0xffffffffu, z[u].max, o);
+          other.sum = __shfl_xor_sync(0xffffffffu, z[u].sum, o);
+          z[u].merge(other);
+        }
+        const int k = k0 + u * kWarps;
+        if (lane == 0 && k < cn) z_smem[k] = z[u].value();
       }
-      if (lane == 0) z_smem[k] = z.value();
     }
     __syncthreads();
     if (j < n) {
-      for (int k = 0; k < cn; ++k) {
-        const int gl = gc + k;
-        const float v = index_math::log_share(
-            p.lse[(static_cast<std::size_t>(row) * p.heads + gl) * p.lse_pitch + j], z_smem[k]);
-        if (p.aggregate_max) {
-          acc = gl == 0 ? v : index_math::nan_max(acc, v);
-        } else if (is_nan(v)) {
-          nan = true;
-        } else {
-          sum.add(v);
+      for (int k0 = 0; k0 < cn; k0 += kFinishLseBatch) {
+        if (k0 > 0) load_lse(gc + k0, cn - k0);
+#pragma unroll
+        for (int u = 0; u < kFinishLseBatch; ++u) {
+          if (k0 + u >= cn) break;
+          const int gl = gc + k0 + u;
+          const float share = index_math::log_share(v[u], z_smem[k0 + u]);
+          if (p.aggregate_max) {
+            acc = gl == 0 ? share : index_math::nan_max(acc, share);
+          } else if (is_nan(share)) {
+            nan = true;
+          } else {
+            sum.add(share);
+          }
         }
       }
     }

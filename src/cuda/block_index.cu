@@ -384,7 +384,11 @@ cudaError_t two_stage_scores(const StoreView& s, const BlockIndexConfig& c,
   p.cand_count = candidates.counts;
   p.cand_pitch = pitch;
   const int chunks = (pitch + kTokBlocksPerCta - 1) / kTokBlocksPerCta;
-  const dim3 grid(chunks + p.ring_parts, rows);
+  // A shared row's kv heads over grid.z, one per CTA (token_row): a CTA walking the heads one
+  // after the other waited out every head's round trips in turn (the ring CTA, and each warp's
+  // candidates, per head), and a decode batch leaves most SMs idle anyway.
+  const int head_ctas = c.shared_across_heads ? s.num_kv_heads : 1;
+  const dim3 grid(chunks + p.ring_parts, rows, head_ctas);
   if (c.kernel == IndexKernel::kAuto && detail::token_tensor_cores_serve(c, s.index_format)) {
     e = c.head_dim == 64 ? launch_token_fast<64>(s.block_size, grid, p, stream)
                          : launch_token_fast<128>(s.block_size, grid, p, stream);

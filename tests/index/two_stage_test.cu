@@ -207,7 +207,13 @@ INSTANTIATE_TEST_SUITE_P(
                      64, 16, 1, 9},
         // bf16, the old blocks' own K, an odd block size.
         TwoStageCase{Format::kBF16, DType::kBF16, kOld, Format::kMxfp4, kMeanK, kSum, false, 2, 5,
-                     128, 24, 1, 40}),
+                     128, 24, 1, 40},
+        // Shared rows, whose kv heads the token kernels split over CTAs (grid.z, token_row): the
+        // default shape on tensor cores, and three heads of the old blocks' K with GQA max.
+        TwoStageCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kMeanK, kSum, true, 8,
+                     4, 128, 32, 1, 24},
+        TwoStageCase{Format::kBF16, DType::kBF16, kOld, Format::kMxfp4, kQuest, kMax, true, 3, 3,
+                     64, 16, 2, 13}),
     [](const ::testing::TestParamInfo<TwoStageCase>& info) {
       const TwoStageCase& k = info.param;
       return std::string(to_string(k.first)) + "_c" + std::to_string(k.candidates) + "_" +
