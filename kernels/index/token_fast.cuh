@@ -191,17 +191,27 @@ __global__ void __launch_bounds__(kTokThreads)
   __shared__ float agg[kTokBlocksPerCta];                // max rule: heads aggregated so far
   __shared__ float red[2 * kTokWarps * kTokHeads];       // ring CTA
   const StoreView& s = p.s;
-  // The finish kernel, when launched as a programmatic dependent (two stages), may be scheduled
-  // now: it reads what this grid writes only after waiting for it.
-  pdl_launch_dependents();
   static_assert(kTokBlocksPerCta % kTokWarps == 0, "whole entries per warp");
   constexpr int kPerWarp = kTokBlocksPerCta / kTokWarps;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int j0 = static_cast<int>(blockIdx.x) * kTokBlocksPerCta;
+  const TokenRow r = token_row(p, D);
+  // The ring CTAs come last: p.ring_parts of them (mass rule), partials 0 .. ring_parts - 1. They
+  // read nothing the kernel before wrote (with two stages, a programmatic dependent launch, that
+  // kernel selects the candidates): they let the finish kernel be scheduled and start at once.
+  const int chunk_ctas = static_cast<int>(gridDim.x) - (p.mass ? p.ring_parts : 0);
+  if (p.mass && static_cast<int>(blockIdx.x) >= chunk_ctas) {
+    pdl_launch_dependents();
+    exact_part<D>(p, r, q_smem, red, static_cast<int>(blockIdx.x) - chunk_ctas, p.ring_parts);
+    return;
+  }
+  // A chunk CTA waits for the candidates (a no-op in an ordinary launch), then lets the finish
+  // kernel be scheduled (it reads what this grid writes only after waiting for it).
+  pdl_wait();
+  pdl_launch_dependents();
   // The warp's entries (jj = warp + i kTokWarps): with two stages their candidate block ids are
-  // loaded first, beside the slot's length (they do not depend on it): candidate -> block table
-  // -> keys is a chunk CTA's critical path. Positions past the row's count are read (the list's
-  // pitch is readable) and not used.
+  // loaded beside the row's count (candidate -> block table -> keys is a chunk CTA's critical
+  // path). Positions past the count are read (the list's pitch is readable) and not used.
   int entry[kPerWarp];
 #pragma unroll
   for (int i = 0; i < kPerWarp; ++i) {
@@ -210,15 +220,8 @@ __global__ void __launch_bounds__(kTokThreads)
                : j < p.cand_pitch ? p.cand[static_cast<std::size_t>(blockIdx.y) * p.cand_pitch + j]
                                   : 0;
   }
-  const TokenRow r = token_row(p, D);
   if (blockIdx.x == 0 && blockIdx.z == 0 && threadIdx.x == 0) p.out.num_valid[r.row] = r.closed;
-  const int n = chunk_entries(p, r);  // closed blocks, or (two stages) candidates
-  // The ring CTAs come last: p.ring_parts of them (mass rule), partials 0 .. ring_parts - 1.
-  const int chunk_ctas = static_cast<int>(gridDim.x) - (p.mass ? p.ring_parts : 0);
-  if (p.mass && static_cast<int>(blockIdx.x) >= chunk_ctas) {
-    exact_part<D>(p, r, q_smem, red, static_cast<int>(blockIdx.x) - chunk_ctas, p.ring_parts);
-    return;
-  }
+  const int n = chunk_entries(p, r, chunk_ctas);  // closed blocks, or (two stages) candidates
   if (j0 >= n) return;
   int pool_block[kPerWarp];  // the entries' pool blocks, for every kv head below
 #pragma unroll

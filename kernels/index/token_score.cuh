@@ -433,15 +433,18 @@ __device__ __forceinline__ void chunk_epilogue(const TokenScoreParams& p, const 
 }
 
 /// The entries a row's chunk CTAs score: its closed blocks, or with two stages (p.cand) its
-/// candidates, after every closed block's score is set to -inf (the CTAs of the row share the
-/// writes; the finish kernel overwrites the candidates').
-__device__ __forceinline__ int chunk_entries(const TokenScoreParams& p, const TokenRow& r) {
+/// candidates, after every closed block's score is set to -inf (the row's `chunk_ctas` chunk CTAs
+/// of every grid.z part share the writes; the finish kernel overwrites the candidates'). A chunk
+/// CTA calls it after pdl_wait: the candidates, and the scores the stores overwrite, are the
+/// kernel before's.
+__device__ __forceinline__ int chunk_entries(const TokenScoreParams& p, const TokenRow& r,
+                                             int chunk_ctas) {
   if (p.cand == nullptr) return r.closed;
   const int count = p.cand_count[r.row];  // issued before the stores below, not after them
   float* scores = p.out.scores + static_cast<std::size_t>(r.row) * p.out.max_blocks;
-  const int cta = static_cast<int>(blockIdx.z * gridDim.x + blockIdx.x);
+  const int cta = static_cast<int>(blockIdx.z) * chunk_ctas + static_cast<int>(blockIdx.x);
   for (int j = cta * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x); j < r.closed;
-       j += static_cast<int>(gridDim.x * gridDim.z * blockDim.x)) {
+       j += chunk_ctas * static_cast<int>(gridDim.z * blockDim.x)) {
     scores[j] = index_math::neg_inf();
   }
   return count;
@@ -460,14 +463,21 @@ __global__ void __launch_bounds__(kTokThreads)
   __shared__ float red[2 * kTokWarps * kTokHeads];       // ring CTA: per-warp states
   const StoreView& s = p.s;
   const TokenRow r = token_row(p, D);
-  if (blockIdx.x == 0 && blockIdx.z == 0 && threadIdx.x == 0) p.out.num_valid[r.row] = r.closed;
-  const int n = chunk_entries(p, r);
-  // The ring CTAs come last: p.ring_parts of them (mass rule), partials 0 .. ring_parts - 1.
+  // The ring CTAs come last: p.ring_parts of them (mass rule), partials 0 .. ring_parts - 1. They
+  // read nothing the kernel before wrote (with two stages, a programmatic dependent launch, that
+  // kernel selects the candidates): they let the finish kernel be scheduled and start at once.
   const int chunk_ctas = static_cast<int>(gridDim.x) - (p.mass ? p.ring_parts : 0);
   if (p.mass && static_cast<int>(blockIdx.x) >= chunk_ctas) {
+    pdl_launch_dependents();
     exact_part<D>(p, r, q_smem, red, static_cast<int>(blockIdx.x) - chunk_ctas, p.ring_parts);
     return;
   }
+  // A chunk CTA waits for the candidates (a no-op in an ordinary launch), then lets the finish
+  // kernel be scheduled.
+  pdl_wait();
+  pdl_launch_dependents();
+  if (blockIdx.x == 0 && blockIdx.z == 0 && threadIdx.x == 0) p.out.num_valid[r.row] = r.closed;
+  const int n = chunk_entries(p, r, chunk_ctas);
   const int j0 = static_cast<int>(blockIdx.x) * kTokBlocksPerCta;
   if (j0 >= n) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -526,11 +536,13 @@ __global__ void __launch_bounds__(kFinishThreads)
   const int L = s.lengths[p.slots[b]];
   const int old = L > s.recent_window ? L - s.recent_window : 0;
   const int closed = store::owned_count(old / s.block_size, s.num_shards, s.shard_index);
-  const int n = p.cand != nullptr ? p.cand_count[row] : closed;  // entries: blocks or candidates
+  // (Two stages: the chunk CTAs let this kernel launch only after the selection that wrote the
+  // candidates had completed; read through L2.)
+  const int n = p.cand != nullptr ? __ldcg(p.cand_count + row) : closed;  // blocks or candidates
   const int j = blockIdx.x * kFinishThreads + threadIdx.x;
   const int block = p.cand == nullptr ? j
-                    : j < n           ? p.cand[static_cast<std::size_t>(row) * p.cand_pitch + j]
-                                      : 0;
+                    : j < n ? __ldcg(p.cand + static_cast<std::size_t>(row) * p.cand_pitch + j)
+                            : 0;
   pdl_wait();
   // The selector after this kernel may launch now (it waits for this grid in turn).
   pdl_launch_dependents();

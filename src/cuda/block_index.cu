@@ -77,46 +77,45 @@ int row_heads(const BlockIndexConfig& c) {
   return c.shared_across_heads ? c.num_q_heads : c.num_q_heads / c.num_kv_heads;
 }
 
+// The general token kernel for head_dim D and key kind `kind`; as a programmatic dependent launch
+// of the kernel before it when `pdl` (two stages: its chunk CTAs wait for the candidates).
 template <int D>
-cudaError_t launch_token_kernel(KeyKind kind, dim3 grid, const TokenScoreParams& p,
+cudaError_t launch_token_kernel(KeyKind kind, dim3 grid, const TokenScoreParams& p, bool pdl,
                                 cudaStream_t stream) {
+  const dim3 block(kTokThreads);
   switch (kind) {
     case KeyKind::k16:
-      token_score_kernel<KeyKind::k16, D><<<grid, kTokThreads, 0, stream>>>(p);
-      break;
+      return kvc::detail::launch_kernel(token_score_kernel<KeyKind::k16, D>, grid, block, 0, pdl,
+                                        stream, p);
     case KeyKind::kQ8:
-      token_score_kernel<KeyKind::kQ8, D><<<grid, kTokThreads, 0, stream>>>(p);
-      break;
+      return kvc::detail::launch_kernel(token_score_kernel<KeyKind::kQ8, D>, grid, block, 0, pdl,
+                                        stream, p);
     case KeyKind::kMxfp4:
-      token_score_kernel<KeyKind::kMxfp4, D><<<grid, kTokThreads, 0, stream>>>(p);
-      break;
+      return kvc::detail::launch_kernel(token_score_kernel<KeyKind::kMxfp4, D>, grid, block, 0, pdl,
+                                        stream, p);
     case KeyKind::kFp8:
-      token_score_kernel<KeyKind::kFp8, D><<<grid, kTokThreads, 0, stream>>>(p);
-      break;
+      return kvc::detail::launch_kernel(token_score_kernel<KeyKind::kFp8, D>, grid, block, 0, pdl,
+                                        stream, p);
   }
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
 // The tensor-core token kernel for head_dim D, specialised for blocks of 16, 32 and 64 tokens
-// (whole blocks in registers), else for any block size.
+// (whole blocks in registers), else for any block size; `pdl` as launch_token_kernel.
 template <int D>
-cudaError_t launch_token_fast(int block_size, dim3 grid, const TokenScoreParams& p,
+cudaError_t launch_token_fast(int block_size, dim3 grid, const TokenScoreParams& p, bool pdl,
                               cudaStream_t stream) {
+  const dim3 block(kTokThreads);
   switch (block_size) {
     case 16:
-      token_fast_kernel<D, 16><<<grid, kTokThreads, 0, stream>>>(p);
-      break;
+      return kvc::detail::launch_kernel(token_fast_kernel<D, 16>, grid, block, 0, pdl, stream, p);
     case 32:
-      token_fast_kernel<D, 32><<<grid, kTokThreads, 0, stream>>>(p);
-      break;
+      return kvc::detail::launch_kernel(token_fast_kernel<D, 32>, grid, block, 0, pdl, stream, p);
     case 64:
-      token_fast_kernel<D, 64><<<grid, kTokThreads, 0, stream>>>(p);
-      break;
+      return kvc::detail::launch_kernel(token_fast_kernel<D, 64>, grid, block, 0, pdl, stream, p);
     default:
-      token_fast_kernel<D, 0><<<grid, kTokThreads, 0, stream>>>(p);
-      break;
+      return kvc::detail::launch_kernel(token_fast_kernel<D, 0>, grid, block, 0, pdl, stream, p);
   }
-  return cudaGetLastError();
 }
 
 // One streaming kernel instantiation: kLoopRows launches take the dynamic shared memory of their
@@ -201,16 +200,16 @@ cudaError_t launch_token_finish(dim3 grid, const TokenScoreParams& p, bool pdl,
 
 // The general token kernel for any head_dim the index takes.
 cudaError_t launch_general_token_kernel(int head_dim, KeyKind kind, dim3 grid,
-                                        const TokenScoreParams& p, cudaStream_t stream) {
+                                        const TokenScoreParams& p, bool pdl, cudaStream_t stream) {
   switch (head_dim) {
     case 64:
-      return launch_token_kernel<64>(kind, grid, p, stream);
+      return launch_token_kernel<64>(kind, grid, p, pdl, stream);
     case 128:
-      return launch_token_kernel<128>(kind, grid, p, stream);
+      return launch_token_kernel<128>(kind, grid, p, pdl, stream);
     case 256:
-      return launch_token_kernel<256>(kind, grid, p, stream);
+      return launch_token_kernel<256>(kind, grid, p, pdl, stream);
     case 512:
-      return launch_token_kernel<512>(kind, grid, p, stream);
+      return launch_token_kernel<512>(kind, grid, p, pdl, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -312,12 +311,12 @@ cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const st
     }
   } else if (fast) {  // mxfp4 index copy, f16 queries, d 64 / 128, G <= 8 (fast_kernel_serves)
     if (c.head_dim == 64) {
-      e = launch_token_fast<64>(s.block_size, grid, p, stream);
+      e = launch_token_fast<64>(s.block_size, grid, p, false, stream);
     } else {
-      e = launch_token_fast<128>(s.block_size, grid, p, stream);
+      e = launch_token_fast<128>(s.block_size, grid, p, false, stream);
     }
   } else {
-    e = launch_general_token_kernel(c.head_dim, kind, grid, p, stream);
+    e = launch_general_token_kernel(c.head_dim, kind, grid, p, false, stream);
   }
   if (e != cudaSuccess || !p.mass) return e;
   const int finish_x = owned > 0 ? (owned + kFinishThreads - 1) / kFinishThreads : 1;
@@ -389,15 +388,19 @@ cudaError_t two_stage_scores(const StoreView& s, const BlockIndexConfig& c,
   // candidates, per head), and a decode batch leaves most SMs idle anyway.
   const int head_ctas = c.shared_across_heads ? s.num_kv_heads : 1;
   const dim3 grid(chunks + p.ring_parts, rows, head_ctas);
+  // The chunk kernel as a programmatic dependent of the selection: its ring CTAs (which need no
+  // candidates) and every CTA's row set-up run while the candidates are being selected; the chunk
+  // CTAs wait for them (token_fast_kernel, token_score_kernel).
   if (c.kernel == IndexKernel::kAuto && detail::token_tensor_cores_serve(c, s.index_format)) {
-    e = c.head_dim == 64 ? launch_token_fast<64>(s.block_size, grid, p, stream)
-                         : launch_token_fast<128>(s.block_size, grid, p, stream);
+    e = c.head_dim == 64 ? launch_token_fast<64>(s.block_size, grid, p, true, stream)
+                         : launch_token_fast<128>(s.block_size, grid, p, true, stream);
   } else {
-    e = launch_general_token_kernel(c.head_dim, token_key_kind(s, c), grid, p, stream);
+    e = launch_general_token_kernel(c.head_dim, token_key_kind(s, c), grid, p, true, stream);
   }
   if (e != cudaSuccess) return e;
   // The finish as a programmatic dependent of the chunk kernel: it reads the length and the
-  // candidates before it waits.
+  // candidates before it waits. It is scheduled only once every chunk CTA has waited for the
+  // selection (they let it launch after their pdl_wait), so the candidates are complete then.
   return launch_token_finish(dim3((pitch + kFinishThreads - 1) / kFinishThreads, rows), p, true,
                              stream);
 }
