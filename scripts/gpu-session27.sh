@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # Device calls of the twenty-seventh session, 2026-12-05 (each under the 10-minute limit; results
 # in $OUT, helpers in scripts/gpu-lib.sh):
-#   tokens    the two-stage token kernels' latency chains cut: the ring CTA's K rows loaded 32
-#             elements per round trip (dot_heads: one 16-byte load at a time, each waited for,
-#             before), a shared row's kv heads over grid.z, the candidates' block ids loaded
-#             beside the slot's length, the finish kernel's lse values and partials batched;
-#             the set path's tests after session 26's review mend (never run on a GPU): the
-#             selector's set / decode tests, the two-stage, token and decode-step tests, memcheck
-#             and racecheck over the two-stage and set tests, the step rows, and Nsight Compute
-#             (clocks not locked, so durations compare with the graph's) of one two-stage step
+#   tokens    branch gpu-pending/token-latency (written without a GPU, 2026-12-05): the two-stage
+#             token kernels' latency chains cut (the ring CTA's K rows loaded 32 elements per round
+#             trip, dot_heads having waited for each 16-byte load in turn; a shared row's kv heads
+#             over grid.z; the candidates' block ids loaded beside their count; the finish
+#             kernel's lse values and partials batched) and the chunk kernel a programmatic
+#             dependent of the selection. The selector's set / decode tests (with session 26's
+#             review mend, never run on a GPU), the two-stage, token and decode-step tests,
+#             memcheck / racecheck / synccheck over the two-stage and token tests, the step rows,
+#             Nsight Compute (clocks not locked) of one B1 two-stage step. When gpu-base/ exists
+#             (main's versions of the files the branch changes, laid over a copy of the tree:
+#               git diff --name-only main HEAD -- kernels src include | while read f; do
+#                 mkdir -p gpu-base/$(dirname $f); git show main:$f > gpu-base/$f; done
+#             untracked, so it travels), main's step_bench is built beside it in the background
+#             and its step rows run in the same call, for a same-run before / after.
 #   final     the same-run table for latest.json: kvc's rows, then PyTorch's and CUB's anchors in
 #             the same call (carry [".anchors/p1/wheels", ".anchors/p1/bin", ".anchors/p1/MANIFEST"])
 #   flashinfer  FlashInfer's anchors, back to back after `final` on the same warm machine
@@ -36,13 +42,47 @@ step_ncu() {
 }
 
 step_rows='/(1|8)/131072/0/(1|3)/1/|/32/32768/0/3/1/'
+
+# main's step_bench (gpu-base/ laid over a copy of the tree) into build-base, in the background.
+base_build_bg() {
+  [ -d gpu-base ] || return 0
+  ( s=$(date +%s)
+    rm -rf /tmp/kvc-base && mkdir -p /tmp/kvc-base &&
+      tar cf - --exclude=./build-gpu --exclude=./build-base --exclude=./gpu-out --exclude=./gpu-base \
+        --exclude=./.anchors . | tar xf - -C /tmp/kvc-base && cp -a gpu-base/. /tmp/kvc-base/ &&
+      cmake -S /tmp/kvc-base -B build-base -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVC_WITH_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=90a -DKVC_BUILD_BENCHMARKS=ON -DKVC_BUILD_TESTS=OFF \
+        > "$out/base-configure.log" 2>&1 &&
+      cmake --build build-base -j 8 --target step_bench > "$out/base-build.log" 2>&1
+    echo "base build: rc=$? in $(( $(date +%s) - s )) s" > "$out/base-build.txt" ) &
+}
+
+# The step rows of main's step_bench (build-base), tagged -base, after the branch's.
+base_bench() {
+  [ -d gpu-base ] || return 0
+  wait
+  cat "$out/base-build.txt" >> "$out/summary.txt" 2>/dev/null
+  [ -x build-base/benchmarks/step_bench ] || return 0
+  local l
+  l=$(left)
+  (( l < 30 )) && { say "step_bench-base: not run (deadline)"; return; }
+  timeout $(( l - 15 < 50 ? l - 15 : 50 )) build-base/benchmarks/step_bench \
+    --benchmark_min_time=${BENCH_TIME:-0.05s} --benchmark_repetitions=${BENCH_REPS:-3} \
+    --benchmark_report_aggregates_only=true --benchmark_filter="$step_rows" \
+    --benchmark_out="$out/step_bench-base.json" --benchmark_out_format=json \
+    > "$out/step_bench-base.log" 2>&1
+  say "step_bench-base: rc=$? $(grep -c '_median' "$out/step_bench-base.log") rows"
+}
 case "${1:-tokens}" in
   tokens)
     build_targets kvc_cuda_tests step_bench
+    base_build_bg
     gtests set '*Cuda_Selector_Set.*:*Cuda_Selector_Decode*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 100
     KVC_TEST_MAX_ROW=8192 sanitize memcheck memcheck '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*' 70
     KVC_TEST_MAX_ROW=8192 sanitize racecheck racecheck '*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*' 60
+    KVC_TEST_MAX_ROW=8192 sanitize synccheck synccheck '*Cuda_BlockIndex_TwoStage*' 40
     bench 50 step_bench "$step_rows"
+    base_bench
     step_ncu two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/'
     report
     ;;
