@@ -308,11 +308,13 @@ void BM_TopKDecode(benchmark::State& state) {
 // The set path (kernels/select/set.cuh) against the ranked paths on id-ordered selections:
 // policy 0 topk(k), 1 anchor(k, {0}) (the two-stage block index's candidates), chronological;
 // variant 0 the built-in choice, 1 the set path, 2 the ranked paths (no_set), 3 the spread path
-// (the two-stage block index's choice before the set path).
+// (the two-stage block index's choice before the set path), 4 the set path without its
+// narrowing (set_exact: the radix select over the whole row).
 void BM_TopKSet(benchmark::State& state) {
   const int variant = static_cast<int>(state.range(4));
   select_detail_tuning tuning;
-  tuning.force_set = variant == 1;
+  tuning.force_set = variant == 1 || variant == 4;
+  tuning.set_exact = variant == 4;
   tuning.no_set = variant >= 2;
   tuning.force_spread = variant == 3;
   run_topk(state, static_cast<int>(state.range(0)), static_cast<int>(state.range(1)),
@@ -421,9 +423,9 @@ BENCHMARK(BM_TopKSet)
     ->Apply([](benchmark::internal::Benchmark* b) {
       for (int rows : {8, 64}) {
         for (int n : {4096, 32768}) {
-          for (int variant : {1, 2, 3}) b->Args({rows, n, 128, 1, variant});
+          for (int variant : {1, 4, 2, 3}) b->Args({rows, n, 128, 1, variant});
           for (int k : {8, 64}) {
-            for (int variant : {1, 2}) b->Args({rows, n, k, 0, variant});
+            for (int variant : {1, 4, 2}) b->Args({rows, n, k, 0, variant});
           }
         }
       }

@@ -9,12 +9,23 @@
 //    next kernel launch: both are no-ops for an ordinary launch;
 // 2. one memory round trip: num_valid and the row pitch's scores together, thread t holding the
 //    kItems consecutive blocks [t kItems, (t + 1) kItems) as score keys in registers;
-// 3. a radix select of the L-th largest score key (L = min(k, n)) in 8-bit digits, most
-//    significant first: each pass counts the digits of the valid keys that share the digits
-//    picked so far (one shared atomic per distinct digit per warp), one warp picks the digit
-//    holding the L-th key, and the pass ends early when that digit's keys are exactly the ones
-//    still needed. When whole keys tie at the cut, the lower ids are taken, as the rank order
-//    does (select_rules::rank_key), by a block-wide scan of the tied keys in id order;
+// 3. the cut: the L-th largest score key (L = min(k, n)) by radix selects in 8-bit digits, most
+//    significant first (set_radix_cut: each pass counts the digits of the counted keys that share
+//    the digits picked so far, one shared atomic per distinct digit per warp; one warp picks the
+//    digit holding the L-th key; a pass ends the select early when that digit's keys are exactly
+//    the ones still needed). A pass's cost grows with the keys a thread holds, so where
+//    L <= kSetNarrowMaxL (and at least L threads hold valid keys) the CTA first narrows the row:
+//      a. each thread's largest valid key; the L-th largest of those maxima, T (a radix select
+//         over one key per thread): at least L keys, one per thread, are >= T, so every key of
+//         the top L, and every key tied with the L-th, is >= T;
+//      b. the keys >= T are appended to shared memory (a warp vote per key slot, one atomic per
+//         warp); a typical row keeps a few more than L of them;
+//      c. the radix select over those (one per thread) gives the cut, and the selection below
+//         takes only keys >= T (the keys below T that share a cut digit were never counted).
+//    More than kSetNarrowCap keys >= T (heavy ties, a row whose best keys crowd a few threads)
+//    and the select runs over the whole row instead, as it does without the narrowing.
+//    When whole keys tie at the cut, the lower ids are taken, as the rank order does
+//    (select_rules::rank_key), by a block-wide scan of the tied keys in id order;
 // 4. the selected blocks and the anchors below n as a bitmask per thread, one block-wide scan
 //    of their counts, and each thread writes its ids at their positions in id order; the -1
 //    padding and the count follow.
@@ -32,6 +43,92 @@ namespace kernels {
 namespace select_detail {
 
 constexpr int kSetBins = 256;  // 8-bit digits
+/// The narrowing (see the file comment) serves L <= kSetNarrowMaxL and keeps at most
+/// kSetNarrowCap keys (one per thread for the second select).
+constexpr int kSetNarrowCap = kSetThreads;
+constexpr int kSetNarrowMaxL = kSetNarrowCap / 2;
+
+/// A radix select's result: the selection is every counted key whose top pbits bits exceed
+/// prefix, and of those equal to it all (whole) or the `need` with the lowest ids.
+struct SetCut {
+  std::uint32_t prefix;
+  int pbits, need;
+  bool whole;
+};
+
+/// The radix select of the L-th largest of the keys key[i] with valid(i) over the CTA
+/// (0 < L < the keys counted), see the file comment. Every thread of the CTA calls it; it leaves
+/// hist dirty (it zeroes both halves first).
+template <int kN, class Valid>
+__device__ __forceinline__ SetCut set_radix_cut(const std::uint32_t (&key)[kN], Valid valid, int L,
+                                                unsigned (&hist)[2][kSetBins], int (&pick)[3]) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid & 31;
+  for (int b = tid; b < 2 * kSetBins; b += static_cast<int>(blockDim.x)) {
+    hist[b / kSetBins][b % kSetBins] = 0u;
+  }
+  __syncthreads();  // the histograms are zero
+  SetCut cut{0u, 0, L, false};
+  for (int pass = 0; pass < 4; ++pass) {
+    unsigned* h = hist[pass & 1];
+    const int shift = 24 - 8 * pass;
+#pragma unroll
+    for (int i = 0; i < kN; ++i) {
+      const bool in = valid(i) && (pass == 0 || (key[i] >> (shift + 8)) == cut.prefix);
+      if (__any_sync(0xffffffffu, in)) {
+        const int bin = in ? static_cast<int>((key[i] >> shift) & 0xffu) : -1;
+        const unsigned peers = __match_any_sync(0xffffffffu, bin);
+        if (in && lane == __ffs(static_cast<int>(peers)) - 1) {
+          atomicAdd(&h[bin], static_cast<unsigned>(__popc(peers)));
+        }
+      }
+    }
+    __syncthreads();  // the pass's histogram is complete
+    if (tid < 32) {
+      // Lane l holds the digits 255 - 8 l - j (j < 8), descending: the digit d with
+      // (keys in larger digits) < need <= (keys in digits >= d).
+      unsigned c[8];
+      unsigned sum = 0u;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        c[j] = h[kSetBins - 1 - 8 * lane - j];
+        sum += c[j];
+      }
+      unsigned incl = sum;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const unsigned o = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += o;
+      }
+      unsigned run = incl - sum;
+      const unsigned need = static_cast<unsigned>(cut.need);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (run < need && need <= run + c[j]) {
+          pick[0] = kSetBins - 1 - 8 * lane - j;
+          pick[1] = static_cast<int>(run);
+          pick[2] = static_cast<int>(c[j]);
+        }
+        run += c[j];
+      }
+    }
+    // The other histogram is free (its pass ended a barrier ago): zero it for the next pass.
+    for (int b = tid; b < kSetBins; b += static_cast<int>(blockDim.x)) {
+      hist[(pass + 1) & 1][b] = 0u;
+    }
+    __syncthreads();  // the pick is visible
+    // (Warp 0 rewrites the pick only after the next pass's first barrier, or a later call's.)
+    const int digit = pick[0], before = pick[1], count = pick[2];
+    cut.need -= before;
+    cut.prefix = (cut.prefix << 8) | static_cast<std::uint32_t>(digit);
+    cut.pbits += 8;
+    if (count == cut.need) {  // uniform: every key with this prefix is needed
+      cut.whole = true;
+      break;
+    }
+  }
+  return cut;
+}
 
 /// The set path's parameters.
 struct SetParams {
@@ -46,6 +143,7 @@ struct SetParams {
   std::int32_t* out_ids;     // [rows, max_selected]
   std::int32_t* out_counts;  // [rows]
   int max_selected;          // >= min(k, N) + num_anchors
+  bool narrow;               // narrow the row first where it serves (SelectTuning::set_exact off)
 };
 
 /// The set path, see the file comment. Grid: one CTA of kSetThreads threads per row.
@@ -55,11 +153,10 @@ __global__ void __launch_bounds__(kSetThreads)
   static_assert(kItems % 4 == 0 && kItems <= kSetMaxItems, "kItems: whole float4s");
   static_assert(kSetBins == 8 * 32, "one warp picks the digit, eight bins per lane");
   using Scan = cub::BlockScan<int, kSetThreads>;
-  struct Pick {
-    int digit, before, count;
-  };
   __shared__ unsigned hist[2][kSetBins];
-  __shared__ Pick pick;
+  __shared__ int pick[3];
+  __shared__ std::uint32_t narrowed[kSetNarrowCap];
+  __shared__ unsigned narrowed_count;
   __shared__ typename Scan::TempStorage scan;
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31;
@@ -77,7 +174,7 @@ __global__ void __launch_bounds__(kSetThreads)
   std::uint32_t key[kItems];
   load_row_bits<kItems>(
       src, N, p.vector_loads, [&](int i) { return first + i; }, key);
-  for (int b = tid; b < 2 * kSetBins; b += kSetThreads) hist[b / kSetBins][b % kSetBins] = 0u;
+  if (tid == 0) narrowed_count = 0u;
   const int n = clamp_valid(nv, N);
   const int L = p.k < n ? p.k : n;
   // Keys of blocks at or past n are never counted nor selected (valid(i) below); NaN keys are 0.
@@ -85,68 +182,52 @@ __global__ void __launch_bounds__(kSetThreads)
   auto valid = [&](int i) { return i < valid_items; };
 #pragma unroll
   for (int i = 0; i < kItems; ++i) key[i] = select_rules::score_key(bits_float(key[i]));
-  __syncthreads();  // the histograms are zero
 
-  // --- 3. the L-th largest key: radix select, 8 bits a pass --------------------------------
-  // Afterwards the selection is every valid key whose top pbits bits exceed `prefix`, and of
-  // those equal to it: all (`whole`), or the `need` with the lowest ids.
-  std::uint32_t prefix = 0u;
-  int pbits = 0, need = L;
-  bool whole = true;
+  // --- 3. the cut (file comment) ----------------------------------------------------------------
+  // Afterwards the selection is every valid key >= key_floor whose top pbits bits exceed `prefix`,
+  // and of those equal to it: all (`whole`), or the `need` with the lowest ids.
+  SetCut cut{0u, 0, L, true};
+  std::uint32_t key_floor = 0u;
   if (L > 0 && L < n) {  // uniform; else all valid blocks (L == n) or none (L == 0) are selected
-    whole = false;
-    for (int pass = 0; pass < 4; ++pass) {
-      unsigned* h = hist[pass & 1];
-      const int shift = 24 - 8 * pass;
+    const int valid_threads = (n + kItems - 1) / kItems;  // threads holding a valid key
+    bool whole_row = true;
+    if (p.narrow && L <= kSetNarrowMaxL && L <= valid_threads) {  // uniform
+      // a. T: the L-th largest of the threads' maxima (a thread without valid keys has none).
+      std::uint32_t top[1] = {0u};
 #pragma unroll
       for (int i = 0; i < kItems; ++i) {
-        const bool in = valid(i) && (pass == 0 || (key[i] >> (shift + 8)) == prefix);
-        if (__any_sync(0xffffffffu, in)) {
-          const int bin = in ? static_cast<int>((key[i] >> shift) & 0xffu) : -1;
-          const unsigned peers = __match_any_sync(0xffffffffu, bin);
-          if (in && lane == __ffs(static_cast<int>(peers)) - 1) {
-            atomicAdd(&h[bin], static_cast<unsigned>(__popc(peers)));
-          }
+        if (valid(i) && key[i] > top[0]) top[0] = key[i];
+      }
+      const bool has = valid_items > 0;
+      const SetCut t = set_radix_cut<1>(
+          top, [&](int) { return has; }, L, hist, pick);
+      key_floor = t.pbits >= 32 ? t.prefix : t.prefix << (32 - t.pbits);
+      // b. the keys >= T into shared memory, a warp's in one atomic per key slot.
+#pragma unroll
+      for (int i = 0; i < kItems; ++i) {
+        const bool keep = valid(i) && key[i] >= key_floor;
+        const unsigned votes = __ballot_sync(0xffffffffu, keep);
+        if (votes != 0u) {  // warp-uniform
+          unsigned base = 0u;
+          if (lane == 0) base = atomicAdd(&narrowed_count, static_cast<unsigned>(__popc(votes)));
+          base = __shfl_sync(0xffffffffu, base, 0);
+          const unsigned at = base + static_cast<unsigned>(__popc(votes & ((1u << lane) - 1u)));
+          if (keep && at < static_cast<unsigned>(kSetNarrowCap)) narrowed[at] = key[i];
         }
       }
-      __syncthreads();  // the pass's histogram is complete
-      if (tid < 32) {
-        // Lane l holds the digits 255 - 8 l - j (j < 8), descending: the digit d with
-        // (keys in larger digits) < need <= (keys in digits >= d).
-        unsigned c[8];
-        unsigned sum = 0u;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          c[j] = h[kSetBins - 1 - 8 * lane - j];
-          sum += c[j];
-        }
-        unsigned incl = sum;
-#pragma unroll
-        for (int d = 1; d < 32; d <<= 1) {
-          const unsigned o = __shfl_up_sync(0xffffffffu, incl, d);
-          if (lane >= d) incl += o;
-        }
-        unsigned run = incl - sum;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          if (run < static_cast<unsigned>(need) && static_cast<unsigned>(need) <= run + c[j]) {
-            pick = Pick{kSetBins - 1 - 8 * lane - j, static_cast<int>(run), static_cast<int>(c[j])};
-          }
-          run += c[j];
-        }
-      }
-      // The other histogram is free (its pass ended a barrier ago): zero it for the next pass.
-      for (int b = tid; b < kSetBins; b += kSetThreads) hist[(pass + 1) & 1][b] = 0u;
-      __syncthreads();  // the pick is visible
-      const Pick pk = pick;
-      need -= pk.before;
-      prefix = (prefix << 8) | static_cast<std::uint32_t>(pk.digit);
-      pbits += 8;
-      if (pk.count == need) {  // uniform: every key with this prefix is needed
-        whole = true;
-        break;
+      __syncthreads();  // the narrowed keys and their count are complete
+      const int kept = static_cast<int>(narrowed_count);
+      if (kept <= kSetNarrowCap) {  // uniform
+        // c. the cut over the kept keys (all keys >= the L-th largest are among them).
+        const std::uint32_t mine[1] = {tid < kept ? narrowed[tid] : 0u};
+        cut = set_radix_cut<1>(
+            mine, [&](int) { return tid < kept; }, L, hist, pick);
+        whole_row = false;
+      } else {
+        key_floor = 0u;  // too many: the select over the whole row
       }
     }
+    if (whole_row) cut = set_radix_cut<kItems>(key, valid, L, hist, pick);
   }
 
   // --- 4. the selection and the anchors in id order --------------------------------------------
@@ -154,11 +235,14 @@ __global__ void __launch_bounds__(kSetThreads)
   if (L == n) {
     sel = valid_items >= 32 ? 0xffffffffu : ((1u << valid_items) - 1u);
   } else if (L > 0) {
-    const int drop = 32 - pbits;  // pbits >= 8 here
+    const int drop = 32 - cut.pbits;  // pbits >= 8 here
+    const std::uint32_t prefix = cut.prefix;
+    const bool whole = cut.whole;
+    const int need = cut.need;
     unsigned tied = 0u;
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
-      if (!valid(i)) continue;
+      if (!valid(i) || key[i] < key_floor) continue;
       const std::uint32_t top = key[i] >> drop;
       if (top > prefix || (whole && top == prefix)) sel |= 1u << i;
       if (!whole && top == prefix) tied |= 1u << i;

@@ -69,6 +69,9 @@ struct SelectTuning {
   bool force_set = false;
   /// Never take the set path (the ranked paths run instead), for comparison.
   bool no_set = false;
+  /// Set path: skip the narrowing (the radix select runs over the whole row, as before it), for
+  /// comparison.
+  bool set_exact = false;
   /// Resident path (kernels/select/resident.cuh: m <= 2049 ranks, no top_p, rows of up to
   /// 262144 blocks held in the shared memory of a cluster): CTAs per row, 1..16 (0: the built-in
   /// choice, resident_ctas_for). Setting it takes the resident path wherever it applies, ahead of

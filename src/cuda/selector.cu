@@ -622,6 +622,7 @@ cudaError_t select_tuned(void* d_temp, std::size_t& temp_bytes, const ScoresView
     sp.out_ids = out.ids;
     sp.out_counts = out.counts;
     sp.max_selected = out.max_selected;
+    sp.narrow = !tuning.set_exact;
     return launch_set(sp, s.rows, true, stream);
   }
   const KeyCodec codec = make_key_codec(N);

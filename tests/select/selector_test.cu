@@ -1367,7 +1367,8 @@ TEST(Cuda_Selector_Decode, VariantOutOfRangeIsRejected) {
 // --- the set path (kernels/select/set.cuh) ---------------------------------------------------
 
 // select_tuned without a report (the set path serves no report): the ids and counts of every
-// row equal the CPU's, in both id orders.
+// row equal the CPU's, in both id orders, with the set path's narrowing and without it
+// (set_exact).
 void check_set_path(Gen& gen, const Batch& b, SelectPolicy p,
                     const kernels::select_detail::SelectTuning& tuning) {
   const int bound = p.max_output(b.max_blocks);
@@ -1375,12 +1376,16 @@ void check_set_path(Gen& gen, const Batch& b, SelectPolicy p,
   DeviceBatch d(b, max_selected, bound);
   for (Order o : {Order::kChronological, Order::kDescending}) {
     p.order = o;
-    SCOPED_TRACE(describe(p) + " max_blocks=" + std::to_string(b.max_blocks) +
-                 " force_set=" + std::to_string(tuning.force_set));
     const Result cpu = run_cpu(b, p, max_selected, bound);
-    const Result gpu = run_gpu_tuned(d, p, tuning, false);
-    ASSERT_EQ(gpu.counts, cpu.counts);
-    ASSERT_EQ(gpu.ids, cpu.ids);
+    for (bool exact : {false, true}) {
+      kernels::select_detail::SelectTuning t = tuning;
+      t.set_exact = exact;
+      SCOPED_TRACE(describe(p) + " max_blocks=" + std::to_string(b.max_blocks) + " force_set=" +
+                   std::to_string(t.force_set) + " set_exact=" + std::to_string(exact));
+      const Result gpu = run_gpu_tuned(d, p, t, false);
+      ASSERT_EQ(gpu.counts, cpu.counts);
+      ASSERT_EQ(gpu.ids, cpu.ids);
+    }
   }
 }
 
