@@ -6,7 +6,8 @@
 #             trip, dot_heads having waited for each 16-byte load in turn; a shared row's kv heads
 #             over grid.z; the candidates' block ids loaded beside their count; the finish
 #             kernel's lse values and partials batched) and the chunk kernel a programmatic
-#             dependent of the selection. The selector's set / decode tests (with session 26's
+#             dependent of the selection; the set path's narrowing (kernels/select/set.cuh,
+#             BM_TopKSet variant 1 against 4, set_exact). The selector's set / decode tests (with session 26's
 #             review mend, never run on a GPU), the two-stage, token and decode-step tests,
 #             memcheck / racecheck / synccheck over the two-stage and token tests, the step rows,
 #             Nsight Compute (clocks not locked) of one B1 two-stage step. When gpu-base/ exists
@@ -75,13 +76,14 @@ base_bench() {
 }
 case "${1:-tokens}" in
   tokens)
-    build_targets kvc_cuda_tests step_bench
+    build_targets kvc_cuda_tests step_bench topk_bench
     base_build_bg
     gtests set '*Cuda_Selector_Set.*:*Cuda_Selector_Decode*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 100
     KVC_TEST_MAX_ROW=8192 sanitize memcheck memcheck '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*' 70
-    KVC_TEST_MAX_ROW=8192 sanitize racecheck racecheck '*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*' 60
+    KVC_TEST_MAX_ROW=8192 sanitize racecheck racecheck '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*' 75
     KVC_TEST_MAX_ROW=8192 sanitize synccheck synccheck '*Cuda_BlockIndex_TwoStage*' 40
     bench 50 step_bench "$step_rows"
+    bench 30 topk_bench 'BM_TopKSet/(8|64)/(4096|32768)/128/1/'
     base_bench
     step_ncu two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/'
     report
