@@ -16,7 +16,8 @@
 #                 mkdir -p gpu-base/$(dirname $f); git show main:$f > gpu-base/$f; done
 #             untracked, so it travels), main's step_bench is built beside it in the background
 #             and its step rows run in the same call, for a same-run before / after.
-#   final     the same-run table for latest.json: kvc's rows, then PyTorch's and CUB's anchors in
+#   final     the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
+#             DeepSelect's (deepselect_bin: its fp32 kernel in kvc's harness, first run) anchors in
 #             the same call (carry [".anchors/p1/wheels", ".anchors/p1/bin", ".anchors/p1/MANIFEST"])
 #   flashinfer  FlashInfer's anchors, back to back after `final` on the same warm machine
 #             (carry [".anchors/p1/flashinfer-sm90a.tar.xz", ".anchors/p1/wheels/apache_tvm_ffi-
@@ -94,7 +95,7 @@ case "${1:-tokens}" in
     gtests set '*Cuda_Selector_Set.*:*Cuda_Selector_Decode*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 90
     same_run_kvc
     bench 30 topk_bench 'BM_TopKSet/' -set
-    ANCHORS="torch cub" anchors_and_report
+    ANCHORS="torch cub deepselect_bin" anchors_and_report
     ;;
   flashinfer)
     l=$(left)
