@@ -45,6 +45,21 @@ step_ncu() {
 
 step_rows='/(1|8)/131072/0/(1|3)/1/|/32/32768/0/3/1/'
 
+# name filter kernel-regex: Nsight Compute's source page (SASS with per-instruction warp-state
+# samples, CSV) of the matching kernels of one decode step, for reading where they stall on a
+# machine without a GPU (ncu's text, not a .ncu-rep, which needs ncu to open).
+step_source() {
+  local l
+  l=$(left)
+  (( l < 60 )) && { say "ncu source $1: not run (deadline)"; return; }
+  timeout 75 ncu --target-processes all --clock-control none -k "regex:$3" \
+    --launch-skip "${NCU_SKIP:-14}" --launch-count "${NCU_COUNT:-3}" --section SourceCounters \
+    --section WarpStateStats --page source --csv --print-source sass \
+    build-gpu/benchmarks/step_bench --benchmark_filter="$2" --benchmark_min_time=1x \
+    --benchmark_repetitions=1 > "$out/ncu-source-$1.csv" 2>&1
+  say "ncu source $1: rc=$? $(wc -l < "$out/ncu-source-$1.csv") lines"
+}
+
 # main's step_bench (gpu-base/ laid over a copy of the tree) into build-base, in the background.
 base_build_bg() {
   [ -d gpu-base ] || return 0
@@ -87,6 +102,7 @@ case "${1:-tokens}" in
     bench 30 topk_bench 'BM_TopKSet/(8|64)/(4096|32768)/128/1/'
     base_bench
     step_ncu two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/'
+    step_source two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/' 'token_fast|mma_decode|set_topk'
     report
     ;;
   final)
