@@ -92,16 +92,18 @@ base_bench() {
 }
 case "${1:-tokens}" in
   tokens)
+    # In order of need: correctness, the same-run figures, the sanitizers, the profiles (each
+    # helper skips what the deadline no longer leaves room for).
     build_targets kvc_cuda_tests step_bench topk_bench
     base_build_bg
     gtests set '*Cuda_Selector_Set.*:*Cuda_Selector_Decode*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 100
-    KVC_TEST_MAX_ROW=8192 sanitize memcheck memcheck '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*' 70
-    KVC_TEST_MAX_ROW=8192 sanitize racecheck racecheck '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*' 75
-    KVC_TEST_MAX_ROW=8192 sanitize synccheck synccheck '*Cuda_BlockIndex_TwoStage*' 40
     bench 50 step_bench "$step_rows"
     bench 30 topk_bench 'BM_TopKSet/(8|64)/(4096|32768)/128/1/'
     base_bench
+    KVC_TEST_MAX_ROW=8192 sanitize memcheck memcheck '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*' 60
+    KVC_TEST_MAX_ROW=8192 sanitize racecheck racecheck '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*' 60
     step_ncu two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/'
+    KVC_TEST_MAX_ROW=8192 sanitize synccheck synccheck '*Cuda_BlockIndex_TwoStage*' 30
     step_source two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/' 'token_fast|mma_decode|set_topk'
     report
     ;;
