@@ -22,6 +22,12 @@
 #   flashinfer  FlashInfer's anchors, back to back after `final` on the same warm machine
 #             (carry [".anchors/p1/flashinfer-sm90a.tar.xz", ".anchors/p1/wheels/apache_tvm_ffi-
 #             <version>.whl", ".anchors/p1/MANIFEST"])
+#   flashmla  issue #13's open check: FlashMLA's SM90 sparse FP8 decode over MODEL1 pages that kvc
+#             wrote into engine-owned pools (benchmarks/anchors/flashmla_kvc_pages.py: against
+#             kvc's CUDA attention and a float32 reference over the pool bytes), then FlashMLA's
+#             timed rows (flashmla_anchor.py) if the call has time left; carry [".anchors/flashmla"]
+#             (1.2 MB: FlashMLA 9241ae3 and CUTLASS 147f567 include/, made 2026-12-05 as
+#             flashmla_anchor.sh's header says). FlashMLA's build took about 200 s (session 22).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=$PWD/gpu-out/session27
@@ -115,12 +121,22 @@ case "${1:-tokens}" in
     bench 30 topk_bench 'BM_TopKSet/' -set
     ANCHORS="torch cub deepselect_bin" anchors_and_report
     ;;
+  flashmla)
+    { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVC_WITH_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=90a -DKVC_BUILD_PYTHON=ON > "$out/configure.log" 2>&1 &&
+      cmake --build build-gpu -j "$(nproc)" --target _kvc > "$out/python-build.log" 2>&1; }
+    say "build _kvc: rc=$? at $(( $(date +%s) - t0 )) s"
+    l=$(left)
+    FLASHMLA_REUSE=1 ANCHORS="flashmla_pages flashmla" DEADLINE=$(( l - 15 )) \
+      benchmarks/anchors/run-anchors.sh "$out" > "$out/run-anchors-flashmla.out" 2>&1
+    say "flashmla anchors: rc=$? $(tail -2 "$out/run-anchors-flashmla.out" | tr '\n' ' ')"
+    ;;
   flashinfer)
     l=$(left)
     ANCHORS="flashinfer_decode flashinfer_topk" DEADLINE=$(( l - 15 )) \
       benchmarks/anchors/run-anchors.sh "$out" > "$out/run-anchors-flashinfer.out" 2>&1
     say "flashinfer anchors: rc=$? $(tail -2 "$out/run-anchors-flashinfer.out" | tr '\n' ' ')"
     ;;
-  *) echo "gpu-session27.sh: tokens | final | flashinfer" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | final | flashinfer | flashmla" >&2; exit 2 ;;
 esac
 finish
