@@ -12,10 +12,9 @@
 #             memcheck / racecheck / synccheck over the two-stage and token tests, the step rows,
 #             Nsight Compute (clocks not locked) of one B1 two-stage step. When gpu-base/ exists
 #             (main's versions of the files the branch changes, laid over a copy of the tree:
-#               git diff --name-only main HEAD -- kernels src include | while read f; do
-#                 mkdir -p gpu-base/$(dirname $f); git show main:$f > gpu-base/$f; done
-#             untracked, so it travels), main's step_bench is built beside it in the background
-#             and its step rows run in the same call, for a same-run before / after.
+#             scripts/make-gpu-base.sh; untracked, so it travels), main's step_bench is built
+#             beside it in the background and its step rows run in the same call, for a same-run
+#             before / after.
 #   final     the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
 #             DeepSelect's (deepselect_bin: its fp32 kernel in kvc's harness, first run) anchors in
 #             the same call (carry [".anchors/p1/wheels", ".anchors/p1/bin", ".anchors/p1/MANIFEST"])
