@@ -105,6 +105,11 @@ case "${1:-tokens}" in
     bench 50 step_bench "$step_rows"
     bench 30 topk_bench 'BM_TopKSet/(8|64)/(4096|32768)/128/1/'
     base_bench
+    # Main's launchers were rewritten without a GPU in the twenty-eighth session (src/cuda/launch.h:
+    # LaunchConfig for the selector's cluster, cooperative and resident launches and the
+    # attention's cluster query and launch; device code identical): every selector and attention
+    # GPU test exercises them.
+    gtests launches '*Cuda_Selector*:*Cuda_Attention*' 150
     KVC_TEST_MAX_ROW=8192 sanitize memcheck memcheck '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*' 60
     KVC_TEST_MAX_ROW=8192 sanitize racecheck racecheck '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*' 60
     step_ncu two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/'
