@@ -526,6 +526,9 @@ struct MmaRow {
 /// and block lengths of the virtual list.
 struct MmaCtx : RowCtx {
   int W16, B16;
+  /// kBlockSelectExact: the open block's pool block (-1: none, or another shard's), loaded once
+  /// after the length (mma_decode_kernel) rather than by each of its tiles before their copies.
+  int open_pb;
 };
 
 /// Row `v` (of the virtual list) of the ring.
@@ -586,8 +589,7 @@ __device__ __forceinline__ MmaRow list_old_row(const DecodeParams& p, const MmaC
   // kBlockSelectExact: the open block, then the selected blocks.
   if (v2 < c.B16) {
     const bool ok = v2 < c.open_tokens;
-    const int pb = ok ? c.table[c.closed] : -1;
-    return old_row<D, F>(p, c, pb, v2, ok);
+    return old_row<D, F>(p, c, ok ? c.open_pb : -1, v2, ok);
   }
   const int u = v2 - c.B16;
   const bool ok = u < c.sel_count * B;
@@ -1302,6 +1304,13 @@ __global__ void __launch_bounds__(kThreads, 3)
   lookup_selected_blocks(p, c, selected);
 
   init_row_range(p, c);  // the first wait for the length
+  // The open block's table entry goes out now, in flight while the ring tiles compute: loaded by
+  // the open block's first tile, it was a round trip between the ring run and the old rows'
+  // first copies (the staged kernel stages a tile only once its rows' addresses are known).
+  c.open_pb =
+      !p.plain && p.mode == static_cast<int>(AttentionMode::kBlockSelectExact) && c.open_tokens > 0
+          ? c.table[c.closed]
+          : -1;
   stage_selected_ids(p, c, list, c0, c1, selected);
 
   // --- the group's tiles: every kGroups-th tile of the chunk ---
