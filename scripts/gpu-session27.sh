@@ -7,7 +7,8 @@
 #             over grid.z; the candidates' block ids loaded beside their count; the finish
 #             kernel's lse values and partials batched) and the chunk kernel a programmatic
 #             dependent of the selection; the set path's narrowing (kernels/select/set.cuh,
-#             BM_TopKSet variant 1 against 4, set_exact). The selector's set / decode tests (with session 26's
+#             BM_TopKSet variant 1 against 4, set_exact); the attention's open-block table entry
+#             loaded once in the prologue (twenty-eighth session). The selector's set / decode tests (with session 26's
 #             review mend, never run on a GPU), the two-stage, token and decode-step tests,
 #             memcheck / racecheck / synccheck over the two-stage and token tests, the step rows,
 #             Nsight Compute (clocks not locked) of one B1 two-stage step. When gpu-base/ exists
