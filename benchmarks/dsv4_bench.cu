@@ -31,7 +31,8 @@
 // BM_Dsv4CsaDecode/<batch>/<format 0 bf16, 1 MODEL1 FP8>/<timing>/<variant>: 64 heads x 512,
 //   window 128 + top-512 entries of 262144 (1M tokens, ratio 4); variant % 100 the split rule
 //   (0 the library's, 10 + k at least k chunks per split), variant / 100 the kernel (0 the
-//   library's choice, 1 the 8-warp kernel, 2 the 16-warp kernel).
+//   library's choice, 1 the 8-warp kernel, 2 the 16-warp kernel, 3 the 16-warp kernel with P in
+//   one bf16 instead of two halves, as FlashMLA keeps it).
 // BM_Dsv4HcaDecode/<batch>/<format>/<timing>/<variant>: window 128 + all 8192 entries (1M tokens,
 //   ratio 128).
 #include <benchmark/benchmark.h>
@@ -424,7 +425,7 @@ namespace kernels {
 namespace dsv4_detail {
 // src/cuda/dsv4_attention.cu: which split rule (variant % 100: 0 automatic, 10 + k at least k
 // chunks per split) and kernel (variant / 100: 0 the library's choice, 1 the 8-warp kernel, 2 the
-// 16-warp kernel) dsv4_sparse_attention runs.
+// 16-warp kernel, 3 the 16-warp kernel with P in one bf16) dsv4_sparse_attention runs.
 void set_sparse_attention_variant(int variant);
 }  // namespace dsv4_detail
 }  // namespace kernels
@@ -594,11 +595,12 @@ BENCHMARK(BM_Dsv4TopK)
     })
     ->Apply(Timed);
 // <batch>/<format>/<timing>/<variant: split rule + 100 x kernel, as above>: the same rows for
-// the library's choice (0), the 8-warp kernel (100) and the 16-warp kernel (200), before / after
-// in one run; for HCA B1 the neighbours of the automatic split (2 chunks per split): 1, 4 and 8
-// chunks per split with either kernel.
+// the library's choice (0), the 8-warp kernel (100), the 16-warp kernel (200) and the 16-warp
+// kernel with P in one bf16 (300: what the second bf16 half of P costs), before / after in one
+// run; for HCA B1 the neighbours of the automatic split (2 chunks per split): 1, 4 and 8 chunks
+// per split with either kernel.
 void AttentionShapes(benchmark::internal::Benchmark* b) {
-  for (int variant : {0, 100, 200}) {
+  for (int variant : {0, 100, 200, 300}) {
     b->Args({1, 1, 0, variant});
     b->Args({1, 1, 1, variant});
     b->Args({8, 1, 0, variant});

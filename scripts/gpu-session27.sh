@@ -16,7 +16,8 @@
 #             scripts/make-gpu-base.sh; untracked, so it travels), main's step_bench is built
 #             beside it in the background and its step rows run in the same call, for a same-run
 #             before / after.
-#   final     the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
+#   final     the DeepSeek-V4 attention tests (variant 300, P in one bf16, prints its error), then
+#             the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
 #             DeepSelect's (deepselect_bin: its fp32 kernel in kvc's harness, first run) anchors in
 #             the same call (carry [".anchors/p1/wheels", ".anchors/p1/bin", ".anchors/p1/MANIFEST"])
 #   flashinfer  FlashInfer's anchors, back to back after `final` on the same warm machine
@@ -122,6 +123,10 @@ case "${1:-tokens}" in
     build_targets kvc_cuda_tests step_bench index_bench attention_bench topk_bench store_bench \
       dsv4_bench
     gtests set '*Cuda_Selector_Set.*:*Cuda_Selector_Decode*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 90
+    # The DeepSeek-V4 attention's variants, 300 (P in one bf16) among them: its relative L2
+    # against the CPU is printed ("[ P in one bf16 ]"); dsv4_bench's CSA / HCA rows below time it.
+    gtests dsv4-attention '*Cuda_Dsv4_Attention*' 120
+    grep -h "P in one bf16" "$out/gtests-dsv4-attention.log" >> "$out/summary.txt"
     same_run_kvc
     bench 30 topk_bench 'BM_TopKSet/' -set
     ANCHORS="torch cub deepselect_bin" anchors_and_report

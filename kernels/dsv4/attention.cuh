@@ -27,7 +27,9 @@
 //     added once at the end); P = 2^(l - m) stored as two bf16 halves hi = bf16(P),
 //     lo = bf16(P - hi), so P V keeps ~16 bits of P (relative L2 ~1e-5, not bf16's ~1e-3);
 //     O = alpha O + P_hi V + P_lo V (warp w: heads 16 (w % 4) .., dims D / G (w / 4) .., V by
-//     ldmatrix.trans).
+//     ldmatrix.trans). kSplitP = false (a benchmark variant, kernel 3 of
+//     set_sparse_attention_variant) keeps P_hi alone, as FlashMLA keeps P in one bf16: a third
+//     fewer mma per chunk (S, P V instead of S, P_hi V, P_lo V), ~8 bits of P.
 // Barriers per chunk: 3 (bf16 rows) or 4 (MODEL1: one more after the dequantisation).
 // The 8-warp form: O holds 128 fp32 registers per thread (64 heads x 512 / 256 threads), so what
 // lives across the chunk loop is kept small: per-query state in shared memory, ldmatrix
@@ -80,7 +82,8 @@ constexpr int kCombineDims = 128;  // dims per combine CTA: a float4 per lane
 /// concurrent calls that want different ones). variant % 100 is the split rule: 0 automatic,
 /// 10 + k the fewest chunks per split that keep one wave, at least k (11: as many splits as fill
 /// the SMs). variant / 100 is the kernel at D = 512: 0 the library's choice, 1 the 8-warp kernel,
-/// 2 the 16-warp kernel (D = 128 always runs the 8-warp one). E.g. 214: 16 warps, >= 4 chunks.
+/// 2 the 16-warp kernel, 3 the 16-warp kernel with P in one bf16 (kSplitP false; for benchmarks)
+/// (D = 128 always runs the 8-warp one). E.g. 214: 16 warps, >= 4 chunks.
 void set_sparse_attention_variant(int variant);
 
 struct AttnParams {
@@ -471,7 +474,7 @@ __device__ __forceinline__ void dequantise_rows_by_piece(const std::uint32_t* ma
 /// D / G (w / 4) ..), G = kWarps / 4; the 16-warp form also keeps two S accumulators per n-tile
 /// (even and odd k-steps, added after), dequantises by dequantise_rows_by_piece and skips the
 /// rescale of O where every alpha of the warp is 1.
-template <int D, bool kStaged, int kWarps>
+template <int D, bool kStaged, int kWarps, bool kSplitP = true>
 __global__ void __launch_bounds__(32 * kWarps, 1)
     attention_kernel(const __grid_constant__ AttnParams p) {
   static_assert(!kStaged || D == dsv4::kModel1Dim, "MODEL1 rows have 512 dims");
@@ -692,10 +695,12 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
         const int h = 16 * mt + g + 8 * r;
         const int col = GR * grp + 8 * n + 2 * tq;
         const std::uint32_t hi = pack_bf16_rn(p0, p1);
-        const float h0 = __uint_as_float(hi << 16), h1 = __uint_as_float(hi & 0xffff0000u);
         *reinterpret_cast<std::uint32_t*>(ph_s + swz(h, col, kAttnRows)) = hi;
-        *reinterpret_cast<std::uint32_t*>(pl_s + swz(h, col, kAttnRows)) =
-            pack_bf16_rn(p0 - h0, p1 - h1);
+        if constexpr (kSplitP) {
+          const float h0 = __uint_as_float(hi << 16), h1 = __uint_as_float(hi & 0xffff0000u);
+          *reinterpret_cast<std::uint32_t*>(pl_s + swz(h, col, kAttnRows)) =
+              pack_bf16_rn(p0 - h0, p1 - h1);
+        }
       }
     }
 #pragma unroll
@@ -726,10 +731,11 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
       const std::uint32_t p_row = smem_u32(ph_s) + 2 * (16 * mt + lp % 16) * kAttnRows;
 #pragma unroll
       for (int kk = 0; kk < kAttnRows / 16; ++kk) {
-        std::uint32_t ah[4], al[4];
+        std::uint32_t ah[4];
+        [[maybe_unused]] std::uint32_t al[4];  // kSplitP only
         const std::uint32_t pk = p_row + ((32 * kk) ^ pv_key);
         ldmatrix_x4(ah, pk);
-        ldmatrix_x4(al, pk + (Smem::kPLo - Smem::kPHi));
+        if constexpr (kSplitP) ldmatrix_x4(al, pk + (Smem::kPLo - Smem::kPHi));
 #pragma unroll
         for (int j = 0; j < NT / 8; ++j) {
 #pragma unroll
@@ -738,9 +744,9 @@ __global__ void __launch_bounds__(32 * kWarps, 1)
             std::uint32_t bv[4];
             ldmatrix_x4_trans(bv, v_row + ((32 * m) ^ pv_key) + 2 * (16 * kk * D + 64 * j));
             mma_bf16(o[n], ah, bv[0], bv[1]);
-            mma_bf16(o[n], al, bv[0], bv[1]);
+            if constexpr (kSplitP) mma_bf16(o[n], al, bv[0], bv[1]);
             mma_bf16(o[n + 1], ah, bv[2], bv[3]);
-            mma_bf16(o[n + 1], al, bv[2], bv[3]);
+            if constexpr (kSplitP) mma_bf16(o[n + 1], al, bv[2], bv[3]);
           }
         }
       }

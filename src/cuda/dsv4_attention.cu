@@ -30,7 +30,7 @@ int attn_sm_count() {
 
 /// Which variant runs (set_sparse_attention_variant): the split rule (variant % 100: 0 automatic,
 /// 10 + k at least k chunks per split) and the kernel (variant / 100: 0 the library's choice,
-/// 1 the 8-warp kernel, 2 the 16-warp kernel).
+/// 1 the 8-warp kernel, 2 the 16-warp kernel, 3 the 16-warp kernel with P in one bf16).
 std::atomic<int> g_variant{0};
 
 /// How a call splits: chunks per query row at most, splits and chunks per split.
@@ -96,13 +96,14 @@ std::size_t part_bytes(const Split& s, long long rows, int H, int D) {
   return align256(n * D * 4) + 2 * align256(n * 4);
 }
 
-/// The pipelined kernel with kWarps warps, grid (rows, splits, head groups), then (several
-/// splits) the combine as its programmatic dependent, grid (D / 128, H, rows).
-template <int D, bool kStaged, int kWarps>
+/// The pipelined kernel with kWarps warps (P in two bf16 halves, or one where !kSplitP), grid
+/// (rows, splits, head groups), then (several splits) the combine as its programmatic dependent,
+/// grid (D / 128, H, rows).
+template <int D, bool kStaged, int kWarps, bool kSplitP = true>
 cudaError_t run(const AttnParams& p, const Split& s, int rows, int head_groups,
                 cudaStream_t stream) {
   constexpr int smem = AttnSmem<D, kStaged, kWarps / 4>::kBytes;
-  const auto kernel = attention_kernel<D, kStaged, kWarps>;
+  const auto kernel = attention_kernel<D, kStaged, kWarps, kSplitP>;
   KVC_CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   kernel<<<dim3(static_cast<unsigned>(rows), static_cast<unsigned>(s.splits),
                 static_cast<unsigned>(head_groups)),
@@ -118,10 +119,12 @@ cudaError_t run(const AttnParams& p, const Split& s, int rows, int head_groups,
   return cudaSuccess;
 }
 
-/// D = 512: the 16-warp kernel (wide) or the 8-warp one.
+/// D = 512: the 16-warp kernel (wide) or the 8-warp one; `one_bf16_p`: the 16-warp kernel with
+/// P in one bf16 (variant kernel 3, for benchmarks).
 template <bool kStaged>
 cudaError_t run512(const AttnParams& p, const Split& s, int rows, int head_groups, bool wide,
-                   cudaStream_t stream) {
+                   bool one_bf16_p, cudaStream_t stream) {
+  if (one_bf16_p) return run<512, kStaged, kWideWarps, false>(p, s, rows, head_groups, stream);
   return wide ? run<512, kStaged, kWideWarps>(p, s, rows, head_groups, stream)
               : run<512, kStaged, kNarrowWarps>(p, s, rows, head_groups, stream);
 }
@@ -203,8 +206,9 @@ cudaError_t dsv4_sparse_attention(void* d_temp, std::size_t& temp_bytes,
   // B8 22.4 vs 23.3, HCA B1 27.9 vs 30.2, B8 92.2 vs 102; bf16 slower with 16 (CSA B1 16.3 vs
   // 15.6, HCA B8 81.9 vs 76.4): its rows need no dequantisation, the 16-warp form's main saving.
   const bool wide = kernel == 2 || (kernel == 0 && model1);
-  return model1 ? run512<true>(p, s, r, head_groups, wide, stream)
-                : run512<false>(p, s, r, head_groups, wide, stream);
+  const bool one_bf16_p = kernel == 3;
+  return model1 ? run512<true>(p, s, r, head_groups, wide, one_bf16_p, stream)
+                : run512<false>(p, s, r, head_groups, wide, one_bf16_p, stream);
 }
 
 namespace dsv4_detail {

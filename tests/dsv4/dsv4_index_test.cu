@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <vector>
 
@@ -515,7 +516,7 @@ namespace kernels {
 namespace dsv4_detail {
 // src/cuda/dsv4_attention.cu: which split rule (variant % 100: 0 automatic, 10 + k at least k
 // chunks per split) and kernel (variant / 100: 0 the library's choice, 1 the 8-warp kernel, 2 the
-// 16-warp kernel) dsv4_sparse_attention runs.
+// 16-warp kernel, 3 the 16-warp kernel with P in one bf16) dsv4_sparse_attention runs.
 void set_sparse_attention_variant(int variant);
 }  // namespace dsv4_detail
 }  // namespace kernels
@@ -543,9 +544,11 @@ class Cuda_Dsv4_Attention : public ::testing::TestWithParam<AttnShape> {};
 
 // Every case runs, with the library's kernel, the automatic split (0), one chunk per split where
 // the GPU has room (11) and at least four (14) or eight (18); the 8-warp kernel (100) and the
-// 16-warp kernel (200, and 211 / 214 / 218 with those splits; D = 128 runs the 8-warp one); each
-// against the CPU reference, and each through the kernel layer too with a NaN-poisoned workspace
-// and every -1 id replaced by an out-of-range one (< -1, >= the visible count): the same bits.
+// 16-warp kernel (200, and 211 / 214 / 218 with those splits; D = 128 runs the 8-warp one); the
+// 16-warp kernel with P in one bf16 (300, a benchmark variant: held to the 1e-3 bound only, its
+// relative L2 printed); each against the CPU reference, and each through the kernel layer too
+// with a NaN-poisoned workspace and every -1 id replaced by an out-of-range one (< -1, >= the
+// visible count): the same bits.
 TEST_P(Cuda_Dsv4_Attention, MatchesCpuWithin1e3) {
   KVC_REQUIRE_GPU();
   const AttnShape k = GetParam();
@@ -648,7 +651,7 @@ TEST_P(Cuda_Dsv4_Attention, MatchesCpuWithin1e3) {
               : TensorView::contiguous(dout_f.get(), DType::kF32, {B, T, k.H, d}, Device::cuda(0));
   g.lse = TensorView::contiguous(dlse.get(), DType::kF32, {B, T, k.H}, Device::cuda(0));
   auto attn = SparseAttention::create(c, Device::cuda(0));
-  for (const int variant : {0, 11, 14, 18, 100, 200, 211, 214, 218}) {
+  for (const int variant : {0, 11, 14, 18, 100, 200, 211, 214, 218, 300}) {
     SCOPED_TRACE(::testing::Message() << "variant " << variant);
     const AttentionVariant scope(variant);
     dout_f.fill_bytes(0xff);
@@ -672,8 +675,13 @@ TEST_P(Cuda_Dsv4_Attention, MatchesCpuWithin1e3) {
     }
     const double rel = std::sqrt(num / den);
     EXPECT_LT(rel, k.out_bf16 ? 2e-3 : 1e-3) << "relative L2";
-    if (!k.out_bf16)
+    const bool one_bf16_p = variant / 100 == 3 && d == 512;
+    if (!k.out_bf16 && !one_bf16_p)
       EXPECT_LT(rel, 1e-4) << "relative L2 with f32 out (P split in two bf16 halves)";
+    if (one_bf16_p) {
+      std::printf("[ P in one bf16 ] %s: relative L2 %.3g (f32 out: %d)\n", k.name, rel,
+                  static_cast<int>(!k.out_bf16));
+    }
     const auto lg = dlse.download();
     for (std::size_t i = 0; i < lg.size(); ++i) EXPECT_NEAR(lg[i], lse_c[i], 1e-3) << "lse " << i;
 
