@@ -119,6 +119,17 @@ case "${1:-tokens}" in
     step_source two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/' 'token_fast|mma_decode|set_topk'
     report
     ;;
+  short)
+    # tokens for a short lease (twenty-ninth session: most start requests refused): the branch's
+    # tests and main's launcher tests first, then the same-run step rows before / after.
+    build_targets kvc_cuda_tests step_bench
+    base_build_bg
+    gtests set '*Cuda_Selector_Set.*:*Cuda_Selector_Decode*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 100
+    gtests launches '*Cuda_Selector*:*Cuda_Attention*' 120
+    bench 50 step_bench "$step_rows"
+    base_bench
+    report
+    ;;
   final)
     build_targets kvc_cuda_tests step_bench index_bench attention_bench topk_bench store_bench \
       dsv4_bench
@@ -147,6 +158,6 @@ case "${1:-tokens}" in
       benchmarks/anchors/run-anchors.sh "$out" > "$out/run-anchors-flashinfer.out" 2>&1
     say "flashinfer anchors: rc=$? $(tail -2 "$out/run-anchors-flashinfer.out" | tr '\n' ' ')"
     ;;
-  *) echo "gpu-session27.sh: tokens | final | flashinfer | flashmla" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | final | flashinfer | flashmla" >&2; exit 2 ;;
 esac
 finish
