@@ -70,6 +70,10 @@ struct Variant {
     if (summary_kernels == SummaryKernels::kTensorCoreTiles1) return k + "-tensor_core1";
     if (summary_kernels == SummaryKernels::kTensorCoreTiles4) return k + "-tensor_core4";
     if (summary_kernels == SummaryKernels::kTensorCoreQueryPerTile) return k + "-tensor_core_qtile";
+    if (summary_kernels == SummaryKernels::kTensorCorePrefetch1) return k + "-tensor_core_l2w1";
+    if (summary_kernels == SummaryKernels::kTensorCorePrefetch2) return k + "-tensor_core_l2w2";
+    if (summary_kernels == SummaryKernels::kTensorCorePrefetchNext)
+      return k + "-tensor_core_l2next";
     if (token_kernels == TokenKernels::kStream) return k + "-stream";
     if (token_kernels == TokenKernels::kStream8) return k + "-stream8";
     if (token_kernels == TokenKernels::kStream4) return k + "-stream4";
@@ -252,7 +256,8 @@ std::vector<Variant> variants() {
       for (SummaryKernels sk :
            {SummaryKernels::kThreadPerRow, SummaryKernels::kWarpPerRow, SummaryKernels::kTensorCore,
             SummaryKernels::kTensorCoreTiles1, SummaryKernels::kTensorCoreTiles4,
-            SummaryKernels::kTensorCoreQueryPerTile}) {
+            SummaryKernels::kTensorCoreQueryPerTile, SummaryKernels::kTensorCorePrefetch1,
+            SummaryKernels::kTensorCorePrefetch2, SummaryKernels::kTensorCorePrefetchNext}) {
         Variant pinned{score,          TokenKeys::kOldBlocks, summary,
                        Format::kMxfp4, GqaAggregate::kSum,    IndexKernel::kFast};
         pinned.summary_kernels = sk;

@@ -130,6 +130,16 @@ case "${1:-tokens}" in
     base_bench
     report
     ;;
+  prefetch)
+    # The summary scorer's L2-prefetch variants (twenty-ninth session, written without a GPU):
+    # the summary tests (every variant against the CPU, the prefetch variants bit for bit against
+    # kTensorCore), memcheck over them, then the variants side by side at B1 / B8 / B32.
+    build_targets kvc_cuda_tests index_bench
+    gtests summary '*Cuda_BlockIndex_MatchesCpu*' 120
+    sanitize memcheck-summary memcheck '*Cuda_BlockIndex_MatchesCpu*' 120
+    BENCH_REPS=3 bench 120 index_bench 'BM_Score/h32x8x128/B(1|8)/N131072/(mean_k|quest)/f16/sum/fast-tensor_core(|_l2w1|_l2w2|_l2next)/|BM_Score/h32x8x128/B32/N32768/mean_k/f16/sum/fast-tensor_core(|_l2w1|_l2w2)/'
+    report
+    ;;
   final)
     build_targets kvc_cuda_tests step_bench index_bench attention_bench topk_bench store_bench \
       dsv4_bench
@@ -158,6 +168,6 @@ case "${1:-tokens}" in
       benchmarks/anchors/run-anchors.sh "$out" > "$out/run-anchors-flashinfer.out" 2>&1
     say "flashinfer anchors: rc=$? $(tail -2 "$out/run-anchors-flashinfer.out" | tr '\n' ' ')"
     ;;
-  *) echo "gpu-session27.sh: tokens | short | final | flashinfer | flashmla" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | prefetch | final | flashinfer | flashmla" >&2; exit 2 ;;
 esac
 finish

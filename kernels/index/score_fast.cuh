@@ -44,6 +44,10 @@ struct FastScoreParams {
   // summary_mma_kernel only: load the query fragments per tile even for one token and one chunk
   // of heads (the form before 2026-12-04; SummaryKernels::kTensorCoreQueryPerTile).
   bool query_per_tile = false;
+  // summary_mma_kernel only: > 0 makes each warp prefetch into L2, while its own rows are in
+  // flight, the rows of the warp of its rank in the CTA this many CTAs later in launch order
+  // (SummaryKernels::kTensorCorePrefetch1 / 2); 0: no prefetch.
+  int prefetch_ctas = 0;
 };
 
 /// The CPU reference's max (std::max(a, b) = a < b ? b : a).

@@ -119,6 +119,67 @@ __device__ __forceinline__ uint4 ldg_ordered(const void* p) {
   return v;
 }
 
+/// A 32-bit load in program order with the kernel's other volatile asm (prefetch_rows_ahead's
+/// look-ups: issued after the warp's own row loads, so that their round trips wait behind those
+/// and not in front of them).
+__device__ __forceinline__ std::int32_t ld_ordered_s32(const std::int32_t* p) {
+  std::int32_t v;
+  asm volatile("ld.global.nc.s32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+
+/// Brings the 128-byte line at `p` into L2: no register, nothing waits for it.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+/// SummaryKernels::kTensorCorePrefetch1 / 2 (p.prefetch_ctas > 0): prefetches into L2 the rows
+/// that warp `warp` of the CTA p.prefetch_ctas CTAs after this one in launch order (x fastest,
+/// then the kv head, then the batch entry) will read, so that a CTA of a later wave finds its
+/// rows in L2 instead of waiting a whole HBM round trip for them. Called once the warp's own rows
+/// are in flight (its slot and table look-ups wait behind them). Only rows with a pool block in
+/// range are prefetched (rows past the sequence's closed blocks may name any pool block, which
+/// costs a wasted line at most); nothing is read into registers but the look-ups, so the scores
+/// are the same bits as kTensorCore's. `base0` / `base1`: the summary arrays the rows come from
+/// (mean K; Quest: min K and max K).
+template <int D, int kOps, int kElemBytes>
+__device__ __forceinline__ void prefetch_rows_ahead(const FastScoreParams& p, int warp, int lane,
+                                                    const std::uint8_t* base0,
+                                                    const std::uint8_t* base1) {
+  const long long gx = gridDim.x, gy = gridDim.y;
+  const long long lin = blockIdx.x + gx * (blockIdx.y + gy * blockIdx.z) + p.prefetch_ctas;
+  if (lin >= gx * gy * gridDim.z) return;  // CTA-uniform
+  const int x = static_cast<int>(lin % gx), h = static_cast<int>(lin / gx % gy);
+  const int b = static_cast<int>(lin / (gx * gy));
+  const StoreView& s = p.s;
+  const int owned = store::owned_count(s.max_blocks_per_slot, s.num_shards, s.shard_index);
+  const int rows = p.nb * kMmaScoreRows;  // 16 or 64
+  const int j0 = (x * kMmaScoreWarps + warp) * rows;
+  if (j0 >= owned) return;  // warp-uniform
+  const int slot = ld_ordered_s32(p.slots + b);
+  const std::int32_t* table =
+      s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot;
+  // Rows j0 + lane and j0 + lane + 32: every look-up in one round trip.
+  const int ja = j0 + lane, jb = ja + 32;
+  const int blk_a =
+      lane < rows && ja < owned ? ld_ordered_s32(table + store::owned_block_id(s, ja)) : -1;
+  const int blk_b =
+      lane + 32 < rows && jb < owned ? ld_ordered_s32(table + store::owned_block_id(s, jb)) : -1;
+  constexpr int kLines = D * kElemBytes / 128;      // lines per row: 1, 2 or 4
+  for (int i0 = 0; i0 < rows * kLines; i0 += 32) {  // warp-uniform trip count
+    const int i = i0 + lane, r = i / kLines;
+    const int from_a = __shfl_sync(0xffffffffu, blk_a, r & 31);
+    const int from_b = __shfl_sync(0xffffffffu, blk_b, r & 31);
+    const int blk = r < 32 ? from_a : from_b;
+    if (i < rows * kLines && blk >= 0 && blk < s.num_pool_blocks) {
+      const std::size_t off = store::block_head_index(s, blk, h) * D * kElemBytes +
+                              static_cast<std::size_t>(i % kLines) * 128;
+      prefetch_l2(base0 + off);
+      if (kOps == 2) prefetch_l2(base1 + off);
+    }
+  }
+}
+
 /// The high part of the tf32 split: x with its low 13 fraction bits cleared (the tf32 value the
 /// mma reads of it; infinities and NaN stay non-finite). Volatile, so that the split is formed
 /// where it is used: hoisted out of the kernel's token loop, the hi and lo words of a whole tile
@@ -355,11 +416,14 @@ __device__ __forceinline__ void score_mma_tile(const FastScoreParams& p, int b, 
 constexpr int mma_score_ctas_per_sm(int max_tiles) { return max_tiles == 1 ? 4 : 3; }
 
 /// See the file comment. D: 64 or 128; kQuest: min / max summaries; M: the mma; kMaxTiles: the
-/// most tiles per warp (p.nb), 1 or kMmaScoreMaxTiles.
-template <int D, bool kQuest, SummaryMath M, int kMaxTiles>
+/// most tiles per warp (p.nb), 1 or kMmaScoreMaxTiles; kPrefetch: the warps also prefetch a
+/// later CTA's rows into L2 (prefetch_rows_ahead; SummaryKernels::kTensorCorePrefetch1 / 2).
+template <int D, bool kQuest, SummaryMath M, int kMaxTiles, bool kPrefetch = false>
 __global__ void __launch_bounds__(kMmaScoreThreads, mma_score_ctas_per_sm(kMaxTiles))
     summary_mma_kernel(const __grid_constant__ FastScoreParams p) {
   static_assert(kMaxTiles == 1 || kMaxTiles == kMmaScoreMaxTiles, "one tile or the most");
+  static_assert(!kPrefetch || (kMaxTiles == 1 && M != SummaryMath::kTf32),
+                "the prefetching instantiation: 16-bit summaries, one tile per warp");
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   constexpr bool kTf32 = M == SummaryMath::kTf32;
   constexpr int kElemBytes = kTf32 ? 4 : 2;
@@ -439,9 +503,20 @@ __global__ void __launch_bounds__(kMmaScoreThreads, mma_score_ctas_per_sm(kMaxTi
 #pragma unroll
     for (int i = 0; i < kRuns; ++i) qpre[i] = query_run<M>(p, qg, col, i, t);
   }
+  // The prefetch of a later CTA's rows (p.prefetch_ctas > 0), after the first tile's loads.
+  const auto ahead = [&]() {
+    if (kPrefetch && p.prefetch_ctas > 0) {
+      const auto* base0 = static_cast<const std::uint8_t*>(kQuest ? s.min_k : s.mean_k);
+      const auto* base1 = static_cast<const std::uint8_t*>(kQuest ? s.max_k : s.mean_k);
+      prefetch_rows_ahead<D, kOps, kElemBytes>(p, warp, lane, base0, base1);
+    }
+  };
   const auto tiles = [&](auto pre_tag) {
     constexpr bool kPre = decltype(pre_tag)::value;
-    if constexpr (kDouble) load_tile(0, xa[0], xb[0]);
+    if constexpr (kDouble) {
+      load_tile(0, xa[0], xb[0]);
+      ahead();
+    }
 #pragma unroll(kDouble ? kMaxTiles : 1)
     for (int k = 0; k < kMaxTiles; ++k) {
       const int j0 = (first + k) * kMmaScoreRows;
@@ -455,6 +530,7 @@ __global__ void __launch_bounds__(kMmaScoreThreads, mma_score_ctas_per_sm(kMaxTi
         }
       } else {
         load_tile(k, xa[0], xb[0]);
+        if (k == 0) ahead();
       }
       score_mma_tile<D, kQuest, M, kPre>(p, b, h, ja, jb, va, vb, xa[cur], xb[cur],
                                          row_offset(blk_a[k]), row_offset(blk_b[k]), qpre);

@@ -42,6 +42,17 @@ enum class SummaryKernels {
   /// kTensorCore with the query fragments loaded per tile even for one token and one chunk of
   /// heads, as before 2026-12-04 (FastScoreParams::query_per_tile), for comparison.
   kTensorCoreQueryPerTile,
+  /// kTensorCore whose warps also prefetch into L2 the rows the CTAs one wave later will read
+  /// (FastScoreParams::prefetch_ctas = the CTAs resident on the device at once), so that those
+  /// find their rows in L2 and more of HBM's bytes are in flight; for comparison (not measured
+  /// yet). 16-bit summaries only (their one-tile instantiation); f32 summaries return
+  /// cudaErrorNotSupported.
+  kTensorCorePrefetch1,
+  /// The same, two waves ahead.
+  kTensorCorePrefetch2,
+  /// The same, one CTA ahead (each CTA's warps prefetch the next CTA's rows): the form a small
+  /// call, such as the GPU tests', exercises whole.
+  kTensorCorePrefetchNext,
 };
 
 /// True when the tensor-core summary kernel serves a call with rows per kv head or not

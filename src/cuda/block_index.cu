@@ -437,9 +437,11 @@ cudaError_t launch_summary_rows(bool quest, int group, int owned, int batch_toke
                : launch_summary_rows<D, false>(group, owned, batch_tokens, p, stream);
 }
 
+// prefetch_waves: 0 none; > 0 the prefetching kernel, that many waves of resident CTAs ahead; -1
+// the prefetching kernel, one CTA ahead (SummaryKernels::kTensorCorePrefetch*).
 template <int D, bool kQuest>
-cudaError_t launch_summary_mma(SummaryMath math, int tiles_per_warp, int owned, int batch,
-                               FastScoreParams p, cudaStream_t stream) {
+cudaError_t launch_summary_mma(SummaryMath math, int tiles_per_warp, int prefetch_waves, int owned,
+                               int batch, FastScoreParams p, cudaStream_t stream) {
   const long long row_tiles = (owned + kMmaScoreRows - 1) / kMmaScoreRows;
   p.nb = tiles_per_warp > 0
              ? tiles_per_warp
@@ -447,6 +449,22 @@ cudaError_t launch_summary_mma(SummaryMath math, int tiles_per_warp, int owned, 
   const long long per_cta = static_cast<long long>(kMmaScoreWarps) * p.nb;
   const dim3 grid(row_tiles > 0 ? static_cast<unsigned>((row_tiles + per_cta - 1) / per_cta) : 1u,
                   p.s.num_kv_heads, batch);
+  if (prefetch_waves != 0) {
+    // The prefetching instantiation: 16-bit summaries (one tile per warp) only.
+    if (math == SummaryMath::kTf32 || p.nb != 1) return cudaErrorNotSupported;
+    const auto kernel = math == SummaryMath::kF16
+                            ? summary_mma_kernel<D, kQuest, SummaryMath::kF16, 1, true>
+                            : summary_mma_kernel<D, kQuest, SummaryMath::kBF16, 1, true>;
+    // A wave: the CTAs resident on the device at once.
+    int per_sm = 0, sms = 0;
+    cudaError_t e = kvc::detail::resident_ctas_per_sm(reinterpret_cast<const void*>(kernel),
+                                                      kMmaScoreThreads, 0, per_sm);
+    if (e == cudaSuccess) e = kvc::detail::sm_count(sms);
+    if (e != cudaSuccess) return e;
+    p.prefetch_ctas = prefetch_waves > 0 ? prefetch_waves * per_sm * sms : 1;
+    kernel<<<grid, kMmaScoreThreads, 0, stream>>>(p);
+    return cudaGetLastError();
+  }
   const auto launch = [&](auto kernel_one, auto kernel_more) {
     (p.nb == 1 ? kernel_one : kernel_more)<<<grid, kMmaScoreThreads, 0, stream>>>(p);
   };
@@ -468,10 +486,13 @@ cudaError_t launch_summary_mma(SummaryMath math, int tiles_per_warp, int owned, 
 }
 
 template <int D>
-cudaError_t launch_summary_mma(bool quest, SummaryMath math, int tiles_per_warp, int owned,
-                               int batch, const FastScoreParams& p, cudaStream_t stream) {
-  return quest ? launch_summary_mma<D, true>(math, tiles_per_warp, owned, batch, p, stream)
-               : launch_summary_mma<D, false>(math, tiles_per_warp, owned, batch, p, stream);
+cudaError_t launch_summary_mma(bool quest, SummaryMath math, int tiles_per_warp, int prefetch_waves,
+                               int owned, int batch, const FastScoreParams& p,
+                               cudaStream_t stream) {
+  return quest ? launch_summary_mma<D, true>(math, tiles_per_warp, prefetch_waves, owned, batch, p,
+                                             stream)
+               : launch_summary_mma<D, false>(math, tiles_per_warp, prefetch_waves, owned, batch, p,
+                                              stream);
 }
 
 // kMeanK / kQuestMinMax with the byte-floor kernels (kernels/index/score_fast.cuh, score_rows.cuh,
@@ -499,7 +520,10 @@ cudaError_t fast_summary_scores(const StoreView& s, const BlockIndexConfig& c,
   }
   if (which == SummaryKernels::kTensorCore || which == SummaryKernels::kTensorCoreTiles1 ||
       which == SummaryKernels::kTensorCoreTiles4 ||
-      which == SummaryKernels::kTensorCoreQueryPerTile) {
+      which == SummaryKernels::kTensorCoreQueryPerTile ||
+      which == SummaryKernels::kTensorCorePrefetch1 ||
+      which == SummaryKernels::kTensorCorePrefetch2 ||
+      which == SummaryKernels::kTensorCorePrefetchNext) {
     if (!tensor_core_summary_serves(c.shared_across_heads, c.head_dim, s.summary_dtype, c.dtype)) {
       return cudaErrorNotSupported;
     }
@@ -510,8 +534,14 @@ cudaError_t fast_summary_scores(const StoreView& s, const BlockIndexConfig& c,
                       : which == SummaryKernels::kTensorCoreTiles4 ? 4
                                                                    : 0;
     p.query_per_tile = which == SummaryKernels::kTensorCoreQueryPerTile;
-    return c.head_dim == 64 ? launch_summary_mma<64>(quest, math, tiles, owned, batch, p, stream)
-                            : launch_summary_mma<128>(quest, math, tiles, owned, batch, p, stream);
+    // Prefetch distance: waves of resident CTAs, or -1 for the next CTA.
+    const int waves = which == SummaryKernels::kTensorCorePrefetch1      ? 1
+                      : which == SummaryKernels::kTensorCorePrefetch2    ? 2
+                      : which == SummaryKernels::kTensorCorePrefetchNext ? -1
+                                                                         : 0;
+    return c.head_dim == 64
+               ? launch_summary_mma<64>(quest, math, tiles, waves, owned, batch, p, stream)
+               : launch_summary_mma<128>(quest, math, tiles, waves, owned, batch, p, stream);
   }
   if (which == SummaryKernels::kWarpPerRow) {
     if (c.shared_across_heads) return cudaErrorNotSupported;

@@ -98,17 +98,27 @@ TEST_P(Cuda_BlockIndex_MatchesCpu, Scores) {
   DeviceArray<std::int32_t> dslots(slots);
   // 0, 1: BlockIndex with the general and the fast kernel (the library's choice); 2 and on: the
   // byte-floor kernel's variants pinned (kernels/index/summary_variant.h) through the kernel layer.
-  const SummaryKernels variants[] = {
-      SummaryKernels::kThreadPerRow,     SummaryKernels::kWarpPerRow,
-      SummaryKernels::kTensorCore,       SummaryKernels::kTensorCoreTiles1,
-      SummaryKernels::kTensorCoreTiles4, SummaryKernels::kTensorCoreQueryPerTile};
+  const SummaryKernels variants[] = {SummaryKernels::kThreadPerRow,
+                                     SummaryKernels::kWarpPerRow,
+                                     SummaryKernels::kTensorCore,
+                                     SummaryKernels::kTensorCoreTiles1,
+                                     SummaryKernels::kTensorCoreTiles4,
+                                     SummaryKernels::kTensorCoreQueryPerTile,
+                                     SummaryKernels::kTensorCorePrefetch1,
+                                     SummaryKernels::kTensorCorePrefetch2,
+                                     SummaryKernels::kTensorCorePrefetchNext};
   const char* variant_names[] = {"fast, thread per row",
                                  "fast, warp per row",
                                  "fast, tensor cores",
                                  "fast, tensor cores, 1 tile per warp",
                                  "fast, tensor cores, 4 tiles per warp",
-                                 "fast, tensor cores, query fragments per tile"};
-  for (int run = 0; run < 8; ++run) {
+                                 "fast, tensor cores, query fragments per tile",
+                                 "fast, tensor cores, L2 prefetch one wave ahead",
+                                 "fast, tensor cores, L2 prefetch two waves ahead",
+                                 "fast, tensor cores, L2 prefetch of the next CTA"};
+  constexpr int kRuns = 2 + static_cast<int>(sizeof(variants) / sizeof(variants[0]));
+  std::vector<float> tensor_core_scores;  // kTensorCore's, which the prefetch variants equal
+  for (int run = 0; run < kRuns; ++run) {
     const IndexKernel kernel = run == 0 ? IndexKernel::kGeneral : IndexKernel::kFast;
     const SummaryKernels pinned = run < 2 ? SummaryKernels::kAuto : variants[run - 2];
     const std::string what = run < 2 ? to_string(kernel) : std::string(variant_names[run - 2]);
@@ -138,13 +148,18 @@ TEST_P(Cuda_BlockIndex_MatchesCpu, Scores) {
     } else {
       const cudaError_t e = kernels::index_detail::summary_scores_with(
           pinned, gpu->view(), ck, dslots.get(), batch, T, dq.get(), gout, nullptr);
+      const bool prefetch = pinned == SummaryKernels::kTensorCorePrefetch1 ||
+                            pinned == SummaryKernels::kTensorCorePrefetch2 ||
+                            pinned == SummaryKernels::kTensorCorePrefetchNext;
       const bool refused =
           (shared && pinned == SummaryKernels::kWarpPerRow) ||
           (pinned != SummaryKernels::kThreadPerRow && pinned != SummaryKernels::kWarpPerRow &&
-           !kernels::index_detail::tensor_core_summary_serves(shared, d, summary, qt));
+           !kernels::index_detail::tensor_core_summary_serves(shared, d, summary, qt)) ||
+          (prefetch && summary == DType::kF32);
       if (refused) {
         // The warp-per-row kernel serves rows per kv head only, the tensor-core kernel also
-        // head_dim 64 / 128 only; nothing is written.
+        // head_dim 64 / 128 only, its prefetching form 16-bit summaries only; nothing is
+        // written.
         EXPECT_EQ(e, cudaErrorNotSupported);
         KVC_ASSERT_CUDA(cudaDeviceSynchronize());
         for (auto v : gv.download()) ASSERT_EQ(v, -1) << "written by a refused call";
@@ -155,6 +170,20 @@ TEST_P(Cuda_BlockIndex_MatchesCpu, Scores) {
     KVC_ASSERT_CUDA(cudaDeviceSynchronize());
     const auto hs = gs.download();
     const auto hv = gv.download();
+    if (pinned == SummaryKernels::kTensorCore) tensor_core_scores = hs;
+    if (pinned == SummaryKernels::kTensorCorePrefetch1 ||
+        pinned == SummaryKernels::kTensorCorePrefetch2 ||
+        pinned == SummaryKernels::kTensorCorePrefetchNext) {
+      // Prefetching reads nothing into the arithmetic: the same bits as kTensorCore.
+      ASSERT_EQ(tensor_core_scores.size(), hs.size());
+      for (int r = 0; r < rows; ++r) {
+        for (int j = 0; j < cv[r]; ++j) {
+          const std::size_t i = static_cast<std::size_t>(r) * maxb + j;
+          ASSERT_EQ(float_bits(hs[i]), float_bits(tensor_core_scores[i]))
+              << "row " << r << " block " << j;
+        }
+      }
+    }
     double max_rel = 0;
     for (int r = 0; r < rows; ++r) {
       ASSERT_EQ(hv[r], cv[r]) << "row " << r;
