@@ -724,9 +724,26 @@ __device__ __forceinline__ void finish_cta(const DecodeParams& p,
   if (!cluster) return;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
-  cl.sync();  // every CTA's state is in its shared memory, every CTA past its own merge
   const int n = p.cluster;
   const int rank = static_cast<int>(cl.block_rank());
+  const int heads = p.G - first_gi < kGT ? p.G - first_gi : kGT;
+  const int valid4 = heads * D / 4;
+  const int per = (valid4 + n - 1) / n;
+  constexpr int kSpare = (kSlots - 1) * kGT * D;  // floats in acc[1..kSlots)
+  const bool push = kSpare > 0 && n * per * 4 <= kSpare && n <= kPushCtas;
+  if (push) {
+    // Before the push only write-after-read hazards cross CTAs: the other CTAs will write into
+    // slots this CTA has finished reading (every value it read went into its merge, which it
+    // stored). So the cluster barrier needs no release: __syncthreads makes the CTA's merged
+    // state visible to its own threads, and the relaxed arrive leaves out the MEMBAR.ALL.GPU of
+    // a releasing one (the fences were 9 % of the B1 kernel's stall samples each; ncu,
+    // docs/performance.md, eighteenth session).
+    __syncthreads();
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::
+                     : "memory");
+  } else {
+    cl.sync();  // every CTA's state is in its shared memory, every CTA past its own merge
+  }
   // Pushed merge: the row's valid elements (the tile's heads below G) are cut into n slices of
   // `per` float4s; each CTA stores its slice r of acc[0] (and its cta_m / cta_l) into CTA r's
   // spare producer slots acc[1..] (free once every CTA is past its own merge: the barrier above)
@@ -736,11 +753,7 @@ __device__ __forceinline__ void finish_cta(const DecodeParams& p,
   // n states of its elements remotely, which leaves the merge to the CTAs whose elements are
   // valid (rank 0 alone for a tile of <= 4 heads of d 128) and takes a second barrier before
   // any CTA may leave.
-  const int heads = p.G - first_gi < kGT ? p.G - first_gi : kGT;
-  const int valid4 = heads * D / 4;
-  const int per = (valid4 + n - 1) / n;
-  constexpr int kSpare = (kSlots - 1) * kGT * D;  // floats in acc[1..kSlots)
-  if (kSpare > 0 && n * per * 4 <= kSpare && n <= kPushCtas) {
+  if (push) {
     for (int f4 = static_cast<int>(threadIdx.x); f4 < valid4; f4 += kThreads) {
       const int owner = f4 / per, local = f4 - owner * per;
       const int g = f4 * 4 / D, i = f4 * 4 % D;
