@@ -16,6 +16,10 @@
 #             scripts/make-gpu-base.sh; untracked, so it travels), main's step_bench is built
 #             beside it in the background and its step rows run in the same call, for a same-run
 #             before / after.
+#   short     tokens cut for a short lease: the branch's tests and every selector / attention
+#             test (main's launcher rewrite; the cluster merge's relaxed first barrier), then the
+#             step rows before / after (twenty-ninth session)
+#   prefetch  the summary scorer's L2-prefetch variants: tests, memcheck, index_bench rows
 #   final     the DeepSeek-V4 attention tests (variant 300, P in one bf16, prints its error), then
 #             the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
 #             DeepSelect's (deepselect_bin: its fp32 kernel in kvc's harness, first run) anchors in
@@ -114,6 +118,10 @@ case "${1:-tokens}" in
     gtests launches '*Cuda_Selector*:*Cuda_Attention*' 150
     KVC_TEST_MAX_ROW=8192 sanitize memcheck memcheck '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*' 60
     KVC_TEST_MAX_ROW=8192 sanitize racecheck racecheck '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*' 60
+    # The cluster merge's relaxed first barrier (twenty-ninth session): racecheck and synccheck
+    # over the cluster merge's test.
+    sanitize racecheck-cluster racecheck '*Cuda_AttentionMma.ClusterAndCombineMergesAgree*:*Cuda_AttentionMma.SplitExtremes*' 60
+    sanitize synccheck-cluster synccheck '*Cuda_AttentionMma.ClusterAndCombineMergesAgree*' 40
     step_ncu two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/'
     KVC_TEST_MAX_ROW=8192 sanitize synccheck synccheck '*Cuda_BlockIndex_TwoStage*' 30
     step_source two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/' 'token_fast|mma_decode|set_topk'
