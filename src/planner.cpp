@@ -18,8 +18,6 @@ namespace planner {
 namespace {
 
 constexpr std::int64_t kMaxInt32 = std::numeric_limits<std::int32_t>::max();
-/// DeepSeek-V4 kinds: entry stores sized per kind up to 1M tokens (DESIGN.md section 6).
-constexpr std::int64_t kMaxCompressedContext = std::int64_t{1} << 20;
 /// Largest batch: KvStoreConfig::max_slots.
 constexpr int kMaxBatch = 65536;
 
@@ -232,7 +230,7 @@ const char* to_string(LayerKind k) {
 }
 
 std::int64_t max_context(LayerKind k) {
-  return is_compressed_kind(k) ? kMaxCompressedContext : kMaxInt32;
+  return is_compressed_kind(k) ? dsv4::kMaxContext : kMaxInt32;
 }
 
 const char* to_string(EntryFormat f) {
@@ -557,29 +555,7 @@ std::string ModelFootprint::table(bool exact_bytes) const {
   return os.str();
 }
 
-// --- models of the worked examples --------------------------------------------------------------
-
-ModelSpec llama31_8b() {
-  ModelSpec m;
-  m.name = "Llama-3.1-8B";
-  m.num_kv_heads = 8;
-  m.head_dim = 128;
-  m.kv_dtype = DType::kBF16;
-  m.max_context = 131072;
-  m.layers = {LayerSpec::dense(32)};
-  return m;
-}
-
-ModelSpec smollm2_135m() {
-  ModelSpec m;
-  m.name = "SmolLM2-135M";
-  m.num_kv_heads = 3;
-  m.head_dim = 64;
-  m.kv_dtype = DType::kBF16;
-  m.max_context = 8192;
-  m.layers = {LayerSpec::dense(30)};
-  return m;
-}
+// --- model transforms ------------------------------------------------------------------------
 
 ModelSpec with_block_select(ModelSpec spec, const BlockSelectParams& params) {
   for (LayerSpec& l : spec.layers) {
@@ -587,27 +563,6 @@ ModelSpec with_block_select(ModelSpec spec, const BlockSelectParams& params) {
   }
   spec.name += std::string(" block_select ") + to_string(params.old_format);
   return spec;
-}
-
-ModelSpec deepseek_v4_pro(const Dsv4Options& o) {
-  ModelSpec m;
-  m.name = "DeepSeek-V4-Pro";
-  m.num_kv_heads = 1;
-  m.head_dim = 512;
-  m.kv_dtype = DType::kBF16;
-  m.max_context = kMaxCompressedContext;
-  LayerSpec csa = LayerSpec::csa(1, o.entry_format, o.indexer_format, o.indexer_dim);
-  LayerSpec hca = LayerSpec::hca(1, o.entry_format);
-  csa.compressed.compressor_state_bytes = o.compressor_state_bytes;
-  hca.compressed.compressor_state_bytes = o.compressor_state_bytes;
-  LayerSpec first = hca;
-  first.count = 2;
-  m.layers.push_back(first);
-  for (int i = 2; i < 61; ++i) m.layers.push_back(i % 2 == 0 ? csa : hca);
-  const char* idx = o.indexer_dim == 128 ? "" : " (wide indexer)";
-  m.name += std::string(" ") + (o.entry_format == EntryFormat::kDsv4Fp8 ? "fp8" : "bf16") +
-            " idx " + to_string(o.indexer_format) + idx;
-  return m;
 }
 
 // --- the DeepSeek-V4 layers as kvc's stores hold them -------------------------------------------
@@ -704,25 +659,6 @@ ModelFootprint dsv4_store_footprint(const ModelSpec& spec, std::int64_t context,
   }
   out.total = out.components.total();
   return out;
-}
-
-ModelSpec deepseek_v4_flash(const Dsv4Options& o) {
-  ModelSpec m;
-  m.name = "DeepSeek-V4-Flash";
-  m.num_kv_heads = 1;
-  m.head_dim = 512;
-  m.kv_dtype = DType::kBF16;
-  m.max_context = kMaxCompressedContext;
-  m.layers.push_back(LayerSpec::sliding_window(2, o.entry_format));
-  LayerSpec csa = LayerSpec::csa(1, o.entry_format, o.indexer_format, o.indexer_dim);
-  LayerSpec hca = LayerSpec::hca(1, o.entry_format);
-  csa.compressed.compressor_state_bytes = o.compressor_state_bytes;
-  hca.compressed.compressor_state_bytes = o.compressor_state_bytes;
-  for (int i = 2; i < 43; ++i) m.layers.push_back(i % 2 == 0 ? csa : hca);
-  const char* idx = o.indexer_dim == 128 ? "" : " (wide indexer)";
-  m.name += std::string(" ") + (o.entry_format == EntryFormat::kDsv4Fp8 ? "fp8" : "bf16") +
-            " idx " + to_string(o.indexer_format) + idx;
-  return m;
 }
 
 }  // namespace planner
