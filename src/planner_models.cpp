@@ -1,6 +1,7 @@
 // The planner's model presets (kvc/planner/planner.h): the worked examples' models and the
 // DeepSeek-V4 layer mixes. The arithmetic over a ModelSpec lives in planner.cpp; this file only
 // describes models.
+#include <cstdint>
 #include <string>
 
 #include "kvc/dsv4/entry_store.h"
@@ -33,29 +34,24 @@ ModelSpec dsv4_model(const char* name, int layers, LayerSpec first, const Dsv4Op
   return m;
 }
 
+/// A model of `layers` dense layers with bf16 K and V of `kv_heads` x `head_dim` per token.
+ModelSpec dense_model(const char* name, int kv_heads, int head_dim, std::int64_t max_context,
+                      int layers) {
+  ModelSpec m;
+  m.name = name;
+  m.num_kv_heads = kv_heads;
+  m.head_dim = head_dim;
+  m.kv_dtype = DType::kBF16;
+  m.max_context = max_context;
+  m.layers = {LayerSpec::dense(layers)};
+  return m;
+}
+
 }  // namespace
 
-ModelSpec llama31_8b() {
-  ModelSpec m;
-  m.name = "Llama-3.1-8B";
-  m.num_kv_heads = 8;
-  m.head_dim = 128;
-  m.kv_dtype = DType::kBF16;
-  m.max_context = 131072;
-  m.layers = {LayerSpec::dense(32)};
-  return m;
-}
+ModelSpec llama31_8b() { return dense_model("Llama-3.1-8B", 8, 128, 131072, 32); }
 
-ModelSpec smollm2_135m() {
-  ModelSpec m;
-  m.name = "SmolLM2-135M";
-  m.num_kv_heads = 3;
-  m.head_dim = 64;
-  m.kv_dtype = DType::kBF16;
-  m.max_context = 8192;
-  m.layers = {LayerSpec::dense(30)};
-  return m;
-}
+ModelSpec smollm2_135m() { return dense_model("SmolLM2-135M", 3, 64, 8192, 30); }
 
 ModelSpec deepseek_v4_flash(const Dsv4Options& o) {
   // 43 layers: two sliding-window layers, then CSA / HCA alternating.
