@@ -32,8 +32,8 @@ class DeviceArray {
   ~DeviceArray() { cudaFree(ptr_); }
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
-  void upload(const std::vector<T>& host) {
-    cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+  cudaError_t upload(const std::vector<T>& host) {
+    return cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
   }
   std::vector<T> download() const {
     std::vector<T> h(n_);
@@ -41,7 +41,7 @@ class DeviceArray {
     return h;
   }
   /// Fills every byte with `byte` (poisoning outputs).
-  void fill_bytes(int byte) { cudaMemset(ptr_, byte, n_ * sizeof(T)); }
+  cudaError_t fill_bytes(int byte) { return cudaMemset(ptr_, byte, n_ * sizeof(T)); }
   T* get() const { return ptr_; }
   std::size_t size() const { return n_; }
 

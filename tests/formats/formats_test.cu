@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cuda_test_util.h"
 #include "formats/format_cases.h"
 #include "kvc/core/numeric.h"
 #include "kvc/core/types.h"
@@ -41,31 +42,7 @@ using test::Rng;
 
 #define KVC_FORMATS_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 
-// A device array of n elements, freed on destruction.
-template <class T>
-class DeviceArray {
- public:
-  explicit DeviceArray(std::size_t n) : n_(n) {
-    if (cudaMalloc(&ptr_, n * sizeof(T) + 16) != cudaSuccess) ptr_ = nullptr;
-  }
-  ~DeviceArray() { cudaFree(ptr_); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  T* get() const { return ptr_; }
-  cudaError_t Upload(const std::vector<T>& h) {
-    return cudaMemcpy(ptr_, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  std::vector<T> Download() const {
-    std::vector<T> h(n_);
-    cudaMemcpy(h.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost);
-    return h;
-  }
-  cudaError_t Poison() { return cudaMemset(ptr_, 0xa5, n_ * sizeof(T)); }
-
- private:
-  T* ptr_ = nullptr;
-  std::size_t n_ = 0;
-};
+using kvc::testing::DeviceArray;
 
 // Same bits, or both NaN (the bits of a decoded NaN are not specified).
 bool SameFloat(float a, float b) { return Bits(a) == Bits(b) || (std::isnan(a) && std::isnan(b)); }
@@ -217,19 +194,19 @@ TEST(Cuda_Formats, VectorEncodeDecodeBitIdenticalToHost) {
     DeviceArray<float> dx(n), dq8s(rows), dq4s(rows), dfp8s(rows);
     DeviceArray<std::int8_t> dq8(n);
     DeviceArray<std::uint8_t> dq4(n / 2), dmx(n / 2), dmxs(n / 32), dfp8(n);
-    KVC_FORMATS_CUDA(dx.Upload(x));
-    for (auto* p : {&dq8s, &dq4s, &dfp8s}) KVC_FORMATS_CUDA(p->Poison());
-    for (auto* p : {&dq4, &dmx, &dmxs, &dfp8}) KVC_FORMATS_CUDA(p->Poison());
-    KVC_FORMATS_CUDA(dq8.Poison());
+    KVC_FORMATS_CUDA(dx.upload(x));
+    for (auto* p : {&dq8s, &dq4s, &dfp8s}) KVC_FORMATS_CUDA(p->fill_bytes(0xa5));
+    for (auto* p : {&dq4, &dmx, &dmxs, &dfp8}) KVC_FORMATS_CUDA(p->fill_bytes(0xa5));
+    KVC_FORMATS_CUDA(dq8.fill_bytes(0xa5));
     EncodeRows<<<Blocks(rows, 64), 64>>>(dx.get(), rows, d, dq8.get(), dq8s.get(), dq4.get(),
                                          dq4s.get(), dmx.get(), dmxs.get(), dfp8.get(),
                                          dfp8s.get());
     KVC_FORMATS_CUDA(cudaGetLastError());
     KVC_FORMATS_CUDA(cudaDeviceSynchronize());
-    const auto g_q8 = dq8.Download();
-    const auto g_q4 = dq4.Download(), g_mx = dmx.Download(), g_mxs = dmxs.Download(),
-               g_fp8 = dfp8.Download();
-    const auto g_q8s = dq8s.Download(), g_q4s = dq4s.Download(), g_fp8s = dfp8s.Download();
+    const auto g_q8 = dq8.download();
+    const auto g_q4 = dq4.download(), g_mx = dmx.download(), g_mxs = dmxs.download(),
+               g_fp8 = dfp8.download();
+    const auto g_q8s = dq8s.download(), g_q4s = dq4s.download(), g_fp8s = dfp8s.download();
     for (int r = 0; r < rows; ++r) {
       SCOPED_TRACE(names[r]);
       ASSERT_EQ(Bits(g_q8s[r]), Bits(q8s[r]));
@@ -251,23 +228,23 @@ TEST(Cuda_Formats, VectorEncodeDecodeBitIdenticalToHost) {
     }
 
     // Device decodes of the host payloads, against host decodes.
-    KVC_FORMATS_CUDA(dq8.Upload(q8));
-    KVC_FORMATS_CUDA(dq4.Upload(q4));
-    KVC_FORMATS_CUDA(dmx.Upload(mx));
-    KVC_FORMATS_CUDA(dmxs.Upload(mxs));
-    KVC_FORMATS_CUDA(dfp8.Upload(fp8));
-    KVC_FORMATS_CUDA(dq8s.Upload(q8s));
-    KVC_FORMATS_CUDA(dq4s.Upload(q4s));
-    KVC_FORMATS_CUDA(dfp8s.Upload(fp8s));
+    KVC_FORMATS_CUDA(dq8.upload(q8));
+    KVC_FORMATS_CUDA(dq4.upload(q4));
+    KVC_FORMATS_CUDA(dmx.upload(mx));
+    KVC_FORMATS_CUDA(dmxs.upload(mxs));
+    KVC_FORMATS_CUDA(dfp8.upload(fp8));
+    KVC_FORMATS_CUDA(dq8s.upload(q8s));
+    KVC_FORMATS_CUDA(dq4s.upload(q4s));
+    KVC_FORMATS_CUDA(dfp8s.upload(fp8s));
     DeviceArray<float> o_q8(n), o_q4(n), o_mx(n), o_fp8(n);
-    for (auto* p : {&o_q8, &o_q4, &o_mx, &o_fp8}) KVC_FORMATS_CUDA(p->Poison());
+    for (auto* p : {&o_q8, &o_q4, &o_mx, &o_fp8}) KVC_FORMATS_CUDA(p->fill_bytes(0xa5));
     DecodeElements<<<Blocks(n, 256), 256>>>(rows, d, dq8.get(), dq8s.get(), dq4.get(), dq4s.get(),
                                             dmx.get(), dmxs.get(), dfp8.get(), dfp8s.get(),
                                             o_q8.get(), o_q4.get(), o_mx.get(), o_fp8.get());
     KVC_FORMATS_CUDA(cudaGetLastError());
     KVC_FORMATS_CUDA(cudaDeviceSynchronize());
-    const auto d_q8 = o_q8.Download(), d_q4 = o_q4.Download(), d_mx = o_mx.Download(),
-               d_fp8 = o_fp8.Download();
+    const auto d_q8 = o_q8.download(), d_q4 = o_q4.download(), d_mx = o_mx.download(),
+               d_fp8 = o_fp8.download();
     for (int r = 0; r < rows; ++r) {
       SCOPED_TRACE(names[r]);
       const std::size_t o = static_cast<std::size_t>(r) * d;
@@ -291,18 +268,18 @@ TEST(Cuda_Formats, ScalarConversionsBitIdenticalToHostAndToCuda) {
   DeviceArray<float> dx(n);
   DeviceArray<std::uint8_t> e4m3(n), e2m1(n), sb(n), ce4m3(n), ce2m1(n);
   DeviceArray<std::uint16_t> f16(n), bf16(n), cf16(n), cbf16(n);
-  KVC_FORMATS_CUDA(dx.Upload(x));
-  for (auto* p : {&e4m3, &e2m1, &sb, &ce4m3, &ce2m1}) KVC_FORMATS_CUDA(p->Poison());
-  for (auto* p : {&f16, &bf16, &cf16, &cbf16}) KVC_FORMATS_CUDA(p->Poison());
+  KVC_FORMATS_CUDA(dx.upload(x));
+  for (auto* p : {&e4m3, &e2m1, &sb, &ce4m3, &ce2m1}) KVC_FORMATS_CUDA(p->fill_bytes(0xa5));
+  for (auto* p : {&f16, &bf16, &cf16, &cbf16}) KVC_FORMATS_CUDA(p->fill_bytes(0xa5));
   ConvertScalars<<<Blocks(n, 256), 256>>>(dx.get(), n, e4m3.get(), e2m1.get(), f16.get(),
                                           bf16.get(), sb.get(), ce4m3.get(), cf16.get(),
                                           cbf16.get(), ce2m1.get());
   KVC_FORMATS_CUDA(cudaGetLastError());
   KVC_FORMATS_CUDA(cudaDeviceSynchronize());
-  const auto g_e4m3 = e4m3.Download(), g_e2m1 = e2m1.Download(), g_sb = sb.Download(),
-             c_e4m3 = ce4m3.Download(), c_e2m1 = ce2m1.Download();
-  const auto g_f16 = f16.Download(), g_bf16 = bf16.Download(), c_f16 = cf16.Download(),
-             c_bf16 = cbf16.Download();
+  const auto g_e4m3 = e4m3.download(), g_e2m1 = e2m1.download(), g_sb = sb.download(),
+             c_e4m3 = ce4m3.download(), c_e2m1 = ce2m1.download();
+  const auto g_f16 = f16.download(), g_bf16 = bf16.download(), c_f16 = cf16.download(),
+             c_bf16 = cbf16.download();
   for (int i = 0; i < n; ++i) {
     const float f = x[i];
     // Bit-identical to the host.
@@ -323,12 +300,12 @@ TEST(Cuda_Formats, ScalarConversionsBitIdenticalToHostAndToCuda) {
 TEST(Cuda_Formats, CodeDecodersBitIdenticalToHost) {
   KVC_FORMATS_REQUIRE_GPU();
   DeviceArray<float> f16(65536), bf16(65536), e4m3(256), ue8m0(256), e2m1(16);
-  for (auto* p : {&f16, &bf16, &e4m3, &ue8m0, &e2m1}) KVC_FORMATS_CUDA(p->Poison());
+  for (auto* p : {&f16, &bf16, &e4m3, &ue8m0, &e2m1}) KVC_FORMATS_CUDA(p->fill_bytes(0xa5));
   DecodeCodes<<<256, 256>>>(f16.get(), bf16.get(), e4m3.get(), ue8m0.get(), e2m1.get());
   KVC_FORMATS_CUDA(cudaGetLastError());
   KVC_FORMATS_CUDA(cudaDeviceSynchronize());
-  const auto g_f16 = f16.Download(), g_bf16 = bf16.Download(), g_e4m3 = e4m3.Download(),
-             g_ue8m0 = ue8m0.Download(), g_e2m1 = e2m1.Download();
+  const auto g_f16 = f16.download(), g_bf16 = bf16.download(), g_e4m3 = e4m3.download(),
+             g_ue8m0 = ue8m0.download(), g_e2m1 = e2m1.download();
   for (int c = 0; c < 65536; ++c) {
     ASSERT_TRUE(SameFloat(g_f16[c], half_bits_to_float(static_cast<std::uint16_t>(c)))) << c;
     ASSERT_TRUE(SameFloat(g_bf16[c], bf16_bits_to_float(static_cast<std::uint16_t>(c)))) << c;
