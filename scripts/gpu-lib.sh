@@ -223,6 +223,16 @@ torch_anchors() {
   say "torch anchors: rc=$? $(tail -2 "$out/run-anchors.out" | tr '\n' ' ')"
 }
 
+# name anchors: benchmarks/anchors/run-anchors.sh for the named anchors (its ANCHORS list) with
+# what the call has left, output in $out/run-anchors-name.out, one summary line.
+named_anchors() {
+  local l
+  l=$(left)
+  ANCHORS="$2" DEADLINE=$(( l - 15 )) benchmarks/anchors/run-anchors.sh "$out" \
+    > "$out/run-anchors-$1.out" 2>&1
+  say "$1 anchors: rc=$? $(tail -2 "$out/run-anchors-$1.out" | tr '\n' ' ')"
+}
+
 # DeepSeek-V4's PyTorch step and every peer anchor (PyTorch, FlashInfer, CUB; the bundle carried
 # as .anchors/p1, .anchors/p2; $ANCHORS narrows them where the bundle travels in two calls, see
 # benchmarks/anchors/setup-anchors.sh) with what the call has left, then report.

@@ -93,10 +93,7 @@ case "${1:-baseline}" in
     ANCHORS="torch cub" anchors_and_report
     ;;
   flashinfer)
-    l=$(left)
-    ANCHORS="flashinfer_decode flashinfer_topk" DEADLINE=$(( l - 15 )) \
-      benchmarks/anchors/run-anchors.sh "$out" > "$out/run-anchors-flashinfer.out" 2>&1
-    say "flashinfer anchors: rc=$? $(tail -2 "$out/run-anchors-flashinfer.out" | tr '\n' ' ')"
+    named_anchors flashinfer "flashinfer_decode flashinfer_topk"
     ;;
   *) echo "gpu-session26.sh: baseline | setpath | confirm | final | flashinfer" >&2; exit 2 ;;
 esac

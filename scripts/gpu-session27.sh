@@ -165,16 +165,10 @@ case "${1:-tokens}" in
         -DCMAKE_CUDA_ARCHITECTURES=90a -DKVC_BUILD_PYTHON=ON > "$out/configure.log" 2>&1 &&
       cmake --build build-gpu -j "$(nproc)" --target _kvc > "$out/python-build.log" 2>&1; }
     say "build _kvc: rc=$? at $(( $(date +%s) - t0 )) s"
-    l=$(left)
-    FLASHMLA_REUSE=1 ANCHORS="flashmla_pages flashmla" DEADLINE=$(( l - 15 )) \
-      benchmarks/anchors/run-anchors.sh "$out" > "$out/run-anchors-flashmla.out" 2>&1
-    say "flashmla anchors: rc=$? $(tail -2 "$out/run-anchors-flashmla.out" | tr '\n' ' ')"
+    FLASHMLA_REUSE=1 named_anchors flashmla "flashmla_pages flashmla"
     ;;
   flashinfer)
-    l=$(left)
-    ANCHORS="flashinfer_decode flashinfer_topk" DEADLINE=$(( l - 15 )) \
-      benchmarks/anchors/run-anchors.sh "$out" > "$out/run-anchors-flashinfer.out" 2>&1
-    say "flashinfer anchors: rc=$? $(tail -2 "$out/run-anchors-flashinfer.out" | tr '\n' ' ')"
+    named_anchors flashinfer "flashinfer_decode flashinfer_topk"
     ;;
   *) echo "gpu-session27.sh: tokens | short | prefetch | final | flashinfer | flashmla" >&2; exit 2 ;;
 esac
