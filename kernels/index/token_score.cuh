@@ -423,9 +423,18 @@ __device__ __forceinline__ void chunk_epilogue(const TokenScoreParams& p, const 
   for (int gl = r.hh_begin * p.group + threadIdx.x; gl < gl_end; gl += blockDim.x) {
     index_math::LogSumExp z;
     const float* lse = p.lse + (static_cast<std::size_t>(r.row) * p.heads + gl) * p.lse_pitch;
-    for (int jj = 0; jj < kTokBlocksPerCta && j0 + jj < n; ++jj) {
-      const float v = lse[j0 + jj];
-      if (!is_nan(v)) z.add(v);
+    // Every lse value of the CTA's entries is loaded before the first is added (one thread
+    // walking them load by load waited out an L2 round trip per entry: 16 in a row, with the
+    // other warps of the CTA already gone, at the end of every chunk CTA; H200 Nsight Compute,
+    // 2026-12-05, two-stage B1 step). Same values, same order of adds.
+    float v[kTokBlocksPerCta];
+#pragma unroll
+    for (int jj = 0; jj < kTokBlocksPerCta; ++jj) {
+      v[jj] = j0 + jj < n ? lse[j0 + jj] : formats::quiet_nan();
+    }
+#pragma unroll
+    for (int jj = 0; jj < kTokBlocksPerCta; ++jj) {
+      if (!is_nan(v[jj])) z.add(v[jj]);
     }
     p.partial[(static_cast<std::size_t>(r.row) * p.parts + p.ring_parts + blockIdx.x) * p.heads +
               gl] = z.value();
