@@ -1058,7 +1058,10 @@ __global__ void __launch_bounds__(kTokThreads, kLoop == kLoopRows ? 3 : 2)
           if (c >= cn) break;
           const float v = __shfl_sync(full, c % 2 ? mx[1] : mx[0], c / 2);
           if (c == 0) {
-            a = hh == 0 ? v : p.aggregate_max ? index_math::nan_max(agg[jj], v) : agg[jj] + v;
+            // agg is lane 0's alone: the other lanes' values are never stored, and a read of
+            // agg in them would race with lane 0's store below.
+            const float prev = hh > 0 && lane == 0 ? agg[jj] : 0.0f;
+            a = hh == 0 ? v : p.aggregate_max ? index_math::nan_max(prev, v) : prev + v;
           } else {
             a = p.aggregate_max ? index_math::nan_max(a, v) : a + v;
           }
@@ -1074,6 +1077,12 @@ __global__ void __launch_bounds__(kTokThreads, kLoop == kLoopRows ? 3 : 2)
       }
       write_merged_partial(p, r.row, ring + chunk, hh * p.group, cn, red);
       __syncthreads();  // before the next kv head's states
+    } else {
+      // Before the next kv head: every lane's reads of this head's stages (the next head's first
+      // copies refill them) and of agg (lane 0 wrote it after they read) are done. Without it
+      // racecheck reported both hazards (H200, 2026-12-05, Cuda_BlockIndex_TokenScores at d 64,
+      // blocks of 16).
+      __syncwarp();
     }
   }
   if (!p.mass) {
