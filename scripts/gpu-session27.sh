@@ -138,6 +138,18 @@ case "${1:-tokens}" in
     base_bench
     report
     ;;
+  epilogue)
+    # The thirtieth session's fix (the token chunk CTAs' epilogue loads batched): the branch's
+    # tests, the step rows against main's in one call, memcheck over the two-stage tests.
+    build_targets kvc_cuda_tests step_bench
+    base_build_bg
+    gtests set '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 90
+    bench 40 step_bench "$step_rows"
+    base_bench
+    KVC_TEST_MAX_ROW=8192 sanitize memcheck memcheck '*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*' 60
+    NCU_COUNT=1 step_ncu two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/'
+    report
+    ;;
   prefetch)
     # The summary scorer's L2-prefetch variants (twenty-ninth session, written without a GPU):
     # the summary tests (every variant against the CPU, the prefetch variants bit for bit against
@@ -170,6 +182,6 @@ case "${1:-tokens}" in
   flashinfer)
     named_anchors flashinfer "flashinfer_decode flashinfer_topk"
     ;;
-  *) echo "gpu-session27.sh: tokens | short | prefetch | final | flashinfer | flashmla" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | prefetch | final | flashinfer | flashmla" >&2; exit 2 ;;
 esac
 finish
