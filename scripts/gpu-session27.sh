@@ -19,7 +19,11 @@
 #   short     tokens cut for a short lease: the branch's tests and every selector / attention
 #             test (main's launcher rewrite; the cluster merge's relaxed first barrier), then the
 #             step rows before / after (twenty-ninth session)
+#   epilogue  the thirtieth session's two pending fixes (the token chunk CTAs' epilogue loads
+#             batched; the streaming kernel's barrier between kv heads): tests, the step rows
+#             against main's (gpu-base/), racecheck over the token tests, memcheck, Nsight Compute
 #   prefetch  the summary scorer's L2-prefetch variants: tests, memcheck, index_bench rows
+#             (measured in the thirtieth session: every variant slower than kTensorCore)
 #   final     the DeepSeek-V4 attention tests (variant 300, P in one bf16, prints its error), then
 #             the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
 #             DeepSelect's (deepselect_bin: its fp32 kernel in kvc's harness, first run) anchors in
@@ -139,13 +143,19 @@ case "${1:-tokens}" in
     report
     ;;
   epilogue)
-    # The thirtieth session's fix (the token chunk CTAs' epilogue loads batched): the branch's
-    # tests, the step rows against main's in one call, memcheck over the two-stage tests.
+    # The thirtieth session's two fixes (the token chunk CTAs' epilogue loads batched; the
+    # streaming kernel's barrier between kv heads): the branch's tests, the step rows against
+    # main's in one call (gpu-base/ from scripts/make-gpu-base.sh), racecheck over the token
+    # tests, memcheck over the two-stage and token tests, Nsight Compute of one B1 step.
     build_targets kvc_cuda_tests step_bench
     base_build_bg
     gtests set '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 90
     bench 40 step_bench "$step_rows"
     base_bench
+    # The streaming kernel's barrier between kv heads (the thirtieth session's racecheck warnings
+    # at d 64, blocks of 16): racecheck over the token tests (about 80 s with the set and
+    # two-stage tests on the H200), then memcheck.
+    KVC_TEST_MAX_ROW=8192 sanitize racecheck-token racecheck '*Cuda_BlockIndex_TokenScores*:*Cuda_BlockIndex_TwoStage*' 120
     KVC_TEST_MAX_ROW=8192 sanitize memcheck memcheck '*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*' 60
     NCU_COUNT=1 step_ncu two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/'
     report
