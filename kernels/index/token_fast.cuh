@@ -183,18 +183,26 @@ __device__ __forceinline__ void score_fixed_block(const TokenScoreParams& p,
   reduce_block_exact<kMT>(p.mass, l, mx, lse, nan);
 }
 
-template <int D, int kB>
-__global__ void __launch_bounds__(kTokThreads)
+/// kPerWarp: entries (closed blocks, or candidates) per warp, kTokWarps * kPerWarp per chunk CTA
+/// (p.blocks_per_cta): 2 (kTokBlocksPerCta), or 1 for a grid of one wave (two_stage_scores).
+/// fast_min_ctas(kPerWarp) CTAs per SM: three at two entries per warp (without the bound the
+/// compiler took 119 registers at <128, 32, 2>; 80 with it, 8 bytes of stack); two at one (80
+/// registers and 48 bytes of stack under the bound of three).
+constexpr int fast_min_ctas(int per_warp) { return per_warp == 1 ? 2 : 3; }
+
+template <int D, int kB, int kPerWarp>
+__global__ void __launch_bounds__(kTokThreads, fast_min_ctas(kPerWarp))
     token_fast_kernel(const __grid_constant__ TokenScoreParams p) {
   using Tr = FastTokenTraits<D>;
+  static_assert(kPerWarp == 1 || kPerWarp == 2, "one or two entries per warp");
+  constexpr int kPerCta = kTokWarps * kPerWarp;
+  static_assert(kPerCta <= kTokBlocksPerCta, "agg holds a CTA's entries");
   __shared__ __align__(16) float q_smem[kTokHeads * D];  // ring CTA
-  __shared__ float agg[kTokBlocksPerCta];                // max rule: heads aggregated so far
-  __shared__ float red[2 * kTokWarps * kTokHeads];       // ring CTA
+  __shared__ float agg[kPerCta];                         // max rule: heads aggregated so far
+  __shared__ float red[2 * kTokWarps * kTokHeads];       // per-warp states (mass rule)
   const StoreView& s = p.s;
-  static_assert(kTokBlocksPerCta % kTokWarps == 0, "whole entries per warp");
-  constexpr int kPerWarp = kTokBlocksPerCta / kTokWarps;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int j0 = static_cast<int>(blockIdx.x) * kTokBlocksPerCta;
+  const int j0 = static_cast<int>(blockIdx.x) * kPerCta;
   const TokenRow r = token_row(p, D);
   // The ring CTAs come last: p.ring_parts of them (mass rule), partials 0 .. ring_parts - 1. They
   // read nothing the kernel before wrote (with two stages, a programmatic dependent launch, that
@@ -235,7 +243,8 @@ __global__ void __launch_bounds__(kTokThreads)
     const int h = r.h_first + hh;
     std::uint32_t qb[Tr::kTiles][2];
     load_query_fragments<D>(r.q_row + static_cast<std::size_t>(hh) * p.group * D, cn, qb);
-#pragma unroll
+    index_math::LogSumExp z[2];  // mass rule, lane t (g == 0): heads 2t, 2t + 1 over the warp's
+#pragma unroll                   // entries
     for (int i = 0; i < kPerWarp; ++i) {
       const int jj = warp + i * kTokWarps;
       const int j = j0 + jj;  // the entry: a block id, or a position in the candidate list
@@ -319,20 +328,38 @@ __global__ void __launch_bounds__(kTokThreads)
           }
         }
       }  // runtime block size
-      const unsigned full = 0xffffffffu;
-      // Lane t (g == 0) holds heads 2t and 2t+1; lane 0 records them in ascending order.
-      for (int c = 0; c < cn; ++c) {
-        const int src = c / 2, hc = c % 2;
-        const float m_c = __shfl_sync(full, hc ? mx[1] : mx[0], src);
-        index_math::LogSumExp l_c;
-        l_c.max = __shfl_sync(full, hc ? lse[1].max : lse[0].max, src);
-        l_c.sum = __shfl_sync(full, hc ? lse[1].sum : lse[0].sum, src);
-        const bool n_c = __shfl_sync(full, (hc ? nan[1] : nan[0]) ? 1 : 0, src) != 0;
-        if (lane == 0) record_head(p, r, j, jj, hh * p.group + c, m_c, l_c, n_c, agg);
+      // Lane t (g == 0) holds heads 2t and 2t+1: it records their lse values (mass rule), or
+      // lane 0 aggregates the heads' maxima in ascending order (max rule).
+      if (p.mass) {
+        if (g == 0) {
+#pragma unroll
+          for (int hc = 0; hc < 2; ++hc) {
+            if (2 * t + hc < cn) {
+              record_mass(p, r, j, hh * p.group + 2 * t + hc, lse[hc], nan[hc], z[hc]);
+            }
+          }
+        }
+      } else {
+        for (int c = 0; c < cn; ++c) {
+          const float m_c = __shfl_sync(0xffffffffu, c % 2 ? mx[1] : mx[0], c / 2);
+          if (lane == 0) record_max(p, jj, hh * p.group + c, m_c, agg);
+        }
       }
     }
+    if (p.mass) {
+      if (g == 0) {
+#pragma unroll
+        for (int hc = 0; hc < 2; ++hc) {
+          if (2 * t + hc < cn) {
+            red[warp * kTokHeads + 2 * t + hc] = z[hc].max;
+            red[(kTokWarps + warp) * kTokHeads + 2 * t + hc] = z[hc].sum;
+          }
+        }
+      }
+      chunk_partial(p, r, hh * p.group, cn, red);
+    }
   }
-  chunk_epilogue(p, r, j0, n, agg);
+  if (!p.mass) chunk_scores(p, r, j0, kPerCta, agg);
 }
 
 // ---- The streaming variant (TokenKernels::kStream, kernels/index/token_variant.h) -------------
@@ -833,7 +860,7 @@ __device__ __noinline__ void exact_part_tc(const TokenScoreParams& p, float* q_s
         const int u = u0 + lane;
         if (lane < 16 && u < r.exact_count) add_exact_token<D>(p, r, h, q_smem, cn, u, st);
       }
-      st.warp_reduce();
+      st.warp_reduce(cn);
       __syncwarp();  // the tensor-core states above are in red
       if (lane == 0) {
 #pragma unroll

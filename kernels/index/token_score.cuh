@@ -43,6 +43,7 @@
 #include "kvc/store/block_codec.h"
 #include "kvc/store/kv_store.h"
 #include "pdl.cuh"
+#include "select_rules.h"
 
 namespace kvc {
 namespace kernels {
@@ -217,18 +218,36 @@ __device__ __forceinline__ KeyRow index_key_row(const StoreView& s, int pb, int 
   return k;
 }
 
-/// Per-lane state of the chunk's heads over the tokens a lane has seen.
+/// The union of a warp's log-sum-exp states, in every lane (no lane's max may be NaN): the largest
+/// max by one integer reduction over the lanes (select_rules::score_key's order), then each lane's
+/// sum rescaled to it with one exp and added up over the warp. The same values as merging the
+/// lanes' states pairwise (LogSumExp::merge, ±inf maxima included) up to the order of the float
+/// additions, and every lane ends with the same bits. Five levels of pairwise merges per head,
+/// unrolled over eight heads (about 1,200 instructions, each level two exps and its branches),
+/// were the longest stretch of the ring CTA's code; run once per warp, they were fetched cold,
+/// and the ring CTA was the two-stage token kernel's longest (H200 Nsight Compute, B1 N128K step,
+/// 2026-12-05: 28 us against about 12 for a chunk CTA, instruction-fetch stalls the first cause).
+__device__ __forceinline__ index_math::LogSumExp warp_merge_lse(const index_math::LogSumExp& z) {
+  const unsigned full = 0xffffffffu;
+  const float top =
+      select_rules::score_of_key(__reduce_max_sync(full, select_rules::score_key(z.max)));
+  // z.max == top covers ±inf and an empty state (max -inf, sum 0); otherwise z.max - top < 0.
+  float w = z.max == top ? z.sum : z.sum * expf(z.max - top);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(full, w, o);
+  return index_math::LogSumExp{top, w};
+}
+
+/// Per-lane state of the chunk's heads over the tokens a lane has seen: a LogSumExp of each
+/// head's non-NaN logits (its max is their max) and a flag for a NaN logit, which together give
+/// the NaN-propagating max as well (max()).
 struct HeadStates {
-  float max[kTokHeads];                  // nan_max of the logits
   index_math::LogSumExp lse[kTokHeads];  // of the non-NaN logits
   unsigned nan_mask;                     // bit c: head c saw a NaN logit
 
   __device__ __forceinline__ void reset() {
 #pragma unroll
-    for (int c = 0; c < kTokHeads; ++c) {
-      max[c] = index_math::neg_inf();
-      lse[c] = index_math::LogSumExp{};
-    }
+    for (int c = 0; c < kTokHeads; ++c) lse[c] = index_math::LogSumExp{};
     nan_mask = 0u;
   }
   __device__ __forceinline__ void add(const float (&acc)[kTokHeads], int cn, float scale) {
@@ -236,7 +255,6 @@ struct HeadStates {
     for (int c = 0; c < kTokHeads; ++c) {
       if (c < cn) {
         const float l = scale * acc[c];
-        max[c] = index_math::nan_max(max[c], l);
         if (is_nan(l)) {
           nan_mask |= 1u << c;
         } else {
@@ -245,20 +263,16 @@ struct HeadStates {
       }
     }
   }
-  /// Reduces over the warp (every lane gets the result).
-  __device__ __forceinline__ void warp_reduce() {
-    const unsigned full = 0xffffffffu;
+  /// Head c's NaN-propagating max of the logits seen (index_math::nan_max over them).
+  __device__ __forceinline__ float max(int c) const {
+    return (nan_mask >> c) & 1u ? formats::quiet_nan() : lse[c].max;
+  }
+  /// Reduces heads 0 .. cn - 1 over the warp (every lane gets the result; warp-uniform cn).
+  __device__ __forceinline__ void warp_reduce(int cn) {
+    nan_mask = __reduce_or_sync(0xffffffffu, nan_mask);
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-#pragma unroll
-      for (int c = 0; c < kTokHeads; ++c) {
-        max[c] = index_math::nan_max(max[c], __shfl_xor_sync(full, max[c], o));
-        index_math::LogSumExp other;
-        other.max = __shfl_xor_sync(full, lse[c].max, o);
-        other.sum = __shfl_xor_sync(full, lse[c].sum, o);
-        lse[c].merge(other);
-      }
-      nan_mask |= __shfl_xor_sync(full, nan_mask, o);
+    for (int c = 0; c < kTokHeads; ++c) {
+      if (c < cn) lse[c] = warp_merge_lse(lse[c]);
     }
   }
 };
@@ -377,10 +391,11 @@ __device__ __forceinline__ void exact_part(const TokenScoreParams& p, const Toke
         const int u = u0 + lane;
         if (u < r.exact_count) add_exact_token<D>(p, r, h, q_smem, cn, u, st);
       }
-      st.warp_reduce();
+      st.warp_reduce(cn);
       if (lane == 0) {
 #pragma unroll
         for (int c = 0; c < kTokHeads; ++c) {
+          if (c >= cn) break;
           red_max[warp * kTokHeads + c] = st.lse[c].max;
           red_sum[warp * kTokHeads + c] = st.lse[c].sum;
         }
@@ -390,54 +405,45 @@ __device__ __forceinline__ void exact_part(const TokenScoreParams& p, const Toke
   }
 }
 
-/// What a chunk CTA's lane 0 of a warp records for block j and row-local head gl: the max rule
-/// aggregates `max` into agg[jj] (heads ascending), the mass rule stores the block's log-sum-exp
-/// (NaN when a logit was NaN) in the workspace.
-__device__ __forceinline__ void record_head(const TokenScoreParams& p, const TokenRow& r, int j,
-                                            int jj, int gl, float max,
-                                            const index_math::LogSumExp& lse, bool nan,
-                                            float* agg) {
-  if (!p.mass) {
-    agg[jj] = gl == 0 ? max : p.aggregate_max ? index_math::nan_max(agg[jj], max) : agg[jj] + max;
-  } else {
-    p.lse[(static_cast<std::size_t>(r.row) * p.heads + gl) * p.lse_pitch + j] =
-        nan ? formats::quiet_nan() : lse.value();
-  }
+/// Max rule: what a chunk CTA's lane 0 of a warp records for its entry jj and row-local head gl,
+/// the block's max aggregated into agg[jj] (heads ascending).
+__device__ __forceinline__ void record_max(const TokenScoreParams& p, int jj, int gl, float max,
+                                           float* agg) {
+  agg[jj] = gl == 0 ? max : p.aggregate_max ? index_math::nan_max(agg[jj], max) : agg[jj] + max;
 }
 
-/// The end of a chunk CTA (after its blocks, or its candidate entries: `n` of them in the row,
-/// r.closed in one stage): the max rule writes the row's scores from agg, the mass rule the
-/// CTA's partial normaliser per head (partial ring_parts + blockIdx.x).
-__device__ __forceinline__ void chunk_epilogue(const TokenScoreParams& p, const TokenRow& r, int j0,
-                                               int n, const float* agg) {
-  __syncthreads();  // agg, and this CTA's lse writes, are complete and visible to the CTA
-  if (!p.mass) {
-    for (int jj = threadIdx.x; jj < kTokBlocksPerCta; jj += blockDim.x) {
-      const int j = j0 + jj;
-      if (j < r.closed)
-        p.out.scores[static_cast<std::size_t>(r.row) * p.out.max_blocks + j] = agg[jj];
-    }
-    return;
-  }
-  const int gl_end = r.hh_end * p.group;  // this CTA's heads (token_row)
-  for (int gl = r.hh_begin * p.group + threadIdx.x; gl < gl_end; gl += blockDim.x) {
-    index_math::LogSumExp z;
-    const float* lse = p.lse + (static_cast<std::size_t>(r.row) * p.heads + gl) * p.lse_pitch;
-    // Every lse value of the CTA's entries is loaded before the first is added (one thread
-    // walking them load by load waited out an L2 round trip per entry: 16 in a row, with the
-    // other warps of the CTA already gone, at the end of every chunk CTA; H200 Nsight Compute,
-    // 2026-12-05, two-stage B1 step). Same values, same order of adds.
-    float v[kTokBlocksPerCta];
-#pragma unroll
-    for (int jj = 0; jj < kTokBlocksPerCta; ++jj) {
-      v[jj] = j0 + jj < n ? lse[j0 + jj] : formats::quiet_nan();
-    }
-#pragma unroll
-    for (int jj = 0; jj < kTokBlocksPerCta; ++jj) {
-      if (!is_nan(v[jj])) z.add(v[jj]);
-    }
-    p.partial[(static_cast<std::size_t>(r.row) * p.parts + p.ring_parts + blockIdx.x) * p.heads +
-              gl] = z.value();
+/// Mass rule: block j's log-sum-exp for row-local head gl into the workspace (NaN when a logit
+/// was NaN), and, when not NaN, into `z`: the recording lane's running log-sum-exp of that head
+/// over its warp's entries, from which the CTA's partial is merged (chunk_partial).
+__device__ __forceinline__ void record_mass(const TokenScoreParams& p, const TokenRow& r, int j,
+                                            int gl, const index_math::LogSumExp& lse, bool nan,
+                                            index_math::LogSumExp& z) {
+  const float v = nan ? formats::quiet_nan() : lse.value();
+  p.lse[(static_cast<std::size_t>(r.row) * p.heads + gl) * p.lse_pitch + j] = v;
+  if (!nan) z.add(v);
+}
+
+/// Mass rule, a chunk CTA: after every warp has put its running log-sum-exp of heads [gl0,
+/// gl0 + cn) (record_mass) in `red` (kTokWarps x kTokHeads maxima, then the sums; a warp without
+/// entries puts empty states), the CTA's partial normaliser of those heads (partial
+/// ring_parts + blockIdx.x). Synchronises before and after (red may be reused). The partial
+/// used to be added up by one thread per head from the lse values read back from the workspace,
+/// an L2 round trip at the end of every chunk CTA (H200 Nsight Compute, two-stage B1 step,
+/// 2026-12-05).
+__device__ __forceinline__ void chunk_partial(const TokenScoreParams& p, const TokenRow& r, int gl0,
+                                              int cn, const float* red) {
+  write_merged_partial(p, r.row, p.ring_parts + static_cast<int>(blockIdx.x), gl0, cn, red);
+  __syncthreads();
+}
+
+/// Max rule, the end of a chunk CTA of `per_cta` entries from j0: the row's scores from agg.
+__device__ __forceinline__ void chunk_scores(const TokenScoreParams& p, const TokenRow& r, int j0,
+                                             int per_cta, const float* agg) {
+  __syncthreads();  // agg is complete
+  for (int jj = threadIdx.x; jj < per_cta; jj += blockDim.x) {
+    const int j = j0 + jj;
+    if (j < r.closed)
+      p.out.scores[static_cast<std::size_t>(r.row) * p.out.max_blocks + j] = agg[jj];
   }
 }
 
@@ -469,7 +475,7 @@ __global__ void __launch_bounds__(kTokThreads)
     token_score_kernel(const __grid_constant__ TokenScoreParams p) {
   __shared__ __align__(16) float q_smem[kTokHeads * D];  // the chunk's queries
   __shared__ float agg[kTokBlocksPerCta];                // max rule: heads aggregated so far
-  __shared__ float red[2 * kTokWarps * kTokHeads];       // ring CTA: per-warp states
+  __shared__ float red[2 * kTokWarps * kTokHeads];       // per-warp states (mass rule)
   const StoreView& s = p.s;
   const TokenRow r = token_row(p, D);
   // The ring CTAs come last: p.ring_parts of them (mass rule), partials 0 .. ring_parts - 1. They
@@ -497,6 +503,7 @@ __global__ void __launch_bounds__(kTokThreads)
       const int cn = p.group - c0 < kTokHeads ? p.group - c0 : kTokHeads;
       const int gl0 = hh * p.group + c0;  // row-local index of the chunk's first head
       stage_queries<D>(p, r, gl0, cn, q_smem);
+      index_math::LogSumExp z[kTokHeads];  // mass rule, lane 0: this warp's entries per head
       for (int jj = warp; jj < kTokBlocksPerCta; jj += kTokWarps) {
         const int j = j0 + jj;  // the entry: a block id, or a position in the candidate list
         if (j >= n) break;
@@ -517,18 +524,33 @@ __global__ void __launch_bounds__(kTokThreads)
             st.add(acc, cn, p.scale);
           }
         }
-        st.warp_reduce();
+        st.warp_reduce(cn);
         if (lane == 0) {
 #pragma unroll
           for (int c = 0; c < kTokHeads; ++c) {
             if (c >= cn) break;
-            record_head(p, r, j, jj, gl0 + c, st.max[c], st.lse[c], (st.nan_mask >> c) & 1u, agg);
+            if (p.mass) {
+              record_mass(p, r, j, gl0 + c, st.lse[c], (st.nan_mask >> c) & 1u, z[c]);
+            } else {
+              record_max(p, jj, gl0 + c, st.max(c), agg);
+            }
           }
         }
       }
+      if (p.mass) {
+        if (lane == 0) {
+#pragma unroll
+          for (int c = 0; c < kTokHeads; ++c) {
+            if (c >= cn) break;
+            red[warp * kTokHeads + c] = z[c].max;
+            red[(kTokWarps + warp) * kTokHeads + c] = z[c].sum;
+          }
+        }
+        chunk_partial(p, r, gl0, cn, red);
+      }
     }
   }
-  chunk_epilogue(p, r, j0, n, agg);
+  if (!p.mass) chunk_scores(p, r, j0, kTokBlocksPerCta, agg);
 }
 
 __global__ void __launch_bounds__(kFinishThreads)
@@ -595,15 +617,10 @@ __global__ void __launch_bounds__(kFinishThreads)
       }
 #pragma unroll
       for (int u = 0; u < kFinishPartBatch; ++u) {
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-          index_math::LogSumExp other;
-          other.max = __shfl_xor_sync(0xffffffffu, z[u].max, o);
-          other.sum = __shfl_xor_sync(0xffffffffu, z[u].sum, o);
-          z[u].merge(other);
-        }
         const int k = k0 + u * kWarps;
-        if (lane == 0 && k < cn) z_smem[k] = z[u].value();
+        if (k >= cn) break;  // warp-uniform
+        const index_math::LogSumExp zu = warp_merge_lse(z[u]);
+        if (lane == 0) z_smem[k] = zu.value();
       }
     }
     __syncthreads();

@@ -32,15 +32,15 @@ using namespace index_detail;
 
 // The kTokenMass scratch of `rows` rows of `heads` heads over `max_blocks` blocks per slot: the
 // block lse values, then (256-byte aligned) the partial normalisers, as many per row as the
-// variant with the most needs (1 ring CTA + chunks of kTokBlocksPerCta in one stage,
-// kStreamRingParts of them with two stages, or kStreamRingParts / kStreamTcRingParts + chunks of
-// kTokWarps * kStreamMinBlocksPerWarp). One helper sizes and carves, so the two cannot drift
-// apart.
+// variant with the most needs (1 ring CTA + chunks of kTokBlocksPerCta in one stage; with two
+// stages kStreamRingParts of them + chunks of kTokWarps, one candidate per warp; or
+// kStreamRingParts / kStreamTcRingParts + chunks of kTokWarps * kStreamMinBlocksPerWarp). One
+// helper sizes and carves, so the two cannot drift apart.
 struct TokenMassLayout {
   std::size_t lse_bytes = 0, partial_offset = 0, total = 0;
   int parts = 0;
   TokenMassLayout(int rows, int heads, int max_blocks) {
-    const int per_warp = kStreamRingParts + (max_blocks + kTokBlocksPerCta - 1) / kTokBlocksPerCta;
+    const int per_warp = kStreamRingParts + (max_blocks + kTokWarps - 1) / kTokWarps;
     const int min_chunk = kTokWarps * kStreamMinBlocksPerWarp;
     const int ring = kStreamRingParts > kStreamTcRingParts ? kStreamRingParts : kStreamTcRingParts;
     const int stream = ring + (max_blocks + min_chunk - 1) / min_chunk;
@@ -101,20 +101,34 @@ cudaError_t launch_token_kernel(KeyKind kind, dim3 grid, const TokenScoreParams&
 }
 
 // The tensor-core token kernel for head_dim D, specialised for blocks of 16, 32 and 64 tokens
-// (whole blocks in registers), else for any block size; `pdl` as launch_token_kernel.
+// (whole blocks in registers), else for any block size; p.blocks_per_cta entries per chunk CTA:
+// kTokBlocksPerCta, or kTokWarps for blocks of 16 / 32 / 64 (one per warp; any other block size
+// keeps two); `pdl` as launch_token_kernel.
 template <int D>
 cudaError_t launch_token_fast(int block_size, dim3 grid, const TokenScoreParams& p, bool pdl,
                               cudaStream_t stream) {
   const dim3 block(kTokThreads);
+  const bool one = p.blocks_per_cta == kTokWarps;
+  if (!one && p.blocks_per_cta != kTokBlocksPerCta) return cudaErrorInvalidValue;
   switch (block_size) {
     case 16:
-      return kvc::detail::launch_kernel(token_fast_kernel<D, 16>, grid, block, 0, pdl, stream, p);
+      return one ? kvc::detail::launch_kernel(token_fast_kernel<D, 16, 1>, grid, block, 0, pdl,
+                                              stream, p)
+                 : kvc::detail::launch_kernel(token_fast_kernel<D, 16, 2>, grid, block, 0, pdl,
+                                              stream, p);
     case 32:
-      return kvc::detail::launch_kernel(token_fast_kernel<D, 32>, grid, block, 0, pdl, stream, p);
+      return one ? kvc::detail::launch_kernel(token_fast_kernel<D, 32, 1>, grid, block, 0, pdl,
+                                              stream, p)
+                 : kvc::detail::launch_kernel(token_fast_kernel<D, 32, 2>, grid, block, 0, pdl,
+                                              stream, p);
     case 64:
-      return kvc::detail::launch_kernel(token_fast_kernel<D, 64>, grid, block, 0, pdl, stream, p);
+      return one ? kvc::detail::launch_kernel(token_fast_kernel<D, 64, 1>, grid, block, 0, pdl,
+                                              stream, p)
+                 : kvc::detail::launch_kernel(token_fast_kernel<D, 64, 2>, grid, block, 0, pdl,
+                                              stream, p);
     default:
-      return kvc::detail::launch_kernel(token_fast_kernel<D, 0>, grid, block, 0, pdl, stream, p);
+      if (one) return cudaErrorInvalidValue;
+      return kvc::detail::launch_kernel(token_fast_kernel<D, 0, 2>, grid, block, 0, pdl, stream, p);
   }
 }
 
@@ -382,16 +396,30 @@ cudaError_t two_stage_scores(const StoreView& s, const BlockIndexConfig& c,
   p.cand = candidates.ids;
   p.cand_count = candidates.counts;
   p.cand_pitch = pitch;
-  const int chunks = (pitch + kTokBlocksPerCta - 1) / kTokBlocksPerCta;
   // A shared row's kv heads over grid.z, one per CTA (token_row): a CTA walking the heads one
   // after the other waited out every head's round trips in turn (the ring CTA, and each warp's
   // candidates, per head), and a decode batch leaves most SMs idle anyway.
   const int head_ctas = c.shared_across_heads ? s.num_kv_heads : 1;
+  const bool tensor_cores =
+      c.kernel == IndexKernel::kAuto && detail::token_tensor_cores_serve(c, s.index_format);
+  // One candidate per warp where the whole grid is one wave (a decode step of a few sequences:
+  // the chunk CTAs, which wait for the candidates, are then the step's critical path, and the SMs
+  // idle otherwise), two per warp otherwise (the tensor-core kernel at blocks of 16 / 32 / 64;
+  // the general kernel always takes kTokBlocksPerCta).
+  if (tensor_cores && (s.block_size == 16 || s.block_size == 32 || s.block_size == 64)) {
+    int sms = 0;
+    e = kvc::detail::sm_count(sms);
+    if (e != cudaSuccess) return e;
+    const long long one_wave = static_cast<long long>(rows) * head_ctas *
+                               ((pitch + kTokWarps - 1) / kTokWarps + p.ring_parts);
+    if (one_wave <= static_cast<long long>(fast_min_ctas(1)) * sms) p.blocks_per_cta = kTokWarps;
+  }
+  const int chunks = (pitch + p.blocks_per_cta - 1) / p.blocks_per_cta;
   const dim3 grid(chunks + p.ring_parts, rows, head_ctas);
   // The chunk kernel as a programmatic dependent of the selection: its ring CTAs (which need no
   // candidates) and every CTA's row set-up run while the candidates are being selected; the chunk
   // CTAs wait for them (token_fast_kernel, token_score_kernel).
-  if (c.kernel == IndexKernel::kAuto && detail::token_tensor_cores_serve(c, s.index_format)) {
+  if (tensor_cores) {
     e = c.head_dim == 64 ? launch_token_fast<64>(s.block_size, grid, p, true, stream)
                          : launch_token_fast<128>(s.block_size, grid, p, true, stream);
   } else {

@@ -197,8 +197,13 @@ INSTANTIATE_TEST_SUITE_P(
     Cases, Cuda_BlockIndex_TwoStage,
     ::testing::Values(
         // The library's default shape: fp16k_q4v, an mxfp4 index copy, Hq 32 / Hkv 8 / d 128.
+        // Its grid is one wave, so the tensor-core kernel takes one candidate per warp
+        // (two_stage_scores); with four verify tokens and 64 candidates (128 rows of 10 CTAs) it
+        // takes two.
         TwoStageCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kMeanK, kSum, false, 8,
                      4, 128, 32, 1, 24},
+        TwoStageCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kMeanK, kSum, false, 8,
+                     4, 128, 32, 4, 64},
         // SmolLM2's heads, Quest first, verify tokens, blocks of 16.
         TwoStageCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kQuest, kSum, false, 3,
                      3, 64, 16, 2, 13},
