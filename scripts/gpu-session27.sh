@@ -22,6 +22,10 @@
 #   epilogue  the thirtieth session's two pending fixes (the token chunk CTAs' epilogue loads
 #             batched; the streaming kernel's barrier between kv heads): tests, the step rows
 #             against main's (gpu-base/), racecheck over the token tests, memcheck, Nsight Compute
+#   lean      the thirty-first session's branch gpu-pending/lean-reduce (the warps' log-sum-exp
+#             merged in two passes instead of five levels of pairwise merges; the chunk CTAs'
+#             partials from registers; one candidate per warp where the grid is one wave): the
+#             same calls as epilogue
 #   prefetch  the summary scorer's L2-prefetch variants: tests, memcheck, index_bench rows
 #             (measured in the thirtieth session: every variant slower than kTensorCore)
 #   final     the DeepSeek-V4 attention tests (variant 300, P in one bf16, prints its error), then
@@ -142,7 +146,7 @@ case "${1:-tokens}" in
     base_bench
     report
     ;;
-  epilogue)
+  epilogue | lean)
     # The thirtieth session's two fixes (the token chunk CTAs' epilogue loads batched; the
     # streaming kernel's barrier between kv heads): the branch's tests, the step rows against
     # main's in one call (gpu-base/ from scripts/make-gpu-base.sh), racecheck over the token
@@ -192,6 +196,6 @@ case "${1:-tokens}" in
   flashinfer)
     named_anchors flashinfer "flashinfer_decode flashinfer_topk"
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | prefetch | final | flashinfer | flashmla" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | prefetch | final | flashinfer | flashmla" >&2; exit 2 ;;
 esac
 finish
