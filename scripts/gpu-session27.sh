@@ -24,8 +24,8 @@
 #             against main's (gpu-base/), racecheck over the token tests, memcheck, Nsight Compute
 #   lean      the thirty-first session's branch gpu-pending/lean-reduce (the warps' log-sum-exp
 #             merged in two passes instead of five levels of pairwise merges; the chunk CTAs'
-#             partials from registers; one candidate per warp where the grid is one wave): the
-#             same calls as epilogue
+#             partials from registers; one candidate per warp where the grid is one wave):
+#             epilogue's calls, then the source page of the B1 step's token, finish and top-k
 #   prefetch  the summary scorer's L2-prefetch variants: tests, memcheck, index_bench rows
 #             (measured in the thirtieth session: every variant slower than kTensorCore)
 #   final     the DeepSeek-V4 attention tests (variant 300, P in one bf16, prints its error), then
@@ -146,7 +146,7 @@ case "${1:-tokens}" in
     base_bench
     report
     ;;
-  epilogue | lean)
+  epilogue)
     # The thirtieth session's two fixes (the token chunk CTAs' epilogue loads batched; the
     # streaming kernel's barrier between kv heads): the branch's tests, the step rows against
     # main's in one call (gpu-base/ from scripts/make-gpu-base.sh), racecheck over the token
@@ -162,6 +162,20 @@ case "${1:-tokens}" in
     KVC_TEST_MAX_ROW=8192 sanitize racecheck-token racecheck '*Cuda_BlockIndex_TokenScores*:*Cuda_BlockIndex_TwoStage*' 120
     KVC_TEST_MAX_ROW=8192 sanitize memcheck memcheck '*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*' 60
     NCU_COUNT=1 step_ncu two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/'
+    report
+    ;;
+  lean)
+    # The thirty-first session's branch: epilogue's calls, then Nsight Compute's source page of
+    # the B1 step's token, finish and final top-k kernels (where their time goes now).
+    build_targets kvc_cuda_tests step_bench
+    base_build_bg
+    gtests set '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 90
+    bench 40 step_bench "$step_rows"
+    base_bench
+    KVC_TEST_MAX_ROW=8192 sanitize racecheck-token racecheck '*Cuda_BlockIndex_TokenScores*:*Cuda_BlockIndex_TwoStage*' 120
+    KVC_TEST_MAX_ROW=8192 sanitize memcheck memcheck '*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*' 60
+    NCU_COUNT=1 step_ncu two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/'
+    NCU_COUNT=3 step_source two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/' 'token_fast|token_mass_finish|set_topk'
     report
     ;;
   prefetch)
