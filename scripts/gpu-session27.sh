@@ -26,6 +26,8 @@
 #             merged in two passes instead of five levels of pairwise merges; the chunk CTAs'
 #             partials from registers; one candidate per warp where the grid is one wave):
 #             epilogue's calls, then the source page of the B1 step's token, finish and top-k
+#   lean-rows lean's tests and step rows against main's on another GPU, Nsight Compute of the B1,
+#             B8 and B32 two-stage steps
 #   prefetch  the summary scorer's L2-prefetch variants: tests, memcheck, index_bench rows
 #             (measured in the thirtieth session: every variant slower than kTensorCore)
 #   final     the DeepSeek-V4 attention tests (variant 300, P in one bf16, prints its error), then
@@ -178,6 +180,19 @@ case "${1:-tokens}" in
     NCU_COUNT=3 step_source two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/' 'token_fast|token_mass_finish|set_topk'
     report
     ;;
+  lean-rows)
+    # lean's tests and same-call step rows on a second GPU (the first lean call ran on an H100),
+    # then Nsight Compute of one B1, B8 and B32 two-stage step (the token kernel's duration).
+    build_targets kvc_cuda_tests step_bench
+    base_build_bg
+    gtests set '*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 90
+    bench 40 step_bench "$step_rows"
+    base_bench
+    NCU_COUNT=1 step_ncu two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/'
+    NCU_COUNT=1 step_ncu two-stage-B8 'BM_DecodeStep/8/131072/0/3/1/'
+    NCU_COUNT=1 step_ncu two-stage-B32 'BM_DecodeStep/32/32768/0/3/1/'
+    report
+    ;;
   prefetch)
     # The summary scorer's L2-prefetch variants (twenty-ninth session, written without a GPU):
     # the summary tests (every variant against the CPU, the prefetch variants bit for bit against
@@ -210,6 +225,6 @@ case "${1:-tokens}" in
   flashinfer)
     named_anchors flashinfer "flashinfer_decode flashinfer_topk"
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | prefetch | final | flashinfer | flashmla" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | prefetch | final | flashinfer | flashmla" >&2; exit 2 ;;
 esac
 finish
