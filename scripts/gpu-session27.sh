@@ -111,6 +111,17 @@ base_bench() {
     > "$out/step_bench-base.log" 2>&1
   say "step_bench-base: rc=$? $(grep -c '_median' "$out/step_bench-base.log") rows"
 }
+# filter limit: this checkout's GPU tests (the gtest filter, within limit seconds) and its step
+# rows, then main's step rows from gpu-base/ (built beside it while the tests run): the same-call
+# before / after of a pending branch.
+branch_against_main() {
+  build_targets kvc_cuda_tests step_bench
+  base_build_bg
+  gtests set "$1" "$2"
+  bench 40 step_bench "$step_rows"
+  base_bench
+}
+
 case "${1:-tokens}" in
   tokens)
     # In order of need: correctness, the same-run figures, the sanitizers, the profiles (each
@@ -153,11 +164,7 @@ case "${1:-tokens}" in
     # streaming kernel's barrier between kv heads): the branch's tests, the step rows against
     # main's in one call (gpu-base/ from scripts/make-gpu-base.sh), racecheck over the token
     # tests, memcheck over the two-stage and token tests, Nsight Compute of one B1 step.
-    build_targets kvc_cuda_tests step_bench
-    base_build_bg
-    gtests set '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 90
-    bench 40 step_bench "$step_rows"
-    base_bench
+    branch_against_main '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 90
     # The streaming kernel's barrier between kv heads (the thirtieth session's racecheck warnings
     # at d 64, blocks of 16): racecheck over the token tests (about 80 s with the set and
     # two-stage tests on the H200), then memcheck.
@@ -169,11 +176,7 @@ case "${1:-tokens}" in
   lean)
     # The thirty-first session's branch: epilogue's calls, then Nsight Compute's source page of
     # the B1 step's token, finish and final top-k kernels (where their time goes now).
-    build_targets kvc_cuda_tests step_bench
-    base_build_bg
-    gtests set '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 90
-    bench 40 step_bench "$step_rows"
-    base_bench
+    branch_against_main '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 90
     KVC_TEST_MAX_ROW=8192 sanitize racecheck-token racecheck '*Cuda_BlockIndex_TokenScores*:*Cuda_BlockIndex_TwoStage*' 120
     KVC_TEST_MAX_ROW=8192 sanitize memcheck memcheck '*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*' 60
     NCU_COUNT=1 step_ncu two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/'
@@ -183,11 +186,7 @@ case "${1:-tokens}" in
   lean-rows)
     # lean's tests and same-call step rows on a second GPU (the first lean call ran on an H100),
     # then Nsight Compute of one B1, B8 and B32 two-stage step (the token kernel's duration).
-    build_targets kvc_cuda_tests step_bench
-    base_build_bg
-    gtests set '*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 90
-    bench 40 step_bench "$step_rows"
-    base_bench
+    branch_against_main '*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 90
     NCU_COUNT=1 step_ncu two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/'
     NCU_COUNT=1 step_ncu two-stage-B8 'BM_DecodeStep/8/131072/0/3/1/'
     NCU_COUNT=1 step_ncu two-stage-B32 'BM_DecodeStep/32/32768/0/3/1/'
