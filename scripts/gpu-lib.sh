@@ -97,6 +97,24 @@ profile() {
   say "ncu $name: rc=$? $(grep -E '^ +Duration' "$out/ncu-$name.txt" | tr -s ' ' | tr '\n' ';')"
 }
 
+# name filter: Nsight Compute (SpeedOfLight, Occupancy, LaunchStats) of every kernel of one
+# decode step of step_bench's row `filter`: 14 launches after NCU_SKIP (default 14, past the
+# warm-up graphs' launches), clocks as NCU_CLOCK says (default none: as the GPU runs them; the
+# twenty-sixth session's calls used base); each kernel's duration into summary.txt.
+step_ncu() {
+  local l
+  l=$(left)
+  (( l < 40 )) && { say "ncu $1: not run (deadline)"; return; }
+  timeout 90 ncu --target-processes all --clock-control "${NCU_CLOCK:-none}" \
+    -k 'regex:summary|topm|spread|set_topk|policy|token|finish|select|attn|attention|decode|score|combine' \
+    --launch-skip "${NCU_SKIP:-14}" --launch-count 14 --section SpeedOfLight --section Occupancy \
+    --section LaunchStats build-gpu/benchmarks/step_bench --benchmark_filter="$2" \
+    --benchmark_min_time=1x --benchmark_repetitions=1 > "$out/ncu-$1.txt" 2>&1
+  say "ncu $1: rc=$?"
+  awk '/^  [a-z_].*\(/{k=$1; if (k == "void") k = $2} /^    Duration/{print "  " k, $3, $2}' "$out/ncu-$1.txt" |
+    head -14 >> "$out/summary.txt"
+}
+
 # name: Nsight Compute of PyTorch SDPA's kernel on the dense decode shape (B8 N128K, Hq 32 / Hkv 8 /
 # d 128; scripts/sdpa-probe.py), the same sections and stall counters as profile's, into
 # $out/ncu-<name>.txt.

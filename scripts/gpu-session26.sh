@@ -30,31 +30,15 @@ out=$PWD/gpu-out/session26
 rev="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 source scripts/gpu-lib.sh
 
-# name filter: Nsight Compute (SpeedOfLight, Occupancy, LaunchStats) of every kernel of one
-# decode step of step_bench's row `filter` (the launches after the warm-up graphs).
-step_ncu() {
-  local l
-  l=$(left)
-  (( l < 40 )) && { say "ncu $1: not run (deadline)"; return; }
-  timeout 90 ncu --target-processes all \
-    -k 'regex:summary|topm|spread|set_topk|policy|token|finish|select|attn|attention|decode|score|combine' \
-    --launch-skip "${NCU_SKIP:-40}" --launch-count 14 --section SpeedOfLight --section Occupancy \
-    --section LaunchStats build-gpu/benchmarks/step_bench --benchmark_filter="$2" \
-    --benchmark_min_time=1x --benchmark_repetitions=1 > "$out/ncu-$1.txt" 2>&1
-  say "ncu $1: rc=$?"
-  awk '/^  [a-z_].*\(/{k=$1; if (k == "void") k = $2} /^    Duration/{print "  " k, $3, $2}' "$out/ncu-$1.txt" |
-    head -14 >> "$out/summary.txt"
-}
-
 case "${1:-baseline}" in
   baseline)
     build_targets kvc_cuda_tests step_bench
     gtests twostage '*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 150
     sanitize memcheck memcheck '*Cuda_BlockIndex_TwoStage*' 60
     bench 90 step_bench '/(1|8)/131072/0/(1|2|3|4)/(0|1)/|/32/32768/0/(1|2|3)/(0|1)/'
-    step_ncu two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/'
-    step_ncu two-stage-B8 'BM_DecodeStep/8/131072/0/3/1/'
-    step_ncu mean-k-f16-B1 'BM_DecodeStep/1/131072/0/2/0/'
+    NCU_SKIP=40 NCU_CLOCK=base step_ncu two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/'
+    NCU_SKIP=40 NCU_CLOCK=base step_ncu two-stage-B8 'BM_DecodeStep/8/131072/0/3/1/'
+    NCU_SKIP=40 NCU_CLOCK=base step_ncu mean-k-f16-B1 'BM_DecodeStep/1/131072/0/2/0/'
     report
     ;;
   setpath)
@@ -68,8 +52,8 @@ case "${1:-baseline}" in
     KVC_TEST_MAX_ROW=8192 sanitize synccheck synccheck "$set_tests" 45
     bench 40 topk_bench 'BM_TopKSet/'
     bench 90 step_bench '/(1|8)/131072/0/(1|2|3|4)/(0|1)/|/32/32768/0/(1|2|3)/(0|1)/'
-    NCU_SKIP=14 step_ncu two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/'
-    NCU_SKIP=14 step_ncu two-stage-B8 'BM_DecodeStep/8/131072/0/3/1/'
+    NCU_SKIP=14 NCU_CLOCK=base step_ncu two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/'
+    NCU_SKIP=14 NCU_CLOCK=base step_ncu two-stage-B8 'BM_DecodeStep/8/131072/0/3/1/'
     report
     ;;
   confirm)

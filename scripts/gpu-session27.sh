@@ -48,22 +48,6 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=$PWD/gpu-out/session27
 source scripts/gpu-lib.sh
 
-# name filter: Nsight Compute (SpeedOfLight, Occupancy, LaunchStats; clocks as the GPU runs them,
-# --clock-control none) of every kernel of one decode step of step_bench's row `filter`.
-step_ncu() {
-  local l
-  l=$(left)
-  (( l < 40 )) && { say "ncu $1: not run (deadline)"; return; }
-  timeout 90 ncu --target-processes all --clock-control none \
-    -k 'regex:summary|topm|spread|set_topk|policy|token|finish|select|attn|attention|decode|score|combine' \
-    --launch-skip "${NCU_SKIP:-14}" --launch-count 14 --section SpeedOfLight --section Occupancy \
-    --section LaunchStats build-gpu/benchmarks/step_bench --benchmark_filter="$2" \
-    --benchmark_min_time=1x --benchmark_repetitions=1 > "$out/ncu-$1.txt" 2>&1
-  say "ncu $1: rc=$?"
-  awk '/^  [a-z_].*\(/{k=$1; if (k == "void") k = $2} /^    Duration/{print "  " k, $3, $2}' "$out/ncu-$1.txt" |
-    head -14 >> "$out/summary.txt"
-}
-
 step_rows='/(1|8)/131072/0/(1|3)/1/|/32/32768/0/3/1/'
 
 # name filter kernel-regex: Nsight Compute's source page (SASS with per-instruction warp-state
@@ -159,37 +143,31 @@ case "${1:-tokens}" in
     base_bench
     report
     ;;
-  epilogue)
+  epilogue | lean)
     # The thirtieth session's two fixes (the token chunk CTAs' epilogue loads batched; the
-    # streaming kernel's barrier between kv heads): the branch's tests, the step rows against
-    # main's in one call (gpu-base/ from scripts/make-gpu-base.sh), racecheck over the token
-    # tests, memcheck over the two-stage and token tests, Nsight Compute of one B1 step.
+    # streaming kernel's barrier between kv heads), and the thirty-first session's branch (lean):
+    # the branch's tests, the step rows against main's in one call (gpu-base/ from
+    # scripts/make-gpu-base.sh), racecheck over the token tests, memcheck over the two-stage and
+    # token tests, Nsight Compute of one B1 step; lean then adds the source page of the B1 step's
+    # token, finish and final top-k kernels (where their time goes).
     branch_against_main '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 90
     # The streaming kernel's barrier between kv heads (the thirtieth session's racecheck warnings
     # at d 64, blocks of 16): racecheck over the token tests (about 80 s with the set and
     # two-stage tests on the H200), then memcheck.
     KVC_TEST_MAX_ROW=8192 sanitize racecheck-token racecheck '*Cuda_BlockIndex_TokenScores*:*Cuda_BlockIndex_TwoStage*' 120
     KVC_TEST_MAX_ROW=8192 sanitize memcheck memcheck '*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*' 60
-    NCU_COUNT=1 step_ncu two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/'
-    report
-    ;;
-  lean)
-    # The thirty-first session's branch: epilogue's calls, then Nsight Compute's source page of
-    # the B1 step's token, finish and final top-k kernels (where their time goes now).
-    branch_against_main '*Cuda_Selector_Set.*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 90
-    KVC_TEST_MAX_ROW=8192 sanitize racecheck-token racecheck '*Cuda_BlockIndex_TokenScores*:*Cuda_BlockIndex_TwoStage*' 120
-    KVC_TEST_MAX_ROW=8192 sanitize memcheck memcheck '*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*' 60
-    NCU_COUNT=1 step_ncu two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/'
-    NCU_COUNT=3 step_source two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/' 'token_fast|token_mass_finish|set_topk'
+    step_ncu two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/'
+    [ "$1" = lean ] &&
+      NCU_COUNT=3 step_source two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/' 'token_fast|token_mass_finish|set_topk'
     report
     ;;
   lean-rows)
     # lean's tests and same-call step rows on a second GPU (the first lean call ran on an H100),
     # then Nsight Compute of one B1, B8 and B32 two-stage step (the token kernel's duration).
     branch_against_main '*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 90
-    NCU_COUNT=1 step_ncu two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/'
-    NCU_COUNT=1 step_ncu two-stage-B8 'BM_DecodeStep/8/131072/0/3/1/'
-    NCU_COUNT=1 step_ncu two-stage-B32 'BM_DecodeStep/32/32768/0/3/1/'
+    step_ncu two-stage-B1 'BM_DecodeStep/1/131072/0/3/1/'
+    step_ncu two-stage-B8 'BM_DecodeStep/8/131072/0/3/1/'
+    step_ncu two-stage-B32 'BM_DecodeStep/32/32768/0/3/1/'
     report
     ;;
   prefetch)
