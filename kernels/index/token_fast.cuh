@@ -243,8 +243,9 @@ __global__ void __launch_bounds__(kTokThreads, fast_min_ctas(kPerWarp))
     const int h = r.h_first + hh;
     std::uint32_t qb[Tr::kTiles][2];
     load_query_fragments<D>(r.q_row + static_cast<std::size_t>(hh) * p.group * D, cn, qb);
-    index_math::LogSumExp z[2];  // mass rule, lane t (g == 0): heads 2t, 2t + 1 over the warp's
-#pragma unroll                   // entries
+    // Mass rule, lane t (g == 0): heads 2t and 2t + 1 over the warp's entries.
+    index_math::LogSumExp z[2];
+#pragma unroll
     for (int i = 0; i < kPerWarp; ++i) {
       const int jj = warp + i * kTokWarps;
       const int j = j0 + jj;  // the entry: a block id, or a position in the candidate list
