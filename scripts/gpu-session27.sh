@@ -28,6 +28,10 @@
 #             epilogue's calls, then the source page of the B1 step's token, finish and top-k
 #   lean-rows lean's tests and step rows against main's on another GPU, Nsight Compute of the B1,
 #             B8 and B32 two-stage steps
+#   fused     the thirty-second session's branch fused-select (two-stage scoring's finish kernel
+#             selects topk itself: kernels::block_scores_select, one launch fewer per step): the
+#             sparse-row, two-stage and decode-step tests, the step rows against main's
+#             (gpu-base/), racecheck / memcheck / synccheck / initcheck over the new kernel's tests
 #   prefetch  the summary scorer's L2-prefetch variants: tests, memcheck, index_bench rows
 #             (measured in the thirtieth session: every variant slower than kTensorCore)
 #   final     the DeepSeek-V4 attention tests (variant 300, P in one bf16, prints its error), then
@@ -170,6 +174,17 @@ case "${1:-tokens}" in
     step_ncu two-stage-B32 'BM_DecodeStep/32/32768/0/3/1/'
     report
     ;;
+  fused)
+    # The thirty-second session's fused finish + topk (kernels/select/sparse_row.cuh in
+    # token_mass_finish_kernel<true>): correctness first, then the same-call rows, then the
+    # sanitizers over the new kernel's tests.
+    branch_against_main '*Cuda_SparseRowTopk*:*Cuda_BlockIndex_TwoStage*:*Cuda_DecodeStep*' 100
+    sanitize racecheck racecheck '*Cuda_SparseRowTopk*:*Cuda_BlockIndex_TwoStage.WorkspaceContract*:*Cuda_BlockIndex_TwoStage.MatchCpu/*c24*' 60
+    sanitize memcheck memcheck '*Cuda_SparseRowTopk*:*Cuda_BlockIndex_TwoStage*' 60
+    sanitize synccheck synccheck '*Cuda_SparseRowTopk*:*Cuda_BlockIndex_TwoStage.MatchCpu/*c24*' 40
+    sanitize initcheck initcheck '*Cuda_SparseRowTopk*:*Cuda_BlockIndex_TwoStage.MatchCpu/*c24*' 40
+    report
+    ;;
   prefetch)
     # The summary scorer's L2-prefetch variants (twenty-ninth session, written without a GPU):
     # the summary tests (every variant against the CPU, the prefetch variants bit for bit against
@@ -202,6 +217,6 @@ case "${1:-tokens}" in
   flashinfer)
     named_anchors flashinfer "flashinfer_decode flashinfer_topk"
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | prefetch | final | flashinfer | flashmla" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | prefetch | final | flashinfer | flashmla" >&2; exit 2 ;;
 esac
 finish

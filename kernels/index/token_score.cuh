@@ -43,6 +43,7 @@
 #include "kvc/store/block_codec.h"
 #include "kvc/store/kv_store.h"
 #include "pdl.cuh"
+#include "select/sparse_row.cuh"
 #include "select_rules.h"
 
 namespace kvc {
@@ -103,6 +104,13 @@ struct TokenScoreParams {
   float scale;
   bool mass, aggregate_max, shared, q_bf16;
   bool ring_tc;  // streaming kernel: ring CTAs on tensor cores (exact_part_tc)
+  // Two stages with the final topk fused in (token_mass_finish_kernel<true>, block_scores_select;
+  // else null): each row's selection, rows as the scores', sel_pitch ids per row.
+  std::int32_t* sel_ids;
+  std::int32_t* sel_counts;
+  int sel_pitch;
+  int sel_k;  // <= kFinishThreads
+  SelectPolicy::Order sel_order;
 };
 
 /// A 16-bit float as float: exact, with the hardware conversion (same values as
@@ -553,32 +561,13 @@ __global__ void __launch_bounds__(kTokThreads)
   if (!p.mass) chunk_scores(p, r, j0, kTokBlocksPerCta, agg);
 }
 
-__global__ void __launch_bounds__(kFinishThreads)
-    token_mass_finish_kernel(const __grid_constant__ TokenScoreParams p) {
-  __shared__ float z_smem[kFinishHeads];
-  // Launched as a programmatic dependent (p.ring_tc, and two stages), the kernel may start
-  // before the chunk kernel has finished. What that kernel does not write (the slot's length,
-  // the candidates, which the kernels before it wrote) is read first; the lse values and
-  // partials after the wait for it. A no-op in an ordinary launch.
-  const StoreView& s = p.s;
-  const int row = blockIdx.y;
-  const int rows_per_token = p.shared ? 1 : s.num_kv_heads;
-  const int b = row / rows_per_token / p.tokens;
-  const int L = s.lengths[p.slots[b]];
-  const int old = L > s.recent_window ? L - s.recent_window : 0;
-  const int closed = store::owned_count(old / s.block_size, s.num_shards, s.shard_index);
-  // (Two stages: the chunk CTAs let this kernel launch only after the selection that wrote the
-  // candidates had completed; read through L2.)
-  const int n = p.cand != nullptr ? __ldcg(p.cand_count + row) : closed;  // blocks or candidates
-  const int j = blockIdx.x * kFinishThreads + threadIdx.x;
-  const int block = p.cand == nullptr ? j
-                    : j < n ? __ldcg(p.cand + static_cast<std::size_t>(row) * p.cand_pitch + j)
-                            : 0;
-  pdl_wait();
-  // The selector after this kernel may launch now (it waits for this grid in turn).
-  pdl_launch_dependents();
-  if (static_cast<int>(blockIdx.x) * kFinishThreads >= n) return;
-  const int parts_used = p.ring_parts + (n + p.blocks_per_cta - 1) / p.blocks_per_cta;
+/// A thread's block score from its lse values and the row's normalisers (token_mass_finish_kernel
+/// after its wait): j is the thread's block or entry, n the row's blocks or entries, parts_used
+/// the partials written. Every thread of the CTA calls it (barriers); threads with j >= n return
+/// 0, which nothing reads.
+__device__ __forceinline__ float finish_block_score(const TokenScoreParams& p, int row, int j,
+                                                    int n, int parts_used,
+                                                    float (&z_smem)[kFinishHeads]) {
   constexpr int kWarps = kFinishThreads / 32;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   // This thread's lse values, kFinishLseBatch heads per round trip: every load of a batch is
@@ -643,11 +632,57 @@ __global__ void __launch_bounds__(kFinishThreads)
       }
     }
   }
-  if (j < n) {
-    p.out.scores[static_cast<std::size_t>(row) * p.out.max_blocks + block] =
-        p.aggregate_max ? acc
-        : nan           ? formats::quiet_nan()
-                        : sum.value();
+  return p.aggregate_max ? acc : nan ? formats::quiet_nan() : sum.value();
+}
+
+/// The finish kernel (file comment). kSelect (two stages, one CTA per row: cand_pitch <=
+/// kFinishThreads; sel_k <= kFinishThreads): the CTA also selects the row's topk(sel_k) from
+/// the candidates' scores and the -inf of every other closed block, as the select kernels would
+/// from the written row (select_detail::sparse_row_topk), and writes it to p.sel_ids /
+/// p.sel_counts.
+template <bool kSelect>
+__global__ void __launch_bounds__(kFinishThreads)
+    token_mass_finish_kernel(const __grid_constant__ TokenScoreParams p) {
+  __shared__ float z_smem[kFinishHeads];
+  // Launched as a programmatic dependent (p.ring_tc, and two stages), the kernel may start
+  // before the chunk kernel has finished. What that kernel does not write (the slot's length,
+  // the candidates, the first stage's num_valid, which the kernels before it wrote) is read
+  // first; the lse values and partials after the wait for it. A no-op in an ordinary launch.
+  const StoreView& s = p.s;
+  const int row = blockIdx.y;
+  const int rows_per_token = p.shared ? 1 : s.num_kv_heads;
+  const int b = row / rows_per_token / p.tokens;
+  const int L = s.lengths[p.slots[b]];
+  const int old = L > s.recent_window ? L - s.recent_window : 0;
+  const int closed = store::owned_count(old / s.block_size, s.num_shards, s.shard_index);
+  // (Two stages: the chunk CTAs let this kernel launch only after the selection that wrote the
+  // candidates had completed; read through L2.)
+  const int n = p.cand != nullptr ? __ldcg(p.cand_count + row) : closed;  // blocks or candidates
+  const int j = blockIdx.x * kFinishThreads + threadIdx.x;
+  const int block = p.cand == nullptr ? j
+                    : j < n ? __ldcg(p.cand + static_cast<std::size_t>(row) * p.cand_pitch + j)
+                            : 0;
+  // The row's length as the select kernels read it (the first stage wrote num_valid).
+  const int valid =
+      kSelect ? select_detail::clamp_valid(__ldcg(p.out.num_valid + row), p.out.max_blocks) : 0;
+  pdl_wait();
+  // The kernel after this one may launch now (it waits for this grid in turn).
+  pdl_launch_dependents();
+  float score = 0.0f;
+  if (static_cast<int>(blockIdx.x) * kFinishThreads < n) {  // uniform
+    const int parts_used = p.ring_parts + (n + p.blocks_per_cta - 1) / p.blocks_per_cta;
+    score = finish_block_score(p, row, j, n, parts_used, z_smem);
+    if (j < n) p.out.scores[static_cast<std::size_t>(row) * p.out.max_blocks + block] = score;
+  }
+  if constexpr (kSelect) {
+    __shared__ select_detail::SparseRowShared<kFinishThreads> sh;
+    select_detail::SparseRowOut o;
+    o.ids = p.sel_ids + static_cast<std::size_t>(row) * p.sel_pitch;
+    o.count = p.sel_counts + row;
+    o.max_selected = p.sel_pitch;
+    o.k = p.sel_k;
+    o.order = p.sel_order;
+    select_detail::sparse_row_topk(sh, n, block, score, valid, o);
   }
 }
 

@@ -208,8 +208,12 @@ cudaError_t rows_resident_ctas(int block_size, int& out) {
 // (it starts with griddepcontrol.wait), else an ordinary one.
 cudaError_t launch_token_finish(dim3 grid, const TokenScoreParams& p, bool pdl,
                                 cudaStream_t stream) {
-  return kvc::detail::launch_kernel(token_mass_finish_kernel, grid, dim3(kFinishThreads), 0, pdl,
-                                    stream, p);
+  if (p.sel_ids != nullptr) {
+    return kvc::detail::launch_kernel(token_mass_finish_kernel<true>, grid, dim3(kFinishThreads), 0,
+                                      pdl, stream, p);
+  }
+  return kvc::detail::launch_kernel(token_mass_finish_kernel<false>, grid, dim3(kFinishThreads), 0,
+                                    pdl, stream, p);
 }
 
 // The general token kernel for any head_dim the index takes.
@@ -260,6 +264,11 @@ TokenScoreParams token_params(const StoreView& s, const BlockIndexConfig& c,
   p.aggregate_max = c.aggregate == GqaAggregate::kMax;
   p.shared = c.shared_across_heads;
   p.q_bf16 = c.dtype == DType::kBF16;
+  p.sel_ids = nullptr;
+  p.sel_counts = nullptr;
+  p.sel_pitch = 0;
+  p.sel_k = 0;
+  p.sel_order = SelectPolicy::Order::kScore;
   return p;
 }
 
@@ -343,10 +352,13 @@ cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const st
 // one under kAuto where it serves, else the general one; either first sets every closed block's
 // score to -inf) and the finish kernel, which writes the candidates' scores. Four launches, all
 // shapes from the batch, T and the store's pitch.
+// With `policy` and `selection` (block_scores_select; both or neither), the finish kernel also
+// selects policy's topk into `selection` (token_mass_finish_kernel<true>).
 cudaError_t two_stage_scores(const StoreView& s, const BlockIndexConfig& c,
                              const std::int32_t* d_slots, int batch, int tokens, const void* d_q,
                              const ScoresView& out, void* d_workspace, std::size_t workspace_bytes,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, const SelectPolicy* policy = nullptr,
+                             const SelectionView* selection = nullptr) {
   const int rows = c.rows(batch, tokens);
   const int pitch = c.candidates + 1;
   const TwoStageLayout layout(rows, row_heads(c), c.candidates, out.max_blocks);
@@ -396,6 +408,13 @@ cudaError_t two_stage_scores(const StoreView& s, const BlockIndexConfig& c,
   p.cand = candidates.ids;
   p.cand_count = candidates.counts;
   p.cand_pitch = pitch;
+  if (selection != nullptr) {
+    p.sel_ids = selection->ids;
+    p.sel_counts = selection->counts;
+    p.sel_pitch = selection->max_selected;
+    p.sel_k = policy->k;
+    p.sel_order = policy->order;
+  }
   // A shared row's kv heads over grid.z, one per CTA (token_row): a CTA walking the heads one
   // after the other waited out every head's round trips in turn (the ring CTA, and each warp's
   // candidates, per head), and a decode batch leaves most SMs idle anyway.
@@ -662,6 +681,31 @@ cudaError_t block_scores_workspace_size(std::size_t& bytes, const BlockIndexConf
   }
   bytes = TokenMassLayout(c.rows(batch, tokens), row_heads(c), max_blocks_per_slot).total;
   return cudaSuccess;
+}
+
+static_assert(kBlockScoresSelectMax == kFinishThreads,
+              "block_scores_select: one finish CTA per row, one candidate and one pick per thread");
+
+bool block_scores_select_serves(const BlockIndexConfig& c, const SelectPolicy& policy) {
+  return c.score == SummaryScore::kTokenMass && c.candidates > 0 &&
+         c.candidates + 1 <= kBlockScoresSelectMax && policy.kind == SelectPolicy::Kind::kTopK &&
+         policy.k >= 0 && policy.k <= kBlockScoresSelectMax;
+}
+
+cudaError_t block_scores_select(const StoreView& s, const BlockIndexConfig& c,
+                                const std::int32_t* d_slots, int batch, int tokens, const void* d_q,
+                                const ScoresView& out, const SelectPolicy& policy,
+                                const SelectionView& selection, void* d_workspace,
+                                std::size_t workspace_bytes, cudaStream_t stream) {
+  if (!block_scores_select_serves(c, policy)) return cudaErrorNotSupported;
+  if (selection.rows != out.rows || selection.max_selected < policy.max_output(out.max_blocks) ||
+      (out.rows > 0 &&
+       (selection.counts == nullptr || (selection.ids == nullptr && selection.max_selected > 0)))) {
+    return cudaErrorInvalidValue;
+  }
+  if (batch <= 0 || tokens <= 0) return cudaSuccess;
+  return two_stage_scores(s, c, d_slots, batch, tokens, d_q, out, d_workspace, workspace_bytes,
+                          stream, &policy, &selection);
 }
 
 cudaError_t block_scores(const StoreView& s, const BlockIndexConfig& c, const std::int32_t* d_slots,

@@ -142,6 +142,52 @@ void expect_matches_cpu(const std::vector<float>& g, const std::vector<std::int3
   EXPECT_GT(reduced, 0);  // the long sequence's rows leave blocks out
 }
 
+// kernels::block_scores_select against block_scores' scores `g` / `gv` (the same call's, from
+// the BlockIndex) and the CPU Selector over them: the same scores bit for bit, and the selection
+// of topk(k) in every order, for k from 1 past the candidates (whose rows then take unlisted
+// -inf blocks by id) to kBlockScoresSelectMax; outputs poisoned.
+void expect_fused_select_matches(const StoreView& v, const BlockIndexConfig& c,
+                                 const std::vector<int>& slots_h, int batch, int T, const void* dq,
+                                 const std::vector<float>& g, const std::vector<std::int32_t>& gv) {
+  using Order = SelectPolicy::Order;
+  const int rows = c.rows(batch, T), maxb = c.max_blocks_per_slot;
+  std::size_t bytes = 0;
+  KVC_ASSERT_CUDA(kernels::block_scores_workspace_size(bytes, c, batch, T, maxb));
+  DeviceArray<std::uint8_t> ws(bytes);
+  DeviceArray<std::int32_t> slots(std::vector<std::int32_t>(slots_h.begin(), slots_h.end()));
+  for (const int k : {1, 8, c.candidates + 1, c.candidates + 17, kernels::kBlockScoresSelectMax}) {
+    for (const Order order : {Order::kScore, Order::kChronological, Order::kDescending}) {
+      SelectPolicy p = SelectPolicy::topk(k);
+      p.order = order;
+      ASSERT_TRUE(kernels::block_scores_select_serves(c, p));
+      const int pitch = p.max_output(maxb);
+      DeviceArray<float> fs(static_cast<std::size_t>(rows) * maxb);
+      DeviceArray<std::int32_t> fv(rows), ids(static_cast<std::size_t>(rows) * pitch), counts(rows);
+      fs.fill_bytes(0xff);
+      fv.fill_bytes(0xff);
+      ids.fill_bytes(0x5a);
+      counts.fill_bytes(0x5a);
+      KVC_ASSERT_CUDA(kernels::block_scores_select(
+          v, c, slots.get(), batch, T, dq, ScoresView{fs.get(), fv.get(), rows, maxb}, p,
+          SelectionView{ids.get(), counts.get(), rows, pitch, c.shared_across_heads}, ws.get(),
+          bytes, nullptr));
+      KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+      const auto f = fs.download();
+      ASSERT_EQ(fv.download(), gv);
+      ASSERT_EQ(0, std::memcmp(f.data(), g.data(), f.size() * sizeof(float)))
+          << "scores differ, k " << k;
+      std::vector<float> scores = g;
+      std::vector<std::int32_t> valid = gv, cpu_ids(static_cast<std::size_t>(rows) * pitch),
+                                cpu_counts(rows);
+      SelectionView cpu_out{cpu_ids.data(), cpu_counts.data(), rows, pitch};
+      Selector::create(Device::cpu())
+          ->select(ScoresView{scores.data(), valid.data(), rows, maxb}, p, cpu_out);
+      ASSERT_EQ(counts.download(), cpu_counts) << "k " << k << " order " << static_cast<int>(order);
+      ASSERT_EQ(ids.download(), cpu_ids) << "k " << k << " order " << static_cast<int>(order);
+    }
+  }
+}
+
 class Cuda_BlockIndex_TwoStage : public ::testing::TestWithParam<TwoStageCase> {};
 
 TEST_P(Cuda_BlockIndex_TwoStage, MatchCpu) {
@@ -182,7 +228,10 @@ TEST_P(Cuda_BlockIndex_TwoStage, MatchCpu) {
                                      Device::cuda(0)),
               ScoresView{gs.get(), gv.get(), rows, maxb});
     KVC_ASSERT_CUDA(cudaDeviceSynchronize());
-    expect_matches_cpu(gs.download(), gv.download(), cs, cv, fs, k.candidates, rows, maxb);
+    const auto g = gs.download();
+    const auto gvh = gv.download();
+    expect_matches_cpu(g, gvh, cs, cv, fs, k.candidates, rows, maxb);
+    expect_fused_select_matches(st.gpu->view(), ck, slots, batch, k.T, dq.get(), g, gvh);
   }
 }
 
@@ -228,9 +277,10 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(k.T);
     });
 
-// The kernel layer: a missing or short workspace is refused before anything is written; the
-// full one works; and a graph captured around the call (summary scores, the select kernels, the
-// token kernel, the finish kernel) replays to the same bits as the direct call.
+// The kernel layer: a missing or short workspace is refused before anything is written (and
+// block_scores_select's unserved policies and wrong selection shapes); the full one works; and a
+// graph captured around the call (summary scores, the select kernels, the token kernel, the finish
+// kernel) replays to the same bits as the direct call.
 TEST(Cuda_BlockIndex_TwoStage, WorkspaceContractAndGraphReplay) {
   KVC_REQUIRE_GPU();
   const TwoStageCase k{Format::kFp16kQ4v,
@@ -269,7 +319,34 @@ TEST(Cuda_BlockIndex_TwoStage, WorkspaceContractAndGraphReplay) {
                                   nullptr),
             cudaErrorInvalidValue);
   KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+  // block_scores_select: a policy it does not serve, a selection of the wrong shape, a short
+  // workspace: refused, nothing written.
+  DeviceArray<std::int32_t> sel_ids(static_cast<std::size_t>(rows) * 8), sel_counts(rows);
+  sel_ids.fill_bytes(0x5a);
+  sel_counts.fill_bytes(0x5a);
+  const SelectionView sel{sel_ids.get(), sel_counts.get(), rows, 8, false};
+  EXPECT_EQ(kernels::block_scores_select(v, c, slots.get(), batch, 1, q.get(), out,
+                                         SelectPolicy::anchor(8), sel, ws.get(), bytes, nullptr),
+            cudaErrorNotSupported);
+  EXPECT_EQ(kernels::block_scores_select(v, c, slots.get(), batch, 1, q.get(), out,
+                                         SelectPolicy::topk(kernels::kBlockScoresSelectMax + 1),
+                                         sel, ws.get(), bytes, nullptr),
+            cudaErrorNotSupported);
+  EXPECT_EQ(kernels::block_scores_select(v, c, slots.get(), batch, 1, q.get(), out,
+                                         SelectPolicy::topk(9), sel, ws.get(), bytes, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::block_scores_select(
+                v, c, slots.get(), batch, 1, q.get(), out, SelectPolicy::topk(8),
+                SelectionView{sel_ids.get(), sel_counts.get(), rows - 1, 8, false}, ws.get(), bytes,
+                nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::block_scores_select(v, c, slots.get(), batch, 1, q.get(), out,
+                                         SelectPolicy::topk(8), sel, ws.get(), bytes - 4, nullptr),
+            cudaErrorInvalidValue);
+  KVC_ASSERT_CUDA(cudaDeviceSynchronize());
   for (float x : direct.download()) ASSERT_TRUE(std::isnan(x));  // nothing written
+  for (std::int32_t x : sel_ids.download()) ASSERT_EQ(x, 0x5a5a5a5a);
+  for (std::int32_t x : sel_counts.download()) ASSERT_EQ(x, 0x5a5a5a5a);
   KVC_ASSERT_CUDA(
       kernels::block_scores(v, c, slots.get(), batch, 1, q.get(), out, ws.get(), bytes, nullptr));
   KVC_ASSERT_CUDA(cudaDeviceSynchronize());

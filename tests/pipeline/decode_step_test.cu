@@ -1,10 +1,13 @@
 // A whole decode step (append → score → select → attend) captured once in a CUDA graph and
 // replayed for 1000 steps of growing lengths equals the uncaptured object path step by step, and
-// free device memory does not move across the replays.
+// free device memory does not move across the replays. With two-stage token mass the captured
+// step scores and selects in one call (kernels::block_scores_select), the objects in two
+// (BlockIndex, then Selector): the same scores, counts and ids, bit for bit.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -23,9 +26,15 @@ namespace {
 using testing::DeviceArray;
 using testing::random_bits16;
 
-// default_scoring: kvc's default (kvc/defaults.h: token mass over an mxfp4 index copy, which
-// needs DecodeStepArgs::index_workspace), else mean-K scores.
-void graph_replay_equals_objects(bool default_scoring) {
+enum class Scoring {
+  kMeanK,     // mean-K summary scores
+  kDefault,   // kvc's default (kvc/defaults.h: token mass over an mxfp4 index copy, which needs
+              // DecodeStepArgs::index_workspace)
+  kTwoStage,  // the default's token mass over the 24 best blocks by mean K (and block 0)
+};
+
+void graph_replay_equals_objects(Scoring scoring) {
+  const bool default_scoring = scoring != Scoring::kMeanK;
   constexpr int kBatch = 3, kHkv = 2, kHq = 8, kD = 128, kTop = 4, kSteps = 1000;
   const BlockSelectConfig defaults = default_block_select(kHq, kHkv, kD, 2200, kBatch);
   KvStoreConfig sc = default_scoring ? defaults.store : KvStoreConfig{};
@@ -65,6 +74,7 @@ void graph_replay_equals_objects(bool default_scoring) {
   ic.head_dim = kD;
   ic.max_batch = kBatch;
   ic.max_blocks_per_slot = sc.max_blocks_per_slot();
+  if (scoring == Scoring::kTwoStage) ic.candidates = 24;
   const int rows = ic.rows(kBatch, 1), maxb = sc.max_blocks_per_slot();
   auto index = BlockIndex::create(ic, Device::cuda(0));
   auto selector = Selector::create(Device::cuda(0), SelectorLimits{rows, maxb, kTop});
@@ -76,6 +86,7 @@ void graph_replay_equals_objects(bool default_scoring) {
   ac.max_batch = kBatch;
   auto backend = AttentionBackend::create(ac, Device::cuda(0));
   const SelectPolicy policy = SelectPolicy::topk(kTop);
+  EXPECT_EQ(kernels::block_scores_select_serves(ic, policy), scoring == Scoring::kTwoStage);
 
   // Kernel-layer buffers of the captured step.
   DeviceArray<std::uint16_t> step_k(kBatch * token), step_v(kBatch * token),
@@ -181,6 +192,19 @@ void graph_replay_equals_objects(bool default_scoring) {
       const auto go = g_out.download(), oo = o_out.download();
       const auto gi = g_ids.download(), oi = o_ids.download();
       ASSERT_EQ(gi, oi) << "step " << step;
+      ASSERT_EQ(g_counts.download(), o_counts.download()) << "step " << step;
+      const auto gv = g_valid.download(), ov = o_valid.download();
+      ASSERT_EQ(gv, ov) << "step " << step;
+      const auto gs = g_scores.download(), os = o_scores.download();
+      for (int r = 0; r < rows; ++r) {
+        for (int j = 0; j < gv[r]; ++j) {
+          const std::size_t at = static_cast<std::size_t>(r) * maxb + j;
+          std::uint32_t x, y;
+          std::memcpy(&x, &gs[at], 4);
+          std::memcpy(&y, &os[at], 4);
+          ASSERT_EQ(x, y) << "step " << step << " row " << r << " block " << j;
+        }
+      }
       for (std::size_t i = 0; i < go.size(); ++i) {
         const float x = half_bits_to_float(go[i]), y = half_bits_to_float(oo[i]);
         ASSERT_FALSE(std::isnan(x)) << "step " << step;
@@ -202,12 +226,17 @@ void graph_replay_equals_objects(bool default_scoring) {
 
 TEST(Cuda_DecodeStep, GraphReplayEqualsObjectsFor1000Steps) {
   KVC_REQUIRE_GPU();
-  graph_replay_equals_objects(false);
+  graph_replay_equals_objects(Scoring::kMeanK);
 }
 
 TEST(Cuda_DecodeStep, DefaultScoringGraphReplayEqualsObjectsFor1000Steps) {
   KVC_REQUIRE_GPU();
-  graph_replay_equals_objects(true);
+  graph_replay_equals_objects(Scoring::kDefault);
+}
+
+TEST(Cuda_DecodeStep, TwoStageGraphReplayEqualsObjectsFor1000Steps) {
+  KVC_REQUIRE_GPU();
+  graph_replay_equals_objects(Scoring::kTwoStage);
 }
 
 }  // namespace

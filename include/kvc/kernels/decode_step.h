@@ -2,7 +2,9 @@
  *  \brief One block-select decode step of one layer as four stream-ordered launches: append the
  *  new token, score the closed blocks, select, attend. Nothing here allocates or synchronises, so
  *  an engine captures decode_step() once in a CUDA graph and replays it as lengths grow: every
- *  length, block table, selection and count is read on the device.
+ *  length, block table, selection and count is read on the device. With two-stage token mass
+ *  (BlockIndexConfig::candidates) and a topk policy, scoring and selection are one call,
+ *  kernels::block_scores_select: the kernel that forms the candidates' scores selects from them.
  *
  *  The caller owns every buffer. Sizes: scores [rows, store.max_blocks_per_slot] f32 and
  *  num_valid [rows] with rows = index.rows(batch, 1); selection [rows, max_selected];
@@ -92,6 +94,30 @@ inline cudaError_t decode_step_index_workspace_size(std::size_t& bytes,
                                      max_blocks_per_slot);
 }
 
+/// Calls launch(b0, n, row0) for consecutive whole-sequence parts of a batch (sequences
+/// [b0, b0 + n), score rows from row0), each of at most kMaxScoreRowsPerLaunch score rows; stops
+/// at the first error and returns it.
+template <class Launch>
+cudaError_t for_score_launches(const BlockIndexConfig& config, int batch, Launch launch) {
+  const int per_seq = config.rows(1, 1);
+  const int seqs = score_sequences_per_launch(config, batch > 0 ? batch : 1);
+  for (int b0 = 0; b0 < batch; b0 += seqs) {
+    const int n = batch - b0 < seqs ? batch - b0 : seqs;
+    const cudaError_t e = launch(b0, n, static_cast<std::size_t>(b0) * per_seq);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+/// Rows [row0, row0 + rows) of a ScoresView.
+inline ScoresView score_rows(const ScoresView& v, std::size_t row0, int rows) {
+  ScoresView part = v;
+  part.scores = v.scores + row0 * static_cast<std::size_t>(v.max_blocks);
+  part.num_valid = v.num_valid + row0;
+  part.rows = rows;
+  return part;
+}
+
 /// block_scores() of a batch cut into launches of at most kMaxScoreRowsPerLaunch rows each
 /// (whole sequences per launch), so every batch the configs accept launches. `d_workspace`
 /// (decode_step_index_workspace_size bytes) serves kTokenMass; the launches reuse it in stream
@@ -109,22 +135,33 @@ inline cudaError_t block_scores_in_launches(const StoreView& s, const BlockIndex
                                             const std::int32_t* d_slots, int batch, const void* d_q,
                                             const ScoresView& out, void* d_workspace,
                                             std::size_t workspace_bytes, cudaStream_t stream) {
-  const int per_seq = config.rows(1, 1);
-  const int seqs = score_sequences_per_launch(config, batch > 0 ? batch : 1);
   const std::size_t q_seq = static_cast<std::size_t>(config.num_q_heads) * config.head_dim * 2;
-  for (int b0 = 0; b0 < batch; b0 += seqs) {
-    const int n = batch - b0 < seqs ? batch - b0 : seqs;
-    ScoresView part = out;
-    const std::size_t row0 = static_cast<std::size_t>(b0) * per_seq;
-    part.scores = out.scores + row0 * static_cast<std::size_t>(out.max_blocks);
-    part.num_valid = out.num_valid + row0;
-    part.rows = n * per_seq;
-    const cudaError_t e = block_scores(s, config, d_slots + b0, n, 1,
-                                       static_cast<const std::uint8_t*>(d_q) + b0 * q_seq, part,
-                                       d_workspace, workspace_bytes, stream);
-    if (e != cudaSuccess) return e;
-  }
-  return cudaSuccess;
+  return for_score_launches(config, batch, [&](int b0, int n, std::size_t row0) {
+    return block_scores(
+        s, config, d_slots + b0, n, 1, static_cast<const std::uint8_t*>(d_q) + b0 * q_seq,
+        score_rows(out, row0, n * config.rows(1, 1)), d_workspace, workspace_bytes, stream);
+  });
+}
+
+/// block_scores_select() (kvc/kernels/index_kernels.h: the scores and policy's selection in the
+/// same launches) cut into launches as block_scores_in_launches cuts block_scores(); `selection`
+/// has the rows of `out`.
+inline cudaError_t block_scores_select_in_launches(
+    const StoreView& s, const BlockIndexConfig& config, const std::int32_t* d_slots, int batch,
+    const void* d_q, const ScoresView& out, const SelectPolicy& policy,
+    const SelectionView& selection, void* d_workspace, std::size_t workspace_bytes,
+    cudaStream_t stream) {
+  const std::size_t q_seq = static_cast<std::size_t>(config.num_q_heads) * config.head_dim * 2;
+  return for_score_launches(config, batch, [&](int b0, int n, std::size_t row0) {
+    const int rows = n * config.rows(1, 1);
+    SelectionView part = selection;
+    part.ids = selection.ids + row0 * static_cast<std::size_t>(selection.max_selected);
+    part.counts = selection.counts + row0;
+    part.rows = rows;
+    return block_scores_select(
+        s, config, d_slots + b0, n, 1, static_cast<const std::uint8_t*>(d_q) + b0 * q_seq,
+        score_rows(out, row0, rows), policy, part, d_workspace, workspace_bytes, stream);
+  });
 }
 
 /// Enqueues append (when k_new is set) → block scores → select → attention on `stream`.
@@ -147,7 +184,13 @@ inline cudaError_t decode_step(const DecodeStepArgs& a, cudaStream_t stream) {
     e = store_update(a.store, a.slots, a.batch, 1, a.k_new, a.v_new, stream);
     if (e != cudaSuccess) return e;
   }
-  if (selects) {
+  if (selects && block_scores_select_serves(a.index, a.policy)) {
+    // Two-stage token mass with topk: the finish kernel selects (one launch fewer).
+    e = block_scores_select_in_launches(a.store, a.index, a.slots, a.batch, a.attention.q, a.scores,
+                                        a.policy, a.selection, a.index_workspace,
+                                        a.index_workspace_bytes, stream);
+    if (e != cudaSuccess) return e;
+  } else if (selects) {
     e = block_scores_in_launches(a.store, a.index, a.slots, a.batch, a.attention.q, a.scores,
                                  a.index_workspace, a.index_workspace_bytes, stream);
     if (e != cudaSuccess) return e;

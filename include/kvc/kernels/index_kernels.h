@@ -13,6 +13,7 @@
 
 #include "kvc/index/block_index.h"
 #include "kvc/select/selection.h"
+#include "kvc/select/selector.h"
 #include "kvc/store/kv_store.h"
 
 namespace kvc {
@@ -75,6 +76,41 @@ cudaError_t block_scores(const StoreView& s, const BlockIndexConfig& config,
                          const std::int32_t* d_slots, int batch, int tokens, const void* d_q,
                          const ScoresView& out, void* d_workspace, std::size_t workspace_bytes,
                          cudaStream_t stream);
+
+/// Most candidate entries (BlockIndexConfig::candidates + 1) and most k of block_scores_select.
+constexpr int kBlockScoresSelectMax = 256;
+
+/// Whether block_scores_select serves `config` and `policy`: two-stage kTokenMass
+/// (config.candidates > 0) with candidates + 1 <= kBlockScoresSelectMax, and policy topk(k) with
+/// k <= kBlockScoresSelectMax, in any order.
+bool block_scores_select_serves(const BlockIndexConfig& config, const SelectPolicy& policy);
+
+/// block_scores (two-stage kTokenMass) and the selection of `policy` over the scores it writes,
+/// in the same launches: the kernel that forms each row's candidate scores also selects from them
+/// (every other closed block scores -inf), so no select kernel reads the row back. `out` and
+/// `selection` are written as block_scores and then kernels::select (kvc/kernels/select_kernels.h)
+/// would write them, bit for bit; a decode step is then four launches before the attention
+/// instead of five (kvc/kernels/decode_step.h takes this path where it serves).
+/// @param[in] s                the store (device pointers)
+/// @param[in] config           index configuration (validated by the caller)
+/// @param[in] d_slots          [batch] slot ids on the device
+/// @param[in] batch            sequences
+/// @param[in] tokens           query tokens per sequence (T)
+/// @param[in] d_q              [batch, T, Hq, d] queries (config.dtype)
+/// @param[out] out             scores, as for block_scores
+/// @param[in] policy           topk(k) (validated by the caller)
+/// @param[out] selection       rows = out.rows, max_selected >= policy.max_output(out.max_blocks)
+/// @param[in] d_workspace      scratch, block_scores_workspace_size bytes (256-byte aligned)
+/// @param[in] workspace_bytes  its size
+/// @param[in] stream           stream the work is ordered on
+/// @return cudaErrorNotSupported where block_scores_select_serves is false; cudaErrorInvalidValue
+///         for a selection of the wrong shape or a missing or short workspace (nothing launched
+///         either way); else the first CUDA error of the launches
+cudaError_t block_scores_select(const StoreView& s, const BlockIndexConfig& config,
+                                const std::int32_t* d_slots, int batch, int tokens, const void* d_q,
+                                const ScoresView& out, const SelectPolicy& policy,
+                                const SelectionView& selection, void* d_workspace,
+                                std::size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace kernels
 }  // namespace kvc
