@@ -55,7 +55,9 @@ const char* const kUsage =
     "  --budgets LIST    top-k of block_select_exact (default 4,8,16)\n"
     "  --lossy-budget N  top-k of block_select_lossy (default 8)\n"
     "  --representatives N  exact representatives per block in the lossy modes (default 0)\n"
-    "  --scoring S       block score: mean_k (default) or quest (min/max K upper bound)\n"
+    "  --scoring S       block score: mean_k (default), quest (min/max K upper bound) or\n"
+    "                    token_mass (kvc's default: every old token's mxfp4 index key)\n"
+    "  --candidates C    token_mass in two stages: mean K keeps C blocks (and block 0) first\n"
     "  --aggregate A     GQA aggregation of the block score: sum (default) or max\n"
     "  --seeds N         random cases per (case, length) (default 1)\n"
     "  --threads N       cases run in parallel (default: hardware threads up to 8; 1 on CUDA)\n"
@@ -221,9 +223,15 @@ int run(int argc, char** argv) {
       o.lossy_representatives = parse_int(value(), "--representatives");
     } else if (a == "--scoring") {
       const std::string v = value();
-      if (v != "mean_k" && v != "quest")
-        throw kvc::Error("--scoring = '" + v + "' is not mean_k or quest");
-      o.score = v == "quest" ? kvc::SummaryScore::kQuestMinMax : kvc::SummaryScore::kMeanK;
+      if (v != "mean_k" && v != "quest" && v != "token_mass")
+        throw kvc::Error("--scoring = '" + v + "' is not mean_k, quest or token_mass");
+      o.score = v == "quest"        ? kvc::SummaryScore::kQuestMinMax
+                : v == "token_mass" ? kvc::SummaryScore::kTokenMass
+                                    : kvc::SummaryScore::kMeanK;
+    } else if (a == "--candidates") {
+      o.candidates = parse_int(value(), "--candidates");
+      if (o.candidates < 0)
+        throw kvc::Error("--candidates = " + std::to_string(o.candidates) + " is negative");
     } else if (a == "--aggregate") {
       const std::string v = value();
       if (v != "sum" && v != "max") throw kvc::Error("--aggregate = '" + v + "' is not sum or max");

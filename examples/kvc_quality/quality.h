@@ -110,23 +110,29 @@ struct SuiteOptions {
   /// block_select_exact.
   std::vector<std::string> modes = {"dense",         "dense_recent_only",  "recent_only",
                                     "block_summary", "block_select_lossy", "block_select_exact"};
-  std::vector<int> budgets = {4, 8, 16};                  ///< top-k of block_select_exact
-  int lossy_budget = 8;                                   ///< top-k of block_select_lossy
-  int lossy_representatives = 0;                          ///< exact representatives per lossy block
-  kvc::SummaryScore score = kvc::SummaryScore::kMeanK;    ///< block score (Quest adds min/max K)
+  std::vector<int> budgets = {4, 8, 16};  ///< top-k of block_select_exact
+  int lossy_budget = 8;                   ///< top-k of block_select_lossy
+  int lossy_representatives = 0;          ///< exact representatives per lossy block
+  /// Block score: kMeanK, kQuestMinMax (min/max K) or kTokenMass (kvc's default rule: every old
+  /// token's mxfp4 index key, kvc/defaults.h)
+  kvc::SummaryScore score = kvc::SummaryScore::kMeanK;
+  /// kTokenMass in two stages when > 0: mean K keeps this many blocks (and block 0) per kv head
+  /// first (BlockIndexConfig::candidates)
+  int candidates = 0;
   kvc::GqaAggregate aggregate = kvc::GqaAggregate::kSum;  ///< how a group's heads combine
 };
 
 /// One measured (case, format, mode, budget).
 struct Row {
-  std::string case_name;             ///< to_string(CaseKind)
-  int length = 0;                    ///< N
-  int seed = 0;                      ///< repetition
-  std::string format;                ///< old-block format ("f16" also for the plain cache)
-  std::string mode;                  ///< attention mode
-  int budget = -1;                   ///< selected blocks per kv head (select modes), else -1
-  std::string scoring;               ///< block score and GQA aggregation, e.g. "mean_k/sum"
-  bool pass = false;                 ///< the output recovers every needle (evaluate())
+  std::string case_name;  ///< to_string(CaseKind)
+  int length = 0;         ///< N
+  int seed = 0;           ///< repetition
+  std::string format;     ///< old-block format ("f16" also for the plain cache)
+  std::string mode;       ///< attention mode
+  int budget = -1;        ///< selected blocks per kv head (select modes), else -1
+  std::string
+      scoring;        ///< block score and GQA aggregation, e.g. "mean_k/sum", "token_mass_c255/sum"
+  bool pass = false;  ///< the output recovers every needle (evaluate())
   bool dense_pass = false;           ///< mode dense over the same format passes this case
   double needle_coef_min = 0.0;      ///< Recovery::needle_coef_min
   double distractor_coef_max = 0.0;  ///< Recovery::distractor_coef_max (NaN: no distractors)

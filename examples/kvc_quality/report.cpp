@@ -83,8 +83,8 @@ std::string pct(double x) {
 std::string to_json(const Row& r, const Geometry& g) {
   std::ostringstream os;
   os << "{\"case\":\"" << r.case_name << "\",\"length\":" << r.length << ",\"seed\":" << r.seed
-     << ",\"format\":\"" << r.format << "\",\"mode\":\"" << r.mode
-     << "\",\"budget\":" << (r.budget > 0 ? std::to_string(r.budget) : "null")
+     << ",\"format\":\"" << r.format << "\",\"mode\":\"" << r.mode << "\",\"scoring\":\""
+     << r.scoring << "\",\"budget\":" << (r.budget > 0 ? std::to_string(r.budget) : "null")
      << ",\"pass\":" << (r.pass ? "true" : "false")
      << ",\"dense_pass\":" << (r.dense_pass ? "true" : "false")
      << ",\"needle_coef_min\":" << num(r.needle_coef_min)
@@ -165,8 +165,14 @@ std::string summary_markdown(const std::vector<Row>& rows, const SuiteOptions& o
   md << "- layer: Hkv " << g.num_kv_heads << ", Hq " << g.num_q_heads() << " (GQA " << g.group
      << "), d " << g.head_dim << ", ring W " << g.recent_window << ", blocks B " << g.block_size
      << "; block score "
-     << (o.score == kvc::SummaryScore::kQuestMinMax ? "Quest min/max K" : "mean K") << ", GQA "
-     << (o.aggregate == kvc::GqaAggregate::kMax ? "max" : "sum") << "; selection plain top-k\n";
+     << (o.score == kvc::SummaryScore::kQuestMinMax ? std::string("Quest min/max K")
+         : o.score == kvc::SummaryScore::kTokenMass
+             ? (o.candidates > 0 ? "token mass over mxfp4 keys of the " +
+                                       std::to_string(o.candidates) + " best blocks by mean K"
+                                 : std::string("token mass over mxfp4 keys"))
+             : std::string("mean K"))
+     << ", GQA " << (o.aggregate == kvc::GqaAggregate::kMax ? "max" : "sum")
+     << "; selection plain top-k\n";
   md << "- needles: logit = background log-sum-exp of the head + " << np.margin
      << "; distractor case: " << np.distractors << " distractors at needle logit - "
      << np.distractor_gap << "; multi case: " << np.multi_needles

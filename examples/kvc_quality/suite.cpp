@@ -70,7 +70,12 @@ std::vector<Row> run_case(const NeedleCase& c, const SuiteOptions& o, kvc::Devic
   base.case_name = to_string(c.kind);
   base.length = N;
   base.seed = c.seed;
-  base.scoring = std::string(o.score == kvc::SummaryScore::kQuestMinMax ? "quest" : "mean_k") +
+  base.scoring = std::string(o.score == kvc::SummaryScore::kQuestMinMax ? "quest"
+                             : o.score == kvc::SummaryScore::kTokenMass ? "token_mass"
+                                                                        : "mean_k") +
+                 (o.score == kvc::SummaryScore::kTokenMass && o.candidates > 0
+                      ? "_c" + std::to_string(o.candidates)
+                      : "") +
                  (o.aggregate == kvc::GqaAggregate::kMax ? "/max" : "/sum");
   base.needle_positions = c.needle_positions;
   base.needle_blocks = c.needle_blocks();
@@ -148,9 +153,12 @@ std::vector<Row> run_case(const NeedleCase& c, const SuiteOptions& o, kvc::Devic
     sc.block_size = g.block_size;
     sc.dtype = DType::kF16;
     sc.old_format = format;
+    const bool token_mass = o.score == kvc::SummaryScore::kTokenMass;
     const std::uint32_t score_bits =
         kvc::kSummaryMeanK |
-        (o.score == kvc::SummaryScore::kQuestMinMax ? kvc::kSummaryMinMaxK : 0u);
+        (o.score == kvc::SummaryScore::kQuestMinMax ? kvc::kSummaryMinMaxK : 0u) |
+        (token_mass ? kvc::kSummaryIndexKeys : 0u);
+    if (token_mass) sc.index_format = kvc::Format::kMxfp4;
     sc.summaries = score_bits | (any_summary_mode ? kvc::kSummaryMeanV : 0u);
     auto store = kvc::KvStore::create(sc, dev);
     const int slot = store->open_slot();
@@ -172,9 +180,15 @@ std::vector<Row> run_case(const NeedleCase& c, const SuiteOptions& o, kvc::Devic
     ic.dtype = DType::kF16;
     ic.score = o.score;
     ic.aggregate = o.aggregate;
+    const int max_blocks = sc.max_blocks_per_slot();
+    if (token_mass) {
+      ic.token_keys = kvc::TokenKeys::kIndexCopy;
+      ic.candidates = o.candidates;
+      ic.candidate_score = kvc::SummaryScore::kMeanK;
+      ic.max_blocks_per_slot = max_blocks;
+    }
     auto index = kvc::BlockIndex::create(ic, dev);
     const int score_rows = ic.rows(1, 1);
-    const int max_blocks = sc.max_blocks_per_slot();
     Buffer<float> scores(static_cast<std::size_t>(score_rows) * max_blocks, dev);
     Buffer<std::int32_t> num_valid(score_rows, dev);
     const kvc::ScoresView sv{scores.data(), num_valid.data(), score_rows, max_blocks};

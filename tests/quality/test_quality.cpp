@@ -171,16 +171,17 @@ TEST(Quality_Report, JsonRowHasEveryFieldAndNullForNaN) {
   r.length = 2048;
   r.format = "q8";
   r.mode = "block_select_exact";
+  r.scoring = "token_mass_c255/sum";
   r.budget = 8;
   r.pass = true;
   r.recall = std::nan("");
   r.selected_blocks = {{3, 1}, {2}};
   const std::string j = to_json(r, Geometry{});
   for (const char* f :
-       {"\"case\":\"single\"", "\"length\":2048", "\"format\":\"q8\"", "\"budget\":8",
-        "\"pass\":true", "\"recall\":null", "\"selected_blocks\":[[3,1],[2]]",
-        "\"rel_err_vs_dense\":", "\"attended_bytes\":", "\"footprint_bytes\":",
-        "\"dense_equivalent_bytes\":", "\"compression_ratio\":"}) {
+       {"\"case\":\"single\"", "\"length\":2048", "\"format\":\"q8\"",
+        "\"scoring\":\"token_mass_c255/sum\"", "\"budget\":8", "\"pass\":true", "\"recall\":null",
+        "\"selected_blocks\":[[3,1],[2]]", "\"rel_err_vs_dense\":", "\"attended_bytes\":",
+        "\"footprint_bytes\":", "\"dense_equivalent_bytes\":", "\"compression_ratio\":"}) {
     EXPECT_NE(j.find(f), std::string::npos) << f << " in " << j;
   }
 }
