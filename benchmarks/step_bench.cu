@@ -60,8 +60,9 @@ struct StepFixture {
 // mxfp4 index copy of every old token; 2: mean-K over f16 summaries (KvStoreConfig::summary_dtype,
 // half the summary bytes; scored on tensor cores like f32, kernels/index/score_mma.cuh); 3 and 4:
 // the default's token mass in two stages (BlockIndexConfig::candidates 128 and 64) after mean K
-// over f16 summaries, reading the index copy of the candidates' tokens only.
-constexpr int kTwoStageCandidates[] = {128, 64};
+// over f16 summaries, reading the index copy of the candidates' tokens only; 5 the same with 255
+// candidates (the most one finish CTA takes: kernels::block_scores_select).
+constexpr int kTwoStageCandidates[] = {128, 64, 255};
 std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer, int budget_arg) {
   auto f = std::make_unique<StepFixture>();
   f->batch = batch;
@@ -223,8 +224,8 @@ void BM_DecodeStep(benchmark::State& state) {
   state.counters["sets"] = f.sets;
 }
 // Args: batch, context, 0 = steps chained in one graph (per-step time) / 1 = one launch per step,
-// scorer (0 mean K, 1 kvc's default token mass over mxfp4, 2 mean K over f16 summaries, 3 / 4 the
-// default's token mass in two stages of 128 / 64 candidates), budget
+// scorer (0 mean K, 1 kvc's default token mass over mxfp4, 2 mean K over f16 summaries, 3 / 4 / 5
+// the default's token mass in two stages of 128 / 64 / 255 candidates), budget
 // (kBudgets) + 10 x the attention's KernelPath (kvc/kernels/attention_kernels.h: 0 the library's
 // choice; the rows with 50 / 60 run it with the selected ids read after the length / launched as
 // a programmatic dependent of the selector, 30 with the register-pipelined tensor-core kernel
@@ -252,6 +253,9 @@ BENCHMARK(BM_DecodeStep)
     ->Args({32, 32768, 0, 3, 1})
     ->Args({1, 131072, 0, 4, 1})
     ->Args({8, 131072, 0, 4, 1})
+    ->Args({1, 131072, 0, 5, 1})
+    ->Args({8, 131072, 0, 5, 1})
+    ->Args({32, 32768, 0, 5, 1})
     ->Args({1, 131072, 0, 3, 0})
     ->Args({8, 131072, 0, 3, 0})
     ->Args({32, 32768, 0, 3, 0})

@@ -32,6 +32,9 @@
 #             selects topk itself: kernels::block_scores_select, one launch fewer per step): the
 #             sparse-row, two-stage and decode-step tests, the step rows against main's
 #             (gpu-base/), racecheck / memcheck / synccheck / initcheck over the new kernel's tests
+#   candidates  the two-stage step with 255 candidates (step_bench scorer 5, the most one finish
+#             CTA takes) beside 128 and one stage: what the thirty-second session's synthetic and
+#             Gemma results (docs/quality.md, "Two stages past 8K") would cost as a default
 #   prefetch  the summary scorer's L2-prefetch variants: tests, memcheck, index_bench rows
 #             (measured in the thirtieth session: every variant slower than kTensorCore)
 #   final     the DeepSeek-V4 attention tests (variant 300, P in one bf16, prints its error), then
@@ -185,6 +188,12 @@ case "${1:-tokens}" in
     sanitize initcheck initcheck '*Cuda_SparseRowTopk*:*Cuda_BlockIndex_TwoStage.MatchCpu/*c24*' 40
     report
     ;;
+  candidates)
+    build_targets step_bench
+    bench 90 step_bench '/(1|8)/131072/0/(1|3|5)/1/|/32/32768/0/(3|5)/1/|/32/32768/0/1/0/'
+    step_ncu two-stage-c255-B8 'BM_DecodeStep/8/131072/0/5/1/'
+    report
+    ;;
   prefetch)
     # The summary scorer's L2-prefetch variants (twenty-ninth session, written without a GPU):
     # the summary tests (every variant against the CPU, the prefetch variants bit for bit against
@@ -217,6 +226,6 @@ case "${1:-tokens}" in
   flashinfer)
     named_anchors flashinfer "flashinfer_decode flashinfer_topk"
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | prefetch | final | flashinfer | flashmla" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final | flashinfer | flashmla" >&2; exit 2 ;;
 esac
 finish
