@@ -228,7 +228,8 @@ void BM_DecodeStep(benchmark::State& state) {
 // the default's token mass in two stages of 128 / 64 / 255 candidates), budget
 // (kBudgets) + 10 x the attention's KernelPath (kvc/kernels/attention_kernels.h: 0 the library's
 // choice; the rows with 50 / 60 run it with the selected ids read after the length / launched as
-// a programmatic dependent of the selector, 30 with the register-pipelined tensor-core kernel
+// a programmatic dependent of the selector (61: of the two-stage finish kernel, which selects
+// since the thirty-second session), 30 with the register-pipelined tensor-core kernel
 // where kAuto now takes the staged one at B8, for comparison in the same run).
 BENCHMARK(BM_DecodeStep)
     ->Args({1, 32768, 0, 0, 0})
@@ -263,6 +264,8 @@ BENCHMARK(BM_DecodeStep)
     ->Args({1, 131072, 0, 0, 60})
     ->Args({8, 131072, 0, 0, 50})
     ->Args({8, 131072, 0, 0, 60})
+    ->Args({1, 131072, 0, 3, 61})
+    ->Args({8, 131072, 0, 3, 61})
     ->Args({1, 131072, 0, 2, 60})
     ->Args({8, 131072, 0, 2, 60})
     ->Args({8, 131072, 0, 0, 30})

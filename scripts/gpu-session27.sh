@@ -34,7 +34,9 @@
 #             (gpu-base/), racecheck / memcheck / synccheck / initcheck over the new kernel's tests
 #   candidates  the two-stage step with 255 candidates (step_bench scorer 5, the most one finish
 #             CTA takes) beside 128 and one stage: what the thirty-second session's synthetic and
-#             Gemma results (docs/quality.md, "Two stages past 8K") would cost as a default
+#             Gemma results (docs/quality.md, "Two stages with 255 candidates") would cost as a
+#             default; and the attention launched as a programmatic dependent of the two-stage
+#             finish kernel (budget 61) against the plain launch (1)
 #   prefetch  the summary scorer's L2-prefetch variants: tests, memcheck, index_bench rows
 #             (measured in the thirtieth session: every variant slower than kTensorCore)
 #   final     the DeepSeek-V4 attention tests (variant 300, P in one bf16, prints its error), then
@@ -190,7 +192,7 @@ case "${1:-tokens}" in
     ;;
   candidates)
     build_targets step_bench
-    bench 90 step_bench '/(1|8)/131072/0/(1|3|5)/1/|/32/32768/0/(3|5)/1/|/32/32768/0/1/0/'
+    bench 90 step_bench '/(1|8)/131072/0/(1|3|5)/1/|/32/32768/0/(3|5)/1/|/32/32768/0/1/0/|/(1|8)/131072/0/3/61/'
     step_ncu two-stage-c255-B8 'BM_DecodeStep/8/131072/0/5/1/'
     report
     ;;
