@@ -278,6 +278,9 @@ int run(int argc, char** argv) {
   }
   if (seeds < 1) throw kvc::Error("--seeds must be >= 1");
   if (o.needles.multi_needles < 1) throw kvc::Error("--multi-needles must be >= 1");
+  if (o.candidates > 0 && o.score != kvc::SummaryScore::kTokenMass)
+    throw kvc::Error("--candidates = " + std::to_string(o.candidates) +
+                     " needs --scoring token_mass (two stages rank by token mass)");
   if (o.geo.num_kv_heads < 1 || o.geo.group < 1)
     throw kvc::Error("--kv-heads, --group must be >= 1");
 
