@@ -1,7 +1,9 @@
 // kernels::decode_step's host-side guards: null workspaces / pointers and a batch out of range
 // return cudaErrorInvalidValue with nothing launched (poisoned outputs stay poisoned), and a
 // batch whose score rows pass a grid's 65535 y limit (the configs accept it) still scores
-// every row, equal to the CPU BlockIndex.
+// every row, equal to the CPU BlockIndex; with two-stage token mass, where scores and selection
+// are one call per launch (kernels::block_scores_select), every row's selection equals the CPU
+// Selector's over the scores that call wrote.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -12,6 +14,7 @@
 #include "common/random.h"
 #include "kvc/index/block_index.h"
 #include "kvc/kernels/decode_step.h"
+#include "kvc/select/selector.h"
 #include "kvc/store/kv_store.h"
 
 namespace kvc {
@@ -115,6 +118,110 @@ TEST(Cuda_DecodeStepGuards, NullWorkspacesAndRowsPast65535) {
       ASSERT_NEAR(got[static_cast<std::size_t>(r) * maxb + j], w, 1e-4f * (1.0f + std::fabs(w)))
           << "row " << r << " block " << j;
     }
+  }
+}
+
+// Two stages over the old blocks' own K (the general token kernel and the separate finish with
+// its fused selection): 260 sequences x 256 kv heads = 66560 rows in two launches, 1 candidate
+// and block 0 of each row's 3 closed blocks, top 2 in chronological order.
+TEST(Cuda_DecodeStepGuards, TwoStageSelectionPast65535Rows) {
+  KVC_REQUIRE_GPU();
+  constexpr int kBatch = 260, kHkv = 256, kD = 64, kTop = 2, kTokens = 64;
+  KvStoreConfig sc;
+  sc.num_kv_heads = kHkv;
+  sc.head_dim = kD;
+  sc.max_slots = kBatch;
+  sc.max_context = kTokens;
+  sc.recent_window = 16;
+  sc.block_size = 16;
+  sc.old_format = Format::kF16;
+  auto gpu = KvStore::create(sc, Device::cuda(0));
+  const std::size_t token = static_cast<std::size_t>(kHkv) * kD;
+  for (int s = 0; s < kBatch; ++s) {
+    gpu->open_slot();
+    auto k = random_bits16(kTokens * token, DType::kF16, 300 + s);
+    DeviceArray<std::uint16_t> dk(k);
+    gpu->ingest(
+        s, TensorView::contiguous(dk.get(), DType::kF16, {kTokens, kHkv, kD}, Device::cuda(0)),
+        TensorView::contiguous(dk.get(), DType::kF16, {kTokens, kHkv, kD}, Device::cuda(0)));
+  }
+  BlockIndexConfig ic;
+  ic.num_q_heads = kHkv;
+  ic.num_kv_heads = kHkv;
+  ic.head_dim = kD;
+  ic.max_batch = kBatch;
+  ic.score = SummaryScore::kTokenMass;
+  ic.token_keys = TokenKeys::kOldBlocks;
+  ic.candidates = 1;
+  ic.max_blocks_per_slot = sc.max_blocks_per_slot();
+  ic.validate();
+  SelectPolicy policy = SelectPolicy::topk(kTop);
+  policy.order = SelectPolicy::Order::kChronological;
+  ASSERT_TRUE(kernels::block_scores_select_serves(ic, policy));
+  const int rows = ic.rows(kBatch, 1), maxb = sc.max_blocks_per_slot();
+  ASSERT_GT(rows, kernels::kMaxScoreRowsPerLaunch);
+  auto q = random_bits16(static_cast<std::size_t>(kBatch) * kHkv * kD, DType::kF16, 9);
+  DeviceArray<std::uint16_t> dq(q), out(q.size());
+  DeviceArray<float> scores(static_cast<std::size_t>(rows) * maxb);
+  DeviceArray<std::int32_t> valid(rows), ids(rows * kTop), counts(rows);
+  scores.fill_bytes(0xff);
+  ids.fill_bytes(0x5a);
+  counts.fill_bytes(0x5a);
+  std::vector<std::int32_t> slot_ids(kBatch);
+  for (int s = 0; s < kBatch; ++s) slot_ids[s] = s;
+  DeviceArray<std::int32_t> slots(slot_ids);
+  std::size_t select_bytes = 0, index_bytes = 0;
+  KVC_ASSERT_CUDA(kernels::select_workspace_bound(select_bytes, rows, maxb, kTop));
+  KVC_ASSERT_CUDA(kernels::decode_step_index_workspace_size(index_bytes, ic, kBatch, maxb));
+  const std::size_t attn_bytes = kernels::attention_workspace_upper_bound(kHkv, kHkv, kD);
+  DeviceArray<std::uint8_t> select_ws(select_bytes + 256), attn_ws(attn_bytes + 256),
+      index_ws(index_bytes + 256);
+
+  kernels::DecodeStepArgs a;
+  a.store = gpu->view();
+  a.slots = slots.get();
+  a.batch = kBatch;
+  a.index = ic;
+  a.scores = ScoresView{scores.get(), valid.get(), rows, maxb};
+  a.policy = policy;
+  a.selection = SelectionView{ids.get(), counts.get(), rows, kTop, false};
+  a.select_workspace = select_ws.get();
+  a.select_workspace_bytes = select_bytes;
+  a.index_workspace = index_ws.get();
+  a.index_workspace_bytes = index_bytes;
+  a.attention.q = dq.get();
+  a.attention.out = out.get();
+  a.attention.num_q_heads = kHkv;
+  a.attention.num_kv_heads = kHkv;
+  a.attention.group_size = 1;
+  a.attention.head_dim = kD;
+  a.attention.scale = 0.125f;
+  a.attention.mode = AttentionMode::kBlockSelectExact;
+  a.attention_workspace = attn_ws.get();
+  a.attention_workspace_bytes = attn_bytes;
+  KVC_ASSERT_CUDA(kernels::decode_step(a, nullptr));
+  KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+
+  std::vector<float> got = scores.download();
+  std::vector<std::int32_t> got_valid = valid.download();
+  std::vector<std::int32_t> want_ids(static_cast<std::size_t>(rows) * kTop), want_counts(rows);
+  SelectionView want{want_ids.data(), want_counts.data(), rows, kTop, false};
+  Selector::create(Device::cpu())
+      ->select(ScoresView{got.data(), got_valid.data(), rows, maxb}, policy, want);
+  const auto got_ids = ids.download(), got_counts = counts.download();
+  for (int r = 0; r < rows; ++r) {
+    ASSERT_EQ(got_valid[r], 3) << "row " << r;
+    ASSERT_EQ(got_counts[r], want_counts[r]) << "row " << r;
+    for (int i = 0; i < kTop; ++i) {
+      const std::size_t at = static_cast<std::size_t>(r) * kTop + i;
+      ASSERT_EQ(got_ids[at], want_ids[at]) << "row " << r << " entry " << i;
+    }
+    // The candidates are the best block and block 0: one block or two of the three score -inf
+    // (two where the best is block 0; the selection then takes block 1 at -inf).
+    const float* row = got.data() + static_cast<std::size_t>(r) * maxb;
+    int left_out = 0;
+    for (int j = 0; j < 3; ++j) left_out += std::isinf(row[j]) && row[j] < 0 ? 1 : 0;
+    ASSERT_TRUE(left_out == 1 || left_out == 2) << "row " << r;
   }
 }
 
