@@ -36,7 +36,8 @@
 #             CTA takes) beside 128 and one stage: what the thirty-second session's synthetic and
 #             Gemma results (docs/quality.md, "Two stages with 255 candidates") would cost as a
 #             default; and the attention launched as a programmatic dependent of the two-stage
-#             finish kernel (budget 61) against the plain launch (1)
+#             finish kernel (budget 61) against the plain launch (1); first the decode-step
+#             guard tests (one new, not yet run on a GPU) and the two-stage tests
 #   prefetch  the summary scorer's L2-prefetch variants: tests, memcheck, index_bench rows
 #             (measured in the thirtieth session: every variant slower than kTensorCore)
 #   final     the DeepSeek-V4 attention tests (variant 300, P in one bf16, prints its error), then
@@ -191,7 +192,10 @@ case "${1:-tokens}" in
     report
     ;;
   candidates)
-    build_targets step_bench
+    build_targets kvc_cuda_tests step_bench
+    # The thirty-second session's decode-step guard past 65535 rows with two stages (not run on
+    # a GPU when it was written), with the two-stage tests.
+    gtests guards '*Cuda_DecodeStepGuards*:*Cuda_BlockIndex_TwoStage*' 120
     bench 90 step_bench '/(1|8)/131072/0/(1|3|5)/1/|/32/32768/0/(3|5)/1/|/32/32768/0/1/0/|/(1|8)/131072/0/3/61/'
     step_ncu two-stage-c255-B8 'BM_DecodeStep/8/131072/0/5/1/'
     report
