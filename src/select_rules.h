@@ -14,13 +14,16 @@ namespace select_rules {
 
 /// A 32-bit key whose unsigned order is the rank order of scores (larger key = better rank):
 /// the usual sign-flip of IEEE floats, with -0.0 read as +0.0 and every NaN mapped to 0, below
-/// -inf (key 0x007fffff).
+/// -inf (key kNegInfScoreKey, below).
 KVC_HD std::uint32_t score_key(float s) {
   std::uint32_t u = float_bits(s);
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0u;  // NaN
   if ((u & 0x7fffffffu) == 0u) u = 0u;             // -0.0 → +0.0
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
+
+/// score_key(-inf): the key just above every NaN's (0), below every other score's.
+constexpr std::uint32_t kNegInfScoreKey = 0x007fffffu;
 
 /// The score a score_key() came from, up to what the key forgets: NaN for key 0 (any NaN) and
 /// +0.0 for -0.0. Every rule here (within, score_gap, softmax_weight) gives the same result on

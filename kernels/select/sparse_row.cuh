@@ -58,7 +58,7 @@ template <int kThreads>
 __device__ __forceinline__ void sparse_row_topk(SparseRowShared<kThreads>& sh, int count,
                                                 std::int32_t id, float score, int n,
                                                 const SparseRowOut& o) {
-  constexpr std::uint32_t kNegInfKey = 0x007fffffu;  // select_rules::score_key(-inf)
+  constexpr std::uint32_t kNegInfKey = select_rules::kNegInfScoreKey;
   const int t = static_cast<int>(threadIdx.x);
   const bool has = t < count;
   const std::uint32_t key = has ? select_rules::score_key(score) : 0u;
