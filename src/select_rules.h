@@ -22,7 +22,7 @@ KVC_HD std::uint32_t score_key(float s) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-/// score_key(-inf): the key just above every NaN's (0), below every other score's.
+/// score_key(-inf): above every NaN's key (0), below every other score's.
 constexpr std::uint32_t kNegInfScoreKey = 0x007fffffu;
 
 /// The score a score_key() came from, up to what the key forgets: NaN for key 0 (any NaN) and
