@@ -1,7 +1,7 @@
 // Little-endian words of a small aligned byte run, in global or shared memory: the widest loads
 // and stores the run's size and alignment allow (one 4-, 8- or 16-byte access per piece). Shared
-// by the store's row kernels (kernels/store/update.cuh) and the staged attention's slot reads
-// (kernels/attention/mma.cuh).
+// by the store's row kernels (kernels/store/update.cuh, rows.cuh, append.cuh) and the staged
+// attention's slot reads (kernels/attention/mma.cuh).
 #pragma once
 
 #include <cstdint>

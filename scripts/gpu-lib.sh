@@ -13,6 +13,7 @@ say() { echo "$*" | tee -a "$out/summary.txt"; }
 build() {
   scripts/gpu-check build > "$out/build-step.log" 2>&1
   say "build: rc=$? at $(( $(date +%s) - t0 )) s"
+  compile_times
 }
 
 # targets...: only these targets (a session script's build), configured as gpu-check configures
@@ -24,6 +25,14 @@ build_targets() {
     cmake --build build-gpu -j "$(nproc)" --target "$@" > "$out/build.log" 2>&1; }
   say "build $*: rc=$? at $(( $(date +%s) - t0 )) s"
   grep -E "error" "$out/build.log" | head -20 >> "$out/summary.txt"
+  compile_times
+}
+
+# The build's slowest objects (scripts/compile-times): the three longest into summary.txt, twenty
+# into $out/compile-times.txt.
+compile_times() {
+  python3 scripts/compile-times build-gpu -n 20 > "$out/compile-times.txt" 2>&1
+  head -3 "$out/compile-times.txt" | sed 's/^/  slowest: /' >> "$out/summary.txt"
 }
 
 # [limit]: every test through gpu-check (GPU, CPU, mini-decoder; GTEST_FILTER narrows the GPU

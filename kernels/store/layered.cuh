@@ -1,8 +1,9 @@
 // Kernels of the LayeredCache (kvc/store/layered_cache.h) around the per-layer KvStore update
-// kernels of update.cuh: a guarded plan (lengths and pages advance once for every layer; a bad
-// entry goes to the trash slot and sets an error bit instead of writing out of bounds), the
-// spill of aged-out tokens for truncate(), the ring restore of truncate(), and page copies for
-// fork(). Every kernel reads lengths and tables on the device, so a step captures in a graph.
+// kernels (update.cuh and its rows / append headers): a guarded plan (lengths and pages advance
+// once for every layer; a bad entry goes to the trash slot and sets an error bit instead of writing
+// out of bounds), the spill of aged-out tokens for truncate(), the ring restore of truncate(), and
+// page copies for fork(). Every kernel reads lengths and tables on the device, so a step captures
+// in a graph.
 #pragma once
 
 #include <cstdint>

@@ -41,7 +41,7 @@ KVC_HD std::size_t stage_bytes(const StoreView& s) {
   return row * static_cast<std::size_t>(s.block_size);
 }
 
-/// Which kernels an update runs (kernels/store/update.cuh).
+/// Which kernels an update runs (kernels/store/update.cuh and its rows / append / legacy headers).
 enum class StoreKernels {
   /// The library's choice: count 1 is kLeanPdl's append where it applies, count > 1 kBlockRows's
   /// kernels (kLegacy's for K/V that are not 16-byte aligned); a planned write of count 1 is
@@ -57,7 +57,7 @@ enum class StoreKernels {
   /// plan_kernel + quantise_kernel (a CTA per row) + summarise_kernel + ring_kernel: the kernels
   /// before issue 12 item 5, kept for comparison.
   kLegacy,
-  /// Count 1 in one round of reads (append_once_kernel, kernels/store/update.cuh): every CTA
+  /// Count 1 in one round of reads (append_once_kernel, kernels/store/append.cuh): every CTA
   /// reads all entries' slots and lengths at once, the last CTA to have read publishes the
   /// lengths and the free count, 4 warps per CTA; applies where kFused does (else
   /// cudaErrorNotSupported). A planned count-1 write (store_write_layers_with, the LayeredCache)
@@ -72,7 +72,7 @@ enum class StoreKernels {
   /// while the kernel before it on the stream still runs and waits for it (griddepcontrol.wait)
   /// before its first global access, so back-to-back updates overlap their launches.
   kOneRoundPdl,
-  /// Count 1: append_lean_kernel (kernels/store/update.cuh), one launch whose rows wait on two
+  /// Count 1: append_lean_kernel (kernels/store/append.cuh), one launch whose rows wait on two
   /// rounds of dependent loads instead of three (round 1 reads every slot's length, s.max_slots
   /// <= kLeanMaxSlots, else append_once_kernel with 16-warp CTAs runs) and a publishing warp of
   /// its own per CTA. Count > 1: the staged rows kernel (rows_kernel<E, true>: 8 warps per
@@ -83,7 +83,7 @@ enum class StoreKernels {
   kLean,
   /// kLean's kernels launched as programmatic dependents (as kOneRoundPdl).
   kLeanPdl,
-  /// Count > 1: block_rows_kernel (kernels/store/update.cuh: a warp per (block, head) encodes the
+  /// Count > 1: block_rows_kernel (kernels/store/rows.cuh: a warp per (block, head) encodes the
   /// block's new rows in order and sums a closing block's summary in registers, no read-back),
   /// planning for itself where kFused applies (else after plan_kernel), then the ring copy.
   /// Count 1: as kAuto. The library's choice for count > 1 since 2026-12-04.

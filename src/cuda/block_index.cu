@@ -1,4 +1,6 @@
-// BlockIndex on CUDA: launcher (kernel layer) and object.
+// BlockIndex on CUDA: the kernel layer's host logic (which kernels a call takes, its grid and
+// scratch) and the object. The kernels are launched through index_launch.h, whose instantiations
+// compile in their own files (index_*.cu).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -6,15 +8,11 @@
 #include <vector>
 
 #include "device_buffer.h"
-#include "index/score.cuh"
-#include "index/score_fast.cuh"
-#include "index/score_mma.cuh"
-#include "index/score_rows.cuh"
 #include "index/summary_variant.h"
 #include "index/token_fast.cuh"
-#include "index/token_score.cuh"
 #include "index/token_variant.h"
 #include "index_impl.h"
+#include "index_launch.h"
 #include "kvc/core/cuda_check.h"
 #include "kvc/core/error.h"
 #include "kvc/index/block_index.h"
@@ -75,162 +73,6 @@ struct TwoStageLayout {
 
 int row_heads(const BlockIndexConfig& c) {
   return c.shared_across_heads ? c.num_q_heads : c.num_q_heads / c.num_kv_heads;
-}
-
-// The general token kernel for head_dim D and key kind `kind`; as a programmatic dependent launch
-// of the kernel before it when `pdl` (two stages: its chunk CTAs wait for the candidates).
-template <int D>
-cudaError_t launch_token_kernel(KeyKind kind, dim3 grid, const TokenScoreParams& p, bool pdl,
-                                cudaStream_t stream) {
-  const dim3 block(kTokThreads);
-  switch (kind) {
-    case KeyKind::k16:
-      return kvc::detail::launch_kernel(token_score_kernel<KeyKind::k16, D>, grid, block, 0, pdl,
-                                        stream, p);
-    case KeyKind::kQ8:
-      return kvc::detail::launch_kernel(token_score_kernel<KeyKind::kQ8, D>, grid, block, 0, pdl,
-                                        stream, p);
-    case KeyKind::kMxfp4:
-      return kvc::detail::launch_kernel(token_score_kernel<KeyKind::kMxfp4, D>, grid, block, 0, pdl,
-                                        stream, p);
-    case KeyKind::kFp8:
-      return kvc::detail::launch_kernel(token_score_kernel<KeyKind::kFp8, D>, grid, block, 0, pdl,
-                                        stream, p);
-  }
-  return cudaErrorInvalidValue;
-}
-
-// The tensor-core token kernel for head_dim D, specialised for blocks of 16, 32 and 64 tokens
-// (whole blocks in registers), else for any block size; p.blocks_per_cta entries per chunk CTA:
-// kTokBlocksPerCta, or kTokWarps for blocks of 16 / 32 / 64 (one per warp; any other block size
-// keeps two); `pdl` as launch_token_kernel.
-template <int D>
-cudaError_t launch_token_fast(int block_size, dim3 grid, const TokenScoreParams& p, bool pdl,
-                              cudaStream_t stream) {
-  const dim3 block(kTokThreads);
-  const bool one = p.blocks_per_cta == kTokWarps;
-  if (!one && p.blocks_per_cta != kTokBlocksPerCta) return cudaErrorInvalidValue;
-  switch (block_size) {
-    case 16:
-      return one ? kvc::detail::launch_kernel(token_fast_kernel<D, 16, 1>, grid, block, 0, pdl,
-                                              stream, p)
-                 : kvc::detail::launch_kernel(token_fast_kernel<D, 16, 2>, grid, block, 0, pdl,
-                                              stream, p);
-    case 32:
-      return one ? kvc::detail::launch_kernel(token_fast_kernel<D, 32, 1>, grid, block, 0, pdl,
-                                              stream, p)
-                 : kvc::detail::launch_kernel(token_fast_kernel<D, 32, 2>, grid, block, 0, pdl,
-                                              stream, p);
-    case 64:
-      return one ? kvc::detail::launch_kernel(token_fast_kernel<D, 64, 1>, grid, block, 0, pdl,
-                                              stream, p)
-                 : kvc::detail::launch_kernel(token_fast_kernel<D, 64, 2>, grid, block, 0, pdl,
-                                              stream, p);
-    default:
-      if (one) return cudaErrorInvalidValue;
-      return kvc::detail::launch_kernel(token_fast_kernel<D, 0, 2>, grid, block, 0, pdl, stream, p);
-  }
-}
-
-// One streaming kernel instantiation: kLoopRows launches take the dynamic shared memory of their
-// stages (the kernel's limit on the current device raised first: a host-side attribute, no stream
-// work, so a captured graph holds only the launch).
-template <int D, int kB, int kLoop>
-cudaError_t launch_stream_instance(dim3 grid, const TokenScoreParams& p, cudaStream_t stream) {
-  constexpr int kS = kB < 32 ? kB : 32;
-  std::size_t smem = 0;
-  if constexpr (kLoop == kLoopRows) {
-    smem = rows_smem_bytes<D, kS>();
-    const cudaError_t raised =
-        cudaFuncSetAttribute(token_stream_kernel<D, kB, kLoop>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (raised != cudaSuccess) return raised;
-  }
-  token_stream_kernel<D, kB, kLoop><<<grid, kTokThreads, smem, stream>>>(p);
-  return cudaGetLastError();
-}
-
-// The streaming tensor-core token kernel (kernels/index/token_fast.cuh) for blocks of 16, 32 or
-// 64 tokens with the chunk loop kLoop; cudaErrorNotSupported for other block sizes.
-template <int D, int kLoop>
-cudaError_t launch_token_stream(int block_size, dim3 grid, const TokenScoreParams& p,
-                                cudaStream_t stream) {
-  switch (block_size) {
-    case 16:
-      return launch_stream_instance<D, 16, kLoop>(grid, p, stream);
-    case 32:
-      return launch_stream_instance<D, 32, kLoop>(grid, p, stream);
-    case 64:
-      return launch_stream_instance<D, 64, kLoop>(grid, p, stream);
-    default:
-      return cudaErrorNotSupported;
-  }
-}
-
-template <int D>
-cudaError_t launch_token_stream(int loop, int block_size, dim3 grid, const TokenScoreParams& p,
-                                cudaStream_t stream) {
-  switch (loop) {
-    case kLoopLean:
-      return launch_token_stream<D, kLoopLean>(block_size, grid, p, stream);
-    case kLoopRows:
-      return launch_token_stream<D, kLoopRows>(block_size, grid, p, stream);
-    default:
-      return launch_token_stream<D, kLoopF16>(block_size, grid, p, stream);
-  }
-}
-
-// CTAs of the kLoopRows chunk kernel for head_dim D and blocks of `block_size` tokens resident on
-// one SM of the current device (cached).
-template <int D, int kB>
-cudaError_t rows_resident_ctas(int& out) {
-  constexpr int kS = kB < 32 ? kB : 32;
-  return kvc::detail::resident_ctas_per_sm(
-      reinterpret_cast<const void*>(token_stream_kernel<D, kB, kLoopRows>), kTokThreads,
-      rows_smem_bytes<D, kS>(), out);
-}
-
-template <int D>
-cudaError_t rows_resident_ctas(int block_size, int& out) {
-  switch (block_size) {
-    case 16:
-      return rows_resident_ctas<D, 16>(out);
-    case 32:
-      return rows_resident_ctas<D, 32>(out);
-    case 64:
-      return rows_resident_ctas<D, 64>(out);
-    default:
-      return cudaErrorNotSupported;
-  }
-}
-
-// The finish kernel, as a programmatic dependent launch of the chunk kernel before it when `pdl`
-// (it starts with griddepcontrol.wait), else an ordinary one.
-cudaError_t launch_token_finish(dim3 grid, const TokenScoreParams& p, bool pdl,
-                                cudaStream_t stream) {
-  if (p.sel_ids != nullptr) {
-    return kvc::detail::launch_kernel(token_mass_finish_kernel<true>, grid, dim3(kFinishThreads), 0,
-                                      pdl, stream, p);
-  }
-  return kvc::detail::launch_kernel(token_mass_finish_kernel<false>, grid, dim3(kFinishThreads), 0,
-                                    pdl, stream, p);
-}
-
-// The general token kernel for any head_dim the index takes.
-cudaError_t launch_general_token_kernel(int head_dim, KeyKind kind, dim3 grid,
-                                        const TokenScoreParams& p, bool pdl, cudaStream_t stream) {
-  switch (head_dim) {
-    case 64:
-      return launch_token_kernel<64>(kind, grid, p, pdl, stream);
-    case 128:
-      return launch_token_kernel<128>(kind, grid, p, pdl, stream);
-    case 256:
-      return launch_token_kernel<256>(kind, grid, p, pdl, stream);
-    case 512:
-      return launch_token_kernel<512>(kind, grid, p, pdl, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
 }
 
 // Where the token scores read each old token's K.
@@ -312,8 +154,8 @@ cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const st
                                               : stream_blocks_per_warp(rows, owned);
   if (streaming && which == TokenKernels::kStreamRows) {
     int per_sm = 0, sms = 0;
-    cudaError_t q = c.head_dim == 64 ? rows_resident_ctas<64>(s.block_size, per_sm)
-                                     : rows_resident_ctas<128>(s.block_size, per_sm);
+    cudaError_t q = c.head_dim == 64 ? rows_resident_ctas_d64(s.block_size, per_sm)
+                                     : rows_resident_ctas_d128(s.block_size, per_sm);
     if (q == cudaSuccess) q = kvc::detail::sm_count(sms);
     if (q != cudaSuccess) return q;
     bpw = rows_blocks_per_warp(rows, owned, p.mass ? p.ring_parts : 0,
@@ -327,19 +169,12 @@ cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const st
   const dim3 grid(chunks + (p.mass ? p.ring_parts : 0), rows);
   cudaError_t e = cudaSuccess;
   if (streaming) {
-    if (c.head_dim == 64) {
-      e = launch_token_stream<64>(loop, s.block_size, grid, p, stream);
-    } else {
-      e = launch_token_stream<128>(loop, s.block_size, grid, p, stream);
-    }
+    e = c.head_dim == 64 ? launch_token_stream_d64(loop, s.block_size, grid, p, stream)
+                         : launch_token_stream_d128(loop, s.block_size, grid, p, stream);
   } else if (fast) {  // mxfp4 index copy, f16 queries, d 64 / 128, G <= 8 (fast_kernel_serves)
-    if (c.head_dim == 64) {
-      e = launch_token_fast<64>(s.block_size, grid, p, false, stream);
-    } else {
-      e = launch_token_fast<128>(s.block_size, grid, p, false, stream);
-    }
+    e = launch_token_fast(c.head_dim, s.block_size, grid, p, false, stream);
   } else {
-    e = launch_general_token_kernel(c.head_dim, kind, grid, p, false, stream);
+    e = launch_token_general(c.head_dim, kind, grid, p, false, stream);
   }
   if (e != cudaSuccess || !p.mass) return e;
   const int finish_x = owned > 0 ? (owned + kFinishThreads - 1) / kFinishThreads : 1;
@@ -439,10 +274,9 @@ cudaError_t two_stage_scores(const StoreView& s, const BlockIndexConfig& c,
   // candidates) and every CTA's row set-up run while the candidates are being selected; the chunk
   // CTAs wait for them (token_fast_kernel, token_score_kernel).
   if (tensor_cores) {
-    e = c.head_dim == 64 ? launch_token_fast<64>(s.block_size, grid, p, true, stream)
-                         : launch_token_fast<128>(s.block_size, grid, p, true, stream);
+    e = launch_token_fast(c.head_dim, s.block_size, grid, p, true, stream);
   } else {
-    e = launch_general_token_kernel(c.head_dim, token_key_kind(s, c), grid, p, true, stream);
+    e = launch_token_general(c.head_dim, token_key_kind(s, c), grid, p, true, stream);
   }
   if (e != cudaSuccess) return e;
   // The finish as a programmatic dependent of the chunk kernel: it reads the length and the
@@ -450,96 +284,6 @@ cudaError_t two_stage_scores(const StoreView& s, const BlockIndexConfig& c,
   // selection (they let it launch after their pdl_wait), so the candidates are complete then.
   return launch_token_finish(dim3((pitch + kFinishThreads - 1) / kFinishThreads, rows), p, true,
                              stream);
-}
-
-template <int D>
-cudaError_t launch_fast_summary(bool quest, dim3 grid, std::size_t smem, const FastScoreParams& p,
-                                cudaStream_t stream) {
-  if (quest) {
-    summary_fast_kernel<D, true><<<grid, kFastThreads, smem, stream>>>(p);
-  } else {
-    summary_fast_kernel<D, false><<<grid, kFastThreads, smem, stream>>>(p);
-  }
-  return cudaGetLastError();
-}
-
-template <int D, bool kQuest>
-cudaError_t launch_summary_rows(int group, int owned, int batch_tokens, const FastScoreParams& p,
-                                cudaStream_t stream) {
-  const int ch = rows_head_chunk(group);
-  const int per_cta = kRowsWarps * rows_per_warp(D, kQuest, ch);
-  const dim3 grid(owned > 0 ? (owned + per_cta - 1) / per_cta : 1, p.s.num_kv_heads, batch_tokens);
-  if (ch == 4) {
-    summary_rows_kernel<D, kQuest, 4><<<grid, kRowsThreads, 0, stream>>>(p);
-  } else {
-    summary_rows_kernel<D, kQuest, 8><<<grid, kRowsThreads, 0, stream>>>(p);
-  }
-  return cudaGetLastError();
-}
-
-template <int D>
-cudaError_t launch_summary_rows(bool quest, int group, int owned, int batch_tokens,
-                                const FastScoreParams& p, cudaStream_t stream) {
-  return quest ? launch_summary_rows<D, true>(group, owned, batch_tokens, p, stream)
-               : launch_summary_rows<D, false>(group, owned, batch_tokens, p, stream);
-}
-
-// prefetch_waves: 0 none; > 0 the prefetching kernel, that many waves of resident CTAs ahead; -1
-// the prefetching kernel, one CTA ahead (SummaryKernels::kTensorCorePrefetch*).
-template <int D, bool kQuest>
-cudaError_t launch_summary_mma(SummaryMath math, int tiles_per_warp, int prefetch_waves, int owned,
-                               int batch, FastScoreParams p, cudaStream_t stream) {
-  const long long row_tiles = (owned + kMmaScoreRows - 1) / kMmaScoreRows;
-  p.nb = tiles_per_warp > 0
-             ? tiles_per_warp
-             : mma_summary_tiles_per_warp(row_tiles * p.s.num_kv_heads * batch, math);
-  const long long per_cta = static_cast<long long>(kMmaScoreWarps) * p.nb;
-  const dim3 grid(row_tiles > 0 ? static_cast<unsigned>((row_tiles + per_cta - 1) / per_cta) : 1u,
-                  p.s.num_kv_heads, batch);
-  if (prefetch_waves != 0) {
-    // The prefetching instantiation: 16-bit summaries (one tile per warp) only.
-    if (math == SummaryMath::kTf32 || p.nb != 1) return cudaErrorNotSupported;
-    const auto kernel = math == SummaryMath::kF16
-                            ? summary_mma_kernel<D, kQuest, SummaryMath::kF16, 1, true>
-                            : summary_mma_kernel<D, kQuest, SummaryMath::kBF16, 1, true>;
-    // A wave: the CTAs resident on the device at once.
-    int per_sm = 0, sms = 0;
-    cudaError_t e = kvc::detail::resident_ctas_per_sm(reinterpret_cast<const void*>(kernel),
-                                                      kMmaScoreThreads, 0, per_sm);
-    if (e == cudaSuccess) e = kvc::detail::sm_count(sms);
-    if (e != cudaSuccess) return e;
-    p.prefetch_ctas = prefetch_waves > 0 ? prefetch_waves * per_sm * sms : 1;
-    kernel<<<grid, kMmaScoreThreads, 0, stream>>>(p);
-    return cudaGetLastError();
-  }
-  const auto launch = [&](auto kernel_one, auto kernel_more) {
-    (p.nb == 1 ? kernel_one : kernel_more)<<<grid, kMmaScoreThreads, 0, stream>>>(p);
-  };
-  switch (math) {
-    case SummaryMath::kF16:
-      launch(summary_mma_kernel<D, kQuest, SummaryMath::kF16, 1>,
-             summary_mma_kernel<D, kQuest, SummaryMath::kF16, kMmaScoreMaxTiles>);
-      break;
-    case SummaryMath::kBF16:
-      launch(summary_mma_kernel<D, kQuest, SummaryMath::kBF16, 1>,
-             summary_mma_kernel<D, kQuest, SummaryMath::kBF16, kMmaScoreMaxTiles>);
-      break;
-    case SummaryMath::kTf32:
-      launch(summary_mma_kernel<D, kQuest, SummaryMath::kTf32, 1>,
-             summary_mma_kernel<D, kQuest, SummaryMath::kTf32, kMmaScoreMaxTiles>);
-      break;
-  }
-  return cudaGetLastError();
-}
-
-template <int D>
-cudaError_t launch_summary_mma(bool quest, SummaryMath math, int tiles_per_warp, int prefetch_waves,
-                               int owned, int batch, const FastScoreParams& p,
-                               cudaStream_t stream) {
-  return quest ? launch_summary_mma<D, true>(math, tiles_per_warp, prefetch_waves, owned, batch, p,
-                                             stream)
-               : launch_summary_mma<D, false>(math, tiles_per_warp, prefetch_waves, owned, batch, p,
-                                              stream);
 }
 
 // kMeanK / kQuestMinMax with the byte-floor kernels (kernels/index/score_fast.cuh, score_rows.cuh,
@@ -587,41 +331,19 @@ cudaError_t fast_summary_scores(const StoreView& s, const BlockIndexConfig& c,
                       : which == SummaryKernels::kTensorCorePrefetchNext ? -1
                                                                          : 0;
     return c.head_dim == 64
-               ? launch_summary_mma<64>(quest, math, tiles, waves, owned, batch, p, stream)
-               : launch_summary_mma<128>(quest, math, tiles, waves, owned, batch, p, stream);
+               ? launch_summary_mma_d64(quest, math, tiles, waves, owned, batch, p, stream)
+               : launch_summary_mma_d128(quest, math, tiles, waves, owned, batch, p, stream);
   }
   if (which == SummaryKernels::kWarpPerRow) {
     if (c.shared_across_heads) return cudaErrorNotSupported;
-    switch (c.head_dim) {
-      case 64:
-        return launch_summary_rows<64>(quest, p.group, owned, batch * tokens, p, stream);
-      case 128:
-        return launch_summary_rows<128>(quest, p.group, owned, batch * tokens, p, stream);
-      case 256:
-        return launch_summary_rows<256>(quest, p.group, owned, batch * tokens, p, stream);
-      case 512:
-        return launch_summary_rows<512>(quest, p.group, owned, batch * tokens, p, stream);
-      default:
-        return cudaErrorInvalidValue;
-    }
+    return launch_summary_rows(c.head_dim, quest, p.group, owned, batch * tokens, p, stream);
   }
   const dim3 grid(owned > 0 ? (owned + p.nb - 1) / p.nb : 1, batch * tokens);
   const std::size_t smem =
       (static_cast<std::size_t>(c.num_q_heads) * c.head_dim +
        (c.shared_across_heads ? static_cast<std::size_t>(c.num_kv_heads) * p.nb : 0)) *
       4;
-  switch (c.head_dim) {
-    case 64:
-      return launch_fast_summary<64>(quest, grid, smem, p, stream);
-    case 128:
-      return launch_fast_summary<128>(quest, grid, smem, p, stream);
-    case 256:
-      return launch_fast_summary<256>(quest, grid, smem, p, stream);
-    case 512:
-      return launch_fast_summary<512>(quest, grid, smem, p, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return launch_summary_fast(c.head_dim, quest, grid, smem, p, stream);
 }
 
 // kMeanK / kQuestMinMax with the general kernel (kernels/index/score.cuh).
@@ -647,23 +369,7 @@ cudaError_t general_summary_scores(const StoreView& s, const BlockIndexConfig& c
   const int ctas_x = owned > 0 ? (owned + kBlocksPerCta - 1) / kBlocksPerCta : 1;
   const dim3 grid(ctas_x, c.rows(batch, tokens));
   const std::size_t smem = static_cast<std::size_t>(p.heads_per_chunk) * c.head_dim * 4;
-  switch (c.head_dim) {
-    case 64:
-      score_kernel<2><<<grid, kWarps * 32, smem, stream>>>(p);
-      break;
-    case 128:
-      score_kernel<4><<<grid, kWarps * 32, smem, stream>>>(p);
-      break;
-    case 256:
-      score_kernel<8><<<grid, kWarps * 32, smem, stream>>>(p);
-      break;
-    case 512:
-      score_kernel<16><<<grid, kWarps * 32, smem, stream>>>(p);
-      break;
-    default:
-      return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
+  return launch_summary_general(c.head_dim, grid, smem, p, stream);
 }
 
 }  // namespace

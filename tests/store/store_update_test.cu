@@ -1,4 +1,4 @@
-// The KvStore update kernels (kernels/store/update.cuh) against the CPU reference, bit for bit,
+// The KvStore update kernels (kernels/store/*.cuh) against the CPU reference, bit for bit,
 // for every kernel set of kernels/store/variant.h: the single-launch count-1 append (kFused; and
 // in one round of reads, kOneRound / kOneRoundWide; with a two-load chain, kLean / kLeanPdl),
 // the warp-per-row ingest (kRows) and the staged one (kLean), the library's choice (kAuto, also

@@ -1,0 +1,418 @@
+// The KvStore's count-1 append kernels, each ONE launch that plans for itself (append_kernel,
+// append_once_kernel, append_lean_kernel), and planned_append_kernel, the same row work for an
+// update whose plan ran before (the LayeredCache). The shared row encoding and summaries are in
+// store/update.cuh.
+#pragma once
+
+#include "store/update.cuh"
+
+namespace kvc {
+namespace kernels {
+namespace store_detail {
+
+/// Rows of a block's summary whose loads append_once_kernel, append_lean_kernel and
+/// planned_append_kernel keep in flight at a time.
+constexpr int kSummaryAhead = 8;
+
+// The whole count-1 append in one launch (entries <= kFusedMaxEntries, s.update_counter
+// set): warp w serves (entry w / Hkv, head w % Hkv). It reads the slot's length L, writes the new
+// token into ring row L % W — after reading that row, whose token L - W is the one leaving the
+// ring, when L >= W (each lane reads its share before it overwrites the same addresses) — and
+// encodes the leaving token into its old row; a block that starts takes free_blocks[top - 1 -
+// rank], rank = pops of the entries before this one, and head 0 records it in the block table; a
+// block that closes is summarised by the warp. publish_update advances lengths and the free
+// count once every CTA is done, so the launch replays in a graph.
+template <int E>
+__global__ void __launch_bounds__(32 * kFastWarps)
+    append_kernel(StoreView s, const std::int32_t* slots, int entries, const std::uint16_t* k,
+                  const std::uint16_t* v) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int w = static_cast<int>(blockIdx.x) * (static_cast<int>(blockDim.x) / 32) +
+                static_cast<int>(threadIdx.x) / 32;
+  const int H = s.num_kv_heads, W = s.recent_window, B = s.block_size, d = s.head_dim;
+  const int top = *s.free_count;
+  if (w < entries * H) {
+    const int e = w / H, h = w % H;
+    const int slot = slots[e];
+    const int L = s.lengths[slot];
+    const int q = L - W;  // the token leaving the ring, when >= 0
+    const bool quantise = q >= 0 && store::owns_block(s, q / B);
+    const std::size_t in = (static_cast<std::size_t>(e) * H + h) * d;
+    const LaneRow<E> kn = load_lane<E>(k + in, lane), vn = load_lane<E>(v + in, lane);
+    const std::size_t r = store::ring_row_index(s, slot, h, L % W) * d;
+    auto* rk = static_cast<std::uint16_t*>(s.ring_k) + r;
+    auto* rv = static_cast<std::uint16_t*>(s.ring_v) + r;
+    LaneRow<E> ko, vo;
+    if (quantise) {
+      ko = load_lane<E>(rk, lane);
+      vo = load_lane<E>(rv, lane);
+    }
+    store_lane<E>(rk, lane, kn);
+    store_lane<E>(rv, lane, vn);
+    if (quantise) {
+      std::int32_t* entry =
+          s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot + q / B;
+      int pb;
+      if (q % B == 0) {  // the block starts
+        pb = s.free_blocks[top - 1 - pops_before(s, slots, e, 1, lane)];
+        if (h == 0 && lane == 0) *entry = pb;
+      } else {
+        pb = *entry;
+      }
+      encode_row<E>(s, OldRowLayout::of(s), store::old_row_index(s, pb, h, q % B), ko, vo, lane);
+      if ((q + 1) % B == 0) {  // the block closes: its last row is this warp's
+        __syncwarp();
+        for (int i0 = 4 * lane; i0 < d; i0 += 4 * 32) summarise4<1>(s, pb, h, i0);
+      }
+    }
+    if (h == 0 && lane == 0) s.update_scratch[e] = L;
+  }
+  publish_update(s, slots, entries, 1, top);
+}
+
+// --- count-1 append in one round of reads (StoreKernels::kOneRound, kOneRoundWide) and the
+// count-1 write of an update planned before (the LayeredCache) ---------------------------------
+//
+// append_kernel's critical path is a chain of dependent loads followed by a publication that
+// waits for every CTA's rows: slot -> length -> (the pops of the entries before: their slots ->
+// their lengths) -> free page -> rows -> fence -> done-counter -> (last CTA) slots -> lengths ->
+// stores. append_once_kernel shortens it to two rounds of independent loads and one of
+// dependent ones:
+// 1. every CTA reads what the whole update needs — all entries' slots, then all their lengths
+//    (each round's loads in flight together), the free count — into shared memory, with one bit
+//    per entry that pops a block (AppendEntries); the new token's K/V loads are in flight
+//    meanwhile;
+// 2. each warp then issues its row's loads together: the ring row of the leaving token, and its
+//    page (the table's, or free_blocks[top - 1 - rank] for a block that starts, the rank a
+//    popcount of the bits of the entries before: the host mirror's order of pops);
+// 3. a CTA counts itself on the done-counter as soon as it has READ (publish_after_reads), not
+//    once its rows are written: the last CTA to count publishes every length and the free
+//    count from its shared memory (stores only) and sets the counter back to 0, while the rows
+//    are still being written. After its first round no CTA of the launch reads a length or the
+//    free count, so the early publication is safe; the next launch, or the next kernel of a
+//    graph, sees every write of this one.
+// planned_append_kernel is the same row work for an update whose plan ran before (each entry's
+// slot given, its old length in update_scratch, its pages in the table): one launch per write,
+// with the LayeredCache's spill of the leaving token fused in.
+
+/// Programmatic dependent launch (StoreKernels::kOneRoundPdl, sm_90): a kernel launched with
+/// cudaLaunchAttributeProgrammaticStreamSerialization may be scheduled while the kernel before it
+/// on the stream still runs. griddepcontrol.wait blocks until that kernel has completed and its
+/// writes are visible, so it comes before the kernel's first global access; launch_dependents
+/// first lets the next such kernel be scheduled now (it waits the same way before it touches
+/// memory), so its launch overlaps this kernel instead of following its last CTA.
+template <bool kProgrammatic>
+__device__ __forceinline__ void wait_for_previous_kernel() {
+  if constexpr (kProgrammatic) {
+    pdl_launch_dependents();
+    pdl_wait();
+  }
+}
+
+/// Every entry of a count-1 update as a CTA of append_once_kernel read it (shared memory).
+struct AppendEntries {
+  std::int32_t slot[kFusedMaxEntries];        ///< slots[e]
+  std::int32_t length[kFusedMaxEntries];      ///< lengths[slot[e]] before the update
+  std::uint32_t pops[kFusedMaxEntries / 32];  ///< bit e % 32 of word e / 32: entry e pops a block
+  int top;                                    ///< free_count before the update
+  /// Entry x's length before the update.
+  __device__ __forceinline__ int entry_length(int x) const { return length[x]; }
+};
+
+/// Round 1 of append_once_kernel (every thread of the CTA, kThreads of them): reads the slots of
+/// entries [0, entries), then their lengths, and the free count into `sh`.
+template <int kThreads>
+__device__ __forceinline__ void read_entries(const StoreView& s, const std::int32_t* slots,
+                                             int entries, AppendEntries& sh) {
+  constexpr int kItems = (kFusedMaxEntries + kThreads - 1) / kThreads;
+  const int t = static_cast<int>(threadIdx.x), lane = t % 32;
+  int slot[kItems], length[kItems];
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int x = i * kThreads + t;
+    slot[i] = x < entries ? slots[x] : 0;
+  }
+  if (t == 0) sh.top = *s.free_count;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int x = i * kThreads + t;
+    length[i] = x < entries ? s.lengths[slot[i]] : 0;
+  }
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    if (i * kThreads >= entries) break;  // the same for the whole CTA
+    const int x = i * kThreads + t;
+    const bool pops = x < entries && update_pops(s, length[i], 1) != 0;
+    const std::uint32_t bits = __ballot_sync(kFullMask, pops);
+    if (x < entries) {
+      sh.slot[x] = slot[i];
+      sh.length[x] = length[i];
+      if (lane == 0) sh.pops[x / 32] = bits;
+    }
+  }
+  __syncthreads();
+}
+
+/// Entries before `e` (0..kFusedMaxEntries) that pop a block: the set bits of sh.pops below bit
+/// e (sh: AppendEntries or LeanEntries). Every lane calls it with the same e.
+template <class Entries>
+__device__ __forceinline__ int pops_below(const Entries& sh, int e, int lane) {
+  const int word = e / 32;
+  int n = 0;
+  if (lane < word) {
+    n = __popc(sh.pops[lane]);
+  } else if (lane == word && e % 32 != 0) {
+    n = __popc(sh.pops[lane] & ((1u << (e % 32)) - 1u));
+  }
+  return warp_sum(n);
+}
+
+/// Step 3 of append_once_kernel (and append_lean_kernel), by one warp of every CTA once the CTA
+/// has read (read_entries, read_lean_entries): counts the CTA on s.update_counter; the last CTA
+/// to count advances every entry's length by 1, lowers the free count by the entries' pops and
+/// sets the counter back to 0.
+template <class Entries>
+__device__ __forceinline__ void publish_after_reads(const StoreView& s, const Entries& sh,
+                                                    int entries, int lane) {
+  int ticket = 0;
+  if (lane == 0) {
+    __threadfence();  // the CTA's reads (before __syncthreads) come before its count
+    ticket = atomicAdd(s.update_counter, 1);
+  }
+  ticket = __shfl_sync(kFullMask, ticket, 0);
+  if (ticket != static_cast<int>(gridDim.x) - 1) return;
+  __threadfence();  // every other CTA's reads come before these writes
+  for (int x = lane; x < entries; x += 32) s.lengths[sh.slot[x]] = sh.entry_length(x) + 1;
+  const int pops = pops_below(sh, entries, lane);
+  if (lane == 0) {
+    *s.free_count = sh.top - pops;
+    *s.update_counter = 0;
+  }
+}
+
+/// The count-1 append of head h of `slot`, length L before the update, from the warp that owns
+/// the row (every lane; kn, vn: the lane's share of the new token). The new token goes to ring
+/// row L % W once that row's token L - W — the one leaving the ring, when L >= W — has been read
+/// (each lane reads its share before it overwrites the same addresses). The leaving token is
+/// encoded into its old row when the store owns its block, on page `fresh` when the block starts
+/// and the caller popped one (the head-0 warp records it in the table), else on the table's; it
+/// is also copied to the 16-bit rows spill_k / spill_v when they are not null. A block that
+/// closes is summarised by the warp, kAhead rows' loads in flight at a time. Layout: the store's
+/// row layout type (OldRowLayout, or Fp16kQ4vMxfp4Layout where it serves the store).
+template <int E, int kAhead, class Layout = OldRowLayout>
+__device__ __forceinline__ void append_row(const StoreView& s, int slot, int L, int h, int lane,
+                                           int fresh, const LaneRow<E>& kn, const LaneRow<E>& vn,
+                                           std::uint16_t* spill_k, std::uint16_t* spill_v) {
+  const int W = s.recent_window, B = s.block_size, d = s.head_dim;
+  const int q = L - W;
+  const bool quantise = q >= 0 && store::owns_block(s, q / B);
+  const bool spill = q >= 0 && spill_k != nullptr;
+  const std::size_t r = store::ring_row_index(s, slot, h, L % W) * d;
+  auto* rk = static_cast<std::uint16_t*>(s.ring_k) + r;
+  auto* rv = static_cast<std::uint16_t*>(s.ring_v) + r;
+  LaneRow<E> ko, vo;
+  if (quantise || spill) {
+    ko = load_lane<E>(rk, lane);
+    vo = load_lane<E>(rv, lane);
+  }
+  std::int32_t* entry =
+      s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot + (q >= 0 ? q / B : 0);
+  int pb = 0;
+  if (quantise) pb = fresh >= 0 ? fresh : *entry;
+  store_lane<E>(rk, lane, kn);
+  store_lane<E>(rv, lane, vn);
+  if (spill) {
+    store_lane<E>(spill_k, lane, ko);
+    store_lane<E>(spill_v, lane, vo);
+  }
+  if (!quantise) return;
+  if (fresh >= 0 && h == 0 && lane == 0) *entry = pb;
+  encode_row<E>(s, Layout{OldRowLayout::of(s)}, store::old_row_index(s, pb, h, q % B), ko, vo,
+                lane);
+  if ((q + 1) % B == 0) {  // the block closes: its last row is this warp's
+    __syncwarp();
+    for (int i0 = 4 * lane; i0 < d; i0 += 4 * 32) summarise4<kAhead, Layout>(s, pb, h, i0);
+  }
+}
+
+/// Entry e's row of head h in a self-planned count-1 append once round 1 is in `sh`
+/// (AppendEntries or LeanEntries): the page its leaving token starts, popped in the entries'
+/// order, then append_row, and the entry's length before the update into s.update_scratch.
+template <int E, class Entries, class Layout = OldRowLayout>
+__device__ __forceinline__ void append_entry_row(const StoreView& s, const Entries& sh, int e,
+                                                 int h, int lane, const LaneRow<E>& kn,
+                                                 const LaneRow<E>& vn) {
+  const int slot = sh.slot[e], L = sh.entry_length(e);
+  const int q = L - s.recent_window;
+  int fresh = -1;
+  if (q >= 0 && q % s.block_size == 0 && store::owns_block(s, q / s.block_size)) {
+    fresh = s.free_blocks[sh.top - 1 - pops_below(sh, e, lane)];
+  }
+  append_row<E, kSummaryAhead, Layout>(s, slot, L, h, lane, fresh, kn, vn, nullptr, nullptr);
+  if (h == 0 && lane == 0) s.update_scratch[e] = L;
+}
+
+// The whole count-1 append in one launch, one round of reads (see above): entries <=
+// kFusedMaxEntries, s.update_counter set; kWarps warps per CTA, warp w of the grid serves
+// (entry w / Hkv, head w % Hkv). Bit-identical to append_kernel and the CPU reference.
+// kProgrammatic: launched as a programmatic dependent (wait_for_previous_kernel).
+template <int E, int kWarps, bool kProgrammatic>
+__global__ void __launch_bounds__(32 * kWarps)
+    append_once_kernel(StoreView s, const std::int32_t* slots, int entries, const std::uint16_t* k,
+                       const std::uint16_t* v) {
+  __shared__ AppendEntries sh;
+  wait_for_previous_kernel<kProgrammatic>();
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  const int w = static_cast<int>(blockIdx.x) * kWarps + warp;
+  const int H = s.num_kv_heads;
+  const bool row = w < entries * H;
+  const int e = w / H, h = w % H;
+  LaneRow<E> kn, vn;
+  if (row) {  // the new token: independent of everything read below, in flight meanwhile
+    const std::size_t in = (static_cast<std::size_t>(e) * H + h) * s.head_dim;
+    kn = load_lane<E>(k + in, lane);
+    vn = load_lane<E>(v + in, lane);
+  }
+  read_entries<32 * kWarps>(s, slots, entries, sh);
+  if (warp == kWarps - 1) publish_after_reads(s, sh, entries, lane);
+  if (row) append_entry_row<E>(s, sh, e, h, lane, kn, vn);
+}
+
+// --- count-1 append with a two-load chain (StoreKernels::kLean, kLeanPdl) ------------------
+//
+// append_once_kernel's rows wait on three dependent rounds of global loads (slots -> their
+// lengths -> page and leaving ring row), and in every CTA but a lone one the publishing warp
+// also serves a row, so that row waits for the fence and the done-counter's atomic as well
+// (B1 3.5 us, B8 and B64 a microsecond and two more on the H200). append_lean_kernel:
+// 1. round 1 reads the entries' slots, the lengths of EVERY slot (s.max_slots <=
+//    kLeanMaxSlots) and the free count, all independent of each other: a row's length is then a
+//    shared-memory lookup, and its page and leaving ring row are the second and last round;
+// 2. a warp of its own (the CTA's last, serving no row) counts the CTA on the done-counter and,
+//    in the last CTA, publishes lengths and the free count (publish_after_reads), off the rows'
+//    path;
+// 3. the rows are append_row as in append_once_kernel (same pops, ranks and payloads).
+
+/// Row warps per CTA of append_lean_kernel, plus its publishing warp: 512 threads, so that the
+/// kernel has append_once_kernel's register budget (128; with 17 warps ptxas spilled).
+constexpr int kLeanRowWarps = 15;
+
+/// Every entry's slot and every slot's length as a CTA of append_lean_kernel read them (shared
+/// memory).
+struct LeanEntries {
+  std::int32_t slot[kFusedMaxEntries];        ///< slots[e]
+  std::int32_t length[kLeanMaxSlots];         ///< lengths[x] of every slot x < max_slots
+  std::uint32_t pops[kFusedMaxEntries / 32];  ///< bit e % 32 of word e / 32: entry e pops a block
+  int top;                                    ///< free_count before the update
+  /// Entry x's length before the update.
+  __device__ __forceinline__ int entry_length(int x) const { return length[slot[x]]; }
+};
+
+/// Round 1 of append_lean_kernel (every thread of the CTA, kThreads of them): the slots of
+/// entries [0, entries), the lengths of slots [0, s.max_slots) and the free count, one round of
+/// independent loads; then each entry's pop bit.
+template <int kThreads>
+__device__ __forceinline__ void read_lean_entries(const StoreView& s, const std::int32_t* slots,
+                                                  int entries, LeanEntries& sh) {
+  constexpr int kItems = (kFusedMaxEntries + kThreads - 1) / kThreads;
+  constexpr int kSlotItems = (kLeanMaxSlots + kThreads - 1) / kThreads;
+  const int t = static_cast<int>(threadIdx.x), lane = t % 32;
+  int slot[kItems], length[kSlotItems];
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int x = i * kThreads + t;
+    slot[i] = x < entries ? slots[x] : 0;
+  }
+#pragma unroll
+  for (int i = 0; i < kSlotItems; ++i) {
+    const int x = i * kThreads + t;
+    length[i] = x < s.max_slots ? s.lengths[x] : 0;
+  }
+  if (t == 0) sh.top = *s.free_count;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int x = i * kThreads + t;
+    if (x < entries) sh.slot[x] = slot[i];
+  }
+#pragma unroll
+  for (int i = 0; i < kSlotItems; ++i) {
+    const int x = i * kThreads + t;
+    if (x < s.max_slots) sh.length[x] = length[i];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    if (i * kThreads >= entries) break;  // the same for the whole CTA
+    const int x = i * kThreads + t;
+    const bool pops = x < entries && update_pops(s, sh.entry_length(x), 1) != 0;
+    const std::uint32_t bits = __ballot_sync(kFullMask, pops);
+    if (x < entries && lane == 0) sh.pops[x / 32] = bits;
+  }
+  __syncthreads();
+}
+
+// The whole count-1 append in one launch with a two-load chain (see above): entries <=
+// kFusedMaxEntries, s.max_slots <= kLeanMaxSlots, s.update_counter set; kLeanRowWarps row warps
+// per CTA (warp w of the grid's row warps serves (entry w / Hkv, head w % Hkv)) and one
+// publishing warp. Bit-identical to append_once_kernel and the CPU reference. kProgrammatic:
+// launched as a programmatic dependent (wait_for_previous_kernel). Layout: as append_row.
+template <int E, bool kProgrammatic, class Layout = OldRowLayout>
+__global__ void __launch_bounds__(32 * (kLeanRowWarps + 1), 1)
+    append_lean_kernel(StoreView s, const std::int32_t* slots, int entries, const std::uint16_t* k,
+                       const std::uint16_t* v) {
+  __shared__ LeanEntries sh;
+  wait_for_previous_kernel<kProgrammatic>();
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  const int w = static_cast<int>(blockIdx.x) * kLeanRowWarps + warp;
+  const int H = s.num_kv_heads;
+  const bool row = warp < kLeanRowWarps && w < entries * H;
+  const int e = w / H, h = w % H;
+  LaneRow<E> kn, vn;
+  if (row) {  // the new token: independent of everything read below, in flight meanwhile
+    const std::size_t in = (static_cast<std::size_t>(e) * H + h) * s.head_dim;
+    kn = load_lane<E>(k + in, lane);
+    vn = load_lane<E>(v + in, lane);
+  }
+  read_lean_entries<32 * (kLeanRowWarps + 1)>(s, slots, entries, sh);
+  if (warp == kLeanRowWarps) {
+    publish_after_reads(s, sh, entries, lane);
+  } else if (row) {
+    append_entry_row<E, LeanEntries, Layout>(s, sh, e, h, lane, kn, vn);
+  }
+}
+
+// The count-1 write of an update planned before (store_write / the LayeredCache's plan): entry
+// e is slot slots[e] with its length before the update in update_scratch[e] and its pages in the
+// block table. Grid (ceil(entries * Hkv / kFastWarps), 1, layers), warp w serves (entry w / Hkv,
+// head w % Hkv) of layer z = at_layer(s0, ls, z) with its input at k + z * ls.kv; with
+// spill.rows > 0 the leaving token is also kept in spill row (slot, head, (L - W) % rows) of
+// layer z (spill.k / spill.v moved by z * spill.layer_stride bytes). kProgrammatic: launched
+// as a programmatic dependent (wait_for_previous_kernel).
+template <int E, bool kProgrammatic>
+__global__ void __launch_bounds__(32 * kFastWarps)
+    planned_append_kernel(StoreView s0, LayerStrides ls, const std::int32_t* slots, int entries,
+                          const std::uint16_t* k, const std::uint16_t* v, SpillRows spill) {
+  wait_for_previous_kernel<kProgrammatic>();
+  const StoreView s = at_layer(s0, ls, blockIdx.z);
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int w = static_cast<int>(blockIdx.x) * kFastWarps + static_cast<int>(threadIdx.x) / 32;
+  const int H = s.num_kv_heads, d = s.head_dim;
+  if (w >= entries * H) return;
+  const int e = w / H, h = w % H;
+  const std::size_t in = ls.kv * blockIdx.z + (static_cast<std::size_t>(e) * H + h) * d;
+  const LaneRow<E> kn = load_lane<E>(k + in, lane), vn = load_lane<E>(v + in, lane);
+  const int slot = slots[e], L = s.update_scratch[e];
+  std::uint16_t *sk = nullptr, *sv = nullptr;
+  if (spill.rows > 0 && L >= s.recent_window) {
+    const std::ptrdiff_t layer = spill.layer_stride * static_cast<std::ptrdiff_t>(blockIdx.z);
+    const std::size_t at = ((static_cast<std::size_t>(slot) * H + h) * spill.rows +
+                            (L - s.recent_window) % spill.rows) *
+                           d;
+    sk = shift_bytes(static_cast<std::uint16_t*>(spill.k), layer) + at;
+    sv = shift_bytes(static_cast<std::uint16_t*>(spill.v), layer) + at;
+  }
+  append_row<E, kSummaryAhead>(s, slot, L, h, lane, -1, kn, vn, sk, sv);
+}
+
+}  // namespace store_detail
+}  // namespace kernels
+}  // namespace kvc
