@@ -1,9 +1,9 @@
-// The KvStore update kernels (kernels/store/*.cuh) against the CPU reference, bit for bit,
-// for every kernel set of kernels/store/variant.h: the single-launch count-1 append (kFused; and
-// in one round of reads, kOneRound / kOneRoundWide; with a two-load chain, kLean / kLeanPdl),
-// the warp-per-row ingest (kRows) and the staged one (kLean), the library's choice (kAuto, also
-// on a view without the done-counter: plan + the planned count-1 write) and the legacy kernels
-// (kLegacy).
+// The KvStore update kernels (kernels/store/rows.cuh, append.cuh, legacy.cuh) against the CPU
+// reference, bit for bit, for every kernel set of kernels/store/variant.h: the single-launch
+// count-1 append (kFused; and in one round of reads, kOneRound / kOneRoundWide; with a two-load
+// chain, kLean / kLeanPdl), the warp-per-row ingest (kRows) and the staged one (kLean), the
+// library's choice (kAuto, also on a view without the done-counter: plan + the planned count-1
+// write) and the legacy kernels (kLegacy).
 // Every format (f16, bf16, q8, fp16k_q4v), with and without an index copy (mxfp4, fp8_e4m3),
 // head_dim 64..512, 16-bit and f32 summaries, shards; odd sizes (a block that closes inside a
 // chunk, a chunk longer than the ring, count 1 for 1..64 entries in arbitrary slot order);
