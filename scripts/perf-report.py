@@ -6,16 +6,37 @@ kvc-to-anchor ratios measured in the same run (scripts/perf-pairs.json lists the
 Usage: scripts/perf-report.py RESULTS_DIR > table.md
 """
 import glob
+import gzip
 import json
 import os
 import re
 import sys
 
 
+def read_text(path):
+    """A raw result's text: PATH itself, or PATH.gz (the runs kept under docs/perf-data are
+    gzipped once their session is logged, so that the working tree the device copies stays
+    small)."""
+    if not os.path.exists(path) and os.path.exists(path + ".gz"):
+        path += ".gz"
+    if path.endswith(".gz"):
+        with gzip.open(path, "rt") as f:
+            return f.read()
+    with open(path) as f:
+        return f.read()
+
+
+def raw_exists(path):
+    return os.path.exists(path) or os.path.exists(path + ".gz")
+
+
 def load_benchmarks(d):
     rows = {}
-    for path in sorted(glob.glob(os.path.join(d, "*_bench*.json"))):
-        text = open(path).read()
+    paths = {p[:-3] if p.endswith(".gz") else p
+             for p in glob.glob(os.path.join(d, "*_bench*.json")) +
+             glob.glob(os.path.join(d, "*_bench*.json.gz"))}
+    for path in sorted(paths):
+        text = read_text(path)
         # Google Benchmark writes bare nan / inf for empty counters; make them JSON.
         text = re.sub(r":\s*-?nan\b", ": NaN", text)
         text = re.sub(r":\s*(-?)inf\b", r": \1Infinity", text)
@@ -53,13 +74,13 @@ def load_anchors(d):
     anchors, meta, peer_status = {}, {}, {}
     for fname in ("torch_anchors.json", "dsv4_anchors.json"):
         path = os.path.join(d, fname)
-        if os.path.exists(path):
-            a = json.load(open(path))
+        if raw_exists(path):
+            a = json.loads(read_text(path))
             meta = meta or {k: v for k, v in a.items() if k != "rows"}
             anchors.update({r["name"]: dict(r, source=fname) for r in a.get("rows", [])})
     peers_path = os.path.join(d, "anchors.json")
-    if os.path.exists(peers_path):
-        for name, entry in json.load(open(peers_path)).get("anchors", {}).items():
+    if raw_exists(peers_path):
+        for name, entry in json.loads(read_text(peers_path)).get("anchors", {}).items():
             peer_status[name] = (entry.get("status"), entry.get("reason", ""))
             result = entry.get("result")
             if isinstance(result, dict):
