@@ -27,9 +27,10 @@ using testing::random_bits16;
 
 // The wide batch: 260 sequences x 256 kv heads of d 64 = 66560 score rows, past a grid's 65535
 // y limit; 64 tokens each (a ring of 16, three closed blocks of 16), f16 old blocks.
-constexpr int kBatch = 260, kHkv = 256, kD = 64, kTop = 2, kTokens = 64, kBlock = 16;
-constexpr int kRows = kBatch * kHkv;          // one score row per (sequence, kv head)
-constexpr int kMaxBlocks = kTokens / kBlock;  // the store's max_blocks_per_slot
+constexpr int kBatch = 260, kHkv = 256, kD = 64, kTop = 2, kTokens = 64, kBlock = 16, kRing = 16;
+constexpr int kRows = kBatch * kHkv;  // one score row per (sequence, kv head)
+// The store's max_blocks_per_slot: the tokens past the ring, in blocks.
+constexpr int kMaxBlocks = (kTokens - kRing + kBlock - 1) / kBlock;
 
 // The wide batch's store on `dev`, K = V random from seed + slot.
 std::unique_ptr<KvStore> wide_store(const Device& dev, int seed) {
@@ -38,7 +39,7 @@ std::unique_ptr<KvStore> wide_store(const Device& dev, int seed) {
   sc.head_dim = kD;
   sc.max_slots = kBatch;
   sc.max_context = kTokens;
-  sc.recent_window = 16;
+  sc.recent_window = kRing;
   sc.block_size = kBlock;
   sc.old_format = Format::kF16;
   auto store = KvStore::create(sc, dev);
