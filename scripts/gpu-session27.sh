@@ -40,8 +40,10 @@
 #             guard tests (one new, not yet run on a GPU) and the two-stage tests
 #   prefetch  the summary scorer's L2-prefetch variants: tests, memcheck, index_bench rows
 #             (measured in the thirtieth session: every variant slower than kTensorCore)
-#   final     the DeepSeek-V4 attention tests (variant 300, P in one bf16, prints its error), then
-#             the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
+#   final-tests  final's build, the selector / two-stage / decode-step tests (the decode-step
+#             guards among them) and the DeepSeek-V4 attention tests; then, on the same warm
+#             machine, final (thirty-fourth session)
+#   final     the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
 #             DeepSelect's (deepselect_bin: its fp32 kernel in kvc's harness, first run) anchors in
 #             the same call (carry [".anchors/p1/wheels", ".anchors/p1/bin", ".anchors/p1/MANIFEST"])
 #   flashinfer  FlashInfer's anchors, back to back after `final` on the same warm machine
@@ -116,7 +118,8 @@ branch_against_main() {
   base_bench
 }
 
-case "${1:-tokens}" in
+mode=${1:-tokens}
+case "$mode" in
   tokens)
     # In order of need: correctness, the same-run figures, the sanitizers, the profiles (each
     # helper skips what the deadline no longer leaves room for).
@@ -210,14 +213,22 @@ case "${1:-tokens}" in
     BENCH_REPS=3 bench 120 index_bench 'BM_Score/h32x8x128/B(1|8)/N131072/(mean_k|quest)/f16/sum/fast-tensor_core(|_l2w1|_l2w2|_l2next)/|BM_Score/h32x8x128/B32/N32768/mean_k/f16/sum/fast-tensor_core(|_l2w1|_l2w2)/'
     report
     ;;
-  final)
+  final-tests | final)
     build_targets kvc_cuda_tests step_bench index_bench attention_bench topk_bench store_bench \
       dsv4_bench
-    gtests set '*Cuda_Selector_Set.*:*Cuda_Selector_Decode*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 90
-    # The DeepSeek-V4 attention's variants, 300 (P in one bf16) among them: its relative L2
-    # against the CPU is printed ("[ P in one bf16 ]"); dsv4_bench's CSA / HCA rows below time it.
-    gtests dsv4-attention '*Cuda_Dsv4_Attention*' 120
-    grep -h "P in one bf16" "$out/gtests-dsv4-attention.log" >> "$out/summary.txt"
+    # final-tests, then final on the same warm machine (its build is then a no-op): the tests and
+    # the same-run rows each had a call of their own since the thirty-fourth session, as together
+    # they no longer fit one call's 560 s with a build from scratch.
+    if [ "$mode" = final-tests ]; then
+      gtests set '*Cuda_Selector_Set.*:*Cuda_Selector_Decode*:*Cuda_BlockIndex_TwoStage*:*Cuda_BlockIndex_Token*:*Cuda_DecodeStep*' 180
+      # The DeepSeek-V4 attention's variants, 300 (P in one bf16) among them: its relative L2
+      # against the CPU is printed ("[ P in one bf16 ]"); dsv4_bench's CSA / HCA rows time it.
+      gtests dsv4-attention '*Cuda_Dsv4_Attention*' 120
+      grep -h "P in one bf16" "$out/gtests-dsv4-attention.log" >> "$out/summary.txt"
+      report
+      finish
+      exit 0
+    fi
     same_run_kvc
     bench 30 topk_bench 'BM_TopKSet/' -set
     ANCHORS="torch cub deepselect_bin" anchors_and_report
@@ -232,6 +243,6 @@ case "${1:-tokens}" in
   flashinfer)
     named_anchors flashinfer "flashinfer_decode flashinfer_topk"
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final | flashinfer | flashmla" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla" >&2; exit 2 ;;
 esac
 finish
