@@ -40,6 +40,8 @@
 #             guard tests (one new, not yet run on a GPU) and the two-stage tests
 #   prefetch  the summary scorer's L2-prefetch variants: tests, memcheck, index_bench rows
 #             (measured in the thirtieth session: every variant slower than kTensorCore)
+#   profiles  ncu source pages of the B1 two-stage step's candidate set and attention, and of the
+#             large-k top-k at 64 x 131072 k 2048 (thirty-fourth session)
 #   final-tests  final's build, the selector / two-stage / decode-step tests (the decode-step
 #             guards among them) and the DeepSeek-V4 attention tests; then, on the same warm
 #             machine, final (thirty-fourth session)
@@ -61,6 +63,20 @@ out=$PWD/gpu-out/session27
 source scripts/gpu-lib.sh
 
 step_rows='/(1|8)/131072/0/(1|3)/1/|/32/32768/0/3/1/'
+
+# name binary filter kernel-regex: step_source over another benchmark binary.
+bench_source() {
+  local l
+  l=$(left)
+  (( l < 60 )) && { say "ncu source $1: not run (deadline)"; return; }
+  timeout 90 ncu --target-processes all --clock-control none -k "regex:$4" \
+    --launch-skip "${NCU_SKIP:-14}" --launch-count "${NCU_COUNT:-3}" --section SourceCounters \
+    --section WarpStateStats --page source --csv --print-source sass \
+    "build-gpu/benchmarks/$2" --benchmark_filter="$3" --benchmark_min_time=1x \
+    --benchmark_repetitions=1 > "$out/ncu-source-$1.csv" 2>&1
+  say "ncu source $1: rc=$? $(wc -l < "$out/ncu-source-$1.csv") lines"
+  gzip -9f "$out/ncu-source-$1.csv"
+}
 
 # name filter kernel-regex: Nsight Compute's source page (SASS with per-instruction warp-state
 # samples, CSV) of the matching kernels of one decode step, for reading where they stall on a
@@ -203,6 +219,23 @@ case "$mode" in
     step_ncu two-stage-c255-B8 'BM_DecodeStep/8/131072/0/5/1/'
     report
     ;;
+  profiles)
+    # The instruction-level profiles the thirty-third session asked for: the candidate set
+    # (set_topk) and the attention of the B1 two-stage step, and the large-k top-k at
+    # 64 x 131072 k 2048 (DeepSelect's fp32 kernel 50.0 against kvc's 55.2 µs in the
+    # thirty-fourth session's same-run table, H100); Speed of Light of the last for its phases.
+    build_targets step_bench topk_bench
+    NCU_COUNT=2 bench_source set-topk-B1 step_bench 'BM_DecodeStep/1/131072/0/3/1/' 'set_topk'
+    NCU_COUNT=2 bench_source attention-B1 step_bench 'BM_DecodeStep/1/131072/0/3/1/' 'decode_kernel'
+    NCU_SKIP=8 NCU_COUNT=4 bench_source topk-64x131072 topk_bench 'BM_TopK/64/131072/2048/' '.'
+    l=$(left)
+    (( l > 60 )) && timeout 60 ncu --target-processes all --clock-control none --launch-skip 8 \
+      --launch-count 4 --section SpeedOfLight --section Occupancy --section LaunchStats \
+      build-gpu/benchmarks/topk_bench --benchmark_filter='BM_TopK/64/131072/2048/' \
+      --benchmark_min_time=1x --benchmark_repetitions=1 > "$out/ncu-topk-64x131072.txt" 2>&1
+    grep -E "^  [a-z_:]+.*\(|Duration|DRAM Throughput|Registers Per|Grid Size|Achieved Occ" \
+      "$out/ncu-topk-64x131072.txt" | head -40 >> "$out/summary.txt"
+    ;;
   prefetch)
     # The summary scorer's L2-prefetch variants (twenty-ninth session, written without a GPU):
     # the summary tests (every variant against the CPU, the prefetch variants bit for bit against
@@ -243,6 +276,6 @@ case "$mode" in
   flashinfer)
     named_anchors flashinfer "flashinfer_decode flashinfer_topk"
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles" >&2; exit 2 ;;
 esac
 finish
