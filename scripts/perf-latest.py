@@ -152,7 +152,11 @@ def main():
             "note": "; ".join([note] + missing),
         })
     doc = {"date": a.date, "gpu": a.gpu, "command": a.command,
-           "raw": os.path.relpath(a.run_dir), "rows": rows}
+           "raw": os.path.relpath(a.run_dir),
+           "floor_basis": f"floor_us: the row's bytes at {HBM_TBPS} TB/s, the H200's measured read "
+                          "bandwidth, whatever GPU ran the row (an H100's HBM3 reads about "
+                          "3.35 TB/s, so its own floors are about 1.37x these)",
+           "rows": rows}
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
