@@ -367,11 +367,16 @@ void Timed(benchmark::internal::Benchmark* b) { FixedCounts(b, 30, 5); }
 // Names BM_TopK/<rows>/<n>/<k> (scripts/perf-pairs.json pairs them with the anchors).
 BENCHMARK(BM_TopK)->Apply(DecodeShapes)->Apply(LargeShapes)->Apply(Timed);
 BENCHMARK(BM_TopKLatency)->Apply(DecodeShapes)->Apply(LargeShapes)->Apply(Timed);
+// The large-k shapes in id order too: the order DeepSelect's sorted_index rows return
+// (benchmarks/anchors/deepselect_topk_anchor.cu), beside BM_TopK's score order.
 BENCHMARK(BM_TopKOrder)
     ->Args({8, 4096, 8, 1})
     ->Args({64, 4096, 8, 1})
     ->Args({64, 32768, 64, 1})
     ->Args({64, 32768, 64, 2})
+    ->Args({1, 131072, 2048, 1})
+    ->Args({64, 131072, 2048, 1})
+    ->Args({64, 262144, 2048, 1})
     ->Apply(Timed);
 // Every small-path variant that fits the decode shapes (at most 8 CTAs per row), and the
 // cluster radix select on them.
