@@ -225,6 +225,10 @@ case "$mode" in
     # 64 x 131072 k 2048 (DeepSelect's fp32 kernel 50.0 against kvc's 55.2 µs in the
     # thirty-fourth session's same-run table, H100); Speed of Light of the last for its phases.
     build_targets step_bench topk_bench
+    # Where the spread top-k's time goes at 64 rows (the phase probe, now for several rows)
+    # beside one row.
+    topk_trace rows64-131072 131072 2048 0 0 1 1 1 64
+    topk_trace rows1-131072 131072 2048 0 0 1 1 1 1
     # kvc's large-k top-k in id order, DeepSelect's sorted_index order (score order in BM_TopK).
     BENCH_REPS=3 bench 60 topk_bench 'BM_TopKOrder/(1|64)/(131072|262144)/2048/|BM_TopK/64/131072/2048/'
     NCU_COUNT=2 bench_source set-topk-B1 step_bench 'BM_DecodeStep/1/131072/0/3/1/' 'set_topk'

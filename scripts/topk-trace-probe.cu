@@ -3,17 +3,20 @@
 // CTA records %globaltimer at each mark; for each phase the probe prints when the last CTA
 // reached it, relative to the first CTA's entry (medians over launches), and the per-launch time
 // of a CUDA graph of back-to-back launches over rotating inputs (sets spanning more than L2).
-// It checks the ids against a CPU top-k of every traced input.
-//   usage: topk-trace-probe N K [dist: 0 uniform, 1 gaussian, 2 heavy ties] [ctas (0: auto)]
+// It checks the ids against a CPU top-k of every traced input. With several rows (the last
+// argument) every row is traced and checked; "finisher" is row 0's.
+//   usage: topk-trace-probe N K [dist: 0 uniform, 1 gaussian, 2 heavy ties] [ctas per row (0:
+//          auto, the library's rule)]
 //          [sample: 1 the sampled cut (the library's choice), 0 the exact passes only]
 //          [share: 1 every CTA ranks its share of the cut's candidates (the library's choice),
 //           0 the last CTA ranks them all] [range: 1 the sample cut by key-range buckets (the
-//           library's choice), 0 by radix passes]
+//           library's choice), 0 by radix passes] [rows (1)]
 //   build: nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Iinclude -Isrc -o probe \
 //          scripts/topk-trace-probe.cu
 #include <cstdint>
 
-__device__ unsigned long long g_trace[256][24];
+constexpr int kMaxTraced = 512;  // CTAs traced (rows x ctas per row)
+__device__ unsigned long long g_trace[kMaxTraced][24];
 __device__ __forceinline__ void trace_mark(int phase) {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -51,9 +54,11 @@ int main(int argc, char** argv) {
   int ctas = argc > 4 ? std::atoi(argv[4]) : 0;
   const bool sample = argc > 5 ? std::atoi(argv[5]) != 0 : true;
   const bool share = argc > 6 ? std::atoi(argv[6]) != 0 : true;
-  const std::size_t set_bytes = static_cast<std::size_t>(N) * 4;
+  const int rows = argc > 8 ? std::max(1, std::atoi(argv[8])) : 1;
+  const std::size_t row_n = static_cast<std::size_t>(N);
+  const std::size_t set_bytes = row_n * rows * 4;
   const int sets = static_cast<int>(std::max<std::size_t>(8, (128u << 20) / set_bytes));
-  std::vector<float> h(static_cast<std::size_t>(N) * sets);
+  std::vector<float> h(row_n * rows * sets);
   std::mt19937 rng(1234);
   std::uniform_real_distribution<float> uni(0.f, 1.f);
   std::normal_distribution<float> gau(0.f, 1.f);
@@ -66,15 +71,17 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&d_scores, h.size() * 4));
   CK(cudaMemcpy(d_scores, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
   std::int32_t *d_valid, *d_ids, *d_counts;
-  CK(cudaMalloc(&d_valid, 4));
-  CK(cudaMemcpy(d_valid, &N, 4, cudaMemcpyHostToDevice));
-  CK(cudaMalloc(&d_ids, K * 4));
-  CK(cudaMalloc(&d_counts, 4));
+  const std::vector<std::int32_t> valid(rows, N);
+  CK(cudaMalloc(&d_valid, rows * 4));
+  CK(cudaMemcpy(d_valid, valid.data(), rows * 4, cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&d_ids, static_cast<std::size_t>(rows) * K * 4));
+  CK(cudaMalloc(&d_counts, rows * 4));
   SpreadRowState* d_state;
   std::uint64_t* d_cand;
-  CK(cudaMalloc(&d_state, sizeof(SpreadRowState)));
-  CK(cudaMalloc(&d_cand, kSpreadCap * 8));
-  CK(cudaMemset(d_state, 0xab, sizeof(SpreadRowState)));  // the kernel needs nothing zeroed
+  CK(cudaMalloc(&d_state, rows * sizeof(SpreadRowState)));
+  CK(cudaMalloc(&d_cand, static_cast<std::size_t>(rows) * kSpreadCap * 8));
+  // The kernel needs nothing zeroed.
+  CK(cudaMemset(d_state, 0xab, rows * sizeof(SpreadRowState)));
 
   TopmParams tp{};
   tp.num_valid = d_valid;
@@ -95,7 +102,7 @@ int main(int argc, char** argv) {
                                                    smem));
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int tiles_total = (N + kSpreadTile - 1) / kSpreadTile;
-  if (ctas == 0) ctas = std::min(tiles_total, per_sm * sms);
+  if (ctas == 0) ctas = std::min(tiles_total, per_sm * sms / rows);
   SpreadParams sp{};
   sp.tiles = (tiles_total + ctas - 1) / ctas;
   sp.ctas = (tiles_total + sp.tiles - 1) / sp.tiles;
@@ -104,13 +111,19 @@ int main(int argc, char** argv) {
   sp.sample = sample;
   sp.share = share;
   sp.range_cut = argc > 7 ? std::atoi(argv[7]) != 0 : true;
+  const int grid = rows * sp.ctas;
+  if (ctas < 1 || grid > per_sm * sms || grid > kMaxTraced) {
+    std::printf("%d rows x %d CTAs: more than fit the device (%d) or the trace (%d)\n", rows,
+                sp.ctas, per_sm * sms, kMaxTraced);
+    return 1;
+  }
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   auto launch = [&](int set) {
     sp.t = tp;
-    sp.t.scores = d_scores + static_cast<std::size_t>(set) * N;
+    sp.t.scores = d_scores + static_cast<std::size_t>(set) * N * rows;
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(sp.ctas), 1, 1);
+    cfg.gridDim = dim3(static_cast<unsigned>(grid), 1, 1);
     cfg.blockDim = dim3(kSpreadThreads, 1, 1);
     cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
     cfg.stream = st;
@@ -144,25 +157,25 @@ int main(int argc, char** argv) {
   int bad = 0;
   for (int it = 0; it < 12; ++it) {
     const int set = it % sets;
-    std::vector<unsigned long long> zero(256 * 24, 0);
+    std::vector<unsigned long long> zero(kMaxTraced * 24, 0);
     CK(cudaMemcpyToSymbol(g_trace, zero.data(), zero.size() * 8));
     launch(set);
     CK(cudaStreamSynchronize(st));
-    std::vector<unsigned long long> tr(256 * 24);
+    std::vector<unsigned long long> tr(kMaxTraced * 24);
     CK(cudaMemcpyFromSymbol(tr.data(), g_trace, tr.size() * 8));
     unsigned long long t0 = ~0ull, e_max = 0;
-    for (int c = 0; c < sp.ctas; ++c) {
+    for (int c = 0; c < grid; ++c) {
       t0 = std::min(t0, tr[c * 24]);
       e_max = std::max(e_max, tr[c * 24]);
     }
     skew.push_back((e_max - t0) * 1e-3);
-    int fin = -1;  // the finisher: the CTA that reached the finisher's first mark
+    int fin = -1;  // row 0's finisher: its CTA that reached the finisher's first mark
     for (int c = 0; c < sp.ctas; ++c) {
       if (tr[c * 24 + 7] != 0) fin = c;
     }
     for (int ph = 0; ph < kPhases; ++ph) {
       std::vector<unsigned long long> at;
-      for (int c = 0; c < sp.ctas; ++c) {
+      for (int c = 0; c < grid; ++c) {
         if (tr[c * 24 + ph] != 0) at.push_back(tr[c * 24 + ph]);
       }
       if (at.empty()) continue;
@@ -171,22 +184,24 @@ int main(int argc, char** argv) {
       mid[ph].push_back((at[at.size() / 2] - t0) * 1e-3);
       if (fin >= 0 && tr[fin * 24 + ph] != 0) own[ph].push_back((tr[fin * 24 + ph] - t0) * 1e-3);
     }
-    std::vector<std::int32_t> ids(K);
-    CK(cudaMemcpy(ids.data(), d_ids, K * 4, cudaMemcpyDeviceToHost));
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(rows) * K);
+    CK(cudaMemcpy(ids.data(), d_ids, ids.size() * 4, cudaMemcpyDeviceToHost));
     std::vector<int> ref(N);
-    for (int i = 0; i < N; ++i) ref[i] = i;
-    const float* row = h.data() + static_cast<std::size_t>(set) * N;
-    std::partial_sort(ref.begin(), ref.begin() + K, ref.end(),
-                      [&](int a, int b) { return row[a] != row[b] ? row[a] > row[b] : a < b; });
-    for (int i = 0; i < K; ++i) bad += ids[i] != ref[i];
+    for (int r = 0; r < rows; ++r) {
+      for (int i = 0; i < N; ++i) ref[i] = i;
+      const float* row = h.data() + (static_cast<std::size_t>(set) * rows + r) * N;
+      std::partial_sort(ref.begin(), ref.begin() + K, ref.end(),
+                        [&](int a, int b) { return row[a] != row[b] ? row[a] > row[b] : a < b; });
+      for (int i = 0; i < K; ++i) bad += ids[static_cast<std::size_t>(r) * K + i] != ref[i];
+    }
   }
   auto median = [](std::vector<double> v) {
     if (v.empty()) return -1.0;
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  std::printf("N %d k %d dist %d: %d CTAs x %d tiles, %d B smem; ids wrong: %d\n", N, K, dist,
-              sp.ctas, sp.tiles, smem, bad);
+  std::printf("%d rows x N %d k %d dist %d: %d CTAs a row x %d tiles, %d B smem; ids wrong: %d\n",
+              rows, N, K, dist, sp.ctas, sp.tiles, smem, bad);
   std::printf("  CTA entry skew (last - first entry): %.2f us\n", median(skew));
   std::printf("  %-15s %8s %8s %8s  (us after the first CTA's entry)\n", "phase", "last CTA",
               "median", "finisher");
