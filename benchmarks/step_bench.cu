@@ -1,14 +1,18 @@
 // The block_select_exact decode step of one layer (score + select + attend; the append is timed
 // separately in store_bench) replayed from a CUDA graph: Hq 32 / Hkv 8 / d 128, fp16k_q4v old
 // blocks of 32, ring 1024, top 8 (and two other budgets of the same 1280 tokens); scored by mean K
-// (f32 or f16 summaries) or by kvc's default (token mass over an mxfp4 index copy). Compared in
+// (f32 or f16 summaries) or by kvc's default (token mass over an mxfp4 index copy).
+// BM_DecodeStepGrid adds the issue's other head shapes (9 / 3 / 64, 64 / 1 / 512) and top 4 / 8 /
+// 16 over ring 256 and blocks of 32. Compared in
 // docs/performance.md with PyTorch SDPA dense decode and a PyTorch block-select step measured in
 // the same run (benchmarks/anchors).
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "cuda_bench_util.h"
@@ -19,7 +23,12 @@
 namespace kvc {
 namespace {
 
-constexpr int kHq = 32, kHkv = 8, kD = 128;
+// Head shapes (Hq / Hkv / d): 0 = 32 / 8 / 128 (BM_DecodeStep's), 1 = 9 / 3 / 64 (SmolLM2),
+// 2 = 64 / 1 / 512 (MQA): the issue's grid (#12, item 6), as attention_bench's kShapes.
+struct StepShape {
+  int hq, hkv, d;
+};
+constexpr StepShape kStepShapes[] = {{32, 8, 128}, {9, 3, 64}, {64, 1, 512}};
 
 // The attended budget: ring tokens, old block size, selected blocks per kv head, the same 1280
 // tokens in three shapes (docs/quality.md): 0 ring 1024 + 8 x 32 (the library's default until
@@ -33,7 +42,7 @@ constexpr Budget kBudgets[] = {{1024, 32, 8}, {256, 32, 32}, {1024, 16, 16}};
 // of the same row: Google Benchmark calls the function several times per row (the iteration
 // estimate, each repetition) and the 128K-token ingests need not be redone.
 struct StepFixture {
-  int batch = 0, ctx = 0, scorer = 0, budget = 0, sets = 0;
+  int batch = 0, ctx = 0, scorer = 0, budget = 0, shape = 0, top = 0, sets = 0;
   double per_seq = 0;
   std::unique_ptr<KvStore> store;
   std::vector<void*> buffers;
@@ -63,15 +72,21 @@ struct StepFixture {
 // over f16 summaries, reading the index copy of the candidates' tokens only; 5 the same with 255
 // candidates (the most one finish CTA takes: kernels::block_scores_select).
 constexpr int kTwoStageCandidates[] = {128, 64, 255};
-std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer, int budget_arg) {
+// shape: kStepShapes; top_override: blocks selected per kv head instead of the budget's (0: the
+// budget's).
+std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer, int budget_arg,
+                                       int shape = 0, int top_override = 0) {
   auto f = std::make_unique<StepFixture>();
   f->batch = batch;
   f->ctx = ctx;
   f->scorer = scorer;
   f->budget = budget_arg;
+  f->shape = shape;
+  f->top = top_override;
+  const int kHq = kStepShapes[shape].hq, kHkv = kStepShapes[shape].hkv, kD = kStepShapes[shape].d;
   const int budget = budget_arg % 10, attention_path = budget_arg / 10;
   const Budget b = kBudgets[budget];
-  const int top = b.top;
+  const int top = top_override > 0 ? top_override : b.top;
   const BlockSelectConfig defaults = default_block_select(kHq, kHkv, kD, ctx, 1);
   const bool token_mass = scorer == 1 || scorer >= 3;
   const int candidates = scorer >= 3 ? kTwoStageCandidates[scorer - 3] : 0;
@@ -168,7 +183,7 @@ std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer, int budge
     a.attention.num_kv_heads = kHkv;
     a.attention.group_size = kHq / kHkv;
     a.attention.head_dim = kD;
-    a.attention.scale = 1.0f / 11.3137085f;
+    a.attention.scale = 1.0f / std::sqrt(static_cast<float>(kD));
     a.attention.mode = AttentionMode::kBlockSelectExact;
     a.attention.kernel_path = attention_path;
     a.attention_workspace = attn_ws;
@@ -195,19 +210,21 @@ std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer, int budge
   return f;
 }
 
-void BM_DecodeStep(benchmark::State& state) {
+// The row's fixture: the cached one where it matches, else a new one, the previous row's store
+// freed first (one cache for every benchmark here, so that only one row's store is held).
+StepFixture& step_for(int batch, int ctx, int scorer, int budget, int shape, int top) {
   static std::unique_ptr<StepFixture> cached;
-  const int batch = static_cast<int>(state.range(0));
-  const int ctx = static_cast<int>(state.range(1));
-  const int scorer = static_cast<int>(state.range(3));
-  const int budget = static_cast<int>(state.range(4));
   if (!cached || cached->batch != batch || cached->ctx != ctx || cached->scorer != scorer ||
-      cached->budget != budget) {
-    cached.reset();  // free the previous row's store first
-    cached = make_step(batch, ctx, scorer, budget);
+      cached->budget != budget || cached->shape != shape || cached->top != top) {
+    cached.reset();
+    cached = make_step(batch, ctx, scorer, budget, shape, top);
   }
-  StepFixture& f = *cached;
-  const bool chained = state.range(2) == 0;
+  return *cached;
+}
+
+// Times the fixture's step: chained (every set's step in one graph, the time per step in a
+// decode loop) or one graph launch per step (its launch latency included).
+void time_step(benchmark::State& state, StepFixture& f, bool chained) {
   int i = 0;
   for (auto _ : state) {
     if (chained) {  // the steps of every set in one graph: time per step in a decode loop
@@ -218,11 +235,33 @@ void BM_DecodeStep(benchmark::State& state) {
       KVC_BENCH_CUDA(cudaGraphLaunch(f.graphs[i++ % f.sets], f.stream));
     }
   }
-  state.SetBytesProcessed(static_cast<std::int64_t>(f.per_seq * batch) * state.iterations());
-  state.counters["hbm_frac"] = benchmark::Counter(f.per_seq * batch / 1e12 / bench::peak_tbps(),
+  state.SetBytesProcessed(static_cast<std::int64_t>(f.per_seq * f.batch) * state.iterations());
+  state.counters["hbm_frac"] = benchmark::Counter(f.per_seq * f.batch / 1e12 / bench::peak_tbps(),
                                                   benchmark::Counter::kIsIterationInvariantRate);
   state.counters["sets"] = f.sets;
 }
+
+void BM_DecodeStep(benchmark::State& state) {
+  StepFixture& f =
+      step_for(static_cast<int>(state.range(0)), static_cast<int>(state.range(1)),
+               static_cast<int>(state.range(3)), static_cast<int>(state.range(4)), 0, 0);
+  time_step(state, f, state.range(2) == 0);
+}
+
+// The rest of the issue's grid (#12, item 6): the other head shapes and top 4 / 8 / 16 over the
+// default budget's ring 256 and blocks of 32, steps chained in one graph.
+// Args: batch, context, scorer (as BM_DecodeStep's), shape (kStepShapes), top.
+void BM_DecodeStepGrid(benchmark::State& state) {
+  const int shape = static_cast<int>(state.range(3));
+  const int top = static_cast<int>(state.range(4));
+  StepFixture& f = step_for(static_cast<int>(state.range(0)), static_cast<int>(state.range(1)),
+                            static_cast<int>(state.range(2)), 1, shape, top);
+  const StepShape& hs = kStepShapes[shape];
+  state.SetLabel(std::to_string(hs.hq) + "/" + std::to_string(hs.hkv) + "/" + std::to_string(hs.d) +
+                 " top " + std::to_string(top) + " x 32 + ring 256");
+  time_step(state, f, true);
+}
+
 // Args: batch, context, 0 = steps chained in one graph (per-step time) / 1 = one launch per step,
 // scorer (0 mean K, 1 kvc's default token mass over mxfp4, 2 mean K over f16 summaries, 3 / 4 / 5
 // the default's token mass in two stages of 128 / 64 / 255 candidates), budget
@@ -282,6 +321,23 @@ BENCHMARK(BM_DecodeStep)
     ->Args({1, 1048576, 0, 1, 0})
     ->Args({8, 1048576, 0, 0, 0})
     ->Args({8, 1048576, 0, 1, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+// Every head shape at top 4 / 8 / 16 (B1 and B8 at N128K, B32 at N32K), by kvc's default
+// scorer (1) and by mean K over f16 summaries (2); registered after BM_DecodeStep so that the
+// rows above keep their order in a run cut by its time limit.
+BENCHMARK(BM_DecodeStepGrid)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      for (int shape : {0, 1, 2}) {
+        for (int scorer : {1, 2}) {
+          for (int top : {4, 8, 16}) {
+            b->Args({1, 131072, scorer, shape, top});
+            b->Args({8, 131072, scorer, shape, top});
+            b->Args({32, 32768, scorer, shape, top});
+          }
+        }
+      }
+    })
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -40,6 +40,8 @@
 #             guard tests (one new, not yet run on a GPU) and the two-stage tests
 #   prefetch  the summary scorer's L2-prefetch variants: tests, memcheck, index_bench rows
 #             (measured in the thirtieth session: every variant slower than kTensorCore)
+#   grid      step_bench's BM_DecodeStepGrid: issue #12's head shapes and top 4 / 8 / 16
+#             (thirty-fourth session, not yet run)
 #   profiles  ncu source pages of the B1 two-stage step's candidate set and attention, and of the
 #             large-k top-k at 64 x 131072 k 2048 (thirty-fourth session)
 #   final-tests  final's build, the selector / two-stage / decode-step tests (the decode-step
@@ -219,6 +221,14 @@ case "$mode" in
     step_ncu two-stage-c255-B8 'BM_DecodeStep/8/131072/0/5/1/'
     report
     ;;
+  grid)
+    # The rest of issue #12's grid (item 6): every head shape (32 / 8 / 128, 9 / 3 / 64,
+    # 64 / 1 / 512) at top 4 / 8 / 16, B1 / B8 N128K and B32 N32K, kvc's default scorer and mean K
+    # over f16 summaries (step_bench BM_DecodeStepGrid, never run yet).
+    build_targets step_bench
+    bench 400 step_bench 'BM_DecodeStepGrid/' -grid
+    report
+    ;;
   profiles)
     # The instruction-level profiles the thirty-third session asked for: the candidate set
     # (set_topk) and the attention of the B1 two-stage step, and the large-k top-k at
@@ -282,6 +292,6 @@ case "$mode" in
   flashinfer)
     named_anchors flashinfer "flashinfer_decode flashinfer_topk"
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid" >&2; exit 2 ;;
 esac
 finish
