@@ -66,7 +66,10 @@ source scripts/gpu-lib.sh
 
 step_rows='/(1|8)/131072/0/(1|3)/1/|/32/32768/0/3/1/'
 
-# name binary filter kernel-regex: step_source over another benchmark binary.
+# name binary filter kernel-regex: Nsight Compute's source page (SASS with per-instruction
+# warp-state samples, CSV, gzipped) of the matching kernels of a benchmark binary's run, for
+# reading where they stall on a machine without a GPU (ncu's text, not a .ncu-rep, which needs
+# ncu to open).
 bench_source() {
   local l
   l=$(left)
@@ -80,20 +83,8 @@ bench_source() {
   gzip -9f "$out/ncu-source-$1.csv"
 }
 
-# name filter kernel-regex: Nsight Compute's source page (SASS with per-instruction warp-state
-# samples, CSV) of the matching kernels of one decode step, for reading where they stall on a
-# machine without a GPU (ncu's text, not a .ncu-rep, which needs ncu to open).
-step_source() {
-  local l
-  l=$(left)
-  (( l < 60 )) && { say "ncu source $1: not run (deadline)"; return; }
-  timeout 75 ncu --target-processes all --clock-control none -k "regex:$3" \
-    --launch-skip "${NCU_SKIP:-14}" --launch-count "${NCU_COUNT:-3}" --section SourceCounters \
-    --section WarpStateStats --page source --csv --print-source sass \
-    build-gpu/benchmarks/step_bench --benchmark_filter="$2" --benchmark_min_time=1x \
-    --benchmark_repetitions=1 > "$out/ncu-source-$1.csv" 2>&1
-  say "ncu source $1: rc=$? $(wc -l < "$out/ncu-source-$1.csv") lines"
-}
+# name filter kernel-regex: bench_source over one decode step of step_bench.
+step_source() { bench_source "$1" step_bench "$2" "$3"; }
 
 # main's step_bench (gpu-base/ laid over a copy of the tree) into build-base, in the background.
 base_build_bg() {
