@@ -2,10 +2,9 @@
 // separately in store_bench) replayed from a CUDA graph: Hq 32 / Hkv 8 / d 128, fp16k_q4v old
 // blocks of 32, ring 1024, top 8 (and two other budgets of the same 1280 tokens); scored by mean K
 // (f32 or f16 summaries) or by kvc's default (token mass over an mxfp4 index copy).
-// BM_DecodeStepGrid adds the issue's other head shapes (9 / 3 / 64, 64 / 1 / 512) and top 4 / 8 /
-// 16 over ring 256 and blocks of 32. Compared in
-// docs/performance.md with PyTorch SDPA dense decode and a PyTorch block-select step measured in
-// the same run (benchmarks/anchors).
+// BM_DecodeStepGrid adds the issue's other head shapes (9 / 3 / 64, 64 / 1 / 512) and top 4, 8
+// and 16 over ring 256 and blocks of 32. Compared in docs/performance.md with PyTorch SDPA dense
+// decode and a PyTorch block-select step measured in the same run (benchmarks/anchors).
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
