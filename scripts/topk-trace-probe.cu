@@ -3,7 +3,7 @@
 // CTA records %globaltimer at each mark; for each phase the probe prints when the last CTA
 // reached it, relative to the first CTA's entry (medians over launches), and the per-launch time
 // of a CUDA graph of back-to-back launches over rotating inputs (sets spanning more than L2).
-// It checks the ids against a CPU top-k of every traced input. With several rows (the last
+// It checks the ids against a CPU top-k of every traced input. With several rows (the eighth
 // argument) every row is traced and checked; "finisher" is row 0's.
 //   usage: topk-trace-probe N K [dist: 0 uniform, 1 gaussian, 2 heavy ties] [ctas per row (0:
 //          auto, the library's rule)]
