@@ -82,16 +82,16 @@ std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer, int budge
   f->budget = budget_arg;
   f->shape = shape;
   f->top = top_override;
-  const int kHq = kStepShapes[shape].hq, kHkv = kStepShapes[shape].hkv, kD = kStepShapes[shape].d;
+  const int hq = kStepShapes[shape].hq, hkv = kStepShapes[shape].hkv, d = kStepShapes[shape].d;
   const int budget = budget_arg % 10, attention_path = budget_arg / 10;
   const Budget b = kBudgets[budget];
   const int top = top_override > 0 ? top_override : b.top;
-  const BlockSelectConfig defaults = default_block_select(kHq, kHkv, kD, ctx, 1);
+  const BlockSelectConfig defaults = default_block_select(hq, hkv, d, ctx, 1);
   const bool token_mass = scorer == 1 || scorer >= 3;
   const int candidates = scorer >= 3 ? kTwoStageCandidates[scorer - 3] : 0;
   KvStoreConfig c = token_mass ? defaults.store : KvStoreConfig{};
-  c.num_kv_heads = kHkv;
-  c.head_dim = kD;
+  c.num_kv_heads = hkv;
+  c.head_dim = d;
   c.recent_window = b.ring;
   c.block_size = b.block;
   c.old_format = Format::kFp16kQ4v;
@@ -105,26 +105,26 @@ std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer, int budge
   // Two stages read every block's f16 mean K, then the index copy of the candidates (and block 0).
   const double old_tokens = ctx > c.recent_window ? ctx - c.recent_window : 0;
   const double closed = old_tokens / c.block_size;
-  const double index_key = kD / 2.0 + kD / 32.0, ring_k = c.recent_window * kD * 2.0;
+  const double index_key = d / 2.0 + d / 32.0, ring_k = c.recent_window * d * 2.0;
   const double scorer_bytes =
       scorer == 1   ? old_tokens * index_key + ring_k
-      : scorer >= 3 ? closed * kD * 2.0 +
+      : scorer >= 3 ? closed * d * 2.0 +
                           std::min(closed, candidates + 1.0) * c.block_size * index_key + ring_k
-                    : blocks * kD * (scorer == 2 ? 2.0 : 4.0);
-  f->per_seq = static_cast<double>(kHkv) * (scorer_bytes + c.recent_window * kD * 4.0 +
-                                            (top + 1) * c.block_size * (kD * 2.0 + kD / 2.0 + 4.0));
+                    : blocks * d * (scorer == 2 ? 2.0 : 4.0);
+  f->per_seq = static_cast<double>(hkv) * (scorer_bytes + c.recent_window * d * 4.0 +
+                                           (top + 1) * c.block_size * (d * 2.0 + d / 2.0 + 4.0));
   const int sets = bench::rotation(static_cast<std::size_t>(f->per_seq * batch));
   f->sets = sets;
   c.max_slots = batch * sets;
   f->store = KvStore::create(c, Device::cuda(0));
   KvStore* store = f->store.get();
-  const std::size_t n = static_cast<std::size_t>(ctx) * kHkv * kD;
+  const std::size_t n = static_cast<std::size_t>(ctx) * hkv * d;
   std::uint16_t* k = bench::random_device_bits16(n, false, 11);
   std::uint16_t* v = bench::random_device_bits16(n, false, 12);
   for (int s = 0; s < c.max_slots; ++s) {
     store->open_slot();
-    store->ingest(s, TensorView::contiguous(k, DType::kF16, {ctx, kHkv, kD}, Device::cuda(0)),
-                  TensorView::contiguous(v, DType::kF16, {ctx, kHkv, kD}, Device::cuda(0)));
+    store->ingest(s, TensorView::contiguous(k, DType::kF16, {ctx, hkv, d}, Device::cuda(0)),
+                  TensorView::contiguous(v, DType::kF16, {ctx, hkv, d}, Device::cuda(0)));
   }
   KVC_BENCH_CUDA(cudaDeviceSynchronize());
   cudaFree(k);
@@ -132,9 +132,9 @@ std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer, int budge
 
   BlockIndexConfig ic = token_mass ? defaults.index : BlockIndexConfig{};
   ic.candidates = candidates;
-  ic.num_q_heads = kHq;
-  ic.num_kv_heads = kHkv;
-  ic.head_dim = kD;
+  ic.num_q_heads = hq;
+  ic.num_kv_heads = hkv;
+  ic.head_dim = d;
   ic.max_batch = batch;
   ic.max_blocks_per_slot = blocks;
   const int rows = ic.rows(batch, 1);
@@ -143,17 +143,17 @@ std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer, int budge
   auto* d_slots = f->alloc<std::int32_t>(all.size() * 4);
   KVC_BENCH_CUDA(cudaMemcpy(d_slots, all.data(), all.size() * 4, cudaMemcpyHostToDevice));
   std::uint16_t* q =
-      bench::random_device_bits16(static_cast<std::size_t>(batch) * kHq * kD, false, 13);
+      bench::random_device_bits16(static_cast<std::size_t>(batch) * hq * d, false, 13);
   f->buffers.push_back(q);
   auto* scores = f->alloc<float>(static_cast<std::size_t>(rows) * blocks * 4);
   auto* valid = f->alloc<std::int32_t>(rows * 4);
   auto* ids = f->alloc<std::int32_t>(rows * top * 4);
   auto* counts = f->alloc<std::int32_t>(rows * 4);
-  auto* out = f->alloc<std::uint16_t>(static_cast<std::size_t>(batch) * kHq * kD * 2);
-  auto* lse = f->alloc<float>(static_cast<std::size_t>(batch) * kHq * 4);
+  auto* out = f->alloc<std::uint16_t>(static_cast<std::size_t>(batch) * hq * d * 2);
+  auto* lse = f->alloc<float>(static_cast<std::size_t>(batch) * hq * 4);
   std::size_t select_bytes = 0;
   KVC_BENCH_CUDA(kernels::select_workspace_bound(select_bytes, rows, blocks, top));
-  const std::size_t attn_bytes = kernels::attention_workspace_upper_bound(kHq, kHkv, kD);
+  const std::size_t attn_bytes = kernels::attention_workspace_upper_bound(hq, hkv, d);
   void* select_ws = f->alloc<void>(select_bytes + 256);
   void* attn_ws = f->alloc<void>(attn_bytes + 256);
   std::size_t index_bytes = 0;
@@ -178,11 +178,11 @@ std::unique_ptr<StepFixture> make_step(int batch, int ctx, int scorer, int budge
     a.attention.q = q;
     a.attention.out = out;
     a.attention.lse = lse;
-    a.attention.num_q_heads = kHq;
-    a.attention.num_kv_heads = kHkv;
-    a.attention.group_size = kHq / kHkv;
-    a.attention.head_dim = kD;
-    a.attention.scale = 1.0f / std::sqrt(static_cast<float>(kD));
+    a.attention.num_q_heads = hq;
+    a.attention.num_kv_heads = hkv;
+    a.attention.group_size = hq / hkv;
+    a.attention.head_dim = d;
+    a.attention.scale = 1.0f / std::sqrt(static_cast<float>(d));
     a.attention.mode = AttentionMode::kBlockSelectExact;
     a.attention.kernel_path = attention_path;
     a.attention_workspace = attn_ws;
