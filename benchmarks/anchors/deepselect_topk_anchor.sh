@@ -8,7 +8,9 @@
 # Usage: benchmarks/anchors/deepselect_topk_anchor.sh [SRC] [BIN]
 #   SRC  DeepSelect's tree (default .anchors/DeepSelect): csrc/cuda_kernels/v3_fp32/topk_select.cuh
 #        and what it includes (csrc/structs.h, csrc/cuda_kernels/{config.h,utils.cuh,bit_utils.cuh,
-#        common_parts.cuh}, csrc/3rdparty/kerutils/include)
+#        common_parts.cuh}, csrc/3rdparty/kerutils/include); where no snapshot of the repository can
+#        be fetched, deepselect-provenance.txt beside this script lists where the thirty-fifth
+#        session read each file from instead
 #   BIN  the binary (default .anchors/p1/bin/deepselect_topk_anchor; the anchor bundle's folder, so
 #        a device call that carries .anchors/p1/bin gets it: run-anchors.sh's anchor deepselect_bin)
 # Needs: nvcc >= 12.8 with C++20 (default /usr/local/cuda/bin/nvcc, or $NVCC; built and checked with
