@@ -23,8 +23,8 @@
 // (kernels/select/spread.cuh); 7 = the spread path without its sampled cut (the exact radix
 // passes only: the spread path before 2026-12-04); 9 = the spread path with its sampled cut's
 // candidates ranked by one CTA per row (the sixteenth session's finish); 10 = the spread path
-// with its sample cut by radix passes (not key-range buckets); 1000 + Q = the spread
-// path with Q
+// with its sample cut by radix passes (not key-range buckets); 11 = the spread path with its
+// sampled pass loading register groups (not the cp.async ring); 1000 + Q = the spread path with Q
 // CTAs per row; 6 = session 4's built-in choice (no resident path: the spread path where it
 // spread); 2000 + C = the resident path (kernels/select/resident.cuh) with C CTAs per row (2000:
 // its built-in count); + 1000: with programmatic dependent launch; + 2000: finished by the
@@ -270,6 +270,9 @@ void BM_TopKVariant(benchmark::State& state) {
   } else if (variant == 10) {
     tuning.force_spread = true;
     tuning.spread_radix_sample = true;
+  } else if (variant == 11) {
+    tuning.force_spread = true;
+    tuning.spread_no_ring = true;
   } else if (variant == 6) {
     tuning.no_resident = true;
   } else if (variant >= 2000) {
@@ -465,8 +468,7 @@ BENCHMARK(BM_TopKVariant)
     ->Apply(Timed);
 // The spread path against the streaming path (the old choice) on the large-k shapes: built in
 // (5), without its sampled cut (7), finished by one CTA per row (9), its sample cut by radix
-// passes (10), streaming (3), and the
-// spread path with
+// passes (10), its sampled pass without the ring (11), streaming (3), and the spread path with
 // fewer CTAs per row than the built-in choice.
 BENCHMARK(BM_TopKVariant)
     ->Apply([](benchmark::internal::Benchmark* b) {
@@ -481,6 +483,7 @@ BENCHMARK(BM_TopKVariant)
         b->Args({sh[0], sh[1], sh[2], 7});
         b->Args({sh[0], sh[1], sh[2], 9});
         b->Args({sh[0], sh[1], sh[2], 10});
+        b->Args({sh[0], sh[1], sh[2], 11});
         if (sh[0] == 1) {
           b->Args({sh[0], sh[1], sh[2], 1000 + 16});
           b->Args({sh[0], sh[1], sh[2], 1000 + 32});

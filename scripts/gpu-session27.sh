@@ -53,6 +53,14 @@
 #   flashinfer  FlashInfer's anchors, back to back after `final` on the same warm machine
 #             (carry [".anchors/p1/flashinfer-sm90a.tar.xz", ".anchors/p1/wheels/apache_tvm_ffi-
 #             <version>.whl", ".anchors/p1/MANIFEST"])
+#   spread    the thirty-fifth session's spread top-k (written without a GPU): the sampled pass
+#             tests each score against the cut's 32-bit floor (cut_score_floor) and appends 16
+#             scores a thread with one atomic per warp (warp_append_run); it streams the tiles
+#             past the resident ones through a cp.async ring of 8 tiles issued before the sample
+#             cut (SelectTuning::spread_no_ring keeps register groups). The spread tests (ring on
+#             and off, the ring's overflow row), the DeepSeek-V4 top-k test, the large-k rows with
+#             the ring (topk_bench variant 5) and without (11) in the same call, the phase probe
+#             both ways at 64 rows, racecheck and memcheck over the fallback test
 #   flashmla  issue #13's open check: FlashMLA's SM90 sparse FP8 decode over MODEL1 pages that kvc
 #             wrote into engine-owned pools (benchmarks/anchors/flashmla_kvc_pages.py: against
 #             kvc's CUDA attention and a float32 reference over the pool bytes), then FlashMLA's
@@ -220,6 +228,17 @@ case "$mode" in
     bench 400 step_bench 'BM_DecodeStepGrid/' -grid
     report
     ;;
+  spread)
+    build_targets kvc_cuda_tests topk_bench
+    gtests spread '*Cuda_Selector_Spread*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 240
+    BENCH_REPS=5 bench 100 topk_bench 'BM_TopKVariant/[0-9]+/[0-9]+/[0-9]+/(5|11)/|BM_TopK/(1|64)/(131072|262144)/2048/'
+    topk_trace rows64-ring 131072 2048 0 0 1 1 1 64 1
+    topk_trace rows64-no-ring 131072 2048 0 0 1 1 1 64 0
+    topk_trace rows1-ring 131072 2048 0 0 1 1 1 1 1
+    sanitize memcheck memcheck '*Cuda_Selector_Spread.MisleadingSample*:Selector_CutScoreFloor*' 90
+    sanitize racecheck racecheck '*Cuda_Selector_Spread.MisleadingSample*' 90
+    report
+    ;;
   profiles)
     # The instruction-level profiles the thirty-third session asked for: the candidate set
     # (set_topk) and the attention of the B1 two-stage step, and the large-k top-k at
@@ -283,6 +302,6 @@ case "$mode" in
   flashinfer)
     named_anchors flashinfer "flashinfer_decode flashinfer_topk"
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread" >&2; exit 2 ;;
 esac
 finish

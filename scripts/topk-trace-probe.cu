@@ -11,6 +11,8 @@
 //          [share: 1 every CTA ranks its share of the cut's candidates (the library's choice),
 //           0 the last CTA ranks them all] [range: 1 the sample cut by key-range buckets (the
 //           library's choice), 0 by radix passes] [rows (1)]
+//          [ring: 1 the sampled pass streams its tiles through the cp.async ring (the library's
+//           choice), 0 register groups]
 //   build: nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Iinclude -Isrc -o probe \
 //          scripts/topk-trace-probe.cu
 #include <cstdint>
@@ -111,6 +113,7 @@ int main(int argc, char** argv) {
   sp.sample = sample;
   sp.share = share;
   sp.range_cut = argc > 7 ? std::atoi(argv[7]) != 0 : true;
+  sp.ring = argc > 9 ? std::atoi(argv[9]) != 0 : true;
   const int grid = rows * sp.ctas;
   if (ctas < 1 || grid > per_sm * sms || grid > kMaxTraced) {
     std::printf("%d rows x %d CTAs: more than fit the device (%d) or the trace (%d)\n", rows,

@@ -50,6 +50,7 @@
 
 #include <cstdint>
 
+#include "async_copy.cuh"
 #include "select/common.cuh"
 #include "select/stream.cuh"
 #include "select/tuning.h"
@@ -75,6 +76,8 @@ constexpr int kSpreadDefaultRows = 64;           // rows up to which the built-i
 constexpr int kSpreadLoads = 16;                 // candidates per thread the finisher loads at once
 constexpr int kSharePer = 16;                    // candidates per thread of the shared finish
 constexpr int kShareCap = kSharePer * kSpreadThreads;  // candidates the shared finish ranks
+constexpr int kSpreadRing = 8;  // tiles the sampled pass streams ahead through shared memory
+constexpr int kSpreadRingAt = kSpreadCap / 2;  // the ring's first u64 slot in SpreadShared::u.cand
 
 static_assert(kSpreadCap >= kStreamMaxRanks, "the candidates hold the row's top t");
 static_assert(kSpreadMaxPasses * kStreamDigitBits >= 52, "passes cover every key bit");
@@ -83,6 +86,11 @@ static_assert(kSpreadSample <= kSpreadCap, "the sample fits the candidate stagin
 static_assert(kShareCap <= kSpreadCap, "the shared finish buckets its keys in the staging buffer");
 static_assert(kSpreadSampleSegments % kSpreadThreads == 0, "every thread reads whole segments");
 static_assert(kSpreadSampleRun == 8, "a segment is two 16-byte loads");
+static_assert(kSpreadResident == 4 && kSpreadGroup == 4, "the sampled pass takes 16 scores a time");
+static_assert(kSpreadRing * kSpreadTile * 4 == (kSpreadCap - kSpreadRingAt) * 8,
+              "the ring fills the staging buffer's upper half");
+static_assert(kSpreadSample <= kSpreadRingAt, "the sample lies below the ring");
+static_assert(kSpreadRing % kSpreadGroup == 0, "the ring refills whole groups");
 
 /// One row's global state (workspace): the pass histograms, the pass barriers' arrival counts,
 /// the candidates appended so far and the CTAs done appending; the same two counts for the
@@ -107,6 +115,8 @@ struct SpreadParams {
                           // share (spread_share_finish), not by the last to arrive alone
   bool range_cut;         // the sample cut by key-range buckets where hi <= kSpreadThreads, not
                           // by radix passes (spread_sample_cut)
+  bool ring;              // the sampled pass streams the tiles past the resident ones through a
+                          // cp.async ring (rows with vector_loads), not register groups
 };
 
 struct SpreadShared {
@@ -543,9 +553,31 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
   const bool first_pass = target > 0 && n > kSpreadCap;  // uniform over the row's CTAs
   Cut scut{0, 0, 0, 0};
   bool sampled = first_pass && sp.sample;
+  // The sampled pass's ring: tile kSpreadResident + i of this CTA into slot i % kSpreadRing of
+  // the staging buffer's upper half (above the sample), 16 bytes a thread, one commit group a
+  // tile (empty past the chunk). Each thread reads back only its own 16 bytes, so no barrier
+  // orders the copies; the first kSpreadRing are in flight while the sample is cut.
+  const bool ring = sampled && sp.ring && p.vector_loads && sp.tiles > kSpreadResident;  // uniform
+  uint4* const ring4 = reinterpret_cast<uint4*>(sh.u.cand + kSpreadRingAt);
+  auto ring_issue = [&](int i) {
+    const int t = kSpreadResident + i;
+    if (t < sp.tiles) {
+      const int e = first + t * kSpreadTile + tid * 4;  // e < n: e + 4 <= N (vector_loads)
+      cp_async_16_zfill(smem_addr(&ring4[(i % kSpreadRing) * kSpreadThreads + tid]),
+                        e < n ? bits + e : bits, e < n);
+    }
+    cp_async_commit();
+  };
+  if (ring) {
+#pragma unroll
+    for (int i = 0; i < kSpreadRing; ++i) ring_issue(i);
+  }
   if (sampled) {
     sampled = spread_sample_cut(bits, n, target, codec, p.vector_loads, sp.range_cut, sh, scut);
     KVC_SPREAD_MARK(15);
+    // A failed cut leaves the ring unread: its copies land before the exact passes stage keys
+    // there (their first barrier follows).
+    if (ring && !sampled) cp_async_wait<0>();
   }
   if (first_pass && !sampled) local_hist(cut, digit_bits(cut));
   cooperative_groups::this_grid().sync();  // every row's state is zero
@@ -555,19 +587,76 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
     // --- 2. the keys at or above the sampled cut to the row's candidates ----------------------
     bool exact_passes = true;  // uniform over the row's CTAs
     if (sampled) {
+      // Each score against the cut's 32-bit floor (the 64-bit key is encoded only for the scores
+      // taken); 16 scores a thread (four tiles' uint4s) appended with one atomic per warp.
+      const ScoreFloor floor = cut_score_floor(scut, codec);
+      const unsigned cap = ring ? kSpreadRingAt : kSpreadCap;  // keys this CTA can stage
       if (tid == 0) sh.count = 0u;
       __syncthreads();
-      visit([&](bool valid, std::uint32_t sk, int e) {
-        const std::uint64_t ck = codec.encode(sk, e);
-        const bool take = valid && (ck >> (B - scut.pbits)) >= scut.prefix;
-        const unsigned pos = warp_append_one(take, &sh.count);
-        if (take && pos < static_cast<unsigned>(kSpreadCap)) sh.u.cand[pos] = ck;
-      });
+      // Tiles t0 .. t0 + 3 of this CTA, u[g] this thread's uint4 of tile t0 + g; after_read()
+      // runs once every value has been compared (the ring's refill of the slots u came from).
+      auto take16 = [&](const uint4(&u)[kSpreadGroup], int t0, auto&& after_read) {
+        const auto word = [&](int i) {  // score i of the 16 (i a constant once unrolled)
+          const uint4& v = u[i / 4];
+          return select_rules::score_key(
+              bits_float(i % 4 == 0 ? v.x : i % 4 == 1 ? v.y : i % 4 == 2 ? v.z : v.w));
+        };
+        unsigned mask = 0u;
+#pragma unroll
+        for (int i = 0; i < 4 * kSpreadGroup; ++i) {
+          const int e = first + (t0 + i / 4) * kSpreadTile + tid * 4 + i % 4;
+          if (t0 + i / 4 < sp.tiles && e < n && floor.takes(word(i), e)) mask |= 1u << i;
+        }
+        after_read();
+        unsigned pos = warp_append_run(static_cast<unsigned>(__popc(mask)), &sh.count);
+#pragma unroll
+        for (int i = 0; i < 4 * kSpreadGroup; ++i) {
+          if ((mask >> i) & 1u) {
+            const int e = first + (t0 + i / 4) * kSpreadTile + tid * 4 + i % 4;
+            if (pos < cap) sh.u.cand[pos] = codec.encode(word(i), e);
+            ++pos;
+          }
+        }
+      };
+      take16(res, 0, [] {});
+      if (ring) {
+        for (int i = 0; i < sp.tiles - kSpreadResident; i += kSpreadGroup) {  // uniform
+          // Committed: kSpreadRing + i groups; at most kSpreadRing - kSpreadGroup in flight
+          // leaves tiles i .. i + 3 landed.
+          cp_async_wait<kSpreadRing - kSpreadGroup>();
+          uint4 u[kSpreadGroup];
+#pragma unroll
+          for (int g = 0; g < kSpreadGroup; ++g) {
+            u[g] = ring4[((i + g) % kSpreadRing) * kSpreadThreads + tid];
+          }
+          take16(u, kSpreadResident + i, [&] {
+#pragma unroll
+            for (int g = 0; g < kSpreadGroup; ++g) ring_issue(i + g + kSpreadRing);
+          });
+        }
+        cp_async_wait<0>();  // nothing real is in flight (every tile issued was read); empty groups
+      } else {
+        for (int t0 = kSpreadResident; t0 < sp.tiles; t0 += kSpreadGroup) {
+          uint4 u[kSpreadGroup];
+#pragma unroll
+          for (int g = 0; g < kSpreadGroup; ++g) {
+            u[g] = t0 + g < sp.tiles ? load4_bounded(bits, first + (t0 + g) * kSpreadTile + tid * 4,
+                                                     n, p.vector_loads)
+                                     : make_uint4(0u, 0u, 0u, 0u);
+          }
+          take16(u, t0, [] {});
+        }
+      }
       __syncthreads();
-      const unsigned mine = sh.count;  // all of them counted, at most kSpreadCap staged
-      if (tid == 0) sh.base = mine > 0u ? atomicAdd(&st.sample_count, mine) : 0u;
+      // All of them counted, at most cap staged. A CTA that counted more than it staged adds
+      // kSpreadCap + 1 to the row's count, which sends the row to the exact passes.
+      const unsigned mine = sh.count;
+      if (tid == 0) {
+        sh.base =
+            mine > 0u ? atomicAdd(&st.sample_count, mine <= cap ? mine : kSpreadCap + 1u) : 0u;
+      }
       __syncthreads();
-      const unsigned staged = mine < static_cast<unsigned>(kSpreadCap) ? mine : kSpreadCap;
+      const unsigned staged = mine <= cap ? mine : 0u;
       for (unsigned j = tid; j < staged && sh.base + j < static_cast<unsigned>(kSpreadCap);
            j += kSpreadThreads) {
         row_cand[sh.base + j] = sh.u.cand[j];

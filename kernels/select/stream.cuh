@@ -118,6 +118,24 @@ __device__ __forceinline__ unsigned warp_append_one(bool take, unsigned* counter
   return base + static_cast<unsigned>(__popc(ballot & ((1u << lane) - 1u)));
 }
 
+/// Warp-aggregated append of `count` keys per thread: the first slot of this thread's run of
+/// `count` consecutive slots in an array whose fill count is *counter. One atomic per warp and a
+/// five-step scan, however many keys each lane appends (warp_append_one spends a ballot, an
+/// atomic and a shuffle per key per thread). Every lane of the warp calls it.
+__device__ __forceinline__ unsigned warp_append_run(unsigned count, unsigned* counter) {
+  const unsigned lane = threadIdx.x & 31u;
+  unsigned incl = count;
+#pragma unroll
+  for (unsigned o = 1u; o < 32u; o <<= 1) {
+    const unsigned v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  unsigned base = 0u;
+  if (lane == 31u && incl != 0u) base = atomicAdd(counter, incl);
+  base = __shfl_sync(0xffffffffu, base, 31);
+  return base + incl - count;
+}
+
 /// Adds one to hist[bin] (shared) for every lane of the warp with bin >= 0: one atomic of 32
 /// where every lane has the same bin (tied keys, which would otherwise serialise on one
 /// address), else one per lane. Cheaper than __match_any_sync aggregation, whose latency made a
@@ -139,6 +157,33 @@ struct Cut {
   int above;
   int eq;
 };
+
+/// Cut c as a test on a key's two halves: a key of score key sk and id lies at or above c (its
+/// leading c.pbits bits >= c.prefix) exactly when sk > score, or sk == score and id <= id_max
+/// (0 <= id_max <= codec.id_mask). The test a pass over raw scores makes per score
+/// with one 32-bit compare, encoding the 64-bit key only for the scores it takes.
+struct ScoreFloor {
+  std::uint32_t score;
+  int id_max;
+
+  __host__ __device__ __forceinline__ bool takes(std::uint32_t sk, int id) const {
+    return sk > score || (sk == score && id <= id_max);
+  }
+};
+
+/// The ScoreFloor of cut c over the B = codec.bits-bit keys of `codec` (0 <= c.pbits <= B).
+/// The smallest key at or above c is c.prefix followed by zeros, T = c.prefix << (B - c.pbits):
+/// a key is at or above c iff it is >= T, i.e. its score key exceeds T's, or equals it with an
+/// id part (id_mask - id) >= T's, i.e. id <= id_mask - T's id part.
+__host__ __device__ __forceinline__ ScoreFloor cut_score_floor(const Cut& c,
+                                                               const KeyCodec& codec) {
+  const int shift = codec.bits - c.pbits;
+  const std::uint64_t t = shift >= 64 ? 0ull : c.prefix << shift;
+  ScoreFloor f;
+  f.score = static_cast<std::uint32_t>(t >> codec.id_bits);
+  f.id_max = static_cast<int>(codec.id_mask - (static_cast<std::uint32_t>(t) & codec.id_mask));
+  return f;
+}
 
 /// Radix select over keys X[0, count) of this CTA, continuing from `c` (a cut of these keys:
 /// {0, 0, 0, count} to start): the prefix whose keys at or above number at least `target` and at

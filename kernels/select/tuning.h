@@ -51,6 +51,9 @@ struct SelectTuning {
   /// Spread path: the sample cut by 12-bit radix passes over the keys' bits on every row (the
   /// cut before the key-range buckets of spread_sample_cut), for comparison.
   bool spread_radix_sample = false;
+  /// Spread path: the sampled pass loads the tiles past the resident ones in register groups
+  /// (the pass before its cp.async ring), for comparison.
+  bool spread_no_ring = false;
   /// Decode path (kernels/select/decode.cuh: topk with k <= 64, rows <= 32768 blocks, one CTA
   /// per row): threads per CTA, 256, 512 or 1024 (0: the built-in choice, decode_threads_for);
   /// setting it takes the decode path wherever it applies. A row longer than 32 scores per

@@ -419,10 +419,11 @@ int spread_capacity(int smem) {
 /// once over the call's rows, at most one per tile of the row); a tile count per CTA that leaves
 /// no CTA empty; `sample`: rows of more than kSpreadCap valid blocks try the sampled cut first;
 /// `share`: every CTA of a row ranks its share of the cut's candidates (spread_share_finish);
-/// `range_cut`: the sample cut by key-range buckets where it applies (spread_sample_cut).
+/// `range_cut`: the sample cut by key-range buckets where it applies (spread_sample_cut);
+/// `ring`: the sampled pass streams its non-resident tiles through the cp.async ring.
 /// cudaErrorInvalidValue when the grid would not fit the device at once.
 cudaError_t launch_spread(const TopmParams& tp, int rows, int ctas, bool sample, bool share,
-                          bool range_cut, const Workspace& ws, cudaStream_t stream) {
+                          bool range_cut, bool ring, const Workspace& ws, cudaStream_t stream) {
   const int smem = static_cast<int>(sizeof(SpreadShared));
   KVC_CUDA_CALL(
       cudaFuncSetAttribute(spread_topm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -442,6 +443,7 @@ cudaError_t launch_spread(const TopmParams& tp, int rows, int ctas, bool sample,
   sp.sample = sample;
   sp.share = share;
   sp.range_cut = range_cut;
+  sp.ring = ring;
   if (static_cast<long long>(rows) * sp.ctas > capacity) return cudaErrorInvalidValue;
   kvc::detail::LaunchOptions cooperative;
   cooperative.cooperative = true;
@@ -689,8 +691,8 @@ cudaError_t select_tuned(void* d_temp, std::size_t& temp_bytes, const ScoresView
         KVC_CUDA_CALL(launch_small_items(items, tp, s.rows, stream));
       } else if (spread) {
         KVC_CUDA_CALL(launch_spread(tp, s.rows, tuning.spread_ctas, !tuning.spread_exact,
-                                    !tuning.spread_one_finisher, !tuning.spread_radix_sample, ws,
-                                    stream));
+                                    !tuning.spread_one_finisher, !tuning.spread_radix_sample,
+                                    !tuning.spread_no_ring, ws, stream));
       } else if (streamed) {
         const int ctas = tuning.stream_ctas != 0 ? tuning.stream_ctas : stream_ctas_for(N, s.rows);
         const int trigger =

@@ -719,23 +719,28 @@ TEST(Cuda_Selector_Spread, EveryVariantEveryPolicyMatchesCpu) {
                                Kind::kScoreCluster, Kind::kScoreClusterAdaptive};
   struct Variant {
     int ctas;
-    bool exact;  // the exact passes only (no sampled cut)
-    bool one;    // the cut's candidates ranked by one CTA per row (not shared)
-    bool radix;  // the sample cut by radix passes (not key-range buckets)
+    bool exact;    // the exact passes only (no sampled cut)
+    bool one;      // the cut's candidates ranked by one CTA per row (not shared)
+    bool radix;    // the sample cut by radix passes (not key-range buckets)
+    bool no_ring;  // the sampled pass in register groups (not the cp.async ring)
   };
-  for (const Variant v : {Variant{0, false, false, false}, Variant{1, false, false, false},
-                          Variant{3, false, false, false}, Variant{16, false, false, false},
-                          Variant{0, false, true, false}, Variant{16, false, true, true},
-                          Variant{0, false, false, true}, Variant{0, true, false, false},
-                          Variant{16, true, false, false}}) {
+  for (const Variant v :
+       {Variant{0, false, false, false, false}, Variant{1, false, false, false, false},
+        Variant{3, false, false, false, false}, Variant{16, false, false, false, false},
+        Variant{0, false, true, false, false}, Variant{16, false, true, true, false},
+        Variant{0, false, false, true, false}, Variant{0, true, false, false, false},
+        Variant{16, true, false, false, false}, Variant{1, false, false, false, true},
+        Variant{3, false, false, false, true}}) {
     kernels::select_detail::SelectTuning tuning;
     tuning.force_spread = true;
     tuning.spread_ctas = v.ctas;
     tuning.spread_exact = v.exact;
     tuning.spread_one_finisher = v.one;
     tuning.spread_radix_sample = v.radix;
+    tuning.spread_no_ring = v.no_ring;
     SCOPED_TRACE("spread ctas " + std::to_string(v.ctas) + (v.exact ? " exact" : " sampled") +
-                 (v.one ? " one finisher" : "") + (v.radix ? " radix sample cut" : ""));
+                 (v.one ? " one finisher" : "") + (v.radix ? " radix sample cut" : "") +
+                 (v.no_ring ? " no ring" : ""));
     for (int max_blocks :
          {300, 2048, 16384, 16385, 40001, capped(65536 + 4), capped(131072), capped(262144)}) {
       SCOPED_TRACE("max_blocks " + std::to_string(max_blocks));
@@ -841,10 +846,15 @@ TEST(Cuda_Selector_Spread, CountingRankAndItsFallbackMatchCpu) {
 // Row 0: the sampled segments above every other score, so the cut keeps at most hi < target keys.
 // Row 1: the sampled segments below every other score, so the cut keeps all the others, more than
 // the 16384 the finisher holds (with one CTA per row, more than one CTA stages). Row 2: uniform
-// scores (the cut holds). Row 3: one score everywhere (the cut falls between ids).
+// scores (the cut holds). Row 3: one score everywhere (the cut falls between ids). Row 4: uniform
+// scores in the sample, the first kRow4High others above them all and the rest below: the cut
+// holds with about kRow4High + 200 keys, all in the first CTA's chunk when a CTA holds 22 tiles or
+// more (one or three CTAs per row), which is more than the 8192 keys a CTA stages beside the
+// sampled pass's ring: that CTA sends the row to the exact passes.
+constexpr int kRow4High = 12000;
 Batch misleading_sample_batch(Gen& gen, int n) {
   Batch b;
-  b.rows = 4;
+  b.rows = 5;
   b.max_blocks = n;
   b.scores.assign(static_cast<std::size_t>(b.rows) * n, 0.0f);
   b.num_valid.assign(static_cast<std::size_t>(b.rows), n);
@@ -860,6 +870,19 @@ Batch misleading_sample_batch(Gen& gen, int n) {
     b.scores[2 * static_cast<std::size_t>(n) + j] = noise;
     b.scores[3 * static_cast<std::size_t>(n) + j] = 0.5f;
   }
+  float* row4 = b.scores.data() + 4 * static_cast<std::size_t>(n);
+  int high = 0;
+  for (int j = 0; j < n; ++j) {
+    const float noise = static_cast<float>(gen.uniform(0, 1 << 20)) * 0x1p-21f;
+    if (in_sample[j]) {
+      row4[j] = 2.0f * noise;  // [0, 1)
+    } else if (high < kRow4High) {
+      row4[j] = 2.0f + noise;
+      ++high;
+    } else {
+      row4[j] = -1.0f - noise;
+    }
+  }
   return b;
 }
 
@@ -873,13 +896,20 @@ TEST(Cuda_Selector_Spread, MisleadingSampleFallsBackToExactPasses) {
     // row 1's non-sampled scores outnumber the finisher's candidates.
     ASSERT_GT(n - kernels::select_detail::kSpreadSample, 16384);
     const Batch b = misleading_sample_batch(gen, n);
-    for (int variant = 0; variant < 4; ++variant) {
-      const int ctas = variant == 1 ? 1 : variant == 2 ? 16 : 0;
+    // Variants: the built-in CTAs, 1, 16, the radix sample cut, 3 (row 4's ring overflow), 1 and
+    // 3 without the ring (row 4's cut holds).
+    for (int variant = 0; variant < 7; ++variant) {
+      const int ctas = variant == 1 || variant == 5   ? 1
+                       : variant == 2                 ? 16
+                       : variant == 4 || variant == 6 ? 3
+                                                      : 0;
       kernels::select_detail::SelectTuning tuning;
       tuning.force_spread = true;
       tuning.spread_ctas = ctas;
       tuning.spread_radix_sample = variant == 3;
-      SCOPED_TRACE("spread ctas " + std::to_string(ctas) + (variant == 3 ? " radix cut" : ""));
+      tuning.spread_no_ring = variant >= 5;
+      SCOPED_TRACE("spread ctas " + std::to_string(ctas) + (variant == 3 ? " radix cut" : "") +
+                   (variant >= 5 ? " no ring" : ""));
       for (int k : {512, 2048}) {
         ASSERT_LT(kernels::select_detail::spread_sample_ranks(k, n).hi, k);
         check_policy_tuned(gen, b, SelectPolicy::topk(k), tuning);

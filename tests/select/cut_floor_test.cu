@@ -1,0 +1,111 @@
+// select_detail::cut_score_floor (kernels/select/stream.cuh): the spread path's sampled pass
+// tests each raw score against a cut's ScoreFloor (one 32-bit compare, the id only on a tie)
+// instead of encoding and shifting the 64-bit rank key. Host code, no GPU: the floor's test
+// against the key test it replaces, (encode(sk, id) >> (B - pbits)) >= prefix, for every id
+// width 0..20, cuts of every prefix length (whole-score cuts, cuts inside the id bits, the
+// empty prefix) and keys on, just above and just below the floor.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+
+#include "select/stream.cuh"
+
+namespace kvc {
+namespace {
+
+using kernels::select_detail::Cut;
+using kernels::select_detail::cut_score_floor;
+using kernels::select_detail::KeyCodec;
+using kernels::select_detail::make_key_codec;
+using kernels::select_detail::ScoreFloor;
+
+bool key_at_or_above(const KeyCodec& codec, const Cut& c, std::uint32_t sk, int id) {
+  const std::uint64_t ck = codec.encode(sk, id);
+  return (ck >> (codec.bits - c.pbits)) >= c.prefix;
+}
+
+// A cut of pbits leading bits through the key of (sk, id): its prefix is that key's first pbits.
+Cut cut_through(const KeyCodec& codec, std::uint32_t sk, int id, int pbits) {
+  const std::uint64_t ck = codec.encode(sk, id);
+  return Cut{pbits == 0 ? 0ull : ck >> (codec.bits - pbits), pbits, 0, 0};
+}
+
+TEST(Selector_CutScoreFloor, MatchesTheKeyTestOnRandomCuts) {
+  std::mt19937_64 rng(0x5eedf100ull);
+  for (int id_bits = 0; id_bits <= 20; ++id_bits) {
+    SCOPED_TRACE("id bits " + std::to_string(id_bits));
+    const KeyCodec codec = make_key_codec(1 << id_bits);
+    ASSERT_EQ(codec.id_bits, id_bits);
+    const int ids = 1 << id_bits;
+    for (int trial = 0; trial < 400; ++trial) {
+      const auto cut_sk = static_cast<std::uint32_t>(rng());
+      const int cut_id = static_cast<int>(rng() % ids);
+      const int pbits = static_cast<int>(rng() % (codec.bits + 1));
+      const Cut c = cut_through(codec, cut_sk, cut_id, pbits);
+      const ScoreFloor f = cut_score_floor(c, codec);
+      ASSERT_GE(f.id_max, 0);
+      ASSERT_LE(f.id_max, static_cast<int>(codec.id_mask));
+      // Keys around the floor's score (on it, one either side) and the cut's own score, with
+      // ids around id_max, and random keys.
+      const std::uint32_t scores[] = {f.score,
+                                      f.score + 1u,
+                                      f.score - 1u,
+                                      cut_sk,
+                                      cut_sk + 1u,
+                                      cut_sk - 1u,
+                                      static_cast<std::uint32_t>(rng())};
+      const int probe_ids[] = {0,
+                               ids - 1,
+                               f.id_max,
+                               f.id_max + 1 < ids ? f.id_max + 1 : 0,
+                               f.id_max > 0 ? f.id_max - 1 : 0,
+                               cut_id,
+                               static_cast<int>(rng() % ids)};
+      for (std::uint32_t sk : scores) {
+        for (int id : probe_ids) {
+          ASSERT_EQ(f.takes(sk, id), key_at_or_above(codec, c, sk, id))
+              << "sk " << sk << " id " << id << " cut prefix " << c.prefix << " pbits " << pbits;
+        }
+      }
+    }
+  }
+}
+
+// Every key of a small codec (3 id bits, score keys around a few values) against every cut.
+TEST(Selector_CutScoreFloor, ExhaustiveOverASmallKeySpace) {
+  const KeyCodec codec = make_key_codec(8);
+  const std::uint32_t bases[] = {0u, 1u, 0x7fffffffu, 0x80000000u, 0xfffffffeu};
+  for (std::uint32_t base : bases) {
+    for (std::uint32_t dsk = 0; dsk < 2; ++dsk) {
+      for (int cid = 0; cid < 8; ++cid) {
+        for (int pbits = 0; pbits <= codec.bits; ++pbits) {
+          const Cut c = cut_through(codec, base + dsk, cid, pbits);
+          const ScoreFloor f = cut_score_floor(c, codec);
+          for (std::uint32_t sk = base - 1u; sk != base + 3u; ++sk) {
+            for (int id = 0; id < 8; ++id) {
+              ASSERT_EQ(f.takes(sk, id), key_at_or_above(codec, c, sk, id))
+                  << "base " << base << " sk " << sk << " id " << id << " pbits " << pbits;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The cuts the sampled pass makes end inside no score: every id of the floor's score is taken.
+TEST(Selector_CutScoreFloor, WholeScoreCutsTakeEveryIdOfTheirScore) {
+  const KeyCodec codec = make_key_codec(131072);
+  for (std::uint32_t sk : {0u, 12345u, 0xbf800000u, 0xffffffffu}) {
+    for (int pbits : {1, 12, 24, 32}) {
+      const Cut c = cut_through(codec, sk, static_cast<int>(codec.id_mask), pbits);
+      const ScoreFloor f = cut_score_floor(c, codec);
+      EXPECT_EQ(f.id_max, static_cast<int>(codec.id_mask)) << "pbits " << pbits;
+      EXPECT_EQ(f.score, pbits == 32 ? sk : (sk >> (32 - pbits)) << (32 - pbits));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvc
