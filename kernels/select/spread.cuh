@@ -15,7 +15,12 @@
 //    (spread_sample_ranks: about 1.4 target of the row's keys at or above the cut), by buckets of
 //    equal key ranges below the sample's top (spread_sample_cut; radix passes where hi exceeds
 //    the CTA's threads). After the barrier each CTA appends its keys at or above that cut to the
-//    row's candidates and arrives at a row counter. When the row holds between target and
+//    row's candidates and arrives at a row counter: each raw score is tested against the cut's
+//    32-bit floor (cut_score_floor), a thread's 16 scores of four tiles appended with one shared
+//    atomic per warp (warp_append_run), and the tiles past the resident ones stream through a
+//    cp.async ring of kSpreadRing tiles in the staging buffer's upper half, the first of them
+//    issued before the sample cut (a CTA that counts more keys than the 8192 it can stage beside
+//    the ring sends its row to the exact passes). When the row holds between target and
 //    kSpreadCap such keys (which is exact: those keys include the top target), every CTA learns the
 //    row's count there and, up to kShareCap keys, ranks its share of them (spread_share_finish:
 //    each CTA buckets all the candidates and writes the outputs of its share's ranks), else the
