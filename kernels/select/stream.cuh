@@ -149,42 +149,6 @@ __device__ __forceinline__ void warp_hist_add(unsigned* hist, int bin) {
   }
 }
 
-/// A radix select's state over a key set: the prefix (of pbits leading bits of the B-bit keys),
-/// the keys with a larger prefix (above) and those with this prefix (eq).
-struct Cut {
-  std::uint64_t prefix;
-  int pbits;
-  int above;
-  int eq;
-};
-
-/// Cut c as a test on a key's two halves: a key of score key sk and id lies at or above c (its
-/// leading c.pbits bits >= c.prefix) exactly when sk > score, or sk == score and id <= id_max
-/// (0 <= id_max <= codec.id_mask). The test a pass over raw scores makes per score
-/// with one 32-bit compare, encoding the 64-bit key only for the scores it takes.
-struct ScoreFloor {
-  std::uint32_t score;
-  int id_max;
-
-  __host__ __device__ __forceinline__ bool takes(std::uint32_t sk, int id) const {
-    return sk > score || (sk == score && id <= id_max);
-  }
-};
-
-/// The ScoreFloor of cut c over the B = codec.bits-bit keys of `codec` (0 <= c.pbits <= B).
-/// The smallest key at or above c is c.prefix followed by zeros, T = c.prefix << (B - c.pbits):
-/// a key is at or above c iff it is >= T, i.e. its score key exceeds T's, or equals it with an
-/// id part (id_mask - id) >= T's, i.e. id <= id_mask - T's id part.
-__host__ __device__ __forceinline__ ScoreFloor cut_score_floor(const Cut& c,
-                                                               const KeyCodec& codec) {
-  const int shift = codec.bits - c.pbits;
-  const std::uint64_t t = shift >= 64 ? 0ull : c.prefix << shift;
-  ScoreFloor f;
-  f.score = static_cast<std::uint32_t>(t >> codec.id_bits);
-  f.id_max = static_cast<int>(codec.id_mask - (static_cast<std::uint32_t>(t) & codec.id_mask));
-  return f;
-}
-
 /// Radix select over keys X[0, count) of this CTA, continuing from `c` (a cut of these keys:
 /// {0, 0, 0, count} to start): the prefix whose keys at or above number at least `target` and at
 /// most `limit` (exact: exactly target). Returns the decision to every thread. Requires

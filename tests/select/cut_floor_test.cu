@@ -1,4 +1,4 @@
-// select_detail::cut_score_floor (kernels/select/stream.cuh): the spread path's sampled pass
+// select_detail::cut_score_floor (kernels/select/common.cuh): the spread path's sampled pass
 // tests each raw score against a cut's ScoreFloor (one 32-bit compare, the id only on a tie)
 // instead of encoding and shifting the 64-bit rank key. Host code, no GPU: the floor's test
 // against the key test it replaces, (encode(sk, id) >> (B - pbits)) >= prefix, for every id
@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <random>
 
-#include "select/stream.cuh"
+#include "select/common.cuh"
 
 namespace kvc {
 namespace {
