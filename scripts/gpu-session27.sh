@@ -60,7 +60,8 @@
 #             cut (SelectTuning::spread_no_ring keeps register groups). The spread tests (ring on
 #             and off, the ring's overflow row), the DeepSeek-V4 top-k test, the large-k rows with
 #             the ring (topk_bench variant 5) and without (11) in the same call, the phase probe
-#             both ways at 64 rows, racecheck and memcheck over the fallback test
+#             both ways at 64 rows, CUB's and DeepSelect's top-k when .anchors/p1/bin is carried,
+#             memcheck and racecheck over the fallback test
 #   flashmla  issue #13's open check: FlashMLA's SM90 sparse FP8 decode over MODEL1 pages that kvc
 #             wrote into engine-owned pools (benchmarks/anchors/flashmla_kvc_pages.py: against
 #             kvc's CUDA attention and a float32 reference over the pool bytes), then FlashMLA's
@@ -232,6 +233,9 @@ case "$mode" in
     build_targets kvc_cuda_tests topk_bench
     gtests spread '*Cuda_Selector_Spread*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 240
     BENCH_REPS=5 bench 100 topk_bench 'BM_TopKVariant/[0-9]+/[0-9]+/[0-9]+/(5|11)/|BM_TopK/(1|64)/(131072|262144)/2048/'
+    # CUB's and DeepSelect's top-k in the same call where the bundle's binaries are carried
+    # (carry [".anchors/p1/bin", ".anchors/p1/MANIFEST"]).
+    [ -d .anchors/p1/bin ] && named_anchors topk "cub deepselect_bin"
     topk_trace rows64-ring 131072 2048 0 0 1 1 1 64 1
     topk_trace rows64-no-ring 131072 2048 0 0 1 1 1 64 0
     topk_trace rows1-ring 131072 2048 0 0 1 1 1 1 1
