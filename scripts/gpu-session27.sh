@@ -62,6 +62,9 @@
 #             the ring (topk_bench variant 5) and without (11) in the same call, the phase probe
 #             both ways at 64 rows, CUB's and DeepSelect's top-k when .anchors/p1/bin is carried,
 #             memcheck and racecheck over the fallback test
+#   rotate    spread's tests and rows again with the ring's CTAs starting their streams at
+#             different tiles (the first spread run: the sampled pass at 64 rows drew about 1 TB/s),
+#             DeepSelect's top-k in the same call (carry [".anchors/p1/bin"])
 #   flashmla  issue #13's open check: FlashMLA's SM90 sparse FP8 decode over MODEL1 pages that kvc
 #             wrote into engine-owned pools (benchmarks/anchors/flashmla_kvc_pages.py: against
 #             kvc's CUDA attention and a float32 reference over the pool bytes), then FlashMLA's
@@ -243,6 +246,14 @@ case "$mode" in
     sanitize racecheck racecheck '*Cuda_Selector_Spread.MisleadingSample*' 75
     report
     ;;
+  rotate)
+    build_targets kvc_cuda_tests topk_bench
+    gtests spread '*Cuda_Selector_Spread*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 60
+    BENCH_REPS=5 bench 60 topk_bench 'BM_TopKVariant/(1|16|64)/131072/2048/(5|11)/|BM_TopKVariant/64/262144/2048/(5|11)/|BM_TopKVariant/(32|64)/(65536|32768)/2048/(5|11)/|BM_TopK/(1|64)/(131072|262144)/2048/'
+    topk_trace rows64-ring 131072 2048 0 0 1 1 1 64 1
+    [ -d .anchors/p1/bin ] && named_anchors topk "deepselect_bin"
+    report
+    ;;
   profiles)
     # The instruction-level profiles the thirty-third session asked for: the candidate set
     # (set_topk) and the attention of the B1 two-stage step, and the large-k top-k at
@@ -306,6 +317,6 @@ case "$mode" in
   flashinfer)
     named_anchors flashinfer "flashinfer_decode flashinfer_topk"
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate" >&2; exit 2 ;;
 esac
 finish

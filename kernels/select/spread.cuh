@@ -558,14 +558,22 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
   const bool first_pass = target > 0 && n > kSpreadCap;  // uniform over the row's CTAs
   Cut scut{0, 0, 0, 0};
   bool sampled = first_pass && sp.sample;
-  // The sampled pass's ring: tile kSpreadResident + i of this CTA into slot i % kSpreadRing of
+  // The sampled pass's ring: the i-th streamed tile of this CTA into slot i % kSpreadRing of
   // the staging buffer's upper half (above the sample), 16 bytes a thread, one commit group a
   // tile (empty past the chunk). Each thread reads back only its own 16 bytes, so no barrier
-  // orders the copies; the first kSpreadRing are in flight while the sample is cut.
+  // orders the copies; the first kSpreadRing are in flight while the sample is cut. The CTAs
+  // start their streams at different tiles (ring_tile), so that at any moment they read
+  // addresses that are not one chunk stride apart.
   const bool ring = sampled && sp.ring && p.vector_loads && sp.tiles > kSpreadResident;  // uniform
   uint4* const ring4 = reinterpret_cast<uint4*>(sh.u.cand + kSpreadRingAt);
+  const int streamed = sp.tiles - kSpreadResident;  // tiles past the resident ones
+  const int rot = ring ? static_cast<int>(blockIdx.x) % streamed : 0;
+  // The tile of stream position i (sp.tiles, which no CTA tile is, past the stream).
+  auto ring_tile = [&](int i) {
+    return i < streamed ? kSpreadResident + (i + rot) % streamed : sp.tiles;
+  };
   auto ring_issue = [&](int i) {
-    const int t = kSpreadResident + i;
+    const int t = ring_tile(i);
     if (t < sp.tiles) {
       const int e = first + t * kSpreadTile + tid * 4;  // e < n: e + 4 <= N (vector_loads)
       cp_async_16_zfill(smem_addr(&ring4[(i % kSpreadRing) * kSpreadThreads + tid]),
@@ -598,32 +606,41 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
       const unsigned cap = ring ? kSpreadRingAt : kSpreadCap;  // keys this CTA can stage
       if (tid == 0) sh.count = 0u;
       __syncthreads();
-      // Tiles t0 .. t0 + 3 of this CTA, u[g] this thread's uint4 of tile t0 + g; after_read()
-      // runs once every value has been compared (the ring's refill of the slots u came from).
-      auto take16 = [&](const uint4(&u)[kSpreadGroup], int t0, auto&& after_read) {
+      // u[g] this thread's uint4 of tile tile_of(g) of this CTA (none where that is sp.tiles or
+      // more); after_read() runs once every value has been compared (the ring's refill of the
+      // slots u came from).
+      auto take16 = [&](const uint4(&u)[kSpreadGroup], auto&& tile_of, auto&& after_read) {
+        int at[kSpreadGroup];  // this thread's first element of each tile; n where none
+#pragma unroll
+        for (int g = 0; g < kSpreadGroup; ++g) {
+          const int t = tile_of(g);
+          at[g] = t < sp.tiles ? first + t * kSpreadTile + tid * 4 : n;
+        }
         const auto word = [&](int i) {  // score i of the 16 (i a constant once unrolled)
           const uint4& v = u[i / 4];
-          return select_rules::score_key(
-              bits_float(i % 4 == 0 ? v.x : i % 4 == 1 ? v.y : i % 4 == 2 ? v.z : v.w));
+          return select_rules::score_key(bits_float(i % 4 == 0   ? v.x
+                                                    : i % 4 == 1 ? v.y
+                                                    : i % 4 == 2 ? v.z
+                                                                 : v.w));
         };
         unsigned mask = 0u;
 #pragma unroll
         for (int i = 0; i < 4 * kSpreadGroup; ++i) {
-          const int e = first + (t0 + i / 4) * kSpreadTile + tid * 4 + i % 4;
-          if (t0 + i / 4 < sp.tiles && e < n && floor.takes(word(i), e)) mask |= 1u << i;
+          const int e = at[i / 4] + i % 4;
+          if (e < n && floor.takes(word(i), e)) mask |= 1u << i;
         }
         after_read();
         unsigned pos = warp_append_run(static_cast<unsigned>(__popc(mask)), &sh.count);
 #pragma unroll
         for (int i = 0; i < 4 * kSpreadGroup; ++i) {
           if ((mask >> i) & 1u) {
-            const int e = first + (t0 + i / 4) * kSpreadTile + tid * 4 + i % 4;
-            if (pos < cap) sh.u.cand[pos] = codec.encode(word(i), e);
+            if (pos < cap) sh.u.cand[pos] = codec.encode(word(i), at[i / 4] + i % 4);
             ++pos;
           }
         }
       };
-      take16(res, 0, [] {});
+      take16(
+          res, [](int g) { return g; }, [] {});
       if (ring) {
         for (int i = 0; i < sp.tiles - kSpreadResident; i += kSpreadGroup) {  // uniform
           // Committed: kSpreadRing + i groups; at most kSpreadRing - kSpreadGroup in flight
@@ -634,10 +651,12 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
           for (int g = 0; g < kSpreadGroup; ++g) {
             u[g] = ring4[((i + g) % kSpreadRing) * kSpreadThreads + tid];
           }
-          take16(u, kSpreadResident + i, [&] {
+          take16(
+              u, [&](int g) { return ring_tile(i + g); },
+              [&] {
 #pragma unroll
-            for (int g = 0; g < kSpreadGroup; ++g) ring_issue(i + g + kSpreadRing);
-          });
+                for (int g = 0; g < kSpreadGroup; ++g) ring_issue(i + g + kSpreadRing);
+              });
         }
         cp_async_wait<0>();  // nothing real is in flight (every tile issued was read); empty groups
       } else {
@@ -649,7 +668,8 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
                                                      n, p.vector_loads)
                                      : make_uint4(0u, 0u, 0u, 0u);
           }
-          take16(u, t0, [] {});
+          take16(
+              u, [&](int g) { return t0 + g; }, [] {});
         }
       }
       __syncthreads();
