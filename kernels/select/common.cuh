@@ -87,8 +87,11 @@ struct ScoreFloor {
   std::uint32_t score;
   int id_max;
 
+  /// Without short-circuit operators: the compiler made each && and || of the first form a
+  /// branch with its own reconvergence (BSSY / BSYNC) per score.
   __host__ __device__ __forceinline__ bool takes(std::uint32_t sk, int id) const {
-    return sk > score || (sk == score && id <= id_max);
+    return static_cast<bool>(static_cast<int>(sk > score) |
+                             (static_cast<int>(sk == score) & static_cast<int>(id <= id_max)));
   }
 };
 

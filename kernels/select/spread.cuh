@@ -570,7 +570,8 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
   const int rot = ring ? static_cast<int>(blockIdx.x) % streamed : 0;
   // The tile of stream position i (sp.tiles, which no CTA tile is, past the stream).
   auto ring_tile = [&](int i) {
-    return i < streamed ? kSpreadResident + (i + rot) % streamed : sp.tiles;
+    const int at = i + rot;  // < 2 streamed: one wrap, no division
+    return i < streamed ? kSpreadResident + (at < streamed ? at : at - streamed) : sp.tiles;
   };
   auto ring_issue = [&](int i) {
     const int t = ring_tile(i);
@@ -627,7 +628,9 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
 #pragma unroll
         for (int i = 0; i < 4 * kSpreadGroup; ++i) {
           const int e = at[i / 4] + i % 4;
-          if (e < n && floor.takes(word(i), e)) mask |= 1u << i;
+          mask |= static_cast<unsigned>(static_cast<int>(e < n) &
+                                        static_cast<int>(floor.takes(word(i), e)))
+                  << i;
         }
         after_read();
         unsigned pos = warp_append_run(static_cast<unsigned>(__popc(mask)), &sh.count);
