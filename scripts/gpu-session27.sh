@@ -62,9 +62,12 @@
 #             the ring (topk_bench variant 5) and without (11) in the same call, the phase probe
 #             both ways at 64 rows, CUB's and DeepSelect's top-k when .anchors/p1/bin is carried,
 #             memcheck and racecheck over the fallback test
-#   rotate    spread's tests and rows again with the ring's CTAs starting their streams at
-#             different tiles (the first spread run: the sampled pass at 64 rows drew about 1 TB/s),
-#             DeepSelect's top-k in the same call (carry [".anchors/p1/bin"])
+#   rotate    spread's tests and rows again, with the floor test free of branches (the first
+#             spread run's SASS: a BSSY / BSYNC per score) and the ring's CTAs starting their
+#             streams at different tiles (that run's sampled pass at 64 rows drew about 1 TB/s);
+#             main's topk_bench built beside it (run scripts/make-gpu-base.sh first: gpu-base/
+#             travels untracked) and its rows in the same call; DeepSelect's top-k in the same
+#             call (carry [".anchors/p1/bin"])
 #   flashmla  issue #13's open check: FlashMLA's SM90 sparse FP8 decode over MODEL1 pages that kvc
 #             wrote into engine-owned pools (benchmarks/anchors/flashmla_kvc_pages.py: against
 #             kvc's CUDA attention and a float32 reference over the pool bytes), then FlashMLA's
@@ -98,7 +101,8 @@ bench_source() {
 # name filter kernel-regex: bench_source over one decode step of step_bench.
 step_source() { bench_source "$1" step_bench "$2" "$3"; }
 
-# main's step_bench (gpu-base/ laid over a copy of the tree) into build-base, in the background.
+# main's step_bench (gpu-base/ laid over a copy of the tree) into build-base, in the background
+# ($BASE_TARGETS: other targets).
 base_build_bg() {
   [ -d gpu-base ] || return 0
   ( s=$(date +%s)
@@ -108,7 +112,7 @@ base_build_bg() {
       cmake -S /tmp/kvc-base -B build-base -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVC_WITH_CUDA=ON \
         -DCMAKE_CUDA_ARCHITECTURES=90a -DKVC_BUILD_BENCHMARKS=ON -DKVC_BUILD_TESTS=OFF \
         > "$out/base-configure.log" 2>&1 &&
-      cmake --build build-base -j 8 --target step_bench > "$out/base-build.log" 2>&1
+      cmake --build build-base -j 8 --target ${BASE_TARGETS:-step_bench} > "$out/base-build.log" 2>&1
     echo "base build: rc=$? in $(( $(date +%s) - s )) s" > "$out/base-build.txt" ) &
 }
 
@@ -248,9 +252,21 @@ case "$mode" in
     ;;
   rotate)
     build_targets kvc_cuda_tests topk_bench
+    # main's topk_bench beside this branch's when gpu-base/ is carried (scripts/make-gpu-base.sh).
+    BASE_TARGETS=topk_bench base_build_bg
     gtests spread '*Cuda_Selector_Spread*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 60
     BENCH_REPS=5 bench 60 topk_bench 'BM_TopKVariant/(1|16|64)/131072/2048/(5|11)/|BM_TopKVariant/64/262144/2048/(5|11)/|BM_TopKVariant/(32|64)/(65536|32768)/2048/(5|11)/|BM_TopK/(1|64)/(131072|262144)/2048/'
     topk_trace rows64-ring 131072 2048 0 0 1 1 1 64 1
+    topk_trace rows1-ring 131072 2048 0 0 1 1 1 1 1
+    if [ -d gpu-base ]; then
+      wait
+      cat "$out/base-build.txt" >> "$out/summary.txt" 2>/dev/null
+      [ -x build-base/benchmarks/topk_bench ] && BENCH_REPS=5 timeout 60 build-base/benchmarks/topk_bench \
+        --benchmark_min_time=0.05s --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
+        --benchmark_filter='BM_TopKVariant/(1|16|64)/131072/2048/5/|BM_TopKVariant/64/262144/2048/5/|BM_TopKVariant/(32|64)/(65536|32768)/2048/5/|BM_TopK/(1|64)/(131072|262144)/2048/' \
+        --benchmark_out="$out/topk_bench-base.json" --benchmark_out_format=json > "$out/topk_bench-base.log" 2>&1
+      say "topk_bench-base: rc=$? $(grep -c '_median' "$out/topk_bench-base.log" 2>/dev/null) rows"
+    fi
     [ -d .anchors/p1/bin ] && named_anchors topk "deepselect_bin"
     report
     ;;

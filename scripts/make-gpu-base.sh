@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Writes gpu-base/: BASE's versions (default main) of the library files this checkout changed
-# (kernels/, src/, include/), for a device script that builds the base's benchmarks beside this
+# Writes gpu-base/: BASE's versions (default main) of the library and benchmark files this
+# checkout changed (kernels/, src/, include/, benchmarks/), for a device script that builds the base's benchmarks beside this
 # checkout's in one call (scripts/gpu-session27.sh tokens: a same-run before / after). gpu-base/
 # is untracked and not ignored, so a device call carries it; delete it afterwards, never commit
 # it. A file this checkout added is left as is (the base build then compiles it too).
@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 base="${1:-main}"
 rm -rf gpu-base
-git diff --name-only "$base" HEAD -- kernels src include | while read -r f; do
+git diff --name-only "$base" HEAD -- kernels src include benchmarks | while read -r f; do
   if git cat-file -e "$base:$f" 2>/dev/null; then
     mkdir -p "gpu-base/$(dirname "$f")"
     git show "$base:$f" > "gpu-base/$f"
