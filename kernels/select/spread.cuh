@@ -626,11 +626,17 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
         };
         unsigned mask = 0u;
 #pragma unroll
-        for (int i = 0; i < 4 * kSpreadGroup; ++i) {
-          const int e = at[i / 4] + i % 4;
-          mask |= static_cast<unsigned>(static_cast<int>(e < n) &
-                                        static_cast<int>(floor.takes(word(i), e)))
-                  << i;
+        for (int g = 0; g < kSpreadGroup; ++g) {
+          // A tile past the chunk (one row: only tile 0 of the resident four) is skipped whole,
+          // not tested score by score.
+          if (at[g] >= n) continue;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int i = 4 * g + q, e = at[g] + q;
+            mask |= static_cast<unsigned>(static_cast<int>(e < n) &
+                                          static_cast<int>(floor.takes(word(i), e)))
+                    << i;
+          }
         }
         after_read();
         unsigned pos = warp_append_run(static_cast<unsigned>(__popc(mask)), &sh.count);
