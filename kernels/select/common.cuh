@@ -109,6 +109,30 @@ __host__ __device__ __forceinline__ ScoreFloor cut_score_floor(const Cut& c,
   return f;
 }
 
+/// A floor of whole scores as a test on the raw float score, without its score key: takes(x) ==
+/// (select_rules::score_key(x) >= score) for every float x, NaN, -0 and the infinities included
+/// (float order merges -0 and +0 as the key does). One compare a score (x >= f, or every score
+/// where the floor is NaN's key 0).
+struct RawScoreFloor {
+  float f;
+  bool all;
+
+  __host__ __device__ __forceinline__ bool takes(float x) const {
+    return static_cast<bool>(static_cast<int>(x >= f) | static_cast<int>(all));
+  }
+};
+
+/// The RawScoreFloor of score key `score`. A key no float has (between NaN's 0 and -inf's
+/// kNegInfScoreKey, 0x7fffffff just below the zeros', above +inf's) stands for the next key above
+/// it that one has; above +inf's nothing is taken (x >= NaN is false).
+__host__ __device__ __forceinline__ RawScoreFloor raw_score_floor(std::uint32_t score) {
+  if (score == 0u) return {0.0f, true};
+  if (score <= select_rules::kNegInfScoreKey) return {bits_float(0xff800000u), false};
+  if (score == 0x7fffffffu) return {0.0f, false};
+  if (score > 0xff800000u) return {bits_float(0x7fc00000u), false};
+  return {select_rules::score_of_key(score), false};
+}
+
 /// Shared scratch of the block-wide helpers below.
 struct BlockTemp {
   union {

@@ -15,12 +15,12 @@
 //    (spread_sample_ranks: about 1.4 target of the row's keys at or above the cut), by buckets of
 //    equal key ranges below the sample's top (spread_sample_cut; radix passes where hi exceeds
 //    the CTA's threads). After the barrier each CTA appends its keys at or above that cut to the
-//    row's candidates and arrives at a row counter: each raw score is tested against the cut's
-//    32-bit floor (cut_score_floor), a thread's 16 scores of four tiles appended with one shared
-//    atomic per warp (warp_append_run), and the tiles past the resident ones stream through a
-//    cp.async ring of kSpreadRing tiles in the staging buffer's upper half, the first of them
-//    issued before the sample cut (a CTA that counts more keys than the 8192 it can stage beside
-//    the ring sends its row to the exact passes). When the row holds between target and
+//    row's candidates and arrives at a row counter: each raw float score is tested against the
+//    cut's floor (cut_score_floor, raw_score_floor), a thread's 16 scores of four tiles appended
+//    with one shared atomic per warp (warp_append_run), and the tiles past the resident ones stream
+//    through a cp.async ring of kSpreadRing tiles in the staging buffer's upper half, the first of
+//    them issued before the sample cut (a CTA that counts more keys than the 8192 it can stage
+//    beside the ring sends its row to the exact passes). When the row holds between target and
 //    kSpreadCap such keys (which is exact: those keys include the top target), every CTA learns the
 //    row's count there and, up to kShareCap keys, ranks its share of them (spread_share_finish:
 //    each CTA buckets all the candidates and writes the outputs of its share's ranks), else the
@@ -601,9 +601,12 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
     // --- 2. the keys at or above the sampled cut to the row's candidates ----------------------
     bool exact_passes = true;  // uniform over the row's CTAs
     if (sampled) {
-      // Each score against the cut's 32-bit floor (the 64-bit key is encoded only for the scores
-      // taken); 16 scores a thread (four tiles' uint4s) appended with one atomic per warp.
-      const ScoreFloor floor = cut_score_floor(scut, codec);
+      // Each raw score against the cut's floor (its key, and the 64-bit key, made only for the
+      // scores taken); 16 scores a thread (four tiles' uint4s) appended with one atomic per warp.
+      // The sampled cut ends between scores (spread_sample_cut), so its floor takes every id of
+      // its score; were it inside one, these would be a superset of its keys, which the count
+      // and the exact ranking after it accept.
+      const RawScoreFloor floor = raw_score_floor(cut_score_floor(scut, codec).score);
       const unsigned cap = ring ? kSpreadRingAt : kSpreadCap;  // keys this CTA can stage
       if (tid == 0) sh.count = 0u;
       __syncthreads();
@@ -617,33 +620,31 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
           const int t = tile_of(g);
           at[g] = t < sp.tiles ? first + t * kSpreadTile + tid * 4 : n;
         }
-        const auto word = [&](int i) {  // score i of the 16 (i a constant once unrolled)
+        const auto score = [&](int i) {  // score i of the 16 (i a constant once unrolled)
           const uint4& v = u[i / 4];
-          return select_rules::score_key(bits_float(i % 4 == 0   ? v.x
-                                                    : i % 4 == 1 ? v.y
-                                                    : i % 4 == 2 ? v.z
-                                                                 : v.w));
+          return bits_float(i % 4 == 0 ? v.x : i % 4 == 1 ? v.y : i % 4 == 2 ? v.z : v.w);
         };
         unsigned mask = 0u;
 #pragma unroll
         for (int g = 0; g < kSpreadGroup; ++g) {
           // A tile past the chunk (one row: only tile 0 of the resident four) is skipped whole,
-          // not tested score by score.
+          // not tested score by score; the row's end masks a tile's last scores.
           if (at[g] >= n) continue;
+          const int valid = n - at[g] < 4 ? n - at[g] : 4;
+          unsigned m = 0u;
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const int i = 4 * g + q, e = at[g] + q;
-            mask |= static_cast<unsigned>(static_cast<int>(e < n) &
-                                          static_cast<int>(floor.takes(word(i), e)))
-                    << i;
-          }
+          for (int q = 0; q < 4; ++q)
+            m |= static_cast<unsigned>(floor.takes(score(4 * g + q))) << q;
+          mask |= (m & ((1u << valid) - 1u)) << (4 * g);
         }
         after_read();
         unsigned pos = warp_append_run(static_cast<unsigned>(__popc(mask)), &sh.count);
 #pragma unroll
         for (int i = 0; i < 4 * kSpreadGroup; ++i) {
           if ((mask >> i) & 1u) {
-            if (pos < cap) sh.u.cand[pos] = codec.encode(word(i), at[i / 4] + i % 4);
+            if (pos < cap) {
+              sh.u.cand[pos] = codec.encode(select_rules::score_key(score(i)), at[i / 4] + i % 4);
+            }
             ++pos;
           }
         }

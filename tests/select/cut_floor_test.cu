@@ -3,11 +3,13 @@
 // instead of encoding and shifting the 64-bit rank key. Host code, no GPU: the floor's test
 // against the key test it replaces, (encode(sk, id) >> (B - pbits)) >= prefix, for every id
 // width 0..20, cuts of every prefix length (whole-score cuts, cuts inside the id bits, the
-// empty prefix) and keys on, just above and just below the floor.
+// empty prefix) and keys on, just above and just below the floor; and raw_score_floor, the same
+// test on the raw float score, against it.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <random>
+#include <vector>
 
 #include "select/common.cuh"
 
@@ -103,6 +105,37 @@ TEST(Selector_CutScoreFloor, WholeScoreCutsTakeEveryIdOfTheirScore) {
       const ScoreFloor f = cut_score_floor(c, codec);
       EXPECT_EQ(f.id_max, static_cast<int>(codec.id_mask)) << "pbits " << pbits;
       EXPECT_EQ(f.score, pbits == 32 ? sk : (sk >> (32 - pbits)) << (32 - pbits));
+    }
+  }
+}
+
+// raw_score_floor: the whole-score floor's test on the raw float equals the test on its score
+// key, for every float class (NaN of both signs and payloads, the infinities, the zeros,
+// denormals, normals) against floors at every class of key, the unproduced ones included (between
+// NaN's 0 and -inf's, 0x7fffffff, above +inf's) and the probes' own keys, one either side.
+TEST(Selector_CutScoreFloor, RawFloatTestMatchesTheKeyTest) {
+  using kernels::select_detail::raw_score_floor;
+  using kernels::select_detail::RawScoreFloor;
+  std::mt19937_64 rng(0xf10a7ull);
+  std::vector<std::uint32_t> bits = {
+      0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00000u, 0x7f800001u,
+      0xff800001u, 0x7fffffffu, 0xffffffffu, 0x00000001u, 0x80000001u, 0x007fffffu, 0x807fffffu,
+      0x00800000u, 0x80800000u, 0x3f800000u, 0xbf800000u, 0x7f7fffffu, 0xff7fffffu};
+  for (int i = 0; i < 300; ++i) bits.push_back(static_cast<std::uint32_t>(rng()));
+  std::vector<std::uint32_t> floors = {0u,          1u,          0x00123456u, 0x007ffffeu,
+                                       0x007fffffu, 0x00800000u, 0x7ffffffeu, 0x7fffffffu,
+                                       0x80000000u, 0x80000001u, 0xbf800000u, 0xff7fffffu,
+                                       0xff800000u, 0xff800001u, 0xfffffffeu, 0xffffffffu};
+  for (std::uint32_t b : bits) {
+    const std::uint32_t k = select_rules::score_key(bits_float(b));
+    for (std::uint32_t d : {0u, 1u, 0xffffffffu}) floors.push_back(k + d);
+  }
+  for (std::uint32_t fs : floors) {
+    const RawScoreFloor r = raw_score_floor(fs);
+    for (std::uint32_t b : bits) {
+      const float x = bits_float(b);
+      ASSERT_EQ(r.takes(x), select_rules::score_key(x) >= fs)
+          << std::hex << "floor " << fs << " x bits " << b;
     }
   }
 }
