@@ -54,8 +54,8 @@
 #             (carry [".anchors/p1/flashinfer-sm90a.tar.xz", ".anchors/p1/wheels/apache_tvm_ffi-
 #             <version>.whl", ".anchors/p1/MANIFEST"])
 #   spread    the thirty-fifth session's spread top-k (written without a GPU): the sampled pass
-#             tests each score against the cut's 32-bit floor (cut_score_floor) and appends 16
-#             scores a thread with one atomic per warp (warp_append_run); it streams the tiles
+#             tests each score against the cut's floor (cut_floor_score, raw_score_floor) and
+#             appends 16 scores a thread with one atomic per warp (warp_append_run); it streams the tiles
 #             past the resident ones through a cp.async ring of 8 tiles issued before the sample
 #             cut (SelectTuning::spread_no_ring keeps register groups). The spread tests (ring on
 #             and off, the ring's overflow row), the DeepSeek-V4 top-k test, the large-k rows with

@@ -79,34 +79,17 @@ struct Cut {
   int eq;
 };
 
-/// Cut c as a test on a key's two halves: a key of score key sk and id lies at or above c (its
-/// leading c.pbits bits >= c.prefix) exactly when sk > score, or sk == score and id <= id_max
-/// (0 <= id_max <= codec.id_mask). The test a pass over raw scores makes per score
-/// with one 32-bit compare, encoding the 64-bit key only for the scores it takes.
-struct ScoreFloor {
-  std::uint32_t score;
-  int id_max;
-
-  /// Without short-circuit operators: the compiler made each && and || of the first form a
-  /// branch with its own reconvergence (BSSY / BSYNC) per score.
-  __host__ __device__ __forceinline__ bool takes(std::uint32_t sk, int id) const {
-    return static_cast<bool>(static_cast<int>(sk > score) |
-                             (static_cast<int>(sk == score) & static_cast<int>(id <= id_max)));
-  }
-};
-
-/// The ScoreFloor of cut c over the B = codec.bits-bit keys of `codec` (0 <= c.pbits <= B).
-/// The smallest key at or above c is c.prefix followed by zeros, T = c.prefix << (B - c.pbits):
-/// a key is at or above c iff it is >= T, i.e. its score key exceeds T's, or equals it with an
-/// id part (id_mask - id) >= T's, i.e. id <= id_mask - T's id part.
-__host__ __device__ __forceinline__ ScoreFloor cut_score_floor(const Cut& c,
-                                                               const KeyCodec& codec) {
+/// The score key of cut c's smallest key over the B = codec.bits-bit keys of `codec` (0 <=
+/// c.pbits <= B): T = c.prefix << (B - c.pbits), its score key T >> id_bits. A key of a larger
+/// score key lies at or above c, one of a smaller below; those of this score lie above from an id
+/// on, every one of them where c ends between scores (T's id part zero: spread_sample_cut's cuts).
+/// So score_key >= the result is c's test on the score alone, exact for such cuts and a superset
+/// of c's keys otherwise.
+__host__ __device__ __forceinline__ std::uint32_t cut_floor_score(const Cut& c,
+                                                                  const KeyCodec& codec) {
   const int shift = codec.bits - c.pbits;
   const std::uint64_t t = shift >= 64 ? 0ull : c.prefix << shift;
-  ScoreFloor f;
-  f.score = static_cast<std::uint32_t>(t >> codec.id_bits);
-  f.id_max = static_cast<int>(codec.id_mask - (static_cast<std::uint32_t>(t) & codec.id_mask));
-  return f;
+  return static_cast<std::uint32_t>(t >> codec.id_bits);
 }
 
 /// A floor of whole scores as a test on the raw float score, without its score key: takes(x) ==

@@ -16,7 +16,7 @@
 //    equal key ranges below the sample's top (spread_sample_cut; radix passes where hi exceeds
 //    the CTA's threads). After the barrier each CTA appends its keys at or above that cut to the
 //    row's candidates and arrives at a row counter: each raw float score is tested against the
-//    cut's floor (cut_score_floor, raw_score_floor), a thread's 16 scores of four tiles appended
+//    cut's floor (cut_floor_score, raw_score_floor), a thread's 16 scores of four tiles appended
 //    with one shared atomic per warp (warp_append_run), and the tiles past the resident ones stream
 //    through a cp.async ring of kSpreadRing tiles in the staging buffer's upper half, the first of
 //    them issued before the sample cut (a CTA that counts more keys than the 8192 it can stage
@@ -603,10 +603,10 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
     if (sampled) {
       // Each raw score against the cut's floor (its key, and the 64-bit key, made only for the
       // scores taken); 16 scores a thread (four tiles' uint4s) appended with one atomic per warp.
-      // The sampled cut ends between scores (spread_sample_cut), so its floor takes every id of
-      // its score; were it inside one, these would be a superset of its keys, which the count
-      // and the exact ranking after it accept.
-      const RawScoreFloor floor = raw_score_floor(cut_score_floor(scut, codec).score);
+      // The sampled cut ends between scores (spread_sample_cut), so the score test is exact;
+      // were it inside one, these would be a superset of its keys, which the count and the exact
+      // ranking after it accept.
+      const RawScoreFloor floor = raw_score_floor(cut_floor_score(scut, codec));
       const unsigned cap = ring ? kSpreadRingAt : kSpreadCap;  // keys this CTA can stage
       if (tid == 0) sh.count = 0u;
       __syncthreads();

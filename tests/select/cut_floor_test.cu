@@ -1,10 +1,11 @@
-// select_detail::cut_score_floor (kernels/select/common.cuh): the spread path's sampled pass
-// tests each raw score against a cut's ScoreFloor (one 32-bit compare, the id only on a tie)
-// instead of encoding and shifting the 64-bit rank key. Host code, no GPU: the floor's test
-// against the key test it replaces, (encode(sk, id) >> (B - pbits)) >= prefix, for every id
-// width 0..20, cuts of every prefix length (whole-score cuts, cuts inside the id bits, the
-// empty prefix) and keys on, just above and just below the floor; and raw_score_floor, the same
-// test on the raw float score, against it.
+// select_detail::cut_floor_score (kernels/select/common.cuh): the spread path's sampled pass
+// tests each raw score against the score of a cut's smallest key instead of encoding and shifting
+// the 64-bit rank key. Host code, no GPU: against the key test it replaces, (encode(sk, id) >> (B
+// - pbits)) >= prefix, a larger score key is always at or above the cut, a smaller one always
+// below, and one equal to it always above where the cut ends between scores; for every id width
+// 0..20, cuts of every prefix length (whole-score cuts, cuts inside the id bits, the empty prefix)
+// and keys on, just above and just below the floor. And raw_score_floor, the same test on the raw
+// float score, against the key test.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -17,10 +18,9 @@ namespace kvc {
 namespace {
 
 using kernels::select_detail::Cut;
-using kernels::select_detail::cut_score_floor;
+using kernels::select_detail::cut_floor_score;
 using kernels::select_detail::KeyCodec;
 using kernels::select_detail::make_key_codec;
-using kernels::select_detail::ScoreFloor;
 
 bool key_at_or_above(const KeyCodec& codec, const Cut& c, std::uint32_t sk, int id) {
   const std::uint64_t ck = codec.encode(sk, id);
@@ -31,6 +31,25 @@ bool key_at_or_above(const KeyCodec& codec, const Cut& c, std::uint32_t sk, int 
 Cut cut_through(const KeyCodec& codec, std::uint32_t sk, int id, int pbits) {
   const std::uint64_t ck = codec.encode(sk, id);
   return Cut{pbits == 0 ? 0ull : ck >> (codec.bits - pbits), pbits, 0, 0};
+}
+
+// Whether cut c ends between scores: its smallest key's id part is zero.
+bool between_scores(const KeyCodec& codec, const Cut& c) {
+  const int shift = codec.bits - c.pbits;
+  const std::uint64_t t = shift >= 64 ? 0ull : c.prefix << shift;
+  return (t & codec.id_mask) == 0u;
+}
+
+// The floor's score test against the key test for key (sk, id).
+::testing::AssertionResult floor_agrees(const KeyCodec& codec, const Cut& c, std::uint32_t sk,
+                                        int id) {
+  const std::uint32_t f = cut_floor_score(c, codec);
+  const bool above = key_at_or_above(codec, c, sk, id);
+  const bool ok = sk > f ? above : sk < f ? !above : (above || !between_scores(codec, c));
+  if (ok) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "floor " << f << " sk " << sk << " id " << id << " above " << above << " cut prefix "
+         << c.prefix << " pbits " << c.pbits;
 }
 
 TEST(Selector_CutScoreFloor, MatchesTheKeyTestOnRandomCuts) {
@@ -45,30 +64,19 @@ TEST(Selector_CutScoreFloor, MatchesTheKeyTestOnRandomCuts) {
       const int cut_id = static_cast<int>(rng() % ids);
       const int pbits = static_cast<int>(rng() % (codec.bits + 1));
       const Cut c = cut_through(codec, cut_sk, cut_id, pbits);
-      const ScoreFloor f = cut_score_floor(c, codec);
-      ASSERT_GE(f.id_max, 0);
-      ASSERT_LE(f.id_max, static_cast<int>(codec.id_mask));
+      const std::uint32_t f = cut_floor_score(c, codec);
       // Keys around the floor's score (on it, one either side) and the cut's own score, with
-      // ids around id_max, and random keys.
-      const std::uint32_t scores[] = {f.score,
-                                      f.score + 1u,
-                                      f.score - 1u,
-                                      cut_sk,
-                                      cut_sk + 1u,
-                                      cut_sk - 1u,
-                                      static_cast<std::uint32_t>(rng())};
+      // ids around the cut's, and random keys.
+      const std::uint32_t scores[] = {
+          f, f + 1u, f - 1u, cut_sk, cut_sk + 1u, cut_sk - 1u, static_cast<std::uint32_t>(rng())};
       const int probe_ids[] = {0,
                                ids - 1,
-                               f.id_max,
-                               f.id_max + 1 < ids ? f.id_max + 1 : 0,
-                               f.id_max > 0 ? f.id_max - 1 : 0,
                                cut_id,
+                               cut_id + 1 < ids ? cut_id + 1 : 0,
+                               cut_id > 0 ? cut_id - 1 : 0,
                                static_cast<int>(rng() % ids)};
       for (std::uint32_t sk : scores) {
-        for (int id : probe_ids) {
-          ASSERT_EQ(f.takes(sk, id), key_at_or_above(codec, c, sk, id))
-              << "sk " << sk << " id " << id << " cut prefix " << c.prefix << " pbits " << pbits;
-        }
+        for (int id : probe_ids) ASSERT_TRUE(floor_agrees(codec, c, sk, id));
       }
     }
   }
@@ -83,12 +91,8 @@ TEST(Selector_CutScoreFloor, ExhaustiveOverASmallKeySpace) {
       for (int cid = 0; cid < 8; ++cid) {
         for (int pbits = 0; pbits <= codec.bits; ++pbits) {
           const Cut c = cut_through(codec, base + dsk, cid, pbits);
-          const ScoreFloor f = cut_score_floor(c, codec);
           for (std::uint32_t sk = base - 1u; sk != base + 3u; ++sk) {
-            for (int id = 0; id < 8; ++id) {
-              ASSERT_EQ(f.takes(sk, id), key_at_or_above(codec, c, sk, id))
-                  << "base " << base << " sk " << sk << " id " << id << " pbits " << pbits;
-            }
+            for (int id = 0; id < 8; ++id) ASSERT_TRUE(floor_agrees(codec, c, sk, id));
           }
         }
       }
@@ -96,15 +100,19 @@ TEST(Selector_CutScoreFloor, ExhaustiveOverASmallKeySpace) {
   }
 }
 
-// The cuts the sampled pass makes end inside no score: every id of the floor's score is taken.
+// The cuts the sampled pass makes end inside no score: the floor is the cut's score prefix, and
+// every id of it lies at or above the cut.
 TEST(Selector_CutScoreFloor, WholeScoreCutsTakeEveryIdOfTheirScore) {
   const KeyCodec codec = make_key_codec(131072);
   for (std::uint32_t sk : {0u, 12345u, 0xbf800000u, 0xffffffffu}) {
     for (int pbits : {1, 12, 24, 32}) {
       const Cut c = cut_through(codec, sk, static_cast<int>(codec.id_mask), pbits);
-      const ScoreFloor f = cut_score_floor(c, codec);
-      EXPECT_EQ(f.id_max, static_cast<int>(codec.id_mask)) << "pbits " << pbits;
-      EXPECT_EQ(f.score, pbits == 32 ? sk : (sk >> (32 - pbits)) << (32 - pbits));
+      const std::uint32_t f = cut_floor_score(c, codec);
+      ASSERT_TRUE(between_scores(codec, c));
+      EXPECT_EQ(f, pbits == 32 ? sk : (sk >> (32 - pbits)) << (32 - pbits));
+      for (int id : {0, 1, 65536, static_cast<int>(codec.id_mask)}) {
+        EXPECT_TRUE(key_at_or_above(codec, c, f, id)) << "pbits " << pbits << " id " << id;
+      }
     }
   }
 }
