@@ -640,12 +640,17 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
         after_read();
         unsigned pos = warp_append_run(static_cast<unsigned>(__popc(mask)), &sh.count);
 #pragma unroll
-        for (int i = 0; i < 4 * kSpreadGroup; ++i) {
-          if ((mask >> i) & 1u) {
-            if (pos < cap) {
-              sh.u.cand[pos] = codec.encode(select_rules::score_key(score(i)), at[i / 4] + i % 4);
+        for (int g = 0; g < kSpreadGroup; ++g) {
+          if (at[g] >= n) continue;  // the same tiles skipped as above (none of their bits is set)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int i = 4 * g + q;
+            if ((mask >> i) & 1u) {
+              if (pos < cap) {
+                sh.u.cand[pos] = codec.encode(select_rules::score_key(score(i)), at[g] + q);
+              }
+              ++pos;
             }
-            ++pos;
           }
         }
       };
