@@ -68,6 +68,11 @@
 #             main's topk_bench built beside it (run scripts/make-gpu-base.sh first: gpu-base/
 #             travels untracked) and its rows in the same call; DeepSelect's top-k in the same
 #             call (carry [".anchors/p1/bin"])
+#   probe-ab  the phase probe of this tree, of main (gpu-base/ from scripts/make-gpu-base.sh, with
+#             main's scripts/topk-trace-probe.cu copied in) and of gpu-prev/ (an earlier
+#             spread.cuh) at the large-k shapes, same call
+#   land      what landing the spread branch needs, one call: its tests, the four sanitizers over
+#             the spread tests, its topk_bench rows beside main's (gpu-base/), probe-ab, DeepSelect
 #   flashmla  issue #13's open check: FlashMLA's SM90 sparse FP8 decode over MODEL1 pages that kvc
 #             wrote into engine-owned pools (benchmarks/anchors/flashmla_kvc_pages.py: against
 #             kvc's CUDA attention and a float32 reference over the pool bytes), then FlashMLA's
@@ -100,6 +105,39 @@ bench_source() {
 
 # name filter kernel-regex: bench_source over one decode step of step_bench.
 step_source() { bench_source "$1" step_bench "$2" "$3"; }
+
+# The phase probe (scripts/topk-trace-probe.cu) of this tree and of overlays of it, built in the
+# background: gpu-base/ (main's kernels, with main's probe laid in by hand) and gpu-prev/ (an
+# earlier spread.cuh of this branch), where present.
+probe_ab_build() {
+  nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Iinclude -Isrc -o "$out/probe-tree" \
+    scripts/topk-trace-probe.cu > "$out/probe-build.log" 2>&1 &
+  variants=tree
+  for v in base prev; do
+    [ -d "gpu-$v" ] || continue
+    variants="$variants $v"
+    ( rm -rf "/tmp/kvc-probe-$v" && mkdir -p "/tmp/kvc-probe-$v" && cp -a kernels include src scripts "/tmp/kvc-probe-$v/" &&
+      cp -a "gpu-$v/." "/tmp/kvc-probe-$v/" && cd "/tmp/kvc-probe-$v" &&
+      nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Iinclude -Isrc -o "$out/probe-$v" \
+        scripts/topk-trace-probe.cu > "$out/probe-$v-build.log" 2>&1 ) &
+  done
+}
+
+# Each built probe at the large-k shapes, the versions of a shape one after another.
+probe_ab_run() {
+  say "probes built: $(ls "$out" | grep -c '^probe-[a-z]*$') of: $variants"
+  for shape in "131072 1" "131072 64" "262144 1" "262144 64" "131072 4" "131072 16"; do
+    set -- $shape
+    for v in $variants; do
+      [ -x "$out/probe-$v" ] || continue
+      (( $(left) > 20 )) || return 0
+      timeout 30 "$out/probe-$v" "$1" 2048 0 0 1 1 1 "$2" > "$out/trace-$v-$1x$2.txt" 2>&1
+      say "== $v rows $2 N $1: rc=$?"
+      grep -E "ids wrong|grid sync|sample (cut|append|count)|rank (counted|scattered)|end \\(|graph replay" \
+        "$out/trace-$v-$1x$2.txt" >> "$out/summary.txt"
+    done
+  done
+}
 
 # main's step_bench (gpu-base/ laid over a copy of the tree) into build-base, in the background
 # ($BASE_TARGETS: other targets).
@@ -250,6 +288,38 @@ case "$mode" in
     sanitize racecheck racecheck '*Cuda_Selector_Spread.MisleadingSample*' 75
     report
     ;;
+  probe-ab)
+    # The phase probe of this checkout's spread top-k beside overlays of it, same call: which
+    # phase a version's time comes from (probe_ab_build, probe_ab_run above).
+    probe_ab_build
+    wait
+    probe_ab_run
+    ;;
+  land)
+    # Everything a landing of the spread top-k's branch needs from one call: its tests, the four
+    # sanitizers over the spread tests, its topk_bench rows beside main's (gpu-base/, built in
+    # the same call), the phase probes of this tree, main and gpu-prev/, and DeepSelect's rows
+    # (carry [".anchors/p1/bin"]).
+    probe_ab_build
+    BASE_TARGETS=topk_bench base_build_bg
+    build_targets kvc_cuda_tests topk_bench
+    gtests spread '*Cuda_Selector_Spread*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 60
+    rows='BM_TopKVariant/(1|16|64)/131072/2048/5/|BM_TopKVariant/64/262144/2048/5/|BM_TopKVariant/(32|64)/(65536|32768)/2048/5/|BM_TopK/(1|64)/(131072|262144)/2048/'
+    BENCH_REPS=5 bench 60 topk_bench "$rows"
+    wait
+    cat "$out/base-build.txt" >> "$out/summary.txt" 2>/dev/null
+    [ -x build-base/benchmarks/topk_bench ] && timeout 60 build-base/benchmarks/topk_bench \
+      --benchmark_min_time=0.05s --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
+      --benchmark_filter="$rows" --benchmark_out="$out/topk_bench-base.json" \
+      --benchmark_out_format=json > "$out/topk_bench-base.log" 2>&1
+    say "topk_bench-base: rc=$? $(grep -c '_median' "$out/topk_bench-base.log" 2>/dev/null) rows"
+    probe_ab_run
+    [ -d .anchors/p1/bin ] && named_anchors topk "deepselect_bin"
+    for tool in memcheck racecheck synccheck initcheck; do
+      sanitize "$tool" "$tool" '*Cuda_Selector_Spread.MisleadingSample*:*Cuda_Selector_Spread.CountingRank*' 60
+    done
+    report
+    ;;
   rotate)
     build_targets kvc_cuda_tests topk_bench
     # main's topk_bench beside this branch's when gpu-base/ is carried (scripts/make-gpu-base.sh).
@@ -333,6 +403,6 @@ case "$mode" in
   flashinfer)
     named_anchors flashinfer "flashinfer_decode flashinfer_topk"
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land" >&2; exit 2 ;;
 esac
 finish
