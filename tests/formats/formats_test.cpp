@@ -545,6 +545,19 @@ TEST(Formats_E2m1, AllSixteenCodesRoundTrip) {
   }
 }
 
+TEST(Formats_E2m1, ValueIsTheSignedMagnitudeBitForBit) {
+  // Every code, the sign bit included: code 8 is -0, not +0.
+  for (unsigned c = 0; c < 16; ++c) {
+    const float want =
+        (c & 8) ? -static_cast<float>(kE2m1[c & 7]) : static_cast<float>(kE2m1[c & 7]);
+    EXPECT_EQ(float_bits(formats::e2m1_value(c)), float_bits(want)) << c;
+  }
+  EXPECT_EQ(float_bits(formats::e2m1_value(8u)), 0x80000000u);
+  // Only bits 0..3 are read.
+  EXPECT_EQ(float_bits(formats::e2m1_value(0x17u)), float_bits(6.0f));
+  EXPECT_EQ(float_bits(formats::e2m1_magnitude(0xfu)), float_bits(6.0f));
+}
+
 TEST(Formats_E2m1, MatchesNearestValueReference) {
   // Every 211th float in [0, 8), both signs, plus every midpoint ± 1 ulp.
   for (std::uint32_t u = 0; u < 0x41000000u; u += 211) {
