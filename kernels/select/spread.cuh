@@ -237,6 +237,13 @@ __device__ __forceinline__ DigitPick find_digit_from_top(const unsigned* bins, i
   return t.pick;
 }
 
+/// A candidate of the sampled pass as it is staged in shared memory: the raw score's bits over
+/// its id (0 <= id < 2^31). The key (KeyCodec::encode of its score key) is made when the staged
+/// candidates are copied to the row's, once per candidate, not in the pass's loop.
+__device__ __forceinline__ std::uint64_t spread_raw_candidate(std::uint32_t score_bits, int id) {
+  return (static_cast<std::uint64_t>(score_bits) << 32) | static_cast<std::uint32_t>(id);
+}
+
 /// The sampled cut of a row of n > kSpreadCap valid scores (step 2 of the file comment): a cut
 /// with between lo and hi of the sample's keys at or above it, into `c`. Reads the sample into
 /// sh.u.cand (its order does not matter) and cuts it, where hi <= kSpreadThreads, by key ranges:
@@ -611,9 +618,8 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
       if (tid == 0) sh.count = 0u;
       __syncthreads();
       // u[g] this thread's uint4 of tile tile_of(g) of this CTA (none where that is sp.tiles or
-      // more); after_read() runs once every value has been compared (the ring's refill of the
-      // slots u came from).
-      auto take16 = [&](const uint4(&u)[kSpreadGroup], auto&& tile_of, auto&& after_read) {
+      // more): the resident tiles, and the streamed ones where the ring is off.
+      auto take16 = [&](const uint4(&u)[kSpreadGroup], auto&& tile_of) {
         int at[kSpreadGroup];  // this thread's first element of each tile; n where none
 #pragma unroll
         for (int g = 0; g < kSpreadGroup; ++g) {
@@ -637,7 +643,6 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
             m |= static_cast<unsigned>(floor.takes(score(4 * g + q))) << q;
           mask |= (m & ((1u << valid) - 1u)) << (4 * g);
         }
-        after_read();
         unsigned pos = warp_append_run(static_cast<unsigned>(__popc(mask)), &sh.count);
 #pragma unroll
         for (int g = 0; g < kSpreadGroup; ++g) {
@@ -646,32 +651,75 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
           for (int q = 0; q < 4; ++q) {
             const int i = 4 * g + q;
             if ((mask >> i) & 1u) {
-              if (pos < cap) {
-                sh.u.cand[pos] = codec.encode(select_rules::score_key(score(i)), at[g] + q);
-              }
+              if (pos < cap) sh.u.cand[pos] = spread_raw_candidate(float_bits(score(i)), at[g] + q);
               ++pos;
             }
           }
         }
       };
-      take16(
-          res, [](int g) { return g; }, [] {});
+      take16(res, [](int g) { return g; });
       if (ring) {
-        for (int i = 0; i < sp.tiles - kSpreadResident; i += kSpreadGroup) {  // uniform
+        // The streamed tiles, four a time from the ring: one compare a score (the mask packed
+        // from the compares), and the staging walks only the mask's set bits, re-reading each
+        // taken score from this thread's 16 bytes of its ring slot by the bit's index. Where the
+        // four tiles all lie in the stream and before the row's end (every group but the
+        // stream's last, in every CTA but a row's last), no score needs a bounds test.
+        const unsigned all16 = floor.all ? 0xffffu : 0u;
+        const bool chunk_inside = first + sp.tiles * kSpreadTile <= n;  // uniform
+        const std::uint32_t* const slot_words = reinterpret_cast<const std::uint32_t*>(ring4 + tid);
+        const std::uint32_t* const my_words = bits + first + tid * 4;  // this thread's of tile 0
+        for (int i = 0; i < streamed; i += kSpreadGroup) {             // uniform
           // Committed: kSpreadRing + i groups; at most kSpreadRing - kSpreadGroup in flight
           // leaves tiles i .. i + 3 landed.
           cp_async_wait<kSpreadRing - kSpreadGroup>();
+          const int s0 = i % kSpreadRing;  // the group's first slot (i a multiple of four)
           uint4 u[kSpreadGroup];
 #pragma unroll
-          for (int g = 0; g < kSpreadGroup; ++g) {
-            u[g] = ring4[((i + g) % kSpreadRing) * kSpreadThreads + tid];
-          }
-          take16(
-              u, [&](int g) { return ring_tile(i + g); },
-              [&] {
+          for (int g = 0; g < kSpreadGroup; ++g) u[g] = ring4[(s0 + g) * kSpreadThreads + tid];
+          unsigned mask = all16;
 #pragma unroll
-                for (int g = 0; g < kSpreadGroup; ++g) ring_issue(i + g + kSpreadRing);
-              });
+          for (int g = 0; g < kSpreadGroup; ++g) {
+            mask |= static_cast<unsigned>(bits_float(u[g].x) >= floor.f) << (4 * g);
+            mask |= static_cast<unsigned>(bits_float(u[g].y) >= floor.f) << (4 * g + 1);
+            mask |= static_cast<unsigned>(bits_float(u[g].z) >= floor.f) << (4 * g + 2);
+            mask |= static_cast<unsigned>(bits_float(u[g].w) >= floor.f) << (4 * g + 3);
+          }
+          if (!chunk_inside || i + kSpreadGroup > streamed) {  // uniform
+            unsigned valid = 0u;  // the bits of scores that exist: a tile in the stream, e < n
+#pragma unroll
+            for (int g = 0; g < kSpreadGroup; ++g) {
+              const int t = ring_tile(i + g);
+              const int left = t < sp.tiles ? n - (first + t * kSpreadTile + tid * 4) : 0;
+              valid |= (left >= 4 ? 0xfu : left > 0 ? (1u << left) - 1u : 0u) << (4 * g);
+            }
+            mask &= valid;
+          }
+          unsigned pos = warp_append_run(static_cast<unsigned>(__popc(mask)), &sh.count);
+          for (unsigned m = mask; m != 0u; m &= m - 1u) {
+            const int b = __ffs(static_cast<int>(m)) - 1;  // score b % 4 of tile i + b / 4
+            const int g = b >> 2;
+            const std::uint32_t w = slot_words[(s0 + g) * kSpreadThreads * 4 + (b & 3)];
+            if (pos < cap) {
+              sh.u.cand[pos] = spread_raw_candidate(
+                  w, first + ring_tile(i + g) * kSpreadTile + tid * 4 + (b & 3));
+            }
+            ++pos;
+          }
+          // The slots are read: refill them with the tiles kSpreadRing stream positions on (all
+          // four in the stream and before the row's end, but for the stream's last two groups).
+          if (chunk_inside && i + kSpreadRing + kSpreadGroup <= streamed) {  // uniform
+#pragma unroll
+            for (int g = 0; g < kSpreadGroup; ++g) {
+              const int at = i + g + kSpreadRing + rot;
+              const int t = kSpreadResident + (at < streamed ? at : at - streamed);
+              cp_async_16(smem_addr(&ring4[(s0 + g) * kSpreadThreads + tid]),
+                          my_words + static_cast<std::size_t>(t) * kSpreadTile);
+              cp_async_commit();
+            }
+          } else {
+#pragma unroll
+            for (int g = 0; g < kSpreadGroup; ++g) ring_issue(i + g + kSpreadRing);
+          }
         }
         cp_async_wait<0>();  // nothing real is in flight (every tile issued was read); empty groups
       } else {
@@ -683,8 +731,7 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
                                                      n, p.vector_loads)
                                      : make_uint4(0u, 0u, 0u, 0u);
           }
-          take16(
-              u, [&](int g) { return t0 + g; }, [] {});
+          take16(u, [&](int g) { return t0 + g; });
         }
       }
       __syncthreads();
@@ -699,7 +746,10 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
       const unsigned staged = mine <= cap ? mine : 0u;
       for (unsigned j = tid; j < staged && sh.base + j < static_cast<unsigned>(kSpreadCap);
            j += kSpreadThreads) {
-        row_cand[sh.base + j] = sh.u.cand[j];
+        const std::uint64_t r = sh.u.cand[j];  // staged raw; the row's candidates are keys
+        row_cand[sh.base + j] =
+            codec.encode(select_rules::score_key(bits_float(static_cast<std::uint32_t>(r >> 32))),
+                         static_cast<int>(static_cast<std::uint32_t>(r)));
       }
       KVC_SPREAD_MARK(16);
       // Arrive; every CTA learns the row's count, the last to arrive without waiting.
