@@ -261,13 +261,10 @@ __device__ __forceinline__ std::uint64_t spread_raw_candidate(std::uint32_t scor
 /// unusable) where only a cut between one score's keys would do (ties holding more sample keys
 /// than hi leaves room for): such rows go to the exact passes, where such a cut would leave the
 /// finisher's counting rank a bucket of ties it declines. Every thread of the CTA calls it;
-/// every thread gets the same answer. after_loads() runs once the sample's loads are issued and
-/// before their first use: loads it issues queue behind the sample's, not ahead of them.
-template <class AfterLoads>
+/// every thread gets the same answer.
 __device__ __forceinline__ bool spread_sample_cut(const std::uint32_t* bits, int n, int target,
                                                   const KeyCodec& codec, bool vector_loads,
-                                                  bool range_cut, SpreadShared& sh, Cut& c,
-                                                  AfterLoads&& after_loads) {
+                                                  bool range_cut, SpreadShared& sh, Cut& c) {
   constexpr int kPer = kSpreadSampleSegments / kSpreadThreads;
   constexpr int kKeys = kSpreadSample / kSpreadThreads;  // per thread
   const int tid = static_cast<int>(threadIdx.x);
@@ -281,7 +278,6 @@ __device__ __forceinline__ bool spread_sample_cut(const std::uint32_t* bits, int
     u[i][0] = load4_bounded(bits, at[i], n, vector_loads);
     u[i][1] = load4_bounded(bits, at[i] + 4, n, vector_loads);
   }
-  after_loads();
   // Key j of thread tid at sh.u.cand[j * kSpreadThreads + tid]: consecutive threads, consecutive
   // words.
   std::uint64_t* X = sh.u.cand;
@@ -506,19 +502,13 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
   const int first = c * sp.tiles * kSpreadTile;
   const std::uint32_t* bits =
       reinterpret_cast<const std::uint32_t*>(p.scores + static_cast<std::size_t>(row) * N);
-  // The resident tiles: loaded here, or, where the row is sampled, right after the sample's loads
-  // (the sample cut is the critical path before the grid barrier; its loads go first).
   uint4 res[kSpreadResident];
-  auto load_resident = [&] {
 #pragma unroll
-    for (int r = 0; r < kSpreadResident; ++r) {
-      res[r] = r < sp.tiles
-                   ? load4_bounded(bits, first + r * kSpreadTile + tid * 4, n, p.vector_loads)
-                   : make_uint4(0u, 0u, 0u, 0u);
-    }
-  };
-  const bool sample_first = target > 0 && n > kSpreadCap && sp.sample;  // uniform
-  if (!sample_first) load_resident();
+  for (int r = 0; r < kSpreadResident; ++r) {
+    res[r] = r < sp.tiles
+                 ? load4_bounded(bits, first + r * kSpreadTile + tid * 4, n, p.vector_loads)
+                 : make_uint4(0u, 0u, 0u, 0u);
+  }
   // f(valid, score_key, id) for each of this thread's elements, in a CTA-uniform sequence (f may
   // use warp collectives).
   auto visit = [&](auto&& f) {
@@ -599,16 +589,12 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
     }
     cp_async_commit();
   };
-  if (sampled) {
-    // The resident tiles and the ring's first copies queue behind the sample's loads.
-    sampled =
-        spread_sample_cut(bits, n, target, codec, p.vector_loads, sp.range_cut, sh, scut, [&] {
-          load_resident();
-          if (ring) {
+  if (ring) {
 #pragma unroll
-            for (int i = 0; i < kSpreadRing; ++i) ring_issue(i);
-          }
-        });
+    for (int i = 0; i < kSpreadRing; ++i) ring_issue(i);
+  }
+  if (sampled) {
+    sampled = spread_sample_cut(bits, n, target, codec, p.vector_loads, sp.range_cut, sh, scut);
     KVC_SPREAD_MARK(15);
     // A failed cut leaves the ring unread: its copies land before the exact passes stage keys
     // there (their first barrier follows).
