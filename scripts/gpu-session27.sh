@@ -47,6 +47,8 @@
 #   final-tests  final's build, the selector / two-stage / decode-step tests (the decode-step
 #             guards among them) and the DeepSeek-V4 attention tests; then, on the same warm
 #             machine, final (thirty-fourth session)
+#   wide      the wide tensor-core token kernel (G > 8, d 256 / 512; thirty-seventh session):
+#             its tests, four sanitizers, the grid's MQA rows beside main's (gpu-base/)
 #   final     the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
 #             DeepSelect's (deepselect_bin: its fp32 kernel in kvc's harness, first run) anchors in
 #             the same call (carry [".anchors/p1/wheels", ".anchors/p1/bin", ".anchors/p1/MANIFEST"])
@@ -295,6 +297,25 @@ case "$mode" in
     wait
     probe_ab_run
     ;;
+  wide)
+    # The thirty-seventh session's wide tensor-core token kernel (kernels/index/token_wide.cuh:
+    # G > 8 or d 256 / 512 under kAuto, written without a GPU): the token-score and two-stage
+    # tests (the wide cases are TokenScores 24-28 and the TwoStage d512 / d256 rows), the four
+    # sanitizers over the smaller wide cases (memcheck over the MQA ones too), and the grid's MQA
+    # rows (scorer 1, shape 2) beside main's step_bench from gpu-base/ (built in the same call).
+    BASE_TARGETS=step_bench base_build_bg
+    build_targets kvc_cuda_tests step_bench
+    gtests wide '*Cuda_BlockIndex_TokenScores*:*Cuda_BlockIndex_TwoStage*' 200
+    step_rows='BM_DecodeStepGrid/(1|8)/131072/1/2/8/|BM_DecodeStepGrid/32/32768/1/2/16/|BM_DecodeStepGrid/1/131072/1/0/8/'
+    BENCH_REPS=3 bench 60 step_bench "$step_rows"
+    base_bench
+    small='*TokenScores.MatchCpu/26:*TokenScores.MatchCpu/27:*TwoStage.MatchCpu/*_d256_g12_*'
+    for tool in memcheck synccheck initcheck racecheck; do
+      sanitize "$tool" "$tool" "$small" 90
+    done
+    sanitize memcheck-mqa memcheck '*TokenScores.MatchCpu/24:*TwoStage.MatchCpu/*_d512_g64_*' 90
+    report
+    ;;
   land)
     # Everything a landing of the spread top-k's branch needs from one call: its tests, the four
     # sanitizers over the spread tests, its topk_bench rows beside main's (gpu-base/, built in
@@ -407,6 +428,6 @@ case "$mode" in
   flashinfer)
     named_anchors flashinfer "flashinfer_decode flashinfer_topk"
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide" >&2; exit 2 ;;
 esac
 finish

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "index/summary_variant.h"
 #include "index/token_fast.cuh"
 #include "index/token_variant.h"
+#include "index/token_wide.cuh"
 #include "index_impl.h"
 #include "index_launch.h"
 #include "kvc/core/cuda_check.h"
@@ -114,6 +116,30 @@ TokenScoreParams token_params(const StoreView& s, const BlockIndexConfig& c,
   return p;
 }
 
+// Whether the wide tensor-core token kernel (kernels/index/token_wide.cuh) takes a call under
+// kAuto: an mxfp4 index copy, f16 queries, head_dim 64 / 128 / 256 / 512 and 16-bit old K rows
+// (the ring CTAs read the open block's rows as f16), where the G <= 8 tensor-core kernels
+// (token_tensor_cores_serve) do not. Measured first on an H100 (step_bench's grid, MQA Hq 64 /
+// Hkv 1 / d 512): the general kernel took milliseconds there, decoding every key once per 8
+// heads on CUDA cores. The kernel reads queries 16 bytes at a time: a query tensor that is not
+// 16-byte aligned keeps the general kernel.
+bool wide_serves(const StoreView& s, const BlockIndexConfig& c, const void* d_q) {
+  return reinterpret_cast<std::uintptr_t>(d_q) % 16 == 0 && c.kernel == IndexKernel::kAuto &&
+         c.token_keys == TokenKeys::kIndexCopy && s.index_format == Format::kMxfp4 &&
+         c.dtype == DType::kF16 && s.dtype == DType::kF16 &&
+         (c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256 || c.head_dim == 512) &&
+         (s.old_format == Format::kF16 || s.old_format == Format::kFp16kQ4v) &&
+         !detail::token_tensor_cores_serve(c, s.index_format);
+}
+
+// Ring CTAs of the wide kernel: one per kWideRingRowsPerPass exact rows (the ring and up to
+// block_size - 1 rows of the open block), at most kWideRingParts.
+int wide_ring_parts(const StoreView& s) {
+  const int rows = s.recent_window + s.block_size - 1;
+  return std::max(
+      1, std::min(kWideRingParts, (rows + kWideRingRowsPerPass - 1) / kWideRingRowsPerPass));
+}
+
 // kTokenMax / kTokenMass: the token kernel, then (mass) the finish kernel. `fast`: the
 // tensor-core scorer serves the call, with the chunk kernel `which`.
 cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const std::int32_t* d_slots,
@@ -148,6 +174,8 @@ cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const st
                    : which == TokenKernels::kStreamLean ? kLoopLean
                                                         : kLoopF16;
   const bool lean = loop != kLoopF16;
+  const bool wide = !fast && wide_serves(s, c, d_q);
+  if (wide) p.ring_parts = wide_ring_parts(s);
   int bpw = which == TokenKernels::kStream8 || which == TokenKernels::kStreamRows8   ? 8
             : which == TokenKernels::kStream4 || which == TokenKernels::kStreamRows4 ? 4
             : which == TokenKernels::kStream2                                        ? 2
@@ -173,6 +201,8 @@ cudaError_t token_scores(const StoreView& s, const BlockIndexConfig& c, const st
                          : launch_token_stream_d128(loop, s.block_size, grid, p, stream);
   } else if (fast) {  // mxfp4 index copy, f16 queries, d 64 / 128, G <= 8 (fast_kernel_serves)
     e = launch_token_fast(c.head_dim, s.block_size, grid, p, false, stream);
+  } else if (wide) {  // the same with G > 8 or d 256 / 512 (wide_serves)
+    e = launch_token_wide(c.head_dim, grid, p, false, stream);
   } else {
     e = launch_token_general(c.head_dim, kind, grid, p, false, stream);
   }
@@ -256,6 +286,8 @@ cudaError_t two_stage_scores(const StoreView& s, const BlockIndexConfig& c,
   const int head_ctas = c.shared_across_heads ? s.num_kv_heads : 1;
   const bool tensor_cores =
       c.kernel == IndexKernel::kAuto && detail::token_tensor_cores_serve(c, s.index_format);
+  const bool wide = !tensor_cores && wide_serves(s, c, d_q);
+  if (wide) p.ring_parts = wide_ring_parts(s);
   // One candidate per warp where the whole grid is one wave (a decode step of a few sequences:
   // the chunk CTAs, which wait for the candidates, are then the step's critical path, and the SMs
   // idle otherwise), two per warp otherwise (the tensor-core kernel at blocks of 16 / 32 / 64;
@@ -275,6 +307,8 @@ cudaError_t two_stage_scores(const StoreView& s, const BlockIndexConfig& c,
   // CTAs wait for them (token_fast_kernel, token_score_kernel).
   if (tensor_cores) {
     e = launch_token_fast(c.head_dim, s.block_size, grid, p, true, stream);
+  } else if (wide) {
+    e = launch_token_wide(c.head_dim, grid, p, true, stream);
   } else {
     e = launch_token_general(c.head_dim, token_key_kind(s, c), grid, p, true, stream);
   }

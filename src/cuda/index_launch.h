@@ -42,6 +42,13 @@ cudaError_t launch_token_finish(dim3 grid, const TokenScoreParams& p, bool pdl,
 cudaError_t launch_token_fast(int head_dim, int block_size, dim3 grid, const TokenScoreParams& p,
                               bool pdl, cudaStream_t stream);
 
+/// The wide tensor-core token kernel (token_wide_kernel) for head_dim 64 / 128 / 256 / 512: an
+/// mxfp4 index copy, f16 queries and 16-bit old K rows, any group size (kWideHeads query heads a
+/// pass) and block size; p.blocks_per_cta must be kTokBlocksPerCta and p.ring_parts at most
+/// kWideRingParts; `pdl` as launch_token_general. (index_token_wide.cu)
+cudaError_t launch_token_wide(int head_dim, dim3 grid, const TokenScoreParams& p, bool pdl,
+                              cudaStream_t stream);
+
 /// The streaming tensor-core token kernel (token_stream_kernel) for head_dim 64 (128), blocks of
 /// 16, 32 or 64 tokens and the chunk loop `loop` (kLoopF16, kLoopLean, kLoopRows);
 /// cudaErrorNotSupported for other block sizes. kLoopRows launches raise the kernel's dynamic

@@ -253,7 +253,9 @@ TEST_P(Cuda_BlockIndex_TokenScores, MatchCpu) {
               ScoresView{cs.data(), cv.data(), rows, maxb});
   const bool fast_serves = k.keys == TokenKeys::kIndexCopy && k.index_format == Format::kMxfp4 &&
                            k.dtype == DType::kF16 && k.d <= 128 && k.group <= 8;
-  for (const IndexKernel kernel : {IndexKernel::kGeneral, IndexKernel::kFast}) {
+  // kAuto: the library's choice (the wide tensor-core kernel for G > 8 or d 256 / 512 with an
+  // mxfp4 index copy, f16 queries and 16-bit old K).
+  for (const IndexKernel kernel : {IndexKernel::kGeneral, IndexKernel::kFast, IndexKernel::kAuto}) {
     DeviceArray<float> gs(static_cast<std::size_t>(rows) * maxb);
     DeviceArray<std::int32_t> gv(rows);
     gs.fill_bytes(0xff);  // poisoned: NaN everywhere a score is not written
@@ -358,7 +360,21 @@ INSTANTIATE_TEST_SUITE_P(
         TokenCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kTMax, kMax, true, 2, 3,
                   64, 16, 2, false, 3},
         TokenCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kTMax, kMax, false, 2, 8,
-                  64, 64, 1, true, 2}));
+                  64, 64, 1, true, 2},
+        // The wide tensor-core kernel (kAuto): MQA at d 512 (Hq 64 / Hkv 1, issue 12's grid
+        // shape), both rules, verify tokens; d 256 with shared rows and blocks of 64 (two ring
+        // CTAs); G 20 (a partial n-tile) with non-finite keys (the ring's CUDA-core tiles); d 64
+        // with G 9 and blocks of 16.
+        TokenCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kTMass, kSum, false, 1, 64,
+                  512, 32, 1, false},
+        TokenCase{Format::kF16, DType::kF16, kCopy, Format::kMxfp4, kTMax, kMax, false, 1, 64, 512,
+                  40, 2, false},
+        TokenCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kTMass, kMax, true, 2, 16,
+                  256, 64, 1, false},
+        TokenCase{Format::kF16, DType::kF16, kCopy, Format::kMxfp4, kTMass, kSum, false, 2, 20, 128,
+                  24, 1, true},
+        TokenCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kTMax, kSum, false, 3, 9,
+                  64, 16, 3, false}));
 
 // Sets scale byte `group` of index-copy row (pool block, head, row) to `byte` in the store (host
 // or device memory), and that group's 16 payload bytes to one nonzero code `code` at its first
@@ -393,7 +409,10 @@ TEST(Cuda_BlockIndex_TokenScores, ExtremeScalesMixedWithOrdinaryBlocks) {
   struct Shape {
     int hkv, group, d, block;
   };
-  for (const Shape sh : {Shape{2, 4, 128, 32}, Shape{2, 8, 64, 64}, Shape{3, 1, 128, 16}}) {
+  // The last shape runs the wide tensor-core kernel (kAuto; G 16, d 256).
+  for (const Shape sh :
+       {Shape{2, 4, 128, 32}, Shape{2, 8, 64, 64}, Shape{3, 1, 128, 16}, Shape{2, 16, 256, 32}}) {
+    const bool wide = sh.group > 8 || sh.d > 128;
     KvStoreConfig sc;
     sc.num_kv_heads = sh.hkv;
     sc.head_dim = sh.d;
@@ -461,7 +480,7 @@ TEST(Cuda_BlockIndex_TokenScores, ExtremeScalesMixedWithOrdinaryBlocks) {
         c.aggregate = agg;
         c.max_batch = batch;
         c.token_keys = TokenKeys::kIndexCopy;
-        c.kernel = IndexKernel::kFast;
+        c.kernel = wide ? IndexKernel::kAuto : IndexKernel::kFast;
         c.max_blocks_per_slot = maxb;
         const int rows = c.rows(batch, 1);
         std::vector<float> cs(static_cast<std::size_t>(rows) * maxb, 0.0f);
@@ -471,6 +490,7 @@ TEST(Cuda_BlockIndex_TokenScores, ExtremeScalesMixedWithOrdinaryBlocks) {
                     TensorView::contiguous(q.data(), DType::kF16, {batch, 1, hq, sh.d}),
                     ScoresView{cs.data(), cv.data(), rows, maxb});
         for (const TokenKernels v : kAllTokenKernels) {
+          if (wide && v != TokenKernels::kAuto) continue;  // the variants are the G <= 8 kernels'
           const std::string label = std::string(variant_name(v)) + " " + to_string(score) + " " +
                                     (agg == GqaAggregate::kSum ? "sum" : "max") + " d" +
                                     std::to_string(sh.d) + " B" + std::to_string(sh.block);

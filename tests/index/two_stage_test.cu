@@ -212,8 +212,8 @@ TEST_P(Cuda_BlockIndex_TwoStage, MatchCpu) {
       ->score(*st.cpu, slots, qh, ScoresView{fs.data(), fv.data(), rows, maxb});
 
   DeviceArray<std::uint16_t> dq(q);
-  // kAuto runs the tensor-core token kernel where it serves (mxfp4 index copy, f16, d 64 / 128,
-  // G <= 8), kGeneral the general one.
+  // kAuto runs a tensor-core token kernel where one serves (mxfp4 index copy, f16: d 64 / 128 and
+  // G <= 8, or the wide kernel otherwise), kGeneral the general one.
   for (const IndexKernel kernel : {IndexKernel::kAuto, IndexKernel::kGeneral}) {
     SCOPED_TRACE(to_string(kernel));
     BlockIndexConfig ck = c;
@@ -267,7 +267,13 @@ INSTANTIATE_TEST_SUITE_P(
         TwoStageCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kMeanK, kSum, true, 8,
                      4, 128, 32, 1, 24},
         TwoStageCase{Format::kBF16, DType::kBF16, kOld, Format::kMxfp4, kQuest, kMax, true, 3, 3,
-                     64, 16, 2, 13}),
+                     64, 16, 2, 13},
+        // The wide tensor-core token kernel under kAuto: MQA at d 512 (Hq 64 / Hkv 1), and
+        // shared rows of G 12 at d 256 with verify tokens.
+        TwoStageCase{Format::kFp16kQ4v, DType::kF16, kCopy, Format::kMxfp4, kMeanK, kSum, false, 1,
+                     64, 512, 32, 1, 24},
+        TwoStageCase{Format::kF16, DType::kF16, kCopy, Format::kMxfp4, kQuest, kMax, true, 2, 12,
+                     256, 24, 2, 13}),
     [](const ::testing::TestParamInfo<TwoStageCase>& info) {
       const TwoStageCase& k = info.param;
       return std::string(to_string(k.first)) + "_c" + std::to_string(k.candidates) + "_" +
