@@ -316,6 +316,15 @@ case "$mode" in
     sanitize memcheck-mqa memcheck '*TokenScores.MatchCpu/24:*TwoStage.MatchCpu/*_d512_g64_*' 90
     report
     ;;
+  wide-prof)
+    # Where the grid's MQA step (Hq 64 / Hkv 1 / d 512, B1 N128K, top 8) spends its time after
+    # the wide token kernel: every kernel of one step under Nsight Compute, for kvc's default
+    # scorer (token mass) and mean K over f16 summaries.
+    build_targets step_bench
+    step_ncu mqa-token 'BM_DecodeStepGrid/1/131072/1/2/8/'
+    step_ncu mqa-meank 'BM_DecodeStepGrid/1/131072/2/2/8/'
+    report
+    ;;
   land)
     # Everything a landing of the spread top-k's branch needs from one call: its tests, the four
     # sanitizers over the spread tests, its topk_bench rows beside main's (gpu-base/, built in
@@ -428,6 +437,6 @@ case "$mode" in
   flashinfer)
     named_anchors flashinfer "flashinfer_decode flashinfer_topk"
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof" >&2; exit 2 ;;
 esac
 finish
