@@ -155,6 +155,56 @@ struct WideStates {
       }
     }
   }
+  /// add() for a tile whose logits are all finite (tokens that are not valid aside), onto states
+  /// that have seen only finite logits: per head one running max and Σ 2^((x - max) log2 e) with
+  /// the hardware ex2 (the streaming kernels' approximation), three ex2 per head and tile instead
+  /// of an exact exp per logit and its branches.
+  __device__ __forceinline__ void add_finite(const float (&l)[kWideTiles][4], bool va, bool vb,
+                                             int ntc, bool mass) {
+    constexpr float kLog2e = 1.4426950408889634f;
+    const float ninf = index_math::neg_inf();
+#pragma unroll
+    for (int nt = 0; nt < kWideTiles; ++nt) {
+      if (nt >= ntc) break;
+#pragma unroll
+      for (int hc = 0; hc < 2; ++hc) {
+        const float xa = va ? l[nt][hc] : ninf, xb = vb ? l[nt][2 + hc] : ninf;
+        index_math::LogSumExp& z = lse[nt][hc];
+        const float m = fmaxf(z.max, fmaxf(xa, xb));
+        if (mass && m != ninf) {
+          // Differences first, then the factor: their rounding error stays relative to the
+          // difference, not to the logits' size.
+          z.sum = fmaf(z.sum, ex2_approx((z.max - m) * kLog2e),
+                       ex2_approx((xa - m) * kLog2e) + ex2_approx((xb - m) * kLog2e));
+        }
+        z.max = m;
+      }
+    }
+  }
+  /// merge_columns() for states that have seen only finite logits, with the same ex2.
+  __device__ __forceinline__ void merge_columns_finite(int ntc, bool mass) {
+    constexpr float kLog2e = 1.4426950408889634f;
+    const unsigned full = 0xffffffffu;
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+#pragma unroll
+      for (int nt = 0; nt < kWideTiles; ++nt) {
+        if (nt >= ntc) break;
+#pragma unroll
+        for (int hc = 0; hc < 2; ++hc) {
+          index_math::LogSumExp& z = lse[nt][hc];
+          const float om = __shfl_xor_sync(full, z.max, o);
+          const float os = __shfl_xor_sync(full, z.sum, o);
+          const float m = fmaxf(z.max, om);
+          if (mass && m != index_math::neg_inf()) {
+            z.sum =
+                fmaf(z.sum, ex2_approx((z.max - m) * kLog2e), os * ex2_approx((om - m) * kLog2e));
+          }
+          z.max = m;
+        }
+      }
+    }
+  }
   __device__ __forceinline__ bool nan(int nt, int hc) const {
     return (nan_mask >> (2 * nt + hc)) & 1u;
   }
@@ -164,22 +214,22 @@ struct WideStates {
   }
 };
 
-/// The logits of one 16-token tile of an mxfp4 block (tokens ta = m0 + g and tb = ta + 8 of the
-/// block whose kv head's rows start at keys / scales), for the first ntc n-tiles of the staged
-/// queries: l[nt][0, 1] token ta, heads 8 nt + 2 t, + 1; l[nt][2, 3] token tb. Tokens that are
-/// not valid read nothing (their logits are not used).
+/// Words of the mxfp4 scale bytes of one token (D / 32 bytes; zero for a token that is not valid).
 template <int D>
-__device__ __forceinline__ void wide_index_tile(const std::uint8_t* keys,
-                                                const std::uint8_t* scales, int ta, int tb, bool va,
-                                                bool vb, const uint4* qf, int ntc, float scale,
-                                                float (&l)[kWideTiles][4]) {
-  constexpr int kGroups = D / 32;
-  constexpr std::size_t kRowBytes = D / 2, kScaleBytes = D / 32;
-  constexpr int kScaleWords = kScaleBytes >= 4 ? static_cast<int>(kScaleBytes) / 4 : 1;
-  const int lane = threadIdx.x % 32, t = lane % 4;
-  std::uint32_t sca[kScaleWords], scb[kScaleWords];
+constexpr int wide_scale_words() {
+  return D / 32 >= 4 ? D / 128 : 1;
+}
+
+/// Loads the scale words of tokens ta and tb of a block whose kv head's scale records start at
+/// `scales`.
+template <int D>
+__device__ __forceinline__ void load_wide_scales(const std::uint8_t* scales, int ta, int tb,
+                                                 bool va, bool vb,
+                                                 std::uint32_t (&sca)[wide_scale_words<D>()],
+                                                 std::uint32_t (&scb)[wide_scale_words<D>()]) {
+  constexpr std::size_t kScaleBytes = D / 32;
 #pragma unroll
-  for (int i = 0; i < kScaleWords; ++i) {
+  for (int i = 0; i < wide_scale_words<D>(); ++i) {
     if constexpr (kScaleBytes >= 4) {
       sca[i] = va ? reinterpret_cast<const std::uint32_t*>(scales + ta * kScaleBytes)[i] : 0u;
       scb[i] = vb ? reinterpret_cast<const std::uint32_t*>(scales + tb * kScaleBytes)[i] : 0u;
@@ -188,6 +238,38 @@ __device__ __forceinline__ void wide_index_tile(const std::uint8_t* keys,
       scb[i] = vb ? *reinterpret_cast<const std::uint16_t*>(scales + tb * kScaleBytes) : 0u;
     }
   }
+}
+
+/// True when a scale byte of the lane's two tokens is above 240 (ue8m0_times_16384's bound).
+template <int D>
+__device__ __forceinline__ bool wide_scales_over_fold(
+    const std::uint32_t (&sca)[wide_scale_words<D>()],
+    const std::uint32_t (&scb)[wide_scale_words<D>()]) {
+  std::uint32_t over = 0u;
+#pragma unroll
+  for (int i = 0; i < wide_scale_words<D>(); ++i) {
+    over |= __vcmpgtu4(sca[i], 0xf0f0f0f0u) | __vcmpgtu4(scb[i], 0xf0f0f0f0u);
+  }
+  return over != 0u;
+}
+
+/// The logits of one 16-token tile of an mxfp4 block (tokens ta = m0 + g and tb = ta + 8 of the
+/// block whose kv head's rows start at `keys`; their scale words sca / scb), for the first ntc
+/// n-tiles of the staged queries: l[nt][0, 1] token ta, heads 8 nt + 2 t, + 1; l[nt][2, 3] token
+/// tb. Tokens that are not valid read nothing (their logits are not used). Each group's partial
+/// products c are added as acc + (c 16384) 2^(e - 127), token_fast_kernel's form; with kFold (every
+/// scale byte of the warp's tile at most 240) as one fma of c by 2^(e - 113)
+/// (index_math::ue8m0_times_16384): the same exact product inside the fma, so the same bits,
+/// without the multiply and the decode's special cases.
+template <int D, bool kFold>
+__device__ __forceinline__ void wide_index_tile(const std::uint8_t* keys,
+                                                const std::uint32_t (&sca)[wide_scale_words<D>()],
+                                                const std::uint32_t (&scb)[wide_scale_words<D>()],
+                                                int ta, int tb, bool va, bool vb, const uint4* qf,
+                                                int ntc, float scale, float (&l)[kWideTiles][4]) {
+  constexpr int kGroups = D / 32;
+  constexpr std::size_t kRowBytes = D / 2;
+  const int lane = threadIdx.x % 32, t = lane % 4;
   float acc[kWideTiles][4];
 #pragma unroll
   for (int nt = 0; nt < kWideTiles; ++nt) {
@@ -205,12 +287,14 @@ __device__ __forceinline__ void wide_index_tile(const std::uint8_t* keys,
     index_math::index_word_to_f16x2(wb, rb);
     const std::uint32_t a0[4] = {ra[0], rb[0], ra[1], rb[1]};
     const std::uint32_t a1[4] = {ra[2], rb[2], ra[3], rb[3]};
-    // The group's scale 2^e (NaN for a non-finite group), the unpacking's 2^-14 undone first, as
-    // token_fast_kernel scales it.
-    const float sa =
-        formats::ue8m0_to_float(static_cast<std::uint8_t>(sca[grp / 4] >> (8 * (grp % 4))));
-    const float sb =
-        formats::ue8m0_to_float(static_cast<std::uint8_t>(scb[grp / 4] >> (8 * (grp % 4))));
+    const std::uint32_t ea = (sca[grp / 4] >> (8 * (grp % 4))) & 0xffu;
+    const std::uint32_t eb = (scb[grp / 4] >> (8 * (grp % 4))) & 0xffu;
+    // kFold: 2^(e - 113); else the group's scale 2^e (NaN for a non-finite group), the
+    // unpacking's 2^-14 undone first, as token_fast_kernel scales it.
+    const float sa = kFold ? index_math::ue8m0_times_16384(ea)
+                           : formats::ue8m0_to_float(static_cast<std::uint8_t>(ea));
+    const float sb = kFold ? index_math::ue8m0_times_16384(eb)
+                           : formats::ue8m0_to_float(static_cast<std::uint8_t>(eb));
 #pragma unroll
     for (int nt = 0; nt < kWideTiles; ++nt) {
       if (nt >= ntc) break;
@@ -218,10 +302,17 @@ __device__ __forceinline__ void wide_index_tile(const std::uint8_t* keys,
       float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       mma_16816(c, a0, b.x, b.y);
       mma_16816(c, a1, b.z, b.w);
-      acc[nt][0] += (c[0] * 16384.0f) * sa;
-      acc[nt][1] += (c[1] * 16384.0f) * sa;
-      acc[nt][2] += (c[2] * 16384.0f) * sb;
-      acc[nt][3] += (c[3] * 16384.0f) * sb;
+      if constexpr (kFold) {
+        acc[nt][0] = fmaf(c[0], sa, acc[nt][0]);
+        acc[nt][1] = fmaf(c[1], sa, acc[nt][1]);
+        acc[nt][2] = fmaf(c[2], sb, acc[nt][2]);
+        acc[nt][3] = fmaf(c[3], sb, acc[nt][3]);
+      } else {
+        acc[nt][0] += (c[0] * 16384.0f) * sa;
+        acc[nt][1] += (c[1] * 16384.0f) * sa;
+        acc[nt][2] += (c[2] * 16384.0f) * sb;
+        acc[nt][3] += (c[3] * 16384.0f) * sb;
+      }
     }
   }
 #pragma unroll
@@ -229,6 +320,22 @@ __device__ __forceinline__ void wide_index_tile(const std::uint8_t* keys,
 #pragma unroll
     for (int k = 0; k < 4; ++k) l[nt][k] = scale * acc[nt][k];
   }
+}
+
+/// True when a valid logit of the lane's tile (first ntc n-tiles) is NaN or ±inf.
+__device__ __forceinline__ bool wide_tile_nonfinite(const float (&l)[kWideTiles][4], bool va,
+                                                    bool vb, int ntc) {
+  bool bad = false;
+#pragma unroll
+  for (int nt = 0; nt < kWideTiles; ++nt) {
+    if (nt >= ntc) break;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const bool valid = k < 2 ? va : vb;
+      bad = bad || (valid && is_nonfinite(l[nt][k]));
+    }
+  }
+  return bad;
 }
 
 /// Where exact token u of the row (a visible ring row for u < r.ring_count, else row
@@ -346,6 +453,7 @@ __device__ __forceinline__ void wide_exact_part(const TokenScoreParams& p, const
       const bool q_bad = stage_wide_queries<D>(r, gl0, cn, qf);
       WideStates st;
       st.reset();
+      bool exact = false;  // warp-uniform, as in the chunk CTAs
       for (int u0 = (part * kTokWarps + warp) * 16; u0 < r.exact_count;
            u0 += nparts * kWideRingRowsPerPass) {
         const int ua = u0 + g, ub = u0 + g + 8;
@@ -368,9 +476,18 @@ __device__ __forceinline__ void wide_exact_part(const TokenScoreParams& p, const
             for (int k = 0; k < 4; ++k) l[nt][k] = p.scale * l[nt][k];
           }
         }
-        st.add(l, va, vb, ntc, true);
+        exact = exact || __any_sync(full, wide_tile_nonfinite(l, va, vb, ntc));
+        if (exact) {
+          st.add(l, va, vb, ntc, true);
+        } else {
+          st.add_finite(l, va, vb, ntc, true);
+        }
       }
-      st.merge_columns(ntc, true);
+      if (exact) {
+        st.merge_columns(ntc, true);
+      } else {
+        st.merge_columns_finite(ntc, true);
+      }
       if (g == 0) {
 #pragma unroll
         for (int nt = 0; nt < kWideTiles; ++nt) {
@@ -413,6 +530,7 @@ __global__ void __launch_bounds__(kTokThreads, 2)
   const int j0 = static_cast<int>(blockIdx.x) * kTokBlocksPerCta;
   if (j0 >= n) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const unsigned full = 0xffffffffu;
   constexpr std::size_t kRowBytes = D / 2, kScaleBytes = D / 32;
   const int B = s.block_size;
   for (int hh = r.hh_begin; hh < r.hh_end; ++hh) {
@@ -441,14 +559,32 @@ __global__ void __launch_bounds__(kTokThreads, 2)
         const std::uint8_t* scales = s.index_k_scale + row0 * kScaleBytes;
         WideStates st;
         st.reset();
+        // Warp-uniform: a tile of the block had a NaN or infinite logit, so this block's states
+        // take the exact code from there on (add, merge_columns).
+        bool exact = false;
         for (int m0 = 0; m0 < B; m0 += 16) {
           const int ta = m0 + g, tb = m0 + g + 8;
           const bool va = ta < B, vb = tb < B;
+          std::uint32_t sca[wide_scale_words<D>()], scb[wide_scale_words<D>()];
+          load_wide_scales<D>(scales, ta, tb, va, vb, sca, scb);
           float l[kWideTiles][4];
-          wide_index_tile<D>(keys, scales, ta, tb, va, vb, qf, ntc, p.scale, l);
-          st.add(l, va, vb, ntc, p.mass);
+          if (__any_sync(full, wide_scales_over_fold<D>(sca, scb))) {
+            wide_index_tile<D, false>(keys, sca, scb, ta, tb, va, vb, qf, ntc, p.scale, l);
+          } else {
+            wide_index_tile<D, true>(keys, sca, scb, ta, tb, va, vb, qf, ntc, p.scale, l);
+          }
+          exact = exact || __any_sync(full, wide_tile_nonfinite(l, va, vb, ntc));
+          if (exact) {
+            st.add(l, va, vb, ntc, p.mass);
+          } else {
+            st.add_finite(l, va, vb, ntc, p.mass);
+          }
         }
-        st.merge_columns(ntc, p.mass);
+        if (exact) {
+          st.merge_columns(ntc, p.mass);
+        } else {
+          st.merge_columns_finite(ntc, p.mass);
+        }
         if (p.mass) {
           if (g == 0) {
 #pragma unroll
