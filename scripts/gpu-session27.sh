@@ -274,6 +274,9 @@ case "$mode" in
     # over f16 summaries (step_bench BM_DecodeStepGrid, never run yet).
     build_targets step_bench
     bench 400 step_bench 'BM_DecodeStepGrid/' -grid
+    # The token-mass finish kernel of the MQA row (one row of 64 heads: 16 CTAs, 38 us under
+    # Nsight Compute in the thirty-seventh session, latency-bound): where its warps stall.
+    NCU_STALLS=1 profile finish-mqa step_bench 'BM_DecodeStepGrid/1/131072/1/2/8/' 'token_mass_finish'
     report
     ;;
   spread)
