@@ -149,6 +149,7 @@ base_build_bg() {
     rm -rf /tmp/kvc-base && mkdir -p /tmp/kvc-base &&
       tar cf - --exclude=./build-gpu --exclude=./build-base --exclude=./gpu-out --exclude=./gpu-base \
         --exclude=./.anchors . | tar xf - -C /tmp/kvc-base && cp -a gpu-base/. /tmp/kvc-base/ &&
+      { [ ! -f gpu-base/.added ] || (cd /tmp/kvc-base && xargs -r rm -f < .added); } &&
       cmake -S /tmp/kvc-base -B build-base -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVC_WITH_CUDA=ON \
         -DCMAKE_CUDA_ARCHITECTURES=90a -DKVC_BUILD_BENCHMARKS=ON -DKVC_BUILD_TESTS=OFF \
         > "$out/base-configure.log" 2>&1 &&

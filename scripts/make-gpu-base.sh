@@ -3,8 +3,8 @@
 # checkout changed (kernels/, src/, include/, benchmarks/, the top-k phase probe), for a device
 # script that builds the base's benchmarks beside this checkout's in one call
 # (scripts/gpu-session27.sh tokens, land: a same-run before / after). gpu-base/ is untracked and
-# not ignored, so a device call carries it; delete it afterwards, never commit it. A file this
-# checkout added is left as is (the base build then compiles it too).
+# not ignored, so a device call carries it; delete it afterwards, never commit it. The files this
+# checkout added are listed in gpu-base/.added, and the base build deletes them from its copy.
 #   scripts/make-gpu-base.sh [BASE]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -16,4 +16,9 @@ git diff --name-only "$base" HEAD -- kernels src include benchmarks scripts/topk
     git show "$base:$f" > "gpu-base/$f"
   fi
 done
+# The files this checkout added, which the base build must not compile (they may need this
+# checkout's versions of the files above): base_build_bg (gpu-session27.sh) deletes them from its
+# copy.
+mkdir -p gpu-base
+git diff --name-only --diff-filter=A "$base" HEAD -- kernels src include benchmarks > gpu-base/.added
 echo "gpu-base/ holds $(find gpu-base -type f 2>/dev/null | wc -l) files of $base"
