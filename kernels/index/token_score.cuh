@@ -335,17 +335,19 @@ __device__ __forceinline__ void stage_queries(const TokenScoreParams& p, const T
   __syncthreads();
 }
 
-/// After a barrier, thread c < cn merges head c's per-warp states (`red`: kTokWarps x kTokHeads
-/// maxima, then as many sums, written by the warps before the call) and writes the result as
-/// partial `part` of row-local head gl0 + c. The caller synchronises before `red` is reused.
+/// After a barrier, thread c < cn merges head c's per-warp states (`red`: kTokWarps x `pitch`
+/// maxima, then as many sums, written by the warps before the call; pitch kTokHeads, or
+/// kWideHeads in token_wide.cuh) and writes the result as partial `part` of row-local head
+/// gl0 + c. The caller synchronises before `red` is reused.
 __device__ __forceinline__ void write_merged_partial(const TokenScoreParams& p, int row, int part,
-                                                     int gl0, int cn, const float* red) {
+                                                     int gl0, int cn, const float* red,
+                                                     int pitch = kTokHeads) {
   __syncthreads();
   const int c = static_cast<int>(threadIdx.x);
   if (c < cn) {
     index_math::LogSumExp z;
     for (int w = 0; w < kTokWarps; ++w) {
-      z.add_weighted(red[w * kTokHeads + c], red[(kTokWarps + w) * kTokHeads + c]);
+      z.add_weighted(red[w * pitch + c], red[(kTokWarps + w) * pitch + c]);
     }
     p.partial[(static_cast<std::size_t>(row) * p.parts + part) * p.heads + gl0 + c] = z.value();
   }

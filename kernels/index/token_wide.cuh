@@ -419,19 +419,12 @@ __device__ __forceinline__ void wide_exact_tile_cuda_cores(const TokenRow& r, in
   }
 }
 
-/// Heads [gl0, gl0 + cn) of a CTA's partial `part`: the union of the warps' states in `red`
-/// (kTokWarps x kWideHeads maxima, then as many sums), after a barrier; synchronises after.
+/// Heads [gl0, gl0 + cn) of a CTA's partial `part` from the warps' states in `red` (kTokWarps x
+/// kWideHeads maxima, then as many sums): write_merged_partial at the wide pitch, synchronising
+/// before and after.
 __device__ __forceinline__ void write_wide_partial(const TokenScoreParams& p, int row, int part,
                                                    int gl0, int cn, const float* red) {
-  __syncthreads();
-  const int c = static_cast<int>(threadIdx.x);
-  if (c < cn) {
-    index_math::LogSumExp z;
-    for (int w = 0; w < kTokWarps; ++w) {
-      z.add_weighted(red[w * kWideHeads + c], red[(kTokWarps + w) * kWideHeads + c]);
-    }
-    p.partial[(static_cast<std::size_t>(row) * p.parts + part) * p.heads + gl0 + c] = z.value();
-  }
+  write_merged_partial(p, row, part, gl0, cn, red, kWideHeads);
   __syncthreads();
 }
 
