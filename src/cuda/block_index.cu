@@ -119,10 +119,10 @@ TokenScoreParams token_params(const StoreView& s, const BlockIndexConfig& c,
 // Whether the wide tensor-core token kernel (kernels/index/token_wide.cuh) takes a call under
 // kAuto: an mxfp4 index copy, f16 queries, head_dim 64 / 128 / 256 / 512 and 16-bit old K rows
 // (the ring CTAs read the open block's rows as f16), where the G <= 8 tensor-core kernels
-// (token_tensor_cores_serve) do not. Measured first on an H100 (step_bench's grid, MQA Hq 64 /
-// Hkv 1 / d 512): the general kernel took milliseconds there, decoding every key once per 8
-// heads on CUDA cores. The kernel reads queries 16 bytes at a time: a query tensor that is not
-// 16-byte aligned keeps the general kernel.
+// (token_tensor_cores_serve) do not. The general kernel, which decodes every key once per 8
+// heads on CUDA cores, made step_bench's grid MQA step (Hq 64 / Hkv 1 / d 512) 852 us at B1 and
+// 6.4 ms at B8 N128K on an H100 (thirty-seventh session). The kernel reads queries 16 bytes at a
+// time: a query tensor that is not 16-byte aligned keeps the general kernel.
 bool wide_serves(const StoreView& s, const BlockIndexConfig& c, const void* d_q) {
   return reinterpret_cast<std::uintptr_t>(d_q) % 16 == 0 && c.kernel == IndexKernel::kAuto &&
          c.token_keys == TokenKeys::kIndexCopy && s.index_format == Format::kMxfp4 &&
