@@ -595,9 +595,6 @@ __device__ __forceinline__ float finish_block_score(const TokenScoreParams& p, i
     // across the warp.
     for (int k0 = warp; k0 < cn; k0 += kWarps * kFinishPartBatch) {
       index_math::LogSumExp z[kFinishPartBatch];
-      // Unrolled so that several iterations' loads are in flight at once (259 partials per row at
-      // 128K tokens: nine iterations per lane, each an L2 round trip when issued one by one).
-#pragma unroll 4
       for (int part = lane; part < parts_used; part += 32) {
         const float* at = p.partial + (static_cast<std::size_t>(row) * p.parts + part) * p.heads;
         float pv[kFinishPartBatch];
