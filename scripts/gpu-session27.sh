@@ -49,6 +49,9 @@
 #             machine, final (thirty-fourth session)
 #   wide      the wide tensor-core token kernel (G > 8, d 256 / 512; thirty-seventh session):
 #             its tests, four sanitizers, the grid's MQA rows beside main's (gpu-base/)
+#   wide-summary  the wide tensor-core summary kernel (mean K at MQA d 512; written in the
+#             thirty-seventh session, landed in the thirty-eighth): its tests, four sanitizers, the
+#             grid's MQA mean-K rows beside main's (gpu-base/)
 #   final     the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
 #             DeepSelect's (deepselect_bin: its fp32 kernel in kvc's harness, first run) anchors in
 #             the same call (carry [".anchors/p1/wheels", ".anchors/p1/bin", ".anchors/p1/MANIFEST"])
@@ -320,6 +323,24 @@ case "$mode" in
     sanitize memcheck-mqa memcheck '*TokenScores.MatchCpu/24:*TwoStage.MatchCpu/*_d512_g64_*' 90
     report
     ;;
+  wide-summary)
+    # The wide tensor-core summary kernel (kernels/index/score_wide.cuh: mean K, rows per kv
+    # head, 16-bit summaries, Hq * d > 12288 or d 256 / 512; written without a GPU in the
+    # thirty-seventh session, landed in the thirty-eighth): the summary tests (the four new MatchesCpu shapes are its last
+    # four), its non-finite test, the two-stage tests (their first stage takes it at MQA), the
+    # four sanitizers over the non-finite test, and the grid's MQA mean-K rows (scorer 2,
+    # shape 2) beside main's step_bench from gpu-base/.
+    BASE_TARGETS=step_bench base_build_bg
+    build_targets kvc_cuda_tests step_bench
+    gtests wsum '*Cuda_BlockIndex_MatchesCpu*:*Cuda_BlockIndex_WideSummaryNonFinite*:*Cuda_BlockIndex_TwoStage*' 240
+    step_rows='BM_DecodeStepGrid/(1|8)/131072/2/2/8/|BM_DecodeStepGrid/32/32768/2/2/16/|BM_DecodeStepGrid/1/131072/2/0/8/'
+    BENCH_REPS=3 bench 60 step_bench "$step_rows"
+    base_bench
+    for tool in memcheck synccheck initcheck racecheck; do
+      sanitize "$tool" "$tool" '*Cuda_BlockIndex_WideSummaryNonFinite*' 90
+    done
+    report
+    ;;
   wide-prof)
     # Where the grid's MQA step (Hq 64 / Hkv 1 / d 512, B1 N128K, top 8) spends its time after
     # the wide token kernel: every kernel of one step under Nsight Compute, for kvc's default
@@ -441,6 +462,6 @@ case "$mode" in
   flashinfer)
     named_anchors flashinfer "flashinfer_decode flashinfer_topk"
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof | wide-summary" >&2; exit 2 ;;
 esac
 finish

@@ -68,22 +68,24 @@ __device__ __forceinline__ void f16x8_to_fragments(uint4 v, std::uint32_t (&r)[4
   r[3] = __byte_perm(v.y, v.w, 0x7632);
 }
 
-/// Stages heads [gl0, gl0 + cn) (cn <= kWideHeads) of the row's queries in fragment order (file
-/// comment; heads past cn are zero), synchronising before and after. Returns, in every thread,
-/// whether any staged query element is not finite.
+/// Stages cn (<= kWideHeads) consecutive query heads of D 16-bit elements, from `q_first`, in
+/// fragment order (file comment; heads past cn are zero), synchronising before and after. The
+/// staging is bit movement, the same for f16 and bf16. Returns, in every thread, whether any
+/// staged element is not a finite f16 value (meaningful for f16 queries).
 template <int D>
-__device__ __forceinline__ bool stage_wide_queries(const TokenRow& r, int gl0, int cn, uint4* qf) {
+__device__ __forceinline__ bool stage_query_fragments(const std::uint16_t* q_first, int cn,
+                                                      uint4* qf) {
   constexpr int kEntries = D / 32 * kWideTiles * 32;
   __syncthreads();
   std::uint32_t bad = 0u;
 #pragma unroll 4
-  for (int i = threadIdx.x; i < kEntries; i += kTokThreads) {
+  for (int i = threadIdx.x; i < kEntries; i += blockDim.x) {
     const int lane = i % 32, nt = (i / 32) % kWideTiles, grp = i / (32 * kWideTiles);
     const int head = 8 * nt + lane / 4, t = lane % 4;
     uint4 w = make_uint4(0u, 0u, 0u, 0u);
     if (head < cn) {
-      const uint4 v = *reinterpret_cast<const uint4*>(
-          r.q_row + static_cast<std::size_t>(gl0 + head) * D + 32 * grp + 8 * t);
+      const uint4 v = *reinterpret_cast<const uint4*>(q_first + static_cast<std::size_t>(head) * D +
+                                                      32 * grp + 8 * t);
       bad |= f16x2_nonfinite_bits(v);
       std::uint32_t f[4];
       f16x8_to_fragments(v, f);
@@ -92,6 +94,12 @@ __device__ __forceinline__ bool stage_wide_queries(const TokenRow& r, int gl0, i
     qf[i] = w;
   }
   return __syncthreads_or(bad != 0u) != 0;
+}
+
+/// Stages heads [gl0, gl0 + cn) of the row's queries (stage_query_fragments).
+template <int D>
+__device__ __forceinline__ bool stage_wide_queries(const TokenRow& r, int gl0, int cn, uint4* qf) {
+  return stage_query_fragments<D>(r.q_row + static_cast<std::size_t>(gl0) * D, cn, qf);
 }
 
 /// Per lane, the heads 8 nt + 2 t + hc (n-tile nt, hc 0 / 1) over the tokens seen: the
@@ -352,10 +360,10 @@ __device__ __forceinline__ const std::uint8_t* wide_exact_row(const StoreView& s
   return s.old_k + row * store::k_row_bytes(s);
 }
 
-/// The dot products of one tile of exact rows (row_a, row_b; null when not valid) with the staged
-/// queries on tensor cores, added to c (l layout of wide_index_tile, unscaled); returns the OR of
-/// the rows' non-finite bits (f16x2_nonfinite_bits).
-template <int D>
+/// The dot products of one tile of 16-bit rows (row_a, row_b; null when not valid) with the staged
+/// queries on tensor cores (bf16 operands with kBF16), added to c (l layout of wide_index_tile,
+/// unscaled); returns the OR of the rows' non-finite bits as f16 (f16x2_nonfinite_bits).
+template <int D, bool kBF16 = false>
 __device__ __forceinline__ std::uint32_t wide_f16_tile(const std::uint8_t* row_a,
                                                        const std::uint8_t* row_b, const uint4* qf,
                                                        int ntc, float (&c)[kWideTiles][4]) {
@@ -378,8 +386,8 @@ __device__ __forceinline__ std::uint32_t wide_f16_tile(const std::uint8_t* row_a
     for (int nt = 0; nt < kWideTiles; ++nt) {
       if (nt >= ntc) break;
       const uint4 b = qf[(grp * kWideTiles + nt) * 32 + lane];
-      mma_16816(c[nt], a0, b.x, b.y);
-      mma_16816(c[nt], a1, b.z, b.w);
+      mma_16816<kBF16>(c[nt], a0, b.x, b.y);
+      mma_16816<kBF16>(c[nt], a1, b.z, b.w);
     }
   }
   return bad;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "device_buffer.h"
+#include "index/score_wide.cuh"
 #include "index/summary_variant.h"
 #include "index/token_fast.cuh"
 #include "index/token_variant.h"
@@ -494,6 +495,28 @@ cudaError_t index_detail::summary_scores_with(SummaryKernels which, const StoreV
   }
   if (detail::uses_fast_kernel(c, s.index_format)) {
     return fast_summary_scores(s, c, d_slots, batch, tokens, d_q, out, which, stream);
+  }
+  // Mean K with rows per kv head that the byte-floor kernels do not take (MQA Hq 64 / Hkv 1 /
+  // d 512, head_dim 256 / 512) and 16-bit summaries of the queries' type: the wide tensor-core
+  // kernel under kAuto (kernels/index/score_wide.cuh; it reads queries 16 bytes at a time).
+  if (c.kernel == IndexKernel::kAuto && reinterpret_cast<std::uintptr_t>(d_q) % 16 == 0 &&
+      wide_summary_serves(c.score == SummaryScore::kQuestMinMax, c.shared_across_heads, c.head_dim,
+                          s.summary_dtype, c.dtype, false)) {
+    FastScoreParams p;
+    p.s = s;
+    p.slots = d_slots;
+    p.q = static_cast<const std::uint16_t*>(d_q);
+    p.out = out;
+    p.tokens = tokens;
+    p.num_q_heads = c.num_q_heads;
+    p.group = c.num_q_heads / c.num_kv_heads;
+    p.nb = 0;
+    p.scale = c.scale();
+    p.aggregate_max = c.aggregate == GqaAggregate::kMax;
+    p.shared = false;
+    p.q_bf16 = c.dtype == DType::kBF16;
+    const int owned = store::owned_count(s.max_blocks_per_slot, s.num_shards, s.shard_index);
+    return launch_summary_wide(c.head_dim, p.q_bf16, owned, c.rows(batch, tokens), p, stream);
   }
   return general_summary_scores(s, c, d_slots, batch, tokens, d_q, out, stream);
 }

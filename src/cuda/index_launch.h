@@ -79,6 +79,12 @@ cudaError_t launch_summary_mma_d128(bool quest, SummaryMath math, int tiles_per_
                                     int prefetch_waves, int owned, int batch,
                                     const FastScoreParams& p, cudaStream_t stream);
 
+/// The wide tensor-core summary kernel (summary_wide_kernel) for mean K over `owned` blocks of
+/// `rows` rows per kv head, head_dim 64 / 128 / 256 / 512, f16 (bf16 with `bf16`) summaries and
+/// queries; cudaErrorInvalidValue for another head_dim. (index_summary_wide.cu)
+cudaError_t launch_summary_wide(int head_dim, bool bf16, int owned, int rows,
+                                const FastScoreParams& p, cudaStream_t stream);
+
 /// The warp-per-row summary kernel (summary_rows_kernel) for head_dim 64 / 128 / 256 / 512 over
 /// `owned` blocks of batch_tokens query rows. (index_summary.cu)
 cudaError_t launch_summary_rows(int head_dim, bool quest, int group, int owned, int batch_tokens,

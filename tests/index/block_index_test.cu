@@ -116,12 +116,16 @@ TEST_P(Cuda_BlockIndex_MatchesCpu, Scores) {
                                  "fast, tensor cores, L2 prefetch one wave ahead",
                                  "fast, tensor cores, L2 prefetch two waves ahead",
                                  "fast, tensor cores, L2 prefetch of the next CTA"};
-  constexpr int kRuns = 2 + static_cast<int>(sizeof(variants) / sizeof(variants[0]));
+  // Run 2: BlockIndex with kAuto (the wide tensor-core kernel where it serves: mean K, rows per
+  // kv head, 16-bit summaries, Hq * d past the byte-floor kernels' 12288 or d 256 / 512).
+  constexpr int kRuns = 3 + static_cast<int>(sizeof(variants) / sizeof(variants[0]));
   std::vector<float> tensor_core_scores;  // kTensorCore's, which the prefetch variants equal
   for (int run = 0; run < kRuns; ++run) {
-    const IndexKernel kernel = run == 0 ? IndexKernel::kGeneral : IndexKernel::kFast;
-    const SummaryKernels pinned = run < 2 ? SummaryKernels::kAuto : variants[run - 2];
-    const std::string what = run < 2 ? to_string(kernel) : std::string(variant_names[run - 2]);
+    const IndexKernel kernel = run == 0   ? IndexKernel::kGeneral
+                               : run == 2 ? IndexKernel::kAuto
+                                          : IndexKernel::kFast;
+    const SummaryKernels pinned = run < 3 ? SummaryKernels::kAuto : variants[run - 3];
+    const std::string what = run < 3 ? to_string(kernel) : std::string(variant_names[run - 3]);
     SCOPED_TRACE(what);
     DeviceArray<float> gs(static_cast<std::size_t>(rows) * maxb);
     DeviceArray<std::int32_t> gv(rows);
@@ -143,7 +147,7 @@ TEST_P(Cuda_BlockIndex_MatchesCpu, Scores) {
       }
       continue;
     }
-    if (run < 2) {
+    if (run < 3) {
       gi->score(*gpu, slots, qdev, gout);
     } else {
       const cudaError_t e = kernels::index_detail::summary_scores_with(
@@ -240,7 +244,17 @@ INSTANTIATE_TEST_SUITE_P(
                         DType::kF32),
         // A group past one mma's 8 query heads (two chunks: 8 + 4), bf16 Quest, two tokens.
         std::make_tuple(2, 12, 64, SummaryScore::kQuestMinMax, GqaAggregate::kSum, false, 2,
-                        DType::kBF16)));
+                        DType::kBF16),
+        // The wide tensor-core kernel (kAuto): MQA at d 512 (Hq 64 / Hkv 1), bf16 with two
+        // tokens and GQA max, d 256 with G 32 (two kv heads), d 512 with G 8.
+        std::make_tuple(1, 64, 512, SummaryScore::kMeanK, GqaAggregate::kSum, false, 1,
+                        DType::kF16),
+        std::make_tuple(1, 64, 512, SummaryScore::kMeanK, GqaAggregate::kMax, false, 2,
+                        DType::kBF16),
+        std::make_tuple(2, 32, 256, SummaryScore::kMeanK, GqaAggregate::kSum, false, 1,
+                        DType::kF16),
+        std::make_tuple(4, 8, 512, SummaryScore::kMeanK, GqaAggregate::kMax, false, 1,
+                        DType::kF16)));
 
 // The tensor-core kernel on summaries holding NaN and infinities (keys with NaN, +inf and -inf in
 // some blocks, and one query element infinite): every score is the CPU's, NaN where the CPU's is
@@ -332,6 +346,91 @@ TEST_P(Cuda_BlockIndex_TensorCoreNonFinite, FollowsCpu) {
     }
     EXPECT_GT(non_finite, 0);  // the non-finite keys and the query reach scores
     EXPECT_LT(max_rel, 1e-4);
+  }
+}
+
+// The wide summary kernel (kernels/index/score_wide.cuh, under kAuto) on the same kind of
+// summaries: NaN, +inf and -inf in some blocks' keys and one infinite query element, at Hq 32 /
+// Hkv 2 / d 512 (past the byte-floor kernels), f16 and bf16, both head aggregates: every score
+// is the CPU's, NaN and infinities included.
+TEST(Cuda_BlockIndex_WideSummaryNonFinite, FollowsCpu) {
+  KVC_REQUIRE_GPU();
+  const int hkv = 2, group = 16, d = 512, len = 1200;
+  for (const DType summary : {DType::kF16, DType::kBF16}) {
+    for (const GqaAggregate aggregate : {GqaAggregate::kSum, GqaAggregate::kMax}) {
+      SCOPED_TRACE(std::string(to_string(summary)) +
+                   (aggregate == GqaAggregate::kSum ? " sum" : " max"));
+      const KvStoreConfig sc = summary_store_config(hkv, d, summary, 2, 2048);
+      const DType qt = sc.dtype;
+      auto cpu = KvStore::create(sc, Device::cpu());
+      auto gpu = KvStore::create(sc, Device::cuda(0));
+      const std::size_t token = static_cast<std::size_t>(hkv) * d;
+      auto k = random_bits16(len * token, qt, 5, 1.0f);
+      auto v = random_bits16(len * token, qt, 6);
+      const bool bf16 = qt == DType::kBF16;
+      const std::uint16_t nan = bf16 ? 0x7fc0 : 0x7e00, pinf = bf16 ? 0x7f80 : 0x7c00,
+                          ninf = bf16 ? 0xff80 : 0xfc00;
+      for (int j = 3; j * 16 + 3 < len - 64; j += 3) {
+        const std::size_t at = static_cast<std::size_t>(j * 16 + 3) * token +
+                               static_cast<std::size_t>(j % 2) * d +
+                               static_cast<std::size_t>(7 * j) % d;
+        k[at] = j % 9 == 3 ? nan : j % 9 == 6 ? pinf : ninf;
+      }
+      ingest_both(*cpu, *gpu, 0, k, v, len);
+      BlockIndexConfig c;
+      c.num_kv_heads = hkv;
+      c.num_q_heads = hkv * group;
+      c.head_dim = d;
+      c.score = SummaryScore::kMeanK;
+      c.aggregate = aggregate;
+      c.max_batch = 1;
+      c.dtype = qt;
+      auto q = random_bits16(static_cast<std::size_t>(c.num_q_heads) * d, qt, 77);
+      q[21 * d + 11] = pinf;  // head 21 (kv head 1): every dot product of its rows is inf or NaN
+      DeviceArray<std::uint16_t> dq(q);
+      const std::vector<int> slots{0};
+      const int rows = c.rows(1, 1), maxb = sc.max_blocks_per_slot();
+      std::vector<float> cs(static_cast<std::size_t>(rows) * maxb, 0.0f);
+      std::vector<std::int32_t> cv(rows);
+      BlockIndex::create(c, Device::cpu())
+          ->score(*cpu, slots, TensorView::contiguous(q.data(), qt, {1, 1, c.num_q_heads, d}),
+                  ScoresView{cs.data(), cv.data(), rows, maxb});
+      DeviceArray<float> gs(static_cast<std::size_t>(rows) * maxb);
+      DeviceArray<std::int32_t> gv(rows);
+      gs.fill_bytes(0xff);
+      gv.fill_bytes(0xff);
+      BlockIndex::create(c, Device::cuda(0))
+          ->score(*gpu, slots,
+                  TensorView::contiguous(dq.get(), qt, {1, 1, c.num_q_heads, d}, Device::cuda(0)),
+                  ScoresView{gs.get(), gv.get(), rows, maxb});
+      KVC_ASSERT_CUDA(cudaDeviceSynchronize());
+      const auto hs = gs.download();
+      const auto hv = gv.download();
+      int non_finite = 0;
+      double max_rel = 0;
+      for (int r = 0; r < rows; ++r) {
+        ASSERT_EQ(hv[r], cv[r]) << "row " << r;
+        for (int j = 0; j < cv[r]; ++j) {
+          const float a = hs[static_cast<std::size_t>(r) * maxb + j],
+                      b = cs[static_cast<std::size_t>(r) * maxb + j];
+          ASSERT_EQ(std::isnan(a), std::isnan(b))
+              << "row " << r << " block " << j << ": " << a << " vs " << b;
+          if (std::isnan(b)) {
+            ++non_finite;
+            continue;
+          }
+          if (std::isinf(b)) {
+            ++non_finite;
+            ASSERT_EQ(a, b) << "row " << r << " block " << j;
+            continue;
+          }
+          ASSERT_TRUE(std::isfinite(a)) << "row " << r << " block " << j;
+          max_rel = std::max(max_rel, std::abs(static_cast<double>(a) - b) / (1.0 + std::abs(b)));
+        }
+      }
+      EXPECT_GT(non_finite, 0);
+      EXPECT_LT(max_rel, 1e-4);
+    }
   }
 }
 
