@@ -34,9 +34,11 @@
 // with the small path on decode shapes: variant 0 = the small path (the built-in choice before
 // the decode path), 1 = the decode path, 2 = the decode path with programmatic dependent launch
 // (PDL), 256 / 512 / 1024 = the decode path with that many threads per CTA, + 1 (257, 513, 1025)
-// with PDL. BM_TopKFloor/<rows>/<n>/<k>/<mode> is what no top-k can beat in the same graph: one
-// CTA per row that writes k ids and the count without selecting: mode 0 reads nothing, mode 1
-// reads the row once (16-byte loads, the decode path's CTA shape); + 2 with PDL.
+// with PDL, 10000 * C + threads (+ 1 with PDL) = the decode path with each row a cluster of C
+// CTAs of that many threads (kDecodeClusterShapes). BM_TopKFloor/<rows>/<n>/<k>/<mode> is what
+// no top-k can beat in the same graph: one CTA per row that writes k ids and the count without
+// selecting: mode 0 reads nothing, mode 1 reads the row once (16-byte loads, the decode path's
+// CTA shape); + 2 with PDL.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -293,7 +295,8 @@ void BM_TopKVariant(benchmark::State& state) {
 }
 
 // variant: 0 the small path, 1 the decode path, 2 the decode path with PDL, 256 / 512 / 1024
-// (+ 1: with PDL) the decode path with that many threads per CTA.
+// (+ 1: with PDL) the decode path with that many threads per CTA, 10000 * C + threads (+ 1: with
+// PDL) the decode path over clusters of C CTAs.
 void BM_TopKDecode(benchmark::State& state) {
   const int variant = static_cast<int>(state.range(3));
   select_detail_tuning tuning;
@@ -301,8 +304,10 @@ void BM_TopKDecode(benchmark::State& state) {
     tuning.no_decode = true;
   } else {
     tuning.force_decode = true;
-    tuning.decode_pdl = variant == 2 || (variant > 2 && variant % 2 == 1);
-    if (variant > 2) tuning.decode_threads = variant & ~1;
+    const int threads = variant % 10000;
+    tuning.decode_pdl = variant == 2 || (variant > 2 && threads % 2 == 1);
+    if (variant > 2) tuning.decode_threads = threads & ~1;
+    if (variant >= 10000) tuning.decode_ctas = variant / 10000;
   }
   run_topk(state, static_cast<int>(state.range(0)), static_cast<int>(state.range(1)),
            static_cast<int>(state.range(2)), SelectPolicy::Order::kScore, tuning, Timing::kInGraph);
@@ -419,6 +424,16 @@ BENCHMARK(BM_TopKDecode)
               if (threads == kernels::select_detail::decode_threads_for(n)) continue;
               if (kernels::select_detail::decode_items_for(n, threads) == 0) continue;
               b->Args({rows, n, k, threads});
+            }
+          }
+        }
+      }
+      // The cluster shapes, with PDL, on the long rows.
+      for (int rows : {1, 8, 64}) {
+        for (int n : {8192, 32768}) {
+          for (int k : {8, 64}) {
+            for (const auto& shape : kernels::select_detail::kDecodeClusterShapes) {
+              b->Args({rows, n, k, 10000 * shape[0] + shape[1] + 1});
             }
           }
         }

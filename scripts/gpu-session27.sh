@@ -52,6 +52,10 @@
 #   wide-summary  the wide tensor-core summary kernel (mean K at MQA d 512; written in the
 #             thirty-seventh session, landed in the thirty-eighth): its tests, four sanitizers, the
 #             grid's MQA mean-K rows beside main's (gpu-base/)
+#   decode-cluster  the decode path's cluster shapes (kernels/select/decode.cuh, kCtas > 1;
+#             thirty-eighth session): the decode tests, BM_TopKDecode's long rows for every
+#             variant, the four sanitizers over the cluster test (rows capped at 8192 blocks), then
+#             every GPU test the deadline leaves room for
 #   final     the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
 #             DeepSelect's (deepselect_bin: its fp32 kernel in kvc's harness, first run) anchors in
 #             the same call (carry [".anchors/p1/wheels", ".anchors/p1/bin", ".anchors/p1/MANIFEST"])
@@ -341,6 +345,21 @@ case "$mode" in
     done
     report
     ;;
+  decode-cluster)
+    # The decode path over clusters of 2 / 4 / 8 CTAs per row (kDecodeClusterShapes; written
+    # without a GPU in the thirty-eighth session) against one CTA per row (with and without PDL)
+    # and the small path on the benchmark's long rows (8192 and 32768 blocks), the same call.
+    build_targets kvc_cuda_tests topk_bench
+    gtests decode '*Cuda_Selector_Decode*' 150
+    BENCH_REPS=3 bench 100 topk_bench 'BM_TopKDecode/(1|8|64)/(8192|32768)/(8|64)/|BM_TopKFloor/(1|8|64)/32768/'
+    export KVC_TEST_MAX_ROW=8192
+    for tool in memcheck synccheck initcheck racecheck; do
+      sanitize "$tool" "$tool" '*Cuda_Selector_Decode.EveryClusterShapeMatchesCpu*' 90
+    done
+    unset KVC_TEST_MAX_ROW
+    gtests all '*' 400
+    report
+    ;;
   wide-prof)
     # Where the grid's MQA step (Hq 64 / Hkv 1 / d 512, B1 N128K, top 8) spends its time after
     # the wide token kernel: every kernel of one step under Nsight Compute, for kvc's default
@@ -462,6 +481,6 @@ case "$mode" in
   flashinfer)
     named_anchors flashinfer "flashinfer_decode flashinfer_topk"
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof | wide-summary" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof | wide-summary | decode-cluster" >&2; exit 2 ;;
 esac
 finish

@@ -34,7 +34,24 @@
 // always ends); it re-reads the row from L2 rather than keeping the keys live in registers. The
 // keys are KeyCodec's compact rank keys and every decision is an exact count, so the selection and
 // the report are select_row()'s bit for bit.
+//
+// A long row may instead be a cluster of kCtas CTAs (2, 4 or 8; kDecodeClusterShapes in
+// select/tuning.h lists the shapes built), CTA q holding the q-th chunk of kBlock * kItems
+// scores. On one CTA a 32768-block row took 9.6 us at k 64 against 5.9 for a 4096-block row
+// (H100, thirty-seventh session's table): that CTA pulls 128 KB alone and walks 32 scores per
+// thread. The steps stay those above, with two exchanges through distributed shared memory:
+// - step 3: every warp writes its entries (and, for t <= 32, its bound) into every CTA of the
+//   cluster, so that after one cluster barrier (#1) each CTA finds the same T from the same
+//   list by itself;
+// - step 4: the candidates go to CTA 0's (the leader's) list; after a second cluster barrier (#2)
+//   the other CTAs are done, and the leader ranks, writes everything the row writes, and runs
+//   the fallback alone (over the whole row, re-read from L2) when it must.
+// A CTA writes into another's shared memory only after the cluster barrier every CTA arrives at
+// on entry, and only before #1 (the entries) or before #2 into the leader (the candidates), so
+// no CTA exits while its memory may be written.
 #pragma once
+
+#include <cooperative_groups.h>
 
 #include <cstdint>
 #include <cub/block/block_scan.cuh>
@@ -52,26 +69,27 @@ constexpr int kDecodeMaxItems = 32;              // scores per thread: 4, 8, 16 
 constexpr int kDecodeMaxBlocks = kDecodeMaxThreads * kDecodeMaxItems;  // 32768
 constexpr int kDecodeCap = 256;         // candidates ranked by counting (<= every kBlock)
 constexpr int kDecodeBins = 256;        // the fallback's 8-bit digits (<= every kBlock)
-constexpr int kDecodeMaxEntries = 192;  // listed thread maxima: W j <= 1.5 t + W
 constexpr int kDecodeWarpEntries = 32;  // up to this many (one per lane), every warp finds T
+constexpr int kDecodeMaxCtas = 8;       // CTAs of a row's cluster (portable cluster size)
 
-static_assert(kDecodeMaxRanks * 3 / 2 + 1 + kDecodeMaxThreads / 32 <= kDecodeMaxEntries,
-              "the entry list holds every warp's rounds");
+/// Listed thread maxima of a row held by `warps` warps: W j <= 1.5 t + W (small_rounds).
+constexpr int decode_max_entries(int warps) { return kDecodeMaxRanks * 3 / 2 + 1 + warps; }
 
-template <int kBlock>
+template <int kBlock, int kCtas>
 struct DecodeShared {
-  std::uint64_t cand[kDecodeCap];          // candidate rank keys (any order)
-  std::uint64_t ranked[kDecodeMaxRanks];   // ranks [0, L) in order (chronological / descending)
-  std::uint64_t entry[kDecodeMaxEntries];  // (thread max << 32) | multiplicity, per warp
-  unsigned hist[kDecodeBins];              // the fallback's digit histogram
-  unsigned cand_count;                     // candidates appended (may exceed kDecodeCap)
-  unsigned regather_count;                 // candidates appended after the fallback
-  std::uint32_t threshold;                 // T, when the CTA computes it together
-  std::uint32_t warp_bound[kDecodeMaxThreads / 32];  // each warp's own bound (t <= 32)
-  std::uint64_t prefix;                              // the fallback's decision: radix prefix ...
-  int pbits;                                         // ... of this many leading key bits,
-  int above;                                         // keys with a larger prefix,
-  int eq;                                            // keys with this prefix
+  static constexpr int kRowWarps = kCtas * kBlock / 32;
+  std::uint64_t cand[kDecodeCap];                      // candidate rank keys (any order)
+  std::uint64_t ranked[kDecodeMaxRanks];               // ranks [0, L) in order
+  std::uint64_t entry[decode_max_entries(kRowWarps)];  // (thread max << 32) | multiplicity
+  unsigned hist[kDecodeBins];                          // the fallback's digit histogram
+  unsigned cand_count;                  // candidates appended (may exceed kDecodeCap)
+  unsigned regather_count;              // candidates appended after the fallback
+  std::uint32_t threshold;              // T, when the CTA computes it together
+  std::uint32_t warp_bound[kRowWarps];  // each warp's own bound (t <= 32), the row's warps
+  std::uint64_t prefix;                 // the fallback's decision: radix prefix ...
+  int pbits;                            // ... of this many leading key bits,
+  int above;                            // keys with a larger prefix,
+  int eq;                               // keys with this prefix
   typename cub::BlockScan<int, kBlock>::TempStorage scan;
 };
 
@@ -85,23 +103,42 @@ __device__ __forceinline__ std::uint64_t group_max_u64(std::uint64_t v, int s) {
   return v;
 }
 
-/// The decode path, see the file comment. Grid: one CTA of kBlock threads per row; thread tid
-/// holds elements ((i / 4) * kBlock + tid) * 4 + i % 4, i < kItems (kBlock * kItems >= N).
+/// The decode path, see the file comment. Grid: kCtas CTAs of kBlock threads per row (a cluster
+/// of kCtas along x when kCtas > 1); thread tid of CTA q holds elements q * kBlock * kItems +
+/// ((i / 4) * kBlock + tid) * 4 + i % 4, i < kItems (kCtas * kBlock * kItems >= N).
 /// min(p.k + 1, N) <= kDecodeMaxRanks (so L = min(k, n) <= 64 unless the row is that short);
 /// p.m, p.topm, p.mass, p.need_mass and p.direct_topk are not used.
-template <int kBlock, int kItems>
+template <int kBlock, int kItems, int kCtas = 1>
 __global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_constant__ TopmParams p) {
   static_assert(kItems % 4 == 0 && kItems <= kDecodeMaxItems, "kItems: whole float4s");
   static_assert(kBlock % 32 == 0 && kBlock >= kDecodeCap && kBlock >= kDecodeBins &&
                     kBlock <= kDecodeMaxThreads,
                 "one candidate and one digit per thread");
+  static_assert(kCtas >= 1 && kCtas <= kDecodeMaxCtas && (kCtas & (kCtas - 1)) == 0,
+                "a portable cluster of a power of two");
+  static_assert(decode_max_entries(kCtas * kBlock / 32) <= kBlock,
+                "entries_threshold: one entry per thread at most");
+  namespace cg = cooperative_groups;
   constexpr int kWarps = kBlock / 32;
+  constexpr int kRowWarps = kCtas * kWarps;
+  constexpr int kChunk = kBlock * kItems;
   using Order = SelectPolicy::Order;
-  __shared__ DecodeShared<kBlock> sh;
+  using Shared = DecodeShared<kBlock, kCtas>;
+  __shared__ Shared sh;
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31;
   const int warp = tid >> 5;
-  const int row = static_cast<int>(blockIdx.x);
+  int q = 0;  // this CTA's chunk of the row
+  Shared* lead = &sh;
+  if constexpr (kCtas > 1) {
+    cg::cluster_group cluster = cg::this_cluster();
+    q = static_cast<int>(cluster.block_rank());
+    lead = cluster.map_shared_rank(&sh, 0);
+    // A CTA may write into another's shared memory only once that one runs: arrive now, wait
+    // before the first remote write.
+    cluster.barrier_arrive();
+  }
+  const int row = static_cast<int>(blockIdx.x) / kCtas;
   const int N = p.max_blocks;
   const KeyCodec codec = p.codec;
 
@@ -110,10 +147,11 @@ __global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_consta
   pdl_wait();
   pdl_launch_dependents();
 
-  // --- 2. one round trip: num_valid and the row pitch's scores, in flight together ---------
+  // --- 2. one round trip: num_valid and the chunk's scores, in flight together ---------------
   const std::int32_t nv = __ldcg(p.num_valid + row);
   const float* src = p.scores + static_cast<std::size_t>(row) * N;
-  auto elem = [&](int i) { return ((i >> 2) * kBlock + tid) * 4 + (i & 3); };
+  const int first = q * kChunk;
+  auto elem = [&](int i) { return first + ((i >> 2) * kBlock + tid) * 4 + (i & 3); };
   std::uint32_t key[kItems];
   load_row_bits<kItems>(src, N, p.vector_loads, elem, key);
   if (tid == 0) {
@@ -125,26 +163,31 @@ __global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_consta
   const int L = p.k < n ? p.k : n;       // selected: ranks [0, L)
   const int target = L < n ? L + 1 : L;  // ranked: [0, target), rank L for the margin
 
-  // What does not depend on the ranking, stored now.
+  // What does not depend on the ranking, stored now (by the leader: the row's CTA 0).
   std::int32_t* ids = p.out_ids + static_cast<std::size_t>(row) * p.max_selected;
   const SelectionReport& rep = p.report;
   const std::size_t rep_row = static_cast<std::size_t>(row) * rep.pitch;
-  for (int i = L + tid; i < p.max_selected; i += kBlock) ids[i] = -1;
-  if (rep.base_ids != nullptr) {
-    for (int i = L + tid; i < rep.pitch; i += kBlock) rep.base_ids[rep_row + i] = -1;
-  }
-  if (rep.added_ids != nullptr) {
-    for (int i = tid; i < rep.pitch; i += kBlock) rep.added_ids[rep_row + i] = -1;
-  }
-  if (tid == 0) {
-    write_topk_counts(p, row, L);
-    if (L == 0) {  // an empty base and an empty selection
-      const float nan = bits_float(0x7fc00000u);
-      if (rep.cutoff_margin != nullptr) rep.cutoff_margin[row] = nan;
-      if (rep.score_spread != nullptr) rep.score_spread[row] = nan;
+  if (q == 0) {
+    for (int i = L + tid; i < p.max_selected; i += kBlock) ids[i] = -1;
+    if (rep.base_ids != nullptr) {
+      for (int i = L + tid; i < rep.pitch; i += kBlock) rep.base_ids[rep_row + i] = -1;
+    }
+    if (rep.added_ids != nullptr) {
+      for (int i = tid; i < rep.pitch; i += kBlock) rep.added_ids[rep_row + i] = -1;
+    }
+    if (tid == 0) {
+      write_topk_counts(p, row, L);
+      if (L == 0) {  // an empty base and an empty selection
+        const float nan = bits_float(0x7fc00000u);
+        if (rep.cutoff_margin != nullptr) rep.cutoff_margin[row] = nan;
+        if (rep.score_spread != nullptr) rep.score_spread[row] = nan;
+      }
     }
   }
-  if (L == 0) return;  // uniform: k == 0 or an empty row
+  if (L == 0) {  // uniform over the row's CTAs: k == 0 or an empty row
+    if constexpr (kCtas > 1) cg::this_cluster().barrier_wait();
+    return;
+  }
 
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {
@@ -156,17 +199,24 @@ __global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_consta
   std::uint32_t tmax = 0u;
 #pragma unroll
   for (int i = 0; i < kItems; ++i) tmax = key[i] > tmax ? key[i] : tmax;
-  const int rounds = small_rounds(target, kWarps);
-  const int num_entries = kWarps * rounds;  // <= kDecodeMaxEntries
+  const int rounds = small_rounds(target, kRowWarps);
+  const int num_entries = kRowWarps * rounds;                  // <= decode_max_entries(kRowWarps)
+  const int row_warp = q * kWarps + warp;                      // this warp among the row's
+  if constexpr (kCtas > 1) cg::this_cluster().barrier_wait();  // every CTA of the row runs
+  // Lane c < kCtas writes this warp's entries and bound into CTA c (lane 0 alone: this CTA).
+  Shared* dst = &sh;
+  if constexpr (kCtas > 1) {
+    dst = cg::this_cluster().map_shared_rank(&sh, static_cast<unsigned>(lane < kCtas ? lane : 0));
+  }
   {
     std::uint32_t v = tmax;
     for (int r = 0; r < rounds; ++r) {
       const std::uint32_t top = __reduce_max_sync(0xffffffffu, v);
       const unsigned holders = __ballot_sync(0xffffffffu, v == top);
-      if (lane == 0) {
-        sh.entry[warp * rounds + r] = top == 0u ? 0ull
-                                                : (static_cast<std::uint64_t>(top) << 32) |
-                                                      static_cast<unsigned>(__popc(holders));
+      if (lane < kCtas) {
+        dst->entry[row_warp * rounds + r] = top == 0u ? 0ull
+                                                      : (static_cast<std::uint64_t>(top) << 32) |
+                                                            static_cast<unsigned>(__popc(holders));
       }
       if (v == top) v = 0u;
     }
@@ -181,9 +231,14 @@ __global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_consta
     for (int u = 0; u < 32; ++u) ge += __shfl_sync(0xffffffffu, tmax, u) >= tmax ? 1u : 0u;
     const std::uint32_t bound = __reduce_max_sync(
         0xffffffffu, (tmax != 0u && ge >= static_cast<unsigned>(target)) ? tmax : 0u);
-    if (lane == 0) sh.warp_bound[warp] = bound;
+    if (lane < kCtas) dst->warp_bound[row_warp] = bound;
   }
-  __syncthreads();  // #1: the entries and warp bounds are complete, the counters zero
+  // #1: the entries and warp bounds are complete (in every CTA of the row), the counters zero.
+  if constexpr (kCtas > 1) {
+    cg::this_cluster().sync();
+  } else {
+    __syncthreads();
+  }
 
   std::uint32_t T = 0u;
   if (num_entries <= kDecodeWarpEntries) {
@@ -208,34 +263,45 @@ __global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_consta
     T = sh.threshold;
   }
   if (target <= 32) {  // the largest warp bound, when it is tighter
-    const std::uint32_t b =
-        __reduce_max_sync(0xffffffffu, lane < kWarps ? sh.warp_bound[lane] : 0u);
+    std::uint32_t b = 0u;
+#pragma unroll
+    for (int w = lane; w < kRowWarps; w += 32) b = sh.warp_bound[w] > b ? sh.warp_bound[w] : b;
+    b = __reduce_max_sync(0xffffffffu, b);
     T = b > T ? b : T;
   }
 
-  // --- 4. candidates: the valid blocks with keys >= T ----------------------------------------
+  // --- 4. candidates: the valid blocks with keys >= T, into the leader ----------------------
   {
     unsigned c = 0u;
 #pragma unroll
     for (int i = 0; i < kItems; ++i) c += (elem(i) < n && key[i] >= T) ? 1u : 0u;
     if (c != 0u) {
-      unsigned pos = atomicAdd(&sh.cand_count, c);
+      unsigned pos = atomicAdd(&lead->cand_count, c);
 #pragma unroll
       for (int i = 0; i < kItems; ++i) {
         if (elem(i) < n && key[i] >= T) {
-          if (pos < static_cast<unsigned>(kDecodeCap)) sh.cand[pos] = codec.encode(key[i], elem(i));
+          if (pos < static_cast<unsigned>(kDecodeCap)) {
+            lead->cand[pos] = codec.encode(key[i], elem(i));
+          }
           ++pos;
         }
       }
     }
   }
-  __syncthreads();  // #2: every candidate (or the count past the cap) is in place
+  // #2: every candidate (or the count past the cap) is in the leader; the others are done.
+  if constexpr (kCtas > 1) {
+    cg::this_cluster().sync();
+    if (q != 0) return;
+  } else {
+    __syncthreads();
+  }
 
   int num_cand = static_cast<int>(sh.cand_count);
   if (num_cand > kDecodeCap) {
     // --- fallback: 8-bit radix select over the full rank keys until <= kDecodeCap remain ----
     // Rare (heavy ties), so it re-reads the row (from L2 now) instead of keeping the keys in
-    // registers through it: the common path keeps its registers.
+    // registers through it: the common path keeps its registers. In a cluster the leader reads
+    // every chunk of the row.
     const int B = codec.bits;
     auto rank_key_at = [&](int e) {
       return codec.encode(select_rules::score_key(__ldcg(src + e)), e);
@@ -250,17 +316,19 @@ __global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_consta
       __syncthreads();
       // One atomic per distinct digit per warp: the keys left are alike (that is why the
       // fallback runs), so per-key atomics would serialise on a few bins.
+      for (int qq = 0; qq < kCtas; ++qq) {
 #pragma unroll 4
-      for (int i = 0; i < kItems; ++i) {
-        const int e = elem(i);
-        int bin = -1;
-        if (e < n) {
-          const std::uint64_t ck = rank_key_at(e);
-          if ((ck >> (B - pbits)) == prefix) bin = static_cast<int>(ck >> shift) & (nb - 1);
-        }
-        const unsigned peers = __match_any_sync(0xffffffffu, bin);
-        if (bin >= 0 && lane == __ffs(static_cast<int>(peers)) - 1) {
-          atomicAdd(&sh.hist[bin], static_cast<unsigned>(__popc(peers)));
+        for (int i = 0; i < kItems; ++i) {
+          const int e = elem(i) + qq * kChunk;
+          int bin = -1;
+          if (e < n) {
+            const std::uint64_t ck = rank_key_at(e);
+            if ((ck >> (B - pbits)) == prefix) bin = static_cast<int>(ck >> shift) & (nb - 1);
+          }
+          const unsigned peers = __match_any_sync(0xffffffffu, bin);
+          if (bin >= 0 && lane == __ffs(static_cast<int>(peers)) - 1) {
+            atomicAdd(&sh.hist[bin], static_cast<unsigned>(__popc(peers)));
+          }
         }
       }
       __syncthreads();
@@ -274,14 +342,17 @@ __global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_consta
     }
     // The above + eq <= kDecodeCap keys at or above the prefix (a rank prefix of the row).
     auto kept = [&](int e) { return e < n && (rank_key_at(e) >> (B - pbits)) >= prefix; };
-    unsigned c = 0u;
+    for (int qq = 0; qq < kCtas; ++qq) {
+      unsigned c = 0u;
 #pragma unroll 4
-    for (int i = 0; i < kItems; ++i) c += kept(elem(i)) ? 1u : 0u;
-    if (c != 0u) {
-      unsigned pos = atomicAdd(&sh.regather_count, c);
+      for (int i = 0; i < kItems; ++i) c += kept(elem(i) + qq * kChunk) ? 1u : 0u;
+      if (c != 0u) {
+        unsigned pos = atomicAdd(&sh.regather_count, c);
 #pragma unroll 4
-      for (int i = 0; i < kItems; ++i) {
-        if (kept(elem(i))) sh.cand[pos++] = rank_key_at(elem(i));
+        for (int i = 0; i < kItems; ++i) {
+          const int e = elem(i) + qq * kChunk;
+          if (kept(e)) sh.cand[pos++] = rank_key_at(e);
+        }
       }
     }
     __syncthreads();

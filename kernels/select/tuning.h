@@ -59,6 +59,12 @@ struct SelectTuning {
   /// setting it takes the decode path wherever it applies. A row longer than 32 scores per
   /// thread, or another count: cudaErrorInvalidValue.
   int decode_threads = 0;
+  /// Decode path: CTAs per row, 1 (one CTA) or 2 / 4 / 8 (a cluster; with decode_threads, the
+  /// pair must be one of kDecodeClusterShapes, whose first shape with that many CTAs is taken
+  /// when decode_threads is 0), 0: the built-in choice (decode_ctas_for). Setting it takes the
+  /// decode path wherever it applies. A shape not listed, or a row longer than 16 scores per
+  /// thread of the cluster: cudaErrorInvalidValue.
+  int decode_ctas = 0;
   /// Take the decode path wherever it applies (the built-in choice: decode_path_by_default).
   bool force_decode = false;
   /// Never take the decode path (the small path runs instead), for comparison.
@@ -194,6 +200,16 @@ constexpr bool set_path_by_default(int m, int max_blocks) { return m > 65 && max
 constexpr int decode_threads_for(int max_blocks) {
   return max_blocks <= 4096 ? 256 : max_blocks <= 8192 ? 512 : 1024;
 }
+
+/// The decode path's cluster shapes (kernels/select/decode.cuh with kCtas > 1; CTAs per row,
+/// threads per CTA), each built with 4, 8 or 16 scores per thread: the longest row is
+/// 8 x 256 x 16 = 4 x 512 x 16 = 32768 blocks.
+constexpr int kDecodeClusterShapes[][2] = {{2, 1024}, {4, 512}, {4, 1024}, {8, 256}};
+constexpr int kDecodeClusterMaxItems = 16;
+
+/// CTAs per row of the decode path's built-in choice: one (the cluster shapes are measured
+/// against it by topk_bench BM_TopKDecode's variants 10000 * C + threads).
+constexpr int decode_ctas_for(int /*rows*/, int /*max_blocks*/) { return 1; }
 
 /// Scores per thread of the decode path with `threads` threads per CTA: the smallest of 4, 8,
 /// 16, 32 with threads * items >= max_blocks, or 0 when none is (the row does not fit).

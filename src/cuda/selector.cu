@@ -28,6 +28,7 @@
 #include "select/topm.cuh"
 #include "select/tuning.h"
 #include "select_internal.h"
+#include "select_launch.h"
 
 namespace kvc {
 namespace kernels {
@@ -663,16 +664,23 @@ cudaError_t select_tuned(void* d_temp, std::size_t& temp_bytes, const ScoresView
     } else {
       // The decode path: topk of k <= 64 over rows of <= 32768 blocks, where chosen (a call
       // pinning a small-path or cluster variant keeps it unless the decode path is asked for).
+      const bool decode_pinned =
+          tuning.force_decode || tuning.decode_threads != 0 || tuning.decode_ctas != 0;
       const bool decode_default = decode_path_by_default(s.rows, N) && tuning.small_items == 0 &&
-                                  !tuning.no_small && !tuning.force_decode &&
-                                  tuning.decode_threads == 0;
+                                  !tuning.no_small && !decode_pinned;
       const bool decode = policy.kind == Kind::kTopK && s.m <= kDecodeMaxRanks &&
                           N <= kDecodeMaxBlocks && !tuning.no_decode &&
-                          (decode_default || tuning.force_decode || tuning.decode_threads != 0);
+                          (decode_default || decode_pinned);
       if (decode) {
         tp.direct_topk = true;  // every field set; the decode kernel writes topk's outputs itself
-        return launch_decode(tp, s.rows, tuning.decode_threads, tuning.decode_pdl || decode_default,
-                             stream);
+        const bool pdl = tuning.decode_pdl || decode_default;
+        const int ctas = tuning.decode_ctas != 0 ? tuning.decode_ctas : decode_ctas_for(s.rows, N);
+        if (ctas == 1) return launch_decode(tp, s.rows, tuning.decode_threads, pdl, stream);
+        int threads = tuning.decode_threads;
+        for (const auto& shape : kDecodeClusterShapes) {
+          if (threads == 0 && shape[0] == ctas) threads = shape[1];
+        }
+        return launch_decode_cluster(tp, s.rows, ctas, threads, pdl, stream);
       }
       const bool small = !tuning.no_small && s.m <= kSmallMaxRanks && N <= kSmallMaxBlocks;
       // The spread path where a call's rows leave most of the GPU idle on the streaming path.

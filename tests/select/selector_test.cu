@@ -1184,11 +1184,12 @@ int row_length_for_items(Gen& gen, int chunk, int items, bool vector_len) {
   return n;
 }
 
-kernels::select_detail::SelectTuning decode_tuning(int threads, bool pdl) {
+kernels::select_detail::SelectTuning decode_tuning(int threads, bool pdl, int ctas = 0) {
   kernels::select_detail::SelectTuning t;
   t.force_decode = true;
   t.decode_threads = threads;
   t.decode_pdl = pdl;
+  t.decode_ctas = ctas;
   return t;
 }
 
@@ -1229,6 +1230,71 @@ TEST(Cuda_Selector_Decode, EveryVariantMatchesCpu) {
         if (HasFatalFailure()) return;
       }
     }
+  }
+}
+
+// Every cluster shape (kDecodeClusterShapes x 4, 8, 16 scores per thread, a row length that needs
+// exactly that many: with 4 the row may end before the last CTAs' chunks, which then hold
+// nothing), as the test above: every k, order and report field, every style (the all-equal and
+// few-values rows overflow the leader's candidates and take its fallback over the whole row),
+// with and without programmatic dependent launch; then the benchmark's long rows (1 / 8 / 64
+// rows x 8192 / 32768 blocks), and one shape with ctas alone (its first listed thread count).
+TEST(Cuda_Selector_Decode, EveryClusterShapeMatchesCpu) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  const int ks[] = {0, 1, 7, 8, 33, 64};
+  for (const auto& shape : kernels::select_detail::kDecodeClusterShapes) {
+    const int ctas = shape[0], threads = shape[1];
+    for (int items : {4, 8, 16}) {
+      for (bool vector_len : {false, true}) {
+        SCOPED_TRACE("ctas " + std::to_string(ctas) + " threads " + std::to_string(threads) +
+                     " items " + std::to_string(items) + " vector_len " +
+                     std::to_string(vector_len));
+        // (4 x 1024 threads never need 16 scores each: the decode path's rows end at 32768
+        // blocks, kDecodeMaxBlocks.)
+        if (ctas * threads * items / 2 >= 32768) continue;
+        const int max_blocks = row_length_for_items(gen, ctas * threads * items, items, vector_len);
+        if (max_blocks > max_row_length()) continue;
+        const auto tuning = decode_tuning(threads, gen.uniform(0, 1) == 1, ctas);
+        for (int k : ks) {
+          const Batch b = make_batch(gen, gen.uniform(2, 5), max_blocks, gen.style());
+          check_policy_tuned(gen, b, SelectPolicy::topk(k), tuning);
+          if (HasFatalFailure()) return;
+        }
+        for (int st = 0; st < static_cast<int>(Style::kCount); ++st) {
+          SCOPED_TRACE("style " + std::to_string(st));
+          const Batch b = make_batch(gen, 3, max_blocks, static_cast<Style>(st));
+          check_policy_tuned(gen, b, SelectPolicy::topk(gen.uniform(0, 1) ? 8 : 64), tuning);
+          if (HasFatalFailure()) return;
+        }
+        const Batch b = make_batch(gen, 3, max_blocks, gen.style());
+        check_policy_tuned(gen, b, SelectPolicy::topk(65), tuning);  // not the decode path's
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+  for (int rows : {1, 8, 64}) {
+    for (int n : {8192, 32768}) {
+      if (n > max_row_length()) continue;
+      const Batch b = make_batch(gen, rows, n, gen.style());
+      for (const auto& shape : kernels::select_detail::kDecodeClusterShapes) {
+        for (int k : {8, 64}) {
+          SCOPED_TRACE("rows " + std::to_string(rows) + " n " + std::to_string(n) + " ctas " +
+                       std::to_string(shape[0]) + " threads " + std::to_string(shape[1]));
+          check_policy_tuned(gen, b, SelectPolicy::topk(k),
+                             decode_tuning(shape[1], true, shape[0]));
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+  const int n = capped(20000);
+  const Batch b = special_batch(n);
+  for (int ctas : {2, 4, 8}) {
+    SCOPED_TRACE("special rows, ctas alone " + std::to_string(ctas));
+    check_policy_tuned(gen, b, SelectPolicy::topk(64), decode_tuning(0, false, ctas));
+    if (HasFatalFailure()) return;
   }
 }
 
@@ -1366,28 +1432,32 @@ TEST(Cuda_Selector_Decode, AnySubsetOfTheReportMatchesCpu) {
 }
 
 // A pinned decode variant out of range (a thread count other than 256 / 512 / 1024, a row longer
-// than 32 scores per thread) is rejected before anything is written.
+// than 32 scores per thread, a cluster shape not listed) is rejected before anything is written.
 TEST(Cuda_Selector_Decode, VariantOutOfRangeIsRejected) {
   KVC_REQUIRE_GPU();
   Gen gen;
   struct Case {
-    int threads, max_blocks;
+    int threads, max_blocks, ctas;
   };
-  for (const Case& c : {Case{256, 8193}, Case{512, 16385}, Case{300, 100}, Case{-1, 100}}) {
+  for (const Case& c : {Case{256, 8193, 0}, Case{512, 16385, 0}, Case{300, 100, 0},
+                        Case{-1, 100, 0}, Case{0, 100, 3}, Case{256, 5000, 2}, Case{1024, 5000, 8},
+                        Case{0, 100, 16}, Case{0, 100, -1}}) {
     SCOPED_TRACE("threads " + std::to_string(c.threads) + " max_blocks " +
-                 std::to_string(c.max_blocks));
+                 std::to_string(c.max_blocks) + " ctas " + std::to_string(c.ctas));
     const Batch b = make_batch(gen, 4, c.max_blocks, Style::kNormal);
     DeviceBatch d(b, 8, 8);
     d.poison();
     const SelectPolicy p = SelectPolicy::topk(8);
     std::size_t need = 0;
-    ASSERT_EQ(kernels::select_detail::select_tuned(nullptr, need, d.in(), p, d.out(), nullptr,
-                                                   decode_tuning(c.threads, false), nullptr),
-              cudaSuccess);
+    ASSERT_EQ(
+        kernels::select_detail::select_tuned(nullptr, need, d.in(), p, d.out(), nullptr,
+                                             decode_tuning(c.threads, false, c.ctas), nullptr),
+        cudaSuccess);
     DeviceArray<unsigned char> w(std::max<std::size_t>(need, 1));
-    EXPECT_EQ(kernels::select_detail::select_tuned(w.get(), need, d.in(), p, d.out(), nullptr,
-                                                   decode_tuning(c.threads, false), nullptr),
-              cudaErrorInvalidValue);
+    EXPECT_EQ(
+        kernels::select_detail::select_tuned(w.get(), need, d.in(), p, d.out(), nullptr,
+                                             decode_tuning(c.threads, false, c.ctas), nullptr),
+        cudaErrorInvalidValue);
     KVC_ASSERT_CUDA(cudaDeviceSynchronize());
     for (auto v : d.ids.download()) ASSERT_EQ(v, 0x5a5a5a5a) << "written by a rejected call";
     for (auto v : d.counts.download()) ASSERT_EQ(v, 0x5a5a5a5a) << "written by a rejected call";
