@@ -403,9 +403,10 @@ BENCHMARK(BM_TopKVariant)
     })
     ->Apply(Timed);
 // The decode path against the small path (old, new): 1 / 8 / 64 rows x 4096 / 8192 / 32768
-// blocks x k 4 / 8 / 16 / 64; with PDL at k 8 / 64 on 4096 and 32768; the other thread counts on
-// 8 and 64 rows; the floors (no read, read, read with PDL). 3 repetitions of 10 timed replays (a
-// replay is up to 1024 calls): about 30 s on the H200 for the 118 rows.
+// blocks x k 4 / 8 / 16 / 64; with PDL at k 8 / 64; the other thread counts on 8 and 64 rows;
+// on the 8192- and 32768-block rows one CTA and each cluster shape, with PDL; the floors (no
+// read, read, read with PDL). 3 repetitions of 10 timed replays (a replay is up to 1024 calls):
+// about 30 s on the H200 for the 118 rows before the cluster rows.
 void DecodeTimed(benchmark::internal::Benchmark* b) { FixedCounts(b, 10, 3); }
 BENCHMARK(BM_TopKDecode)
     ->Apply([](benchmark::internal::Benchmark* b) {
@@ -413,7 +414,7 @@ BENCHMARK(BM_TopKDecode)
         for (int n : {4096, 8192, 32768}) {
           for (int k : {4, 8, 16, 64}) {
             for (int variant : {0, 1}) b->Args({rows, n, k, variant});
-            if (n != 8192 && (k == 8 || k == 64)) b->Args({rows, n, k, 2});
+            if (k == 8 || k == 64) b->Args({rows, n, k, 2});
           }
         }
       }
@@ -428,10 +429,11 @@ BENCHMARK(BM_TopKDecode)
           }
         }
       }
-      // The cluster shapes, with PDL, on the long rows.
+      // The cluster shapes and one CTA (its built-in thread count), with PDL, on the long rows.
       for (int rows : {1, 8, 64}) {
         for (int n : {8192, 32768}) {
           for (int k : {8, 64}) {
+            b->Args({rows, n, k, 10000 + kernels::select_detail::decode_threads_for(n) + 1});
             for (const auto& shape : kernels::select_detail::kDecodeClusterShapes) {
               b->Args({rows, n, k, 10000 * shape[0] + shape[1] + 1});
             }

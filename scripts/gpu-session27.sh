@@ -56,6 +56,10 @@
 #             thirty-eighth session): the decode tests, BM_TopKDecode's long rows for every
 #             variant, the four sanitizers over the cluster test (rows capped at 8192 blocks), then
 #             every GPU test the deadline leaves room for
+#   decode-default  the decode path with its cluster shapes as the built-in choice: the selector,
+#             decode-step and DeepSeek-V4 top-k tests, racecheck over the cluster test (rows capped
+#             at 4096 blocks), BM_TopKDecode (the built-in choice against one CTA per row, same
+#             call) and DeepSelect's decode-size rows (carry [".anchors/p1/bin"])
 #   final     the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
 #             DeepSelect's (deepselect_bin: its fp32 kernel in kvc's harness, first run) anchors in
 #             the same call (carry [".anchors/p1/wheels", ".anchors/p1/bin", ".anchors/p1/MANIFEST"])
@@ -360,6 +364,16 @@ case "$mode" in
     gtests all '*' 400
     report
     ;;
+  decode-default)
+    build_targets kvc_cuda_tests topk_bench
+    gtests select '*Cuda_Selector*:*Cuda_DecodeStep*:*Cuda_Dsv4_TopK*' 150
+    BENCH_REPS=3 bench 60 topk_bench 'BM_TopKDecode/(1|8|64)/(4096|8192|32768)/(8|64)/(2|[0-9]{4}[13579])/|BM_TopKFloor/(1|8|64)/32768/'
+    [ -d .anchors/p1/bin ] && named_anchors topk "deepselect_bin"
+    export KVC_TEST_MAX_ROW=4096
+    sanitize racecheck racecheck '*Cuda_Selector_Decode.EveryClusterShapeMatchesCpu*' 150
+    unset KVC_TEST_MAX_ROW
+    report
+    ;;
   wide-prof)
     # Where the grid's MQA step (Hq 64 / Hkv 1 / d 512, B1 N128K, top 8) spends its time after
     # the wide token kernel: every kernel of one step under Nsight Compute, for kvc's default
@@ -481,6 +495,6 @@ case "$mode" in
   flashinfer)
     named_anchors flashinfer "flashinfer_decode flashinfer_topk"
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof | wide-summary | decode-cluster" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof | wide-summary | decode-cluster | decode-default" >&2; exit 2 ;;
 esac
 finish

@@ -159,14 +159,18 @@ constexpr int resident_seg_for(int max_blocks, int ctas) {
   return s < 2048 ? 2048 : s;
 }
 
+/// The decode path's longest row (kernels/select/decode.cuh's kDecodeMaxBlocks).
+constexpr int kDecodeRowBlocks = 32768;
+
 /// Whether the library's own calls take the decode path (launched with programmatic dependent
-/// launch) for a topk of k <= 64 over `rows` rows of `max_blocks` blocks: rows of up to 8192
-/// blocks, and longer rows from 9 rows on. Measured on the H200 against the small / cluster path
-/// (topk_bench BM_TopKDecode, docs/perf-data/2026-12-01-session4/mid): 8 x 4096 k 8 4.04 vs
-/// 5.23 us, 8 x 8192 k 64 6.31 vs 9.83, 64 x 32768 k 8 11.0 vs 16.5; but 1-8 rows of 32768
-/// blocks stay on the cluster path (8 x 32768 k 8 7.84 vs 9.54: one CTA then pulls 128 KB alone).
-constexpr bool decode_path_by_default(int rows, int max_blocks) {
-  return max_blocks <= 8192 || rows > 8;
+/// launch) for a topk of k <= 64 over `rows` rows of `max_blocks` blocks: every row it serves
+/// (up to 32768 blocks) since its cluster shapes (decode_ctas_for). Measured on an H100 against
+/// the small path (topk_bench BM_TopKDecode, docs/perf-data/2026-12-06-session38/decode-cluster):
+/// 1 x 32768 k 8 5.59 us on 8 CTAs of 256 threads against 8.45, 8 x 32768 k 64 6.73 against
+/// 11.22. Before the clusters, 1-8 rows of more than 8192 blocks stayed on the small path (one
+/// CTA pulled 128 KB alone: 9.08 us at 1 x 32768 k 8 in the same call).
+constexpr bool decode_path_by_default(int /*rows*/, int max_blocks) {
+  return max_blocks <= kDecodeRowBlocks;
 }
 
 /// The set path's CTA (kernels/select/set.cuh): threads, scores per thread (4, 8, 16 or 32),
@@ -203,13 +207,27 @@ constexpr int decode_threads_for(int max_blocks) {
 
 /// The decode path's cluster shapes (kernels/select/decode.cuh with kCtas > 1; CTAs per row,
 /// threads per CTA), each built with 4, 8 or 16 scores per thread: the longest row is
-/// 8 x 256 x 16 = 4 x 512 x 16 = 32768 blocks.
-constexpr int kDecodeClusterShapes[][2] = {{2, 1024}, {4, 512}, {4, 1024}, {8, 256}};
+/// 8 x 256 x 16 = 4 x 512 x 16 = 2 x 1024 x 16 = 32768 blocks. (4 CTAs of 1024 threads were
+/// slower than these at every shape measured, thirty-eighth session.) A shape pinned for rows
+/// far shorter than it holds can leave most warps empty; its threshold then lets every block
+/// through and the exact fallback runs (correct, and slow: 4 x 1024 at 8 x 8192 k 64, 21 us).
+constexpr int kDecodeClusterShapes[][2] = {{2, 1024}, {4, 512}, {8, 256}};
 constexpr int kDecodeClusterMaxItems = 16;
 
-/// CTAs per row of the decode path's built-in choice: one (the cluster shapes are measured
-/// against it by topk_bench BM_TopKDecode's variants 10000 * C + threads).
-constexpr int decode_ctas_for(int /*rows*/, int /*max_blocks*/) { return 1; }
+/// CTAs per row of the decode path's built-in choice (its threads: the first kDecodeClusterShapes
+/// entry with that many CTAs, or decode_threads_for for one): one up to 4096 blocks; past that,
+/// 8 CTAs of 256 threads for up to 8 rows, and 2 of 1024 for more rows of more than 16384
+/// blocks; one otherwise. Measured on an H100 in one call, with PDL (topk_bench BM_TopKDecode,
+/// docs/perf-data/2026-12-06-session38/decode-cluster): 1 x 32768 k 64 6.43 us against 9.63 on
+/// one CTA, 8 x 32768 k 64 6.73 against 9.94, 8 x 8192 k 8 4.64 against 5.40 (one CTA without
+/// PDL); 64 x 32768 k 64 11.13 on 2 x 1024 against 11.99 on one CTA (8 x 256: 16.4); 64 x 8192
+/// k 8 stays fastest on one CTA (6.00 without PDL, 2 x 1024 7.52). 9-63 rows of more than 16384
+/// blocks take 2 x 1024 by interpolation (not measured).
+constexpr int decode_ctas_for(int rows, int max_blocks) {
+  if (max_blocks <= 4096) return 1;
+  if (rows <= 8) return 8;
+  return max_blocks > 16384 ? 2 : 1;
+}
 
 /// Scores per thread of the decode path with `threads` threads per CTA: the smallest of 4, 8,
 /// 16, 32 with threads * items >= max_blocks, or 0 when none is (the row does not fit).

@@ -23,17 +23,15 @@ cudaError_t launch_shape(const TopmParams& tp, int rows, bool pdl, cudaStream_t 
 
 template <int kCtas, int kBlock>
 cudaError_t launch_items(int items, const TopmParams& tp, int rows, bool pdl, cudaStream_t stream) {
-  // 16 scores per thread only where 8 do not cover kDecodeMaxBlocks: 4 x 1024 threads would
-  // need 16 only past the decode path's longest row.
-  constexpr bool kSixteen = kCtas * kBlock * 8 < kDecodeMaxBlocks;
+  static_assert(kCtas * kBlock * kDecodeClusterMaxItems == kDecodeMaxBlocks,
+                "16 scores per thread reach the decode path's longest row, and no further");
   switch (items) {
     case 4:
       return launch_shape<kCtas, kBlock, 4>(tp, rows, pdl, stream);
     case 8:
       return launch_shape<kCtas, kBlock, 8>(tp, rows, pdl, stream);
     case 16:
-      if constexpr (kSixteen) return launch_shape<kCtas, kBlock, 16>(tp, rows, pdl, stream);
-      return cudaErrorInvalidValue;
+      return launch_shape<kCtas, kBlock, 16>(tp, rows, pdl, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -61,11 +59,10 @@ cudaError_t launch_decode_cluster(const TopmParams& tp, int rows, int ctas, int 
                                   cudaStream_t stream) {
   if (!decode_cluster_fits(ctas, threads, tp.max_blocks)) return cudaErrorInvalidValue;
   const int items = cluster_items(ctas, threads, tp.max_blocks);
-  static_assert(sizeof(kDecodeClusterShapes) / sizeof(kDecodeClusterShapes[0]) == 4,
+  static_assert(sizeof(kDecodeClusterShapes) / sizeof(kDecodeClusterShapes[0]) == 3,
                 "one case per listed shape");
-  if (ctas == 2 && threads == 1024) return launch_items<2, 1024>(items, tp, rows, pdl, stream);
-  if (ctas == 4 && threads == 512) return launch_items<4, 512>(items, tp, rows, pdl, stream);
-  if (ctas == 4 && threads == 1024) return launch_items<4, 1024>(items, tp, rows, pdl, stream);
+  if (ctas == 2) return launch_items<2, 1024>(items, tp, rows, pdl, stream);
+  if (ctas == 4) return launch_items<4, 512>(items, tp, rows, pdl, stream);
   return launch_items<8, 256>(items, tp, rows, pdl, stream);
 }
 

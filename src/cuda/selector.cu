@@ -42,6 +42,7 @@ static_assert(kSelectMaxRanks == kMaxTopM, "one limit, two names");
 static_assert(kSelectMaxClusterBlocks == kMaxClusterBlocks, "one limit, two names");
 static_assert(kSelectMaxExtras == kExtrasCap, "one limit, two names");
 static_assert(kSelectMaxBlocks == select_internal::kMaxBlocksCuda, "one limit, two names");
+static_assert(kDecodeRowBlocks == kDecodeMaxBlocks, "one limit, two names");
 static_assert(decode_items_for(4096, decode_threads_for(4096)) == 16 &&
                   decode_items_for(8192, decode_threads_for(8192)) == 16 &&
                   decode_items_for(kDecodeMaxBlocks, decode_threads_for(kDecodeMaxBlocks)) ==

@@ -1251,9 +1251,6 @@ TEST(Cuda_Selector_Decode, EveryClusterShapeMatchesCpu) {
         SCOPED_TRACE("ctas " + std::to_string(ctas) + " threads " + std::to_string(threads) +
                      " items " + std::to_string(items) + " vector_len " +
                      std::to_string(vector_len));
-        // (4 x 1024 threads never need 16 scores each: the decode path's rows end at 32768
-        // blocks, kDecodeMaxBlocks.)
-        if (ctas * threads * items / 2 >= 32768) continue;
         const int max_blocks = row_length_for_items(gen, ctas * threads * items, items, vector_len);
         if (max_blocks > max_row_length()) continue;
         const auto tuning = decode_tuning(threads, gen.uniform(0, 1) == 1, ctas);
@@ -1441,7 +1438,7 @@ TEST(Cuda_Selector_Decode, VariantOutOfRangeIsRejected) {
   };
   for (const Case& c : {Case{256, 8193, 0}, Case{512, 16385, 0}, Case{300, 100, 0},
                         Case{-1, 100, 0}, Case{0, 100, 3}, Case{256, 5000, 2}, Case{1024, 5000, 8},
-                        Case{0, 100, 16}, Case{0, 100, -1}}) {
+                        Case{1024, 5000, 4}, Case{0, 100, 16}, Case{0, 100, -1}}) {
     SCOPED_TRACE("threads " + std::to_string(c.threads) + " max_blocks " +
                  std::to_string(c.max_blocks) + " ctas " + std::to_string(c.ctas));
     const Batch b = make_batch(gen, 4, c.max_blocks, Style::kNormal);
