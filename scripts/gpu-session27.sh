@@ -60,6 +60,9 @@
 #             decode-step and DeepSeek-V4 top-k tests, racecheck over the cluster test (rows capped
 #             at 4096 blocks), BM_TopKDecode (the built-in choice against one CTA per row, same
 #             call) and DeepSelect's decode-size rows (carry [".anchors/p1/bin"])
+#   decode-verify  every GPU test after the decode path's defaults moved, then where the one-CTA
+#             decode path spends a 4096-block row's k 64 (2 us more than k 8; DeepSelect takes
+#             4.76 us there): Nsight Compute with stall reasons at k 8 and k 64, and the source page
 #   final     the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
 #             DeepSelect's (deepselect_bin: its fp32 kernel in kvc's harness, first run) anchors in
 #             the same call (carry [".anchors/p1/wheels", ".anchors/p1/bin", ".anchors/p1/MANIFEST"])
@@ -374,6 +377,14 @@ case "$mode" in
     unset KVC_TEST_MAX_ROW
     report
     ;;
+  decode-verify)
+    build_targets kvc_cuda_tests topk_bench
+    gtests all '*' 220
+    NCU_STALLS=1 profile decode-4096-k64 topk_bench 'BM_TopKDecode/8/4096/64/2/' 'decode_topk'
+    NCU_STALLS=1 profile decode-4096-k8 topk_bench 'BM_TopKDecode/8/4096/8/2/' 'decode_topk'
+    NCU_COUNT=2 bench_source decode-4096-k64 topk_bench 'BM_TopKDecode/8/4096/64/2/' 'decode_topk'
+    report
+    ;;
   wide-prof)
     # Where the grid's MQA step (Hq 64 / Hkv 1 / d 512, B1 N128K, top 8) spends its time after
     # the wide token kernel: every kernel of one step under Nsight Compute, for kvc's default
@@ -495,6 +506,6 @@ case "$mode" in
   flashinfer)
     named_anchors flashinfer "flashinfer_decode flashinfer_topk"
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof | wide-summary | decode-cluster | decode-default" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof | wide-summary | decode-cluster | decode-default | decode-verify" >&2; exit 2 ;;
 esac
 finish

@@ -55,15 +55,15 @@ struct SelectTuning {
   /// (the pass before its cp.async ring), for comparison.
   bool spread_no_ring = false;
   /// Decode path (kernels/select/decode.cuh: topk with k <= 64, rows <= 32768 blocks, one CTA
-  /// per row): threads per CTA, 256, 512 or 1024 (0: the built-in choice, decode_threads_for);
-  /// setting it takes the decode path wherever it applies. A row longer than 32 scores per
-  /// thread, or another count: cudaErrorInvalidValue.
+  /// or a cluster per row): threads per CTA, 256, 512 or 1024 (0: the built-in choice,
+  /// decode_threads_for or the cluster shape's); setting it takes the decode path wherever it
+  /// applies. A row longer than 32 scores per thread, or another count: cudaErrorInvalidValue.
   int decode_threads = 0;
   /// Decode path: CTAs per row, 1 (one CTA) or 2 / 4 / 8 (a cluster; with decode_threads, the
   /// pair must be one of kDecodeClusterShapes, whose first shape with that many CTAs is taken
-  /// when decode_threads is 0), 0: the built-in choice (decode_ctas_for). Setting it takes the
-  /// decode path wherever it applies. A shape not listed, or a row longer than 16 scores per
-  /// thread of the cluster: cudaErrorInvalidValue.
+  /// when decode_threads is 0), 0: the built-in choice (decode_ctas_for; one CTA where
+  /// decode_threads is set). Setting it takes the decode path wherever it applies. A shape not
+  /// listed: cudaErrorInvalidValue.
   int decode_ctas = 0;
   /// Take the decode path wherever it applies (the built-in choice: decode_path_by_default).
   bool force_decode = false;

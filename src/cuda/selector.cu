@@ -675,7 +675,10 @@ cudaError_t select_tuned(void* d_temp, std::size_t& temp_bytes, const ScoresView
       if (decode) {
         tp.direct_topk = true;  // every field set; the decode kernel writes topk's outputs itself
         const bool pdl = tuning.decode_pdl || decode_default;
-        const int ctas = tuning.decode_ctas != 0 ? tuning.decode_ctas : decode_ctas_for(s.rows, N);
+        // A thread count pinned alone pins one CTA of that many threads.
+        const int ctas = tuning.decode_ctas != 0      ? tuning.decode_ctas
+                         : tuning.decode_threads != 0 ? 1
+                                                      : decode_ctas_for(s.rows, N);
         if (ctas == 1) return launch_decode(tp, s.rows, tuning.decode_threads, pdl, stream);
         int threads = tuning.decode_threads;
         for (const auto& shape : kDecodeClusterShapes) {
