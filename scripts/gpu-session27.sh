@@ -63,6 +63,10 @@
 #   decode-verify  every GPU test after the decode path's defaults moved, then where the one-CTA
 #             decode path spends a 4096-block row's k 64 (2 us more than k 8; DeepSelect takes
 #             4.76 us there): Nsight Compute with stall reasons at k 8 and k 64, and the source page
+#   decode-threads  the decode path's thread count by k on 4096-block rows (512 for more than 33
+#             ranks): the decode and selector tests, BM_TopKDecode at 4096 blocks (every thread
+#             count with PDL, and the built-in choice) and DeepSelect's rows (carry
+#             [".anchors/p1/bin"])
 #   final     the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
 #             DeepSelect's (deepselect_bin: its fp32 kernel in kvc's harness, first run) anchors in
 #             the same call (carry [".anchors/p1/wheels", ".anchors/p1/bin", ".anchors/p1/MANIFEST"])
@@ -385,6 +389,13 @@ case "$mode" in
     NCU_COUNT=2 bench_source decode-4096-k64 topk_bench 'BM_TopKDecode/8/4096/64/2/' 'decode_topk'
     report
     ;;
+  decode-threads)
+    build_targets kvc_cuda_tests topk_bench
+    gtests select '*Cuda_Selector*' 120
+    BENCH_REPS=5 bench 60 topk_bench 'BM_TopKDecode/(1|8|64)/4096/(8|16|64)/(2|257|513|1025)/'
+    [ -d .anchors/p1/bin ] && named_anchors topk "deepselect_bin"
+    report
+    ;;
   wide-prof)
     # Where the grid's MQA step (Hq 64 / Hkv 1 / d 512, B1 N128K, top 8) spends its time after
     # the wide token kernel: every kernel of one step under Nsight Compute, for kvc's default
@@ -506,6 +517,6 @@ case "$mode" in
   flashinfer)
     named_anchors flashinfer "flashinfer_decode flashinfer_topk"
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof | wide-summary | decode-cluster | decode-default | decode-verify" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof | wide-summary | decode-cluster | decode-default | decode-verify | decode-threads" >&2; exit 2 ;;
 esac
 finish

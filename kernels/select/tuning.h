@@ -199,10 +199,15 @@ constexpr int set_items_for(int max_blocks) {
 /// path stays faster (8 x 4096 k 8 4.36 against 6.36 us).
 constexpr bool set_path_by_default(int m, int max_blocks) { return m > 65 && max_blocks <= 4096; }
 
-/// Threads per CTA of the decode path's built-in choice for rows of `max_blocks` blocks: 256 up
-/// to 4096 blocks (16 scores per thread), 512 up to 8192, 1024 up to 32768.
-constexpr int decode_threads_for(int max_blocks) {
-  return max_blocks <= 4096 ? 256 : max_blocks <= 8192 ? 512 : 1024;
+/// Threads per CTA of the decode path's built-in choice on one CTA for rows of `max_blocks`
+/// blocks keeping `ranks` ranks (min(k + 1, n)): up to 4096 blocks 256 (16 scores per thread),
+/// or 512 (8 each) for more than 33 ranks, where each warp's listing of its thread maxima and
+/// the threshold's count over the list are the serial part (8 warps list 13 maxima each for
+/// k 64, 16 warps 7; they drew about 40 % of Nsight Compute's 194 stall samples of an 8 x 4096
+/// k 64 launch on 256 threads, thirty-eighth session); 512 up to 8192; 1024 up to 32768.
+constexpr int decode_threads_for(int max_blocks, int ranks) {
+  if (max_blocks <= 4096) return ranks > 33 ? 512 : 256;
+  return max_blocks <= 8192 ? 512 : 1024;
 }
 
 /// The decode path's cluster shapes (kernels/select/decode.cuh with kCtas > 1; CTAs per row,
