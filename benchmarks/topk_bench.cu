@@ -100,8 +100,8 @@ cudaError_t launch_floor(int mode, const ScoresView& in, const SelectionView& ou
                          cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(in.rows), 1, 1);
-  cfg.blockDim = dim3(
-      static_cast<unsigned>(kernels::select_detail::decode_threads_for(in.max_blocks, 9)), 1, 1);
+  cfg.blockDim =
+      dim3(static_cast<unsigned>(kernels::select_detail::decode_threads_for(in.max_blocks)), 1, 1);
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -422,14 +422,14 @@ BENCHMARK(BM_TopKDecode)
         for (int n : {4096, 8192, 32768}) {
           for (int k : {8, 64}) {
             for (int threads : {256, 512, 1024}) {
-              if (threads == kernels::select_detail::decode_threads_for(n, k + 1)) continue;
+              if (threads == kernels::select_detail::decode_threads_for(n)) continue;
               if (kernels::select_detail::decode_items_for(n, threads) == 0) continue;
               b->Args({rows, n, k, threads});
             }
           }
         }
       }
-      // Each thread count with PDL on the 4096-block rows (the built-in count depends on k).
+      // Each thread count with PDL on the 4096-block rows.
       for (int rows : {1, 8, 64}) {
         for (int k : {8, 16, 64}) {
           for (int threads : {256, 512, 1024}) b->Args({rows, 4096, k, threads + 1});
@@ -439,7 +439,7 @@ BENCHMARK(BM_TopKDecode)
       for (int rows : {1, 8, 64}) {
         for (int n : {8192, 32768}) {
           for (int k : {8, 64}) {
-            b->Args({rows, n, k, 10000 + kernels::select_detail::decode_threads_for(n, k + 1) + 1});
+            b->Args({rows, n, k, 10000 + kernels::select_detail::decode_threads_for(n) + 1});
             for (const auto& shape : kernels::select_detail::kDecodeClusterShapes) {
               b->Args({rows, n, k, 10000 * shape[0] + shape[1] + 1});
             }

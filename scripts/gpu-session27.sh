@@ -63,10 +63,9 @@
 #   decode-verify  every GPU test after the decode path's defaults moved, then where the one-CTA
 #             decode path spends a 4096-block row's k 64 (2 us more than k 8; DeepSelect takes
 #             4.76 us there): Nsight Compute with stall reasons at k 8 and k 64, and the source page
-#   decode-threads  the decode path's thread count by k on 4096-block rows (512 for more than 33
-#             ranks): the decode and selector tests, BM_TopKDecode at 4096 blocks (every thread
-#             count with PDL, and the built-in choice) and DeepSelect's rows (carry
-#             [".anchors/p1/bin"])
+#   decode-threads  the decode path's thread count on 4096-block rows (thirty-eighth session):
+#             the selector tests, BM_TopKDecode at 4096 blocks (every thread count with PDL, and
+#             the built-in choice) and DeepSelect's rows (carry [".anchors/p1/bin"])
 #   final     the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
 #             DeepSelect's (deepselect_bin: its fp32 kernel in kvc's harness, first run) anchors in
 #             the same call (carry [".anchors/p1/wheels", ".anchors/p1/bin", ".anchors/p1/MANIFEST"])

@@ -200,14 +200,17 @@ constexpr int set_items_for(int max_blocks) {
 constexpr bool set_path_by_default(int m, int max_blocks) { return m > 65 && max_blocks <= 4096; }
 
 /// Threads per CTA of the decode path's built-in choice on one CTA for rows of `max_blocks`
-/// blocks keeping `ranks` ranks (min(k + 1, n)): up to 4096 blocks 256 (16 scores per thread),
-/// or 512 (8 each) for more than 33 ranks, where each warp's listing of its thread maxima and
-/// the threshold's count over the list are the serial part (8 warps list 13 maxima each for
-/// k 64, 16 warps 7; they drew about 40 % of Nsight Compute's 194 stall samples of an 8 x 4096
-/// k 64 launch on 256 threads, thirty-eighth session); 512 up to 8192; 1024 up to 32768.
-constexpr int decode_threads_for(int max_blocks, int ranks) {
-  if (max_blocks <= 4096) return ranks > 33 ? 512 : 256;
-  return max_blocks <= 8192 ? 512 : 1024;
+/// blocks: 256 up to 2048 blocks, 512 up to 8192 (8 or 16 scores per thread), 1024 up to 32768.
+/// 512 rather than 256 threads from 2049 blocks on: the warps' listing of their thread maxima
+/// and the threshold's count over the list are the serial part of a launch (about 40 % of
+/// Nsight Compute's 194 stall samples of an 8 x 4096 k 64 launch on 256 threads, H100), and 16
+/// warps list fewer maxima each (7 instead of 13 for k 64). Measured on an H200 in one call
+/// with PDL (topk_bench BM_TopKDecode, docs/perf-data/2026-12-06-session38/decode-threads):
+/// 8 x 4096 k 8 4.17 -> 3.88 us, k 16 4.63 -> 4.38, k 64 6.19 -> 5.17; 1024 threads were slower
+/// than both (5.34 / 5.47 / 5.42). Rows of 2049-4095 blocks follow 4096 (not measured); up to
+/// 2048 blocks 512 threads would leave warps without a score.
+constexpr int decode_threads_for(int max_blocks) {
+  return max_blocks <= 2048 ? 256 : max_blocks <= 8192 ? 512 : 1024;
 }
 
 /// The decode path's cluster shapes (kernels/select/decode.cuh with kCtas > 1; CTAs per row,

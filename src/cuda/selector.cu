@@ -43,11 +43,10 @@ static_assert(kSelectMaxClusterBlocks == kMaxClusterBlocks, "one limit, two name
 static_assert(kSelectMaxExtras == kExtrasCap, "one limit, two names");
 static_assert(kSelectMaxBlocks == select_internal::kMaxBlocksCuda, "one limit, two names");
 static_assert(kDecodeRowBlocks == kDecodeMaxBlocks, "one limit, two names");
-static_assert(decode_items_for(4096, decode_threads_for(4096, 9)) == 16 &&
-                  decode_items_for(4096, decode_threads_for(4096, kDecodeMaxRanks)) == 8 &&
-                  decode_items_for(8192, decode_threads_for(8192, kDecodeMaxRanks)) == 16 &&
-                  decode_items_for(kDecodeMaxBlocks,
-                                   decode_threads_for(kDecodeMaxBlocks, kDecodeMaxRanks)) ==
+static_assert(decode_items_for(2048, decode_threads_for(2048)) == 8 &&
+                  decode_items_for(4096, decode_threads_for(4096)) == 8 &&
+                  decode_items_for(8192, decode_threads_for(8192)) == 16 &&
+                  decode_items_for(kDecodeMaxBlocks, decode_threads_for(kDecodeMaxBlocks)) ==
                       kDecodeMaxItems &&
                   decode_items_for(kDecodeMaxBlocks + 1, kDecodeMaxThreads) == 0,
               "the decode path's built-in choice fits every row it takes, and no longer one");
@@ -325,7 +324,7 @@ cudaError_t launch_decode_items(int items, const TopmParams& tp, int rows, bool 
 /// fit 32 scores per thread.
 cudaError_t launch_decode(const TopmParams& tp, int rows, int threads, bool pdl,
                           cudaStream_t stream) {
-  if (threads == 0) threads = decode_threads_for(tp.max_blocks, tp.m);
+  if (threads == 0) threads = decode_threads_for(tp.max_blocks);
   const int items = decode_items_for(tp.max_blocks, threads);
   switch (threads) {
     case 256:
