@@ -37,9 +37,10 @@
 //
 // A long row may instead be a cluster of kCtas CTAs (2, 4 or 8; kDecodeClusterShapes in
 // select/tuning.h lists the shapes built), CTA q holding the q-th chunk of kBlock * kItems
-// scores. On one CTA a 32768-block row took 9.6 us at k 64 against 5.9 for a 4096-block row
-// (H100, thirty-seventh session's table): that CTA pulls 128 KB alone and walks 32 scores per
-// thread. The steps stay those above, with two exchanges through distributed shared memory:
+// scores. On one CTA a 32768-block row took 9.6 us at k 64, and a launch that only reads such a
+// row on one CTA and writes k ids 4.06 us (H100, topk_bench BM_TopKFloor, thirty-eighth
+// session); over 8 CTAs the same selection takes 6.4 us. The steps stay those above, with two
+// exchanges through distributed shared memory:
 // - step 3: every warp writes its entries (and, for t <= 32, its bound) into every CTA of the
 //   cluster, so that after one cluster barrier (#1) each CTA finds the same T from the same
 //   list by itself;

@@ -205,7 +205,8 @@ constexpr bool set_path_by_default(int m, int max_blocks) { return m > 65 && max
 /// and the threshold's count over the list are the serial part of a launch (about 40 % of
 /// Nsight Compute's 194 stall samples of an 8 x 4096 k 64 launch on 256 threads, H100), and 16
 /// warps list fewer maxima each (7 instead of 13 for k 64). Measured on an H200 in one call
-/// with PDL (topk_bench BM_TopKDecode, docs/perf-data/2026-12-06-session38/decode-threads):
+/// with PDL (topk_bench BM_TopKDecode, docs/perf-data/2026-12-06-session38/decode-threads-k;
+/// decode-threads has the same rows on an H100):
 /// 8 x 4096 k 8 4.17 -> 3.88 us, k 16 4.63 -> 4.38, k 64 6.19 -> 5.17; 1024 threads were slower
 /// than both (5.34 / 5.47 / 5.42). Rows of 2049-4095 blocks follow 4096 (not measured); up to
 /// 2048 blocks 512 threads would leave warps without a score.
@@ -216,9 +217,10 @@ constexpr int decode_threads_for(int max_blocks) {
 /// The decode path's cluster shapes (kernels/select/decode.cuh with kCtas > 1; CTAs per row,
 /// threads per CTA), each built with 4, 8 or 16 scores per thread: the longest row is
 /// 8 x 256 x 16 = 4 x 512 x 16 = 2 x 1024 x 16 = 32768 blocks. (4 CTAs of 1024 threads were
-/// slower than these at every shape measured, thirty-eighth session.) A shape pinned for rows
-/// far shorter than it holds can leave most warps empty; its threshold then lets every block
-/// through and the exact fallback runs (correct, and slow: 4 x 1024 at 8 x 8192 k 64, 21 us).
+/// never the fastest shape measured, thirty-eighth session, and are not built.) A shape pinned
+/// for rows far shorter than it holds can leave most warps empty; its threshold then lets every
+/// block through and the exact fallback runs (correct, and slow: 4 x 1024 at 8 x 8192 k 64,
+/// 21 us).
 constexpr int kDecodeClusterShapes[][2] = {{2, 1024}, {4, 512}, {8, 256}};
 constexpr int kDecodeClusterMaxItems = 16;
 

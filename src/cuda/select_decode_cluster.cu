@@ -44,8 +44,7 @@ int cluster_items(int ctas, int threads, int max_blocks) {
   return items <= kDecodeClusterMaxItems ? items : 0;
 }
 
-}  // namespace
-
+/// Whether launch_decode_cluster takes (ctas, threads) for rows of `max_blocks` blocks.
 bool decode_cluster_fits(int ctas, int threads, int max_blocks) {
   bool listed = false;
   for (const auto& shape : kDecodeClusterShapes) {
@@ -54,6 +53,8 @@ bool decode_cluster_fits(int ctas, int threads, int max_blocks) {
   return listed && max_blocks >= 1 && max_blocks <= kDecodeMaxBlocks &&
          cluster_items(ctas, threads, max_blocks) != 0;
 }
+
+}  // namespace
 
 cudaError_t launch_decode_cluster(const TopmParams& tp, int rows, int ctas, int threads, bool pdl,
                                   cudaStream_t stream) {

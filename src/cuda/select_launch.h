@@ -11,13 +11,10 @@ namespace kvc {
 namespace kernels {
 namespace select_detail {
 
-/// Whether (ctas, threads) is one of kDecodeClusterShapes and a row of `max_blocks` blocks
-/// (<= kDecodeMaxBlocks) needs at most kDecodeClusterMaxItems scores per thread of it.
-bool decode_cluster_fits(int ctas, int threads, int max_blocks);
-
-/// The decode path over `rows` rows, each a cluster of `ctas` CTAs of `threads` threads
-/// (decode_cluster_fits), as a programmatic dependent launch when `pdl`.
-/// cudaErrorInvalidValue for a shape that does not fit.
+/// The decode path over `rows` rows, each a cluster of `ctas` CTAs of `threads` threads, as a
+/// programmatic dependent launch when `pdl`. cudaErrorInvalidValue, before anything runs, unless
+/// (ctas, threads) is one of kDecodeClusterShapes and a row of tp.max_blocks blocks (at most
+/// kDecodeMaxBlocks) needs at most kDecodeClusterMaxItems scores per thread of it.
 cudaError_t launch_decode_cluster(const TopmParams& tp, int rows, int ctas, int threads, bool pdl,
                                   cudaStream_t stream);
 

@@ -1238,7 +1238,8 @@ TEST(Cuda_Selector_Decode, EveryVariantMatchesCpu) {
 // nothing), as the test above: every k, order and report field, every style (the all-equal and
 // few-values rows overflow the leader's candidates and take its fallback over the whole row),
 // with and without programmatic dependent launch; then the benchmark's long rows (1 / 8 / 64
-// rows x 8192 / 32768 blocks), and one shape with ctas alone (its first listed thread count).
+// rows x 8192 / 32768 blocks) on every shape, and the special rows on each cluster size with the
+// thread count left to the library.
 TEST(Cuda_Selector_Decode, EveryClusterShapeMatchesCpu) {
   KVC_REQUIRE_GPU();
   Gen gen;
