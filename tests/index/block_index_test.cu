@@ -256,180 +256,147 @@ INSTANTIATE_TEST_SUITE_P(
         std::make_tuple(4, 8, 512, SummaryScore::kMeanK, GqaAggregate::kMax, false, 1,
                         DType::kF16)));
 
-// The tensor-core kernel on summaries holding NaN and infinities (keys with NaN, +inf and -inf in
-// some blocks, and one query element infinite): every score is the CPU's, NaN where the CPU's is
-// NaN, the same infinity where it is infinite, within the comparison's tolerance elsewhere. The
-// kernel recomputes a non-finite dot product with the reference's arithmetic
-// (kernels/index/score_mma.cuh), which this checks for each of its three maths, both rules and
-// both head aggregates (kMax keeps or drops a head's NaN by the reference's order of heads).
-class Cuda_BlockIndex_TensorCoreNonFinite
-    : public ::testing::TestWithParam<std::tuple<SummaryScore, DType, GqaAggregate>> {};
+// Summaries holding NaN and infinities, for the non-finite tests below: one slot of `len` tokens
+// whose keys hold NaN, +inf or -inf (token 16 j + 3 of block j, head j % 2, dim (7 j) % d, for a
+// third of the blocks each in blocks 3, 6, 9, ...; the other blocks stay finite), ingested into a
+// CPU and a GPU store alike; queries with one infinite element (head `inf_head`: every dot product
+// of its rows is inf or NaN); and the CPU's scores.
+struct NonFiniteSummaries {
+  KvStoreConfig sc;
+  std::unique_ptr<KvStore> cpu, gpu;
+  BlockIndexConfig c;
+  std::vector<std::uint16_t> q;
+  int rows = 0, maxb = 0;
+  std::vector<float> cs;  // the CPU's scores [rows, maxb]
+  std::vector<std::int32_t> cv;
+};
 
-TEST_P(Cuda_BlockIndex_TensorCoreNonFinite, FollowsCpu) {
-  KVC_REQUIRE_GPU();
-  const auto [score, summary, aggregate] = GetParam();
-  const int hkv = 2, group = 4, d = 128, len = 1500;
-  const KvStoreConfig sc = summary_store_config(hkv, d, summary, 2, 2048);
-  const DType qt = sc.dtype;
-  auto cpu = KvStore::create(sc, Device::cpu());
-  auto gpu = KvStore::create(sc, Device::cuda(0));
+NonFiniteSummaries non_finite_summaries(int hkv, int group, int d, int len, DType summary,
+                                        SummaryScore score, GqaAggregate aggregate, int inf_head) {
+  NonFiniteSummaries f;
+  f.sc = summary_store_config(hkv, d, summary, 2, 2048);
+  const DType qt = f.sc.dtype;
+  f.cpu = KvStore::create(f.sc, Device::cpu());
+  f.gpu = KvStore::create(f.sc, Device::cuda(0));
   const std::size_t token = static_cast<std::size_t>(hkv) * d;
   auto k = random_bits16(len * token, qt, 5, 1.0f);
   auto v = random_bits16(len * token, qt, 6);
   const bool bf16 = qt == DType::kBF16;
   const std::uint16_t nan = bf16 ? 0x7fc0 : 0x7e00, pinf = bf16 ? 0x7f80 : 0x7c00,
                       ninf = bf16 ? 0xff80 : 0xfc00;
-  // Token 16 j + 3 of block j, head j % 2, dim (7 j) % d: NaN, +inf or -inf for a third of the
-  // blocks each in blocks 3, 6, 9, ...; the other blocks stay finite.
   for (int j = 3; j * 16 + 3 < len - 64; j += 3) {
     const std::size_t at = static_cast<std::size_t>(j * 16 + 3) * token +
                            static_cast<std::size_t>(j % 2) * d +
                            static_cast<std::size_t>(7 * j) % d;
     k[at] = j % 9 == 3 ? nan : j % 9 == 6 ? pinf : ninf;
   }
-  ingest_both(*cpu, *gpu, 0, k, v, len);
-  BlockIndexConfig c;
-  c.num_kv_heads = hkv;
-  c.num_q_heads = hkv * group;
-  c.head_dim = d;
-  c.score = score;
-  c.aggregate = aggregate;
-  c.max_batch = 1;
-  c.dtype = qt;
-  auto q = random_bits16(static_cast<std::size_t>(c.num_q_heads) * d, qt, 77);
-  q[5 * d + 11] = pinf;  // head 5 (kv head 1): every dot product of its rows is inf or NaN
-  DeviceArray<std::uint16_t> dq(q);
-  const std::vector<int> slots{0};
-  DeviceArray<std::int32_t> dslots(slots);
-  const int rows = c.rows(1, 1), maxb = sc.max_blocks_per_slot();
-  std::vector<float> cs(static_cast<std::size_t>(rows) * maxb, 0.0f);
-  std::vector<std::int32_t> cv(rows);
-  BlockIndex::create(c, Device::cpu())
-      ->score(*cpu, slots, TensorView::contiguous(q.data(), qt, {1, 1, c.num_q_heads, d}),
-              ScoresView{cs.data(), cv.data(), rows, maxb});
+  ingest_both(*f.cpu, *f.gpu, 0, k, v, len);
+  f.c.num_kv_heads = hkv;
+  f.c.num_q_heads = hkv * group;
+  f.c.head_dim = d;
+  f.c.score = score;
+  f.c.aggregate = aggregate;
+  f.c.max_batch = 1;
+  f.c.dtype = qt;
+  f.q = random_bits16(static_cast<std::size_t>(f.c.num_q_heads) * d, qt, 77);
+  f.q[static_cast<std::size_t>(inf_head) * d + 11] = pinf;
+  f.rows = f.c.rows(1, 1);
+  f.maxb = f.sc.max_blocks_per_slot();
+  f.cs.assign(static_cast<std::size_t>(f.rows) * f.maxb, 0.0f);
+  f.cv.resize(f.rows);
+  BlockIndex::create(f.c, Device::cpu())
+      ->score(*f.cpu, {0}, TensorView::contiguous(f.q.data(), qt, {1, 1, f.c.num_q_heads, d}),
+              ScoresView{f.cs.data(), f.cv.data(), f.rows, f.maxb});
+  return f;
+}
+
+// The GPU's scores `hs` / `hv` against the CPU's in `f`: the same valid counts, NaN where the
+// CPU's is NaN, the same infinity where it is infinite, within 1e-4 (relative to 1 + |cpu|)
+// elsewhere, and some non-finite scores among them.
+void expect_follows_cpu(const NonFiniteSummaries& f, const std::vector<float>& hs,
+                        const std::vector<std::int32_t>& hv) {
+  int non_finite = 0;
+  double max_rel = 0;
+  for (int r = 0; r < f.rows; ++r) {
+    ASSERT_EQ(hv[r], f.cv[r]) << "row " << r;
+    for (int j = 0; j < f.cv[r]; ++j) {
+      const float a = hs[static_cast<std::size_t>(r) * f.maxb + j],
+                  b = f.cs[static_cast<std::size_t>(r) * f.maxb + j];
+      ASSERT_EQ(std::isnan(a), std::isnan(b))
+          << "row " << r << " block " << j << ": " << a << " vs " << b;
+      if (std::isnan(b)) {
+        ++non_finite;
+        continue;
+      }
+      if (std::isinf(b)) {
+        ++non_finite;
+        ASSERT_EQ(a, b) << "row " << r << " block " << j;
+        continue;
+      }
+      ASSERT_TRUE(std::isfinite(a)) << "row " << r << " block " << j;
+      max_rel = std::max(max_rel, std::abs(static_cast<double>(a) - b) / (1.0 + std::abs(b)));
+    }
+  }
+  EXPECT_GT(non_finite, 0);  // the non-finite keys and the query reach scores
+  EXPECT_LT(max_rel, 1e-4);
+}
+
+// The tensor-core kernel on summaries holding NaN and infinities (non_finite_summaries, Hq 8 /
+// Hkv 2 / d 128): every score is the CPU's (expect_follows_cpu). The kernel recomputes a
+// non-finite dot product with the reference's arithmetic (kernels/index/score_mma.cuh), which
+// this checks for each of its three maths, both rules and both head aggregates (kMax keeps or
+// drops a head's NaN by the reference's order of heads).
+class Cuda_BlockIndex_TensorCoreNonFinite
+    : public ::testing::TestWithParam<std::tuple<SummaryScore, DType, GqaAggregate>> {};
+
+TEST_P(Cuda_BlockIndex_TensorCoreNonFinite, FollowsCpu) {
+  KVC_REQUIRE_GPU();
+  const auto [score, summary, aggregate] = GetParam();
+  const NonFiniteSummaries f = non_finite_summaries(2, 4, 128, 1500, summary, score, aggregate, 5);
+  DeviceArray<std::uint16_t> dq(f.q);
+  DeviceArray<std::int32_t> dslots(std::vector<int>{0});
   // One tile per warp (this call's size) and four (the unrolled, double-buffered loop).
   for (const auto which : {kernels::index_detail::SummaryKernels::kTensorCore,
                            kernels::index_detail::SummaryKernels::kTensorCoreTiles4}) {
     SCOPED_TRACE(static_cast<int>(which));
-    DeviceArray<float> gs(static_cast<std::size_t>(rows) * maxb);
-    DeviceArray<std::int32_t> gv(rows);
+    DeviceArray<float> gs(static_cast<std::size_t>(f.rows) * f.maxb);
+    DeviceArray<std::int32_t> gv(f.rows);
     gs.fill_bytes(0xff);
     gv.fill_bytes(0xff);
     ASSERT_EQ(kernels::index_detail::summary_scores_with(
-                  which, gpu->view(), c, dslots.get(), 1, 1, dq.get(),
-                  ScoresView{gs.get(), gv.get(), rows, maxb}, nullptr),
+                  which, f.gpu->view(), f.c, dslots.get(), 1, 1, dq.get(),
+                  ScoresView{gs.get(), gv.get(), f.rows, f.maxb}, nullptr),
               cudaSuccess);
     KVC_ASSERT_CUDA(cudaDeviceSynchronize());
-    const auto hs = gs.download();
-    const auto hv = gv.download();
-    int non_finite = 0;
-    double max_rel = 0;
-    for (int r = 0; r < rows; ++r) {
-      ASSERT_EQ(hv[r], cv[r]) << "row " << r;
-      for (int j = 0; j < cv[r]; ++j) {
-        const float a = hs[static_cast<std::size_t>(r) * maxb + j],
-                    b = cs[static_cast<std::size_t>(r) * maxb + j];
-        ASSERT_EQ(std::isnan(a), std::isnan(b))
-            << "row " << r << " block " << j << ": " << a << " vs " << b;
-        if (std::isnan(b)) {
-          ++non_finite;
-          continue;
-        }
-        if (std::isinf(b)) {
-          ++non_finite;
-          ASSERT_EQ(a, b) << "row " << r << " block " << j;
-          continue;
-        }
-        ASSERT_TRUE(std::isfinite(a)) << "row " << r << " block " << j;
-        max_rel = std::max(max_rel, std::abs(static_cast<double>(a) - b) / (1.0 + std::abs(b)));
-      }
-    }
-    EXPECT_GT(non_finite, 0);  // the non-finite keys and the query reach scores
-    EXPECT_LT(max_rel, 1e-4);
+    expect_follows_cpu(f, gs.download(), gv.download());
+    if (HasFatalFailure()) return;
   }
 }
 
 // The wide summary kernel (kernels/index/score_wide.cuh, under kAuto) on the same kind of
-// summaries: NaN, +inf and -inf in some blocks' keys and one infinite query element, at Hq 32 /
-// Hkv 2 / d 512 (past the byte-floor kernels), f16 and bf16, both head aggregates: every score
-// is the CPU's, NaN and infinities included.
+// summaries at Hq 32 / Hkv 2 / d 512 (past the byte-floor kernels), f16 and bf16, both head
+// aggregates: every score is the CPU's, NaN and infinities included.
 TEST(Cuda_BlockIndex_WideSummaryNonFinite, FollowsCpu) {
   KVC_REQUIRE_GPU();
-  const int hkv = 2, group = 16, d = 512, len = 1200;
   for (const DType summary : {DType::kF16, DType::kBF16}) {
     for (const GqaAggregate aggregate : {GqaAggregate::kSum, GqaAggregate::kMax}) {
       SCOPED_TRACE(std::string(to_string(summary)) +
                    (aggregate == GqaAggregate::kSum ? " sum" : " max"));
-      const KvStoreConfig sc = summary_store_config(hkv, d, summary, 2, 2048);
-      const DType qt = sc.dtype;
-      auto cpu = KvStore::create(sc, Device::cpu());
-      auto gpu = KvStore::create(sc, Device::cuda(0));
-      const std::size_t token = static_cast<std::size_t>(hkv) * d;
-      auto k = random_bits16(len * token, qt, 5, 1.0f);
-      auto v = random_bits16(len * token, qt, 6);
-      const bool bf16 = qt == DType::kBF16;
-      const std::uint16_t nan = bf16 ? 0x7fc0 : 0x7e00, pinf = bf16 ? 0x7f80 : 0x7c00,
-                          ninf = bf16 ? 0xff80 : 0xfc00;
-      for (int j = 3; j * 16 + 3 < len - 64; j += 3) {
-        const std::size_t at = static_cast<std::size_t>(j * 16 + 3) * token +
-                               static_cast<std::size_t>(j % 2) * d +
-                               static_cast<std::size_t>(7 * j) % d;
-        k[at] = j % 9 == 3 ? nan : j % 9 == 6 ? pinf : ninf;
-      }
-      ingest_both(*cpu, *gpu, 0, k, v, len);
-      BlockIndexConfig c;
-      c.num_kv_heads = hkv;
-      c.num_q_heads = hkv * group;
-      c.head_dim = d;
-      c.score = SummaryScore::kMeanK;
-      c.aggregate = aggregate;
-      c.max_batch = 1;
-      c.dtype = qt;
-      auto q = random_bits16(static_cast<std::size_t>(c.num_q_heads) * d, qt, 77);
-      q[21 * d + 11] = pinf;  // head 21 (kv head 1): every dot product of its rows is inf or NaN
-      DeviceArray<std::uint16_t> dq(q);
-      const std::vector<int> slots{0};
-      const int rows = c.rows(1, 1), maxb = sc.max_blocks_per_slot();
-      std::vector<float> cs(static_cast<std::size_t>(rows) * maxb, 0.0f);
-      std::vector<std::int32_t> cv(rows);
-      BlockIndex::create(c, Device::cpu())
-          ->score(*cpu, slots, TensorView::contiguous(q.data(), qt, {1, 1, c.num_q_heads, d}),
-                  ScoresView{cs.data(), cv.data(), rows, maxb});
-      DeviceArray<float> gs(static_cast<std::size_t>(rows) * maxb);
-      DeviceArray<std::int32_t> gv(rows);
+      const NonFiniteSummaries f =
+          non_finite_summaries(2, 16, 512, 1200, summary, SummaryScore::kMeanK, aggregate, 21);
+      DeviceArray<std::uint16_t> dq(f.q);
+      DeviceArray<float> gs(static_cast<std::size_t>(f.rows) * f.maxb);
+      DeviceArray<std::int32_t> gv(f.rows);
       gs.fill_bytes(0xff);
       gv.fill_bytes(0xff);
-      BlockIndex::create(c, Device::cuda(0))
-          ->score(*gpu, slots,
-                  TensorView::contiguous(dq.get(), qt, {1, 1, c.num_q_heads, d}, Device::cuda(0)),
-                  ScoresView{gs.get(), gv.get(), rows, maxb});
+      BlockIndex::create(f.c, Device::cuda(0))
+          ->score(*f.gpu, {0},
+                  TensorView::contiguous(dq.get(), f.c.dtype, {1, 1, f.c.num_q_heads, 512},
+                                         Device::cuda(0)),
+                  ScoresView{gs.get(), gv.get(), f.rows, f.maxb});
       KVC_ASSERT_CUDA(cudaDeviceSynchronize());
-      const auto hs = gs.download();
-      const auto hv = gv.download();
-      int non_finite = 0;
-      double max_rel = 0;
-      for (int r = 0; r < rows; ++r) {
-        ASSERT_EQ(hv[r], cv[r]) << "row " << r;
-        for (int j = 0; j < cv[r]; ++j) {
-          const float a = hs[static_cast<std::size_t>(r) * maxb + j],
-                      b = cs[static_cast<std::size_t>(r) * maxb + j];
-          ASSERT_EQ(std::isnan(a), std::isnan(b))
-              << "row " << r << " block " << j << ": " << a << " vs " << b;
-          if (std::isnan(b)) {
-            ++non_finite;
-            continue;
-          }
-          if (std::isinf(b)) {
-            ++non_finite;
-            ASSERT_EQ(a, b) << "row " << r << " block " << j;
-            continue;
-          }
-          ASSERT_TRUE(std::isfinite(a)) << "row " << r << " block " << j;
-          max_rel = std::max(max_rel, std::abs(static_cast<double>(a) - b) / (1.0 + std::abs(b)));
-        }
-      }
-      EXPECT_GT(non_finite, 0);
-      EXPECT_LT(max_rel, 1e-4);
+      expect_follows_cpu(f, gs.download(), gv.download());
+      if (HasFatalFailure()) return;
     }
   }
 }
