@@ -321,11 +321,11 @@ cudaError_t two_stage_scores(const StoreView& s, const BlockIndexConfig& c,
                              stream);
 }
 
-// kMeanK / kQuestMinMax with the byte-floor kernels (kernels/index/score_fast.cuh, score_rows.cuh,
-// score_mma.cuh; `which` as kernels/index/summary_variant.h describes it).
-cudaError_t fast_summary_scores(const StoreView& s, const BlockIndexConfig& c,
-                                const std::int32_t* d_slots, int batch, int tokens, const void* d_q,
-                                const ScoresView& out, SummaryKernels which, cudaStream_t stream) {
+// The summary kernels' parameters every tensor-core and byte-floor launch shares; the caller
+// sets p.nb where its kernel uses it.
+FastScoreParams summary_params(const StoreView& s, const BlockIndexConfig& c,
+                               const std::int32_t* d_slots, int tokens, const void* d_q,
+                               const ScoresView& out) {
   FastScoreParams p;
   p.s = s;
   p.slots = d_slots;
@@ -334,11 +334,21 @@ cudaError_t fast_summary_scores(const StoreView& s, const BlockIndexConfig& c,
   p.tokens = tokens;
   p.num_q_heads = c.num_q_heads;
   p.group = c.num_q_heads / c.num_kv_heads;
-  p.nb = detail::fast_summary_blocks_per_cta(c.num_kv_heads);
+  p.nb = 0;
   p.scale = c.scale();
   p.aggregate_max = c.aggregate == GqaAggregate::kMax;
   p.shared = c.shared_across_heads;
   p.q_bf16 = c.dtype == DType::kBF16;
+  return p;
+}
+
+// kMeanK / kQuestMinMax with the byte-floor kernels (kernels/index/score_fast.cuh, score_rows.cuh,
+// score_mma.cuh; `which` as kernels/index/summary_variant.h describes it).
+cudaError_t fast_summary_scores(const StoreView& s, const BlockIndexConfig& c,
+                                const std::int32_t* d_slots, int batch, int tokens, const void* d_q,
+                                const ScoresView& out, SummaryKernels which, cudaStream_t stream) {
+  FastScoreParams p = summary_params(s, c, d_slots, tokens, d_q, out);
+  p.nb = detail::fast_summary_blocks_per_cta(c.num_kv_heads);
   const int owned = store::owned_count(s.max_blocks_per_slot, s.num_shards, s.shard_index);
   const bool quest = c.score == SummaryScore::kQuestMinMax;
   if (which == SummaryKernels::kAuto) {
@@ -502,19 +512,7 @@ cudaError_t index_detail::summary_scores_with(SummaryKernels which, const StoreV
   if (c.kernel == IndexKernel::kAuto && reinterpret_cast<std::uintptr_t>(d_q) % 16 == 0 &&
       wide_summary_serves(c.score == SummaryScore::kQuestMinMax, c.shared_across_heads, c.head_dim,
                           s.summary_dtype, c.dtype, false)) {
-    FastScoreParams p;
-    p.s = s;
-    p.slots = d_slots;
-    p.q = static_cast<const std::uint16_t*>(d_q);
-    p.out = out;
-    p.tokens = tokens;
-    p.num_q_heads = c.num_q_heads;
-    p.group = c.num_q_heads / c.num_kv_heads;
-    p.nb = 0;
-    p.scale = c.scale();
-    p.aggregate_max = c.aggregate == GqaAggregate::kMax;
-    p.shared = false;
-    p.q_bf16 = c.dtype == DType::kBF16;
+    const FastScoreParams p = summary_params(s, c, d_slots, tokens, d_q, out);  // rows per kv head
     const int owned = store::owned_count(s.max_blocks_per_slot, s.num_shards, s.shard_index);
     return launch_summary_wide(c.head_dim, p.q_bf16, owned, c.rows(batch, tokens), p, stream);
   }
