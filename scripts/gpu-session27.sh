@@ -66,6 +66,11 @@
 #   decode-threads  the decode path's thread count on 4096-block rows (thirty-eighth session):
 #             the selector tests, BM_TopKDecode at 4096 blocks (every thread count with PDL, and
 #             the built-in choice) and DeepSelect's rows (carry [".anchors/p1/bin"])
+#   decode-count  the decode path's count threshold (SelectTuning::decode_count_threshold, written
+#             without a GPU in the thirty-eighth session): the decode tests, BM_TopKDecode with
+#             the count threshold against the listed maxima on one CTA (k 33 / 64, 4096 and 8192
+#             blocks, same call), DeepSelect's rows (carry [".anchors/p1/bin"]), racecheck and
+#             synccheck over the count-threshold test (rows capped at 4096 blocks)
 #   final     the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
 #             DeepSelect's (deepselect_bin: its fp32 kernel in kvc's harness, first run) anchors in
 #             the same call (carry [".anchors/p1/wheels", ".anchors/p1/bin", ".anchors/p1/MANIFEST"])
@@ -395,6 +400,17 @@ case "$mode" in
     [ -d .anchors/p1/bin ] && named_anchors topk "deepselect_bin"
     report
     ;;
+  decode-count)
+    build_targets kvc_cuda_tests topk_bench
+    gtests decode '*Cuda_Selector_Decode*' 150
+    BENCH_REPS=5 bench 60 topk_bench 'BM_TopKDecode/(1|8|64)/(4096|8192)/(33|64)/(1?00)?(257|513)/'
+    [ -d .anchors/p1/bin ] && named_anchors topk "deepselect_bin"
+    export KVC_TEST_MAX_ROW=4096
+    sanitize racecheck racecheck '*Cuda_Selector_Decode.CountThresholdMatchesCpu*' 120
+    sanitize synccheck synccheck '*Cuda_Selector_Decode.CountThresholdMatchesCpu*' 60
+    unset KVC_TEST_MAX_ROW
+    report
+    ;;
   wide-prof)
     # Where the grid's MQA step (Hq 64 / Hkv 1 / d 512, B1 N128K, top 8) spends its time after
     # the wide token kernel: every kernel of one step under Nsight Compute, for kvc's default
@@ -516,6 +532,6 @@ case "$mode" in
   flashinfer)
     named_anchors flashinfer "flashinfer_decode flashinfer_topk"
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof | wide-summary | decode-cluster | decode-default | decode-verify | decode-threads" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof | wide-summary | decode-cluster | decode-default | decode-verify | decode-threads | decode-count" >&2; exit 2 ;;
 esac
 finish

@@ -371,6 +371,10 @@ struct TopmParams {
   std::int32_t* out_counts;  // [rows]
   int max_selected;
   SelectionReport report;  // device pointers, any null
+  // The decode path on one CTA with more than kDecodeWarpEntries listed maxima: its threshold
+  // by a radix descent over the thread maxima instead of the listing and its count
+  // (SelectTuning::decode_count_threshold).
+  bool count_threshold = false;
 };
 
 /// The counts of a topk row that selects L ids and adds none: out_counts and the report's

@@ -72,6 +72,7 @@ constexpr int kDecodeCap = 256;         // candidates ranked by counting (<= eve
 constexpr int kDecodeBins = 256;        // the fallback's 8-bit digits (<= every kBlock)
 constexpr int kDecodeWarpEntries = 32;  // up to this many (one per lane), every warp finds T
 constexpr int kDecodeMaxCtas = 8;       // CTAs of a row's cluster (portable cluster size)
+constexpr int kDecodeDescentBits = 16;  // key bits the count threshold decides (see the kernel)
 
 /// Listed thread maxima of a row held by `warps` warps: W j <= 1.5 t + W (small_rounds).
 constexpr int decode_max_entries(int warps) { return kDecodeMaxRanks * 3 / 2 + 1 + warps; }
@@ -201,74 +202,89 @@ __global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_consta
 #pragma unroll
   for (int i = 0; i < kItems; ++i) tmax = key[i] > tmax ? key[i] : tmax;
   const int rounds = small_rounds(target, kRowWarps);
-  const int num_entries = kRowWarps * rounds;                  // <= decode_max_entries(kRowWarps)
-  const int row_warp = q * kWarps + warp;                      // this warp among the row's
-  if constexpr (kCtas > 1) cg::this_cluster().barrier_wait();  // every CTA of the row runs
-  // Lane c < kCtas writes this warp's entries and bound into CTA c (lane 0 alone: this CTA).
-  Shared* dst = &sh;
-  if constexpr (kCtas > 1) {
-    dst = cg::this_cluster().map_shared_rank(&sh, static_cast<unsigned>(lane < kCtas ? lane : 0));
-  }
-  {
-    std::uint32_t v = tmax;
-    for (int r = 0; r < rounds; ++r) {
-      const std::uint32_t top = __reduce_max_sync(0xffffffffu, v);
-      const unsigned holders = __ballot_sync(0xffffffffu, v == top);
-      if (lane < kCtas) {
-        dst->entry[row_warp * rounds + r] = top == 0u ? 0ull
-                                                      : (static_cast<std::uint64_t>(top) << 32) |
-                                                            static_cast<unsigned>(__popc(holders));
-      }
-      if (v == top) v = 0u;
-    }
-  }
-  if (target <= 32) {  // uniform
-    // This warp's own bound: the t-th largest of its 32 thread maxima (at least t of its
-    // threads, so t blocks, are at or above it). The row's T below is at least the largest of
-    // these, which keeps rows whose best blocks gather in one warp (a ramp, a hot passage of
-    // consecutive blocks) from overflowing the candidates.
-    unsigned ge = 0u;
-#pragma unroll
-    for (int u = 0; u < 32; ++u) ge += __shfl_sync(0xffffffffu, tmax, u) >= tmax ? 1u : 0u;
-    const std::uint32_t bound = __reduce_max_sync(
-        0xffffffffu, (tmax != 0u && ge >= static_cast<unsigned>(target)) ? tmax : 0u);
-    if (lane < kCtas) dst->warp_bound[row_warp] = bound;
-  }
-  // #1: the entries and warp bounds are complete (in every CTA of the row), the counters zero.
-  if constexpr (kCtas > 1) {
-    cg::this_cluster().sync();
-  } else {
-    __syncthreads();
-  }
-
+  const int num_entries = kRowWarps * rounds;  // <= decode_max_entries(kRowWarps)
   std::uint32_t T = 0u;
-  if (num_entries <= kDecodeWarpEntries) {
-    // Every warp, one entry per lane: the one listed value with (multiplicity above it) <
-    // target <= (multiplicity at or above it); 0 when the entries hold fewer than target.
-    const std::uint32_t ev =
-        lane < num_entries ? static_cast<std::uint32_t>(sh.entry[lane] >> 32) : 0u;
-    unsigned gt = 0u, ge = 0u;
-    for (int u = 0; u < num_entries; ++u) {
-      const std::uint64_t x = sh.entry[u];
-      const std::uint32_t xv = static_cast<std::uint32_t>(x >> 32);
-      const unsigned xc = static_cast<unsigned>(x);
-      gt += xv > ev ? xc : 0u;
-      ge += xv >= ev ? xc : 0u;
+  if (kCtas == 1 && p.count_threshold && num_entries > kDecodeWarpEntries) {  // uniform
+    // The count threshold (SelectTuning::decode_count_threshold): the largest key T whose low
+    // 32 - kDecodeDescentBits bits are zero with at least `target` threads holding a maximum
+    // >= T, decided bit by bit from the top, one __syncthreads_count a bit (the counters are
+    // zeroed before the first). At least target blocks have keys >= T, as with the listed
+    // maxima; T is within 2^(32 - kDecodeDescentBits) keys below the target-th largest thread
+    // maximum, the one the list finds, so the candidates are about as many.
+#pragma unroll 1
+    for (int bit = 31; bit >= 32 - kDecodeDescentBits; --bit) {
+      const std::uint32_t trial = T | (1u << bit);
+      if (__syncthreads_count(tmax >= trial) >= target) T = trial;
     }
-    const bool cut =
-        ev != 0u && gt < static_cast<unsigned>(target) && static_cast<unsigned>(target) <= ge;
-    T = __reduce_max_sync(0xffffffffu, cut ? ev : 0u);
   } else {
-    entries_threshold<kBlock>(sh.entry, num_entries, target, &sh.threshold, nullptr);
-    __syncthreads();
-    T = sh.threshold;
-  }
-  if (target <= 32) {  // the largest warp bound, when it is tighter
-    std::uint32_t b = 0u;
+    const int row_warp = q * kWarps + warp;                      // this warp among the row's
+    if constexpr (kCtas > 1) cg::this_cluster().barrier_wait();  // every CTA of the row runs
+    // Lane c < kCtas writes this warp's entries and bound into CTA c (lane 0 alone: this CTA).
+    Shared* dst = &sh;
+    if constexpr (kCtas > 1) {
+      dst = cg::this_cluster().map_shared_rank(&sh, static_cast<unsigned>(lane < kCtas ? lane : 0));
+    }
+    {
+      std::uint32_t v = tmax;
+      for (int r = 0; r < rounds; ++r) {
+        const std::uint32_t top = __reduce_max_sync(0xffffffffu, v);
+        const unsigned holders = __ballot_sync(0xffffffffu, v == top);
+        if (lane < kCtas) {
+          dst->entry[row_warp * rounds + r] = top == 0u
+                                                  ? 0ull
+                                                  : (static_cast<std::uint64_t>(top) << 32) |
+                                                        static_cast<unsigned>(__popc(holders));
+        }
+        if (v == top) v = 0u;
+      }
+    }
+    if (target <= 32) {  // uniform
+      // This warp's own bound: the t-th largest of its 32 thread maxima (at least t of its
+      // threads, so t blocks, are at or above it). The row's T below is at least the largest of
+      // these, which keeps rows whose best blocks gather in one warp (a ramp, a hot passage of
+      // consecutive blocks) from overflowing the candidates.
+      unsigned ge = 0u;
 #pragma unroll
-    for (int w = lane; w < kRowWarps; w += 32) b = sh.warp_bound[w] > b ? sh.warp_bound[w] : b;
-    b = __reduce_max_sync(0xffffffffu, b);
-    T = b > T ? b : T;
+      for (int u = 0; u < 32; ++u) ge += __shfl_sync(0xffffffffu, tmax, u) >= tmax ? 1u : 0u;
+      const std::uint32_t bound = __reduce_max_sync(
+          0xffffffffu, (tmax != 0u && ge >= static_cast<unsigned>(target)) ? tmax : 0u);
+      if (lane < kCtas) dst->warp_bound[row_warp] = bound;
+    }
+    // #1: the entries and warp bounds are complete (in every CTA of the row), the counters zero.
+    if constexpr (kCtas > 1) {
+      cg::this_cluster().sync();
+    } else {
+      __syncthreads();
+    }
+
+    if (num_entries <= kDecodeWarpEntries) {
+      // Every warp, one entry per lane: the one listed value with (multiplicity above it) <
+      // target <= (multiplicity at or above it); 0 when the entries hold fewer than target.
+      const std::uint32_t ev =
+          lane < num_entries ? static_cast<std::uint32_t>(sh.entry[lane] >> 32) : 0u;
+      unsigned gt = 0u, ge = 0u;
+      for (int u = 0; u < num_entries; ++u) {
+        const std::uint64_t x = sh.entry[u];
+        const std::uint32_t xv = static_cast<std::uint32_t>(x >> 32);
+        const unsigned xc = static_cast<unsigned>(x);
+        gt += xv > ev ? xc : 0u;
+        ge += xv >= ev ? xc : 0u;
+      }
+      const bool cut =
+          ev != 0u && gt < static_cast<unsigned>(target) && static_cast<unsigned>(target) <= ge;
+      T = __reduce_max_sync(0xffffffffu, cut ? ev : 0u);
+    } else {
+      entries_threshold<kBlock>(sh.entry, num_entries, target, &sh.threshold, nullptr);
+      __syncthreads();
+      T = sh.threshold;
+    }
+    if (target <= 32) {  // the largest warp bound, when it is tighter
+      std::uint32_t b = 0u;
+#pragma unroll
+      for (int w = lane; w < kRowWarps; w += 32) b = sh.warp_bound[w] > b ? sh.warp_bound[w] : b;
+      b = __reduce_max_sync(0xffffffffu, b);
+      T = b > T ? b : T;
+    }
   }
 
   // --- 4. candidates: the valid blocks with keys >= T, into the leader ----------------------

@@ -72,6 +72,11 @@ struct SelectTuning {
   /// Launch the decode path with programmatic dependent launch (the kernel waits for its
   /// predecessor with griddepcontrol.wait and lets its successor launch early).
   bool decode_pdl = false;
+  /// Decode path on one CTA, where its warps would list more than 32 thread maxima (k > 32 on
+  /// 256 or 512 threads): find the threshold by a radix descent over the thread maxima
+  /// (kDecodeDescentBits rounds of __syncthreads_count) instead of the listing and the count
+  /// over the list, for comparison (not yet measured).
+  bool decode_count_threshold = false;
   /// Take the set path (kernels/select/set.cuh: topk and anchor listed in id order, no report,
   /// rows of up to 32768 blocks, at most 16 anchors) wherever it applies (the built-in choice:
   /// set_path_by_default).

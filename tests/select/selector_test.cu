@@ -1296,6 +1296,40 @@ TEST(Cuda_Selector_Decode, EveryClusterShapeMatchesCpu) {
   }
 }
 
+// The count threshold (SelectTuning::decode_count_threshold) on every one-CTA instantiation
+// where the warps list more than 32 maxima: every k past 32 and the small ones (which keep the
+// list), every order and report field, every style (the fallback included), both load paths,
+// with and without programmatic dependent launch.
+TEST(Cuda_Selector_Decode, CountThresholdMatchesCpu) {
+  KVC_REQUIRE_GPU();
+  Gen gen;
+  SCOPED_TRACE("seed " + std::to_string(gen.seed()));
+  const int ks[] = {1, 8, 33, 40, 63, 64};
+  for (int threads : {256, 512, 1024}) {
+    for (int items : {4, 8, 16, 32}) {
+      for (bool vector_len : {false, true}) {
+        const int max_blocks = row_length_for_items(gen, threads * items, items, vector_len);
+        if (max_blocks > max_row_length()) continue;
+        SCOPED_TRACE("threads " + std::to_string(threads) + " items " + std::to_string(items) +
+                     " max_blocks " + std::to_string(max_blocks));
+        auto tuning = decode_tuning(threads, gen.uniform(0, 1) == 1);
+        tuning.decode_count_threshold = true;
+        for (int k : ks) {
+          const Batch b = make_batch(gen, gen.uniform(3, 6), max_blocks, gen.style());
+          check_policy_tuned(gen, b, SelectPolicy::topk(k), tuning);
+          if (HasFatalFailure()) return;
+        }
+        for (int st = 0; st < static_cast<int>(Style::kCount); ++st) {
+          SCOPED_TRACE("style " + std::to_string(st));
+          const Batch b = make_batch(gen, 3, max_blocks, static_cast<Style>(st));
+          check_policy_tuned(gen, b, SelectPolicy::topk(64), tuning);
+          if (HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
 // The benchmark's shapes (1 / 8 / 64 rows x 4096 / 8192 / 32768 blocks, k 4 / 8 / 16 / 64) on the
 // built-in thread count, plain and with programmatic dependent launch, and the special rows
 // (descending, ascending, all NaN, all +inf, sparse finite among NaN, all equal; one row short by
