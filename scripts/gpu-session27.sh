@@ -403,6 +403,9 @@ case "$mode" in
   decode-count)
     build_targets kvc_cuda_tests topk_bench
     gtests decode '*Cuda_Selector_Decode*' 150
+    # The block-index tests: the thirty-eighth session's review mends (summary_params, the shared
+    # non-finite setup) were compiled but never run on a GPU.
+    gtests blockindex '*Cuda_BlockIndex*' 120
     BENCH_REPS=5 bench 60 topk_bench 'BM_TopKDecode/(1|8|64)/(4096|8192)/(33|64)/(1?00)?(257|513)/'
     [ -d .anchors/p1/bin ] && named_anchors topk "deepselect_bin"
     export KVC_TEST_MAX_ROW=4096
