@@ -296,13 +296,13 @@ void BM_TopKVariant(benchmark::State& state) {
 
 // variant: 0 the small path, 1 the decode path, 2 the decode path with PDL, 256 / 512 / 1024
 // (+ 1: with PDL) the decode path with that many threads per CTA, 10000 * C + threads (+ 1: with
-// PDL) the decode path over clusters of C CTAs; + 100000 with the count threshold
-// (SelectTuning::decode_count_threshold).
+// PDL) the decode path over clusters of C CTAs; + 100000 with the listed maxima instead of the
+// count threshold on one CTA (SelectTuning::decode_listed_threshold).
 void BM_TopKDecode(benchmark::State& state) {
   int variant = static_cast<int>(state.range(3));
   select_detail_tuning tuning;
-  if (variant >= 100000) {  // + 100000: the count threshold (decode_count_threshold)
-    tuning.decode_count_threshold = true;
+  if (variant >= 100000) {  // + 100000: the listed maxima (decode_listed_threshold)
+    tuning.decode_listed_threshold = true;
     variant -= 100000;
   }
   if (variant == 0) {
@@ -440,8 +440,8 @@ BENCHMARK(BM_TopKDecode)
           for (int threads : {256, 512, 1024}) b->Args({rows, 4096, k, threads + 1});
         }
       }
-      // The count threshold against the listed maxima on one CTA, with PDL, where the warps
-      // list more than 32 maxima (k > 32).
+      // The count threshold (built in) against the listed maxima on one CTA, with PDL, where
+      // the warps list more than 32 maxima (k > 32).
       for (int rows : {1, 8, 64}) {
         for (int n : {4096, 8192}) {
           for (int k : {33, 64}) {

@@ -66,11 +66,12 @@
 #   decode-threads  the decode path's thread count on 4096-block rows (thirty-eighth session):
 #             the selector tests, BM_TopKDecode at 4096 blocks (every thread count with PDL, and
 #             the built-in choice) and DeepSelect's rows (carry [".anchors/p1/bin"])
-#   decode-count  the decode path's count threshold (SelectTuning::decode_count_threshold, written
-#             without a GPU in the thirty-eighth session): the decode tests, BM_TopKDecode with
-#             the count threshold against the listed maxima on one CTA (k 33 / 64, 4096 and 8192
+#   decode-count  the decode path's count threshold (written without a GPU in the thirty-eighth
+#             session, built in since the thirty-ninth; SelectTuning::decode_listed_threshold
+#             pins the listed maxima): the decode and block-index tests, BM_TopKDecode with the
+#             count threshold against the listed maxima on one CTA (k 33 / 64, 4096 and 8192
 #             blocks, same call), DeepSelect's rows (carry [".anchors/p1/bin"]), racecheck and
-#             synccheck over the count-threshold test (rows capped at 4096 blocks)
+#             synccheck over the threshold test (rows capped at 4096 blocks)
 #   final     the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
 #             DeepSelect's (deepselect_bin: its fp32 kernel in kvc's harness, first run) anchors in
 #             the same call (carry [".anchors/p1/wheels", ".anchors/p1/bin", ".anchors/p1/MANIFEST"])
@@ -409,8 +410,8 @@ case "$mode" in
     BENCH_REPS=5 bench 60 topk_bench 'BM_TopKDecode/(1|8|64)/(4096|8192)/(33|64)/(1?00)?(257|513)/'
     [ -d .anchors/p1/bin ] && named_anchors topk "deepselect_bin"
     export KVC_TEST_MAX_ROW=4096
-    sanitize racecheck racecheck '*Cuda_Selector_Decode.CountThresholdMatchesCpu*' 120
-    sanitize synccheck synccheck '*Cuda_Selector_Decode.CountThresholdMatchesCpu*' 60
+    sanitize racecheck racecheck '*Cuda_Selector_Decode.BothThresholdsMatchCpu*' 120
+    sanitize synccheck synccheck '*Cuda_Selector_Decode.BothThresholdsMatchCpu*' 60
     unset KVC_TEST_MAX_ROW
     report
     ;;

@@ -372,8 +372,8 @@ struct TopmParams {
   int max_selected;
   SelectionReport report;  // device pointers, any null
   // The decode path on one CTA with more than kDecodeWarpEntries listed maxima: its threshold
-  // by a radix descent over the thread maxima instead of the listing and its count
-  // (SelectTuning::decode_count_threshold).
+  // by a radix descent over the thread maxima instead of the listing and its count (the
+  // Selector sets it unless SelectTuning::decode_listed_threshold).
   bool count_threshold = false;
 };
 

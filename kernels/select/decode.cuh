@@ -19,7 +19,12 @@
 //    warp's own bound (the t-th largest of the warp's 32 thread maxima), which keeps rows whose
 //    best blocks gather in one warp (a ramp, a hot passage) tight. Barrier #1; every warp
 //    computes T itself from the list when it is short (<= kDecodeWarpEntries entries: no second
-//    barrier), the CTA together otherwise (one more barrier);
+//    barrier). Where the list would be longer on one CTA (k from 21 on every thread count),
+//    the count threshold replaces the listing: T is decided bit by bit from the top over the
+//    thread maxima, one __syncthreads_count a bit (kDecodeDescentBits barriers of a few
+//    instructions each, against 7-13 rounds of warp reductions and a count over 104-128 listed
+//    entries; 8 x 4096 k 64 5.27 -> 4.35 us on an H100, thirty-ninth session). A cluster lists,
+//    since its CTAs would need a cluster barrier a bit;
 // 4. every valid block with a key >= T appends its rank key to the candidates (one shared atomic
 //    per thread that has any: a handful of threads on ordinary rows). Barrier #2;
 // 5. each candidate counts the candidates above it (s threads per candidate) = its rank; ranks
@@ -205,7 +210,8 @@ __global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_consta
   const int num_entries = kRowWarps * rounds;  // <= decode_max_entries(kRowWarps)
   std::uint32_t T = 0u;
   if (kCtas == 1 && p.count_threshold && num_entries > kDecodeWarpEntries) {  // uniform
-    // The count threshold (SelectTuning::decode_count_threshold): the largest key T whose low
+    // The count threshold (built in; SelectTuning::decode_listed_threshold pins the listing
+    // below instead): the largest key T whose low
     // 32 - kDecodeDescentBits bits are zero with at least `target` threads holding a maximum
     // >= T, decided bit by bit from the top, one __syncthreads_count a bit (the counters are
     // zeroed before the first). At least target blocks have keys >= T, as with the listed

@@ -72,11 +72,15 @@ struct SelectTuning {
   /// Launch the decode path with programmatic dependent launch (the kernel waits for its
   /// predecessor with griddepcontrol.wait and lets its successor launch early).
   bool decode_pdl = false;
-  /// Decode path on one CTA, where its warps would list more than 32 thread maxima (k > 32 on
-  /// 256 or 512 threads): find the threshold by a radix descent over the thread maxima
-  /// (kDecodeDescentBits rounds of __syncthreads_count) instead of the listing and the count
-  /// over the list, for comparison (not yet measured).
-  bool decode_count_threshold = false;
+  /// Decode path on one CTA, where its warps would list more than 32 thread maxima (k from 21 on
+  /// every thread count): find the threshold from the listed maxima and the count over the
+  /// list, as before the thirty-ninth session, instead of the built-in radix descent over the
+  /// thread maxima (kDecodeDescentBits rounds of __syncthreads_count), for comparison. The
+  /// descent measured faster at every shape timed, k 33 and 64 over 4096 and 8192 blocks on 256
+  /// and 512 threads (H100, topk_bench BM_TopKDecode,
+  /// docs/perf-data/2026-12-06-session39/decode-count): 8 x 4096 k 64 4.35 against 5.27 us,
+  /// 1 x 8192 k 64 5.03 against 5.97, 64 x 8192 k 33 5.54 against 5.82.
+  bool decode_listed_threshold = false;
   /// Take the set path (kernels/select/set.cuh: topk and anchor listed in id order, no report,
   /// rows of up to 32768 blocks, at most 16 anchors) wherever it applies (the built-in choice:
   /// set_path_by_default).

@@ -675,7 +675,7 @@ cudaError_t select_tuned(void* d_temp, std::size_t& temp_bytes, const ScoresView
                           (decode_default || decode_pinned);
       if (decode) {
         tp.direct_topk = true;  // every field set; the decode kernel writes topk's outputs itself
-        tp.count_threshold = tuning.decode_count_threshold;
+        tp.count_threshold = !tuning.decode_listed_threshold;
         const bool pdl = tuning.decode_pdl || decode_default;
         // A thread count pinned alone pins one CTA of that many threads.
         const int ctas = tuning.decode_ctas != 0      ? tuning.decode_ctas

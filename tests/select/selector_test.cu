@@ -1296,15 +1296,17 @@ TEST(Cuda_Selector_Decode, EveryClusterShapeMatchesCpu) {
   }
 }
 
-// The count threshold (SelectTuning::decode_count_threshold) on every one-CTA instantiation
-// where the warps list more than 32 maxima: every k past 32 and the small ones (which keep the
-// list), every order and report field, every style (the fallback included), both load paths,
-// with and without programmatic dependent launch.
-TEST(Cuda_Selector_Decode, CountThresholdMatchesCpu) {
+// Both thresholds of one CTA, the count threshold (built in) and the listed maxima
+// (SelectTuning::decode_listed_threshold), on every one-CTA instantiation where the warps list
+// more than 32 maxima: every k past 32 and the small ones (which keep the list), every order and
+// report field, every style (the fallback included), both load paths, with and without
+// programmatic dependent launch.
+TEST(Cuda_Selector_Decode, BothThresholdsMatchCpu) {
   KVC_REQUIRE_GPU();
   Gen gen;
   SCOPED_TRACE("seed " + std::to_string(gen.seed()));
-  const int ks[] = {1, 8, 33, 40, 63, 64};
+  // The warps' list exceeds 32 entries from k 21 (every thread count).
+  const int ks[] = {1, 8, 16, 17, 20, 21, 32, 33, 40, 63, 64};
   for (int threads : {256, 512, 1024}) {
     for (int items : {4, 8, 16, 32}) {
       for (bool vector_len : {false, true}) {
@@ -1312,18 +1314,21 @@ TEST(Cuda_Selector_Decode, CountThresholdMatchesCpu) {
         if (max_blocks > max_row_length()) continue;
         SCOPED_TRACE("threads " + std::to_string(threads) + " items " + std::to_string(items) +
                      " max_blocks " + std::to_string(max_blocks));
-        auto tuning = decode_tuning(threads, gen.uniform(0, 1) == 1);
-        tuning.decode_count_threshold = true;
-        for (int k : ks) {
-          const Batch b = make_batch(gen, gen.uniform(3, 6), max_blocks, gen.style());
-          check_policy_tuned(gen, b, SelectPolicy::topk(k), tuning);
-          if (HasFatalFailure()) return;
-        }
-        for (int st = 0; st < static_cast<int>(Style::kCount); ++st) {
-          SCOPED_TRACE("style " + std::to_string(st));
-          const Batch b = make_batch(gen, 3, max_blocks, static_cast<Style>(st));
-          check_policy_tuned(gen, b, SelectPolicy::topk(64), tuning);
-          if (HasFatalFailure()) return;
+        for (bool listed : {false, true}) {
+          SCOPED_TRACE(listed ? "listed maxima" : "count threshold");
+          auto tuning = decode_tuning(threads, gen.uniform(0, 1) == 1);
+          tuning.decode_listed_threshold = listed;
+          for (int k : ks) {
+            const Batch b = make_batch(gen, gen.uniform(3, 6), max_blocks, gen.style());
+            check_policy_tuned(gen, b, SelectPolicy::topk(k), tuning);
+            if (HasFatalFailure()) return;
+          }
+          for (int st = 0; st < static_cast<int>(Style::kCount); ++st) {
+            SCOPED_TRACE("style " + std::to_string(st));
+            const Batch b = make_batch(gen, 3, max_blocks, static_cast<Style>(st));
+            check_policy_tuned(gen, b, SelectPolicy::topk(64), tuning);
+            if (HasFatalFailure()) return;
+          }
         }
       }
     }
