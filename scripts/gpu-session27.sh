@@ -75,7 +75,8 @@
 #   final     the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
 #             DeepSelect's (deepselect_bin: its fp32 kernel in kvc's harness, first run) anchors in
 #             the same call (carry [".anchors/p1/wheels", ".anchors/p1/bin", ".anchors/p1/MANIFEST"])
-#   flashinfer  FlashInfer's anchors, back to back after `final` on the same warm machine
+#   flashinfer  FlashInfer's anchors, back to back after `final` on the same warm machine (with
+#             TOPK_PROF=1 then Nsight Compute of the 64 x 131072 k 2048 top-k)
 #             (carry [".anchors/p1/flashinfer-sm90a.tar.xz", ".anchors/p1/wheels/apache_tvm_ffi-
 #             <version>.whl", ".anchors/p1/MANIFEST"])
 #   spread    the thirty-fifth session's spread top-k (written without a GPU): the sampled pass
@@ -535,6 +536,11 @@ case "$mode" in
     ;;
   flashinfer)
     named_anchors flashinfer "flashinfer_decode flashinfer_topk"
+    # TOPK_PROF=1 (thirty-ninth session): then Nsight Compute of the spread top-k at 64 x 131072,
+    # k 2048 with its stall reasons (the row's miss had no profile since the lean ring loop).
+    if [ "${TOPK_PROF:-0}" = 1 ] && [ -x build-gpu/benchmarks/topk_bench ]; then
+      NCU_STALLS=1 NCU_SKIP=3 profile topk-64x131072 topk_bench 'BM_TopK/64/131072/2048/' 'spread'
+    fi
     ;;
   *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof | wide-summary | decode-cluster | decode-default | decode-verify | decode-threads | decode-count" >&2; exit 2 ;;
 esac
