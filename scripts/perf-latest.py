@@ -127,11 +127,17 @@ def main():
     ap.add_argument("run_dir")
     ap.add_argument("--date", required=True)
     ap.add_argument("--command", required=True)
-    ap.add_argument("--gpu", default="NVIDIA H200 (132 SMs)")
+    # The GPU the run's own metadata names (its anchors'); --gpu only where a run has none. (Until
+    # the thirty-ninth session this defaulted to "NVIDIA H200 (132 SMs)", which mislabelled the
+    # thirty-seventh session's H100 run.)
+    ap.add_argument("--gpu", default=None)
     ap.add_argument("--out", default="docs/perf-data/latest.json")
     a = ap.parse_args()
     bench = perf_report.load_benchmarks(a.run_dir)
-    anchors, _, _ = perf_report.load_anchors(a.run_dir)
+    anchors, meta, _ = perf_report.load_anchors(a.run_dir)
+    gpu = a.gpu or (f"{meta['gpu']} ({meta.get('sms')} SMs)" if meta.get("gpu") else None)
+    if gpu is None:
+        ap.error("the run names no GPU in its metadata: pass --gpu")
     rows = []
     for name, prefix, anchor, field, fixed, note in ROWS:
         k = next((bench[n] for n in bench if n.startswith(prefix)), None)
@@ -151,7 +157,7 @@ def main():
             "floor_us": round(fl, 2) if fl else None,
             "note": "; ".join([note] + missing),
         })
-    doc = {"date": a.date, "gpu": a.gpu, "command": a.command,
+    doc = {"date": a.date, "gpu": gpu, "command": a.command,
            "raw": os.path.relpath(a.run_dir),
            "floor_basis": f"floor_us: the row's bytes at {HBM_TBPS} TB/s, the H200's measured read "
                           "bandwidth, whatever GPU ran the row (an H100's HBM3 reads about "
