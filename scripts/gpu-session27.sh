@@ -72,6 +72,9 @@
 #             count threshold against the listed maxima on one CTA (k 33 / 64, 4096 and 8192
 #             blocks, same call), DeepSelect's rows (carry [".anchors/p1/bin"]), racecheck and
 #             synccheck over the threshold test (rows capped at 4096 blocks)
+#   rolled    the thirty-ninth session's gpu-pending/rolled-rank against main (gpu-base/): every
+#             selector test, the large-k rows as tree / base / tree again, the phase probes,
+#             memcheck and racecheck over the counting-rank test
 #   final     the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
 #             DeepSelect's (deepselect_bin: its fp32 kernel in kvc's harness, first run) anchors in
 #             the same call (carry [".anchors/p1/wheels", ".anchors/p1/bin", ".anchors/p1/MANIFEST"])
@@ -425,6 +428,31 @@ case "$mode" in
     step_ncu mqa-meank 'BM_DecodeStepGrid/1/131072/2/2/8/'
     report
     ;;
+  rolled)
+    # The thirty-ninth session's branch gpu-pending/rolled-rank (bucket_rank's comparison loop
+    # rolled: the spread kernel 29,840 -> 20,752 sm_90a instructions; its leading stall at
+    # 64 x 131072 was instruction fetch): every selector test, the large-k rows of this tree and
+    # of main (gpu-base/, built in the same call) as tree, base, tree again, the phase probes of
+    # both, memcheck and racecheck over the counting-rank test.
+    probe_ab_build
+    BASE_TARGETS=topk_bench base_build_bg
+    build_targets kvc_cuda_tests topk_bench
+    gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 150
+    rows='BM_TopKVariant/(1|16|64)/131072/2048/5/|BM_TopKVariant/64/262144/2048/5/|BM_TopKVariant/(32|64)/(65536|32768)/2048/5/|BM_TopK/(1|64)/(131072|262144)/2048/|BM_TopK/(1|4)/262144/(512|2048)/'
+    BENCH_REPS=5 bench 60 topk_bench "$rows"
+    wait
+    cat "$out/base-build.txt" >> "$out/summary.txt" 2>/dev/null
+    [ -x build-base/benchmarks/topk_bench ] && timeout 60 build-base/benchmarks/topk_bench \
+      --benchmark_min_time=0.05s --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
+      --benchmark_filter="$rows" --benchmark_out="$out/topk_bench-base.json" \
+      --benchmark_out_format=json > "$out/topk_bench-base.log" 2>&1
+    say "topk_bench-base: rc=$? $(grep -c '_median' "$out/topk_bench-base.log" 2>/dev/null) rows"
+    BENCH_REPS=5 bench 60 topk_bench "$rows" -again
+    probe_ab_run
+    sanitize memcheck memcheck '*Cuda_Selector_Spread.CountingRank*:*Cuda_Selector_Stream*' 60
+    sanitize racecheck-rank racecheck '*Cuda_Selector_Spread.CountingRank*' 75
+    report
+    ;;
   land)
     # Everything a landing of the spread top-k's branch needs from one call: its tests, the four
     # sanitizers over the spread tests, its topk_bench rows beside main's (gpu-base/, built in
@@ -542,6 +570,6 @@ case "$mode" in
       NCU_STALLS=1 NCU_SKIP=3 profile topk-64x131072 topk_bench 'BM_TopK/64/131072/2048/' 'spread'
     fi
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof | wide-summary | decode-cluster | decode-default | decode-verify | decode-threads | decode-count" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof | wide-summary | decode-cluster | decode-default | decode-verify | decode-threads | decode-count | rolled" >&2; exit 2 ;;
 esac
 finish
