@@ -75,6 +75,8 @@
 #   rolled    the thirty-ninth session's gpu-pending/rolled-rank against main (gpu-base/): every
 #             selector test, the large-k rows as tree / base / tree again, the phase probes,
 #             memcheck and racecheck over the counting-rank test
+#   verify39  every GPU test at the thirty-ninth session's end, then Nsight Compute of the spread
+#             top-k (1 and 64 rows of 131072, k 2048; stall reasons, the one-row source page)
 #   final     the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
 #             DeepSelect's (deepselect_bin: its fp32 kernel in kvc's harness, first run) anchors in
 #             the same call (carry [".anchors/p1/wheels", ".anchors/p1/bin", ".anchors/p1/MANIFEST"])
@@ -453,6 +455,18 @@ case "$mode" in
     sanitize racecheck-rank racecheck '*Cuda_Selector_Spread.CountingRank*' 75
     report
     ;;
+  verify39)
+    # The thirty-ninth session's end state: every GPU test (the count threshold is now the
+    # decode path's built-in choice; the rolled counting-rank loop), then the spread top-k under
+    # Nsight Compute with its stall reasons at 1 and 64 rows of 131072 (k 2048) and the source
+    # page of the one-row launch (where its instruction-fetch stalls sit).
+    build_targets kvc_cuda_tests topk_bench
+    gtests all '*' 220
+    NCU_STALLS=1 NCU_SKIP=3 profile topk-64x131072 topk_bench 'BM_TopK/64/131072/2048/' 'spread'
+    NCU_STALLS=1 NCU_SKIP=3 profile topk-1x131072 topk_bench 'BM_TopK/1/131072/2048/' 'spread'
+    NCU_SKIP=3 NCU_COUNT=1 bench_source topk-1x131072 topk_bench 'BM_TopK/1/131072/2048/' 'spread'
+    report
+    ;;
   land)
     # Everything a landing of the spread top-k's branch needs from one call: its tests, the four
     # sanitizers over the spread tests, its topk_bench rows beside main's (gpu-base/, built in
@@ -570,6 +584,6 @@ case "$mode" in
       NCU_STALLS=1 NCU_SKIP=3 profile topk-64x131072 topk_bench 'BM_TopK/64/131072/2048/' 'spread'
     fi
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof | wide-summary | decode-cluster | decode-default | decode-verify | decode-threads | decode-count | rolled" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof | wide-summary | decode-cluster | decode-default | decode-verify | decode-threads | decode-count | rolled | verify39" >&2; exit 2 ;;
 esac
 finish
