@@ -406,38 +406,49 @@ __device__ __forceinline__ bool spread_share_finish(const TopmParams& p, int row
   const int j0 = c * share;
   const int j1 = j0 + share < total ? j0 + share : total;
   const KeyCodec codec = p.codec;
+  // This thread's slots in the share: candidates j = tid + i * kSpreadThreads in [j0, j1), i in
+  // [i0, i1) (i1 <= b.per). A rolled loop over them takes each slot's key and bucket place by
+  // a select chain, so the rank and the writes are one copy of code: unrolled over the 16
+  // slots, the warps holding a candidate jumped to its slot's copy (about 150 instructions
+  // apart), an instruction-cache miss each (thirty-ninth session).
+  const int i0 = j0 > tid ? (j0 - tid + kSpreadThreads - 1) / kSpreadThreads : 0;
+  int i1 = j1 > tid ? (j1 - tid + kSpreadThreads - 1) / kSpreadThreads : 0;
+  i1 = i1 < b.per ? i1 : b.per;
+  auto for_each_share_slot = [&](auto&& f) {  // f(key, rank)
+#pragma unroll 1
+    for (int i = i0; i < i1; ++i) {
+      std::uint64_t v = 0ull;
+      unsigned at = 0u;
+#pragma unroll
+      for (int s = 0; s < kSharePer; ++s) {
+        v = s == i ? b.v[s] : v;
+        at = s == i ? b.at[s] : at;
+      }
+      f(v, bucket_rank_of(at, v, total, sh.u.cand, sh.hist));
+    }
+  };
   if (!p.direct_topk) {
     std::uint64_t* out = p.topm + static_cast<std::size_t>(row) * p.m;
-#pragma unroll
-    for (int i = 0; i < kSharePer; ++i) {
-      const int j = tid + i * kSpreadThreads;
-      if (i < b.per && j >= j0 && j < j1) {
-        const int r = bucket_rank(b, i, total, sh.u.cand, sh.hist);
-        if (r < target) out[r] = b.v[i];
-      }
-    }
+    for_each_share_slot([&](std::uint64_t v, int r) {
+      if (r < target) out[r] = v;
+    });
     return true;
   }
   std::int32_t* ids = p.out_ids + static_cast<std::size_t>(row) * p.max_selected;
   const SelectionReport& rep = p.report;
   const std::size_t rep_row = static_cast<std::size_t>(row) * rep.pitch;
   // bucket_by_rank returned with sh.temp.bcast_int = 0; the holder of rank L - 1 sets it.
-#pragma unroll
-  for (int i = 0; i < kSharePer; ++i) {
-    const int j = tid + i * kSpreadThreads;
-    if (i < b.per && j >= j0 && j < j1) {
-      const int r = bucket_rank(b, i, total, sh.u.cand, sh.hist);
-      if (r < L) {
-        const int id = codec.id(b.v[i]);
-        ids[r] = id;
-        if (rep.base_ids != nullptr && r < rep.pitch) rep.base_ids[rep_row + r] = id;
-      }
-      if (r == L - 1) {
-        sh.temp.bcast_u64 = b.v[i];
-        sh.temp.bcast_int = 1;
-      }
+  for_each_share_slot([&](std::uint64_t v, int r) {
+    if (r < L) {
+      const int id = codec.id(v);
+      ids[r] = id;
+      if (rep.base_ids != nullptr && r < rep.pitch) rep.base_ids[rep_row + r] = id;
     }
-  }
+    if (r == L - 1) {
+      sh.temp.bcast_u64 = v;
+      sh.temp.bcast_int = 1;
+    }
+  });
   if (c == 0) write_topk_padding<kSpreadThreads>(p, row, L);
   if (rep.cutoff_margin == nullptr && rep.score_spread == nullptr) return true;  // uniform
   __syncthreads();

@@ -313,13 +313,12 @@ __device__ __forceinline__ bool bucket_by_rank(Load&& load, int count, std::uint
   return true;
 }
 
-/// The rank (keys larger, among all `count`) of this thread's key in slot i of b, after
-/// bucket_by_rank returned true: its bucket's place plus the larger keys of its bucket, compared
-/// pairwise through tmp.
-template <int kPer>
-__device__ __forceinline__ int bucket_rank(const RankBuckets<kPer>& b, int i, int count,
-                                           const std::uint64_t* tmp, const unsigned* hist) {
-  const int q = static_cast<int>(b.at[i] >> 16);
+/// The rank (keys larger, among all `count`) of key v with bucket place `at` (a slot of a
+/// RankBuckets), after bucket_by_rank returned true: its bucket's place plus the larger keys of
+/// its bucket, compared pairwise through tmp.
+__device__ __forceinline__ int bucket_rank_of(unsigned at, std::uint64_t v, int count,
+                                              const std::uint64_t* tmp, const unsigned* hist) {
+  const int q = static_cast<int>(at >> 16);
   const int begin = static_cast<int>(hist[q]);
   const int end = q == 0 ? count : static_cast<int>(hist[q - 1]);
   int r = begin;
@@ -328,8 +327,15 @@ __device__ __forceinline__ int bucket_rank(const RankBuckets<kPer>& b, int i, in
   // 29,840 sm_90a instructions (nvdisasm line counts), in a kernel whose leading stall at
   // 64 x 131072 was instruction fetch ("no instruction", Nsight Compute, thirty-ninth session).
 #pragma unroll 1
-  for (int j = begin; j < end; ++j) r += tmp[j] > b.v[i] ? 1 : 0;
+  for (int j = begin; j < end; ++j) r += tmp[j] > v ? 1 : 0;
   return r;
+}
+
+/// bucket_rank_of for slot i of b (i a constant once unrolled).
+template <int kPer>
+__device__ __forceinline__ int bucket_rank(const RankBuckets<kPer>& b, int i, int count,
+                                           const std::uint64_t* tmp, const unsigned* hist) {
+  return bucket_rank_of(b.at[i], b.v[i], count, tmp, hist);
 }
 
 /// The top `target` of the distinct keys X[0, count) (1 <= target <= count <= kRankCap), in rank
