@@ -211,12 +211,12 @@ __global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_consta
   std::uint32_t T = 0u;
   if (kCtas == 1 && p.count_threshold && num_entries > kDecodeWarpEntries) {  // uniform
     // The count threshold (built in; SelectTuning::decode_listed_threshold pins the listing
-    // below instead): the largest key T whose low
-    // 32 - kDecodeDescentBits bits are zero with at least `target` threads holding a maximum
-    // >= T, decided bit by bit from the top, one __syncthreads_count a bit (the counters are
-    // zeroed before the first). At least target blocks have keys >= T, as with the listed
-    // maxima; T is within 2^(32 - kDecodeDescentBits) keys below the target-th largest thread
-    // maximum, the one the list finds, so the candidates are about as many.
+    // below instead): the largest key T whose low 32 - kDecodeDescentBits bits are zero with at
+    // least `target` threads holding a maximum >= T, decided bit by bit from the top, one
+    // __syncthreads_count a bit (the first also makes the zeroed counters visible). At least
+    // target blocks have keys >= T, as with the listed maxima; T is within
+    // 2^(32 - kDecodeDescentBits) keys below the target-th largest thread maximum, the one the
+    // list finds, so the candidates are about as many.
 #pragma unroll 1
     for (int bit = 31; bit >= 32 - kDecodeDescentBits; --bit) {
       const std::uint32_t trial = T | (1u << bit);
