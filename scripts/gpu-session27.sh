@@ -72,9 +72,9 @@
 #             count threshold against the listed maxima on one CTA (k 33 / 64, 4096 and 8192
 #             blocks, same call), DeepSelect's rows (carry [".anchors/p1/bin"]), racecheck and
 #             synccheck over the threshold test (rows capped at 4096 blocks)
-#   rolled    the thirty-ninth session's gpu-pending/rolled-rank against main (gpu-base/): every
-#             selector test, the large-k rows as tree / base / tree again, the phase probes,
-#             memcheck and racecheck over the counting-rank test
+#   rolled | topk-ab  a large-k top-k branch (first the thirty-ninth session's rolled-rank)
+#             against main (gpu-base/): every selector test, the large-k rows as tree / base /
+#             tree again, the phase probes, memcheck and racecheck over the counting-rank test
 #   verify39  every GPU test at the thirty-ninth session's end, then Nsight Compute of the spread
 #             top-k (1 and 64 rows of 131072, k 2048; stall reasons, the one-row source page)
 #   final     the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
@@ -430,12 +430,12 @@ case "$mode" in
     step_ncu mqa-meank 'BM_DecodeStepGrid/1/131072/2/2/8/'
     report
     ;;
-  rolled)
-    # The thirty-ninth session's branch gpu-pending/rolled-rank (bucket_rank's comparison loop
-    # rolled: the spread kernel 29,840 -> 20,752 sm_90a instructions; its leading stall at
-    # 64 x 131072 was instruction fetch): every selector test, the large-k rows of this tree and
-    # of main (gpu-base/, built in the same call) as tree, base, tree again, the phase probes of
-    # both, memcheck and racecheck over the counting-rank test.
+  rolled | topk-ab)
+    # A large-k top-k branch against main (gpu-base/, built in the same call), first for the
+    # thirty-ninth session's gpu-pending/rolled-rank (bucket_rank's comparison loop rolled: the
+    # spread kernel 29,840 -> 20,752 sm_90a instructions), then its share-slots: every selector
+    # test, the large-k rows of this tree and of main as tree, base, tree again, the phase probes
+    # of both, memcheck and racecheck over the counting-rank test.
     probe_ab_build
     BASE_TARGETS=topk_bench base_build_bg
     build_targets kvc_cuda_tests topk_bench
@@ -584,6 +584,6 @@ case "$mode" in
       NCU_STALLS=1 NCU_SKIP=3 profile topk-64x131072 topk_bench 'BM_TopK/64/131072/2048/' 'spread'
     fi
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof | wide-summary | decode-cluster | decode-default | decode-verify | decode-threads | decode-count | rolled | verify39" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof | wide-summary | decode-cluster | decode-default | decode-verify | decode-threads | decode-count | rolled | topk-ab | verify39" >&2; exit 2 ;;
 esac
 finish
