@@ -186,6 +186,18 @@ base_build_bg() {
     echo "base build: rc=$? in $(( $(date +%s) - s )) s" > "$out/base-build.txt" ) &
 }
 
+# The topk_bench rows $1 of main's topk_bench (build-base, BASE_TARGETS=topk_bench
+# base_build_bg), after waiting for its build: topk_bench-base.json (land, rolled / topk-ab).
+topk_base_rows() {
+  wait
+  cat "$out/base-build.txt" >> "$out/summary.txt" 2>/dev/null
+  [ -x build-base/benchmarks/topk_bench ] && timeout 60 build-base/benchmarks/topk_bench \
+    --benchmark_min_time=0.05s --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
+    --benchmark_filter="$1" --benchmark_out="$out/topk_bench-base.json" \
+    --benchmark_out_format=json > "$out/topk_bench-base.log" 2>&1
+  say "topk_bench-base: rc=$? $(grep -c '_median' "$out/topk_bench-base.log" 2>/dev/null) rows"
+}
+
 # The step rows of main's step_bench (build-base), tagged -base, after the branch's.
 base_bench() {
   [ -d gpu-base ] || return 0
@@ -442,13 +454,7 @@ case "$mode" in
     gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 150
     rows='BM_TopKVariant/(1|16|64)/131072/2048/5/|BM_TopKVariant/64/262144/2048/5/|BM_TopKVariant/(32|64)/(65536|32768)/2048/5/|BM_TopK/(1|64)/(131072|262144)/2048/|BM_TopK/(1|4)/262144/(512|2048)/'
     BENCH_REPS=5 bench 60 topk_bench "$rows"
-    wait
-    cat "$out/base-build.txt" >> "$out/summary.txt" 2>/dev/null
-    [ -x build-base/benchmarks/topk_bench ] && timeout 60 build-base/benchmarks/topk_bench \
-      --benchmark_min_time=0.05s --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
-      --benchmark_filter="$rows" --benchmark_out="$out/topk_bench-base.json" \
-      --benchmark_out_format=json > "$out/topk_bench-base.log" 2>&1
-    say "topk_bench-base: rc=$? $(grep -c '_median' "$out/topk_bench-base.log" 2>/dev/null) rows"
+    topk_base_rows "$rows"
     BENCH_REPS=5 bench 60 topk_bench "$rows" -again
     probe_ab_run
     sanitize memcheck memcheck '*Cuda_Selector_Spread.CountingRank*:*Cuda_Selector_Stream*' 60
@@ -478,13 +484,7 @@ case "$mode" in
     gtests spread '*Cuda_Selector_Spread*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 60
     rows='BM_TopKVariant/(1|16|64)/131072/2048/5/|BM_TopKVariant/64/262144/2048/5/|BM_TopKVariant/(32|64)/(65536|32768)/2048/5/|BM_TopK/(1|64)/(131072|262144)/2048/'
     BENCH_REPS=5 bench 60 topk_bench "$rows"
-    wait
-    cat "$out/base-build.txt" >> "$out/summary.txt" 2>/dev/null
-    [ -x build-base/benchmarks/topk_bench ] && timeout 60 build-base/benchmarks/topk_bench \
-      --benchmark_min_time=0.05s --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
-      --benchmark_filter="$rows" --benchmark_out="$out/topk_bench-base.json" \
-      --benchmark_out_format=json > "$out/topk_bench-base.log" 2>&1
-    say "topk_bench-base: rc=$? $(grep -c '_median' "$out/topk_bench-base.log" 2>/dev/null) rows"
+    topk_base_rows "$rows"
     probe_ab_run
     [ -d .anchors/p1/bin ] && named_anchors topk "deepselect_bin"
     # racecheck takes about 27 s and 38 s over these two tests on an H100 (thirty-sixth session),
