@@ -216,7 +216,10 @@ __global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_consta
     // __syncthreads_count a bit (the first also makes the zeroed counters visible). At least
     // target blocks have keys >= T, as with the listed maxima; T is within
     // 2^(32 - kDecodeDescentBits) keys below the target-th largest thread maximum, the one the
-    // list finds, so the candidates are about as many.
+    // list finds, so the candidates are about as many, except on rows whose scores crowd a
+    // range small beside their magnitude (1000 + N(0, 1): thousands, then the fallback;
+    // scripts/decode-threshold-model.py, docs/selection.md). It needs no warp bound: T is within
+    // that distance of the target-th largest thread maximum, which no warp's bound exceeds.
 #pragma unroll 1
     for (int bit = 31; bit >= 32 - kDecodeDescentBits; --bit) {
       const std::uint32_t trial = T | (1u << bit);

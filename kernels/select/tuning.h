@@ -79,7 +79,10 @@ struct SelectTuning {
   /// descent measured faster at every shape timed, k 33 and 64 over 4096 and 8192 blocks on 256
   /// and 512 threads (H100, topk_bench BM_TopKDecode,
   /// docs/perf-data/2026-12-06-session39/decode-count): 8 x 4096 k 64 4.35 against 5.27 us,
-  /// 1 x 8192 k 64 5.03 against 5.97, 64 x 8192 k 33 5.54 against 5.82.
+  /// 1 x 8192 k 64 5.03 against 5.97, 64 x 8192 k 33 5.54 against 5.82. The descent's 16 key
+  /// bits are absolute, so rows whose scores crowd a range small beside their magnitude (1000 +
+  /// N(0, 1)) pass thousands of candidates and take the exact fallback where the list does not
+  /// (docs/selection.md; scripts/decode-threshold-model.py): pin the list for such rows.
   bool decode_listed_threshold = false;
   /// Take the set path (kernels/select/set.cuh: topk and anchor listed in id order, no report,
   /// rows of up to 32768 blocks, at most 16 anchors) wherever it applies (the built-in choice:
