@@ -382,7 +382,7 @@ __device__ __forceinline__ bool spread_sample_cut(const std::uint32_t* bits, int
 
 /// The sampled cut's finish shared by the row's C CTAs (step 2 of the file comment): after the
 /// arrival every CTA loads all `total` candidates of the row (target <= total <= kShareCap),
-/// buckets them (bucket_by_rank) and ranks its share, candidates [c S, c S + S) with
+/// buckets them (bucket_by_rank) and ranks its share, the buckets placed in [c S, c S + S) with
 /// S = ceil(total / C), writing each key of rank below target straight to its place in the
 /// outputs: topk's ids and report in score order, or stage B's input. CTA 0 writes the padding
 /// and the counts; the CTA holding rank L - 1 (L = min(k, n) ids selected) the cutoff margin and
@@ -406,25 +406,26 @@ __device__ __forceinline__ bool spread_share_finish(const TopmParams& p, int row
   const int j0 = c * share;
   const int j1 = j0 + share < total ? j0 + share : total;
   const KeyCodec codec = p.codec;
-  // This thread's slots in the share: candidates j = tid + i * kSpreadThreads in [j0, j1), i in
-  // [i0, i1) (i1 <= b.per). A rolled loop over them takes each slot's key and bucket place by
-  // a select chain, so the rank and the writes are one copy of code: unrolled over the 16
-  // slots, the warps holding a candidate jumped to its slot's copy (about 150 instructions
-  // apart), an instruction-cache miss each (thirty-ninth session).
-  const int i0 = j0 > tid ? (j0 - tid + kSpreadThreads - 1) / kSpreadThreads : 0;
-  int i1 = j1 > tid ? (j1 - tid + kSpreadThreads - 1) / kSpreadThreads : 0;
-  i1 = i1 < b.per ? i1 : b.per;
+  // The share is the buckets whose place lies in [j0, j1), not a range of the candidates'
+  // arrival order: a bucket's keys sit at positions [place, place + size) of sh.u.cand, and each
+  // has a rank in that range too, so a warp's 32 consecutive positions write about 32
+  // consecutive ranks (a line or two a store). Shares of arrival order wrote each key to a
+  // random rank: at 64 rows of 131072, k 2048, about 1,450 keys a CTA, one L1 wavefront a key
+  // and a store, 2.8 us from the scatter to the last write against 0.8 at one row (phase probe
+  // of main, H100, fortieth session). The share goes by whole buckets because each CTA's atomics
+  // order a bucket's keys their own way: the positions past j1 up to the last bucket that starts
+  // before j1 (at most kRankBucketMax - 1 of them) are this CTA's too. The key comes from shared
+  // memory (no select chain over the thread's 16 registers), its bucket from b.low and b.shift,
+  // as bucket_by_rank bucketed it.
+  const int j_end = j1 + kRankBucketMax - 1 < total ? j1 + kRankBucketMax - 1 : total;
   auto for_each_share_slot = [&](auto&& f) {  // f(key, rank)
 #pragma unroll 1
-    for (int i = i0; i < i1; ++i) {
-      std::uint64_t v = 0ull;
-      unsigned at = 0u;
-#pragma unroll
-      for (int s = 0; s < kSharePer; ++s) {
-        v = s == i ? b.v[s] : v;
-        at = s == i ? b.at[s] : at;
-      }
-      f(v, bucket_rank_of(at, v, total, sh.u.cand, sh.hist));
+    for (int j = j0 + tid; j < j_end; j += kSpreadThreads) {
+      const std::uint64_t v = sh.u.cand[j];
+      const unsigned q = static_cast<unsigned>((v - b.low) >> b.shift);
+      const int place = static_cast<int>(sh.hist[q]);
+      if (place < j0 || place >= j1) continue;  // another CTA's bucket
+      f(v, bucket_rank_of(q << 16, v, total, sh.u.cand, sh.hist));
     }
   };
   if (!p.direct_topk) {

@@ -214,6 +214,8 @@ struct RankBuckets {
   unsigned at[kPer];        // bucket << 16 | the key's slot within its bucket (< 2^16 keys)
   int per;                  // slots in use: ceil(count / kStreamThreads), uniform
   unsigned long long high;  // the largest key (every thread)
+  unsigned long long low;   // the smallest key (every thread)
+  int shift;                // a key's bucket: (key - low) >> shift (every thread)
 };
 
 /// Loads `count` distinct keys (1 <= count <= kPer * kStreamThreads; load(j) returns key j) into
@@ -263,9 +265,11 @@ __device__ __forceinline__ bool bucket_by_rank(Load&& load, int count, std::uint
     hi = h > hi ? h : hi;
   }
   b.high = hi;
+  b.low = lo;
   const unsigned long long range = hi - lo;
   const int len = 64 - __clzll(static_cast<long long>(range));  // bits of the range
   const int shift = len > kStreamDigitBits ? len - kStreamDigitBits : 0;
+  b.shift = shift;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     b.at[i] = 0u;
