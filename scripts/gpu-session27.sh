@@ -191,7 +191,7 @@ base_build_bg() {
 topk_base_rows() {
   wait
   cat "$out/base-build.txt" >> "$out/summary.txt" 2>/dev/null
-  [ -x build-base/benchmarks/topk_bench ] && timeout 60 build-base/benchmarks/topk_bench \
+  [ -x build-base/benchmarks/topk_bench ] && timeout "${BASE_TIMEOUT:-60}" build-base/benchmarks/topk_bench \
     --benchmark_min_time=0.05s --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
     --benchmark_filter="$1" --benchmark_out="$out/topk_bench-base.json" \
     --benchmark_out_format=json > "$out/topk_bench-base.log" 2>&1
@@ -461,6 +461,23 @@ case "$mode" in
     sanitize racecheck-rank racecheck '*Cuda_Selector_Spread.CountingRank*' 75
     report
     ;;
+  share)
+    # The fortieth session's gpu-pending/share: the spread path's shared finish by whole buckets
+    # of bucketed positions, so a warp's stores land on consecutive ranks (its first call also
+    # had a ring of 12 tiles, dropped: the phase probes put the shared finish alone ahead), against
+    # main (gpu-base/: main's spread.cuh and stream.cuh): the selector and DeepSeek-V4 top-k
+    # tests, the large-k rows as tree / base / tree again with a few decode rows as a control,
+    # racecheck over the counting-rank test (the shared finish among its variants).
+    BASE_TARGETS=topk_bench base_build_bg
+    build_targets kvc_cuda_tests topk_bench
+    gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 150
+    rows='BM_TopKDecode/(1|8)/4096/(8|64)/2/|BM_TopKVariant/(1|16|64)/131072/2048/5/|BM_TopKVariant/64/262144/2048/5/|BM_TopKVariant/(32|64)/(65536|32768)/2048/5/|BM_TopK/(1|64)/(131072|262144)/2048/|BM_TopK/(1|4)/262144/(512|2048)/'
+    BENCH_REPS=5 bench 60 topk_bench "$rows"
+    topk_base_rows "$rows"
+    BENCH_REPS=5 bench 60 topk_bench "$rows" -again
+    sanitize racecheck-rank racecheck '*Cuda_Selector_Spread.CountingRank*' 60
+    report
+    ;;
   verify39)
     # The thirty-ninth session's end state: every GPU test (the count threshold is now the
     # decode path's built-in choice; the rolled counting-rank loop), then the spread top-k under
@@ -584,6 +601,6 @@ case "$mode" in
       NCU_STALLS=1 NCU_SKIP=3 profile topk-64x131072 topk_bench 'BM_TopK/64/131072/2048/' 'spread'
     fi
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof | wide-summary | decode-cluster | decode-default | decode-verify | decode-threads | decode-count | rolled | topk-ab | verify39" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof | wide-summary | decode-cluster | decode-default | decode-verify | decode-threads | decode-count | rolled | topk-ab | verify39 | share" >&2; exit 2 ;;
 esac
 finish
