@@ -75,6 +75,9 @@
 #   rolled | topk-ab  a large-k top-k branch (first the thirty-ninth session's rolled-rank)
 #             against main (gpu-base/): every selector test, the large-k rows as tree / base /
 #             tree again, the phase probes, memcheck and racecheck over the counting-rank test
+#   share     the spread path's shared finish by whole buckets of bucketed positions (fortieth
+#             session) against main (gpu-base/: main's spread.cuh and stream.cuh): the selector
+#             tests, the large-k rows as tree / base / tree again, racecheck over the counting rank
 #   verify39  every GPU test at the thirty-ninth session's end, then Nsight Compute of the spread
 #             top-k (1 and 64 rows of 131072, k 2048; stall reasons, the one-row source page)
 #   final     the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
