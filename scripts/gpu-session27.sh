@@ -78,6 +78,9 @@
 #   share     the spread path's shared finish by whole buckets of bucketed positions (fortieth
 #             session) against main (gpu-base/: main's spread.cuh and stream.cuh): the selector
 #             tests, the large-k rows as tree / base / tree again, racecheck over the counting rank
+#   verify40  the fortieth session's end state: every GPU test, the large-k rows against the main
+#             before the shared finish's change (gpu-base/ from 5b3767e), racecheck over the
+#             counting rank and every spread variant (the next session's first call)
 #   verify39  every GPU test at the thirty-ninth session's end, then Nsight Compute of the spread
 #             top-k (1 and 64 rows of 131072, k 2048; stall reasons, the one-row source page)
 #   final     the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
@@ -481,6 +484,26 @@ case "$mode" in
     sanitize racecheck-rank racecheck '*Cuda_Selector_Spread.CountingRank*' 60
     report
     ;;
+  verify40)
+    # The fortieth session's end state, for the next session's first call (the landed shared
+    # finish by bucketed positions never ran topk_bench or the full suite in its own form): every
+    # GPU test, the large-k rows as tree / base / tree again against the main before it
+    # (gpu-base/: 5b3767e's spread.cuh and stream.cuh), racecheck over the counting-rank test
+    # and over every spread variant with rows capped at 16385 blocks, longer limits than the
+    # fortieth session's (whose spread racecheck ran past 70 s).
+    BASE_TARGETS=topk_bench base_build_bg
+    build_targets kvc_cuda_tests topk_bench
+    gtests all '*' 220
+    rows='BM_TopKVariant/(1|16|64)/131072/2048/5/|BM_TopKVariant/64/262144/2048/5/|BM_TopKVariant/(32|64)/(65536|32768)/2048/5/|BM_TopK/(1|64)/(131072|262144)/2048/|BM_TopK/(1|4)/262144/(512|2048)/'
+    BENCH_REPS=5 bench 60 topk_bench "$rows"
+    topk_base_rows "$rows"
+    BENCH_REPS=5 bench 60 topk_bench "$rows" -again
+    sanitize racecheck-rank racecheck '*Cuda_Selector_Spread.CountingRank*' 90
+    export KVC_TEST_MAX_ROW=16385
+    sanitize racecheck-spread racecheck '*Cuda_Selector_Spread.EveryVariant*' 150
+    unset KVC_TEST_MAX_ROW
+    report
+    ;;
   verify39)
     # The thirty-ninth session's end state: every GPU test (the count threshold is now the
     # decode path's built-in choice; the rolled counting-rank loop), then the spread top-k under
@@ -604,6 +627,6 @@ case "$mode" in
       NCU_STALLS=1 NCU_SKIP=3 profile topk-64x131072 topk_bench 'BM_TopK/64/131072/2048/' 'spread'
     fi
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof | wide-summary | decode-cluster | decode-default | decode-verify | decode-threads | decode-count | rolled | topk-ab | verify39 | share" >&2; exit 2 ;;
+  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof | wide-summary | decode-cluster | decode-default | decode-verify | decode-threads | decode-count | rolled | topk-ab | verify39 | share | verify40" >&2; exit 2 ;;
 esac
 finish
