@@ -488,7 +488,8 @@ case "$mode" in
     # The fortieth session's end state, for the next session's first call (the landed shared
     # finish by bucketed positions never ran topk_bench or the full suite in its own form): every
     # GPU test, the large-k rows as tree / base / tree again against the main before it
-    # (gpu-base/: 5b3767e's spread.cuh and stream.cuh), racecheck over the counting-rank test
+    # (gpu-base/ from `scripts/make-gpu-base.sh 5b3767e`: its spread.cuh and stream.cuh),
+    # racecheck over the counting-rank test
     # and over every spread variant with rows capped at 16385 blocks, longer limits than the
     # fortieth session's (whose spread racecheck ran past 70 s).
     BASE_TARGETS=topk_bench base_build_bg
