@@ -204,6 +204,15 @@ topk_base_rows() {
   say "topk_bench-base: rc=$? $(grep -c '_median' "$out/topk_bench-base.log" 2>/dev/null) rows"
 }
 
+# The topk_bench rows $1 of this tree, of main (topk_base_rows) and of this tree again, each
+# within $2 seconds (default 60): a same-call before / after with the drift between the two
+# runs of the tree in view (rolled / topk-ab, share, verify40).
+topk_rows_ab() {
+  BENCH_REPS=5 bench "${2:-60}" topk_bench "$1"
+  topk_base_rows "$1"
+  BENCH_REPS=5 bench "${2:-60}" topk_bench "$1" -again
+}
+
 # The step rows of main's step_bench (build-base), tagged -base, after the branch's.
 base_bench() {
   [ -d gpu-base ] || return 0
@@ -459,9 +468,7 @@ case "$mode" in
     build_targets kvc_cuda_tests topk_bench
     gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 150
     rows='BM_TopKVariant/(1|16|64)/131072/2048/5/|BM_TopKVariant/64/262144/2048/5/|BM_TopKVariant/(32|64)/(65536|32768)/2048/5/|BM_TopK/(1|64)/(131072|262144)/2048/|BM_TopK/(1|4)/262144/(512|2048)/'
-    BENCH_REPS=5 bench 60 topk_bench "$rows"
-    topk_base_rows "$rows"
-    BENCH_REPS=5 bench 60 topk_bench "$rows" -again
+    topk_rows_ab "$rows"
     probe_ab_run
     sanitize memcheck memcheck '*Cuda_Selector_Spread.CountingRank*:*Cuda_Selector_Stream*' 60
     sanitize racecheck-rank racecheck '*Cuda_Selector_Spread.CountingRank*' 75
@@ -478,9 +485,7 @@ case "$mode" in
     build_targets kvc_cuda_tests topk_bench
     gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 150
     rows='BM_TopKDecode/(1|8)/4096/(8|64)/2/|BM_TopKVariant/(1|16|64)/131072/2048/5/|BM_TopKVariant/64/262144/2048/5/|BM_TopKVariant/(32|64)/(65536|32768)/2048/5/|BM_TopK/(1|64)/(131072|262144)/2048/|BM_TopK/(1|4)/262144/(512|2048)/'
-    BENCH_REPS=5 bench 60 topk_bench "$rows"
-    topk_base_rows "$rows"
-    BENCH_REPS=5 bench 60 topk_bench "$rows" -again
+    topk_rows_ab "$rows"
     sanitize racecheck-rank racecheck '*Cuda_Selector_Spread.CountingRank*' 60
     report
     ;;
@@ -496,9 +501,7 @@ case "$mode" in
     build_targets kvc_cuda_tests topk_bench
     gtests all '*' 220
     rows='BM_TopKVariant/(1|16|64)/131072/2048/5/|BM_TopKVariant/64/262144/2048/5/|BM_TopKVariant/(32|64)/(65536|32768)/2048/5/|BM_TopK/(1|64)/(131072|262144)/2048/|BM_TopK/(1|4)/262144/(512|2048)/'
-    BENCH_REPS=5 bench 60 topk_bench "$rows"
-    topk_base_rows "$rows"
-    BENCH_REPS=5 bench 60 topk_bench "$rows" -again
+    topk_rows_ab "$rows"
     sanitize racecheck-rank racecheck '*Cuda_Selector_Spread.CountingRank*' 90
     export KVC_TEST_MAX_ROW=16385
     sanitize racecheck-spread racecheck '*Cuda_Selector_Spread.EveryVariant*' 150
