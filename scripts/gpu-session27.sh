@@ -204,6 +204,9 @@ topk_base_rows() {
   say "topk_bench-base: rc=$? $(grep -c '_median' "$out/topk_bench-base.log" 2>/dev/null) rows"
 }
 
+# The large-k top-k rows the A/B modes time (rolled / topk-ab, share, verify40).
+topk_large_rows='BM_TopKVariant/(1|16|64)/131072/2048/5/|BM_TopKVariant/64/262144/2048/5/|BM_TopKVariant/(32|64)/(65536|32768)/2048/5/|BM_TopK/(1|64)/(131072|262144)/2048/|BM_TopK/(1|4)/262144/(512|2048)/'
+
 # The topk_bench rows $1 of this tree, of main (topk_base_rows) and of this tree again, each
 # within $2 seconds (default 60): a same-call before / after with the drift between the two
 # runs of the tree in view (rolled / topk-ab, share, verify40).
@@ -467,7 +470,7 @@ case "$mode" in
     BASE_TARGETS=topk_bench base_build_bg
     build_targets kvc_cuda_tests topk_bench
     gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 150
-    rows='BM_TopKVariant/(1|16|64)/131072/2048/5/|BM_TopKVariant/64/262144/2048/5/|BM_TopKVariant/(32|64)/(65536|32768)/2048/5/|BM_TopK/(1|64)/(131072|262144)/2048/|BM_TopK/(1|4)/262144/(512|2048)/'
+    rows="$topk_large_rows"
     topk_rows_ab "$rows"
     probe_ab_run
     sanitize memcheck memcheck '*Cuda_Selector_Spread.CountingRank*:*Cuda_Selector_Stream*' 60
@@ -484,7 +487,7 @@ case "$mode" in
     BASE_TARGETS=topk_bench base_build_bg
     build_targets kvc_cuda_tests topk_bench
     gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 150
-    rows='BM_TopKDecode/(1|8)/4096/(8|64)/2/|BM_TopKVariant/(1|16|64)/131072/2048/5/|BM_TopKVariant/64/262144/2048/5/|BM_TopKVariant/(32|64)/(65536|32768)/2048/5/|BM_TopK/(1|64)/(131072|262144)/2048/|BM_TopK/(1|4)/262144/(512|2048)/'
+    rows="BM_TopKDecode/(1|8)/4096/(8|64)/2/|$topk_large_rows"
     topk_rows_ab "$rows"
     sanitize racecheck-rank racecheck '*Cuda_Selector_Spread.CountingRank*' 60
     report
@@ -500,7 +503,7 @@ case "$mode" in
     BASE_TARGETS=topk_bench base_build_bg
     build_targets kvc_cuda_tests topk_bench
     gtests all '*' 220
-    rows='BM_TopKVariant/(1|16|64)/131072/2048/5/|BM_TopKVariant/64/262144/2048/5/|BM_TopKVariant/(32|64)/(65536|32768)/2048/5/|BM_TopK/(1|64)/(131072|262144)/2048/|BM_TopK/(1|4)/262144/(512|2048)/'
+    rows="$topk_large_rows"
     topk_rows_ab "$rows"
     sanitize racecheck-rank racecheck '*Cuda_Selector_Spread.CountingRank*' 90
     export KVC_TEST_MAX_ROW=16385
