@@ -422,10 +422,10 @@ __device__ __forceinline__ bool spread_share_finish(const TopmParams& p, int row
 #pragma unroll 1
     for (int j = j0 + tid; j < j_end; j += kSpreadThreads) {
       const std::uint64_t v = sh.u.cand[j];
-      const unsigned q = static_cast<unsigned>((v - b.low) >> b.shift);
+      const int q = static_cast<int>((v - b.low) >> b.shift);
       const int place = static_cast<int>(sh.hist[q]);
       if (place < j0 || place >= j1) continue;  // another CTA's bucket
-      f(v, bucket_rank_of(q << 16, v, total, sh.u.cand, sh.hist));
+      f(v, bucket_rank_of(q, v, total, sh.u.cand, sh.hist));
     }
   };
   if (!p.direct_topk) {

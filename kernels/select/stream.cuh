@@ -317,12 +317,10 @@ __device__ __forceinline__ bool bucket_by_rank(Load&& load, int count, std::uint
   return true;
 }
 
-/// The rank (keys larger, among all `count`) of key v with bucket place `at` (a slot of a
-/// RankBuckets), after bucket_by_rank returned true: its bucket's place plus the larger keys of
-/// its bucket, compared pairwise through tmp.
-__device__ __forceinline__ int bucket_rank_of(unsigned at, std::uint64_t v, int count,
+/// The rank (keys larger, among all `count`) of key v in bucket q, after bucket_by_rank returned
+/// true: its bucket's place plus the larger keys of its bucket, compared pairwise through tmp.
+__device__ __forceinline__ int bucket_rank_of(int q, std::uint64_t v, int count,
                                               const std::uint64_t* tmp, const unsigned* hist) {
-  const int q = static_cast<int>(at >> 16);
   const int begin = static_cast<int>(hist[q]);
   const int end = q == 0 ? count : static_cast<int>(hist[q - 1]);
   int r = begin;
@@ -340,7 +338,7 @@ __device__ __forceinline__ int bucket_rank_of(unsigned at, std::uint64_t v, int 
 template <int kPer>
 __device__ __forceinline__ int bucket_rank(const RankBuckets<kPer>& b, int i, int count,
                                            const std::uint64_t* tmp, const unsigned* hist) {
-  return bucket_rank_of(b.at[i], b.v[i], count, tmp, hist);
+  return bucket_rank_of(static_cast<int>(b.at[i] >> 16), b.v[i], count, tmp, hist);
 }
 
 /// The top `target` of the distinct keys X[0, count) (1 <= target <= count <= kRankCap), in rank
