@@ -1184,6 +1184,24 @@ int row_length_for_items(Gen& gen, int chunk, int items, bool vector_len) {
   return n;
 }
 
+// Calls f(threads, items, max_blocks) for each one-CTA instantiation of the decode path (256,
+// 512, 1024 threads x 4, 8, 16, 32 scores per thread) with a scalar and a vector row length that
+// needs exactly that many (row_length_for_items) and fits max_row_length(); stops after a fatal
+// failure.
+template <class F>
+void for_each_decode_instantiation(Gen& gen, F&& f) {
+  for (int threads : {256, 512, 1024}) {
+    for (int items : {4, 8, 16, 32}) {
+      for (bool vector_len : {false, true}) {
+        const int max_blocks = row_length_for_items(gen, threads * items, items, vector_len);
+        if (max_blocks > max_row_length()) continue;
+        f(threads, items, max_blocks);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
 kernels::select_detail::SelectTuning decode_tuning(int threads, bool pdl, int ctas = 0) {
   kernels::select_detail::SelectTuning t;
   t.force_decode = true;
@@ -1204,33 +1222,26 @@ TEST(Cuda_Selector_Decode, EveryVariantMatchesCpu) {
   Gen gen;
   SCOPED_TRACE("seed " + std::to_string(gen.seed()));
   const int ks[] = {0, 1, 2, 7, 8, 16, 33, 63, 64};
-  for (int threads : {256, 512, 1024}) {
-    for (int items : {4, 8, 16, 32}) {
-      for (bool vector_len : {false, true}) {
-        const int max_blocks = row_length_for_items(gen, threads * items, items, vector_len);
-        if (max_blocks > max_row_length()) continue;
-        ASSERT_EQ(kernels::select_detail::decode_items_for(max_blocks, threads), items)
-            << "max_blocks " << max_blocks;
-        const auto tuning = decode_tuning(threads, gen.uniform(0, 1) == 1);
-        for (int k : ks) {
-          const Batch b = make_batch(gen, gen.uniform(4, 7), max_blocks, gen.style());
-          check_policy_tuned(gen, b, SelectPolicy::topk(k), tuning);
-          if (HasFatalFailure()) return;
-        }
-        for (int st = 0; st < static_cast<int>(Style::kCount); ++st) {
-          SCOPED_TRACE("style " + std::to_string(st));
-          const Batch b = make_batch(gen, 4, max_blocks, static_cast<Style>(st));
-          check_policy_tuned(gen, b, SelectPolicy::topk(gen.uniform(0, 1) ? 8 : 64), tuning);
-          if (HasFatalFailure()) return;
-        }
-        const Batch b = make_batch(gen, 4, max_blocks, gen.style());
-        check_policy_tuned(gen, b, gen.small_policy(Kind::kThreshold), tuning);
-        if (HasFatalFailure()) return;
-        check_policy_tuned(gen, b, SelectPolicy::topk(65), tuning);
-        if (HasFatalFailure()) return;
-      }
+  for_each_decode_instantiation(gen, [&](int threads, int items, int max_blocks) {
+    ASSERT_EQ(kernels::select_detail::decode_items_for(max_blocks, threads), items)
+        << "max_blocks " << max_blocks;
+    const auto tuning = decode_tuning(threads, gen.uniform(0, 1) == 1);
+    for (int k : ks) {
+      const Batch b = make_batch(gen, gen.uniform(4, 7), max_blocks, gen.style());
+      check_policy_tuned(gen, b, SelectPolicy::topk(k), tuning);
+      if (HasFatalFailure()) return;
     }
-  }
+    for (int st = 0; st < static_cast<int>(Style::kCount); ++st) {
+      SCOPED_TRACE("style " + std::to_string(st));
+      const Batch b = make_batch(gen, 4, max_blocks, static_cast<Style>(st));
+      check_policy_tuned(gen, b, SelectPolicy::topk(gen.uniform(0, 1) ? 8 : 64), tuning);
+      if (HasFatalFailure()) return;
+    }
+    const Batch b = make_batch(gen, 4, max_blocks, gen.style());
+    check_policy_tuned(gen, b, gen.small_policy(Kind::kThreshold), tuning);
+    if (HasFatalFailure()) return;
+    check_policy_tuned(gen, b, SelectPolicy::topk(65), tuning);
+  });
 }
 
 // Every cluster shape (kDecodeClusterShapes x 4, 8, 16 scores per thread, a row length that needs
@@ -1307,32 +1318,26 @@ TEST(Cuda_Selector_Decode, BothThresholdsMatchCpu) {
   SCOPED_TRACE("seed " + std::to_string(gen.seed()));
   // The warps' list exceeds 32 entries from k 21 (every thread count).
   const int ks[] = {1, 8, 16, 17, 20, 21, 32, 33, 40, 63, 64};
-  for (int threads : {256, 512, 1024}) {
-    for (int items : {4, 8, 16, 32}) {
-      for (bool vector_len : {false, true}) {
-        const int max_blocks = row_length_for_items(gen, threads * items, items, vector_len);
-        if (max_blocks > max_row_length()) continue;
-        SCOPED_TRACE("threads " + std::to_string(threads) + " items " + std::to_string(items) +
-                     " max_blocks " + std::to_string(max_blocks));
-        for (bool listed : {false, true}) {
-          SCOPED_TRACE(listed ? "listed maxima" : "count threshold");
-          auto tuning = decode_tuning(threads, gen.uniform(0, 1) == 1);
-          tuning.decode_listed_threshold = listed;
-          for (int k : ks) {
-            const Batch b = make_batch(gen, gen.uniform(3, 6), max_blocks, gen.style());
-            check_policy_tuned(gen, b, SelectPolicy::topk(k), tuning);
-            if (HasFatalFailure()) return;
-          }
-          for (int st = 0; st < static_cast<int>(Style::kCount); ++st) {
-            SCOPED_TRACE("style " + std::to_string(st));
-            const Batch b = make_batch(gen, 3, max_blocks, static_cast<Style>(st));
-            check_policy_tuned(gen, b, SelectPolicy::topk(64), tuning);
-            if (HasFatalFailure()) return;
-          }
-        }
+  for_each_decode_instantiation(gen, [&](int threads, int items, int max_blocks) {
+    SCOPED_TRACE("threads " + std::to_string(threads) + " items " + std::to_string(items) +
+                 " max_blocks " + std::to_string(max_blocks));
+    for (bool listed : {false, true}) {
+      SCOPED_TRACE(listed ? "listed maxima" : "count threshold");
+      auto tuning = decode_tuning(threads, gen.uniform(0, 1) == 1);
+      tuning.decode_listed_threshold = listed;
+      for (int k : ks) {
+        const Batch b = make_batch(gen, gen.uniform(3, 6), max_blocks, gen.style());
+        check_policy_tuned(gen, b, SelectPolicy::topk(k), tuning);
+        if (HasFatalFailure()) return;
+      }
+      for (int st = 0; st < static_cast<int>(Style::kCount); ++st) {
+        SCOPED_TRACE("style " + std::to_string(st));
+        const Batch b = make_batch(gen, 3, max_blocks, static_cast<Style>(st));
+        check_policy_tuned(gen, b, SelectPolicy::topk(64), tuning);
+        if (HasFatalFailure()) return;
       }
     }
-  }
+  });
 }
 
 // The benchmark's shapes (1 / 8 / 64 rows x 4096 / 8192 / 32768 blocks, k 4 / 8 / 16 / 64) on the
