@@ -10,12 +10,13 @@
 //    visible: the workspace holds anything at entry, and the kernel needs nothing from an earlier
 //    call, so replays of a captured graph stay correct;
 // 2. a sampled cut (rows of more than kSpreadCap valid blocks): before the grid-wide barrier every
-//    CTA of the row reads the same sample of it (kSpreadSample = 8192 scores in 1024 segments of
+//    CTA of the row reads the same sample of it (kSpreadSample = 4096 scores in 512 segments of
 //    8, evenly spaced; tuning.h) and cuts it in shared memory between sample ranks lo and hi
-//    (spread_sample_ranks: about 1.4 target of the row's keys at or above the cut), by buckets of
+//    (spread_sample_ranks: about 1.6 target of the row's keys at or above the cut), by buckets of
 //    equal key ranges below the sample's top (spread_sample_cut; radix passes where hi exceeds
-//    the CTA's threads). After the barrier each CTA appends its keys at or above that cut to the
-//    row's candidates and arrives at a row counter: each raw float score is tested against the
+//    the CTA's threads). Each CTA then stages its keys at or above that cut in shared memory,
+//    meets the grid-wide barrier only after that pass (it touches no row state), appends them to
+//    the row's candidates and arrives at a row counter: each raw float score is tested against the
 //    cut's floor (cut_floor_score, raw_score_floor), a thread's 16 scores of four tiles appended
 //    with one shared atomic per warp (warp_append_run), and the tiles past the resident ones stream
 //    through a cp.async ring of kSpreadRing tiles in the staging buffer's upper half, the first of

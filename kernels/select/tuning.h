@@ -117,13 +117,18 @@ struct SelectTuning {
 // together, each reads the same sample of its row, kSpreadSampleSegments segments of
 // kSpreadSampleRun consecutive scores spread evenly over the row, and cuts it between sample
 // ranks spread_sample_ranks(...). Here so that the tests can build rows that the sample misjudges.
-constexpr int kSpreadSampleSegments = 1024;
+// 4096 scores (one segment a thread) since the forty-first session: the cut over half the keys
+// ends about 1.9 us sooner, and the looser cut's extra candidates cost less than that at every
+// large-k shape timed but 64 x 262144 (H100, topk_bench, main's 8192-score sample in the same
+// call: 1 x 131072 k 2048 15.47 against 17.63 us, 64 x 131072 33.87 / 34.75, 64 x 262144 48.60 /
+// 47.55; docs/performance.md).
+constexpr int kSpreadSampleSegments = 512;
 constexpr int kSpreadSampleRun = 8;  // scores per segment: one 32-byte sector, two 16-byte loads
 constexpr int kSpreadSample = kSpreadSampleSegments * kSpreadSampleRun;
 
 /// First score of sample segment g (0 <= g < kSpreadSampleSegments) of a row of n > 16384 valid
-/// scores: g n / 1024 rounded down to a multiple of 4 (16-byte loads). Consecutive segments lie at
-/// least 13 scores apart, so the 8 scores of each are distinct and below n.
+/// scores: g n / 512 rounded down to a multiple of 4 (16-byte loads). Consecutive segments lie at
+/// least 29 scores apart, so the 8 scores of each are distinct and below n.
 KVC_HD constexpr int spread_sample_start(int g, int n) {
   return static_cast<int>((static_cast<long long>(g) * n / kSpreadSampleSegments) & ~3LL);
 }
@@ -134,7 +139,7 @@ KVC_HD constexpr int spread_sample_start(int g, int n) {
 /// independent scores the row's keys at or above the sample's r-th largest number about r n / S
 /// with a standard deviation of about sqrt(r) n / S, so a cut at lo keeps fewer than target keys
 /// (the exact passes then run) only beyond 4 standard deviations; hi = lo + lo / 4 + 8 bounds
-/// the radix passes over the sample. 1 x 131072, k 2048: lo 181 (about 2900 candidates).
+/// the radix passes over the sample. 1 x 131072, k 2048: lo 104 (about 3300 candidates).
 struct SpreadSampleRanks {
   int lo, hi;
 };
