@@ -78,6 +78,9 @@
 #   share     the spread path's shared finish by whole buckets of bucketed positions (fortieth
 #             session) against main (gpu-base/: main's spread.cuh and stream.cuh): the selector
 #             tests, the large-k rows as tree / base / tree again, racecheck over the counting rank
+#   verify41b every GPU test and DeepSeek-V4's top-k rows after the forty-first session's landing
+#   verify41  the late-barrier branch against main, a 4096-score sample in the probe, tests and
+#             sanitizers over the spread top-k (the forty-first session's one call)
 #   verify40  the fortieth session's end state: every GPU test, the large-k rows against the main
 #             before the shared finish's change (gpu-base/ from 5b3767e), racecheck over the
 #             counting rank and every spread variant (the next session's first call)
@@ -490,6 +493,63 @@ case "$mode" in
     rows="BM_TopKDecode/(1|8)/4096/(8|64)/2/|$topk_large_rows"
     topk_rows_ab "$rows"
     sanitize racecheck-rank racecheck '*Cuda_Selector_Spread.CountingRank*' 60
+    report
+    ;;
+  verify41b)
+    # The forty-first session's landing (the late barrier and the 4096-score sample): every GPU
+    # test, DeepSeek-V4's top-k rows (issue #13's 2048 of 262144 at B1) as tree / base / tree
+    # again against the main before it (gpu-base/ from `scripts/make-gpu-base.sh 41db1bf`),
+    # racecheck over every spread variant with what time is left.
+    BASE_TARGETS=dsv4_bench base_build_bg
+    build_targets kvc_cuda_tests dsv4_bench
+    gtests all '*' 220
+    rows='BM_Dsv4TopK/(1|8)/262144/2048/0/0/|BM_Dsv4TopK/1/262144/(512|1024)/0/0/'
+    BENCH_REPS=5 bench 30 dsv4_bench "$rows"
+    wait
+    cat "$out/base-build.txt" >> "$out/summary.txt" 2>/dev/null
+    [ -x build-base/benchmarks/dsv4_bench ] && timeout 30 build-base/benchmarks/dsv4_bench \
+      --benchmark_min_time=0.05s --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
+      --benchmark_filter="$rows" --benchmark_out="$out/dsv4_bench-base.json" \
+      --benchmark_out_format=json > "$out/dsv4_bench-base.log" 2>&1
+    say "dsv4_bench-base: rc=$? $(grep -c '_median' "$out/dsv4_bench-base.log" 2>/dev/null) rows"
+    BENCH_REPS=5 bench 30 dsv4_bench "$rows" -again
+    export KVC_TEST_MAX_ROW=16385
+    sanitize racecheck-spread racecheck '*Cuda_Selector_Spread.EveryVariant*' 300
+    unset KVC_TEST_MAX_ROW
+    report
+    ;;
+  sample4096)
+    # verify41's second call on the same warm machine: this tree with the 4096-score sample built
+    # in (tuning.h), its selector tests, sanitizers and large-k rows against main's topk_bench left
+    # in build-base/ by verify41.
+    build_targets kvc_cuda_tests topk_bench
+    gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 90
+    BASE_TIMEOUT=40 topk_rows_ab "$topk_large_rows|BM_TopKDecode/(1|8)/4096/(8|64)/" 40
+    export KVC_TEST_MAX_ROW=16385
+    sanitize memcheck-spread memcheck '*Cuda_Selector_Spread.EveryVariant*' 60
+    unset KVC_TEST_MAX_ROW
+    sanitize racecheck-rank racecheck '*Cuda_Selector_Spread.CountingRank*' 75
+    report
+    ;;
+  verify41)
+    # The forty-first session's one call (two failed starts left the budget for one): the pending
+    # late-barrier branch (this tree: the fortieth session's landed shared finish plus the
+    # barrier moved) against main (gpu-base/ from `scripts/make-gpu-base.sh main`), and for the
+    # phase probe only gpu-prev/ = this tree with a 4096-score sample (tuning.h,
+    # kSpreadSampleSegments 512): the selector and DeepSeek-V4 top-k tests, the large-k rows as
+    # tree / base / tree again, the three phase probes, memcheck and racecheck over the counting
+    # rank and every spread variant (rows capped at 16385 blocks).
+    probe_ab_build
+    BASE_TARGETS=topk_bench BASE_TIMEOUT=40 base_build_bg
+    build_targets kvc_cuda_tests topk_bench
+    gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 90
+    BASE_TIMEOUT=40 topk_rows_ab "$topk_large_rows" 40
+    probe_ab_run
+    sanitize racecheck-rank racecheck '*Cuda_Selector_Spread.CountingRank*' 75
+    export KVC_TEST_MAX_ROW=16385
+    sanitize memcheck-spread memcheck '*Cuda_Selector_Spread.EveryVariant*' 60
+    sanitize racecheck-spread racecheck '*Cuda_Selector_Spread.EveryVariant*' 150
+    unset KVC_TEST_MAX_ROW
     report
     ;;
   verify40)
