@@ -617,8 +617,9 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
   // The grid-wide barrier that makes every row's zeroed state visible. A CTA with a sampled cut
   // meets it after its sampled pass instead (below), which stages its keys in shared memory and
   // touches no row state, so it streams its tiles while other CTAs still cut their sample (at
-  // 64 rows of 131072 the cuts end between 10.1 and 12.3 us and the barrier 1.2 us after the
-  // last, H100, fortieth session). Every CTA meets it once.
+  // 64 rows of 131072 the cuts ended between 10.1 and 12.3 us and the barrier 1.2 us after the
+  // last; moving it gained 0.3-0.4 us there and nothing at one row: the streams, not the wait,
+  // bound the pass; H100, fortieth and forty-first sessions). Every CTA meets it once.
   if (!sampled) {
     cooperative_groups::this_grid().sync();
     KVC_SPREAD_MARK(1);
