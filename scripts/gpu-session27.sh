@@ -163,7 +163,8 @@ probe_ab_build() {
   done
 }
 
-# Each built probe at the large-k shapes, the versions of a shape one after another.
+# Each built probe at the large-k shapes, the versions of a shape one after another; the scores
+# uniform, or PROBE_DIST's distribution (1 Gaussian, 2 heavy ties: topk-trace-probe.cu's usage).
 probe_ab_run() {
   say "probes built: $(ls "$out" | grep -c '^probe-[a-z]*$') of: $variants"
   for shape in "131072 1" "131072 64" "262144 1" "262144 64" "131072 4" "131072 16"; do
@@ -171,10 +172,11 @@ probe_ab_run() {
     for v in $variants; do
       [ -x "$out/probe-$v" ] || continue
       (( $(left) > 20 )) || return 0
-      timeout 30 "$out/probe-$v" "$1" 2048 0 0 1 1 1 "$2" > "$out/trace-$v-$1x$2.txt" 2>&1
-      say "== $v rows $2 N $1: rc=$?"
+      local f="$out/trace-$v-$1x$2${PROBE_DIST:+-dist$PROBE_DIST}.txt"
+      timeout 30 "$out/probe-$v" "$1" 2048 "${PROBE_DIST:-0}" 0 1 1 1 "$2" > "$f" 2>&1
+      say "== $v rows $2 N $1 dist ${PROBE_DIST:-0}: rc=$?"
       grep -E "ids wrong|grid sync|sample (cut|append|count)|rank (counted|scattered)|end \\(|graph replay" \
-        "$out/trace-$v-$1x$2.txt" >> "$out/summary.txt"
+        "$f" >> "$out/summary.txt"
     done
   done
 }
