@@ -78,6 +78,7 @@
 #   share     the spread path's shared finish by whole buckets of bucketed positions (fortieth
 #             session) against main (gpu-base/: main's spread.cuh and stream.cuh): the selector
 #             tests, the large-k rows as tree / base / tree again, racecheck over the counting rank
+#   index-probe  the DeepSeek-V4 mxfp4 indexer's decode launch by phase (index-trace-probe.cu)
 #   verify41b every GPU test and DeepSeek-V4's top-k rows after the forty-first session's landing
 #   verify41  the late-barrier branch against main, a 4096-score sample in the probe, tests and
 #             sanitizers over the spread top-k (the forty-first session's one call)
@@ -495,6 +496,20 @@ case "$mode" in
     rows="BM_TopKDecode/(1|8)/4096/(8|64)/2/|$topk_large_rows"
     topk_rows_ab "$rows"
     sanitize racecheck-rank racecheck '*Cuda_Selector_Spread.CountingRank*' 60
+    report
+    ;;
+  index-probe)
+    # Issue #13's mxfp4 indexer at B1 T1 (13.2 us against a 5 us goal): where the decode launch's
+    # time goes, by the phase probe of the preparation and page-stream kernels
+    # (scripts/index-trace-probe.cu, no library build) at batch 1 and 8. About a minute.
+    nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
+      -o "$out/index-probe" scripts/index-trace-probe.cu > "$out/index-probe-build.log" 2>&1
+    say "index probe build: rc=$?"
+    for b in 1 8; do
+      timeout 60 "$out/index-probe" "$b" > "$out/index-trace-b$b.txt" 2>&1
+      say "== index probe batch $b: rc=$?"
+      cat "$out/index-trace-b$b.txt" >> "$out/summary.txt"
+    done
     report
     ;;
   verify41b)

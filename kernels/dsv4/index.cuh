@@ -40,6 +40,14 @@
 #include "mbarrier.cuh"
 #include "pdl.cuh"
 
+// Phase marks for scripts/index-trace-probe.cu, which defines the macro before including
+// index_stream.cuh to time the mxfp4 decode launch's phases (the preparation kernel's 0-2, the
+// page-stream kernel's 3-6, all before its page loop: a mark in or after the loop made the
+// kernel spill under its 128-register bound); nothing in the library defines it.
+#ifndef KVC_INDEX_MARK
+#define KVC_INDEX_MARK(phase) ((void)0)
+#endif
+
 namespace kvc {
 namespace kernels {
 namespace dsv4_detail {
@@ -155,6 +163,7 @@ __device__ __forceinline__ float prepare_head_cta(const IndexParams& p, const st
 template <int D>
 __global__ void __launch_bounds__(kPrepMaxThreads) prep_mxfp4_kernel(const IndexParams p) {
   constexpr int G = D / 32, KS = D / 32;
+  KVC_INDEX_MARK(0);
   pdl_launch_dependents();
   __shared__ float x[kPrepMaxThreads];
   __shared__ int red[2 * G];
@@ -167,6 +176,7 @@ __global__ void __launch_bounds__(kPrepMaxThreads) prep_mxfp4_kernel(const Index
   const float wh = p.w[row * H + h];
   const float v = prepare_head_cta<D>(p, p.q + (row * H + h) * D,
                                       static_cast<long long>(p.lengths[b]) - p.T + t, x);
+  KVC_INDEX_MARK(1);
   // The mxfp4 codec: one warp is one scale group (a max is order-free).
   float a = fabsf(v);
   const bool bad = __any_sync(0xffffffffu, is_nonfinite(v));
@@ -216,6 +226,7 @@ __global__ void __launch_bounds__(kPrepMaxThreads) prep_mxfp4_kernel(const Index
     reinterpret_cast<float*>(ws + L.wraw)[h] = wh;
     ws[L.ok + h] = head_ok ? 1 : 0;
   }
+  KVC_INDEX_MARK(2);
 }
 
 /// The int8 mma of the folded score: d += a (16 x 32 s8) * b (32 x 8 u8).

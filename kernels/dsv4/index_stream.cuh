@@ -451,15 +451,19 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_stream_kernel(co
   __shared__ __align__(8) std::uint64_t bar[kStreamSlots];
   __shared__ int valid[kStreamSlots];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  KVC_INDEX_MARK(3);
   const StreamCta c = stream_start(p, kStreamSlots, sm.page_ptr, bar, valid, sm.stage);
+  KVC_INDEX_MARK(4);
   const Mxfp4Row L(H, D);
   pdl_wait();
+  KVC_INDEX_MARK(5);
   std::conditional_t<kUnroll, ZeroQuery<MT, D>, LeanQuery<MT, D>> q;
   if constexpr (kUnroll) {
     q.load(c.ws, L, lane, reinterpret_cast<int4*>(sm.rows_all[warp]));
   } else {
     q.load(c.ws, L, lane, sm.rows_all[warp]);
   }
+  KVC_INDEX_MARK(6);
   int s = 0;
   std::uint32_t phase = 0;
   for (int i = 0; i < c.my_pages; ++i) {
