@@ -503,7 +503,7 @@ case "$mode" in
     # time goes, by the phase probe of the preparation and page-stream kernels
     # (scripts/index-trace-probe.cu, no library build) at batch 1 and 8. About a minute.
     nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
-      -o "$out/index-probe" scripts/index-trace-probe.cu > "$out/index-probe-build.log" 2>&1
+      -Ibenchmarks -o "$out/index-probe" scripts/index-trace-probe.cu > "$out/index-probe-build.log" 2>&1
     say "index probe build: rc=$?"
     for b in 1 8; do
       timeout 60 "$out/index-probe" "$b" > "$out/index-trace-b$b.txt" 2>&1

@@ -11,12 +11,12 @@
 // one-thread kernel launched after the score kernel started (the score grid done, plus a
 // launch), then the
 // per-launch time (preparation + score) of a CUDA graph of back-to-back launches over rotating
-// key sets spanning more than L2. Keys are random pages (scale bytes 126..129, so every key folds
+// key sets spanning twice the L2. Keys are random pages (scale bytes 126..129, so every key folds
 // as in the benchmark); the probe prints the fraction of non-zero scores, not a check against a
 // reference (the indexer tests do that).
 //   usage: index-trace-probe [batch (1)] [entries (131072)]
 //   build: nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
-//          -o index-probe scripts/index-trace-probe.cu
+//          -Ibenchmarks -o index-probe scripts/index-trace-probe.cu
 #include <cstdint>
 
 constexpr int kMaxTracedCtas = 2048;
@@ -45,6 +45,7 @@ __device__ __forceinline__ void index_mark(int phase) {
 #include <cstdlib>
 #include <vector>
 
+#include "anchors/anchor_timing.cuh"
 #include "dsv4/index_stream.cuh"
 
 using namespace kvc;
@@ -63,22 +64,13 @@ namespace {
 
 constexpr int kH = 64, kD = 128, kMT = kH / 16, kPageEntries = 64;
 
-__device__ std::uint32_t mix(std::uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352dU;
-  x ^= x >> 15;
-  x *= 0x846ca68bU;
-  x ^= x >> 16;
-  return x;
-}
-
 // Random pages: payload bytes uniform, scale bytes in [126, 129] (the benchmark's fill).
 __global__ void fill_pool(std::uint8_t* pool, std::size_t pages, dsv4::PageLayout l) {
   const std::size_t total = pages * l.page_bytes;
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     const std::size_t in_page = i % l.page_bytes;
-    const std::uint32_t h = mix(static_cast<std::uint32_t>(i) ^ 0x9e3779b9u);
+    const std::uint32_t h = anchor::hash32(static_cast<std::uint32_t>(i) ^ 0x9e3779b9u);
     pool[i] = in_page >= l.scale_offset ? static_cast<std::uint8_t>(126 + h % 4)
                                         : static_cast<std::uint8_t>(h);
   }
@@ -88,10 +80,10 @@ __global__ void fill_pool(std::uint8_t* pool, std::size_t pages, dsv4::PageLayou
 __global__ void fill_query(std::uint16_t* q, std::size_t n, float* w, std::size_t nw) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const float v =
-        (static_cast<float>(mix(static_cast<std::uint32_t>(i) + 5u) >> 8) * (1.0f / 16777216.0f)) *
-            4.0f -
-        2.0f;
+    const float v = (static_cast<float>(anchor::hash32(static_cast<std::uint32_t>(i) + 5u) >> 8) *
+                     (1.0f / 16777216.0f)) *
+                        4.0f -
+                    2.0f;
     q[i] = static_cast<std::uint16_t>(__float_as_uint(v) >> 16);
     if (i < nw) w[i] = v * 0.01f;
   }
@@ -118,7 +110,7 @@ int main(int argc, char** argv) {
   const dsv4::PageLayout layout = dsv4::page_layout(dsv4::EntryFormat::kMxfp4, kD, kPageEntries);
   const int pages_per_seq = (N + kPageEntries - 1) / kPageEntries;
   const double key_bytes = static_cast<double>(B) * pages_per_seq * layout.page_bytes;
-  const int sets = std::max(2, std::min(16, static_cast<int>(100e6 / key_bytes) + 1));
+  const int sets = anchor::sets_past_l2(static_cast<std::size_t>(key_bytes));
   const int slots = sets * B;
   const std::size_t pages = static_cast<std::size_t>(slots) * pages_per_seq;
   int sms = 0;
@@ -273,7 +265,8 @@ int main(int argc, char** argv) {
   std::size_t nonzero = 0;
   for (const float v : h) nonzero += v != 0.0f;
 
-  // Graph replay: kLaunches launch pairs over rotating sets per graph, 20 graphs timed.
+  // Graph replay (topk_bench's method, anchor::replay_us): kLaunches launch pairs over rotating
+  // sets per graph, each replay behind a 100 us spin.
   const int kLaunches = std::max(8, 64 / B);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
@@ -281,20 +274,8 @@ int main(int argc, char** argv) {
   for (int i = 0; i < kLaunches; ++i) launch(i % sets, false);
   CK(cudaStreamEndCapture(st, &graph));
   CK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(exec, st));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<double> per;
-  for (int r = 0; r < 20; ++r) {
-    CK(cudaEventRecord(e0, st));
-    CK(cudaGraphLaunch(exec, st));
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0.0f;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    per.push_back(ms * 1e3 / kLaunches);
-  }
+  CK(cudaGraphLaunch(exec, st));  // warm-up
+  const double replay = anchor::replay_us(exec, st, kLaunches);
 
   std::printf(
       "%s: batch %d x %d entries x %d heads x %d dims, mxfp4 pages of %d (%zu B); %d sets; "
@@ -312,7 +293,7 @@ int main(int argc, char** argv) {
       "  %-16s %8.2f  (a one-thread kernel after the score kernel: its grid done + a "
       "launch)\n",
       "after score", median(after));
-  std::printf("  graph replay: %.2f us per launch (median of 20 graphs of %d)\n", median(per),
-              kLaunches);
+  std::printf("  graph replay: %.2f us per launch (graphs of %d, the median of 5 means of 30)\n",
+              replay, kLaunches);
   return 0;
 }
