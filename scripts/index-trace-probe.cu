@@ -51,15 +51,6 @@ __device__ __forceinline__ void index_mark(int phase) {
 using namespace kvc;
 using namespace kvc::kernels::dsv4_detail;
 
-#define CK(x)                                                                        \
-  do {                                                                               \
-    cudaError_t e_ = (x);                                                            \
-    if (e_ != cudaSuccess) {                                                         \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                  \
-    }                                                                                \
-  } while (0)
-
 namespace {
 
 constexpr int kH = 64, kD = 128, kMT = kH / 16, kPageEntries = 64;
@@ -114,20 +105,20 @@ int main(int argc, char** argv) {
   const int slots = sets * B;
   const std::size_t pages = static_cast<std::size_t>(slots) * pages_per_seq;
   int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  ANCHOR_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, 0));
+  ANCHOR_CHECK(cudaGetDeviceProperties(&prop, 0));
 
   std::uint8_t* pool = nullptr;
-  CK(cudaMalloc(&pool, pages * layout.page_bytes));
+  ANCHOR_CHECK(cudaMalloc(&pool, pages * layout.page_bytes));
   fill_pool<<<2048, 256>>>(pool, pages, layout);
   std::vector<std::int32_t> table(pages), counts(slots, N);
   for (std::size_t i = 0; i < pages; ++i) table[i] = static_cast<std::int32_t>(i);
   std::int32_t *d_table = nullptr, *d_counts = nullptr, *d_meta = nullptr, *d_nv = nullptr;
-  CK(cudaMalloc(&d_table, pages * 4));
-  CK(cudaMalloc(&d_counts, slots * 4));
-  CK(cudaMemcpy(d_table, table.data(), pages * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(d_counts, counts.data(), slots * 4, cudaMemcpyHostToDevice));
+  ANCHOR_CHECK(cudaMalloc(&d_table, pages * 4));
+  ANCHOR_CHECK(cudaMalloc(&d_counts, slots * 4));
+  ANCHOR_CHECK(cudaMemcpy(d_table, table.data(), pages * 4, cudaMemcpyHostToDevice));
+  ANCHOR_CHECK(cudaMemcpy(d_counts, counts.data(), slots * 4, cudaMemcpyHostToDevice));
   // Per set: slots [set B, set B + B), then the lengths (4 N tokens: every entry visible).
   std::vector<std::int32_t> meta(static_cast<std::size_t>(sets) * 2 * B);
   for (int s = 0; s < sets; ++s) {
@@ -136,19 +127,19 @@ int main(int argc, char** argv) {
       meta[static_cast<std::size_t>(s) * 2 * B + B + b] = 4 * N;
     }
   }
-  CK(cudaMalloc(&d_meta, meta.size() * 4));
-  CK(cudaMemcpy(d_meta, meta.data(), meta.size() * 4, cudaMemcpyHostToDevice));
+  ANCHOR_CHECK(cudaMalloc(&d_meta, meta.size() * 4));
+  ANCHOR_CHECK(cudaMemcpy(d_meta, meta.data(), meta.size() * 4, cudaMemcpyHostToDevice));
   std::uint16_t* q = nullptr;
   float *w = nullptr, *scores = nullptr;
   const std::size_t qn = static_cast<std::size_t>(sets) * B * T * kH * kD;
-  CK(cudaMalloc(&q, qn * 2));
-  CK(cudaMalloc(&w, static_cast<std::size_t>(sets) * B * T * kH * 4));
+  ANCHOR_CHECK(cudaMalloc(&q, qn * 2));
+  ANCHOR_CHECK(cudaMalloc(&w, static_cast<std::size_t>(sets) * B * T * kH * 4));
   fill_query<<<1024, 256>>>(q, qn, w, static_cast<std::size_t>(sets) * B * T * kH);
-  CK(cudaMalloc(&scores, static_cast<std::size_t>(B) * T * N * 4));
-  CK(cudaMalloc(&d_nv, static_cast<std::size_t>(B) * T * 4));
+  ANCHOR_CHECK(cudaMalloc(&scores, static_cast<std::size_t>(B) * T * N * 4));
+  ANCHOR_CHECK(cudaMalloc(&d_nv, static_cast<std::size_t>(B) * T * 4));
   const Mxfp4Row row(kH, kD);
   unsigned char* ws = nullptr;
-  CK(cudaMalloc(&ws, static_cast<std::size_t>(B) * T * row.bytes));
+  ANCHOR_CHECK(cudaMalloc(&ws, static_cast<std::size_t>(B) * T * row.bytes));
 
   IndexParams p{};
   p.keys.layout = layout;
@@ -179,9 +170,10 @@ int main(int argc, char** argv) {
   // the resident CTAs (2 a SM) over the batch.
   auto kernel = mxfp4_score_stream_kernel<kMT, kD, true>;
   const int smem = stream_smem_bytes<kMT, kD>();
-  CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  ANCHOR_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int resident = 0;
-  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kIndexThreads, smem));
+  ANCHOR_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kIndexThreads, smem));
   const int needed = std::max(1, (pages_per_seq + stream_count(1) - 1) / stream_count(1));
   const int target = std::max(1, resident * sms / B);
   const dim3 grid(static_cast<unsigned>(std::min(needed, target)), static_cast<unsigned>(B), 1);
@@ -193,7 +185,7 @@ int main(int argc, char** argv) {
   }
 
   cudaStream_t st;
-  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  ANCHOR_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   auto launch = [&](int set, bool traced_end) {
     IndexParams ps = p;
     ps.slots = d_meta + static_cast<std::size_t>(set) * 2 * B;
@@ -211,12 +203,12 @@ int main(int argc, char** argv) {
     attr.val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
-    CK(cudaLaunchKernelEx(&cfg, kernel, ps));
+    ANCHOR_CHECK(cudaLaunchKernelEx(&cfg, kernel, ps));
     if (traced_end) end_mark<<<1, 1, 0, st>>>();
   };
-  CK(cudaDeviceSynchronize());
+  ANCHOR_CHECK(cudaDeviceSynchronize());
   for (int i = 0; i < 3; ++i) launch(i % sets, true);  // warm-up: module load, first touches
-  CK(cudaStreamSynchronize(st));
+  ANCHOR_CHECK(cudaStreamSynchronize(st));
 
   const char* names[kPrepPhases + kScorePhases] = {"prep entry",  "prep rotated",   "prep written",
                                                    "score entry", "streams issued", "pdl waited",
@@ -227,14 +219,14 @@ int main(int argc, char** argv) {
   for (int it = 0; it < 12; ++it) {
     std::vector<unsigned long long> zp(static_cast<std::size_t>(kMaxTracedCtas) * kPrepPhases, 0),
         zs(static_cast<std::size_t>(kMaxTracedCtas) * kScorePhases, 0);
-    CK(cudaMemcpyToSymbol(g_prep, zp.data(), zp.size() * 8));
-    CK(cudaMemcpyToSymbol(g_score, zs.data(), zs.size() * 8));
+    ANCHOR_CHECK(cudaMemcpyToSymbol(g_prep, zp.data(), zp.size() * 8));
+    ANCHOR_CHECK(cudaMemcpyToSymbol(g_score, zs.data(), zs.size() * 8));
     launch(it % sets, true);
-    CK(cudaStreamSynchronize(st));
+    ANCHOR_CHECK(cudaStreamSynchronize(st));
     unsigned long long t_after = 0;
-    CK(cudaMemcpyFromSymbol(&t_after, g_after, 8));
-    CK(cudaMemcpyFromSymbol(zp.data(), g_prep, zp.size() * 8));
-    CK(cudaMemcpyFromSymbol(zs.data(), g_score, zs.size() * 8));
+    ANCHOR_CHECK(cudaMemcpyFromSymbol(&t_after, g_after, 8));
+    ANCHOR_CHECK(cudaMemcpyFromSymbol(zp.data(), g_prep, zp.size() * 8));
+    ANCHOR_CHECK(cudaMemcpyFromSymbol(zs.data(), g_score, zs.size() * 8));
     const int prep_ctas = static_cast<int>(prep_grid.x * prep_grid.y);
     unsigned long long t0 = ~0ull;
     for (int c = 0; c < prep_ctas; ++c)
@@ -261,7 +253,7 @@ int main(int argc, char** argv) {
     after.push_back((static_cast<double>(t_after) - static_cast<double>(t0)) * 1e-3);
   }
   std::vector<float> h(static_cast<std::size_t>(B) * T * N);
-  CK(cudaMemcpy(h.data(), scores, h.size() * 4, cudaMemcpyDeviceToHost));
+  ANCHOR_CHECK(cudaMemcpy(h.data(), scores, h.size() * 4, cudaMemcpyDeviceToHost));
   std::size_t nonzero = 0;
   for (const float v : h) nonzero += v != 0.0f;
 
@@ -270,11 +262,11 @@ int main(int argc, char** argv) {
   const int kLaunches = std::max(8, 64 / B);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
-  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  ANCHOR_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
   for (int i = 0; i < kLaunches; ++i) launch(i % sets, false);
-  CK(cudaStreamEndCapture(st, &graph));
-  CK(cudaGraphInstantiate(&exec, graph, 0));
-  CK(cudaGraphLaunch(exec, st));  // warm-up
+  ANCHOR_CHECK(cudaStreamEndCapture(st, &graph));
+  ANCHOR_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  ANCHOR_CHECK(cudaGraphLaunch(exec, st));  // warm-up
   const double replay = anchor::replay_us(exec, st, kLaunches);
 
   std::printf(
