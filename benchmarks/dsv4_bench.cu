@@ -284,24 +284,9 @@ void BM_Dsv4IndexProbe(benchmark::State& state) {
   std::size_t tb = temp_bytes;
   KVC_BENCH_CUDA(kernels::dsv4_index_score(temp, tb, stores[0]->view(), ic, a, stream));
   KVC_BENCH_CUDA(cudaStreamSynchronize(stream));
-  kernels::dsv4_detail::IndexParams p{};
-  p.slots = dmeta;
-  p.lengths = dmeta + 1;
-  p.T = 1;
-  p.t0 = 0;
-  p.tc = 1;
-  p.ratio = 4;
-  p.heads = H;
-  p.dim = D;
-  p.rope_dim = 64;
-  p.q = q;
-  p.w = w;
-  p.scores = scores;
-  p.num_valid = nv;
-  p.pitch = N;
-  p.tp = 1;
-  p.ws = temp;
-  p.ws_row = kernels::dsv4_detail::Mxfp4Row(H, D).bytes;
+  // The launcher's parameters (one token, one pass); each launch below sets its set's keys.
+  kernels::dsv4_detail::IndexParams p = kernels::dsv4_detail::index_params(
+      stores[0]->view(), ic, a, temp, kernels::dsv4_detail::Mxfp4Row(H, D).bytes);
   int sms = 0;
   KVC_BENCH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int smem = kernels::dsv4_detail::staged_smem_bytes<4, 128>();

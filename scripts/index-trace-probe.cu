@@ -141,30 +141,28 @@ int main(int argc, char** argv) {
   unsigned char* ws = nullptr;
   ANCHOR_CHECK(cudaMalloc(&ws, static_cast<std::size_t>(B) * T * row.bytes));
 
-  IndexParams p{};
-  p.keys.layout = layout;
-  p.keys.max_slots = slots;
-  p.keys.max_entries = N;
-  p.keys.num_pages = static_cast<int>(pages);
-  p.keys.pool = pool;
-  p.keys.block_table = d_table;
-  p.keys.block_table_pitch = pages_per_seq;
-  p.keys.counts = d_counts;
-  p.T = T;
-  p.t0 = 0;
-  p.tc = T;
-  p.ratio = 4;
-  p.heads = kH;
-  p.dim = kD;
-  p.rope_dim = 64;
-  p.rope = false;
-  p.hadamard = true;
-  p.scores = scores;
-  p.num_valid = d_nv;
-  p.pitch = N;
-  p.tp = 1;
-  p.ws = ws;
-  p.ws_row = row.bytes;
+  // The launcher's parameters (kernels::dsv4_detail::index_params) for the indexer's default
+  // configuration (mxfp4, 64 heads of 128, ratio 4, Hadamard, no RoPE); each launch below sets its
+  // set's slots, lengths and query.
+  EntryStoreView keys{};
+  keys.layout = layout;
+  keys.max_slots = slots;
+  keys.max_entries = N;
+  keys.num_pages = static_cast<int>(pages);
+  keys.pool = pool;
+  keys.block_table = d_table;
+  keys.block_table_pitch = pages_per_seq;
+  keys.counts = d_counts;
+  const dsv4::IndexerConfig config;
+  if (config.num_heads != kH || config.head_dim != kD) {
+    std::printf("the indexer's default configuration is not %d heads of %d\n", kH, kD);
+    return 1;
+  }
+  kernels::Dsv4IndexArgs args;
+  args.batch = B;
+  args.T = T;
+  args.out = ScoresView{scores, d_nv, B * T, N};
+  const IndexParams p = index_params(keys, config, args, ws, row.bytes);
 
   // The library's grid (src/cuda/dsv4_indexer.cu): a page per stream, 8 streams a CTA, at most
   // the resident CTAs (2 a SM) over the batch.

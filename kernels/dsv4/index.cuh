@@ -36,6 +36,7 @@
 #include "kvc/dsv4/index_math.h"
 #include "kvc/dsv4/math.h"
 #include "kvc/formats/formats.h"
+#include "kvc/kernels/dsv4_kernels.h"
 #include "kvc/select/selection.h"
 #include "mbarrier.cuh"
 #include "pdl.cuh"
@@ -79,6 +80,39 @@ struct IndexParams {
   unsigned char* ws;   // prepared queries, one record per (b, t - t0)
   std::size_t ws_row;  // bytes of one record
 };
+
+/// The score kernels' parameters for the keys, the indexer's configuration and a launch's
+/// arguments, with the prepared queries in `ws` (records of `ws_row` bytes): every field the
+/// launcher (dsv4_index_score) fills once; t0 = 0, tc = T and tp = 1, which it sets per chunk of
+/// tokens. Also for programs that launch the kernels themselves (the benchmarks' probes,
+/// scripts/index-trace-probe.cu), so they launch them as the library does.
+inline IndexParams index_params(const EntryStoreView& keys, const dsv4::IndexerConfig& c,
+                                const Dsv4IndexArgs& a, unsigned char* ws, std::size_t ws_row) {
+  IndexParams p{};
+  p.keys = keys;
+  p.slots = a.slots;
+  p.lengths = a.lengths;
+  p.T = a.T;
+  p.t0 = 0;
+  p.tc = a.T;
+  p.ratio = c.ratio;
+  p.heads = c.num_heads;
+  p.dim = c.head_dim;
+  p.rope_dim = c.rope_dim;
+  p.rope = c.query_rope;
+  p.hadamard = c.query_hadamard;
+  p.q = a.q;
+  p.w = a.weights;
+  p.rope_cos = a.rope_cos;
+  p.rope_sin = a.rope_sin;
+  p.scores = a.out.scores;
+  p.num_valid = a.out.num_valid;
+  p.pitch = a.out.max_blocks;
+  p.tp = 1;
+  p.ws = ws;
+  p.ws_row = ws_row;
+  return p;
+}
 
 /// One prepared mxfp4 query token in the workspace (byte offsets): the folded int8 A fragments
 /// [H/16][dim/32][32 lanes][4 regs] (u32 each), then the reference form's packed codes [H][dim/2]

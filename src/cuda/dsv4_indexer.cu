@@ -241,26 +241,7 @@ cudaError_t dsv4_index_score(void* d_temp, std::size_t& temp_bytes,
       (c.query_rope && (a.rope_cos == nullptr || a.rope_sin == nullptr))) {
     return cudaErrorInvalidValue;
   }
-  IndexParams p;
-  p.keys = keys;
-  p.slots = a.slots;
-  p.lengths = a.lengths;
-  p.T = a.T;
-  p.ratio = c.ratio;
-  p.heads = c.num_heads;
-  p.dim = c.head_dim;
-  p.rope_dim = c.rope_dim;
-  p.rope = c.query_rope;
-  p.hadamard = c.query_hadamard;
-  p.q = a.q;
-  p.w = a.weights;
-  p.rope_cos = a.rope_cos;
-  p.rope_sin = a.rope_sin;
-  p.scores = a.out.scores;
-  p.num_valid = a.out.num_valid;
-  p.pitch = a.out.max_blocks;
-  p.ws = static_cast<unsigned char*>(d_temp);
-  p.ws_row = row_bytes;
+  IndexParams p = index_params(keys, c, a, static_cast<unsigned char*>(d_temp), row_bytes);
   const bool mx = c.key_format == EntryFormat::kMxfp4;
   const int octets = (keys.max_entries + 7) / 8;
   const bool fits = keys.layout.page_bytes <= static_cast<std::size_t>(kMaxStagedPageBytes) &&
