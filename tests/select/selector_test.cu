@@ -1211,6 +1211,32 @@ kernels::select_detail::SelectTuning decode_tuning(int threads, bool pdl, int ct
   return t;
 }
 
+// The decode path's rows of one instantiation (tuning): each k of ks on a random batch of
+// rows_lo..rows_hi rows, every style on style_rows rows (k 8 or 64), then on one batch a
+// threshold policy (with_threshold) and k 65, which the path does not serve.
+template <std::size_t K>
+void check_decode_rows(Gen& gen, int max_blocks, const kernels::select_detail::SelectTuning& tuning,
+                       const int (&ks)[K], int rows_lo, int rows_hi, int style_rows,
+                       bool with_threshold) {
+  for (int k : ks) {
+    const Batch b = make_batch(gen, gen.uniform(rows_lo, rows_hi), max_blocks, gen.style());
+    check_policy_tuned(gen, b, SelectPolicy::topk(k), tuning);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  for (int st = 0; st < static_cast<int>(Style::kCount); ++st) {
+    SCOPED_TRACE("style " + std::to_string(st));
+    const Batch b = make_batch(gen, style_rows, max_blocks, static_cast<Style>(st));
+    check_policy_tuned(gen, b, SelectPolicy::topk(gen.uniform(0, 1) ? 8 : 64), tuning);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  const Batch b = make_batch(gen, style_rows, max_blocks, gen.style());
+  if (with_threshold) {
+    check_policy_tuned(gen, b, gen.small_policy(Kind::kThreshold), tuning);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  check_policy_tuned(gen, b, SelectPolicy::topk(65), tuning);  // not the decode path's
+}
+
 // Every instantiation (256, 512 and 1024 threads x 4, 8, 16, 32 scores per thread: a row length
 // that needs exactly that many, odd lengths on the scalar loads, multiples of 4 on the vector
 // loads), with and without programmatic dependent launch, every k of the path (0 .. 64, k >= n
@@ -1226,21 +1252,7 @@ TEST(Cuda_Selector_Decode, EveryVariantMatchesCpu) {
     ASSERT_EQ(kernels::select_detail::decode_items_for(max_blocks, threads), items)
         << "max_blocks " << max_blocks;
     const auto tuning = decode_tuning(threads, gen.uniform(0, 1) == 1);
-    for (int k : ks) {
-      const Batch b = make_batch(gen, gen.uniform(4, 7), max_blocks, gen.style());
-      check_policy_tuned(gen, b, SelectPolicy::topk(k), tuning);
-      if (HasFatalFailure()) return;
-    }
-    for (int st = 0; st < static_cast<int>(Style::kCount); ++st) {
-      SCOPED_TRACE("style " + std::to_string(st));
-      const Batch b = make_batch(gen, 4, max_blocks, static_cast<Style>(st));
-      check_policy_tuned(gen, b, SelectPolicy::topk(gen.uniform(0, 1) ? 8 : 64), tuning);
-      if (HasFatalFailure()) return;
-    }
-    const Batch b = make_batch(gen, 4, max_blocks, gen.style());
-    check_policy_tuned(gen, b, gen.small_policy(Kind::kThreshold), tuning);
-    if (HasFatalFailure()) return;
-    check_policy_tuned(gen, b, SelectPolicy::topk(65), tuning);
+    check_decode_rows(gen, max_blocks, tuning, ks, 4, 7, 4, true);
   });
 }
 
@@ -1266,19 +1278,7 @@ TEST(Cuda_Selector_Decode, EveryClusterShapeMatchesCpu) {
         const int max_blocks = row_length_for_items(gen, ctas * threads * items, items, vector_len);
         if (max_blocks > max_row_length()) continue;
         const auto tuning = decode_tuning(threads, gen.uniform(0, 1) == 1, ctas);
-        for (int k : ks) {
-          const Batch b = make_batch(gen, gen.uniform(2, 5), max_blocks, gen.style());
-          check_policy_tuned(gen, b, SelectPolicy::topk(k), tuning);
-          if (HasFatalFailure()) return;
-        }
-        for (int st = 0; st < static_cast<int>(Style::kCount); ++st) {
-          SCOPED_TRACE("style " + std::to_string(st));
-          const Batch b = make_batch(gen, 3, max_blocks, static_cast<Style>(st));
-          check_policy_tuned(gen, b, SelectPolicy::topk(gen.uniform(0, 1) ? 8 : 64), tuning);
-          if (HasFatalFailure()) return;
-        }
-        const Batch b = make_batch(gen, 3, max_blocks, gen.style());
-        check_policy_tuned(gen, b, SelectPolicy::topk(65), tuning);  // not the decode path's
+        check_decode_rows(gen, max_blocks, tuning, ks, 2, 5, 3, false);
         if (HasFatalFailure()) return;
       }
     }
