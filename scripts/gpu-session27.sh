@@ -78,6 +78,12 @@
 #   share     the spread path's shared finish by whole buckets of bucketed positions (fortieth
 #             session) against main (gpu-base/: main's spread.cuh and stream.cuh): the selector
 #             tests, the large-k rows as tree / base / tree again, racecheck over the counting rank
+#   verify42  every GPU test, the large-k rows against main (gpu-base/), memcheck over the
+#             counting rank, the indexer's phase probe (forty-second session's first call)
+#   verify42b every target of final, the indexer's phase probe (traced launches as graphs), every
+#             GPU test (the second call)
+#   query-smem  the indexer's query row staged once per CTA (gpu-pending/query-smem) after
+#             verify42b on the same machine
 #   index-probe  the DeepSeek-V4 mxfp4 indexer's decode launch by phase (index-trace-probe.cu)
 #   verify41b every GPU test and DeepSeek-V4's top-k rows after the forty-first session's landing
 #   verify41  the late-barrier branch against main, a 4096-score sample in the probe, tests and
@@ -475,7 +481,7 @@ case "$mode" in
     probe_ab_build
     BASE_TARGETS=topk_bench base_build_bg
     build_targets kvc_cuda_tests topk_bench
-    gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 150
+    gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*:Selector_RankBucket*:*Cuda_Dsv4_TopK*' 150
     rows="$topk_large_rows"
     topk_rows_ab "$rows"
     probe_ab_run
@@ -510,6 +516,64 @@ case "$mode" in
       say "== index probe batch $b: rc=$?"
       cat "$out/index-trace-b$b.txt" >> "$out/summary.txt"
     done
+    report
+    ;;
+  verify42)
+    # The forty-second session's first call (gpu-pending/bucket-scale with gpu-base/ from
+    # `scripts/make-gpu-base.sh main`): every GPU test (the fortieth and forty-first sessions'
+    # landings never ran the full suite; the branch's host test Selector_RankBucket among them),
+    # the large-k top-k rows as tree / main / tree again, memcheck over the counting rank, then the
+    # DeepSeek-V4 indexer's phase probe with what time is left.
+    BASE_TARGETS=topk_bench base_build_bg
+    build_targets kvc_cuda_tests topk_bench
+    gtests all '*' 240
+    topk_rows_ab "BM_TopKDecode/(1|8)/4096/(8|64)/2/|$topk_large_rows" 40
+    sanitize memcheck memcheck '*Cuda_Selector_Spread.CountingRank*' 45
+    nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
+      -Ibenchmarks -o "$out/index-probe" scripts/index-trace-probe.cu > "$out/index-probe-build.log" 2>&1
+    say "index probe build: rc=$?"
+    for b in 1 8; do
+      (( $(left) > 30 )) || break
+      timeout 25 "$out/index-probe" "$b" > "$out/index-trace-b$b.txt" 2>&1
+      say "== index probe batch $b: rc=$?"
+      cat "$out/index-trace-b$b.txt" >> "$out/summary.txt"
+    done
+    report
+    ;;
+  verify42b)
+    # The forty-second session's second call, main after the bucket-scale branch was dropped:
+    # every target of `final` (final's build is then a no-op on the same warm machine), every GPU
+    # test, and the indexer's phase probe with its traced launches replayed from graphs.
+    build_targets kvc_cuda_tests step_bench index_bench attention_bench topk_bench store_bench \
+      dsv4_bench
+    nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
+      -Ibenchmarks -o "$out/index-probe" scripts/index-trace-probe.cu > "$out/index-probe-build.log" 2>&1
+    say "index probe build: rc=$?"
+    for b in 1 8; do
+      timeout 25 "$out/index-probe" "$b" > "$out/index-trace-b$b.txt" 2>&1
+      say "== index probe batch $b: rc=$?"
+      cat "$out/index-trace-b$b.txt" >> "$out/summary.txt"
+    done
+    gtests all '*' 260
+    BENCH_REPS=5 bench 30 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/0$|BM_Dsv4IndexProbe/'
+    report
+    ;;
+  query-smem)
+    # gpu-pending/query-smem right after verify42b on the same warm machine (its build-gpu and
+    # its indexer rows are the baseline): the stream kernel's query row staged once per CTA at
+    # one token per pass. The indexer tests, the phase probe, the indexer rows, memcheck and
+    # racecheck over the indexer tests.
+    build_targets kvc_cuda_tests dsv4_bench
+    gtests dsv4 '*Cuda_Dsv4*' 60
+    nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
+      -Ibenchmarks -o "$out/index-probe" scripts/index-trace-probe.cu > "$out/index-probe-build.log" 2>&1
+    say "index probe build: rc=$?"
+    timeout 25 "$out/index-probe" 1 > "$out/index-trace-b1.txt" 2>&1
+    say "== index probe batch 1: rc=$?"
+    cat "$out/index-trace-b1.txt" >> "$out/summary.txt"
+    BENCH_REPS=5 bench 30 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/0$|BM_Dsv4IndexProbe/'
+    sanitize racecheck-index racecheck '*Cuda_Dsv4_Indexer*' 60
+    sanitize memcheck-index memcheck '*Cuda_Dsv4_Indexer*' 60
     report
     ;;
   verify41b)
