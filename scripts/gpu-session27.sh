@@ -82,6 +82,8 @@
 #             counting rank, the indexer's phase probe (forty-second session's first call)
 #   verify42b every target of final, the indexer's phase probe (traced launches as graphs), every
 #             GPU test (the second call)
+#   query-ab  gpu-pending/query-smem against main (gpu-base/) in one call: every GPU test, the
+#             indexer rows and phase probes of both, racecheck over the indexer tests
 #   query-smem  the indexer's query row staged once per CTA (gpu-pending/query-smem) after
 #             verify42b on the same machine
 #   index-probe  the DeepSeek-V4 mxfp4 indexer's decode launch by phase (index-trace-probe.cu)
@@ -556,6 +558,47 @@ case "$mode" in
     done
     gtests all '*' 260
     BENCH_REPS=5 bench 30 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/0$|BM_Dsv4IndexProbe/'
+    report
+    ;;
+  query-ab)
+    # gpu-pending/query-smem against main in one call (gpu-base/ from `scripts/make-gpu-base.sh
+    # main`: main's index_stream.cuh): every GPU test of the branch (the fortieth and forty-first
+    # sessions' landings never ran the full suite), the indexer rows and phase probes of both,
+    # racecheck over the indexer tests with what time is left.
+    BASE_TARGETS=dsv4_bench base_build_bg
+    build_targets kvc_cuda_tests dsv4_bench
+    for v in tree base; do
+      src=.
+      if [ $v = base ]; then
+        rm -rf /tmp/kvc-probe-base && mkdir -p /tmp/kvc-probe-base &&
+          cp -a kernels include src scripts benchmarks /tmp/kvc-probe-base/ &&
+          cp -a gpu-base/. /tmp/kvc-probe-base/ && src=/tmp/kvc-probe-base
+      fi
+      (cd $src && nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude \
+        -Isrc -Ibenchmarks -o "$out/index-probe-$v" scripts/index-trace-probe.cu) \
+        > "$out/index-probe-$v-build.log" 2>&1
+      say "index probe $v build: rc=$?"
+    done
+    for b in 1 8; do
+      for v in tree base; do
+        timeout 25 "$out/index-probe-$v" $b > "$out/index-trace-$v-b$b.txt" 2>&1
+        say "== index probe $v batch $b: rc=$?"
+        grep -E "query loaded|pdl waited|score entry|after score|graph replay" \
+          "$out/index-trace-$v-b$b.txt" >> "$out/summary.txt"
+      done
+    done
+    rows='BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/0$|BM_Dsv4IndexProbe/'
+    BENCH_REPS=5 bench 30 dsv4_bench "$rows"
+    wait
+    cat "$out/base-build.txt" >> "$out/summary.txt" 2>/dev/null
+    [ -x build-base/benchmarks/dsv4_bench ] && timeout 30 build-base/benchmarks/dsv4_bench \
+      --benchmark_min_time=0.05s --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
+      --benchmark_filter="$rows" --benchmark_out="$out/dsv4_bench-base.json" \
+      --benchmark_out_format=json > "$out/dsv4_bench-base.log" 2>&1
+    say "dsv4_bench-base: rc=$? $(grep -c '_median' "$out/dsv4_bench-base.log" 2>/dev/null) rows"
+    BENCH_REPS=5 bench 30 dsv4_bench "$rows" -again
+    gtests all '*' 250
+    sanitize racecheck-index racecheck '*Cuda_Dsv4_Indexer*' 70
     report
     ;;
   query-smem)
