@@ -80,12 +80,8 @@
 #             tests, the large-k rows as tree / base / tree again, racecheck over the counting rank
 #   verify42  every GPU test, the large-k rows against main (gpu-base/), memcheck over the
 #             counting rank, the indexer's phase probe (forty-second session's first call)
-#   verify42b every target of final, the indexer's phase probe (traced launches as graphs), every
-#             GPU test (the second call)
 #   query-ab  gpu-pending/query-smem against main (gpu-base/) in one call: every GPU test, the
 #             indexer rows and phase probes of both, racecheck over the indexer tests
-#   query-smem  the indexer's query row staged once per CTA (gpu-pending/query-smem) after
-#             verify42b on the same machine
 #   index-probe  the DeepSeek-V4 mxfp4 indexer's decode launch by phase (index-trace-probe.cu)
 #   verify41b every GPU test and DeepSeek-V4's top-k rows after the forty-first session's landing
 #   verify41  the late-barrier branch against main, a 4096-score sample in the probe, tests and
@@ -542,24 +538,6 @@ case "$mode" in
     done
     report
     ;;
-  verify42b)
-    # The forty-second session's second call, main after the bucket-scale branch was dropped:
-    # every target of `final` (final's build is then a no-op on the same warm machine), every GPU
-    # test, and the indexer's phase probe with its traced launches replayed from graphs.
-    build_targets kvc_cuda_tests step_bench index_bench attention_bench topk_bench store_bench \
-      dsv4_bench
-    nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
-      -Ibenchmarks -o "$out/index-probe" scripts/index-trace-probe.cu > "$out/index-probe-build.log" 2>&1
-    say "index probe build: rc=$?"
-    for b in 1 8; do
-      timeout 25 "$out/index-probe" "$b" > "$out/index-trace-b$b.txt" 2>&1
-      say "== index probe batch $b: rc=$?"
-      cat "$out/index-trace-b$b.txt" >> "$out/summary.txt"
-    done
-    gtests all '*' 260
-    BENCH_REPS=5 bench 30 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/0$|BM_Dsv4IndexProbe/'
-    report
-    ;;
   query-ab)
     # gpu-pending/query-smem against main in one call (gpu-base/ from `scripts/make-gpu-base.sh
     # main`: main's index_stream.cuh): every GPU test of the branch (the fortieth and forty-first
@@ -599,24 +577,6 @@ case "$mode" in
     BENCH_REPS=5 bench 30 dsv4_bench "$rows" -again
     gtests all '*' 250
     sanitize racecheck-index racecheck '*Cuda_Dsv4_Indexer*' 70
-    report
-    ;;
-  query-smem)
-    # gpu-pending/query-smem right after verify42b on the same warm machine (its build-gpu and
-    # its indexer rows are the baseline): the stream kernel's query row staged once per CTA at
-    # one token per pass. The indexer tests, the phase probe, the indexer rows, memcheck and
-    # racecheck over the indexer tests.
-    build_targets kvc_cuda_tests dsv4_bench
-    gtests dsv4 '*Cuda_Dsv4*' 60
-    nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
-      -Ibenchmarks -o "$out/index-probe" scripts/index-trace-probe.cu > "$out/index-probe-build.log" 2>&1
-    say "index probe build: rc=$?"
-    timeout 25 "$out/index-probe" 1 > "$out/index-trace-b1.txt" 2>&1
-    say "== index probe batch 1: rc=$?"
-    cat "$out/index-trace-b1.txt" >> "$out/summary.txt"
-    BENCH_REPS=5 bench 30 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/0$|BM_Dsv4IndexProbe/'
-    sanitize racecheck-index racecheck '*Cuda_Dsv4_Indexer*' 60
-    sanitize memcheck-index memcheck '*Cuda_Dsv4_Indexer*' 60
     report
     ;;
   verify41b)
