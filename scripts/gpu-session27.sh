@@ -80,6 +80,8 @@
 #             tests, the large-k rows as tree / base / tree again, racecheck over the counting rank
 #   verify42  every GPU test, the large-k rows against main (gpu-base/), memcheck over the
 #             counting rank, the indexer's phase probe (forty-second session's first call)
+#   index-ab  an indexer branch against main (gpu-base/), first gpu-pending/early-lookup: the
+#             DeepSeek-V4 tests, indexer rows and phase probes of both, memcheck and racecheck
 #   query-ab  gpu-pending/query-smem against main (gpu-base/) in one call: every GPU test, the
 #             indexer rows and phase probes of both, racecheck over the indexer tests
 #   index-probe  the DeepSeek-V4 mxfp4 indexer's decode launch by phase (index-trace-probe.cu)
@@ -536,6 +538,48 @@ case "$mode" in
       say "== index probe batch $b: rc=$?"
       cat "$out/index-trace-b$b.txt" >> "$out/summary.txt"
     done
+    report
+    ;;
+  index-ab)
+    # An indexer branch against main in one call (gpu-base/ from `scripts/make-gpu-base.sh main`),
+    # first the forty-second session's gpu-pending/early-lookup: the DeepSeek-V4 tests, the
+    # indexer rows (BM_Dsv4IndexDecode B1 / B8, T1 / T2, and the kernels alone) and phase probes
+    # of both, memcheck and racecheck over the indexer tests.
+    BASE_TARGETS=dsv4_bench base_build_bg
+    build_targets kvc_cuda_tests dsv4_bench
+    for v in tree base; do
+      src=.
+      if [ $v = base ]; then
+        rm -rf /tmp/kvc-probe-base && mkdir -p /tmp/kvc-probe-base &&
+          cp -a kernels include src scripts benchmarks /tmp/kvc-probe-base/ &&
+          cp -a gpu-base/. /tmp/kvc-probe-base/ && src=/tmp/kvc-probe-base
+      fi
+      (cd $src && nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude \
+        -Isrc -Ibenchmarks -o "$out/index-probe-$v" scripts/index-trace-probe.cu) \
+        > "$out/index-probe-$v-build.log" 2>&1
+      say "index probe $v build: rc=$?"
+    done
+    for b in 1 8; do
+      for v in tree base; do
+        timeout 25 "$out/index-probe-$v" $b > "$out/index-trace-$v-b$b.txt" 2>&1
+        say "== index probe $v batch $b: rc=$?"
+        grep -E "streams issued|query loaded|after score|graph replay" \
+          "$out/index-trace-$v-b$b.txt" >> "$out/summary.txt"
+      done
+    done
+    rows='BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/0/|BM_Dsv4IndexProbe/(0|6)/'
+    BENCH_REPS=5 bench 30 dsv4_bench "$rows"
+    wait
+    cat "$out/base-build.txt" >> "$out/summary.txt" 2>/dev/null
+    [ -x build-base/benchmarks/dsv4_bench ] && timeout 30 build-base/benchmarks/dsv4_bench \
+      --benchmark_min_time=0.05s --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
+      --benchmark_filter="$rows" --benchmark_out="$out/dsv4_bench-base.json" \
+      --benchmark_out_format=json > "$out/dsv4_bench-base.log" 2>&1
+    say "dsv4_bench-base: rc=$? $(grep -c '_median' "$out/dsv4_bench-base.log" 2>/dev/null) rows"
+    BENCH_REPS=5 bench 30 dsv4_bench "$rows" -again
+    gtests dsv4 '*Dsv4*' 120
+    sanitize memcheck-index memcheck '*Cuda_Dsv4_Indexer*' 90
+    sanitize racecheck-index racecheck '*Cuda_Dsv4_Indexer*' 120
     report
     ;;
   query-ab)
