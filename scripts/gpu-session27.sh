@@ -188,6 +188,50 @@ probe_ab_run() {
   done
 }
 
+# An indexer branch against main (gpu-base/): both builds of dsv4_bench (main's in the
+# background), the phase probes of the tree and of main (gpu-base/ laid over a copy) at batch 1
+# and 8, then the dsv4_bench rows $1 as tree / main / tree again (query-ab, index-ab).
+index_ab_probes_and_rows() {
+  BASE_TARGETS=dsv4_bench base_build_bg
+  build_targets kvc_cuda_tests dsv4_bench
+  local v b src
+  for v in tree base; do
+    src=.
+    if [ $v = base ]; then
+      rm -rf /tmp/kvc-probe-base && mkdir -p /tmp/kvc-probe-base &&
+        cp -a kernels include src scripts benchmarks /tmp/kvc-probe-base/ &&
+        cp -a gpu-base/. /tmp/kvc-probe-base/ && src=/tmp/kvc-probe-base
+    fi
+    (cd $src && nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude \
+      -Isrc -Ibenchmarks -o "$out/index-probe-$v" scripts/index-trace-probe.cu) \
+      > "$out/index-probe-$v-build.log" 2>&1
+    say "index probe $v build: rc=$?"
+  done
+  for b in 1 8; do
+    for v in tree base; do
+      timeout 25 "$out/index-probe-$v" $b > "$out/index-trace-$v-b$b.txt" 2>&1
+      say "== index probe $v batch $b: rc=$?"
+      grep -E "score entry|streams issued|pdl waited|query loaded|after score|graph replay" \
+        "$out/index-trace-$v-b$b.txt" >> "$out/summary.txt"
+    done
+  done
+  dsv4_rows_ab "$1"
+}
+
+# The dsv4_bench rows $1 of this tree, of main (build-base, after waiting for its build) and of
+# this tree again (verify41b, index_ab_probes_and_rows).
+dsv4_rows_ab() {
+  BENCH_REPS=5 bench 30 dsv4_bench "$1"
+  wait
+  cat "$out/base-build.txt" >> "$out/summary.txt" 2>/dev/null
+  [ -x build-base/benchmarks/dsv4_bench ] && timeout 30 build-base/benchmarks/dsv4_bench \
+    --benchmark_min_time=0.05s --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
+    --benchmark_filter="$1" --benchmark_out="$out/dsv4_bench-base.json" \
+    --benchmark_out_format=json > "$out/dsv4_bench-base.log" 2>&1
+  say "dsv4_bench-base: rc=$? $(grep -c '_median' "$out/dsv4_bench-base.log" 2>/dev/null) rows"
+  BENCH_REPS=5 bench 30 dsv4_bench "$1" -again
+}
+
 # main's step_bench (gpu-base/ laid over a copy of the tree) into build-base, in the background
 # ($BASE_TARGETS: other targets).
 base_build_bg() {
@@ -545,38 +589,7 @@ case "$mode" in
     # first the forty-second session's gpu-pending/early-lookup: the DeepSeek-V4 tests, the
     # indexer rows (BM_Dsv4IndexDecode B1 / B8, T1 / T2, and the kernels alone) and phase probes
     # of both, memcheck and racecheck over the indexer tests.
-    BASE_TARGETS=dsv4_bench base_build_bg
-    build_targets kvc_cuda_tests dsv4_bench
-    for v in tree base; do
-      src=.
-      if [ $v = base ]; then
-        rm -rf /tmp/kvc-probe-base && mkdir -p /tmp/kvc-probe-base &&
-          cp -a kernels include src scripts benchmarks /tmp/kvc-probe-base/ &&
-          cp -a gpu-base/. /tmp/kvc-probe-base/ && src=/tmp/kvc-probe-base
-      fi
-      (cd $src && nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude \
-        -Isrc -Ibenchmarks -o "$out/index-probe-$v" scripts/index-trace-probe.cu) \
-        > "$out/index-probe-$v-build.log" 2>&1
-      say "index probe $v build: rc=$?"
-    done
-    for b in 1 8; do
-      for v in tree base; do
-        timeout 25 "$out/index-probe-$v" $b > "$out/index-trace-$v-b$b.txt" 2>&1
-        say "== index probe $v batch $b: rc=$?"
-        grep -E "streams issued|query loaded|after score|graph replay" \
-          "$out/index-trace-$v-b$b.txt" >> "$out/summary.txt"
-      done
-    done
-    rows='BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/0/|BM_Dsv4IndexProbe/(0|6)/'
-    BENCH_REPS=5 bench 30 dsv4_bench "$rows"
-    wait
-    cat "$out/base-build.txt" >> "$out/summary.txt" 2>/dev/null
-    [ -x build-base/benchmarks/dsv4_bench ] && timeout 30 build-base/benchmarks/dsv4_bench \
-      --benchmark_min_time=0.05s --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
-      --benchmark_filter="$rows" --benchmark_out="$out/dsv4_bench-base.json" \
-      --benchmark_out_format=json > "$out/dsv4_bench-base.log" 2>&1
-    say "dsv4_bench-base: rc=$? $(grep -c '_median' "$out/dsv4_bench-base.log" 2>/dev/null) rows"
-    BENCH_REPS=5 bench 30 dsv4_bench "$rows" -again
+    index_ab_probes_and_rows 'BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/0/|BM_Dsv4IndexProbe/(0|6)/'
     gtests dsv4 '*Dsv4*' 120
     sanitize memcheck-index memcheck '*Cuda_Dsv4_Indexer*' 90
     sanitize racecheck-index racecheck '*Cuda_Dsv4_Indexer*' 120
@@ -586,39 +599,9 @@ case "$mode" in
     # gpu-pending/query-smem against main in one call (gpu-base/ from `scripts/make-gpu-base.sh
     # main`: main's index_stream.cuh): every GPU test of the branch (the fortieth and forty-first
     # sessions' landings never ran the full suite), the indexer rows and phase probes of both,
-    # racecheck over the indexer tests with what time is left.
-    BASE_TARGETS=dsv4_bench base_build_bg
-    build_targets kvc_cuda_tests dsv4_bench
-    for v in tree base; do
-      src=.
-      if [ $v = base ]; then
-        rm -rf /tmp/kvc-probe-base && mkdir -p /tmp/kvc-probe-base &&
-          cp -a kernels include src scripts benchmarks /tmp/kvc-probe-base/ &&
-          cp -a gpu-base/. /tmp/kvc-probe-base/ && src=/tmp/kvc-probe-base
-      fi
-      (cd $src && nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude \
-        -Isrc -Ibenchmarks -o "$out/index-probe-$v" scripts/index-trace-probe.cu) \
-        > "$out/index-probe-$v-build.log" 2>&1
-      say "index probe $v build: rc=$?"
-    done
-    for b in 1 8; do
-      for v in tree base; do
-        timeout 25 "$out/index-probe-$v" $b > "$out/index-trace-$v-b$b.txt" 2>&1
-        say "== index probe $v batch $b: rc=$?"
-        grep -E "query loaded|pdl waited|score entry|after score|graph replay" \
-          "$out/index-trace-$v-b$b.txt" >> "$out/summary.txt"
-      done
-    done
-    rows='BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/0$|BM_Dsv4IndexProbe/'
-    BENCH_REPS=5 bench 30 dsv4_bench "$rows"
-    wait
-    cat "$out/base-build.txt" >> "$out/summary.txt" 2>/dev/null
-    [ -x build-base/benchmarks/dsv4_bench ] && timeout 30 build-base/benchmarks/dsv4_bench \
-      --benchmark_min_time=0.05s --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
-      --benchmark_filter="$rows" --benchmark_out="$out/dsv4_bench-base.json" \
-      --benchmark_out_format=json > "$out/dsv4_bench-base.log" 2>&1
-    say "dsv4_bench-base: rc=$? $(grep -c '_median' "$out/dsv4_bench-base.log" 2>/dev/null) rows"
-    BENCH_REPS=5 bench 30 dsv4_bench "$rows" -again
+    # racecheck over the indexer tests with what time is left. (The rows' filter ends in `$` and
+    # matched only BM_Dsv4IndexProbe.)
+    index_ab_probes_and_rows 'BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/0$|BM_Dsv4IndexProbe/'
     gtests all '*' 250
     sanitize racecheck-index racecheck '*Cuda_Dsv4_Indexer*' 70
     report
@@ -632,15 +615,7 @@ case "$mode" in
     build_targets kvc_cuda_tests dsv4_bench
     gtests all '*' 220
     rows='BM_Dsv4TopK/(1|8)/262144/2048/0/0/|BM_Dsv4TopK/1/262144/(512|1024)/0/0/'
-    BENCH_REPS=5 bench 30 dsv4_bench "$rows"
-    wait
-    cat "$out/base-build.txt" >> "$out/summary.txt" 2>/dev/null
-    [ -x build-base/benchmarks/dsv4_bench ] && timeout 30 build-base/benchmarks/dsv4_bench \
-      --benchmark_min_time=0.05s --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
-      --benchmark_filter="$rows" --benchmark_out="$out/dsv4_bench-base.json" \
-      --benchmark_out_format=json > "$out/dsv4_bench-base.log" 2>&1
-    say "dsv4_bench-base: rc=$? $(grep -c '_median' "$out/dsv4_bench-base.log" 2>/dev/null) rows"
-    BENCH_REPS=5 bench 30 dsv4_bench "$rows" -again
+    dsv4_rows_ab "$rows"
     export KVC_TEST_MAX_ROW=16385
     sanitize racecheck-spread racecheck '*Cuda_Selector_Spread.EveryVariant*' 300
     unset KVC_TEST_MAX_ROW

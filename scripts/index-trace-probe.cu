@@ -228,12 +228,8 @@ int main(int argc, char** argv) {
   // second launch, not the programmatic dependence.
   std::vector<cudaGraphExec_t> traced_graphs(static_cast<std::size_t>(sets));
   for (int set = 0; set < sets; ++set) {
-    cudaGraph_t g;
-    ANCHOR_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    launch(set, true);
-    ANCHOR_CHECK(cudaStreamEndCapture(st, &g));
-    ANCHOR_CHECK(cudaGraphInstantiate(&traced_graphs[static_cast<std::size_t>(set)], g, 0));
-    ANCHOR_CHECK(cudaGraphDestroy(g));
+    traced_graphs[static_cast<std::size_t>(set)] =
+        anchor::capture_graph(st, [&] { launch(set, true); });
   }
   for (int it = 0; it < 12; ++it) {
     std::vector<unsigned long long> zp(static_cast<std::size_t>(kMaxTracedCtas) * kPrepPhases, 0),
@@ -279,20 +275,14 @@ int main(int argc, char** argv) {
   // Graph replay (topk_bench's method, anchor::replay_us): kLaunches launch pairs over rotating
   // sets per graph, each replay behind a 100 us spin.
   const int kLaunches = std::max(8, 64 / B);
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  ANCHOR_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kLaunches; ++i) launch(i % sets, false);
-  ANCHOR_CHECK(cudaStreamEndCapture(st, &graph));
-  ANCHOR_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const cudaGraphExec_t exec = anchor::capture_graph(st, [&] {
+    for (int i = 0; i < kLaunches; ++i) launch(i % sets, false);
+  });
   ANCHOR_CHECK(cudaGraphLaunch(exec, st));  // warm-up
   const double replay = anchor::replay_us(exec, st, kLaunches);
-  cudaGraph_t graph_score;
-  cudaGraphExec_t exec_score;
-  ANCHOR_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kLaunches; ++i) launch_score_only(i % sets);
-  ANCHOR_CHECK(cudaStreamEndCapture(st, &graph_score));
-  ANCHOR_CHECK(cudaGraphInstantiate(&exec_score, graph_score, 0));
+  const cudaGraphExec_t exec_score = anchor::capture_graph(st, [&] {
+    for (int i = 0; i < kLaunches; ++i) launch_score_only(i % sets);
+  });
   ANCHOR_CHECK(cudaGraphLaunch(exec_score, st));  // warm-up
   const double replay_score = anchor::replay_us(exec_score, st, kLaunches);
 

@@ -69,6 +69,19 @@ inline int sets_past_l2(std::size_t set_bytes) {
   return static_cast<int>(std::min<std::size_t>(1024, std::max<std::size_t>(2, want)));
 }
 
+/// The launches `enqueue()` makes on `stream`, captured into a graph and instantiated.
+template <class Enqueue>
+cudaGraphExec_t capture_graph(cudaStream_t stream, Enqueue&& enqueue) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ANCHOR_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  enqueue();
+  ANCHOR_CHECK(cudaStreamEndCapture(stream, &graph));
+  ANCHOR_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  ANCHOR_CHECK(cudaGraphDestroy(graph));
+  return exec;
+}
+
 /// One launch's time in microseconds from a graph of `per` launches: each replay behind a 100 us
 /// spin, its event time / per; the median of 5 means of 30 replays (topk_bench's method).
 inline double replay_us(cudaGraphExec_t exec, cudaStream_t stream, int per) {
