@@ -7,12 +7,12 @@
 // pages of 64 (BM_Dsv4IndexDecode's shape), every entry visible. Thread 0 of every CTA records
 // %globaltimer at each mark (in the score kernel that is warp 0, one of its CTA's 8 page
 // streams); for each phase the probe prints when the first, the median and the last CTA reached
-// it, in us after the first preparation CTA's entry (medians over 12 launches), and when a
-// one-thread kernel launched after the score kernel started (the score grid done, plus a
-// launch), then the
-// per-launch time (preparation + score) of a CUDA graph of back-to-back launches over rotating
-// key sets spanning twice the L2. Keys are random pages (scale bytes 126..129, so every key folds
-// as in the benchmark); the probe prints the fraction of non-zero scores, not a check against a
+// it, in us after the first preparation CTA's entry (medians over 12 launches, each a graph of
+// its own: preparation, score kernel, end mark), and when a one-thread kernel launched after the
+// score kernel started (the score grid done, plus a launch), then the per-launch time of CUDA
+// graphs of back-to-back launches over rotating key sets spanning twice the L2: preparation +
+// score, and the score kernel alone. Keys are random pages (scale bytes 126..129, so every key
+// folds as in the benchmark); the probe prints the fraction of non-zero scores, not a check against a
 // reference (the indexer tests do that).
 //   usage: index-trace-probe [batch (1)] [entries (131072)]
 //   build: nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
