@@ -12,8 +12,8 @@
 // score kernel started (the score grid done, plus a launch), then the per-launch time of CUDA
 // graphs of back-to-back launches over rotating key sets spanning twice the L2: preparation +
 // score, and the score kernel alone. Keys are random pages (scale bytes 126..129, so every key
-// folds as in the benchmark); the probe prints the fraction of non-zero scores, not a check against a
-// reference (the indexer tests do that).
+// folds as in the benchmark); the probe prints the fraction of non-zero scores, not a check against
+// a reference (the indexer tests do that).
 //   usage: index-trace-probe [batch (1)] [entries (131072)]
 //   build: nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
 //          -Ibenchmarks -o index-probe scripts/index-trace-probe.cu
