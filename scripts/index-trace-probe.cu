@@ -204,8 +204,8 @@ int main(int argc, char** argv) {
     ANCHOR_CHECK(cudaLaunchKernelEx(&cfg, kernel, ps));
     if (traced_end) end_mark<<<1, 1, 0, st>>>();
   };
-  // The score kernel alone over a set whose query the traced launches prepared (what the
-  // preparation and its launch add to a step is the graph replay's difference).
+  // The score kernel alone over a set's keys, with the query the last traced launch prepared in
+  // the workspace (what the preparation and its launch add is the two replays' difference).
   auto launch_score_only = [&](int set) {
     IndexParams ps = p;
     ps.slots = d_meta + static_cast<std::size_t>(set) * 2 * B;
