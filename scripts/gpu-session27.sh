@@ -190,17 +190,19 @@ probe_ab_run() {
 
 # An indexer branch against main (gpu-base/): both builds of dsv4_bench (main's in the
 # background), the phase probes of the tree and of main (gpu-base/ laid over a copy) at batch 1
-# and 8, then the dsv4_bench rows $1 as tree / main / tree again (query-ab, index-ab).
+# and 8 (and of a third tree, gpu-mid/ laid over a copy, where it exists), then the dsv4_bench
+# rows $1 as tree / main / tree again (query-ab, index-ab).
 index_ab_probes_and_rows() {
   BASE_TARGETS=dsv4_bench base_build_bg
   build_targets kvc_cuda_tests dsv4_bench
-  local v b src
-  for v in tree base; do
+  local v b src variants="tree base"
+  [ -d gpu-mid ] && variants="tree mid base"  # gpu-mid/: a third tree's files, probes only
+  for v in $variants; do
     src=.
-    if [ $v = base ]; then
-      rm -rf /tmp/kvc-probe-base && mkdir -p /tmp/kvc-probe-base &&
-        cp -a kernels include src scripts benchmarks /tmp/kvc-probe-base/ &&
-        cp -a gpu-base/. /tmp/kvc-probe-base/ && src=/tmp/kvc-probe-base
+    if [ $v != tree ]; then
+      rm -rf /tmp/kvc-probe-$v && mkdir -p /tmp/kvc-probe-$v &&
+        cp -a kernels include src scripts benchmarks /tmp/kvc-probe-$v/ &&
+        cp -a gpu-$v/. /tmp/kvc-probe-$v/ && src=/tmp/kvc-probe-$v
     fi
     (cd $src && nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude \
       -Isrc -Ibenchmarks -o "$out/index-probe-$v" scripts/index-trace-probe.cu) \
@@ -208,7 +210,7 @@ index_ab_probes_and_rows() {
     say "index probe $v build: rc=$?"
   done
   for b in 1 8; do
-    for v in tree base; do
+    for v in $variants; do
       timeout 25 "$out/index-probe-$v" $b > "$out/index-trace-$v-b$b.txt" 2>&1
       say "== index probe $v batch $b: rc=$?"
       grep -E "score entry|streams issued|pdl waited|query loaded|after score|graph replay" \
