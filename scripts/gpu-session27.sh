@@ -590,11 +590,15 @@ case "$mode" in
     # An indexer branch against main in one call (gpu-base/ from `scripts/make-gpu-base.sh main`),
     # first the forty-second session's gpu-pending/early-lookup: the DeepSeek-V4 tests, the
     # indexer rows (BM_Dsv4IndexDecode B1 / B8, T1 / T2, and the kernels alone) and phase probes
-    # of both, memcheck and racecheck over the indexer tests.
+    # of both (and of gpu-mid/), memcheck, racecheck and synccheck over the indexer tests.
     index_ab_probes_and_rows 'BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/0/|BM_Dsv4IndexProbe/(0|6)/'
     gtests dsv4 '*Dsv4*' 120
-    sanitize memcheck-index memcheck '*Cuda_Dsv4_Indexer*' 90
-    sanitize racecheck-index racecheck '*Cuda_Dsv4_Indexer*' 120
+    # Racecheck over every indexer test ran past 70 s (forty-second session): the three tools
+    # over the test that runs every mxfp4 kernel (small pages, fallbacks, 1-4 and 8 tokens).
+    every='*Cuda_Dsv4_Indexer.EveryMxfp4Kernel*'
+    sanitize memcheck-index memcheck "$every" 60
+    sanitize racecheck-index racecheck "$every" 90
+    sanitize synccheck-index synccheck "$every" 60
     report
     ;;
   query-ab)
