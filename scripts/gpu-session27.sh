@@ -803,6 +803,11 @@ case "$mode" in
       NCU_STALLS=1 NCU_SKIP=3 profile topk-64x131072 topk_bench 'BM_TopK/64/131072/2048/' 'spread'
     fi
     ;;
-  *) echo "gpu-session27.sh: tokens | short | epilogue | lean | lean-rows | fused | candidates | prefetch | final-tests | final | flashinfer | flashmla | profiles | grid | spread | rotate | probe-ab | land | wide | wide-prof | wide-summary | decode-cluster | decode-default | decode-verify | decode-threads | decode-count | rolled | topk-ab | verify39 | share | verify40" >&2; exit 2 ;;
+  *)
+    # The modes are this case statement's labels.
+    echo "gpu-session27.sh MODE, MODE one of: $(grep -oE '^  [a-z0-9 |-]+\)$' "$0" |
+      tr -d ' )' | tr '|\n' '  ')" >&2
+    exit 2
+    ;;
 esac
 finish
