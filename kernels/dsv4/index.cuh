@@ -674,8 +674,17 @@ struct LeanQuery {
   __device__ __forceinline__ void load(const unsigned char* ws, const Mxfp4Row& L, int lane,
                                        float4* rows) {
     constexpr int H = MT * 16, KS = D / 32;
-    ok = __all_sync(0xffffffffu, (lane >= H || ws[L.ok + lane] != 0) &&
-                                     (lane + 32 >= H || ws[L.ok + lane + 32] != 0));
+    // The fragments first: every load of the row is then in flight before the first use (the
+    // ok bytes' vote waited before the fragment loads issued, a second round trip, when their
+    // registers were the vote's: Nsight Compute's source page, forty-second session).
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int s = 0; s < KS; ++s)
+        a[mt][s] = reinterpret_cast<const uint4*>(ws + L.frag)[(mt * KS + s) * 32 + lane];
+    }
+    const bool ok_lo = lane >= H || ws[L.ok + lane] != 0;
+    const bool ok_hi = lane + 32 >= H || ws[L.ok + lane + 32] != 0;
     const int* cinit = reinterpret_cast<const int*>(ws + L.cinit);
     const float* wfold = reinterpret_cast<const float*>(ws + L.wfold);
     // cinit = kMagic - 128 Σa, so 2 kMagic - cinit has the bits of 1.5 2^23 + 128 Σa.
@@ -688,12 +697,7 @@ struct LeanQuery {
       rows[idx] = make_float4(offset(h), wfold[h], offset(h + 8), wfold[h + 8]);
     }
     ow = rows;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int s = 0; s < KS; ++s)
-        a[mt][s] = reinterpret_cast<const uint4*>(ws + L.frag)[(mt * KS + s) * 32 + lane];
-    }
+    ok = __all_sync(0xffffffffu, ok_lo && ok_hi);
     __syncwarp();
   }
 };

@@ -174,19 +174,33 @@ __device__ __forceinline__ StreamCta stream_start(const IndexParams& p, int slot
   c.GS = static_cast<int>(gridDim.x) * streams;
   const int tl = pass * tp + c.tt;
   const int last = min(p.tc - 1, pass * tp + tp - 1);
-  c.srl = score_row(p, b, last);
   c.N = p.keys.layout.page_entries;
   c.page_bytes = static_cast<int>(p.keys.layout.page_bytes);
+  // The first warp's lanes read their page's block-table entry as soon as the slot is known, in
+  // the same round of loads as the slot's entry count (score_row), not after it: any column
+  // below the table's pitch is in the slot's row, and a page past the visible ones is dropped
+  // below. The look-up was the third dependent round of global loads before the first copy
+  // (slot and length, then the count, then the table), and at B1 T1 that prologue ends about
+  // 2 us after the preparation it overlaps (phase probe, forty-second session, H100).
+  const int slot = p.slots[b];
+  const int column = c.gs + lane * c.GS;
+  const bool look_up = c.tt == 0 && column < p.keys.block_table_pitch;
+  const std::int32_t id =
+      look_up
+          ? p.keys.block_table[static_cast<std::size_t>(slot) * p.keys.block_table_pitch + column]
+          : -1;
+  c.srl = score_row(p, b, last);
   const int pages = (c.srl.vis + c.N - 1) / c.N;
   c.my_pages = pages > c.gs ? (pages - c.gs + c.GS - 1) / c.GS : 0;
   c.ptrs = page_ptr[c.ks];
   c.bar = bar + c.ks * c.S;
   c.valid = valid + c.ks * c.S;
   c.stage = stage + c.ks * c.S;
-  if (c.tt == 0) {
-    c.ptrs[lane] =
-        lane < c.my_pages ? dsv4::page_of(p.keys, c.srl.slot, (c.gs + lane * c.GS) * c.N) : nullptr;
-  }
+  // As dsv4::page_of: an id outside the pool is a missing page.
+  if (c.tt == 0)
+    c.ptrs[lane] = lane < c.my_pages && id >= 0 && id < p.keys.num_pages
+                       ? p.keys.pool + static_cast<std::size_t>(id) * p.keys.layout.page_bytes
+                       : nullptr;
   if (threadIdx.x == 0) {
     for (int s = 0; s < slots; ++s) mbar_init(&bar[s], 1);
     mbar_fence_init();
