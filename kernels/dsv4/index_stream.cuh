@@ -201,12 +201,20 @@ __device__ __forceinline__ StreamCta stream_start(const IndexParams& p, int slot
     c.ptrs[lane] = lane < c.my_pages && id >= 0 && id < p.keys.num_pages
                        ? p.keys.pool + static_cast<std::size_t>(id) * p.keys.layout.page_bytes
                        : nullptr;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < slots; ++s) mbar_init(&bar[s], 1);
+  // Each stream's producer initialises the stream's own stage barriers, and only the stream's
+  // warps wait for it (its named barrier; __syncwarp at one token per pass, where the stream is
+  // one warp): no warp waits for another stream's prologue. The page pointers are written and
+  // read by the stream's first warp only.
+  c.producer = c.tt == 0 && lane == 0;
+  if (c.producer) {
+    for (int s = 0; s < c.S; ++s) mbar_init(&c.bar[s], 1);
     mbar_fence_init();
   }
-  __syncthreads();
-  c.producer = c.tt == 0 && lane == 0;
+  if (tp == 1) {
+    __syncwarp();
+  } else {
+    stream_barrier_sync(c.ks, tp * 32);  // tp is 2, 4 or 8: at most 4 streams
+  }
   if (c.producer) {
     for (int s = 0; s < c.S && s < c.my_pages; ++s) stream_issue(p, c, s, s);
   }
