@@ -758,6 +758,21 @@ case "$mode" in
     grep -E "^  [a-z_:]+.*\(|Duration|DRAM Throughput|Registers Per|Grid Size|Achieved Occ" \
       "$out/ncu-topk-64x131072.txt" | head -40 >> "$out/summary.txt"
     ;;
+  prefill-prof)
+    # Where the DeepSeek-V4 indexer's prefill scoring (variant 9, warpgroup mma; B1 T64 over
+    # 131072 entries, 26 % of the fp8 tensor-core rate since the fourteenth session) spends its
+    # time: Nsight Compute's sections with the stall reasons, then the per-instruction stall
+    # samples (SASS), one launch each. Never profiled before the forty-fourth session.
+    build_targets dsv4_bench
+    BENCH_REPS=3 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/1/64/0/0/(7|9)/'
+    NCU_STALLS=1 NCU_SKIP=3 profile prefill-t64 dsv4_bench 'BM_Dsv4IndexDecode/1/64/0/0/9/' \
+      'wgmma'
+    grep -E "Duration|Registers Per|Achieved Occ|Issue Slots Busy|Eligible Warps|Warp Cycles Per Issued|Compute \(SM\) Throughput|DRAM Throughput|L2 Cache Throughput|stalled_" \
+      "$out/ncu-prefill-t64.txt" | head -40 >> "$out/summary.txt"
+    NCU_SKIP=3 NCU_COUNT=1 bench_source prefill-t64 dsv4_bench 'BM_Dsv4IndexDecode/1/64/0/0/9/' \
+      'wgmma'
+    report
+    ;;
   prefetch)
     # The summary scorer's L2-prefetch variants (twenty-ninth session, written without a GPU):
     # the summary tests (every variant against the CPU, the prefetch variants bit for bit against
