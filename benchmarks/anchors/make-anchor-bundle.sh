@@ -118,6 +118,16 @@ fi
 # The DeepSelect fp32 top-k anchor binary, only when a DeepSelect source tree lies in .anchors/DeepSelect
 # (kept outside kvc's history; deepselect_topk_anchor.sh says what it needs). Without it the bundle is as before.
 if [ -d "$repo/.anchors/DeepSelect/csrc" ]; then
+  # Its CUTLASS headers: where none are given (deepselect_topk_anchor.sh's three ways), the
+  # nvidia-cutlass wheel its usage names, downloaded and unpacked here.
+  if [ -z "${CUTLASS_INCLUDE:-}" ] &&
+     [ ! -f "$repo/.anchors/DeepSelect/csrc/3rdparty/cutlass/include/cutlass/cutlass.h" ] &&
+     ! ls "$repo"/.whl/nvidia_cutlass-*.whl > /dev/null 2>&1; then
+    rm -rf "$work/cutlass-whl" "$work/cutlass"
+    "$vpy" -m pip download -q --no-deps -d "$work/cutlass-whl" "nvidia-cutlass==4.2.0.0" &&
+      "$vpy" -m zipfile -e "$work"/cutlass-whl/nvidia_cutlass-*.whl "$work/cutlass" &&
+      export CUTLASS_INCLUDE="$work/cutlass/cutlass_library/source/include"
+  fi
   NVCC="$nvcc" "$here/deepselect_topk_anchor.sh" "$repo/.anchors/DeepSelect" "$out/bin/deepselect_topk_anchor" ||
     echo "make-anchor-bundle: deepselect_topk_anchor did not build; the bundle lacks it"
 fi
