@@ -18,7 +18,8 @@
 //   key pages, 2 keys prefetched in registers, 3 lean staged, 4 lean staged two pages at a
 //   time, 5 lean staged with each key unpacked once for every query token, 6 page streams,
 //   7 page streams with each page unpacked once for every query token (6 at T = 1), 8 page
-//   streams with the octet loop unrolled, 9 warpgroup tensor cores (wgmma)>:
+//   streams with the octet loop unrolled, 9 warpgroup tensor cores (wgmma), 10 page streams
+//   over octet pairs>:
 //   131072 entries x 64 index heads x 128 dims per sequence (the issue's <= 5 us target is
 //   mxfp4, B1 T1).
 // BM_Dsv4TopK/<rows>/<entries>/<k>/<timing>/<variant 0 the built-in path, 1 the streaming path
@@ -547,7 +548,7 @@ void Timed(benchmark::internal::Benchmark* b) {
 // streams unrolled, 9 warpgroup tensor cores>
 void IndexShapes(benchmark::internal::Benchmark* b) {
   for (int timing : {0, 1}) {
-    for (int variant : {0, 2, 3, 4, 5, 6, 7, 8, 9}) {
+    for (int variant : {0, 2, 3, 4, 5, 6, 7, 8, 9, 10}) {
       b->Args({1, 1, 0, timing, variant});  // the <= 5 us target
       b->Args({8, 1, 0, timing, variant});
       b->Args({1, 4, 0, timing, variant});
@@ -555,7 +556,7 @@ void IndexShapes(benchmark::internal::Benchmark* b) {
     }
     b->Args({1, 1, 1, timing, 0});  // fp8 (V3.2) keys, CUDA cores
     // Two and three query tokens (draft tokens verified with the next): passes of 2 and 4.
-    for (int variant : {0, 8, 9}) {
+    for (int variant : {0, 8, 9, 10}) {
       for (int T : {2, 3}) {
         b->Args({1, T, 0, timing, variant});
         b->Args({8, T, 0, timing, variant});

@@ -661,6 +661,30 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_staged_kernel(co
 // warp that finishes with it (a shared-memory counter), not by a CTA barrier per page. With R = 2 a
 // warp scores octet ol of two pages at once, two independent instruction streams.
 
+/// The lean kernels' per-head rows of a prepared query token: writes, into `rows` (MT * 8 float4
+/// of the warp's shared memory), per (tile mt, row group g) {offset lo, weight lo, offset hi,
+/// weight hi} of heads 16 mt + g (lo) and 16 mt + g + 8 (hi), the offset 1.5 2^23 + 128 Σa and
+/// the folded weight; returns whether every head folds (a warp vote: every lane calls it).
+template <int MT>
+__device__ __forceinline__ bool lean_rows(const unsigned char* ws, const Mxfp4Row& L, int lane,
+                                          float4* rows) {
+  constexpr int H = MT * 16;
+  const bool ok_lo = lane >= H || ws[L.ok + lane] != 0;
+  const bool ok_hi = lane + 32 >= H || ws[L.ok + lane + 32] != 0;
+  const int* cinit = reinterpret_cast<const int*>(ws + L.cinit);
+  const float* wfold = reinterpret_cast<const float*>(ws + L.wfold);
+  // cinit = kMagic - 128 Σa, so 2 kMagic - cinit has the bits of 1.5 2^23 + 128 Σa.
+  auto offset = [&](int h) {
+    return __uint_as_float(2u * static_cast<std::uint32_t>(kMagic) -
+                           static_cast<std::uint32_t>(cinit[h]));
+  };
+  for (int idx = lane; idx < MT * 8; idx += 32) {
+    const int h = 16 * (idx / 8) + idx % 8;
+    rows[idx] = make_float4(offset(h), wfold[h], offset(h + 8), wfold[h + 8]);
+  }
+  return __all_sync(0xffffffffu, ok_lo && ok_hi);
+}
+
 /// The warp's query token as the lean kernels hold it: A fragments in registers, and in the
 /// warp's shared memory per (tile mt, row group g) one float4 {offset lo, weight lo, offset hi,
 /// weight hi} of heads 16 mt + g (lo) and 16 mt + g + 8 (hi): the offset 1.5 2^23 + 128 Σa and
@@ -673,7 +697,7 @@ struct LeanQuery {
   /// Loads the fragments and fills `rows` (MT * 8 float4 of the warp's shared memory).
   __device__ __forceinline__ void load(const unsigned char* ws, const Mxfp4Row& L, int lane,
                                        float4* rows) {
-    constexpr int H = MT * 16, KS = D / 32;
+    constexpr int KS = D / 32;
     // The fragments first: every load of the row is then in flight before the first use (the
     // ok bytes' vote waited before the fragment loads issued, a second round trip, when their
     // registers were the vote's: Nsight Compute's source page, forty-second session).
@@ -683,21 +707,8 @@ struct LeanQuery {
       for (int s = 0; s < KS; ++s)
         a[mt][s] = reinterpret_cast<const uint4*>(ws + L.frag)[(mt * KS + s) * 32 + lane];
     }
-    const bool ok_lo = lane >= H || ws[L.ok + lane] != 0;
-    const bool ok_hi = lane + 32 >= H || ws[L.ok + lane + 32] != 0;
-    const int* cinit = reinterpret_cast<const int*>(ws + L.cinit);
-    const float* wfold = reinterpret_cast<const float*>(ws + L.wfold);
-    // cinit = kMagic - 128 Σa, so 2 kMagic - cinit has the bits of 1.5 2^23 + 128 Σa.
-    auto offset = [&](int h) {
-      return __uint_as_float(2u * static_cast<std::uint32_t>(kMagic) -
-                             static_cast<std::uint32_t>(cinit[h]));
-    };
-    for (int idx = lane; idx < MT * 8; idx += 32) {
-      const int h = 16 * (idx / 8) + idx % 8;
-      rows[idx] = make_float4(offset(h), wfold[h], offset(h + 8), wfold[h + 8]);
-    }
+    ok = lean_rows<MT>(ws, L, lane, rows);
     ow = rows;
-    ok = __all_sync(0xffffffffu, ok_lo && ok_hi);
     __syncwarp();
   }
 };

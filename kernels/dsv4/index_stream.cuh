@@ -251,6 +251,19 @@ __device__ __forceinline__ void stream_release(const IndexParams& p, const Strea
 // then exact. relu(P) is the lean form's value, and the head chains, butterfly and key scale are
 // the lean form's (R = 1), so the score is the same bits.
 
+/// Turns the lean rows this lane wrote (lean_rows: MT * 8 float4, offset 1.5 2^23 + 128 Σa)
+/// into the zero-start form in place: int4 {K lo, weight lo, K hi, weight hi} with
+/// K = 0x4B400000 - 128 Σa (the offset's bits are 2 0x4B400000 - K).
+template <int MT>
+__device__ __forceinline__ void rows_to_zero_start(int4* rows, int lane) {
+  const unsigned twice = 2u * static_cast<unsigned>(kMagic);
+  for (int idx = lane; idx < MT * 8; idx += 32) {  // the rows lean_rows had this lane write
+    const float4 r = reinterpret_cast<const float4*>(rows)[idx];
+    rows[idx] = make_int4(static_cast<int>(twice - __float_as_uint(r.x)), __float_as_int(r.y),
+                          static_cast<int>(twice - __float_as_uint(r.z)), __float_as_int(r.w));
+  }
+}
+
 /// The warp's query token for variant 8: A fragments in registers and, in the warp's shared
 /// memory per (tile mt, row group g), one int4 {K lo, weight lo, K hi, weight hi} of heads
 /// 16 mt + g (lo) and 16 mt + g + 8 (hi): K = 0x4B400000 - 128 Σa and the folded weight's bits.
@@ -260,18 +273,13 @@ struct ZeroQuery {
   const int4* kw;  // [MT][8] (shared memory)
   bool ok;         // every head folds
   /// Loads the fragments and fills `rows` (MT * 8 int4 of the warp's shared memory): LeanQuery's
-  /// load, whose row offsets (the bits 2 0x4B400000 - K) become K in place.
+  /// load, whose rows become the zero-start form in place.
   __device__ __forceinline__ void load(const unsigned char* ws, const Mxfp4Row& L, int lane,
                                        int4* rows) {
     constexpr int KS = D / 32;
     LeanQuery<MT, D> lean;
     lean.load(ws, L, lane, reinterpret_cast<float4*>(rows));
-    const unsigned twice = 2u * static_cast<unsigned>(kMagic);
-    for (int idx = lane; idx < MT * 8; idx += 32) {  // the rows this lane wrote
-      const float4 r = lean.ow[idx];
-      rows[idx] = make_int4(static_cast<int>(twice - __float_as_uint(r.x)), __float_as_int(r.y),
-                            static_cast<int>(twice - __float_as_uint(r.z)), __float_as_int(r.w));
-    }
+    rows_to_zero_start<MT>(rows, lane);
     kw = rows;
     ok = lean.ok;
 #pragma unroll
@@ -279,6 +287,27 @@ struct ZeroQuery {
 #pragma unroll
       for (int s = 0; s < KS; ++s) a[mt][s] = lean.a[mt][s];
     }
+    __syncwarp();
+  }
+};
+
+/// The warp's query token for variant 10: ZeroQuery's rows, but the A fragments stay in the
+/// prepared row (global memory, [MT][D / 32][32 lanes] uint4, read through L1 by every warp of
+/// the token) and are loaded as each k step's mma needs them: 64 registers fewer than
+/// ZeroQuery at 64 heads of dim 128, which lets a warp score two octets at a time
+/// (pair_score_folded) within the kernel's 128.
+template <int MT, int D>
+struct PairQuery {
+  const uint4* a;  // [MT][D / 32][32] the prepared row's fragments
+  const int4* kw;  // [MT][8] (shared memory)
+  bool ok;         // every head folds
+  /// Points at the fragments and fills `rows` as ZeroQuery does.
+  __device__ __forceinline__ void load(const unsigned char* ws, const Mxfp4Row& L, int lane,
+                                       int4* rows) {
+    a = reinterpret_cast<const uint4*>(ws + L.frag);
+    ok = lean_rows<MT>(ws, L, lane, reinterpret_cast<float4*>(rows));
+    rows_to_zero_start<MT>(rows, lane);
+    kw = rows;
     __syncwarp();
   }
 };
@@ -298,6 +327,36 @@ __device__ __forceinline__ float relu_from_zero_start(int acc, int k) {
   return __fadd_rn(__int_as_float(__viaddmax_s32(acc, k, kMagic)), -kMagicF);
 }
 
+/// The folded score of one octet (octet index o, the smallest scale byte of the lane's key
+/// kmin) from its zero-start accumulators (see above) and the token's rows kw; keys stored below
+/// vis.
+template <int MT>
+__device__ __forceinline__ void zero_octet_finish(const int (&acc)[MT][4], const int4* kw_rows,
+                                                  int kmin, int o, int vis, float* out_row) {
+  const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+  // The lean form's chains (heads g, g + 8, g + 16, ...): c0 for key 2 tq, c1 for 2 tq + 1.
+  float c0 = 0.0f, c1 = 0.0f;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int4 kw = kw_rows[mt * 8 + g];  // K lo, weight lo, K hi, weight hi
+    c0 = __fmaf_rn(relu_from_zero_start(acc[mt][0], kw.x), __int_as_float(kw.y), c0);
+    c1 = __fmaf_rn(relu_from_zero_start(acc[mt][1], kw.x), __int_as_float(kw.y), c1);
+    c0 = __fmaf_rn(relu_from_zero_start(acc[mt][2], kw.z), __int_as_float(kw.w), c0);
+    c1 = __fmaf_rn(relu_from_zero_start(acc[mt][3], kw.z), __int_as_float(kw.w), c1);
+  }
+  // The lean form's butterfly (R = 1): level 16 splits the lane's two keys, then 8 and 4.
+  const bool up = (lane & 16) != 0;
+  float v = __fadd_rn(up ? c1 : c0, __shfl_xor_sync(0xffffffffu, up ? c0 : c1, 16));
+  v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 8));
+  v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 4));
+  const int kmin_sel = __shfl_sync(0xffffffffu, kmin, 4 * (2 * tq + (up ? 1 : 0)));
+  if ((g & 3) == 0) {
+    const int j = o * 8 + 2 * tq + (up ? 1 : 0);
+    // The key scale 2^(kmin - 127): kmin is in [kFoldByteLo, kFoldByteHi], a normal float.
+    if (j < vis) out_row[j] = fmul_rn(v, __int_as_float(kmin_sel << 23));
+  }
+}
+
 /// The folded score of one octet (octet index o) of the warp's token from zero-start
 /// accumulators (see above); keys stored below vis.
 template <int MT, int D>
@@ -305,7 +364,6 @@ __device__ __forceinline__ void zero_score_folded(const ZeroQuery<MT, D>& q,
                                                   const LeanKey<D / 32>& k, int o, int vis,
                                                   float* out_row) {
   constexpr int KS = D / 32;
-  const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   std::uint32_t bl[KS], bh[KS];
   lean_unpack<KS>(k, bl, bh);
   int acc[MT][4];
@@ -320,31 +378,45 @@ __device__ __forceinline__ void zero_score_folded(const ZeroQuery<MT, D>& q,
       }
     }
   }
-  // The lean form's chains (heads g, g + 8, g + 16, ...): c0 for key 2 tq, c1 for 2 tq + 1.
-  float c0 = 0.0f, c1 = 0.0f;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    const int4 kw = q.kw[mt * 8 + g];  // K lo, weight lo, K hi, weight hi
-    c0 = __fmaf_rn(relu_from_zero_start(acc[mt][0], kw.x), __int_as_float(kw.y), c0);
-    c1 = __fmaf_rn(relu_from_zero_start(acc[mt][1], kw.x), __int_as_float(kw.y), c1);
-    c0 = __fmaf_rn(relu_from_zero_start(acc[mt][2], kw.z), __int_as_float(kw.w), c0);
-    c1 = __fmaf_rn(relu_from_zero_start(acc[mt][3], kw.z), __int_as_float(kw.w), c1);
-  }
-  // The lean form's butterfly (R = 1): level 16 splits the lane's two keys, then 8 and 4.
-  const bool up = (lane & 16) != 0;
-  float v = __fadd_rn(up ? c1 : c0, __shfl_xor_sync(0xffffffffu, up ? c0 : c1, 16));
-  v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 8));
-  v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 4));
-  const int kmin_sel = __shfl_sync(0xffffffffu, k.kmin, 4 * (2 * tq + (up ? 1 : 0)));
-  if ((g & 3) == 0) {
-    const int j = o * 8 + 2 * tq + (up ? 1 : 0);
-    // The key scale 2^(kmin - 127): kmin is in [kFoldByteLo, kFoldByteHi], a normal float.
-    if (j < vis) out_row[j] = fmul_rn(v, __int_as_float(kmin_sel << 23));
-  }
+  zero_octet_finish<MT>(acc, q.kw, k.kmin, o, vis, out_row);
 }
 
-/// One octet's folded score for the query form of the kernel: the lean form (variant 6) or the
-/// zero-start form (variant 8).
+/// The folded scores of `n` (1 or 2) octets o, o + 1 of the warp's token (variant 10): each A
+/// fragment is loaded once from the prepared row and feeds both octets' mma, and the two octets'
+/// head chains and butterflies are independent, so each hides the other's latencies. Each
+/// octet's arithmetic is zero_score_folded's, so the scores are the same bits.
+template <int MT, int D, int n>
+__device__ __forceinline__ void pair_score_folded(const PairQuery<MT, D>& q,
+                                                  const LeanKey<D / 32> (&k)[n], int o, int vis,
+                                                  float* out_row) {
+  static_assert(n == 1 || n == 2, "one octet or a pair");
+  constexpr int KS = D / 32;
+  const int lane = threadIdx.x % 32;
+  std::uint32_t bl[n][KS], bh[n][KS];
+#pragma unroll
+  for (int r = 0; r < n; ++r) lean_unpack<KS>(k[r], bl[r], bh[r]);
+  int acc[n][MT][4];
+#pragma unroll
+  for (int s = 0; s < KS; ++s) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const uint4 a = q.a[(mt * KS + s) * 32 + lane];
+#pragma unroll
+      for (int r = 0; r < n; ++r) {
+        if (s == 0) {
+          imma_zero(acc[r][mt], a, bl[r][s], bh[r][s]);
+        } else {
+          imma(acc[r][mt], a, bl[r][s], bh[r][s]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < n; ++r) zero_octet_finish<MT>(acc[r], q.kw, k[r].kmin, o + r, vis, out_row);
+}
+
+/// One octet's folded score for the query form of the kernel: the lean form (variant 6), the
+/// zero-start form (variant 8) or that form with the fragments loaded per k step (variant 10).
 template <int MT, int D>
 __device__ __forceinline__ void stream_fold_octet(const LeanQuery<MT, D>& q,
                                                   const LeanKey<D / 32> (&k)[1], int o, int vis,
@@ -359,6 +431,12 @@ __device__ __forceinline__ void stream_fold_octet(const ZeroQuery<MT, D>& q,
                                                   float* out_row) {
   zero_score_folded<MT, D>(q, k[0], o, vis, out_row);
 }
+template <int MT, int D>
+__device__ __forceinline__ void stream_fold_octet(const PairQuery<MT, D>& q,
+                                                  const LeanKey<D / 32> (&k)[1], int o, int vis,
+                                                  float* out_row) {
+  pair_score_folded<MT, D, 1>(q, k, o, vis, out_row);
+}
 
 /// Scores every octet of one staged page (page index pg, N entries, opp = N / 8 octets) below
 /// `vis` for the warp's token. First the page's scale records once: lane l takes the KPL keys
@@ -369,15 +447,17 @@ __device__ __forceinline__ void stream_fold_octet(const ZeroQuery<MT, D>& q,
 /// smallest byte: the same LeanKey lean_key builds, scored by lean_score_folded. Otherwise the
 /// page takes the lean kernel's per-octet path (lean_key, the octet's vote, the reference form).
 ///
-/// Query is LeanQuery (variant 6) or ZeroQuery (variant 8: the zero-start folded form); kOpp > 0
-/// (variant 8, pages of kOpp octets) unrolls the folded octet loop, so every octet's
-/// shared-memory offsets are immediates; 0 keeps the loop.
+/// Query is LeanQuery (variant 6), ZeroQuery (variant 8: the zero-start folded form) or
+/// PairQuery (variant 10: that form with the fragments loaded per k step); kOpp > 0 (variants 8
+/// and 10, pages of kOpp octets) unrolls the folded octet loop, so every octet's shared-memory
+/// offsets are immediates, and with PairQuery scores its octets two at a time; 0 keeps the loop.
 template <int MT, int D, int kOpp = 0, class Query = LeanQuery<MT, D>>
 __device__ __forceinline__ void stream_score_page(const Query& q, const unsigned char* page, int N,
                                                   int pg, int vis, const unsigned char* ws,
                                                   const Mxfp4Row& L, unsigned char* wsm, int* kmin,
                                                   float* out_row) {
   constexpr int KS = D / 32, G = D / 32, KPL = staged_max_octets<D>() * 8 / 32;
+  constexpr bool kPairs = std::is_same_v<Query, PairQuery<MT, D>>;
   static_assert(KPL * G == 8, "a lane's keys' scale records are 8 bytes");
   const int lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const int opp = N / 8, base = pg * N;  // the page's first entry
@@ -412,28 +492,41 @@ __device__ __forceinline__ void stream_score_page(const Query& q, const unsigned
     // Lane (g, tq): key ol * 8 + g of each octet, its quarter tq.
     const unsigned char* kp = page + static_cast<std::size_t>(g) * (D / 2) + tq * (D / 8);
     const unsigned char* sp = rec + g * G + (tq * (D / 4)) / 32;  // the lane's group byte
-    auto octet = [&](int ol) {
-      const int o = pg * opp + ol;
-      LeanKey<KS> k[1];
-      const bool live = o * 8 + g < vis;
+    auto key_at = [&](int ol) {
+      LeanKey<KS> k;
+      const bool live = (pg * opp + ol) * 8 + g < vis;
       const std::size_t at = static_cast<std::size_t>(ol) * 8;
       if constexpr (D == 128) {
         const uint4 u = *reinterpret_cast<const uint4*>(kp + at * (D / 2));
-        k[0].word[0] = live ? u.x : 0u;
-        k[0].word[1] = live ? u.y : 0u;
-        k[0].word[2] = live ? u.z : 0u;
-        k[0].word[3] = live ? u.w : 0u;
+        k.word[0] = live ? u.x : 0u;
+        k.word[1] = live ? u.y : 0u;
+        k.word[2] = live ? u.z : 0u;
+        k.word[3] = live ? u.w : 0u;
       } else {
         const uint2 u = *reinterpret_cast<const uint2*>(kp + at * (D / 2));
-        k[0].word[0] = live ? u.x : 0u;
-        k[0].word[1] = live ? u.y : 0u;
+        k.word[0] = live ? u.x : 0u;
+        k.word[1] = live ? u.y : 0u;
       }
-      k[0].kmin = kmin[ol * 8 + g];  // 127 for a key past vis
-      k[0].sb = live ? static_cast<int>(sp[at * G]) : 127;
-      k[0].fold = true;
-      stream_fold_octet<MT, D>(q, k, o, vis, out_row);
+      k.kmin = kmin[ol * 8 + g];  // 127 for a key past vis
+      k.sb = live ? static_cast<int>(sp[at * G]) : 127;
+      k.fold = true;
+      return k;
     };
-    if constexpr (kOpp > 0) {
+    auto octet = [&](int ol) {
+      const LeanKey<KS> k[1] = {key_at(ol)};
+      stream_fold_octet<MT, D>(q, k, pg * opp + ol, vis, out_row);
+    };
+    if constexpr (kOpp > 0 && kPairs) {
+      static_assert(kOpp % 2 == 0, "pages of whole octet pairs");
+      // Two octets a step; the second of the last pair may lie past vis: its keys are masked
+      // (zero words, smallest byte 127) and nothing of it is stored.
+#pragma unroll
+      for (int ol = 0; ol < kOpp; ol += 2) {
+        if ((pg * kOpp + ol) * 8 >= vis) break;  // later octets are past the bound too
+        const LeanKey<KS> k[2] = {key_at(ol), key_at(ol + 1)};
+        pair_score_folded<MT, D, 2>(q, k, pg * kOpp + ol, vis, out_row);
+      }
+    } else if constexpr (kOpp > 0) {
 #pragma unroll
       for (int ol = 0; ol < kOpp; ++ol) {
         if ((pg * kOpp + ol) * 8 >= vis) break;  // later octets are past the bound too
@@ -460,14 +553,23 @@ __device__ __forceinline__ void stream_score_page(const Query& q, const unsigned
   __syncwarp();  // kmin read before the next page overwrites it
 }
 
+/// The page-stream kernel's query forms: the lean form (variant 6), the zero-start folded form
+/// with the octet loop of 64-entry pages unrolled (variant 8), and that form with the fragments
+/// loaded per k step and the octets scored two at a time (variant 10).
+enum StreamForm : int { kStreamLean = 0, kStreamZero = 1, kStreamPairs = 2 };
+
 /// Scoring, mxfp4 keys, page streams (variant 6, see above): grid (CTAs, batch, passes); pages
-/// of at most kMaxStagedPageBytes bytes, 8 | page_entries. kUnroll (variant 8) scores in the
-/// zero-start folded form (ZeroQuery, zero_score_folded) and unrolls the octet loop of pages of 64
-/// entries (FlashMLA's and DeepGEMM's page size).
-template <int MT, int D, bool kUnroll = false>
+/// of at most kMaxStagedPageBytes bytes, 8 | page_entries. kForm kStreamZero (variant 8) scores
+/// in the zero-start folded form (ZeroQuery, zero_score_folded) and unrolls the octet loop of
+/// pages of 64 entries (FlashMLA's and DeepGEMM's page size); kStreamPairs (variant 10) does the
+/// same with PairQuery (pair_score_folded).
+template <int MT, int D, int kForm = kStreamLean>
 __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_stream_kernel(const IndexParams p) {
   constexpr int H = MT * 16;
   static_assert(kStreamPtrs == 32, "a lane per looked-up page pointer");
+  using Query = std::conditional_t<
+      kForm == kStreamPairs, PairQuery<MT, D>,
+      std::conditional_t<kForm == kStreamZero, ZeroQuery<MT, D>, LeanQuery<MT, D>>>;
   extern __shared__ __align__(128) unsigned char dsmem[];
   const StreamSmem6<MT, D> sm(dsmem);
   __shared__ __align__(8) std::uint64_t bar[kStreamSlots];
@@ -479,11 +581,11 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_stream_kernel(co
   const Mxfp4Row L(H, D);
   pdl_wait();
   KVC_INDEX_MARK(5);
-  std::conditional_t<kUnroll, ZeroQuery<MT, D>, LeanQuery<MT, D>> q;
-  if constexpr (kUnroll) {
-    q.load(c.ws, L, lane, reinterpret_cast<int4*>(sm.rows_all[warp]));
-  } else {
+  Query q;
+  if constexpr (kForm == kStreamLean) {
     q.load(c.ws, L, lane, sm.rows_all[warp]);
+  } else {
+    q.load(c.ws, L, lane, reinterpret_cast<int4*>(sm.rows_all[warp]));
   }
   KVC_INDEX_MARK(6);
   int s = 0;
@@ -492,14 +594,13 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_stream_kernel(co
     mbar_wait(&c.bar[s], phase);
     const int pg = c.gs + i * c.GS;
     if (c.active && c.valid[s] != 0 && pg * c.N < c.sr.vis) {
-      if constexpr (kUnroll) {
-        using Q = ZeroQuery<MT, D>;
+      if constexpr (kForm != kStreamLean) {
         if (c.N == 64) {
-          stream_score_page<MT, D, 8, Q>(q, c.stage[s], c.N, pg, c.sr.vis, c.ws, L,
-                                         sm.wsm_all[warp], sm.kmin_all[warp], c.out_row);
+          stream_score_page<MT, D, 8, Query>(q, c.stage[s], c.N, pg, c.sr.vis, c.ws, L,
+                                             sm.wsm_all[warp], sm.kmin_all[warp], c.out_row);
         } else {
-          stream_score_page<MT, D, 0, Q>(q, c.stage[s], c.N, pg, c.sr.vis, c.ws, L,
-                                         sm.wsm_all[warp], sm.kmin_all[warp], c.out_row);
+          stream_score_page<MT, D, 0, Query>(q, c.stage[s], c.N, pg, c.sr.vis, c.ws, L,
+                                             sm.wsm_all[warp], sm.kmin_all[warp], c.out_row);
         }
       } else {
         stream_score_page<MT, D>(q, c.stage[s], c.N, pg, c.sr.vis, c.ws, L, sm.wsm_all[warp],

@@ -26,7 +26,7 @@ namespace {
 using namespace dsv4_detail;
 
 /// The largest mxfp4 score-kernel variant (Dsv4IndexArgs::variant).
-constexpr int kIndexVariants = 9;
+constexpr int kIndexVariants = 10;
 
 /// Whether variant 9 (warpgroup mma, sm_90a) can run here: this build has sm_90a code and no
 /// plain sm_90 code that the runtime could pick instead (KVC_CUDA_SM90A, set by CMake), and the
@@ -107,16 +107,26 @@ cudaError_t launch_or_measure(Kernel kernel, int smem, dim3 grid, const IndexPar
 
 /// The lean staged kernel, R pages at a time (variants 3 and 4), the shared-unpack kernel (R = 0,
 /// variant 5), the page-stream kernel (R = -1, variant 6; R = -3, variant 8: its octet loop
-/// unrolled) or the page-stream kernel with shared unpacking (R = -2, variant 7 at tp = 2, 4 or
-/// 8): launches it, or with `occupancy` set only reports its resident CTAs per SM there.
+/// unrolled; R = -4, variant 10: octets in pairs) or the page-stream kernel with shared unpacking
+/// (R = -2, variant 7 at tp = 2, 4 or 8): launches it, or with `occupancy` set only reports its
+/// resident CTAs per SM there.
 template <int D, int R>
 cudaError_t launch_mxfp4_lean(int MT, dim3 grid, const IndexParams& p, cudaStream_t stream,
                               int* occupancy = nullptr) {
   return by_tiles(MT, [&](auto tiles) {
     constexpr int M = decltype(tiles)::value;
-    if constexpr (R == -3) {
-      return launch_or_measure(mxfp4_score_stream_kernel<M, D, true>, stream_smem_bytes<M, D>(),
-                               grid, p, stream, occupancy);
+    if constexpr (R == -4) {
+      // Built for DeepSeek-V4's index heads only (64 of dim 128), like variant 9: the callers
+      // reject other shapes before anything runs.
+      if constexpr (M == 4 && D == 128) {
+        return launch_or_measure(mxfp4_score_stream_kernel<M, D, kStreamPairs>,
+                                 stream_smem_bytes<M, D>(), grid, p, stream, occupancy);
+      } else {
+        return cudaErrorInvalidValue;
+      }
+    } else if constexpr (R == -3) {
+      return launch_or_measure(mxfp4_score_stream_kernel<M, D, kStreamZero>,
+                               stream_smem_bytes<M, D>(), grid, p, stream, occupancy);
     } else if constexpr (R == -2) {
       return launch_or_measure(mxfp4_score_stream_shared_kernel<M, D>,
                                stream_shared_smem_bytes<M, D>(), grid, p, stream, occupancy);
@@ -135,7 +145,8 @@ cudaError_t launch_mxfp4_lean(int MT, dim3 grid, const IndexParams& p, cudaStrea
 
 /// The lean-family kernel of `variant` (3 lean, 4 lean in pairs of pages, 5 shared unpacking,
 /// 6 page streams, 7 page streams with shared unpacking: variant 6's kernel when a pass has one
-/// token, p.tp == 1, which has nothing to share; 8 page streams with the octet loop unrolled).
+/// token, p.tp == 1, which has nothing to share; 8 page streams with the octet loop unrolled; 10
+/// that loop over pairs of octets with the fragments loaded per k step).
 template <int D>
 cudaError_t launch_lean_variant(int variant, int MT, dim3 grid, const IndexParams& p,
                                 cudaStream_t stream, int* occupancy = nullptr) {
@@ -146,6 +157,7 @@ cudaError_t launch_lean_variant(int variant, int MT, dim3 grid, const IndexParam
   }
   if (variant == 7) return launch_mxfp4_lean<D, -2>(MT, grid, p, stream, occupancy);
   if (variant == 8) return launch_mxfp4_lean<D, -3>(MT, grid, p, stream, occupancy);
+  if (variant == 10) return launch_mxfp4_lean<D, -4>(MT, grid, p, stream, occupancy);
   return launch_mxfp4_lean<D, 0>(MT, grid, p, stream, occupancy);
 }
 
@@ -166,7 +178,7 @@ int mxfp4_ctas_per_sm(int D, int MT, int variant, int tp) {
 
 /// The mxfp4 score kernel of `variant` (1 staged, 2 register prefetch, 3 lean, 4 lean in pairs
 /// of pages, 5 shared unpacking, 6 page streams, 7 page streams with shared unpacking, 8 page
-/// streams unrolled).
+/// streams unrolled, 9 warpgroup mma, 10 page streams over octet pairs).
 template <int D>
 cudaError_t launch_mxfp4(int MT, int variant, dim3 grid, const IndexParams& p,
                          cudaStream_t stream) {
@@ -250,6 +262,9 @@ cudaError_t dsv4_index_score(void* d_temp, std::size_t& temp_bytes,
   if (a.variant < 0 || a.variant > kIndexVariants) return cudaErrorInvalidValue;
   if ((a.variant == 1 || a.variant >= 3) && !fits) return cudaErrorInvalidValue;
   if (a.variant == 9 && !wgmma) return cudaErrorInvalidValue;
+  if (a.variant == 10 && !(mx && c.num_heads == 64 && c.head_dim == 128)) {
+    return cudaErrorInvalidValue;
+  }
   const bool staged = mx && a.variant != 2 && fits;
   // The kernel run: 0 picks, where a page fits, the page streams in the zero-start folded form
   // (8) for one or two query tokens, the warpgroup-mma kernel (9) from three on where it runs,

@@ -110,8 +110,8 @@ int count_score_diffs(const std::vector<float>& got, const std::vector<float>& w
 /// The mxfp4 score kernels dsv4_index_score can run (0 automatic, 1 staged, 2 register
 /// prefetch, 3 lean, 4 lean in pairs of pages, 5 lean with each key unpacked once per pass,
 /// 6 page streams, 7 page streams with each page unpacked once per pass, 8 page streams
-/// unrolled, 9 warpgroup tensor cores).
-constexpr int kMxfp4Variants[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+/// unrolled, 9 warpgroup tensor cores, 10 page streams over octet pairs).
+constexpr int kMxfp4Variants[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
 
 /// Whether this build and device run variant 9 (sm_90a code, a compute capability 9.0 device).
 bool wgmma_here() {
@@ -123,8 +123,10 @@ bool wgmma_here() {
 }
 
 /// Whether dsv4_index_score takes `variant` for these keys (variant 9: 64 heads of dim 128, pages
-/// of 8..64 entries dividing 64, and wgmma_here; the others: every shape these tests build).
+/// of 8..64 entries dividing 64, and wgmma_here; variant 10: 64 heads of dim 128; the others:
+/// every shape these tests build).
 bool variant_runs(int variant, const EntryStore& keys, const IndexerConfig& c) {
+  if (variant == 10) return c.num_heads == 64 && c.head_dim == 128;
   if (variant != 9) return true;
   const int pe = keys.view().layout.page_entries;
   return c.num_heads == 64 && c.head_dim == 128 && pe >= 8 && 64 % pe == 0 && wgmma_here();
@@ -292,7 +294,7 @@ TEST(Cuda_Dsv4_Indexer, EveryMxfp4KernelMatchesCpuOnSmallPagesAndFallbacks) {
       g.weights = dw.v;
       g.rope_cos = dcs.v;
       g.rope_sin = dsn.v;
-      for (int variant : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}) {
+      for (int variant : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}) {
         if (!variant_runs(variant, *keys.gpu, c)) continue;
         std::vector<std::int32_t> nv;
         const auto sv = kernel_layer_scores(*keys.gpu, c, g, variant, nv);
@@ -357,15 +359,15 @@ struct OneTokenCall {
 
 TEST(Cuda_Dsv4_Indexer, StagedVariantsRejectPagesThatDoNotFit) {
   KVC_REQUIRE_GPU();
-  // 128 entries of dim 128 make an 8704-byte page: the staged kernels (1, 3 to 9) refuse it, the
-  // register kernel (2) and the automatic choice (0) run; 10 is no variant.
+  // 128 entries of dim 128 make an 8704-byte page: the staged kernels (1, 3 to 10) refuse it, the
+  // register kernel (2) and the automatic choice (0) run; 11 is no variant.
   IndexerConfig c;
   c.max_batch = 1;
   c.max_query_tokens = 1;
   c.query_rope = false;
   KeyPair keys(EntryFormat::kMxfp4, 128, 1, {300}, 3, 4 * 512, 128);
   OneTokenCall call(*keys.gpu, c);
-  for (int variant : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, -1}) {
+  for (int variant : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, -1}) {
     EXPECT_EQ(call.run(*keys.gpu, c, variant),
               variant == 0 || variant == 2 ? cudaSuccess : cudaErrorInvalidValue)
         << "variant " << variant;
@@ -373,11 +375,12 @@ TEST(Cuda_Dsv4_Indexer, StagedVariantsRejectPagesThatDoNotFit) {
   KVC_ASSERT_CUDA(cudaDeviceSynchronize());
 }
 
-TEST(Cuda_Dsv4_Indexer, WgmmaVariantRunsOnlyWhereItFits) {
+TEST(Cuda_Dsv4_Indexer, ShapeBoundVariantsRunOnlyWhereTheyFit) {
   KVC_REQUIRE_GPU();
   // Variant 9 takes 64 heads of dim 128 on pages dividing 64 entries, on an sm_90a build and a
-  // compute capability 9.0 device; 48 heads, dim 64 or pages of 128 entries are refused before
-  // any launch (cudaErrorInvalidValue), and the automatic choice still runs them.
+  // compute capability 9.0 device; variant 10 takes 64 heads of dim 128 on pages that fit; 48
+  // heads, dim 64 or pages of 128 entries (8704 bytes) are refused before any launch
+  // (cudaErrorInvalidValue), and the automatic choice still runs them.
   struct Case {
     int heads, dim, page_entries;
     bool fits;
@@ -398,6 +401,8 @@ TEST(Cuda_Dsv4_Indexer, WgmmaVariantRunsOnlyWhereItFits) {
     const bool runs = k.fits && wgmma_here();
     EXPECT_EQ(call.run(*keys.gpu, c, 9), runs ? cudaSuccess : cudaErrorInvalidValue);
     EXPECT_EQ(variant_runs(9, *keys.gpu, c), runs);
+    EXPECT_EQ(call.run(*keys.gpu, c, 10), k.fits ? cudaSuccess : cudaErrorInvalidValue);
+    if (k.page_entries <= 64) EXPECT_EQ(variant_runs(10, *keys.gpu, c), k.fits);
     EXPECT_EQ(call.run(*keys.gpu, c, 0), cudaSuccess);
     KVC_ASSERT_CUDA(cudaDeviceSynchronize());
   }

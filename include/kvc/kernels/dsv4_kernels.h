@@ -152,10 +152,12 @@ struct Dsv4IndexArgs {
   /// streams (each warp, or the warps of a pass's tokens together, stream whole pages through a
   /// private pipeline), 7 page streams with each page unpacked once for the pass's tokens (6 when
   /// a pass has one token), 8 page streams with the octet loop unrolled for pages of 64 entries
-  /// (3 to 8: pages of at most 4352 bytes), 9 warpgroup tensor cores (wgmma; 64 heads of dim 128,
-  /// pages of 8 to 64 entries dividing 64; a build with sm_90a and no plain sm_90 code, on a
-  /// compute capability 9.0 device). The same bits either way; a tuning knob for benchmarks.
-  /// Other values, and 9 where it cannot run: cudaErrorInvalidValue.
+  /// (3 to 8 and 10: pages of at most 4352 bytes), 9 warpgroup tensor cores (wgmma; 64 heads of dim
+  /// 128, pages of 8 to 64 entries dividing 64; a build with sm_90a and no plain sm_90 code, on a
+  /// compute capability 9.0 device), 10 page streams scoring the octets of 64-entry pages two at
+  /// a time, the query's fragments loaded per k step (64 heads of dim 128; pages of other sizes
+  /// one octet at a time). The same bits either way; a tuning knob for benchmarks. Other values, 9
+  /// where it cannot run and 10 for other head shapes: cudaErrorInvalidValue.
   int variant = 0;
 };
 
