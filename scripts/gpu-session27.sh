@@ -82,6 +82,9 @@
 #             counting rank, the indexer's phase probe (forty-second session's first call)
 #   index-ab  an indexer branch against main (gpu-base/), first gpu-pending/early-lookup: the
 #             DeepSeek-V4 tests, indexer rows and phase probes of both, memcheck and racecheck
+#   pairs-ab  variant 10 of the DeepSeek-V4 indexer (octet pairs) against variant 8 in the same
+#             tree: phase probes, the decode rows, the DeepSeek-V4 tests, three sanitizers
+#             (forty-third session)
 #   query-ab  gpu-pending/query-smem against main (gpu-base/) in one call: every GPU test, the
 #             indexer rows and phase probes of both, racecheck over the indexer tests
 #   index-probe  the DeepSeek-V4 mxfp4 indexer's decode launch by phase (index-trace-probe.cu)
@@ -595,6 +598,32 @@ case "$mode" in
     gtests dsv4 '*Dsv4*' 120
     # Racecheck over every indexer test ran past 70 s (forty-second session): the three tools
     # over the test that runs every mxfp4 kernel (small pages, fallbacks, 1-4 and 8 tokens).
+    every='*Cuda_Dsv4_Indexer.EveryMxfp4Kernel*'
+    sanitize memcheck-index memcheck "$every" 60
+    sanitize racecheck-index racecheck "$every" 90
+    sanitize synccheck-index synccheck "$every" 60
+    report
+    ;;
+  pairs-ab)
+    # The forty-third session's gpu-pending/octet-pairs: variant 10 (the page-stream kernel over
+    # octet pairs, the query's fragments loaded per k step) against variant 8 in the same tree:
+    # the phase probe of both (8, 10, 8 again) at B1 and B8, BM_Dsv4IndexDecode of both at B1 /
+    # B8 and T1 / T2, the DeepSeek-V4 tests (every variant against the CPU's bits), memcheck,
+    # racecheck and synccheck over the test that runs every mxfp4 kernel.
+    build_targets kvc_cuda_tests dsv4_bench
+    nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
+      -Ibenchmarks -o "$out/index-probe" scripts/index-trace-probe.cu > "$out/index-probe-build.log" 2>&1
+    say "index probe build: rc=$?"
+    for b in 1 8; do
+      for v in 8 10 8; do
+        timeout 25 "$out/index-probe" $b 131072 $v > "$out/index-trace-v$v-b$b.txt" 2>&1
+        say "== index probe variant $v batch $b: rc=$?"
+        grep -E "streams issued|query loaded|after score|graph replay" \
+          "$out/index-trace-v$v-b$b.txt" >> "$out/summary.txt"
+      done
+    done
+    BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/(8|10)/'
+    gtests dsv4 '*Dsv4*' 120
     every='*Cuda_Dsv4_Indexer.EveryMxfp4Kernel*'
     sanitize memcheck-index memcheck "$every" 60
     sanitize racecheck-index racecheck "$every" 90

@@ -1,20 +1,20 @@
 // Where the DeepSeek-V4 mxfp4 indexer's decode launch spends its time (issue #13's <= 5 us at
 // B1 T1; docs/performance.md): the library's query preparation (prep_mxfp4_kernel<128>) and page-
-// stream score kernel (mxfp4_score_stream_kernel<4, 128, true>, variant 8, the library's choice
-// at one and two query tokens) built with their phase marks on (KVC_INDEX_MARK, kernels/dsv4/
-// index.cuh and index_stream.cuh), launched as the library launches them: the score kernel a
-// programmatic dependent of the preparation, 131072 entries x 64 heads x 128 dims a sequence in
-// pages of 64 (BM_Dsv4IndexDecode's shape), every entry visible. Thread 0 of every CTA records
-// %globaltimer at each mark (in the score kernel that is warp 0, one of its CTA's 8 page
-// streams); for each phase the probe prints when the first, the median and the last CTA reached
-// it, in us after the first preparation CTA's entry (medians over 12 launches, each a graph of
-// its own: preparation, score kernel, end mark), and when a one-thread kernel launched after the
+// stream score kernel (mxfp4_score_stream_kernel<4, 128, kStreamZero>, variant 8, the library's
+// choice at one and two query tokens; or kStreamPairs, variant 10) built with their phase marks on
+// (KVC_INDEX_MARK, kernels/dsv4/index.cuh and index_stream.cuh), launched as the library launches
+// them: the score kernel a programmatic dependent of the preparation, 131072 entries x 64 heads x
+// 128 dims a sequence in pages of 64 (BM_Dsv4IndexDecode's shape), every entry visible. Thread 0 of
+// every CTA records %globaltimer at each mark (in the score kernel that is warp 0, one of its CTA's
+// 8 page streams); for each phase the probe prints when the first, the median and the last CTA
+// reached it, in us after the first preparation CTA's entry (medians over 12 launches, each a graph
+// of its own: preparation, score kernel, end mark), and when a one-thread kernel launched after the
 // score kernel started (the score grid done, plus a launch), then the per-launch time of CUDA
 // graphs of back-to-back launches over rotating key sets spanning twice the L2: preparation +
 // score, and the score kernel alone. Keys are random pages (scale bytes 126..129, so every key
 // folds as in the benchmark); the probe prints the fraction of non-zero scores, not a check against
 // a reference (the indexer tests do that).
-//   usage: index-trace-probe [batch (1)] [entries (131072)]
+//   usage: index-trace-probe [batch (1)] [entries (131072)] [variant (8; 10: the octet pairs)]
 //   build: nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
 //          -Ibenchmarks -o index-probe scripts/index-trace-probe.cu
 #include <cstdint>
@@ -97,6 +97,7 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   const int B = argc > 1 ? std::max(1, std::atoi(argv[1])) : 1;
   const int N = argc > 2 ? std::max(kPageEntries, std::atoi(argv[2])) : 131072;
+  const bool pairs = argc > 3 && std::atoi(argv[3]) == 10;  // variant 10 instead of 8
   const int T = 1;
   const dsv4::PageLayout layout = dsv4::page_layout(dsv4::EntryFormat::kMxfp4, kD, kPageEntries);
   const int pages_per_seq = (N + kPageEntries - 1) / kPageEntries;
@@ -166,7 +167,8 @@ int main(int argc, char** argv) {
 
   // The library's grid (src/cuda/dsv4_indexer.cu): a page per stream, 8 streams a CTA, at most
   // the resident CTAs (2 a SM) over the batch.
-  auto kernel = mxfp4_score_stream_kernel<kMT, kD, true>;
+  auto kernel = pairs ? mxfp4_score_stream_kernel<kMT, kD, kStreamPairs>
+                      : mxfp4_score_stream_kernel<kMT, kD, kStreamZero>;
   const int smem = stream_smem_bytes<kMT, kD>();
   ANCHOR_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int resident = 0;
