@@ -223,6 +223,16 @@ index_ab_probes_and_rows() {
   dsv4_rows_ab "$1"
 }
 
+# Memcheck, racecheck and synccheck over the indexer test that runs every mxfp4 kernel (small
+# pages, fallbacks, 1-4 and 8 tokens): racecheck over every indexer test ran past 70 s
+# (forty-second session).
+indexer_sanitizers() {
+  local every='*Cuda_Dsv4_Indexer.EveryMxfp4Kernel*'
+  sanitize memcheck-index memcheck "$every" 60
+  sanitize racecheck-index racecheck "$every" 90
+  sanitize synccheck-index synccheck "$every" 60
+}
+
 # The dsv4_bench rows $1 of this tree, of main (build-base, after waiting for its build) and of
 # this tree again (verify41b, index_ab_probes_and_rows).
 dsv4_rows_ab() {
@@ -596,12 +606,7 @@ case "$mode" in
     # of both (and of gpu-mid/), memcheck, racecheck and synccheck over the indexer tests.
     index_ab_probes_and_rows 'BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/0/|BM_Dsv4IndexProbe/(0|6)/'
     gtests dsv4 '*Dsv4*' 120
-    # Racecheck over every indexer test ran past 70 s (forty-second session): the three tools
-    # over the test that runs every mxfp4 kernel (small pages, fallbacks, 1-4 and 8 tokens).
-    every='*Cuda_Dsv4_Indexer.EveryMxfp4Kernel*'
-    sanitize memcheck-index memcheck "$every" 60
-    sanitize racecheck-index racecheck "$every" 90
-    sanitize synccheck-index synccheck "$every" 60
+    indexer_sanitizers
     report
     ;;
   pairs-ab)
@@ -624,10 +629,7 @@ case "$mode" in
     done
     BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/(8|10)/'
     gtests dsv4 '*Dsv4*' 120
-    every='*Cuda_Dsv4_Indexer.EveryMxfp4Kernel*'
-    sanitize memcheck-index memcheck "$every" 60
-    sanitize racecheck-index racecheck "$every" 90
-    sanitize synccheck-index synccheck "$every" 60
+    indexer_sanitizers
     report
     ;;
   query-ab)
