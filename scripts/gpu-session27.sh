@@ -609,6 +609,23 @@ case "$mode" in
     indexer_sanitizers
     report
     ;;
+  pairs-probe)
+    # pairs-ab's phase probes alone, no library build (an estimate: 100 s with a fresh start):
+    # variants 8, 10, 8 again at B1 and B8, graph replay, and each run's hash of the scores' bits
+    # (the same inputs every run, so equal hashes say variant 10 wrote variant 8's bits). For a
+    # call with little device time left; pairs-ab is the landing run.
+    nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
+      -Ibenchmarks -o "$out/index-probe" scripts/index-trace-probe.cu > "$out/index-probe-build.log" 2>&1
+    say "index probe build: rc=$? at $(( $(date +%s) - t0 )) s"
+    for b in 1 8; do
+      for v in 8 10 8; do
+        timeout 25 "$out/index-probe" $b 131072 $v > "$out/index-trace-v$v-b$b.txt" 2>&1
+        say "== index probe variant $v batch $b: rc=$?"
+        grep -E "FNV|streams issued|query loaded|after score|graph replay" \
+          "$out/index-trace-v$v-b$b.txt" >> "$out/summary.txt"
+      done
+    done
+    ;;
   pairs-ab)
     # The forty-third session's gpu-pending/octet-pairs: variant 10 (the page-stream kernel over
     # octet pairs, the query's fragments loaded per k step) against variant 8 in the same tree:
@@ -623,7 +640,7 @@ case "$mode" in
       for v in 8 10 8; do
         timeout 25 "$out/index-probe" $b 131072 $v > "$out/index-trace-v$v-b$b.txt" 2>&1
         say "== index probe variant $v batch $b: rc=$?"
-        grep -E "streams issued|query loaded|after score|graph replay" \
+        grep -E "FNV|streams issued|query loaded|after score|graph replay" \
           "$out/index-trace-v$v-b$b.txt" >> "$out/summary.txt"
       done
     done

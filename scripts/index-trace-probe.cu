@@ -43,6 +43,7 @@ __device__ __forceinline__ void index_mark(int phase) {
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "anchors/anchor_timing.cuh"
@@ -272,7 +273,13 @@ int main(int argc, char** argv) {
   std::vector<float> h(static_cast<std::size_t>(B) * T * N);
   ANCHOR_CHECK(cudaMemcpy(h.data(), scores, h.size() * 4, cudaMemcpyDeviceToHost));
   std::size_t nonzero = 0;
-  for (const float v : h) nonzero += v != 0.0f;
+  std::uint64_t hash = 1469598103934665603ull;  // FNV-1a over the scores' bits
+  for (const float v : h) {
+    nonzero += v != 0.0f;
+    std::uint32_t bits = 0;
+    std::memcpy(&bits, &v, 4);
+    hash = (hash ^ bits) * 1099511628211ull;
+  }
 
   // Graph replay (topk_bench's method, anchor::replay_us): kLaunches launch pairs over rotating
   // sets per graph, each replay behind a 100 us spin.
@@ -291,9 +298,10 @@ int main(int argc, char** argv) {
   std::printf(
       "%s: batch %d x %d entries x %d heads x %d dims, mxfp4 pages of %d (%zu B); %d sets; "
       "score grid %u x %u CTAs (%d resident a SM), %d B smem; prep grid %u x %u; "
-      "non-zero scores %zu of %zu\n",
+      "non-zero scores %zu of %zu\n  scores' bits: FNV-1a %016llx (the same inputs for every "
+      "variant: equal hashes, equal scores)\n",
       prop.name, B, N, kH, kD, kPageEntries, layout.page_bytes, sets, grid.x, grid.y, resident,
-      smem, prep_grid.x, prep_grid.y, nonzero, h.size());
+      smem, prep_grid.x, prep_grid.y, nonzero, h.size(), static_cast<unsigned long long>(hash));
   std::printf("  %-16s %8s %8s %8s  (us after the first preparation CTA's entry)\n", "phase",
               "first", "median", "last");
   for (int ph = 0; ph < kPrepPhases + kScorePhases; ++ph) {
