@@ -112,13 +112,22 @@ cudaError_t launch_floor(int mode, const ScoresView& in, const SelectionView& ou
                          : cudaLaunchKernelEx(&cfg, floor_kernel<false>, in, out);
 }
 
+// Adds `offset` to every score: rows whose scores crowd a range small beside their magnitude
+// (fill_scores gives (-2, 2)), where a threshold of fixed key resolution lets many through.
+__global__ void offset_scores(float* scores, std::size_t count, float offset) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    scores[i] += offset;
+  }
+}
+
 enum class Timing { kInGraph, kLoneGraph };
 
 // One benchmark: topk(k) in `order` over rows x n, with `tuning`, timed as `timing` says
 // (floor_mode >= 0: the floor kernel of that mode instead of the top-k).
 void run_topk(benchmark::State& state, int rows, int n, int k, SelectPolicy::Order order,
               const select_detail_tuning& tuning, Timing timing, int floor_mode = -1,
-              bool anchor = false) {
+              bool anchor = false, float offset = 0.0f) {
   const std::size_t set_floats = static_cast<std::size_t>(rows) * n;
   const std::size_t set_bytes = set_floats * sizeof(float);
   const int sets = std::min(bench::rotation(set_bytes), kMaxLaunchesPerGraph);
@@ -131,6 +140,7 @@ void run_topk(benchmark::State& state, int rows, int n, int k, SelectPolicy::Ord
       cudaMalloc(&ids, static_cast<std::size_t>(rows) * max_selected * sizeof(std::int32_t)));
   KVC_BENCH_CUDA(cudaMalloc(&counts, rows * sizeof(std::int32_t)));
   fill_scores<<<1024, 256>>>(scores, set_floats * sets, 12345u);
+  if (offset != 0.0f) offset_scores<<<1024, 256>>>(scores, set_floats * sets, offset);
   fill_int<<<(rows + 255) / 256, 256>>>(valid, rows, n);
   KVC_BENCH_CUDA(cudaGetLastError());
   KVC_BENCH_CUDA(cudaDeviceSynchronize());
@@ -297,10 +307,16 @@ void BM_TopKVariant(benchmark::State& state) {
 // variant: 0 the small path, 1 the decode path, 2 the decode path with PDL, 256 / 512 / 1024
 // (+ 1: with PDL) the decode path with that many threads per CTA, 10000 * C + threads (+ 1: with
 // PDL) the decode path over clusters of C CTAs; + 100000 with the listed maxima instead of the
-// count threshold on one CTA (SelectTuning::decode_listed_threshold).
+// count threshold on one CTA (SelectTuning::decode_listed_threshold); + 200000 on rows offset by
+// 1000 (scores in (998, 1002)).
 void BM_TopKDecode(benchmark::State& state) {
   int variant = static_cast<int>(state.range(3));
   select_detail_tuning tuning;
+  float offset = 0.0f;
+  if (variant >= 200000) {  // + 200000: rows offset by 1000
+    offset = 1000.0f;
+    variant -= 200000;
+  }
   if (variant >= 100000) {  // + 100000: the listed maxima (decode_listed_threshold)
     tuning.decode_listed_threshold = true;
     variant -= 100000;
@@ -315,7 +331,8 @@ void BM_TopKDecode(benchmark::State& state) {
     if (variant >= 10000) tuning.decode_ctas = variant / 10000;
   }
   run_topk(state, static_cast<int>(state.range(0)), static_cast<int>(state.range(1)),
-           static_cast<int>(state.range(2)), SelectPolicy::Order::kScore, tuning, Timing::kInGraph);
+           static_cast<int>(state.range(2)), SelectPolicy::Order::kScore, tuning, Timing::kInGraph,
+           -1, false, offset);
 }
 
 // The set path (kernels/select/set.cuh) against the ranked paths on id-ordered selections:
@@ -450,6 +467,17 @@ BENCHMARK(BM_TopKDecode)
               if (n != 4096 || k != 64) b->Args({rows, n, k, threads + 1});  // (else above)
               b->Args({rows, n, k, 100000 + threads + 1});
             }
+          }
+        }
+      }
+      // Rows offset by 1000 (the exact fallback's rows), the built-in choice (PDL) and the listed
+      // maxima on one CTA, k 33 / 64.
+      for (int rows : {1, 8, 64}) {
+        for (int n : {4096, 8192}) {
+          for (int k : {33, 64}) {
+            if (k == 33) b->Args({rows, n, k, 2});  // (k 64: above)
+            b->Args({rows, n, k, 200002});
+            b->Args({rows, n, k, 300002});
           }
         }
       }

@@ -824,6 +824,26 @@ case "$mode" in
       'wgmma'
     report
     ;;
+  fallback-prefix)
+    # The forty-fourth session's gpu-pending/fallback-prefix: the decode path's exact fallback
+    # (rows whose candidates overflow kDecodeCap) starts its radix descent below the leading bits
+    # T shares with the row's largest key, with gpu-base/ holding main's decode.cuh ALONE (so
+    # that main's build has this branch's topk_bench and its offset rows): the decode tests,
+    # BM_TopKDecode on ordinary and offset rows (scores 1000 + (-2, 2): the fallback) for the
+    # built-in choice and the listed maxima, this tree then main, racecheck and synccheck over
+    # the threshold test.
+    BASE_TARGETS=topk_bench base_build_bg
+    build_targets kvc_cuda_tests topk_bench
+    gtests decode '*Cuda_Selector_Decode*' 150
+    rows='BM_TopKDecode/(1|8|64)/(4096|8192)/(33|64)/(2|100002|200002|300002)/'
+    BENCH_REPS=5 bench 90 topk_bench "$rows"
+    BASE_TIMEOUT=90 topk_base_rows "$rows"
+    export KVC_TEST_MAX_ROW=4096
+    sanitize racecheck racecheck '*Cuda_Selector_Decode.BothThresholdsMatchCpu*' 120
+    sanitize synccheck synccheck '*Cuda_Selector_Decode.BothThresholdsMatchCpu*' 60
+    unset KVC_TEST_MAX_ROW
+    report
+    ;;
   prefetch)
     # The summary scorer's L2-prefetch variants (twenty-ninth session, written without a GPU):
     # the summary tests (every variant against the CPU, the prefetch variants bit for bit against

@@ -36,9 +36,10 @@
 //
 // When more than kDecodeCap blocks pass T (heavy ties, adversarial rows), an 8-bit radix select
 // over the full rank keys narrows them to <= kDecodeCap first (rank keys are distinct, so it
-// always ends); it re-reads the row from L2 rather than keeping the keys live in registers. The
-// keys are KeyCodec's compact rank keys and every decision is an exact count, so the selection and
-// the report are select_row()'s bit for bit.
+// always ends), starting below the leading bits T shares with the row's largest key; it re-reads
+// the row from L2 rather than keeping the keys live in registers. The keys are KeyCodec's
+// compact rank keys and every decision is an exact count, so the selection and the report are
+// select_row()'s bit for bit.
 //
 // A long row may instead be a cluster of kCtas CTAs (2, 4 or 8; kDecodeClusterShapes in
 // select/tuning.h lists the shapes built), CTA q holding the q-th chunk of kBlock * kItems
@@ -332,9 +333,32 @@ __global__ void __launch_bounds__(kBlock) decode_topk_kernel(const __grid_consta
     auto rank_key_at = [&](int e) {
       return codec.encode(select_rules::score_key(__ldcg(src + e)), e);
     };
-    std::uint64_t prefix = 0;
-    int pbits = 0, above = 0, eq = n;
-    while (above + eq > kDecodeCap) {  // uniform
+    // The descent starts below the leading bits T shares with the row's largest key M: every
+    // key in [T, M] has those bits and none is larger, and the target-th largest key is at or
+    // above T (at least target blocks are), so it has them too, with no key above the prefix.
+    // (Rows whose scores crowd a range small beside their magnitude, the rows that come here,
+    // spend one to three radix passes on those bits otherwise.) M from the thread maxima (one
+    // CTA) or from the listed maxima in the leader (every warp of the row lists its largest).
+    std::uint32_t row_max = 0u;
+    if constexpr (kCtas == 1) {
+      row_max = tmax;
+    } else {
+      for (int i = tid; i < num_entries; i += kBlock) {
+        const std::uint32_t v = static_cast<std::uint32_t>(sh.entry[i] >> 32);
+        row_max = v > row_max ? v : row_max;
+      }
+    }
+    row_max = __reduce_max_sync(0xffffffffu, row_max);
+    if (lane == 0) sh.warp_bound[warp] = row_max;  // free: T's bounds were read before #2
+    __syncthreads();
+    for (int w = lane; w < kWarps; w += 32) {
+      row_max = sh.warp_bound[w] > row_max ? sh.warp_bound[w] : row_max;
+    }
+    row_max = __reduce_max_sync(0xffffffffu, row_max);
+    const int common = __clz(static_cast<int>(T ^ row_max));  // 32 when T == M; T <= M
+    std::uint64_t prefix = static_cast<std::uint64_t>(T) >> (32 - common);
+    int pbits = common, above = 0, eq = n;  // eq: more than kDecodeCap (the loop's first test)
+    while (above + eq > kDecodeCap) {       // uniform
       const int w = B - pbits < 8 ? B - pbits : 8;
       const int nb = 1 << w;
       const int shift = B - pbits - w;
