@@ -626,6 +626,45 @@ case "$mode" in
       done
     done
     ;;
+  s45)
+    # The forty-fifth session's one call over gpu-pending/octet-pairs + fallback-prefix applied
+    # together (each series' own mode, sharing one build), most needed first: the index probes of
+    # variants 8 / 10 / 8 and their rows, the DeepSeek-V4 and decode tests, the decode top-k rows
+    # of this tree then main's (gpu-base/ holding main's decode.cuh alone), the indexer's
+    # sanitizers, the decode racecheck, then the prefill profile if time is left.
+    BASE_TARGETS=topk_bench base_build_bg
+    build_targets kvc_cuda_tests dsv4_bench topk_bench
+    nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
+      -Ibenchmarks -o "$out/index-probe" scripts/index-trace-probe.cu > "$out/index-probe-build.log" 2>&1
+    say "index probe build: rc=$?"
+    for b in 1 8; do
+      for v in 8 10 8; do
+        timeout 25 "$out/index-probe" $b 131072 $v > "$out/index-trace-v$v-b$b.txt" 2>&1
+        say "== index probe variant $v batch $b: rc=$?"
+        grep -E "FNV|streams issued|query loaded|after score|graph replay" \
+          "$out/index-trace-v$v-b$b.txt" >> "$out/summary.txt"
+      done
+    done
+    BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/(8|10)/'
+    gtests dsv4 '*Dsv4*' 120
+    gtests decode '*Cuda_Selector_Decode*' 150
+    rows='BM_TopKDecode/(1|8|64)/(4096|8192)/(33|64)/(2|100002|200002|300002)/'
+    BENCH_REPS=5 bench 90 topk_bench "$rows"
+    BASE_TIMEOUT=90 topk_base_rows "$rows"
+    indexer_sanitizers
+    export KVC_TEST_MAX_ROW=4096
+    sanitize racecheck racecheck '*Cuda_Selector_Decode.BothThresholdsMatchCpu*' 120
+    sanitize synccheck synccheck '*Cuda_Selector_Decode.BothThresholdsMatchCpu*' 60
+    unset KVC_TEST_MAX_ROW
+    if (( $(left) > 90 )); then
+      BENCH_REPS=3 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/1/64/0/0/(7|9)/' -prefill
+      NCU_STALLS=1 NCU_SKIP=3 profile prefill-t64 dsv4_bench 'BM_Dsv4IndexDecode/1/64/0/0/9/' \
+        'wgmma'
+      grep -E "Registers Per|Achieved Occ|Issue Slots Busy|Eligible Warps|Warp Cycles Per Issued|Compute \(SM\) Throughput|DRAM Throughput|stalled_" \
+        "$out/ncu-prefill-t64.txt" | head -30 >> "$out/summary.txt"
+    fi
+    report
+    ;;
   pairs-ab)
     # The forty-third session's gpu-pending/octet-pairs: variant 10 (the page-stream kernel over
     # octet pairs, the query's fragments loaded per k step) against variant 8 in the same tree:
