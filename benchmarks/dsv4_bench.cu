@@ -563,8 +563,11 @@ void IndexShapes(benchmark::internal::Benchmark* b) {
       }
     }
   }
-  // A prefill chunk of 64 query tokens (variants 7 and 9 in passes of 8 tokens, the others of 4).
-  for (int variant : {0, 3, 5, 7, 9}) b->Args({1, 64, 0, 0, variant});
+  // A prefill chunk of 64 query tokens (variants 7, 9 and 11 in passes of 8 tokens, the others
+  // of 4).
+  for (int variant : {0, 3, 5, 7, 9, 11}) b->Args({1, 64, 0, 0, variant});
+  // Variant 11 (variant 9 with two tokens' groups in flight) where variant 9 is the choice.
+  for (int B : {1, 8}) b->Args({B, 4, 0, 0, 11});
 }
 
 BENCHMARK(BM_Dsv4IndexDecode)->Apply(IndexShapes)->Apply(Timed);

@@ -631,7 +631,8 @@ case "$mode" in
     # together (each series' own mode, sharing one build), most needed first: the index probes of
     # variants 8 / 10 / 8 and their rows, the DeepSeek-V4 and decode tests, the decode top-k rows
     # of this tree then main's (gpu-base/ holding main's decode.cuh alone), the indexer's
-    # sanitizers, the decode racecheck, then the prefill profile if time is left.
+    # sanitizers, the decode racecheck, variant 11 (variant 9 with two tokens' groups in flight)
+    # against 9 at T4 and T64, then the prefill profile if time is left.
     BASE_TARGETS=topk_bench base_build_bg
     build_targets kvc_cuda_tests dsv4_bench topk_bench
     nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
@@ -656,8 +657,8 @@ case "$mode" in
     sanitize racecheck racecheck '*Cuda_Selector_Decode.BothThresholdsMatchCpu*' 120
     sanitize synccheck synccheck '*Cuda_Selector_Decode.BothThresholdsMatchCpu*' 60
     unset KVC_TEST_MAX_ROW
+    BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/1/64/0/0/(7|9|11)/|BM_Dsv4IndexDecode/(1|8)/4/0/0/(9|11)/' -pairs11
     if (( $(left) > 90 )); then
-      BENCH_REPS=3 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/1/64/0/0/(7|9)/' -prefill
       NCU_STALLS=1 NCU_SKIP=3 profile prefill-t64 dsv4_bench 'BM_Dsv4IndexDecode/1/64/0/0/9/' \
         'wgmma'
       grep -E "Registers Per|Achieved Occ|Issue Slots Busy|Eligible Warps|Warp Cycles Per Issued|Compute \(SM\) Throughput|DRAM Throughput|stalled_" \

@@ -35,6 +35,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "dsv4/index.cuh"
 #include "dsv4/index_stream.cuh"
@@ -91,6 +92,10 @@ __device__ __forceinline__ void wgmma_commit() {
 }
 __device__ __forceinline__ void wgmma_wait_all() {
   asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+/// Waits until at most one committed wgmma group is still in flight (the newest).
+__device__ __forceinline__ void wgmma_wait_one() {
+  asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
 }
 /// Generic-proxy shared-memory writes made visible to the async proxy (wgmma's operand reads).
 __device__ __forceinline__ void fence_proxy_async_shared() {
@@ -165,6 +170,13 @@ struct WgKeyPos {
 /// Scoring, mxfp4 keys, 64 heads, dim 128, on warpgroup tensor cores (variant 9, see above): grid
 /// (CTAs, batch, passes), p.tp tokens per pass; page_entries divides 64 and a unit of pages fits
 /// kMaxStagedPageBytes.
+///
+/// kTokenPairs (variant 11): where a unit folds and every token of a pass of 4 or 8 folds, the
+/// tokens' wgmma groups go into two accumulator sets in turn, token tt + 1's group in flight while
+/// token tt's head sum runs (variant 9 waits for each token's group before its head sum); the head
+/// sum, and so the bits, are variant 9's. A token whose unit lies past its bound is computed and
+/// not stored (every key of it fails j < vis).
+template <bool kTokenPairs>
 __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_wgmma_kernel(const IndexParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int H = 64, D = 128, KS = D / 32;
@@ -273,6 +285,8 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_wgmma_kernel(con
   }
   fence_proxy_async_shared();
   __syncthreads();
+  bool pass_folds = true;  // every token of the pass folds (the pipelined form's condition)
+  for (int tt = 0; tt < tp; ++tt) pass_folds = pass_folds && tok_ok[tt] != 0;
   const std::uint32_t qb_s = smem_addr(qb);
   // This thread's keys of a unit: rows r0 = 16 wq + g and r1 = r0 + 8.
   const int r0 = 16 * wq + lane / 4, r1 = r0 + 8;
@@ -311,53 +325,94 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_wgmma_kernel(con
         a[s][3] = bh1[s];
       }
     }
+    // Token tt's group: 4 wgmma over the unit's A registers into acc, committed.
+    auto issue_token = [&](int(&acc)[32], int tt) {
+      fence_accumulators(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int s = 0; s < KS; ++s) {
+        wgmma_m64n64k32_u8s8(acc, a[s],
+                             wgmma_desc(qb_s + tt * kWgQueryBytes + s * (H * 32), 128, 256), s);
+      }
+      wgmma_commit();
+    };
+    // Token tt's head sum over its completed accumulators, stored below its bound.
+    auto finish_token = [&](const int(&acc)[32], int tt) {
+      const int vis = tok_vis[tt];
+      float* out_row = tok_out[tt];
+      // Chains: e0 / o0 heads 2t / 2t + 1 (mod 8) of key r0, e1 / o1 of key r1.
+      float e0 = 0.0f, o0 = 0.0f, e1 = 0.0f, o1 = 0.0f;
+#pragma unroll
+      for (int j = 0; j < H / 8; ++j) {
+        const int4 c = kw[tt * 32 + j * 4 + t];  // K 2t, w 2t, K 2t+1, w 2t+1
+        e0 = __fmaf_rn(relu_from_zero_start(acc[4 * j + 0], c.x), __int_as_float(c.y), e0);
+        o0 = __fmaf_rn(relu_from_zero_start(acc[4 * j + 1], c.z), __int_as_float(c.w), o0);
+        e1 = __fmaf_rn(relu_from_zero_start(acc[4 * j + 2], c.x), __int_as_float(c.y), e1);
+        o1 = __fmaf_rn(relu_from_zero_start(acc[4 * j + 3], c.z), __int_as_float(c.w), o1);
+      }
+      // c_(2t) + c_(2t^4) by lane xor 2 (t < 2 keeps key r0, t >= 2 key r1), then the pairs
+      // (c0 + c4) + (c2 + c6) and (c1 + c5) + (c3 + c7) by xor 1 (even t keeps the even
+      // chains), then their sum by xor 1.
+      const bool low = t < 2;
+      const float se = __shfl_xor_sync(0xffffffffu, low ? e1 : e0, 2);
+      const float so = __shfl_xor_sync(0xffffffffu, low ? o1 : o0, 2);
+      const float ae = __fadd_rn(low ? e0 : e1, se), ao = __fadd_rn(low ? o0 : o1, so);
+      const bool even = (t & 1) == 0;
+      float v = __fadd_rn(even ? ae : ao, __shfl_xor_sync(0xffffffffu, even ? ao : ae, 1));
+      v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
+      if (even) {
+        const int j = base + (low ? r0 : r1);
+        const int kmin = low ? k0.kmin : k1.kmin;
+        // The key scale 2^(kmin - 127): kmin is in [kFoldByteLo, kFoldByteHi], a normal float.
+        if (j < vis) out_row[j] = fmul_rn(v, __int_as_float(kmin << 23));
+      }
+    };
+    if constexpr (kTokenPairs) {
+      // Straight-line per pass size, so that every group's issue and wait lie on one path (a
+      // wait on a divergent path makes ptxas serialize every wgmma of the kernel).
+      auto in_pairs = [&](auto tokens) {
+        constexpr int TP = decltype(tokens)::value;
+        int acc_a[32], acc_b[32];
+        issue_token(acc_a, 0);
+#pragma unroll
+        for (int tt = 0; tt < TP; tt += 2) {
+          issue_token(acc_b, tt + 1);
+          wgmma_wait_one();
+          fence_accumulators(acc_a);
+          finish_token(acc_a, tt);
+          if (tt + 2 < TP) {
+            issue_token(acc_a, tt + 2);
+            wgmma_wait_one();
+          } else {
+            wgmma_wait_all();
+          }
+          fence_accumulators(acc_b);
+          finish_token(acc_b, tt + 1);
+        }
+      };
+      if (folds && pass_folds && (tp == 8 || tp == 4)) {
+        if (tp == 8) {
+          in_pairs(std::integral_constant<int, 8>{});
+        } else {
+          in_pairs(std::integral_constant<int, 4>{});
+        }
+        continue;
+      }
+    }
     for (int tt = 0; tt < tp; ++tt) {
       const int vis = tok_vis[tt];
       if (base >= vis) continue;  // uniform over the warpgroup (0 for an inactive token)
-      float* out_row = tok_out[tt];
       if (folds && tok_ok[tt] != 0) {
         int acc[32];
-        fence_accumulators(acc);
-        wgmma_fence();
-#pragma unroll
-        for (int s = 0; s < KS; ++s) {
-          wgmma_m64n64k32_u8s8(acc, a[s],
-                               wgmma_desc(qb_s + tt * kWgQueryBytes + s * (H * 32), 128, 256), s);
-        }
-        wgmma_commit();
+        issue_token(acc, tt);
         wgmma_wait_all();
         fence_accumulators(acc);
-        // Chains: e0 / o0 heads 2t / 2t + 1 (mod 8) of key r0, e1 / o1 of key r1.
-        float e0 = 0.0f, o0 = 0.0f, e1 = 0.0f, o1 = 0.0f;
-#pragma unroll
-        for (int j = 0; j < H / 8; ++j) {
-          const int4 c = kw[tt * 32 + j * 4 + t];  // K 2t, w 2t, K 2t+1, w 2t+1
-          e0 = __fmaf_rn(relu_from_zero_start(acc[4 * j + 0], c.x), __int_as_float(c.y), e0);
-          o0 = __fmaf_rn(relu_from_zero_start(acc[4 * j + 1], c.z), __int_as_float(c.w), o0);
-          e1 = __fmaf_rn(relu_from_zero_start(acc[4 * j + 2], c.x), __int_as_float(c.y), e1);
-          o1 = __fmaf_rn(relu_from_zero_start(acc[4 * j + 3], c.z), __int_as_float(c.w), o1);
-        }
-        // c_(2t) + c_(2t^4) by lane xor 2 (t < 2 keeps key r0, t >= 2 key r1), then the pairs
-        // (c0 + c4) + (c2 + c6) and (c1 + c5) + (c3 + c7) by xor 1 (even t keeps the even
-        // chains), then their sum by xor 1.
-        const bool low = t < 2;
-        const float se = __shfl_xor_sync(0xffffffffu, low ? e1 : e0, 2);
-        const float so = __shfl_xor_sync(0xffffffffu, low ? o1 : o0, 2);
-        const float ae = __fadd_rn(low ? e0 : e1, se), ao = __fadd_rn(low ? o0 : o1, so);
-        const bool even = (t & 1) == 0;
-        float v = __fadd_rn(even ? ae : ao, __shfl_xor_sync(0xffffffffu, even ? ao : ae, 1));
-        v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
-        if (even) {
-          const int j = base + (low ? r0 : r1);
-          const int kmin = low ? k0.kmin : k1.kmin;
-          // The key scale 2^(kmin - 127): kmin is in [kFoldByteLo, kFoldByteHi], a normal float.
-          if (j < vis) out_row[j] = fmul_rn(v, __int_as_float(kmin << 23));
-        }
+        finish_token(acc, tt);
       } else {
         wgmma_reference_octets(make_uint4(k0.word[0], k0.word[1], k0.word[2], k0.word[3]), k0.sb,
                                make_uint4(k1.word[0], k1.word[1], k1.word[2], k1.word[3]), k1.sb,
                                v0, v1, tok_ws[tt], wsm_all[warp], u * (kWgUnit / 8) + 2 * wq, vis,
-                               out_row);
+                               tok_out[tt]);
       }
     }
   }

@@ -26,7 +26,7 @@ namespace {
 using namespace dsv4_detail;
 
 /// The largest mxfp4 score-kernel variant (Dsv4IndexArgs::variant).
-constexpr int kIndexVariants = 10;
+constexpr int kIndexVariants = 11;
 
 /// Whether variant 9 (warpgroup mma, sm_90a) can run here: this build has sm_90a code and no
 /// plain sm_90 code that the runtime could pick instead (KVC_CUDA_SM90A, set by CMake), and the
@@ -165,7 +165,8 @@ cudaError_t launch_lean_variant(int variant, int MT, dim3 grid, const IndexParam
 /// staged and register kernels, whose launch bounds ask for 2).
 int mxfp4_ctas_per_sm(int D, int MT, int variant, int tp) {
   if (variant < 3) return 2;
-  if (variant == 9) return ctas_per_sm(mxfp4_score_wgmma_kernel, WgSmem(tp).bytes);
+  if (variant == 9) return ctas_per_sm(mxfp4_score_wgmma_kernel<false>, WgSmem(tp).bytes);
+  if (variant == 11) return ctas_per_sm(mxfp4_score_wgmma_kernel<true>, WgSmem(tp).bytes);
   int n = 2;
   const IndexParams unused{};
   if (D == 128) {
@@ -178,11 +179,17 @@ int mxfp4_ctas_per_sm(int D, int MT, int variant, int tp) {
 
 /// The mxfp4 score kernel of `variant` (1 staged, 2 register prefetch, 3 lean, 4 lean in pairs
 /// of pages, 5 shared unpacking, 6 page streams, 7 page streams with shared unpacking, 8 page
-/// streams unrolled, 9 warpgroup mma, 10 page streams over octet pairs).
+/// streams unrolled, 9 warpgroup mma, 10 page streams over octet pairs, 11 warpgroup mma with
+/// two tokens' groups in flight).
 template <int D>
 cudaError_t launch_mxfp4(int MT, int variant, dim3 grid, const IndexParams& p,
                          cudaStream_t stream) {
-  if (variant == 9) return launch(mxfp4_score_wgmma_kernel, grid, WgSmem(p.tp).bytes, p, stream);
+  if (variant == 9) {
+    return launch(mxfp4_score_wgmma_kernel<false>, grid, WgSmem(p.tp).bytes, p, stream);
+  }
+  if (variant == 11) {
+    return launch(mxfp4_score_wgmma_kernel<true>, grid, WgSmem(p.tp).bytes, p, stream);
+  }
   if (variant >= 3) return launch_lean_variant<D>(variant, MT, grid, p, stream);
   if (variant == 1) {
     switch (MT) {
@@ -261,7 +268,7 @@ cudaError_t dsv4_index_score(void* d_temp, std::size_t& temp_bytes,
   const bool wgmma = mx && wgmma_fits(keys, c) && wgmma_available();
   if (a.variant < 0 || a.variant > kIndexVariants) return cudaErrorInvalidValue;
   if ((a.variant == 1 || a.variant >= 3) && !fits) return cudaErrorInvalidValue;
-  if (a.variant == 9 && !wgmma) return cudaErrorInvalidValue;
+  if ((a.variant == 9 || a.variant == 11) && !wgmma) return cudaErrorInvalidValue;
   if (a.variant == 10 && !(mx && c.num_heads == 64 && c.head_dim == 128)) {
     return cudaErrorInvalidValue;
   }
@@ -283,11 +290,12 @@ cudaError_t dsv4_index_score(void* d_temp, std::size_t& temp_bytes,
     // Tokens per CTA pass: 1, 2 or 4; variants 7 and 9 take 8 when the launch has at least 8
     // (variant 7: one stream of 8 token warps per CTA; both unpack each page once for 8 tokens,
     // for prefills).
-    p.tp = !mx                                                              ? kIndexMaxTokens
-           : p.tc == 1                                                      ? 1
-           : p.tc == 2                                                      ? 2
-           : (variant == 7 || variant == 9) && p.tc >= kStreamPrefillTokens ? kStreamPrefillTokens
-                                                                            : kIndexMaxTokens;
+    p.tp = !mx         ? kIndexMaxTokens
+           : p.tc == 1 ? 1
+           : p.tc == 2 ? 2
+           : (variant == 7 || variant == 9 || variant == 11) && p.tc >= kStreamPrefillTokens
+               ? kStreamPrefillTokens
+               : kIndexMaxTokens;
     const int resident = mx ? mxfp4_ctas_per_sm(c.head_dim, c.num_heads / 16, variant, p.tp)
                          : c.head_dim == 128
                              ? ctas_per_sm(fp8_score_kernel<128>, static_cast<int>(row_bytes))
@@ -303,9 +311,10 @@ cudaError_t dsv4_index_score(void* d_temp, std::size_t& temp_bytes,
     const int streams = stream_count(p.tp);
     const int units = (keys.max_entries + kWgUnit - 1) / kWgUnit;
     const int fp8_units = (keys.max_entries + kFp8WarpKeys - 1) / kFp8WarpKeys;
-    const int needed = !mx            ? std::max(1, (fp8_units + per_cta - 1) / per_cta)
-                       : !staged      ? std::max(1, (octets + per_cta - 1) / per_cta)
-                       : variant == 9 ? std::max(1, (units + kWgGroups - 1) / kWgGroups)
+    const int needed = !mx       ? std::max(1, (fp8_units + per_cta - 1) / per_cta)
+                       : !staged ? std::max(1, (octets + per_cta - 1) / per_cta)
+                       : variant == 9 || variant == 11
+                           ? std::max(1, (units + kWgGroups - 1) / kWgGroups)
                        : variant >= 6 ? std::max(1, (pages + streams - 1) / streams)
                                       : std::max(1, pages);
     const long long target = std::max<long long>(1, static_cast<long long>(resident) * sm_count() /

@@ -111,7 +111,7 @@ int count_score_diffs(const std::vector<float>& got, const std::vector<float>& w
 /// prefetch, 3 lean, 4 lean in pairs of pages, 5 lean with each key unpacked once per pass,
 /// 6 page streams, 7 page streams with each page unpacked once per pass, 8 page streams
 /// unrolled, 9 warpgroup tensor cores, 10 page streams over octet pairs).
-constexpr int kMxfp4Variants[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+constexpr int kMxfp4Variants[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
 
 /// Whether this build and device run variant 9 (sm_90a code, a compute capability 9.0 device).
 bool wgmma_here() {
@@ -122,12 +122,12 @@ bool wgmma_here() {
   return KVC_CUDA_SM90A != 0 && major == 9 && minor == 0;
 }
 
-/// Whether dsv4_index_score takes `variant` for these keys (variant 9: 64 heads of dim 128, pages
-/// of 8..64 entries dividing 64, and wgmma_here; variant 10: 64 heads of dim 128; the others:
+/// Whether dsv4_index_score takes `variant` for these keys (variants 9 and 11: 64 heads of dim 128,
+/// pages of 8..64 entries dividing 64, and wgmma_here; variant 10: 64 heads of dim 128; the others:
 /// every shape these tests build).
 bool variant_runs(int variant, const EntryStore& keys, const IndexerConfig& c) {
   if (variant == 10) return c.num_heads == 64 && c.head_dim == 128;
-  if (variant != 9) return true;
+  if (variant != 9 && variant != 11) return true;
   const int pe = keys.view().layout.page_entries;
   return c.num_heads == 64 && c.head_dim == 128 && pe >= 8 && 64 % pe == 0 && wgmma_here();
 }
@@ -294,7 +294,7 @@ TEST(Cuda_Dsv4_Indexer, EveryMxfp4KernelMatchesCpuOnSmallPagesAndFallbacks) {
       g.weights = dw.v;
       g.rope_cos = dcs.v;
       g.rope_sin = dsn.v;
-      for (int variant : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}) {
+      for (int variant : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}) {
         if (!variant_runs(variant, *keys.gpu, c)) continue;
         std::vector<std::int32_t> nv;
         const auto sv = kernel_layer_scores(*keys.gpu, c, g, variant, nv);
@@ -360,14 +360,14 @@ struct OneTokenCall {
 TEST(Cuda_Dsv4_Indexer, StagedVariantsRejectPagesThatDoNotFit) {
   KVC_REQUIRE_GPU();
   // 128 entries of dim 128 make an 8704-byte page: the staged kernels (1, 3 to 10) refuse it, the
-  // register kernel (2) and the automatic choice (0) run; 11 is no variant.
+  // register kernel (2) and the automatic choice (0) run; 12 is no variant.
   IndexerConfig c;
   c.max_batch = 1;
   c.max_query_tokens = 1;
   c.query_rope = false;
   KeyPair keys(EntryFormat::kMxfp4, 128, 1, {300}, 3, 4 * 512, 128);
   OneTokenCall call(*keys.gpu, c);
-  for (int variant : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, -1}) {
+  for (int variant : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, -1}) {
     EXPECT_EQ(call.run(*keys.gpu, c, variant),
               variant == 0 || variant == 2 ? cudaSuccess : cudaErrorInvalidValue)
         << "variant " << variant;
@@ -377,8 +377,8 @@ TEST(Cuda_Dsv4_Indexer, StagedVariantsRejectPagesThatDoNotFit) {
 
 TEST(Cuda_Dsv4_Indexer, ShapeBoundVariantsRunOnlyWhereTheyFit) {
   KVC_REQUIRE_GPU();
-  // Variant 9 takes 64 heads of dim 128 on pages dividing 64 entries, on an sm_90a build and a
-  // compute capability 9.0 device; variant 10 takes 64 heads of dim 128 on pages that fit; 48
+  // Variants 9 and 11 take 64 heads of dim 128 on pages dividing 64 entries, on an sm_90a build
+  // and a compute capability 9.0 device; variant 10 takes 64 heads of dim 128 on pages that fit; 48
   // heads, dim 64 or pages of 128 entries (8704 bytes) are refused before any launch
   // (cudaErrorInvalidValue), and the automatic choice still runs them.
   struct Case {
@@ -401,6 +401,8 @@ TEST(Cuda_Dsv4_Indexer, ShapeBoundVariantsRunOnlyWhereTheyFit) {
     const bool runs = k.fits && wgmma_here();
     EXPECT_EQ(call.run(*keys.gpu, c, 9), runs ? cudaSuccess : cudaErrorInvalidValue);
     EXPECT_EQ(variant_runs(9, *keys.gpu, c), runs);
+    EXPECT_EQ(call.run(*keys.gpu, c, 11), runs ? cudaSuccess : cudaErrorInvalidValue);
+    EXPECT_EQ(variant_runs(11, *keys.gpu, c), runs);
     EXPECT_EQ(call.run(*keys.gpu, c, 10), k.fits ? cudaSuccess : cudaErrorInvalidValue);
     if (k.page_entries <= 64) EXPECT_EQ(variant_runs(10, *keys.gpu, c), k.fits);
     EXPECT_EQ(call.run(*keys.gpu, c, 0), cudaSuccess);
