@@ -237,6 +237,40 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_wgmma_kernel(con
       if (src != nullptr) bulk_copy_to_shared(stage[s0 + st] + q * page_bytes, src, page_bytes, br);
     }
   };
+  // kTokenPairs: the warpgroup's first warp looks up unit i's page ids one unit ahead (lane q:
+  // page q's table entry, -1 past the pass's bound), so that refilling a stage waits on no table
+  // load (variant 9's producer thread loads them when it refills, and its warpgroup waits at the
+  // next wgmma for that round trip).
+  auto look_up_unit = [&](int i) -> std::int32_t {
+    const int u = gs + i * GS;
+    if (i >= my_units || lane >= ppu || u * kWgUnit + lane * pe >= srl.vis) return -1;
+    return table[u * ppu + lane];
+  };
+  // Unit i into stage st from the ids look_up_unit(i) gave: the same copies and page mask as
+  // issue_unit; every lane of the first warp calls it, lane 0 issues.
+  auto issue_looked_up = [&](int st, std::int32_t ids) {
+    int bytes = 0, mask = 0;
+    for (int q = 0; q < ppu; ++q) {
+      const std::int32_t id = __shfl_sync(0xffffffffu, ids, q);
+      if (id >= 0 && id < p.keys.num_pages) {
+        bytes += page_bytes;
+        mask |= 1 << q;
+      }
+    }
+    std::uint64_t* br = &bar[s0 + st];
+    if (lane == 0) {
+      stage_pages[s0 + st] = mask;
+      mbar_arrive_expect_tx(br, bytes);
+    }
+    for (int q = 0; q < ppu; ++q) {
+      const std::int32_t id = __shfl_sync(0xffffffffu, ids, q);
+      if (lane == 0 && id >= 0 && id < p.keys.num_pages) {
+        bulk_copy_to_shared(stage[s0 + st] + q * page_bytes,
+                            p.keys.pool + static_cast<std::size_t>(id) * p.keys.layout.page_bytes,
+                            page_bytes, br);
+      }
+    }
+  };
   if (tid == 0) {
     for (int s = 0; s < kWgGroups * S; ++s) mbar_init(&bar[s], 1);
     mbar_fence_init();
@@ -245,6 +279,7 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_wgmma_kernel(con
   if (producer) {
     for (int s = 0; s < S && s < my_units; ++s) issue_unit(s, s);
   }
+  std::int32_t ahead = kTokenPairs && wq == 0 ? look_up_unit(S) : -1;  // unit S's page ids
   // The pass's tokens: bound, output row, prepared query (the last token's for an inactive one).
   if (tid < tp) {
     const int tl = min(pass * tp + tid, last);
@@ -307,7 +342,14 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_wgmma_kernel(con
     const LeanKey<KS> k1 = lean_key<D>(su + k1p.stage_offset, pe, k1p.ol, in1 && v1, k1p.g, t);
     // Every key of the unit read: the stage is free; and whether the whole unit folds.
     const bool folds = warpgroup_all(wg, k0.fold && k1.fold && v0 && v1);
-    if (producer && i + S < my_units) issue_unit(i + S, st);
+    if constexpr (kTokenPairs) {
+      if (wq == 0) {
+        if (i + S < my_units) issue_looked_up(st, ahead);
+        ahead = look_up_unit(i + S + 1);
+      }
+    } else {
+      if (producer && i + S < my_units) issue_unit(i + S, st);
+    }
     if (++st == S) {
       st = 0;
       phase ^= 1u;
