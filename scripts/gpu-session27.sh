@@ -627,12 +627,12 @@ case "$mode" in
     done
     ;;
   s45)
-    # The forty-fifth session's one call over gpu-pending/octet-pairs + fallback-prefix applied
-    # together (each series' own mode, sharing one build), most needed first: the index probes of
-    # variants 8 / 10 / 8 and their rows, the DeepSeek-V4 and decode tests, the decode top-k rows
-    # of this tree then main's (gpu-base/ holding main's decode.cuh alone), the indexer's
-    # sanitizers, the decode racecheck, variant 11 (variant 9 with two tokens' groups in flight)
-    # against 9 at T4 and T64, then the prefill profile if time is left.
+    # The forty-fifth session's first call over gpu-pending/octet-pairs + fallback-prefix + the
+    # DeepSeek-V4 indexer's variant 11, sharing one build, most needed first: the index probes of
+    # variants 8 / 10 / 8 and their rows, variant 11 against 9 at T4 and T64, the DeepSeek-V4
+    # and decode tests, the decode top-k rows of this tree then main's (gpu-base/ holding main's
+    # decode.cuh alone). s45b, on the same warm machine right after, runs the sanitizers and the
+    # prefill profile over the same build.
     BASE_TARGETS=topk_bench base_build_bg
     build_targets kvc_cuda_tests dsv4_bench topk_bench
     nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
@@ -647,23 +647,32 @@ case "$mode" in
       done
     done
     BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/(8|10)/'
+    BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/1/64/0/0/(7|9|11)/|BM_Dsv4IndexDecode/(1|8)/4/0/0/(9|11)/' -pairs11
     gtests dsv4 '*Dsv4*' 120
     gtests decode '*Cuda_Selector_Decode*' 150
     rows='BM_TopKDecode/(1|8|64)/(4096|8192)/(33|64)/(2|100002|200002|300002)/'
     BENCH_REPS=5 bench 90 topk_bench "$rows"
     BASE_TIMEOUT=90 topk_base_rows "$rows"
+    report
+    ;;
+  s45b)
+    # After s45 on the same warm machine (its build-gpu kept): the indexer's sanitizers (variants
+    # 10 and 11 among every mxfp4 kernel), the decode top-k's racecheck and synccheck, then the
+    # prefill profile of variant 9 and, if time is left, of variant 11 (run it with
+    # KEEP_SUMMARY=1 to keep s45's summary.txt).
+    build_targets kvc_cuda_tests dsv4_bench
     indexer_sanitizers
     export KVC_TEST_MAX_ROW=4096
     sanitize racecheck racecheck '*Cuda_Selector_Decode.BothThresholdsMatchCpu*' 120
     sanitize synccheck synccheck '*Cuda_Selector_Decode.BothThresholdsMatchCpu*' 60
     unset KVC_TEST_MAX_ROW
-    BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/1/64/0/0/(7|9|11)/|BM_Dsv4IndexDecode/(1|8)/4/0/0/(9|11)/' -pairs11
-    if (( $(left) > 90 )); then
-      NCU_STALLS=1 NCU_SKIP=3 profile prefill-t64 dsv4_bench 'BM_Dsv4IndexDecode/1/64/0/0/9/' \
+    for v in 9 11; do
+      (( $(left) > 80 )) || break
+      NCU_STALLS=1 NCU_SKIP=3 profile prefill-t64-v$v dsv4_bench "BM_Dsv4IndexDecode/1/64/0/0/$v/" \
         'wgmma'
       grep -E "Registers Per|Achieved Occ|Issue Slots Busy|Eligible Warps|Warp Cycles Per Issued|Compute \(SM\) Throughput|DRAM Throughput|stalled_" \
-        "$out/ncu-prefill-t64.txt" | head -30 >> "$out/summary.txt"
-    fi
+        "$out/ncu-prefill-t64-v$v.txt" | head -30 >> "$out/summary.txt"
+    done
     report
     ;;
   pairs-ab)
