@@ -631,8 +631,8 @@ case "$mode" in
     # DeepSeek-V4 indexer's variant 11, sharing one build, most needed first: the index probes of
     # variants 8 / 10 / 8 and their rows, variant 11 against 9 at T4 and T64, the DeepSeek-V4
     # and decode tests, the decode top-k rows of this tree then main's (gpu-base/ holding main's
-    # decode.cuh alone). s45b, on the same warm machine right after, runs the sanitizers and the
-    # prefill profile over the same build.
+    # decode.cuh alone), then the sanitizers while time is left. s45b, on the same warm machine
+    # right after, runs the sanitizers and the prefill profiles over the same build.
     BASE_TARGETS=topk_bench base_build_bg
     build_targets kvc_cuda_tests dsv4_bench topk_bench
     nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
@@ -653,6 +653,12 @@ case "$mode" in
     rows='BM_TopKDecode/(1|8|64)/(4096|8192)/(33|64)/(2|100002|200002|300002)/'
     BENCH_REPS=5 bench 90 topk_bench "$rows"
     BASE_TIMEOUT=90 topk_base_rows "$rows"
+    # What time is left: s45b's sanitizers (each helper skips itself past the deadline).
+    indexer_sanitizers
+    export KVC_TEST_MAX_ROW=4096
+    sanitize racecheck racecheck '*Cuda_Selector_Decode.BothThresholdsMatchCpu*' 120
+    sanitize synccheck synccheck '*Cuda_Selector_Decode.BothThresholdsMatchCpu*' 60
+    unset KVC_TEST_MAX_ROW
     report
     ;;
   s45b)
