@@ -661,6 +661,26 @@ case "$mode" in
     unset KVC_TEST_MAX_ROW
     report
     ;;
+  s45-rows)
+    # s45's indexer measurements alone, for a call with little device time (no tests, no
+    # sanitizers: not enough to land): dsv4_bench and the probe built, the probes of variants
+    # 8 / 10 / 8 with their hashes, the rows of 8 and 10 at T1 / T2, of 9 and 11 at T4 and T64.
+    build_targets dsv4_bench
+    nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
+      -Ibenchmarks -o "$out/index-probe" scripts/index-trace-probe.cu > "$out/index-probe-build.log" 2>&1
+    say "index probe build: rc=$?"
+    BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/1/64/0/0/(9|11)/|BM_Dsv4IndexDecode/(1|8)/4/0/0/(9|11)/' -pairs11
+    for b in 1 8; do
+      for v in 8 10 8; do
+        timeout 25 "$out/index-probe" $b 131072 $v > "$out/index-trace-v$v-b$b.txt" 2>&1
+        say "== index probe variant $v batch $b: rc=$?"
+        grep -E "FNV|streams issued|query loaded|after score|graph replay" \
+          "$out/index-trace-v$v-b$b.txt" >> "$out/summary.txt"
+      done
+    done
+    BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/(8|10)/'
+    report
+    ;;
   s45b)
     # After s45 on the same warm machine (its build-gpu kept): the indexer's sanitizers (variants
     # 10 and 11 among every mxfp4 kernel), the decode top-k's racecheck and synccheck, then the
