@@ -209,14 +209,17 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_wgmma_kernel(con
   const std::int32_t* table =
       p.keys.block_table + static_cast<std::size_t>(srl.slot) * p.keys.block_table_pitch;
   const bool producer = tid % 128 == 0;
-  // Page q of unit u: its pool address, or null when it is past the pass's bound (not looked up)
-  // or missing (an engine table entry out of range).
-  auto unit_page = [&](int u, int q) -> const std::uint8_t* {
-    if (u * kWgUnit + q * pe >= srl.vis) return nullptr;
-    const std::int32_t id = table[u * ppu + q];
+  // A table entry's page: its pool address, or null when the entry is out of range (missing).
+  auto page_address = [&](std::int32_t id) -> const std::uint8_t* {
     return id >= 0 && id < p.keys.num_pages
                ? p.keys.pool + static_cast<std::size_t>(id) * p.keys.layout.page_bytes
                : nullptr;
+  };
+  // Page q of unit u: its pool address, or null when it is past the pass's bound (not looked up)
+  // or missing.
+  auto unit_page = [&](int u, int q) -> const std::uint8_t* {
+    if (u * kWgUnit + q * pe >= srl.vis) return nullptr;
+    return page_address(table[u * ppu + q]);
   };
   // Unit i of the stream into stage st: one bulk copy per page, and which pages are there (the
   // mbarrier's arrival releases that word to the threads that wait on it).
@@ -251,8 +254,7 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_wgmma_kernel(con
   auto issue_looked_up = [&](int st, std::int32_t ids) {
     int bytes = 0, mask = 0;
     for (int q = 0; q < ppu; ++q) {
-      const std::int32_t id = __shfl_sync(0xffffffffu, ids, q);
-      if (id >= 0 && id < p.keys.num_pages) {
+      if (page_address(__shfl_sync(0xffffffffu, ids, q)) != nullptr) {
         bytes += page_bytes;
         mask |= 1 << q;
       }
@@ -263,11 +265,9 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_wgmma_kernel(con
       mbar_arrive_expect_tx(br, bytes);
     }
     for (int q = 0; q < ppu; ++q) {
-      const std::int32_t id = __shfl_sync(0xffffffffu, ids, q);
-      if (lane == 0 && id >= 0 && id < p.keys.num_pages) {
-        bulk_copy_to_shared(stage[s0 + st] + q * page_bytes,
-                            p.keys.pool + static_cast<std::size_t>(id) * p.keys.layout.page_bytes,
-                            page_bytes, br);
+      const std::uint8_t* src = page_address(__shfl_sync(0xffffffffu, ids, q));
+      if (lane == 0 && src != nullptr) {
+        bulk_copy_to_shared(stage[s0 + st] + q * page_bytes, src, page_bytes, br);
       }
     }
   };

@@ -28,8 +28,8 @@ using namespace dsv4_detail;
 /// The largest mxfp4 score-kernel variant (Dsv4IndexArgs::variant).
 constexpr int kIndexVariants = 11;
 
-/// Whether variant 9 (warpgroup mma, sm_90a) can run here: this build has sm_90a code and no
-/// plain sm_90 code that the runtime could pick instead (KVC_CUDA_SM90A, set by CMake), and the
+/// Whether variants 9 and 11 (warpgroup mma, sm_90a) can run here: this build has sm_90a code and
+/// no plain sm_90 code that the runtime could pick instead (KVC_CUDA_SM90A, set by CMake), and the
 /// device is compute capability 9.0.
 bool wgmma_available() {
 #if KVC_CUDA_SM90A
@@ -40,7 +40,7 @@ bool wgmma_available() {
 #endif
 }
 
-/// Whether variant 9 takes these keys: mxfp4, 64 heads of dim 128, pages of 8, 16, 32 or 64
+/// Whether variants 9 and 11 take these keys: mxfp4, 64 heads of dim 128, pages of 8, 16, 32 or 64
 /// entries (a unit of 64 entries is whole pages).
 bool wgmma_fits(const dsv4::EntryStoreView& keys, const dsv4::IndexerConfig& c) {
   const int pe = keys.layout.page_entries;
@@ -287,9 +287,9 @@ cudaError_t dsv4_index_score(void* d_temp, std::size_t& temp_bytes,
   for (int t0 = 0; t0 < a.T; t0 += tc) {
     p.t0 = t0;
     p.tc = std::min(tc, a.T - t0);
-    // Tokens per CTA pass: 1, 2 or 4; variants 7 and 9 take 8 when the launch has at least 8
-    // (variant 7: one stream of 8 token warps per CTA; both unpack each page once for 8 tokens,
-    // for prefills).
+    // Tokens per CTA pass: 1, 2 or 4; variants 7, 9 and 11 take 8 when the launch has at least 8
+    // (variant 7: one stream of 8 token warps per CTA; all three unpack each page once for 8
+    // tokens, for prefills).
     p.tp = !mx         ? kIndexMaxTokens
            : p.tc == 1 ? 1
            : p.tc == 2 ? 2

@@ -110,7 +110,8 @@ int count_score_diffs(const std::vector<float>& got, const std::vector<float>& w
 /// The mxfp4 score kernels dsv4_index_score can run (0 automatic, 1 staged, 2 register
 /// prefetch, 3 lean, 4 lean in pairs of pages, 5 lean with each key unpacked once per pass,
 /// 6 page streams, 7 page streams with each page unpacked once per pass, 8 page streams
-/// unrolled, 9 warpgroup tensor cores, 10 page streams over octet pairs).
+/// unrolled, 9 warpgroup tensor cores, 10 page streams over octet pairs, 11 warpgroup tensor
+/// cores with two tokens' groups in flight).
 constexpr int kMxfp4Variants[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
 
 /// Whether this build and device run variant 9 (sm_90a code, a compute capability 9.0 device).
@@ -359,7 +360,7 @@ struct OneTokenCall {
 
 TEST(Cuda_Dsv4_Indexer, StagedVariantsRejectPagesThatDoNotFit) {
   KVC_REQUIRE_GPU();
-  // 128 entries of dim 128 make an 8704-byte page: the staged kernels (1, 3 to 10) refuse it, the
+  // 128 entries of dim 128 make an 8704-byte page: the staged kernels (1, 3 to 11) refuse it, the
   // register kernel (2) and the automatic choice (0) run; 12 is no variant.
   IndexerConfig c;
   c.max_batch = 1;
