@@ -681,6 +681,38 @@ case "$mode" in
     BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/(8|10)/'
     report
     ;;
+  s46)
+    # The forty-sixth session's one call for little device time (about 480 s): the DeepSeek-V4
+    # indexer's two pending variants and what landing them needs, nothing of fallback-prefix
+    # (the decode top-k: its own call later). s45-rows' measurements first (variant 11 against 9
+    # at T4 / T64, the probes and rows of 10 against 8), then the DeepSeek-V4 tests (every
+    # variant against the CPU's bits), the indexer's sanitizers, and the prefill profiles of
+    # variants 9 and 11 while time is left.
+    build_targets kvc_cuda_tests dsv4_bench
+    nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
+      -Ibenchmarks -o "$out/index-probe" scripts/index-trace-probe.cu > "$out/index-probe-build.log" 2>&1
+    say "index probe build: rc=$?"
+    BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/1/64/0/0/(9|11)/|BM_Dsv4IndexDecode/(1|8)/4/0/0/(9|11)/' -pairs11
+    for b in 1 8; do
+      for v in 8 10 8; do
+        timeout 25 "$out/index-probe" $b 131072 $v > "$out/index-trace-v$v-b$b.txt" 2>&1
+        say "== index probe variant $v batch $b: rc=$?"
+        grep -E "FNV|streams issued|query loaded|after score|graph replay" \
+          "$out/index-trace-v$v-b$b.txt" >> "$out/summary.txt"
+      done
+    done
+    BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/(8|10)/'
+    gtests dsv4 '*Dsv4*' 120
+    indexer_sanitizers
+    for v in 9 11; do
+      (( $(left) > 80 )) || break
+      NCU_STALLS=1 NCU_SKIP=3 profile prefill-t64-v$v dsv4_bench "BM_Dsv4IndexDecode/1/64/0/0/$v/" \
+        'wgmma'
+      grep -E "Registers Per|Achieved Occ|Issue Slots Busy|Eligible Warps|Warp Cycles Per Issued|Compute \(SM\) Throughput|DRAM Throughput|stalled_" \
+        "$out/ncu-prefill-t64-v$v.txt" | head -30 >> "$out/summary.txt"
+    done
+    report
+    ;;
   s45b)
     # After s45 on the same warm machine (its build-gpu kept): the indexer's sanitizers (variants
     # 10 and 11 among every mxfp4 kernel), the decode top-k's racecheck and synccheck, then the
