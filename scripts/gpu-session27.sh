@@ -713,6 +713,16 @@ case "$mode" in
     done
     report
     ;;
+  s46-short)
+    # s46 for about 260 s: variant 11 against 9 (T4, T64), the DeepSeek-V4 tests, the rows of
+    # variant 10 against 8 (T1, T2; no probes), then the indexer's sanitizers while time is left.
+    build_targets kvc_cuda_tests dsv4_bench
+    BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/1/64/0/0/(9|11)/|BM_Dsv4IndexDecode/(1|8)/4/0/0/(9|11)/' -pairs11
+    gtests dsv4 '*Dsv4*' 120
+    BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/(8|10)/'
+    indexer_sanitizers
+    report
+    ;;
   s45b)
     # After s45 on the same warm machine (its build-gpu kept): the indexer's sanitizers (variants
     # 10 and 11 among every mxfp4 kernel), the decode top-k's racecheck and synccheck, then the
