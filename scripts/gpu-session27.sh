@@ -723,6 +723,31 @@ case "$mode" in
     indexer_sanitizers
     report
     ;;
+  probes46)
+    # No library build (about a minute on the device): the indexer's two standalone probes.
+    # scripts/index-prefill-probe.cu times variants 9 and 11 (9, 11, 9, 11) at B1 T64 and T256
+    # with their scores' hashes; scripts/index-trace-probe.cu times variants 8 / 10 / 8 at B1 and
+    # B8 by phase, with hashes.
+    for pr in index-prefill-probe index-trace-probe; do
+      nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
+        -Ibenchmarks -o "$out/$pr" "scripts/$pr.cu" > "$out/$pr-build.log" 2>&1
+      say "$pr build: rc=$?"
+    done
+    for T in 64 256; do
+      timeout 60 "$out/index-prefill-probe" 1 $T > "$out/index-prefill-t$T.txt" 2>&1
+      say "== index prefill probe B1 T$T: rc=$?"
+      cat "$out/index-prefill-t$T.txt" >> "$out/summary.txt"
+    done
+    for b in 1 8; do
+      for v in 8 10 8; do
+        timeout 25 "$out/index-trace-probe" $b 131072 $v > "$out/index-trace-v$v-b$b.txt" 2>&1
+        say "== index probe variant $v batch $b: rc=$?"
+        grep -E "FNV|streams issued|query loaded|after score|graph replay" \
+          "$out/index-trace-v$v-b$b.txt" >> "$out/summary.txt"
+      done
+    done
+    rm -f "$out/index-prefill-probe" "$out/index-trace-probe"
+    ;;
   s45b)
     # After s45 on the same warm machine (its build-gpu kept): the indexer's sanitizers (variants
     # 10 and 11 among every mxfp4 kernel), the decode top-k's racecheck and synccheck, then the
