@@ -223,6 +223,69 @@ index_ab_probes_and_rows() {
   dsv4_rows_ab "$1"
 }
 
+# nvcc of the standalone probe scripts/$1.cu into $probes/$1 (no library build; about 5 s), out
+# of the results folder so that no binary comes back with them.
+probes=/tmp/kvc-probes
+probe_build() {
+  mkdir -p "$probes"
+  nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
+    -Ibenchmarks -o "$probes/$1" "scripts/$1.cu" > "$out/$1-build.log" 2>&1
+  say "$1 build: rc=$? at $(( $(date +%s) - t0 )) s"
+}
+
+# The decode phase probe (probe_build index-trace-probe first) of variants 8, 10 and 8 again at
+# B1 and B8, each run with its scores' hash (equal hashes: variant 10 wrote variant 8's bits).
+index_probes_8_10() {
+  local b v
+  for b in 1 8; do
+    for v in 8 10 8; do
+      timeout 25 "$probes/index-trace-probe" $b 131072 $v > "$out/index-trace-v$v-b$b.txt" 2>&1
+      say "== index probe variant $v batch $b: rc=$?"
+      grep -E "FNV|streams issued|query loaded|after score|graph replay" \
+        "$out/index-trace-v$v-b$b.txt" >> "$out/summary.txt"
+    done
+  done
+}
+
+# BM_Dsv4IndexDecode of the pending indexer variants: 10 against 8 at B1 / B8 and T1 / T2; 11
+# against 9 (and 7, the prefill's choice before 9) at B1 T64, and 11 against 9 at B1 / B8 T4.
+index_rows_8_10() {
+  BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/(8|10)/'
+}
+index_rows_9_11() {
+  BENCH_REPS=5 bench 40 dsv4_bench \
+    'BM_Dsv4IndexDecode/1/64/0/0/(7|9|11)/|BM_Dsv4IndexDecode/(1|8)/4/0/0/(9|11)/' -pairs11
+}
+
+# Nsight Compute of the B1 T64 prefill under variants 9 and 11 (stall reasons), while the call
+# has more than 80 s left.
+prefill_profiles() {
+  local v
+  for v in 9 11; do
+    (( $(left) > 80 )) || break
+    NCU_STALLS=1 NCU_SKIP=3 profile prefill-t64-v$v dsv4_bench "BM_Dsv4IndexDecode/1/64/0/0/$v/" \
+      'wgmma'
+    grep -E "Registers Per|Achieved Occ|Issue Slots Busy|Eligible Warps|Warp Cycles Per Issued|Compute \(SM\) Throughput|DRAM Throughput|stalled_" \
+      "$out/ncu-prefill-t64-v$v.txt" | head -30 >> "$out/summary.txt"
+  done
+}
+
+# racecheck and synccheck over the decode top-k's threshold test (rows up to 4096 blocks).
+decode_threshold_sanitizers() {
+  export KVC_TEST_MAX_ROW=4096
+  sanitize racecheck racecheck '*Cuda_Selector_Decode.BothThresholdsMatchCpu*' 120
+  sanitize synccheck synccheck '*Cuda_Selector_Decode.BothThresholdsMatchCpu*' 60
+  unset KVC_TEST_MAX_ROW
+}
+
+# BM_TopKDecode on ordinary and offset rows (scores 1000 + (-2, 2): the exact fallback), this
+# tree then main's (build-base from gpu-base/, base_build_bg): fallback-prefix's measurement.
+fallback_rows_ab() {
+  local rows='BM_TopKDecode/(1|8|64)/(4096|8192)/(33|64)/(2|100002|200002|300002)/'
+  BENCH_REPS=5 bench 90 topk_bench "$rows"
+  BASE_TIMEOUT=90 topk_base_rows "$rows"
+}
+
 # Memcheck, racecheck and synccheck over the indexer test that runs every mxfp4 kernel (small
 # pages, fallbacks, 1-4 and 8 tokens): racecheck over every indexer test ran past 70 s
 # (forty-second session).
@@ -516,10 +579,7 @@ case "$mode" in
     gtests blockindex '*Cuda_BlockIndex*' 120
     BENCH_REPS=5 bench 60 topk_bench 'BM_TopKDecode/(1|8|64)/(4096|8192)/(33|64)/(1?00)?(257|513)/'
     [ -d .anchors/p1/bin ] && named_anchors topk "deepselect_bin"
-    export KVC_TEST_MAX_ROW=4096
-    sanitize racecheck racecheck '*Cuda_Selector_Decode.BothThresholdsMatchCpu*' 120
-    sanitize synccheck synccheck '*Cuda_Selector_Decode.BothThresholdsMatchCpu*' 60
-    unset KVC_TEST_MAX_ROW
+    decode_threshold_sanitizers
     report
     ;;
   wide-prof)
@@ -567,11 +627,9 @@ case "$mode" in
     # Issue #13's mxfp4 indexer at B1 T1 (13.2 us against a 5 us goal): where the decode launch's
     # time goes, by the phase probe of the preparation and page-stream kernels
     # (scripts/index-trace-probe.cu, no library build) at batch 1 and 8. About a minute.
-    nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
-      -Ibenchmarks -o "$out/index-probe" scripts/index-trace-probe.cu > "$out/index-probe-build.log" 2>&1
-    say "index probe build: rc=$?"
+    probe_build index-trace-probe
     for b in 1 8; do
-      timeout 60 "$out/index-probe" "$b" > "$out/index-trace-b$b.txt" 2>&1
+      timeout 60 "$probes/index-trace-probe" "$b" > "$out/index-trace-b$b.txt" 2>&1
       say "== index probe batch $b: rc=$?"
       cat "$out/index-trace-b$b.txt" >> "$out/summary.txt"
     done
@@ -588,12 +646,10 @@ case "$mode" in
     gtests all '*' 240
     topk_rows_ab "BM_TopKDecode/(1|8)/4096/(8|64)/2/|$topk_large_rows" 40
     sanitize memcheck memcheck '*Cuda_Selector_Spread.CountingRank*' 45
-    nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
-      -Ibenchmarks -o "$out/index-probe" scripts/index-trace-probe.cu > "$out/index-probe-build.log" 2>&1
-    say "index probe build: rc=$?"
+    probe_build index-trace-probe
     for b in 1 8; do
       (( $(left) > 30 )) || break
-      timeout 25 "$out/index-probe" "$b" > "$out/index-trace-b$b.txt" 2>&1
+      timeout 25 "$probes/index-trace-probe" "$b" > "$out/index-trace-b$b.txt" 2>&1
       say "== index probe batch $b: rc=$?"
       cat "$out/index-trace-b$b.txt" >> "$out/summary.txt"
     done
@@ -614,17 +670,8 @@ case "$mode" in
     # variants 8, 10, 8 again at B1 and B8, graph replay, and each run's hash of the scores' bits
     # (the same inputs every run, so equal hashes say variant 10 wrote variant 8's bits). For a
     # call with little device time left; pairs-ab is the landing run.
-    nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
-      -Ibenchmarks -o "$out/index-probe" scripts/index-trace-probe.cu > "$out/index-probe-build.log" 2>&1
-    say "index probe build: rc=$? at $(( $(date +%s) - t0 )) s"
-    for b in 1 8; do
-      for v in 8 10 8; do
-        timeout 25 "$out/index-probe" $b 131072 $v > "$out/index-trace-v$v-b$b.txt" 2>&1
-        say "== index probe variant $v batch $b: rc=$?"
-        grep -E "FNV|streams issued|query loaded|after score|graph replay" \
-          "$out/index-trace-v$v-b$b.txt" >> "$out/summary.txt"
-      done
-    done
+    probe_build index-trace-probe
+    index_probes_8_10
     ;;
   s45)
     # The forty-fifth session's first call over gpu-pending/octet-pairs + fallback-prefix + the
@@ -635,30 +682,16 @@ case "$mode" in
     # right after, runs the sanitizers and the prefill profiles over the same build.
     BASE_TARGETS=topk_bench base_build_bg
     build_targets kvc_cuda_tests dsv4_bench topk_bench
-    nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
-      -Ibenchmarks -o "$out/index-probe" scripts/index-trace-probe.cu > "$out/index-probe-build.log" 2>&1
-    say "index probe build: rc=$?"
-    for b in 1 8; do
-      for v in 8 10 8; do
-        timeout 25 "$out/index-probe" $b 131072 $v > "$out/index-trace-v$v-b$b.txt" 2>&1
-        say "== index probe variant $v batch $b: rc=$?"
-        grep -E "FNV|streams issued|query loaded|after score|graph replay" \
-          "$out/index-trace-v$v-b$b.txt" >> "$out/summary.txt"
-      done
-    done
-    BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/(8|10)/'
-    BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/1/64/0/0/(7|9|11)/|BM_Dsv4IndexDecode/(1|8)/4/0/0/(9|11)/' -pairs11
+    probe_build index-trace-probe
+    index_probes_8_10
+    index_rows_8_10
+    index_rows_9_11
     gtests dsv4 '*Dsv4*' 120
     gtests decode '*Cuda_Selector_Decode*' 150
-    rows='BM_TopKDecode/(1|8|64)/(4096|8192)/(33|64)/(2|100002|200002|300002)/'
-    BENCH_REPS=5 bench 90 topk_bench "$rows"
-    BASE_TIMEOUT=90 topk_base_rows "$rows"
+    fallback_rows_ab
     # What time is left: s45b's sanitizers (each helper skips itself past the deadline).
     indexer_sanitizers
-    export KVC_TEST_MAX_ROW=4096
-    sanitize racecheck racecheck '*Cuda_Selector_Decode.BothThresholdsMatchCpu*' 120
-    sanitize synccheck synccheck '*Cuda_Selector_Decode.BothThresholdsMatchCpu*' 60
-    unset KVC_TEST_MAX_ROW
+    decode_threshold_sanitizers
     report
     ;;
   s45-rows)
@@ -666,19 +699,10 @@ case "$mode" in
     # sanitizers: not enough to land): dsv4_bench and the probe built, the probes of variants
     # 8 / 10 / 8 with their hashes, the rows of 8 and 10 at T1 / T2, of 9 and 11 at T4 and T64.
     build_targets dsv4_bench
-    nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
-      -Ibenchmarks -o "$out/index-probe" scripts/index-trace-probe.cu > "$out/index-probe-build.log" 2>&1
-    say "index probe build: rc=$?"
-    BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/1/64/0/0/(9|11)/|BM_Dsv4IndexDecode/(1|8)/4/0/0/(9|11)/' -pairs11
-    for b in 1 8; do
-      for v in 8 10 8; do
-        timeout 25 "$out/index-probe" $b 131072 $v > "$out/index-trace-v$v-b$b.txt" 2>&1
-        say "== index probe variant $v batch $b: rc=$?"
-        grep -E "FNV|streams issued|query loaded|after score|graph replay" \
-          "$out/index-trace-v$v-b$b.txt" >> "$out/summary.txt"
-      done
-    done
-    BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/(8|10)/'
+    probe_build index-trace-probe
+    index_rows_9_11
+    index_probes_8_10
+    index_rows_8_10
     report
     ;;
   s46)
@@ -689,37 +713,22 @@ case "$mode" in
     # variant against the CPU's bits), the indexer's sanitizers, and the prefill profiles of
     # variants 9 and 11 while time is left.
     build_targets kvc_cuda_tests dsv4_bench
-    nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
-      -Ibenchmarks -o "$out/index-probe" scripts/index-trace-probe.cu > "$out/index-probe-build.log" 2>&1
-    say "index probe build: rc=$?"
-    BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/1/64/0/0/(9|11)/|BM_Dsv4IndexDecode/(1|8)/4/0/0/(9|11)/' -pairs11
-    for b in 1 8; do
-      for v in 8 10 8; do
-        timeout 25 "$out/index-probe" $b 131072 $v > "$out/index-trace-v$v-b$b.txt" 2>&1
-        say "== index probe variant $v batch $b: rc=$?"
-        grep -E "FNV|streams issued|query loaded|after score|graph replay" \
-          "$out/index-trace-v$v-b$b.txt" >> "$out/summary.txt"
-      done
-    done
-    BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/(8|10)/'
+    probe_build index-trace-probe
+    index_rows_9_11
+    index_probes_8_10
+    index_rows_8_10
     gtests dsv4 '*Dsv4*' 120
     indexer_sanitizers
-    for v in 9 11; do
-      (( $(left) > 80 )) || break
-      NCU_STALLS=1 NCU_SKIP=3 profile prefill-t64-v$v dsv4_bench "BM_Dsv4IndexDecode/1/64/0/0/$v/" \
-        'wgmma'
-      grep -E "Registers Per|Achieved Occ|Issue Slots Busy|Eligible Warps|Warp Cycles Per Issued|Compute \(SM\) Throughput|DRAM Throughput|stalled_" \
-        "$out/ncu-prefill-t64-v$v.txt" | head -30 >> "$out/summary.txt"
-    done
+    prefill_profiles
     report
     ;;
   s46-short)
     # s46 for about 260 s: variant 11 against 9 (T4, T64), the DeepSeek-V4 tests, the rows of
     # variant 10 against 8 (T1, T2; no probes), then the indexer's sanitizers while time is left.
     build_targets kvc_cuda_tests dsv4_bench
-    BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/1/64/0/0/(9|11)/|BM_Dsv4IndexDecode/(1|8)/4/0/0/(9|11)/' -pairs11
+    index_rows_9_11
     gtests dsv4 '*Dsv4*' 120
-    BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/(8|10)/'
+    index_rows_8_10
     indexer_sanitizers
     report
     ;;
@@ -728,25 +737,14 @@ case "$mode" in
     # scripts/index-prefill-probe.cu times variants 9 and 11 (9, 11, 9, 11) at B1 T64 and T256
     # with their scores' hashes; scripts/index-trace-probe.cu times variants 8 / 10 / 8 at B1 and
     # B8 by phase, with hashes.
-    for pr in index-prefill-probe index-trace-probe; do
-      nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
-        -Ibenchmarks -o "$out/$pr" "scripts/$pr.cu" > "$out/$pr-build.log" 2>&1
-      say "$pr build: rc=$?"
-    done
+    probe_build index-prefill-probe
+    probe_build index-trace-probe
     for T in 64 256; do
-      timeout 60 "$out/index-prefill-probe" 1 $T > "$out/index-prefill-t$T.txt" 2>&1
+      timeout 60 "$probes/index-prefill-probe" 1 $T > "$out/index-prefill-t$T.txt" 2>&1
       say "== index prefill probe B1 T$T: rc=$?"
       cat "$out/index-prefill-t$T.txt" >> "$out/summary.txt"
     done
-    for b in 1 8; do
-      for v in 8 10 8; do
-        timeout 25 "$out/index-trace-probe" $b 131072 $v > "$out/index-trace-v$v-b$b.txt" 2>&1
-        say "== index probe variant $v batch $b: rc=$?"
-        grep -E "FNV|streams issued|query loaded|after score|graph replay" \
-          "$out/index-trace-v$v-b$b.txt" >> "$out/summary.txt"
-      done
-    done
-    rm -f "$out/index-prefill-probe" "$out/index-trace-probe"
+    index_probes_8_10
     ;;
   s45b)
     # After s45 on the same warm machine (its build-gpu kept): the indexer's sanitizers (variants
@@ -755,17 +753,8 @@ case "$mode" in
     # KEEP_SUMMARY=1 to keep s45's summary.txt).
     build_targets kvc_cuda_tests dsv4_bench
     indexer_sanitizers
-    export KVC_TEST_MAX_ROW=4096
-    sanitize racecheck racecheck '*Cuda_Selector_Decode.BothThresholdsMatchCpu*' 120
-    sanitize synccheck synccheck '*Cuda_Selector_Decode.BothThresholdsMatchCpu*' 60
-    unset KVC_TEST_MAX_ROW
-    for v in 9 11; do
-      (( $(left) > 80 )) || break
-      NCU_STALLS=1 NCU_SKIP=3 profile prefill-t64-v$v dsv4_bench "BM_Dsv4IndexDecode/1/64/0/0/$v/" \
-        'wgmma'
-      grep -E "Registers Per|Achieved Occ|Issue Slots Busy|Eligible Warps|Warp Cycles Per Issued|Compute \(SM\) Throughput|DRAM Throughput|stalled_" \
-        "$out/ncu-prefill-t64-v$v.txt" | head -30 >> "$out/summary.txt"
-    done
+    decode_threshold_sanitizers
+    prefill_profiles
     report
     ;;
   pairs-ab)
@@ -775,18 +764,9 @@ case "$mode" in
     # B8 and T1 / T2, the DeepSeek-V4 tests (every variant against the CPU's bits), memcheck,
     # racecheck and synccheck over the test that runs every mxfp4 kernel.
     build_targets kvc_cuda_tests dsv4_bench
-    nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
-      -Ibenchmarks -o "$out/index-probe" scripts/index-trace-probe.cu > "$out/index-probe-build.log" 2>&1
-    say "index probe build: rc=$?"
-    for b in 1 8; do
-      for v in 8 10 8; do
-        timeout 25 "$out/index-probe" $b 131072 $v > "$out/index-trace-v$v-b$b.txt" 2>&1
-        say "== index probe variant $v batch $b: rc=$?"
-        grep -E "FNV|streams issued|query loaded|after score|graph replay" \
-          "$out/index-trace-v$v-b$b.txt" >> "$out/summary.txt"
-      done
-    done
-    BENCH_REPS=5 bench 40 dsv4_bench 'BM_Dsv4IndexDecode/(1|8)/(1|2)/0/0/(8|10)/'
+    probe_build index-trace-probe
+    index_probes_8_10
+    index_rows_8_10
     gtests dsv4 '*Dsv4*' 120
     indexer_sanitizers
     report
@@ -977,13 +957,8 @@ case "$mode" in
     BASE_TARGETS=topk_bench base_build_bg
     build_targets kvc_cuda_tests topk_bench
     gtests decode '*Cuda_Selector_Decode*' 150
-    rows='BM_TopKDecode/(1|8|64)/(4096|8192)/(33|64)/(2|100002|200002|300002)/'
-    BENCH_REPS=5 bench 90 topk_bench "$rows"
-    BASE_TIMEOUT=90 topk_base_rows "$rows"
-    export KVC_TEST_MAX_ROW=4096
-    sanitize racecheck racecheck '*Cuda_Selector_Decode.BothThresholdsMatchCpu*' 120
-    sanitize synccheck synccheck '*Cuda_Selector_Decode.BothThresholdsMatchCpu*' 60
-    unset KVC_TEST_MAX_ROW
+    fallback_rows_ab
+    decode_threshold_sanitizers
     report
     ;;
   prefetch)
