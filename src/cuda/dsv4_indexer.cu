@@ -275,15 +275,16 @@ cudaError_t dsv4_index_score(void* d_temp, std::size_t& temp_bytes,
   const bool staged = mx && a.variant != 2 && fits;
   // The kernel run: 0 picks, where a page fits, the page streams in the zero-start folded form
   // for one or two query tokens (over octet pairs, 10, for DeepSeek-V4's 64 heads of dim 128 on
-  // pages of 64 entries; else one octet at a time, 8), the warpgroup-mma kernel (9) from three on
-  // where it runs, else the page streams with shared unpacking (7) from 8 tokens on (prefill
-  // chunks) and 8 below; where a page does not fit, register prefetch (2). Measured on the H200
-  // (131072 entries, 64 heads, mxfp4; docs/perf-data/2026-12-03-session14/final; variant 10
-  // against 8 by `scripts/gpu-session27.sh pairs-ab`): see docs/dsv4.md.
+  // pages of 64 entries; else one octet at a time, 8), the warpgroup-mma kernel with two tokens'
+  // groups in flight (11) from three on where it runs, else the page streams with shared
+  // unpacking (7) from 8 tokens on (prefill chunks) and 8 below; where a page does not fit,
+  // register prefetch (2). Measured on the H200 (131072 entries, 64 heads, mxfp4;
+  // docs/perf-data/2026-12-03-session14/final) and, 10 against 8 and 11 against 9, on an H100
+  // (docs/perf-data/2026-12-07-session47): see docs/dsv4.md.
   const bool pairs = mx && c.num_heads == 64 && c.head_dim == 128 && keys.layout.page_entries == 64;
   const int variant = a.variant != 0                ? a.variant
                       : !staged                     ? 2
-                      : wgmma && a.T >= 3           ? 9
+                      : wgmma && a.T >= 3           ? 11
                       : a.T >= kStreamPrefillTokens ? 7
                       : pairs && a.T <= 2           ? 10
                                                     : 8;

@@ -145,20 +145,21 @@ struct Dsv4IndexArgs {
   const float* rope_sin = nullptr;        ///< [positions, rope_dim / 2] (query_rope)
   ScoresView out;                         ///< rows batch * T, max_blocks >= keys' max_entries
   /// mxfp4 score kernel: 0 automatic (one or two query tokens 10 for 64 heads of dim 128 on pages
-  /// of 64 entries, else 8; from three 9 where it runs, else 8 below 8 tokens and 7 from 8; 2 when
-  /// a page does not fit), 1 key pages staged in shared memory by TMA bulk copies (pages of at most
-  /// 4352 bytes), 2 keys prefetched in registers, 3 lean staged (1's staging, less work per key
-  /// octet), 4 lean staged scoring two pages at a time, 5 lean staged with each key unpacked once
-  /// for all query tokens of a pass, 6 page streams (each warp, or the warps of a pass's tokens
-  /// together, stream whole pages through a private pipeline), 7 page streams with each page
-  /// unpacked once for the pass's tokens (6 when a pass has one token), 8 page streams with the
-  /// octet loop unrolled for pages of 64 entries (3 to 8 and 10: pages of at most 4352 bytes), 9
-  /// warpgroup tensor cores (wgmma; 64 heads of dim 128, pages of 8 to 64 entries dividing 64; a
-  /// build with sm_90a and no plain sm_90 code, on a compute capability 9.0 device), 10 page
-  /// streams scoring the octets of 64-entry pages two at a time, the query's fragments loaded per k
-  /// step (64 heads of dim 128; pages of other sizes one octet at a time). The same bits either
-  /// way; a tuning knob for benchmarks. Other values, 9 where it cannot run and 10 for other head
-  /// shapes: cudaErrorInvalidValue.
+  /// of 64 entries, else 8; from three 11 where it runs, else 8 below 8 tokens and 7 from 8; 2
+  /// when a page does not fit), 1 key pages staged in shared memory by TMA bulk copies (pages of
+  /// at most 4352 bytes), 2 keys prefetched in registers, 3 lean staged (1's staging, less work
+  /// per key octet), 4 lean staged scoring two pages at a time, 5 lean staged with each key
+  /// unpacked once for all query tokens of a pass, 6 page streams (each warp, or the warps of a
+  /// pass's tokens together, stream whole pages through a private pipeline), 7 page streams with
+  /// each page unpacked once for the pass's tokens (6 when a pass has one token), 8 page streams
+  /// with the octet loop unrolled for pages of 64 entries (3 to 8 and 10: pages of at most 4352
+  /// bytes), 9 warpgroup tensor cores (wgmma; 64 heads of dim 128, pages of 8 to 64 entries
+  /// dividing 64; a build with sm_90a and no plain sm_90 code, on a compute capability 9.0
+  /// device), 10 page streams scoring the octets of 64-entry pages two at a time, the query's
+  /// fragments loaded per k step (64 heads of dim 128; pages of other sizes one octet at a time),
+  /// 11 variant 9 with two tokens' wgmma groups in flight (token t + 1's during token t's head
+  /// sum; where 9 runs). The same bits either way; a tuning knob for benchmarks. Other values, 9
+  /// and 11 where they cannot run and 10 for other head shapes: cudaErrorInvalidValue.
   int variant = 0;
 };
 
