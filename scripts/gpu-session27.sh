@@ -102,7 +102,8 @@
 #   flashinfer  FlashInfer's anchors, back to back after `final` on the same warm machine (with
 #             TOPK_PROF=1 then Nsight Compute of the 64 x 131072 k 2048 top-k)
 #             (carry [".anchors/p1/flashinfer-sm90a.tar.xz", ".anchors/p1/wheels/apache_tvm_ffi-
-#             <version>.whl", ".anchors/p1/MANIFEST"])
+#             <version>.whl", ".anchors/p1/MANIFEST"]; with the tree at 40 MB the archive goes
+#             in parts, .anchors/pfi0, pfi1, pfi2: benchmarks/anchors/setup-anchors.sh's header)
 #   spread    the thirty-fifth session's spread top-k (written without a GPU): the sampled pass
 #             tests each score against the cut's floor (cut_floor_score, raw_score_floor) and
 #             appends 16 scores a thread with one atomic per warp (warp_append_run); it streams the tiles

@@ -32,6 +32,9 @@
 #                                        a module the check finds missing)
 # A piece over 60 MB is split into .partNN files of 60 MB, each in its own folder .anchors/p3, p4,
 # ... (one carry path per device call); setup-anchors.sh joins them.
+#   .anchors/pfi0, pfi1, ...             flashinfer-sm90a.tar.xz again, as .partNN files of
+#                                        FI_PART_MB (9) MB, one folder each, for the calls that
+#                                        cannot carry the whole archive beside the tree
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 here="$repo/benchmarks/anchors"
@@ -152,4 +155,16 @@ find "$out" -type f -size +60M | while read -r f; do
   split -b 60M -d --additional-suffix= "$f" "$f.part" && rm "$f"
   n=3; for part in "$f".part*; do mkdir -p "$bundle/p$n"; mv "$part" "$bundle/p$n/"; n=$((n + 1)); done
 done
+# 7. FlashInfer's archive again as parts of FI_PART_MB (default 9) MB, one a folder
+#    .anchors/pfi0, pfi1, ..., for when the tracked tree leaves too little of a call's 64 MiB
+#    beside the whole archive (since the forty-seventh session: 40 MB tracked, 25 MB archive).
+#    setup-anchors.sh's header has the calls.
+fi_part_mb="${FI_PART_MB:-9}"
+rm -rf "$bundle"/pfi[0-9]*
+if [ -f "$out/flashinfer-sm90a.tar.xz" ]; then
+  split -b "${fi_part_mb}M" -d -a 2 "$out/flashinfer-sm90a.tar.xz" "$work/flashinfer-sm90a.tar.xz.part"
+  n=0; for part in "$work"/flashinfer-sm90a.tar.xz.part[0-9][0-9]; do
+    mkdir -p "$bundle/pfi$n"; mv "$part" "$bundle/pfi$n/"; n=$((n + 1))
+  done
+fi
 du -sh "$bundle"/p*

@@ -28,6 +28,16 @@
 #                .anchors/site/parts/); the last call carries ".anchors/p1" and runs
 #                benchmarks/anchors/run-anchors.sh, which joins the parts. Never carry ".anchors"
 #                itself in a later call: that replaces the folder there and drops .anchors/site.
+#   FlashInfer in parts  since the tracked tree reached 40 MB (2026-12-07) the 25 MB
+#                FlashInfer archive does not fit one call beside it either. make-anchor-bundle.sh
+#                also writes it as 9 MB parts, one folder each (.anchors/pfi0, pfi1, pfi2). Back
+#                to back: for each part but the last, carry [".anchors/pfiN"] and run
+#                `benchmarks/anchors/setup-anchors.sh --stash`; then carry the last part with
+#                [".anchors/p1/wheels", ".anchors/p1/MANIFEST"] and run the anchors (e.g.
+#                `KEEP_SUMMARY=1 bash scripts/gpu-session27.sh flashinfer`): setup joins the
+#                parts and checks the joined file against the MANIFEST's sha256. A carried file
+#                is gone once a later call carries other paths, so each part must be stashed in
+#                the call that carries it.
 #   a second run on the same warm machine needs no carry: .anchors/site stays (ignored).
 #   DeepSelect   source in .anchors/DeepSelect (its own carry path, e.g. [".anchors/p1",
 #                ".anchors/DeepSelect"]); none is in this workplace (see docs/performance.md).
@@ -58,6 +68,13 @@ for first in "$site"/parts/*.part00; do
   name="$(basename "${first%.part00}")"
   cat "$site/parts/$name".part[0-9][0-9] > "$site/parts/$name.joined" && mv "$site/parts/$name.joined" "$site/parts/$name"
   say "joined $name from $(ls "$site/parts/$name".part[0-9][0-9] | wc -l) parts"
+  # The bundle's MANIFEST records each whole piece's sha256 ("<sum>  ./<path>").
+  want=$(grep -h " \./\(.*/\)\?$name\$" "$bundle"/p*/MANIFEST 2>/dev/null | head -1 | cut -d' ' -f1)
+  if [ -n "$want" ]; then
+    got=$(sha256sum "$site/parts/$name" | cut -d' ' -f1)
+    if [ "$got" = "$want" ]; then say "$name: sha256 matches the MANIFEST"
+    else say "$name: sha256 $got, the MANIFEST says $want: a part is missing or stale"; rm -f "$site/parts/$name"; fi
+  fi
 done
 find_piece() {  # the newest file matching $1 among the carried folders and the joined parts
   ls -t "$bundle"/p*/$1 "$bundle"/p*/wheels/$1 "$site"/parts/$1 2>/dev/null | head -1
