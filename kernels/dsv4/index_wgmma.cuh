@@ -176,7 +176,16 @@ struct WgKeyPos {
 /// token tt's head sum runs (variant 9 waits for each token's group before its head sum); the head
 /// sum, and so the bits, are variant 9's. A token whose unit lies past its bound is computed and
 /// not stored (every key of it fails j < vis).
-template <bool kTokenPairs>
+///
+/// Two forms of variant 11's pair loop (kTokenPairs only; the bits are variant 9's either way):
+/// - kBaseDescriptor: each wgmma's query descriptor is one base descriptor plus a compile-time
+///   offset added to its low word (the address field: a shared-window address over 16, below
+///   2^14, so the add carries into nothing), instead of formed from the address per token and
+///   k step (about 24 uniform-datapath instructions a token);
+/// - kPairedTrees: the two tokens of a pair run their head chains one after the other and then
+///   their butterflies together, so that the second token's shuffles wait in the first's shadow
+///   (each token's three dependent shuffle rounds were exposed on their own).
+template <bool kTokenPairs, bool kBaseDescriptor = false, bool kPairedTrees = false>
 __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_wgmma_kernel(const IndexParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int H = 64, D = 128, KS = D / 32;
@@ -323,6 +332,10 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_wgmma_kernel(con
   bool pass_folds = true;  // every token of the pass folds (the pipelined form's condition)
   for (int tt = 0; tt < tp; ++tt) pass_folds = pass_folds && tok_ok[tt] != 0;
   const std::uint32_t qb_s = smem_addr(qb);
+  // The query operand's base descriptor, split in its words (kBaseDescriptor).
+  const std::uint64_t q_desc = wgmma_desc(qb_s, 128, 256);
+  const std::uint32_t q_desc_lo = static_cast<std::uint32_t>(q_desc),
+                      q_desc_hi = static_cast<std::uint32_t>(q_desc >> 32);
   // This thread's keys of a unit: rows r0 = 16 wq + g and r1 = r0 + 8.
   const int r0 = 16 * wq + lane / 4, r1 = r0 + 8;
   const WgKeyPos k0p(r0, pe, page_bytes), k1p(r1, pe, page_bytes);
@@ -378,23 +391,42 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_wgmma_kernel(con
       }
       wgmma_commit();
     };
-    // Token tt's head sum over its completed accumulators, stored below its bound.
-    auto finish_token = [&](const int(&acc)[32], int tt) {
-      const int vis = tok_vis[tt];
-      float* out_row = tok_out[tt];
-      // Chains: e0 / o0 heads 2t / 2t + 1 (mod 8) of key r0, e1 / o1 of key r1.
-      float e0 = 0.0f, o0 = 0.0f, e1 = 0.0f, o1 = 0.0f;
+    // The same for a compile-time token TT, from the base descriptor (kBaseDescriptor).
+    auto issue_token_at = [&](int(&acc)[32], auto token) {
+      constexpr int TT = decltype(token)::value;
+      if constexpr (kBaseDescriptor) {
+        fence_accumulators(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < KS; ++s) {
+          const std::uint32_t lo =
+              q_desc_lo + static_cast<std::uint32_t>((TT * kWgQueryBytes + s * (H * 32)) >> 4);
+          wgmma_m64n64k32_u8s8(acc, a[s], (static_cast<std::uint64_t>(q_desc_hi) << 32) | lo, s);
+        }
+        wgmma_commit();
+      } else {
+        issue_token(acc, TT);
+      }
+    };
+    // Token tt's head chains over its completed accumulators: e0 / o0 heads 2t / 2t + 1 (mod 8)
+    // of key r0, e1 / o1 of key r1.
+    auto token_chains = [&](const int(&acc)[32], int tt) {
+      float4 c4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // e0, o0, e1, o1
 #pragma unroll
       for (int j = 0; j < H / 8; ++j) {
         const int4 c = kw[tt * 32 + j * 4 + t];  // K 2t, w 2t, K 2t+1, w 2t+1
-        e0 = __fmaf_rn(relu_from_zero_start(acc[4 * j + 0], c.x), __int_as_float(c.y), e0);
-        o0 = __fmaf_rn(relu_from_zero_start(acc[4 * j + 1], c.z), __int_as_float(c.w), o0);
-        e1 = __fmaf_rn(relu_from_zero_start(acc[4 * j + 2], c.x), __int_as_float(c.y), e1);
-        o1 = __fmaf_rn(relu_from_zero_start(acc[4 * j + 3], c.z), __int_as_float(c.w), o1);
+        c4.x = __fmaf_rn(relu_from_zero_start(acc[4 * j + 0], c.x), __int_as_float(c.y), c4.x);
+        c4.y = __fmaf_rn(relu_from_zero_start(acc[4 * j + 1], c.z), __int_as_float(c.w), c4.y);
+        c4.z = __fmaf_rn(relu_from_zero_start(acc[4 * j + 2], c.x), __int_as_float(c.y), c4.z);
+        c4.w = __fmaf_rn(relu_from_zero_start(acc[4 * j + 3], c.z), __int_as_float(c.w), c4.w);
       }
-      // c_(2t) + c_(2t^4) by lane xor 2 (t < 2 keeps key r0, t >= 2 key r1), then the pairs
-      // (c0 + c4) + (c2 + c6) and (c1 + c5) + (c3 + c7) by xor 1 (even t keeps the even
-      // chains), then their sum by xor 1.
+      return c4;
+    };
+    // Token tt's head sum from its chains, stored below its bound: c_(2t) + c_(2t^4) by lane
+    // xor 2 (t < 2 keeps key r0, t >= 2 key r1), then the pairs (c0 + c4) + (c2 + c6) and
+    // (c1 + c5) + (c3 + c7) by xor 1 (even t keeps the even chains), then their sum by xor 1.
+    auto token_tree = [&](const float4 c4, int tt) {
+      const float e0 = c4.x, o0 = c4.y, e1 = c4.z, o1 = c4.w;
       const bool low = t < 2;
       const float se = __shfl_xor_sync(0xffffffffu, low ? e1 : e0, 2);
       const float so = __shfl_xor_sync(0xffffffffu, low ? o1 : o0, 2);
@@ -403,33 +435,47 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_wgmma_kernel(con
       float v = __fadd_rn(even ? ae : ao, __shfl_xor_sync(0xffffffffu, even ? ao : ae, 1));
       v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
       if (even) {
+        const int vis = tok_vis[tt];
         const int j = base + (low ? r0 : r1);
         const int kmin = low ? k0.kmin : k1.kmin;
         // The key scale 2^(kmin - 127): kmin is in [kFoldByteLo, kFoldByteHi], a normal float.
-        if (j < vis) out_row[j] = fmul_rn(v, __int_as_float(kmin << 23));
+        if (j < vis) tok_out[tt][j] = fmul_rn(v, __int_as_float(kmin << 23));
       }
     };
+    // Token tt's head sum over its completed accumulators, stored below its bound.
+    auto finish_token = [&](const int(&acc)[32], int tt) { token_tree(token_chains(acc, tt), tt); };
     if constexpr (kTokenPairs) {
       // Straight-line per pass size, so that every group's issue and wait lie on one path (a
       // wait on a divergent path makes ptxas serialize every wgmma of the kernel).
       auto in_pairs = [&](auto tokens) {
         constexpr int TP = decltype(tokens)::value;
         int acc_a[32], acc_b[32];
-        issue_token(acc_a, 0);
-#pragma unroll
-        for (int tt = 0; tt < TP; tt += 2) {
-          issue_token(acc_b, tt + 1);
+        issue_token_at(acc_a, std::integral_constant<int, 0>{});
+        // The pair (TT, TT + 1): TT + 1's group issued before TT's head sum, TT + 2's before
+        // TT + 1's.
+        auto pair = [&](auto token) {
+          constexpr int TT = decltype(token)::value;
+          issue_token_at(acc_b, std::integral_constant<int, TT + 1>{});
           wgmma_wait_one();
           fence_accumulators(acc_a);
-          finish_token(acc_a, tt);
-          if (tt + 2 < TP) {
-            issue_token(acc_a, tt + 2);
+          const float4 ca = token_chains(acc_a, TT);
+          if constexpr (!kPairedTrees) token_tree(ca, TT);
+          if constexpr (TT + 2 < TP) {
+            issue_token_at(acc_a, std::integral_constant<int, TT + 2>{});
             wgmma_wait_one();
           } else {
             wgmma_wait_all();
           }
           fence_accumulators(acc_b);
-          finish_token(acc_b, tt + 1);
+          const float4 cb = token_chains(acc_b, TT + 1);
+          if constexpr (kPairedTrees) token_tree(ca, TT);
+          token_tree(cb, TT + 1);
+        };
+        pair(std::integral_constant<int, 0>{});
+        pair(std::integral_constant<int, 2>{});
+        if constexpr (TP == 8) {
+          pair(std::integral_constant<int, 4>{});
+          pair(std::integral_constant<int, 6>{});
         }
       };
       if (folds && pass_folds && (tp == 8 || tp == 4)) {
