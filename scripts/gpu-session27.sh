@@ -735,9 +735,9 @@ case "$mode" in
     ;;
   probes46)
     # No library build (about a minute on the device): the indexer's two standalone probes.
-    # scripts/index-prefill-probe.cu times variants 9 and 11 (and 11's other forms, probes48) at
-    # B1 T64 and T256 with their scores' hashes; scripts/index-trace-probe.cu times variants 8 /
-    # 10 / 8 at B1 and B8 by phase, with hashes.
+    # scripts/index-prefill-probe.cu times variants 9 and 11 (9, 11, 9, 11) at B1 T64 and T256
+    # with their scores' hashes; scripts/index-trace-probe.cu times variants 8 / 10 / 8 at B1 and
+    # B8 by phase, with hashes.
     probe_build index-prefill-probe
     probe_build index-trace-probe
     for T in 64 256; do
@@ -746,76 +746,6 @@ case "$mode" in
       cat "$out/index-prefill-t$T.txt" >> "$out/summary.txt"
     done
     index_probes_8_10
-    ;;
-  s48)
-    # One call that can land variant 11's better pair loop (about 480 s on a warm or fresh
-    # machine): the prefill probe picks the fastest of 11, 112, 113 and 114 by the sum of its two
-    # runs at B1 T64 and T256; when that is not 11 and is at least 2 % faster, this copy of the
-    # tree builds variant 11 in that form (src/cuda/dsv4_indexer.cu's two mentions of
-    # mxfp4_score_wgmma_kernel<true>, nothing committed). Then the DeepSeek-V4 tests (every
-    # variant against the CPU's bits, variant 11 in the chosen form), variant 11's rows against 9
-    # and the indexer's four sanitizers. Land the same edit if the tests pass and the tools are
-    # clean.
-    probe_build index-prefill-probe
-    for T in 64 256; do
-      timeout 60 "$probes/index-prefill-probe" 1 $T > "$out/index-prefill-t$T.txt" 2>&1
-      say "== index prefill probe B1 T$T: rc=$?"
-      cat "$out/index-prefill-t$T.txt" >> "$out/summary.txt"
-    done
-    best=$(cat "$out"/index-prefill-t64.txt "$out"/index-prefill-t256.txt |
-      awk '/^variant +1?1[1-4]:/ { v = $2; sub(":", "", v); t[v] += $3 }
-           END { b = "11"; for (v in t) if (t[v] < t[b]) b = v;
-                 print (t[b] < t["11"] * 0.98 ? b : "11") }')
-    case $best in
-      112) form='<true, true, false>' ;;
-      113) form='<true, false, true>' ;;
-      114) form='<true, true, true>' ;;
-      *) form='' ;;
-    esac
-    if [ -n "$form" ]; then
-      sed -i "s/mxfp4_score_wgmma_kernel<true>/mxfp4_score_wgmma_kernel$form/g" src/cuda/dsv4_indexer.cu
-    fi
-    say "variant 11 built as $best (${form:-the plain pair loop}): $(grep -c "mxfp4_score_wgmma_kernel<true" src/cuda/dsv4_indexer.cu) mentions"
-    build_targets kvc_cuda_tests dsv4_bench
-    gtests dsv4 '*Dsv4*' 120
-    index_rows_9_11
-    indexer_sanitizers
-    report
-    ;;
-  probes48)
-    # No library build (about 90 s on the device): scripts/index-prefill-probe.cu times variants
-    # 9 and 11 and variant 11's pair loop with the base descriptor (112), the paired trees (113)
-    # and both (114), in that order twice, at B1 T64 and T256 with their scores' hashes; then
-    # Nsight Compute's source page (SASS with warp-state samples, CSV) of variant 11 and of 114
-    # at T64, each the probe's second launch of that kernel (its graph's launches are profiled
-    # one by one).
-    probe_build index-prefill-probe
-    for T in 64 256; do
-      timeout 60 "$probes/index-prefill-probe" 1 $T > "$out/index-prefill-t$T.txt" 2>&1
-      say "== index prefill probe B1 T$T: rc=$?"
-      cat "$out/index-prefill-t$T.txt" >> "$out/summary.txt"
-    done
-    for form in 'ILb1ELb0ELb0E:11' 'ILb1ELb1ELb1E:114'; do
-      (( $(left) > 45 )) || break
-      timeout 60 ncu --target-processes all --clock-control none \
-        --kernel-name-base mangled -k "regex:mxfp4_score_wgmma_kernel${form%%:*}" \
-        --launch-skip 1 --launch-count 1 \
-        --section SourceCounters --section WarpStateStats --page source --csv --print-source sass \
-        "$probes/index-prefill-probe" 1 64 > "$out/ncu-source-prefill-v${form##*:}.csv" 2>&1
-      say "ncu source prefill v${form##*:}: rc=$? $(wc -l < "$out/ncu-source-prefill-v${form##*:}.csv") lines"
-      gzip -9f "$out/ncu-source-prefill-v${form##*:}.csv"
-    done
-    # The same page of variant 10 (the decode choice at one and two tokens) at B1 T1, from the
-    # decode phase probe, for the octet-pair loop's stalls.
-    if (( $(left) > 45 )); then
-      probe_build index-trace-probe
-      timeout 60 ncu --target-processes all --clock-control none -k "regex:mxfp4_score_stream" \
-        --launch-skip 2 --launch-count 1 --section SourceCounters --section WarpStateStats \
-        --page source --csv --print-source sass "$probes/index-trace-probe" 1 131072 10 \
-        > "$out/ncu-source-decode-v10.csv" 2>&1
-      say "ncu source decode v10: rc=$? $(wc -l < "$out/ncu-source-decode-v10.csv") lines"
-      gzip -9f "$out/ncu-source-decode-v10.csv"
-    fi
     ;;
   s45b)
     # After s45 on the same warm machine (its build-gpu kept): the indexer's sanitizers (variants
@@ -1059,7 +989,7 @@ case "$mode" in
       exit 0
     fi
     same_run_kvc
-    bench 30 topk_bench 'BM_TopKSet/' -set
+    bench 45 topk_bench 'BM_TopKSet/' -set
     ANCHORS="torch cub deepselect_bin" anchors_and_report
     ;;
   flashmla)

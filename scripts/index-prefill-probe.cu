@@ -7,12 +7,10 @@
 // (units / kWgGroups capped at the resident CTAs over the passes, batch, passes); the inputs of
 // scripts/index-probe-inputs.cuh (the indexer's default configuration, 131072 entries a
 // sequence in pages of 64, every entry visible to every token, key sets rotated past the L2,
-// the benchmark's fill: every key folds). Per variant, in the order 9, 11, 112, 113, 114, then
-// again: the per-launch time of a CUDA graph of back-to-back launches (anchor::replay_us) and an
-// FNV-1a hash of one launch's scores over set 0, so equal hashes say the two variants wrote the
-// same bits (the indexer tests check variant 9 against the CPU). 112, 113 and 114 are variant 11's
-// pair loop with the base descriptor, the paired trees, and both (the kernel's kBaseDescriptor and
-// kPairedTrees). Not a test: a timing and a bit comparison.
+// the benchmark's fill: every key folds). Per variant, in the order 9, 11, 9, 11: the per-launch
+// time of a CUDA graph of back-to-back launches (anchor::replay_us) and an FNV-1a hash of one
+// launch's scores over set 0, so equal hashes say the two variants wrote the same bits (the
+// indexer tests check variant 9 against the CPU). Not a test: a timing and a bit comparison.
 //   usage: index-prefill-probe [batch (1)] [tokens (64)] [entries (131072)]
 //   build: nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
 //          -Ibenchmarks -o index-prefill-probe scripts/index-prefill-probe.cu
@@ -64,15 +62,9 @@ int main(int argc, char** argv) {
       "batch %d x %d tokens x %d entries x %d heads x %d dims, mxfp4 pages of %d; %d sets; "
       "%d passes of %d tokens; %d B smem; %s, %d SMs\n",
       B, T, N, kH, kD, kPageEntries, sets, passes, p.tp, smem, prop.name, sms);
-  // Variant 11's pair loop in its two other forms and both (kernels/dsv4/index_wgmma.cuh):
-  // 112 the base descriptor, 113 the paired trees, 114 both; not library variants.
-  const int order[10] = {9, 11, 112, 113, 114, 9, 11, 112, 113, 114};
+  const int order[4] = {9, 11, 9, 11};
   for (const int variant : order) {
-    auto kernel = variant == 11    ? mxfp4_score_wgmma_kernel<true>
-                  : variant == 112 ? mxfp4_score_wgmma_kernel<true, true, false>
-                  : variant == 113 ? mxfp4_score_wgmma_kernel<true, false, true>
-                  : variant == 114 ? mxfp4_score_wgmma_kernel<true, true, true>
-                                   : mxfp4_score_wgmma_kernel<false>;
+    auto kernel = variant == 11 ? mxfp4_score_wgmma_kernel<true> : mxfp4_score_wgmma_kernel<false>;
     ANCHOR_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int resident = 0;
     ANCHOR_CHECK(
@@ -92,7 +84,7 @@ int main(int argc, char** argv) {
       for (int i = 0; i < kLaunches; ++i) launch(i % sets);
     });
     std::printf(
-        "variant %3d: %8.2f us per launch (preparation + score, graph of %d), %.1f TFLOP/s; grid "
+        "variant %2d: %8.2f us per launch (preparation + score, graph of %d), %.1f TFLOP/s; grid "
         "%u x %u x %u (%d resident a SM); scores FNV-1a %016llx, %zu of %zu non-zero, %zu left "
         "poisoned\n",
         variant, us, kLaunches, flop / us * 1e-6, grid.x, grid.y, grid.z, resident,

@@ -177,15 +177,16 @@ struct WgKeyPos {
 /// sum, and so the bits, are variant 9's. A token whose unit lies past its bound is computed and
 /// not stored (every key of it fails j < vis).
 ///
-/// Two forms of variant 11's pair loop (kTokenPairs only; the bits are variant 9's either way):
-/// - kBaseDescriptor: each wgmma's query descriptor is one base descriptor plus a compile-time
-///   offset added to its low word (the address field: a shared-window address over 16, below
-///   2^14, so the add carries into nothing), instead of formed from the address per token and
-///   k step (about 24 uniform-datapath instructions a token);
-/// - kPairedTrees: the two tokens of a pair run their head chains one after the other and then
-///   their butterflies together, so that the second token's shuffles wait in the first's shadow
-///   (each token's three dependent shuffle rounds were exposed on their own).
-template <bool kTokenPairs, bool kBaseDescriptor = false, bool kPairedTrees = false>
+/// The pair loop's two details (each measured; the bits are variant 9's either way):
+/// - each wgmma's query descriptor is one base descriptor plus a compile-time offset added to its
+///   low word (the address field: a shared-window address over 16, below 2^14, so the add carries
+///   into nothing), not formed from the address per token and k step (about 24 uniform-datapath
+///   instructions a token);
+/// - the two tokens of a pair run their head chains one after the other and then their
+///   butterflies together, so that the second token's shuffles wait in the first's shadow.
+/// Together they took B1 T64 from 238.7 to 229.9 us and T256 from 927.8 to 893.0 us on an H200
+/// (scripts/index-prefill-probe.cu, 2026-12-07).
+template <bool kTokenPairs>
 __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_wgmma_kernel(const IndexParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int H = 64, D = 128, KS = D / 32;
@@ -332,7 +333,7 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_wgmma_kernel(con
   bool pass_folds = true;  // every token of the pass folds (the pipelined form's condition)
   for (int tt = 0; tt < tp; ++tt) pass_folds = pass_folds && tok_ok[tt] != 0;
   const std::uint32_t qb_s = smem_addr(qb);
-  // The query operand's base descriptor, split in its words (kBaseDescriptor).
+  // The query operand's base descriptor, split in its words (the pair loop's).
   const std::uint64_t q_desc = wgmma_desc(qb_s, 128, 256);
   const std::uint32_t q_desc_lo = static_cast<std::uint32_t>(q_desc),
                       q_desc_hi = static_cast<std::uint32_t>(q_desc >> 32);
@@ -391,22 +392,18 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_wgmma_kernel(con
       }
       wgmma_commit();
     };
-    // The same for a compile-time token TT, from the base descriptor (kBaseDescriptor).
+    // Token TT's group (a compile-time token of the pair loop) from the base descriptor.
     auto issue_token_at = [&](int(&acc)[32], auto token) {
       constexpr int TT = decltype(token)::value;
-      if constexpr (kBaseDescriptor) {
-        fence_accumulators(acc);
-        wgmma_fence();
+      fence_accumulators(acc);
+      wgmma_fence();
 #pragma unroll
-        for (int s = 0; s < KS; ++s) {
-          const std::uint32_t lo =
-              q_desc_lo + static_cast<std::uint32_t>((TT * kWgQueryBytes + s * (H * 32)) >> 4);
-          wgmma_m64n64k32_u8s8(acc, a[s], (static_cast<std::uint64_t>(q_desc_hi) << 32) | lo, s);
-        }
-        wgmma_commit();
-      } else {
-        issue_token(acc, TT);
+      for (int s = 0; s < KS; ++s) {
+        const std::uint32_t lo =
+            q_desc_lo + static_cast<std::uint32_t>((TT * kWgQueryBytes + s * (H * 32)) >> 4);
+        wgmma_m64n64k32_u8s8(acc, a[s], (static_cast<std::uint64_t>(q_desc_hi) << 32) | lo, s);
       }
+      wgmma_commit();
     };
     // Token tt's head chains over its completed accumulators: e0 / o0 heads 2t / 2t + 1 (mod 8)
     // of key r0, e1 / o1 of key r1.
@@ -459,7 +456,6 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_wgmma_kernel(con
           wgmma_wait_one();
           fence_accumulators(acc_a);
           const float4 ca = token_chains(acc_a, TT);
-          if constexpr (!kPairedTrees) token_tree(ca, TT);
           if constexpr (TT + 2 < TP) {
             issue_token_at(acc_a, std::integral_constant<int, TT + 2>{});
             wgmma_wait_one();
@@ -468,7 +464,7 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_wgmma_kernel(con
           }
           fence_accumulators(acc_b);
           const float4 cb = token_chains(acc_b, TT + 1);
-          if constexpr (kPairedTrees) token_tree(ca, TT);
+          token_tree(ca, TT);
           token_tree(cb, TT + 1);
         };
         pair(std::integral_constant<int, 0>{});
