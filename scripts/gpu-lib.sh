@@ -287,7 +287,7 @@ same_run_final() {
 # machine, anchors_and_report (the twenty-first session).
 same_run_kvc() {
   [ -x build-gpu/benchmarks/step_bench ] || build
-  bench 60 step_bench 'BM_DecodeStep/|BM_LaunchFloor'
+  bench 90 step_bench 'BM_DecodeStep/|BM_LaunchFloor'
   # The library's own rows only (the ninth session's wider filters were cut off by their limits
   # before the B8 rows: the variants are registered first): the scorers' library choice, and
   # select attention on its library path (kAuto, path 0) beside the register-pipelined kernel
