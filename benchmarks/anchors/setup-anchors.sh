@@ -25,7 +25,7 @@
 #                folder .anchors/p3, p4, ... Then, back to back so the machine stays warm, each
 #                call carries one [".anchors/pN"] and runs
 #                `benchmarks/anchors/setup-anchors.sh --stash` (copies its parts into
-#                .anchors/site/parts/); the last call carries ".anchors/p1" and runs
+#                $KVC_ANCHOR_PARTS, default /tmp/kvc-anchor-parts); the last call carries ".anchors/p1" and runs
 #                benchmarks/anchors/run-anchors.sh, which joins the parts. Never carry ".anchors"
 #                itself in a later call: that replaces the folder there and drops .anchors/site.
 #   FlashInfer in parts  since the tracked tree reached 40 MB (2026-12-07) the 25 MB
@@ -37,7 +37,9 @@
 #                `KEEP_SUMMARY=1 bash scripts/gpu-session27.sh flashinfer`): setup joins the
 #                parts and checks the joined file against the MANIFEST's sha256. A carried file
 #                is gone once a later call carries other paths, so each part must be stashed in
-#                the call that carries it.
+#                the call that carries it; and the whole of .anchors/ there (site/ too) was gone
+#                after a call carrying another .anchors path (forty-eighth session), so the parts
+#                wait outside the tree, in /tmp, which stays while the machine is warm.
 #   a second run on the same warm machine needs no carry: .anchors/site stays (ignored).
 #   DeepSelect   source in .anchors/DeepSelect (its own carry path, e.g. [".anchors/p1",
 #                ".anchors/DeepSelect"]); none is in this workplace (see docs/performance.md).
@@ -52,7 +54,8 @@ stash=0
 if [ "${1:-}" = --stash ]; then stash=1; shift; fi
 bundle="$(cd "${1:-$repo/.anchors}" 2>/dev/null && pwd)" || { echo "setup-anchors: no bundle folder ${1:-$repo/.anchors}" >&2; exit 1; }
 site="$bundle/site"
-mkdir -p "$site/parts" "$site/bin"
+parts="${KVC_ANCHOR_PARTS:-/tmp/kvc-anchor-parts}"
+mkdir -p "$parts" "$site/bin"
 report="$site/SETUP.txt"
 say() { echo "setup-anchors: $*" | tee -a "$report"; }
 : > "$report"
@@ -60,24 +63,24 @@ py="${PYTHON:-python3}"
 
 # Parts of split pieces: stash those carried in this call, then join complete sets.
 for part in "$bundle"/p*/*.part[0-9][0-9]; do
-  [ -f "$part" ] && cp -f "$part" "$site/parts/" && say "stashed $(basename "$part")"
+  [ -f "$part" ] && cp -f "$part" "$parts/" && say "stashed $(basename "$part")"
 done
 [ "$stash" = 1 ] && exit 0
-for first in "$site"/parts/*.part00; do
+for first in "$parts"/*.part00; do
   [ -f "$first" ] || continue
   name="$(basename "${first%.part00}")"
-  cat "$site/parts/$name".part[0-9][0-9] > "$site/parts/$name.joined" && mv "$site/parts/$name.joined" "$site/parts/$name"
-  say "joined $name from $(ls "$site/parts/$name".part[0-9][0-9] | wc -l) parts"
+  cat "$parts/$name".part[0-9][0-9] > "$parts/$name.joined" && mv "$parts/$name.joined" "$parts/$name"
+  say "joined $name from $(ls "$parts/$name".part[0-9][0-9] | wc -l) parts"
   # The bundle's MANIFEST records each whole piece's sha256 ("<sum>  ./<path>").
   want=$(grep -h " \./\(.*/\)\?$name\$" "$bundle"/p*/MANIFEST 2>/dev/null | head -1 | cut -d' ' -f1)
   if [ -n "$want" ]; then
-    got=$(sha256sum "$site/parts/$name" | cut -d' ' -f1)
+    got=$(sha256sum "$parts/$name" | cut -d' ' -f1)
     if [ "$got" = "$want" ]; then say "$name: sha256 matches the MANIFEST"
-    else say "$name: sha256 $got, the MANIFEST says $want: a part is missing or stale"; rm -f "$site/parts/$name"; fi
+    else say "$name: sha256 $got, the MANIFEST says $want: a part is missing or stale"; rm -f "$parts/$name"; fi
   fi
 done
 find_piece() {  # the newest file matching $1 among the carried folders and the joined parts
-  ls -t "$bundle"/p*/$1 "$bundle"/p*/wheels/$1 "$site"/parts/$1 2>/dev/null | head -1
+  ls -t "$bundle"/p*/$1 "$bundle"/p*/wheels/$1 "$parts"/$1 2>/dev/null | head -1
 }
 
 unpack_once() {  # file stamp-name command...: run the command unless this file was unpacked
