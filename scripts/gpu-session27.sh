@@ -96,6 +96,8 @@
 #             counting rank and every spread variant (the next session's first call)
 #   verify39  every GPU test at the thirty-ninth session's end, then Nsight Compute of the spread
 #             top-k (1 and 64 rows of 131072, k 2048; stall reasons, the one-row source page)
+#   evidence48  the H200's phase probes and Nsight Compute of the missed rows (spread top-k,
+#             the indexer's decode and prefill), no library build
 #   final     the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
 #             DeepSelect's (deepselect_bin: its fp32 kernel in kvc's harness, first run) anchors in
 #             the same call (carry [".anchors/p1/wheels", ".anchors/p1/bin", ".anchors/p1/MANIFEST"])
@@ -232,6 +234,24 @@ probe_build() {
   nvcc -std=c++17 -O3 -arch=sm_90a --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
     -Ibenchmarks -o "$probes/$1" "scripts/$1.cu" > "$out/$1-build.log" 2>&1
   say "$1 build: rc=$? at $(( $(date +%s) - t0 )) s"
+}
+
+# name kernel-regex probe args...: Nsight Compute of a standalone probe's kernel (its third
+# launch of that kernel; the probes replay graphs, whose kernel nodes are profiled one by one),
+# with profile's sections and the stall counters, into $out/ncu-<name>.txt; the lines that say
+# what limits it into summary.txt.
+profile_probe() {
+  local name=$1 kernel=$2 bin=$3
+  shift 3
+  (( $(left) > 45 )) || { say "ncu $name: not run (deadline)"; return; }
+  timeout 60 ncu --target-processes all -k "regex:$kernel" --launch-skip 2 --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+    --section InstructionStats --metrics "$(ncu_stall_metrics)" "$probes/$bin" "$@" \
+    > "$out/ncu-$name.txt" 2>&1
+  say "ncu $name: rc=$? $(grep -E '^ +Duration' "$out/ncu-$name.txt" | tr -s ' ' | tr '\n' ';')"
+  grep -E "Registers Per|Achieved Occ|Issue Slots Busy|Eligible Warps|Warp Cycles Per Issued|Compute \(SM\) Throughput|DRAM Throughput|Executed Ipc A|stalled_" \
+    "$out/ncu-$name.txt" | head -30 >> "$out/summary.txt"
 }
 
 # The decode phase probe (probe_build index-trace-probe first) of variants 8, 10 and 8 again at
@@ -971,6 +991,45 @@ case "$mode" in
     sanitize memcheck-summary memcheck '*Cuda_BlockIndex_MatchesCpu*' 120
     BENCH_REPS=3 bench 120 index_bench 'BM_Score/h32x8x128/B(1|8)/N131072/(mean_k|quest)/f16/sum/fast-tensor_core(|_l2w1|_l2w2|_l2next)/|BM_Score/h32x8x128/B32/N32768/mean_k/f16/sum/fast-tensor_core(|_l2w1|_l2w2)/'
     report
+    ;;
+  evidence48)
+    # No library build (about 200 s on a fresh machine): the H200's evidence for the missed rows
+    # of the forty-eighth session's table, for the next session. The spread top-k's phase probe
+    # (uniform scores, the library's choices) at 1 and 64 rows of 131072 and 262144, k 2048; the
+    # indexer's decode phase probe (variant 10, B1 and B8 T1) and prefill probe (9 and 11, B1
+    # T64); then Nsight Compute (profile_probe: the sections of gpu-lib.sh's profile plus the
+    # stall counters) of the spread kernel at 1 x 131072 and 64 x 131072, and of variant 10 at B1
+    # T1; last, the source page (SASS with warp-state samples) of variant 11 at B1 T64.
+    probe_build topk-trace-probe
+    probe_build index-trace-probe
+    probe_build index-prefill-probe
+    for shape in "131072 1" "131072 64" "262144 64" "262144 1"; do
+      set -- $shape
+      timeout 30 "$probes/topk-trace-probe" "$1" 2048 0 0 1 1 1 "$2" > "$out/trace-$2x$1.txt" 2>&1
+      say "== spread probe rows $2 N $1: rc=$?"
+      grep -E "ids wrong|grid sync|sample (cut|append|count)|rank (counted|scattered)|end \\(|graph replay" \
+        "$out/trace-$2x$1.txt" >> "$out/summary.txt"
+    done
+    for b in 1 8; do
+      timeout 25 "$probes/index-trace-probe" $b 131072 10 > "$out/index-trace-v10-b$b.txt" 2>&1
+      say "== index probe variant 10 batch $b: rc=$?"
+      cat "$out/index-trace-v10-b$b.txt" >> "$out/summary.txt"
+    done
+    timeout 60 "$probes/index-prefill-probe" 1 64 > "$out/index-prefill-t64.txt" 2>&1
+    say "== index prefill probe B1 T64: rc=$?"
+    cat "$out/index-prefill-t64.txt" >> "$out/summary.txt"
+    profile_probe spread-1x131072 spread_topm_kernel topk-trace-probe 131072 2048 0 0 1 1 1 1
+    profile_probe spread-64x131072 spread_topm_kernel topk-trace-probe 131072 2048 0 0 1 1 1 64
+    profile_probe index-v10-b1 mxfp4_score_stream index-trace-probe 1 131072 10
+    if (( $(left) > 60 )); then
+      timeout 60 ncu --target-processes all --clock-control none \
+        --kernel-name-base mangled -k "regex:mxfp4_score_wgmma_kernelILb1E" \
+        --launch-skip 1 --launch-count 1 \
+        --section SourceCounters --section WarpStateStats --page source --csv --print-source sass \
+        "$probes/index-prefill-probe" 1 64 > "$out/ncu-source-prefill-v11.csv" 2>&1
+      say "ncu source prefill v11: rc=$? $(wc -l < "$out/ncu-source-prefill-v11.csv") lines"
+      gzip -9f "$out/ncu-source-prefill-v11.csv"
+    fi
     ;;
   final-tests | final)
     build_targets kvc_cuda_tests step_bench index_bench attention_bench topk_bench store_bench \
