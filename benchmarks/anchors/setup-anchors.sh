@@ -25,9 +25,10 @@
 #                folder .anchors/p3, p4, ... Then, back to back so the machine stays warm, each
 #                call carries one [".anchors/pN"] and runs
 #                `benchmarks/anchors/setup-anchors.sh --stash` (copies its parts into
-#                $KVC_ANCHOR_PARTS, default /tmp/kvc-anchor-parts); the last call carries ".anchors/p1" and runs
-#                benchmarks/anchors/run-anchors.sh, which joins the parts. Never carry ".anchors"
-#                itself in a later call: that replaces the folder there and drops .anchors/site.
+#                $KVC_ANCHOR_PARTS, default /tmp/kvc-anchor-parts); the last call carries
+#                ".anchors/p1" and runs benchmarks/anchors/run-anchors.sh, which joins the
+#                parts. Never carry ".anchors" itself in a later call: that replaces the folder
+#                there and drops .anchors/site.
 #   FlashInfer in parts  since the tracked tree reached 40 MB (2026-12-07) the 25 MB
 #                FlashInfer archive does not fit one call beside it either. make-anchor-bundle.sh
 #                also writes it as 9 MB parts, one folder each (.anchors/pfi0, pfi1, pfi2). Back
