@@ -280,7 +280,8 @@ cudaError_t dsv4_index_score(void* d_temp, std::size_t& temp_bytes,
   // unpacking (7) from 8 tokens on (prefill chunks) and 8 below; where a page does not fit,
   // register prefetch (2). Measured on the H200 (131072 entries, 64 heads, mxfp4;
   // docs/perf-data/2026-12-03-session14/final) and, 10 against 8 and 11 against 9, on an H100
-  // (docs/perf-data/2026-12-07-session47): see docs/dsv4.md.
+  // (docs/perf-data/2026-12-07-session47) and 11's landed pair loop on an H200
+  // (docs/perf-data/2026-12-07-session48): see docs/dsv4.md.
   const bool pairs = mx && c.num_heads == 64 && c.head_dim == 128 && keys.layout.page_entries == 64;
   const int variant = a.variant != 0                ? a.variant
                       : !staged                     ? 2
