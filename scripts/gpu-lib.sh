@@ -87,6 +87,11 @@ ncu_stall_metrics() {
   echo "$m"
 }
 
+# The sections of an ncu text report (profile, and gpu-session27.sh's profile_probe).
+ncu_sections=(--section SpeedOfLight --section Occupancy --section LaunchStats
+  --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis
+  --section ComputeWorkloadAnalysis --section InstructionStats)
+
 # name binary benchmark-filter kernel-regex [extra ncu args]: one ncu report (text) of
 # NCU_COUNT (default 1) launches after NCU_SKIP (default 2) of the kernels matching the regex;
 # NCU_STALLS=1 adds the stall reasons (ncu_stall_metrics), NCU_LIMIT the timeout (default 60 s).
@@ -98,9 +103,7 @@ profile() {
   [ "${NCU_STALLS:-0}" = 1 ] && extra=(--metrics "$(ncu_stall_metrics)")
   timeout "${NCU_LIMIT:-60}" ncu --target-processes all -k "regex:$kernel" \
     --launch-skip "${NCU_SKIP:-2}" --launch-count "${NCU_COUNT:-1}" \
-    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-    --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-    --section InstructionStats "${extra[@]}" "$@" \
+    "${ncu_sections[@]}" "${extra[@]}" "$@" \
     build-gpu/benchmarks/$bin --benchmark_filter="$filter" --benchmark_min_time=1x \
     --benchmark_repetitions=1 > "$out/ncu-$name.txt" 2>&1
   say "ncu $name: rc=$? $(grep -E '^ +Duration' "$out/ncu-$name.txt" | tr -s ' ' | tr '\n' ';')"

@@ -245,9 +245,7 @@ profile_probe() {
   shift 3
   (( $(left) > 45 )) || { say "ncu $name: not run (deadline)"; return; }
   timeout 60 ncu --target-processes all -k "regex:$kernel" --launch-skip 2 --launch-count 1 \
-    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-    --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-    --section InstructionStats --metrics "$(ncu_stall_metrics)" "$probes/$bin" "$@" \
+    "${ncu_sections[@]}" --metrics "$(ncu_stall_metrics)" "$probes/$bin" "$@" \
     > "$out/ncu-$name.txt" 2>&1
   say "ncu $name: rc=$? $(grep -E '^ +Duration' "$out/ncu-$name.txt" | tr -s ' ' | tr '\n' ';')"
   grep -E "Registers Per|Achieved Occ|Issue Slots Busy|Eligible Warps|Warp Cycles Per Issued|Compute \(SM\) Throughput|DRAM Throughput|Executed Ipc A|stalled_" \
