@@ -212,6 +212,51 @@ constexpr int block_rows_batch() {
   return 8 / E > 0 ? 8 / E : 1;
 }
 
+/// Rows p = p0, p0 + 1, ... of one (entry, head) in turn, where block_rows_kernel reads them: the
+/// ring (p < L, ring row p % W) or the update's input (token p - L). The offsets step from row to
+/// row: no modulo and no 64-bit multiply a row.
+struct BlockRowSource {
+  const std::uint16_t* ring_k;
+  const std::uint16_t* ring_v;
+  const std::uint16_t* in_k;
+  const std::uint16_t* in_v;
+  std::size_t ring_head;  ///< ring row 0 of (slot, head), in elements
+  long long in_off;       ///< the input row of p, in elements (negative while p < L)
+  long long in_step;      ///< H * d
+  int p, L, W, d, ring_row;
+
+  __device__ __forceinline__ BlockRowSource(const StoreView& s, int slot, int h, int e, int count,
+                                            int L_, int p0, const std::uint16_t* k,
+                                            const std::uint16_t* v)
+      : ring_k(static_cast<const std::uint16_t*>(s.ring_k)),
+        ring_v(static_cast<const std::uint16_t*>(s.ring_v)),
+        in_k(k),
+        in_v(v),
+        ring_head(store::ring_row_index(s, slot, h, 0) * s.head_dim),
+        in_off(((static_cast<long long>(e) * count + (p0 - L_)) * s.num_kv_heads + h) * s.head_dim),
+        in_step(static_cast<long long>(s.num_kv_heads) * s.head_dim),
+        p(p0),
+        L(L_),
+        W(s.recent_window),
+        d(s.head_dim),
+        ring_row(p0 % s.recent_window) {}
+
+  /// Row p's K and V; then p + 1.
+  __device__ __forceinline__ void next(const std::uint16_t*& kp, const std::uint16_t*& vp) {
+    if (p < L) {
+      const std::size_t o = ring_head + static_cast<std::size_t>(ring_row) * d;
+      kp = ring_k + o;
+      vp = ring_v + o;
+      ring_row = ring_row + 1 == W ? 0 : ring_row + 1;
+    } else {
+      kp = in_k + in_off;
+      vp = in_v + in_off;
+    }
+    in_off += in_step;
+    ++p;
+  }
+};
+
 // Quantises the tokens that leave the ring and summarises the blocks that close, a WARP per
 // (entry, block touched, head): unit u = blockIdx.x * kBlockRowsWarps + warp of entries * touched
 // * Hkv, the head fastest; layer z is at_layer(s0, ls, z) with its input at k + z * ls.kv. The
@@ -268,18 +313,15 @@ __global__ void __launch_bounds__(32 * kBlockRowsWarps, block_rows_min_ctas<E, L
           }
         }
       }
-      const auto* ring_k = static_cast<const std::uint16_t*>(s.ring_k);
-      const auto* ring_v = static_cast<const std::uint16_t*>(s.ring_v);
-      auto source = [&](int p, const std::uint16_t* ring, const std::uint16_t* in) {
-        if (p < L) return ring + store::ring_row_index(s, slot, h, p % W) * d;
-        return in + ((static_cast<std::size_t>(e) * count + (p - L)) * H + h) * d;
-      };
+      BlockRowSource source(s, slot, h, e, count, L, p_begin, k, v);  // rows in order
       LaneRow<E> kr[R], vr[R];
 #pragma unroll
       for (int j = 0; j < R; ++j) {
         if (p_begin + j < p_end) {
-          kr[j] = load_lane<E>(source(p_begin + j, ring_k, k), lane);
-          vr[j] = load_lane<E>(source(p_begin + j, ring_v, v), lane);
+          const std::uint16_t *kp, *vp;
+          source.next(kp, vp);
+          kr[j] = load_lane<E>(kp, lane);
+          vr[j] = load_lane<E>(vp, lane);
         }
       }
       for (int p0 = p_begin; p0 < p_end; p0 += R) {
@@ -289,8 +331,10 @@ __global__ void __launch_bounds__(32 * kBlockRowsWarps, block_rows_min_ctas<E, L
           kn[j] = kr[j];
           vn[j] = vr[j];
           if (p0 + R + j < p_end) {
-            kn[j] = load_lane<E>(source(p0 + R + j, ring_k, k), lane);
-            vn[j] = load_lane<E>(source(p0 + R + j, ring_v, v), lane);
+            const std::uint16_t *kp, *vp;
+            source.next(kp, vp);
+            kn[j] = load_lane<E>(kp, lane);
+            vn[j] = load_lane<E>(vp, lane);
           }
         }
 #pragma unroll

@@ -133,10 +133,20 @@ __device__ __forceinline__ float encode_q8(const float (&x)[E], float amax,
 #pragma unroll
   for (int k = 0; k < (E + 3) / 4; ++k) w[k] = 0;
   if (!zero) {
+    // As encode_q4: the same codes without the division where the scale has a reciprocal.
+    const float r = formats::symmetric_reciprocal(scale);
+    if (r != 0.0f) {
 #pragma unroll
-    for (int e = 0; e < E; ++e) {
-      const std::uint32_t c = static_cast<std::uint8_t>(formats::q8_code(x[e], scale));
-      w[e / 4] |= c << (8 * (e % 4));
+      for (int e = 0; e < E; ++e) {
+        const int c = formats::symmetric_code_by_reciprocal(x[e], scale, r, formats::kQ8Max);
+        w[e / 4] |= (static_cast<std::uint32_t>(c) & 0xffu) << (8 * (e % 4));
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        const std::uint32_t c = static_cast<std::uint8_t>(formats::q8_code(x[e], scale));
+        w[e / 4] |= c << (8 * (e % 4));
+      }
     }
   }
   return scale;
@@ -152,8 +162,19 @@ __device__ __forceinline__ float encode_q4(const float (&x)[E], float amax,
 #pragma unroll
   for (int k = 0; k < (E + 7) / 8; ++k) w[k] = 0;
   if (!zero) {
+    // The division by multiplication where the scale has a reciprocal (every f16 row; bf16 rows
+    // but the tiniest and the largest): the same nibbles (formats::symmetric_code_by_reciprocal).
+    const float r = formats::symmetric_reciprocal(scale);
+    if (r != 0.0f) {
 #pragma unroll
-    for (int e = 0; e < E; ++e) w[e / 8] |= formats::q4_nibble(x[e], scale) << (4 * (e % 8));
+      for (int e = 0; e < E; ++e) {
+        const int c = formats::symmetric_code_by_reciprocal(x[e], scale, r, formats::kQ4Max);
+        w[e / 8] |= (static_cast<unsigned>(c) & 0xfu) << (4 * (e % 8));
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < E; ++e) w[e / 8] |= formats::q4_nibble(x[e], scale) << (4 * (e % 8));
+    }
   }
   return scale;
 }
@@ -186,7 +207,7 @@ __device__ __forceinline__ std::uint8_t encode_mxfp4(const float (&x)[E], std::u
     const unsigned cap = formats::e2m1_max_finite_code(byte);
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      w[e / 8] |= formats::mxfp4_index_place(formats::mxfp4_code_scaled(x[e], inv, cap),
+      w[e / 8] |= formats::mxfp4_index_place(formats::mxfp4_code_rounded(x[e], inv, cap),
                                              E >= 8 ? e % 8 : slot0 + e);
     }
   }

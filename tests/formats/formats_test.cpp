@@ -990,6 +990,73 @@ TEST(Formats_SymmetricScale, PlainQuotientExceptAtTheEnds) {
   }
 }
 
+// The GPU encoders' division-free pieces on the host, sampled (Cuda_Formats checks them over
+// their whole domain on the device): symmetric_code_by_reciprocal against q8_code / q4_nibble for
+// every f16 and bf16 amax and every 17th 16-bit x with |x| <= amax (with the half-way points of
+// the codes, where a wrong quotient would show first), and mxfp4_code_rounded against
+// mxfp4_code_scaled around every e2m1 midpoint and on a stride through all floats.
+TEST(Formats_SymmetricScale, CodeByReciprocalEqualsDivision) {
+  long long checked = 0;
+  for (const bool bf16 : {false, true}) {
+    for (const int qmax : {formats::kQ8Max, formats::kQ4Max}) {
+      for (unsigned ab = 1; ab < (bf16 ? 0x7f80u : 0x7c00u); ab += 3) {
+        const float amax = bits16_to_float(static_cast<std::uint16_t>(ab), bf16);
+        const float s = qmax == formats::kQ8Max ? formats::q8_scale(amax) : formats::q4_scale(amax);
+        const float r = formats::symmetric_reciprocal(s);
+        if (r == 0.0f) {
+          ASSERT_TRUE(s < 0x1p-96f || s > 0x1p96f) << amax;
+          continue;
+        }
+        auto check = [&](float x) {
+          const int c = formats::symmetric_code_by_reciprocal(x, s, r, qmax);
+          if (qmax == formats::kQ8Max) {
+            ASSERT_EQ(c, formats::q8_code(x, s)) << "amax " << amax << " x " << x;
+          } else {
+            ASSERT_EQ(static_cast<unsigned>(c) & 0xfu, formats::q4_nibble(x, s))
+                << "amax " << amax << " x " << x;
+          }
+          ++checked;
+        };
+        for (unsigned xb = ab % 17; xb < 0x10000u; xb += 17) {
+          if ((xb & 0x7fffu) <= ab) check(bits16_to_float(static_cast<std::uint16_t>(xb), bf16));
+        }
+        for (int m = 0; m < qmax; ++m) {  // x next to (m + 1/2) scale, within amax
+          const float mid = (static_cast<float>(m) + 0.5f) * s;
+          for (const float x : {std::nextafter(mid, 0.0f), mid, std::nextafter(mid, 1e30f)}) {
+            if (x <= amax) {
+              check(x);
+              check(-x);
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 10000000);
+  for (const unsigned cap : {3u, 5u, 7u}) {
+    for (const float mid : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 2.0f, 4.0f, 8.0f}) {
+      float v = mid;
+      for (int i = 0; i < 40; ++i) v = std::nextafter(v, 0.0f);
+      for (int i = 0; i < 81; ++i, v = std::nextafter(v, 1e30f)) {
+        for (const float inv : {1.0f, 0.5f, 4.0f}) {
+          ASSERT_EQ(formats::mxfp4_code_rounded(v / inv, inv, cap),
+                    formats::mxfp4_code_scaled(v / inv, inv, cap))
+              << v;
+          ASSERT_EQ(formats::mxfp4_code_rounded(-v / inv, inv, cap),
+                    formats::mxfp4_code_scaled(-v / inv, inv, cap))
+              << -v;
+        }
+      }
+    }
+    for (std::uint64_t u = cap; u < 0x100000000ull; u += 4099) {
+      const float v = FromBits(static_cast<std::uint32_t>(u));
+      if (!std::isfinite(v)) continue;
+      ASSERT_EQ(formats::mxfp4_code_rounded(v, 1.0f, cap), formats::mxfp4_code_scaled(v, 1.0f, cap))
+          << Bits(v);
+    }
+  }
+}
+
 // --- f16 / bf16 ---------------------------------------------------------------------------------
 
 TEST(Formats_F16, GoldenBits) {

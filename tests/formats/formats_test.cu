@@ -121,6 +121,61 @@ __global__ void DecodeCodes(float* f16, float* bf16, float* e4m3, float* ue8m0, 
   if (t < 16) e2m1[t] = (t & 8 ? -1.0f : 1.0f) * formats::e2m1_magnitude(static_cast<unsigned>(t));
 }
 
+// Every (amax, x) pair of 16-bit values with |x| <= amax, amax finite and > 0, whose scale has a
+// reciprocal: one thread per amax and 1/256 of the x. Counts the pairs checked and those where
+// symmetric_code_by_reciprocal's code differs from the division's (q8_code, or q4_nibble's
+// nibble), and keeps one of those (amax bits << 16 | x bits).
+__global__ void CountReciprocalCodeMismatches(bool bf16, int qmax, unsigned long long* pairs,
+                                              unsigned long long* bad, unsigned* example) {
+  const unsigned t = blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned ab = t >> 8, chunk = t & 255u;
+  if (ab == 0u || ab >= (bf16 ? 0x7f80u : 0x7c00u)) return;
+  const float amax = bits16_to_float(static_cast<std::uint16_t>(ab), bf16);
+  const float scale = qmax == formats::kQ8Max ? formats::q8_scale(amax) : formats::q4_scale(amax);
+  const float r = formats::symmetric_reciprocal(scale);
+  if (r == 0.0f) return;
+  unsigned long long n = 0, wrong = 0;
+  for (unsigned xb = chunk; xb < 0x10000u; xb += 256u) {
+    if ((xb & 0x7fffu) > ab) continue;
+    const float x = bits16_to_float(static_cast<std::uint16_t>(xb), bf16);
+    const int c = formats::symmetric_code_by_reciprocal(x, scale, r, qmax);
+    const bool same = qmax == formats::kQ8Max
+                          ? c == formats::q8_code(x, scale)
+                          : (static_cast<unsigned>(c) & 0xfu) == formats::q4_nibble(x, scale);
+    ++n;
+    if (!same) {
+      ++wrong;
+      *example = ab << 16 | xb;
+    }
+  }
+  atomicAdd(pairs, n);
+  if (wrong != 0) atomicAdd(bad, wrong);
+}
+
+// Every float bit pattern (a thread per 1024 of them): counts the finite ones and those where
+// mxfp4_code_rounded differs from mxfp4_code_scaled for a cap of 3, 5 or 7, and keeps one of
+// those (its bits).
+__global__ void CountMxfp4CodeMismatches(unsigned long long* finite, unsigned long long* bad,
+                                         unsigned* example) {
+  const unsigned long long t =
+      static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  unsigned long long n = 0, wrong = 0;
+  for (unsigned i = 0; i < 1024u; ++i) {
+    const unsigned u = static_cast<unsigned>(t * 1024u + i);
+    const float v = bits_float(u);
+    if (is_nonfinite(v)) continue;
+    ++n;
+    for (unsigned cap = 3u; cap <= 7u; cap += 2u) {
+      if (formats::mxfp4_code_rounded(v, 1.0f, cap) != formats::mxfp4_code_scaled(v, 1.0f, cap)) {
+        ++wrong;
+        *example = u;
+      }
+    }
+  }
+  atomicAdd(finite, n);
+  if (wrong != 0) atomicAdd(bad, wrong);
+}
+
 // --- host references
 // ------------------------------------------------------------------------------
 
@@ -318,6 +373,55 @@ TEST(Cuda_Formats, CodeDecodersBitIdenticalToHost) {
     const float mag = formats::e2m1_magnitude(static_cast<unsigned>(c));
     ASSERT_EQ(Bits(g_e2m1[c]), Bits(c & 8 ? -mag : mag)) << c;
   }
+}
+
+// The GPU store encoders' division-free codes (update.cuh encode_q8 / encode_q4) against the
+// division, pair by pair over their whole domain: every f16 and bf16 amax whose scale has a
+// reciprocal and every 16-bit x with |x| <= amax, q8 and q4 (about 1.8e9 pairs each).
+TEST(Cuda_Formats, SymmetricCodeByReciprocalEqualsDivision) {
+  KVC_FORMATS_REQUIRE_GPU();
+  for (const bool bf16 : {false, true}) {
+    for (const int qmax : {formats::kQ8Max, formats::kQ4Max}) {
+      SCOPED_TRACE(std::string(bf16 ? "bf16" : "f16") + (qmax == formats::kQ8Max ? " q8" : " q4"));
+      unsigned long long expected = 0;  // the pairs the kernel must check, counted here
+      for (unsigned ab = 1; ab < (bf16 ? 0x7f80u : 0x7c00u); ++ab) {
+        const float amax = bits16_to_float(static_cast<std::uint16_t>(ab), bf16);
+        const float scale =
+            qmax == formats::kQ8Max ? formats::q8_scale(amax) : formats::q4_scale(amax);
+        if (formats::symmetric_reciprocal(scale) != 0.0f) expected += 2ull * (ab + 1u);
+      }
+      DeviceArray<unsigned long long> pairs(1), bad(1);
+      DeviceArray<unsigned> example(1);
+      KVC_FORMATS_CUDA(pairs.fill_bytes(0));
+      KVC_FORMATS_CUDA(bad.fill_bytes(0));
+      KVC_FORMATS_CUDA(example.fill_bytes(0));
+      CountReciprocalCodeMismatches<<<(0x8000 * 256) / 256, 256>>>(bf16, qmax, pairs.get(),
+                                                                   bad.get(), example.get());
+      KVC_FORMATS_CUDA(cudaGetLastError());
+      KVC_FORMATS_CUDA(cudaDeviceSynchronize());
+      EXPECT_EQ(pairs.download()[0], expected);
+      EXPECT_GT(expected, 1000000000ull);
+      EXPECT_EQ(bad.download()[0], 0ull)
+          << "e.g. amax bits 0x" << std::hex << (example.download()[0] >> 16) << ", x bits 0x"
+          << (example.download()[0] & 0xffffu);
+    }
+  }
+}
+
+// The GPU store encoder's mxfp4 code by rounding (update.cuh encode_mxfp4) against e2m1_encode's
+// comparisons, for every finite float and every cap.
+TEST(Cuda_Formats, Mxfp4CodeByRoundingEqualsComparisons) {
+  KVC_FORMATS_REQUIRE_GPU();
+  DeviceArray<unsigned long long> finite(1), bad(1);
+  DeviceArray<unsigned> example(1);
+  KVC_FORMATS_CUDA(finite.fill_bytes(0));
+  KVC_FORMATS_CUDA(bad.fill_bytes(0));
+  KVC_FORMATS_CUDA(example.fill_bytes(0));
+  CountMxfp4CodeMismatches<<<(1u << 22) / 256, 256>>>(finite.get(), bad.get(), example.get());
+  KVC_FORMATS_CUDA(cudaGetLastError());
+  KVC_FORMATS_CUDA(cudaDeviceSynchronize());
+  EXPECT_EQ(finite.download()[0], (1ull << 32) - (1ull << 24));  // all but the 2^24 inf / NaN
+  EXPECT_EQ(bad.download()[0], 0ull) << "e.g. " << Describe(bits_float(example.download()[0]));
 }
 
 // Host-side (no device needed): kvc's scalar encoders against the host implementations in CUDA's

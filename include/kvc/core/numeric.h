@@ -70,12 +70,30 @@ KVC_HD float fdiv_rn(float x, float y) {
 #endif
 }
 
+/// Correctly rounded x*y+z with one rounding (fused on both sides).
+KVC_HD float ffma_rn(float x, float y, float z) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(x, y, z);
+#else
+  return __builtin_fmaf(x, y, z);
+#endif
+}
+
+/// Rounds to the nearest integer, ties to even, as an int (|x| < 2^31).
+KVC_HD int round_even_int(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float2int_rn(x);
+#else
+  return static_cast<int>(__builtin_rintf(x));  // default rounding mode: nearest-even
+#endif
+}
+
 /// Rounds to the nearest integer, ties to even, as a float.
 KVC_HD float round_even(float x) {
 #if defined(__CUDA_ARCH__)
   return rintf(x);
 #else
-  return __builtin_rintf(x);  // default rounding mode: nearest-even
+  return __builtin_rintf(x);                    // default rounding mode: nearest-even
 #endif
 }
 
