@@ -96,6 +96,9 @@
 #             counting rank and every spread variant (the next session's first call)
 #   verify39  every GPU test at the thirty-ninth session's end, then Nsight Compute of the spread
 #             top-k (1 and 64 rows of 131072, k 2048; stall reasons, the one-row source page)
+#   ingest    the forty-ninth session's store encoders against main (gpu-base/): the format and
+#             store tests, the ingest and append rows as tree / base / tree again, Nsight
+#             Compute's instruction counts of both ingest kernels, memcheck over the store updates
 #   evidence48  the H200's phase probes and Nsight Compute of the missed rows (spread top-k,
 #             the indexer's decode and prefill), no library build
 #   final     the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
@@ -988,6 +991,32 @@ case "$mode" in
     gtests summary '*Cuda_BlockIndex_MatchesCpu*' 120
     sanitize memcheck-summary memcheck '*Cuda_BlockIndex_MatchesCpu*' 120
     BENCH_REPS=3 bench 120 index_bench 'BM_Score/h32x8x128/B(1|8)/N131072/(mean_k|quest)/f16/sum/fast-tensor_core(|_l2w1|_l2w2|_l2next)/|BM_Score/h32x8x128/B32/N32768/mean_k/f16/sum/fast-tensor_core(|_l2w1|_l2w2)/'
+    report
+    ;;
+  ingest)
+    # The forty-ninth session's store encoders (division-free q8 / q4 codes, mxfp4 codes by
+    # rounding, block_rows_kernel's stepped row addresses) against main (gpu-base/, built in the
+    # same call): the format and store tests (the encoders' exhaustive device checks among them),
+    # the ingest and append rows as tree / base / tree again, Nsight Compute's instruction counts
+    # of both ingest kernels, memcheck over the store update tests.
+    BASE_TARGETS=store_bench base_build_bg
+    build_targets kvc_cuda_tests store_bench
+    gtests store '*Cuda_Formats*:*Cuda_StoreUpdate*:*Cuda_KvStore*:*Cuda_LayeredCache*' 150
+    rows='BM_Ingest/T:16384/format:(0|2|3)/index:(0|1)/kernels:0/|BM_AppendStep/B:(1|8|64)/index:(0|1)/kernels:(0|8)/|BM_AppendStepStaggered/B:64/index:1/kernels:0/'
+    BENCH_REPS=5 bench 45 store_bench "$rows"
+    wait
+    cat "$out/base-build.txt" >> "$out/summary.txt" 2>/dev/null
+    [ -x build-base/benchmarks/store_bench ] && timeout 45 build-base/benchmarks/store_bench \
+      --benchmark_min_time=0.05s --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
+      --benchmark_filter="$rows" --benchmark_out="$out/store_bench-base.json" \
+      --benchmark_out_format=json > "$out/store_bench-base.log" 2>&1
+    say "store_bench-base: rc=$? $(grep -c '_median' "$out/store_bench-base.log" 2>/dev/null) rows"
+    BENCH_REPS=5 bench 45 store_bench "$rows" -again
+    NCU_SKIP=4 profile ingest-tree store_bench 'BM_Ingest/T:16384/format:3/index:1/kernels:0/' \
+      'block_rows'
+    NCU_SKIP=4 profile ingest-base ../../build-base/benchmarks/store_bench \
+      'BM_Ingest/T:16384/format:3/index:1/kernels:0/' 'block_rows'
+    sanitize memcheck-store memcheck '*Cuda_StoreUpdate*' 90
     report
     ;;
   evidence48)
