@@ -164,7 +164,7 @@ __device__ __forceinline__ int pops_below(const Entries& sh, int e, int lane) {
   } else if (lane == word && e % 32 != 0) {
     n = __popc(sh.pops[lane] & ((1u << (e % 32)) - 1u));
   }
-  return warp_sum(n);
+  return row_sum(n);
 }
 
 /// Step 3 of append_once_kernel (and append_lean_kernel), by one warp of every CTA once the CTA

@@ -118,6 +118,33 @@ __device__ __forceinline__ std::uint32_t warp_max(std::uint32_t m) {
 #endif
 }
 
+/// The lanes of this lane's row where a row is G (8, 16 or 32) consecutive lanes of the warp.
+template <int G>
+__device__ __forceinline__ unsigned row_lanes_mask() {
+  if constexpr (G == 32) {
+    return kFullMask;
+  } else {
+    const unsigned first = static_cast<unsigned>(threadIdx.x) % 32u / G * G;
+    return ((1u << G) - 1u) << first;
+  }
+}
+
+/// Max of m over the G lanes of this lane's row (warp_max where G = 32).
+template <int G>
+__device__ __forceinline__ std::uint32_t row_max(std::uint32_t m) {
+  if constexpr (G == 32) {
+    return warp_max(m);
+  } else {
+    const unsigned mask = row_lanes_mask<G>();
+#pragma unroll
+    for (int o = G / 2; o > 0; o >>= 1) {
+      const std::uint32_t t = __shfl_xor_sync(mask, m, o);
+      m = t > m ? t : m;
+    }
+    return m;
+  }
+}
+
 /// formats::abs_max's result from the max of the magnitude bits: NaN when an element was NaN or
 /// ±inf, else the largest magnitude (+0 for all-±0).
 __device__ __forceinline__ float amax_from_bits(std::uint32_t m) {
@@ -129,7 +156,7 @@ template <int E>
 __device__ __forceinline__ float encode_q8(const float (&x)[E], float amax,
                                            std::uint32_t (&w)[(E + 3) / 4]) {
   const bool zero = is_nan(amax) || amax == 0.0f;
-  const float scale = zero ? amax : formats::q8_scale(amax);
+  const float scale = zero ? amax : formats::q8_scale_by_reciprocal(amax);
 #pragma unroll
   for (int k = 0; k < (E + 3) / 4; ++k) w[k] = 0;
   if (!zero) {
@@ -158,7 +185,7 @@ template <int E>
 __device__ __forceinline__ float encode_q4(const float (&x)[E], float amax,
                                            std::uint32_t (&w)[(E + 7) / 8]) {
   const bool zero = is_nan(amax) || amax == 0.0f;
-  const float scale = zero ? amax : formats::q4_scale(amax);
+  const float scale = zero ? amax : formats::q4_scale_by_reciprocal(amax);
 #pragma unroll
   for (int k = 0; k < (E + 7) / 8; ++k) w[k] = 0;
   if (!zero) {
@@ -185,17 +212,19 @@ __device__ __forceinline__ float encode_q4(const float (&x)[E], float amax,
 /// lane's E / 8 words; E = 4, the 16-bit half of a word its 4 codes fill (bits 0 .. 15 of w[0]);
 /// E = 2, the same half, complete in the even lane of each pair (the pair's codes combined with
 /// one shuffle).
-template <int E>
+template <int E, int G = 32>
 __device__ __forceinline__ std::uint8_t encode_mxfp4(const float (&x)[E], std::uint32_t magnitude,
                                                      std::uint32_t (&w)[(E + 7) / 8], int lane) {
   static_assert(formats::kMxfp4Group % E == 0, "a lane's elements lie in one group");
+  static_assert(E >= 4 || G == 32,
+                "rows of fewer lanes than a warp hold 4 or more elements a lane");
 #pragma unroll
   for (int o = 1; o < formats::kMxfp4Group / E; o <<= 1) {
-    const std::uint32_t t = __shfl_xor_sync(kFullMask, magnitude, o);
+    const std::uint32_t t = __shfl_xor_sync(row_lanes_mask<G>(), magnitude, o);
     magnitude = t > magnitude ? t : magnitude;
   }
   const float amax = amax_from_bits(magnitude);
-  const std::uint8_t byte = formats::mxfp4_scale_byte(amax);
+  const std::uint8_t byte = formats::mxfp4_scale_byte_by_reciprocal(amax);
   const bool zero = byte == 0xffu || amax == 0.0f;
 #pragma unroll
   for (int k = 0; k < (E + 7) / 8; ++k) w[k] = 0;
@@ -326,10 +355,11 @@ struct EncodedLane {
 
 /// Encodes one token of one head (this lane's share `k`, `v` of its 16-bit K and V) into old row
 /// `row` (payload and scales) and, with kSummaryIndexKeys, its K into the index copy: the
-/// reference's encode_old_row. Every lane of the warp calls it with the same row. The same
-/// stored bytes also go to `stage` where its pointers are set, and the lane's share of them to
-/// `kept` when it is not null.
-template <int E, class Layout>
+/// reference's encode_old_row. A row is G consecutive lanes of the warp (the whole warp, or a
+/// half or a quarter of it: rows of their own), `lane` this lane's place among them; every lane
+/// of those G calls it with the same row. The same stored bytes also go to `stage` where its
+/// pointers are set, and the lane's share of them to `kept` when it is not null.
+template <int E, class Layout, int G = 32>
 __device__ __forceinline__ void encode_row(const StoreView& s, const Layout& f, std::size_t row,
                                            const LaneRow<E>& k, const LaneRow<E>& v, int lane,
                                            const RowStage& stage = RowStage{},
@@ -355,13 +385,13 @@ __device__ __forceinline__ void encode_row(const StoreView& s, const Layout& f, 
     unpack(k, bf, x);
     const std::uint32_t magnitude = lane_magnitude(x);
     const bool mx = f.mxfp4;
-    const float amax = (q8 || (index && !mx)) ? amax_from_bits(warp_max(magnitude)) : 0.0f;
+    const float amax = (q8 || (index && !mx)) ? amax_from_bits(row_max<G>(magnitude)) : 0.0f;
     if (index) {
       std::uint8_t* ip = s.index_k + row * f.index_bytes;
       std::uint8_t* sc = s.index_k_scale + row * f.index_scale_bytes;
       if (mx) {
         std::uint32_t w[(E + 7) / 8];
-        const std::uint8_t byte = encode_mxfp4<E>(x, magnitude, w, lane);
+        const std::uint8_t byte = encode_mxfp4<E, G>(x, magnitude, w, lane);
         if constexpr (E == 2) {
           if (lane % 2 == 0) store_packed<2>(ip + i0 / 2, w);  // the pair's half-word
         } else {
@@ -400,7 +430,7 @@ __device__ __forceinline__ void encode_row(const StoreView& s, const Layout& f, 
   if (q8 || f.q4v) {
     float x[E];
     unpack(v, bf, x);
-    const float amax = amax_from_bits(warp_max(lane_magnitude(x)));
+    const float amax = amax_from_bits(row_max<G>(lane_magnitude(x)));
     float scale;
     if (q8) {
       std::uint32_t w[(E + 3) / 4];
@@ -618,26 +648,29 @@ __device__ __forceinline__ int update_pops(const StoreView& s, int L, int count)
          store::owned_count(begin, s.num_shards, s.shard_index);
 }
 
-/// Sum of n over the warp (every lane gets it).
-__device__ __forceinline__ int warp_sum(int n) {
+/// Sum of n over the G lanes of this lane's row (G = 32: the warp); every lane gets it.
+template <int G = 32>
+__device__ __forceinline__ int row_sum(int n) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  return __reduce_add_sync(kFullMask, n);
-#else
-  for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(kFullMask, n, o);
-  return n;
+  if constexpr (G == 32) return __reduce_add_sync(kFullMask, n);
 #endif
+#pragma unroll
+  for (int o = G / 2; o > 0; o >>= 1) n += __shfl_xor_sync(row_lanes_mask<G>(), n, o);
+  return n;
 }
 
 /// Pops of the entries before `e` (their pops come first, as in the host mirror), counted by the
-/// whole warp from the lengths before the update. Every lane calls it with the same e.
+/// G lanes of this lane's row (`lane` its place among them; G = 32: the whole warp) from the
+/// lengths before the update. Every lane of the row calls it with the same e.
+template <int G = 32>
 __device__ __forceinline__ int pops_before(const StoreView& s, const std::int32_t* slots, int e,
                                            int count, int lane) {
   int n = 0;
-  for (int base = 0; base < e; base += 32) {
+  for (int base = 0; base < e; base += G) {
     const int x = base + lane;
     if (x < e) n += update_pops(s, s.lengths[slots[x]], count);
   }
-  return warp_sum(n);
+  return row_sum<G>(n);
 }
 
 /// The end of a launch that plans for itself: every thread of every CTA calls it once its writes

@@ -1057,6 +1057,30 @@ TEST(Formats_SymmetricScale, CodeByReciprocalEqualsDivision) {
   }
 }
 
+// The GPU encoders' division-free scales on the host, on a stride through every non-negative
+// float and around the ends of their range (Cuda_Formats checks every float on the device).
+TEST(Formats_SymmetricScale, ScalesByReciprocalEqualDivision) {
+  std::vector<std::uint32_t> bits;
+  for (std::uint32_t u = 0; u < 0x7f800000u; u += 997) bits.push_back(u);
+  for (const float edge : {0x1p-96f, 0x1p96f, 6.0f, 7.0f, 127.0f, 1.0f}) {
+    for (std::uint32_t k = 0; k < 64; ++k)
+      bits.insert(bits.end(), {Bits(edge) - k, Bits(edge) + k});
+  }
+  bits.insert(bits.end(), {0x7f7fffffu, 1u, 0x7f800000u, 0x7fc00000u});
+  for (const std::uint32_t u : bits) {
+    const float a = FromBits(u);
+    ASSERT_EQ(formats::mxfp4_scale_byte_by_reciprocal(a), formats::mxfp4_scale_byte(a)) << u;
+    if (!std::isfinite(a)) continue;
+    for (const float d : {6.0f, 7.0f, 127.0f}) {
+      ASSERT_EQ(Bits(formats::quotient_by_reciprocal(a, d, 1.0f / d)), Bits(a / d)) << u;
+    }
+    if (a > 0.0f) {
+      ASSERT_EQ(Bits(formats::q4_scale_by_reciprocal(a)), Bits(formats::q4_scale(a))) << u;
+      ASSERT_EQ(Bits(formats::q8_scale_by_reciprocal(a)), Bits(formats::q8_scale(a))) << u;
+    }
+  }
+}
+
 // --- f16 / bf16 ---------------------------------------------------------------------------------
 
 TEST(Formats_F16, GoldenBits) {

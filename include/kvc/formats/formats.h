@@ -72,6 +72,32 @@ KVC_HD float symmetric_scale(float amax, float qmax, float limit) {
   return scale;
 }
 
+/// rn(x / d) for x in [2^-96, 2^96] without a division, for the GPU encoders: Markstein's
+/// correction of q0 = rn(x * rd), rn(q0 + rd * (x - d * q0)) with two fused multiply-adds, rd =
+/// rn(1 / d); outside that range (and for NaN) the division itself. Equal to fdiv_rn(x, d) for
+/// every non-negative float x and d = 6, 7 and 127 (checked over all 2^31 of them on the device,
+/// Cuda_Formats.ScalesByReciprocalEqualDivision; sampled on the host).
+/// @param[in] x   the dividend, >= 0
+/// @param[in] d   the divisor, a small positive integer
+/// @param[in] rd  rn(1 / d)
+KVC_HD float quotient_by_reciprocal(float x, float d, float rd) {
+  if (!(x >= 0x1p-96f && x <= 0x1p96f)) return fdiv_rn(x, d);
+  const float q0 = fmul_rn(x, rd);
+  return ffma_rn(ffma_rn(-d, q0, x), rd, q0);
+}
+
+/// symmetric_scale(amax, qmax, limit) through quotient_by_reciprocal (rq = rn(1 / qmax)): inside
+/// [2^-96, 2^96] neither of symmetric_scale's corrections can act (the quotient is normal, and
+/// qmax * scale is far from overflow), so the scale is the quotient; elsewhere symmetric_scale.
+/// @param[in] amax   max |x| of the vector, finite and > 0
+/// @param[in] qmax   largest code magnitude (127 or 7)
+/// @param[in] limit  as symmetric_scale's
+/// @param[in] rq     rn(1 / qmax)
+KVC_HD float symmetric_scale_by_reciprocal(float amax, float qmax, float limit, float rq) {
+  if (!(amax >= 0x1p-96f && amax <= 0x1p96f)) return symmetric_scale(amax, qmax, limit);
+  return quotient_by_reciprocal(amax, qmax, rq);
+}
+
 /// rn(1 / scale) for symmetric_code_by_reciprocal, or 0 where `scale` lies outside [2^-96, 2^96]
 /// (there the quotient's correction could leave the normal range: such vectors keep the
 /// division of q8_code and q4_nibble).
@@ -85,7 +111,7 @@ KVC_HD float symmetric_reciprocal(float scale) {
 /// rn(x * r), rn(q0 + r * (x - scale * q0)) with two fused multiply-adds, r =
 /// symmetric_reciprocal(scale) (not 0). It gives the division's code for every f16 and bf16
 /// value x with |x| <= the amax the scale came from, for every f16 and bf16 amax with such a
-/// scale, q8 and q4 (checked pair by pair, 1.8e9 pairs each:
+/// scale, q8 and q4 (checked pair by pair, 0.8e9 to 1.0e9 pairs each:
 /// Cuda_Formats.SymmetricCodeByReciprocalEqualsDivision; where the quotient itself differs from
 /// the division, for tiny x, both round to code 0).
 /// @param[in] x      a 16-bit value with |x| <= amax
@@ -109,6 +135,14 @@ constexpr int kQ8Max = 127;
 /// @param[in] amax  max |x| of the vector, finite and > 0
 KVC_HD float q8_scale(float amax) {
   return symmetric_scale(amax, static_cast<float>(kQ8Max), 127.5f);
+}
+
+/// q8_scale(amax) through symmetric_scale_by_reciprocal (no division for amax in [2^-96, 2^96]),
+/// for the GPU encoders.
+/// @param[in] amax  max |x| of the vector, finite and > 0
+KVC_HD float q8_scale_by_reciprocal(float amax) {
+  return symmetric_scale_by_reciprocal(amax, static_cast<float>(kQ8Max), 127.5f,
+                                       1.0f / static_cast<float>(kQ8Max));
 }
 
 /// The q8 code of one value: clamp(rne(x / scale), -127, 127).
@@ -152,6 +186,14 @@ constexpr int kQ4Max = 7;
 /// @param[in] amax  max |x| of the vector, finite and > 0
 KVC_HD float q4_scale(float amax) {
   return symmetric_scale(amax, static_cast<float>(kQ4Max), 7.5f);
+}
+
+/// q4_scale(amax) through symmetric_scale_by_reciprocal (no division for amax in [2^-96, 2^96]),
+/// for the GPU encoders; q8_scale_by_reciprocal likewise.
+/// @param[in] amax  max |x| of the vector, finite and > 0
+KVC_HD float q4_scale_by_reciprocal(float amax) {
+  return symmetric_scale_by_reciprocal(amax, static_cast<float>(kQ4Max), 7.5f,
+                                       1.0f / static_cast<float>(kQ4Max));
 }
 
 /// The 4-bit two's complement code of one value: clamp(rne(x / scale), -7, 7) & 0xF.
@@ -261,6 +303,16 @@ KVC_HD std::uint8_t mxfp4_scale_byte(float amax) {
   if (is_nan(amax)) return 0xffu;
   if (amax == 0.0f) return 0u;
   return ue8m0_ceil_byte(fdiv_rn(amax, kE2m1Max));
+}
+
+/// mxfp4_scale_byte(amax) with its quotient rn(amax / 6) by quotient_by_reciprocal, for the GPU
+/// encoders (equal for every float amax >= 0 and NaN:
+/// Cuda_Formats.ScalesByReciprocalEqualDivision).
+/// @param[in] amax  max |x| of the group (NaN for a non-finite group)
+KVC_HD std::uint8_t mxfp4_scale_byte_by_reciprocal(float amax) {
+  if (is_nan(amax)) return 0xffu;
+  if (amax == 0.0f) return 0u;
+  return ue8m0_ceil_byte(quotient_by_reciprocal(amax, kE2m1Max, 1.0f / kE2m1Max));
 }
 
 /// DeepSeek-V4's floor on the amax of an mxfp4 group, 6 * 2^-126 (its kernel.py): with it an
