@@ -994,11 +994,12 @@ case "$mode" in
     report
     ;;
   ingest)
-    # The forty-ninth session's store encoders (division-free q8 / q4 codes, mxfp4 codes by
-    # rounding, block_rows_kernel's stepped row addresses) against main (gpu-base/, built in the
-    # same call): the format and store tests (the encoders' exhaustive device checks among them),
-    # the ingest and append rows as tree / base / tree again, Nsight Compute's instruction counts
-    # of both ingest kernels, memcheck over the store update tests.
+    # The forty-ninth session's store encoders (division-free q8 / q4 codes and scales, mxfp4
+    # codes by rounding, block_rows_kernel's stepped row addresses and units of 16 lanes at d 128)
+    # against main (gpu-base/, built in the same call): the format and store tests (the encoders'
+    # exhaustive device checks among them), the ingest and append rows as tree / base / tree
+    # again, Nsight Compute's instruction counts of both ingest kernels and the tree's source page,
+    # memcheck over the store update tests, synccheck over those of block_rows_kernel.
     BASE_TARGETS=store_bench base_build_bg
     build_targets kvc_cuda_tests store_bench
     gtests store '*Cuda_Formats*:*Cuda_StoreUpdate*:*Cuda_KvStore*:*Cuda_LayeredCache*' 150
@@ -1016,7 +1017,10 @@ case "$mode" in
       'block_rows'
     NCU_SKIP=4 profile ingest-base ../../build-base/benchmarks/store_bench \
       'BM_Ingest/T:16384/format:3/index:1/kernels:0/' 'block_rows'
+    NCU_SKIP=4 NCU_COUNT=1 bench_source ingest-tree store_bench \
+      'BM_Ingest/T:16384/format:3/index:1/kernels:0/' 'block_rows'
     sanitize memcheck-store memcheck '*Cuda_StoreUpdate*' 90
+    sanitize synccheck-store synccheck '*Cuda_StoreUpdate_Formats*:*ChunksIntoBlocksOf32*' 60
     report
     ;;
   evidence48)

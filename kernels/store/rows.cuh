@@ -41,7 +41,9 @@ struct ChunkBlock {
   /// Its pool block for entry e (slot `slot`): with `plan` a block that starts with this update
   /// takes free_blocks[top - 1 - rank] (rank: the pops of the entries before, then the block's
   /// place among the entry's new owned blocks; the host mirror's order), recorded in the block
-  /// table where `record`; else the block table's. Every lane of the warp calls it (pops_before).
+  /// table where `record`; else the block table's. Every lane of the unit's G lanes calls it
+  /// (pops_before; `lane` its place among them).
+  template <int G = 32>
   __device__ __forceinline__ int pool_block(const StoreView& s, const std::int32_t* slots, int e,
                                             int slot, int L, int count, bool plan, int top,
                                             int lane, bool record) const {
@@ -49,7 +51,7 @@ struct ChunkBlock {
         s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot + b;
     const int begin = (old_tokens(s, L) + s.block_size - 1) / s.block_size;  // opened earlier
     if (!plan || b < begin) return *entry;
-    const int rank = pops_before(s, slots, e, count, lane) +
+    const int rank = pops_before<G>(s, slots, e, count, lane) +
                      store::owned_count(b, s.num_shards, s.shard_index) -
                      store::owned_count(begin, s.num_shards, s.shard_index);
     const int pb = s.free_blocks[top - 1 - rank];
@@ -196,13 +198,19 @@ __global__ void __launch_bounds__(kStaged ? 32 * kStagedWarps : 32 * kFastWarps,
 /// Warps per CTA of block_rows_kernel.
 constexpr int kBlockRowsWarps = 4;
 
-/// CTAs per SM block_rows_kernel<E, Layout> is compiled for (its __launch_bounds__): 5 (at most
-/// 102 registers) for the default format's layout at E <= 4, where ptxas fits it without spills
-/// (103 registers unbounded, 4 CTAs per SM), else 1 (no bound).
+/// CTAs per SM block_rows_kernel<E, G, Layout> is compiled for (its __launch_bounds__): 5 (at
+/// most 102 registers) for the default format's layout at E <= 4, where ptxas fits it without
+/// spills (103 registers unbounded, 4 CTAs per SM), else 1 (no bound).
 template <int E, class Layout>
 constexpr int block_rows_min_ctas() {
   return E <= 4 && std::is_same<Layout, Fp16kQ4vMxfp4Layout>::value ? 5 : 1;
 }
+
+/// Lanes of a block_rows_kernel unit for rows of d elements: d / 8 up to a warp, so that a lane
+/// holds 8 elements (d = 64: 8 lanes, four units a warp; 128: 16 lanes, two units; 256 and 512:
+/// the warp). A row's fixed work (its scales, reductions, addresses and stores) is one
+/// instruction for all the warp's units, so two or four rows a warp take it once.
+constexpr int block_rows_lanes(int head_dim) { return head_dim / 8 < 32 ? head_dim / 8 : 32; }
 
 /// Rows whose K and V loads a warp of block_rows_kernel issues together, and keeps in flight
 /// while it encodes the rows before them (lane elements E, 2 <= E <= 16): 32 bytes of K and 32
@@ -257,43 +265,49 @@ struct BlockRowSource {
   }
 };
 
-// Quantises the tokens that leave the ring and summarises the blocks that close, a WARP per
-// (entry, block touched, head): unit u = blockIdx.x * kBlockRowsWarps + warp of entries * touched
-// * Hkv, the head fastest; layer z is at_layer(s0, ls, z) with its input at k + z * ls.kv. The
-// warp encodes its block's new rows in row order, block_rows_batch<E>() rows' loads in flight
-// ahead of the ones it encodes, and when the block closes sums its summary from the rows it
-// encoded (kept in registers: EncodedLane) after the block's earlier rows (written by earlier
-// updates) from the pool: the row-order sums of store::summarise_element without reading the new
-// rows back. plan as in rows_kernel (false: the plan ran before, lengths in update_scratch;
-// true: the kernel pops its own blocks and its last CTA publishes). Layout: OldRowLayout (any
-// format, its cases tested at run time) or Fp16kQ4vMxfp4Layout (the default format's, fixed at
-// compile time). Bit-identical to rows_kernel and the CPU reference.
-template <int E, class Layout>
+// Quantises the tokens that leave the ring and summarises the blocks that close, G consecutive
+// lanes per (entry, block touched, head) (block_rows_lanes: the warp, or a half or a quarter of
+// it, each a unit of its own): unit u = (blockIdx.x * kBlockRowsWarps + warp) * (32 / G) + lane
+// / G of entries * touched * Hkv, the head fastest; layer z is at_layer(s0, ls, z) with its input
+// at k + z * ls.kv. A unit's lanes encode its block's new rows in row order (E = d / G elements a
+// lane), block_rows_batch<E>() rows' loads in flight ahead of the ones they encode, and when the
+// block closes sum its summary from the rows they encoded (kept in registers: EncodedLane) after
+// the block's earlier rows (written by earlier updates) from the pool: the row-order sums of
+// store::summarise_element without reading the new rows back. The units of a warp share no data:
+// their shuffles stay within their own lanes, so units that branch apart stay correct. plan as
+// in rows_kernel (false: the plan ran before, lengths in update_scratch; true: the kernel pops
+// its own blocks and its last CTA publishes). Layout: OldRowLayout (any format, its cases tested
+// at run time) or Fp16kQ4vMxfp4Layout (the default format's, fixed at compile time).
+// Bit-identical to rows_kernel and the CPU reference.
+template <int E, int G, class Layout>
 __global__ void __launch_bounds__(32 * kBlockRowsWarps, block_rows_min_ctas<E, Layout>())
     block_rows_kernel(StoreView s0, LayerStrides ls, const std::int32_t* slots, int entries,
                       int count, int touched, const std::uint16_t* k, const std::uint16_t* v,
                       bool plan) {
+  static_assert(G == 8 || G == 16 || G == 32, "a unit is a quarter, a half or all of a warp");
   constexpr int N = E >= 4 ? 4 : 2;  // elements of a summary piece
   constexpr int P = E / N;           // pieces per lane
   constexpr int R = block_rows_batch<E>();
   const StoreView s = at_layer(s0, ls, blockIdx.z);
   k += ls.kv * blockIdx.z;
   v += ls.kv * blockIdx.z;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int lane = static_cast<int>(threadIdx.x) % G;  // this lane's place in its unit
   const int H = s.num_kv_heads;
-  const long long u = static_cast<long long>(blockIdx.x) * kBlockRowsWarps + threadIdx.x / 32;
+  const long long u =
+      (static_cast<long long>(blockIdx.x) * kBlockRowsWarps + threadIdx.x / 32) * (32 / G) +
+      static_cast<int>(threadIdx.x) % 32 / G;
   const int top = plan ? *s.free_count : 0;
   if (u < static_cast<long long>(entries) * touched * H) {
     const int h = static_cast<int>(u % H);
     const int e = static_cast<int>(u / H / touched), c = static_cast<int>(u / H % touched);
     const int slot = slots[e];
     const int L = plan ? s.lengths[slot] : s.update_scratch[e];
-    const int B = s.block_size, W = s.recent_window, d = s.head_dim;
+    const int B = s.block_size;
     const ChunkBlock blk(s, L, count, c);
     const int b = blk.b, p_begin = blk.p_begin, p_end = blk.p_end;
     if (blk.writes) {
-      const int pb =
-          blk.pool_block(s, slots, e, slot, L, count, plan, top, lane, h == 0 && lane == 0);
+      const int pb = blk.template pool_block<G>(s, slots, e, slot, L, count, plan, top, lane,
+                                                h == 0 && lane == 0);
       const bool closes = blk.closes;
       const bool mean_v = (s.summaries & kSummaryMeanV) != 0;
       const Layout layout{OldRowLayout::of(s)};
@@ -343,7 +357,7 @@ __global__ void __launch_bounds__(32 * kBlockRowsWarps, block_rows_min_ctas<E, L
           if (p >= p_end) break;
           const int t = p - b * B;
           EncodedLane<E> kept;
-          encode_row<E>(s, layout, row0 + t, kr[j], vr[j], lane, RowStage{}, &kept);
+          encode_row<E, Layout, G>(s, layout, row0 + t, kr[j], vr[j], lane, RowStage{}, &kept);
           if (closes) {
 #pragma unroll
             for (int g = 0; g < P; ++g) {

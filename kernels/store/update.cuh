@@ -652,11 +652,17 @@ __device__ __forceinline__ int update_pops(const StoreView& s, int L, int count)
 template <int G = 32>
 __device__ __forceinline__ int row_sum(int n) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (G == 32) return __reduce_add_sync(kFullMask, n);
+  constexpr bool redux = G == 32;
+#else
+  constexpr bool redux = false;
 #endif
+  if constexpr (redux) {
+    return __reduce_add_sync(kFullMask, n);
+  } else {
 #pragma unroll
-  for (int o = G / 2; o > 0; o >>= 1) n += __shfl_xor_sync(row_lanes_mask<G>(), n, o);
-  return n;
+    for (int o = G / 2; o > 0; o >>= 1) n += __shfl_xor_sync(row_lanes_mask<G>(), n, o);
+    return n;
+  }
 }
 
 /// Pops of the entries before `e` (their pops come first, as in the host mirror), counted by the
