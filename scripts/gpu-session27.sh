@@ -99,6 +99,7 @@
 #   ingest    the forty-ninth session's store encoders against main (gpu-base/): the format and
 #             store tests, the ingest and append rows as tree / base / tree again, Nsight
 #             Compute's instruction counts of both ingest kernels, memcheck over the store updates
+#   ingest-verify  every GPU test, then the ingest and append rows against main (gpu-base/)
 #   evidence48  the H200's phase probes and Nsight Compute of the missed rows (spread top-k,
 #             the indexer's decode and prefill), no library build
 #   final     the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
@@ -1021,6 +1022,25 @@ case "$mode" in
       'BM_Ingest/T:16384/format:3/index:1/kernels:0/' 'block_rows'
     sanitize memcheck-store memcheck '*Cuda_StoreUpdate*' 90
     sanitize synccheck-store synccheck '*Cuda_StoreUpdate_Formats*:*ChunksIntoBlocksOf32*' 60
+    report
+    ;;
+  ingest-verify)
+    # The landing run of the forty-ninth session's store encoders (units of 16 lanes for the
+    # default format's layout only): every GPU test, then the ingest and append rows as tree /
+    # base (gpu-base/: main's files) / tree again.
+    BASE_TARGETS=store_bench base_build_bg
+    build_targets kvc_cuda_tests store_bench
+    gtests all '*' 280
+    rows='BM_Ingest/T:16384/format:(0|2|3)/index:(0|1)/kernels:0/|BM_AppendStep/B:(1|8|64)/index:(0|1)/kernels:0/|BM_AppendStepStaggered/B:64/index:1/kernels:0/'
+    BENCH_REPS=5 bench 40 store_bench "$rows"
+    wait
+    cat "$out/base-build.txt" >> "$out/summary.txt" 2>/dev/null
+    [ -x build-base/benchmarks/store_bench ] && timeout 40 build-base/benchmarks/store_bench \
+      --benchmark_min_time=0.05s --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
+      --benchmark_filter="$rows" --benchmark_out="$out/store_bench-base.json" \
+      --benchmark_out_format=json > "$out/store_bench-base.log" 2>&1
+    say "store_bench-base: rc=$? $(grep -c '_median' "$out/store_bench-base.log" 2>/dev/null) rows"
+    BENCH_REPS=5 bench 40 store_bench "$rows" -again
     report
     ;;
   evidence48)

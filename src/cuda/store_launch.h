@@ -47,7 +47,7 @@ cudaError_t with_lane_elements(int head_dim, F&& f) {
 enum class RowKernel {
   kWarpPerRow,  ///< rows_kernel<E, false>: a CTA per (block, head), a warp per row
   kStaged,      ///< rows_kernel<E, true>: closing blocks staged in shared memory
-  kBlock,       ///< block_rows_kernel: a warp per (block, head), summaries in registers
+  kBlock,       ///< block_rows_kernel: lanes per (block, head), summaries in registers
 };
 
 /// The row kernel `kind` + ring_copy_kernel over `z` layers; `plan`: the row kernel plans for
