@@ -100,6 +100,8 @@
 #             store tests, the ingest and append rows as tree / base / tree again, Nsight
 #             Compute's instruction counts of both ingest kernels, memcheck over the store updates
 #   ingest-verify  every GPU test, then the ingest and append rows against main (gpu-base/)
+#   append-prof  the count-1 append at B64: its rows beside BM_AppendFloor, Nsight Compute with
+#             stall reasons and the source page of the library's append kernel
 #   evidence48  the H200's phase probes and Nsight Compute of the missed rows (spread top-k,
 #             the indexer's decode and prefill), no library build
 #   final     the same-run table for latest.json: kvc's rows, then PyTorch's, CUB's and
@@ -1041,6 +1043,19 @@ case "$mode" in
       --benchmark_out_format=json > "$out/store_bench-base.log" 2>&1
     say "store_bench-base: rc=$? $(grep -c '_median' "$out/store_bench-base.log" 2>/dev/null) rows"
     BENCH_REPS=5 bench 40 store_bench "$rows" -again
+    report
+    ;;
+  append-prof)
+    # Where the count-1 append of a decode batch spends its time (#12: B64 <= 4 us; 4.65 on an
+    # H100 in the forty-ninth session): the append rows beside BM_AppendFloor (a launch, two
+    # dependent loads and the ring stores), Nsight Compute with stall reasons and the source page
+    # of the library's append kernel at B64 with the index copy.
+    build_targets store_bench
+    BENCH_REPS=5 bench 40 store_bench 'BM_AppendFloor|BM_AppendStep/B:(1|8|64)/index:1/kernels:(0|6|8)/'
+    NCU_SKIP=200 NCU_STALLS=1 profile append-b64 store_bench \
+      'BM_AppendStep/B:64/index:1/kernels:0/' 'append_once'
+    NCU_SKIP=200 NCU_COUNT=1 bench_source append-b64 store_bench \
+      'BM_AppendStep/B:64/index:1/kernels:0/' 'append_once'
     report
     ;;
   evidence48)
