@@ -49,8 +49,10 @@ __device__ __forceinline__ int old_tokens(const StoreView& s, int length) {
 // Why the payloads are bit-identical to the reference encoders (formats.h q8_encode, q4_encode,
 // mxfp4_encode, fp8_e4m3_encode, as block_codec.h's encode_old_row calls them):
 // - every code and scale comes from the same element-level functions (q8_scale / q8_code,
-//   q4_scale / q4_nibble, mxfp4_scale_byte / mxfp4_code, fp8_e4m3_scale / float_to_e4m3) on the
-//   same float values (the 16-bit inputs converted exactly);
+//   q4_scale / q4_nibble, mxfp4_scale_byte / mxfp4_code, fp8_e4m3_scale / float_to_e4m3), or
+//   from their division-free forms, equal over the whole domain the encoders feed them (formats.h
+//   *_by_reciprocal, mxfp4_code_rounded; checked exhaustively by Cuda_Formats), on the same float
+//   values (the 16-bit inputs converted exactly);
 // - the only reduction is a max: abs_max's value is the largest magnitude (+0 for an all-±0
 //   vector) or NaN when any element is non-finite. The bits of a non-negative float order as its
 //   value, and a non-finite element's magnitude bits are >= 0x7f800000, above every finite one;
