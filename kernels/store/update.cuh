@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "formats/mxfp4_pair.cuh"
 #include "kvc/core/numeric.h"
 #include "kvc/formats/formats.h"
 #include "kvc/store/block_codec.h"
@@ -213,7 +214,8 @@ __device__ __forceinline__ float encode_q4(const float (&x)[E], float amax,
 /// stores them (formats::mxfp4_index_place; the lane's elements start at E * lane): E >= 8, the
 /// lane's E / 8 words; E = 4, the 16-bit half of a word its 4 codes fill (bits 0 .. 15 of w[0]);
 /// E = 2, the same half, complete in the even lane of each pair (the pair's codes combined with
-/// one shuffle).
+/// one shuffle). x holds 16-bit (f16 or bf16) values: for E >= 8 the codes come two at a time
+/// from mxfp4_index_pair, which is exact for values of at most 11 significant bits.
 template <int E, int G = 32>
 __device__ __forceinline__ std::uint8_t encode_mxfp4(const float (&x)[E], std::uint32_t magnitude,
                                                      std::uint32_t (&w)[(E + 7) / 8], int lane) {
@@ -236,10 +238,20 @@ __device__ __forceinline__ std::uint8_t encode_mxfp4(const float (&x)[E], std::u
     const int slot0 = E >= 8 ? 0 : (E * lane) % 4;
     const float inv = formats::mxfp4_inverse_scale(byte);
     const unsigned cap = formats::e2m1_max_finite_code(byte);
+    if constexpr (E >= 8) {  // codes k and k + 4 of each word as one f16x2 pair
 #pragma unroll
-    for (int e = 0; e < E; ++e) {
-      w[e / 8] |= formats::mxfp4_index_place(formats::mxfp4_code_rounded(x[e], inv, cap),
-                                             E >= 8 ? e % 8 : slot0 + e);
+      for (int k = 0; k < E / 8; ++k) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          w[k] |= mxfp4_index_pair(x[8 * k + j], x[8 * k + j + 4], inv, cap * 0x10001u, j);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        w[e / 8] |=
+            formats::mxfp4_index_place(formats::mxfp4_code_rounded(x[e], inv, cap), slot0 + e);
+      }
     }
   }
   if constexpr (E == 2) w[0] |= __shfl_xor_sync(kFullMask, w[0], 1);

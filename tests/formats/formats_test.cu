@@ -20,6 +20,7 @@
 
 #include "common/cuda_test_util.h"
 #include "formats/format_cases.h"
+#include "formats/mxfp4_pair.cuh"
 #include "kvc/core/numeric.h"
 #include "kvc/core/types.h"
 #include "kvc/formats/formats.h"
@@ -207,6 +208,36 @@ __global__ void CountMxfp4CodeMismatches(unsigned long long* finite, unsigned lo
   }
   atomicAdd(finite, n);
   if (wrong != 0) atomicAdd(bad, wrong);
+}
+
+// Every 16-bit value x (f16 or bf16, finite) under every mxfp4 scale byte, paired with another
+// value (x's bits times an odd constant) in each of the 4 slots: counts the pairs checked and
+// those where kernels::mxfp4_index_pair differs from the scalar codes placed one by one, and keeps
+// one of those (byte << 16 | x bits).
+__global__ void CountMxfp4PairMismatches(bool bf16, unsigned long long* checked,
+                                         unsigned long long* bad, unsigned* example) {
+  const unsigned t = blockIdx.x * blockDim.x + threadIdx.x;  // byte * 65536 + x bits
+  const unsigned byte = t >> 16, xb = t & 0xffffu;
+  if (byte > 254u) return;
+  const unsigned pb = (xb * 40503u + 7u) & 0xffffu;
+  const float x0 = bits16_to_float(static_cast<std::uint16_t>(xb), bf16);
+  const float x1 = bits16_to_float(static_cast<std::uint16_t>(pb), bf16);
+  if (is_nonfinite(x0) || is_nonfinite(x1)) return;
+  const auto b = static_cast<std::uint8_t>(byte);
+  const float inv = formats::mxfp4_inverse_scale(b);
+  const unsigned cap = formats::e2m1_max_finite_code(b);
+  unsigned long long wrong = 0;
+  for (int s = 0; s < 4; ++s) {
+    const std::uint32_t want =
+        formats::mxfp4_index_place(formats::mxfp4_code_scaled(x0, inv, cap), s) |
+        formats::mxfp4_index_place(formats::mxfp4_code_scaled(x1, inv, cap), s + 4);
+    if (kernels::mxfp4_index_pair(x0, x1, inv, cap * 0x10001u, s) != want) ++wrong;
+  }
+  atomicAdd(checked, 4ull);
+  if (wrong != 0) {
+    atomicAdd(bad, wrong);
+    *example = byte << 16 | xb;
+  }
 }
 
 // --- host references
@@ -471,6 +502,38 @@ TEST(Cuda_Formats, Mxfp4CodeByRoundingEqualsComparisons) {
   KVC_FORMATS_CUDA(cudaDeviceSynchronize());
   EXPECT_EQ(finite.download()[0], (1ull << 32) - (1ull << 24));  // all but the 2^24 inf / NaN
   EXPECT_EQ(bad.download()[0], 0ull) << "e.g. " << Describe(bits_float(example.download()[0]));
+}
+
+// The GPU store encoder's f16x2 pairs of mxfp4 codes (update.cuh encode_mxfp4 at 8 or more
+// elements a lane) against the scalar codes, for every finite f16 and bf16 value, every scale
+// byte and every slot.
+TEST(Cuda_Formats, Mxfp4IndexPairEqualsScalarCodes) {
+  KVC_FORMATS_REQUIRE_GPU();
+  for (const bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "f16");
+    unsigned long long expected = 0;  // the pairs the kernel must check, counted here
+    for (unsigned xb = 0; xb < 0x10000u; ++xb) {
+      const unsigned pb = (xb * 40503u + 7u) & 0xffffu;
+      if (std::isfinite(bits16_to_float(static_cast<std::uint16_t>(xb), bf16)) &&
+          std::isfinite(bits16_to_float(static_cast<std::uint16_t>(pb), bf16))) {
+        expected += 255ull * 4ull;
+      }
+    }
+    DeviceArray<unsigned long long> checked(1), bad(1);
+    DeviceArray<unsigned> example(1);
+    KVC_FORMATS_CUDA(checked.fill_bytes(0));
+    KVC_FORMATS_CUDA(bad.fill_bytes(0));
+    KVC_FORMATS_CUDA(example.fill_bytes(0));
+    CountMxfp4PairMismatches<<<(256u << 16) / 256, 256>>>(bf16, checked.get(), bad.get(),
+                                                          example.get());
+    KVC_FORMATS_CUDA(cudaGetLastError());
+    KVC_FORMATS_CUDA(cudaDeviceSynchronize());
+    EXPECT_EQ(checked.download()[0], expected);
+    EXPECT_GT(expected, 50000000ull);
+    EXPECT_EQ(bad.download()[0], 0ull)
+        << "e.g. byte " << (example.download()[0] >> 16) << ", x bits 0x" << std::hex
+        << (example.download()[0] & 0xffffu);
+  }
 }
 
 // Host-side (no device needed): kvc's scalar encoders against the host implementations in CUDA's
