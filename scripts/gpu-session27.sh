@@ -351,17 +351,34 @@ base_build_bg() {
     echo "base build: rc=$? in $(( $(date +%s) - s )) s" > "$out/base-build.txt" ) &
 }
 
-# The topk_bench rows $1 of main's topk_bench (build-base, BASE_TARGETS=topk_bench
-# base_build_bg), after waiting for its build: topk_bench-base.json (land, rolled / topk-ab).
-topk_base_rows() {
+# binary filter [limit]: the rows `filter` of main's `binary` (build-base, base_build_bg with
+# BASE_TARGETS naming it), after waiting for its build, within limit seconds (default
+# $BASE_TIMEOUT, else 60): <binary>-base.json.
+base_rows() {
   wait
   cat "$out/base-build.txt" >> "$out/summary.txt" 2>/dev/null
-  [ -x build-base/benchmarks/topk_bench ] && timeout "${BASE_TIMEOUT:-60}" build-base/benchmarks/topk_bench \
+  [ -x "build-base/benchmarks/$1" ] && timeout "${3:-${BASE_TIMEOUT:-60}}" "build-base/benchmarks/$1" \
     --benchmark_min_time=0.05s --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
-    --benchmark_filter="$1" --benchmark_out="$out/topk_bench-base.json" \
-    --benchmark_out_format=json > "$out/topk_bench-base.log" 2>&1
-  say "topk_bench-base: rc=$? $(grep -c '_median' "$out/topk_bench-base.log" 2>/dev/null) rows"
+    --benchmark_filter="$2" --benchmark_out="$out/$1-base.json" \
+    --benchmark_out_format=json > "$out/$1-base.log" 2>&1
+  say "$1-base: rc=$? $(grep -c '_median' "$out/$1-base.log" 2>/dev/null) rows"
 }
+
+# The topk_bench rows $1 of main's topk_bench (base_rows; land, rolled / topk-ab).
+topk_base_rows() { base_rows topk_bench "$1"; }
+
+# binary filter limit: the rows of this tree, of main (base_rows) and of this tree again, each
+# within `limit` seconds: a same-call before / after with the drift between the two runs of the
+# tree in view.
+rows_ab() {
+  BENCH_REPS=5 bench "$3" "$1" "$2"
+  base_rows "$1" "$2" "$3"
+  BENCH_REPS=5 bench "$3" "$1" "$2" -again
+}
+
+# The store rows the ingest modes time: the 16K ingest in three formats with and without the
+# index copy, the append step at B1 / B8 / B64 with and without it, and the staggered B64 append.
+store_rows='BM_Ingest/T:16384/format:(0|2|3)/index:(0|1)/kernels:0/|BM_AppendStep/B:(1|8|64)/index:(0|1)/kernels:0/|BM_AppendStepStaggered/B:64/index:1/kernels:0/'
 
 # The large-k top-k rows the A/B modes time (rolled / topk-ab, share, verify40).
 topk_large_rows='BM_TopKVariant/(1|16|64)/131072/2048/5/|BM_TopKVariant/64/262144/2048/5/|BM_TopKVariant/(32|64)/(65536|32768)/2048/5/|BM_TopK/(1|64)/(131072|262144)/2048/|BM_TopK/(1|4)/262144/(512|2048)/'
@@ -369,11 +386,7 @@ topk_large_rows='BM_TopKVariant/(1|16|64)/131072/2048/5/|BM_TopKVariant/64/26214
 # The topk_bench rows $1 of this tree, of main (topk_base_rows) and of this tree again, each
 # within $2 seconds (default 60): a same-call before / after with the drift between the two
 # runs of the tree in view (rolled / topk-ab, share, verify40).
-topk_rows_ab() {
-  BENCH_REPS=5 bench "${2:-60}" topk_bench "$1"
-  topk_base_rows "$1"
-  BENCH_REPS=5 bench "${2:-60}" topk_bench "$1" -again
-}
+topk_rows_ab() { rows_ab topk_bench "$1" "${2:-60}"; }
 
 # The step rows of main's step_bench (build-base), tagged -base, after the branch's.
 base_bench() {
@@ -1006,16 +1019,7 @@ case "$mode" in
     BASE_TARGETS=store_bench base_build_bg
     build_targets kvc_cuda_tests store_bench
     gtests store '*Cuda_Formats*:*Cuda_StoreUpdate*:*Cuda_KvStore*:*Cuda_LayeredCache*' 150
-    rows='BM_Ingest/T:16384/format:(0|2|3)/index:(0|1)/kernels:0/|BM_AppendStep/B:(1|8|64)/index:(0|1)/kernels:(0|8)/|BM_AppendStepStaggered/B:64/index:1/kernels:0/'
-    BENCH_REPS=5 bench 45 store_bench "$rows"
-    wait
-    cat "$out/base-build.txt" >> "$out/summary.txt" 2>/dev/null
-    [ -x build-base/benchmarks/store_bench ] && timeout 45 build-base/benchmarks/store_bench \
-      --benchmark_min_time=0.05s --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
-      --benchmark_filter="$rows" --benchmark_out="$out/store_bench-base.json" \
-      --benchmark_out_format=json > "$out/store_bench-base.log" 2>&1
-    say "store_bench-base: rc=$? $(grep -c '_median' "$out/store_bench-base.log" 2>/dev/null) rows"
-    BENCH_REPS=5 bench 45 store_bench "$rows" -again
+    rows_ab store_bench "$store_rows|BM_AppendStep/B:(1|8|64)/index:(0|1)/kernels:8/" 45
     NCU_SKIP=4 profile ingest-tree store_bench 'BM_Ingest/T:16384/format:3/index:1/kernels:0/' \
       'block_rows'
     NCU_SKIP=4 profile ingest-base ../../build-base/benchmarks/store_bench \
@@ -1033,16 +1037,7 @@ case "$mode" in
     BASE_TARGETS=store_bench base_build_bg
     build_targets kvc_cuda_tests store_bench
     gtests all '*' 280
-    rows='BM_Ingest/T:16384/format:(0|2|3)/index:(0|1)/kernels:0/|BM_AppendStep/B:(1|8|64)/index:(0|1)/kernels:0/|BM_AppendStepStaggered/B:64/index:1/kernels:0/'
-    BENCH_REPS=5 bench 40 store_bench "$rows"
-    wait
-    cat "$out/base-build.txt" >> "$out/summary.txt" 2>/dev/null
-    [ -x build-base/benchmarks/store_bench ] && timeout 40 build-base/benchmarks/store_bench \
-      --benchmark_min_time=0.05s --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
-      --benchmark_filter="$rows" --benchmark_out="$out/store_bench-base.json" \
-      --benchmark_out_format=json > "$out/store_bench-base.log" 2>&1
-    say "store_bench-base: rc=$? $(grep -c '_median' "$out/store_bench-base.log" 2>/dev/null) rows"
-    BENCH_REPS=5 bench 40 store_bench "$rows" -again
+    rows_ab store_bench "$store_rows" 40
     report
     ;;
   append-prof)

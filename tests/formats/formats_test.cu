@@ -122,12 +122,28 @@ __global__ void DecodeCodes(float* f16, float* bf16, float* e4m3, float* ue8m0, 
   if (t < 16) e2m1[t] = (t & 8 ? -1.0f : 1.0f) * formats::e2m1_magnitude(static_cast<unsigned>(t));
 }
 
+// What an exhaustive check kernel counts: the cases it checked, those that failed, and one of
+// those (an encoding of the case that the kernel names).
+struct Tally {
+  unsigned long long checked, bad;
+  unsigned example;
+};
+
+// Adds one thread's counts to the tally (its last failure as the example).
+__device__ void AddToTally(Tally* tally, unsigned long long checked, unsigned long long bad,
+                           unsigned example) {
+  atomicAdd(&tally->checked, checked);
+  if (bad != 0) {
+    atomicAdd(&tally->bad, bad);
+    tally->example = example;
+  }
+}
+
 // Every (amax, x) pair of 16-bit values with |x| <= amax, amax finite and > 0, whose scale has a
 // reciprocal: one thread per amax and 1/256 of the x. Counts the pairs checked and those where
 // symmetric_code_by_reciprocal's code differs from the division's (q8_code, or q4_nibble's
 // nibble), and keeps one of those (amax bits << 16 | x bits).
-__global__ void CountReciprocalCodeMismatches(bool bf16, int qmax, unsigned long long* pairs,
-                                              unsigned long long* bad, unsigned* example) {
+__global__ void CountReciprocalCodeMismatches(bool bf16, int qmax, Tally* tally) {
   const unsigned t = blockIdx.x * blockDim.x + threadIdx.x;
   const unsigned ab = t >> 8, chunk = t & 255u;
   if (ab == 0u || ab >= (bf16 ? 0x7f80u : 0x7c00u)) return;
@@ -136,6 +152,7 @@ __global__ void CountReciprocalCodeMismatches(bool bf16, int qmax, unsigned long
   const float r = formats::symmetric_reciprocal(scale);
   if (r == 0.0f) return;
   unsigned long long n = 0, wrong = 0;
+  unsigned example = 0;
   for (unsigned xb = chunk; xb < 0x10000u; xb += 256u) {
     if ((xb & 0x7fffu) > ab) continue;
     const float x = bits16_to_float(static_cast<std::uint16_t>(xb), bf16);
@@ -146,21 +163,20 @@ __global__ void CountReciprocalCodeMismatches(bool bf16, int qmax, unsigned long
     ++n;
     if (!same) {
       ++wrong;
-      *example = ab << 16 | xb;
+      example = ab << 16 | xb;
     }
   }
-  atomicAdd(pairs, n);
-  if (wrong != 0) atomicAdd(bad, wrong);
+  AddToTally(tally, n, wrong, example);
 }
 
 // Every non-negative float bit pattern and the NaNs (a thread per 1024): counts those checked and
 // those where a division-free scale of the GPU encoders differs from its reference
 // (quotient_by_reciprocal against fdiv_rn for d = 6, 7, 127; q8 / q4 scales; the mxfp4 scale
 // byte), and keeps one of those (its bits).
-__global__ void CountScaleMismatches(unsigned long long* checked, unsigned long long* bad,
-                                     unsigned* example) {
+__global__ void CountScaleMismatches(Tally* tally) {
   const unsigned t = blockIdx.x * blockDim.x + threadIdx.x;
   unsigned long long n = 0, wrong = 0;
+  unsigned example = 0;
   for (unsigned i = 0; i < 1024u; ++i) {
     const unsigned u = t * 1024u + i;  // < 2^31
     const float a = bits_float(u);
@@ -179,21 +195,20 @@ __global__ void CountScaleMismatches(unsigned long long* checked, unsigned long 
     ++n;
     if (!same) {
       ++wrong;
-      *example = u;
+      example = u;
     }
   }
-  atomicAdd(checked, n);
-  if (wrong != 0) atomicAdd(bad, wrong);
+  AddToTally(tally, n, wrong, example);
 }
 
 // Every float bit pattern (a thread per 1024 of them): counts the finite ones and those where
 // mxfp4_code_rounded differs from mxfp4_code_scaled for a cap of 3, 5 or 7, and keeps one of
 // those (its bits).
-__global__ void CountMxfp4CodeMismatches(unsigned long long* finite, unsigned long long* bad,
-                                         unsigned* example) {
+__global__ void CountMxfp4CodeMismatches(Tally* tally) {
   const unsigned long long t =
       static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   unsigned long long n = 0, wrong = 0;
+  unsigned example = 0;
   for (unsigned i = 0; i < 1024u; ++i) {
     const unsigned u = static_cast<unsigned>(t * 1024u + i);
     const float v = bits_float(u);
@@ -202,20 +217,18 @@ __global__ void CountMxfp4CodeMismatches(unsigned long long* finite, unsigned lo
     for (unsigned cap = 3u; cap <= 7u; cap += 2u) {
       if (formats::mxfp4_code_rounded(v, 1.0f, cap) != formats::mxfp4_code_scaled(v, 1.0f, cap)) {
         ++wrong;
-        *example = u;
+        example = u;
       }
     }
   }
-  atomicAdd(finite, n);
-  if (wrong != 0) atomicAdd(bad, wrong);
+  AddToTally(tally, n, wrong, example);
 }
 
 // Every 16-bit value x (f16 or bf16, finite) under every mxfp4 scale byte, paired with another
 // value (x's bits times an odd constant) in each of the 4 slots: counts the pairs checked and
 // those where kernels::mxfp4_index_pair differs from the scalar codes placed one by one, and keeps
 // one of those (byte << 16 | x bits).
-__global__ void CountMxfp4PairMismatches(bool bf16, unsigned long long* checked,
-                                         unsigned long long* bad, unsigned* example) {
+__global__ void CountMxfp4PairMismatches(bool bf16, Tally* tally) {
   const unsigned t = blockIdx.x * blockDim.x + threadIdx.x;  // byte * 65536 + x bits
   const unsigned byte = t >> 16, xb = t & 0xffffu;
   if (byte > 254u) return;
@@ -233,11 +246,19 @@ __global__ void CountMxfp4PairMismatches(bool bf16, unsigned long long* checked,
         formats::mxfp4_index_place(formats::mxfp4_code_scaled(x1, inv, cap), s + 4);
     if (kernels::mxfp4_index_pair(x0, x1, inv, cap * 0x10001u, s) != want) ++wrong;
   }
-  atomicAdd(checked, 4ull);
-  if (wrong != 0) {
-    atomicAdd(bad, wrong);
-    *example = byte << 16 | xb;
-  }
+  AddToTally(tally, 4, wrong, byte << 16 | xb);
+}
+
+// Runs launch(tally), a check kernel's launch, on a zeroed device Tally and returns the counts
+// (all ones where the launch or the copy back fails, which no test accepts).
+template <class Launch>
+Tally RunTally(Launch&& launch) {
+  Tally host{~0ull, ~0ull, 0u};
+  DeviceArray<Tally> tally(1);
+  if (tally.fill_bytes(0) != cudaSuccess) return host;
+  launch(tally.get());
+  if (cudaGetLastError() != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) return host;
+  return tally.download()[0];
 }
 
 // --- host references
@@ -454,20 +475,13 @@ TEST(Cuda_Formats, SymmetricCodeByReciprocalEqualsDivision) {
             qmax == formats::kQ8Max ? formats::q8_scale(amax) : formats::q4_scale(amax);
         if (formats::symmetric_reciprocal(scale) != 0.0f) expected += 2ull * (ab + 1u);
       }
-      DeviceArray<unsigned long long> pairs(1), bad(1);
-      DeviceArray<unsigned> example(1);
-      KVC_FORMATS_CUDA(pairs.fill_bytes(0));
-      KVC_FORMATS_CUDA(bad.fill_bytes(0));
-      KVC_FORMATS_CUDA(example.fill_bytes(0));
-      CountReciprocalCodeMismatches<<<(0x8000 * 256) / 256, 256>>>(bf16, qmax, pairs.get(),
-                                                                   bad.get(), example.get());
-      KVC_FORMATS_CUDA(cudaGetLastError());
-      KVC_FORMATS_CUDA(cudaDeviceSynchronize());
-      EXPECT_EQ(pairs.download()[0], expected);
+      const Tally t = RunTally([&](Tally* d) {
+        CountReciprocalCodeMismatches<<<0x8000, 256>>>(bf16, qmax, d);  // (amax, 1/256 of x)
+      });
+      EXPECT_EQ(t.checked, expected);
       EXPECT_GT(expected, 800000000ull);  // 0.82e9 to 1.01e9 pairs a case
-      EXPECT_EQ(bad.download()[0], 0ull)
-          << "e.g. amax bits 0x" << std::hex << (example.download()[0] >> 16) << ", x bits 0x"
-          << (example.download()[0] & 0xffffu);
+      EXPECT_EQ(t.bad, 0ull) << "e.g. amax bits 0x" << std::hex << (t.example >> 16)
+                             << ", x bits 0x" << (t.example & 0xffffu);
     }
   }
 }
@@ -476,32 +490,19 @@ TEST(Cuda_Formats, SymmetricCodeByReciprocalEqualsDivision) {
 // encode_mxfp4) against the division, for every non-negative float and NaN.
 TEST(Cuda_Formats, ScalesByReciprocalEqualDivision) {
   KVC_FORMATS_REQUIRE_GPU();
-  DeviceArray<unsigned long long> checked(1), bad(1);
-  DeviceArray<unsigned> example(1);
-  KVC_FORMATS_CUDA(checked.fill_bytes(0));
-  KVC_FORMATS_CUDA(bad.fill_bytes(0));
-  KVC_FORMATS_CUDA(example.fill_bytes(0));
-  CountScaleMismatches<<<(1u << 21) / 256, 256>>>(checked.get(), bad.get(), example.get());
-  KVC_FORMATS_CUDA(cudaGetLastError());
-  KVC_FORMATS_CUDA(cudaDeviceSynchronize());
-  EXPECT_EQ(checked.download()[0], 1ull << 31);
-  EXPECT_EQ(bad.download()[0], 0ull) << "e.g. " << Describe(bits_float(example.download()[0]));
+  const Tally t = RunTally([](Tally* d) { CountScaleMismatches<<<(1u << 21) / 256, 256>>>(d); });
+  EXPECT_EQ(t.checked, 1ull << 31);
+  EXPECT_EQ(t.bad, 0ull) << "e.g. " << Describe(bits_float(t.example));
 }
 
 // The GPU store encoder's mxfp4 code by rounding (update.cuh encode_mxfp4) against e2m1_encode's
 // comparisons, for every finite float and every cap.
 TEST(Cuda_Formats, Mxfp4CodeByRoundingEqualsComparisons) {
   KVC_FORMATS_REQUIRE_GPU();
-  DeviceArray<unsigned long long> finite(1), bad(1);
-  DeviceArray<unsigned> example(1);
-  KVC_FORMATS_CUDA(finite.fill_bytes(0));
-  KVC_FORMATS_CUDA(bad.fill_bytes(0));
-  KVC_FORMATS_CUDA(example.fill_bytes(0));
-  CountMxfp4CodeMismatches<<<(1u << 22) / 256, 256>>>(finite.get(), bad.get(), example.get());
-  KVC_FORMATS_CUDA(cudaGetLastError());
-  KVC_FORMATS_CUDA(cudaDeviceSynchronize());
-  EXPECT_EQ(finite.download()[0], (1ull << 32) - (1ull << 24));  // all but the 2^24 inf / NaN
-  EXPECT_EQ(bad.download()[0], 0ull) << "e.g. " << Describe(bits_float(example.download()[0]));
+  const Tally t =
+      RunTally([](Tally* d) { CountMxfp4CodeMismatches<<<(1u << 22) / 256, 256>>>(d); });
+  EXPECT_EQ(t.checked, (1ull << 32) - (1ull << 24));  // all but the 2^24 inf / NaN patterns
+  EXPECT_EQ(t.bad, 0ull) << "e.g. " << Describe(bits_float(t.example));
 }
 
 // The GPU store encoder's f16x2 pairs of mxfp4 codes (update.cuh encode_mxfp4 at 8 or more
@@ -519,20 +520,12 @@ TEST(Cuda_Formats, Mxfp4IndexPairEqualsScalarCodes) {
         expected += 255ull * 4ull;
       }
     }
-    DeviceArray<unsigned long long> checked(1), bad(1);
-    DeviceArray<unsigned> example(1);
-    KVC_FORMATS_CUDA(checked.fill_bytes(0));
-    KVC_FORMATS_CUDA(bad.fill_bytes(0));
-    KVC_FORMATS_CUDA(example.fill_bytes(0));
-    CountMxfp4PairMismatches<<<(256u << 16) / 256, 256>>>(bf16, checked.get(), bad.get(),
-                                                          example.get());
-    KVC_FORMATS_CUDA(cudaGetLastError());
-    KVC_FORMATS_CUDA(cudaDeviceSynchronize());
-    EXPECT_EQ(checked.download()[0], expected);
+    const Tally t =
+        RunTally([&](Tally* d) { CountMxfp4PairMismatches<<<(256u << 16) / 256, 256>>>(bf16, d); });
+    EXPECT_EQ(t.checked, expected);
     EXPECT_GT(expected, 50000000ull);
-    EXPECT_EQ(bad.download()[0], 0ull)
-        << "e.g. byte " << (example.download()[0] >> 16) << ", x bits 0x" << std::hex
-        << (example.download()[0] & 0xffffu);
+    EXPECT_EQ(t.bad, 0ull) << "e.g. byte " << (t.example >> 16) << ", x bits 0x" << std::hex
+                           << (t.example & 0xffffu);
   }
 }
 
