@@ -72,6 +72,11 @@ KVC_HD float symmetric_scale(float amax, float qmax, float limit) {
   return scale;
 }
 
+/// True for x in [2^-96, 2^96], where the division-free quotients below are used: their
+/// Markstein correction (a residual x - d * q0 by a fused multiply-add) stays in the normal range
+/// there, and so is exact. Outside it (and for NaN) the encoders keep the division.
+KVC_HD bool in_reciprocal_range(float x) { return x >= 0x1p-96f && x <= 0x1p96f; }
+
 /// rn(x / d) for x in [2^-96, 2^96] without a division, for the GPU encoders: Markstein's
 /// correction of q0 = rn(x * rd), rn(q0 + rd * (x - d * q0)) with two fused multiply-adds, rd =
 /// rn(1 / d); outside that range (and for NaN) the division itself. Equal to fdiv_rn(x, d) for
@@ -81,7 +86,7 @@ KVC_HD float symmetric_scale(float amax, float qmax, float limit) {
 /// @param[in] d   the divisor, a small positive integer
 /// @param[in] rd  rn(1 / d)
 KVC_HD float quotient_by_reciprocal(float x, float d, float rd) {
-  if (!(x >= 0x1p-96f && x <= 0x1p96f)) return fdiv_rn(x, d);
+  if (!in_reciprocal_range(x)) return fdiv_rn(x, d);
   const float q0 = fmul_rn(x, rd);
   return ffma_rn(ffma_rn(-d, q0, x), rd, q0);
 }
@@ -94,7 +99,7 @@ KVC_HD float quotient_by_reciprocal(float x, float d, float rd) {
 /// @param[in] limit  as symmetric_scale's
 /// @param[in] rq     rn(1 / qmax)
 KVC_HD float symmetric_scale_by_reciprocal(float amax, float qmax, float limit, float rq) {
-  if (!(amax >= 0x1p-96f && amax <= 0x1p96f)) return symmetric_scale(amax, qmax, limit);
+  if (!in_reciprocal_range(amax)) return symmetric_scale(amax, qmax, limit);
   return quotient_by_reciprocal(amax, qmax, rq);
 }
 
@@ -103,7 +108,7 @@ KVC_HD float symmetric_scale_by_reciprocal(float amax, float qmax, float limit, 
 /// division of q8_code and q4_nibble).
 /// @param[in] scale  a vector's scale from q8_scale or q4_scale
 KVC_HD float symmetric_reciprocal(float scale) {
-  return scale >= 0x1p-96f && scale <= 0x1p96f ? fdiv_rn(1.0f, scale) : 0.0f;
+  return in_reciprocal_range(scale) ? fdiv_rn(1.0f, scale) : 0.0f;
 }
 
 /// clamp(rne(rn(x / scale)), -qmax, qmax), the code of q8_code (qmax 127) and q4_nibble (7),
