@@ -154,56 +154,39 @@ __device__ __forceinline__ float amax_from_bits(std::uint32_t m) {
   return m >= 0x7f800000u ? formats::quiet_nan() : bits_float(m);
 }
 
-/// q8 codes of the lane's elements (E bytes in words) and the row's scale, as formats::q8_encode.
-template <int E>
-__device__ __forceinline__ float encode_q8(const float (&x)[E], float amax,
-                                           std::uint32_t (&w)[(E + 3) / 4]) {
+/// Codes of the lane's elements, kBits each (8: q8's bytes; 4: q4's nibbles, the even element
+/// low) packed from bit 0 of w[0], and the row's scale, as formats::q8_encode / q4_encode.
+/// Where the scale has a reciprocal (every f16 row; bf16 rows but the tiniest and the largest)
+/// the codes come without a division (formats::symmetric_code_by_reciprocal: the same codes).
+template <int kBits, int E>
+__device__ __forceinline__ float encode_symmetric(const float (&x)[E], float amax,
+                                                  std::uint32_t (&w)[(E * kBits + 31) / 32]) {
+  static_assert(kBits == 8 || kBits == 4, "q8 or q4");
+  constexpr int kMax = kBits == 8 ? formats::kQ8Max : formats::kQ4Max;
+  constexpr int kPer = 32 / kBits;  // codes a word
+  constexpr std::uint32_t kMask = (1u << kBits) - 1u;
   const bool zero = is_nan(amax) || amax == 0.0f;
-  const float scale = zero ? amax : formats::q8_scale_by_reciprocal(amax);
+  const float scale = zero         ? amax
+                      : kBits == 8 ? formats::q8_scale_by_reciprocal(amax)
+                                   : formats::q4_scale_by_reciprocal(amax);
 #pragma unroll
-  for (int k = 0; k < (E + 3) / 4; ++k) w[k] = 0;
+  for (int k = 0; k < (E * kBits + 31) / 32; ++k) w[k] = 0;
   if (!zero) {
-    // As encode_q4: the same codes without the division where the scale has a reciprocal.
     const float r = formats::symmetric_reciprocal(scale);
     if (r != 0.0f) {
 #pragma unroll
       for (int e = 0; e < E; ++e) {
-        const int c = formats::symmetric_code_by_reciprocal(x[e], scale, r, formats::kQ8Max);
-        w[e / 4] |= (static_cast<std::uint32_t>(c) & 0xffu) << (8 * (e % 4));
+        const int c = formats::symmetric_code_by_reciprocal(x[e], scale, r, kMax);
+        w[e / kPer] |= (static_cast<std::uint32_t>(c) & kMask) << (kBits * (e % kPer));
       }
     } else {
 #pragma unroll
       for (int e = 0; e < E; ++e) {
-        const std::uint32_t c = static_cast<std::uint8_t>(formats::q8_code(x[e], scale));
-        w[e / 4] |= c << (8 * (e % 4));
+        const std::uint32_t c = kBits == 8
+                                    ? static_cast<std::uint8_t>(formats::q8_code(x[e], scale))
+                                    : formats::q4_nibble(x[e], scale);
+        w[e / kPer] |= c << (kBits * (e % kPer));
       }
-    }
-  }
-  return scale;
-}
-
-/// int4 nibbles of the lane's elements (E / 2 bytes, even element low) and the row's scale, as
-/// formats::q4_encode.
-template <int E>
-__device__ __forceinline__ float encode_q4(const float (&x)[E], float amax,
-                                           std::uint32_t (&w)[(E + 7) / 8]) {
-  const bool zero = is_nan(amax) || amax == 0.0f;
-  const float scale = zero ? amax : formats::q4_scale_by_reciprocal(amax);
-#pragma unroll
-  for (int k = 0; k < (E + 7) / 8; ++k) w[k] = 0;
-  if (!zero) {
-    // The division by multiplication where the scale has a reciprocal (every f16 row; bf16 rows
-    // but the tiniest and the largest): the same nibbles (formats::symmetric_code_by_reciprocal).
-    const float r = formats::symmetric_reciprocal(scale);
-    if (r != 0.0f) {
-#pragma unroll
-      for (int e = 0; e < E; ++e) {
-        const int c = formats::symmetric_code_by_reciprocal(x[e], scale, r, formats::kQ4Max);
-        w[e / 8] |= (static_cast<unsigned>(c) & 0xfu) << (4 * (e % 8));
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < E; ++e) w[e / 8] |= formats::q4_nibble(x[e], scale) << (4 * (e % 8));
     }
   }
   return scale;
@@ -421,7 +404,7 @@ __device__ __forceinline__ void encode_row(const StoreView& s, const Layout& f, 
     }
     if (q8) {
       std::uint32_t w[(E + 3) / 4];
-      const float scale = encode_q8<E>(x, amax, w);
+      const float scale = encode_symmetric<8>(x, amax, w);
       put_k(integral_constant<int, E>{}, i0, w);
       if (kept != nullptr) {
 #pragma unroll
@@ -448,7 +431,7 @@ __device__ __forceinline__ void encode_row(const StoreView& s, const Layout& f, 
     float scale;
     if (q8) {
       std::uint32_t w[(E + 3) / 4];
-      scale = encode_q8<E>(x, amax, w);
+      scale = encode_symmetric<8>(x, amax, w);
       put_v(integral_constant<int, E>{}, i0, w);
       if (kept != nullptr) {
 #pragma unroll
@@ -456,7 +439,7 @@ __device__ __forceinline__ void encode_row(const StoreView& s, const Layout& f, 
       }
     } else {
       std::uint32_t w[(E + 7) / 8];
-      scale = encode_q4<E>(x, amax, w);
+      scale = encode_symmetric<4>(x, amax, w);
       put_v(integral_constant<int, E / 2>{}, i0 / 2, w);
       if (kept != nullptr) {
 #pragma unroll

@@ -460,7 +460,7 @@ TEST(Cuda_Formats, CodeDecodersBitIdenticalToHost) {
   }
 }
 
-// The GPU store encoders' division-free codes (update.cuh encode_q8 / encode_q4) against the
+// The GPU store encoders' division-free codes (update.cuh encode_symmetric) against the
 // division, pair by pair over their whole domain: every f16 and bf16 amax whose scale has a
 // reciprocal and every 16-bit x with |x| <= amax, q8 and q4 (0.82e9 to 1.01e9 pairs a case).
 TEST(Cuda_Formats, SymmetricCodeByReciprocalEqualsDivision) {
@@ -486,7 +486,7 @@ TEST(Cuda_Formats, SymmetricCodeByReciprocalEqualsDivision) {
   }
 }
 
-// The GPU store encoders' division-free scales (update.cuh encode_q8 / encode_q4 /
+// The GPU store encoders' division-free scales (update.cuh encode_symmetric /
 // encode_mxfp4) against the division, for every non-negative float and NaN.
 TEST(Cuda_Formats, ScalesByReciprocalEqualDivision) {
   KVC_FORMATS_REQUIRE_GPU();
