@@ -100,6 +100,8 @@
 #             store tests, the ingest and append rows as tree / base / tree again, Nsight
 #             Compute's instruction counts of both ingest kernels, memcheck over the store updates
 #   ingest-verify  every GPU test, then the ingest and append rows against main (gpu-base/)
+#   rows-lanes16  units of 16 lanes for OldRowLayout too (pending) against main: the format and
+#             store tests, the store rows tree / base / tree, memcheck and synccheck
 #   append-prof  the count-1 append at B64: its rows beside BM_AppendFloor, Nsight Compute with
 #             stall reasons and the source page of the library's append kernel
 #   evidence48  the H200's phase probes and Nsight Compute of the missed rows (spread top-k,
@@ -1038,6 +1040,19 @@ case "$mode" in
     build_targets kvc_cuda_tests store_bench
     gtests all '*' 280
     rows_ab store_bench "$store_rows" 40
+    report
+    ;;
+  rows-lanes16)
+    # The forty-ninth session's gpu-pending/rows-lanes16 (written without a GPU): units of 16
+    # lanes at d 128 for OldRowLayout too (q8, f16, fp16k_q4v without the index copy), compiled
+    # for 4 CTAs an SM, against main (gpu-base/: main's rows.cuh and store_rows.cu): the format
+    # and store tests, the store rows as tree / base / tree again, memcheck and synccheck.
+    BASE_TARGETS=store_bench base_build_bg
+    build_targets kvc_cuda_tests store_bench
+    gtests store '*Cuda_Formats*:*Cuda_StoreUpdate*:*Cuda_KvStore*:*Cuda_LayeredCache*' 150
+    rows_ab store_bench "$store_rows" 45
+    sanitize memcheck-store memcheck '*Cuda_StoreUpdate*' 90
+    sanitize synccheck-store synccheck '*Cuda_StoreUpdate_Formats*:*ChunksIntoBlocksOf32*' 60
     report
     ;;
   append-prof)

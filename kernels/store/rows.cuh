@@ -198,17 +198,15 @@ __global__ void __launch_bounds__(kStaged ? 32 * kStagedWarps : 32 * kFastWarps,
 /// Warps per CTA of block_rows_kernel.
 constexpr int kBlockRowsWarps = 4;
 
-/// Lanes of a block_rows_kernel unit for rows of d elements. The default format's layout
-/// (Fp16kQ4vMxfp4Layout, `fixed_layout`): d / 8 up to a warp, so that a lane holds 8 elements
-/// (d = 64: 8 lanes, four units a warp; 128: 16 lanes, two units; 256 and 512: the warp). A
-/// row's fixed work (its scales, reductions, addresses and stores) is then one instruction for
-/// all the warp's units: at d 128 the 16K-token ingest took 70.2 us against 104 with a warp a
-/// unit (H100, forty-ninth session). OldRowLayout keeps the warp: its units of 16 lanes measured
-/// slower in the same call (fp16k_q4v without the index copy 78.4 against 70.1 us, f16 76.6
-/// against 63.8; ptxas gives that instantiation 143 registers, 3 CTAs an SM).
-constexpr int block_rows_lanes(int head_dim, bool fixed_layout) {
-  return fixed_layout && head_dim / 8 < 32 ? head_dim / 8 : 32;
-}
+/// Lanes of a block_rows_kernel unit for rows of d elements: d / 8 up to a warp, so that a lane
+/// holds 8 elements (d = 64: 8 lanes, four units a warp; 128: 16 lanes, two units; 256 and 512:
+/// the warp). A row's fixed work (its scales, reductions, addresses and stores) is then one
+/// instruction for all the warp's units: at d 128 the default format's 16K-token ingest took
+/// 70.2 us against 104 with a warp a unit (H100, forty-ninth session). OldRowLayout's units of
+/// 16 lanes measured slower there without a register bound (143 registers, 3 CTAs an SM: fp16k_q4v
+/// without the index copy 78.4 against 70.1 us, f16 76.6 against 63.8); units of fewer than 32
+/// lanes are compiled for 4 CTAs an SM (128 registers; OldRowLayout spills 8 bytes).
+constexpr int block_rows_lanes(int head_dim) { return head_dim / 8 < 32 ? head_dim / 8 : 32; }
 
 /// Rows whose K and V loads a warp of block_rows_kernel issues together, and keeps in flight
 /// while it encodes the rows before them (lane elements E, 2 <= E <= 16): 32 bytes of K and 32
@@ -278,7 +276,7 @@ struct BlockRowSource {
 // at run time) or Fp16kQ4vMxfp4Layout (the default format's, fixed at compile time).
 // Bit-identical to rows_kernel and the CPU reference.
 template <int E, int G, class Layout>
-__global__ void __launch_bounds__(32 * kBlockRowsWarps)
+__global__ void __launch_bounds__(32 * kBlockRowsWarps, G < 32 ? 4 : 1)
     block_rows_kernel(StoreView s0, LayerStrides ls, const std::int32_t* slots, int entries,
                       int count, int touched, const std::uint16_t* k, const std::uint16_t* v,
                       bool plan) {

@@ -84,8 +84,8 @@ enum class StoreKernels {
   /// kLean's kernels launched as programmatic dependents (as kOneRoundPdl).
   kLeanPdl,
   /// Count > 1: block_rows_kernel (kernels/store/rows.cuh: a unit of lanes per (block, head), a
-  /// warp or, for the default format at d <= 128, a half or a quarter of one, encodes the block's
-  /// new rows in order and sums a closing block's summary in registers, no read-back),
+  /// warp or, at d <= 128, a half or a quarter of one, encodes the block's new rows in order and
+  /// sums a closing block's summary in registers, no read-back),
   /// planning for itself where kFused applies (else after plan_kernel), then the ring copy.
   /// Count 1: as kAuto. The library's choice for count > 1 since 2026-12-04.
   kBlockRows,

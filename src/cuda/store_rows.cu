@@ -15,8 +15,7 @@ cudaError_t write_rows(const StoreView& s, const LayerStrides& ls, unsigned z,
   const int touched = touched_blocks(count, s.block_size);
   const long long units = static_cast<long long>(entries) * touched * s.num_kv_heads;
   const bool staged = kind == RowKernel::kStaged;
-  const bool fixed_layout = Fp16kQ4vMxfp4Layout::serves(s);
-  const int unit_lanes = block_rows_lanes(s.head_dim, fixed_layout);  // of block_rows_kernel
+  const int unit_lanes = block_rows_lanes(s.head_dim);  // of block_rows_kernel
   const long long per_cta = static_cast<long long>(kBlockRowsWarps) * (32 / unit_lanes);
   const long long ctas = kind == RowKernel::kBlock ? (units + per_cta - 1) / per_cta : units;
   if (ctas > 0x7fffffffLL) return cudaErrorInvalidValue;
@@ -28,13 +27,13 @@ cudaError_t write_rows(const StoreView& s, const LayerStrides& ls, unsigned z,
   const std::size_t smem = staged && stage_bytes(s) <= kMaxStageBytes ? stage_bytes(s) : 0;
   KVC_CUDA_CALL(with_lane_elements(s.head_dim, [&](auto lane_elems) {
     constexpr int kE = decltype(lane_elems)::value;
-    constexpr int kG = block_rows_lanes(kE * 32, true);  // a unit's lanes, the fixed layout
+    constexpr int kG = block_rows_lanes(kE * 32);  // a unit's lanes
     constexpr int kUnitE = kE * 32 / kG;
-    if (kind == RowKernel::kBlock && fixed_layout) {
+    if (kind == RowKernel::kBlock && Fp16kQ4vMxfp4Layout::serves(s)) {
       block_rows_kernel<kUnitE, kG, Fp16kQ4vMxfp4Layout><<<grid, 32 * kBlockRowsWarps, 0, stream>>>(
           s, ls, d_slots, entries, count, touched, k, v, plan);
     } else if (kind == RowKernel::kBlock) {
-      block_rows_kernel<kE, 32, OldRowLayout><<<grid, 32 * kBlockRowsWarps, 0, stream>>>(
+      block_rows_kernel<kUnitE, kG, OldRowLayout><<<grid, 32 * kBlockRowsWarps, 0, stream>>>(
           s, ls, d_slots, entries, count, touched, k, v, plan);
     } else if (staged) {
       rows_kernel<kE, true><<<grid, 32 * warps, smem, stream>>>(s, ls, d_slots, entries, count,

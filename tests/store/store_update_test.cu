@@ -382,8 +382,8 @@ TEST(Cuda_StoreUpdate, NonFiniteZeroAndExtremeRowsMatchCpu) {
   }
 }
 
-// Blocks of 32 at head_dim 128 (the benchmarks' geometry, where block_rows_kernel gives the
-// default format's blocks half a warp each, two to a warp): chunks that start mid-block (the block's earlier
+// Blocks of 32 at head_dim 128 (the benchmarks' geometry, where block_rows_kernel gives a
+// block half a warp, two to a warp): chunks that start mid-block (the block's earlier
 // rows summed from the pool first), end mid-block, span a ring of 64 and many blocks, with the
 // index copy, in every format; the library's choice, the block-rows set and the warp-per-row set
 // before it.
