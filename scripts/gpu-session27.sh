@@ -102,6 +102,7 @@
 #   ingest-verify  every GPU test, then the ingest and append rows against main (gpu-base/)
 #   rows-lanes16  units of 16 lanes for OldRowLayout too (pending) against main: the format and
 #             store tests, the store rows tree / base / tree, memcheck and synccheck
+#   s50-append  the append's stepped summary rows and host-formed divisors against main
 #   append-prof  the count-1 append at B64: its rows beside BM_AppendFloor, Nsight Compute with
 #             stall reasons and the source page of the library's append kernel
 #   evidence48  the H200's phase probes and Nsight Compute of the missed rows (spread top-k,
@@ -1053,6 +1054,23 @@ case "$mode" in
     rows_ab store_bench "$store_rows" 45
     sanitize memcheck-store memcheck '*Cuda_StoreUpdate*' 90
     sanitize synccheck-store synccheck '*Cuda_StoreUpdate_Formats*:*ChunksIntoBlocksOf32*' 60
+    report
+    ;;
+  s50-append)
+    # The fiftieth session's count-1 append: a closing block's summary reads its pool rows at a
+    # stride from row 0 (PoolRows), and the appends divide by the ring length, block size, kv
+    # heads and shards with multipliers formed at launch (StoreDividers), against main
+    # (gpu-base/): the format and store tests, the store rows (staggered B8 too) as tree / base /
+    # tree again, memcheck over the updates, Nsight Compute of the staggered B64 append.
+    BASE_TARGETS=store_bench base_build_bg
+    build_targets kvc_cuda_tests store_bench
+    gtests store '*Cuda_Formats*:*Cuda_StoreUpdate*:*Cuda_KvStore*:*Cuda_LayeredCache*:*Cuda_Attention*' 200
+    rows_ab store_bench "$store_rows|BM_AppendStepStaggered/B:8/index:1/kernels:0/|BM_AppendFloor/64" 45
+    sanitize memcheck-store memcheck '*Cuda_StoreUpdate*' 90
+    NCU_SKIP=200 NCU_STALLS=1 profile append-stag store_bench \
+      'BM_AppendStepStaggered/B:64/index:1/kernels:0/' 'append_lean'
+    NCU_SKIP=200 NCU_COUNT=1 bench_source append-stag store_bench \
+      'BM_AppendStepStaggered/B:64/index:1/kernels:0/' 'append_lean'
     report
     ;;
   append-prof)

@@ -30,6 +30,7 @@
 
 #include <cstdint>
 
+#include "fast_div.cuh"
 #include "kvc/attention/attention.h"
 #include "kvc/attention/params.h"
 #include "kvc/core/numeric.h"
@@ -78,29 +79,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
-}
-
-/// Unsigned division by a small constant divisor (B or R) with a precomputed multiplier
-/// (round-up method): q = (umulhi(n, mul) + n) >> shift, exact for n < 2^31.
-struct FastDiv {
-  std::uint32_t div = 1;
-  std::uint32_t mul = 1;
-  std::uint32_t shift = 0;
-};
-
-inline FastDiv make_fast_div(int d) {
-  FastDiv f;
-  f.div = static_cast<std::uint32_t>(d < 1 ? 1 : d);
-  std::uint32_t l = 0;
-  while ((1ull << l) < f.div) ++l;
-  f.shift = l;
-  f.mul = static_cast<std::uint32_t>((((1ull << 32) * ((1ull << l) - f.div)) / f.div) + 1);
-  return f;
-}
-
-__device__ __forceinline__ int fast_div(int n, const FastDiv& f) {
-  const std::uint32_t u = static_cast<std::uint32_t>(n);
-  return static_cast<int>((__umulhi(u, f.mul) + u) >> f.shift);
 }
 
 /// Where the entries come from and where the result goes. One struct for the store modes and

@@ -122,8 +122,9 @@ struct AppendEntries {
 /// Round 1 of append_once_kernel (every thread of the CTA, kThreads of them): reads the slots of
 /// entries [0, entries), then their lengths, and the free count into `sh`.
 template <int kThreads>
-__device__ __forceinline__ void read_entries(const StoreView& s, const std::int32_t* slots,
-                                             int entries, AppendEntries& sh) {
+__device__ __forceinline__ void read_entries(const StoreView& s, const StoreDividers& dv,
+                                             const std::int32_t* slots, int entries,
+                                             AppendEntries& sh) {
   constexpr int kItems = (kFusedMaxEntries + kThreads - 1) / kThreads;
   const int t = static_cast<int>(threadIdx.x), lane = t % 32;
   int slot[kItems], length[kItems];
@@ -142,7 +143,7 @@ __device__ __forceinline__ void read_entries(const StoreView& s, const std::int3
   for (int i = 0; i < kItems; ++i) {
     if (i * kThreads >= entries) break;  // the same for the whole CTA
     const int x = i * kThreads + t;
-    const bool pops = x < entries && update_pops(s, length[i], 1) != 0;
+    const bool pops = x < entries && update_pops(s, dv, length[i], 1) != 0;
     const std::uint32_t bits = __ballot_sync(kFullMask, pops);
     if (x < entries) {
       sh.slot[x] = slot[i];
@@ -198,16 +199,19 @@ __device__ __forceinline__ void publish_after_reads(const StoreView& s, const En
 /// and the caller popped one (the head-0 warp records it in the table), else on the table's; it
 /// is also copied to the 16-bit rows spill_k / spill_v when they are not null. A block that
 /// closes is summarised by the warp, kAhead rows' loads in flight at a time. Layout: the store's
-/// row layout type (OldRowLayout, or Fp16kQ4vMxfp4Layout where it serves the store).
+/// row layout type (OldRowLayout, or Fp16kQ4vMxfp4Layout where it serves the store). dv: the
+/// store's divisors.
 template <int E, int kAhead, class Layout = OldRowLayout>
-__device__ __forceinline__ void append_row(const StoreView& s, int slot, int L, int h, int lane,
-                                           int fresh, const LaneRow<E>& kn, const LaneRow<E>& vn,
-                                           std::uint16_t* spill_k, std::uint16_t* spill_v) {
+__device__ __forceinline__ void append_row(const StoreView& s, const StoreDividers& dv, int slot,
+                                           int L, int h, int lane, int fresh, const LaneRow<E>& kn,
+                                           const LaneRow<E>& vn, std::uint16_t* spill_k,
+                                           std::uint16_t* spill_v) {
   const int W = s.recent_window, B = s.block_size, d = s.head_dim;
   const int q = L - W;
-  const bool quantise = q >= 0 && store::owns_block(s, q / B);
+  const int qb = q >= 0 ? dv.block(q) : 0, qr = q - qb * B;  // q's block and row in it
+  const bool quantise = q >= 0 && owns_block(s, dv, qb);
   const bool spill = q >= 0 && spill_k != nullptr;
-  const std::size_t r = store::ring_row_index(s, slot, h, L % W) * d;
+  const std::size_t r = store::ring_row_index(s, slot, h, L - dv.window(L) * W) * d;
   auto* rk = static_cast<std::uint16_t*>(s.ring_k) + r;
   auto* rv = static_cast<std::uint16_t*>(s.ring_v) + r;
   LaneRow<E> ko, vo;
@@ -215,8 +219,7 @@ __device__ __forceinline__ void append_row(const StoreView& s, int slot, int L, 
     ko = load_lane<E>(rk, lane);
     vo = load_lane<E>(rv, lane);
   }
-  std::int32_t* entry =
-      s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot + (q >= 0 ? q / B : 0);
+  std::int32_t* entry = s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot + qb;
   int pb = 0;
   if (quantise) pb = fresh >= 0 ? fresh : *entry;
   store_lane<E>(rk, lane, kn);
@@ -227,9 +230,8 @@ __device__ __forceinline__ void append_row(const StoreView& s, int slot, int L, 
   }
   if (!quantise) return;
   if (fresh >= 0 && h == 0 && lane == 0) *entry = pb;
-  encode_row<E>(s, Layout{OldRowLayout::of(s)}, store::old_row_index(s, pb, h, q % B), ko, vo,
-                lane);
-  if ((q + 1) % B == 0) {  // the block closes: its last row is this warp's
+  encode_row<E>(s, Layout{OldRowLayout::of(s)}, store::old_row_index(s, pb, h, qr), ko, vo, lane);
+  if (qr == B - 1) {  // the block closes: its last row is this warp's
     __syncwarp();
     for (int i0 = 4 * lane; i0 < d; i0 += 4 * 32) summarise4<kAhead, Layout>(s, pb, h, i0);
   }
@@ -239,16 +241,19 @@ __device__ __forceinline__ void append_row(const StoreView& s, int slot, int L, 
 /// (AppendEntries or LeanEntries): the page its leaving token starts, popped in the entries'
 /// order, then append_row, and the entry's length before the update into s.update_scratch.
 template <int E, class Entries, class Layout = OldRowLayout>
-__device__ __forceinline__ void append_entry_row(const StoreView& s, const Entries& sh, int e,
-                                                 int h, int lane, const LaneRow<E>& kn,
-                                                 const LaneRow<E>& vn) {
+__device__ __forceinline__ void append_entry_row(const StoreView& s, const StoreDividers& dv,
+                                                 const Entries& sh, int e, int h, int lane,
+                                                 const LaneRow<E>& kn, const LaneRow<E>& vn) {
   const int slot = sh.slot[e], L = sh.entry_length(e);
   const int q = L - s.recent_window;
   int fresh = -1;
-  if (q >= 0 && q % s.block_size == 0 && store::owns_block(s, q / s.block_size)) {
-    fresh = s.free_blocks[sh.top - 1 - pops_below(sh, e, lane)];
+  if (q >= 0) {
+    const int qb = dv.block(q);
+    if (q == qb * s.block_size && owns_block(s, dv, qb)) {  // a block this store owns starts
+      fresh = s.free_blocks[sh.top - 1 - pops_below(sh, e, lane)];
+    }
   }
-  append_row<E, kSummaryAhead, Layout>(s, slot, L, h, lane, fresh, kn, vn, nullptr, nullptr);
+  append_row<E, kSummaryAhead, Layout>(s, dv, slot, L, h, lane, fresh, kn, vn, nullptr, nullptr);
   if (h == 0 && lane == 0) s.update_scratch[e] = L;
 }
 
@@ -258,24 +263,24 @@ __device__ __forceinline__ void append_entry_row(const StoreView& s, const Entri
 // kProgrammatic: launched as a programmatic dependent (wait_for_previous_kernel).
 template <int E, int kWarps, bool kProgrammatic>
 __global__ void __launch_bounds__(32 * kWarps)
-    append_once_kernel(StoreView s, const std::int32_t* slots, int entries, const std::uint16_t* k,
-                       const std::uint16_t* v) {
+    append_once_kernel(StoreView s, StoreDividers dv, const std::int32_t* slots, int entries,
+                       const std::uint16_t* k, const std::uint16_t* v) {
   __shared__ AppendEntries sh;
   wait_for_previous_kernel<kProgrammatic>();
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
   const int w = static_cast<int>(blockIdx.x) * kWarps + warp;
   const int H = s.num_kv_heads;
   const bool row = w < entries * H;
-  const int e = w / H, h = w % H;
+  const int e = dv.heads(w), h = w - e * H;
   LaneRow<E> kn, vn;
   if (row) {  // the new token: independent of everything read below, in flight meanwhile
     const std::size_t in = (static_cast<std::size_t>(e) * H + h) * s.head_dim;
     kn = load_lane<E>(k + in, lane);
     vn = load_lane<E>(v + in, lane);
   }
-  read_entries<32 * kWarps>(s, slots, entries, sh);
+  read_entries<32 * kWarps>(s, dv, slots, entries, sh);
   if (warp == kWarps - 1) publish_after_reads(s, sh, entries, lane);
-  if (row) append_entry_row<E>(s, sh, e, h, lane, kn, vn);
+  if (row) append_entry_row<E>(s, dv, sh, e, h, lane, kn, vn);
 }
 
 // --- count-1 append with a two-load chain (StoreKernels::kLean, kLeanPdl) ------------------
@@ -311,8 +316,9 @@ struct LeanEntries {
 /// entries [0, entries), the lengths of slots [0, s.max_slots) and the free count, one round of
 /// independent loads; then each entry's pop bit.
 template <int kThreads>
-__device__ __forceinline__ void read_lean_entries(const StoreView& s, const std::int32_t* slots,
-                                                  int entries, LeanEntries& sh) {
+__device__ __forceinline__ void read_lean_entries(const StoreView& s, const StoreDividers& dv,
+                                                  const std::int32_t* slots, int entries,
+                                                  LeanEntries& sh) {
   constexpr int kItems = (kFusedMaxEntries + kThreads - 1) / kThreads;
   constexpr int kSlotItems = (kLeanMaxSlots + kThreads - 1) / kThreads;
   const int t = static_cast<int>(threadIdx.x), lane = t % 32;
@@ -343,7 +349,7 @@ __device__ __forceinline__ void read_lean_entries(const StoreView& s, const std:
   for (int i = 0; i < kItems; ++i) {
     if (i * kThreads >= entries) break;  // the same for the whole CTA
     const int x = i * kThreads + t;
-    const bool pops = x < entries && update_pops(s, sh.entry_length(x), 1) != 0;
+    const bool pops = x < entries && update_pops(s, dv, sh.entry_length(x), 1) != 0;
     const std::uint32_t bits = __ballot_sync(kFullMask, pops);
     if (x < entries && lane == 0) sh.pops[x / 32] = bits;
   }
@@ -357,26 +363,26 @@ __device__ __forceinline__ void read_lean_entries(const StoreView& s, const std:
 // launched as a programmatic dependent (wait_for_previous_kernel). Layout: as append_row.
 template <int E, bool kProgrammatic, class Layout = OldRowLayout>
 __global__ void __launch_bounds__(32 * (kLeanRowWarps + 1), 1)
-    append_lean_kernel(StoreView s, const std::int32_t* slots, int entries, const std::uint16_t* k,
-                       const std::uint16_t* v) {
+    append_lean_kernel(StoreView s, StoreDividers dv, const std::int32_t* slots, int entries,
+                       const std::uint16_t* k, const std::uint16_t* v) {
   __shared__ LeanEntries sh;
   wait_for_previous_kernel<kProgrammatic>();
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
   const int w = static_cast<int>(blockIdx.x) * kLeanRowWarps + warp;
   const int H = s.num_kv_heads;
   const bool row = warp < kLeanRowWarps && w < entries * H;
-  const int e = w / H, h = w % H;
+  const int e = dv.heads(w), h = w - e * H;
   LaneRow<E> kn, vn;
   if (row) {  // the new token: independent of everything read below, in flight meanwhile
     const std::size_t in = (static_cast<std::size_t>(e) * H + h) * s.head_dim;
     kn = load_lane<E>(k + in, lane);
     vn = load_lane<E>(v + in, lane);
   }
-  read_lean_entries<32 * (kLeanRowWarps + 1)>(s, slots, entries, sh);
+  read_lean_entries<32 * (kLeanRowWarps + 1)>(s, dv, slots, entries, sh);
   if (warp == kLeanRowWarps) {
     publish_after_reads(s, sh, entries, lane);
   } else if (row) {
-    append_entry_row<E, LeanEntries, Layout>(s, sh, e, h, lane, kn, vn);
+    append_entry_row<E, LeanEntries, Layout>(s, dv, sh, e, h, lane, kn, vn);
   }
 }
 
@@ -389,15 +395,16 @@ __global__ void __launch_bounds__(32 * (kLeanRowWarps + 1), 1)
 // as a programmatic dependent (wait_for_previous_kernel).
 template <int E, bool kProgrammatic>
 __global__ void __launch_bounds__(32 * kFastWarps)
-    planned_append_kernel(StoreView s0, LayerStrides ls, const std::int32_t* slots, int entries,
-                          const std::uint16_t* k, const std::uint16_t* v, SpillRows spill) {
+    planned_append_kernel(StoreView s0, StoreDividers dv, LayerStrides ls,
+                          const std::int32_t* slots, int entries, const std::uint16_t* k,
+                          const std::uint16_t* v, SpillRows spill) {
   wait_for_previous_kernel<kProgrammatic>();
   const StoreView s = at_layer(s0, ls, blockIdx.z);
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int w = static_cast<int>(blockIdx.x) * kFastWarps + static_cast<int>(threadIdx.x) / 32;
   const int H = s.num_kv_heads, d = s.head_dim;
   if (w >= entries * H) return;
-  const int e = w / H, h = w % H;
+  const int e = dv.heads(w), h = w - e * H;
   const std::size_t in = ls.kv * blockIdx.z + (static_cast<std::size_t>(e) * H + h) * d;
   const LaneRow<E> kn = load_lane<E>(k + in, lane), vn = load_lane<E>(v + in, lane);
   const int slot = slots[e], L = s.update_scratch[e];
@@ -410,7 +417,7 @@ __global__ void __launch_bounds__(32 * kFastWarps)
     sk = shift_bytes(static_cast<std::uint16_t*>(spill.k), layer) + at;
     sv = shift_bytes(static_cast<std::uint16_t*>(spill.v), layer) + at;
   }
-  append_row<E, kSummaryAhead>(s, slot, L, h, lane, -1, kn, vn, sk, sv);
+  append_row<E, kSummaryAhead>(s, dv, slot, L, h, lane, -1, kn, vn, sk, sv);
 }
 
 }  // namespace store_detail

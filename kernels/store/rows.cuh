@@ -175,9 +175,14 @@ __global__ void __launch_bounds__(kStaged ? 32 * kStagedWarps : 32 * kFastWarps,
       }
       if (closes) {  // the block closes: its rows are complete once every warp is done
         __syncthreads();
-        const StagedRows rows{
-            PoolRows{&s, pb, h}, stage, mean_v ? stage_v : nullptr, stage_ks, stage_vs, kb, vb,
-            p_begin - b * B};
+        const StagedRows rows{PoolRows(s, OldRowLayout::of(s), pb, h),
+                              stage,
+                              mean_v ? stage_v : nullptr,
+                              stage_ks,
+                              stage_vs,
+                              kb,
+                              vb,
+                              p_begin - b * B};
         for (int i0 = 4 * static_cast<int>(threadIdx.x); i0 < d;
              i0 += 4 * static_cast<int>(blockDim.x)) {
           if (use_stage) {
@@ -310,7 +315,7 @@ __global__ void __launch_bounds__(32 * kBlockRowsWarps, G < 32 ? 4 : 1)
       const std::size_t row0 = store::old_row_index(s, pb, h, 0);
       SummarySums<N> sums[P];
       if (closes) {  // the rows of earlier updates, from the pool, first
-        const PoolRows pool{&s, pb, h};
+        const PoolRows pool(s, layout, pb, h);
 #pragma unroll 1
         for (int t = 0; t < p_begin - b * B; ++t) {
           const StoredRow r = pool(t);

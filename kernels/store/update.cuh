@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "fast_div.cuh"
 #include "formats/mxfp4_pair.cuh"
 #include "kvc/core/numeric.h"
 #include "kvc/formats/formats.h"
@@ -43,6 +44,37 @@ namespace store_detail {
 
 __device__ __forceinline__ int old_tokens(const StoreView& s, int length) {
   return length > s.recent_window ? length - s.recent_window : 0;
+}
+
+/// Division of non-negative ints by a store's sizes with the compiler's division by a run-time
+/// value (PlainStoreDiv), or by multipliers formed on the host when the kernel is launched
+/// (StoreDividers: the count-1 appends, whose rows wait on these divisions).
+struct PlainStoreDiv {
+  const StoreView& s;
+  __device__ __forceinline__ int window(int n) const { return n / s.recent_window; }
+  __device__ __forceinline__ int block(int n) const { return n / s.block_size; }
+  __device__ __forceinline__ int heads(int n) const { return n / s.num_kv_heads; }
+  __device__ __forceinline__ int shards(int n) const { return n / s.num_shards; }
+};
+
+struct StoreDividers {
+  FastDiv window_div, block_div, heads_div, shards_div;
+
+  /// The store's ring length, block size, kv heads and shards (host, at launch).
+  static StoreDividers of(const StoreView& s) {
+    return {make_fast_div(s.recent_window), make_fast_div(s.block_size),
+            make_fast_div(s.num_kv_heads), make_fast_div(s.num_shards)};
+  }
+  __device__ __forceinline__ int window(int n) const { return fast_div(n, window_div); }
+  __device__ __forceinline__ int block(int n) const { return fast_div(n, block_div); }
+  __device__ __forceinline__ int heads(int n) const { return fast_div(n, heads_div); }
+  __device__ __forceinline__ int shards(int n) const { return fast_div(n, shards_div); }
+};
+
+/// store::owns_block with the division by `div` (PlainStoreDiv or StoreDividers).
+template <class Div>
+__device__ __forceinline__ bool owns_block(const StoreView& s, const Div& div, int block) {
+  return s.num_shards <= 1 || block - div.shards(block) * s.num_shards == s.shard_index;
 }
 
 // --- fast path -----------------------------------------------------------------------------------
@@ -474,15 +506,32 @@ struct StoredRow {
   const float* v_scale;
 };
 
-/// Row t of (pool block pb, head h) in the pool.
+/// Row t of (pool block pb, head h) in the pool. A (block, head)'s rows are consecutive
+/// (store::old_row_index), so row t is row 0's payloads moved by t rows and its scales by t:
+/// row 0's addresses and the row sizes are formed once, and a row costs a multiply-add per
+/// pointer (forming each row's index and the format's row sizes anew took about 50 instructions
+/// a row, most of a closing append's summary).
 struct PoolRows {
-  const StoreView* s;
-  int pb, h;
+  const std::uint8_t* k;  ///< row 0's K payload
+  const std::uint8_t* v;  ///< row 0's V payload
+  const float* k_scale;   ///< row 0's K scale, or null
+  const float* v_scale;   ///< row 0's V scale, or null
+  std::size_t k_bytes, v_bytes;
+
+  /// f: the store's OldRowLayout (its row sizes).
+  template <class Layout>
+  __device__ __forceinline__ PoolRows(const StoreView& s, const Layout& f, int pb, int h)
+      : k_bytes(f.k_bytes), v_bytes(f.v_bytes) {
+    const std::size_t r = store::old_row_index(s, pb, h, 0);
+    k = s.old_k + r * k_bytes;
+    v = s.old_v + r * v_bytes;
+    k_scale = s.old_k_scale != nullptr ? s.old_k_scale + r : nullptr;
+    v_scale = s.old_v_scale != nullptr ? s.old_v_scale + r : nullptr;
+  }
+
   __device__ __forceinline__ StoredRow operator()(int t) const {
-    const std::size_t r = store::old_row_index(*s, pb, h, t);
-    return {s->old_k + r * store::k_row_bytes(*s), s->old_v + r * store::v_row_bytes(*s),
-            s->old_k_scale != nullptr ? s->old_k_scale + r : nullptr,
-            s->old_v_scale != nullptr ? s->old_v_scale + r : nullptr};
+    return {k + static_cast<std::size_t>(t) * k_bytes, v + static_cast<std::size_t>(t) * v_bytes,
+            k_scale != nullptr ? k_scale + t : nullptr, v_scale != nullptr ? v_scale + t : nullptr};
   }
 };
 
@@ -633,16 +682,27 @@ __device__ __forceinline__ void summarise_rows(const StoreView& s, const Rows& r
 /// summarise_rows over the pool's rows of (pool block pb, head h).
 template <int kAhead = 1, class Layout = OldRowLayout>
 __device__ __forceinline__ void summarise4(const StoreView& s, int pb, int h, int i0) {
-  summarise_rows<kAhead, PoolRows, Layout>(s, PoolRows{&s, pb, h}, pb, h, i0);
+  summarise_rows<kAhead, PoolRows, Layout>(s, PoolRows(s, Layout{OldRowLayout::of(s)}, pb, h), pb,
+                                           h, i0);
 }
 
 /// Pool blocks an update of `count` tokens to a slot of length L pops: the blocks this store
-/// owns among those that start (the plan's `need`).
-__device__ __forceinline__ int update_pops(const StoreView& s, int L, int count) {
+/// owns among those that start (the plan's `need`), dividing with `div` (StoreDividers; the
+/// two-argument form: the compiler's division).
+template <class Div>
+__device__ __forceinline__ int update_pops(const StoreView& s, const Div& div, int L, int count) {
   const int B = s.block_size;
-  const int begin = (old_tokens(s, L) + B - 1) / B, end = (old_tokens(s, L + count) + B - 1) / B;
-  return store::owned_count(end, s.num_shards, s.shard_index) -
-         store::owned_count(begin, s.num_shards, s.shard_index);
+  const int begin = div.block(old_tokens(s, L) + B - 1),
+            end = div.block(old_tokens(s, L + count) + B - 1);
+  // store::owned_count of end and begin
+  const auto owned = [&](int blocks) {
+    return blocks > s.shard_index ? div.shards(blocks - s.shard_index + s.num_shards - 1) : 0;
+  };
+  return owned(end) - owned(begin);
+}
+
+__device__ __forceinline__ int update_pops(const StoreView& s, int L, int count) {
+  return update_pops(s, PlainStoreDiv{s}, L, count);
 }
 
 /// Sum of n over the G lanes of this lane's row (G = 32: the warp); every lane gets it.

@@ -19,15 +19,16 @@ cudaError_t append_lean(const StoreView& s, const std::int32_t* d_slots, int ent
   const int warps = entries * s.num_kv_heads;
   const unsigned ctas = static_cast<unsigned>((warps + kLeanRowWarps - 1) / kLeanRowWarps);
   const bool fixed = format_layout && Fp16kQ4vMxfp4Layout::serves(s);
+  const StoreDividers dv = StoreDividers::of(s);
   return with_lane_elements(s.head_dim, [&](auto lane_elems) {
     constexpr int kE = decltype(lane_elems)::value;
     return fixed ? kvc::detail::launch_kernel(
                        append_lean_kernel<kE, kProgrammatic, Fp16kQ4vMxfp4Layout>, dim3(ctas),
-                       dim3(32 * (kLeanRowWarps + 1)), 0, kProgrammatic, stream, s, d_slots,
+                       dim3(32 * (kLeanRowWarps + 1)), 0, kProgrammatic, stream, s, dv, d_slots,
                        entries, k, v)
                  : kvc::detail::launch_kernel(append_lean_kernel<kE, kProgrammatic>, dim3(ctas),
                                               dim3(32 * (kLeanRowWarps + 1)), 0, kProgrammatic,
-                                              stream, s, d_slots, entries, k, v);
+                                              stream, s, dv, d_slots, entries, k, v);
   });
 }
 

@@ -18,7 +18,8 @@ cudaError_t append_once(const StoreView& s, const std::int32_t* d_slots, int ent
   return with_lane_elements(s.head_dim, [&](auto lane_elems) {
     return kvc::detail::launch_kernel(
         append_once_kernel<decltype(lane_elems)::value, kWarps, kProgrammatic>, dim3(ctas),
-        dim3(32 * kWarps), 0, kProgrammatic, stream, s, d_slots, entries, k, v);
+        dim3(32 * kWarps), 0, kProgrammatic, stream, s, StoreDividers::of(s), d_slots, entries, k,
+        v);
   });
 }
 

@@ -78,14 +78,15 @@ cudaError_t planned_append(const StoreView& s, const LayerStrides& ls, int layer
   const dim3 grid(static_cast<unsigned>(ctas), 1, static_cast<unsigned>(layers));
   const auto* k = static_cast<const std::uint16_t*>(d_k);
   const auto* v = static_cast<const std::uint16_t*>(d_v);
+  const StoreDividers dv = StoreDividers::of(s);
   return with_lane_elements(s.head_dim, [&](auto lane_elems) {
     constexpr int kE = decltype(lane_elems)::value;
     const dim3 block(32 * kFastWarps);
     return programmatic
                ? kvc::detail::launch_kernel(planned_append_kernel<kE, true>, grid, block, 0, true,
-                                            stream, s, ls, d_slots, entries, k, v, spill)
+                                            stream, s, dv, ls, d_slots, entries, k, v, spill)
                : kvc::detail::launch_kernel(planned_append_kernel<kE, false>, grid, block, 0, false,
-                                            stream, s, ls, d_slots, entries, k, v, spill);
+                                            stream, s, dv, ls, d_slots, entries, k, v, spill);
   });
 }
 

@@ -1,0 +1,42 @@
+// Division of non-negative ints by a divisor known when a kernel is launched (a store's block
+// size, ring length or head count) with a multiplier formed on the host: two instructions where
+// the compiler's division by a run-time value takes about twenty, most of them a dependent chain.
+#pragma once
+
+#include <cstdint>
+
+namespace kvc {
+namespace kernels {
+
+/// A divisor d >= 1 with its round-up multiplier (Granlund-Montgomery): n / d ==
+/// (umulhi(n, mul) + n) >> shift for every 0 <= n < 2^31. Formed by make_fast_div.
+struct FastDiv {
+  std::uint32_t div = 1;
+  std::uint32_t mul = 1;
+  std::uint32_t shift = 0;
+};
+
+/// FastDiv for d (values below 1 are taken as 1).
+inline FastDiv make_fast_div(int d) {
+  FastDiv f;
+  f.div = static_cast<std::uint32_t>(d < 1 ? 1 : d);
+  std::uint32_t l = 0;
+  while ((1ull << l) < f.div) ++l;
+  f.shift = l;
+  f.mul = static_cast<std::uint32_t>((((1ull << 32) * ((1ull << l) - f.div)) / f.div) + 1);
+  return f;
+}
+
+/// n / f.div for 0 <= n < 2^31.
+__device__ __forceinline__ int fast_div(int n, const FastDiv& f) {
+  const std::uint32_t u = static_cast<std::uint32_t>(n);
+  return static_cast<int>((__umulhi(u, f.mul) + u) >> f.shift);
+}
+
+/// n % f.div for 0 <= n < 2^31.
+__device__ __forceinline__ int fast_mod(int n, const FastDiv& f) {
+  return n - fast_div(n, f) * static_cast<int>(f.div);
+}
+
+}  // namespace kernels
+}  // namespace kvc
