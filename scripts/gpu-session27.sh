@@ -103,6 +103,7 @@
 #   rows-lanes16  units of 16 lanes for OldRowLayout too (pending) against main: the format and
 #             store tests, the store rows tree / base / tree, memcheck and synccheck
 #   s50-append  the append's stepped summary rows and host-formed divisors against main
+#   s50-summary  the mean-K-only summary loop against main
 #   append-prof  the count-1 append at B64: its rows beside BM_AppendFloor, Nsight Compute with
 #             stall reasons and the source page of the library's append kernel
 #   evidence48  the H200's phase probes and Nsight Compute of the missed rows (spread top-k,
@@ -1071,6 +1072,25 @@ case "$mode" in
       'BM_AppendStepStaggered/B:64/index:1/kernels:0/' 'append_lean'
     NCU_SKIP=200 NCU_COUNT=1 bench_source append-stag store_bench \
       'BM_AppendStepStaggered/B:64/index:1/kernels:0/' 'append_lean'
+    report
+    ;;
+  s50-summary)
+    # The fiftieth session's summary loop for stores that keep mean K alone (kvc's default): the
+    # min / max and mean-V tests out of the row loop, the pool rows at 32-bit offsets, against
+    # main (gpu-base/): the format and store tests, the store rows (staggered B8 too) as tree /
+    # base / tree again, memcheck over the updates, Nsight Compute of the staggered B64 append and
+    # the source page of the B64 append where every slot closes together.
+    BASE_TARGETS=store_bench base_build_bg
+    build_targets kvc_cuda_tests store_bench
+    gtests store '*Cuda_Formats*:*Cuda_StoreUpdate*:*Cuda_KvStore*:*Cuda_LayeredCache*' 200
+    rows_ab store_bench "$store_rows|BM_AppendStepStaggered/B:8/index:1/kernels:0/" 45
+    sanitize memcheck-store memcheck '*Cuda_StoreUpdate*' 90
+    NCU_SKIP=200 NCU_STALLS=1 profile append-stag store_bench \
+      'BM_AppendStepStaggered/B:64/index:1/kernels:0/' 'append_lean'
+    NCU_SKIP=200 NCU_COUNT=1 bench_source append-stag store_bench \
+      'BM_AppendStepStaggered/B:64/index:1/kernels:0/' 'append_lean'
+    NCU_SKIP=200 NCU_COUNT=1 bench_source append-b64 store_bench \
+      'BM_AppendStep/B:64/index:1/kernels:0/' 'append_lean'
     report
     ;;
   append-prof)

@@ -516,22 +516,22 @@ struct PoolRows {
   const std::uint8_t* v;  ///< row 0's V payload
   const float* k_scale;   ///< row 0's K scale, or null
   const float* v_scale;   ///< row 0's V scale, or null
-  std::size_t k_bytes, v_bytes;
+  int k_bytes, v_bytes;   ///< a row's (a block's rows span far less than 2^31 bytes)
 
   /// f: the store's OldRowLayout (its row sizes).
   template <class Layout>
   __device__ __forceinline__ PoolRows(const StoreView& s, const Layout& f, int pb, int h)
-      : k_bytes(f.k_bytes), v_bytes(f.v_bytes) {
+      : k_bytes(static_cast<int>(f.k_bytes)), v_bytes(static_cast<int>(f.v_bytes)) {
     const std::size_t r = store::old_row_index(s, pb, h, 0);
-    k = s.old_k + r * k_bytes;
-    v = s.old_v + r * v_bytes;
+    k = s.old_k + r * f.k_bytes;
+    v = s.old_v + r * f.v_bytes;
     k_scale = s.old_k_scale != nullptr ? s.old_k_scale + r : nullptr;
     v_scale = s.old_v_scale != nullptr ? s.old_v_scale + r : nullptr;
   }
 
   __device__ __forceinline__ StoredRow operator()(int t) const {
-    return {k + static_cast<std::size_t>(t) * k_bytes, v + static_cast<std::size_t>(t) * v_bytes,
-            k_scale != nullptr ? k_scale + t : nullptr, v_scale != nullptr ? v_scale + t : nullptr};
+    return {k + t * k_bytes, v + t * v_bytes, k_scale != nullptr ? k_scale + t : nullptr,
+            v_scale != nullptr ? v_scale + t : nullptr};
   }
 };
 
@@ -611,7 +611,8 @@ struct SummarySums {
   }
 
   /// Row t's stored K piece `k` and (mean V kept) V piece `v` (f: the store's OldRowLayout).
-  template <class Layout>
+  /// kMeanKOnly: the store keeps mean K alone (no min / max K, no mean V), so neither is tested.
+  template <bool kMeanKOnly = false, class Layout>
   __device__ __forceinline__ void add(const StoreView& s, const Layout& f, int t,
                                       const StoredPiece& k, const StoredPiece& v) {
     float kv[N];
@@ -619,12 +620,12 @@ struct SummarySums {
 #pragma unroll
     for (int n = 0; n < N; ++n) {
       sum_k[n] = fadd_rn(sum_k[n], kv[n]);
-      if (s.summaries & kSummaryMinMaxK) {  // a NaN anywhere in the block makes min and max NaN
+      if (!kMeanKOnly && (s.summaries & kSummaryMinMaxK)) {  // a NaN anywhere makes them NaN
         if (t == 0 || is_nan(kv[n]) || (!is_nan(mn[n]) && kv[n] < mn[n])) mn[n] = kv[n];
         if (t == 0 || is_nan(kv[n]) || (!is_nan(mx[n]) && kv[n] > mx[n])) mx[n] = kv[n];
       }
     }
-    if (s.summaries & kSummaryMeanV) {
+    if (!kMeanKOnly && (s.summaries & kSummaryMeanV)) {
       float vv[N];
       decode_old<N>(f, true, v, vv);
 #pragma unroll
@@ -654,10 +655,10 @@ struct SummarySums {
 /// where rows(t) says (PoolRows: the pool; StagedRows: shared memory). kAhead rows' loads are
 /// issued before the first of them is summed (1: one row at a time, each load waited for; the
 /// arithmetic and its order are the same for every kAhead).
-template <int kAhead, class Rows, class Layout = OldRowLayout>
-__device__ __forceinline__ void summarise_rows(const StoreView& s, const Rows& rows, int pb, int h,
-                                               int i0) {
-  const bool mean_v = (s.summaries & kSummaryMeanV) != 0;
+template <int kAhead, bool kMeanKOnly, class Rows, class Layout>
+__device__ __forceinline__ void summarise_rows_as(const StoreView& s, const Rows& rows, int pb,
+                                                  int h, int i0) {
+  const bool mean_v = !kMeanKOnly && (s.summaries & kSummaryMeanV) != 0;
   const Layout f{OldRowLayout::of(s)};
   SummarySums<4> sums;
   const int B = s.block_size;
@@ -673,10 +674,22 @@ __device__ __forceinline__ void summarise_rows(const StoreView& s, const Rows& r
     }
 #pragma unroll
     for (int j = 0; j < kAhead; ++j) {
-      if (t0 + j < B) sums.add(s, f, t0 + j, ks[j], vs[j]);
+      if (t0 + j < B) sums.template add<kMeanKOnly>(s, f, t0 + j, ks[j], vs[j]);
     }
   }
   sums.store(s, pb, h, i0);
+}
+
+/// summarise_rows_as, with the summaries' tests out of the row loop where the store keeps mean K
+/// alone (kvc's default summaries).
+template <int kAhead, class Rows, class Layout = OldRowLayout>
+__device__ __forceinline__ void summarise_rows(const StoreView& s, const Rows& rows, int pb, int h,
+                                               int i0) {
+  if ((s.summaries & (kSummaryMinMaxK | kSummaryMeanV)) == 0) {
+    summarise_rows_as<kAhead, true, Rows, Layout>(s, rows, pb, h, i0);
+  } else {
+    summarise_rows_as<kAhead, false, Rows, Layout>(s, rows, pb, h, i0);
+  }
 }
 
 /// summarise_rows over the pool's rows of (pool block pb, head h).
