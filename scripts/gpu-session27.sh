@@ -1057,40 +1057,34 @@ case "$mode" in
     sanitize synccheck-store synccheck '*Cuda_StoreUpdate_Formats*:*ChunksIntoBlocksOf32*' 60
     report
     ;;
-  s50-append)
-    # The fiftieth session's count-1 append: a closing block's summary reads its pool rows at a
-    # stride from row 0 (PoolRows), and the appends divide by the ring length, block size, kv
-    # heads and shards with multipliers formed at launch (StoreDividers), against main
-    # (gpu-base/): the format and store tests, the store rows (staggered B8 too) as tree / base /
-    # tree again, memcheck over the updates, Nsight Compute of the staggered B64 append.
+  s50-append | s50-summary)
+    # The fiftieth session's count-1 append against main (gpu-base/). s50-append: a closing
+    # block's summary reads its pool rows at a stride from row 0 (PoolRows), and the appends
+    # divide by the ring length, block size, kv heads and shards with multipliers formed at launch
+    # (StoreDividers); its tests take the attention's too (FastDiv moved out of its header).
+    # s50-summary: the summary loop for stores that keep mean K alone (kvc's default), and the
+    # source page of the B64 append where every slot closes together. Both: the format and store
+    # tests, the store rows (staggered B8 too) as tree / base / tree again, memcheck over the
+    # updates, Nsight Compute of the staggered B64 append.
     BASE_TARGETS=store_bench base_build_bg
     build_targets kvc_cuda_tests store_bench
-    gtests store '*Cuda_Formats*:*Cuda_StoreUpdate*:*Cuda_KvStore*:*Cuda_LayeredCache*:*Cuda_Attention*' 200
-    rows_ab store_bench "$store_rows|BM_AppendStepStaggered/B:8/index:1/kernels:0/|BM_AppendFloor/64" 45
+    tests='*Cuda_Formats*:*Cuda_StoreUpdate*:*Cuda_KvStore*:*Cuda_LayeredCache*'
+    extra_rows=''
+    if [ "$mode" = s50-append ]; then
+      tests="$tests:*Cuda_Attention*"
+      extra_rows='|BM_AppendFloor/64'
+    fi
+    gtests store "$tests" 200
+    rows_ab store_bench "$store_rows|BM_AppendStepStaggered/B:8/index:1/kernels:0/$extra_rows" 45
     sanitize memcheck-store memcheck '*Cuda_StoreUpdate*' 90
     NCU_SKIP=200 NCU_STALLS=1 profile append-stag store_bench \
       'BM_AppendStepStaggered/B:64/index:1/kernels:0/' 'append_lean'
     NCU_SKIP=200 NCU_COUNT=1 bench_source append-stag store_bench \
       'BM_AppendStepStaggered/B:64/index:1/kernels:0/' 'append_lean'
-    report
-    ;;
-  s50-summary)
-    # The fiftieth session's summary loop for stores that keep mean K alone (kvc's default): the
-    # min / max and mean-V tests out of the row loop, the pool rows at 32-bit offsets, against
-    # main (gpu-base/): the format and store tests, the store rows (staggered B8 too) as tree /
-    # base / tree again, memcheck over the updates, Nsight Compute of the staggered B64 append and
-    # the source page of the B64 append where every slot closes together.
-    BASE_TARGETS=store_bench base_build_bg
-    build_targets kvc_cuda_tests store_bench
-    gtests store '*Cuda_Formats*:*Cuda_StoreUpdate*:*Cuda_KvStore*:*Cuda_LayeredCache*' 200
-    rows_ab store_bench "$store_rows|BM_AppendStepStaggered/B:8/index:1/kernels:0/" 45
-    sanitize memcheck-store memcheck '*Cuda_StoreUpdate*' 90
-    NCU_SKIP=200 NCU_STALLS=1 profile append-stag store_bench \
-      'BM_AppendStepStaggered/B:64/index:1/kernels:0/' 'append_lean'
-    NCU_SKIP=200 NCU_COUNT=1 bench_source append-stag store_bench \
-      'BM_AppendStepStaggered/B:64/index:1/kernels:0/' 'append_lean'
-    NCU_SKIP=200 NCU_COUNT=1 bench_source append-b64 store_bench \
-      'BM_AppendStep/B:64/index:1/kernels:0/' 'append_lean'
+    if [ "$mode" = s50-summary ]; then
+      NCU_SKIP=200 NCU_COUNT=1 bench_source append-b64 store_bench \
+        'BM_AppendStep/B:64/index:1/kernels:0/' 'append_lean'
+    fi
     report
     ;;
   append-prof)
