@@ -1,5 +1,5 @@
 // Division of non-negative ints by a divisor known when a kernel is launched (a store's block
-// size, ring length or head count) with a multiplier formed on the host: two instructions where
+// size, ring length or head count) with a multiplier formed on the host: three instructions where
 // the compiler's division by a run-time value takes about twenty, most of them a dependent chain.
 #pragma once
 
@@ -31,11 +31,6 @@ inline FastDiv make_fast_div(int d) {
 __device__ __forceinline__ int fast_div(int n, const FastDiv& f) {
   const std::uint32_t u = static_cast<std::uint32_t>(n);
   return static_cast<int>((__umulhi(u, f.mul) + u) >> f.shift);
-}
-
-/// n % f.div for 0 <= n < 2^31.
-__device__ __forceinline__ int fast_mod(int n, const FastDiv& f) {
-  return n - fast_div(n, f) * static_cast<int>(f.div);
 }
 
 }  // namespace kernels

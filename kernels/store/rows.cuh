@@ -210,7 +210,9 @@ constexpr int kBlockRowsWarps = 4;
 /// 70.2 us against 104 with a warp a unit (H100, forty-ninth session). OldRowLayout's units of
 /// 16 lanes measured slower there without a register bound (143 registers, 3 CTAs an SM: fp16k_q4v
 /// without the index copy 78.4 against 70.1 us, f16 76.6 against 63.8); units of fewer than 32
-/// lanes are compiled for 4 CTAs an SM (128 registers; OldRowLayout spills 8 bytes).
+/// lanes are compiled for 4 CTAs an SM (128 registers; OldRowLayout spills 8 bytes), and so
+/// OldRowLayout's gained too (q8 66.9 against 83.5 us, q8 with the index copy 85.0 against 125,
+/// H100, fiftieth session).
 constexpr int block_rows_lanes(int head_dim) { return head_dim / 8 < 32 ? head_dim / 8 : 32; }
 
 /// Rows whose K and V loads a warp of block_rows_kernel issues together, and keeps in flight

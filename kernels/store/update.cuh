@@ -51,12 +51,11 @@ __device__ __forceinline__ int old_tokens(const StoreView& s, int length) {
 /// (StoreDividers: the count-1 appends, whose rows wait on these divisions).
 struct PlainStoreDiv {
   const StoreView& s;
-  __device__ __forceinline__ int window(int n) const { return n / s.recent_window; }
   __device__ __forceinline__ int block(int n) const { return n / s.block_size; }
-  __device__ __forceinline__ int heads(int n) const { return n / s.num_kv_heads; }
   __device__ __forceinline__ int shards(int n) const { return n / s.num_shards; }
 };
 
+/// The ring length, block size, kv heads and shards as FastDiv (kernels/fast_div.cuh).
 struct StoreDividers {
   FastDiv window_div, block_div, heads_div, shards_div;
 
