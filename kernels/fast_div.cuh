@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "kvc/core/macros.h"
+
 namespace kvc {
 namespace kernels {
 
@@ -27,10 +29,16 @@ inline FastDiv make_fast_div(int d) {
   return f;
 }
 
-/// n / f.div for 0 <= n < 2^31.
-__device__ __forceinline__ int fast_div(int n, const FastDiv& f) {
+/// n / f.div for 0 <= n < 2^31 (host and device: the same arithmetic, tests/core/fast_div_test).
+KVC_HD int fast_div(int n, const FastDiv& f) {
   const std::uint32_t u = static_cast<std::uint32_t>(n);
-  return static_cast<int>((__umulhi(u, f.mul) + u) >> f.shift);
+#if defined(__CUDA_ARCH__)
+  const std::uint32_t hi = __umulhi(u, f.mul);
+#else
+  const std::uint32_t hi =
+      static_cast<std::uint32_t>((static_cast<std::uint64_t>(u) * f.mul) >> 32);
+#endif
+  return static_cast<int>((hi + u) >> f.shift);
 }
 
 }  // namespace kernels
