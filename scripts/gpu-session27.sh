@@ -104,6 +104,7 @@
 #             store tests, the store rows tree / base / tree, memcheck and synccheck
 #   s50-append  the append's stepped summary rows and host-formed divisors against main
 #   s50-summary  the mean-K-only summary loop against main
+#   s50-closing  the lean append's closed summaries shared by the CTA's warps, against main
 #   append-prof  the count-1 append at B64: its rows beside BM_AppendFloor, Nsight Compute with
 #             stall reasons and the source page of the library's append kernel
 #   evidence48  the H200's phase probes and Nsight Compute of the missed rows (spread top-k,
@@ -1085,6 +1086,21 @@ case "$mode" in
       NCU_SKIP=200 NCU_COUNT=1 bench_source append-b64 store_bench \
         'BM_AppendStep/B:64/index:1/kernels:0/' 'append_lean'
     fi
+    report
+    ;;
+  s50-closing)
+    # The fiftieth session's lean append with the closed blocks' summaries shared by the CTA's
+    # warps after a barrier (summarise_closing), against main (gpu-base/): the store tests,
+    # the append rows (staggered too) as tree / base / tree again, racecheck and synccheck over
+    # the append batches of every size (block sizes 1, 3, 32: every warp of a CTA closing a
+    # block), memcheck over the updates.
+    BASE_TARGETS=store_bench base_build_bg
+    build_targets kvc_cuda_tests store_bench
+    gtests store '*Cuda_StoreUpdate*:*Cuda_KvStore*:*Cuda_LayeredCache*' 150
+    rows_ab store_bench 'BM_AppendStep/B:(1|8|64)/index:(0|1)/kernels:0/|BM_AppendStepStaggered/B:(8|64)/index:1/kernels:0/' 40
+    sanitize racecheck-append racecheck '*Cuda_StoreUpdate.AppendBatchesOfEverySizeMatchCpu*' 150
+    sanitize synccheck-append synccheck '*Cuda_StoreUpdate.AppendBatchesOfEverySizeMatchCpu*:*Cuda_StoreUpdate_Graph*' 45
+    sanitize memcheck-store memcheck '*Cuda_StoreUpdate*' 90
     report
     ;;
   append-prof)

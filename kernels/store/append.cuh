@@ -197,15 +197,16 @@ __device__ __forceinline__ void publish_after_reads(const StoreView& s, const En
 /// (each lane reads its share before it overwrites the same addresses). The leaving token is
 /// encoded into its old row when the store owns its block, on page `fresh` when the block starts
 /// and the caller popped one (the head-0 warp records it in the table), else on the table's; it
-/// is also copied to the 16-bit rows spill_k / spill_v when they are not null. A block that
-/// closes is summarised by the warp, kAhead rows' loads in flight at a time. Layout: the store's
-/// row layout type (OldRowLayout, or Fp16kQ4vMxfp4Layout where it serves the store). dv: the
-/// store's divisors.
-template <int E, int kAhead, class Layout = OldRowLayout>
-__device__ __forceinline__ void append_row(const StoreView& s, const StoreDividers& dv, int slot,
-                                           int L, int h, int lane, int fresh, const LaneRow<E>& kn,
-                                           const LaneRow<E>& vn, std::uint16_t* spill_k,
-                                           std::uint16_t* spill_v) {
+/// is also copied to the 16-bit rows spill_k / spill_v when they are not null. Returns the pool
+/// block when this row closes it (the caller summarises it, summarise_closed or
+/// summarise_closing, once the warp's stores are visible), else -1. Layout: the store's row
+/// layout type (OldRowLayout, or Fp16kQ4vMxfp4Layout where it serves the store). dv: the store's
+/// divisors.
+template <int E, class Layout = OldRowLayout>
+__device__ __forceinline__ int append_row(const StoreView& s, const StoreDividers& dv, int slot,
+                                          int L, int h, int lane, int fresh, const LaneRow<E>& kn,
+                                          const LaneRow<E>& vn, std::uint16_t* spill_k,
+                                          std::uint16_t* spill_v) {
   const int W = s.recent_window, B = s.block_size, d = s.head_dim;
   const int q = L - W;
   const int qb = q >= 0 ? dv.block(q) : 0, qr = q - qb * B;  // q's block and row in it
@@ -228,22 +229,30 @@ __device__ __forceinline__ void append_row(const StoreView& s, const StoreDivide
     store_lane<E>(spill_k, lane, ko);
     store_lane<E>(spill_v, lane, vo);
   }
-  if (!quantise) return;
+  if (!quantise) return -1;
   if (fresh >= 0 && h == 0 && lane == 0) *entry = pb;
   encode_row<E>(s, Layout{OldRowLayout::of(s)}, store::old_row_index(s, pb, h, qr), ko, vo, lane);
-  if (qr == B - 1) {  // the block closes: its last row is this warp's
-    __syncwarp();
-    for (int i0 = 4 * lane; i0 < d; i0 += 4 * 32) summarise4<kAhead, Layout>(s, pb, h, i0);
+  return qr == B - 1 ? pb : -1;  // the block closes: its last row is this warp's
+}
+
+/// The summaries of (pool block pb, head h) by the warp that closed it (append_row), every lane,
+/// kSummaryAhead rows' loads in flight at a time.
+template <class Layout = OldRowLayout>
+__device__ __forceinline__ void summarise_closed(const StoreView& s, int pb, int h, int lane) {
+  __syncwarp();  // the closing row's stores, every lane's, before any lane reads them back
+  for (int i0 = 4 * lane; i0 < s.head_dim; i0 += 4 * 32) {
+    summarise4<kSummaryAhead, Layout>(s, pb, h, i0);
   }
 }
 
 /// Entry e's row of head h in a self-planned count-1 append once round 1 is in `sh`
 /// (AppendEntries or LeanEntries): the page its leaving token starts, popped in the entries'
 /// order, then append_row, and the entry's length before the update into s.update_scratch.
+/// Returns append_row's closed pool block, or -1.
 template <int E, class Entries, class Layout = OldRowLayout>
-__device__ __forceinline__ void append_entry_row(const StoreView& s, const StoreDividers& dv,
-                                                 const Entries& sh, int e, int h, int lane,
-                                                 const LaneRow<E>& kn, const LaneRow<E>& vn) {
+__device__ __forceinline__ int append_entry_row(const StoreView& s, const StoreDividers& dv,
+                                                const Entries& sh, int e, int h, int lane,
+                                                const LaneRow<E>& kn, const LaneRow<E>& vn) {
   const int slot = sh.slot[e], L = sh.entry_length(e);
   const int q = L - s.recent_window;
   int fresh = -1;
@@ -253,8 +262,8 @@ __device__ __forceinline__ void append_entry_row(const StoreView& s, const Store
       fresh = s.free_blocks[sh.top - 1 - pops_below(sh, e, lane)];
     }
   }
-  append_row<E, kSummaryAhead, Layout>(s, dv, slot, L, h, lane, fresh, kn, vn, nullptr, nullptr);
   if (h == 0 && lane == 0) s.update_scratch[e] = L;
+  return append_row<E, Layout>(s, dv, slot, L, h, lane, fresh, kn, vn, nullptr, nullptr);
 }
 
 // The whole count-1 append in one launch, one round of reads (see above): entries <=
@@ -280,7 +289,10 @@ __global__ void __launch_bounds__(32 * kWarps)
   }
   read_entries<32 * kWarps>(s, dv, slots, entries, sh);
   if (warp == kWarps - 1) publish_after_reads(s, sh, entries, lane);
-  if (row) append_entry_row<E>(s, dv, sh, e, h, lane, kn, vn);
+  if (row) {
+    const int closed = append_entry_row<E>(s, dv, sh, e, h, lane, kn, vn);
+    if (closed >= 0) summarise_closed(s, closed, h, lane);
+  }
 }
 
 // --- count-1 append with a two-load chain (StoreKernels::kLean, kLeanPdl) ------------------
@@ -295,7 +307,9 @@ __global__ void __launch_bounds__(32 * kWarps)
 // 2. a warp of its own (the CTA's last, serving no row) counts the CTA on the done-counter and,
 //    in the last CTA, publishes lengths and the free count (publish_after_reads), off the rows'
 //    path;
-// 3. the rows are append_row as in append_once_kernel (same pops, ranks and payloads).
+// 3. the rows are append_row as in append_once_kernel (same pops, ranks and payloads);
+// 4. a block a row closes is summarised by all the CTA's warps after a CTA barrier
+//    (summarise_closing), not by the closing warp alone.
 
 /// Row warps per CTA of append_lean_kernel, plus its publishing warp: 512 threads, so that the
 /// kernel has append_once_kernel's register budget (128; with 17 warps ptxas spilled).
@@ -308,6 +322,8 @@ struct LeanEntries {
   std::int32_t length[kLeanMaxSlots];         ///< lengths[x] of every slot x < max_slots
   std::uint32_t pops[kFusedMaxEntries / 32];  ///< bit e % 32 of word e / 32: entry e pops a block
   int top;                                    ///< free_count before the update
+  int closed_count;                           ///< pairs in `closed`
+  int2 closed[kLeanRowWarps];                 ///< (pool block, head) pairs the row warps closed
   /// Entry x's length before the update.
   __device__ __forceinline__ int entry_length(int x) const { return length[slot[x]]; }
 };
@@ -333,7 +349,10 @@ __device__ __forceinline__ void read_lean_entries(const StoreView& s, const Stor
     const int x = i * kThreads + t;
     length[i] = x < s.max_slots ? s.lengths[x] : 0;
   }
-  if (t == 0) sh.top = *s.free_count;
+  if (t == 0) {
+    sh.top = *s.free_count;
+    sh.closed_count = 0;
+  }
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {
     const int x = i * kThreads + t;
@@ -354,6 +373,25 @@ __device__ __forceinline__ void read_lean_entries(const StoreView& s, const Stor
     if (x < entries && lane == 0) sh.pops[x / 32] = bits;
   }
   __syncthreads();
+}
+
+/// The summaries of the (pool block, head) pairs a CTA of append_lean_kernel closed (sh.closed),
+/// shared by its kWarps warps once every row is written: task t is elements [64 p, 64 p + 64)
+/// (p = t % (d / 64)) of pair t / (d / 64), two a lane, taken by warp t % kWarps. Each element's
+/// sums run over the rows in order, as summarise_closed's (the same summaries). A pair's warp
+/// alone took about 1,170 instructions more than a row (H100, fiftieth session) while the CTA's
+/// other warps had finished.
+template <int E, int kWarps, class Layout>
+__device__ __forceinline__ void summarise_closing(const StoreView& s, const LeanEntries& sh,
+                                                  int warp, int lane) {
+  constexpr int kParts = E / 2;  // d = 32 E: 64 elements a task
+  const int tasks = sh.closed_count * kParts;
+  for (int t = warp; t < tasks; t += kWarps) {
+    const int2 c = sh.closed[t / kParts];
+    const Layout f{OldRowLayout::of(s)};
+    summarise_rows<kSummaryAhead, PoolRows, Layout, 2>(s, PoolRows(s, f, c.x, c.y), c.x, c.y,
+                                                       64 * (t % kParts) + 2 * lane);
+  }
 }
 
 // The whole count-1 append in one launch with a two-load chain (see above): entries <=
@@ -382,8 +420,11 @@ __global__ void __launch_bounds__(32 * (kLeanRowWarps + 1), 1)
   if (warp == kLeanRowWarps) {
     publish_after_reads(s, sh, entries, lane);
   } else if (row) {
-    append_entry_row<E, LeanEntries, Layout>(s, dv, sh, e, h, lane, kn, vn);
+    const int closed = append_entry_row<E, LeanEntries, Layout>(s, dv, sh, e, h, lane, kn, vn);
+    if (closed >= 0 && lane == 0) sh.closed[atomicAdd(&sh.closed_count, 1)] = make_int2(closed, h);
   }
+  __syncthreads();  // every row of the CTA written and visible to it, every closed pair listed
+  summarise_closing<E, kLeanRowWarps + 1, Layout>(s, sh, warp, lane);
 }
 
 // The count-1 write of an update planned before (store_write / the LayeredCache's plan): entry
@@ -417,7 +458,8 @@ __global__ void __launch_bounds__(32 * kFastWarps)
     sk = shift_bytes(static_cast<std::uint16_t*>(spill.k), layer) + at;
     sv = shift_bytes(static_cast<std::uint16_t*>(spill.v), layer) + at;
   }
-  append_row<E, kSummaryAhead>(s, dv, slot, L, h, lane, -1, kn, vn, sk, sv);
+  const int closed = append_row<E>(s, dv, slot, L, h, lane, -1, kn, vn, sk, sv);
+  if (closed >= 0) summarise_closed(s, closed, h, lane);
 }
 
 }  // namespace store_detail

@@ -649,17 +649,17 @@ struct SummarySums {
   }
 };
 
-/// store::summarise_element for elements [i0, i0 + 4) of (pool block pb, head h) at once
-/// (SummarySums), with one vector load per row and array instead of one per element; row t read
-/// where rows(t) says (PoolRows: the pool; StagedRows: shared memory). kAhead rows' loads are
-/// issued before the first of them is summed (1: one row at a time, each load waited for; the
-/// arithmetic and its order are the same for every kAhead).
-template <int kAhead, bool kMeanKOnly, class Rows, class Layout>
+/// store::summarise_element for elements [i0, i0 + N) of (pool block pb, head h) at once
+/// (SummarySums; N = 4 or 2), with one vector load per row and array instead of one per element;
+/// row t read where rows(t) says (PoolRows: the pool; StagedRows: shared memory). kAhead rows'
+/// loads are issued before the first of them is summed (1: one row at a time, each load waited for;
+/// the arithmetic and its order are the same for every kAhead).
+template <int kAhead, bool kMeanKOnly, class Rows, class Layout, int N>
 __device__ __forceinline__ void summarise_rows_as(const StoreView& s, const Rows& rows, int pb,
                                                   int h, int i0) {
   const bool mean_v = !kMeanKOnly && (s.summaries & kSummaryMeanV) != 0;
   const Layout f{OldRowLayout::of(s)};
-  SummarySums<4> sums;
+  SummarySums<N> sums;
   const int B = s.block_size;
   for (int t0 = 0; t0 < B; t0 += kAhead) {
     StoredPiece ks[kAhead], vs[kAhead];
@@ -667,8 +667,8 @@ __device__ __forceinline__ void summarise_rows_as(const StoreView& s, const Rows
     for (int j = 0; j < kAhead; ++j) {
       if (t0 + j < B) {
         const StoredRow r = rows(t0 + j);
-        ks[j] = load_old<4>(f, false, r, i0);
-        if (mean_v) vs[j] = load_old<4>(f, true, r, i0);
+        ks[j] = load_old<N>(f, false, r, i0);
+        if (mean_v) vs[j] = load_old<N>(f, true, r, i0);
       }
     }
 #pragma unroll
@@ -681,13 +681,13 @@ __device__ __forceinline__ void summarise_rows_as(const StoreView& s, const Rows
 
 /// summarise_rows_as, with the summaries' tests out of the row loop where the store keeps mean K
 /// alone (kvc's default summaries).
-template <int kAhead, class Rows, class Layout = OldRowLayout>
+template <int kAhead, class Rows, class Layout = OldRowLayout, int N = 4>
 __device__ __forceinline__ void summarise_rows(const StoreView& s, const Rows& rows, int pb, int h,
                                                int i0) {
   if ((s.summaries & (kSummaryMinMaxK | kSummaryMeanV)) == 0) {
-    summarise_rows_as<kAhead, true, Rows, Layout>(s, rows, pb, h, i0);
+    summarise_rows_as<kAhead, true, Rows, Layout, N>(s, rows, pb, h, i0);
   } else {
-    summarise_rows_as<kAhead, false, Rows, Layout>(s, rows, pb, h, i0);
+    summarise_rows_as<kAhead, false, Rows, Layout, N>(s, rows, pb, h, i0);
   }
 }
 
