@@ -375,12 +375,19 @@ __device__ __forceinline__ void read_lean_entries(const StoreView& s, const Stor
   __syncthreads();
 }
 
+/// Rows of a closed block whose loads summarise_closing keeps in flight where the store keeps
+/// mean K alone: half a block of 32 a round, 4 bytes a row a lane (at 32 the lean kernel spills:
+/// each row takes its own 64-bit address, and the kernel has 128 registers). With the tasks
+/// shared and the loop lean, the closing step's extra looks like its four rounds of 8 rows
+/// (staggered B64 6.2 against 3.95 us, H100, fiftieth session; sharing alone measured level).
+constexpr int kClosingAheadMeanK = 16;
+
 /// The summaries of the (pool block, head) pairs a CTA of append_lean_kernel closed (sh.closed),
 /// shared by its kWarps warps once every row is written: task t is elements [64 p, 64 p + 64)
 /// (p = t % (d / 64)) of pair t / (d / 64), two a lane, taken by warp t % kWarps. Each element's
 /// sums run over the rows in order, as summarise_closed's (the same summaries). A pair's warp
 /// alone took about 1,170 instructions more than a row (H100, fiftieth session) while the CTA's
-/// other warps had finished.
+/// other warps had finished; shared, the step measured level (fiftieth session).
 template <int E, int kWarps, class Layout>
 __device__ __forceinline__ void summarise_closing(const StoreView& s, const LeanEntries& sh,
                                                   int warp, int lane) {
@@ -389,8 +396,8 @@ __device__ __forceinline__ void summarise_closing(const StoreView& s, const Lean
   for (int t = warp; t < tasks; t += kWarps) {
     const int2 c = sh.closed[t / kParts];
     const Layout f{OldRowLayout::of(s)};
-    summarise_rows<kSummaryAhead, PoolRows, Layout, 2>(s, PoolRows(s, f, c.x, c.y), c.x, c.y,
-                                                       64 * (t % kParts) + 2 * lane);
+    summarise_rows<kSummaryAhead, PoolRows, Layout, 2, kClosingAheadMeanK>(
+        s, PoolRows(s, f, c.x, c.y), c.x, c.y, 64 * (t % kParts) + 2 * lane);
   }
 }
 

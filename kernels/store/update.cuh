@@ -680,12 +680,12 @@ __device__ __forceinline__ void summarise_rows_as(const StoreView& s, const Rows
 }
 
 /// summarise_rows_as, with the summaries' tests out of the row loop where the store keeps mean K
-/// alone (kvc's default summaries).
-template <int kAhead, class Rows, class Layout = OldRowLayout, int N = 4>
+/// alone (kvc's default summaries); that loop keeps kAheadMeanK rows' loads in flight.
+template <int kAhead, class Rows, class Layout = OldRowLayout, int N = 4, int kAheadMeanK = kAhead>
 __device__ __forceinline__ void summarise_rows(const StoreView& s, const Rows& rows, int pb, int h,
                                                int i0) {
   if ((s.summaries & (kSummaryMinMaxK | kSummaryMeanV)) == 0) {
-    summarise_rows_as<kAhead, true, Rows, Layout, N>(s, rows, pb, h, i0);
+    summarise_rows_as<kAheadMeanK, true, Rows, Layout, N>(s, rows, pb, h, i0);
   } else {
     summarise_rows_as<kAhead, false, Rows, Layout, N>(s, rows, pb, h, i0);
   }
