@@ -376,11 +376,22 @@ __device__ __forceinline__ void read_lean_entries(const StoreView& s, const Stor
 }
 
 /// Rows of a closed block whose loads summarise_closing keeps in flight where the store keeps
-/// mean K alone: half a block of 32 a round, 4 bytes a row a lane (at 32 the lean kernel spills:
-/// each row takes its own 64-bit address, and the kernel has 128 registers). With the tasks
-/// shared and the loop lean, the closing step's extra looks like its four rounds of 8 rows
-/// (staggered B64 6.2 against 3.95 us, H100, fiftieth session; sharing alone measured level).
-constexpr int kClosingAheadMeanK = 16;
+/// mean K alone, 4 bytes a row a lane: a whole block of 32 with the default format's layout,
+/// whose rows are immediate offsets from one address (PoolRowsOf with compile-time sizes); half
+/// of it with OldRowLayout (at 32 the lean kernel spills: each row takes its own 64-bit address,
+/// and the kernel has 128 registers). With the tasks shared and the loop lean, the closing step's
+/// extra looks like its four rounds of 8 rows (staggered B64 6.2 against 3.95 us, H100, fiftieth
+/// session; sharing alone measured level).
+template <class Layout>
+constexpr int closing_ahead_mean_k() {
+  return std::is_same<Layout, Fp16kQ4vMxfp4Layout>::value ? 32 : 16;
+}
+
+/// The pool rows summarise_closing reads: with the default format's layout at compile-time row
+/// sizes (K in the 16-bit dtype, 2 d bytes; V in int4, d / 2 bytes; d = 32 E).
+template <int E, class Layout>
+using ClosingRows = typename std::conditional<std::is_same<Layout, Fp16kQ4vMxfp4Layout>::value,
+                                              PoolRowsOf<64 * E, 16 * E>, PoolRows>::type;
 
 /// The summaries of the (pool block, head) pairs a CTA of append_lean_kernel closed (sh.closed),
 /// shared by its kWarps warps once every row is written: task t is elements [64 p, 64 p + 64)
@@ -396,8 +407,9 @@ __device__ __forceinline__ void summarise_closing(const StoreView& s, const Lean
   for (int t = warp; t < tasks; t += kWarps) {
     const int2 c = sh.closed[t / kParts];
     const Layout f{OldRowLayout::of(s)};
-    summarise_rows<kSummaryAhead, PoolRows, Layout, 2, kClosingAheadMeanK>(
-        s, PoolRows(s, f, c.x, c.y), c.x, c.y, 64 * (t % kParts) + 2 * lane);
+    using Rows = ClosingRows<E, Layout>;
+    summarise_rows<kSummaryAhead, Rows, Layout, 2, closing_ahead_mean_k<Layout>()>(
+        s, Rows(s, f, c.x, c.y), c.x, c.y, 64 * (t % kParts) + 2 * lane);
   }
 }
 

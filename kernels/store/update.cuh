@@ -509,21 +509,25 @@ struct StoredRow {
 /// (store::old_row_index), so row t is row 0's payloads moved by t rows and its scales by t:
 /// row 0's addresses and the row sizes are formed once, and a row costs a multiply-add per
 /// pointer (forming each row's index and the format's row sizes anew took about 50 instructions
-/// a row, most of a closing append's summary).
-struct PoolRows {
+/// a row, most of a closing append's summary). kKBytes / kVBytes > 0: the row sizes known at
+/// compile time (Fp16kQ4vMxfp4Layout's at a given head_dim), so that rows in an unrolled loop
+/// are immediate offsets from one address and take no registers of their own.
+template <int kKBytes = 0, int kVBytes = 0>
+struct PoolRowsOf {
   const std::uint8_t* k;  ///< row 0's K payload
   const std::uint8_t* v;  ///< row 0's V payload
   const float* k_scale;   ///< row 0's K scale, or null
   const float* v_scale;   ///< row 0's V scale, or null
   int k_bytes, v_bytes;   ///< a row's (a block's rows span far less than 2^31 bytes)
 
-  /// f: the store's OldRowLayout (its row sizes).
+  /// f: the store's OldRowLayout (its row sizes; kKBytes and kVBytes must equal them).
   template <class Layout>
-  __device__ __forceinline__ PoolRows(const StoreView& s, const Layout& f, int pb, int h)
-      : k_bytes(static_cast<int>(f.k_bytes)), v_bytes(static_cast<int>(f.v_bytes)) {
+  __device__ __forceinline__ PoolRowsOf(const StoreView& s, const Layout& f, int pb, int h)
+      : k_bytes(kKBytes > 0 ? kKBytes : static_cast<int>(f.k_bytes)),
+        v_bytes(kVBytes > 0 ? kVBytes : static_cast<int>(f.v_bytes)) {
     const std::size_t r = store::old_row_index(s, pb, h, 0);
-    k = s.old_k + r * f.k_bytes;
-    v = s.old_v + r * f.v_bytes;
+    k = s.old_k + r * k_bytes;
+    v = s.old_v + r * v_bytes;
     k_scale = s.old_k_scale != nullptr ? s.old_k_scale + r : nullptr;
     v_scale = s.old_v_scale != nullptr ? s.old_v_scale + r : nullptr;
   }
@@ -533,6 +537,9 @@ struct PoolRows {
             v_scale != nullptr ? v_scale + t : nullptr};
   }
 };
+
+/// PoolRowsOf with the row sizes of the store's OldRowLayout at run time.
+using PoolRows = PoolRowsOf<>;
 
 /// A block's rows [first, B) as the CTA that encoded them staged them in shared memory
 /// (encode_row with a RowStage: the same bytes as the pool's), rows [0, first) — written by
