@@ -379,9 +379,9 @@ __device__ __forceinline__ void read_lean_entries(const StoreView& s, const Stor
 /// mean K alone, 4 bytes a row a lane: a whole block of 32 with the default format's layout,
 /// whose rows are immediate offsets from one address (PoolRowsOf with compile-time sizes); half
 /// of it with OldRowLayout (at 32 the lean kernel spills: each row takes its own 64-bit address,
-/// and the kernel has 128 registers). With the tasks shared and the loop lean, the closing step's
-/// extra looks like its four rounds of 8 rows (staggered B64 6.2 against 3.95 us, H100, fiftieth
-/// session; sharing alone measured level).
+/// and the kernel has 128 registers). With the tasks shared (level alone) and the rows in one or
+/// two rounds instead of four, the staggered B64 append took 5.34 us against 6.23 (H100,
+/// fifty-first session): the closing step's extra was its rounds of loads.
 template <class Layout>
 constexpr int closing_ahead_mean_k() {
   return std::is_same<Layout, Fp16kQ4vMxfp4Layout>::value ? 32 : 16;
@@ -398,7 +398,8 @@ using ClosingRows = typename std::conditional<std::is_same<Layout, Fp16kQ4vMxfp4
 /// (p = t % (d / 64)) of pair t / (d / 64), two a lane, taken by warp t % kWarps. Each element's
 /// sums run over the rows in order, as summarise_closed's (the same summaries). A pair's warp
 /// alone took about 1,170 instructions more than a row (H100, fiftieth session) while the CTA's
-/// other warps had finished; shared, the step measured level (fiftieth session).
+/// other warps had finished; shared, the step measured level, and with closing_ahead_mean_k's
+/// rows in flight 0.86x (fifty-first session).
 template <int E, int kWarps, class Layout>
 __device__ __forceinline__ void summarise_closing(const StoreView& s, const LeanEntries& sh,
                                                   int warp, int lane) {
