@@ -105,6 +105,7 @@
 #   s50-append  the append's stepped summary rows and host-formed divisors against main
 #   s50-summary  the mean-K-only summary loop against main
 #   s50-closing  the lean append's closed summaries shared by the CTA's warps, against main
+#   s51-sums  the open blocks' running mean-K sums kept by the count-1 appends, against main
 #   append-prof  the count-1 append at B64: its rows beside BM_AppendFloor, Nsight Compute with
 #             stall reasons and the source page of the library's append kernel
 #   evidence48  the H200's phase probes and Nsight Compute of the missed rows (spread top-k,
@@ -1101,6 +1102,19 @@ case "$mode" in
     sanitize racecheck-append racecheck '*Cuda_StoreUpdate.AppendBatchesOfEverySizeMatchCpu*' 150
     sanitize synccheck-append synccheck '*Cuda_StoreUpdate.AppendBatchesOfEverySizeMatchCpu*:*Cuda_StoreUpdate_Graph*' 45
     sanitize memcheck-store memcheck '*Cuda_StoreUpdate*' 90
+    report
+    ;;
+  s51-sums)
+    # The fifty-first session's running mean-K sums of the open blocks (StoreView::open_sum_k),
+    # against main (gpu-base/): the store and layered-cache tests, the append rows
+    # (staggered too) as tree / base / tree again, memcheck over the updates and initcheck over
+    # the new test (the sums' memory read before an append wrote it).
+    BASE_TARGETS=store_bench base_build_bg
+    build_targets kvc_cuda_tests store_bench
+    gtests store '*Cuda_StoreUpdate*:*Cuda_KvStore*:*Cuda_LayeredCache*' 200
+    rows_ab store_bench 'BM_Ingest/T:16384/format:0/index:(0|1)/kernels:0/|BM_AppendStep/B:(1|8|64)/index:(0|1)/kernels:0/|BM_AppendStepStaggered/B:(8|64)/index:1/kernels:0/' 60
+    sanitize memcheck-store memcheck '*Cuda_StoreUpdate*' 90
+    sanitize initcheck-sums initcheck '*Cuda_StoreUpdate.OpenBlockSums*' 60
     report
     ;;
   append-prof)

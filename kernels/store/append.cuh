@@ -191,17 +191,90 @@ __device__ __forceinline__ void publish_after_reads(const StoreView& s, const En
   }
 }
 
+/// One lane's share of the open block's running mean-K sum (StoreView::open_sum_k) in a count-1
+/// append: the E elements [E lane, E lane + E) of (slot, head)'s sum and the position it awaits
+/// (open_sum_next). Loaded beside the ring row (its address needs the slot, not the length), so
+/// it adds no round of loads; the append folds its row in (fold) and either keeps the sum for
+/// the next row or, at the block's last row, writes the mean K itself (store::summarise_element's
+/// arithmetic: the same fadd_rn from 0 in row order over the same decoded values, then fdiv_rn
+/// and store_summary), so the closing append reads nothing back.
+template <int E>
+struct OpenSum {
+  float sum[E];
+  int next = -1;  // open_sum_next's value; -1 where not loaded
+
+  /// (slot, head)'s entry of a [max_slots, Hkv, ...] array.
+  __device__ __forceinline__ static std::size_t at(const StoreView& s, int slot, int h) {
+    return static_cast<std::size_t>(slot) * s.num_kv_heads + h;
+  }
+
+  /// The lane's share of (slot, h)'s sum and its position (issued only; not waited for here).
+  __device__ __forceinline__ void load(const StoreView& s, int slot, int h, int lane) {
+    const std::size_t i = at(s, slot, h);
+    next = s.open_sum_next[i];
+    std::uint32_t w[E];
+    load_packed<4 * E>(
+        reinterpret_cast<const std::uint8_t*>(s.open_sum_k + i * s.head_dim + E * lane), w);
+#pragma unroll
+    for (int e = 0; e < E; ++e) sum[e] = bits_float(w[e]);
+  }
+
+  /// Folds in row q (row qr of its block) as encode_row stored it (`kept`, the lane's share; f
+  /// the store's OldRowLayout). Returns false, and folds nothing, when the sum does not cover
+  /// the block's rows before this one (qr > 0 and next != q).
+  template <class Layout>
+  __device__ __forceinline__ bool fold(const Layout& f, const EncodedLane<E>& kept, int q, int qr) {
+    if (qr != 0 && next != q) return false;
+    constexpr int N = E % 4 == 0 ? 4 : 2;
+#pragma unroll
+    for (int g = 0; g < E / N; ++g) {
+      float x[N];
+      decode_old<N>(f, false, kept.template piece<N, Layout>(f, false, g), x);
+#pragma unroll
+      for (int n = 0; n < N; ++n) {
+        float& a = sum[N * g + n];
+        a = fadd_rn(qr == 0 ? 0.0f : a, x[n]);  // the first row from 0, as the summary's sums
+      }
+    }
+    return true;
+  }
+
+  /// The sum and its position q + 1 kept for the block's next row (valid), or the position -1.
+  __device__ __forceinline__ void keep(const StoreView& s, int slot, int h, int lane, int q,
+                                       bool valid) const {
+    const std::size_t i = at(s, slot, h);
+    if (valid) {
+      std::uint32_t w[E];
+#pragma unroll
+      for (int e = 0; e < E; ++e) w[e] = float_bits(sum[e]);
+      store_packed<4 * E>(reinterpret_cast<std::uint8_t*>(s.open_sum_k + i * s.head_dim + E * lane),
+                          w);
+    }
+    if (lane == 0) s.open_sum_next[i] = valid ? q + 1 : -1;
+  }
+
+  /// The closed block's mean K (pool block pb, head h), the lane's E elements.
+  __device__ __forceinline__ void close(const StoreView& s, int pb, int h, int lane) const {
+    const float b = static_cast<float>(s.block_size);
+    const std::size_t o = store::block_head_index(s, pb, h) * s.head_dim + E * lane;
+#pragma unroll
+    for (int e = 0; e < E; ++e) store::store_summary(s, s.mean_k, o + e, fdiv_rn(sum[e], b));
+  }
+};
+
 /// The count-1 append of head h of `slot`, length L before the update, from the warp that owns
 /// the row (every lane; kn, vn: the lane's share of the new token). The new token goes to ring
 /// row L % W once that row's token L - W — the one leaving the ring, when L >= W — has been read
 /// (each lane reads its share before it overwrites the same addresses). The leaving token is
 /// encoded into its old row when the store owns its block, on page `fresh` when the block starts
 /// and the caller popped one (the head-0 warp records it in the table), else on the table's; it
-/// is also copied to the 16-bit rows spill_k / spill_v when they are not null. Returns the pool
-/// block when this row closes it (the caller summarises it, summarise_closed or
-/// summarise_closing, once the warp's stores are visible), else -1. Layout: the store's row
-/// layout type (OldRowLayout, or Fp16kQ4vMxfp4Layout where it serves the store). dv: the store's
-/// divisors.
+/// is also copied to the 16-bit rows spill_k / spill_v when they are not null. Where the store
+/// keeps running sums (s.open_sum_k) the row is folded into its block's (OpenSum), and the row
+/// that closes a block over a sum that covers it writes the mean K itself. Returns the pool
+/// block when this row closes it and its summaries still need the block's rows (the caller
+/// summarises it, summarise_closed or summarise_closing, once the warp's stores are visible),
+/// else -1. Layout: the store's row layout type (OldRowLayout, or Fp16kQ4vMxfp4Layout where it
+/// serves the store). dv: the store's divisors.
 template <int E, class Layout = OldRowLayout>
 __device__ __forceinline__ int append_row(const StoreView& s, const StoreDividers& dv, int slot,
                                           int L, int h, int lane, int fresh, const LaneRow<E>& kn,
@@ -212,6 +285,7 @@ __device__ __forceinline__ int append_row(const StoreView& s, const StoreDivider
   const int qb = q >= 0 ? dv.block(q) : 0, qr = q - qb * B;  // q's block and row in it
   const bool quantise = q >= 0 && owns_block(s, dv, qb);
   const bool spill = q >= 0 && spill_k != nullptr;
+  const bool sums = quantise && s.open_sum_k != nullptr;
   const std::size_t r = store::ring_row_index(s, slot, h, L - dv.window(L) * W) * d;
   auto* rk = static_cast<std::uint16_t*>(s.ring_k) + r;
   auto* rv = static_cast<std::uint16_t*>(s.ring_v) + r;
@@ -220,6 +294,8 @@ __device__ __forceinline__ int append_row(const StoreView& s, const StoreDivider
     ko = load_lane<E>(rk, lane);
     vo = load_lane<E>(rv, lane);
   }
+  OpenSum<E> open;
+  if (sums && qr != 0) open.load(s, slot, h, lane);
   std::int32_t* entry = s.block_table + static_cast<std::size_t>(slot) * s.max_blocks_per_slot + qb;
   int pb = 0;
   if (quantise) pb = fresh >= 0 ? fresh : *entry;
@@ -231,8 +307,19 @@ __device__ __forceinline__ int append_row(const StoreView& s, const StoreDivider
   }
   if (!quantise) return -1;
   if (fresh >= 0 && h == 0 && lane == 0) *entry = pb;
-  encode_row<E>(s, Layout{OldRowLayout::of(s)}, store::old_row_index(s, pb, h, qr), ko, vo, lane);
-  return qr == B - 1 ? pb : -1;  // the block closes: its last row is this warp's
+  const Layout f{OldRowLayout::of(s)};
+  EncodedLane<E> kept;
+  encode_row<E>(s, f, store::old_row_index(s, pb, h, qr), ko, vo, lane, RowStage{}, &kept);
+  const bool closes = qr == B - 1;  // the block closes: its last row is this warp's
+  if (!sums) return closes ? pb : -1;
+  const bool folded = open.fold(f, kept, q, qr);
+  if (!closes) {
+    open.keep(s, slot, h, lane, q, folded);
+    return -1;
+  }
+  if (!folded) return pb;
+  open.close(s, pb, h, lane);
+  return -1;
 }
 
 /// The summaries of (pool block pb, head h) by the warp that closed it (append_row), every lane,

@@ -1,7 +1,8 @@
 // The StoreView of layer `l` of a layered cache: every per-layer array of layer 0 moved by l
 // times its layer stride (ring arrays by one, pool arrays by another); lengths, tables and the
 // free list are shared and stay. Used by the update kernels (update.cuh, a grid.z per layer)
-// and the LayeredCache kernels (layered.cuh), on the host and the device.
+// and the LayeredCache kernels (layered.cuh), on the host and the device. The open blocks'
+// running sums (StoreView::open_sum_k) are layer 0's alone.
 #pragma once
 
 #include <cstddef>
@@ -35,6 +36,10 @@ KVC_HD StoreView at_layer(StoreView s, const LayerStrides& ls, int layer) {
   s.max_k = shift_bytes(s.max_k, p);
   s.index_k = shift_bytes(s.index_k, p);
   s.index_k_scale = shift_bytes(s.index_k_scale, p);
+  if (layer != 0) {  // per-slot running sums have no layer stride: layer 0's are not theirs
+    s.open_sum_k = nullptr;
+    s.open_sum_next = nullptr;
+  }
   return s;
 }
 

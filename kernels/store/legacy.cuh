@@ -261,7 +261,8 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-// One thread: pushes each slot's blocks back in logical order and zeroes its length.
+// One thread: pushes each slot's blocks back in logical order and zeroes its length and its open
+// blocks' running sums' positions (StoreView::open_sum_next: no sum, as the length falls).
 __global__ void reset_kernel(StoreView s, const std::int32_t* slots, int n) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
   int top = *s.free_count;
@@ -275,6 +276,11 @@ __global__ void reset_kernel(StoreView s, const std::int32_t* slots, int n) {
       row[b] = -1;
     }
     s.lengths[slot] = 0;
+    if (s.open_sum_next != nullptr) {
+      for (int h = 0; h < s.num_kv_heads; ++h) {
+        s.open_sum_next[static_cast<std::size_t>(slot) * s.num_kv_heads + h] = 0;
+      }
+    }
   }
   *s.free_count = top;
 }

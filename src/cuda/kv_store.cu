@@ -44,6 +44,12 @@ class CudaKvStore final : public KvStore {
     const StoreView g = store_geometry(config);
     index_k_ = DeviceBuffer(index ? rows * store::index_payload_bytes(g) : 0);
     index_k_scale_ = DeviceBuffer(index ? rows * store::index_scale_bytes(g) : 0);
+    // The open blocks' running mean-K sums (StoreView::open_sum_k), zero-filled: position 0 is
+    // a block's first row, so no sum matches before an append writes one.
+    const bool sums = (config.summaries & (kSummaryMeanV | kSummaryMinMaxK)) == 0;
+    const std::size_t slot_heads = static_cast<std::size_t>(config.max_slots) * config.num_kv_heads;
+    open_sum_k_ = DeviceBuffer(sums ? slot_heads * config.head_dim * 4 : 0);
+    open_sum_next_ = DeviceBuffer(sums ? slot_heads * 4 : 0);
     lengths_ = DeviceBuffer(mirror_.lengths.size() * 4);
     table_ = DeviceBuffer(std::max<std::size_t>(mirror_.block_table.size(), 1) * 4);
     free_blocks_ = DeviceBuffer(std::max<std::size_t>(mirror_.free_blocks.size(), 1) * 4);
@@ -113,6 +119,8 @@ class CudaKvStore final : public KvStore {
     v.max_k = max_k_.as<void>();
     v.index_k = index_k_.as<std::uint8_t>();
     v.index_k_scale = index_k_scale_.as<std::uint8_t>();
+    v.open_sum_k = open_sum_k_.as<float>();
+    v.open_sum_next = open_sum_next_.as<std::int32_t>();
     return v;
   }
 
@@ -242,7 +250,7 @@ class CudaKvStore final : public KvStore {
   HostStoreState mirror_;
   DeviceBuffer ring_k_, ring_v_, old_k_, old_v_, k_scale_, v_scale_, mean_k_, mean_v_, min_k_,
       max_k_, index_k_, index_k_scale_, lengths_, table_, free_blocks_, free_count_, scratch_,
-      counter_, slots_;
+      counter_, slots_, open_sum_k_, open_sum_next_;
 };
 
 }  // namespace

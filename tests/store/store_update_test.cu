@@ -155,6 +155,15 @@ class Twin {
     gpu_->refresh_host_state();
   }
 
+  // The kernel set of the updates from now on (a store driven by several, as an engine may).
+  void use(StoreKernels kernels, bool counter = true) {
+    kernels_ = kernels;
+    counter_ = counter;
+  }
+
+  int length(int slot) const { return cpu_->length(slot); }
+  const KvStore& gpu() const { return *gpu_; }
+
   // Resets `slot` in both stores (the object path): its blocks go back onto the free stack, so
   // later pops hand out pool blocks in a shuffled order.
   void reset(int slot) {
@@ -741,6 +750,91 @@ TEST(Cuda_StoreUpdate, ShuffledPagesAfterResetsMatchCpu) {
     twin.random_update({1}, 33, rng);
     twin.expect_equal(std::string("after resets, ") + name_of(k));
   }
+}
+
+// The open blocks' running mean-K sums (StoreView::open_sum_k): kept where the store keeps mean K
+// alone, by the count-1 appends that plan for themselves (kLean, kOneRound) or not (the planned
+// write), so that the append closing a block writes its mean K without reading the block back.
+// The sums must give the reference's bits, and a sum must never be used for rows it did not see:
+// chunks and the appends that keep no sums (kFused) write rows in between, and a slot reset and
+// refilled to the same length as when its sum was kept (the sum's position matching again) must
+// not take the old sequence's sum. Each case is compared with the CPU reference bit for bit.
+TEST(Cuda_StoreUpdate, OpenBlockSumsMatchCpuAcrossKernelsAndResets) {
+  KVC_REQUIRE_GPU();
+  struct Case {
+    Format f;
+    DType t;
+    int d;
+    DType summary;
+  };
+  for (const Case& x : {Case{Format::kFp16kQ4v, DType::kF16, 128, DType::kF32},
+                        Case{Format::kQ8, DType::kBF16, 64, DType::kF32},
+                        Case{Format::kFp16kQ4v, DType::kBF16, 256, DType::kBF16},
+                        Case{Format::kF16, DType::kF16, 512, DType::kF16}}) {
+    for (const int block : {1, 3, 32}) {
+      KvStoreConfig c = small_config(x.f, x.t, x.d, Format::kMxfp4);
+      c.summaries = kSummaryMeanK | kSummaryIndexKeys;
+      c.summary_dtype = x.summary;
+      c.max_slots = 9;
+      c.block_size = block;
+      c.recent_window = 5;
+      c.max_context = 400;
+      const std::string where =
+          std::string(to_string(x.f)) + " d" + std::to_string(x.d) + ", B " + std::to_string(block);
+      Twin twin(c, StoreKernels::kAuto);
+      ASSERT_NE(twin.gpu().view().open_sum_k, nullptr) << where;
+      ASSERT_NE(twin.gpu().view().open_sum_next, nullptr) << where;
+      std::mt19937 rng(700u + static_cast<std::uint32_t>(x.d + block));
+      std::vector<int> all(9);
+      for (int s = 0; s < 9; ++s) all[s] = s;
+      for (int s = 0; s < 9; ++s) twin.random_update({s}, 1 + static_cast<int>(rng() % 23), rng);
+      // Staggered appends: in most steps some slot closes a block over its running sum.
+      const auto appends = [&](int steps, int batch) {
+        for (int step = 0; step < steps; ++step) {
+          std::shuffle(all.begin(), all.end(), rng);
+          twin.random_update(std::vector<int>(all.begin(), all.begin() + batch), 1, rng);
+        }
+      };
+      appends(2 * block + 7, 9);
+      twin.expect_equal(where + ": lean appends");
+      // A chunk mid-block, then appends: the sum does not cover the chunk's rows.
+      twin.random_update({4}, block + 2, rng);
+      appends(block + 3, 7);
+      twin.expect_equal(where + ": a chunk between appends");
+      // Appends that keep no sums, then the default again; then the other appends that keep them.
+      twin.use(StoreKernels::kFused);
+      appends(2, 5);
+      twin.use(StoreKernels::kAuto);
+      appends(block + 2, 9);
+      twin.use(StoreKernels::kOneRoundWide);
+      appends(block + 2, 6);
+      twin.use(StoreKernels::kAuto, false);  // plan + the planned count-1 write
+      appends(block + 2, 8);
+      twin.use(StoreKernels::kAuto);
+      twin.expect_equal(where + ": mixed kernel sets");
+      // A slot whose open block has a running sum over its first two rows, reset and refilled by
+      // a chunk to the same length: the sum's position matches again but its rows are gone (the
+      // reset must drop it; without that the block's mean K would differ).
+      if (block > 2) {
+        const int slot = 3, W = c.recent_window;
+        while (twin.length(slot) < W || (twin.length(slot) - W) % block != 0) {
+          twin.random_update({slot}, 1, rng);
+        }
+        twin.random_update({slot}, 1, rng);
+        twin.random_update({slot}, 1, rng);
+        const int L = twin.length(slot);
+        twin.reset(slot);
+        twin.random_update({slot}, L, rng);
+        for (int step = 0; step < block; ++step) twin.random_update({slot}, 1, rng);
+        twin.expect_equal(where + ": reset and refilled to the same length");
+      }
+    }
+  }
+  // Stores that keep more than mean K read their blocks back: no running sums.
+  KvStoreConfig c = small_config(Format::kFp16kQ4v, DType::kF16, 128, Format::kMxfp4);
+  const auto store = KvStore::create(c, Device::cuda(0));
+  EXPECT_EQ(store->view().open_sum_k, nullptr);
+  EXPECT_EQ(store->view().open_sum_next, nullptr);
 }
 
 }  // namespace
