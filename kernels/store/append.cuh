@@ -395,8 +395,9 @@ __global__ void __launch_bounds__(32 * kWarps)
 //    in the last CTA, publishes lengths and the free count (publish_after_reads), off the rows'
 //    path;
 // 3. the rows are append_row as in append_once_kernel (same pops, ranks and payloads);
-// 4. a block a row closes is summarised by all the CTA's warps after a CTA barrier
-//    (summarise_closing), not by the closing warp alone.
+// 4. a row that closes a block over the store's running sum (OpenSum) writes its mean K itself;
+//    without running sums, a block a row closes is summarised by all the CTA's warps after a
+//    CTA barrier (summarise_closing), not by the closing warp alone.
 
 /// Row warps per CTA of append_lean_kernel, plus its publishing warp: 512 threads, so that the
 /// kernel has append_once_kernel's register budget (128; with 17 warps ptxas spilled).
@@ -528,10 +529,20 @@ __global__ void __launch_bounds__(32 * (kLeanRowWarps + 1), 1)
     publish_after_reads(s, sh, entries, lane);
   } else if (row) {
     const int closed = append_entry_row<E, LeanEntries, Layout>(s, dv, sh, e, h, lane, kn, vn);
-    if (closed >= 0 && lane == 0) sh.closed[atomicAdd(&sh.closed_count, 1)] = make_int2(closed, h);
+    if (closed >= 0) {
+      if (s.open_sum_k != nullptr) {
+        // A block whose running sum did not cover it (the first a sequence closes after a
+        // chunk): rare, so its warp reads it back alone and the CTA needs no barrier.
+        summarise_closed<Layout>(s, closed, h, lane);
+      } else if (lane == 0) {
+        sh.closed[atomicAdd(&sh.closed_count, 1)] = make_int2(closed, h);
+      }
+    }
   }
-  __syncthreads();  // every row of the CTA written and visible to it, every closed pair listed
-  summarise_closing<E, kLeanRowWarps + 1, Layout>(s, sh, warp, lane);
+  if (s.open_sum_k == nullptr) {  // the same for the whole CTA
+    __syncthreads();  // every row of the CTA written and visible to it, every closed pair listed
+    summarise_closing<E, kLeanRowWarps + 1, Layout>(s, sh, warp, lane);
+  }
 }
 
 // The count-1 write of an update planned before (store_write / the LayeredCache's plan): entry
