@@ -106,6 +106,7 @@
 #   s50-summary  the mean-K-only summary loop against main
 #   s50-closing  the lean append's closed summaries shared by the CTA's warps, against main
 #   s51-sums  the open blocks' running mean-K sums kept by the count-1 appends, against main
+#   store-h200  the store tests and the ingest / append rows of this tree alone (no base build)
 #   append-prof  the count-1 append at B64: its rows beside BM_AppendFloor, Nsight Compute with
 #             stall reasons and the source page of the library's append kernel
 #   evidence48  the H200's phase probes and Nsight Compute of the missed rows (spread top-k,
@@ -1115,6 +1116,14 @@ case "$mode" in
     rows_ab store_bench 'BM_Ingest/T:16384/format:0/index:(0|1)/kernels:0/|BM_AppendStep/B:(1|8|64)/index:(0|1)/kernels:0/|BM_AppendStepStaggered/B:(8|64)/index:1/kernels:0/' 60
     sanitize memcheck-store memcheck '*Cuda_StoreUpdate*' 90
     sanitize initcheck-sums initcheck '*Cuda_StoreUpdate.OpenBlockSums*' 60
+    report
+    ;;
+  store-h200)
+    # The store's rows on main alone (no base build), for the goal rows on the lent H200: the
+    # store and layered-cache tests, the ingest and append rows (staggered too), five repeats.
+    build_targets kvc_cuda_tests store_bench
+    gtests store '*Cuda_StoreUpdate*:*Cuda_KvStore*:*Cuda_LayeredCache*' 150
+    BENCH_REPS=5 bench 60 store_bench "$store_rows|BM_AppendStepStaggered/B:8/index:1/kernels:0/"
     report
     ;;
   append-prof)
