@@ -1121,8 +1121,13 @@ case "$mode" in
   store-h200)
     # The store's rows on main alone (no base build), for the goal rows on the lent H200: the
     # store and layered-cache tests, the ingest and append rows (staggered too), five repeats.
-    build_targets kvc_cuda_tests store_bench
-    gtests store '*Cuda_StoreUpdate*:*Cuda_KvStore*:*Cuda_LayeredCache*' 150
+    # STORE_TESTS=0: the rows alone (a short call).
+    if [ "${STORE_TESTS:-1}" = 1 ]; then
+      build_targets kvc_cuda_tests store_bench
+      gtests store '*Cuda_StoreUpdate*:*Cuda_KvStore*:*Cuda_LayeredCache*' 150
+    else
+      build_targets store_bench
+    fi
     BENCH_REPS=5 bench 60 store_bench "$store_rows|BM_AppendStepStaggered/B:8/index:1/kernels:0/"
     report
     ;;
