@@ -203,14 +203,9 @@ struct OpenSum {
   float sum[E];
   int next = -1;  // open_sum_next's value; -1 where not loaded
 
-  /// (slot, head)'s entry of a [max_slots, Hkv, ...] array.
-  __device__ __forceinline__ static std::size_t at(const StoreView& s, int slot, int h) {
-    return static_cast<std::size_t>(slot) * s.num_kv_heads + h;
-  }
-
   /// The lane's share of (slot, h)'s sum and its position (issued only; not waited for here).
   __device__ __forceinline__ void load(const StoreView& s, int slot, int h, int lane) {
-    const std::size_t i = at(s, slot, h);
+    const std::size_t i = store::slot_head_index(s, slot, h);
     next = s.open_sum_next[i];
     std::uint32_t w[E];
     load_packed<4 * E>(
@@ -242,7 +237,7 @@ struct OpenSum {
   /// The sum and its position q + 1 kept for the block's next row (valid), or the position -1.
   __device__ __forceinline__ void keep(const StoreView& s, int slot, int h, int lane, int q,
                                        bool valid) const {
-    const std::size_t i = at(s, slot, h);
+    const std::size_t i = store::slot_head_index(s, slot, h);
     if (valid) {
       std::uint32_t w[E];
 #pragma unroll

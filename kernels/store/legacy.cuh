@@ -277,9 +277,8 @@ __global__ void reset_kernel(StoreView s, const std::int32_t* slots, int n) {
     }
     s.lengths[slot] = 0;
     if (s.open_sum_next != nullptr) {
-      for (int h = 0; h < s.num_kv_heads; ++h) {
-        s.open_sum_next[static_cast<std::size_t>(slot) * s.num_kv_heads + h] = 0;
-      }
+      for (int h = 0; h < s.num_kv_heads; ++h)
+        s.open_sum_next[store::slot_head_index(s, slot, h)] = 0;
     }
   }
   *s.free_count = top;

@@ -44,6 +44,12 @@ KVC_HD std::size_t block_head_index(const StoreView& s, int pool_block, int head
   return static_cast<std::size_t>(pool_block) * s.num_kv_heads + head;
 }
 
+/// Index of (slot, head) in per-(slot, head) arrays: the open blocks' running sums (times d for
+/// open_sum_k) and their positions.
+KVC_HD std::size_t slot_head_index(const StoreView& s, int slot, int head) {
+  return static_cast<std::size_t>(slot) * s.num_kv_heads + head;
+}
+
 /// Index of (slot, head, ring row) in the ring arrays (times d).
 KVC_HD std::size_t ring_row_index(const StoreView& s, int slot, int head, int ring_row) {
   return (static_cast<std::size_t>(slot) * s.num_kv_heads + head) * s.recent_window + ring_row;
