@@ -172,9 +172,10 @@ struct StoreView {
   float* open_sum_k = nullptr;
   /// [max_slots, Hkv] with open_sum_k: the old-token position (length - W) of the row that
   /// open_sum_k's sum awaits next. A count-1 append of row q that is not its block's first uses
-  /// the sum only when this equals q, and writes q + 1 or -1. Between resets a slot's length only
-  /// grows, so a sum that another update path passed over never matches again; whatever lowers a
-  /// length (kernels::store_reset does) must set the slot's entries to 0 (no sum).
+  /// the sum only when this equals q, and writes q + 1 or -1 (the row closing a block writes its
+  /// mean K instead). Between resets a slot's length only grows, so a sum that another update
+  /// path passed over never matches again; whatever lowers a length (kernels::store_reset does)
+  /// must set the slot's entries to 0 (no sum).
   std::int32_t* open_sum_next = nullptr;
   /// [pool, Hkv, B, index_payload_bytes] index copy of old K (kSummaryIndexKeys) or null:
   /// mxfp4 d/2 B of packed e2m1, fp8_e4m3 d B of e4m3 (kvc/store/block_codec.h reads it)
