@@ -106,6 +106,7 @@
 #   s50-summary  the mean-K-only summary loop against main
 #   s50-closing  the lean append's closed summaries shared by the CTA's warps, against main
 #   s51-sums  the open blocks' running mean-K sums kept by the count-1 appends, against main
+#   s51-lean  the lean append's read-back in one call site (pending lean-one-site), against main
 #   store-h200  the store tests and the ingest / append rows of this tree alone (no base build)
 #   append-prof  the count-1 append at B64: its rows beside BM_AppendFloor, Nsight Compute with
 #             stall reasons and the source page of the library's append kernel
@@ -1116,6 +1117,20 @@ case "$mode" in
     rows_ab store_bench 'BM_Ingest/T:16384/format:0/index:(0|1)/kernels:0/|BM_AppendStep/B:(1|8|64)/index:(0|1)/kernels:0/|BM_AppendStepStaggered/B:(8|64)/index:1/kernels:0/' 60
     sanitize memcheck-store memcheck '*Cuda_StoreUpdate*' 90
     sanitize initcheck-sums initcheck '*Cuda_StoreUpdate.OpenBlockSums*' 60
+    report
+    ;;
+  s51-lean)
+    # docs/dev/pending/lean-one-site (the lean append's read-back in one call site; written
+    # without a GPU) against main (gpu-base/): the store and layered-cache tests, the append rows
+    # (staggered too) as tree / base / tree again, racecheck and synccheck over the append
+    # batches, memcheck over the updates.
+    BASE_TARGETS=store_bench base_build_bg
+    build_targets kvc_cuda_tests store_bench
+    gtests store '*Cuda_StoreUpdate*:*Cuda_KvStore*:*Cuda_LayeredCache*' 200
+    rows_ab store_bench 'BM_AppendStep/B:(1|8|64)/index:(0|1)/kernels:0/|BM_AppendStepStaggered/B:(8|64)/index:1/kernels:0/' 60
+    sanitize racecheck-append racecheck '*Cuda_StoreUpdate.AppendBatchesOfEverySizeMatchCpu*' 150
+    sanitize synccheck-append synccheck '*Cuda_StoreUpdate.AppendBatchesOfEverySizeMatchCpu*:*Cuda_StoreUpdate.OpenBlockSums*' 60
+    sanitize memcheck-store memcheck '*Cuda_StoreUpdate*' 90
     report
     ;;
   store-h200)
