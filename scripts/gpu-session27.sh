@@ -106,6 +106,7 @@
 #   s50-summary  the mean-K-only summary loop against main
 #   s50-closing  the lean append's closed summaries shared by the CTA's warps, against main
 #   s51-sums  the open blocks' running mean-K sums kept by the count-1 appends, against main
+#   s51-parts  block_rows_kernel in two parts a block (pending rows-parts), against main
 #   s51-lean  the lean append's read-back in one call site (pending lean-one-site), against main
 #   store-h200  the store tests and the ingest / append rows of this tree alone (no base build)
 #   append-prof  the count-1 append at B64: its rows beside BM_AppendFloor, Nsight Compute with
@@ -1117,6 +1118,19 @@ case "$mode" in
     rows_ab store_bench 'BM_Ingest/T:16384/format:0/index:(0|1)/kernels:0/|BM_AppendStep/B:(1|8|64)/index:(0|1)/kernels:0/|BM_AppendStepStaggered/B:(8|64)/index:1/kernels:0/' 60
     sanitize memcheck-store memcheck '*Cuda_StoreUpdate*' 90
     sanitize initcheck-sums initcheck '*Cuda_StoreUpdate.OpenBlockSums*' 60
+    report
+    ;;
+  s51-parts)
+    # docs/dev/pending/rows-parts (block_rows_kernel in two units a block where the default
+    # format's layout serves the store and no mean V is kept; written without a GPU) against main
+    # (gpu-base/): the store and layered-cache tests, the ingest rows (fp16k_q4v with the mxfp4
+    # index copy takes the parts; without it, OldRowLayout, is the control) as tree / base / tree
+    # again, memcheck over the chunk tests.
+    BASE_TARGETS=store_bench base_build_bg
+    build_targets kvc_cuda_tests store_bench
+    gtests store '*Cuda_StoreUpdate*:*Cuda_KvStore*:*Cuda_LayeredCache*' 200
+    rows_ab store_bench 'BM_Ingest/T:(16384|131072)/format:3/index:(0|1)/kernels:0/|BM_AppendStep/B:64/index:1/kernels:0/' 60
+    sanitize memcheck-parts memcheck '*Cuda_StoreUpdate.BlockRowsInParts*:*Cuda_StoreUpdate.ChunksIntoBlocksOf32*:*Cuda_StoreUpdate.OpenBlockSums*' 90
     report
     ;;
   s51-lean)
