@@ -41,6 +41,7 @@ void dispatch(const TensorView& out_a, const TensorView& lse_a, const TensorView
     return;
   }
 #endif
+  static_cast<void>(stream);  // the CPU merge runs synchronously
   KVC_CHECK(device.is_cpu(), a_name, ".device = ", to_string(device),
             ": merge_states on CUDA needs kvc built with CUDA (KVC_WITH_CUDA)");
   attention::cpu_merge(out_a.ptr<const float>(), lse_a.ptr<const float>(), out_b.ptr<const float>(),

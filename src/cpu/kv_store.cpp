@@ -22,7 +22,7 @@ namespace {
 /// 64-byte aligned host buffer, filled with zero bytes.
 class HostBuffer {
  public:
-  explicit HostBuffer(std::size_t bytes) : bytes_(bytes) {
+  explicit HostBuffer(std::size_t bytes) {
     if (bytes == 0) return;
     ptr_ = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (!ptr_) throw std::bad_alloc();
@@ -38,7 +38,6 @@ class HostBuffer {
 
  private:
   void* ptr_ = nullptr;
-  std::size_t bytes_ = 0;
 };
 
 class CpuKvStore final : public KvStore {
