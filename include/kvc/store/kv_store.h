@@ -165,10 +165,10 @@ struct StoreView {
   void* max_k = nullptr;   ///< [pool, Hkv, d] summary_dtype, or null
   /// [max_slots, Hkv, d] f32: per (slot, head), the row-order sum of the open old block's decoded
   /// K rows so far (the mean-K summary before its division), kept by the count-1 appends
-  /// (kernels::store_update) so that the append closing a block writes its mean K without reading
-  /// the block back. The CUDA KvStore sets it where the store keeps mean K alone (summaries
-  /// without kSummaryMeanV and kSummaryMinMaxK); null: no running sums (every closing append
-  /// reads its block back, as the CPU reference computes it).
+  /// (kernels::store_update; store_write's count-1 write) so that the append closing a block writes
+  /// its mean K without reading the block back. The CUDA KvStore sets it where the store keeps mean
+  /// K alone (summaries without kSummaryMeanV and kSummaryMinMaxK); null: no running sums (every
+  /// closing append reads its block back, as the CPU reference computes it).
   float* open_sum_k = nullptr;
   /// [max_slots, Hkv] with open_sum_k: the old-token position (length - W) of the row that
   /// open_sum_k's sum awaits next. A count-1 append of row q that is not its block's first uses
