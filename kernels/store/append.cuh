@@ -482,14 +482,19 @@ using ClosingRows = typename std::conditional<std::is_same<Layout, Fp16kQ4vMxfp4
 /// sums run over the rows in order, as summarise_closed's (the same summaries). A pair's warp
 /// alone took about 1,170 instructions more than a row (H100, fiftieth session) while the CTA's
 /// other warps had finished; shared, the step measured level, and with closing_ahead_mean_k's
-/// rows in flight 0.86x (fifty-first session).
+/// rows in flight 0.86x (fifty-first session). With `own` (pool block, head; x < 0: none) the
+/// calling warp takes only that pair's tasks, after its own rows are visible to it and no CTA
+/// barrier (a store with running sums, where a read-back is rare): one call site, so the kernel
+/// carries the loop's code once.
 template <int E, int kWarps, class Layout>
 __device__ __forceinline__ void summarise_closing(const StoreView& s, const LeanEntries& sh,
-                                                  int warp, int lane) {
+                                                  int warp, int lane, bool alone, int2 own) {
   constexpr int kParts = E / 2;  // d = 32 E: 64 elements a task
-  const int tasks = sh.closed_count * kParts;
-  for (int t = warp; t < tasks; t += kWarps) {
-    const int2 c = sh.closed[t / kParts];
+  if (alone) __syncwarp();       // the closing row's stores, every lane's, before the read-back
+  const int tasks = alone ? (own.x >= 0 ? kParts : 0) : sh.closed_count * kParts;
+  const int first = alone ? 0 : warp, stride = alone ? 1 : kWarps;
+  for (int t = first; t < tasks; t += stride) {
+    const int2 c = alone ? own : sh.closed[t / kParts];
     const Layout f{OldRowLayout::of(s)};
     using Rows = ClosingRows<E, Layout>;
     summarise_rows<kSummaryAhead, Rows, Layout, 2, closing_ahead_mean_k<Layout>()>(
@@ -522,22 +527,20 @@ __global__ void __launch_bounds__(32 * (kLeanRowWarps + 1), 1)
   read_lean_entries<32 * (kLeanRowWarps + 1)>(s, dv, slots, entries, sh);
   if (warp == kLeanRowWarps) {
     publish_after_reads(s, sh, entries, lane);
-  } else if (row) {
-    const int closed = append_entry_row<E, LeanEntries, Layout>(s, dv, sh, e, h, lane, kn, vn);
-    if (closed >= 0) {
-      if (s.open_sum_k != nullptr) {
-        // A block whose running sum did not cover it (the first a sequence closes after a
-        // chunk): rare, so its warp reads it back alone and the CTA needs no barrier.
-        summarise_closed<Layout>(s, closed, h, lane);
-      } else if (lane == 0) {
-        sh.closed[atomicAdd(&sh.closed_count, 1)] = make_int2(closed, h);
-      }
+  }
+  // With running sums a block is read back only where its sum did not cover it (the first a
+  // sequence closes after a chunk): rare, so its warp reads it back alone and the CTA takes no
+  // barrier. Without, the CTA's warps share the closed blocks after one.
+  const bool alone = s.open_sum_k != nullptr;  // the same for the whole CTA
+  int closed = -1;
+  if (row) {
+    closed = append_entry_row<E, LeanEntries, Layout>(s, dv, sh, e, h, lane, kn, vn);
+    if (closed >= 0 && !alone && lane == 0) {
+      sh.closed[atomicAdd(&sh.closed_count, 1)] = make_int2(closed, h);
     }
   }
-  if (s.open_sum_k == nullptr) {  // the same for the whole CTA
-    __syncthreads();  // every row of the CTA written and visible to it, every closed pair listed
-    summarise_closing<E, kLeanRowWarps + 1, Layout>(s, sh, warp, lane);
-  }
+  if (!alone) __syncthreads();  // every row of the CTA written and visible, every pair listed
+  summarise_closing<E, kLeanRowWarps + 1, Layout>(s, sh, warp, lane, alone, make_int2(closed, h));
 }
 
 // The count-1 write of an update planned before (store_write / the LayeredCache's plan): entry
