@@ -109,6 +109,8 @@
 #   s51-parts  block_rows_kernel in two parts a block (pending rows-parts), against main
 #   s51-lean  the lean append's read-back in one call site (pending lean-one-site), against main
 #   store-h200  the store tests and the ingest / append rows of this tree alone (no base build)
+#   store-prof  after final, same warm machine: Nsight Compute (stalls) of the 16K ingest and the
+#             B64 append
 #   append-prof  the count-1 append at B64: its rows beside BM_AppendFloor, Nsight Compute with
 #             stall reasons and the source page of the library's append kernel
 #   evidence48  the H200's phase probes and Nsight Compute of the missed rows (spread top-k,
@@ -1158,6 +1160,21 @@ case "$mode" in
       build_targets store_bench
     fi
     BENCH_REPS=5 bench 60 store_bench "$store_rows|BM_AppendStepStaggered/B:8/index:1/kernels:0/"
+    report
+    ;;
+  store-prof)
+    # On the machine `final` left warm (store_bench built): Nsight Compute with stall reasons of
+    # the default format's 16K ingest (block_rows_kernel; #12 asks >= 70 % of HBM) and of the
+    # count-1 append at B64 with the index copy, for the goal rows' evidence on the lent GPU.
+    build_targets store_bench
+    NCU_STALLS=1 NCU_SKIP=4 profile ingest store_bench \
+      'BM_Ingest/T:16384/format:3/index:1/kernels:0/' 'block_rows'
+    NCU_STALLS=1 NCU_SKIP=200 profile append-b64 store_bench \
+      'BM_AppendStep/B:64/index:1/kernels:0/' 'append'
+    for f in ingest append-b64; do
+      grep -E "Registers Per|Achieved Occ|Issue Slots Busy|Eligible Warps|Warp Cycles Per Issued|Compute \(SM\) Throughput|DRAM Throughput|Executed Ipc A|Duration|stalled_" \
+        "$out/ncu-$f.txt" | head -30 | sed "s/^/$f: /" >> "$out/summary.txt"
+    done
     report
     ;;
   append-prof)
