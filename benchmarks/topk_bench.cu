@@ -24,7 +24,8 @@
 // passes only: the spread path before 2026-12-04); 9 = the spread path with its sampled cut's
 // candidates ranked by one CTA per row (the sixteenth session's finish); 10 = the spread path
 // with its sample cut by radix passes (not key-range buckets); 11 = the spread path with its
-// sampled pass loading register groups (not the cp.async ring); 1000 + Q = the spread path with Q
+// sampled pass loading register groups (not the cp.async ring); 12 / 13 = the spread path with
+// a 2048- / 4096-score sample (segments of 4 / 8 scores); 1000 + Q = the spread path with Q
 // CTAs per row; 6 = session 4's built-in choice (no resident path: the spread path where it
 // spread); 2000 + C = the resident path (kernels/select/resident.cuh) with C CTAs per row (2000:
 // its built-in count); + 1000: with programmatic dependent launch; + 2000: finished by the
@@ -285,6 +286,10 @@ void BM_TopKVariant(benchmark::State& state) {
   } else if (variant == 11) {
     tuning.force_spread = true;
     tuning.spread_no_ring = true;
+  } else if (variant == 12 || variant == 13) {
+    tuning.force_spread = true;
+    tuning.spread_sample_run = variant == 12 ? kernels::select_detail::kSpreadSampleRunShort
+                                             : kernels::select_detail::kSpreadSampleRun;
   } else if (variant == 6) {
     tuning.no_resident = true;
   } else if (variant >= 2000) {
@@ -537,8 +542,8 @@ BENCHMARK(BM_TopKVariant)
     ->Apply(Timed);
 // The spread path against the streaming path (the old choice) on the large-k shapes: built in
 // (5), without its sampled cut (7), finished by one CTA per row (9), its sample cut by radix
-// passes (10), its sampled pass without the ring (11), streaming (3), and the spread path with
-// fewer CTAs per row than the built-in choice.
+// passes (10), its sampled pass without the ring (11), its sample of 2048 / 4096 scores (12 /
+// 13), streaming (3), and the spread path with fewer CTAs per row than the built-in choice.
 BENCHMARK(BM_TopKVariant)
     ->Apply([](benchmark::internal::Benchmark* b) {
       const int shapes[][3] = {{1, 131072, 2048},  {1, 262144, 2048},  {1, 262144, 1024},
@@ -553,6 +558,8 @@ BENCHMARK(BM_TopKVariant)
         b->Args({sh[0], sh[1], sh[2], 9});
         b->Args({sh[0], sh[1], sh[2], 10});
         b->Args({sh[0], sh[1], sh[2], 11});
+        b->Args({sh[0], sh[1], sh[2], 12});
+        b->Args({sh[0], sh[1], sh[2], 13});
         if (sh[0] == 1) {
           b->Args({sh[0], sh[1], sh[2], 1000 + 16});
           b->Args({sh[0], sh[1], sh[2], 1000 + 32});

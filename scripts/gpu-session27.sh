@@ -109,6 +109,8 @@
 #   s51-parts  block_rows_kernel in two parts a block (pending rows-parts), against main
 #   s51-lean  the lean append's read-back in one call site (pending lean-one-site), against main
 #   store-h200  the store tests and the ingest / append rows of this tree alone (no base build)
+#   s52-sample  the spread top-k's 2048-score sample against the 4096 one (one binary), and the
+#             store rows
 #   store-prof  after final, same warm machine: Nsight Compute (stalls) of the 16K ingest and the
 #             B64 append
 #   append-prof  the count-1 append at B64: its rows beside BM_AppendFloor, Nsight Compute with
@@ -1159,6 +1161,35 @@ case "$mode" in
     else
       build_targets store_bench
     fi
+    BENCH_REPS=5 bench 60 store_bench "$store_rows|BM_AppendStepStaggered/B:8/index:1/kernels:0/"
+    report
+    ;;
+  s52-sample)
+    # The fifty-second session's shorter sample for the spread top-k (SelectTuning::
+    # spread_sample_run: segments of 4 scores, a 2048-score sample, beside the built-in 4096; one
+    # binary, so no base build): the selector and DeepSeek-V4 top-k tests, the large-k rows of
+    # BM_TopKVariant with the built-in sample (5), the short one (12) and the long one pinned
+    # (13), the phase probe with each (run 8 / 4 / 8 again), memcheck over every spread variant;
+    # then the store rows of main (this branch leaves the store alone) for the goal rows.
+    nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Iinclude -Isrc -o "$out/probe-tree" \
+      scripts/topk-trace-probe.cu > "$out/probe-build.log" 2>&1 &
+    build_targets kvc_cuda_tests topk_bench store_bench
+    gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 120
+    BENCH_REPS=5 bench 150 topk_bench 'BM_TopKVariant/(1|4|16|32|64)/(32768|65536|131072|262144)/(512|1024|2048)/(5|12|13)/'
+    wait
+    for shape in "131072 1" "262144 1" "131072 16" "131072 64" "262144 64"; do
+      set -- $shape
+      for run in 8 4 8; do
+        (( $(left) > 20 )) || break
+        f="$out/trace-run$run-$1x$2.txt"
+        timeout 30 "$out/probe-tree" "$1" 2048 1 0 1 1 1 "$2" 1 "$run" > "$f" 2>&1
+        say "== probe run $run rows $2 N $1 (Gaussian): rc=$?"
+        grep -E "ids wrong|sample (cut|append|count)|rank (counted|scattered)|end \\(|graph replay" "$f" >> "$out/summary.txt"
+      done
+    done
+    export KVC_TEST_MAX_ROW=16385
+    sanitize memcheck-spread memcheck '*Cuda_Selector_Spread.EveryVariant*:*Cuda_Selector_Spread.Misleading*' 90
+    unset KVC_TEST_MAX_ROW
     BENCH_REPS=5 bench 60 store_bench "$store_rows|BM_AppendStepStaggered/B:8/index:1/kernels:0/"
     report
     ;;

@@ -13,6 +13,7 @@
 //           library's choice), 0 by radix passes] [rows (1)]
 //          [ring: 1 the sampled pass streams its tiles through the cp.async ring (the library's
 //           choice), 0 register groups]
+//          [sample run: scores per sample segment, 8 or 4 (0: the library's rule)]
 //   build: nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Iinclude -Isrc -o probe \
 //          scripts/topk-trace-probe.cu
 #include <cstdint>
@@ -114,6 +115,8 @@ int main(int argc, char** argv) {
   sp.share = share;
   sp.range_cut = argc > 7 ? std::atoi(argv[7]) != 0 : true;
   sp.ring = argc > 9 ? std::atoi(argv[9]) != 0 : true;
+  sp.sample_run =
+      argc > 10 && std::atoi(argv[10]) != 0 ? std::atoi(argv[10]) : spread_sample_run_for(sp.ctas);
   const int grid = rows * sp.ctas;
   if (ctas < 1 || grid > per_sm * sms || grid > kMaxTraced) {
     std::printf("%d rows x %d CTAs: more than fit the device (%d) or the trace (%d)\n", rows,

@@ -91,7 +91,8 @@ static_assert(kSpreadMaxPasses * kStreamDigitBits >= 52, "passes cover every key
 static_assert(kSpreadSample <= kSpreadCap, "the sample fits the candidate staging buffer");
 static_assert(kShareCap <= kSpreadCap, "the shared finish buckets its keys in the staging buffer");
 static_assert(kSpreadSampleSegments % kSpreadThreads == 0, "every thread reads whole segments");
-static_assert(kSpreadSampleRun == 8, "a segment is two 16-byte loads");
+static_assert(kSpreadSampleRun == 8 && kSpreadSampleRunShort == 4,
+              "a segment is one or two 16-byte loads");
 static_assert(kSpreadResident == 4 && kSpreadGroup == 4, "the sampled pass takes 16 scores a time");
 static_assert(kSpreadRing * kSpreadTile * 4 == (kSpreadCap - kSpreadRingAt) * 8,
               "the ring fills the staging buffer's upper half");
@@ -123,6 +124,7 @@ struct SpreadParams {
                           // by radix passes (spread_sample_cut)
   bool ring;              // the sampled pass streams the tiles past the resident ones through a
                           // cp.async ring (rows with vector_loads), not register groups
+  int sample_run;         // scores per sample segment: kSpreadSampleRun or kSpreadSampleRunShort
 };
 
 struct SpreadShared {
@@ -265,9 +267,12 @@ __device__ __forceinline__ std::uint64_t spread_raw_candidate(std::uint32_t scor
 /// every thread gets the same answer.
 __device__ __forceinline__ bool spread_sample_cut(const std::uint32_t* bits, int n, int target,
                                                   const KeyCodec& codec, bool vector_loads,
-                                                  bool range_cut, SpreadShared& sh, Cut& c) {
+                                                  bool range_cut, int run, SpreadShared& sh,
+                                                  Cut& c) {
   constexpr int kPer = kSpreadSampleSegments / kSpreadThreads;
-  constexpr int kKeys = kSpreadSample / kSpreadThreads;  // per thread
+  constexpr int kKeys = kSpreadSample / kSpreadThreads;  // per thread, at most
+  const int loads = run / 4;                             // 16-byte loads a segment: 1 or 2
+  const int keys = kPer * run;                           // this call's keys per thread
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid & 31, warp = tid >> 5;
   const int B = codec.bits;
@@ -277,7 +282,7 @@ __device__ __forceinline__ bool spread_sample_cut(const std::uint32_t* bits, int
   for (int i = 0; i < kPer; ++i) {
     at[i] = spread_sample_start(tid + i * kSpreadThreads, n);
     u[i][0] = load4_bounded(bits, at[i], n, vector_loads);
-    u[i][1] = load4_bounded(bits, at[i] + 4, n, vector_loads);
+    u[i][1] = loads > 1 ? load4_bounded(bits, at[i] + 4, n, vector_loads) : make_uint4(0, 0, 0, 0);
   }
   // Key j of thread tid at sh.u.cand[j * kSpreadThreads + tid]: consecutive threads, consecutive
   // words.
@@ -287,9 +292,10 @@ __device__ __forceinline__ bool spread_sample_cut(const std::uint32_t* bits, int
   for (int i = 0; i < kPer; ++i) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
+      if (h >= loads) continue;  // uniform
       const uint4& v = u[i][h];
       const int e = at[i] + 4 * h;
-      const int j = (i * 2 + h) * 4;
+      const int j = (i * loads + h) * 4;
       const std::uint32_t w4[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
@@ -299,8 +305,8 @@ __device__ __forceinline__ bool spread_sample_cut(const std::uint32_t* bits, int
       }
     }
   }
-  const SpreadSampleRanks r = spread_sample_ranks(target, n);
-  c = Cut{0, 0, 0, kSpreadSample};
+  const SpreadSampleRanks r = spread_sample_ranks(target, n, run);
+  c = Cut{0, 0, 0, kSpreadSampleSegments * run};
   if (range_cut && r.hi <= kSpreadThreads) {  // uniform
     unsigned long long top = mine, low = mine;
 #pragma unroll
@@ -331,6 +337,7 @@ __device__ __forceinline__ bool spread_sample_cut(const std::uint32_t* bits, int
       KVC_SPREAD_MARK(20);
 #pragma unroll
       for (int i = 0; i < kKeys; ++i) {
+        if (i >= keys) break;  // uniform
         const std::uint64_t ck = X[i * kSpreadThreads + tid];
         const unsigned long long q = (base - ck) >> s;  // bucket, from the top
         warp_hist_add(sh.hist,
@@ -365,6 +372,7 @@ __device__ __forceinline__ bool spread_sample_cut(const std::uint32_t* bits, int
     KVC_SPREAD_MARK(20);
 #pragma unroll
     for (int i = 0; i < kKeys; ++i) {
+      if (i >= keys) break;  // uniform
       const std::uint64_t ck = X[i * kSpreadThreads + tid];
       const bool match = (ck >> (B - c.pbits)) == c.prefix;
       warp_hist_add(sh.hist, match ? static_cast<int>(ck >> shift) & (nb - 1) : -1);
@@ -607,7 +615,8 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
     for (int i = 0; i < kSpreadRing; ++i) ring_issue(i);
   }
   if (sampled) {
-    sampled = spread_sample_cut(bits, n, target, codec, p.vector_loads, sp.range_cut, sh, scut);
+    sampled = spread_sample_cut(bits, n, target, codec, p.vector_loads, sp.range_cut, sp.sample_run,
+                                sh, scut);
     KVC_SPREAD_MARK(15);
     // A failed cut leaves the ring unread: its copies land before the exact passes stage keys
     // there (their first barrier follows).

@@ -54,6 +54,10 @@ struct SelectTuning {
   /// Spread path: the sampled pass loads the tiles past the resident ones in register groups
   /// (the pass before its cp.async ring), for comparison.
   bool spread_no_ring = false;
+  /// Spread path: scores per segment of the sampled cut's sample, kSpreadSampleRun (8: a
+  /// 4096-score sample) or kSpreadSampleRunShort (4: 2048 scores); 0: the built-in choice
+  /// (spread_sample_run_for). Another value: cudaErrorInvalidValue.
+  int spread_sample_run = 0;
   /// Decode path (kernels/select/decode.cuh: topk with k <= 64, rows <= 32768 blocks, one CTA
   /// or a cluster per row): threads per CTA, 256, 512 or 1024 (0: the built-in choice,
   /// decode_threads_for or the cluster shape's); setting it takes the decode path wherever it
@@ -123,7 +127,13 @@ struct SelectTuning {
 // call: 1 x 131072 k 2048 15.47 against 17.63 us, 64 x 131072 33.87 / 34.75, 64 x 262144 48.60 /
 // 47.55; docs/performance.md).
 constexpr int kSpreadSampleSegments = 512;
-constexpr int kSpreadSampleRun = 8;  // scores per segment: one 32-byte sector, two 16-byte loads
+/// Scores per sample segment, the longer form: one 32-byte sector, two 16-byte loads.
+constexpr int kSpreadSampleRun = 8;
+/// Scores per sample segment, the shorter form: one 16-byte load, half the sample's keys a
+/// thread (SpreadParams::sample_run).
+constexpr int kSpreadSampleRunShort = 4;
+/// The largest sample (segments of kSpreadSampleRun); a sample of `run`-score segments holds
+/// kSpreadSampleSegments * run scores, each segment's first `run` of the longest form's.
 constexpr int kSpreadSample = kSpreadSampleSegments * kSpreadSampleRun;
 
 /// First score of sample segment g (0 <= g < kSpreadSampleSegments) of a row of n > 16384 valid
@@ -134,22 +144,28 @@ KVC_HD constexpr int spread_sample_start(int g, int n) {
 }
 
 /// The sample ranks [lo, hi] between which the spread path cuts its sample of a row of n > 16384
-/// valid scores to keep the top `target`: r0 = ceil(target S / n) (S = kSpreadSample) is where
+/// valid scores to keep the top `target`, the sample's segments holding `run` scores each:
+/// r0 = ceil(target S / n) (S = kSpreadSampleSegments * run) is where
 /// the row's target-th key falls in the sample on average; lo = r0 + ceil(4 sqrt(r0)) + 8. With
 /// independent scores the row's keys at or above the sample's r-th largest number about r n / S
 /// with a standard deviation of about sqrt(r) n / S, so a cut at lo keeps fewer than target keys
 /// (the exact passes then run) only beyond 4 standard deviations; hi = lo + lo / 4 + 8 bounds
-/// the radix passes over the sample. 1 x 131072, k 2048: lo 104 (about 3300 candidates).
+/// the radix passes over the sample. 1 x 131072, k 2048: lo 104 with run 8 (about 3300
+/// candidates), 63 with run 4 (about 4000).
 struct SpreadSampleRanks {
   int lo, hi;
 };
-KVC_HD SpreadSampleRanks spread_sample_ranks(int target, int n) {
-  const long long r0 = (static_cast<long long>(target) * kSpreadSample + n - 1) / n;
+KVC_HD SpreadSampleRanks spread_sample_ranks(int target, int n, int run = kSpreadSampleRun) {
+  const long long S = static_cast<long long>(kSpreadSampleSegments) * run;
+  const long long r0 = (static_cast<long long>(target) * S + n - 1) / n;
   const long long lo = r0 + static_cast<long long>(ceilf(4.0f * sqrtf(static_cast<float>(r0)))) + 8;
   const long long hi = lo + lo / 4 + 8;
-  return {static_cast<int>(lo < kSpreadSample ? lo : kSpreadSample),
-          static_cast<int>(hi < kSpreadSample ? hi : kSpreadSample)};
+  return {static_cast<int>(lo < S ? lo : S), static_cast<int>(hi < S ? hi : S)};
 }
+
+/// The spread path's built-in scores per sample segment for a row of `ctas` CTAs:
+/// kSpreadSampleRun (the 4096-score sample of the forty-first session) at every shape.
+KVC_HD constexpr int spread_sample_run_for(int /*ctas*/) { return kSpreadSampleRun; }
 
 /// The resident path's built-in CTAs per row for `rows` rows of `max_blocks` blocks on a device
 /// of `sms` multiprocessors: as many as spread the call's rows over the device (sms / rows), at

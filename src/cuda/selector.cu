@@ -423,10 +423,16 @@ int spread_capacity(int smem) {
 /// no CTA empty; `sample`: rows of more than kSpreadCap valid blocks try the sampled cut first;
 /// `share`: every CTA of a row ranks its share of the cut's candidates (spread_share_finish);
 /// `range_cut`: the sample cut by key-range buckets where it applies (spread_sample_cut);
-/// `ring`: the sampled pass streams its non-resident tiles through the cp.async ring.
-/// cudaErrorInvalidValue when the grid would not fit the device at once.
+/// `ring`: the sampled pass streams its non-resident tiles through the cp.async ring;
+/// `sample_run`: scores per sample segment (0: spread_sample_run_for the CTAs per row).
+/// cudaErrorInvalidValue when the grid would not fit the device at once, or for a sample_run
+/// other than 0, kSpreadSampleRun and kSpreadSampleRunShort.
 cudaError_t launch_spread(const TopmParams& tp, int rows, int ctas, bool sample, bool share,
-                          bool range_cut, bool ring, const Workspace& ws, cudaStream_t stream) {
+                          bool range_cut, bool ring, int sample_run, const Workspace& ws,
+                          cudaStream_t stream) {
+  if (sample_run != 0 && sample_run != kSpreadSampleRun && sample_run != kSpreadSampleRunShort) {
+    return cudaErrorInvalidValue;
+  }
   const int smem = static_cast<int>(sizeof(SpreadShared));
   KVC_CUDA_CALL(
       cudaFuncSetAttribute(spread_topm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -447,6 +453,7 @@ cudaError_t launch_spread(const TopmParams& tp, int rows, int ctas, bool sample,
   sp.share = share;
   sp.range_cut = range_cut;
   sp.ring = ring;
+  sp.sample_run = sample_run != 0 ? sample_run : spread_sample_run_for(sp.ctas);
   if (static_cast<long long>(rows) * sp.ctas > capacity) return cudaErrorInvalidValue;
   kvc::detail::LaunchOptions cooperative;
   cooperative.cooperative = true;
@@ -706,7 +713,7 @@ cudaError_t select_tuned(void* d_temp, std::size_t& temp_bytes, const ScoresView
       } else if (spread) {
         KVC_CUDA_CALL(launch_spread(tp, s.rows, tuning.spread_ctas, !tuning.spread_exact,
                                     !tuning.spread_one_finisher, !tuning.spread_radix_sample,
-                                    !tuning.spread_no_ring, ws, stream));
+                                    !tuning.spread_no_ring, tuning.spread_sample_run, ws, stream));
       } else if (streamed) {
         const int ctas = tuning.stream_ctas != 0 ? tuning.stream_ctas : stream_ctas_for(N, s.rows);
         const int trigger =

@@ -723,14 +723,20 @@ TEST(Cuda_Selector_Spread, EveryVariantEveryPolicyMatchesCpu) {
     bool one;      // the cut's candidates ranked by one CTA per row (not shared)
     bool radix;    // the sample cut by radix passes (not key-range buckets)
     bool no_ring;  // the sampled pass in register groups (not the cp.async ring)
+    int run;       // scores per sample segment (0: the built-in choice)
   };
+  constexpr int kShort = kernels::select_detail::kSpreadSampleRunShort;
+  constexpr int kLong = kernels::select_detail::kSpreadSampleRun;
   for (const Variant v :
-       {Variant{0, false, false, false, false}, Variant{1, false, false, false, false},
-        Variant{3, false, false, false, false}, Variant{16, false, false, false, false},
-        Variant{0, false, true, false, false}, Variant{16, false, true, true, false},
-        Variant{0, false, false, true, false}, Variant{0, true, false, false, false},
-        Variant{16, true, false, false, false}, Variant{1, false, false, false, true},
-        Variant{3, false, false, false, true}}) {
+       {Variant{0, false, false, false, false, 0}, Variant{1, false, false, false, false, 0},
+        Variant{3, false, false, false, false, 0}, Variant{16, false, false, false, false, 0},
+        Variant{0, false, true, false, false, 0}, Variant{16, false, true, true, false, 0},
+        Variant{0, false, false, true, false, 0}, Variant{0, true, false, false, false, 0},
+        Variant{16, true, false, false, false, 0}, Variant{1, false, false, false, true, 0},
+        Variant{3, false, false, false, true, 0}, Variant{0, false, false, false, false, kShort},
+        Variant{3, false, false, false, false, kShort},
+        Variant{16, false, false, true, false, kShort},
+        Variant{0, false, false, false, false, kLong}}) {
     kernels::select_detail::SelectTuning tuning;
     tuning.force_spread = true;
     tuning.spread_ctas = v.ctas;
@@ -738,9 +744,10 @@ TEST(Cuda_Selector_Spread, EveryVariantEveryPolicyMatchesCpu) {
     tuning.spread_one_finisher = v.one;
     tuning.spread_radix_sample = v.radix;
     tuning.spread_no_ring = v.no_ring;
+    tuning.spread_sample_run = v.run;
     SCOPED_TRACE("spread ctas " + std::to_string(v.ctas) + (v.exact ? " exact" : " sampled") +
                  (v.one ? " one finisher" : "") + (v.radix ? " radix sample cut" : "") +
-                 (v.no_ring ? " no ring" : ""));
+                 (v.no_ring ? " no ring" : "") + " sample run " + std::to_string(v.run));
     for (int max_blocks :
          {300, 2048, 16384, 16385, 40001, capped(65536 + 4), capped(131072), capped(262144)}) {
       SCOPED_TRACE("max_blocks " + std::to_string(max_blocks));
@@ -897,21 +904,34 @@ TEST(Cuda_Selector_Spread, MisleadingSampleFallsBackToExactPasses) {
     ASSERT_GT(n - kernels::select_detail::kSpreadSample, 16384);
     const Batch b = misleading_sample_batch(gen, n);
     // Variants: the built-in CTAs, 1, 16, the radix sample cut, 3 (row 4's ring overflow), 1 and
-    // 3 without the ring (row 4's cut holds).
-    for (int variant = 0; variant < 7; ++variant) {
-      const int ctas = variant == 1 || variant == 5   ? 1
-                       : variant == 2                 ? 16
-                       : variant == 4 || variant == 6 ? 3
-                                                      : 0;
+    // 3 without the ring (row 4's cut holds); then the built-in CTAs, 1 and 3 with each sample
+    // length pinned (segments of 4 scores are the first halves of the rows' segments of 8, so
+    // the rows mislead both).
+    struct Variant {
+      int ctas;
+      bool radix, no_ring;
+      int run;  // scores per sample segment (0: the built-in choice)
+    };
+    constexpr int kShort = kernels::select_detail::kSpreadSampleRunShort;
+    constexpr int kLong = kernels::select_detail::kSpreadSampleRun;
+    for (const Variant v :
+         {Variant{0, false, false, 0}, Variant{1, false, false, 0}, Variant{16, false, false, 0},
+          Variant{0, true, false, 0}, Variant{3, false, false, 0}, Variant{1, false, true, 0},
+          Variant{3, false, true, 0}, Variant{0, false, false, kShort},
+          Variant{1, false, false, kShort}, Variant{3, false, false, kShort},
+          Variant{0, false, false, kLong}, Variant{1, false, false, kLong},
+          Variant{3, false, false, kLong}}) {
       kernels::select_detail::SelectTuning tuning;
       tuning.force_spread = true;
-      tuning.spread_ctas = ctas;
-      tuning.spread_radix_sample = variant == 3;
-      tuning.spread_no_ring = variant >= 5;
-      SCOPED_TRACE("spread ctas " + std::to_string(ctas) + (variant == 3 ? " radix cut" : "") +
-                   (variant >= 5 ? " no ring" : ""));
+      tuning.spread_ctas = v.ctas;
+      tuning.spread_radix_sample = v.radix;
+      tuning.spread_no_ring = v.no_ring;
+      tuning.spread_sample_run = v.run;
+      SCOPED_TRACE("spread ctas " + std::to_string(v.ctas) + (v.radix ? " radix cut" : "") +
+                   (v.no_ring ? " no ring" : "") + " sample run " + std::to_string(v.run));
       for (int k : {512, 2048}) {
-        ASSERT_LT(kernels::select_detail::spread_sample_ranks(k, n).hi, k);
+        // The longest sample's hi bounds every shorter one's.
+        ASSERT_LT(kernels::select_detail::spread_sample_ranks(k, n, kLong).hi, k);
         check_policy_tuned(gen, b, SelectPolicy::topk(k), tuning);
         if (HasFatalFailure()) return;
       }
