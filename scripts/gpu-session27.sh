@@ -111,6 +111,7 @@
 #   store-h200  the store tests and the ingest / append rows of this tree alone (no base build)
 #   s52-sample  the spread top-k's 2048-score sample against the 4096 one (one binary), and the
 #             store rows
+#   s52-probe  s52-sample's phase probes alone (a short lease)
 #   store-prof  after final, same warm machine: Nsight Compute (stalls) of the 16K ingest and the
 #             B64 append
 #   append-prof  the count-1 append at B64: its rows beside BM_AppendFloor, Nsight Compute with
@@ -1195,6 +1196,24 @@ case "$mode" in
     unset KVC_TEST_MAX_ROW
     [ $h200 = 1 ] && BENCH_REPS=5 bench 60 store_bench "$store_rows|BM_AppendStepStaggered/B:8/index:1/kernels:0/"
     report
+    ;;
+  s52-probe)
+    # s52-sample's phase probes alone (about a minute and a half: one nvcc and 21 probe runs), for
+    # a lease too short for the library build: each shape with the 4096-score sample, the
+    # 2048-score one and the 4096 again, Gaussian scores, ids checked against a CPU top-k.
+    nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Iinclude -Isrc -o "$out/probe-tree" \
+      scripts/topk-trace-probe.cu > "$out/probe-build.log" 2>&1
+    say "probe build: rc=$? at $(( $(date +%s) - t0 )) s"
+    for shape in "131072 1" "262144 1" "131072 64" "262144 4" "131072 16" "262144 64" "65536 32"; do
+      set -- $shape
+      for run in 8 4 8; do
+        (( $(left) > 10 )) || break
+        f="$out/trace-run$run-$1x$2.txt"
+        timeout 20 "$out/probe-tree" "$1" 2048 1 0 1 1 1 "$2" 1 "$run" > "$f" 2>&1
+        say "== probe run $run rows $2 N $1 (Gaussian): rc=$?"
+        grep -E "ids wrong|sample (cut|append|count)|rank (counted|scattered)|end \\(|graph replay" "$f" >> "$out/summary.txt"
+      done
+    done
     ;;
   store-prof)
     # On the machine `final` left warm (store_bench built): Nsight Compute with stall reasons of
