@@ -115,8 +115,8 @@ int main(int argc, char** argv) {
   sp.share = share;
   sp.range_cut = argc > 7 ? std::atoi(argv[7]) != 0 : true;
   sp.ring = argc > 9 ? std::atoi(argv[9]) != 0 : true;
-  sp.sample_run =
-      argc > 10 && std::atoi(argv[10]) != 0 ? std::atoi(argv[10]) : spread_sample_run_for(sp.ctas);
+  sp.sample_run = argc > 10 && std::atoi(argv[10]) != 0 ? std::atoi(argv[10])
+                                                        : spread_sample_run_for(sp.ctas, tp.m, N);
   const int grid = rows * sp.ctas;
   if (ctas < 1 || grid > per_sm * sms || grid > kMaxTraced) {
     std::printf("%d rows x %d CTAs: more than fit the device (%d) or the trace (%d)\n", rows,

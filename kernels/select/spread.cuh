@@ -97,6 +97,7 @@ static_assert(kSpreadResident == 4 && kSpreadGroup == 4, "the sampled pass takes
 static_assert(kSpreadRing * kSpreadTile * 4 == (kSpreadCap - kSpreadRingAt) * 8,
               "the ring fills the staging buffer's upper half");
 static_assert(kSpreadSample <= kSpreadRingAt, "the sample lies below the ring");
+static_assert(kSpreadShortSampleMaxKept <= kShareCap * 3 / 4, "spread_sample_run_for's margin");
 static_assert(kSpreadRing % kSpreadGroup == 0, "the ring refills whole groups");
 
 /// One row's global state (workspace): the pass histograms, the pass barriers' arrival counts,

@@ -163,9 +163,29 @@ KVC_HD SpreadSampleRanks spread_sample_ranks(int target, int n, int run = kSprea
   return {static_cast<int>(lo < S ? lo : S), static_cast<int>(hi < S ? hi : S)};
 }
 
-/// The spread path's built-in scores per sample segment for a row of `ctas` CTAs:
-/// kSpreadSampleRun (the 4096-score sample of the forty-first session) at every shape.
-KVC_HD constexpr int spread_sample_run_for(int /*ctas*/) { return kSpreadSampleRun; }
+/// The most candidates the short sample's cut may keep at its upper rank (hi n / S) for the
+/// built-in choice to take it: 3/4 of the shared finish's kShareCap (8192, spread.cuh), so that
+/// the count's spread around it rarely sends a row to the one-CTA finish.
+constexpr int kSpreadShortSampleMaxKept = 6144;
+
+/// The spread path's built-in scores per sample segment, for rows of up to `n` blocks keeping
+/// the top `target` over `ctas` CTAs each: kSpreadSampleRunShort (a 2048-score sample) where a
+/// row has at least 4 CTAs and the short sample's cut keeps at most kSpreadShortSampleMaxKept
+/// keys at its upper rank; else kSpreadSampleRun (4096 scores). With many CTAs a row the cut
+/// is on the critical path and the rank is shared widely; with 2 the rank dominates. Phase probe
+/// (Gaussian scores, ids checked, graph replay, H100, fifty-second session; 4096 / 2048 / 4096
+/// again, µs): 1 x 131072 k 2048 15.38 / 14.57 / 15.38, 8 x 131072 17.33 / 16.60 / 17.33,
+/// 16 x 131072 20.06 / 19.60 / 20.07, 32 x 65536 20.18 / 19.84 / 20.16, 1 x 262144 k 512 15.26 /
+/// 14.74 / 15.25, k 1024 15.69 / 15.06 / 15.65 (all short); 1 x 262144 k 2048 16.22 / 15.83 /
+/// 16.23 with some launches past the shared finish's cap, 4 x 262144 18.04 / 18.25 / 18.04,
+/// 64 x 131072 32.45 / 33.00 / 32.48, 64 x 262144 48.19 / 57.92 / 48.15 (all long).
+KVC_HD int spread_sample_run_for(int ctas, int target, int n) {
+  if (ctas < 4) return kSpreadSampleRun;
+  const SpreadSampleRanks r = spread_sample_ranks(target, n, kSpreadSampleRunShort);
+  const long long kept = static_cast<long long>(r.hi) * n /
+                         (static_cast<long long>(kSpreadSampleSegments) * kSpreadSampleRunShort);
+  return kept <= kSpreadShortSampleMaxKept ? kSpreadSampleRunShort : kSpreadSampleRun;
+}
 
 /// The resident path's built-in CTAs per row for `rows` rows of `max_blocks` blocks on a device
 /// of `sms` multiprocessors: as many as spread the call's rows over the device (sms / rows), at

@@ -424,7 +424,7 @@ int spread_capacity(int smem) {
 /// `share`: every CTA of a row ranks its share of the cut's candidates (spread_share_finish);
 /// `range_cut`: the sample cut by key-range buckets where it applies (spread_sample_cut);
 /// `ring`: the sampled pass streams its non-resident tiles through the cp.async ring;
-/// `sample_run`: scores per sample segment (0: spread_sample_run_for the CTAs per row).
+/// `sample_run`: scores per sample segment (0: spread_sample_run_for the call's shape).
 /// cudaErrorInvalidValue when the grid would not fit the device at once, or for a sample_run
 /// other than 0, kSpreadSampleRun and kSpreadSampleRunShort.
 cudaError_t launch_spread(const TopmParams& tp, int rows, int ctas, bool sample, bool share,
@@ -453,7 +453,9 @@ cudaError_t launch_spread(const TopmParams& tp, int rows, int ctas, bool sample,
   sp.share = share;
   sp.range_cut = range_cut;
   sp.ring = ring;
-  sp.sample_run = sample_run != 0 ? sample_run : spread_sample_run_for(sp.ctas);
+  sp.sample_run = sample_run != 0 ? sample_run
+                                  : spread_sample_run_for(sp.ctas, std::min(tp.m, tp.max_blocks),
+                                                          tp.max_blocks);
   if (static_cast<long long>(rows) * sp.ctas > capacity) return cudaErrorInvalidValue;
   kvc::detail::LaunchOptions cooperative;
   cooperative.cooperative = true;
