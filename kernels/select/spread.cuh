@@ -10,8 +10,9 @@
 //    visible: the workspace holds anything at entry, and the kernel needs nothing from an earlier
 //    call, so replays of a captured graph stay correct;
 // 2. a sampled cut (rows of more than kSpreadCap valid blocks): before the grid-wide barrier every
-//    CTA of the row reads the same sample of it (kSpreadSample = 4096 scores in 512 segments of
-//    8, evenly spaced; tuning.h) and cuts it in shared memory between sample ranks lo and hi
+//    CTA of the row reads the same sample of it (512 evenly spaced segments of 8 or 4 scores,
+//    4096 or 2048: SpreadParams::sample_run, spread_sample_run_for in tuning.h) and cuts it in
+//    shared memory between sample ranks lo and hi
 //    (spread_sample_ranks: about 1.6 target of the row's keys at or above the cut), by buckets of
 //    equal key ranges below the sample's top (spread_sample_cut; radix passes where hi exceeds
 //    the CTA's threads). Each CTA then stages its keys at or above that cut in shared memory,

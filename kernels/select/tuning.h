@@ -125,7 +125,9 @@ struct SelectTuning {
 // ends about 1.9 us sooner, and the looser cut's extra candidates cost less than that at every
 // large-k shape timed but 64 x 262144 (H100, topk_bench, main's 8192-score sample in the same
 // call: 1 x 131072 k 2048 15.47 against 17.63 us, 64 x 131072 33.87 / 34.75, 64 x 262144 48.60 /
-// 47.55; docs/performance.md).
+// 47.55; docs/performance.md). Since the fifty-second session segments of 4 (2048 scores) where
+// spread_sample_run_for says: the cut ends about 1 us sooner again, which pays where a row has
+// many CTAs and few candidates.
 constexpr int kSpreadSampleSegments = 512;
 /// Scores per sample segment, the longer form: one 32-byte sector, two 16-byte loads.
 constexpr int kSpreadSampleRun = 8;
