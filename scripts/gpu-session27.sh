@@ -402,6 +402,27 @@ topk_large_rows='BM_TopKVariant/(1|16|64)/131072/2048/5/|BM_TopKVariant/64/26214
 # runs of the tree in view (rolled / topk-ab, share, verify40).
 topk_rows_ab() { rows_ab topk_bench "$1" "${2:-60}"; }
 
+# The phase probe ($out/probe-tree, scripts/topk-trace-probe.cu) of the spread top-k, k 2048 over
+# Gaussian scores, at each shape "N rows" of the arguments with the sample's segments of 8, 4 and
+# 8 again (SpreadParams::sample_run; a same-call before / after with its drift in view), each
+# launch's ids checked against a CPU top-k (s52-sample, s52-probe).
+sample_run_probes() {
+  local shape run rep f
+  for shape in "$@"; do
+    set -- $shape
+    rep=0
+    for run in 8 4 8; do
+      rep=$(( rep + 1 ))
+      (( $(left) > 15 )) || return 0
+      f="$out/trace-$rep-run$run-$1x$2.txt"
+      timeout 25 "$out/probe-tree" "$1" 2048 1 0 1 1 1 "$2" 1 "$run" > "$f" 2>&1
+      say "== probe run $run rows $2 N $1 (Gaussian): rc=$?"
+      grep -E "ids wrong|sample (cut|append|count)|rank (counted|scattered)|end \\(|graph replay" \
+        "$f" >> "$out/summary.txt"
+    done
+  done
+}
+
 # The step rows of main's step_bench (build-base), tagged -base, after the branch's.
 base_bench() {
   [ -d gpu-base ] || return 0
@@ -1181,16 +1202,7 @@ case "$mode" in
     gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 120
     BENCH_REPS=3 bench 100 topk_bench 'BM_TopKVariant/(1|4|16|32|64)/(65536|131072|262144)/2048/(5|12|13)/'
     wait
-    for shape in "131072 1" "262144 1" "131072 64"; do
-      set -- $shape
-      for run in 8 4 8; do
-        (( $(left) > 20 )) || break
-        f="$out/trace-run$run-$1x$2.txt"
-        timeout 30 "$out/probe-tree" "$1" 2048 1 0 1 1 1 "$2" 1 "$run" > "$f" 2>&1
-        say "== probe run $run rows $2 N $1 (Gaussian): rc=$?"
-        grep -E "ids wrong|sample (cut|append|count)|rank (counted|scattered)|end \\(|graph replay" "$f" >> "$out/summary.txt"
-      done
-    done
+    sample_run_probes "131072 1" "262144 1" "131072 64"
     export KVC_TEST_MAX_ROW=16385
     sanitize memcheck-spread memcheck '*Cuda_Selector_Spread.EveryVariant*:*Cuda_Selector_Spread.Misleading*' 60
     unset KVC_TEST_MAX_ROW
@@ -1204,16 +1216,8 @@ case "$mode" in
     nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Iinclude -Isrc -o "$out/probe-tree" \
       scripts/topk-trace-probe.cu > "$out/probe-build.log" 2>&1
     say "probe build: rc=$? at $(( $(date +%s) - t0 )) s"
-    for shape in "131072 1" "262144 1" "131072 64" "262144 4" "131072 16" "262144 64" "65536 32"; do
-      set -- $shape
-      for run in 8 4 8; do
-        (( $(left) > 10 )) || break
-        f="$out/trace-run$run-$1x$2.txt"
-        timeout 20 "$out/probe-tree" "$1" 2048 1 0 1 1 1 "$2" 1 "$run" > "$f" 2>&1
-        say "== probe run $run rows $2 N $1 (Gaussian): rc=$?"
-        grep -E "ids wrong|sample (cut|append|count)|rank (counted|scattered)|end \\(|graph replay" "$f" >> "$out/summary.txt"
-      done
-    done
+    sample_run_probes "131072 1" "262144 1" "131072 64" "262144 4" "131072 16" "262144 64" \
+      "65536 32"
     ;;
   store-prof)
     # On the machine `final` left warm (store_bench built): Nsight Compute with stall reasons of
