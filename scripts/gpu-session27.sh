@@ -112,6 +112,8 @@
 #   s52-sample  the spread top-k's 2048-score sample against the 4096 one (one binary), and the
 #             store rows
 #   s52-probe  s52-sample's phase probes alone (a short lease)
+#   s52-banks  the sampled cut's digit pick without bank conflicts (pending cut-pick-banks), against
+#             main
 #   store-prof  after final, same warm machine: Nsight Compute (stalls) of the 16K ingest and the
 #             B64 append
 #   append-prof  the count-1 append at B64: its rows beside BM_AppendFloor, Nsight Compute with
@@ -208,7 +210,7 @@ probe_ab_run() {
       local f="$out/trace-$v-$1x$2${PROBE_DIST:+-dist$PROBE_DIST}.txt"
       timeout 30 "$out/probe-$v" "$1" 2048 "${PROBE_DIST:-0}" 0 1 1 1 "$2" > "$f" 2>&1
       say "== $v rows $2 N $1 dist ${PROBE_DIST:-0}: rc=$?"
-      grep -E "ids wrong|grid sync|sample (cut|append|count)|rank (counted|scattered)|end \\(|graph replay" \
+      grep -E "ids wrong|grid sync|sample (cut|append|count|hist|pick)|rank (counted|scattered)|end \\(|graph replay" \
         "$f" >> "$out/summary.txt"
     done
   done
@@ -1218,6 +1220,23 @@ case "$mode" in
     say "probe build: rc=$? at $(( $(date +%s) - t0 )) s"
     sample_run_probes "131072 1" "262144 1" "131072 64" "262144 4" "131072 16" "262144 64" \
       "65536 32"
+    ;;
+  s52-banks)
+    # docs/dev/pending/cut-pick-banks (the sampled cut's digit pick in two conflict-free 16-byte
+    # loads a lane; written without a GPU) against main (gpu-base/ from scripts/make-gpu-base.sh):
+    # the selector and DeepSeek-V4 top-k tests, the large-k rows as tree / base / tree again, the
+    # phase probes of both over Gaussian scores (the pick's phase: "sample hist" to "sample
+    # pick"), memcheck over every spread variant (rows capped at 16385 blocks).
+    probe_ab_build
+    BASE_TARGETS=topk_bench BASE_TIMEOUT=40 base_build_bg
+    build_targets kvc_cuda_tests topk_bench
+    gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 120
+    BASE_TIMEOUT=40 topk_rows_ab "$topk_large_rows" 40
+    PROBE_DIST=1 probe_ab_run
+    export KVC_TEST_MAX_ROW=16385
+    sanitize memcheck-spread memcheck '*Cuda_Selector_Spread.EveryVariant*' 60
+    unset KVC_TEST_MAX_ROW
+    report
     ;;
   store-prof)
     # On the machine `final` left warm (store_bench built): Nsight Compute with stall reasons of
