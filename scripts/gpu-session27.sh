@@ -1194,7 +1194,8 @@ case "$mode" in
     # binary, so no base build): the selector and DeepSeek-V4 top-k tests, the large-k rows of
     # BM_TopKVariant with the built-in sample (5), the short one (12) and the long one pinned
     # (13), the phase probe with each (run 8 / 4 / 8 again), memcheck over every spread variant;
-    # then, on an H200 only, the store rows of main (this branch leaves the store alone).
+    # then, on an H200 only, the store rows of main (this branch leaves the store alone). Also
+    # the layered cache's allocation test, whose warm-up the same session mended.
     nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Iinclude -Isrc -o "$out/probe-tree" \
       scripts/topk-trace-probe.cu > "$out/probe-build.log" 2>&1 &
     h200=0
@@ -1202,6 +1203,7 @@ case "$mode" in
     if [ $h200 = 1 ]; then build_targets kvc_cuda_tests topk_bench store_bench
     else build_targets kvc_cuda_tests topk_bench; fi
     gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 120
+    gtests layered '*Cuda_LayeredCache.DecodeStepsAllocateNothing*' 30  # its warm-up, mended
     BENCH_REPS=3 bench 100 topk_bench 'BM_TopKVariant/(1|4|16|32|64)/(65536|131072|262144)/2048/(5|12|13)/'
     wait
     sample_run_probes "131072 1" "262144 1" "131072 64"
