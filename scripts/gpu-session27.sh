@@ -114,6 +114,8 @@
 #   s52-probe  s52-sample's phase probes alone (a short lease)
 #   s52-banks  the sampled cut's digit pick without bank conflicts (pending cut-pick-banks), against
 #             main
+#   s53       s52-banks and s52-sample's first GPU run in one call: the banks tree (main with the
+#             landed 2048-score sample and both digit-pick patches) against main
 #   store-prof  after final, same warm machine: Nsight Compute (stalls) of the 16K ingest and the
 #             B64 append
 #   append-prof  the count-1 append at B64: its rows beside BM_AppendFloor, Nsight Compute with
@@ -1237,6 +1239,26 @@ case "$mode" in
     PROBE_DIST=1 probe_ab_run
     export KVC_TEST_MAX_ROW=16385
     sanitize memcheck-spread memcheck '*Cuda_Selector_Spread.EveryVariant*' 60
+    unset KVC_TEST_MAX_ROW
+    report
+    ;;
+  s53)
+    # One call for what the fifty-second session left unrun (a lease is hard to get): on
+    # gpu-pending/cut-pick-banks (main with the landed 2048-score sample, plus find_digit_from_top
+    # and find_digit reading a lane's 8 counts as two conflict-free 16-byte loads) against main
+    # (gpu-base/): the selector and DeepSeek-V4 top-k tests (the sample rule's first GPU run),
+    # the layered cache's allocation test (its warm-up mended, never run), the large-k rows as
+    # tree / base / tree again, the phase probes of both over Gaussian scores, memcheck over the
+    # spread variants and the misleading-sample tests.
+    probe_ab_build
+    BASE_TARGETS=topk_bench BASE_TIMEOUT=40 base_build_bg
+    build_targets kvc_cuda_tests topk_bench
+    gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 120
+    gtests layered '*Cuda_LayeredCache.DecodeStepsAllocateNothing*' 30
+    BASE_TIMEOUT=40 topk_rows_ab "$topk_large_rows|BM_TopKVariant/(1|8)/131072/2048/(12|13)/" 40
+    PROBE_DIST=1 probe_ab_run
+    export KVC_TEST_MAX_ROW=16385
+    sanitize memcheck-spread memcheck '*Cuda_Selector_Spread.EveryVariant*:*Cuda_Selector_Spread.Misleading*' 60
     unset KVC_TEST_MAX_ROW
     report
     ;;
