@@ -191,6 +191,28 @@ __device__ __forceinline__ unsigned long long block_min_u64(unsigned long long v
   return r;
 }
 
+/// The counts of a lane's 8 consecutive positions in descending order, c[j] = bins[top - j]
+/// (j = 0..7), as two 16-byte shared loads; bins + top - 7 must be 16-byte aligned. Where lane l
+/// of a warp holds the positions [8 l, 8 l + 8) (find_digit over 4096 bins, find_digit_from_top),
+/// 8 scalar loads of one count each reach only 4 banks a load: 8-way conflicts. Here lanes l and l
+/// + 4 of each quarter-warp (the 8 lanes a 16-byte load serves at once) take opposite halves first,
+/// so each load's quarter-warp covers the 32 banks once.
+__device__ __forceinline__ void load_desc8(const unsigned* bins, int top, unsigned (&c)[8]) {
+  const uint4* q = reinterpret_cast<const uint4*>(bins + top - 7);
+  const int h = static_cast<int>(threadIdx.x >> 2) & 1;
+  const uint4 a = q[h], b = q[h ^ 1];
+  const uint4 lo = h != 0 ? b : a;  // bins[top - 7 .. top - 4]
+  const uint4 hi = h != 0 ? a : b;  // bins[top - 3 .. top]
+  c[0] = hi.w;
+  c[1] = hi.z;
+  c[2] = hi.y;
+  c[3] = hi.x;
+  c[4] = lo.w;
+  c[5] = lo.z;
+  c[6] = lo.y;
+  c[7] = lo.x;
+}
+
 /// The digit of a radix pass holding the need-th largest key, from the histogram `bins`
 /// ([nb], indexed by digit, nb <= 8 * kThreads): the unique digit d with
 /// sum(bins[d' > d]) < need <= sum(bins[d' >= d]). Requires 1 <= need <= sum(bins). Every
@@ -200,21 +222,38 @@ __device__ __forceinline__ DigitPick find_digit(const unsigned* bins, int nb, in
   constexpr int kMaxPer = 8;
   const int per = (nb + kThreads - 1) / kThreads;
   const int first = threadIdx.x * per;  // positions in descending digit order
-  int local = 0;
+  // 8 a thread (4096 bins): two conflict-free 16-byte loads, once for the sum and again for the
+  // walk (holding the 8 counts across the scan costs registers the resident kernel lacks).
+  const bool vec = nb == kMaxPer * kThreads && (reinterpret_cast<std::uintptr_t>(bins) & 15u) == 0;
+  const auto load = [&](unsigned(&c)[kMaxPer]) {
+    if (vec) {
+      load_desc8(bins, nb - 1 - first, c);
+    } else {
 #pragma unroll
-  for (int j = 0; j < kMaxPer; ++j) {
-    const int pos = first + j;
-    if (j < per && pos < nb) local += static_cast<int>(bins[nb - 1 - pos]);
+      for (int j = 0; j < kMaxPer; ++j) {
+        const int pos = first + j;
+        c[j] = j < per && pos < nb ? bins[nb - 1 - pos] : 0u;
+      }
+    }
+  };
+  int local = 0;
+  {
+    unsigned c[kMaxPer];
+    load(c);
+#pragma unroll
+    for (int j = 0; j < kMaxPer; ++j) local += static_cast<int>(c[j]);
   }
   int run = 0;
   BlockScanInt(t.scan_int).ExclusiveSum(local, run);
+  unsigned c[kMaxPer];
+  load(c);
 #pragma unroll
   for (int j = 0; j < kMaxPer; ++j) {
     const int pos = first + j;
     if (j < per && pos < nb) {
-      const int c = static_cast<int>(bins[nb - 1 - pos]);
-      if (run < need && need <= run + c) t.pick = DigitPick{nb - 1 - pos, run, c};
-      run += c;
+      const int cj = static_cast<int>(c[j]);
+      if (run < need && need <= run + cj) t.pick = DigitPick{nb - 1 - pos, run, cj};
+      run += cj;
     }
   }
   __syncthreads();

@@ -184,28 +184,6 @@ __device__ __forceinline__ Cut spread_narrow(const unsigned* row_hist, int w, Cu
   return c;
 }
 
-/// The counts of a lane's 8 consecutive positions in descending order, c[j] = bins[top - j]
-/// (j = 0..7), as two 16-byte shared loads; bins + top - 7 must be 16-byte aligned. Where lane l
-/// of a warp holds the positions [8 l, 8 l + 8) (find_digit_from_top), 8 scalar loads of one
-/// count each reach only 4 banks a load: 8-way conflicts. Here lanes l and l + 4 of each
-/// quarter-warp (the 8 lanes a 16-byte load serves at once) take opposite halves first, so each
-/// load's quarter-warp covers the 32 banks once.
-__device__ __forceinline__ void load_desc8(const unsigned* bins, int top, unsigned (&c)[8]) {
-  const uint4* q = reinterpret_cast<const uint4*>(bins + top - 7);
-  const int h = static_cast<int>(threadIdx.x >> 2) & 1;
-  const uint4 a = q[h], b = q[h ^ 1];
-  const uint4 lo = h != 0 ? b : a;  // bins[top - 7 .. top - 4]
-  const uint4 hi = h != 0 ? a : b;  // bins[top - 3 .. top]
-  c[0] = hi.w;
-  c[1] = hi.z;
-  c[2] = hi.y;
-  c[3] = hi.x;
-  c[4] = lo.w;
-  c[5] = lo.z;
-  c[6] = lo.y;
-  c[7] = lo.x;
-}
-
 /// find_digit for the sampled cut: every warp sums its 256 of the 2^w bins (warp w the
 /// positions [256 w, 256 w + 256) in descending digit order, 8 per lane) and publishes the
 /// total; then every thread finds the warp whose positions hold the need-th key, and that warp's
