@@ -116,6 +116,8 @@
 #             main
 #   s53       s52-banks and s52-sample's first GPU run in one call: the banks tree (main with the
 #             landed 2048-score sample and both digit-pick patches) against main
+#   l2-stream  the spread top-k's L2 prefetch of its streamed tiles past the ring (pending
+#             l2-stream) against main: tests, large-k rows, probes with it on and off, memcheck
 #   store-prof  after final, same warm machine: Nsight Compute (stalls) of the 16K ingest and the
 #             B64 append
 #   append-prof  the count-1 append at B64: its rows beside BM_AppendFloor, Nsight Compute with
@@ -1257,6 +1259,37 @@ case "$mode" in
     gtests layered '*Cuda_LayeredCache.DecodeStepsAllocateNothing*' 30
     BASE_TIMEOUT=40 topk_rows_ab "$topk_large_rows|BM_TopKVariant/(1|8)/131072/2048/(12|13)/" 40
     PROBE_DIST=1 probe_ab_run
+    export KVC_TEST_MAX_ROW=16385
+    sanitize memcheck-spread memcheck '*Cuda_Selector_Spread.EveryVariant*:*Cuda_Selector_Spread.Misleading*' 60
+    unset KVC_TEST_MAX_ROW
+    report
+    ;;
+  l2-stream)
+    # docs/dev/pending/l2-stream (written without a GPU): once a CTA of the spread top-k has issued
+    # its sample's loads, one thread asks the L2 (cp.async.bulk.prefetch.L2) for the streamed
+    # tiles past the cp.async ring, up to 20 of them, so that the sampled pass after the cut
+    # reads from L2 what it read from DRAM at about 2.2 TB/s. Against main (gpu-base/): the
+    # selector and DeepSeek-V4 top-k tests (the spread variants now pin the prefetch on and off),
+    # the large-k rows tree / main / tree again with variants 14 / 15 (on / off in one binary),
+    # the phase probes of both over Gaussian scores, then the tree's probe with the prefetch
+    # pinned on and off at the shapes it touches, memcheck over the spread variants.
+    probe_ab_build
+    BASE_TARGETS=topk_bench BASE_TIMEOUT=40 base_build_bg
+    build_targets kvc_cuda_tests topk_bench
+    gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 120
+    BASE_TIMEOUT=40 topk_rows_ab "$topk_large_rows|BM_TopKVariant/(64)/(131072|262144)/2048/(14|15)/" 40
+    PROBE_DIST=1 probe_ab_run
+    for shape in "131072 64" "262144 64"; do
+      set -- $shape
+      for l2 in 1 2 1; do
+        (( $(left) > 15 )) || break
+        f="$out/trace-l2-$l2-$1x$2.txt"
+        timeout 25 "$out/probe-tree" "$1" 2048 1 0 1 1 1 "$2" 1 0 "$l2" > "$f" 2>&1
+        say "== probe l2 prefetch $l2 rows $2 N $1 (Gaussian): rc=$?"
+        grep -E "ids wrong|sample (cut|append|count)|grid sync|rank (counted|scattered)|end \\(|graph replay" \
+          "$f" >> "$out/summary.txt"
+      done
+    done
     export KVC_TEST_MAX_ROW=16385
     sanitize memcheck-spread memcheck '*Cuda_Selector_Spread.EveryVariant*:*Cuda_Selector_Spread.Misleading*' 60
     unset KVC_TEST_MAX_ROW
