@@ -118,6 +118,8 @@
 #             landed 2048-score sample and both digit-pick patches) against main
 #   l2-stream  the spread top-k's L2 prefetch of its streamed tiles past the ring (pending
 #             l2-stream) against main: tests, large-k rows, probes with it on and off, memcheck
+#   l2-probe  l2-stream's phase probes alone (one nvcc, the prefetch pinned on / off / on at the
+#             shapes it touches): a lease too short for the library build
 #   store-prof  after final, same warm machine: Nsight Compute (stalls) of the 16K ingest and the
 #             B64 append
 #   append-prof  the count-1 append at B64: its rows beside BM_AppendFloor, Nsight Compute with
@@ -1294,6 +1296,23 @@ case "$mode" in
     sanitize memcheck-spread memcheck '*Cuda_Selector_Spread.EveryVariant*:*Cuda_Selector_Spread.Misleading*' 60
     unset KVC_TEST_MAX_ROW
     report
+    ;;
+  l2-probe)
+    # l2-stream's probes alone (about a minute: one nvcc and 9 probe runs), on the branch.
+    nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Iinclude -Isrc -o "$out/probe-tree" \
+      scripts/topk-trace-probe.cu > "$out/probe-build.log" 2>&1
+    say "probe build: rc=$? at $(( $(date +%s) - t0 )) s"
+    for shape in "131072 64" "262144 64" "131072 1"; do
+      set -- $shape
+      for l2 in 1 2 1; do
+        (( $(left) > 10 )) || break
+        f="$out/trace-l2-$l2-$1x$2.txt"
+        timeout 25 "$out/probe-tree" "$1" 2048 1 0 1 1 1 "$2" 1 0 "$l2" > "$f" 2>&1
+        say "== probe l2 prefetch $l2 rows $2 N $1 (Gaussian): rc=$?"
+        grep -E "ids wrong|sample (bins zero|cut|append|count)|grid sync|rank (counted|scattered)|end \\(|graph replay" \
+          "$f" >> "$out/summary.txt"
+      done
+    done
     ;;
   store-prof)
     # On the machine `final` left warm (store_bench built): Nsight Compute with stall reasons of
