@@ -431,6 +431,25 @@ sample_run_probes() {
   done
 }
 
+# The tree's phase probe ($out/probe-tree, the l2-stream branch's) at each shape "N rows" of the
+# arguments, k 2048 over Gaussian scores, with the L2 prefetch of the streamed tiles past the ring
+# pinned on, off and on again (the probe's eleventh argument), each launch's ids checked against
+# a CPU top-k (l2-stream, l2-probe).
+l2_probes() {
+  local shape l2 f
+  for shape in "$@"; do
+    set -- $shape
+    for l2 in 1 2 1; do
+      (( $(left) > 10 )) || return 0
+      f="$out/trace-l2-$l2-$1x$2.txt"
+      timeout 25 "$out/probe-tree" "$1" 2048 1 0 1 1 1 "$2" 1 0 "$l2" > "$f" 2>&1
+      say "== probe l2 prefetch $l2 rows $2 N $1 (Gaussian): rc=$?"
+      grep -E "ids wrong|sample (bins zero|cut|append|count)|grid sync|rank (counted|scattered)|end \\(|graph replay" \
+        "$f" >> "$out/summary.txt"
+    done
+  done
+}
+
 # The step rows of main's step_bench (build-base), tagged -base, after the branch's.
 base_bench() {
   [ -d gpu-base ] || return 0
@@ -1281,17 +1300,7 @@ case "$mode" in
     gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 120
     BASE_TIMEOUT=40 topk_rows_ab "$topk_large_rows|BM_TopKVariant/(64)/(131072|262144)/2048/(14|15)/" 40
     PROBE_DIST=1 probe_ab_run
-    for shape in "131072 64" "262144 64"; do
-      set -- $shape
-      for l2 in 1 2 1; do
-        (( $(left) > 15 )) || break
-        f="$out/trace-l2-$l2-$1x$2.txt"
-        timeout 25 "$out/probe-tree" "$1" 2048 1 0 1 1 1 "$2" 1 0 "$l2" > "$f" 2>&1
-        say "== probe l2 prefetch $l2 rows $2 N $1 (Gaussian): rc=$?"
-        grep -E "ids wrong|sample (cut|append|count)|grid sync|rank (counted|scattered)|end \\(|graph replay" \
-          "$f" >> "$out/summary.txt"
-      done
-    done
+    l2_probes "131072 64" "262144 64"
     export KVC_TEST_MAX_ROW=16385
     sanitize memcheck-spread memcheck '*Cuda_Selector_Spread.EveryVariant*:*Cuda_Selector_Spread.Misleading*' 60
     unset KVC_TEST_MAX_ROW
@@ -1302,17 +1311,7 @@ case "$mode" in
     nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Iinclude -Isrc -o "$out/probe-tree" \
       scripts/topk-trace-probe.cu > "$out/probe-build.log" 2>&1
     say "probe build: rc=$? at $(( $(date +%s) - t0 )) s"
-    for shape in "131072 64" "262144 64" "131072 1"; do
-      set -- $shape
-      for l2 in 1 2 1; do
-        (( $(left) > 10 )) || break
-        f="$out/trace-l2-$l2-$1x$2.txt"
-        timeout 25 "$out/probe-tree" "$1" 2048 1 0 1 1 1 "$2" 1 0 "$l2" > "$f" 2>&1
-        say "== probe l2 prefetch $l2 rows $2 N $1 (Gaussian): rc=$?"
-        grep -E "ids wrong|sample (bins zero|cut|append|count)|grid sync|rank (counted|scattered)|end \\(|graph replay" \
-          "$f" >> "$out/summary.txt"
-      done
-    done
+    l2_probes "131072 64" "262144 64" "131072 1"
     ;;
   store-prof)
     # On the machine `final` left warm (store_bench built): Nsight Compute with stall reasons of
