@@ -1298,6 +1298,9 @@ case "$mode" in
     BASE_TARGETS=topk_bench BASE_TIMEOUT=40 base_build_bg
     build_targets kvc_cuda_tests topk_bench
     gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 120
+    # The attention tests as the fifty-third session split them (three files over a testbed;
+    # the selector tests above are split too): their first GPU run.
+    gtests attention '*Cuda_Attention*:*Cuda_DenseDecode*:*Cuda_Merge*:*Cuda_Telemetry*' 120
     BASE_TIMEOUT=40 topk_rows_ab "$topk_large_rows|BM_TopKVariant/(64)/(131072|262144)/2048/(14|15)/" 40
     PROBE_DIST=1 probe_ab_run
     l2_probes "131072 64" "262144 64"
