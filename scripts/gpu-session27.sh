@@ -724,12 +724,15 @@ case "$mode" in
     report
     ;;
   index-probe)
-    # Issue #13's mxfp4 indexer at B1 T1 (13.2 us against a 5 us goal): where the decode launch's
+    # Issue #13's mxfp4 indexer at B1 T1 (12.7 us against a 5 us goal): where the decode launch's
     # time goes, by the phase probe of the preparation and page-stream kernels
-    # (scripts/index-trace-probe.cu, no library build) at batch 1 and 8. About a minute.
+    # (scripts/index-trace-probe.cu, no library build) at batch 1 and 8, variant 10 (the
+    # library's choice at one token); since the fifty-third session with each stream's first
+    # page landed and its pages scored, which split the 4.6 -> 11 us after the query between the
+    # pages' arrival and the scoring. About a minute.
     probe_build index-trace-probe
     for b in 1 8; do
-      timeout 60 "$probes/index-trace-probe" "$b" > "$out/index-trace-b$b.txt" 2>&1
+      timeout 60 "$probes/index-trace-probe" "$b" 131072 10 > "$out/index-trace-b$b.txt" 2>&1
       say "== index probe batch $b: rc=$?"
       cat "$out/index-trace-b$b.txt" >> "$out/summary.txt"
     done

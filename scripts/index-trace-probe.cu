@@ -6,21 +6,22 @@
 // them: the score kernel a programmatic dependent of the preparation, 131072 entries x 64 heads x
 // 128 dims a sequence in pages of 64 (BM_Dsv4IndexDecode's shape), every entry visible. Thread 0 of
 // every CTA records %globaltimer at each mark (in the score kernel that is warp 0, one of its CTA's
-// 8 page streams); for each phase the probe prints when the first, the median and the last CTA
-// reached it, in us after the first preparation CTA's entry (medians over 12 launches, each a graph
-// of its own: preparation, score kernel, end mark), and when a one-thread kernel launched after the
-// score kernel started (the score grid done, plus a launch), then the per-launch time of CUDA
-// graphs of back-to-back launches over rotating key sets spanning twice the L2: preparation +
-// score, and the score kernel alone. Keys are random pages (scale bytes 126..129, so every key
-// folds as in the benchmark); the probe prints the fraction of non-zero scores, not a check against
-// a reference (the indexer tests do that).
+// 8 page streams: its entry, the copies issued, the programmatic wait, the query loaded, its
+// first page landed, its pages scored); for each phase the probe prints when the first, the median
+// and the last CTA reached it, in us after the first preparation CTA's entry (medians over 12
+// launches, each a graph of its own: preparation, score kernel, end mark), and when a one-thread
+// kernel launched after the score kernel started (the score grid done, plus a launch), then the
+// per-launch time of CUDA graphs of back-to-back launches over rotating key sets spanning twice the
+// L2: preparation + score, and the score kernel alone. Keys are random pages (scale bytes 126..129,
+// so every key folds as in the benchmark); the probe prints the fraction of non-zero scores, not a
+// check against a reference (the indexer tests do that).
 //   usage: index-trace-probe [batch (1)] [entries (131072)] [variant (8; 10: the octet pairs)]
 //   build: nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Ikernels -Iinclude -Isrc \
 //          -Ibenchmarks -o index-probe scripts/index-trace-probe.cu
 #include <cstdint>
 
 constexpr int kMaxTracedCtas = 2048;
-constexpr int kPrepPhases = 3, kScorePhases = 4;
+constexpr int kPrepPhases = 3, kScorePhases = 6;
 __device__ unsigned long long g_prep[kMaxTracedCtas][kPrepPhases];
 __device__ unsigned long long g_score[kMaxTracedCtas][kScorePhases];
 __device__ unsigned long long g_after;  // end_mark's start
@@ -119,9 +120,9 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 3; ++i) launch(i % sets, true);  // warm-up: module load, first touches
   ANCHOR_CHECK(cudaStreamSynchronize(st));
 
-  const char* names[kPrepPhases + kScorePhases] = {"prep entry",  "prep rotated",   "prep written",
-                                                   "score entry", "streams issued", "pdl waited",
-                                                   "query loaded"};
+  const char* names[kPrepPhases + kScorePhases] = {
+      "prep entry", "prep rotated", "prep written",  "score entry", "streams issued",
+      "pdl waited", "query loaded", "first page in", "pages scored"};
   std::vector<std::vector<double>> first(kPrepPhases + kScorePhases),
       mid(kPrepPhases + kScorePhases), last(kPrepPhases + kScorePhases);
   std::vector<double> after;

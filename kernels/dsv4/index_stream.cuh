@@ -592,6 +592,7 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_stream_kernel(co
   std::uint32_t phase = 0;
   for (int i = 0; i < c.my_pages; ++i) {
     mbar_wait(&c.bar[s], phase);
+    if (i == 0) KVC_INDEX_MARK(7);  // the stream's first page has landed
     const int pg = c.gs + i * c.GS;
     if (c.active && c.valid[s] != 0 && pg * c.N < c.sr.vis) {
       if constexpr (kForm != kStreamLean) {
@@ -613,6 +614,7 @@ __global__ void __launch_bounds__(kIndexThreads, 2) mxfp4_score_stream_kernel(co
       phase ^= 1u;
     }
   }
+  KVC_INDEX_MARK(8);  // the stream's pages scored
 }
 
 // --- variant 7: page streams, each page unpacked once for the pass's tokens -------------------
