@@ -112,9 +112,7 @@
 #   s52-sample  the spread top-k's 2048-score sample against the 4096 one (one binary), and the
 #             store rows
 #   s52-probe  s52-sample's phase probes alone (a short lease)
-#   s52-banks  the sampled cut's digit pick without bank conflicts (pending cut-pick-banks), against
-#             main
-#   s53       s52-banks and s52-sample's first GPU run in one call: the banks tree (main with the
+#   s53       the pending cut-pick-banks A/B and s52-sample's first GPU run in one call: the banks tree (main with the
 #             landed 2048-score sample and both digit-pick patches) against main
 #   l2-stream  the spread top-k's L2 prefetch of its streamed tiles past the ring (pending
 #             l2-stream) against main: tests, large-k rows, probes with it on and off, memcheck
@@ -448,6 +446,26 @@ l2_probes() {
         "$f" >> "$out/summary.txt"
     done
   done
+}
+
+# A spread top-k branch against main (gpu-base/ from scripts/make-gpu-base.sh; s53, l2-stream):
+# spread_ab_tests builds both (main's topk_bench in the background, the phase probes of both) and
+# runs the selector and DeepSeek-V4 top-k tests; spread_ab_rows EXTRA times the large-k rows (and
+# the rows matching |EXTRA) as tree / main / tree again and the probes of both over Gaussian
+# scores; spread_memcheck runs memcheck over the spread variants, rows capped at 16385 blocks.
+spread_ab_tests() {
+  probe_ab_build
+  BASE_TARGETS=topk_bench BASE_TIMEOUT=40 base_build_bg
+  build_targets kvc_cuda_tests topk_bench
+  gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 120
+}
+spread_ab_rows() {
+  BASE_TIMEOUT=40 topk_rows_ab "$topk_large_rows$1" 40
+  PROBE_DIST=1 probe_ab_run
+}
+spread_memcheck() {
+  KVC_TEST_MAX_ROW=16385 sanitize memcheck-spread memcheck \
+    '*Cuda_Selector_Spread.EveryVariant*:*Cuda_Selector_Spread.Misleading*' 60
 }
 
 # The step rows of main's step_bench (build-base), tagged -base, after the branch's.
@@ -1251,23 +1269,6 @@ case "$mode" in
     sample_run_probes "131072 1" "262144 1" "131072 64" "262144 4" "131072 16" "262144 64" \
       "65536 32"
     ;;
-  s52-banks)
-    # docs/dev/pending/cut-pick-banks (the sampled cut's digit pick in two conflict-free 16-byte
-    # loads a lane; written without a GPU) against main (gpu-base/ from scripts/make-gpu-base.sh):
-    # the selector and DeepSeek-V4 top-k tests, the large-k rows as tree / base / tree again, the
-    # phase probes of both over Gaussian scores (the pick's phase: "sample hist" to "sample
-    # pick"), memcheck over every spread variant (rows capped at 16385 blocks).
-    probe_ab_build
-    BASE_TARGETS=topk_bench BASE_TIMEOUT=40 base_build_bg
-    build_targets kvc_cuda_tests topk_bench
-    gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 120
-    BASE_TIMEOUT=40 topk_rows_ab "$topk_large_rows" 40
-    PROBE_DIST=1 probe_ab_run
-    export KVC_TEST_MAX_ROW=16385
-    sanitize memcheck-spread memcheck '*Cuda_Selector_Spread.EveryVariant*' 60
-    unset KVC_TEST_MAX_ROW
-    report
-    ;;
   s53)
     # One call for what the fifty-second session left unrun (a lease is hard to get): on
     # gpu-pending/cut-pick-banks (main with the landed 2048-score sample, plus find_digit_from_top
@@ -1276,16 +1277,10 @@ case "$mode" in
     # the layered cache's allocation test (its warm-up mended, never run), the large-k rows as
     # tree / base / tree again, the phase probes of both over Gaussian scores, memcheck over the
     # spread variants and the misleading-sample tests.
-    probe_ab_build
-    BASE_TARGETS=topk_bench BASE_TIMEOUT=40 base_build_bg
-    build_targets kvc_cuda_tests topk_bench
-    gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 120
+    spread_ab_tests
     gtests layered '*Cuda_LayeredCache.DecodeStepsAllocateNothing*' 30
-    BASE_TIMEOUT=40 topk_rows_ab "$topk_large_rows|BM_TopKVariant/(1|8)/131072/2048/(12|13)/" 40
-    PROBE_DIST=1 probe_ab_run
-    export KVC_TEST_MAX_ROW=16385
-    sanitize memcheck-spread memcheck '*Cuda_Selector_Spread.EveryVariant*:*Cuda_Selector_Spread.Misleading*' 60
-    unset KVC_TEST_MAX_ROW
+    spread_ab_rows '|BM_TopKVariant/(1|8)/131072/2048/(12|13)/'
+    spread_memcheck
     report
     ;;
   l2-stream)
@@ -1297,19 +1292,13 @@ case "$mode" in
     # the large-k rows tree / main / tree again with variants 14 / 15 (on / off in one binary),
     # the phase probes of both over Gaussian scores, then the tree's probe with the prefetch
     # pinned on and off at the shapes it touches, memcheck over the spread variants.
-    probe_ab_build
-    BASE_TARGETS=topk_bench BASE_TIMEOUT=40 base_build_bg
-    build_targets kvc_cuda_tests topk_bench
-    gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*:*Cuda_Dsv4_TopK*' 120
+    spread_ab_tests
     # The attention tests as the fifty-third session split them (three files over a testbed;
     # the selector tests above are split too): their first GPU run.
     gtests attention '*Cuda_Attention*:*Cuda_DenseDecode*:*Cuda_Merge*:*Cuda_Telemetry*' 120
-    BASE_TIMEOUT=40 topk_rows_ab "$topk_large_rows|BM_TopKVariant/(64)/(131072|262144)/2048/(14|15)/" 40
-    PROBE_DIST=1 probe_ab_run
+    spread_ab_rows '|BM_TopKVariant/(64)/(131072|262144)/2048/(14|15)/'
     l2_probes "131072 64" "262144 64"
-    export KVC_TEST_MAX_ROW=16385
-    sanitize memcheck-spread memcheck '*Cuda_Selector_Spread.EveryVariant*:*Cuda_Selector_Spread.Misleading*' 60
-    unset KVC_TEST_MAX_ROW
+    spread_memcheck
     report
     ;;
   l2-probe)
