@@ -18,6 +18,7 @@
 
 #include "common/expect_error.h"
 #include "kvc/core/error.h"
+#include "select/selector_inputs.h"
 #include "select_rules.h"
 
 namespace kvc {
@@ -525,112 +526,13 @@ TEST(Cpu_Selector_AllPolicies, EmptyRow) {
 
 // --- random rows --------------------------------------------------------------------------------
 
-class RandomRows {
- public:
-  RandomRows() : seed_(std::random_device{}()), rng_(seed_) {}
-  unsigned seed() const { return seed_; }
-  std::mt19937& rng() { return rng_; }
-  int uniform(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
+using selector_testing::describe;
+using selector_testing::Gen;
+using selector_testing::kAllKinds;
 
-  // Few distinct values (many ties), with NaN, ±inf and -0 sprinkled in; or continuous values.
-  std::vector<float> row(int n) {
-    std::vector<float> s(static_cast<std::size_t>(n));
-    const int style = uniform(0, 2);
-    for (auto& v : s) {
-      const int c = uniform(0, 99);
-      if (c < 4) {
-        v = kNaN;
-      } else if (c < 6) {
-        v = kInf;
-      } else if (c < 8) {
-        v = -kInf;
-      } else if (c < 10) {
-        v = -0.0f;
-      } else if (style == 0) {
-        v = 0.25f * static_cast<float>(uniform(-8, 8));
-      } else {
-        v = std::normal_distribution<float>(0.0f, style == 1 ? 1.0f : 8.0f)(rng_);
-      }
-    }
-    return s;
-  }
-
-  float delta() {
-    const float d[] = {0.0f, 0.25f, 0.5f, 1.0f, 3.0f, kInf};
-    return d[uniform(0, 5)];
-  }
-
-  Ids some_ids(int n) {
-    Ids v(static_cast<std::size_t>(uniform(0, 4)));
-    for (auto& x : v) x = uniform(0, n + 2);
-    return v;
-  }
-
-  SelectPolicy policy(Kind kind, int n) {
-    const int k = uniform(0, n + 2);
-    const int mn = uniform(0, n + 1);
-    const int mx = uniform(0, 3) == 0 ? kNoLimit : mn + uniform(0, n + 1);
-    SelectPolicy p;
-    switch (kind) {
-      case Kind::kTopK:
-        p = SelectPolicy::topk(k);
-        break;
-      case Kind::kNeighbors:
-        p = SelectPolicy::neighbors(k, uniform(0, 3));
-        break;
-      case Kind::kThreshold:
-        p = SelectPolicy::threshold(delta(), mn, std::max(mx, 1));
-        break;
-      case Kind::kAnchor:
-        p = SelectPolicy::anchor(k, some_ids(n));
-        break;
-      case Kind::kAnchorNeighbors:
-        p = SelectPolicy::anchor_neighbors(k, uniform(0, 3), some_ids(n));
-        break;
-      case Kind::kExplicit:
-        p = SelectPolicy::explicit_set(k, some_ids(n), some_ids(n));
-        break;
-      case Kind::kScoreCluster: {
-        const int kk = std::max(k, 1);
-        p = SelectPolicy::score_cluster(kk, delta(),
-                                        uniform(0, 3) == 0 ? kNoLimit : kk + uniform(0, n));
-        break;
-      }
-      case Kind::kScoreClusterAdaptive:
-        p = SelectPolicy::score_cluster_adaptive(std::max(mn, 1), std::max(mx, std::max(mn, 1)),
-                                                 delta());
-        break;
-      case Kind::kTopP: {
-        const float ps[] = {0.1f, 0.5f, 0.9f, 0.99f, 1.0f};
-        p = SelectPolicy::top_p(ps[uniform(0, 4)], mn, std::max(mx, 1),
-                                uniform(0, 1) ? 1.0f : 0.125f);
-        break;
-      }
-    }
-    return p.in_order(static_cast<Order>(uniform(0, 2)));
-  }
-
- private:
-  unsigned seed_;
-  std::mt19937 rng_;
-};
-
-const Kind kAllKinds[] = {Kind::kTopK,
-                          Kind::kNeighbors,
-                          Kind::kThreshold,
-                          Kind::kAnchor,
-                          Kind::kAnchorNeighbors,
-                          Kind::kExplicit,
-                          Kind::kScoreCluster,
-                          Kind::kScoreClusterAdaptive,
-                          Kind::kTopP};
-
-std::string describe(const SelectPolicy& p) {
-  return std::string(to_string(p.kind)) + " k=" + std::to_string(p.k) +
-         " r=" + std::to_string(p.radius) + " delta=" + std::to_string(p.delta) +
-         " min=" + std::to_string(p.min_blocks) + " max=" + std::to_string(p.max_blocks) +
-         " p=" + std::to_string(p.p) + " anchors=" + show(p.anchors) + " inc=" + show(p.include) +
-         " exc=" + show(p.exclude) + " order=" + to_string(p.order);
+// A random policy of `kind` for rows of n blocks (selector_inputs.h), in a random order.
+SelectPolicy random_policy(Gen& gen, Kind kind, int n) {
+  return gen.policy(kind, n).in_order(static_cast<Order>(gen.uniform(0, 2)));
 }
 
 // Checks the report against its definitions.
@@ -706,9 +608,9 @@ void expect_top_p(const std::vector<float>& s, const SelectPolicy& p, const Ids&
   }
 }
 
-void check_random_row(RandomRows& gen, Kind kind, int n) {
+void check_random_row(Gen& gen, Kind kind, int n) {
   const std::vector<float> s = gen.row(n);
-  const SelectPolicy p = gen.policy(kind, n);
+  const SelectPolicy p = random_policy(gen, kind, n);
   SCOPED_TRACE(describe(p) + " n=" + std::to_string(n) + " row=" + show(s));
   RowReport rep;
   const Ids got = run_row(s, p, &rep, gen.uniform(0, 2));
@@ -747,7 +649,7 @@ void check_random_row(RandomRows& gen, Kind kind, int n) {
 }
 
 TEST(Cpu_Selector_Random, EveryPolicyMatchesOracle) {
-  RandomRows gen;
+  Gen gen;
   SCOPED_TRACE("seed " + std::to_string(gen.seed()));
   for (int n : {1, 2, 7, 33, 1000}) {
     const int trials = n >= 1000 ? 12 : 150;
@@ -758,7 +660,7 @@ TEST(Cpu_Selector_Random, EveryPolicyMatchesOracle) {
 }
 
 TEST(Cpu_Selector_TopK, LargeRowMatchesFullSort) {
-  RandomRows gen;
+  Gen gen;
   SCOPED_TRACE("seed " + std::to_string(gen.seed()));
   const int n = 262144;
   const std::vector<float> s = gen.row(n);
@@ -793,7 +695,7 @@ struct Batch {
   }
 };
 
-Batch make_batch(RandomRows& gen, int rows, int max_blocks, int max_selected) {
+Batch make_batch(Gen& gen, int rows, int max_blocks, int max_selected) {
   Batch b;
   b.rows = rows;
   b.max_blocks = max_blocks;
@@ -815,14 +717,14 @@ Batch make_batch(RandomRows& gen, int rows, int max_blocks, int max_selected) {
 }
 
 TEST(Cpu_Selector_Batched, MatchesSelectRowWithReport) {
-  RandomRows gen;
+  Gen gen;
   SCOPED_TRACE("seed " + std::to_string(gen.seed()));
   auto sel = Selector::create(Device::cpu());
   EXPECT_TRUE(sel->device().is_cpu());
   for (Kind kind : kAllKinds) {
     for (int t = 0; t < 6; ++t) {
       const int max_blocks = gen.uniform(1, 70);
-      const SelectPolicy p = gen.policy(kind, max_blocks);
+      const SelectPolicy p = random_policy(gen, kind, max_blocks);
       SCOPED_TRACE(describe(p));
       const int max_selected = p.max_output(max_blocks) + gen.uniform(0, 3);
       Batch b = make_batch(gen, gen.uniform(2, 9), max_blocks, max_selected);
@@ -861,7 +763,7 @@ TEST(Cpu_Selector_Batched, MatchesSelectRowWithReport) {
 }
 
 TEST(Cpu_Selector_Batched, NullReportFieldsAreSkipped) {
-  RandomRows gen;
+  Gen gen;
   auto sel = Selector::create(Device::cpu());
   Batch b = make_batch(gen, 4, 20, 8);
   std::vector<float> margin(4, -5.0f);
@@ -949,7 +851,7 @@ TEST(Cpu_Selector_Policy, MaxOutputBounds) {
 }
 
 TEST(Cpu_Selector_Batched, BadArgumentsThrowBeforeWriting) {
-  RandomRows gen;
+  Gen gen;
   auto sel = Selector::create(Device::cpu());
   Batch b = make_batch(gen, 4, 40, 16);
   auto out = b.out_view();
