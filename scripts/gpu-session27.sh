@@ -118,6 +118,10 @@
 #             l2-stream) against main: tests, large-k rows, probes with it on and off, memcheck
 #   l2-probe  l2-stream's phase probes alone (one nvcc, the prefetch pinned on / off / on at the
 #             shapes it touches): a lease too short for the library build
+#   prep-prefetch  the indexer's query preparation asking the L2 for the key pages the score
+#             kernel copies first, against main (gpu-base/): the phase probes of both at B1 and
+#             B8, the DeepSeek-V4 tests, the decode rows (T 1, 2, 4) tree / main / tree, the
+#             selector tests, then memcheck, racecheck and synccheck
 #   store-prof  after final, same warm machine: Nsight Compute (stalls) of the 16K ingest and the
 #             B64 append
 #   append-prof  the count-1 append at B64: its rows beside BM_AppendFloor, Nsight Compute with
@@ -245,7 +249,7 @@ index_ab_probes_and_rows() {
     for v in $variants; do
       timeout 25 "$out/index-probe-$v" $b > "$out/index-trace-$v-b$b.txt" 2>&1
       say "== index probe $v batch $b: rc=$?"
-      grep -E "score entry|streams issued|pdl waited|query loaded|after score|graph replay" \
+      grep -E "prep (entry|written)|score entry|streams issued|pdl waited|query loaded|first page|pages scored|after score|graph replay" \
         "$out/index-trace-$v-b$b.txt" >> "$out/summary.txt"
     done
   done
@@ -775,6 +779,14 @@ case "$mode" in
       cat "$out/index-trace-b$b.txt" >> "$out/summary.txt"
     done
     report
+    ;;
+  prep-prefetch)
+    # The fifty-fourth session's wip/prep-prefetch against main, most needed first; then the
+    # selector tests (their CPU and GPU inputs from one header since that session).
+    index_ab_probes_and_rows 'BM_Dsv4IndexDecode/(1|8)/(1|2|4)/0/0/0/'
+    gtests dsv4 '*Dsv4*' 120
+    gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*' 120
+    indexer_sanitizers
     ;;
   index-ab)
     # An indexer branch against main in one call (gpu-base/ from `scripts/make-gpu-base.sh main`),
