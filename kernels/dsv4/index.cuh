@@ -2,11 +2,12 @@
 // kvc/dsv4/index_math.h). One CTA of 8 warps per (key range, sequence, pass of up to 4 query
 // tokens).
 //
-// Query preparation (once per CTA, a warp per (token, head)): lane l holds elements
-// [l E, (l+1) E) (E = dim / 32); RoPE pairs and the in-lane Hadamard stages are local, the
-// others exchange with lane l ^ (h / E) (each output the same fadd_rn of the same operands as
+// Query preparation (a kernel of its own, one CTA of dim threads per (token, head), a thread per
+// element): RoPE pairs in adjacent lanes, the Hadamard stages below 32 by xor shuffles and the
+// others through shared memory (each output the same fadd_rn of the same operands as
 // hadamard_inplace); the mxfp4 (or e4m3) encoding uses the codecs of kvc/formats/formats.h with a
-// group max over the group's lanes.
+// group max over the group's lanes. It writes one record per token (Mxfp4Row, Fp8Row) that the
+// score kernels, its programmatic dependents, read.
 //
 // mxfp4 keys, the folded form: each warp serves one query token and streams octets of keys. Lane
 // (g, t) = (lane / 4, lane % 4) loads the dim / 4 contiguous elements [t dim/4, (t+1) dim/4) of
