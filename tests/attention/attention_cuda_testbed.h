@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "attention/attention_checks.h"
 #include "common/cuda_test_util.h"
 #include "common/expect_error.h"
 #include "common/random.h"
@@ -78,11 +79,6 @@ inline Case split_case(Case c) {
   c.top = 5;
   return c;
 }
-
-struct Result {
-  std::vector<double> out;  // [batch, T, Hq, d]
-  std::vector<double> lse;  // [batch, T, Hq]
-};
 
 inline double element(const std::vector<std::uint8_t>& bytes, std::size_t i, DType t) {
   if (t == DType::kF32) {
@@ -258,19 +254,7 @@ class Bed {
 
   /// A plain [batch, Hkv, N, d] cache holding the appended tokens verbatim (NaN past lengths).
   void plain_cache(std::vector<std::uint16_t>& k, std::vector<std::uint16_t>& v, int& N) const {
-    const int d = c_.head_dim, H = c_.num_kv_heads;
-    N = *std::max_element(c_.lengths.begin(), c_.lengths.end()) + 5;
-    k.assign(static_cast<std::size_t>(batch()) * H * N * d, 0x7e00u);
-    v.assign(k.size(), 0x7e00u);
-    for (int b = 0; b < batch(); ++b)
-      for (int p = 0; p < c_.lengths[b]; ++p)
-        for (int h = 0; h < H; ++h)
-          for (int i = 0; i < d; ++i) {
-            const std::size_t dst = ((static_cast<std::size_t>(b) * H + h) * N + p) * d + i;
-            const std::size_t src = (static_cast<std::size_t>(p) * H + h) * d + i;
-            k[dst] = k_[b][src];
-            v[dst] = v_[b][src];
-          }
+    attention_testing::plain_cache(k_, v_, c_.lengths, c_.num_kv_heads, c_.head_dim, 5, k, v, N);
   }
 
  private:
@@ -341,32 +325,6 @@ class Bed {
   std::unique_ptr<DeviceArray<std::int32_t>> ids_dev_, counts_dev_;
   std::unique_ptr<DeviceArray<float>> sink_dev_;
 };
-
-/// Relative L2 error of every row of d elements (absolute when the reference row is 0) and the
-/// lse error; NaN in `got` fails.
-inline void expect_close(const Result& got, const Result& want, int d, double tol,
-                         const std::string& what) {
-  ASSERT_EQ(got.out.size(), want.out.size()) << what;
-  ASSERT_EQ(got.lse.size(), want.lse.size()) << what;
-  for (std::size_t r = 0; r < want.lse.size(); ++r) {
-    double e2 = 0, n2 = 0;
-    for (int i = 0; i < d; ++i) {
-      const double a = got.out[r * d + i], b = want.out[r * d + i];
-      ASSERT_FALSE(std::isnan(a)) << what << ": row " << r << " element " << i << " is NaN";
-      e2 += (a - b) * (a - b);
-      n2 += b * b;
-    }
-    ASSERT_LE(std::sqrt(e2), tol * std::max(std::sqrt(n2), 1.0 * (n2 == 0)))
-        << what << ": out row " << r << " relative L2 " << std::sqrt(e2 / std::max(n2, 1e-300));
-    const double a = got.lse[r], b = want.lse[r];
-    ASSERT_FALSE(std::isnan(a)) << what << ": lse row " << r << " is NaN";
-    if (std::isinf(b)) {
-      ASSERT_EQ(a, b) << what << ": lse row " << r;
-    } else {
-      ASSERT_LE(std::abs(a - b), tol * std::max(1.0, std::abs(b))) << what << ": lse row " << r;
-    }
-  }
-}
 
 /// GPU vs CPU for one case: f32 out, and the config's 16-bit out against the CPU's f32 out
 /// (within tol_16bit: the output's own rounding).

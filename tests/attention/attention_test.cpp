@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "attention/attention_checks.h"
 #include "common/expect_error.h"
 #include "common/random.h"
 #include "kvc/attention/merge.h"
@@ -57,10 +58,8 @@ struct Case {
   std::uint32_t seed = 1;
 };
 
-struct Result {
-  std::vector<double> out;  // [batch, T, Hq, d]
-  std::vector<double> lse;  // [batch, T, Hq]
-};
+using attention_testing::expect_close;
+using attention_testing::Result;
 
 class Testbed {
  public:
@@ -308,19 +307,7 @@ class Testbed {
 
   // A plain [batch, Hkv, N, d] cache holding the appended tokens verbatim (f16/bf16 bits).
   void plain_cache(std::vector<std::uint16_t>& k, std::vector<std::uint16_t>& v, int& N) const {
-    const int d = c_.head_dim, H = c_.num_kv_heads;
-    N = *std::max_element(c_.lengths.begin(), c_.lengths.end()) + 2;
-    k.assign(static_cast<std::size_t>(batch()) * H * N * d, 0x7e00u);  // NaN past the length
-    v.assign(k.size(), 0x7e00u);
-    for (int b = 0; b < batch(); ++b)
-      for (int p = 0; p < c_.lengths[b]; ++p)
-        for (int h = 0; h < H; ++h)
-          for (int i = 0; i < d; ++i) {
-            const std::size_t dst = ((static_cast<std::size_t>(b) * H + h) * N + p) * d + i;
-            const std::size_t src = (static_cast<std::size_t>(p) * H + h) * d + i;
-            k[dst] = k_[b][src];
-            v[dst] = v_[b][src];
-          }
+    attention_testing::plain_cache(k_, v_, c_.lengths, c_.num_kv_heads, c_.head_dim, 2, k, v, N);
   }
 
  private:
@@ -340,25 +327,6 @@ class Testbed {
   std::vector<std::int32_t> ids_, counts_;
   int sel_rows_ = 0, max_selected_ = 1;
 };
-
-// Relative L2 error per row of d elements, and lse error; fails with the row on excess.
-void expect_close(const Result& got, const Result& want, int d, double tol, const char* what) {
-  ASSERT_EQ(got.out.size(), want.out.size());
-  ASSERT_EQ(got.lse.size(), want.lse.size());
-  const std::size_t rows = want.lse.size();
-  for (std::size_t r = 0; r < rows; ++r) {
-    double e2 = 0, n2 = 0;
-    for (int i = 0; i < d; ++i) {
-      const double a = got.out[r * d + i], b = want.out[r * d + i];
-      ASSERT_FALSE(std::isnan(a)) << what << " row " << r << " element " << i << " is NaN";
-      e2 += (a - b) * (a - b);
-      n2 += b * b;
-    }
-    ASSERT_LE(std::sqrt(e2), tol * std::max(std::sqrt(n2), 1e-30)) << what << " out row " << r;
-    ASSERT_LE(std::abs(got.lse[r] - want.lse[r]), tol * std::max(1.0, std::abs(want.lse[r])))
-        << what << " lse row " << r << ": " << got.lse[r] << " vs " << want.lse[r];
-  }
-}
 
 // The mode of `c` on the CPU in float32 against the float64 oracle, f32 out; then the 16-bit
 // out is exactly the rounding of the f32 out, and the float64 path meets the oracle tightly.
