@@ -112,12 +112,12 @@
 #   s52-sample  the spread top-k's 2048-score sample against the 4096 one (one binary), and the
 #             store rows
 #   s52-probe  s52-sample's phase probes alone (a short lease)
-#   s53       the pending cut-pick-banks A/B and s52-sample's first GPU run in one call: the banks tree (main with the
-#             landed 2048-score sample and both digit-pick patches) against main
-#   l2-stream  the spread top-k's L2 prefetch of its streamed tiles past the ring (pending
-#             l2-stream) against main: tests, large-k rows, probes with it on and off, memcheck
-#   l2-probe  l2-stream's phase probes alone (one nvcc, the prefetch pinned on / off / on at the
-#             shapes it touches): a lease too short for the library build
+#   spread-ab  a spread top-k branch against main (gpu-base/): the selector and DeepSeek-V4 top-k
+#             tests, the large-k rows tree / main / tree again, the phase probes of both over
+#             Gaussian scores, memcheck over the spread variants
+#   spread-probe  this tree's spread top-k phase probe alone at the large-k shapes over Gaussian
+#             scores (one nvcc, no library build: a short lease), with each CTA's end of the
+#             sampled pass ("pass done") beside the grid barrier
 #   prep-prefetch  the indexer's query preparation asking the L2 for the key pages the score
 #             kernel copies first, against main (gpu-base/): the phase probes of both at B1 and
 #             B8, the DeepSeek-V4 tests, the decode rows (T 1, 2, 4) tree / main / tree, the
@@ -218,7 +218,7 @@ probe_ab_run() {
       local f="$out/trace-$v-$1x$2${PROBE_DIST:+-dist$PROBE_DIST}.txt"
       timeout 30 "$out/probe-$v" "$1" 2048 "${PROBE_DIST:-0}" 0 1 1 1 "$2" > "$f" 2>&1
       say "== $v rows $2 N $1 dist ${PROBE_DIST:-0}: rc=$?"
-      grep -E "ids wrong|grid sync|sample (cut|append|count|hist|pick)|rank (counted|scattered)|end \\(|graph replay" \
+      grep -E "ids wrong|grid sync|pass done|sample (cut|append|count|hist|pick)|rank (counted|scattered)|end \\(|graph replay" \
         "$f" >> "$out/summary.txt"
     done
   done
@@ -433,26 +433,7 @@ sample_run_probes() {
   done
 }
 
-# The tree's phase probe ($out/probe-tree, the l2-stream branch's) at each shape "N rows" of the
-# arguments, k 2048 over Gaussian scores, with the L2 prefetch of the streamed tiles past the ring
-# pinned on, off and on again (the probe's eleventh argument), each launch's ids checked against
-# a CPU top-k (l2-stream, l2-probe).
-l2_probes() {
-  local shape l2 f
-  for shape in "$@"; do
-    set -- $shape
-    for l2 in 1 2 1; do
-      (( $(left) > 10 )) || return 0
-      f="$out/trace-l2-$l2-$1x$2.txt"
-      timeout 25 "$out/probe-tree" "$1" 2048 1 0 1 1 1 "$2" 1 0 "$l2" > "$f" 2>&1
-      say "== probe l2 prefetch $l2 rows $2 N $1 (Gaussian): rc=$?"
-      grep -E "ids wrong|sample (bins zero|cut|append|count)|grid sync|rank (counted|scattered)|end \\(|graph replay" \
-        "$f" >> "$out/summary.txt"
-    done
-  done
-}
-
-# A spread top-k branch against main (gpu-base/ from scripts/make-gpu-base.sh; s53, l2-stream):
+# A spread top-k branch against main (gpu-base/ from scripts/make-gpu-base.sh; spread-ab):
 # spread_ab_tests builds both (main's topk_bench in the background, the phase probes of both) and
 # runs the selector and DeepSeek-V4 top-k tests; spread_ab_rows EXTRA times the large-k rows (and
 # the rows matching |EXTRA) as tree / main / tree again and the probes of both over Gaussian
@@ -1283,44 +1264,25 @@ case "$mode" in
     sample_run_probes "131072 1" "262144 1" "131072 64" "262144 4" "131072 16" "262144 64" \
       "65536 32"
     ;;
-  s53)
-    # One call for what the fifty-second session left unrun (a lease is hard to get): on
-    # gpu-pending/cut-pick-banks (main with the landed 2048-score sample, plus find_digit_from_top
-    # and find_digit reading a lane's 8 counts as two conflict-free 16-byte loads) against main
-    # (gpu-base/): the selector and DeepSeek-V4 top-k tests (the sample rule's first GPU run),
-    # the layered cache's allocation test (its warm-up mended, never run), the large-k rows as
-    # tree / base / tree again, the phase probes of both over Gaussian scores, memcheck over the
-    # spread variants and the misleading-sample tests.
+  spread-ab)
+    # A spread top-k branch against main (gpu-base/ from scripts/make-gpu-base.sh): its tests, its
+    # large-k rows and phase probes beside main's, memcheck over the spread variants.
     spread_ab_tests
-    gtests layered '*Cuda_LayeredCache.DecodeStepsAllocateNothing*' 30
-    spread_ab_rows '|BM_TopKVariant/(1|8)/131072/2048/(12|13)/'
+    spread_ab_rows ''
     spread_memcheck
     report
     ;;
-  l2-stream)
-    # docs/dev/pending/l2-stream (written without a GPU): once a CTA of the spread top-k has issued
-    # its sample's loads, one thread asks the L2 (cp.async.bulk.prefetch.L2) for the streamed
-    # tiles past the cp.async ring, up to 20 of them, so that the sampled pass after the cut
-    # reads from L2 what it read from DRAM at about 2.2 TB/s. Against main (gpu-base/): the
-    # selector and DeepSeek-V4 top-k tests (the spread variants now pin the prefetch on and off),
-    # the large-k rows tree / main / tree again with variants 14 / 15 (on / off in one binary),
-    # the phase probes of both over Gaussian scores, then the tree's probe with the prefetch
-    # pinned on and off at the shapes it touches, memcheck over the spread variants.
-    spread_ab_tests
-    # The attention tests as the fifty-third session split them (three files over a testbed;
-    # the selector tests above are split too): their first GPU run.
-    gtests attention '*Cuda_Attention*:*Cuda_DenseDecode*:*Cuda_Merge*:*Cuda_Telemetry*' 120
-    spread_ab_rows '|BM_TopKVariant/(64)/(131072|262144)/2048/(14|15)/'
-    l2_probes "131072 64" "262144 64"
-    spread_memcheck
-    report
-    ;;
-  l2-probe)
-    # l2-stream's probes alone (about a minute: one nvcc and 9 probe runs), on the branch.
+  spread-probe)
+    # The fifty-fourth session's question for the 64-row calls: the sampled pass streams about
+    # 20 MB at under 2 TB/s after the cut, though neither a deeper ring (fortieth session) nor an
+    # L2 prefetch (fifty-fourth) shortened the time to the grid barrier. "pass done" (each CTA's
+    # end of the pass, before the barrier) says whether every CTA is slow or a few late ones
+    # hold the barrier.
     nvcc -std=c++17 -O3 -arch=sm_90 -Ikernels -Iinclude -Isrc -o "$out/probe-tree" \
       scripts/topk-trace-probe.cu > "$out/probe-build.log" 2>&1
     say "probe build: rc=$? at $(( $(date +%s) - t0 )) s"
-    l2_probes "131072 64" "262144 64" "131072 1"
+    variants=tree
+    PROBE_DIST=1 probe_ab_run
     ;;
   store-prof)
     # On the machine `final` left warm (store_bench built): Nsight Compute with stall reasons of

@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
   };
 
   // Traced single launches, each checked against the CPU.
-  constexpr int kPhases = 21;
+  constexpr int kPhases = 22;
   // Phase 1 includes the first pass's local histogram (made before the grid-wide barrier);
   // 9 and 10 are reached only where the counting rank declines (the radix select and the sort);
   // 13 and 14 are inside the counting rank (rank_select: buckets counted, keys scattered), after
@@ -150,13 +150,16 @@ int main(int argc, char** argv) {
   // the row's count known), after which 7 and 8 are the finisher's; 18 and 19 inside the cut (the
   // last pass's histogram made, its digit picked; 20: the last pass's bins zeroed, on the first
   // pass also the sample written). With the shared finish every CTA reaches 13, 14 (inside
-  // bucket_by_rank) and 12 (its share written) after 17.
-  const char* names[kPhases] = {"entry",           "grid sync",    "pass histogram", "row barrier",
-                                "pass narrow",     "append",       "done counter",   "fin narrow",
-                                "fin filter",      "fb refine",    "fb append",      "fin rank",
-                                "end (written)",   "rank counted", "rank scattered", "sample cut",
-                                "sample append",   "sample count", "sample hist",    "sample pick",
-                                "sample bins zero"};
+  // bucket_by_rank) and 12 (its share written) after 17. 21: the CTA's sampled pass done, before
+  // the grid-wide barrier (the median against 1 says whether a few late CTAs hold it).
+  const char* names[kPhases] = {"entry",         "grid sync",     "pass histogram",
+                                "row barrier",   "pass narrow",   "append",
+                                "done counter",  "fin narrow",    "fin filter",
+                                "fb refine",     "fb append",     "fin rank",
+                                "end (written)", "rank counted",  "rank scattered",
+                                "sample cut",    "sample append", "sample count",
+                                "sample hist",   "sample pick",   "sample bins zero",
+                                "pass done"};
   // Per phase: when the last CTA, the median CTA and the finisher reached it.
   std::vector<std::vector<double>> last(kPhases), mid(kPhases), own(kPhases);
   std::vector<double> skew;

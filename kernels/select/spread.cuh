@@ -771,6 +771,7 @@ __global__ void __launch_bounds__(kSpreadThreads, 1)
         }
       }
       __syncthreads();
+      KVC_SPREAD_MARK(21);  // this CTA's sampled pass done
       // The grid-wide barrier (above) for this CTA: the row's state is zero from here on.
       cooperative_groups::this_grid().sync();
       KVC_SPREAD_MARK(1);
