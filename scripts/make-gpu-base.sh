@@ -10,8 +10,10 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 base="${1:-main}"
 rm -rf gpu-base
-git diff --name-only "$base" HEAD -- kernels src include benchmarks scripts/topk-trace-probe.cu \
-  scripts/index-trace-probe.cu scripts/index-prefill-probe.cu scripts/index-probe-inputs.cuh | while read -r f; do
+probes="scripts/topk-trace-probe.cu scripts/index-trace-probe.cu scripts/index-prefill-probe.cu
+  scripts/index-probe-inputs.cuh"
+# shellcheck disable=SC2086  # $probes: one path a word
+git diff --name-only "$base" HEAD -- kernels src include benchmarks $probes | while read -r f; do
   if git cat-file -e "$base:$f" 2>/dev/null; then
     mkdir -p "gpu-base/$(dirname "$f")"
     git show "$base:$f" > "gpu-base/$f"
