@@ -1,6 +1,7 @@
 // What the CPU and GPU attention tests share (attention_test.cpp and the GPU testbed
 // attention_cuda_testbed.h): a decode's result in double, the per-row comparison with its
-// tolerance, and the plain cache that holds a testbed's tokens verbatim. Host code only.
+// tolerance, a testbed's random sinks and selection, and the plain cache that holds its tokens
+// verbatim. Host code only.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -9,6 +10,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -44,6 +47,34 @@ inline void expect_close(const Result& got, const Result& want, int d, double to
     } else {
       ASSERT_LE(std::abs(a - b), tol * std::max(1.0, std::abs(b))) << what << ": lse row " << r;
     }
+  }
+}
+
+/// One sink logit per query head, normal with deviation 1.5, drawn from `rng`.
+inline std::vector<float> random_sinks(std::mt19937& rng, int heads) {
+  std::normal_distribution<float> nd(0.0f, 1.5f);
+  std::vector<float> sink;
+  for (int h = 0; h < heads; ++h) sink.push_back(nd(rng));
+  return sink;
+}
+
+/// A selection of `top` distinct random closed blocks per row, in random order: `rows` rows, the
+/// rows of sequence b being [b rows / batch, (b + 1) rows / batch), closed(b) its closed blocks;
+/// ids [rows, max(top, 1)] padded with -1, counts [rows].
+template <class Closed>
+void random_selection(std::mt19937& rng, int rows, int batch, int top, Closed&& closed,
+                      std::vector<std::int32_t>& ids, std::vector<std::int32_t>& counts) {
+  const int max_selected = std::max(top, 1);
+  ids.assign(static_cast<std::size_t>(rows) * max_selected, -1);
+  counts.assign(rows, 0);
+  const int rows_per_b = rows / std::max(batch, 1);
+  for (int r = 0; r < rows; ++r) {
+    std::vector<int> all(closed(r / rows_per_b));
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    counts[r] = std::min(top, static_cast<int>(all.size()));
+    for (int i = 0; i < counts[r]; ++i)
+      ids[static_cast<std::size_t>(r) * max_selected + i] = all[i];
   }
 }
 

@@ -123,21 +123,12 @@ class Bed {
     }
     q_ = random_bits16(static_cast<std::size_t>(batch()) * c.T * hq() * c.head_dim, c.dtype,
                        c.seed * 100 + 99, 1.0f);
-    std::normal_distribution<float> nd(0.0f, 1.5f);
-    for (int h = 0; h < hq(); ++h) sink_.push_back(nd(rng));
+    sink_ = random_sinks(rng, hq());
     sel_rows_ = c.shared ? batch() * c.T : batch() * c.T * c.num_kv_heads;
     max_selected_ = std::max(c.top, 1);
-    ids_.assign(static_cast<std::size_t>(sel_rows_) * max_selected_, -1);
-    counts_.assign(sel_rows_, 0);
-    const int rows_per_b = sel_rows_ / std::max(batch(), 1);
-    for (int r = 0; r < sel_rows_; ++r) {
-      const int closed = cpu_->num_closed_blocks(slots_[r / rows_per_b]);
-      std::vector<int> all(closed);
-      std::iota(all.begin(), all.end(), 0);
-      std::shuffle(all.begin(), all.end(), rng);
-      counts_[r] = std::min(c.top, closed);
-      for (int i = 0; i < counts_[r]; ++i) ids_[r * max_selected_ + i] = all[i];
-    }
+    random_selection(
+        rng, sel_rows_, batch(), c.top, [&](int b) { return cpu_->num_closed_blocks(slots_[b]); },
+        ids_, counts_);
     upload();
   }
 

@@ -12,7 +12,6 @@
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <numeric>
 #include <random>
 #include <string>
 #include <tuple>
@@ -91,22 +90,12 @@ class Testbed {
     }
     q_ = random_bits16(static_cast<std::size_t>(n) * c.T * hq() * c.head_dim, c.dtype,
                        c.seed * 100 + 99, 1.0f);
-    std::normal_distribution<float> nd(0.0f, 1.5f);
-    for (int h = 0; h < hq(); ++h) sink_.push_back(nd(rng));
-    // Selection: `top` distinct random closed blocks per row, in random order.
+    sink_ = attention_testing::random_sinks(rng, hq());
     sel_rows_ = c.shared ? n * c.T : n * c.T * c.num_kv_heads;
     max_selected_ = std::max(c.top, 1);
-    ids_.assign(static_cast<std::size_t>(sel_rows_) * max_selected_, -1);
-    counts_.assign(sel_rows_, 0);
-    const int rows_per_b = sel_rows_ / std::max(n, 1);
-    for (int r = 0; r < sel_rows_; ++r) {
-      const int closed = store_->num_closed_blocks(slots_[r / rows_per_b]);
-      std::vector<int> all(closed);
-      std::iota(all.begin(), all.end(), 0);
-      std::shuffle(all.begin(), all.end(), rng);
-      counts_[r] = std::min(c.top, closed);
-      for (int i = 0; i < counts_[r]; ++i) ids_[r * max_selected_ + i] = all[i];
-    }
+    attention_testing::random_selection(
+        rng, sel_rows_, n, c.top, [&](int b) { return store_->num_closed_blocks(slots_[b]); }, ids_,
+        counts_);
   }
 
   int batch() const { return static_cast<int>(c_.lengths.size()); }
