@@ -118,10 +118,6 @@
 #   spread-probe  this tree's spread top-k phase probe alone at the large-k shapes over Gaussian
 #             scores (one nvcc, no library build: a short lease), with each CTA's end of the
 #             sampled pass ("pass done") beside the grid barrier
-#   prep-prefetch  the indexer's query preparation asking the L2 for the key pages the score
-#             kernel copies first, against main (gpu-base/): the phase probes of both at B1 and
-#             B8, the DeepSeek-V4 tests, the decode rows (T 1, 2, 4) tree / main / tree, the
-#             selector and attention tests, then memcheck, racecheck and synccheck
 #   store-prof  after final, same warm machine: Nsight Compute (stalls) of the 16K ingest and the
 #             B64 append
 #   append-prof  the count-1 append at B64: its rows beside BM_AppendFloor, Nsight Compute with
@@ -760,16 +756,6 @@ case "$mode" in
       cat "$out/index-trace-b$b.txt" >> "$out/summary.txt"
     done
     report
-    ;;
-  prep-prefetch)
-    # The fifty-fourth session's wip/prep-prefetch against main, most needed first; then the
-    # selector and attention tests (their CPU and GPU helpers in shared headers since that
-    # session, not yet run on a GPU).
-    index_ab_probes_and_rows 'BM_Dsv4IndexDecode/(1|8)/(1|2|4)/0/0/0/'
-    gtests dsv4 '*Dsv4*' 120
-    gtests selector '*Cuda_Selector*:Selector_CutScoreFloor*' 120
-    gtests attention '*Cuda_Attention*:*Cuda_DenseDecode*:*Cuda_Merge*:*Cuda_Telemetry*' 120
-    indexer_sanitizers
     ;;
   index-ab)
     # An indexer branch against main in one call (gpu-base/ from `scripts/make-gpu-base.sh main`),
