@@ -118,6 +118,8 @@
 #   spread-probe  this tree's spread top-k phase probe alone at the large-k shapes over Gaussian
 #             scores (one nvcc, no library build: a short lease), with each CTA's end of the
 #             sampled pass ("pass done") beside the grid barrier
+#   index-ncu  Nsight Compute of the indexer's decode score kernel (variant 10) at B1 T1 and
+#             B8 T1: executed instructions, stalls, occupancy (about two minutes with the build)
 #   store-prof  after final, same warm machine: Nsight Compute (stalls) of the 16K ingest and the
 #             B64 append
 #   append-prof  the count-1 append at B64: its rows beside BM_AppendFloor, Nsight Compute with
@@ -756,6 +758,17 @@ case "$mode" in
       cat "$out/index-trace-b$b.txt" >> "$out/summary.txt"
     done
     report
+    ;;
+  index-ncu)
+    # Nsight Compute of the indexer's decode score kernel, variant 10 (the automatic choice at
+    # T1), at B1 T1 and B8 T1: executed instructions (a 64-key page's count is the B1 total over
+    # 2,048 pages), stall reasons, occupancy. The #13 row's issue-bound reading rests on the
+    # fourteenth session's count for an earlier variant; this is the count for variant 10.
+    build_targets dsv4_bench
+    NCU_STALLS=1 NCU_SKIP=5 profile index-b1t1-v10 dsv4_bench 'BM_Dsv4IndexDecode/1/1/0/0/10/' 'mxfp4_score'
+    NCU_STALLS=1 NCU_SKIP=5 profile index-b8t1-v10 dsv4_bench 'BM_Dsv4IndexDecode/8/1/0/0/10/' 'mxfp4_score'
+    grep -E "Executed Instructions|Registers Per|Achieved Occ|Issue Slots Busy|Eligible Warps|Warp Cycles Per Issued|DRAM Throughput|stalled_" \
+      "$out"/ncu-index-*.txt | head -60 >> "$out/summary.txt"
     ;;
   index-ab)
     # An indexer branch against main in one call (gpu-base/ from `scripts/make-gpu-base.sh main`),
