@@ -199,6 +199,19 @@ class Cpu_Reliability_BadInput : public ::testing::Test {
     merge_lse_.assign(8 + 4, -77.0f);
   }
 
+  // The attention tests' backend: Hq 4 / Hkv 2, d 64, f16, block-select exact, up to
+  // `max_query_tokens` query tokens a call.
+  static AttentionConfig small_attention(int max_query_tokens) {
+    AttentionConfig ac;
+    ac.num_q_heads = 4;
+    ac.num_kv_heads = 2;
+    ac.head_dim = 64;
+    ac.dtype = DType::kF16;
+    ac.mode = AttentionMode::kBlockSelectExact;
+    ac.max_query_tokens = max_query_tokens;
+    return ac;
+  }
+
   // Asserts that every output buffer still holds its poison.
   void expect_poison_intact(const std::string& row) {
     auto all = [](const auto& v, auto x) {
@@ -808,13 +821,7 @@ TEST_F(Cpu_Reliability_BadInput, Selector) {
 // ------------------------------------------------------------------------------
 
 TEST_F(Cpu_Reliability_BadInput, AttentionCreateAndDecode) {
-  AttentionConfig ac;
-  ac.num_q_heads = 4;
-  ac.num_kv_heads = 2;
-  ac.head_dim = 64;
-  ac.dtype = DType::kF16;
-  ac.mode = AttentionMode::kBlockSelectExact;
-  ac.max_query_tokens = 2;
+  const AttentionConfig ac = small_attention(2);
   auto backend = AttentionBackend::create(ac, Device::cpu());
   auto create_with = [ac](std::function<void(AttentionConfig&)> edit) {
     return [ac, edit] {
@@ -1034,12 +1041,7 @@ TEST_F(Cpu_Reliability_BadInput, AttentionCreateAndDecode) {
 }
 
 TEST_F(Cpu_Reliability_BadInput, DenseDecode) {
-  AttentionConfig ac;
-  ac.num_q_heads = 4;
-  ac.num_kv_heads = 2;
-  ac.head_dim = 64;
-  ac.dtype = DType::kF16;
-  ac.max_query_tokens = 2;
+  const AttentionConfig ac = small_attention(2);
   auto backend = AttentionBackend::create(ac, Device::cpu());
   std::vector<std::uint16_t> cache = random_bits16(2 * 2 * 8 * 64 + 64, DType::kF16, 9);
   auto args = [&] {
@@ -1291,12 +1293,7 @@ TEST_F(Cpu_Reliability_BadInput, PlannerAndParsing) {
 // head gives a NaN output row and lse for that head only, the other heads are unaffected. The GPU
 // counterpart is Cuda_Attention.NanPropagates.
 TEST_F(Cpu_Reliability_BadInput, NanOrInfQueryIsNotAnErrorAndPropagates) {
-  AttentionConfig ac;
-  ac.num_q_heads = 4;
-  ac.num_kv_heads = 2;
-  ac.head_dim = 64;
-  ac.dtype = DType::kF16;
-  ac.mode = AttentionMode::kBlockSelectExact;
+  const AttentionConfig ac = small_attention(1);
   auto backend = AttentionBackend::create(ac, Device::cpu());
   std::vector<std::int32_t> ids = {4, 0, -1, 1, 2, -1}, counts = {2, 2};
   for (const std::uint16_t bad : {std::uint16_t{0x7e00u}, std::uint16_t{0x7c00u}}) {  // NaN, +inf
