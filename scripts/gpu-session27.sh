@@ -762,8 +762,8 @@ case "$mode" in
   index-ncu)
     # Nsight Compute of the indexer's decode score kernel, variant 10 (the automatic choice at
     # T1), at B1 T1 and B8 T1: executed instructions (a 64-key page's count is about the B1 total
-    # over 2,048 pages, the prologue included), stall reasons, occupancy. The #13 row's issue-bound reading rests on the
-    # fourteenth session's count for an earlier variant; this is the count for variant 10.
+    # over 2,048 pages, the prologue included), stall reasons, occupancy. Run in the fifty-sixth
+    # session (docs/perf-data/2026-12-07-session56/index-ncu).
     build_targets dsv4_bench
     NCU_STALLS=1 NCU_SKIP=5 profile index-b1t1-v10 dsv4_bench 'BM_Dsv4IndexDecode/1/1/0/0/10/' 'mxfp4_score'
     NCU_STALLS=1 NCU_SKIP=5 profile index-b8t1-v10 dsv4_bench 'BM_Dsv4IndexDecode/8/1/0/0/10/' 'mxfp4_score'
