@@ -759,6 +759,18 @@ case "$mode" in
     done
     report
     ;;
+  attn-ncu)
+    # Nsight Compute of the selected-block attention at B8 and B1 N128K (kAuto: the staged
+    # tensor-core kernel, two or three shared-memory slots a warp), which no session has profiled
+    # since it became kAuto's choice (the eighth session's profile was of the register kernel):
+    # DRAM throughput, occupancy, stalls, for the #12 attention row (B8 48 % of HBM against 80;
+    # B1 9.3 against 5 us). About 60 s on a warm machine with attention_bench built.
+    build_targets attention_bench
+    NCU_STALLS=1 profile attn-b8 attention_bench 'BM_BlockSelectExact/0/8/3/0/0/1/' 'mma_decode'
+    NCU_STALLS=1 profile attn-b1 attention_bench 'BM_BlockSelectExact/0/1/3/0/0/1/' 'mma_decode'
+    grep -E "Duration|DRAM Throughput|Registers Per|Achieved Occ|Issue Slots Busy|Eligible Warps|Warp Cycles Per Issued|Grid Size|stalled_(long|wait|barrier|no_inst|short|mio|lg)" \
+      "$out"/ncu-attn-*.txt | head -40 >> "$out/summary.txt"
+    ;;
   index-ncu)
     # Nsight Compute of the indexer's decode score kernel, variant 10 (the automatic choice at
     # T1), at B1 T1 and B8 T1: executed instructions (a 64-key page's count is about the B1 total
