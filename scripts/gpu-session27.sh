@@ -761,10 +761,11 @@ case "$mode" in
     ;;
   attn-ncu)
     # Nsight Compute of the selected-block attention at B8 and B1 N128K (kAuto: the staged
-    # tensor-core kernel, two or three shared-memory slots a warp), which no session has profiled
-    # since it became kAuto's choice (the eighth session's profile was of the register kernel):
-    # DRAM throughput, occupancy, stalls, for the #12 attention row (B8 48 % of HBM against 80;
-    # B1 9.3 against 5 us). About 60 s on a warm machine with attention_bench built.
+    # tensor-core kernel, two or three shared-memory slots a warp): DRAM throughput, occupancy,
+    # stalls, for the #12 attention row (B8 48 % of HBM against 80; B1 9.3 against 5 us). The
+    # staged kernel has had source-page stall samples at B1 inside the step (thirty-sixth
+    # session: 40 % no_inst) but no such profile at B8 (the eighth session's was of the register
+    # kernel). About 60 s on a warm machine with attention_bench built.
     build_targets attention_bench
     NCU_STALLS=1 profile attn-b8 attention_bench 'BM_BlockSelectExact/0/8/3/0/0/1/' 'mma_decode'
     NCU_STALLS=1 profile attn-b1 attention_bench 'BM_BlockSelectExact/0/1/3/0/0/1/' 'mma_decode'
